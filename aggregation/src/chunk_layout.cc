@@ -1,0 +1,46 @@
+#include "rackhub/aggregation/chunk_layout.h"
+
+#include <cstdlib>
+#include <cstdio>
+
+namespace rackhub::aggregation {
+
+bool ChunkLayout::IsValidChunkBytes(uint64_t chunk_bytes) {
+  return chunk_bytes >= kMinChunkBytes && chunk_bytes <= kMaxChunkBytes &&
+         chunk_bytes % kChunkAlignment == 0;
+}
+
+ChunkLayout::ChunkLayout(uint32_t chunk_bytes, uint32_t lanes)
+    : chunk_bytes_(chunk_bytes), lanes_(lanes) {
+  if (!IsValidChunkBytes(chunk_bytes) || lanes == 0) {
+    std::fprintf(stderr, "ChunkLayout: invalid chunk_bytes=%u lanes=%u\n", chunk_bytes, lanes);
+    std::abort();
+  }
+}
+
+uint64_t ChunkLayout::ChunksFor(uint64_t elements) const {
+  const uint64_t per = chunk_elements();
+  return (elements + per - 1) / per;
+}
+
+KeyPlacement ChunkLayout::Allocate(uint64_t elements) {
+  KeyPlacement p{next_chunk_, ChunksFor(elements)};
+  next_chunk_ += p.chunk_count;
+  return p;
+}
+
+std::vector<ChunkSpan> ChunkLayout::Chunks(const KeyPlacement& placement,
+                                           uint64_t elements) const {
+  std::vector<ChunkSpan> out;
+  out.reserve(placement.chunk_count);
+  const uint64_t per = chunk_elements();
+  for (uint64_t i = 0; i < placement.chunk_count; ++i) {
+    const uint64_t first = i * per;
+    const uint64_t n = elements - first < per ? elements - first : per;
+    const uint64_t g = placement.first_chunk + i;
+    out.push_back(ChunkSpan{g, LaneOf(g), first, static_cast<uint32_t>(n)});
+  }
+  return out;
+}
+
+}  // namespace rackhub::aggregation

@@ -1,0 +1,330 @@
+#include "admin_service.h"
+
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+#include "proto_convert.h"
+#include "token.h"
+
+namespace rackhub::server {
+
+namespace pb = rackhub::admin::v1;
+
+namespace {
+
+grpc::Status ToGrpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+}
+
+grpc::Status Invalid(const std::string& m) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
+}
+
+// Converts an optional proto optimizer; `present` false means "not given".
+grpc::Status OptimizerArg(const char* field, bool present, const pb::Optimizer& in,
+                          aggregation::OptimizerConfig* out, bool* unspecified_type) {
+  *unspecified_type = true;
+  if (!present) return grpc::Status::OK;
+  if (auto e = OptimizerFromProto(in, out, unspecified_type); !e.empty()) {
+    return Invalid(std::string(field) + "." + e);
+  }
+  return grpc::Status::OK;
+}
+
+// Logs a mutation's outcome: info on success, warn with the reason otherwise.
+void Audit(const char* method, const std::string& what, const grpc::Status& s) {
+  if (s.ok()) {
+    spdlog::info("admin: {} {}", method, what);
+  } else {
+    spdlog::warn("admin: {} {} refused: {}", method, what, s.error_message());
+  }
+}
+
+}  // namespace
+
+AdminAuth::AdminAuth(std::string admin_token, std::string readonly_token)
+    : admin_token_(std::move(admin_token)), readonly_token_(std::move(readonly_token)) {}
+
+grpc::Status AdminAuth::Check(const grpc::ServerContext* context, bool mutation,
+                              const char* method) const {
+  if (admin_token_.empty()) return grpc::Status::OK;
+  const auto& md = context->client_metadata();
+  const auto it = md.find("authorization");
+  if (it == md.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "authorization: missing admin token (send metadata 'authorization: "
+                        "Bearer <token>')");
+  }
+  const std::string value(it->second.data(), it->second.size());
+  static const std::string kBearer = "Bearer ";
+  if (value.rfind(kBearer, 0) != 0) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "authorization: expected 'Bearer <token>'");
+  }
+  const std::string token = value.substr(kBearer.size());
+  if (SecretsEqual(token, admin_token_)) return grpc::Status::OK;
+  if (!readonly_token_.empty() && SecretsEqual(token, readonly_token_)) {
+    if (!mutation) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        std::string("authorization: the read-only token may not call ") + method);
+  }
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: wrong admin token");
+}
+
+class AdminServices::TenantServiceImpl final : public pb::TenantService::Service {
+ public:
+  TenantServiceImpl(Registry* r, const AdminAuth* a) : registry_(r), auth_(a) {}
+
+  grpc::Status CreateTenant(grpc::ServerContext* ctx, const pb::CreateTenantRequest* req,
+                            pb::CreateTenantResponse* resp) override {
+    if (auto s = auth_->Check(ctx, true, "CreateTenant"); !s.ok()) return s;
+    TenantSpec spec;
+    spec.name = req->name();
+    spec.workers_per_rack = req->workers_per_rack();
+    spec.chunk_bytes = req->chunk_bytes();
+    bool unspecified = true;
+    if (auto s = OptimizerArg("default_optimizer", req->has_default_optimizer(),
+                              req->default_optimizer(), &spec.default_optimizer, &unspecified);
+        !s.ok()) {
+      return s;
+    }
+    if (unspecified && req->has_default_optimizer()) {
+      spec.default_optimizer.type = aggregation::OptimizerType::kSgd;
+    }
+    spec.quotas.max_parameter_bytes = req->quotas().max_parameter_bytes();
+    spec.quotas.max_keys = req->quotas().max_keys();
+    spec.quotas.max_workers = req->quotas().max_workers();
+    TenantInfo info;
+    std::string token;
+    const auto status = ToGrpc(registry_->CreateTenant(spec, &info, &token));
+    Audit("CreateTenant", "'" + req->name() + "'", status);
+    if (!status.ok()) return status;
+    TenantToProto(info, resp->mutable_tenant());
+    resp->set_token(token);
+    return status;
+  }
+
+  grpc::Status GetTenant(grpc::ServerContext* ctx, const pb::GetTenantRequest* req,
+                         pb::Tenant* resp) override {
+    if (auto s = auth_->Check(ctx, false, "GetTenant"); !s.ok()) return s;
+    TenantInfo info;
+    if (auto s = ToGrpc(registry_->GetTenant(req->name(), &info)); !s.ok()) return s;
+    TenantToProto(info, resp);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListTenants(grpc::ServerContext* ctx, const pb::ListTenantsRequest*,
+                           pb::ListTenantsResponse* resp) override {
+    if (auto s = auth_->Check(ctx, false, "ListTenants"); !s.ok()) return s;
+    for (const auto& t : registry_->ListTenants()) TenantToProto(t, resp->add_tenants());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status UpdateQuotas(grpc::ServerContext* ctx, const pb::UpdateQuotasRequest* req,
+                            pb::Tenant* resp) override {
+    if (auto s = auth_->Check(ctx, true, "UpdateQuotas"); !s.ok()) return s;
+    Quotas q{req->quotas().max_parameter_bytes(), req->quotas().max_keys(),
+             req->quotas().max_workers()};
+    TenantInfo info;
+    const auto status = ToGrpc(registry_->UpdateQuotas(req->name(), q, &info));
+    Audit("UpdateQuotas", "'" + req->name() + "'", status);
+    if (status.ok()) TenantToProto(info, resp);
+    return status;
+  }
+
+  grpc::Status DeleteTenant(grpc::ServerContext* ctx, const pb::DeleteTenantRequest* req,
+                            pb::DeleteTenantResponse*) override {
+    if (auto s = auth_->Check(ctx, true, "DeleteTenant"); !s.ok()) return s;
+    const auto status = ToGrpc(registry_->DeleteTenant(req->name()));
+    Audit("DeleteTenant", "'" + req->name() + "'", status);
+    return status;
+  }
+
+ private:
+  Registry* registry_;
+  const AdminAuth* auth_;
+};
+
+class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
+ public:
+  KeyServiceImpl(Registry* r, const AdminAuth* a) : registry_(r), auth_(a) {}
+
+  grpc::Status CreateKey(grpc::ServerContext* ctx, const pb::CreateKeyRequest* req,
+                         pb::Key* resp) override {
+    if (auto s = auth_->Check(ctx, true, "CreateKey"); !s.ok()) return s;
+    KeySpec spec;
+    spec.tenant = req->tenant();
+    spec.name = req->name();
+    spec.elements = req->elements();
+    switch (req->dtype()) {
+      case pb::DTYPE_UNSPECIFIED:
+      case pb::FP32: spec.dtype = WireDType::kFp32; break;
+      case pb::FP16: spec.dtype = WireDType::kFp16; break;
+      case pb::BF16: spec.dtype = WireDType::kBf16; break;
+      default: return Invalid("dtype: unknown dtype " + std::to_string(req->dtype()));
+    }
+    switch (req->init()) {
+      case pb::INIT_UNSPECIFIED:
+      case pb::ZEROS: spec.init = InitMode::kZeros; break;
+      case pb::FROM_CLIENT: spec.init = InitMode::kFromClient; break;
+      default: return Invalid("init: unknown init mode " + std::to_string(req->init()));
+    }
+    bool unspecified = true;
+    if (auto s = OptimizerArg("optimizer", req->has_optimizer(), req->optimizer(),
+                              &spec.optimizer, &unspecified);
+        !s.ok()) {
+      return s;
+    }
+    if (req->has_optimizer() && unspecified) {
+      return Invalid("optimizer.type: required when optimizer is given (omit optimizer to use "
+                     "the tenant's default)");
+    }
+    spec.use_tenant_optimizer = !req->has_optimizer();
+    KeyInfo key;
+    const auto status = ToGrpc(registry_->CreateKey(spec, &key));
+    Audit("CreateKey", "'" + req->tenant() + "/" + req->name() + "'", status);
+    if (status.ok()) KeyToProto(key, {}, resp);
+    return status;
+  }
+
+  grpc::Status GetKey(grpc::ServerContext* ctx, const pb::GetKeyRequest* req,
+                      pb::Key* resp) override {
+    if (auto s = auth_->Check(ctx, false, "GetKey"); !s.ok()) return s;
+    KeyInfo key;
+    if (auto s = ToGrpc(registry_->GetKey(req->tenant(), req->name(), &key)); !s.ok()) return s;
+    KeyToProto(key, registry_->ChunksOf(key), resp);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListKeys(grpc::ServerContext* ctx, const pb::ListKeysRequest* req,
+                        pb::ListKeysResponse* resp) override {
+    if (auto s = auth_->Check(ctx, false, "ListKeys"); !s.ok()) return s;
+    std::vector<KeyInfo> keys;
+    if (auto s = ToGrpc(registry_->ListKeys(req->tenant(), &keys)); !s.ok()) return s;
+    for (const auto& k : keys) KeyToProto(k, {}, resp->add_keys());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DeleteKey(grpc::ServerContext* ctx, const pb::DeleteKeyRequest* req,
+                         pb::DeleteKeyResponse*) override {
+    if (auto s = auth_->Check(ctx, true, "DeleteKey"); !s.ok()) return s;
+    const auto status = ToGrpc(registry_->DeleteKey(req->tenant(), req->name()));
+    Audit("DeleteKey", "'" + req->tenant() + "/" + req->name() + "'", status);
+    return status;
+  }
+
+  grpc::Status SetOptimizer(grpc::ServerContext* ctx, const pb::SetOptimizerRequest* req,
+                            pb::Key* resp) override {
+    if (auto s = auth_->Check(ctx, true, "SetOptimizer"); !s.ok()) return s;
+    if (!req->has_optimizer()) return Invalid("optimizer: required");
+    aggregation::OptimizerConfig opt;
+    bool keep_type = true;
+    if (auto s = OptimizerArg("optimizer", true, req->optimizer(), &opt, &keep_type); !s.ok()) {
+      return s;
+    }
+    KeyInfo key;
+    const auto status =
+        ToGrpc(registry_->SetOptimizer(req->tenant(), req->name(), opt, keep_type, &key));
+    Audit("SetOptimizer", "'" + req->tenant() + "/" + req->name() + "'", status);
+    if (status.ok()) KeyToProto(key, {}, resp);
+    return status;
+  }
+
+ private:
+  Registry* registry_;
+  const AdminAuth* auth_;
+};
+
+class AdminServices::StatsServiceImpl final : public pb::StatsService::Service {
+ public:
+  StatsServiceImpl(Registry* r, const AdminAuth* a, std::shared_ptr<DaemonIdentity> id)
+      : registry_(r), auth_(a), identity_(std::move(id)) {}
+
+  grpc::Status GetStats(grpc::ServerContext* ctx, const pb::GetStatsRequest* req,
+                        pb::GetStatsResponse* resp) override {
+    if (auto s = auth_->Check(ctx, false, "GetStats"); !s.ok()) return s;
+    std::vector<TenantInfo> tenants;
+    if (req->tenant().empty()) {
+      tenants = registry_->ListTenants();
+    } else {
+      TenantInfo t;
+      if (auto s = ToGrpc(registry_->GetTenant(req->tenant(), &t)); !s.ok()) return s;
+      tenants.push_back(std::move(t));
+    }
+    auto* d = resp->mutable_daemon();
+    for (const auto& t : tenants) {
+      auto* ts = resp->add_tenants();
+      const TenantCounters& c = *t.counters;
+      ts->set_name(t.name);
+      ts->set_keys(t.key_count);
+      ts->set_parameter_bytes(t.parameter_bytes);
+      ts->set_chunks(t.chunk_count);
+      ts->set_workers_connected(c.workers_connected.load(std::memory_order_relaxed));
+      ts->set_pushes(c.pushes.load(std::memory_order_relaxed));
+      ts->set_bytes_in(c.bytes_in.load(std::memory_order_relaxed));
+      ts->set_bytes_out(c.bytes_out.load(std::memory_order_relaxed));
+      ts->set_iterations_completed(c.iterations_completed.load(std::memory_order_relaxed));
+      ts->set_errors(c.errors.load(std::memory_order_relaxed));
+    }
+    // Daemon-wide figures always cover every tenant.
+    const auto all = req->tenant().empty() ? tenants : registry_->ListTenants();
+    for (const auto& t : all) {
+      const TenantCounters& c = *t.counters;
+      d->set_workers_connected(d->workers_connected() +
+                               c.workers_connected.load(std::memory_order_relaxed));
+      d->set_pushes(d->pushes() + c.pushes.load(std::memory_order_relaxed));
+      d->set_bytes_in(d->bytes_in() + c.bytes_in.load(std::memory_order_relaxed));
+      d->set_bytes_out(d->bytes_out() + c.bytes_out.load(std::memory_order_relaxed));
+    }
+    const auto totals = registry_->GetTotals();
+    d->set_version(identity_->version);
+    d->set_uptime_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - identity_->started)
+                         .count());
+    d->set_lanes(registry_->lanes());
+    d->set_tenants(totals.tenants);
+    d->set_keys(totals.keys);
+    d->set_parameter_bytes(totals.parameter_bytes);
+    {
+      std::lock_guard lock(addresses_mu_);
+      d->set_data_listen(identity_->data_listen);
+      d->set_admin_listen(identity_->admin_listen);
+    }
+    return grpc::Status::OK;
+  }
+
+  void SetListenAddresses(std::string admin, std::string data) {
+    std::lock_guard lock(addresses_mu_);
+    identity_->admin_listen = std::move(admin);
+    identity_->data_listen = std::move(data);
+  }
+
+ private:
+  Registry* registry_;
+  const AdminAuth* auth_;
+  std::mutex addresses_mu_;
+  std::shared_ptr<DaemonIdentity> identity_;  // listen addresses GUARDED_BY(addresses_mu_)
+};
+
+AdminServices::AdminServices(Registry* registry, const AdminAuth* auth, DaemonIdentity identity)
+    : identity_(std::make_shared<DaemonIdentity>(std::move(identity))) {
+  tenants_ = std::make_unique<TenantServiceImpl>(registry, auth);
+  keys_ = std::make_unique<KeyServiceImpl>(registry, auth);
+  stats_ = std::make_unique<StatsServiceImpl>(registry, auth, identity_);
+}
+
+AdminServices::~AdminServices() = default;
+
+void AdminServices::RegisterWith(grpc::ServerBuilder* builder) {
+  builder->RegisterService(tenants_.get());
+  builder->RegisterService(keys_.get());
+  builder->RegisterService(stats_.get());
+}
+
+void AdminServices::SetListenAddresses(std::string admin, std::string data) {
+  stats_->SetListenAddresses(std::move(admin), std::move(data));
+}
+
+}  // namespace rackhub::server

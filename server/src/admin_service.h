@@ -1,0 +1,62 @@
+// The admin gRPC API (rackhub.admin.v1): TenantService, KeyService and
+// StatsService over the Registry, with admin-token authorization.
+//
+// Thread safety: the services are called concurrently by gRPC's threads; they
+// hold no state of their own besides const configuration and go through the
+// thread-safe Registry.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "rackhub/admin/v1/admin.grpc.pb.h"
+#include "registry.h"
+
+namespace rackhub::server {
+
+// Checks the `authorization: Bearer <token>` metadata of a call.
+class AdminAuth {
+ public:
+  // Empty admin_token disables token checks (loopback-only or mTLS setups).
+  AdminAuth(std::string admin_token, std::string readonly_token);
+  // OK, UNAUTHENTICATED (missing/wrong token) or PERMISSION_DENIED (read-only
+  // token on a mutating call).
+  grpc::Status Check(const grpc::ServerContext* context, bool mutation,
+                     const char* method) const;
+
+ private:
+  std::string admin_token_;
+  std::string readonly_token_;
+};
+
+// What StatsService reports about the daemon itself.
+struct DaemonIdentity {
+  std::string version;
+  std::string data_listen;
+  std::string admin_listen;
+  std::chrono::steady_clock::time_point started;
+};
+
+// Owns the three service implementations; register them with a builder.
+class AdminServices {
+ public:
+  AdminServices(Registry* registry, const AdminAuth* auth, DaemonIdentity identity);
+  ~AdminServices();
+  void RegisterWith(grpc::ServerBuilder* builder);
+  // Set once listeners are bound (ports may be ephemeral).
+  void SetListenAddresses(std::string admin, std::string data);
+
+ private:
+  class TenantServiceImpl;
+  class KeyServiceImpl;
+  class StatsServiceImpl;
+  std::unique_ptr<TenantServiceImpl> tenants_;
+  std::unique_ptr<KeyServiceImpl> keys_;
+  std::unique_ptr<StatsServiceImpl> stats_;
+  std::shared_ptr<DaemonIdentity> identity_;
+};
+
+}  // namespace rackhub::server

@@ -1,0 +1,428 @@
+#include "config.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "rackhub/aggregation/chunk_layout.h"
+#include "size_text.h"
+
+namespace rackhub::server {
+namespace {
+
+constexpr uint32_t kMaxLanes = 1024;
+constexpr std::array kLogLevels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+
+// One settable field: its dotted name and how to set it from text (flags) or
+// from a TOML node (file). Setters return an error reason or "".
+struct Field {
+  std::string name;
+  std::function<std::string(Config&, const std::string&)> from_text;
+  std::function<std::string(Config&, const toml::node&)> from_node;
+};
+
+std::string SetEndpoint(net::Endpoint* out, const std::string& text) {
+  std::string error;
+  auto ep = net::ParseEndpoint(text, &error);
+  if (!ep) return error;
+  *out = *ep;
+  return "";
+}
+
+template <typename T>
+std::string SetUnsigned(T* out, const std::string& text, bool allow_size_suffix) {
+  uint64_t v = 0;
+  std::string error;
+  if (allow_size_suffix) {
+    if (!ParseSize(text, &v, &error)) return error;
+  } else {
+    const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
+      return "'" + text + "' is not a non-negative integer";
+  }
+  if (v > std::numeric_limits<T>::max())
+    return std::to_string(v) + " is too large (max " +
+           std::to_string(std::numeric_limits<T>::max()) + ")";
+  *out = static_cast<T>(v);
+  return "";
+}
+
+std::string SetBool(bool* out, const std::string& text) {
+  if (text == "true" || text == "1" || text == "yes") {
+    *out = true;
+  } else if (text == "false" || text == "0" || text == "no") {
+    *out = false;
+  } else {
+    return "'" + text + "' is not a boolean (true/false)";
+  }
+  return "";
+}
+
+// Node adapters: check the TOML type, then reuse the text setter.
+std::string NodeAsString(const toml::node& n, std::string* out) {
+  if (!n.is_string()) return "expected a string";
+  *out = *n.value<std::string>();
+  return "";
+}
+
+std::string NodeAsUnsignedText(const toml::node& n, bool allow_size, std::string* out) {
+  if (n.is_integer()) {
+    const int64_t v = *n.value<int64_t>();
+    if (v < 0) return std::to_string(v) + " is negative";
+    *out = std::to_string(v);
+    return "";
+  }
+  if (allow_size && n.is_string()) {
+    *out = *n.value<std::string>();
+    return "";
+  }
+  return allow_size ? "expected an integer or a size string such as \"32KiB\""
+                    : "expected an integer";
+}
+
+Field StringField(std::string name, std::function<std::string&(Config&)> ref,
+                  std::function<std::string(const std::string&)> check = nullptr) {
+  auto from_text = [ref, check](Config& c, const std::string& t) {
+    if (check) {
+      if (auto e = check(t); !e.empty()) return e;
+    }
+    ref(c) = t;
+    return std::string();
+  };
+  auto from_node = [from_text](Config& c, const toml::node& n) {
+    std::string t;
+    if (auto e = NodeAsString(n, &t); !e.empty()) return e;
+    return from_text(c, t);
+  };
+  return {std::move(name), from_text, from_node};
+}
+
+Field EndpointField(std::string name, std::function<net::Endpoint&(Config&)> ref) {
+  auto from_text = [ref](Config& c, const std::string& t) { return SetEndpoint(&ref(c), t); };
+  auto from_node = [from_text](Config& c, const toml::node& n) {
+    std::string t;
+    if (auto e = NodeAsString(n, &t); !e.empty()) return e;
+    return from_text(c, t);
+  };
+  return {std::move(name), from_text, from_node};
+}
+
+template <typename T>
+Field UnsignedField(std::string name, std::function<T&(Config&)> ref, bool size) {
+  auto from_text = [ref, size](Config& c, const std::string& t) {
+    return SetUnsigned<T>(&ref(c), t, size);
+  };
+  auto from_node = [from_text, size](Config& c, const toml::node& n) {
+    std::string t;
+    if (auto e = NodeAsUnsignedText(n, size, &t); !e.empty()) return e;
+    return from_text(c, t);
+  };
+  return {std::move(name), from_text, from_node};
+}
+
+Field BoolField(std::string name, std::function<bool&(Config&)> ref) {
+  auto from_text = [ref](Config& c, const std::string& t) { return SetBool(&ref(c), t); };
+  auto from_node = [ref](Config& c, const toml::node& n) {
+    if (!n.is_boolean()) return std::string("expected true or false");
+    ref(c) = *n.value<bool>();
+    return std::string();
+  };
+  return {std::move(name), from_text, from_node};
+}
+
+std::string CheckLogLevel(const std::string& t) {
+  if (std::find(kLogLevels.begin(), kLogLevels.end(), t) != kLogLevels.end()) return "";
+  return "'" + t + "' is not one of trace, debug, info, warn, error, critical, off";
+}
+
+// The schema: every config field, by its dotted name in the file.
+const std::map<std::string, Field>& Schema() {
+  static const std::map<std::string, Field> schema = [] {
+    std::vector<Field> fields = {
+        StringField("log_level", [](Config& c) -> std::string& { return c.log_level; },
+                    CheckLogLevel),
+        StringField("ready_file", [](Config& c) -> std::string& { return c.ready_file; }),
+        EndpointField("admin.listen", [](Config& c) -> net::Endpoint& { return c.admin.listen; }),
+        StringField("admin.token_file",
+                    [](Config& c) -> std::string& { return c.admin.token_file; }),
+        StringField("admin.readonly_token_file",
+                    [](Config& c) -> std::string& { return c.admin.readonly_token_file; }),
+        StringField("admin.tls_cert_file",
+                    [](Config& c) -> std::string& { return c.admin.tls_cert_file; }),
+        StringField("admin.tls_key_file",
+                    [](Config& c) -> std::string& { return c.admin.tls_key_file; }),
+        StringField("admin.tls_client_ca_file",
+                    [](Config& c) -> std::string& { return c.admin.tls_client_ca_file; }),
+        UnsignedField<uint64_t>(
+            "admin.max_message_bytes",
+            [](Config& c) -> uint64_t& { return c.admin.max_message_bytes; }, true),
+        EndpointField("data.listen", [](Config& c) -> net::Endpoint& { return c.data.listen; }),
+        UnsignedField<uint32_t>(
+            "lanes.count", [](Config& c) -> uint32_t& { return c.lanes.count; }, false),
+        BoolField("lanes.pin", [](Config& c) -> bool& { return c.lanes.pin; }),
+        UnsignedField<uint32_t>(
+            "tenants.default_chunk_bytes",
+            [](Config& c) -> uint32_t& { return c.tenants.chunk_bytes; }, true),
+        UnsignedField<uint64_t>(
+            "tenants.default_max_parameter_bytes",
+            [](Config& c) -> uint64_t& { return c.tenants.max_parameter_bytes; }, true),
+        UnsignedField<uint32_t>(
+            "tenants.default_max_keys", [](Config& c) -> uint32_t& { return c.tenants.max_keys; },
+            false),
+        UnsignedField<uint32_t>(
+            "tenants.default_max_workers",
+            [](Config& c) -> uint32_t& { return c.tenants.max_workers; }, false),
+        UnsignedField<uint32_t>(
+            "tenants.max_tenants", [](Config& c) -> uint32_t& { return c.tenants.max_tenants; },
+            false),
+    };
+    std::map<std::string, Field> m;
+    for (auto& f : fields) m.emplace(f.name, std::move(f));
+    return m;
+  }();
+  return schema;
+}
+
+// Command-line flag -> config field. Flags that are not config fields
+// (--config, --check-config, ...) are handled in ParseCommandLine.
+const std::map<std::string, std::string>& FlagFields() {
+  static const std::map<std::string, std::string> flags = {
+      {"--log-level", "log_level"},
+      {"--ready-file", "ready_file"},
+      {"--admin-listen", "admin.listen"},
+      {"--admin-token-file", "admin.token_file"},
+      {"--admin-readonly-token-file", "admin.readonly_token_file"},
+      {"--admin-tls-cert", "admin.tls_cert_file"},
+      {"--admin-tls-key", "admin.tls_key_file"},
+      {"--admin-tls-client-ca", "admin.tls_client_ca_file"},
+      {"--data-listen", "data.listen"},
+      {"--lanes", "lanes.count"},
+      {"--pin-lanes", "lanes.pin"},
+  };
+  return flags;
+}
+
+std::string Where(const std::string& source, const toml::node& n) {
+  const auto& begin = n.source().begin;
+  if (begin.line == 0) return source;
+  return source + ":" + std::to_string(begin.line);
+}
+
+void WalkTable(const toml::table& table, const std::string& prefix, const std::string& source,
+               Config* config, std::vector<std::string>* errors) {
+  const auto& schema = Schema();
+  for (auto&& [key, node] : table) {
+    const std::string name = prefix.empty() ? std::string(key.str())
+                                            : prefix + "." + std::string(key.str());
+    if (const auto* sub = node.as_table()) {
+      bool is_section = false;
+      for (const auto& [field_name, unused] : schema) {
+        if (field_name.rfind(name + ".", 0) == 0) is_section = true;
+      }
+      if (!is_section) {
+        errors->push_back(name + ": unknown section (" + Where(source, node) + ")");
+        continue;
+      }
+      WalkTable(*sub, name, source, config, errors);
+      continue;
+    }
+    const auto it = schema.find(name);
+    if (it == schema.end()) {
+      errors->push_back(name + ": unknown key (" + Where(source, node) + ")");
+      continue;
+    }
+    if (auto e = it->second.from_node(*config, node); !e.empty()) {
+      errors->push_back(name + ": " + e + " (" + Where(source, node) + ")");
+    }
+  }
+}
+
+// Checks that a file named by `field` can be read and is not empty.
+void CheckReadableFile(const std::string& field, const std::string& path,
+                       std::vector<std::string>* errors) {
+  if (path.empty()) return;
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    errors->push_back(field + ": cannot read '" + path + "'");
+    return;
+  }
+  if (f.peek() == std::ifstream::traits_type::eof()) {
+    errors->push_back(field + ": '" + path + "' is empty");
+  }
+}
+
+}  // namespace
+
+void ParseConfigText(const std::string& text, const std::string& source_name, Config* config,
+                     std::vector<std::string>* errors) {
+  toml::table table;
+  try {
+    table = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    const auto& begin = e.source().begin;
+    errors->push_back(source_name + ":" + std::to_string(begin.line) + ":" +
+                      std::to_string(begin.column) + ": TOML syntax error: " +
+                      std::string(e.description()));
+    return;
+  }
+  WalkTable(table, "", source_name, config, errors);
+}
+
+void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
+  if (c.lanes.count > kMaxLanes) {
+    errors->push_back("lanes.count: " + std::to_string(c.lanes.count) + " is more than " +
+                      std::to_string(kMaxLanes));
+  }
+  if (!aggregation::ChunkLayout::IsValidChunkBytes(c.tenants.chunk_bytes)) {
+    errors->push_back("tenants.default_chunk_bytes: " + std::to_string(c.tenants.chunk_bytes) +
+                      " must be a multiple of 64 in [1024, 67108864]");
+  }
+  if (c.tenants.max_keys == 0) errors->push_back("tenants.default_max_keys: must be >= 1");
+  if (c.tenants.max_workers == 0) errors->push_back("tenants.default_max_workers: must be >= 1");
+  if (c.tenants.max_tenants == 0) errors->push_back("tenants.max_tenants: must be >= 1");
+  if (c.tenants.max_parameter_bytes == 0)
+    errors->push_back("tenants.default_max_parameter_bytes: must be >= 1");
+  if (c.admin.max_message_bytes < 4096 || c.admin.max_message_bytes > (1ull << 30)) {
+    errors->push_back("admin.max_message_bytes: must be in [4KiB, 1GiB]");
+  }
+  const bool tls = !c.admin.tls_cert_file.empty() || !c.admin.tls_key_file.empty();
+  if (tls && (c.admin.tls_cert_file.empty() || c.admin.tls_key_file.empty())) {
+    errors->push_back(std::string(c.admin.tls_cert_file.empty() ? "admin.tls_cert_file"
+                                                                : "admin.tls_key_file") +
+                      ": TLS needs both admin.tls_cert_file and admin.tls_key_file");
+  }
+  if (!c.admin.tls_client_ca_file.empty() && !tls) {
+    errors->push_back(
+        "admin.tls_client_ca_file: client certificates need TLS (admin.tls_cert_file and "
+        "admin.tls_key_file)");
+  }
+  CheckReadableFile("admin.token_file", c.admin.token_file, errors);
+  CheckReadableFile("admin.readonly_token_file", c.admin.readonly_token_file, errors);
+  CheckReadableFile("admin.tls_cert_file", c.admin.tls_cert_file, errors);
+  CheckReadableFile("admin.tls_key_file", c.admin.tls_key_file, errors);
+  CheckReadableFile("admin.tls_client_ca_file", c.admin.tls_client_ca_file, errors);
+  if (!c.admin.readonly_token_file.empty() && c.admin.token_file.empty()) {
+    errors->push_back(
+        "admin.readonly_token_file: needs admin.token_file too (otherwise the read-only token "
+        "would be the only credential while unauthenticated calls may write)");
+  }
+  const bool authenticated = !c.admin.token_file.empty() || !c.admin.tls_client_ca_file.empty();
+  if (!c.admin.listen.IsLoopback() && !authenticated) {
+    errors->push_back("admin.listen: refusing to listen on " + c.admin.listen.ToString() +
+                      " beyond loopback without authentication; set admin.token_file (and "
+                      "preferably TLS) or listen on 127.0.0.1");
+  }
+  if (c.admin.listen.port != 0 && c.admin.listen.port == c.data.listen.port &&
+      c.admin.listen.host == c.data.listen.host) {
+    errors->push_back("data.listen: " + c.data.listen.ToString() +
+                      " is the same address as admin.listen");
+  }
+}
+
+ParseResult ParseCommandLine(int argc, const char* const* argv) {
+  ParseResult r;
+  // Pass 1: find --config and the action flags; collect value flags.
+  std::vector<std::pair<std::string, std::string>> overrides;  // field, value
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool has_value = false;
+    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    auto take_value = [&]() -> bool {
+      if (has_value) return true;
+      if (i + 1 >= argc) {
+        r.errors.push_back(arg + ": missing value");
+        return false;
+      }
+      value = argv[++i];
+      return true;
+    };
+    if (arg == "--help" || arg == "-h") {
+      r.command_line.help = true;
+    } else if (arg == "--version") {
+      r.command_line.version = true;
+    } else if (arg == "--check-config") {
+      r.command_line.check_config = true;
+    } else if (arg == "--config" || arg == "-c") {
+      if (take_value()) r.command_line.config_file = value;
+    } else if (arg == "--no-pin-lanes") {
+      overrides.emplace_back("lanes.pin", "false");
+    } else if (const auto it = FlagFields().find(arg); it != FlagFields().end()) {
+      if (take_value()) overrides.emplace_back(it->second, value);
+    } else {
+      r.errors.push_back(arg + ": unknown option (see --help)");
+    }
+  }
+  if (!r.command_line.config_file.empty()) {
+    std::ifstream f(r.command_line.config_file, std::ios::binary);
+    if (!f) {
+      r.errors.push_back("--config: cannot read '" + r.command_line.config_file + "'");
+    } else {
+      std::stringstream ss;
+      ss << f.rdbuf();
+      ParseConfigText(ss.str(), r.command_line.config_file, &r.config, &r.errors);
+    }
+  }
+  for (const auto& [field, value] : overrides) {
+    const auto& schema = Schema();
+    if (auto e = schema.at(field).from_text(r.config, value); !e.empty()) {
+      std::string flag = field;
+      for (const auto& [f, name] : FlagFields())
+        if (name == field) flag = f;
+      r.errors.push_back(flag + " (" + field + "): " + e);
+    }
+  }
+  if (r.errors.empty()) ValidateConfig(r.config, &r.errors);
+  return r;
+}
+
+uint32_t EffectiveLaneCount(const Config& config) {
+  if (config.lanes.count != 0) return config.lanes.count;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return static_cast<uint32_t>(n);
+  }
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<uint32_t>(n) : 1;
+}
+
+std::string UsageText() {
+  return R"(usage: rackhubd [options]
+
+rackhub aggregation daemon: a rack-scale parameter server.
+
+options (flags override the config file):
+  -c, --config FILE                 TOML config file (see deploy/rackhubd.toml)
+      --check-config                validate the configuration and exit (0 = valid)
+      --data-listen HOST:PORT       data-plane address          [127.0.0.1:7700]
+      --admin-listen HOST:PORT      admin gRPC address           [127.0.0.1:7701]
+      --lanes N                     lanes (pinned threads); 0 = one per core [0]
+      --no-pin-lanes                do not pin lane threads to cores
+      --admin-token-file FILE       admin token; required beyond loopback
+      --admin-readonly-token-file FILE  token for read-only admin calls
+      --admin-tls-cert FILE         TLS certificate (PEM) for the admin API
+      --admin-tls-key FILE          TLS private key (PEM)
+      --admin-tls-client-ca FILE    require client certificates signed by this CA
+      --log-level LEVEL             trace|debug|info|warn|error|critical|off [info]
+      --ready-file FILE             write "admin ADDR" and "data ADDR" lines once listening
+      --version                     print the version and exit
+  -h, --help                        this text
+)";
+}
+
+}  // namespace rackhub::server

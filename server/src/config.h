@@ -1,0 +1,88 @@
+// rackhubd configuration: a typed struct parsed once at start-up from a TOML
+// file (--config) and command-line flags (flags override the file), then
+// validated as a whole. Every error names the field ("admin.listen: ...").
+//
+// Plain values; built on the main thread before any other thread starts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rackhub/net/endpoint.h"
+
+namespace rackhub::server {
+
+struct AdminConfig {
+  net::Endpoint listen{"127.0.0.1", 7701};
+  std::string token_file;           // empty: no admin auth (loopback only)
+  std::string readonly_token_file;  // optional: token allowed to read only
+  std::string tls_cert_file;        // PEM; with tls_key_file enables TLS
+  std::string tls_key_file;
+  std::string tls_client_ca_file;   // PEM; set: clients must present a cert signed by it
+  uint64_t max_message_bytes = 4u << 20;
+};
+
+struct DataConfig {
+  net::Endpoint listen{"127.0.0.1", 7700};
+};
+
+struct LaneConfig {
+  uint32_t count = 0;  // 0: one per core available to the process
+  bool pin = true;     // pin lane i to the i-th available core
+};
+
+// Defaults for tenants created without explicit values.
+struct TenantDefaults {
+  uint32_t chunk_bytes = 32 * 1024;
+  uint64_t max_parameter_bytes = 4ull << 30;
+  uint32_t max_keys = 65536;
+  uint32_t max_workers = 256;
+  uint32_t max_tenants = 1024;
+};
+
+struct Config {
+  std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
+  std::string ready_file;          // written once all listeners are bound
+  AdminConfig admin;
+  DataConfig data;
+  LaneConfig lanes;
+  TenantDefaults tenants;
+};
+
+// What the command line asked for besides configuration values.
+struct CommandLine {
+  std::string config_file;
+  bool check_config = false;
+  bool help = false;
+  bool version = false;
+};
+
+// Result of parsing: either a config or a list of errors, each naming its
+// field and (for the file) the line.
+struct ParseResult {
+  Config config;
+  CommandLine command_line;
+  std::vector<std::string> errors;
+  bool ok() const { return errors.empty(); }
+};
+
+// Parses the TOML text of a config file into `config` (which holds defaults
+// or earlier values). Unknown keys, wrong types and bad values are errors.
+void ParseConfigText(const std::string& text, const std::string& source_name, Config* config,
+                     std::vector<std::string>* errors);
+
+// Full start-up parse: reads --config FILE (if given), then applies flags,
+// then validates. argv[0] is skipped.
+ParseResult ParseCommandLine(int argc, const char* const* argv);
+
+// Cross-field checks (e.g. non-loopback admin listen requires a token).
+void ValidateConfig(const Config& config, std::vector<std::string>* errors);
+
+// Lanes to run: config.lanes.count or the number of usable cores.
+uint32_t EffectiveLaneCount(const Config& config);
+
+std::string UsageText();
+
+}  // namespace rackhub::server

@@ -1,0 +1,81 @@
+#include "proto_convert.h"
+
+namespace rackhub::server {
+
+namespace pb = rackhub::admin::v1;
+using aggregation::OptimizerConfig;
+using aggregation::OptimizerType;
+using aggregation::Reduction;
+
+std::string OptimizerFromProto(const pb::Optimizer& in, OptimizerConfig* out,
+                               bool* unspecified_type) {
+  *unspecified_type = in.type() == pb::OPTIMIZER_UNSPECIFIED;
+  if (!*unspecified_type && (in.type() < pb::SGD || in.type() > pb::SUM_ONLY)) {
+    return "type: unknown optimizer type " + std::to_string(in.type());
+  }
+  if (in.reduction() < pb::REDUCTION_UNSPECIFIED || in.reduction() > pb::SUM) {
+    return "reduction: unknown reduction " + std::to_string(in.reduction());
+  }
+  out->type = *unspecified_type ? OptimizerType::kSgd : static_cast<OptimizerType>(in.type());
+  out->learning_rate = in.learning_rate();
+  out->momentum = in.momentum();
+  out->weight_decay = in.weight_decay();
+  out->beta1 = in.beta1();
+  out->beta2 = in.beta2();
+  out->epsilon = in.epsilon();
+  out->initial_accumulator = in.initial_accumulator();
+  out->reduction = in.reduction() == pb::SUM ? Reduction::kSum : Reduction::kMean;
+  return "";
+}
+
+void OptimizerToProto(const OptimizerConfig& in, pb::Optimizer* out) {
+  out->set_type(static_cast<pb::OptimizerType>(in.type));
+  out->set_learning_rate(in.learning_rate);
+  out->set_momentum(in.momentum);
+  out->set_weight_decay(in.weight_decay);
+  out->set_beta1(in.beta1);
+  out->set_beta2(in.beta2);
+  out->set_epsilon(in.epsilon);
+  out->set_initial_accumulator(in.initial_accumulator);
+  out->set_reduction(in.reduction == Reduction::kSum ? pb::SUM : pb::MEAN);
+}
+
+void TenantToProto(const TenantInfo& in, pb::Tenant* out) {
+  out->set_name(in.name);
+  out->set_handle(in.handle);
+  out->set_workers_per_rack(in.workers_per_rack);
+  out->set_chunk_bytes(in.chunk_bytes);
+  OptimizerToProto(in.default_optimizer, out->mutable_default_optimizer());
+  out->mutable_quotas()->set_max_parameter_bytes(in.quotas.max_parameter_bytes);
+  out->mutable_quotas()->set_max_keys(in.quotas.max_keys);
+  out->mutable_quotas()->set_max_workers(in.quotas.max_workers);
+  out->set_key_count(in.key_count);
+  out->set_parameter_bytes(in.parameter_bytes);
+  out->set_chunk_count(in.chunk_count);
+  out->set_created_unix_ms(in.created_unix_ms);
+}
+
+void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& chunks,
+                pb::Key* out) {
+  out->set_tenant(in.tenant);
+  out->set_name(in.name);
+  out->set_id(in.id);
+  out->set_elements(in.elements);
+  out->set_dtype(static_cast<pb::DType>(in.dtype));
+  OptimizerToProto(in.optimizer, out->mutable_optimizer());
+  out->set_init(in.init == InitMode::kFromClient ? pb::FROM_CLIENT : pb::ZEROS);
+  out->set_ready(in.ready);
+  out->set_first_chunk(in.placement.first_chunk);
+  out->set_chunk_count(in.placement.chunk_count);
+  out->set_chunk_elements(in.chunk_elements);
+  out->set_parameter_bytes(in.parameter_bytes());
+  for (const auto& c : chunks) {
+    auto* ci = out->add_chunks();
+    ci->set_index(c.index);
+    ci->set_lane(c.lane);
+    ci->set_first_element(c.first_element);
+    ci->set_elements(c.elements);
+  }
+}
+
+}  // namespace rackhub::server

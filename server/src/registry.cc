@@ -1,0 +1,339 @@
+#include "registry.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include "size_text.h"
+#include "token.h"
+
+namespace rackhub::server {
+
+using aggregation::ChunkLayout;
+using aggregation::OptimizerConfig;
+
+// Largest key: 2^34 fp32 elements (64 GiB) keeps every byte count far from
+// overflow and is beyond any single hub's memory.
+constexpr uint64_t kMaxKeyElements = 1ull << 34;
+constexpr uint32_t kMaxWorkersPerRack = 65536;
+
+struct Registry::Tenant {
+  TenantInfo info;
+  TokenHash token;
+  ChunkLayout layout;
+  std::map<std::string, KeyInfo> keys;  // by name
+  uint32_t next_key_id = 1;
+
+  Tenant(TenantInfo i, TokenHash t, ChunkLayout l)
+      : info(std::move(i)), token(t), layout(std::move(l)) {}
+};
+
+const char* WireDTypeName(WireDType dtype) {
+  switch (dtype) {
+    case WireDType::kFp32: return "fp32";
+    case WireDType::kFp16: return "fp16";
+    case WireDType::kBf16: return "bf16";
+  }
+  return "unknown";
+}
+
+uint32_t WireDTypeBytes(WireDType dtype) { return dtype == WireDType::kFp32 ? 4 : 2; }
+
+bool IsValidTenantName(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || (c != '-' && c != '_'))) return false;
+  }
+  return true;
+}
+
+bool IsValidKeyName(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == ':' || c == '/' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+namespace {
+
+std::string Quoted(const std::string& s) { return "'" + s + "'"; }
+
+Status CheckOptimizer(const char* field, OptimizerConfig* opt) {
+  if (auto e = aggregation::NormalizeOptimizer(opt); !e.empty()) {
+    return InvalidArgument(std::string(field) + "." + e);
+  }
+  return Status::Ok();
+}
+
+Status TenantNotFound(const std::string& name) {
+  return NotFound("tenant: " + Quoted(name) + " does not exist");
+}
+
+}  // namespace
+
+Registry::Registry(uint32_t lanes, TenantDefaults defaults) : lanes_(lanes), defaults_(defaults) {}
+Registry::~Registry() = default;
+
+Registry::Tenant* Registry::FindTenant(const std::string& name) const {
+  const auto it = tenants_.find(name);
+  return it == tenants_.end() ? nullptr : it->second.get();
+}
+
+Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::string* token) {
+  if (!IsValidTenantName(spec.name)) {
+    return InvalidArgument("name: " + Quoted(spec.name) +
+                           " is not a valid tenant name (1-63 of a-z 0-9 _ -, starting with a "
+                           "letter or digit)");
+  }
+  if (spec.workers_per_rack == 0 || spec.workers_per_rack > kMaxWorkersPerRack) {
+    return InvalidArgument("workers_per_rack: must be in [1, " +
+                           std::to_string(kMaxWorkersPerRack) + "], got " +
+                           std::to_string(spec.workers_per_rack));
+  }
+  const uint32_t chunk_bytes = spec.chunk_bytes ? spec.chunk_bytes : defaults_.chunk_bytes;
+  if (!ChunkLayout::IsValidChunkBytes(chunk_bytes)) {
+    return InvalidArgument("chunk_bytes: " + std::to_string(chunk_bytes) +
+                           " must be a multiple of 64 in [1024, 67108864]");
+  }
+  OptimizerConfig opt = spec.default_optimizer;
+  if (auto s = CheckOptimizer("default_optimizer", &opt); !s.ok()) return s;
+  Quotas q = spec.quotas;
+  if (q.max_parameter_bytes == 0) q.max_parameter_bytes = defaults_.max_parameter_bytes;
+  if (q.max_keys == 0) q.max_keys = defaults_.max_keys;
+  if (q.max_workers == 0) q.max_workers = std::max(defaults_.max_workers, spec.workers_per_rack);
+  if (spec.workers_per_rack > q.max_workers) {
+    return ResourceExhausted("workers_per_rack: " + std::to_string(spec.workers_per_rack) +
+                             " exceeds quotas.max_workers " + std::to_string(q.max_workers));
+  }
+
+  std::unique_lock lock(mu_);
+  if (tenants_.count(spec.name)) {
+    return AlreadyExists("name: tenant " + Quoted(spec.name) + " already exists");
+  }
+  if (tenants_.size() >= defaults_.max_tenants) {
+    return ResourceExhausted("name: the daemon already hosts " + std::to_string(tenants_.size()) +
+                             " tenants (tenants.max_tenants)");
+  }
+  TenantInfo info;
+  info.name = spec.name;
+  info.handle = next_handle_++;
+  info.workers_per_rack = spec.workers_per_rack;
+  info.chunk_bytes = chunk_bytes;
+  info.default_optimizer = opt;
+  info.quotas = q;
+  info.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  info.counters = std::make_shared<TenantCounters>();
+  *token = GenerateToken();
+  auto tenant = std::make_unique<Tenant>(info, HashToken(*token), ChunkLayout(chunk_bytes, lanes_));
+  *out = tenant->info;
+  tenants_.emplace(spec.name, std::move(tenant));
+  return Status::Ok();
+}
+
+Status Registry::GetTenant(const std::string& name, TenantInfo* out) const {
+  std::shared_lock lock(mu_);
+  const Tenant* t = FindTenant(name);
+  if (!t) return TenantNotFound(name);
+  *out = t->info;
+  return Status::Ok();
+}
+
+std::vector<TenantInfo> Registry::ListTenants() const {
+  std::shared_lock lock(mu_);
+  std::vector<TenantInfo> out;
+  for (const auto& [name, t] : tenants_) out.push_back(t->info);
+  return out;
+}
+
+Status Registry::UpdateQuotas(const std::string& name, const Quotas& quotas, TenantInfo* out) {
+  std::unique_lock lock(mu_);
+  Tenant* t = FindTenant(name);
+  if (!t) return TenantNotFound(name);
+  Quotas q = t->info.quotas;
+  if (quotas.max_parameter_bytes) q.max_parameter_bytes = quotas.max_parameter_bytes;
+  if (quotas.max_keys) q.max_keys = quotas.max_keys;
+  if (quotas.max_workers) q.max_workers = quotas.max_workers;
+  if (q.max_parameter_bytes < t->info.parameter_bytes) {
+    return FailedPrecondition("quotas.max_parameter_bytes: " +
+                              FormatSize(q.max_parameter_bytes) + " is below the " +
+                              FormatSize(t->info.parameter_bytes) + " the tenant already uses");
+  }
+  if (q.max_keys < t->info.key_count) {
+    return FailedPrecondition("quotas.max_keys: " + std::to_string(q.max_keys) +
+                              " is below the tenant's " + std::to_string(t->info.key_count) +
+                              " keys");
+  }
+  if (q.max_workers < t->info.workers_per_rack) {
+    return FailedPrecondition("quotas.max_workers: " + std::to_string(q.max_workers) +
+                              " is below the tenant's workers_per_rack " +
+                              std::to_string(t->info.workers_per_rack));
+  }
+  t->info.quotas = q;
+  *out = t->info;
+  return Status::Ok();
+}
+
+Status Registry::DeleteTenant(const std::string& name) {
+  std::unique_lock lock(mu_);
+  if (tenants_.erase(name) == 0) return TenantNotFound(name);
+  return Status::Ok();
+}
+
+Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
+  if (!IsValidKeyName(spec.name)) {
+    return InvalidArgument("name: " + Quoted(spec.name) +
+                           " is not a valid key name (1-128 of A-Z a-z 0-9 _ . : / -)");
+  }
+  if (spec.elements == 0 || spec.elements > kMaxKeyElements) {
+    return InvalidArgument("elements: must be in [1, " + std::to_string(kMaxKeyElements) +
+                           "], got " + std::to_string(spec.elements));
+  }
+  if (spec.dtype != WireDType::kFp32 && spec.dtype != WireDType::kFp16 &&
+      spec.dtype != WireDType::kBf16) {
+    return InvalidArgument("dtype: unknown wire dtype");
+  }
+  if (spec.init != InitMode::kZeros && spec.init != InitMode::kFromClient) {
+    return InvalidArgument("init: unknown init mode");
+  }
+  OptimizerConfig opt = spec.optimizer;
+  if (!spec.use_tenant_optimizer) {
+    if (auto s = CheckOptimizer("optimizer", &opt); !s.ok()) return s;
+  }
+
+  std::unique_lock lock(mu_);
+  Tenant* t = FindTenant(spec.tenant);
+  if (!t) return TenantNotFound(spec.tenant);
+  if (spec.use_tenant_optimizer) opt = t->info.default_optimizer;
+  if (t->keys.count(spec.name)) {
+    return AlreadyExists("name: key " + Quoted(spec.name) + " already exists in tenant " +
+                         Quoted(spec.tenant));
+  }
+  if (t->info.key_count + 1 > t->info.quotas.max_keys) {
+    return ResourceExhausted("quotas.max_keys: tenant " + Quoted(spec.tenant) + " already has " +
+                             std::to_string(t->info.key_count) + " of " +
+                             std::to_string(t->info.quotas.max_keys) + " keys");
+  }
+  const uint64_t bytes = spec.elements * aggregation::kMasterElementBytes;
+  if (t->info.parameter_bytes + bytes > t->info.quotas.max_parameter_bytes) {
+    return ResourceExhausted("quotas.max_parameter_bytes: key " + Quoted(spec.name) + " needs " +
+                             FormatSize(bytes) + " but tenant " + Quoted(spec.tenant) +
+                             " has " +
+                             FormatSize(t->info.quotas.max_parameter_bytes -
+                                        t->info.parameter_bytes) +
+                             " left of " + FormatSize(t->info.quotas.max_parameter_bytes));
+  }
+  KeyInfo key;
+  key.tenant = spec.tenant;
+  key.name = spec.name;
+  key.id = t->next_key_id++;
+  key.elements = spec.elements;
+  key.dtype = spec.dtype;
+  key.optimizer = opt;
+  key.init = spec.init;
+  key.ready = spec.init == InitMode::kZeros;
+  key.placement = t->layout.Allocate(spec.elements);
+  key.chunk_elements = t->layout.chunk_elements();
+  t->info.key_count++;
+  t->info.parameter_bytes += bytes;
+  t->info.chunk_count = t->layout.next_chunk();
+  t->keys.emplace(key.name, key);
+  *out = key;
+  return Status::Ok();
+}
+
+Status Registry::GetKey(const std::string& tenant, const std::string& name, KeyInfo* out) const {
+  std::shared_lock lock(mu_);
+  const Tenant* t = FindTenant(tenant);
+  if (!t) return TenantNotFound(tenant);
+  const auto it = t->keys.find(name);
+  if (it == t->keys.end()) {
+    return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
+  }
+  *out = it->second;
+  return Status::Ok();
+}
+
+Status Registry::ListKeys(const std::string& tenant, std::vector<KeyInfo>* out) const {
+  std::shared_lock lock(mu_);
+  const Tenant* t = FindTenant(tenant);
+  if (!t) return TenantNotFound(tenant);
+  out->clear();
+  for (const auto& [name, key] : t->keys) out->push_back(key);
+  std::sort(out->begin(), out->end(),
+            [](const KeyInfo& a, const KeyInfo& b) { return a.id < b.id; });
+  return Status::Ok();
+}
+
+Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
+  std::unique_lock lock(mu_);
+  Tenant* t = FindTenant(tenant);
+  if (!t) return TenantNotFound(tenant);
+  const auto it = t->keys.find(name);
+  if (it == t->keys.end()) {
+    return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
+  }
+  t->info.key_count--;
+  t->info.parameter_bytes -= it->second.parameter_bytes();
+  t->keys.erase(it);
+  return Status::Ok();
+}
+
+Status Registry::SetOptimizer(const std::string& tenant, const std::string& name,
+                              OptimizerConfig optimizer, bool keep_type, KeyInfo* out) {
+  std::unique_lock lock(mu_);
+  Tenant* t = FindTenant(tenant);
+  if (!t) return TenantNotFound(tenant);
+  const auto it = t->keys.find(name);
+  if (it == t->keys.end()) {
+    return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
+  }
+  KeyInfo& key = it->second;
+  if (keep_type) optimizer.type = key.optimizer.type;
+  if (optimizer.type != key.optimizer.type) {
+    return InvalidArgument(std::string("optimizer.type: cannot change ") +
+                           aggregation::OptimizerTypeName(key.optimizer.type) + " to " +
+                           aggregation::OptimizerTypeName(optimizer.type) +
+                           " on an existing key (its optimizer state would be lost); delete and "
+                           "recreate the key");
+  }
+  if (auto s = CheckOptimizer("optimizer", &optimizer); !s.ok()) return s;
+  key.optimizer = optimizer;
+  *out = key;
+  return Status::Ok();
+}
+
+Status Registry::Authenticate(const std::string& tenant, const std::string& token,
+                              TenantInfo* out) const {
+  std::shared_lock lock(mu_);
+  const Tenant* t = FindTenant(tenant);
+  // Hash even for an unknown tenant so timing does not reveal which names exist.
+  const bool ok = TokenMatches(token, t ? t->token : TokenHash{}) && t != nullptr;
+  if (!ok) return Unauthenticated("token: unknown tenant or wrong token");
+  *out = t->info;
+  return Status::Ok();
+}
+
+std::vector<aggregation::ChunkSpan> Registry::ChunksOf(const KeyInfo& key) const {
+  ChunkLayout layout(key.chunk_elements * aggregation::kMasterElementBytes, lanes_);
+  return layout.Chunks(key.placement, key.elements);
+}
+
+Registry::Totals Registry::GetTotals() const {
+  std::shared_lock lock(mu_);
+  Totals totals;
+  totals.tenants = static_cast<uint32_t>(tenants_.size());
+  for (const auto& [name, t] : tenants_) {
+    totals.keys += t->info.key_count;
+    totals.parameter_bytes += t->info.parameter_bytes;
+  }
+  return totals;
+}
+
+}  // namespace rackhub::server

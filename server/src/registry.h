@@ -1,0 +1,152 @@
+// The tenant and key registry of one rackhubd: names, numeric handles,
+// quotas, auth token hashes, and each tenant's chunk layout.
+//
+// Thread safety: every public member may be called from any thread (admin
+// gRPC threads, the acceptor). State is guarded by mu_ (a reader/writer lock);
+// the data path never takes it per chunk: lanes receive snapshots of what they
+// need when keys change.
+//
+// A failed call changes nothing.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "rackhub/aggregation/chunk_layout.h"
+#include "rackhub/aggregation/optimizer_config.h"
+#include "status.h"
+
+namespace rackhub::server {
+
+enum class WireDType : uint8_t { kFp32 = 1, kFp16 = 2, kBf16 = 3 };
+enum class InitMode : uint8_t { kZeros = 1, kFromClient = 2 };
+
+const char* WireDTypeName(WireDType dtype);  // "fp32", "fp16", "bf16"
+uint32_t WireDTypeBytes(WireDType dtype);
+
+struct Quotas {
+  uint64_t max_parameter_bytes = 0;
+  uint32_t max_keys = 0;
+  uint32_t max_workers = 0;
+};
+
+struct TenantSpec {
+  std::string name;
+  uint32_t workers_per_rack = 0;
+  uint32_t chunk_bytes = 0;  // 0: daemon default
+  aggregation::OptimizerConfig default_optimizer;
+  Quotas quotas;  // zero fields: daemon defaults
+};
+
+// Live data-plane counters of a tenant; updated by lanes with relaxed atomics.
+struct TenantCounters {
+  std::atomic<uint32_t> workers_connected{0};
+  std::atomic<uint64_t> pushes{0};
+  std::atomic<uint64_t> bytes_in{0};
+  std::atomic<uint64_t> bytes_out{0};
+  std::atomic<uint64_t> iterations_completed{0};
+  std::atomic<uint64_t> errors{0};
+};
+
+struct TenantInfo {
+  std::string name;
+  uint32_t handle = 0;
+  uint32_t workers_per_rack = 0;
+  uint32_t chunk_bytes = 0;
+  aggregation::OptimizerConfig default_optimizer;
+  Quotas quotas;
+  uint32_t key_count = 0;
+  uint64_t parameter_bytes = 0;
+  uint64_t chunk_count = 0;
+  int64_t created_unix_ms = 0;
+  std::shared_ptr<TenantCounters> counters;
+};
+
+struct KeySpec {
+  std::string tenant;
+  std::string name;
+  uint64_t elements = 0;
+  WireDType dtype = WireDType::kFp32;
+  bool use_tenant_optimizer = true;  // false: `optimizer` below
+  aggregation::OptimizerConfig optimizer;
+  InitMode init = InitMode::kZeros;
+};
+
+struct KeyInfo {
+  std::string tenant;
+  std::string name;
+  uint32_t id = 0;
+  uint64_t elements = 0;
+  WireDType dtype = WireDType::kFp32;
+  aggregation::OptimizerConfig optimizer;
+  InitMode init = InitMode::kZeros;
+  bool ready = true;
+  aggregation::KeyPlacement placement;
+  uint32_t chunk_elements = 0;
+  uint64_t parameter_bytes() const { return elements * aggregation::kMasterElementBytes; }
+};
+
+class Registry {
+ public:
+  Registry(uint32_t lanes, TenantDefaults defaults);
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  uint32_t lanes() const { return lanes_; }
+
+  // On success fills *out and *token (the only time the token is visible).
+  Status CreateTenant(const TenantSpec& spec, TenantInfo* out, std::string* token);
+  Status GetTenant(const std::string& name, TenantInfo* out) const;
+  std::vector<TenantInfo> ListTenants() const;
+  // Zero fields of `quotas` keep their value. Lowering a quota below the
+  // tenant's current use is refused (FAILED_PRECONDITION).
+  Status UpdateQuotas(const std::string& name, const Quotas& quotas, TenantInfo* out);
+  Status DeleteTenant(const std::string& name);
+
+  Status CreateKey(const KeySpec& spec, KeyInfo* out);
+  Status GetKey(const std::string& tenant, const std::string& name, KeyInfo* out) const;
+  Status ListKeys(const std::string& tenant, std::vector<KeyInfo>* out) const;
+  Status DeleteKey(const std::string& tenant, const std::string& name);
+  // Replaces the hyperparameters; `keep_type` means the type of `optimizer`
+  // is ignored and the key's own is kept. A different type is refused.
+  Status SetOptimizer(const std::string& tenant, const std::string& name,
+                      aggregation::OptimizerConfig optimizer, bool keep_type, KeyInfo* out);
+
+  // Data-plane authentication: checks `token` against the tenant's stored
+  // hash in constant time. UNAUTHENTICATED for an unknown tenant or wrong
+  // token (the message does not tell which, to not leak tenant names).
+  Status Authenticate(const std::string& tenant, const std::string& token, TenantInfo* out) const;
+
+  // The chunks of a key (layout of its tenant).
+  std::vector<aggregation::ChunkSpan> ChunksOf(const KeyInfo& key) const;
+
+  struct Totals {
+    uint32_t tenants = 0;
+    uint32_t keys = 0;
+    uint64_t parameter_bytes = 0;
+  };
+  Totals GetTotals() const;
+
+ private:
+  struct Tenant;
+  Tenant* FindTenant(const std::string& name) const;  // REQUIRES: mu_ held
+
+  const uint32_t lanes_;
+  const TenantDefaults defaults_;
+  mutable std::shared_mutex mu_;
+  std::map<std::string, std::unique_ptr<Tenant>> tenants_;  // GUARDED_BY(mu_)
+  uint32_t next_handle_ = 1;                                // GUARDED_BY(mu_)
+};
+
+// Name rules, shared with the data plane's HELLO validation.
+bool IsValidTenantName(const std::string& name);
+bool IsValidKeyName(const std::string& name);
+
+}  // namespace rackhub::server
