@@ -180,6 +180,9 @@ int RunDaemon(const Config& config) {
   int admin_port = 0;
   builder.AddListeningPort(config.admin.listen.ToString(), creds, &admin_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.admin.max_message_bytes));
+  // gRPC sets SO_REUSEPORT by default: a second daemon on the same port would
+  // then start and silently split the calls. Make a busy port an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   services.RegisterWith(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || admin_port == 0) {

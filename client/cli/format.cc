@@ -1,0 +1,358 @@
+#include "format.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <stdexcept>
+
+namespace rackhub::cli {
+namespace {
+
+std::string YesNo(bool value) { return value ? "yes" : "no"; }
+
+// A quota value: 0 means "the daemon's default".
+std::string QuotaValue(uint64_t value, bool bytes) {
+  if (value == 0) return "0 (daemon default)";
+  return bytes ? BytesWithHuman(value) : std::to_string(value);
+}
+
+// "adamw lr=0.001": the type and learning rate, for tables.
+std::string ShortOptimizer(const admin::Optimizer& o) {
+  std::string out = OptimizerTypeName(o.type());
+  if (o.learning_rate() != 0) out += " lr=" + FormatNumber(o.learning_rate());
+  return out;
+}
+
+}  // namespace
+
+std::string HumanBytes(uint64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int unit = 0;
+  uint64_t whole = bytes;
+  while (whole >= 1024 && unit < 6) {
+    whole /= 1024;
+    ++unit;
+  }
+  if (unit == 0) return std::to_string(bytes) + " B";
+  const uint64_t divisor = uint64_t{1} << (10 * unit);
+  if (bytes % divisor == 0) return std::to_string(bytes / divisor) + " " + kUnits[unit];
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f %s", static_cast<double>(bytes) / static_cast<double>(divisor),
+                kUnits[unit]);
+  return buf;
+}
+
+std::string BytesWithHuman(uint64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes);
+  return std::to_string(bytes) + " (" + HumanBytes(bytes) + ")";
+}
+
+std::string FormatNumber(double value) {
+  // Shortest round-trip digits; plain decimals for ordinary magnitudes
+  // ("0.0003", "10"), scientific without exponent padding otherwise ("1e-8").
+  char buf[64];
+  const double magnitude = std::fabs(value);
+  const bool fixed = value == 0 || (magnitude >= 1e-4 && magnitude < 1e15);
+  const auto [ptr, ec] =
+      std::to_chars(buf, buf + sizeof buf, value,
+                    fixed ? std::chars_format::fixed : std::chars_format::scientific);
+  if (ec != std::errc()) return "?";
+  std::string text(buf, ptr);
+  if (const auto e = text.find('e'); e != std::string::npos) {
+    size_t digits = e + 1;
+    if (digits < text.size() && (text[digits] == '-' || text[digits] == '+')) {
+      if (text[digits] == '+') text.erase(digits, 1);
+      else ++digits;
+    }
+    while (digits + 1 < text.size() && text[digits] == '0') text.erase(digits, 1);
+  }
+  return text;
+}
+
+std::string HumanDuration(int64_t ms) {
+  if (ms < 0) ms = 0;
+  int64_t s = ms / 1000;
+  const int64_t d = s / 86400;
+  s %= 86400;
+  const int64_t h = s / 3600;
+  s %= 3600;
+  const int64_t m = s / 60;
+  s %= 60;
+  std::string out;
+  if (d > 0) out += std::to_string(d) + "d ";
+  if (d > 0 || h > 0) out += std::to_string(h) + "h ";
+  if (d > 0 || h > 0 || m > 0) out += std::to_string(m) + "m ";
+  out += std::to_string(s) + "s";
+  return out;
+}
+
+std::string FormatUnixMs(int64_t ms) {
+  if (ms <= 0) return "-";
+  const std::time_t seconds = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  if (gmtime_r(&seconds, &tm) == nullptr) return std::to_string(ms);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+std::string DTypeName(admin::DType dtype) {
+  switch (dtype) {
+    case admin::FP32: return "fp32";
+    case admin::FP16: return "fp16";
+    case admin::BF16: return "bf16";
+    case admin::DTYPE_UNSPECIFIED: return "unspecified";
+    default: return "unknown(" + std::to_string(static_cast<int>(dtype)) + ")";
+  }
+}
+
+std::string OptimizerTypeName(admin::OptimizerType type) {
+  switch (type) {
+    case admin::SGD: return "sgd";
+    case admin::MOMENTUM: return "momentum";
+    case admin::NESTEROV: return "nesterov";
+    case admin::ADAM: return "adam";
+    case admin::ADAMW: return "adamw";
+    case admin::ADAGRAD: return "adagrad";
+    case admin::SUM_ONLY: return "sum-only";
+    case admin::OPTIMIZER_UNSPECIFIED: return "unspecified";
+    default: return "unknown(" + std::to_string(static_cast<int>(type)) + ")";
+  }
+}
+
+std::string ReductionName(admin::GradientReduction reduction) {
+  switch (reduction) {
+    case admin::MEAN: return "mean";
+    case admin::SUM: return "sum";
+    case admin::REDUCTION_UNSPECIFIED: return "unspecified";
+    default: return "unknown(" + std::to_string(static_cast<int>(reduction)) + ")";
+  }
+}
+
+std::string InitModeName(admin::InitMode init) {
+  switch (init) {
+    case admin::ZEROS: return "zeros";
+    case admin::FROM_CLIENT: return "client";
+    case admin::INIT_UNSPECIFIED: return "unspecified";
+    default: return "unknown(" + std::to_string(static_cast<int>(init)) + ")";
+  }
+}
+
+std::string DescribeOptimizer(const admin::Optimizer& o) {
+  std::string out = OptimizerTypeName(o.type());
+  const auto add = [&out](const char* name, double value) {
+    if (value != 0) out += std::string(" ") + name + "=" + FormatNumber(value);
+  };
+  add("lr", o.learning_rate());
+  add("momentum", o.momentum());
+  add("weight-decay", o.weight_decay());
+  add("beta1", o.beta1());
+  add("beta2", o.beta2());
+  add("epsilon", o.epsilon());
+  add("initial-accumulator", o.initial_accumulator());
+  out += " reduction=" + ReductionName(o.reduction());
+  return out;
+}
+
+void FieldBlock::Add(std::string label, std::string value) {
+  fields_.emplace_back(std::move(label), std::move(value));
+}
+
+void FieldBlock::Print(std::ostream& out, const std::string& indent) const {
+  size_t width = 0;
+  for (const auto& [label, value] : fields_) width = std::max(width, label.size() + 1);
+  for (const auto& [label, value] : fields_) {
+    out << indent << label << ':' << std::string(width - label.size(), ' ') << value << '\n';
+  }
+}
+
+Table::Table(std::vector<Column> columns) : columns_(std::move(columns)) {}
+
+void Table::AddRow(std::vector<std::string> cells) {
+  cells.resize(columns_.size());
+  rows_.push_back(std::move(cells));
+}
+
+void Table::Print(std::ostream& out, const std::string& indent) const {
+  std::vector<size_t> widths(columns_.size());
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    widths[c] = columns_[c].header.size();
+    for (const auto& row : rows_) widths[c] = std::max(widths[c], row[c].size());
+  }
+  const auto print_row = [&](const std::vector<std::string>& cells, bool header) {
+    std::string line = indent;
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      const std::string pad(widths[c] - cells[c].size(), ' ');
+      const bool last = c + 1 == columns_.size();
+      if (columns_[c].right_aligned && !header) {
+        line += pad + cells[c];
+      } else {
+        line += cells[c];
+        if (!last) line += pad;
+      }
+      if (!last) line += "  ";
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << '\n';
+  };
+  std::vector<std::string> headers;
+  for (const auto& column : columns_) headers.push_back(column.header);
+  print_row(headers, true);
+  for (const auto& row : rows_) print_row(row, false);
+}
+
+void PrintTenant(std::ostream& out, const admin::Tenant& t) {
+  FieldBlock block;
+  block.Add("name", t.name());
+  block.Add("handle", std::to_string(t.handle()));
+  block.Add("workers per rack", std::to_string(t.workers_per_rack()));
+  block.Add("chunk bytes", BytesWithHuman(t.chunk_bytes()));
+  block.Add("default optimizer", DescribeOptimizer(t.default_optimizer()));
+  block.Add("max parameter bytes", QuotaValue(t.quotas().max_parameter_bytes(), true));
+  block.Add("max keys", QuotaValue(t.quotas().max_keys(), false));
+  block.Add("max workers", QuotaValue(t.quotas().max_workers(), false));
+  block.Add("keys", std::to_string(t.key_count()));
+  block.Add("parameter bytes", BytesWithHuman(t.parameter_bytes()));
+  block.Add("chunks allocated", std::to_string(t.chunk_count()));
+  block.Add("created", FormatUnixMs(t.created_unix_ms()));
+  block.Print(out);
+}
+
+void PrintTenantList(std::ostream& out, const admin::ListTenantsResponse& response) {
+  if (response.tenants().empty()) {
+    out << "no tenants\n";
+    return;
+  }
+  Table table({{"NAME"},
+               {"HANDLE", true},
+               {"WORKERS", true},
+               {"CHUNK-BYTES", true},
+               {"KEYS", true},
+               {"MAX-KEYS", true},
+               {"PARAMETER-BYTES", true},
+               {"MAX-PARAMETER-BYTES", true},
+               {"OPTIMIZER"}});
+  for (const auto& t : response.tenants()) {
+    table.AddRow({t.name(), std::to_string(t.handle()), std::to_string(t.workers_per_rack()),
+                  BytesWithHuman(t.chunk_bytes()), std::to_string(t.key_count()),
+                  t.quotas().max_keys() == 0 ? "default" : std::to_string(t.quotas().max_keys()),
+                  BytesWithHuman(t.parameter_bytes()),
+                  t.quotas().max_parameter_bytes() == 0
+                      ? "default"
+                      : BytesWithHuman(t.quotas().max_parameter_bytes()),
+                  ShortOptimizer(t.default_optimizer())});
+  }
+  table.Print(out);
+}
+
+void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
+  FieldBlock block;
+  block.Add("tenant", k.tenant());
+  block.Add("name", k.name());
+  block.Add("id", std::to_string(k.id()));
+  block.Add("elements", std::to_string(k.elements()));
+  block.Add("dtype", DTypeName(k.dtype()));
+  block.Add("optimizer", DescribeOptimizer(k.optimizer()));
+  block.Add("init", InitModeName(k.init()));
+  block.Add("ready", YesNo(k.ready()));
+  block.Add("parameter bytes", BytesWithHuman(k.parameter_bytes()));
+  block.Add("chunk elements", std::to_string(k.chunk_elements()));
+  block.Add("chunks", std::to_string(k.chunk_count()) + " (first index " +
+                          std::to_string(k.first_chunk()) + ")");
+  block.Print(out);
+  if (!chunks || k.chunks().empty()) return;
+  out << "\nchunk layout:\n";
+  Table table({{"CHUNK", true}, {"LANE", true}, {"FIRST-ELEMENT", true}, {"ELEMENTS", true}});
+  for (const auto& c : k.chunks()) {
+    table.AddRow({std::to_string(c.index()), std::to_string(c.lane()),
+                  std::to_string(c.first_element()), std::to_string(c.elements())});
+  }
+  table.Print(out, "  ");
+}
+
+void PrintKeyList(std::ostream& out, const std::string& tenant,
+                  const admin::ListKeysResponse& response) {
+  if (response.keys().empty()) {
+    out << "no keys in tenant '" << tenant << "'\n";
+    return;
+  }
+  Table table({{"NAME"},
+               {"ID", true},
+               {"ELEMENTS", true},
+               {"DTYPE"},
+               {"INIT"},
+               {"READY"},
+               {"CHUNKS", true},
+               {"PARAMETER-BYTES", true},
+               {"OPTIMIZER"}});
+  for (const auto& k : response.keys()) {
+    table.AddRow({k.name(), std::to_string(k.id()), std::to_string(k.elements()),
+                  DTypeName(k.dtype()), InitModeName(k.init()), YesNo(k.ready()),
+                  std::to_string(k.chunk_count()), BytesWithHuman(k.parameter_bytes()),
+                  ShortOptimizer(k.optimizer())});
+  }
+  table.Print(out);
+}
+
+void PrintStats(std::ostream& out, const admin::GetStatsResponse& response) {
+  const auto& d = response.daemon();
+  FieldBlock block;
+  block.Add("version", d.version());
+  block.Add("uptime", HumanDuration(d.uptime_ms()));
+  block.Add("lanes", std::to_string(d.lanes()));
+  block.Add("admin listen", d.admin_listen());
+  block.Add("data listen", d.data_listen());
+  block.Add("tenants", std::to_string(d.tenants()));
+  block.Add("keys", std::to_string(d.keys()));
+  block.Add("parameter bytes", BytesWithHuman(d.parameter_bytes()));
+  block.Add("workers connected", std::to_string(d.workers_connected()));
+  block.Add("pushes", std::to_string(d.pushes()));
+  block.Add("bytes in", BytesWithHuman(d.bytes_in()));
+  block.Add("bytes out", BytesWithHuman(d.bytes_out()));
+  out << "daemon:\n";
+  block.Print(out, "  ");
+  out << "\ntenants:\n";
+  if (response.tenants().empty()) {
+    out << "  (none)\n";
+    return;
+  }
+  Table table({{"NAME"},
+               {"KEYS", true},
+               {"PARAMETER-BYTES", true},
+               {"CHUNKS", true},
+               {"WORKERS", true},
+               {"PUSHES", true},
+               {"ITERATIONS", true},
+               {"BYTES-IN", true},
+               {"BYTES-OUT", true},
+               {"ERRORS", true}});
+  for (const auto& t : response.tenants()) {
+    table.AddRow({t.name(), std::to_string(t.keys()), BytesWithHuman(t.parameter_bytes()),
+                  std::to_string(t.chunks()), std::to_string(t.workers_connected()),
+                  std::to_string(t.pushes()), std::to_string(t.iterations_completed()),
+                  BytesWithHuman(t.bytes_in()), BytesWithHuman(t.bytes_out()),
+                  std::to_string(t.errors())});
+  }
+  table.Print(out, "  ");
+}
+
+void PrintJson(std::ostream& out, const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) {
+    throw std::runtime_error("cannot render the response as JSON: " + status.ToString());
+  }
+  // add_whitespace output already ends with a newline; keep exactly one.
+  while (!json.empty() && json.back() == '\n') json.pop_back();
+  out << json << '\n';
+}
+
+}  // namespace rackhub::cli

@@ -1,0 +1,515 @@
+// Drives a real rackhubd through the admin gRPC API: every call, every
+// validation error with its gRPC code and field name, quotas, admin auth
+// (token, read-only token, TLS), health and reflection, and that a rejected
+// request changes nothing.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "process.h"
+#include "rackhub/admin/v1/admin.grpc.pb.h"
+
+namespace rackhub {
+namespace {
+
+namespace pb = rackhub::admin::v1;
+using testing::DaemonProcess;
+
+class AdminClient {
+ public:
+  explicit AdminClient(const std::string& address, std::string token = "",
+                       std::shared_ptr<grpc::ChannelCredentials> creds = nullptr,
+                       const std::string& server_name = "")
+      : token_(std::move(token)) {
+    grpc::ChannelArguments args;
+    if (!server_name.empty()) args.SetSslTargetNameOverride(server_name);
+    channel_ = grpc::CreateCustomChannel(
+        address, creds ? creds : grpc::InsecureChannelCredentials(), args);
+    tenants = pb::TenantService::NewStub(channel_);
+    keys = pb::KeyService::NewStub(channel_);
+    stats = pb::StatsService::NewStub(channel_);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Ctx() const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
+    return ctx;
+  }
+
+  grpc::Status CreateTenant(const std::string& name, uint32_t workers,
+                            pb::CreateTenantResponse* out = nullptr,
+                            const pb::Quotas* quotas = nullptr, uint32_t chunk_bytes = 0) {
+    pb::CreateTenantRequest req;
+    req.set_name(name);
+    req.set_workers_per_rack(workers);
+    req.set_chunk_bytes(chunk_bytes);
+    if (quotas) *req.mutable_quotas() = *quotas;
+    pb::CreateTenantResponse resp;
+    auto s = tenants->CreateTenant(Ctx().get(), req, &resp);
+    if (out) *out = resp;
+    return s;
+  }
+
+  grpc::Status CreateKey(const std::string& tenant, const std::string& name, uint64_t elements,
+                         pb::Key* out = nullptr, const pb::Optimizer* opt = nullptr) {
+    pb::CreateKeyRequest req;
+    req.set_tenant(tenant);
+    req.set_name(name);
+    req.set_elements(elements);
+    if (opt) *req.mutable_optimizer() = *opt;
+    pb::Key resp;
+    auto s = keys->CreateKey(Ctx().get(), req, &resp);
+    if (out) *out = resp;
+    return s;
+  }
+
+  pb::ListKeysResponse ListKeys(const std::string& tenant) {
+    pb::ListKeysRequest req;
+    req.set_tenant(tenant);
+    pb::ListKeysResponse resp;
+    EXPECT_TRUE(keys->ListKeys(Ctx().get(), req, &resp).ok());
+    return resp;
+  }
+
+  pb::Tenant GetTenant(const std::string& name) {
+    pb::GetTenantRequest req;
+    req.set_name(name);
+    pb::Tenant resp;
+    EXPECT_TRUE(tenants->GetTenant(Ctx().get(), req, &resp).ok());
+    return resp;
+  }
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::TenantService::Stub> tenants;
+  std::unique_ptr<pb::KeyService::Stub> keys;
+  std::unique_ptr<pb::StatsService::Stub> stats;
+
+ private:
+  std::string token_;
+};
+
+// Expects `s` to fail with `code` and a message starting with `field`.
+void ExpectError(const grpc::Status& s, grpc::StatusCode code, const std::string& field) {
+  EXPECT_EQ(s.error_code(), code) << s.error_message();
+  EXPECT_EQ(s.error_message().rfind(field, 0), 0u)
+      << "message should start with '" << field << "': " << s.error_message();
+}
+
+class AdminApiTest : public ::testing::Test {
+ protected:
+  DaemonProcess daemon_{{"--lanes", "3"}};
+  AdminClient client_{daemon_.admin_address()};
+};
+
+TEST_F(AdminApiTest, TenantLifecycle) {
+  ASSERT_TRUE(daemon_.started());
+  pb::CreateTenantResponse created;
+  ASSERT_TRUE(client_.CreateTenant("job-a", 4, &created).ok());
+  EXPECT_EQ(created.tenant().name(), "job-a");
+  EXPECT_EQ(created.tenant().workers_per_rack(), 4u);
+  EXPECT_EQ(created.tenant().chunk_bytes(), 32768u);
+  EXPECT_NE(created.tenant().handle(), 0u);
+  EXPECT_EQ(created.token().rfind("rhk_", 0), 0u);
+  EXPECT_EQ(created.tenant().default_optimizer().type(), pb::SGD);
+
+  const pb::Tenant got = client_.GetTenant("job-a");
+  EXPECT_EQ(got.handle(), created.tenant().handle());
+
+  ASSERT_TRUE(client_.CreateTenant("job-b", 1).ok());
+  pb::ListTenantsResponse list;
+  ASSERT_TRUE(client_.tenants->ListTenants(client_.Ctx().get(), {}, &list).ok());
+  ASSERT_EQ(list.tenants_size(), 2);
+  EXPECT_EQ(list.tenants(0).name(), "job-a");
+  EXPECT_EQ(list.tenants(1).name(), "job-b");
+
+  pb::DeleteTenantRequest del;
+  del.set_name("job-a");
+  pb::DeleteTenantResponse del_resp;
+  ASSERT_TRUE(client_.tenants->DeleteTenant(client_.Ctx().get(), del, &del_resp).ok());
+  pb::GetTenantRequest get;
+  get.set_name("job-a");
+  pb::Tenant t;
+  ExpectError(client_.tenants->GetTenant(client_.Ctx().get(), get, &t),
+              grpc::StatusCode::NOT_FOUND, "tenant");
+  ExpectError(client_.tenants->DeleteTenant(client_.Ctx().get(), del, &del_resp),
+              grpc::StatusCode::NOT_FOUND, "tenant");
+}
+
+TEST_F(AdminApiTest, TenantValidationErrorsChangeNothing) {
+  ASSERT_TRUE(daemon_.started());
+  ASSERT_TRUE(client_.CreateTenant("ok", 2).ok());
+  ExpectError(client_.CreateTenant("", 2), grpc::StatusCode::INVALID_ARGUMENT, "name");
+  ExpectError(client_.CreateTenant("Bad Name", 2), grpc::StatusCode::INVALID_ARGUMENT, "name");
+  ExpectError(client_.CreateTenant("zero-workers", 0), grpc::StatusCode::INVALID_ARGUMENT,
+              "workers_per_rack");
+  ExpectError(client_.CreateTenant("odd-chunk", 2, nullptr, nullptr, 1000),
+              grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes");
+  ExpectError(client_.CreateTenant("ok", 2), grpc::StatusCode::ALREADY_EXISTS, "name");
+  pb::Quotas small;
+  small.set_max_workers(2);
+  ExpectError(client_.CreateTenant("too-many-workers", 3, nullptr, &small),
+              grpc::StatusCode::RESOURCE_EXHAUSTED, "workers_per_rack");
+
+  pb::CreateTenantRequest bad_opt;
+  bad_opt.set_name("bad-opt");
+  bad_opt.set_workers_per_rack(1);
+  bad_opt.mutable_default_optimizer()->set_type(pb::ADAM);
+  bad_opt.mutable_default_optimizer()->set_learning_rate(-1);
+  pb::CreateTenantResponse resp;
+  ExpectError(client_.tenants->CreateTenant(client_.Ctx().get(), bad_opt, &resp),
+              grpc::StatusCode::INVALID_ARGUMENT, "default_optimizer.learning_rate");
+  bad_opt.mutable_default_optimizer()->set_type(static_cast<pb::OptimizerType>(42));
+  ExpectError(client_.tenants->CreateTenant(client_.Ctx().get(), bad_opt, &resp),
+              grpc::StatusCode::INVALID_ARGUMENT, "default_optimizer.type");
+
+  pb::ListTenantsResponse list;
+  ASSERT_TRUE(client_.tenants->ListTenants(client_.Ctx().get(), {}, &list).ok());
+  ASSERT_EQ(list.tenants_size(), 1) << "rejected creates must not leave tenants behind";
+  EXPECT_EQ(list.tenants(0).name(), "ok");
+}
+
+TEST_F(AdminApiTest, KeyLifecycleAndChunkLayout) {
+  ASSERT_TRUE(daemon_.started());
+  ASSERT_TRUE(client_.CreateTenant("t", 2, nullptr, nullptr, 4096).ok());  // 1024 fp32 per chunk
+  pb::Key k1, k2;
+  ASSERT_TRUE(client_.CreateKey("t", "layer1.weight", 2500, &k1).ok());
+  ASSERT_TRUE(client_.CreateKey("t", "layer1.bias", 100, &k2).ok());
+  EXPECT_EQ(k1.first_chunk(), 0u);
+  EXPECT_EQ(k1.chunk_count(), 3u);
+  EXPECT_EQ(k2.first_chunk(), 3u);
+  EXPECT_EQ(k2.chunk_count(), 1u);
+  EXPECT_NE(k1.id(), k2.id());
+  EXPECT_TRUE(k1.ready());
+  EXPECT_EQ(k1.dtype(), pb::FP32);
+  EXPECT_EQ(k1.parameter_bytes(), 10000u);
+
+  pb::GetKeyRequest get;
+  get.set_tenant("t");
+  get.set_name("layer1.weight");
+  pb::Key got;
+  ASSERT_TRUE(client_.keys->GetKey(client_.Ctx().get(), get, &got).ok());
+  ASSERT_EQ(got.chunks_size(), 3);
+  const uint64_t want_first[] = {0, 1024, 2048};
+  const uint32_t want_elems[] = {1024, 1024, 452};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(got.chunks(i).index(), static_cast<uint64_t>(i));
+    EXPECT_EQ(got.chunks(i).lane(), static_cast<uint32_t>(i % 3));  // daemon runs 3 lanes
+    EXPECT_EQ(got.chunks(i).first_element(), want_first[i]);
+    EXPECT_EQ(got.chunks(i).elements(), want_elems[i]);
+  }
+  get.set_name("layer1.bias");
+  ASSERT_TRUE(client_.keys->GetKey(client_.Ctx().get(), get, &got).ok());
+  ASSERT_EQ(got.chunks_size(), 1);
+  EXPECT_EQ(got.chunks(0).lane(), 0u);  // chunk 3 on lane 3 % 3
+
+  auto list = client_.ListKeys("t");
+  ASSERT_EQ(list.keys_size(), 2);
+  EXPECT_EQ(list.keys(0).name(), "layer1.weight");
+
+  pb::DeleteKeyRequest del;
+  del.set_tenant("t");
+  del.set_name("layer1.weight");
+  pb::DeleteKeyResponse del_resp;
+  ASSERT_TRUE(client_.keys->DeleteKey(client_.Ctx().get(), del, &del_resp).ok());
+  EXPECT_EQ(client_.ListKeys("t").keys_size(), 1);
+  ExpectError(client_.keys->DeleteKey(client_.Ctx().get(), del, &del_resp),
+              grpc::StatusCode::NOT_FOUND, "name");
+  // Chunk indices are never reused: a new key starts after the old ones.
+  pb::Key k3;
+  ASSERT_TRUE(client_.CreateKey("t", "layer2.weight", 10, &k3).ok());
+  EXPECT_EQ(k3.first_chunk(), 4u);
+}
+
+TEST_F(AdminApiTest, KeyValidationErrorsChangeNothing) {
+  ASSERT_TRUE(daemon_.started());
+  ASSERT_TRUE(client_.CreateTenant("t", 2).ok());
+  ASSERT_TRUE(client_.CreateKey("t", "w", 10).ok());
+  const pb::Tenant before = client_.GetTenant("t");
+
+  ExpectError(client_.CreateKey("nope", "w", 10), grpc::StatusCode::NOT_FOUND, "tenant");
+  ExpectError(client_.CreateKey("t", "", 10), grpc::StatusCode::INVALID_ARGUMENT, "name");
+  ExpectError(client_.CreateKey("t", "bad name!", 10), grpc::StatusCode::INVALID_ARGUMENT,
+              "name");
+  ExpectError(client_.CreateKey("t", "zero", 0), grpc::StatusCode::INVALID_ARGUMENT, "elements");
+  ExpectError(client_.CreateKey("t", "w", 10), grpc::StatusCode::ALREADY_EXISTS, "name");
+  pb::Optimizer opt;
+  opt.set_type(pb::MOMENTUM);
+  opt.set_learning_rate(0.1);
+  opt.set_momentum(1.5);
+  ExpectError(client_.CreateKey("t", "m", 10, nullptr, &opt), grpc::StatusCode::INVALID_ARGUMENT,
+              "optimizer.momentum");
+  opt.set_type(pb::SGD);
+  opt.set_momentum(0);
+  opt.set_beta1(0.5);
+  ExpectError(client_.CreateKey("t", "m", 10, nullptr, &opt), grpc::StatusCode::INVALID_ARGUMENT,
+              "optimizer.beta1");
+
+  pb::CreateKeyRequest bad_dtype;
+  bad_dtype.set_tenant("t");
+  bad_dtype.set_name("d");
+  bad_dtype.set_elements(1);
+  bad_dtype.set_dtype(static_cast<pb::DType>(9));
+  pb::Key k;
+  ExpectError(client_.keys->CreateKey(client_.Ctx().get(), bad_dtype, &k),
+              grpc::StatusCode::INVALID_ARGUMENT, "dtype");
+
+  pb::GetKeyRequest get;
+  get.set_tenant("t");
+  get.set_name("missing");
+  ExpectError(client_.keys->GetKey(client_.Ctx().get(), get, &k), grpc::StatusCode::NOT_FOUND,
+              "name");
+
+  const pb::Tenant after = client_.GetTenant("t");
+  EXPECT_EQ(after.key_count(), before.key_count());
+  EXPECT_EQ(after.parameter_bytes(), before.parameter_bytes());
+  EXPECT_EQ(after.chunk_count(), before.chunk_count());
+  EXPECT_EQ(client_.ListKeys("t").keys_size(), 1);
+}
+
+TEST_F(AdminApiTest, QuotasAreEnforcedAndUpdatable) {
+  ASSERT_TRUE(daemon_.started());
+  pb::Quotas q;
+  q.set_max_keys(2);
+  q.set_max_parameter_bytes(4000);  // 1000 fp32
+  ASSERT_TRUE(client_.CreateTenant("q", 1, nullptr, &q).ok());
+  ASSERT_TRUE(client_.CreateKey("q", "a", 600).ok());
+  ExpectError(client_.CreateKey("q", "b", 401), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "quotas.max_parameter_bytes");
+  ASSERT_TRUE(client_.CreateKey("q", "b", 400).ok());
+  ExpectError(client_.CreateKey("q", "c", 1), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "quotas.max_keys");
+  EXPECT_EQ(client_.ListKeys("q").keys_size(), 2);
+
+  pb::UpdateQuotasRequest up;
+  up.set_name("q");
+  up.mutable_quotas()->set_max_keys(1);
+  pb::Tenant t;
+  ExpectError(client_.tenants->UpdateQuotas(client_.Ctx().get(), up, &t),
+              grpc::StatusCode::FAILED_PRECONDITION, "quotas.max_keys");
+  EXPECT_EQ(client_.GetTenant("q").quotas().max_keys(), 2u);
+  up.mutable_quotas()->set_max_keys(3);
+  ASSERT_TRUE(client_.tenants->UpdateQuotas(client_.Ctx().get(), up, &t).ok());
+  EXPECT_EQ(t.quotas().max_keys(), 3u);
+  EXPECT_EQ(t.quotas().max_parameter_bytes(), 4000u) << "unset fields keep their value";
+  up.set_name("missing");
+  ExpectError(client_.tenants->UpdateQuotas(client_.Ctx().get(), up, &t),
+              grpc::StatusCode::NOT_FOUND, "tenant");
+}
+
+TEST_F(AdminApiTest, SetOptimizer) {
+  ASSERT_TRUE(daemon_.started());
+  ASSERT_TRUE(client_.CreateTenant("t", 1).ok());
+  pb::Optimizer adam;
+  adam.set_type(pb::ADAM);
+  adam.set_learning_rate(0.001);
+  pb::Key k;
+  ASSERT_TRUE(client_.CreateKey("t", "w", 100, &k, &adam).ok());
+  EXPECT_DOUBLE_EQ(k.optimizer().beta1(), 0.9) << "defaults are filled in";
+  EXPECT_DOUBLE_EQ(k.optimizer().beta2(), 0.999);
+
+  pb::SetOptimizerRequest req;
+  req.set_tenant("t");
+  req.set_name("w");
+  req.mutable_optimizer()->set_learning_rate(0.0005);  // type unspecified: keep ADAM
+  ASSERT_TRUE(client_.keys->SetOptimizer(client_.Ctx().get(), req, &k).ok());
+  EXPECT_EQ(k.optimizer().type(), pb::ADAM);
+  EXPECT_DOUBLE_EQ(k.optimizer().learning_rate(), 0.0005);
+
+  req.mutable_optimizer()->set_type(pb::SGD);
+  ExpectError(client_.keys->SetOptimizer(client_.Ctx().get(), req, &k),
+              grpc::StatusCode::INVALID_ARGUMENT, "optimizer.type");
+  req.mutable_optimizer()->set_type(pb::ADAM);
+  req.mutable_optimizer()->set_learning_rate(0);
+  ExpectError(client_.keys->SetOptimizer(client_.Ctx().get(), req, &k),
+              grpc::StatusCode::INVALID_ARGUMENT, "optimizer.learning_rate");
+  pb::GetKeyRequest get;
+  get.set_tenant("t");
+  get.set_name("w");
+  ASSERT_TRUE(client_.keys->GetKey(client_.Ctx().get(), get, &k).ok());
+  EXPECT_DOUBLE_EQ(k.optimizer().learning_rate(), 0.0005) << "refused updates change nothing";
+}
+
+TEST_F(AdminApiTest, Stats) {
+  ASSERT_TRUE(daemon_.started());
+  ASSERT_TRUE(client_.CreateTenant("s1", 1).ok());
+  ASSERT_TRUE(client_.CreateTenant("s2", 1).ok());
+  ASSERT_TRUE(client_.CreateKey("s1", "a", 1000).ok());
+  ASSERT_TRUE(client_.CreateKey("s2", "b", 3000).ok());
+  pb::GetStatsResponse stats;
+  ASSERT_TRUE(client_.stats->GetStats(client_.Ctx().get(), {}, &stats).ok());
+  EXPECT_EQ(stats.daemon().tenants(), 2u);
+  EXPECT_EQ(stats.daemon().keys(), 2u);
+  EXPECT_EQ(stats.daemon().parameter_bytes(), 16000u);
+  EXPECT_EQ(stats.daemon().lanes(), 3u);
+  EXPECT_EQ(stats.daemon().admin_listen(), daemon_.admin_address());
+  EXPECT_EQ(stats.daemon().data_listen(), daemon_.data_address());
+  EXPECT_EQ(stats.tenants_size(), 2);
+  pb::GetStatsRequest one;
+  one.set_tenant("s2");
+  ASSERT_TRUE(client_.stats->GetStats(client_.Ctx().get(), one, &stats).ok());
+  ASSERT_EQ(stats.tenants_size(), 1);
+  EXPECT_EQ(stats.tenants(0).parameter_bytes(), 12000u);
+  EXPECT_EQ(stats.tenants(0).workers_connected(), 0u);
+  one.set_tenant("none");
+  ExpectError(client_.stats->GetStats(client_.Ctx().get(), one, &stats),
+              grpc::StatusCode::NOT_FOUND, "tenant");
+}
+
+TEST_F(AdminApiTest, HealthAndReflectionAreServed) {
+  ASSERT_TRUE(daemon_.started());
+  // grpc.health.v1.Health/Check with an empty request (service "") answers
+  // SERVING = field 1 varint 1: bytes 08 01.
+  grpc::GenericStub generic(client_.channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty("", 0);
+  request = grpc::ByteBuffer(&empty, 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) {
+                      std::lock_guard l(mu);
+                      status = s;
+                      done = true;
+                      cv.notify_one();
+                    });
+  std::unique_lock l(mu);
+  cv.wait(l, [&] { return done; });
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+
+  // Server reflection: ServerReflectionRequest{list_services: ""} is field 7,
+  // an empty string: bytes 3a 00. The reply lists our services by name.
+  grpc::CompletionQueue cq;
+  grpc::ClientContext rctx;
+  rctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto call = generic.PrepareCall(
+      &rctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](intptr_t want) {
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    ASSERT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    ASSERT_TRUE(ok);
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  step(1);
+  grpc::Slice list_services("\x3a\x00", 2);
+  grpc::ByteBuffer reflection_request(&list_services, 1);
+  call->Write(reflection_request, reinterpret_cast<void*>(2));
+  step(2);
+  grpc::ByteBuffer reflection_response;
+  call->Read(&reflection_response, reinterpret_cast<void*>(3));
+  step(3);
+  call->WritesDone(reinterpret_cast<void*>(4));
+  step(4);
+  grpc::Status finish;
+  call->Finish(&finish, reinterpret_cast<void*>(5));
+  step(5);
+  slices.clear();
+  ASSERT_TRUE(reflection_response.Dump(&slices).ok());
+  bytes.clear();
+  for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_NE(bytes.find("rackhub.admin.v1.TenantService"), std::string::npos);
+  EXPECT_NE(bytes.find("rackhub.admin.v1.KeyService"), std::string::npos);
+  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+}
+
+// --- Admin authentication ---------------------------------------------------
+
+class AdminAuthTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir();
+    testing::WriteFile(dir_ + "/admin.token", "s3cret-admin\n");
+    testing::WriteFile(dir_ + "/ro.token", "s3cret-ro\n");
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
+        "--admin-token-file", dir_ + "/admin.token", "--admin-readonly-token-file",
+        dir_ + "/ro.token"});
+  }
+  std::string dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(AdminAuthTest, TokenIsRequiredAndChecked) {
+  ASSERT_TRUE(daemon_->started());
+  AdminClient none(daemon_->admin_address());
+  AdminClient wrong(daemon_->admin_address(), "guess");
+  AdminClient admin(daemon_->admin_address(), "s3cret-admin");
+  AdminClient ro(daemon_->admin_address(), "s3cret-ro");
+
+  ExpectError(none.CreateTenant("x", 1), grpc::StatusCode::UNAUTHENTICATED, "authorization");
+  ExpectError(wrong.CreateTenant("x", 1), grpc::StatusCode::UNAUTHENTICATED, "authorization");
+  ExpectError(ro.CreateTenant("x", 1), grpc::StatusCode::PERMISSION_DENIED, "authorization");
+  pb::ListTenantsResponse list;
+  ExpectError(none.tenants->ListTenants(none.Ctx().get(), {}, &list),
+              grpc::StatusCode::UNAUTHENTICATED, "authorization");
+  ASSERT_TRUE(ro.tenants->ListTenants(ro.Ctx().get(), {}, &list).ok());
+  EXPECT_EQ(list.tenants_size(), 0) << "refused creates must not create anything";
+
+  ASSERT_TRUE(admin.CreateTenant("x", 1).ok());
+  ExpectError(ro.CreateKey("x", "k", 1), grpc::StatusCode::PERMISSION_DENIED, "authorization");
+  ASSERT_TRUE(ro.tenants->ListTenants(ro.Ctx().get(), {}, &list).ok());
+  EXPECT_EQ(list.tenants_size(), 1);
+  EXPECT_EQ(ro.ListKeys("x").keys_size(), 0);
+}
+
+TEST(AdminTlsTest, TlsWithClientCertificates) {
+  const std::string dir = testing::MakeTempDir();
+  // A CA, a server cert for "localhost" and a client cert, all signed by the CA.
+  const std::string script =
+      "set -e; cd " + dir +
+      "; openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+      "-subj /CN=rackhub-test-ca 2>/dev/null;"
+      "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
+      "-subj /CN=localhost 2>/dev/null;"
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1' > san.ext;"
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-out server.pem -days 2 -extfile san.ext 2>/dev/null;"
+      "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
+      "-subj /CN=operator 2>/dev/null;"
+      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+      "-out client.pem -days 2 2>/dev/null";
+  const auto gen = testing::RunCommand({"/bin/sh", "-c", script});
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+
+  DaemonProcess daemon({"--admin-tls-cert", dir + "/server.pem", "--admin-tls-key",
+                        dir + "/server.key", "--admin-tls-client-ca", dir + "/ca.pem"});
+  ASSERT_TRUE(daemon.started());
+  const std::string ca = testing::ReadFile(dir + "/ca.pem");
+
+  grpc::SslCredentialsOptions with_cert;
+  with_cert.pem_root_certs = ca;
+  with_cert.pem_private_key = testing::ReadFile(dir + "/client.key");
+  with_cert.pem_cert_chain = testing::ReadFile(dir + "/client.pem");
+  AdminClient good(daemon.admin_address(), "", grpc::SslCredentials(with_cert), "localhost");
+  ASSERT_TRUE(good.CreateTenant("tls-tenant", 1).ok());
+
+  grpc::SslCredentialsOptions no_cert;
+  no_cert.pem_root_certs = ca;
+  AdminClient anonymous(daemon.admin_address(), "", grpc::SslCredentials(no_cert), "localhost");
+  EXPECT_FALSE(anonymous.CreateTenant("anon", 1).ok());
+
+  AdminClient plaintext(daemon.admin_address());
+  EXPECT_FALSE(plaintext.CreateTenant("plain", 1).ok());
+  EXPECT_EQ(good.GetTenant("tls-tenant").name(), "tls-tenant");
+  pb::ListTenantsResponse list;
+  ASSERT_TRUE(good.tenants->ListTenants(good.Ctx().get(), {}, &list).ok());
+  EXPECT_EQ(list.tenants_size(), 1);
+}
+
+}  // namespace
+}  // namespace rackhub
