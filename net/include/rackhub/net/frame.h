@@ -1,0 +1,131 @@
+// rackhub data-plane wire frames (DESIGN.md §4).
+//
+// Every message is a fixed 40-byte little-endian header followed by
+// `payload_bytes` of payload. One TCP connection carries one (worker, lane)
+// pair; frames on it are processed in order.
+//
+//   offset size field
+//   0      4    magic         kMagic ("RHUB" read as bytes R,H,U,B)
+//   4      1    version       kVersion
+//   5      1    opcode        Opcode
+//   6      1    flags         Flags
+//   7      1    dtype         DType of the payload (PUSH, PARAMS, INIT)
+//   8      4    tenant        tenant handle (from WELCOME; 0 in HELLO)
+//   12     4    key           key id (from WELCOME / KEY_INFO)
+//   16     4    chunk         chunk number within the key (0-based)
+//   20     4    payload_bytes length of the payload that follows
+//   24     8    iteration     PUSH: the update this gradient contributes to
+//                             (0, 1, 2, ...); PARAMS: the number of updates
+//                             the returned parameters include
+//   32     8    request_id    chosen by the client, echoed in the reply
+//
+// Conversation (one connection per lane; the client opens lane 0 first and
+// learns the lane count from its WELCOME):
+//   C->S HELLO(payload: control.proto Hello)  S->C WELCOME(payload: Welcome)
+//   C->S DECLARE(payload: KeyDeclaration)     S->C KEY_INFO(payload: KeyEntry)
+//   C->S PUSH(key, chunk, iteration, gradient) S->C PARAMS(updated params)
+//   C->S INIT(key, chunk, values)  (rank 0)   S->C PARAMS(iteration 0)
+//   C->S PULL(key, chunk)                     S->C PARAMS(current params, once
+//                                                  the key is initialized)
+//   C->S SET_OPTIMIZER(key, iteration = first update it applies to,
+//                      payload: OptimizerUpdate)  S->C ACK
+//   C->S HEARTBEAT                             S->C HEARTBEAT
+//   C->S BYE                                   (server closes quietly)
+//   S->C ERROR(payload: ErrorBody: u32 code + UTF-8 text), request_id of the
+//        offending request. Fatal errors (flag kFlagFatal) close the connection.
+//
+// Thread safety: plain functions over byte buffers; no shared state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace rackhub::net {
+
+inline constexpr uint32_t kMagic = 0x42554852;  // bytes 'R','H','U','B' little-endian
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 40;
+// Largest control payload (HELLO, WELCOME, DECLARE, ...): a WELCOME lists
+// every key of a tenant, 1 MiB holds several thousand.
+inline constexpr uint32_t kMaxControlPayload = 4u << 20;
+// Largest data payload: one chunk of the largest chunk size in fp32.
+inline constexpr uint32_t kMaxDataPayload = 64u << 20;
+
+enum class Opcode : uint8_t {
+  kHello = 1,
+  kWelcome = 2,
+  kPush = 3,
+  kParams = 4,
+  kInit = 5,
+  kPull = 6,
+  kError = 7,
+  kHeartbeat = 8,
+  kBye = 9,
+  kDeclare = 10,
+  kKeyInfo = 11,
+  kSetOptimizer = 12,
+  kAck = 13,
+};
+inline constexpr uint8_t kMaxOpcode = 13;
+
+enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
+inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }
+const char* DTypeName(DType d);
+
+enum Flags : uint8_t {
+  kFlagFatal = 1,  // ERROR: the server closes the connection after this frame
+};
+
+// Error codes carried in ERROR frames (and surfaced by the client).
+enum class WireError : uint32_t {
+  kMalformed = 1,          // bad magic/version/opcode/length/field
+  kUnauthenticated = 2,    // wrong tenant or token
+  kUnknownKey = 3,
+  kBadChunk = 4,           // chunk out of range or wrong payload size
+  kBadDType = 5,
+  kBadIteration = 6,       // stale or ahead of the hub
+  kDuplicatePush = 7,      // the rank already pushed this chunk this iteration
+  kNotReady = 8,           // INIT expected / key not initialized
+  kWorkerLost = 9,         // another worker of the tenant disconnected or timed out
+  kQuotaExceeded = 10,
+  kInvalidArgument = 11,   // e.g. a DECLARE that contradicts the existing key
+  kTenantGone = 12,        // the tenant or key was deleted
+  kShuttingDown = 13,
+  kInternal = 14,
+};
+const char* WireErrorName(WireError e);
+
+struct FrameHeader {
+  uint32_t magic = kMagic;
+  uint8_t version = kVersion;
+  Opcode opcode = Opcode::kHeartbeat;
+  uint8_t flags = 0;
+  DType dtype = DType::kNone;
+  uint32_t tenant = 0;
+  uint32_t key = 0;
+  uint32_t chunk = 0;
+  uint32_t payload_bytes = 0;
+  uint64_t iteration = 0;
+  uint64_t request_id = 0;
+};
+
+// Serializes `h` into exactly kHeaderBytes bytes.
+void EncodeHeader(const FrameHeader& h, std::span<std::byte, kHeaderBytes> out);
+// Parses kHeaderBytes bytes; no validation beyond the layout.
+FrameHeader DecodeHeader(std::span<const std::byte, kHeaderBytes> in);
+
+// Checks the fields every frame must satisfy whatever its state: magic,
+// version, known opcode, payload length within the opcode's bound, known
+// dtype. Returns "" if valid, else a message naming the field.
+std::string ValidateHeader(const FrameHeader& h);
+
+// ERROR payload: u32 code (LE) followed by the text.
+std::string EncodeErrorBody(WireError code, std::string_view text);
+// Returns false if `body` is shorter than 4 bytes.
+bool DecodeErrorBody(std::span<const std::byte> body, WireError* code, std::string* text);
+
+}  // namespace rackhub::net

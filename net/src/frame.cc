@@ -1,0 +1,135 @@
+#include "rackhub/net/frame.h"
+
+#include <bit>
+
+namespace rackhub::net {
+
+static_assert(std::endian::native == std::endian::little,
+              "the wire format is little-endian; add byte swaps for big-endian hosts");
+
+namespace {
+
+template <typename T>
+void Put(std::byte* base, size_t offset, T v) {
+  std::memcpy(base + offset, &v, sizeof v);
+}
+template <typename T>
+T Get(const std::byte* base, size_t offset) {
+  T v;
+  std::memcpy(&v, base + offset, sizeof v);
+  return v;
+}
+
+bool IsDataOpcode(Opcode op) {
+  return op == Opcode::kPush || op == Opcode::kParams || op == Opcode::kInit;
+}
+
+}  // namespace
+
+const char* DTypeName(DType d) {
+  switch (d) {
+    case DType::kNone: return "none";
+    case DType::kFp32: return "fp32";
+    case DType::kFp16: return "fp16";
+    case DType::kBf16: return "bf16";
+  }
+  return "unknown";
+}
+
+const char* WireErrorName(WireError e) {
+  switch (e) {
+    case WireError::kMalformed: return "MALFORMED";
+    case WireError::kUnauthenticated: return "UNAUTHENTICATED";
+    case WireError::kUnknownKey: return "UNKNOWN_KEY";
+    case WireError::kBadChunk: return "BAD_CHUNK";
+    case WireError::kBadDType: return "BAD_DTYPE";
+    case WireError::kBadIteration: return "BAD_ITERATION";
+    case WireError::kDuplicatePush: return "DUPLICATE_PUSH";
+    case WireError::kNotReady: return "NOT_READY";
+    case WireError::kWorkerLost: return "WORKER_LOST";
+    case WireError::kQuotaExceeded: return "QUOTA_EXCEEDED";
+    case WireError::kInvalidArgument: return "INVALID_ARGUMENT";
+    case WireError::kTenantGone: return "TENANT_GONE";
+    case WireError::kShuttingDown: return "SHUTTING_DOWN";
+    case WireError::kInternal: return "INTERNAL";
+  }
+  return "UNKNOWN";
+}
+
+void EncodeHeader(const FrameHeader& h, std::span<std::byte, kHeaderBytes> out) {
+  std::byte* b = out.data();
+  Put<uint32_t>(b, 0, h.magic);
+  Put<uint8_t>(b, 4, h.version);
+  Put<uint8_t>(b, 5, static_cast<uint8_t>(h.opcode));
+  Put<uint8_t>(b, 6, h.flags);
+  Put<uint8_t>(b, 7, static_cast<uint8_t>(h.dtype));
+  Put<uint32_t>(b, 8, h.tenant);
+  Put<uint32_t>(b, 12, h.key);
+  Put<uint32_t>(b, 16, h.chunk);
+  Put<uint32_t>(b, 20, h.payload_bytes);
+  Put<uint64_t>(b, 24, h.iteration);
+  Put<uint64_t>(b, 32, h.request_id);
+}
+
+FrameHeader DecodeHeader(std::span<const std::byte, kHeaderBytes> in) {
+  const std::byte* b = in.data();
+  FrameHeader h;
+  h.magic = Get<uint32_t>(b, 0);
+  h.version = Get<uint8_t>(b, 4);
+  h.opcode = static_cast<Opcode>(Get<uint8_t>(b, 5));
+  h.flags = Get<uint8_t>(b, 6);
+  h.dtype = static_cast<DType>(Get<uint8_t>(b, 7));
+  h.tenant = Get<uint32_t>(b, 8);
+  h.key = Get<uint32_t>(b, 12);
+  h.chunk = Get<uint32_t>(b, 16);
+  h.payload_bytes = Get<uint32_t>(b, 20);
+  h.iteration = Get<uint64_t>(b, 24);
+  h.request_id = Get<uint64_t>(b, 32);
+  return h;
+}
+
+std::string ValidateHeader(const FrameHeader& h) {
+  if (h.magic != kMagic) return "magic: not a rackhub frame";
+  if (h.version != kVersion) {
+    return "version: " + std::to_string(h.version) + " is not supported (this hub speaks " +
+           std::to_string(kVersion) + ")";
+  }
+  const auto op = static_cast<uint8_t>(h.opcode);
+  if (op == 0 || op > kMaxOpcode) return "opcode: unknown opcode " + std::to_string(op);
+  const auto dt = static_cast<uint8_t>(h.dtype);
+  if (dt > static_cast<uint8_t>(DType::kBf16)) return "dtype: unknown dtype " + std::to_string(dt);
+  if (IsDataOpcode(h.opcode)) {
+    if (h.dtype == DType::kNone) return "dtype: a data frame needs a dtype";
+    if (h.payload_bytes > kMaxDataPayload) {
+      return "payload_bytes: " + std::to_string(h.payload_bytes) + " exceeds the maximum " +
+             std::to_string(kMaxDataPayload);
+    }
+    if (h.payload_bytes % DTypeBytes(h.dtype) != 0) {
+      return "payload_bytes: " + std::to_string(h.payload_bytes) + " is not a whole number of " +
+             DTypeName(h.dtype) + " elements";
+    }
+  } else if (h.payload_bytes > kMaxControlPayload) {
+    return "payload_bytes: " + std::to_string(h.payload_bytes) +
+           " exceeds the control-message maximum " + std::to_string(kMaxControlPayload);
+  }
+  return "";
+}
+
+std::string EncodeErrorBody(WireError code, std::string_view text) {
+  std::string out(4 + text.size(), '\0');
+  const uint32_t c = static_cast<uint32_t>(code);
+  std::memcpy(out.data(), &c, 4);
+  std::memcpy(out.data() + 4, text.data(), text.size());
+  return out;
+}
+
+bool DecodeErrorBody(std::span<const std::byte> body, WireError* code, std::string* text) {
+  if (body.size() < 4) return false;
+  uint32_t c;
+  std::memcpy(&c, body.data(), 4);
+  *code = static_cast<WireError>(c);
+  text->assign(reinterpret_cast<const char*>(body.data()) + 4, body.size() - 4);
+  return true;
+}
+
+}  // namespace rackhub::net
