@@ -20,7 +20,8 @@ ChunkLayout::ChunkLayout(uint32_t chunk_bytes, uint32_t lanes)
 
 uint64_t ChunkLayout::ChunksFor(uint64_t elements) const {
   const uint64_t per = chunk_elements();
-  return (elements + per - 1) / per;
+  // Not (elements + per - 1) / per: that wraps for elements near 2^64.
+  return elements / per + (elements % per != 0 ? 1 : 0);
 }
 
 KeyPlacement ChunkLayout::Allocate(uint64_t elements) {

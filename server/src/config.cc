@@ -8,6 +8,7 @@
 #include <charconv>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -167,6 +168,12 @@ const std::map<std::string, Field>& Schema() {
             [](Config& c) -> uint64_t& { return c.admin.max_message_bytes; }, true),
         EndpointField("data.listen", [](Config& c) -> net::Endpoint& { return c.data.listen; }),
         UnsignedField<uint32_t>(
+            "data.straggler_timeout_ms",
+            [](Config& c) -> uint32_t& { return c.data.straggler_timeout_ms; }, false),
+        UnsignedField<uint32_t>(
+            "data.hello_timeout_ms",
+            [](Config& c) -> uint32_t& { return c.data.hello_timeout_ms; }, false),
+        UnsignedField<uint32_t>(
             "lanes.count", [](Config& c) -> uint32_t& { return c.lanes.count; }, false),
         BoolField("lanes.pin", [](Config& c) -> bool& { return c.lanes.pin; }),
         UnsignedField<uint32_t>(
@@ -205,6 +212,7 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--admin-tls-key", "admin.tls_key_file"},
       {"--admin-tls-client-ca", "admin.tls_client_ca_file"},
       {"--data-listen", "data.listen"},
+      {"--straggler-timeout-ms", "data.straggler_timeout_ms"},
       {"--lanes", "lanes.count"},
       {"--pin-lanes", "lanes.pin"},
   };
@@ -286,6 +294,10 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
     errors->push_back("tenants.default_chunk_bytes: " + std::to_string(c.tenants.chunk_bytes) +
                       " must be a multiple of 64 in [1024, 67108864]");
   }
+  if (c.data.straggler_timeout_ms < 100 || c.data.straggler_timeout_ms > 3600000)
+    errors->push_back("data.straggler_timeout_ms: must be in [100, 3600000]");
+  if (c.data.hello_timeout_ms < 100 || c.data.hello_timeout_ms > 600000)
+    errors->push_back("data.hello_timeout_ms: must be in [100, 600000]");
   if (c.tenants.max_keys == 0) errors->push_back("tenants.default_max_keys: must be >= 1");
   if (c.tenants.max_workers == 0) errors->push_back("tenants.default_max_workers: must be >= 1");
   if (c.tenants.max_tenants == 0) errors->push_back("tenants.max_tenants: must be >= 1");
@@ -411,6 +423,7 @@ options (flags override the config file):
       --check-config                validate the configuration and exit (0 = valid)
       --data-listen HOST:PORT       data-plane address          [127.0.0.1:7700]
       --admin-listen HOST:PORT      admin gRPC address           [127.0.0.1:7701]
+      --straggler-timeout-ms MS     fail a waiting iteration after MS [30000]
       --lanes N                     lanes (pinned threads); 0 = one per core [0]
       --no-pin-lanes                do not pin lane threads to cores
       --admin-token-file FILE       admin token; required beyond loopback

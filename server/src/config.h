@@ -26,6 +26,11 @@ struct AdminConfig {
 
 struct DataConfig {
   net::Endpoint listen{"127.0.0.1", 7700};
+  // A chunk that has some but not all contributions for this long fails its
+  // waiting workers with WORKER_LOST (a hung or partitioned worker).
+  uint32_t straggler_timeout_ms = 30000;
+  // A new connection must complete HELLO within this time.
+  uint32_t hello_timeout_ms = 10000;
 };
 
 struct LaneConfig {

@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "admin_service.h"
+#include "data_plane.h"
 #include "lanes.h"
 #include "registry.h"
 
@@ -147,8 +148,8 @@ int RunDaemon(const Config& config) {
     spdlog::info("{} lanes started (cpus: {})", lane_count, config.lanes.pin ? pinned : "unpinned");
   }
 
-  // Data-plane listener: bound now so a busy port fails start-up, not the
-  // first trainer. Connections are served by the data plane (net/tcp).
+  // Data-plane listener: bound before READY so a busy port fails start-up,
+  // not the first trainer.
   boost::asio::io_context acceptor_io{1};
   boost::asio::ip::tcp::acceptor data_acceptor(acceptor_io);
   std::string data_address;
@@ -171,6 +172,9 @@ int RunDaemon(const Config& config) {
     return kExitRuntimeError;
   }
 
+  DataPlane data_plane(config, &registry, &lanes);
+  data_plane.Start(&acceptor_io, &data_acceptor);
+
   AdminAuth auth(admin_token, readonly_token);
   AdminServices services(&registry, &auth,
                          DaemonIdentity{RACKHUB_VERSION, "", "", std::chrono::steady_clock::now()});
@@ -188,6 +192,7 @@ int RunDaemon(const Config& config) {
   if (!server || admin_port == 0) {
     spdlog::critical("admin.listen: cannot listen on {} (address in use or not local?)",
                      config.admin.listen.ToString());
+    data_plane.Shutdown(std::chrono::milliseconds(0));
     lanes.Stop();
     return kExitRuntimeError;
   }
@@ -242,10 +247,10 @@ int RunDaemon(const Config& config) {
   spdlog::info("received {}, draining", signal_number > 0 ? strsignal(signal_number) : "error");
   sd_notify(0, "STOPPING=1\nSTATUS=draining");
   server->GetHealthCheckService()->SetServingStatus(false);
+  // Workers get a SHUTTING_DOWN error (nothing hangs), then admin calls drain.
+  data_plane.Shutdown(std::chrono::milliseconds(2000));
   server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   server->Wait();
-  boost::system::error_code ignored;
-  data_acceptor.close(ignored);
   lanes.Stop();
   spdlog::info("stopped");
   return signal_number > 0 ? kExitOk : kExitRuntimeError;

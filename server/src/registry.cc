@@ -22,6 +22,7 @@ struct Registry::Tenant {
   TokenHash token;
   ChunkLayout layout;
   std::map<std::string, KeyInfo> keys;  // by name
+  std::map<uint32_t, std::string> key_names;  // by id
   uint32_t next_key_id = 1;
 
   Tenant(TenantInfo i, TokenHash t, ChunkLayout l)
@@ -133,6 +134,7 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
   *token = GenerateToken();
   auto tenant = std::make_unique<Tenant>(info, HashToken(*token), ChunkLayout(chunk_bytes, lanes_));
   *out = tenant->info;
+  by_handle_.emplace(info.handle, tenant.get());
   tenants_.emplace(spec.name, std::move(tenant));
   return Status::Ok();
 }
@@ -182,8 +184,76 @@ Status Registry::UpdateQuotas(const std::string& name, const Quotas& quotas, Ten
 
 Status Registry::DeleteTenant(const std::string& name) {
   std::unique_lock lock(mu_);
-  if (tenants_.erase(name) == 0) return TenantNotFound(name);
+  Tenant* t = FindTenant(name);
+  if (!t) return TenantNotFound(name);
+  const uint32_t handle = t->info.handle;
+  by_handle_.erase(handle);
+  tenants_.erase(name);
+  if (observer_) observer_->OnTenantDeleted(handle);
   return Status::Ok();
+}
+
+Registry::Tenant* Registry::FindTenantByHandle(uint32_t handle) const {
+  const auto it = by_handle_.find(handle);
+  return it == by_handle_.end() ? nullptr : it->second;
+}
+
+Status Registry::GetTenantByHandle(uint32_t handle, TenantInfo* out) const {
+  std::shared_lock lock(mu_);
+  const Tenant* t = FindTenantByHandle(handle);
+  if (!t) return NotFound("tenant: handle " + std::to_string(handle) + " does not exist");
+  *out = t->info;
+  return Status::Ok();
+}
+
+Status Registry::GetKeyById(uint32_t handle, uint32_t key_id, KeyInfo* out) const {
+  std::shared_lock lock(mu_);
+  const Tenant* t = FindTenantByHandle(handle);
+  if (!t) return NotFound("tenant: handle " + std::to_string(handle) + " does not exist");
+  const auto it = t->key_names.find(key_id);
+  if (it == t->key_names.end()) {
+    return NotFound("key: id " + std::to_string(key_id) + " does not exist in tenant '" +
+                    t->info.name + "'");
+  }
+  *out = t->keys.at(it->second);
+  return Status::Ok();
+}
+
+Status Registry::DeclareKey(const KeySpec& spec, KeyInfo* out, bool* created) {
+  *created = false;
+  {
+    std::shared_lock lock(mu_);
+    const Tenant* t = FindTenant(spec.tenant);
+    if (!t) return TenantNotFound(spec.tenant);
+    const auto it = t->keys.find(spec.name);
+    if (it != t->keys.end()) {
+      const KeyInfo& k = it->second;
+      if (k.elements != spec.elements || k.dtype != spec.dtype) {
+        return InvalidArgument("name: key '" + spec.name + "' already exists with " +
+                               std::to_string(k.elements) + " " + WireDTypeName(k.dtype) +
+                               " elements, not " + std::to_string(spec.elements) + " " +
+                               WireDTypeName(spec.dtype));
+      }
+      *out = k;
+      return Status::Ok();
+    }
+  }
+  Status s = CreateKey(spec, out);
+  if (s.code() == StatusCode::kAlreadyExists) {
+    // Another rank declared it between the two locks: return that one.
+    bool ignored;
+    return DeclareKey(spec, out, &ignored);
+  }
+  *created = s.ok();
+  return s;
+}
+
+void Registry::MarkKeyReady(uint32_t handle, uint32_t key_id) {
+  std::unique_lock lock(mu_);
+  Tenant* t = FindTenantByHandle(handle);
+  if (!t) return;
+  const auto it = t->key_names.find(key_id);
+  if (it != t->key_names.end()) t->keys.at(it->second).ready = true;
 }
 
 Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
@@ -244,6 +314,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   t->info.parameter_bytes += bytes;
   t->info.chunk_count = t->layout.next_chunk();
   t->keys.emplace(key.name, key);
+  t->key_names.emplace(key.id, key.name);
   *out = key;
   return Status::Ok();
 }
@@ -281,12 +352,16 @@ Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
   }
   t->info.key_count--;
   t->info.parameter_bytes -= it->second.parameter_bytes();
+  const uint32_t key_id = it->second.id;
+  t->key_names.erase(key_id);
   t->keys.erase(it);
+  if (observer_) observer_->OnKeyDeleted(t->info.handle, key_id);
   return Status::Ok();
 }
 
 Status Registry::SetOptimizer(const std::string& tenant, const std::string& name,
-                              OptimizerConfig optimizer, bool keep_type, KeyInfo* out) {
+                              OptimizerConfig optimizer, bool keep_type, KeyInfo* out,
+                              uint64_t from_update) {
   std::unique_lock lock(mu_);
   Tenant* t = FindTenant(tenant);
   if (!t) return TenantNotFound(tenant);
@@ -306,6 +381,7 @@ Status Registry::SetOptimizer(const std::string& tenant, const std::string& name
   if (auto s = CheckOptimizer("optimizer", &optimizer); !s.ok()) return s;
   key.optimizer = optimizer;
   *out = key;
+  if (observer_) observer_->OnOptimizerChanged(t->info.handle, key.id, optimizer, from_update);
   return Status::Ok();
 }
 

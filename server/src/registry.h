@@ -92,6 +92,19 @@ struct KeyInfo {
   uint64_t parameter_bytes() const { return elements * aggregation::kMasterElementBytes; }
 };
 
+// Told about changes that lanes must apply. Called with the registry's lock
+// held: implementations must only post work elsewhere, never call back.
+class RegistryObserver {
+ public:
+  virtual ~RegistryObserver() = default;
+  virtual void OnTenantDeleted(uint32_t handle) = 0;
+  virtual void OnKeyDeleted(uint32_t handle, uint32_t key_id) = 0;
+  // `from_update`: first update (1-based) the new values apply to; 0 = next.
+  virtual void OnOptimizerChanged(uint32_t handle, uint32_t key_id,
+                                  const aggregation::OptimizerConfig& optimizer,
+                                  uint64_t from_update) = 0;
+};
+
 class Registry {
  public:
   Registry(uint32_t lanes, TenantDefaults defaults);
@@ -116,8 +129,21 @@ class Registry {
   Status DeleteKey(const std::string& tenant, const std::string& name);
   // Replaces the hyperparameters; `keep_type` means the type of `optimizer`
   // is ignored and the key's own is kept. A different type is refused.
+  // `from_update` (1-based, 0 = the next update) is passed to the observer.
   Status SetOptimizer(const std::string& tenant, const std::string& name,
-                      aggregation::OptimizerConfig optimizer, bool keep_type, KeyInfo* out);
+                      aggregation::OptimizerConfig optimizer, bool keep_type, KeyInfo* out,
+                      uint64_t from_update = 0);
+
+  // Data-plane lookups by numeric ids.
+  Status GetTenantByHandle(uint32_t handle, TenantInfo* out) const;
+  Status GetKeyById(uint32_t handle, uint32_t key_id, KeyInfo* out) const;
+  // A client's DECLARE: creates the key, or returns the existing key of that
+  // name when elements and dtype agree (several ranks declare the same key).
+  Status DeclareKey(const KeySpec& spec, KeyInfo* out, bool* created);
+  // Marks a FROM_CLIENT key ready once its values arrived (no-op if gone).
+  void MarkKeyReady(uint32_t handle, uint32_t key_id);
+  // At most one observer; set before serving, never changed afterwards.
+  void SetObserver(RegistryObserver* observer) { observer_ = observer; }
 
   // Data-plane authentication: checks `token` against the tenant's stored
   // hash in constant time. UNAUTHENTICATED for an unknown tenant or wrong
@@ -141,7 +167,11 @@ class Registry {
   const uint32_t lanes_;
   const TenantDefaults defaults_;
   mutable std::shared_mutex mu_;
+  Tenant* FindTenantByHandle(uint32_t handle) const;  // REQUIRES: mu_ held
+
+  RegistryObserver* observer_ = nullptr;
   std::map<std::string, std::unique_ptr<Tenant>> tenants_;  // GUARDED_BY(mu_)
+  std::map<uint32_t, Tenant*> by_handle_;                   // GUARDED_BY(mu_)
   uint32_t next_handle_ = 1;                                // GUARDED_BY(mu_)
 };
 

@@ -151,14 +151,5 @@ TEST(EndpointTest, ToStringRoundTrip) {
   }
 }
 
-TEST(ParseEndpointTest, ErrorIsOverwrittenOnlyOnFailure) {
-  std::string error = "stale";
-  ASSERT_TRUE(ParseEndpoint("127.0.0.1:1", &error).has_value());
-  // Success leaves the caller's string alone.
-  EXPECT_EQ(error, "stale");
-  ASSERT_FALSE(ParseEndpoint("127.0.0.1", &error).has_value());
-  EXPECT_NE(error, "stale");
-}
-
 }  // namespace
 }  // namespace rackhub::net

@@ -1,0 +1,184 @@
+// The state a hub lane keeps for one chunk (DESIGN.md §1-2): the accumulator
+// of the update being formed, the fp32 master parameters (double-buffered),
+// their wire-type copy, and the optimizer state.
+//
+// Ownership and threads: a ChunkState belongs to the lane that owns the chunk
+// (g % lanes) and is only touched by that lane's thread. No locks, no atomics;
+// it is movable so lanes can keep them in containers, not copyable.
+//
+// Reproducibility: contributions are summed in rank order whatever their
+// arrival order (rank 0's copied into the accumulator, rank 1's added, ...),
+// so the parameters are bitwise identical for every arrival order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "rackhub/aggregation/chunk_layout.h"
+#include "rackhub/aggregation/kernels.h"
+#include "rackhub/aggregation/optimizer_config.h"
+
+namespace rackhub::aggregation {
+
+// An owning, zero-initialized array of trivially copyable T whose first element
+// is aligned to kChunkAlignment (64) bytes. The allocation is rounded up to a
+// whole number of 64-byte lines so vector loops may touch the tail line.
+template <typename T>
+class AlignedBuffer {
+  static_assert(std::is_trivially_copyable_v<T>);
+
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t count) : size_(count) {
+    size_t bytes = count * sizeof(T);
+    bytes = (bytes + kChunkAlignment - 1) / kChunkAlignment * kChunkAlignment;
+    if (bytes == 0) bytes = kChunkAlignment;
+    void* raw = ::operator new(bytes, std::align_val_t{kChunkAlignment});
+    std::memset(raw, 0, bytes);
+    data_.reset(static_cast<T*>(raw));
+  }
+
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  bool empty() const { return data_ == nullptr; }
+  std::span<T> span() { return {data_.get(), size_}; }
+  std::span<const T> span() const { return {data_.get(), size_}; }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { ::operator delete(p, std::align_val_t{kChunkAlignment}); }
+  };
+  std::unique_ptr<T, Free> data_;
+  size_t size_ = 0;
+};
+
+class ChunkState {
+ public:
+  enum class AddResult {
+    kAccepted,   // stored; more contributions missing
+    kComplete,   // stored; it was the last missing one: call Update()
+    kDuplicate,  // this rank already contributed to the update being formed
+    kBadRank,    // rank >= workers()
+    kBadSize,    // payload is not elements() * ElementBytes(wire_type()) bytes
+  };
+
+  // `elements` of this chunk (<= chunk size), `workers` contributions per
+  // update. Parameters start at zero, optimizer state at zero (AdaGrad:
+  // initial_accumulator), initialized() false.
+  // REQUIRES: workers >= 1; `optimizer` normalized (NormalizeOptimizer);
+  // wire_type a valid ElementType. Violations abort.
+  ChunkState(uint32_t elements, uint32_t workers, const OptimizerConfig& optimizer,
+             ElementType wire_type);
+
+  ChunkState(ChunkState&&) = default;
+  ChunkState& operator=(ChunkState&&) = default;
+  ChunkState(const ChunkState&) = delete;
+  ChunkState& operator=(const ChunkState&) = delete;
+
+  uint32_t elements() const { return elements_; }
+  uint32_t workers() const { return workers_; }
+  ElementType wire_type() const { return wire_type_; }
+  size_t wire_bytes() const { return elements_ * ElementBytes(wire_type_); }
+  // Updates applied so far (starts at 0).
+  uint64_t version() const { return version_; }
+  // False until SetInitial() or MarkInitialized(). The server holds pushes of
+  // a key until it is initialized; Contribute() does not check it.
+  bool initialized() const { return initialized_; }
+
+  // Adds rank's gradient (payload in wire_type(), exactly wire_bytes() bytes,
+  // any alignment) to the update being formed. In-order contributions go
+  // straight into the accumulator; one that arrives while a lower rank is
+  // missing is copied into a spare buffer (allocated on demand, reused
+  // afterwards) and folded in once all lower ranks are in. Checks, in order:
+  // kBadRank, kBadSize, kDuplicate; a rejected call changes nothing.
+  AddResult Contribute(uint32_t rank, std::span<const std::byte> payload);
+  bool has_contributed(uint32_t rank) const {
+    return rank < workers_ && contributed_[rank] != 0;
+  }
+  uint32_t contributions() const { return contributions_; }
+
+  // REQUIRES: contributions() == workers() (aborts otherwise). Applies the
+  // optimizer (fused, t = version() + 1) writing the new parameters into the
+  // other of the two parameter buffers, refreshes the wire copy, increments
+  // version() and clears the contributions. The buffers of version v stay
+  // valid and unchanged until version v + 2 is computed.
+  void Update();
+
+  // Parameters of version v in fp32, and the same in the wire type (for fp32
+  // the same memory, else the converted copy made by Update()/SetInitial()).
+  // v must be version() or version() - 1 (>= 0); otherwise an empty span.
+  // The spans stay valid and unchanged until version v + 2 is computed (or the
+  // ChunkState is destroyed or SetInitial() rewrites version 0).
+  std::span<const float> params(uint64_t v) const;
+  std::span<const std::byte> wire_params(uint64_t v) const;
+
+  // Initial values, payload in wire_type() (wire_bytes() bytes) or fp32
+  // (elements() floats). Allowed only while version() == 0 and no
+  // contribution is pending; returns false (and changes nothing) otherwise or
+  // when the size is wrong. Marks initialized().
+  bool SetInitial(std::span<const std::byte> payload);
+  bool SetInitial(std::span<const float> values);
+  // For keys that start at zeros (the constructor's values).
+  void MarkInitialized() { initialized_ = true; }
+
+  // Discards the contributions of the update being formed (a worker was
+  // lost); the same ranks may contribute again.
+  void DiscardPending();
+
+  // New hyperparameters, applied from the first update with t (1-based, i.e.
+  // version() + 1 at Update()) >= from_update; from_update <= version() + 1
+  // means the next update. A later call replaces an earlier pending one.
+  // REQUIRES: optimizer normalized; the caller keeps the type (if it does
+  // change, missing state slots are created as at construction).
+  void SetOptimizer(const OptimizerConfig& optimizer, uint64_t from_update);
+  // The hyperparameters the last (or, before any update, the next) update used.
+  const OptimizerConfig& optimizer() const { return optimizer_; }
+  bool has_pending_optimizer() const { return pending_optimizer_.has_value(); }
+
+ private:
+  static constexpr uint32_t kNoSpare = UINT32_MAX;
+
+  void EnsureOptimizerState();
+  void FoldInOrder();
+  void ClearContributions();
+  const float* param_buffer(uint64_t v) const { return params_[v & 1].data(); }
+
+  uint32_t elements_;
+  uint32_t workers_;
+  ElementType wire_type_;
+  OptimizerConfig optimizer_;
+  struct PendingOptimizer {
+    OptimizerConfig config;
+    uint64_t from_update;
+  };
+  std::optional<PendingOptimizer> pending_optimizer_;
+
+  uint64_t version_ = 0;
+  bool initialized_ = false;
+
+  // Version v lives in params_[v & 1] (and wire_[v & 1] unless fp32).
+  AlignedBuffer<float> params_[2];
+  AlignedBuffer<std::byte> wire_[2];
+  AlignedBuffer<float> accumulator_;
+  AlignedBuffer<float> state_[2];
+
+  // The update being formed. Ranks < next_rank_ are summed into
+  // accumulator_; a later rank that arrived early sits in
+  // spares_[spare_of_rank_[rank]] (raw wire bytes).
+  std::vector<uint8_t> contributed_;
+  std::vector<uint32_t> spare_of_rank_;
+  uint32_t contributions_ = 0;
+  uint32_t next_rank_ = 0;
+  std::vector<AlignedBuffer<std::byte>> spares_;
+  std::vector<uint32_t> free_spares_;
+};
+
+}  // namespace rackhub::aggregation

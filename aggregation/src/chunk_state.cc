@@ -1,0 +1,166 @@
+#include "rackhub/aggregation/chunk_state.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace rackhub::aggregation {
+namespace {
+
+[[noreturn]] void Die(const char* what) {
+  std::fprintf(stderr, "ChunkState: %s\n", what);
+  std::abort();
+}
+
+}  // namespace
+
+ChunkState::ChunkState(uint32_t elements, uint32_t workers, const OptimizerConfig& optimizer,
+                       ElementType wire_type)
+    : elements_(elements),
+      workers_(workers),
+      wire_type_(wire_type),
+      optimizer_(optimizer),
+      params_{AlignedBuffer<float>(elements), AlignedBuffer<float>(elements)},
+      accumulator_(elements),
+      contributed_(workers, 0),
+      spare_of_rank_(workers, kNoSpare) {
+  if (workers == 0) Die("workers must be >= 1");
+  if (!IsValidElementType(static_cast<uint8_t>(wire_type))) Die("invalid wire type");
+  if (wire_type != ElementType::kFp32) {
+    wire_[0] = AlignedBuffer<std::byte>(wire_bytes());
+    wire_[1] = AlignedBuffer<std::byte>(wire_bytes());
+  }
+  EnsureOptimizerState();
+}
+
+void ChunkState::EnsureOptimizerState() {
+  const int slots = OptimizerStateSlots(optimizer_.type);
+  for (int s = 0; s < slots; ++s) {
+    if (!state_[s].empty()) continue;
+    state_[s] = AlignedBuffer<float>(elements_);
+    if (s == 0 && optimizer_.type == OptimizerType::kAdaGrad) {
+      std::fill_n(state_[0].data(), elements_, static_cast<float>(optimizer_.initial_accumulator));
+    }
+  }
+}
+
+ChunkState::AddResult ChunkState::Contribute(uint32_t rank, std::span<const std::byte> payload) {
+  if (rank >= workers_) return AddResult::kBadRank;
+  if (payload.size() != wire_bytes()) return AddResult::kBadSize;
+  if (contributed_[rank]) return AddResult::kDuplicate;
+
+  if (rank == next_rank_) {
+    if (rank == 0) {
+      CopyIn(accumulator_.data(), payload.data(), elements_, wire_type_);
+    } else {
+      AddIn(accumulator_.data(), payload.data(), elements_, wire_type_);
+    }
+    ++next_rank_;
+    FoldInOrder();
+  } else {
+    // A lower rank is still missing: park the payload until it arrives.
+    uint32_t slot;
+    if (!free_spares_.empty()) {
+      slot = free_spares_.back();
+      free_spares_.pop_back();
+    } else {
+      slot = static_cast<uint32_t>(spares_.size());
+      spares_.emplace_back(wire_bytes());
+    }
+    std::memcpy(spares_[slot].data(), payload.data(), payload.size());
+    spare_of_rank_[rank] = slot;
+  }
+  contributed_[rank] = 1;
+  ++contributions_;
+  return contributions_ == workers_ ? AddResult::kComplete : AddResult::kAccepted;
+}
+
+// Adds the parked contributions that are next in rank order.
+void ChunkState::FoldInOrder() {
+  while (next_rank_ < workers_ && spare_of_rank_[next_rank_] != kNoSpare) {
+    const uint32_t slot = spare_of_rank_[next_rank_];
+    // A parked rank is never 0 (rank 0 is always in order), so always add.
+    AddIn(accumulator_.data(), spares_[slot].data(), elements_, wire_type_);
+    spare_of_rank_[next_rank_] = kNoSpare;
+    free_spares_.push_back(slot);
+    ++next_rank_;
+  }
+}
+
+void ChunkState::ClearContributions() {
+  for (uint32_t r = 0; r < workers_; ++r) {
+    if (spare_of_rank_[r] != kNoSpare) {
+      free_spares_.push_back(spare_of_rank_[r]);
+      spare_of_rank_[r] = kNoSpare;
+    }
+  }
+  std::fill(contributed_.begin(), contributed_.end(), 0);
+  contributions_ = 0;
+  next_rank_ = 0;
+}
+
+void ChunkState::DiscardPending() { ClearContributions(); }
+
+void ChunkState::Update() {
+  if (contributions_ != workers_ || next_rank_ != workers_) {
+    Die("Update() before all contributions are in");
+  }
+  const uint64_t t = version_ + 1;
+  if (pending_optimizer_ && t >= pending_optimizer_->from_update) {
+    optimizer_ = pending_optimizer_->config;
+    pending_optimizer_.reset();
+    EnsureOptimizerState();
+  }
+  const OptimizerStep step{
+      optimizer_.reduction == Reduction::kMean ? static_cast<float>(1.0 / workers_) : 1.0f, t};
+  const uint64_t next = version_ + 1;
+  float* out = params_[next & 1].data();
+  ApplyOptimizer(optimizer_, step, accumulator_.data(), param_buffer(version_), out,
+                 state_[0].data(), state_[1].data(), elements_);
+  if (wire_type_ != ElementType::kFp32) {
+    CopyOut(wire_[next & 1].data(), out, elements_, wire_type_);
+  }
+  version_ = next;
+  ClearContributions();
+}
+
+std::span<const float> ChunkState::params(uint64_t v) const {
+  const bool current = v == version_;
+  const bool previous = version_ > 0 && v == version_ - 1;
+  if (!current && !previous) return {};
+  return {param_buffer(v), elements_};
+}
+
+std::span<const std::byte> ChunkState::wire_params(uint64_t v) const {
+  if (wire_type_ == ElementType::kFp32) return std::as_bytes(params(v));
+  const bool current = v == version_;
+  const bool previous = version_ > 0 && v == version_ - 1;
+  if (!current && !previous) return {};
+  return {wire_[v & 1].data(), wire_bytes()};
+}
+
+bool ChunkState::SetInitial(std::span<const std::byte> payload) {
+  if (version_ != 0 || contributions_ != 0 || payload.size() != wire_bytes()) return false;
+  CopyIn(params_[0].data(), payload.data(), elements_, wire_type_);
+  if (wire_type_ != ElementType::kFp32) {
+    CopyOut(wire_[0].data(), params_[0].data(), elements_, wire_type_);
+  }
+  initialized_ = true;
+  return true;
+}
+
+bool ChunkState::SetInitial(std::span<const float> values) {
+  if (version_ != 0 || contributions_ != 0 || values.size() != elements_) return false;
+  std::copy(values.begin(), values.end(), params_[0].data());
+  if (wire_type_ != ElementType::kFp32) {
+    CopyOut(wire_[0].data(), params_[0].data(), elements_, wire_type_);
+  }
+  initialized_ = true;
+  return true;
+}
+
+void ChunkState::SetOptimizer(const OptimizerConfig& optimizer, uint64_t from_update) {
+  pending_optimizer_ = PendingOptimizer{optimizer, from_update};
+}
+
+}  // namespace rackhub::aggregation

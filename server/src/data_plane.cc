@@ -1,0 +1,302 @@
+#include "data_plane.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
+#include <future>
+
+#include <spdlog/spdlog.h>
+
+#include "rackhub/data/v1/control.pb.h"
+
+namespace rackhub::server {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+
+// Keepalive so a worker whose host vanished is noticed even without traffic:
+// idle 10 s, then 5 probes 2 s apart (tcp(7)).
+constexpr int kKeepAliveIdleS = 10;
+constexpr int kKeepAliveIntervalS = 2;
+constexpr int kKeepAliveProbes = 5;
+// HELLO is small: tenant, token and a few integers.
+constexpr uint32_t kMaxHelloBytes = 64 * 1024;
+
+// Reads and checks one HELLO on the acceptor thread, then hands the socket
+// over (or answers a fatal ERROR and closes).
+class DataPlane::HelloSession : public std::enable_shared_from_this<HelloSession> {
+ public:
+  HelloSession(DataPlane* plane, tcp::socket socket)
+      : plane_(plane), socket_(std::move(socket)), timer_(socket_.get_executor()) {}
+
+  void Start() {
+    boost::system::error_code ec;
+    const auto remote = socket_.remote_endpoint(ec);
+    peer_ = ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+    timer_.expires_after(std::chrono::milliseconds(plane_->config_.data.hello_timeout_ms));
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
+      if (!e && !self->done_) {
+        spdlog::warn("data: {} sent no HELLO within {} ms; closing", self->peer_,
+                     self->plane_->config_.data.hello_timeout_ms);
+        self->Fail(WireError::kMalformed, "hello: no HELLO within data.hello_timeout_ms");
+      }
+    });
+    asio::async_read(socket_, asio::buffer(header_buf_),
+                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
+                       self->OnHeader(e);
+                     });
+  }
+
+ private:
+  void OnHeader(const boost::system::error_code& ec) {
+    if (ec || done_) return Finish();
+    header_ = net::DecodeHeader(header_buf_);
+    if (auto error = net::ValidateHeader(header_); !error.empty()) {
+      return Fail(WireError::kMalformed, error);
+    }
+    if (header_.opcode != Opcode::kHello) {
+      return Fail(WireError::kMalformed, "opcode: the first frame must be HELLO");
+    }
+    if (header_.payload_bytes == 0 || header_.payload_bytes > kMaxHelloBytes) {
+      return Fail(WireError::kMalformed, "payload_bytes: HELLO must be 1.." +
+                                             std::to_string(kMaxHelloBytes) + " bytes");
+    }
+    payload_.resize(header_.payload_bytes);
+    asio::async_read(socket_, asio::buffer(payload_),
+                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
+                       self->OnPayload(e);
+                     });
+  }
+
+  void OnPayload(const boost::system::error_code& ec) {
+    if (ec || done_) return Finish();
+    data::v1::Hello hello;
+    if (!hello.ParseFromArray(payload_.data(), static_cast<int>(payload_.size()))) {
+      return Fail(WireError::kMalformed, "payload: HELLO is not a Hello message");
+    }
+    TenantInfo tenant;
+    const Status auth = plane_->registry_->Authenticate(hello.tenant(), hello.token(), &tenant);
+    if (!auth.ok()) return Fail(WireError::kUnauthenticated, auth.message());
+    if (hello.rank() >= tenant.workers_per_rack) {
+      return Fail(WireError::kInvalidArgument,
+                  "rank: " + std::to_string(hello.rank()) + " is out of range; tenant '" +
+                      tenant.name + "' has " + std::to_string(tenant.workers_per_rack) +
+                      " workers per rack");
+    }
+    if (hello.rack() != 0) {
+      return Fail(WireError::kInvalidArgument,
+                  "rack: " + std::to_string(hello.rack()) +
+                      " is unknown; this hub serves a single rack (rack 0)");
+    }
+    if (hello.lane() >= plane_->services_.size()) {
+      return Fail(WireError::kInvalidArgument,
+                  "lane: " + std::to_string(hello.lane()) + " is out of range; the hub has " +
+                      std::to_string(plane_->services_.size()) + " lanes");
+    }
+    done_ = true;
+    timer_.cancel();
+    ConnectionIdentity id{tenant.handle, tenant.name, hello.rank(), hello.lane(), peer_};
+    plane_->HandOver(std::move(socket_), std::move(id));
+  }
+
+  void Fail(WireError code, const std::string& text) {
+    if (done_) return;
+    done_ = true;
+    timer_.cancel();
+    spdlog::warn("data: refused connection from {}: {}: {}", peer_, net::WireErrorName(code),
+                 text);
+    FrameHeader h;
+    h.opcode = Opcode::kError;
+    h.flags = net::kFlagFatal;
+    h.request_id = header_.request_id;
+    error_body_ = net::EncodeErrorBody(code, text);
+    h.payload_bytes = static_cast<uint32_t>(error_body_.size());
+    net::EncodeHeader(h, error_header_);
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(error_header_),
+                                                 asio::buffer(error_body_)};
+    asio::async_write(socket_, buffers,
+                      [self = shared_from_this()](const boost::system::error_code&, size_t) {
+                        self->Finish();
+                      });
+  }
+
+  void Finish() {
+    done_ = true;
+    timer_.cancel();
+    boost::system::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+  DataPlane* plane_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::string peer_;
+  bool done_ = false;
+  std::array<std::byte, net::kHeaderBytes> header_buf_{};
+  FrameHeader header_{};
+  std::vector<std::byte> payload_;
+  std::array<std::byte, net::kHeaderBytes> error_header_{};
+  std::string error_body_;
+};
+
+DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes)
+    : config_(config), registry_(registry), lanes_(lanes) {
+  for (uint32_t i = 0; i < lanes->size(); ++i) {
+    services_.push_back(std::make_unique<LaneService>(i, lanes->size(), config.data, registry,
+                                                      this, &lanes->context(i)));
+  }
+  registry_->SetObserver(this);
+}
+
+DataPlane::~DataPlane() {
+  registry_->SetObserver(nullptr);
+  if (acceptor_thread_.joinable()) {
+    acceptor_io_->stop();
+    acceptor_thread_.join();
+  }
+}
+
+void DataPlane::Start(asio::io_context* acceptor_io, tcp::acceptor* acceptor) {
+  acceptor_io_ = acceptor_io;
+  acceptor_ = acceptor;
+  AcceptNext();
+  acceptor_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "rackhub-accept");
+    auto guard = asio::make_work_guard(*acceptor_io_);
+    acceptor_io_->run();
+  });
+}
+
+void DataPlane::AcceptNext() {
+  acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || stopping_) return;
+      spdlog::warn("data: accept failed: {}", ec.message());
+    } else {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      socket.set_option(asio::socket_base::keep_alive(true), ignored);
+      const int fd = socket.native_handle();
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleS, sizeof(int));
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalS, sizeof(int));
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(int));
+      std::make_shared<HelloSession>(this, std::move(socket))->Start();
+    }
+    if (!stopping_) AcceptNext();
+  });
+}
+
+void DataPlane::HandOver(tcp::socket socket, ConnectionIdentity id) {
+  const uint32_t lane = id.lane;
+  const uint64_t seq = NextSeq();
+  // Move the descriptor from the acceptor's io_context to the lane's.
+  boost::system::error_code ec;
+  const auto protocol = socket.local_endpoint(ec).protocol();
+  const int fd = socket.release(ec);
+  if (ec) {
+    spdlog::error("data: cannot hand over a connection of '{}': {}", id.tenant, ec.message());
+    return;
+  }
+  LaneService* service = services_[lane].get();
+  auto& io = lanes_->context(lane);
+  lanes_->Post(lane, [service, &io, protocol, fd, id = std::move(id), seq]() mutable {
+    tcp::socket s(io);
+    boost::system::error_code assign_ec;
+    s.assign(protocol, fd, assign_ec);
+    if (assign_ec) {
+      ::close(fd);
+      return;
+    }
+    service->Adopt(std::move(s), std::move(id), seq);
+  });
+}
+
+void DataPlane::Shutdown(std::chrono::milliseconds grace) {
+  stopping_ = true;
+  if (acceptor_io_) {
+    asio::post(*acceptor_io_, [this] {
+      boost::system::error_code ignored;
+      acceptor_->close(ignored);
+    });
+  }
+  for (auto& s : services_) {
+    LaneService* service = s.get();
+    lanes_->Post(service->lane(), [service] { service->Shutdown(); });
+  }
+  // Wait for the lanes to flush their SHUTTING_DOWN frames and close.
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < deadline) {
+    size_t open = 0;
+    for (auto& s : services_) {
+      LaneService* service = s.get();
+      std::promise<size_t> count;
+      auto f = count.get_future();
+      lanes_->Post(service->lane(), [service, &count] { count.set_value(service->connection_count()); });
+      open += f.get();
+    }
+    if (open == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (acceptor_thread_.joinable()) {
+    acceptor_io_->stop();
+    acceptor_thread_.join();
+  }
+}
+
+void DataPlane::WorkerLost(uint32_t handle, uint32_t rank, const std::string& why) {
+  const uint64_t before = seq_.load() + 1;
+  for (auto& s : services_) {
+    LaneService* service = s.get();
+    lanes_->Post(service->lane(),
+                 [service, handle, rank, before, why] { service->OnWorkerLost(handle, rank, before, why); });
+  }
+}
+
+std::shared_ptr<KeyRuntime> DataPlane::KeyRuntimeFor(uint32_t handle, uint32_t key_id) {
+  std::lock_guard lock(runtime_mu_);
+  auto& rt = runtimes_[{handle, key_id}];
+  if (!rt) rt = std::make_shared<KeyRuntime>();
+  return rt;
+}
+
+void DataPlane::ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) {
+  const auto rt = KeyRuntimeFor(handle, key_id);
+  if (rt->initialized_chunks.fetch_add(1) + 1 == chunk_count) {
+    registry_->MarkKeyReady(handle, key_id);
+  }
+}
+
+void DataPlane::OnTenantDeleted(uint32_t handle) {
+  for (auto& s : services_) {
+    LaneService* service = s.get();
+    lanes_->Post(service->lane(), [service, handle] { service->OnTenantDeleted(handle); });
+  }
+  std::lock_guard lock(runtime_mu_);
+  std::erase_if(runtimes_, [handle](const auto& kv) { return kv.first.first == handle; });
+}
+
+void DataPlane::OnKeyDeleted(uint32_t handle, uint32_t key_id) {
+  for (auto& s : services_) {
+    LaneService* service = s.get();
+    lanes_->Post(service->lane(), [service, handle, key_id] { service->OnKeyDeleted(handle, key_id); });
+  }
+  std::lock_guard lock(runtime_mu_);
+  runtimes_.erase({handle, key_id});
+}
+
+void DataPlane::OnOptimizerChanged(uint32_t handle, uint32_t key_id,
+                                   const aggregation::OptimizerConfig& optimizer,
+                                   uint64_t from_update) {
+  for (auto& s : services_) {
+    LaneService* service = s.get();
+    lanes_->Post(service->lane(), [service, handle, key_id, optimizer, from_update] {
+      service->OnOptimizerChanged(handle, key_id, optimizer, from_update);
+    });
+  }
+}
+
+}  // namespace rackhub::server

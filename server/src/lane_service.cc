@@ -1,0 +1,646 @@
+#include "lane_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include "data_plane.h"
+#include "proto_convert.h"
+#include "rackhub/data/v1/control.pb.h"
+
+namespace rackhub::server {
+
+namespace asio = boost::asio;
+namespace pb = rackhub::admin::v1;
+namespace dpb = rackhub::data::v1;
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+
+namespace {
+
+constexpr auto kStragglerCheckPeriod = std::chrono::milliseconds(250);
+
+aggregation::ElementType ElementTypeOf(WireDType d) {
+  return static_cast<aggregation::ElementType>(static_cast<uint8_t>(d));
+}
+net::DType NetDTypeOf(WireDType d) { return static_cast<net::DType>(static_cast<uint8_t>(d)); }
+
+WireError WireErrorOf(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kResourceExhausted: return WireError::kQuotaExceeded;
+    case StatusCode::kNotFound: return WireError::kUnknownKey;
+    case StatusCode::kUnauthenticated: return WireError::kUnauthenticated;
+    default: return WireError::kInvalidArgument;
+  }
+}
+
+void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
+  e->set_id(k.id);
+  e->set_name(k.name);
+  e->set_elements(k.elements);
+  e->set_dtype(static_cast<pb::DType>(k.dtype));
+  e->set_first_chunk(k.placement.first_chunk);
+  e->set_chunk_count(k.placement.chunk_count);
+  e->set_init(k.init == InitMode::kFromClient ? pb::FROM_CLIENT : pb::ZEROS);
+  OptimizerToProto(k.optimizer, e->mutable_optimizer());
+  e->set_version(version);
+}
+
+}  // namespace
+
+LaneService::LaneService(uint32_t lane, uint32_t lanes, const DataConfig& config,
+                         Registry* registry, DataPlane* plane, asio::io_context* io)
+    : lane_(lane),
+      lanes_(lanes),
+      config_(config),
+      registry_(registry),
+      plane_(plane),
+      io_(io),
+      straggler_timer_(*io) {
+  asio::post(*io_, [this] { ArmStragglerTimer(); });
+}
+
+LaneService::~LaneService() = default;
+
+size_t LaneService::connection_count() const {
+  size_t n = 0;
+  for (const auto& [h, t] : tenants_) n += t.conns.size();
+  return n;
+}
+
+LaneService::Tenant* LaneService::FindTenant(uint32_t handle) {
+  const auto it = tenants_.find(handle);
+  return it == tenants_.end() ? nullptr : &it->second;
+}
+
+void LaneService::Adopt(asio::ip::tcp::socket socket, ConnectionIdentity id, uint64_t seq) {
+  auto conn = std::make_shared<LaneConnection>(this, std::move(socket), id);
+  if (shut_down_) {
+    conn->SendError(WireError::kShuttingDown, "the hub is shutting down", 0, true);
+    conn->Start();
+    return;
+  }
+  Tenant* t = FindTenant(id.tenant_handle);
+  if (!t) {
+    TenantInfo info;
+    if (!registry_->GetTenantByHandle(id.tenant_handle, &info).ok()) {
+      conn->SendError(WireError::kTenantGone, "tenant: '" + id.tenant + "' was deleted", 0, true);
+      conn->Start();
+      return;
+    }
+    t = &tenants_[id.tenant_handle];
+    t->info = std::move(info);
+  }
+  if (auto it = t->conns.find(id.rank); it != t->conns.end() && it->second->open()) {
+    conn->SendError(WireError::kInvalidArgument,
+                    "rank: rank " + std::to_string(id.rank) + " of tenant '" + id.tenant +
+                        "' is already connected on lane " + std::to_string(lane_) + " from " +
+                        it->second->id().peer,
+                    0, true);
+    conn->Start();
+    return;
+  }
+  t->conns[id.rank] = conn;
+  t->conn_seq[id.rank] = seq;
+  if (lane_ == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
+  spdlog::info("data: tenant '{}' rank {} connected on lane {} from {}", id.tenant, id.rank, lane_,
+               id.peer);
+  FrameHeader h;
+  h.opcode = Opcode::kWelcome;
+  h.tenant = id.tenant_handle;
+  conn->SendOwned(h, WelcomePayload(*t));
+  conn->Start();
+}
+
+std::string LaneService::WelcomePayload(const Tenant& t) {
+  dpb::Welcome w;
+  w.set_tenant_handle(t.info.handle);
+  w.set_chunk_elements(t.info.chunk_bytes / aggregation::kMasterElementBytes);
+  w.set_lanes(lanes_);
+  w.set_workers(t.info.workers_per_rack);
+  w.set_epoch(1);
+  w.set_server_version(RACKHUB_VERSION);
+  w.set_straggler_timeout_ms(config_.straggler_timeout_ms);
+  std::vector<KeyInfo> keys;
+  if (registry_->ListKeys(t.info.name, &keys).ok()) {
+    for (const auto& k : keys) {
+      const auto rt = plane_->KeyRuntimeFor(t.info.handle, k.id);
+      FillKeyEntry(k, rt->version.load(std::memory_order_relaxed), w.add_keys());
+    }
+  }
+  return w.SerializeAsString();
+}
+
+LaneService::Key* LaneService::FindKey(Tenant& t, uint32_t key_id) {
+  if (auto it = t.keys.find(key_id); it != t.keys.end()) return &it->second;
+  KeyInfo info;
+  if (!registry_->GetKeyById(t.info.handle, key_id, &info).ok()) return nullptr;
+  Key& k = t.keys[key_id];
+  k.info = std::move(info);
+  k.runtime = plane_->KeyRuntimeFor(t.info.handle, key_id);
+  return &k;
+}
+
+LaneService::Chunk& LaneService::GetChunk(Tenant& t, Key& key, uint32_t chunk) {
+  auto& slot = t.chunks[ChunkId(key.info.id, chunk)];
+  if (!slot) {
+    const uint64_t first = uint64_t{chunk} * key.info.chunk_elements;
+    const uint32_t n =
+        static_cast<uint32_t>(std::min<uint64_t>(key.info.chunk_elements, key.info.elements - first));
+    slot = std::make_unique<Chunk>(Chunk{
+        aggregation::ChunkState(n, t.info.workers_per_rack, key.info.optimizer,
+                                ElementTypeOf(key.info.dtype)),
+        key.info.id, chunk, {}, {}, {}});
+    if (key.info.init == InitMode::kZeros) slot->state.MarkInitialized();
+  }
+  return *slot;
+}
+
+bool LaneService::Reject(LaneConnection& conn, WireError code, const std::string& text,
+                         uint64_t request_id) {
+  if (Tenant* t = FindTenant(conn.id().tenant_handle)) {
+    t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  conn.SendError(code, text, request_id, true);
+  return false;
+}
+
+bool LaneService::AcceptHeader(LaneConnection& conn, const FrameHeader& h) {
+  const uint64_t rid = h.request_id;
+  switch (h.opcode) {
+    case Opcode::kHeartbeat:
+    case Opcode::kBye:
+      return true;
+    case Opcode::kPush:
+    case Opcode::kInit:
+    case Opcode::kPull:
+    case Opcode::kDeclare:
+    case Opcode::kSetOptimizer:
+      break;
+    default:
+      return Reject(conn, WireError::kMalformed,
+                    "opcode: " + std::to_string(static_cast<int>(h.opcode)) +
+                        " is not a request a client may send after HELLO",
+                    rid);
+  }
+  if (h.tenant != conn.id().tenant_handle) {
+    return Reject(conn, WireError::kMalformed,
+                  "tenant: frame names tenant handle " + std::to_string(h.tenant) +
+                      " but this connection belongs to " + std::to_string(conn.id().tenant_handle),
+                  rid);
+  }
+  Tenant* t = FindTenant(h.tenant);
+  if (!t) return Reject(conn, WireError::kTenantGone, "tenant: was deleted", rid);
+  if (h.opcode == Opcode::kDeclare || h.opcode == Opcode::kSetOptimizer) return true;
+
+  Key* key = FindKey(*t, h.key);
+  if (!key) {
+    return Reject(conn, WireError::kUnknownKey,
+                  "key: id " + std::to_string(h.key) + " does not exist in tenant '" +
+                      t->info.name + "'",
+                  rid);
+  }
+  const KeyInfo& k = key->info;
+  if (h.chunk >= k.placement.chunk_count) {
+    return Reject(conn, WireError::kBadChunk,
+                  "chunk: " + std::to_string(h.chunk) + " is out of range; key '" + k.name +
+                      "' has " + std::to_string(k.placement.chunk_count) + " chunks",
+                  rid);
+  }
+  const uint32_t owner = static_cast<uint32_t>((k.placement.first_chunk + h.chunk) % lanes_);
+  if (owner != lane_) {
+    return Reject(conn, WireError::kBadChunk,
+                  "chunk: " + std::to_string(h.chunk) + " of key '" + k.name + "' lives on lane " +
+                      std::to_string(owner) + ", not lane " + std::to_string(lane_),
+                  rid);
+  }
+  if (h.opcode == Opcode::kPull) {
+    if (h.payload_bytes != 0) {
+      return Reject(conn, WireError::kMalformed, "payload_bytes: PULL carries no payload", rid);
+    }
+    return true;
+  }
+  // PUSH and INIT carry one chunk in the key's wire dtype.
+  if (h.dtype != NetDTypeOf(k.dtype)) {
+    return Reject(conn, WireError::kBadDType,
+                  std::string("dtype: key '") + k.name + "' is " + WireDTypeName(k.dtype) +
+                      ", the frame says " + net::DTypeName(h.dtype),
+                  rid);
+  }
+  Chunk& c = GetChunk(*t, *key, h.chunk);
+  const size_t want = c.state.wire_bytes();
+  if (h.payload_bytes != want) {
+    return Reject(conn, WireError::kBadChunk,
+                  "payload_bytes: chunk " + std::to_string(h.chunk) + " of key '" + k.name +
+                      "' needs " + std::to_string(want) + " bytes, got " +
+                      std::to_string(h.payload_bytes),
+                  rid);
+  }
+  const uint32_t rank = conn.id().rank;
+  if (h.opcode == Opcode::kInit) {
+    if (rank != 0) {
+      return Reject(conn, WireError::kInvalidArgument, "rank: only rank 0 may INIT a key", rid);
+    }
+    if (k.init != InitMode::kFromClient) {
+      return Reject(conn, WireError::kInvalidArgument,
+                    "key: '" + k.name + "' starts at zeros (init = zeros); INIT is for keys "
+                    "declared with init = from_client",
+                    rid);
+    }
+    if (c.state.initialized()) {
+      return Reject(conn, WireError::kInvalidArgument,
+                    "chunk: " + std::to_string(h.chunk) + " of key '" + k.name +
+                        "' is already initialized",
+                    rid);
+    }
+    return true;
+  }
+  // PUSH.
+  if (!c.state.initialized()) {
+    return Reject(conn, WireError::kNotReady,
+                  "key: '" + k.name + "' has no initial values yet (rank 0 must INIT it first)",
+                  rid);
+  }
+  if (h.iteration != c.state.version()) {
+    return Reject(conn, WireError::kBadIteration,
+                  "iteration: " + std::to_string(h.iteration) + " for chunk " +
+                      std::to_string(h.chunk) + " of key '" + k.name + "', the hub expects " +
+                      std::to_string(c.state.version()) +
+                      (h.iteration < c.state.version() ? " (stale)" : " (ahead)"),
+                  rid);
+  }
+  if (c.state.has_contributed(rank)) {
+    return Reject(conn, WireError::kDuplicatePush,
+                  "iteration: rank " + std::to_string(rank) + " already pushed chunk " +
+                      std::to_string(h.chunk) + " of key '" + k.name + "' for iteration " +
+                      std::to_string(h.iteration),
+                  rid);
+  }
+  return true;
+}
+
+void LaneService::HandleFrame(LaneConnection& conn, const FrameHeader& h,
+                              std::span<const std::byte> payload) {
+  if (h.opcode == Opcode::kBye) {
+    auto keep = conn.shared_from_this();
+    keep->Close("said BYE");
+    return;
+  }
+  if (h.opcode == Opcode::kHeartbeat) {
+    FrameHeader r;
+    r.opcode = Opcode::kHeartbeat;
+    r.tenant = conn.id().tenant_handle;
+    r.request_id = h.request_id;
+    conn.SendOwned(r, {});
+    return;
+  }
+  Tenant* t = FindTenant(h.tenant);
+  if (!t) {
+    Reject(conn, WireError::kTenantGone, "tenant: was deleted", h.request_id);
+    return;
+  }
+  switch (h.opcode) {
+    case Opcode::kPush: HandlePush(conn, *t, h, payload); break;
+    case Opcode::kInit: HandleInit(conn, *t, h, payload); break;
+    case Opcode::kPull: HandlePull(conn, *t, h); break;
+    case Opcode::kDeclare: HandleDeclare(conn, *t, h, payload); break;
+    case Opcode::kSetOptimizer: HandleSetOptimizer(conn, *t, h, payload); break;
+    default: break;  // AcceptHeader let nothing else through
+  }
+}
+
+void LaneService::SendParams(LaneConnection& conn, const Chunk& c, uint64_t version,
+                             uint64_t request_id, bool copy) {
+  const auto wire = c.state.wire_params(version);
+  const Key* key = nullptr;
+  if (Tenant* t = FindTenant(conn.id().tenant_handle)) {
+    if (auto it = t->keys.find(c.key_id); it != t->keys.end()) key = &it->second;
+  }
+  FrameHeader r;
+  r.opcode = Opcode::kParams;
+  r.tenant = conn.id().tenant_handle;
+  r.key = c.key_id;
+  r.chunk = c.index_in_key;
+  r.dtype = key ? NetDTypeOf(key->info.dtype) : net::DType::kFp32;
+  r.iteration = version;
+  r.request_id = request_id;
+  r.payload_bytes = static_cast<uint32_t>(wire.size());
+  if (copy) {
+    conn.SendOwned(r, std::string(reinterpret_cast<const char*>(wire.data()), wire.size()));
+  } else {
+    // Safe without a copy: the buffer of `version` stays unchanged until
+    // version + 2 is computed, which needs this worker's next push, which it
+    // sends only after receiving this reply (ChunkState double buffering).
+    conn.SendBorrowed(r, wire);
+  }
+}
+
+void LaneService::HandlePush(LaneConnection& conn, Tenant& t, const FrameHeader& h,
+                             std::span<const std::byte> payload) {
+  Key* key = FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  Chunk& c = GetChunk(t, *key, h.chunk);
+  if (h.iteration != c.state.version() || c.state.has_contributed(conn.id().rank)) {
+    // State moved while the payload was read (a worker was lost meanwhile).
+    Reject(conn, WireError::kBadIteration, "iteration: no longer current", h.request_id);
+    return;
+  }
+  const auto result = c.state.Contribute(conn.id().rank, payload);
+  auto& counters = *t.info.counters;
+  counters.pushes.fetch_add(1, std::memory_order_relaxed);
+  counters.bytes_in.fetch_add(payload.size() + net::kHeaderBytes, std::memory_order_relaxed);
+  if (result != aggregation::ChunkState::AddResult::kAccepted &&
+      result != aggregation::ChunkState::AddResult::kComplete) {
+    Reject(conn, WireError::kInternal, "chunk: contribution refused", h.request_id);
+    return;
+  }
+  if (c.pushes.empty()) {
+    c.first_contribution = std::chrono::steady_clock::now();
+    t.pending.insert(ChunkId(c.key_id, c.index_in_key));
+  }
+  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id});
+  if (result != aggregation::ChunkState::AddResult::kComplete) return;
+
+  c.state.Update();
+  const uint64_t v = c.state.version();
+  t.pending.erase(ChunkId(c.key_id, c.index_in_key));
+  if (c.index_in_key == 0) {
+    key->runtime->version.store(v, std::memory_order_relaxed);
+    counters.iterations_completed.fetch_add(1, std::memory_order_relaxed);
+  }
+  for (const Waiter& w : c.pushes) {
+    if (auto wc = w.conn.lock(); wc && wc->open()) SendParams(*wc, c, v, w.request_id, false);
+  }
+  c.pushes.clear();
+}
+
+void LaneService::HandleInit(LaneConnection& conn, Tenant& t, const FrameHeader& h,
+                             std::span<const std::byte> payload) {
+  Key* key = FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  Chunk& c = GetChunk(t, *key, h.chunk);
+  if (c.state.initialized() || !c.state.SetInitial(payload)) {
+    Reject(conn, WireError::kInvalidArgument, "chunk: cannot be initialized now", h.request_id);
+    return;
+  }
+  t.info.counters->bytes_in.fetch_add(payload.size() + net::kHeaderBytes,
+                                      std::memory_order_relaxed);
+  plane_->ChunkInitialized(t.info.handle, key->info.id, key->info.placement.chunk_count);
+  SendParams(conn, c, 0, h.request_id, true);
+  for (const Waiter& w : c.pulls) {
+    if (auto wc = w.conn.lock(); wc && wc->open()) SendParams(*wc, c, 0, w.request_id, true);
+  }
+  c.pulls.clear();
+}
+
+void LaneService::HandlePull(LaneConnection& conn, Tenant& t, const FrameHeader& h) {
+  Key* key = FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  Chunk& c = GetChunk(t, *key, h.chunk);
+  if (!c.state.initialized()) {
+    c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id});
+    return;
+  }
+  // A pull is not part of the push discipline that protects borrowed
+  // buffers, so its reply owns a copy.
+  SendParams(conn, c, c.state.version(), h.request_id, true);
+}
+
+void LaneService::HandleDeclare(LaneConnection& conn, Tenant& t, const FrameHeader& h,
+                                std::span<const std::byte> payload) {
+  dpb::KeyDeclaration decl;
+  if (!decl.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    Reject(conn, WireError::kMalformed, "payload: DECLARE is not a KeyDeclaration", h.request_id);
+    return;
+  }
+  KeySpec spec;
+  spec.tenant = t.info.name;
+  spec.name = decl.name();
+  spec.elements = decl.elements();
+  switch (decl.dtype()) {
+    case pb::DTYPE_UNSPECIFIED:
+    case pb::FP32: spec.dtype = WireDType::kFp32; break;
+    case pb::FP16: spec.dtype = WireDType::kFp16; break;
+    case pb::BF16: spec.dtype = WireDType::kBf16; break;
+    default:
+      conn.SendError(WireError::kInvalidArgument, "dtype: unknown dtype", h.request_id, false);
+      return;
+  }
+  spec.init = decl.init() == pb::FROM_CLIENT ? InitMode::kFromClient : InitMode::kZeros;
+  spec.use_tenant_optimizer = !decl.has_optimizer();
+  if (decl.has_optimizer()) {
+    bool unspecified = false;
+    if (auto e = OptimizerFromProto(decl.optimizer(), &spec.optimizer, &unspecified);
+        !e.empty() || unspecified) {
+      conn.SendError(WireError::kInvalidArgument,
+                     "optimizer." + (e.empty() ? std::string("type: required") : e),
+                     h.request_id, false);
+      return;
+    }
+  }
+  KeyInfo info;
+  bool created = false;
+  const Status s = registry_->DeclareKey(spec, &info, &created);
+  if (!s.ok()) {
+    conn.SendError(WireErrorOf(s), s.message(), h.request_id, false);
+    return;
+  }
+  if (created) {
+    spdlog::info("data: tenant '{}' rank {} declared key '{}' ({} elements)", t.info.name,
+                 conn.id().rank, info.name, info.elements);
+  }
+  dpb::KeyEntry entry;
+  const auto rt = plane_->KeyRuntimeFor(t.info.handle, info.id);
+  FillKeyEntry(info, rt->version.load(std::memory_order_relaxed), &entry);
+  FrameHeader r;
+  r.opcode = Opcode::kKeyInfo;
+  r.tenant = t.info.handle;
+  r.key = info.id;
+  r.request_id = h.request_id;
+  conn.SendOwned(r, entry.SerializeAsString());
+}
+
+void LaneService::HandleSetOptimizer(LaneConnection& conn, Tenant& t, const FrameHeader& h,
+                                     std::span<const std::byte> payload) {
+  dpb::OptimizerUpdate update;
+  if (!update.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    Reject(conn, WireError::kMalformed, "payload: SET_OPTIMIZER is not an OptimizerUpdate",
+           h.request_id);
+    return;
+  }
+  KeyInfo info;
+  Status s = registry_->GetKeyById(t.info.handle, h.key, &info);
+  if (s.ok()) {
+    aggregation::OptimizerConfig cfg;
+    bool keep_type = true;
+    if (auto e = OptimizerFromProto(update.optimizer(), &cfg, &keep_type); !e.empty()) {
+      s = InvalidArgument("optimizer." + e);
+    } else {
+      // The registry tells every lane (this one included) through the observer.
+      s = registry_->SetOptimizer(t.info.name, info.name, cfg, keep_type, &info, h.iteration + 1);
+    }
+  }
+  if (!s.ok()) {
+    conn.SendError(WireErrorOf(s), s.message(), h.request_id, false);
+    return;
+  }
+  // Apply here at once too, so the ACK means "this lane has it".
+  OnOptimizerChanged(t.info.handle, info.id, info.optimizer, h.iteration + 1);
+  FrameHeader r;
+  r.opcode = Opcode::kAck;
+  r.tenant = t.info.handle;
+  r.key = info.id;
+  r.iteration = h.iteration;
+  r.request_id = h.request_id;
+  conn.SendOwned(r, {});
+}
+
+void LaneService::CountBytesOut(LaneConnection& conn, size_t bytes) {
+  if (Tenant* t = FindTenant(conn.id().tenant_handle)) {
+    t->info.counters->bytes_out.fetch_add(bytes, std::memory_order_relaxed);
+  }
+}
+
+void LaneService::OnConnectionClosed(LaneConnection& conn, const std::string& why) {
+  Tenant* t = FindTenant(conn.id().tenant_handle);
+  if (!t) return;
+  const auto it = t->conns.find(conn.id().rank);
+  if (it == t->conns.end() || it->second.get() != &conn) return;  // a refused duplicate
+  auto keep = it->second;
+  t->conns.erase(it);
+  if (lane_ == 0) t->info.counters->workers_connected.fetch_sub(1, std::memory_order_relaxed);
+  spdlog::info("data: tenant '{}' rank {} lane {} disconnected: {}", conn.id().tenant,
+               conn.id().rank, lane_, why);
+  if (shut_down_) return;
+  plane_->WorkerLost(conn.id().tenant_handle, conn.id().rank,
+                     "rank " + std::to_string(conn.id().rank) + " lane " + std::to_string(lane_) +
+                         ": " + why);
+}
+
+void LaneService::OnWorkerLost(uint32_t handle, uint32_t rank, uint64_t before_seq,
+                               const std::string& why) {
+  Tenant* t = FindTenant(handle);
+  if (!t) return;
+  if (auto it = t->conns.find(rank); it != t->conns.end() && t->conn_seq[rank] < before_seq) {
+    auto keep = it->second;
+    keep->SendError(WireError::kWorkerLost,
+                    "worker: another connection of this worker closed (" + why + ")", 0, true);
+  }
+  FailPending(*t, WireError::kWorkerLost,
+              "worker lost: " + why + "; this iteration's partial sums were discarded");
+}
+
+void LaneService::FailPending(Tenant& t, WireError code, const std::string& why) {
+  for (uint64_t id : t.pending) {
+    auto it = t.chunks.find(id);
+    if (it == t.chunks.end()) continue;
+    Chunk& c = *it->second;
+    for (const Waiter& w : c.pushes) {
+      if (auto wc = w.conn.lock(); wc && wc->open()) wc->SendError(code, why, w.request_id, false);
+    }
+    c.pushes.clear();
+    c.state.DiscardPending();
+  }
+  if (!t.pending.empty()) {
+    spdlog::warn("data: tenant '{}' lane {}: failed {} pending chunk update(s): {}", t.info.name,
+                 lane_, t.pending.size(), why);
+  }
+  t.pending.clear();
+}
+
+void LaneService::ArmStragglerTimer() {
+  straggler_timer_.expires_after(kStragglerCheckPeriod);
+  straggler_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || shut_down_) return;
+    CheckStragglers();
+    ArmStragglerTimer();
+  });
+}
+
+void LaneService::CheckStragglers() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto limit = std::chrono::milliseconds(config_.straggler_timeout_ms);
+  for (auto& [handle, t] : tenants_) {
+    bool expired = false;
+    std::string missing;
+    for (uint64_t id : t.pending) {
+      const Chunk& c = *t.chunks.at(id);
+      if (now - c.first_contribution <= limit) continue;
+      expired = true;
+      for (uint32_t r = 0; r < c.state.workers(); ++r) {
+        if (!c.state.has_contributed(r)) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+      }
+      break;
+    }
+    if (expired) {
+      FailPending(t, WireError::kWorkerLost,
+                  "straggler: rank(s) " + missing + " did not push within " +
+                      std::to_string(config_.straggler_timeout_ms) +
+                      " ms (data.straggler_timeout_ms); partial sums were discarded");
+    }
+  }
+}
+
+void LaneService::OnTenantDeleted(uint32_t handle) {
+  Tenant* t = FindTenant(handle);
+  if (!t) return;
+  FailPending(*t, WireError::kTenantGone, "tenant: was deleted");
+  const auto conns = t->conns;  // closing edits the map
+  for (auto& [rank, conn] : conns) {
+    conn->SendError(WireError::kTenantGone, "tenant: '" + t->info.name + "' was deleted", 0, true);
+  }
+  tenants_.erase(handle);
+}
+
+void LaneService::OnKeyDeleted(uint32_t handle, uint32_t key_id) {
+  Tenant* t = FindTenant(handle);
+  if (!t) return;
+  for (auto it = t->chunks.begin(); it != t->chunks.end();) {
+    if (it->second->key_id != key_id) {
+      ++it;
+      continue;
+    }
+    Chunk& c = *it->second;
+    for (const Waiter& w : c.pushes) {
+      if (auto wc = w.conn.lock(); wc && wc->open()) {
+        wc->SendError(WireError::kTenantGone, "key: was deleted", w.request_id, false);
+      }
+    }
+    t->pending.erase(it->first);
+    it = t->chunks.erase(it);
+  }
+  t->keys.erase(key_id);
+}
+
+void LaneService::OnOptimizerChanged(uint32_t handle, uint32_t key_id,
+                                     const aggregation::OptimizerConfig& optimizer,
+                                     uint64_t from_update) {
+  Tenant* t = FindTenant(handle);
+  if (!t) return;
+  if (auto it = t->keys.find(key_id); it != t->keys.end()) it->second.info.optimizer = optimizer;
+  for (auto& [id, chunk] : t->chunks) {
+    if (chunk->key_id == key_id) chunk->state.SetOptimizer(optimizer, from_update);
+  }
+}
+
+void LaneService::Shutdown() {
+  shut_down_ = true;
+  straggler_timer_.cancel();
+  for (auto& [handle, t] : tenants_) {
+    FailPending(t, WireError::kShuttingDown, "the hub is shutting down");
+    const auto conns = t.conns;
+    for (auto& [rank, conn] : conns) {
+      conn->SendError(WireError::kShuttingDown, "the hub is shutting down", 0, true);
+    }
+  }
+}
+
+}  // namespace rackhub::server

@@ -1,0 +1,133 @@
+// The data-plane state of one lane: its connections (one per worker of each
+// tenant), the chunks it owns (tenant-wide index g with g % lanes == lane),
+// and the synchronous push/update/reply protocol (DESIGN.md §2).
+//
+// Thread safety: shared-nothing. Every member runs on the lane's own thread;
+// other threads reach it only through LaneSet::Post. No locks on the
+// per-chunk path: the registry's lock is taken only the first time a lane
+// sees a key, and for control frames (DECLARE, SET_OPTIMIZER).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "config.h"
+#include "lane_connection.h"
+#include "rackhub/aggregation/chunk_state.h"
+#include "rackhub/net/asio.h"
+#include "rackhub/net/frame.h"
+#include "registry.h"
+
+namespace rackhub::server {
+
+class DataPlane;
+struct KeyRuntime;
+
+class LaneService {
+ public:
+  LaneService(uint32_t lane, uint32_t lanes, const DataConfig& config, Registry* registry,
+              DataPlane* plane, boost::asio::io_context* io);
+  ~LaneService();
+
+  uint32_t lane() const { return lane_; }
+
+  // Called on the lane thread (posted by the acceptor): takes over an
+  // authenticated socket, sends WELCOME and starts reading.
+  void Adopt(boost::asio::ip::tcp::socket socket, ConnectionIdentity id, uint64_t seq);
+
+  // LaneConnection callbacks.
+  // Validates a header against the lane's state before its payload is read;
+  // on failure sends the ERROR (fatal) and returns false.
+  bool AcceptHeader(LaneConnection& conn, const net::FrameHeader& h);
+  void HandleFrame(LaneConnection& conn, const net::FrameHeader& h,
+                   std::span<const std::byte> payload);
+  void OnConnectionClosed(LaneConnection& conn, const std::string& why);
+  void CountBytesOut(LaneConnection& conn, size_t bytes);
+
+  // Posted by the DataPlane.
+  // A connection of (tenant, rank) adopted with sequence < `before_seq` was
+  // lost: close this lane's older connections of that rank and fail the
+  // tenant's pending updates.
+  void OnWorkerLost(uint32_t handle, uint32_t rank, uint64_t before_seq, const std::string& why);
+  void OnTenantDeleted(uint32_t handle);
+  void OnKeyDeleted(uint32_t handle, uint32_t key_id);
+  void OnOptimizerChanged(uint32_t handle, uint32_t key_id,
+                          const aggregation::OptimizerConfig& optimizer, uint64_t from_update);
+  // Closes every connection with a fatal SHUTTING_DOWN error.
+  void Shutdown();
+  size_t connection_count() const;
+
+ private:
+  struct Waiter {
+    std::weak_ptr<LaneConnection> conn;
+    uint64_t request_id = 0;
+  };
+  struct Chunk {
+    aggregation::ChunkState state;
+    uint32_t key_id;
+    uint32_t index_in_key;
+    std::vector<Waiter> pushes;  // waiting for this update
+    std::vector<Waiter> pulls;   // waiting for initial values
+    std::chrono::steady_clock::time_point first_contribution;
+  };
+  struct Key {
+    KeyInfo info;
+    std::shared_ptr<KeyRuntime> runtime;
+  };
+  struct Tenant {
+    TenantInfo info;
+    std::map<uint32_t, std::shared_ptr<LaneConnection>> conns;  // by rank
+    std::map<uint32_t, uint64_t> conn_seq;                      // by rank
+    std::unordered_map<uint32_t, Key> keys;                     // by id
+    std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks;  // by (key id << 32 | chunk)
+    std::unordered_set<uint64_t> pending;  // chunks with some contributions
+  };
+
+  static uint64_t ChunkId(uint32_t key, uint32_t chunk) {
+    return (static_cast<uint64_t>(key) << 32) | chunk;
+  }
+  Tenant* FindTenant(uint32_t handle);
+  // The key (cached, else from the registry); nullptr if unknown.
+  Key* FindKey(Tenant& t, uint32_t key_id);
+  // The chunk's state, created on first use.
+  Chunk& GetChunk(Tenant& t, Key& key, uint32_t chunk);
+  bool Reject(LaneConnection& conn, net::WireError code, const std::string& text,
+              uint64_t request_id);
+
+  void HandlePush(LaneConnection& conn, Tenant& t, const net::FrameHeader& h,
+                  std::span<const std::byte> payload);
+  void HandleInit(LaneConnection& conn, Tenant& t, const net::FrameHeader& h,
+                  std::span<const std::byte> payload);
+  void HandlePull(LaneConnection& conn, Tenant& t, const net::FrameHeader& h);
+  void HandleDeclare(LaneConnection& conn, Tenant& t, const net::FrameHeader& h,
+                     std::span<const std::byte> payload);
+  void HandleSetOptimizer(LaneConnection& conn, Tenant& t, const net::FrameHeader& h,
+                          std::span<const std::byte> payload);
+  void SendParams(LaneConnection& conn, const Chunk& c, uint64_t version, uint64_t request_id,
+                  bool copy);
+  // Fails every waiting push of the tenant (some contributions in) with
+  // `code` and discards their partial sums.
+  void FailPending(Tenant& t, net::WireError code, const std::string& why);
+  void ArmStragglerTimer();
+  void CheckStragglers();
+  std::string WelcomePayload(const Tenant& t);
+
+  const uint32_t lane_;
+  const uint32_t lanes_;
+  const DataConfig config_;
+  Registry* registry_;
+  DataPlane* plane_;
+  boost::asio::io_context* io_;
+  boost::asio::steady_timer straggler_timer_;
+  std::unordered_map<uint32_t, Tenant> tenants_;  // by handle
+  bool shut_down_ = false;
+};
+
+}  // namespace rackhub::server

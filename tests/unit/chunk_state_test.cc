@@ -1,0 +1,385 @@
+// Unit tests for ChunkState: rank-ordered (reproducible) accumulation,
+// contribution checks, double-buffered parameters, wire types, optimizer
+// changes, discarding and initial values.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "rackhub/aggregation/chunk_state.h"
+#include "rackhub/aggregation/kernels.h"
+#include "rackhub/aggregation/optimizer_config.h"
+
+namespace rackhub::aggregation {
+namespace {
+
+using AddResult = ChunkState::AddResult;
+
+OptimizerConfig Config(OptimizerType type, double lr, double momentum = 0,
+                       Reduction reduction = Reduction::kMean) {
+  OptimizerConfig c;
+  c.type = type;
+  c.learning_rate = lr;
+  c.momentum = momentum;
+  c.reduction = reduction;
+  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  return c;
+}
+
+std::vector<std::byte> Wire(const std::vector<float>& v, ElementType type) {
+  std::vector<std::byte> out(v.size() * ElementBytes(type));
+  CopyOut(out.data(), v.data(), v.size(), type);
+  return out;
+}
+
+// Gradients whose fp32 sum depends on the order of addition (mixed
+// magnitudes), so an order-dependent implementation would be caught.
+std::vector<std::vector<float>> Gradients(uint32_t workers, uint32_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<std::vector<float>> g(workers, std::vector<float>(n));
+  for (uint32_t r = 0; r < workers; ++r) {
+    const float scale = r % 2 ? 1e4f : 1e-3f;
+    for (auto& x : g[r]) x = dist(rng) * scale;
+  }
+  return g;
+}
+
+// The expected result, computed with the kernels directly: rank-ordered sum
+// then one optimizer step.
+std::vector<float> Expected(const std::vector<std::vector<float>>& g, const OptimizerConfig& c,
+                            const std::vector<float>& p_old, std::vector<float>* s0,
+                            std::vector<float>* s1, uint64_t t) {
+  const size_t n = p_old.size();
+  std::vector<float> acc(g[0]);
+  for (size_t r = 1; r < g.size(); ++r) AddIn(acc.data(), g[r].data(), n, ElementType::kFp32);
+  std::vector<float> out(n);
+  const float scale =
+      c.reduction == Reduction::kMean ? static_cast<float>(1.0 / g.size()) : 1.0f;
+  ApplyOptimizer(c, OptimizerStep{scale, t}, acc.data(), p_old.data(), out.data(), s0->data(),
+                 s1->data(), n);
+  return out;
+}
+
+std::vector<float> Copy(std::span<const float> s) { return {s.begin(), s.end()}; }
+
+TEST(ChunkStateTest, ConstructionDefaults) {
+  ChunkState cs(100, 3, Config(OptimizerType::kSgd, 0.1), ElementType::kFp16);
+  EXPECT_EQ(cs.elements(), 100u);
+  EXPECT_EQ(cs.workers(), 3u);
+  EXPECT_EQ(cs.wire_type(), ElementType::kFp16);
+  EXPECT_EQ(cs.wire_bytes(), 200u);
+  EXPECT_EQ(cs.version(), 0u);
+  EXPECT_FALSE(cs.initialized());
+  EXPECT_EQ(cs.contributions(), 0u);
+  ASSERT_EQ(cs.params(0).size(), 100u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(cs.params(0).data()) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(cs.wire_params(0).data()) % 64, 0u);
+  for (float x : cs.params(0)) EXPECT_EQ(x, 0.0f);
+  for (std::byte b : cs.wire_params(0)) EXPECT_EQ(b, std::byte{0});
+  EXPECT_TRUE(cs.params(1).empty());
+  cs.MarkInitialized();
+  EXPECT_TRUE(cs.initialized());
+}
+
+TEST(ChunkStateTest, AllArrivalOrdersGiveBitwiseIdenticalResults) {
+  constexpr uint32_t kWorkers = 4, kN = 1000;
+  const OptimizerConfig cfg = Config(OptimizerType::kMomentum, 0.05, 0.9);
+  // Two updates so the optimizer state takes part too.
+  const auto g1 = Gradients(kWorkers, kN, 1), g2 = Gradients(kWorkers, kN, 2);
+  std::vector<float> p0(kN), s0(kN), s1(kN);
+  for (uint32_t i = 0; i < kN; ++i) p0[i] = static_cast<float>(i) * 1e-3f;
+  const auto e1 = Expected(g1, cfg, p0, &s0, &s1, 1);
+  const auto e2 = Expected(g2, cfg, e1, &s0, &s1, 2);
+
+  // Sanity: the data is order-sensitive (reverse order sums differently).
+  std::vector<float> fwd(g1[0]), rev(g1[3]);
+  for (int r = 1; r < 4; ++r) AddIn(fwd.data(), g1[r].data(), kN, ElementType::kFp32);
+  for (int r = 2; r >= 0; --r) AddIn(rev.data(), g1[r].data(), kN, ElementType::kFp32);
+  ASSERT_NE(std::memcmp(fwd.data(), rev.data(), kN * 4), 0);
+
+  std::array<uint32_t, kWorkers> order = {0, 1, 2, 3};
+  int permutations = 0;
+  do {
+    ChunkState cs(kN, kWorkers, cfg, ElementType::kFp32);
+    ASSERT_TRUE(cs.SetInitial(std::span<const float>(p0)));
+    for (const auto* g : {&g1, &g2}) {
+      for (uint32_t k = 0; k < kWorkers; ++k) {
+        const auto bytes = Wire((*g)[order[k]], ElementType::kFp32);
+        const AddResult want = k + 1 == kWorkers ? AddResult::kComplete : AddResult::kAccepted;
+        ASSERT_EQ(cs.Contribute(order[k], bytes), want);
+        EXPECT_EQ(cs.contributions(), k + 1);
+        EXPECT_TRUE(cs.has_contributed(order[k]));
+      }
+      cs.Update();
+    }
+    ASSERT_EQ(cs.version(), 2u);
+    ASSERT_EQ(std::memcmp(cs.params(1).data(), e1.data(), kN * 4), 0) << permutations;
+    ASSERT_EQ(std::memcmp(cs.params(2).data(), e2.data(), kN * 4), 0) << permutations;
+    ++permutations;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(permutations, 24);
+}
+
+TEST(ChunkStateTest, RejectsDuplicateBadRankBadSizeWithoutChanges) {
+  constexpr uint32_t kN = 16;
+  const OptimizerConfig cfg = Config(OptimizerType::kSgd, 0.5, 0, Reduction::kSum);
+  const auto g = Gradients(3, kN, 7);
+  ChunkState cs(kN, 3, cfg, ElementType::kFp32);
+  cs.MarkInitialized();
+  const auto other = Wire(std::vector<float>(kN, 123.0f), ElementType::kFp32);
+
+  EXPECT_EQ(cs.Contribute(2, Wire(g[2], ElementType::kFp32)), AddResult::kAccepted);  // parked
+  EXPECT_EQ(cs.Contribute(2, other), AddResult::kDuplicate);
+  EXPECT_EQ(cs.Contribute(0, Wire(g[0], ElementType::kFp32)), AddResult::kAccepted);
+  EXPECT_EQ(cs.Contribute(0, other), AddResult::kDuplicate);
+  EXPECT_EQ(cs.Contribute(3, other), AddResult::kBadRank);
+  EXPECT_EQ(cs.Contribute(UINT32_MAX, other), AddResult::kBadRank);
+  const auto good = Wire(g[1], ElementType::kFp32);
+  EXPECT_EQ(cs.Contribute(1, std::span(good).first(good.size() - 1)), AddResult::kBadSize);
+  std::vector<std::byte> longer(good);
+  longer.resize(good.size() + 4);
+  EXPECT_EQ(cs.Contribute(1, longer), AddResult::kBadSize);
+  EXPECT_EQ(cs.Contribute(1, std::span<const std::byte>()), AddResult::kBadSize);
+  EXPECT_EQ(cs.contributions(), 2u);
+  EXPECT_FALSE(cs.has_contributed(1));
+  EXPECT_FALSE(cs.has_contributed(3));
+  EXPECT_EQ(cs.Contribute(1, good), AddResult::kComplete);
+  EXPECT_EQ(cs.Contribute(1, good), AddResult::kDuplicate);
+  cs.Update();
+
+  std::vector<float> p0(kN), s0(kN), s1(kN);
+  const auto want = Expected(g, cfg, p0, &s0, &s1, 1);
+  EXPECT_EQ(std::memcmp(cs.params(1).data(), want.data(), kN * 4), 0);
+}
+
+TEST(ChunkStateTest, VersionsAdvanceAndDoubleBufferingKeepsPreviousVersion) {
+  constexpr uint32_t kN = 64;
+  ChunkState cs(kN, 2, Config(OptimizerType::kSgd, 0.1), ElementType::kFp32);
+  cs.MarkInitialized();
+  std::vector<std::span<const float>> held;
+  std::vector<std::vector<float>> copies;
+  for (uint64_t v = 0; v < 5; ++v) {
+    ASSERT_EQ(cs.version(), v);
+    held.push_back(cs.params(v));
+    copies.push_back(Copy(cs.params(v)));
+    for (uint32_t r : {1u, 0u}) {
+      const auto g = Wire(std::vector<float>(kN, static_cast<float>(v + r + 1)), ElementType::kFp32);
+      cs.Contribute(r, g);
+    }
+    cs.Update();
+    // The reply of version v, taken before the update, is still intact and
+    // still served for v (now version() - 1).
+    ASSERT_EQ(cs.version(), v + 1);
+    EXPECT_EQ(cs.params(v).data(), held[v].data());
+    EXPECT_EQ(std::memcmp(held[v].data(), copies[v].data(), kN * 4), 0) << v;
+    EXPECT_NE(std::memcmp(cs.params(v + 1).data(), copies[v].data(), kN * 4), 0) << v;
+    if (v >= 1) {
+      // Version v - 1 is too old now; its buffer holds version v + 1.
+      EXPECT_TRUE(cs.params(v - 1).empty());
+      EXPECT_TRUE(cs.wire_params(v - 1).empty());
+      EXPECT_EQ(cs.params(v + 1).data(), held[v - 1].data());
+    }
+    EXPECT_TRUE(cs.params(v + 2).empty());
+    EXPECT_EQ(cs.contributions(), 0u);
+    EXPECT_FALSE(cs.has_contributed(0));
+  }
+  // SGD with lr 0.1, mean of (v+1, v+2) = v + 1.5 each step: p_5 = -0.1 * sum.
+  EXPECT_NEAR(cs.params(5)[0], -0.1 * (1.5 + 2.5 + 3.5 + 4.5 + 5.5), 1e-5);
+}
+
+class WireTypeTest : public ::testing::TestWithParam<ElementType> {};
+
+TEST_P(WireTypeTest, EndToEndInWireType) {
+  const ElementType type = GetParam();
+  constexpr uint32_t kN = 33, kWorkers = 3;
+  const OptimizerConfig cfg = Config(OptimizerType::kSgd, 0.25, 0, Reduction::kSum);
+  std::vector<float> init(kN);
+  std::vector<std::vector<float>> g(kWorkers, std::vector<float>(kN));
+  for (uint32_t i = 0; i < kN; ++i) {
+    init[i] = 0.5f * static_cast<float>(i) - 3.0f;  // exact in fp16 and bf16
+    for (uint32_t r = 0; r < kWorkers; ++r) g[r][i] = static_cast<float>(r + 1) * 0.125f * i;
+  }
+  ChunkState cs(kN, kWorkers, cfg, type);
+  const auto init_wire = Wire(init, type);
+  ASSERT_TRUE(cs.SetInitial(init_wire));
+  EXPECT_TRUE(cs.initialized());
+  EXPECT_EQ(std::memcmp(cs.params(0).data(), init.data(), kN * 4), 0);
+  ASSERT_EQ(cs.wire_params(0).size(), init_wire.size());
+  EXPECT_EQ(std::memcmp(cs.wire_params(0).data(), init_wire.data(), init_wire.size()), 0);
+
+  for (uint32_t r : {2u, 0u, 1u}) cs.Contribute(r, Wire(g[r], type));
+  cs.Update();
+  std::vector<float> want(kN);
+  for (uint32_t i = 0; i < kN; ++i) {
+    const float sum = g[0][i] + g[1][i] + g[2][i];
+    want[i] = init[i] - 0.25f * sum;
+  }
+  EXPECT_EQ(std::memcmp(cs.params(1).data(), want.data(), kN * 4), 0);
+  // The wire copy is the fp32 master converted (round to nearest even).
+  const auto want_wire = Wire(want, type);
+  ASSERT_EQ(cs.wire_params(1).size(), kN * ElementBytes(type));
+  EXPECT_EQ(std::memcmp(cs.wire_params(1).data(), want_wire.data(), want_wire.size()), 0);
+  // The previous version's wire copy is untouched.
+  EXPECT_EQ(std::memcmp(cs.wire_params(0).data(), init_wire.data(), init_wire.size()), 0);
+  if (type == ElementType::kFp32) {
+    EXPECT_EQ(static_cast<const void*>(cs.wire_params(1).data()),
+              static_cast<const void*>(cs.params(1).data()));
+  }
+  // A payload sized for fp32 is rejected for the 2-byte types (and vice versa).
+  const auto wrong = Wire(g[0], type == ElementType::kFp32 ? ElementType::kFp16 : ElementType::kFp32);
+  EXPECT_EQ(cs.Contribute(0, wrong), AddResult::kBadSize);
+}
+
+TEST_P(WireTypeTest, NonRepresentableMasterIsRoundedOnlyInWireCopy) {
+  const ElementType type = GetParam();
+  ChunkState cs(4, 1, Config(OptimizerType::kSgd, 0.1, 0, Reduction::kSum), type);
+  cs.MarkInitialized();
+  const std::vector<float> g = {1.0f, 3.0f, -7.0f, 0.5f};
+  ASSERT_EQ(cs.Contribute(0, Wire(g, type)), AddResult::kComplete);
+  cs.Update();
+  std::vector<float> want(4);
+  for (int i = 0; i < 4; ++i) want[i] = 0.0f - 0.1f * g[i];
+  EXPECT_EQ(std::memcmp(cs.params(1).data(), want.data(), 16), 0);  // fp32 master kept exact
+  const auto want_wire = Wire(want, type);
+  EXPECT_EQ(std::memcmp(cs.wire_params(1).data(), want_wire.data(), want_wire.size()), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, WireTypeTest,
+                         ::testing::Values(ElementType::kFp32, ElementType::kFp16,
+                                           ElementType::kBf16),
+                         [](const auto& info) { return std::string(ElementTypeName(info.param)); });
+
+TEST(ChunkStateTest, SetOptimizerAppliesFromTheGivenUpdate) {
+  ChunkState cs(1, 1, Config(OptimizerType::kSgd, 0.1, 0, Reduction::kSum), ElementType::kFp32);
+  cs.MarkInitialized();
+  const auto one = Wire({1.0f}, ElementType::kFp32);
+  cs.SetOptimizer(Config(OptimizerType::kSgd, 0.5, 0, Reduction::kSum), 3);
+  cs.SetOptimizer(Config(OptimizerType::kSgd, 0.25, 0, Reduction::kSum), 3);  // replaces
+  EXPECT_TRUE(cs.has_pending_optimizer());
+  float p = 0.0f;
+  const float lrs[] = {0.1f, 0.1f, 0.25f, 0.25f};
+  for (int t = 1; t <= 4; ++t) {
+    ASSERT_EQ(cs.Contribute(0, one), AddResult::kComplete);
+    cs.Update();
+    p = p - lrs[t - 1] * 1.0f;
+    EXPECT_EQ(cs.params(t)[0], p) << "t=" << t;
+    EXPECT_EQ(cs.optimizer().learning_rate, t < 3 ? 0.1 : 0.25) << "t=" << t;
+  }
+  EXPECT_FALSE(cs.has_pending_optimizer());
+  // A from_update already passed applies to the next update.
+  cs.SetOptimizer(Config(OptimizerType::kSgd, 2.0, 0, Reduction::kSum), 1);
+  cs.Contribute(0, one);
+  cs.Update();
+  EXPECT_EQ(cs.params(5)[0], p - 2.0f);
+}
+
+TEST(ChunkStateTest, MeanReductionScalesByWorkers) {
+  ChunkState cs(2, 4, Config(OptimizerType::kSumOnly, 0), ElementType::kFp32);
+  cs.MarkInitialized();
+  for (uint32_t r = 0; r < 4; ++r) cs.Contribute(r, Wire({1.0f, static_cast<float>(r)}, ElementType::kFp32));
+  cs.Update();
+  EXPECT_EQ(cs.params(1)[0], 1.0f);
+  EXPECT_EQ(cs.params(1)[1], 1.5f);
+}
+
+TEST(ChunkStateTest, DiscardPendingLetsSameRanksContributeAgain) {
+  constexpr uint32_t kN = 8;
+  const OptimizerConfig cfg = Config(OptimizerType::kSgd, 0.5);
+  ChunkState cs(kN, 3, cfg, ElementType::kBf16);
+  cs.MarkInitialized();
+  const auto junk = Wire(std::vector<float>(kN, 1000.0f), ElementType::kBf16);
+  EXPECT_EQ(cs.Contribute(2, junk), AddResult::kAccepted);  // parked out of order
+  EXPECT_EQ(cs.Contribute(0, junk), AddResult::kAccepted);
+  cs.DiscardPending();
+  EXPECT_EQ(cs.contributions(), 0u);
+  EXPECT_FALSE(cs.has_contributed(0));
+  EXPECT_FALSE(cs.has_contributed(2));
+  EXPECT_EQ(cs.version(), 0u);
+  for (uint32_t r : {2u, 1u, 0u}) {
+    const auto g = Wire(std::vector<float>(kN, static_cast<float>(r + 1)), ElementType::kBf16);
+    EXPECT_EQ(cs.Contribute(r, g), r == 0 ? AddResult::kComplete : AddResult::kAccepted);
+  }
+  cs.Update();
+  // mean(1, 2, 3) = 2; p = 0 - 0.5 * 2.
+  for (float x : cs.params(1)) EXPECT_EQ(x, -1.0f);
+}
+
+TEST(ChunkStateTest, SpareBuffersAreReusedAcrossUpdates) {
+  // Reverse arrival every time parks all but rank 0; results stay exact.
+  constexpr uint32_t kW = 5, kN = 9;
+  ChunkState cs(kN, kW, Config(OptimizerType::kSumOnly, 0, 0, Reduction::kSum), ElementType::kFp16);
+  cs.MarkInitialized();
+  for (uint64_t it = 1; it <= 3; ++it) {
+    for (uint32_t k = kW; k-- > 0;) {
+      const auto g = Wire(std::vector<float>(kN, static_cast<float>(k * it)), ElementType::kFp16);
+      cs.Contribute(k, g);
+    }
+    cs.Update();
+    for (float x : cs.params(it)) EXPECT_EQ(x, static_cast<float>(10 * it));
+  }
+}
+
+TEST(ChunkStateTest, SetInitialRules) {
+  constexpr uint32_t kN = 4;
+  ChunkState cs(kN, 2, Config(OptimizerType::kSgd, 0.1), ElementType::kFp32);
+  const std::vector<float> init = {1, 2, 3, 4};
+  EXPECT_FALSE(cs.SetInitial(std::span<const float>(init).first(3)));  // wrong size
+  EXPECT_FALSE(cs.SetInitial(std::span<const std::byte>(Wire({1, 2, 3}, ElementType::kFp32))));
+  EXPECT_FALSE(cs.initialized());
+  EXPECT_TRUE(cs.SetInitial(std::span<const float>(init)));
+  EXPECT_TRUE(cs.initialized());
+  EXPECT_EQ(Copy(cs.params(0)), init);
+  const auto g = Wire(std::vector<float>(kN, 0.0f), ElementType::kFp32);
+  cs.Contribute(1, g);
+  EXPECT_FALSE(cs.SetInitial(std::span<const float>(init)));  // contribution pending
+  cs.Contribute(0, g);
+  cs.Update();
+  EXPECT_FALSE(cs.SetInitial(std::span<const float>(init)));  // version 1
+  EXPECT_EQ(Copy(cs.params(1)), init);  // zero gradient, no weight decay
+
+  // The fp32 overload of a bf16 chunk fills the wire copy too.
+  ChunkState bf(2, 1, Config(OptimizerType::kSgd, 0.1), ElementType::kBf16);
+  const std::vector<float> vals = {1.0f, -2.5f};
+  ASSERT_TRUE(bf.SetInitial(std::span<const float>(vals)));
+  const auto want = Wire(vals, ElementType::kBf16);
+  EXPECT_EQ(std::memcmp(bf.wire_params(0).data(), want.data(), want.size()), 0);
+}
+
+TEST(ChunkStateTest, AdaGradStateStartsAtInitialAccumulator) {
+  OptimizerConfig c;
+  c.type = OptimizerType::kAdaGrad;
+  c.learning_rate = 0.5;
+  c.initial_accumulator = 3.0;
+  c.reduction = Reduction::kSum;
+  ASSERT_EQ(NormalizeOptimizer(&c), "");
+  ChunkState cs(1, 1, c, ElementType::kFp32);
+  cs.MarkInitialized();
+  cs.Contribute(0, Wire({1.0f}, ElementType::kFp32));
+  cs.Update();
+  // s = 3 + 1 = 4; p = 0 - 0.5 * 1 / (2 + 1e-10).
+  EXPECT_NEAR(cs.params(1)[0], -0.25f, 1e-7);
+}
+
+TEST(ChunkStateTest, SingleWorkerAndAdamState) {
+  const OptimizerConfig c = Config(OptimizerType::kAdam, 0.01);
+  ChunkState cs(3, 1, c, ElementType::kFp32);
+  cs.MarkInitialized();
+  std::vector<float> p(3), m(3), v(3);
+  for (uint64_t t = 1; t <= 3; ++t) {
+    const std::vector<float> g = {0.5f * t, -1.0f, 2.0f};
+    ASSERT_EQ(cs.Contribute(0, Wire(g, ElementType::kFp32)), AddResult::kComplete);
+    cs.Update();
+    const auto want = Expected({g}, c, p, &m, &v, t);
+    EXPECT_EQ(Copy(cs.params(t)), want) << t;
+    p = want;
+  }
+}
+
+}  // namespace
+}  // namespace rackhub::aggregation

@@ -1,0 +1,547 @@
+// Unit tests for rackhubd configuration (TOML file + flags + validation) and
+// the size-text helpers.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "size_text.h"
+
+namespace rackhub::server {
+namespace {
+
+// A file under the test temp dir, removed when the object goes away.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& content) {
+    static std::atomic<int> counter{0};
+    path_ = (std::filesystem::path(::testing::TempDir()) /
+             ("rackhub_config_test_" + std::to_string(getpid()) + "_" +
+              std::to_string(counter++)))
+                .string();
+    std::ofstream(path_, std::ios::binary) << content;
+  }
+  ~TempFile() { std::filesystem::remove(path_); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::vector<std::string> Parse(const std::string& text, Config* config) {
+  std::vector<std::string> errors;
+  ParseConfigText(text, "test.toml", config, &errors);
+  return errors;
+}
+
+bool StartsWith(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// Asserts exactly one error, starting with `field` and mentioning `needle`.
+void ExpectOneError(const std::vector<std::string>& errors, const std::string& field,
+                    const std::string& needle = "") {
+  ASSERT_EQ(errors.size(), 1u) << ::testing::PrintToString(errors);
+  EXPECT_TRUE(StartsWith(errors[0], field + ": ")) << errors[0];
+  EXPECT_NE(errors[0].find(needle), std::string::npos) << errors[0];
+}
+
+bool AnyStartsWith(const std::vector<std::string>& errors, const std::string& prefix) {
+  for (const auto& e : errors)
+    if (StartsWith(e, prefix)) return true;
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// ParseConfigText
+
+TEST(ParseConfigTextTest, EmptyTextKeepsDefaults) {
+  Config c;
+  EXPECT_TRUE(Parse("", &c).empty());
+  EXPECT_EQ(c.log_level, "info");
+  EXPECT_EQ(c.admin.listen.ToString(), "127.0.0.1:7701");
+  EXPECT_EQ(c.data.listen.ToString(), "127.0.0.1:7700");
+  EXPECT_EQ(c.lanes.count, 0u);
+  EXPECT_TRUE(c.lanes.pin);
+  EXPECT_EQ(c.tenants.chunk_bytes, 32u * 1024);
+}
+
+TEST(ParseConfigTextTest, FullFileSetsEveryField) {
+  const std::string text = R"(
+log_level = "debug"
+ready_file = "/run/rackhub/ready"
+
+[admin]
+listen = "0.0.0.0:9001"
+token_file = "/etc/rackhub/admin.token"
+readonly_token_file = "/etc/rackhub/ro.token"
+tls_cert_file = "/etc/rackhub/cert.pem"
+tls_key_file = "/etc/rackhub/key.pem"
+tls_client_ca_file = "/etc/rackhub/ca.pem"
+max_message_bytes = "8MiB"
+
+[data]
+listen = "[::1]:9000"
+straggler_timeout_ms = 1500
+hello_timeout_ms = 2500
+
+[lanes]
+count = 6
+pin = false
+
+[tenants]
+default_chunk_bytes = "64KiB"
+default_max_parameter_bytes = "2GiB"
+default_max_keys = 1000
+default_max_workers = 32
+max_tenants = 7
+)";
+  Config c;
+  const auto errors = Parse(text, &c);
+  ASSERT_TRUE(errors.empty()) << ::testing::PrintToString(errors);
+  EXPECT_EQ(c.log_level, "debug");
+  EXPECT_EQ(c.ready_file, "/run/rackhub/ready");
+  EXPECT_EQ(c.admin.listen.host, "0.0.0.0");
+  EXPECT_EQ(c.admin.listen.port, 9001);
+  EXPECT_EQ(c.admin.token_file, "/etc/rackhub/admin.token");
+  EXPECT_EQ(c.admin.readonly_token_file, "/etc/rackhub/ro.token");
+  EXPECT_EQ(c.admin.tls_cert_file, "/etc/rackhub/cert.pem");
+  EXPECT_EQ(c.admin.tls_key_file, "/etc/rackhub/key.pem");
+  EXPECT_EQ(c.admin.tls_client_ca_file, "/etc/rackhub/ca.pem");
+  EXPECT_EQ(c.admin.max_message_bytes, 8u << 20);
+  EXPECT_EQ(c.data.listen.host, "::1");
+  EXPECT_EQ(c.data.listen.port, 9000);
+  EXPECT_EQ(c.data.straggler_timeout_ms, 1500u);
+  EXPECT_EQ(c.data.hello_timeout_ms, 2500u);
+  EXPECT_EQ(c.lanes.count, 6u);
+  EXPECT_FALSE(c.lanes.pin);
+  EXPECT_EQ(c.tenants.chunk_bytes, 64u * 1024);
+  EXPECT_EQ(c.tenants.max_parameter_bytes, 2ull << 30);
+  EXPECT_EQ(c.tenants.max_keys, 1000u);
+  EXPECT_EQ(c.tenants.max_workers, 32u);
+  EXPECT_EQ(c.tenants.max_tenants, 7u);
+}
+
+TEST(ParseConfigTextTest, DottedKeysAndPlainIntegersForSizes) {
+  Config c;
+  const auto errors =
+      Parse("tenants.default_chunk_bytes = 4096\nadmin.max_message_bytes = 65536\n", &c);
+  ASSERT_TRUE(errors.empty()) << ::testing::PrintToString(errors);
+  EXPECT_EQ(c.tenants.chunk_bytes, 4096u);
+  EXPECT_EQ(c.admin.max_message_bytes, 65536u);
+}
+
+TEST(ParseConfigTextTest, UnknownKeyNamesDottedFieldAndLine) {
+  Config c;
+  const auto errors = Parse("log_level = \"warn\"\n[admin]\ntokn_file = \"/x\"\n", &c);
+  ExpectOneError(errors, "admin.tokn_file", "unknown key");
+  EXPECT_NE(errors[0].find("test.toml:3"), std::string::npos) << errors[0];
+  EXPECT_EQ(c.log_level, "warn");  // the valid field is still applied
+}
+
+TEST(ParseConfigTextTest, UnknownSection) {
+  Config c;
+  const auto errors = Parse("[storage]\npath = \"/x\"\n", &c);
+  ExpectOneError(errors, "storage", "unknown section");
+  // A table named like a leaf field is not a section either.
+  ExpectOneError(Parse("[admin.listen]\nhost = \"x\"\n", &c), "admin.listen", "unknown section");
+  ExpectOneError(Parse("\n\nloglevel = \"info\"\n", &c), "loglevel", "test.toml:3");
+}
+
+TEST(ParseConfigTextTest, StringWhereIntegerExpected) {
+  Config c;
+  const auto errors = Parse("[lanes]\ncount = \"4\"\n", &c);
+  ExpectOneError(errors, "lanes.count", "expected an integer");
+  EXPECT_NE(errors[0].find("test.toml:2"), std::string::npos) << errors[0];
+  EXPECT_EQ(c.lanes.count, 0u);
+}
+
+TEST(ParseConfigTextTest, IntegerWhereBoolOrStringExpected) {
+  Config c;
+  ExpectOneError(Parse("[lanes]\npin = 1\n", &c), "lanes.pin", "true or false");
+  EXPECT_TRUE(c.lanes.pin);
+  ExpectOneError(Parse("log_level = 3\n", &c), "log_level", "expected a string");
+  ExpectOneError(Parse("[data]\nlisten = 7700\n", &c), "data.listen", "expected a string");
+}
+
+TEST(ParseConfigTextTest, FloatForSizeIsRejected) {
+  Config c;
+  ExpectOneError(Parse("[admin]\nmax_message_bytes = 1.5\n", &c), "admin.max_message_bytes",
+                 "size string");
+}
+
+TEST(ParseConfigTextTest, NegativeInteger) {
+  Config c;
+  ExpectOneError(Parse("[tenants]\ndefault_max_keys = -5\n", &c), "tenants.default_max_keys",
+                 "negative");
+  ExpectOneError(Parse("[admin]\nmax_message_bytes = -1\n", &c), "admin.max_message_bytes",
+                 "negative");
+  EXPECT_EQ(c.tenants.max_keys, 65536u);
+}
+
+TEST(ParseConfigTextTest, IntegerTooLargeForField) {
+  Config c;
+  ExpectOneError(Parse("[lanes]\ncount = 5000000000\n", &c), "lanes.count", "too large");
+  ExpectOneError(Parse("[tenants]\ndefault_chunk_bytes = \"4GiB\"\n", &c),
+                 "tenants.default_chunk_bytes", "too large");
+  EXPECT_EQ(c.lanes.count, 0u);
+  EXPECT_EQ(c.tenants.chunk_bytes, 32u * 1024);
+}
+
+TEST(ParseConfigTextTest, BadEndpoint) {
+  Config c;
+  ExpectOneError(Parse("[admin]\nlisten = \"0.0.0.0\"\n", &c), "admin.listen", "HOST:PORT");
+  ExpectOneError(Parse("[data]\nlisten = \"host:99999\"\n", &c), "data.listen", "99999");
+  EXPECT_EQ(c.admin.listen.ToString(), "127.0.0.1:7701");
+}
+
+TEST(ParseConfigTextTest, BadLogLevel) {
+  Config c;
+  ExpectOneError(Parse("log_level = \"verbose\"\n", &c), "log_level", "verbose");
+  EXPECT_EQ(c.log_level, "info");
+  for (const char* level : {"trace", "debug", "info", "warn", "error", "critical", "off"}) {
+    EXPECT_TRUE(Parse(std::string("log_level = \"") + level + "\"\n", &c).empty()) << level;
+    EXPECT_EQ(c.log_level, level);
+  }
+}
+
+TEST(ParseConfigTextTest, SizeStringsWithUnits) {
+  Config c;
+  ASSERT_TRUE(Parse("[tenants]\ndefault_chunk_bytes = \"64KiB\"\n"
+                    "default_max_parameter_bytes = \"1 TiB\"\n",
+                    &c)
+                  .empty());
+  EXPECT_EQ(c.tenants.chunk_bytes, 65536u);
+  EXPECT_EQ(c.tenants.max_parameter_bytes, 1ull << 40);
+  ExpectOneError(Parse("[tenants]\ndefault_chunk_bytes = \"64KB\"\n", &c),
+                 "tenants.default_chunk_bytes", "unknown unit");
+  // Size strings are only for size fields.
+  ExpectOneError(Parse("[tenants]\ndefault_max_keys = \"1K\"\n", &c), "tenants.default_max_keys",
+                 "expected an integer");
+}
+
+TEST(ParseConfigTextTest, MultipleErrorsAreAllReported) {
+  Config c;
+  const auto errors = Parse("log_level = \"loud\"\n[lanes]\ncount = -1\npin = \"yes\"\n", &c);
+  EXPECT_EQ(errors.size(), 3u) << ::testing::PrintToString(errors);
+  EXPECT_TRUE(AnyStartsWith(errors, "log_level: "));
+  EXPECT_TRUE(AnyStartsWith(errors, "lanes.count: "));
+  EXPECT_TRUE(AnyStartsWith(errors, "lanes.pin: "));
+}
+
+TEST(ParseConfigTextTest, SyntaxErrorMentionsLine) {
+  Config c;
+  const auto errors = Parse("log_level = \"info\"\n\n[admin\nlisten = \"x\"\n", &c);
+  ASSERT_EQ(errors.size(), 1u) << ::testing::PrintToString(errors);
+  EXPECT_TRUE(StartsWith(errors[0], "test.toml:3:")) << errors[0];
+  EXPECT_NE(errors[0].find("TOML syntax error"), std::string::npos) << errors[0];
+}
+
+// ---------------------------------------------------------------------------
+// ParseCommandLine
+
+ParseResult ParseArgs(std::vector<std::string> args) {
+  args.insert(args.begin(), "rackhubd");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return ParseCommandLine(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(ParseCommandLineTest, NoArgumentsGivesValidDefaults) {
+  const ParseResult r = ParseArgs({});
+  EXPECT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+  EXPECT_EQ(r.config.admin.listen.ToString(), "127.0.0.1:7701");
+  EXPECT_FALSE(r.command_line.help);
+  EXPECT_FALSE(r.command_line.check_config);
+  EXPECT_TRUE(r.command_line.config_file.empty());
+}
+
+TEST(ParseCommandLineTest, FlagsOverrideFile) {
+  TempFile file("log_level = \"warn\"\n[lanes]\ncount = 4\n[data]\nlisten = \"127.0.0.1:9100\"\n");
+  const ParseResult r =
+      ParseArgs({"--lanes", "2", "--config", file.path(), "--log-level=error"});
+  ASSERT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+  EXPECT_EQ(r.command_line.config_file, file.path());
+  EXPECT_EQ(r.config.lanes.count, 2u);          // flag beats file (even if given first)
+  EXPECT_EQ(r.config.log_level, "error");       // --flag=value form
+  EXPECT_EQ(r.config.data.listen.port, 9100);   // file value kept
+}
+
+TEST(ParseCommandLineTest, EqualsFormAndShortConfig) {
+  TempFile file("[lanes]\npin = true\n");
+  const ParseResult r = ParseArgs({"-c", file.path(), "--admin-listen=[::1]:7801",
+                                   "--data-listen=127.0.0.1:7800", "--ready-file=/tmp/r"});
+  ASSERT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+  EXPECT_EQ(r.config.admin.listen.host, "::1");
+  EXPECT_EQ(r.config.admin.listen.port, 7801);
+  EXPECT_EQ(r.config.data.listen.port, 7800);
+  EXPECT_EQ(r.config.ready_file, "/tmp/r");
+  EXPECT_EQ(r.command_line.config_file, file.path());
+}
+
+TEST(ParseCommandLineTest, UnknownFlag) {
+  const ParseResult r = ParseArgs({"--frobnicate", "3"});
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE(AnyStartsWith(r.errors, "--frobnicate: unknown option"))
+      << ::testing::PrintToString(r.errors);
+}
+
+TEST(ParseCommandLineTest, MissingValue) {
+  ParseResult r = ParseArgs({"--lanes"});
+  ASSERT_EQ(r.errors.size(), 1u) << ::testing::PrintToString(r.errors);
+  EXPECT_EQ(r.errors[0], "--lanes: missing value");
+  r = ParseArgs({"--check-config", "--config"});
+  EXPECT_TRUE(AnyStartsWith(r.errors, "--config: missing value"));
+}
+
+TEST(ParseCommandLineTest, BadFlagValueNamesFlagAndField) {
+  const ParseResult r = ParseArgs({"--lanes=many"});
+  ASSERT_EQ(r.errors.size(), 1u) << ::testing::PrintToString(r.errors);
+  EXPECT_TRUE(StartsWith(r.errors[0], "--lanes (lanes.count): ")) << r.errors[0];
+  EXPECT_NE(r.errors[0].find("many"), std::string::npos);
+}
+
+TEST(ParseCommandLineTest, ActionFlags) {
+  ParseResult r = ParseArgs({"--check-config"});
+  EXPECT_TRUE(r.ok());
+  EXPECT_TRUE(r.command_line.check_config);
+  EXPECT_FALSE(r.command_line.help);
+  r = ParseArgs({"--help"});
+  EXPECT_TRUE(r.command_line.help);
+  EXPECT_FALSE(r.command_line.check_config);
+  EXPECT_TRUE(ParseArgs({"-h"}).command_line.help);
+  EXPECT_TRUE(ParseArgs({"--version"}).command_line.version);
+}
+
+TEST(ParseCommandLineTest, PinLanesFlags) {
+  TempFile file("[lanes]\npin = true\n");
+  ParseResult r = ParseArgs({"--config", file.path(), "--no-pin-lanes"});
+  ASSERT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+  EXPECT_FALSE(r.config.lanes.pin);
+  r = ParseArgs({"--pin-lanes=false"});
+  ASSERT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+  EXPECT_FALSE(r.config.lanes.pin);
+  r = ParseArgs({"--pin-lanes", "maybe"});
+  EXPECT_TRUE(AnyStartsWith(r.errors, "--pin-lanes (lanes.pin): "));
+}
+
+TEST(ParseCommandLineTest, UnreadableConfigFile) {
+  const ParseResult r = ParseArgs({"--config", "/nonexistent/rackhub/none.toml"});
+  EXPECT_TRUE(AnyStartsWith(r.errors, "--config: cannot read"))
+      << ::testing::PrintToString(r.errors);
+}
+
+TEST(ParseCommandLineTest, FileErrorsCarryFileName) {
+  TempFile file("[lanes]\ncount = \"x\"\n");
+  const ParseResult r = ParseArgs({"--config", file.path()});
+  ASSERT_EQ(r.errors.size(), 1u) << ::testing::PrintToString(r.errors);
+  EXPECT_TRUE(StartsWith(r.errors[0], "lanes.count: ")) << r.errors[0];
+  EXPECT_NE(r.errors[0].find(file.path() + ":2"), std::string::npos) << r.errors[0];
+}
+
+TEST(ParseCommandLineTest, RunsValidation) {
+  const ParseResult r = ParseArgs({"--admin-listen", "0.0.0.0:7701"});
+  EXPECT_TRUE(AnyStartsWith(r.errors, "admin.listen: ")) << ::testing::PrintToString(r.errors);
+}
+
+// ---------------------------------------------------------------------------
+// ValidateConfig
+
+std::vector<std::string> Validate(const Config& c) {
+  std::vector<std::string> errors;
+  ValidateConfig(c, &errors);
+  return errors;
+}
+
+TEST(ValidateConfigTest, DefaultsAreValid) {
+  const Config c;
+  EXPECT_TRUE(Validate(c).empty()) << ::testing::PrintToString(Validate(c));
+}
+
+TEST(ValidateConfigTest, NonLoopbackAdminNeedsToken) {
+  Config c;
+  c.admin.listen = {"0.0.0.0", 7701};
+  const auto errors = Validate(c);
+  ExpectOneError(errors, "admin.listen", "0.0.0.0:7701");
+
+  TempFile token("s3cret-admin-token\n");
+  c.admin.token_file = token.path();
+  EXPECT_TRUE(Validate(c).empty()) << ::testing::PrintToString(Validate(c));
+}
+
+TEST(ValidateConfigTest, LoopbackAdminWithoutTokenIsFine) {
+  Config c;
+  c.admin.listen = {"::1", 7701};
+  EXPECT_TRUE(Validate(c).empty());
+  c.admin.listen = {"localhost", 7701};
+  EXPECT_TRUE(Validate(c).empty());
+}
+
+TEST(ValidateConfigTest, TlsCertWithoutKey) {
+  TempFile cert("-----BEGIN CERTIFICATE-----\n");
+  Config c;
+  c.admin.tls_cert_file = cert.path();
+  ExpectOneError(Validate(c), "admin.tls_key_file", "both");
+}
+
+TEST(ValidateConfigTest, TlsKeyWithoutCert) {
+  TempFile key("-----BEGIN PRIVATE KEY-----\n");
+  Config c;
+  c.admin.tls_key_file = key.path();
+  ExpectOneError(Validate(c), "admin.tls_cert_file", "both");
+}
+
+TEST(ValidateConfigTest, ClientCaWithoutTls) {
+  TempFile ca("-----BEGIN CERTIFICATE-----\n");
+  Config c;
+  c.admin.tls_client_ca_file = ca.path();
+  ExpectOneError(Validate(c), "admin.tls_client_ca_file", "need TLS");
+}
+
+TEST(ValidateConfigTest, FullTlsWithClientCaIsAuthenticated) {
+  TempFile cert("cert"), key("key"), ca("ca");
+  Config c;
+  c.admin.listen = {"0.0.0.0", 7701};
+  c.admin.tls_cert_file = cert.path();
+  c.admin.tls_key_file = key.path();
+  c.admin.tls_client_ca_file = ca.path();
+  EXPECT_TRUE(Validate(c).empty()) << ::testing::PrintToString(Validate(c));
+}
+
+TEST(ValidateConfigTest, UnreadableOrEmptyTokenFileIsNamed) {
+  Config c;
+  c.admin.token_file = "/nonexistent/rackhub/admin.token";
+  const auto errors = Validate(c);
+  ExpectOneError(errors, "admin.token_file", "cannot read");
+  EXPECT_NE(errors[0].find("/nonexistent/rackhub/admin.token"), std::string::npos);
+
+  TempFile empty("");
+  c.admin.token_file = empty.path();
+  ExpectOneError(Validate(c), "admin.token_file", "empty");
+}
+
+TEST(ValidateConfigTest, ReadonlyTokenNeedsAdminToken) {
+  TempFile ro("read-only-token");
+  Config c;
+  c.admin.readonly_token_file = ro.path();
+  ExpectOneError(Validate(c), "admin.readonly_token_file", "admin.token_file");
+}
+
+TEST(ValidateConfigTest, InvalidDefaultChunkBytes) {
+  for (uint32_t bad : {0u, 1000u, 1024u + 32u, 128u << 20}) {
+    Config c;
+    c.tenants.chunk_bytes = bad;
+    SCOPED_TRACE(bad);
+    ExpectOneError(Validate(c), "tenants.default_chunk_bytes", std::to_string(bad));
+  }
+}
+
+TEST(ValidateConfigTest, ZeroQuotasAndTooManyLanes) {
+  Config c1, c2, c3, c4;
+  c1.tenants.max_keys = 0;
+  ExpectOneError(Validate(c1), "tenants.default_max_keys");
+  c2.tenants.max_tenants = 0;
+  ExpectOneError(Validate(c2), "tenants.max_tenants");
+  c3.lanes.count = 100000;
+  ExpectOneError(Validate(c3), "lanes.count");
+  c4.admin.max_message_bytes = 100;
+  ExpectOneError(Validate(c4), "admin.max_message_bytes");
+}
+
+TEST(ValidateConfigTest, SameAdminAndDataAddress) {
+  Config c;
+  c.data.listen = c.admin.listen;
+  ExpectOneError(Validate(c), "data.listen", "same address");
+  // Port 0 on both picks two different ephemeral ports: allowed.
+  c.admin.listen.port = 0;
+  c.data.listen.port = 0;
+  EXPECT_TRUE(Validate(c).empty());
+}
+
+TEST(EffectiveLaneCountTest, ZeroMeansCoresAndExplicitIsKept) {
+  Config c;
+  c.lanes.count = 0;
+  EXPECT_GE(EffectiveLaneCount(c), 1u);
+  c.lanes.count = 3;
+  EXPECT_EQ(EffectiveLaneCount(c), 3u);
+}
+
+// ---------------------------------------------------------------------------
+// size_text
+
+uint64_t MustParseSize(const std::string& text) {
+  uint64_t v = 0;
+  std::string error;
+  EXPECT_TRUE(ParseSize(text, &v, &error)) << text << ": " << error;
+  return v;
+}
+
+std::string SizeError(const std::string& text) {
+  uint64_t v = 12345;
+  std::string error;
+  EXPECT_FALSE(ParseSize(text, &v, &error)) << text;
+  EXPECT_EQ(v, 12345u) << "output changed on failure for " << text;
+  return error;
+}
+
+TEST(ParseSizeTest, EverySuffix) {
+  EXPECT_EQ(MustParseSize("0"), 0u);
+  EXPECT_EQ(MustParseSize("32768"), 32768u);
+  EXPECT_EQ(MustParseSize("100B"), 100u);
+  EXPECT_EQ(MustParseSize("32K"), 32u << 10);
+  EXPECT_EQ(MustParseSize("32KiB"), 32u << 10);
+  EXPECT_EQ(MustParseSize("3M"), 3u << 20);
+  EXPECT_EQ(MustParseSize("3MiB"), 3u << 20);
+  EXPECT_EQ(MustParseSize("4G"), 4ull << 30);
+  EXPECT_EQ(MustParseSize("4 GiB"), 4ull << 30);
+  EXPECT_EQ(MustParseSize("2T"), 2ull << 40);
+  EXPECT_EQ(MustParseSize("2TiB"), 2ull << 40);
+}
+
+TEST(ParseSizeTest, Overflow) {
+  EXPECT_NE(SizeError("16777216TiB").find("too large"), std::string::npos);  // 2^24 * 2^40
+  EXPECT_EQ(MustParseSize("16777215TiB"), 16777215ull << 40);
+  SizeError("99999999999999999999");  // does not fit 64 bits at all
+}
+
+TEST(ParseSizeTest, BadInput) {
+  EXPECT_NE(SizeError("32KB").find("unknown unit"), std::string::npos);
+  SizeError("32kib");
+  SizeError("KiB");
+  SizeError("");
+  SizeError("-1");
+  SizeError("1.5GiB");
+  SizeError(" 32");
+}
+
+TEST(FormatSizeTest, Formats) {
+  EXPECT_EQ(FormatSize(0), "0 B");
+  EXPECT_EQ(FormatSize(100), "100 B");
+  EXPECT_EQ(FormatSize(1023), "1023 B");
+  EXPECT_EQ(FormatSize(1024), "1 KiB");
+  EXPECT_EQ(FormatSize(32 * 1024), "32 KiB");
+  EXPECT_EQ(FormatSize(1536), "1.5 KiB");
+  EXPECT_EQ(FormatSize(3ull << 29), "1.5 GiB");
+  EXPECT_EQ(FormatSize(4ull << 30), "4 GiB");
+  EXPECT_EQ(FormatSize(1ull << 40), "1 TiB");
+  EXPECT_EQ(FormatSize(2ull << 50), "2 PiB");
+}
+
+TEST(FormatSizeTest, RoundTripsThroughParse) {
+  for (uint64_t v : {1ull << 10, 7ull << 20, 4ull << 30, 3ull << 40}) {
+    std::string text = FormatSize(v);
+    EXPECT_EQ(MustParseSize(text), v) << text;
+  }
+}
+
+}  // namespace
+}  // namespace rackhub::server

@@ -1,0 +1,417 @@
+// Unit tests for the conversion, reduction and optimizer kernels of
+// rackhub_aggregation, against independent references written here.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "rackhub/aggregation/kernels.h"
+#include "rackhub/aggregation/optimizer_config.h"
+
+namespace rackhub::aggregation {
+namespace {
+
+uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
+float FromBits(uint32_t b) { return std::bit_cast<float>(b); }
+
+// Reference fp16 decode, by the definition of binary16.
+double RefFp16Value(uint16_t h) {
+  const int sign = (h & 0x8000) ? -1 : 1;
+  const int exp = (h >> 10) & 0x1f;
+  const int mant = h & 0x3ff;
+  if (exp == 0x1f) {
+    return mant ? std::numeric_limits<double>::quiet_NaN()
+                : sign * std::numeric_limits<double>::infinity();
+  }
+  if (exp == 0) return sign * std::ldexp(mant, -24);
+  return sign * std::ldexp(1024 + mant, exp - 25);
+}
+
+// Reference fp32 -> fp16 encode in double arithmetic: scale to units of the
+// target ulp and round with nearbyint (round-half-even in the default mode).
+uint16_t RefFloatToFp16(float f) {
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  if (std::isnan(f)) return 0x7e00;  // compared as "is NaN" only
+  const double a = std::fabs(static_cast<double>(f));
+  if (a >= 65520.0) return sign | 0x7c00;
+  if (a == 0) return sign;
+  int e;
+  std::frexp(a, &e);                // a = x * 2^e, x in [0.5, 1)
+  const int exponent = std::max(e - 1, -14);  // a in [2^exponent, 2^(exponent+1))
+  const double ulp = std::ldexp(1.0, exponent - 10);
+  const double m = std::nearbyint(a / ulp);  // exact division by a power of 2
+  if (exponent == -14 && m < 1024) return sign | static_cast<uint16_t>(m);  // subnormal
+  // m in [1024, 2048]; 2048 carries into the exponent.
+  return sign | static_cast<uint16_t>(((exponent + 15) << 10) + static_cast<int>(m) - 1024);
+}
+
+TEST(KernelsTest, ElementBytesAndNames) {
+  EXPECT_EQ(ElementBytes(ElementType::kFp32), 4u);
+  EXPECT_EQ(ElementBytes(ElementType::kFp16), 2u);
+  EXPECT_EQ(ElementBytes(ElementType::kBf16), 2u);
+  EXPECT_TRUE(IsValidElementType(1));
+  EXPECT_TRUE(IsValidElementType(3));
+  EXPECT_FALSE(IsValidElementType(0));
+  EXPECT_FALSE(IsValidElementType(4));
+  EXPECT_STREQ(ElementTypeName(ElementType::kBf16), "bf16");
+}
+
+TEST(KernelsTest, Fp16ExactValues) {
+  EXPECT_EQ(FloatToFp16(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToFp16(-2.5f), 0xc100);
+  EXPECT_EQ(FloatToFp16(65504.0f), 0x7bff);
+  EXPECT_EQ(FloatToFp16(0.0f), 0x0000);
+  EXPECT_EQ(FloatToFp16(-0.0f), 0x8000);
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(FloatToFp16(1023 * std::ldexp(1.0f, -24)), 0x03ff);
+  EXPECT_EQ(FloatToFp16(1e-7f), 0x0002);                  // 1e-7 = 1.68 * 2^-24
+  EXPECT_EQ(FloatToFp16(1e-8f), 0x0000);                  // below half the smallest
+  EXPECT_EQ(FloatToFp16(-1e-8f), 0x8000);
+  EXPECT_EQ(Fp16ToFloat(0x3c00), 1.0f);
+  EXPECT_EQ(Fp16ToFloat(0xc100), -2.5f);
+  EXPECT_EQ(Fp16ToFloat(0x7bff), 65504.0f);
+  EXPECT_EQ(Fp16ToFloat(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(Fp16ToFloat(0x8001), -std::ldexp(1.0f, -24));
+  EXPECT_EQ(Fp16ToFloat(0x03ff), 1023 * std::ldexp(1.0f, -24));
+  EXPECT_EQ(Bits(Fp16ToFloat(0x8000)), 0x80000000u);
+}
+
+TEST(KernelsTest, Fp16RoundsTiesToEven) {
+  const float ulp1 = std::ldexp(1.0f, -10);  // fp16 ulp at 1.0
+  EXPECT_EQ(FloatToFp16(1.0f + ulp1 / 2), 0x3c00);        // tie, down to even
+  EXPECT_EQ(FloatToFp16(1.0f + 3 * ulp1 / 2), 0x3c02);    // tie, up to even
+  EXPECT_EQ(FloatToFp16(FromBits(Bits(1.0f + ulp1 / 2) + 1)), 0x3c01);  // just above
+  EXPECT_EQ(FloatToFp16(FromBits(Bits(1.0f + ulp1 / 2) - 1)), 0x3c00);  // just below
+  const float sub = std::ldexp(1.0f, -24);
+  EXPECT_EQ(FloatToFp16(sub / 2), 0x0000);      // tie between 0 and 1 -> 0
+  EXPECT_EQ(FloatToFp16(1.5f * sub), 0x0002);   // tie between 1 and 2 -> 2
+  EXPECT_EQ(FloatToFp16(2.5f * sub), 0x0002);   // tie between 2 and 3 -> 2
+  EXPECT_EQ(FloatToFp16(1023.5f * sub), 0x0400);  // rounds up into the normals
+  EXPECT_EQ(FloatToFp16(2047.5f), 0x6800);  // 2047.5 -> 2048 (ulp 1 at [1024, 2048))
+  EXPECT_EQ(FloatToFp16(2046.5f), 0x67fe);  // 2046.5 -> 2046
+}
+
+TEST(KernelsTest, Fp16OverflowInfNan) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FloatToFp16(65519.0f), 0x7bff);
+  EXPECT_EQ(FloatToFp16(65520.0f), 0x7c00);  // tie to even rounds to 2^16: overflow
+  EXPECT_EQ(FloatToFp16(1e6f), 0x7c00);
+  EXPECT_EQ(FloatToFp16(-1e30f), 0xfc00);
+  EXPECT_EQ(FloatToFp16(std::numeric_limits<float>::max()), 0x7c00);
+  EXPECT_EQ(FloatToFp16(inf), 0x7c00);
+  EXPECT_EQ(FloatToFp16(-inf), 0xfc00);
+  EXPECT_EQ(Fp16ToFloat(0x7c00), inf);
+  EXPECT_EQ(Fp16ToFloat(0xfc00), -inf);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const uint16_t h = FloatToFp16(nan);
+  EXPECT_EQ(h & 0x7c00, 0x7c00);
+  EXPECT_NE(h & 0x03ff, 0);
+  EXPECT_TRUE(std::isnan(Fp16ToFloat(h)));
+  // A NaN whose payload sits only in the dropped low bits stays a NaN.
+  EXPECT_TRUE(std::isnan(Fp16ToFloat(FloatToFp16(FromBits(0x7f800001u)))));
+  EXPECT_EQ(FloatToFp16(FromBits(0xff800001u)) & 0x8000, 0x8000);
+  EXPECT_TRUE(std::isnan(Fp16ToFloat(0x7c01)));
+  EXPECT_TRUE(std::isnan(Fp16ToFloat(0xfe00)));
+}
+
+TEST(KernelsTest, Bf16ExactValuesTiesInfNan) {
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(FloatToBf16(-2.5f), 0xc020);
+  EXPECT_EQ(Bf16ToFloat(0x3f80), 1.0f);
+  EXPECT_EQ(Bf16ToFloat(0xc020), -2.5f);
+  EXPECT_EQ(FloatToBf16(FromBits(0x3f808000u)), 0x3f80);  // tie, down to even
+  EXPECT_EQ(FloatToBf16(FromBits(0x3f818000u)), 0x3f82);  // tie, up to even
+  EXPECT_EQ(FloatToBf16(FromBits(0x3f808001u)), 0x3f81);  // above the tie
+  EXPECT_EQ(FloatToBf16(FromBits(0x3f807fffu)), 0x3f80);  // below the tie
+  EXPECT_EQ(FloatToBf16(FromBits(0x00018000u)), 0x0002);  // subnormal tie, up to even
+  EXPECT_EQ(FloatToBf16(FromBits(0x00008000u)), 0x0000);  // subnormal tie, down to 0
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FloatToBf16(inf), 0x7f80);
+  EXPECT_EQ(FloatToBf16(-inf), 0xff80);
+  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::max()), 0x7f80);  // rounds past max
+  EXPECT_EQ(FloatToBf16(FromBits(0x7f7f7fffu)), 0x7f7f);              // largest that stays
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(FromBits(0x7f800001u)))));
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(FromBits(0xffffffffu)))));
+  EXPECT_EQ(FloatToBf16(FromBits(0xff800001u)) & 0x8000, 0x8000);
+}
+
+TEST(KernelsTest, AllFp16PatternsRoundTrip) {
+  std::vector<uint16_t> in(65536), back(65536);
+  std::vector<float> wide(65536);
+  for (uint32_t i = 0; i < 65536; ++i) in[i] = static_cast<uint16_t>(i);
+  ConvertFp16ToFp32(wide.data(), in.data(), in.size());
+  ConvertFp32ToFp16(back.data(), wide.data(), wide.size());
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const double ref = RefFp16Value(in[i]);
+    if (std::isnan(ref)) {
+      ASSERT_TRUE(std::isnan(wide[i])) << std::hex << i;
+      ASSERT_TRUE(std::isnan(Fp16ToFloat(back[i]))) << std::hex << i;
+      ASSERT_EQ(back[i] & 0x8000, in[i] & 0x8000) << std::hex << i;
+    } else {
+      ASSERT_EQ(static_cast<double>(wide[i]), ref) << std::hex << i;
+      ASSERT_EQ(std::signbit(wide[i]), (in[i] & 0x8000) != 0) << std::hex << i;
+      ASSERT_EQ(back[i], in[i]) << std::hex << i;
+    }
+  }
+}
+
+TEST(KernelsTest, AllBf16PatternsRoundTrip) {
+  std::vector<uint16_t> in(65536), back(65536);
+  std::vector<float> wide(65536);
+  for (uint32_t i = 0; i < 65536; ++i) in[i] = static_cast<uint16_t>(i);
+  ConvertBf16ToFp32(wide.data(), in.data(), in.size());
+  ConvertFp32ToBf16(back.data(), wide.data(), wide.size());
+  for (uint32_t i = 0; i < 65536; ++i) {
+    ASSERT_EQ(Bits(wide[i]), i << 16);
+    if (std::isnan(wide[i])) {
+      ASSERT_TRUE(std::isnan(Bf16ToFloat(back[i]))) << std::hex << i;
+    } else {
+      ASSERT_EQ(back[i], in[i]) << std::hex << i;
+    }
+  }
+}
+
+// Narrowing against the double reference over a sweep of fp32 bit patterns
+// (every 4099th pattern, plus the neighbourhood of every fp16 boundary).
+TEST(KernelsTest, Fp32ToFp16MatchesReferenceOnSweep) {
+  std::vector<float> values;
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 4099) values.push_back(FromBits(static_cast<uint32_t>(b)));
+  for (uint32_t h = 0; h < 0x7c00; ++h) {  // midpoints between neighbouring fp16 values
+    const double mid = (RefFp16Value(static_cast<uint16_t>(h)) + RefFp16Value(h + 1)) / 2;
+    const float f = static_cast<float>(mid);  // exact: a midpoint needs 12 bits
+    for (int d = -1; d <= 1; ++d) {
+      values.push_back(FromBits(Bits(f) + d));
+      values.push_back(-FromBits(Bits(f) + d));
+    }
+  }
+  std::vector<uint16_t> out(values.size());
+  ConvertFp32ToFp16(out.data(), values.data(), values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isnan(values[i])) {
+      ASSERT_TRUE(std::isnan(Fp16ToFloat(out[i])));
+    } else {
+      ASSERT_EQ(out[i], RefFloatToFp16(values[i])) << std::hexfloat << values[i];
+    }
+  }
+}
+
+// Wire buffer helpers for the reduction tests: values exactly representable
+// in every type, stored at an odd byte offset to exercise unaligned access.
+std::vector<std::byte> Encode(const std::vector<float>& v, ElementType type, size_t offset) {
+  std::vector<std::byte> out(offset + v.size() * ElementBytes(type));
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::byte* at = out.data() + offset + i * ElementBytes(type);
+    if (type == ElementType::kFp32) {
+      std::memcpy(at, &v[i], 4);
+    } else {
+      const uint16_t h = type == ElementType::kFp16 ? FloatToFp16(v[i]) : FloatToBf16(v[i]);
+      std::memcpy(at, &h, 2);
+    }
+  }
+  return out;
+}
+
+class ReductionTest : public ::testing::TestWithParam<ElementType> {};
+
+TEST_P(ReductionTest, CopyInAddInCopyOut) {
+  const ElementType type = GetParam();
+  constexpr size_t kN = 37;  // not a multiple of any vector width
+  std::vector<float> a(kN), b(kN);
+  for (size_t i = 0; i < kN; ++i) {
+    a[i] = static_cast<float>(i) * 0.5f - 4.0f;   // representable in fp16 and bf16
+    b[i] = 1.0f / static_cast<float>(1 << (i % 8)) - 2.0f;
+  }
+  for (size_t offset : {0u, 1u, 3u}) {
+    const auto wa = Encode(a, type, offset);
+    const auto wb = Encode(b, type, offset);
+    std::vector<float> acc(kN, 99.0f);
+    CopyIn(acc.data(), wa.data() + offset, kN, type);
+    for (size_t i = 0; i < kN; ++i) ASSERT_EQ(acc[i], a[i]) << i;
+    AddIn(acc.data(), wb.data() + offset, kN, type);
+    AddIn(acc.data(), wb.data() + offset, kN, type);
+    for (size_t i = 0; i < kN; ++i) ASSERT_EQ(acc[i], a[i] + b[i] + b[i]) << i;
+    std::vector<std::byte> out(offset + kN * ElementBytes(type), std::byte{0x5a});
+    CopyOut(out.data() + offset, acc.data(), kN, type);
+    std::vector<float> expect(kN);
+    for (size_t i = 0; i < kN; ++i) expect[i] = a[i] + b[i] + b[i];
+    const auto want = Encode(expect, type, offset);
+    EXPECT_EQ(std::memcmp(out.data() + offset, want.data() + offset, kN * ElementBytes(type)), 0);
+    for (size_t i = 0; i < offset; ++i) EXPECT_EQ(out[i], std::byte{0x5a});  // no stray writes
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, ReductionTest,
+                         ::testing::Values(ElementType::kFp32, ElementType::kFp16,
+                                           ElementType::kBf16),
+                         [](const auto& info) { return std::string(ElementTypeName(info.param)); });
+
+TEST(KernelsTest, CopyOutRoundsFp16AndBf16) {
+  const float in[3] = {1.0f + std::ldexp(1.0f, -11), 70000.0f, FromBits(0x3f818000u)};
+  uint16_t h[3], b[3];
+  CopyOut(h, in, 3, ElementType::kFp16);
+  CopyOut(b, in, 3, ElementType::kBf16);
+  EXPECT_EQ(h[0], 0x3c00);
+  EXPECT_EQ(h[1], 0x7c00);
+  EXPECT_EQ(b[2], 0x3f82);
+}
+
+// ---- Optimizers against a double-precision reference ----
+
+struct RefState {
+  std::vector<double> p, s0, s1;
+};
+
+// One step of the textbook (torch.optim) formulas, all in double.
+void RefStep(const OptimizerConfig& c, double gs, uint64_t t, const std::vector<float>& sum,
+             RefState* st) {
+  const double lr = c.learning_rate, wd = c.weight_decay, mu = c.momentum;
+  for (size_t i = 0; i < sum.size(); ++i) {
+    const double g = sum[i] * gs;
+    double& p = st->p[i];
+    double& s0 = st->s0[i];
+    double& s1 = st->s1[i];
+    switch (c.type) {
+      case OptimizerType::kSgd: p -= lr * (g + wd * p); break;
+      case OptimizerType::kMomentum: {
+        const double d = g + wd * p;
+        s0 = mu * s0 + d;
+        p -= lr * s0;
+        break;
+      }
+      case OptimizerType::kNesterov: {
+        const double d = g + wd * p;
+        s0 = mu * s0 + d;
+        p -= lr * (d + mu * s0);
+        break;
+      }
+      case OptimizerType::kAdam:
+      case OptimizerType::kAdamW: {
+        const bool w = c.type == OptimizerType::kAdamW;
+        const double d = w ? g : g + wd * p;
+        s0 = c.beta1 * s0 + (1 - c.beta1) * d;
+        s1 = c.beta2 * s1 + (1 - c.beta2) * d * d;
+        const double bc1 = 1 - std::pow(c.beta1, static_cast<double>(t));
+        const double bc2 = 1 - std::pow(c.beta2, static_cast<double>(t));
+        const double upd = lr * (s0 / bc1) / (std::sqrt(s1 / bc2) + c.epsilon);
+        p = (w ? p * (1 - lr * wd) : p) - upd;
+        break;
+      }
+      case OptimizerType::kAdaGrad: {
+        const double d = g + wd * p;
+        s0 += d * d;
+        p -= lr * d / (std::sqrt(s0) + c.epsilon);
+        break;
+      }
+      case OptimizerType::kSumOnly: p = g; break;
+    }
+  }
+}
+
+OptimizerConfig Make(OptimizerType type, double lr, double mu, double wd) {
+  OptimizerConfig c;
+  c.type = type;
+  c.learning_rate = lr;
+  c.momentum = mu;
+  c.weight_decay = wd;
+  if (type == OptimizerType::kAdaGrad) c.initial_accumulator = 0.1;
+  if (type == OptimizerType::kSumOnly) c = OptimizerConfig{OptimizerType::kSumOnly, 0};
+  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  return c;
+}
+
+class OptimizerTest : public ::testing::TestWithParam<OptimizerType> {};
+
+TEST_P(OptimizerTest, MatchesDoubleReferenceOverSteps) {
+  const OptimizerType type = GetParam();
+  for (double wd : {0.0, 0.05}) {
+    if (type == OptimizerType::kSumOnly && wd != 0) continue;
+    const OptimizerConfig cfg = Make(type, 0.01, type == OptimizerType::kMomentum ||
+                                                     type == OptimizerType::kNesterov
+                                                 ? 0.9
+                                                 : 0.0,
+                                     wd);
+    constexpr size_t kN = 1027;
+    constexpr float kScale = 0.25f;  // a mean over 4 workers
+    std::mt19937 rng(static_cast<unsigned>(type) * 7 + (wd > 0));
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> p(kN), p_new(kN), s0(kN), s1(kN), sum(kN);
+    for (auto& x : p) x = dist(rng);
+    const float init_acc = static_cast<float>(cfg.initial_accumulator);
+    std::fill(s0.begin(), s0.end(), type == OptimizerType::kAdaGrad ? init_acc : 0.0f);
+    RefState ref{std::vector<double>(p.begin(), p.end()),
+                 std::vector<double>(kN, type == OptimizerType::kAdaGrad ? init_acc : 0.0),
+                 std::vector<double>(kN, 0.0)};
+    for (uint64_t t = 1; t <= 6; ++t) {
+      for (auto& x : sum) x = 4.0f * dist(rng);
+      ApplyOptimizer(cfg, OptimizerStep{kScale, t}, sum.data(), p.data(), p_new.data(),
+                     s0.data(), s1.data(), kN);
+      RefStep(cfg, kScale, t, sum, &ref);
+      // Relative tolerance 1e-5, with an absolute floor at the scale of the
+      // inputs (~1) where fp32 cancellation (p - lr*d, mu*v + d) loses digits.
+      for (size_t i = 0; i < kN; ++i) {
+        ASSERT_NEAR(p_new[i], ref.p[i], 1e-5 * (std::fabs(ref.p[i]) + 0.1))
+            << OptimizerTypeName(type) << " wd=" << wd << " t=" << t << " i=" << i;
+        ASSERT_NEAR(s0[i], ref.s0[i], 1e-5 * (std::fabs(ref.s0[i]) + 0.1)) << i;
+        ASSERT_NEAR(s1[i], ref.s1[i], 1e-5 * (std::fabs(ref.s1[i]) + 1e-6)) << i;
+      }
+      std::swap(p, p_new);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllTypes, OptimizerTest,
+    ::testing::Values(OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kNesterov,
+                      OptimizerType::kAdam, OptimizerType::kAdamW, OptimizerType::kAdaGrad,
+                      OptimizerType::kSumOnly),
+    [](const auto& info) {
+      std::string n = OptimizerTypeName(info.param);
+      std::replace(n.begin(), n.end(), '-', '_');
+      return n;
+    });
+
+TEST(KernelsTest, SgdExactSmallCase) {
+  // p' = p - lr*(g*scale + wd*p) with values exact in binary.
+  OptimizerConfig c = Make(OptimizerType::kSgd, 0.5, 0, 0.25);
+  const float sum[2] = {4.0f, -8.0f}, p[2] = {1.0f, 2.0f};
+  float out[2];
+  ApplyOptimizer(c, OptimizerStep{0.5f, 1}, sum, p, out, nullptr, nullptr, 2);
+  EXPECT_EQ(out[0], 1.0f - 0.5f * (2.0f + 0.25f));
+  EXPECT_EQ(out[1], 2.0f - 0.5f * (-4.0f + 0.5f));
+}
+
+TEST(KernelsTest, AdamBiasCorrectionFirstStepIsSignedLr) {
+  // At t = 1 the bias-corrected Adam step is lr * g / (|g| + eps) ~= lr * sign(g).
+  OptimizerConfig c = Make(OptimizerType::kAdam, 0.1, 0, 0);
+  const float sum[3] = {3.0f, -0.02f, 500.0f}, p[3] = {0, 0, 0};
+  float out[3], m[3] = {}, v[3] = {};
+  ApplyOptimizer(c, OptimizerStep{1.0f, 1}, sum, p, out, m, v, 3);
+  EXPECT_NEAR(out[0], -0.1f, 1e-6);
+  EXPECT_NEAR(out[1], 0.1f, 1e-5);
+  EXPECT_NEAR(out[2], -0.1f, 1e-6);
+}
+
+TEST(KernelsTest, SumOnlyAppliesGradScale) {
+  OptimizerConfig c = Make(OptimizerType::kSumOnly, 0, 0, 0);
+  const float sum[4] = {4.0f, -2.0f, 0.0f, 1.0f}, p[4] = {9, 9, 9, 9};
+  float out[4];
+  ApplyOptimizer(c, OptimizerStep{0.25f, 3}, sum, p, out, nullptr, nullptr, 4);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], -0.5f);
+  EXPECT_EQ(out[2], 0.0f);
+  EXPECT_EQ(out[3], 0.25f);
+  ApplyOptimizer(c, OptimizerStep{1.0f, 3}, sum, p, out, nullptr, nullptr, 4);
+  EXPECT_EQ(out[0], 4.0f);
+}
+
+}  // namespace
+}  // namespace rackhub::aggregation

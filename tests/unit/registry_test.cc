@@ -1,0 +1,564 @@
+// Unit tests for the tenant/key registry and data-plane tokens.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "registry.h"
+#include "token.h"
+
+namespace rackhub::server {
+namespace {
+
+using aggregation::OptimizerConfig;
+using aggregation::OptimizerType;
+
+bool StartsWith(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// Checks the code of a Status and that its message starts with `prefix`.
+#define EXPECT_STATUS(expr, want_code, prefix)                               \
+  do {                                                                       \
+    const Status st_ = (expr);                                               \
+    EXPECT_EQ(st_.code(), want_code) << st_.message();                       \
+    EXPECT_TRUE(StartsWith(st_.message(), prefix)) << st_.message();         \
+  } while (0)
+#define EXPECT_OK(expr) EXPECT_STATUS(expr, StatusCode::kOk, "")
+
+// ---------------------------------------------------------------------------
+// Tokens
+
+TEST(TokenTest, GeneratedFormatAndUniqueness) {
+  std::set<std::string> seen;
+  for (int n = 0; n < 1000; ++n) {
+    const std::string t = GenerateToken();
+    ASSERT_EQ(t.size(), 4u + 64u) << t;
+    ASSERT_TRUE(StartsWith(t, "rhk_")) << t;
+    ASSERT_EQ(t.find_first_not_of("0123456789abcdef", 4), std::string::npos) << t;
+    seen.insert(t);
+  }
+  EXPECT_EQ(seen.size(), 1000u);
+}
+
+TEST(TokenTest, HashMatchesOnlyTheRightToken) {
+  const std::string token = GenerateToken();
+  const TokenHash h = HashToken(token);
+  EXPECT_TRUE(TokenMatches(token, h));
+  EXPECT_FALSE(TokenMatches(GenerateToken(), h));
+  EXPECT_FALSE(TokenMatches(token.substr(0, token.size() - 1), h));
+  EXPECT_FALSE(TokenMatches(token + "0", h));
+  EXPECT_FALSE(TokenMatches("", h));
+  std::string flipped = token;
+  flipped.back() = flipped.back() == 'a' ? 'b' : 'a';
+  EXPECT_FALSE(TokenMatches(flipped, h));
+}
+
+TEST(TokenTest, HashesAreSalted) {
+  const std::string token = GenerateToken();
+  const TokenHash a = HashToken(token), b = HashToken(token);
+  EXPECT_NE(a.salt, b.salt);
+  EXPECT_NE(a.hash, b.hash);
+  EXPECT_TRUE(TokenMatches(token, a));
+  EXPECT_TRUE(TokenMatches(token, b));
+}
+
+TEST(TokenTest, SecretsEqual) {
+  EXPECT_TRUE(SecretsEqual("admin-secret", "admin-secret"));
+  EXPECT_TRUE(SecretsEqual("", ""));
+  EXPECT_FALSE(SecretsEqual("admin-secret", "admin-secreT"));
+  EXPECT_FALSE(SecretsEqual("admin-secret", "admin-secret\n"));
+  EXPECT_FALSE(SecretsEqual("a", ""));
+  EXPECT_FALSE(SecretsEqual("short", "a-much-longer-secret"));
+}
+
+// ---------------------------------------------------------------------------
+// Registry fixture
+
+class RegistryTest : public ::testing::Test {
+ protected:
+  static TenantSpec Spec(const std::string& name, uint32_t workers = 4, uint32_t chunk = 0) {
+    TenantSpec s;
+    s.name = name;
+    s.workers_per_rack = workers;
+    s.chunk_bytes = chunk;
+    return s;
+  }
+
+  static KeySpec Key(const std::string& tenant, const std::string& name, uint64_t elements,
+                     InitMode init = InitMode::kZeros) {
+    KeySpec k;
+    k.tenant = tenant;
+    k.name = name;
+    k.elements = elements;
+    k.init = init;
+    return k;
+  }
+
+  // Creates a tenant with 1 KiB chunks (256 elements each); returns its token.
+  std::string MakeTenant(const std::string& name, Quotas quotas = {}) {
+    TenantSpec s = Spec(name, 4, 1024);
+    s.quotas = quotas;
+    TenantInfo info;
+    std::string token;
+    EXPECT_OK(r_.CreateTenant(s, &info, &token));
+    return token;
+  }
+
+  KeyInfo MustCreateKey(const KeySpec& spec) {
+    KeyInfo k;
+    EXPECT_OK(r_.CreateKey(spec, &k));
+    return k;
+  }
+
+  TenantInfo MustGetTenant(const std::string& name) {
+    TenantInfo info;
+    EXPECT_OK(r_.GetTenant(name, &info));
+    return info;
+  }
+
+  // Counters and key names of a tenant, to check that a failed call changed nothing.
+  std::string Usage(const std::string& tenant) {
+    const TenantInfo t = MustGetTenant(tenant);
+    std::vector<KeyInfo> keys;
+    EXPECT_OK(r_.ListKeys(tenant, &keys));
+    std::string names;
+    for (const auto& k : keys) names += k.name + ",";
+    return std::to_string(t.key_count) + "/" + std::to_string(t.parameter_bytes) + "/" +
+           std::to_string(t.chunk_count) + "/" + names;
+  }
+
+  Registry r_{/*lanes=*/2, TenantDefaults{}};
+  TenantInfo info_;    // scratch outputs
+  std::string token_;
+  KeyInfo key_;
+};
+
+// ---------------------------------------------------------------------------
+// Tenants
+
+TEST_F(RegistryTest, CreateTenantAppliesDefaults) {
+  TenantInfo& info = info_;
+  const std::string& token = token_;
+  ASSERT_TRUE(r_.CreateTenant(Spec("team-a"), &info, &token_).ok());
+  EXPECT_TRUE(StartsWith(token, "rhk_")) << token;
+  EXPECT_NE(info.handle, 0u);
+  EXPECT_EQ(info.name, "team-a");
+  EXPECT_EQ(info.workers_per_rack, 4u);
+  const TenantDefaults d;
+  EXPECT_EQ(info.chunk_bytes, 32768u);
+  EXPECT_EQ(info.quotas.max_parameter_bytes, d.max_parameter_bytes);
+  EXPECT_EQ(info.quotas.max_keys, d.max_keys);
+  EXPECT_EQ(info.quotas.max_workers, d.max_workers);
+  EXPECT_EQ(info.key_count, 0u);
+  EXPECT_EQ(info.parameter_bytes, 0u);
+  EXPECT_GT(info.created_unix_ms, 0);
+  ASSERT_NE(info.counters, nullptr);
+  EXPECT_EQ(info.default_optimizer.type, OptimizerType::kSgd);
+
+  const TenantInfo got = MustGetTenant("team-a");
+  EXPECT_EQ(got.handle, info.handle);
+  EXPECT_EQ(got.counters, info.counters);  // same live counters
+}
+
+TEST_F(RegistryTest, HandlesAndTokensAreDistinct) {
+  const std::string ta = MakeTenant("a"), tb = MakeTenant("b");
+  EXPECT_NE(MustGetTenant("a").handle, MustGetTenant("b").handle);
+  EXPECT_NE(ta, tb);
+  EXPECT_EQ(r_.ListTenants().size(), 2u);
+}
+
+TEST_F(RegistryTest, ExplicitQuotasAndWorkersAboveDefaultMax) {
+  TenantSpec s = Spec("big", 300);  // above the default max_workers of 256
+  s.quotas.max_keys = 10;
+  ASSERT_TRUE(r_.CreateTenant(s, &info_, &token_).ok());
+  EXPECT_EQ(info_.quotas.max_keys, 10u);
+  EXPECT_EQ(info_.quotas.max_workers, 300u);
+
+  s = Spec("small", 10);
+  s.quotas.max_workers = 5;
+  EXPECT_STATUS(r_.CreateTenant(s, &info_, &token_), StatusCode::kResourceExhausted,
+                "workers_per_rack");
+}
+
+TEST_F(RegistryTest, Authenticate) {
+  const std::string token = MakeTenant("alpha");
+  const std::string other = MakeTenant("beta");
+  TenantInfo info;
+  ASSERT_TRUE(r_.Authenticate("alpha", token, &info).ok());
+  EXPECT_EQ(info.name, "alpha");
+
+  Status st = r_.Authenticate("alpha", other, &info);
+  EXPECT_EQ(st.code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(r_.Authenticate("alpha", "", &info).code(), StatusCode::kUnauthenticated);
+  st = r_.Authenticate("gamma", token, &info);
+  EXPECT_EQ(st.code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(st.message().find("gamma"), std::string::npos) << "must not echo tenant names";
+}
+
+TEST_F(RegistryTest, InvalidTenantNames) {
+  for (const std::string& name :
+       {std::string(), std::string("Team"), std::string(64, 'a'), std::string("-team"),
+        std::string("_team"), std::string("te am"), std::string("te.am")}) {
+    EXPECT_STATUS(r_.CreateTenant(Spec(name), &info_, &token_), StatusCode::kInvalidArgument,
+                  "name: ");
+  }
+  EXPECT_TRUE(r_.CreateTenant(Spec(std::string(63, 'a')), &info_, &token_).ok());
+  EXPECT_TRUE(r_.CreateTenant(Spec("0team_x-1"), &info_, &token_).ok());
+  EXPECT_EQ(r_.GetTotals().tenants, 2u);
+  EXPECT_TRUE(IsValidTenantName("a"));
+  EXPECT_FALSE(IsValidTenantName("aB"));
+  EXPECT_TRUE(IsValidKeyName("layer.0/weight:Adam-1_x"));
+  EXPECT_TRUE(IsValidKeyName(std::string(128, 'k')));
+  EXPECT_FALSE(IsValidKeyName(std::string(129, 'k')));
+  EXPECT_FALSE(IsValidKeyName(""));
+  EXPECT_FALSE(IsValidKeyName("a b"));
+}
+
+TEST_F(RegistryTest, InvalidTenantFields) {
+  EXPECT_STATUS(r_.CreateTenant(Spec("t", 0), &info_, &token_), StatusCode::kInvalidArgument,
+                "workers_per_rack");
+  for (uint32_t chunk : {1000u, 512u, 1024u + 32u, (64u << 20) + 64u}) {
+    EXPECT_STATUS(r_.CreateTenant(Spec("t", 4, chunk), &info_, &token_),
+                  StatusCode::kInvalidArgument, "chunk_bytes");
+  }
+  TenantSpec s = Spec("t");
+  s.default_optimizer.learning_rate = 0;
+  EXPECT_STATUS(r_.CreateTenant(s, &info_, &token_), StatusCode::kInvalidArgument,
+                "default_optimizer.learning_rate");
+  s = Spec("t");
+  s.default_optimizer.type = OptimizerType::kMomentum;
+  s.default_optimizer.momentum = 1.5;
+  EXPECT_STATUS(r_.CreateTenant(s, &info_, &token_), StatusCode::kInvalidArgument,
+                "default_optimizer.momentum");
+  EXPECT_EQ(r_.GetTotals().tenants, 0u);
+  EXPECT_EQ(r_.GetTenant("t", &info_).code(), StatusCode::kNotFound);
+
+  // A valid optimizer is stored normalized.
+  s.default_optimizer = {};
+  s.default_optimizer.type = OptimizerType::kAdam;
+  ASSERT_TRUE(r_.CreateTenant(s, &info_, &token_).ok());
+  EXPECT_DOUBLE_EQ(info_.default_optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(info_.default_optimizer.beta2, 0.999);
+}
+
+TEST_F(RegistryTest, DuplicateTenant) {
+  const std::string first = MakeTenant("dup");
+  EXPECT_STATUS(r_.CreateTenant(Spec("dup"), &info_, &token_), StatusCode::kAlreadyExists,
+                "name: ");
+  EXPECT_TRUE(r_.Authenticate("dup", first, &info_).ok());  // original token still valid
+}
+
+TEST_F(RegistryTest, MaxTenantsQuota) {
+  TenantDefaults d;
+  d.max_tenants = 2;
+  Registry r(2, d);
+  ASSERT_TRUE(r.CreateTenant(Spec("a"), &info_, &token_).ok());
+  ASSERT_TRUE(r.CreateTenant(Spec("b"), &info_, &token_).ok());
+  EXPECT_STATUS(r.CreateTenant(Spec("c"), &info_, &token_), StatusCode::kResourceExhausted, "");
+  EXPECT_EQ(r.GetTotals().tenants, 2u);
+  ASSERT_TRUE(r.DeleteTenant("a").ok());
+  EXPECT_TRUE(r.CreateTenant(Spec("c"), &info_, &token_).ok());
+}
+
+TEST_F(RegistryTest, DeleteTenant) {
+  const std::string token = MakeTenant("gone");
+  MustCreateKey(Key("gone", "w", 10));
+  ASSERT_TRUE(r_.DeleteTenant("gone").ok());
+  EXPECT_STATUS(r_.GetTenant("gone", &info_), StatusCode::kNotFound, "tenant: ");
+  EXPECT_EQ(r_.Authenticate("gone", token, &info_).code(), StatusCode::kUnauthenticated);
+  std::vector<KeyInfo> keys;
+  EXPECT_EQ(r_.ListKeys("gone", &keys).code(), StatusCode::kNotFound);
+  EXPECT_EQ(r_.DeleteTenant("gone").code(), StatusCode::kNotFound);
+  EXPECT_EQ(r_.GetTotals().keys, 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Keys
+
+TEST_F(RegistryTest, KeysGetConsecutiveChunkRangesInOrder) {
+  MakeTenant("t");
+  const KeyInfo a = MustCreateKey(Key("t", "a", 600));  // 3 chunks of 256
+  const KeyInfo b = MustCreateKey(Key("t", "b", 1));    // 1 chunk
+  const KeyInfo c = MustCreateKey(Key("t", "c", 512));  // 2 chunks
+  EXPECT_EQ(a.placement.first_chunk, 0u);
+  EXPECT_EQ(a.placement.chunk_count, 3u);
+  EXPECT_EQ(b.placement.first_chunk, 3u);
+  EXPECT_EQ(b.placement.chunk_count, 1u);
+  EXPECT_EQ(c.placement.first_chunk, 4u);
+  EXPECT_EQ(c.placement.chunk_count, 2u);
+  EXPECT_EQ(a.chunk_elements, 256u);
+  EXPECT_EQ(std::set<uint32_t>({a.id, b.id, c.id}).size(), 3u);
+  EXPECT_NE(a.id, 0u);
+
+  EXPECT_EQ(Usage("t"), "3/" + std::to_string((600 + 1 + 512) * 4) + "/6/a,b,c,");
+  ASSERT_TRUE(r_.GetKey("t", "b", &key_).ok());
+  EXPECT_EQ(key_.id, b.id);
+  EXPECT_EQ(key_.placement.first_chunk, 3u);
+}
+
+TEST_F(RegistryTest, InvalidKeys) {
+  MakeTenant("t");
+  KeyInfo& k = key_;
+  EXPECT_STATUS(r_.CreateKey(Key("t", "bad name", 1), &k), StatusCode::kInvalidArgument, "name");
+  EXPECT_STATUS(r_.CreateKey(Key("t", "zero", 0), &k), StatusCode::kInvalidArgument, "elements");
+  EXPECT_STATUS(r_.CreateKey(Key("t", "huge", (1ull << 34) + 1), &k),
+                StatusCode::kInvalidArgument, "elements");
+  EXPECT_EQ(r_.CreateKey(Key("nope", "k", 1), &k).code(), StatusCode::kNotFound);
+
+  KeySpec spec = Key("t", "opt", 10);
+  spec.use_tenant_optimizer = false;
+  spec.optimizer.type = OptimizerType::kNesterov;  // momentum missing
+  EXPECT_STATUS(r_.CreateKey(spec, &k), StatusCode::kInvalidArgument, "optimizer.momentum");
+
+  MustCreateKey(Key("t", "k", 10));
+  EXPECT_EQ(r_.CreateKey(Key("t", "k", 10), &k).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(MustGetTenant("t").key_count, 1u);
+}
+
+TEST_F(RegistryTest, MaxKeysQuotaFailureChangesNothing) {
+  MakeTenant("t", Quotas{0, /*max_keys=*/2, 0});
+  MustCreateKey(Key("t", "a", 300));
+  const KeyInfo b = MustCreateKey(Key("t", "b", 10));
+  const std::string before = Usage("t");
+  EXPECT_STATUS(r_.CreateKey(Key("t", "c", 10), &key_), StatusCode::kResourceExhausted,
+                "quotas.max_keys");
+  EXPECT_EQ(Usage("t"), before);
+  EXPECT_EQ(before, "2/1240/3/a,b,");
+
+  // After freeing a slot the next key continues the index space right after b.
+  ASSERT_TRUE(r_.DeleteKey("t", "a").ok());
+  const KeyInfo c = MustCreateKey(Key("t", "c", 10));
+  EXPECT_EQ(c.placement.first_chunk, b.placement.first_chunk + b.placement.chunk_count);
+}
+
+TEST_F(RegistryTest, MaxParameterBytesQuotaFailureChangesNothing) {
+  MakeTenant("t", Quotas{/*max_parameter_bytes=*/4096, 0, 0});  // 1024 fp32 elements
+  const KeyInfo a = MustCreateKey(Key("t", "a", 1000));
+  const std::string before = Usage("t");
+  EXPECT_STATUS(r_.CreateKey(Key("t", "b", 25), &key_),  // 4100 bytes > 4096
+                StatusCode::kResourceExhausted, "quotas.max_parameter_bytes");
+  EXPECT_EQ(Usage("t"), before);
+  EXPECT_EQ(before, "1/4000/4/a,");
+  EXPECT_EQ(r_.GetKey("t", "b", &key_).code(), StatusCode::kNotFound);
+
+  const KeyInfo b = MustCreateKey(Key("t", "b", 24));  // exactly fills the quota
+  EXPECT_EQ(b.placement.first_chunk, a.placement.first_chunk + a.placement.chunk_count);
+  EXPECT_EQ(MustGetTenant("t").parameter_bytes, 4096u);
+}
+
+TEST_F(RegistryTest, DeleteKeyFreesQuotaButNeverReusesIndices) {
+  MakeTenant("t", Quotas{/*max_parameter_bytes=*/4096, 0, 0});
+  const KeyInfo a = MustCreateKey(Key("t", "a", 1024));
+  ASSERT_TRUE(r_.DeleteKey("t", "a").ok());
+  EXPECT_EQ(Usage("t"), "0/0/4/");  // quota freed; the index space only grows
+
+  const KeyInfo again = MustCreateKey(Key("t", "a", 1024));  // same name, fits again
+  EXPECT_EQ(again.placement.first_chunk, a.placement.first_chunk + a.placement.chunk_count);
+  EXPECT_NE(again.id, a.id);
+  EXPECT_EQ(MustGetTenant("t").chunk_count, 8u);
+  EXPECT_EQ(r_.DeleteKey("t", "missing").code(), StatusCode::kNotFound);
+  EXPECT_EQ(r_.DeleteKey("nope", "a").code(), StatusCode::kNotFound);
+}
+
+TEST_F(RegistryTest, ReadinessFollowsInitMode) {
+  MakeTenant("t");
+  EXPECT_TRUE(MustCreateKey(Key("t", "z", 5, InitMode::kZeros)).ready);
+  const KeyInfo c = MustCreateKey(Key("t", "c", 5, InitMode::kFromClient));
+  EXPECT_FALSE(c.ready);
+  EXPECT_EQ(c.init, InitMode::kFromClient);
+}
+
+TEST_F(RegistryTest, KeyOptimizerSource) {
+  TenantSpec s = Spec("t", 4, 1024);
+  s.default_optimizer.type = OptimizerType::kMomentum;
+  s.default_optimizer.learning_rate = 0.5;
+  s.default_optimizer.momentum = 0.9;
+  ASSERT_TRUE(r_.CreateTenant(s, &info_, &token_).ok());
+
+  KeySpec spec = Key("t", "inherit", 10);
+  spec.optimizer.type = OptimizerType::kAdam;  // ignored: use_tenant_optimizer
+  const KeyInfo inherit = MustCreateKey(spec);
+  EXPECT_EQ(inherit.optimizer, info_.default_optimizer);
+
+  spec = Key("t", "own", 10);
+  spec.use_tenant_optimizer = false;
+  spec.optimizer.type = OptimizerType::kAdam;
+  spec.optimizer.learning_rate = 1e-3;
+  const KeyInfo own = MustCreateKey(spec);
+  EXPECT_EQ(own.optimizer.type, OptimizerType::kAdam);
+  EXPECT_DOUBLE_EQ(own.optimizer.beta2, 0.999);  // normalized
+}
+
+TEST_F(RegistryTest, SetOptimizer) {
+  MakeTenant("t");
+  KeySpec spec = Key("t", "k", 10);
+  spec.use_tenant_optimizer = false;
+  spec.optimizer.type = OptimizerType::kAdam;
+  spec.optimizer.learning_rate = 1e-3;
+  MustCreateKey(spec);
+
+  auto stored = [this] {
+    KeyInfo k;
+    EXPECT_TRUE(r_.GetKey("t", "k", &k).ok());
+    return k.optimizer;
+  };
+
+  OptimizerConfig next;
+  next.type = OptimizerType::kAdam;
+  next.learning_rate = 5e-4;
+  ASSERT_TRUE(r_.SetOptimizer("t", "k", next, false, &key_).ok());
+  EXPECT_DOUBLE_EQ(key_.optimizer.learning_rate, 5e-4);
+  EXPECT_DOUBLE_EQ(key_.optimizer.beta1, 0.9);
+  EXPECT_EQ(stored(), key_.optimizer);
+  const OptimizerConfig current = key_.optimizer;
+
+  // A different type is refused and leaves the key alone.
+  OptimizerConfig sgd;
+  sgd.learning_rate = 0.1;
+  EXPECT_STATUS(r_.SetOptimizer("t", "k", sgd, false, &key_), StatusCode::kInvalidArgument,
+                "optimizer.type");
+  EXPECT_EQ(stored(), current);
+
+  // keep_type: the type in the request is ignored.
+  ASSERT_TRUE(r_.SetOptimizer("t", "k", sgd, true, &key_).ok());
+  EXPECT_EQ(key_.optimizer.type, OptimizerType::kAdam);
+  EXPECT_DOUBLE_EQ(key_.optimizer.learning_rate, 0.1);
+  const OptimizerConfig kept = key_.optimizer;
+
+  // An invalid value is refused and leaves the key alone.
+  next.learning_rate = -1;
+  EXPECT_STATUS(r_.SetOptimizer("t", "k", next, false, &key_), StatusCode::kInvalidArgument,
+                "optimizer.learning_rate");
+  EXPECT_EQ(stored(), kept);
+  EXPECT_EQ(r_.SetOptimizer("t", "missing", next, true, &key_).code(), StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Quotas
+
+TEST_F(RegistryTest, UpdateQuotasPartial) {
+  MakeTenant("t");
+  const Quotas before = MustGetTenant("t").quotas;
+  ASSERT_TRUE(r_.UpdateQuotas("t", Quotas{0, /*max_keys=*/7, 0}, &info_).ok());
+  EXPECT_EQ(info_.quotas.max_keys, 7u);
+  EXPECT_EQ(info_.quotas.max_parameter_bytes, before.max_parameter_bytes);
+  EXPECT_EQ(info_.quotas.max_workers, before.max_workers);
+  EXPECT_EQ(MustGetTenant("t").quotas.max_keys, 7u);
+  EXPECT_EQ(r_.UpdateQuotas("nope", Quotas{0, 7, 0}, &info_).code(), StatusCode::kNotFound);
+}
+
+TEST_F(RegistryTest, UpdateQuotasBelowUsageChangesNothing) {
+  MakeTenant("t");  // 4 workers per rack
+  for (const char* n : {"a", "b", "c"}) MustCreateKey(Key("t", n, 100));  // 1200 bytes
+  const Quotas before = MustGetTenant("t").quotas;
+  // max_workers = 100 alone would be fine, but must not be applied either.
+  EXPECT_STATUS(r_.UpdateQuotas("t", Quotas{0, 2, 100}, &info_), StatusCode::kFailedPrecondition,
+                "quotas.max_keys");
+  EXPECT_STATUS(r_.UpdateQuotas("t", Quotas{1199, 0, 0}, &info_),
+                StatusCode::kFailedPrecondition, "quotas.max_parameter_bytes");
+  EXPECT_STATUS(r_.UpdateQuotas("t", Quotas{0, 0, 3}, &info_), StatusCode::kFailedPrecondition,
+                "quotas.max_workers");
+  const Quotas after = MustGetTenant("t").quotas;
+  EXPECT_EQ(after.max_keys, before.max_keys);
+  EXPECT_EQ(after.max_parameter_bytes, before.max_parameter_bytes);
+  EXPECT_EQ(after.max_workers, before.max_workers);
+
+  // Exactly the current usage is allowed, and then full.
+  ASSERT_TRUE(r_.UpdateQuotas("t", Quotas{1200, 3, 0}, &info_).ok());
+  EXPECT_EQ(r_.CreateKey(Key("t", "d", 1), &key_).code(), StatusCode::kResourceExhausted);
+}
+
+// ---------------------------------------------------------------------------
+// Layout and totals
+
+TEST_F(RegistryTest, ChunksOfAlternatesLanes) {
+  MakeTenant("t");
+  const KeyInfo a = MustCreateKey(Key("t", "a", 5 * 256));
+  const auto spans = r_.ChunksOf(a);
+  ASSERT_EQ(spans.size(), 5u);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    EXPECT_EQ(spans[i].index, i);
+    EXPECT_EQ(spans[i].lane, i % 2);
+    EXPECT_EQ(spans[i].first_element, i * 256);
+    EXPECT_EQ(spans[i].elements, 256u);
+  }
+  // The next key starts at chunk 5, i.e. on lane 1.
+  const KeyInfo b = MustCreateKey(Key("t", "b", 300));
+  const auto bs = r_.ChunksOf(b);
+  ASSERT_EQ(bs.size(), 2u);
+  EXPECT_EQ(bs[0].index, 5u);
+  EXPECT_EQ(bs[0].lane, 1u);
+  EXPECT_EQ(bs[1].lane, 0u);
+  EXPECT_EQ(bs[1].elements, 300u - 256u);
+}
+
+TEST_F(RegistryTest, GetTotalsSums) {
+  MakeTenant("x");
+  MakeTenant("y");
+  MustCreateKey(Key("x", "a", 10));
+  MustCreateKey(Key("x", "b", 20));
+  MustCreateKey(Key("y", "a", 30));
+  Registry::Totals t = r_.GetTotals();
+  EXPECT_EQ(t.tenants, 2u);
+  EXPECT_EQ(t.keys, 3u);
+  EXPECT_EQ(t.parameter_bytes, 60u * 4u);
+  ASSERT_TRUE(r_.DeleteKey("x", "b").ok());
+  t = r_.GetTotals();
+  EXPECT_EQ(t.keys, 2u);
+  EXPECT_EQ(t.parameter_bytes, 40u * 4u);
+}
+
+TEST_F(RegistryTest, ConcurrentKeyCreation) {
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 200;
+  const std::string token = MakeTenant("busy");
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([this, t, &token] {
+      for (int i = 0; i < kPerThread; ++i) {
+        KeyInfo k;
+        const std::string name = std::to_string(t * 1000 + i);
+        EXPECT_OK(r_.CreateKey(Key("busy", name, 1 + (i * 37 + t) % 700), &k));
+        TenantInfo info;  // readers interleaved with writers
+        EXPECT_TRUE(r_.Authenticate("busy", token, &info).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+
+  std::vector<KeyInfo> keys;
+  ASSERT_TRUE(r_.ListKeys("busy", &keys).ok());
+  ASSERT_EQ(keys.size(), static_cast<size_t>(kThreads * kPerThread));
+  std::set<uint32_t> ids;
+  uint64_t bytes = 0;
+  for (const auto& k : keys) {
+    ids.insert(k.id);
+    bytes += k.parameter_bytes();
+    EXPECT_EQ(k.placement.chunk_count, (k.elements + 255) / 256) << k.name;
+  }
+  EXPECT_EQ(ids.size(), keys.size());
+
+  std::sort(keys.begin(), keys.end(), [](const KeyInfo& a, const KeyInfo& b) {
+    return a.placement.first_chunk < b.placement.first_chunk;
+  });
+  uint64_t next = 0;
+  for (const auto& k : keys) {
+    EXPECT_EQ(k.placement.first_chunk, next) << k.name;  // disjoint and gap-free
+    next = k.placement.first_chunk + k.placement.chunk_count;
+  }
+  const TenantInfo info = MustGetTenant("busy");
+  EXPECT_EQ(info.chunk_count, next);
+  EXPECT_EQ(info.key_count, keys.size());
+  EXPECT_EQ(info.parameter_bytes, bytes);
+  const Registry::Totals totals = r_.GetTotals();
+  EXPECT_EQ(totals.keys, keys.size());
+  EXPECT_EQ(totals.parameter_bytes, bytes);
+}
+
+}  // namespace
+}  // namespace rackhub::server
