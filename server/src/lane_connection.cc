@@ -36,7 +36,9 @@ void LaneConnection::OnHeader(const boost::system::error_code& ec) {
   }
   // The lane checks every field against its state before we read (and size)
   // the payload.
-  if (!lane_->AcceptHeader(*this, header_)) return;
+  const auto verdict = lane_->AcceptHeader(*this, header_);
+  if (verdict == LaneService::Verdict::kReject) return;
+  discard_ = verdict == LaneService::Verdict::kDiscard;
   if (header_.payload_bytes == 0) {
     OnPayload({});
     return;
@@ -55,8 +57,10 @@ void LaneConnection::OnPayload(const boost::system::error_code& ec) {
     return;
   }
   bytes_in_ += header_.payload_bytes;
-  lane_->HandleFrame(*this, header_,
-                     std::span<const std::byte>(payload_buf_.data(), header_.payload_bytes));
+  if (!discard_) {
+    lane_->HandleFrame(*this, header_,
+                       std::span<const std::byte>(payload_buf_.data(), header_.payload_bytes));
+  }
   ReadHeader();
 }
 

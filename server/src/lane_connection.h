@@ -74,6 +74,7 @@ class LaneConnection : public std::enable_shared_from_this<LaneConnection> {
   ConnectionIdentity id_;
   bool open_ = true;
   bool closing_ = false;  // a fatal error is queued: read nothing more
+  bool discard_ = false;  // the current frame was refused without closing
   std::array<std::byte, net::kHeaderBytes> header_buf_{};
   net::FrameHeader header_{};
   std::vector<std::byte> payload_buf_;

@@ -101,6 +101,7 @@ void LaneService::Adopt(asio::ip::tcp::socket socket, ConnectionIdentity id, uin
   }
   t->conns[id.rank] = conn;
   t->conn_seq[id.rank] = seq;
+  t->lost.erase(id.rank);
   if (lane_ == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
   spdlog::info("data: tenant '{}' rank {} connected on lane {} from {}", id.tenant, id.rank, lane_,
                id.peer);
@@ -155,21 +156,21 @@ LaneService::Chunk& LaneService::GetChunk(Tenant& t, Key& key, uint32_t chunk) {
   return *slot;
 }
 
-bool LaneService::Reject(LaneConnection& conn, WireError code, const std::string& text,
-                         uint64_t request_id) {
+LaneService::Verdict LaneService::Reject(LaneConnection& conn, WireError code,
+                                         const std::string& text, uint64_t request_id) {
   if (Tenant* t = FindTenant(conn.id().tenant_handle)) {
     t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
   }
   conn.SendError(code, text, request_id, true);
-  return false;
+  return Verdict::kReject;
 }
 
-bool LaneService::AcceptHeader(LaneConnection& conn, const FrameHeader& h) {
+LaneService::Verdict LaneService::AcceptHeader(LaneConnection& conn, const FrameHeader& h) {
   const uint64_t rid = h.request_id;
   switch (h.opcode) {
     case Opcode::kHeartbeat:
     case Opcode::kBye:
-      return true;
+      return Verdict::kAccept;
     case Opcode::kPush:
     case Opcode::kInit:
     case Opcode::kPull:
@@ -190,7 +191,7 @@ bool LaneService::AcceptHeader(LaneConnection& conn, const FrameHeader& h) {
   }
   Tenant* t = FindTenant(h.tenant);
   if (!t) return Reject(conn, WireError::kTenantGone, "tenant: was deleted", rid);
-  if (h.opcode == Opcode::kDeclare || h.opcode == Opcode::kSetOptimizer) return true;
+  if (h.opcode == Opcode::kDeclare || h.opcode == Opcode::kSetOptimizer) return Verdict::kAccept;
 
   Key* key = FindKey(*t, h.key);
   if (!key) {
@@ -217,7 +218,7 @@ bool LaneService::AcceptHeader(LaneConnection& conn, const FrameHeader& h) {
     if (h.payload_bytes != 0) {
       return Reject(conn, WireError::kMalformed, "payload_bytes: PULL carries no payload", rid);
     }
-    return true;
+    return Verdict::kAccept;
   }
   // PUSH and INIT carry one chunk in the key's wire dtype.
   if (h.dtype != NetDTypeOf(k.dtype)) {
@@ -252,9 +253,19 @@ bool LaneService::AcceptHeader(LaneConnection& conn, const FrameHeader& h) {
                         "' is already initialized",
                     rid);
     }
-    return true;
+    return Verdict::kAccept;
   }
   // PUSH.
+  if (!t->lost.empty()) {
+    // Not fatal: this worker did nothing wrong; it may retry once the lost
+    // rank is back.
+    t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
+    conn.SendError(WireError::kWorkerLost,
+                   "worker lost: rank " + std::to_string(t->lost.begin()->first) + " (" +
+                       t->lost.begin()->second + ") has not reconnected; push again once it has",
+                   rid, false);
+    return Verdict::kDiscard;
+  }
   if (!c.state.initialized()) {
     return Reject(conn, WireError::kNotReady,
                   "key: '" + k.name + "' has no initial values yet (rank 0 must INIT it first)",
@@ -275,7 +286,7 @@ bool LaneService::AcceptHeader(LaneConnection& conn, const FrameHeader& h) {
                       std::to_string(h.iteration),
                   rid);
   }
-  return true;
+  return Verdict::kAccept;
 }
 
 void LaneService::HandleFrame(LaneConnection& conn, const FrameHeader& h,
@@ -534,6 +545,7 @@ void LaneService::OnWorkerLost(uint32_t handle, uint32_t rank, uint64_t before_s
     keep->SendError(WireError::kWorkerLost,
                     "worker: another connection of this worker closed (" + why + ")", 0, true);
   }
+  if (!t->conns.count(rank)) t->lost[rank] = why;
   FailPending(*t, WireError::kWorkerLost,
               "worker lost: " + why + "; this iteration's partial sums were discarded");
 }

@@ -43,9 +43,13 @@ class LaneService {
   void Adopt(boost::asio::ip::tcp::socket socket, ConnectionIdentity id, uint64_t seq);
 
   // LaneConnection callbacks.
-  // Validates a header against the lane's state before its payload is read;
-  // on failure sends the ERROR (fatal) and returns false.
-  bool AcceptHeader(LaneConnection& conn, const net::FrameHeader& h);
+  // Validates a header against the lane's state before its payload is read.
+  enum class Verdict {
+    kAccept,   // read the payload, then HandleFrame
+    kDiscard,  // a non-fatal ERROR was sent: read and drop the payload
+    kReject,   // a fatal ERROR was sent: read nothing more
+  };
+  Verdict AcceptHeader(LaneConnection& conn, const net::FrameHeader& h);
   void HandleFrame(LaneConnection& conn, const net::FrameHeader& h,
                    std::span<const std::byte> payload);
   void OnConnectionClosed(LaneConnection& conn, const std::string& why);
@@ -88,6 +92,9 @@ class LaneService {
     std::unordered_map<uint32_t, Key> keys;                     // by id
     std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks;  // by (key id << 32 | chunk)
     std::unordered_set<uint64_t> pending;  // chunks with some contributions
+    // Ranks that were connected and went away, with the reason; pushes fail
+    // fast (WORKER_LOST) until they reconnect.
+    std::map<uint32_t, std::string> lost;
   };
 
   static uint64_t ChunkId(uint32_t key, uint32_t chunk) {
@@ -98,8 +105,8 @@ class LaneService {
   Key* FindKey(Tenant& t, uint32_t key_id);
   // The chunk's state, created on first use.
   Chunk& GetChunk(Tenant& t, Key& key, uint32_t chunk);
-  bool Reject(LaneConnection& conn, net::WireError code, const std::string& text,
-              uint64_t request_id);
+  Verdict Reject(LaneConnection& conn, net::WireError code, const std::string& text,
+                 uint64_t request_id);
 
   void HandlePush(LaneConnection& conn, Tenant& t, const net::FrameHeader& h,
                   std::span<const std::byte> payload);

@@ -1,0 +1,524 @@
+// The data-plane wire protocol against a real rackhubd, frame by frame, with
+// a raw socket client: every malformed field and protocol violation gets a
+// clear ERROR and closes only that connection, while another tenant's
+// training goes on; lost and straggling workers fail the others' pending
+// pushes within a bounded time; shutdown tells connected workers.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "process.h"
+#include "rackhub/admin/v1/admin.grpc.pb.h"
+#include "rackhub/data/v1/control.pb.h"
+#include "rackhub/net/frame.h"
+
+namespace rackhub {
+namespace {
+
+namespace pb = rackhub::admin::v1;
+namespace dpb = rackhub::data::v1;
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+using testing::DaemonProcess;
+
+struct Frame {
+  FrameHeader h;
+  std::string payload;
+};
+
+// A blocking socket client speaking raw frames. Receives time out after 5 s.
+class RawClient {
+ public:
+  explicit RawClient(const std::string& address) {
+    const auto colon = address.rfind(':');
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+    inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0) << strerror(errno);
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  ~RawClient() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  void SendRaw(const std::string& bytes) {
+    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  void Send(FrameHeader h, const std::string& payload = "") {
+    h.payload_bytes = static_cast<uint32_t>(payload.size());
+    std::array<std::byte, net::kHeaderBytes> buf;
+    net::EncodeHeader(h, buf);
+    SendRaw(std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload);
+  }
+  // Next frame, or nullopt on EOF / timeout.
+  std::optional<Frame> Receive(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+    std::string hdr;
+    if (!ReadExact(net::kHeaderBytes, &hdr, timeout)) return std::nullopt;
+    Frame f;
+    f.h = net::DecodeHeader(std::span<const std::byte, net::kHeaderBytes>(
+        reinterpret_cast<const std::byte*>(hdr.data()), net::kHeaderBytes));
+    if (!ReadExact(f.h.payload_bytes, &f.payload, timeout)) return std::nullopt;
+    return f;
+  }
+  // True when the server closed the connection (EOF) within `timeout`.
+  bool ClosedByPeer(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+    std::string ignored;
+    while (ReadExact(1, &ignored, timeout)) {
+    }
+    return eof_;
+  }
+
+  // HELLO + WELCOME. Returns the Welcome (empty tenant_handle on failure).
+  dpb::Welcome Hello(const std::string& tenant, const std::string& token, uint32_t rank,
+                     uint32_t lane, std::optional<Frame>* reply = nullptr) {
+    dpb::Hello hello;
+    hello.set_tenant(tenant);
+    hello.set_token(token);
+    hello.set_rank(rank);
+    hello.set_lane(lane);
+    FrameHeader h;
+    h.opcode = Opcode::kHello;
+    Send(h, hello.SerializeAsString());
+    auto f = Receive();
+    dpb::Welcome w;
+    if (f && f->h.opcode == Opcode::kWelcome) w.ParseFromString(f->payload);
+    if (reply) *reply = f;
+    return w;
+  }
+
+ private:
+  bool ReadExact(size_t n, std::string* out, std::chrono::milliseconds timeout) {
+    out->assign(n, '\0');
+    size_t got = 0;
+    while (got < n) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
+      const ssize_t r = recv(fd_, out->data() + got, n - got, 0);
+      if (r <= 0) {
+        eof_ = true;
+        return false;
+      }
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  }
+  int fd_ = -1;
+  bool eof_ = false;
+};
+
+// Expects an ERROR frame with `code`, a message containing `text`, and the
+// fatal flag as given.
+void ExpectError(const std::optional<Frame>& f, WireError code, const std::string& text,
+                 bool fatal = true) {
+  ASSERT_TRUE(f.has_value()) << "expected an ERROR frame, got nothing";
+  ASSERT_EQ(f->h.opcode, Opcode::kError) << "opcode " << static_cast<int>(f->h.opcode);
+  WireError got{};
+  std::string message;
+  ASSERT_TRUE(net::DecodeErrorBody(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(f->payload.data()),
+                                 f->payload.size()),
+      &got, &message));
+  EXPECT_EQ(got, code) << message;
+  EXPECT_NE(message.find(text), std::string::npos) << "message: " << message;
+  EXPECT_EQ((f->h.flags & net::kFlagFatal) != 0, fatal) << message;
+}
+
+std::string Floats(std::initializer_list<float> v) {
+  return std::string(reinterpret_cast<const char*>(std::data(v)), v.size() * sizeof(float));
+}
+std::string Floats(size_t n, float value) {
+  std::vector<float> v(n, value);
+  return std::string(reinterpret_cast<const char*>(v.data()), n * sizeof(float));
+}
+std::vector<float> AsFloats(const std::string& s) {
+  std::vector<float> v(s.size() / 4);
+  std::memcpy(v.data(), s.data(), v.size() * 4);
+  return v;
+}
+
+class DataPlaneProtocolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.started());
+    channel_ = grpc::CreateChannel(daemon_.admin_address(), grpc::InsecureChannelCredentials());
+    tenants_ = pb::TenantService::NewStub(channel_);
+    keys_ = pb::KeyService::NewStub(channel_);
+  }
+
+  // Creates a tenant (SGD lr 0.5, sum reduction, 1024-element chunks) and
+  // returns its token.
+  std::string CreateTenant(const std::string& name, uint32_t workers) {
+    grpc::ClientContext ctx;
+    pb::CreateTenantRequest req;
+    req.set_name(name);
+    req.set_workers_per_rack(workers);
+    req.set_chunk_bytes(4096);
+    req.mutable_default_optimizer()->set_type(pb::SGD);
+    req.mutable_default_optimizer()->set_learning_rate(0.5);
+    req.mutable_default_optimizer()->set_reduction(pb::SUM);
+    pb::CreateTenantResponse resp;
+    EXPECT_TRUE(tenants_->CreateTenant(&ctx, req, &resp).ok());
+    return resp.token();
+  }
+  pb::Key CreateKey(const std::string& tenant, const std::string& name, uint64_t elements,
+                    pb::DType dtype = pb::FP32) {
+    grpc::ClientContext ctx;
+    pb::CreateKeyRequest req;
+    req.set_tenant(tenant);
+    req.set_name(name);
+    req.set_elements(elements);
+    req.set_dtype(dtype);
+    pb::Key k;
+    EXPECT_TRUE(keys_->CreateKey(&ctx, req, &k).ok());
+    return k;
+  }
+
+  // A bystander tenant with one worker: one full push/pull round trip must
+  // keep working whatever other connections do.
+  void ExpectBystanderWorks() {
+    if (bystander_token_.empty()) {
+      bystander_token_ = CreateTenant("bystander", 1);
+      bystander_key_ = CreateKey("bystander", "w", 4);
+    }
+    RawClient c(daemon_.data_address());
+    const auto w = c.Hello("bystander", bystander_token_, 0, 0);
+    ASSERT_NE(w.tenant_handle(), 0u);
+    FrameHeader h;
+    h.opcode = Opcode::kPush;
+    h.tenant = w.tenant_handle();
+    h.key = bystander_key_.id();
+    h.dtype = net::DType::kFp32;
+    h.iteration = bystander_iteration_;
+    h.request_id = 99;
+    c.Send(h, Floats({1, 2, 3, 4}));
+    const auto f = c.Receive();
+    ASSERT_TRUE(f && f->h.opcode == Opcode::kParams) << "bystander got no PARAMS";
+    EXPECT_EQ(f->h.iteration, ++bystander_iteration_);
+    EXPECT_EQ(f->h.request_id, 99u);
+    const auto p = AsFloats(f->payload);
+    ASSERT_EQ(p.size(), 4u);
+    const float step = -0.5f * static_cast<float>(bystander_iteration_);
+    EXPECT_EQ(p[0], step * 1);
+    EXPECT_EQ(p[3], step * 4);
+  }
+
+  DaemonProcess daemon_{{"--lanes", "2", "--straggler-timeout-ms", "400"}};
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::TenantService::Stub> tenants_;
+  std::unique_ptr<pb::KeyService::Stub> keys_;
+  std::string bystander_token_;
+  pb::Key bystander_key_;
+  uint64_t bystander_iteration_ = 0;
+};
+
+TEST_F(DataPlaneProtocolTest, HelloIsAuthenticatedAndValidated) {
+  const std::string token = CreateTenant("t", 2);
+  struct Case {
+    std::string tenant, token;
+    uint32_t rank, lane;
+    WireError code;
+    std::string text;
+  } cases[] = {
+      {"t", "rhk_wrong", 0, 0, WireError::kUnauthenticated, "token"},
+      {"nobody", token, 0, 0, WireError::kUnauthenticated, "token"},
+      {"t", token, 2, 0, WireError::kInvalidArgument, "rank: 2 is out of range"},
+      {"t", token, 0, 7, WireError::kInvalidArgument, "lane: 7 is out of range"},
+  };
+  for (const auto& c : cases) {
+    RawClient client(daemon_.data_address());
+    std::optional<Frame> reply;
+    client.Hello(c.tenant, c.token, c.rank, c.lane, &reply);
+    ExpectError(reply, c.code, c.text);
+    EXPECT_TRUE(client.ClosedByPeer());
+    ExpectBystanderWorks();
+  }
+  RawClient ok(daemon_.data_address());
+  const auto w = ok.Hello("t", token, 1, 1);
+  EXPECT_NE(w.tenant_handle(), 0u);
+  EXPECT_EQ(w.lanes(), 2u);
+  EXPECT_EQ(w.workers(), 2u);
+  EXPECT_EQ(w.chunk_elements(), 1024u);
+}
+
+TEST_F(DataPlaneProtocolTest, MalformedHeadersBeforeHello) {
+  FrameHeader good;
+  good.opcode = Opcode::kHello;
+  struct Case {
+    std::function<void(FrameHeader&)> corrupt;
+    std::string text;
+  } cases[] = {
+      {[](FrameHeader& h) { h.magic = 0xdeadbeef; }, "magic"},
+      {[](FrameHeader& h) { h.version = 9; }, "version: 9"},
+      {[](FrameHeader& h) { h.opcode = static_cast<Opcode>(200); }, "opcode: unknown opcode 200"},
+      {[](FrameHeader& h) { h.opcode = Opcode::kPush; h.dtype = net::DType::kFp32; },
+       "opcode: the first frame must be HELLO"},
+      {[](FrameHeader& h) { h.dtype = static_cast<net::DType>(9); }, "dtype: unknown dtype 9"},
+      {[](FrameHeader& h) { h.payload_bytes = 0x7fffffff; }, "payload_bytes"},
+  };
+  for (const auto& c : cases) {
+    RawClient client(daemon_.data_address());
+    FrameHeader h = good;
+    c.corrupt(h);
+    std::array<std::byte, net::kHeaderBytes> buf;
+    net::EncodeHeader(h, buf);
+    client.SendRaw(std::string(reinterpret_cast<const char*>(buf.data()), buf.size()));
+    ExpectError(client.Receive(), WireError::kMalformed, c.text);
+    EXPECT_TRUE(client.ClosedByPeer());
+  }
+  // Garbage that is not even a header, and a HELLO whose payload is not protobuf.
+  {
+    RawClient client(daemon_.data_address());
+    client.SendRaw(std::string(net::kHeaderBytes, 'x'));
+    ExpectError(client.Receive(), WireError::kMalformed, "magic");
+  }
+  {
+    RawClient client(daemon_.data_address());
+    client.Send(good, std::string("\xff\xff\xff", 3));
+    ExpectError(client.Receive(), WireError::kMalformed, "HELLO is not a Hello");
+  }
+  ExpectBystanderWorks();
+}
+
+TEST_F(DataPlaneProtocolTest, BadFramesCloseOnlyTheirConnection) {
+  const std::string token = CreateTenant("t", 2);
+  const pb::Key k = CreateKey("t", "w", 2500);  // chunks 0,1 (1024) and 2 (452): lanes 0,1,0
+  const pb::Key half = CreateKey("t", "h", 8, pb::BF16);
+  FrameHeader push;
+  push.opcode = Opcode::kPush;
+  push.key = k.id();
+  push.dtype = net::DType::kFp32;
+  push.request_id = 7;
+  struct Case {
+    std::function<void(FrameHeader&, std::string&)> make;
+    WireError code;
+    std::string text;
+  } cases[] = {
+      {[&](FrameHeader& h, std::string&) { h.key = 999; }, WireError::kUnknownKey,
+       "key: id 999 does not exist"},
+      {[&](FrameHeader& h, std::string&) { h.chunk = 3; }, WireError::kBadChunk,
+       "chunk: 3 is out of range"},
+      {[&](FrameHeader& h, std::string&) { h.chunk = 1; }, WireError::kBadChunk,
+       "lives on lane 1, not lane 0"},
+      {[&](FrameHeader& h, std::string&) { h.dtype = net::DType::kFp16; }, WireError::kBadDType,
+       "dtype: key 'w' is fp32"},
+      {[&](FrameHeader&, std::string& p) { p = Floats(1000, 1.0f); }, WireError::kBadChunk,
+       "payload_bytes: chunk 0 of key 'w' needs 4096 bytes, got 4000"},
+      {[&](FrameHeader& h, std::string& p) { h.chunk = 2; p = Floats(1024, 1.0f); },
+       WireError::kBadChunk, "needs 1808 bytes"},
+      {[&](FrameHeader& h, std::string&) { h.iteration = 5; }, WireError::kBadIteration,
+       "iteration: 5 for chunk 0 of key 'w', the hub expects 0 (ahead)"},
+      {[&](FrameHeader& h, std::string&) { h.tenant = 4242; }, WireError::kMalformed,
+       "tenant: frame names tenant handle 4242"},
+      {[&](FrameHeader& h, std::string&) { h.opcode = Opcode::kParams; }, WireError::kMalformed,
+       "is not a request a client may send"},
+      {[&](FrameHeader& h, std::string& p) { h.opcode = Opcode::kInit; p = Floats(1024, 1.0f); },
+       WireError::kInvalidArgument, "starts at zeros"},
+      {[&](FrameHeader& h, std::string& p) {
+         h.key = half.id();
+         h.dtype = net::DType::kBf16;
+         p = std::string(15, '\0');
+       },
+       WireError::kMalformed, "not a whole number of bf16 elements"},
+  };
+  for (const auto& c : cases) {
+    RawClient client(daemon_.data_address());
+    const auto w = client.Hello("t", token, 0, 0);
+    ASSERT_NE(w.tenant_handle(), 0u);
+    FrameHeader h = push;
+    h.tenant = w.tenant_handle();
+    std::string payload = Floats(1024, 1.0f);
+    c.make(h, payload);
+    client.Send(h, payload);
+    ExpectError(client.Receive(), c.code, c.text);
+    EXPECT_TRUE(client.ClosedByPeer()) << c.text;
+    ExpectBystanderWorks();
+  }
+}
+
+TEST_F(DataPlaneProtocolTest, PushImpliesPullAndDuplicatePushIsRefused) {
+  const std::string token = CreateTenant("t", 2);
+  const pb::Key k = CreateKey("t", "w", 3);
+  RawClient r0(daemon_.data_address()), r1(daemon_.data_address());
+  const auto w = r0.Hello("t", token, 0, 0);
+  ASSERT_NE(r1.Hello("t", token, 1, 0).tenant_handle(), 0u);
+  FrameHeader h;
+  h.opcode = Opcode::kPush;
+  h.tenant = w.tenant_handle();
+  h.key = k.id();
+  h.dtype = net::DType::kFp32;
+  h.request_id = 1;
+  r0.Send(h, Floats({1, 2, 3}));
+  EXPECT_FALSE(r0.Receive(std::chrono::milliseconds(100)).has_value())
+      << "no reply before every worker pushed";
+  h.request_id = 2;
+  r1.Send(h, Floats({10, 20, 30}));
+  for (RawClient* c : {&r0, &r1}) {
+    const auto f = c->Receive();
+    ASSERT_TRUE(f && f->h.opcode == Opcode::kParams);
+    EXPECT_EQ(f->h.iteration, 1u);
+    EXPECT_EQ(AsFloats(f->payload), (std::vector<float>{-5.5f, -11.0f, -16.5f}));  // -0.5 * sum
+  }
+  // Iteration 1: rank 0 pushes twice.
+  h.iteration = 1;
+  r0.Send(h, Floats({1, 1, 1}));
+  r0.Send(h, Floats({1, 1, 1}));
+  ExpectError(r0.Receive(), WireError::kDuplicatePush, "rank 0 already pushed chunk 0");
+  EXPECT_TRUE(r0.ClosedByPeer());
+  // Rank 0's connection closing is a lost worker: rank 1's push of iteration
+  // 1 now fails instead of waiting forever, and nothing advanced.
+  r1.Send(h, Floats({1, 1, 1}));
+  ExpectError(r1.Receive(), WireError::kWorkerLost, "worker lost", false);
+  ExpectBystanderWorks();
+}
+
+TEST_F(DataPlaneProtocolTest, KilledWorkerFailsTheOthersAtOnce) {
+  const std::string token = CreateTenant("t", 3);
+  const pb::Key k = CreateKey("t", "w", 1024);
+  RawClient r0(daemon_.data_address()), r1(daemon_.data_address());
+  const auto w = r0.Hello("t", token, 0, 0);
+  ASSERT_NE(r1.Hello("t", token, 1, 0).tenant_handle(), 0u);
+  FrameHeader h;
+  h.opcode = Opcode::kPush;
+  h.tenant = w.tenant_handle();
+  h.key = k.id();
+  h.dtype = net::DType::kFp32;
+  {
+    RawClient r2(daemon_.data_address());
+    ASSERT_NE(r2.Hello("t", token, 2, 0).tenant_handle(), 0u);
+    r0.Send(h, Floats(1024, 1.0f));
+    r1.Send(h, Floats(1024, 1.0f));
+  }  // rank 2 goes away without pushing
+  const auto start = std::chrono::steady_clock::now();
+  ExpectError(r0.Receive(), WireError::kWorkerLost, "rank 2", false);
+  ExpectError(r1.Receive(), WireError::kWorkerLost, "rank 2", false);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300))
+      << "a closed connection is noticed at once, well before the straggler timeout";
+}
+
+TEST_F(DataPlaneProtocolTest, StragglerTimesOut) {
+  const std::string token = CreateTenant("t", 2);
+  const pb::Key k = CreateKey("t", "w", 16);
+  RawClient r0(daemon_.data_address()), r1(daemon_.data_address());
+  const auto w = r0.Hello("t", token, 0, 0);
+  ASSERT_NE(r1.Hello("t", token, 1, 0).tenant_handle(), 0u);
+  FrameHeader h;
+  h.opcode = Opcode::kPush;
+  h.tenant = w.tenant_handle();
+  h.key = k.id();
+  h.dtype = net::DType::kFp32;
+  const auto start = std::chrono::steady_clock::now();
+  r0.Send(h, Floats(16, 1.0f));  // rank 1 stays silent but connected
+  ExpectError(r0.Receive(std::chrono::seconds(3)), WireError::kWorkerLost,
+              "straggler: rank(s) 1 did not push within 400 ms", false);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(400));
+  EXPECT_LT(waited, std::chrono::milliseconds(1500));
+  // The partial sum was discarded: both can push iteration 0 again.
+  r0.Send(h, Floats(16, 1.0f));
+  r1.Send(h, Floats(16, 2.0f));
+  const auto f = r0.Receive();
+  ASSERT_TRUE(f && f->h.opcode == Opcode::kParams);
+  EXPECT_EQ(f->h.iteration, 1u);
+  EXPECT_EQ(AsFloats(f->payload)[0], -1.5f);
+}
+
+TEST_F(DataPlaneProtocolTest, InitBroadcastsToPullers) {
+  const std::string token = CreateTenant("t", 2);
+  dpb::KeyDeclaration decl;
+  decl.set_name("emb");
+  decl.set_elements(4);
+  decl.set_init(pb::FROM_CLIENT);
+  RawClient r0(daemon_.data_address()), r1(daemon_.data_address());
+  const auto w = r0.Hello("t", token, 0, 0);
+  ASSERT_NE(r1.Hello("t", token, 1, 0).tenant_handle(), 0u);
+  FrameHeader d;
+  d.opcode = Opcode::kDeclare;
+  d.tenant = w.tenant_handle();
+  d.request_id = 5;
+  r1.Send(d, decl.SerializeAsString());
+  auto info = r1.Receive();
+  ASSERT_TRUE(info && info->h.opcode == Opcode::kKeyInfo);
+  dpb::KeyEntry entry;
+  ASSERT_TRUE(entry.ParseFromString(info->payload));
+  EXPECT_EQ(entry.name(), "emb");
+  // The same declaration from rank 0 returns the same key; a conflicting one is refused.
+  r0.Send(d, decl.SerializeAsString());
+  info = r0.Receive();
+  ASSERT_TRUE(info && info->h.opcode == Opcode::kKeyInfo);
+  dpb::KeyEntry entry0;
+  entry0.ParseFromString(info->payload);
+  EXPECT_EQ(entry0.id(), entry.id());
+  decl.set_elements(5);
+  r0.Send(d, decl.SerializeAsString());
+  ExpectError(r0.Receive(), WireError::kInvalidArgument, "already exists with 4", false);
+
+  // Rank 1 pulls before rank 0 initialized: the reply waits for INIT.
+  FrameHeader pull;
+  pull.opcode = Opcode::kPull;
+  pull.tenant = w.tenant_handle();
+  pull.key = entry.id();
+  pull.request_id = 8;
+  r1.Send(pull);
+  EXPECT_FALSE(r1.Receive(std::chrono::milliseconds(100)).has_value());
+  FrameHeader init = pull;
+  init.opcode = Opcode::kInit;
+  init.dtype = net::DType::kFp32;
+  r0.Send(init, Floats({4, 3, 2, 1}));
+  for (RawClient* c : {&r0, &r1}) {
+    const auto f = c->Receive();
+    ASSERT_TRUE(f && f->h.opcode == Opcode::kParams);
+    EXPECT_EQ(f->h.iteration, 0u);
+    EXPECT_EQ(AsFloats(f->payload), (std::vector<float>{4, 3, 2, 1}));
+  }
+  // The registry now reports the key ready.
+  grpc::ClientContext ctx;
+  pb::GetKeyRequest get;
+  get.set_tenant("t");
+  get.set_name("emb");
+  pb::Key k;
+  ASSERT_TRUE(keys_->GetKey(&ctx, get, &k).ok());
+  EXPECT_TRUE(k.ready());
+}
+
+TEST_F(DataPlaneProtocolTest, ShutdownNoticeReachesWorkers) {
+  const std::string token = CreateTenant("t", 1);
+  RawClient connected(daemon_.data_address());
+  ASSERT_NE(connected.Hello("t", token, 0, 0).tenant_handle(), 0u);
+  kill(daemon_.pid(), SIGTERM);
+  ExpectError(connected.Receive(), WireError::kShuttingDown, "shutting down");
+  EXPECT_TRUE(connected.ClosedByPeer());
+  EXPECT_EQ(daemon_.Stop(SIGTERM), 0);
+}
+
+TEST(DataPlaneHelloTimeoutTest, SilentConnectionIsClosed) {
+  // hello_timeout_ms is 10 s by default; a config shortens it here.
+  const std::string dir = testing::MakeTempDir();
+  testing::WriteFile(dir + "/c.toml", "[data]\nhello_timeout_ms = 300\n");
+  DaemonProcess quick({"--lanes", "1", "--config", dir + "/c.toml"});
+  ASSERT_TRUE(quick.started());
+  RawClient silent(quick.data_address());
+  const auto start = std::chrono::steady_clock::now();
+  ExpectError(silent.Receive(std::chrono::seconds(3)), WireError::kMalformed, "no HELLO");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
+}  // namespace
+}  // namespace rackhub
