@@ -1,0 +1,401 @@
+// rackhub-bench coordinator: hub, tenant, worker processes, report.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "bench.h"
+#include "rackhub/admin/v1/admin.grpc.pb.h"
+
+extern char** environ;
+
+namespace rackhub::bench {
+namespace {
+
+namespace pb = rackhub::admin::v1;
+namespace agg = rackhub::aggregation;
+
+const char* kUsage = R"(usage: rackhub-bench [options]
+
+Runs I iterations of synchronous push_pull of an M-byte model split into K keys
+across W worker processes through a rackhub hub, verifies every iteration's
+parameters bit for bit against a local reference, and reports the median
+iteration time.
+
+options:
+  --workers W            worker processes                      [2]
+  --bytes SIZE           model size in fp32 bytes (e.g. 64MiB)  [64MiB]
+  --keys K               keys the model is split into           [4]
+  --iterations I         timed iterations                       [20]
+  --warmup N             untimed (still verified) iterations    [2]
+  --dtype fp32|fp16|bf16 wire dtype                             [fp32]
+  --optimizer NAME       sgd|momentum|nesterov|adam|adamw|adagrad|sum-only [sgd]
+  --lr X                 learning rate                          [0.01]
+  --no-verify            skip the reference computation
+  --hub HOST:PORT        use a running hub's data plane (with --admin)
+  --admin HOST:PORT      its admin API
+  --admin-token-file F   admin token for --admin
+  --lanes N              lanes of the hub started locally (0 = cores) [0]
+  --json                 print one JSON object instead of a table
+  -h, --help
+)";
+
+struct Args {
+  WorkerParams w;
+  std::string admin, admin_token_file;
+  uint32_t lanes = 0;
+  bool json = false;
+  std::string optimizer = "sgd";
+  double lr = 0.01;
+};
+
+[[noreturn]] void Usage(const std::string& error) {
+  std::fprintf(stderr, "rackhub-bench: %s\n(see rackhub-bench --help)\n", error.c_str());
+  std::exit(2);
+}
+
+uint64_t ParseSizeArg(const std::string& flag, const std::string& text) {
+  size_t pos = 0;
+  uint64_t n = 0;
+  try {
+    n = std::stoull(text, &pos);
+  } catch (...) {
+    Usage(flag + ": '" + text + "' is not a size");
+  }
+  const std::string unit = text.substr(pos);
+  static const std::map<std::string, int> shifts = {{"", 0},   {"B", 0},    {"K", 10},
+                                                    {"KiB", 10}, {"M", 20}, {"MiB", 20},
+                                                    {"G", 30}, {"GiB", 30}};
+  const auto it = shifts.find(unit);
+  if (it == shifts.end()) Usage(flag + ": unknown unit '" + unit + "'");
+  return n << it->second;
+}
+
+uint32_t ParseUint(const std::string& flag, const std::string& text) {
+  try {
+    size_t pos = 0;
+    const unsigned long v = std::stoul(text, &pos);
+    if (pos == text.size() && v <= UINT32_MAX) return static_cast<uint32_t>(v);
+  } catch (...) {
+  }
+  Usage(flag + ": '" + text + "' is not a non-negative integer");
+}
+
+WireType ParseDType(const std::string& text) {
+  if (text == "fp32") return WireType::kFp32;
+  if (text == "fp16") return WireType::kFp16;
+  if (text == "bf16") return WireType::kBf16;
+  Usage("--dtype: '" + text + "' is not fp32, fp16 or bf16");
+}
+
+pb::OptimizerType ParseOptimizer(const std::string& text) {
+  static const std::map<std::string, pb::OptimizerType> types = {
+      {"sgd", pb::SGD},   {"momentum", pb::MOMENTUM}, {"nesterov", pb::NESTEROV},
+      {"adam", pb::ADAM}, {"adamw", pb::ADAMW},       {"adagrad", pb::ADAGRAD},
+      {"sum-only", pb::SUM_ONLY}};
+  const auto it = types.find(text);
+  if (it == types.end()) Usage("--optimizer: unknown optimizer '" + text + "'");
+  return it->second;
+}
+
+std::string SelfDir() {
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_file = "") {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!log_file.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 2, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+  }
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    std::fprintf(stderr, "rackhub-bench: cannot start %s: %s\n", args[0], std::strerror(rc));
+    return -1;
+  }
+  return pid;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A hub started for the run, stopped with SIGTERM at scope exit.
+struct LocalHub {
+  pid_t pid = -1;
+  std::string admin, data, log;
+  ~LocalHub() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      int status;
+      waitpid(pid, &status, 0);
+    }
+  }
+};
+
+bool StartHub(const std::string& dir, uint32_t lanes, LocalHub* hub) {
+  const std::string ready = dir + "/ready";
+  hub->log = dir + "/rackhubd.log";
+  hub->pid = Spawn({SelfDir() + "/rackhubd", "--admin-listen", "127.0.0.1:0", "--data-listen",
+                    "127.0.0.1:0", "--lanes", std::to_string(lanes), "--ready-file", ready,
+                    "--log-level", "warn"},
+                   hub->log);
+  if (hub->pid < 0) return false;
+  for (int i = 0; i < 400; ++i) {
+    std::istringstream in(ReadAll(ready));
+    std::string what, addr;
+    while (in >> what >> addr) (what == "admin" ? hub->admin : hub->data) = addr;
+    if (!hub->admin.empty() && !hub->data.empty()) return true;
+    int status;
+    if (waitpid(hub->pid, &status, WNOHANG) == hub->pid) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  std::fprintf(stderr, "rackhub-bench: the local rackhubd did not start:\n%s",
+               ReadAll(hub->log).c_str());
+  return false;
+}
+
+double Percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+// Extracts the numbers of "times_ms":[...] and the verified flag.
+bool ParseResult(const std::string& json, std::vector<double>* times, bool* verified) {
+  const auto t = json.find("\"times_ms\":[");
+  if (t == std::string::npos) return false;
+  *verified = json.find("\"verified\":true") != std::string::npos;
+  std::istringstream in(json.substr(t + 12, json.find(']', t) - t - 12));
+  std::string num;
+  while (std::getline(in, num, ',')) {
+    if (!num.empty()) times->push_back(std::stod(num));
+  }
+  return true;
+}
+
+int Coordinate(const Args& a, const std::string& self) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("rackhub-bench-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  LocalHub hub;
+  std::string admin = a.admin, data = a.w.hub, admin_token;
+  if (data.empty()) {
+    if (!StartHub(dir, a.lanes, &hub)) return 1;
+    admin = hub.admin;
+    data = hub.data;
+  } else if (!a.admin_token_file.empty()) {
+    std::ifstream f(a.admin_token_file);
+    f >> admin_token;
+  }
+  auto channel = grpc::CreateChannel(admin, grpc::InsecureChannelCredentials());
+  auto tenants = pb::TenantService::NewStub(channel);
+  const std::string tenant = "bench-" + std::to_string(getpid());
+  pb::CreateTenantRequest req;
+  req.set_name(tenant);
+  req.set_workers_per_rack(a.w.workers);
+  auto* opt = req.mutable_default_optimizer();
+  opt->set_type(ParseOptimizer(a.optimizer));
+  if (opt->type() != pb::SUM_ONLY) opt->set_learning_rate(a.lr);
+  if (opt->type() == pb::MOMENTUM || opt->type() == pb::NESTEROV) opt->set_momentum(0.9);
+  req.mutable_quotas()->set_max_parameter_bytes(std::max<uint64_t>(a.w.bytes, 1) * 2);
+  pb::CreateTenantResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!admin_token.empty()) ctx.AddMetadata("authorization", "Bearer " + admin_token);
+  if (auto s = tenants->CreateTenant(&ctx, req, &resp); !s.ok()) {
+    std::fprintf(stderr, "rackhub-bench: creating tenant on %s: %s\n", admin.c_str(),
+                 s.error_message().c_str());
+    return 1;
+  }
+  const auto& o = resp.tenant().default_optimizer();
+  agg::OptimizerConfig normalized;
+  normalized.type = static_cast<agg::OptimizerType>(o.type());
+  normalized.learning_rate = o.learning_rate();
+  normalized.momentum = o.momentum();
+  normalized.weight_decay = o.weight_decay();
+  normalized.beta1 = o.beta1();
+  normalized.beta2 = o.beta2();
+  normalized.epsilon = o.epsilon();
+  normalized.initial_accumulator = o.initial_accumulator();
+  normalized.reduction = o.reduction() == pb::SUM ? agg::Reduction::kSum : agg::Reduction::kMean;
+  const std::string token_file = dir + "/token";
+  std::ofstream(token_file) << resp.token() << "\n";
+
+  std::vector<pid_t> pids;
+  for (uint32_t r = 0; r < a.w.workers; ++r) {
+    pids.push_back(Spawn({self, "--worker-rank", std::to_string(r), "--hub", data, "--tenant",
+                          tenant, "--token-file", token_file, "--workers",
+                          std::to_string(a.w.workers), "--bytes", std::to_string(a.w.bytes),
+                          "--keys", std::to_string(a.w.keys), "--iterations",
+                          std::to_string(a.w.iterations), "--warmup", std::to_string(a.w.warmup),
+                          "--dtype", std::to_string(static_cast<int>(a.w.dtype)), "--opt",
+                          EncodeOptimizer(normalized), "--result",
+                          dir + "/worker-" + std::to_string(r) + ".json",
+                          a.w.verify ? "--verify" : "--no-verify"}));
+  }
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0) {
+      ok = false;
+    }
+  }
+  // Per iteration, the slowest worker's time is the iteration's time.
+  std::vector<double> iteration_ms(a.w.iterations, 0);
+  bool verified = a.w.verify;
+  for (uint32_t r = 0; r < a.w.workers && ok; ++r) {
+    std::vector<double> times;
+    bool v = false;
+    if (!ParseResult(ReadAll(dir + "/worker-" + std::to_string(r) + ".json"), &times, &v) ||
+        times.size() != a.w.iterations) {
+      ok = false;
+      break;
+    }
+    verified = verified && v;
+    for (size_t i = 0; i < times.size(); ++i) iteration_ms[i] = std::max(iteration_ms[i], times[i]);
+  }
+  {
+    pb::DeleteTenantRequest del;
+    del.set_name(tenant);
+    pb::DeleteTenantResponse ignored;
+    grpc::ClientContext dctx;
+    if (!admin_token.empty()) dctx.AddMetadata("authorization", "Bearer " + admin_token);
+    tenants->DeleteTenant(&dctx, del, &ignored);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!ok) {
+    std::fprintf(stderr, "rackhub-bench: a worker failed (see its message above)\n");
+    return 1;
+  }
+  const double median = Percentile(iteration_ms, 0.5);
+  const double gbps = static_cast<double>(a.w.bytes) / (median * 1e-3) / 1e9;
+  const char* dtype_name = a.w.dtype == WireType::kFp32   ? "fp32"
+                           : a.w.dtype == WireType::kFp16 ? "fp16"
+                                                          : "bf16";
+  if (a.json) {
+    std::printf(
+        "{\"workers\":%u,\"bytes\":%llu,\"keys\":%u,\"iterations\":%u,\"dtype\":\"%s\","
+        "\"optimizer\":\"%s\",\"median_ms\":%.3f,\"p10_ms\":%.3f,\"p90_ms\":%.3f,"
+        "\"gbps_per_worker\":%.3f,\"verified\":%s}\n",
+        a.w.workers, static_cast<unsigned long long>(a.w.bytes), a.w.keys, a.w.iterations,
+        dtype_name, a.optimizer.c_str(), median, Percentile(iteration_ms, 0.1),
+        Percentile(iteration_ms, 0.9), gbps, verified ? "true" : "false");
+  } else {
+    std::printf("rackhub-bench: %u workers, %.1f MiB in %u keys, %s on the wire, %s\n",
+                a.w.workers, static_cast<double>(a.w.bytes) / (1 << 20), a.w.keys, dtype_name,
+                a.optimizer.c_str());
+    std::printf("  iterations        %u (+%u warm-up)\n", a.w.iterations, a.w.warmup);
+    std::printf("  median iteration  %.3f ms   (p10 %.3f, p90 %.3f)\n", median,
+                Percentile(iteration_ms, 0.1), Percentile(iteration_ms, 0.9));
+    std::printf("  per worker        %.3f GB/s of model (push %.1f MiB + pull %.1f MiB each)\n",
+                gbps, static_cast<double>(a.w.bytes) / (1 << 20),
+                static_cast<double>(a.w.bytes) / (1 << 20));
+    std::printf("  verified: %s\n", verified ? "true" : (a.w.verify ? "false" : "skipped"));
+  }
+  return verified || !a.w.verify ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace rackhub::bench
+
+int main(int argc, char** argv) {
+  using namespace rackhub::bench;
+  Args a;
+  bool worker = false;
+  std::string opt_text;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) Usage(f + ": missing value");
+      return argv[++i];
+    };
+    if (f == "-h" || f == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (f == "--workers") {
+      a.w.workers = ParseUint(f, value());
+    } else if (f == "--bytes") {
+      a.w.bytes = ParseSizeArg(f, value());
+    } else if (f == "--keys") {
+      a.w.keys = ParseUint(f, value());
+    } else if (f == "--iterations") {
+      a.w.iterations = ParseUint(f, value());
+    } else if (f == "--warmup") {
+      a.w.warmup = ParseUint(f, value());
+    } else if (f == "--dtype") {
+      const std::string d = value();
+      a.w.dtype = std::isdigit(static_cast<unsigned char>(d[0]))
+                      ? static_cast<WireType>(ParseUint(f, d))
+                      : ParseDType(d);
+    } else if (f == "--optimizer") {
+      a.optimizer = value();
+      ParseOptimizer(a.optimizer);
+    } else if (f == "--lr") {
+      a.lr = std::atof(value().c_str());
+    } else if (f == "--no-verify") {
+      a.w.verify = false;
+    } else if (f == "--verify") {
+      a.w.verify = true;
+    } else if (f == "--hub") {
+      a.w.hub = value();
+    } else if (f == "--admin") {
+      a.admin = value();
+    } else if (f == "--admin-token-file") {
+      a.admin_token_file = value();
+    } else if (f == "--lanes") {
+      a.lanes = ParseUint(f, value());
+    } else if (f == "--json") {
+      a.json = true;
+    } else if (f == "--worker-rank") {  // internal: worker mode
+      worker = true;
+      a.w.rank = ParseUint(f, value());
+    } else if (f == "--tenant") {
+      a.w.tenant = value();
+    } else if (f == "--token-file") {
+      a.w.token_file = value();
+    } else if (f == "--opt") {
+      opt_text = value();
+    } else if (f == "--result") {
+      a.w.result_file = value();
+    } else {
+      Usage(f + ": unknown option");
+    }
+  }
+  if (a.w.workers == 0 || a.w.keys == 0 || a.w.iterations == 0) {
+    Usage("--workers, --keys and --iterations must be >= 1");
+  }
+  if (a.w.bytes < 4ull * a.w.keys) Usage("--bytes: too small for that many keys");
+  if (worker) {
+    if (!DecodeOptimizer(opt_text, &a.w.optimizer)) Usage("--opt: malformed");
+    return RunWorker(a.w);
+  }
+  if (!a.w.hub.empty() && a.admin.empty()) Usage("--hub needs --admin (to create the tenant)");
+  return Coordinate(a, argv[0][0] == '/' ? argv[0] : SelfDir() + "/rackhub-bench");
+}
