@@ -18,6 +18,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "process.h"
@@ -387,6 +388,71 @@ TEST_F(DataPlaneProtocolTest, PushImpliesPullAndDuplicatePushIsRefused) {
   r1.Send(h, Floats({1, 1, 1}));
   ExpectError(r1.Receive(), WireError::kWorkerLost, "worker lost", false);
   ExpectBystanderWorks();
+}
+
+// Fixed summation order: whatever order the pushes arrive in, the hub sums
+// rank 0, 1, 2, 3 and every order gives the same bits. The gradients are
+// chosen so that float addition in another order gives different results.
+TEST_F(DataPlaneProtocolTest, ArrivalOrderDoesNotChangeTheBits) {
+  const std::vector<std::vector<float>> grads = {
+      {1e8f, 1.0f, 3.3f, -7.1f}, {1.0f, 1e8f, -3.3f, 0.1f}, {-1e8f, -1e8f, 1e-3f, 7.0f},
+      {0.5f, 0.25f, 2e7f, 1e-7f}};
+  auto as_string = [](const std::vector<float>& v) {
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+  };
+  const std::vector<std::vector<int>> orders = {{0, 1, 2, 3}, {3, 2, 1, 0}, {2, 0, 3, 1},
+                                                {1, 3, 0, 2}};
+  std::vector<std::string> results;
+  for (size_t o = 0; o < orders.size(); ++o) {
+    const std::string tenant = "order" + std::to_string(o);
+    const std::string token = CreateTenant(tenant, 4);
+    const pb::Key k = CreateKey(tenant, "w", 4);
+    std::vector<std::unique_ptr<RawClient>> ranks;
+    uint32_t handle = 0;
+    for (uint32_t r = 0; r < 4; ++r) {
+      ranks.push_back(std::make_unique<RawClient>(daemon_.data_address()));
+      handle = ranks.back()->Hello(tenant, token, r, 0).tenant_handle();
+      ASSERT_NE(handle, 0u);
+    }
+    std::string first;
+    for (uint64_t it = 0; it < 3; ++it) {
+      for (int r : orders[o]) {
+        FrameHeader h;
+        h.opcode = Opcode::kPush;
+        h.tenant = handle;
+        h.key = k.id();
+        h.dtype = net::DType::kFp32;
+        h.iteration = it;
+        ranks[r]->Send(h, as_string(grads[r]));
+        // Make sure this push is in before the next rank's.
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      for (int r = 0; r < 4; ++r) {
+        const auto f = ranks[r]->Receive();
+        ASSERT_TRUE(f && f->h.opcode == Opcode::kParams);
+        if (r == 0) first = f->payload;
+        EXPECT_EQ(f->payload, first) << "every rank gets the same bits";
+      }
+    }
+    results.push_back(first);
+  }
+  for (size_t o = 1; o < results.size(); ++o) {
+    EXPECT_EQ(results[o], results[0]) << "order " << o << " changed the result";
+  }
+  // The reference: rank-order fp32 sum, SGD lr 0.5 (sum reduction), 3 steps.
+  std::vector<float> p(4, 0.0f);
+  for (int it = 0; it < 3; ++it) {
+    for (int i = 0; i < 4; ++i) {
+      float sum = grads[0][i];
+      for (int r = 1; r < 4; ++r) sum += grads[r][i];
+      p[i] = p[i] - 0.5f * sum;
+    }
+  }
+  EXPECT_EQ(AsFloats(results[0]), p);
+  // And a different order of float addition really would differ here.
+  float reversed = grads[3][0];
+  for (int r = 2; r >= 0; --r) reversed += grads[r][0];
+  EXPECT_NE(reversed, grads[0][0] + grads[1][0] + grads[2][0] + grads[3][0]);
 }
 
 TEST_F(DataPlaneProtocolTest, KilledWorkerFailsTheOthersAtOnce) {
