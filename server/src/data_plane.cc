@@ -98,7 +98,7 @@ class DataPlane::HelloSession : public std::enable_shared_from_this<HelloSession
     }
     done_ = true;
     timer_.cancel();
-    ConnectionIdentity id{tenant.handle, tenant.name, hello.rank(), hello.lane(), peer_};
+    net::ConnectionIdentity id{tenant.handle, tenant.name, hello.rank(), hello.lane(), peer_};
     plane_->HandOver(std::move(socket_), std::move(id));
   }
 
@@ -190,7 +190,7 @@ void DataPlane::AcceptNext() {
   });
 }
 
-void DataPlane::HandOver(tcp::socket socket, ConnectionIdentity id) {
+void DataPlane::HandOver(tcp::socket socket, net::ConnectionIdentity id) {
   const uint32_t lane = id.lane;
   const uint64_t seq = NextSeq();
   // Move the descriptor from the acceptor's io_context to the lane's.
@@ -211,7 +211,7 @@ void DataPlane::HandOver(tcp::socket socket, ConnectionIdentity id) {
       ::close(fd);
       return;
     }
-    service->Adopt(std::move(s), std::move(id), seq);
+    service->AdoptTcp(std::move(s), std::move(id), seq);
   });
 }
 

@@ -61,7 +61,7 @@ class DataPlane : public RegistryObserver {
   class HelloSession;
   void AcceptNext();
   // Called by a HelloSession on the acceptor thread once HELLO checked out.
-  void HandOver(boost::asio::ip::tcp::socket socket, ConnectionIdentity id);
+  void HandOver(boost::asio::ip::tcp::socket socket, net::ConnectionIdentity id);
 
   const Config config_;
   Registry* registry_;

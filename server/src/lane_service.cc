@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "data_plane.h"
+#include "rackhub/net/tcp/connection.h"
 #include "proto_convert.h"
 #include "rackhub/data/v1/control.pb.h"
 
@@ -72,8 +73,13 @@ LaneService::Tenant* LaneService::FindTenant(uint32_t handle) {
   return it == tenants_.end() ? nullptr : &it->second;
 }
 
-void LaneService::Adopt(asio::ip::tcp::socket socket, ConnectionIdentity id, uint64_t seq) {
-  auto conn = std::make_shared<LaneConnection>(this, std::move(socket), id);
+void LaneService::AdoptTcp(asio::ip::tcp::socket socket, net::ConnectionIdentity id,
+                           uint64_t seq) {
+  Adopt(std::make_shared<net::tcp::TcpConnection>(this, std::move(socket), std::move(id)), seq);
+}
+
+void LaneService::Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq) {
+  const net::ConnectionIdentity& id = conn->id();
   if (shut_down_) {
     conn->SendError(WireError::kShuttingDown, "the hub is shutting down", 0, true);
     conn->Start();
@@ -156,16 +162,18 @@ LaneService::Chunk& LaneService::GetChunk(Tenant& t, Key& key, uint32_t chunk) {
   return *slot;
 }
 
-LaneService::Verdict LaneService::Reject(LaneConnection& conn, WireError code,
+net::FrameHandler::Verdict LaneService::Reject(net::Connection& conn, WireError code,
                                          const std::string& text, uint64_t request_id) {
   if (Tenant* t = FindTenant(conn.id().tenant_handle)) {
     t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
   }
+  spdlog::warn("data: tenant '{}' rank {} lane {} ({}): {}: {}; closing", conn.id().tenant,
+               conn.id().rank, conn.id().lane, conn.id().peer, net::WireErrorName(code), text);
   conn.SendError(code, text, request_id, true);
   return Verdict::kReject;
 }
 
-LaneService::Verdict LaneService::AcceptHeader(LaneConnection& conn, const FrameHeader& h) {
+net::FrameHandler::Verdict LaneService::AcceptHeader(net::Connection& conn, const FrameHeader& h) {
   const uint64_t rid = h.request_id;
   switch (h.opcode) {
     case Opcode::kHeartbeat:
@@ -289,7 +297,7 @@ LaneService::Verdict LaneService::AcceptHeader(LaneConnection& conn, const Frame
   return Verdict::kAccept;
 }
 
-void LaneService::HandleFrame(LaneConnection& conn, const FrameHeader& h,
+void LaneService::HandleFrame(net::Connection& conn, const FrameHeader& h,
                               std::span<const std::byte> payload) {
   if (h.opcode == Opcode::kBye) {
     auto keep = conn.shared_from_this();
@@ -319,7 +327,7 @@ void LaneService::HandleFrame(LaneConnection& conn, const FrameHeader& h,
   }
 }
 
-void LaneService::SendParams(LaneConnection& conn, const Chunk& c, uint64_t version,
+void LaneService::SendParams(net::Connection& conn, const Chunk& c, uint64_t version,
                              uint64_t request_id, bool copy) {
   const auto wire = c.state.wire_params(version);
   const Key* key = nullptr;
@@ -345,7 +353,7 @@ void LaneService::SendParams(LaneConnection& conn, const Chunk& c, uint64_t vers
   }
 }
 
-void LaneService::HandlePush(LaneConnection& conn, Tenant& t, const FrameHeader& h,
+void LaneService::HandlePush(net::Connection& conn, Tenant& t, const FrameHeader& h,
                              std::span<const std::byte> payload) {
   Key* key = FindKey(t, h.key);
   if (!key) {
@@ -387,7 +395,7 @@ void LaneService::HandlePush(LaneConnection& conn, Tenant& t, const FrameHeader&
   c.pushes.clear();
 }
 
-void LaneService::HandleInit(LaneConnection& conn, Tenant& t, const FrameHeader& h,
+void LaneService::HandleInit(net::Connection& conn, Tenant& t, const FrameHeader& h,
                              std::span<const std::byte> payload) {
   Key* key = FindKey(t, h.key);
   if (!key) {
@@ -409,7 +417,7 @@ void LaneService::HandleInit(LaneConnection& conn, Tenant& t, const FrameHeader&
   c.pulls.clear();
 }
 
-void LaneService::HandlePull(LaneConnection& conn, Tenant& t, const FrameHeader& h) {
+void LaneService::HandlePull(net::Connection& conn, Tenant& t, const FrameHeader& h) {
   Key* key = FindKey(t, h.key);
   if (!key) {
     Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
@@ -425,7 +433,7 @@ void LaneService::HandlePull(LaneConnection& conn, Tenant& t, const FrameHeader&
   SendParams(conn, c, c.state.version(), h.request_id, true);
 }
 
-void LaneService::HandleDeclare(LaneConnection& conn, Tenant& t, const FrameHeader& h,
+void LaneService::HandleDeclare(net::Connection& conn, Tenant& t, const FrameHeader& h,
                                 std::span<const std::byte> payload) {
   dpb::KeyDeclaration decl;
   if (!decl.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
@@ -479,7 +487,7 @@ void LaneService::HandleDeclare(LaneConnection& conn, Tenant& t, const FrameHead
   conn.SendOwned(r, entry.SerializeAsString());
 }
 
-void LaneService::HandleSetOptimizer(LaneConnection& conn, Tenant& t, const FrameHeader& h,
+void LaneService::HandleSetOptimizer(net::Connection& conn, Tenant& t, const FrameHeader& h,
                                      std::span<const std::byte> payload) {
   dpb::OptimizerUpdate update;
   if (!update.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
@@ -514,13 +522,13 @@ void LaneService::HandleSetOptimizer(LaneConnection& conn, Tenant& t, const Fram
   conn.SendOwned(r, {});
 }
 
-void LaneService::CountBytesOut(LaneConnection& conn, size_t bytes) {
+void LaneService::OnBytesSent(net::Connection& conn, size_t bytes) {
   if (Tenant* t = FindTenant(conn.id().tenant_handle)) {
     t->info.counters->bytes_out.fetch_add(bytes, std::memory_order_relaxed);
   }
 }
 
-void LaneService::OnConnectionClosed(LaneConnection& conn, const std::string& why) {
+void LaneService::OnConnectionClosed(net::Connection& conn, const std::string& why) {
   Tenant* t = FindTenant(conn.id().tenant_handle);
   if (!t) return;
   const auto it = t->conns.find(conn.id().rank);
@@ -588,7 +596,9 @@ void LaneService::CheckStragglers() {
       if (now - c.first_contribution <= limit) continue;
       expired = true;
       for (uint32_t r = 0; r < c.state.workers(); ++r) {
-        if (!c.state.has_contributed(r)) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+        if (c.state.has_contributed(r)) continue;
+        if (!missing.empty()) missing += ',';
+        missing += std::to_string(r);
       }
       break;
     }

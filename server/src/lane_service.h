@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "config.h"
-#include "lane_connection.h"
 #include "rackhub/aggregation/chunk_state.h"
 #include "rackhub/net/asio.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/transport.h"
 #include "registry.h"
 
 namespace rackhub::server {
@@ -30,7 +30,7 @@ namespace rackhub::server {
 class DataPlane;
 struct KeyRuntime;
 
-class LaneService {
+class LaneService final : public net::FrameHandler {
  public:
   LaneService(uint32_t lane, uint32_t lanes, const DataConfig& config, Registry* registry,
               DataPlane* plane, boost::asio::io_context* io);
@@ -39,21 +39,17 @@ class LaneService {
   uint32_t lane() const { return lane_; }
 
   // Called on the lane thread (posted by the acceptor): takes over an
-  // authenticated socket, sends WELCOME and starts reading.
-  void Adopt(boost::asio::ip::tcp::socket socket, ConnectionIdentity id, uint64_t seq);
+  // authenticated TCP socket, sends WELCOME and starts reading.
+  void AdoptTcp(boost::asio::ip::tcp::socket socket, net::ConnectionIdentity id, uint64_t seq);
+  // Transport-independent part of the above.
+  void Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq);
 
-  // LaneConnection callbacks.
-  // Validates a header against the lane's state before its payload is read.
-  enum class Verdict {
-    kAccept,   // read the payload, then HandleFrame
-    kDiscard,  // a non-fatal ERROR was sent: read and drop the payload
-    kReject,   // a fatal ERROR was sent: read nothing more
-  };
-  Verdict AcceptHeader(LaneConnection& conn, const net::FrameHeader& h);
-  void HandleFrame(LaneConnection& conn, const net::FrameHeader& h,
-                   std::span<const std::byte> payload);
-  void OnConnectionClosed(LaneConnection& conn, const std::string& why);
-  void CountBytesOut(LaneConnection& conn, size_t bytes);
+  // net::FrameHandler.
+  Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;
+  void HandleFrame(net::Connection& conn, const net::FrameHeader& h,
+                   std::span<const std::byte> payload) override;
+  void OnConnectionClosed(net::Connection& conn, const std::string& why) override;
+  void OnBytesSent(net::Connection& conn, size_t bytes) override;
 
   // Posted by the DataPlane.
   // A connection of (tenant, rank) adopted with sequence < `before_seq` was
@@ -70,7 +66,7 @@ class LaneService {
 
  private:
   struct Waiter {
-    std::weak_ptr<LaneConnection> conn;
+    std::weak_ptr<net::Connection> conn;
     uint64_t request_id = 0;
   };
   struct Chunk {
@@ -87,7 +83,7 @@ class LaneService {
   };
   struct Tenant {
     TenantInfo info;
-    std::map<uint32_t, std::shared_ptr<LaneConnection>> conns;  // by rank
+    std::map<uint32_t, std::shared_ptr<net::Connection>> conns;  // by rank
     std::map<uint32_t, uint64_t> conn_seq;                      // by rank
     std::unordered_map<uint32_t, Key> keys;                     // by id
     std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks;  // by (key id << 32 | chunk)
@@ -105,19 +101,19 @@ class LaneService {
   Key* FindKey(Tenant& t, uint32_t key_id);
   // The chunk's state, created on first use.
   Chunk& GetChunk(Tenant& t, Key& key, uint32_t chunk);
-  Verdict Reject(LaneConnection& conn, net::WireError code, const std::string& text,
+  Verdict Reject(net::Connection& conn, net::WireError code, const std::string& text,
                  uint64_t request_id);
 
-  void HandlePush(LaneConnection& conn, Tenant& t, const net::FrameHeader& h,
+  void HandlePush(net::Connection& conn, Tenant& t, const net::FrameHeader& h,
                   std::span<const std::byte> payload);
-  void HandleInit(LaneConnection& conn, Tenant& t, const net::FrameHeader& h,
+  void HandleInit(net::Connection& conn, Tenant& t, const net::FrameHeader& h,
                   std::span<const std::byte> payload);
-  void HandlePull(LaneConnection& conn, Tenant& t, const net::FrameHeader& h);
-  void HandleDeclare(LaneConnection& conn, Tenant& t, const net::FrameHeader& h,
+  void HandlePull(net::Connection& conn, Tenant& t, const net::FrameHeader& h);
+  void HandleDeclare(net::Connection& conn, Tenant& t, const net::FrameHeader& h,
                      std::span<const std::byte> payload);
-  void HandleSetOptimizer(LaneConnection& conn, Tenant& t, const net::FrameHeader& h,
+  void HandleSetOptimizer(net::Connection& conn, Tenant& t, const net::FrameHeader& h,
                           std::span<const std::byte> payload);
-  void SendParams(LaneConnection& conn, const Chunk& c, uint64_t version, uint64_t request_id,
+  void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id,
                   bool copy);
   // Fails every waiting push of the tenant (some contributions in) with
   // `code` and discards their partial sums.

@@ -1,114 +1,104 @@
-#include "lane_connection.h"
+#include "rackhub/net/tcp/connection.h"
 
-#include <spdlog/spdlog.h>
-
-#include "lane_service.h"
-
-namespace rackhub::server {
+namespace rackhub::net::tcp {
 
 namespace asio = boost::asio;
 
-LaneConnection::LaneConnection(LaneService* lane, asio::ip::tcp::socket socket,
-                               ConnectionIdentity id)
-    : lane_(lane), socket_(std::move(socket)), id_(std::move(id)) {}
+TcpConnection::TcpConnection(FrameHandler* handler, asio::ip::tcp::socket socket,
+                             ConnectionIdentity id)
+    : handler_(handler), socket_(std::move(socket)), id_(std::move(id)) {}
 
-void LaneConnection::Start() { ReadHeader(); }
+void TcpConnection::Start() { ReadHeader(); }
 
-void LaneConnection::ReadHeader() {
+void TcpConnection::ReadHeader() {
   if (!open_ || closing_) return;
   asio::async_read(socket_, asio::buffer(header_buf_),
-                   [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                   [self = self()](const boost::system::error_code& ec, size_t) {
                      self->OnHeader(ec);
                    });
 }
 
-void LaneConnection::OnHeader(const boost::system::error_code& ec) {
+void TcpConnection::OnHeader(const boost::system::error_code& ec) {
   if (!open_) return;
   if (ec) {
     Close(ec == asio::error::eof ? "peer closed the connection" : ec.message());
     return;
   }
-  header_ = net::DecodeHeader(header_buf_);
-  bytes_in_ += net::kHeaderBytes;
-  if (auto error = net::ValidateHeader(header_); !error.empty()) {
-    SendError(net::WireError::kMalformed, error, header_.request_id, true);
+  header_ = DecodeHeader(header_buf_);
+  if (auto error = ValidateHeader(header_); !error.empty()) {
+    SendError(WireError::kMalformed, error, header_.request_id, true);
     return;
   }
   // The lane checks every field against its state before we read (and size)
   // the payload.
-  const auto verdict = lane_->AcceptHeader(*this, header_);
-  if (verdict == LaneService::Verdict::kReject) return;
-  discard_ = verdict == LaneService::Verdict::kDiscard;
+  const auto verdict = handler_->AcceptHeader(*this, header_);
+  if (verdict == FrameHandler::Verdict::kReject) return;
+  discard_ = verdict == FrameHandler::Verdict::kDiscard;
   if (header_.payload_bytes == 0) {
     OnPayload({});
     return;
   }
   payload_buf_.resize(header_.payload_bytes);
   asio::async_read(socket_, asio::buffer(payload_buf_),
-                   [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                   [self = self()](const boost::system::error_code& ec, size_t) {
                      self->OnPayload(ec);
                    });
 }
 
-void LaneConnection::OnPayload(const boost::system::error_code& ec) {
+void TcpConnection::OnPayload(const boost::system::error_code& ec) {
   if (!open_) return;
   if (ec) {
     Close("connection lost in a payload: " + ec.message());
     return;
   }
-  bytes_in_ += header_.payload_bytes;
   if (!discard_) {
-    lane_->HandleFrame(*this, header_,
+    handler_->HandleFrame(*this, header_,
                        std::span<const std::byte>(payload_buf_.data(), header_.payload_bytes));
   }
   ReadHeader();
 }
 
-void LaneConnection::SendBorrowed(const net::FrameHeader& header,
+void TcpConnection::SendBorrowed(const FrameHeader& header,
                                   std::span<const std::byte> payload) {
   OutFrame f;
-  net::EncodeHeader(header, f.header);
+  EncodeHeader(header, f.header);
   f.payload = payload;
   Enqueue(std::move(f));
 }
 
-void LaneConnection::SendOwned(const net::FrameHeader& header, std::string payload) {
+void TcpConnection::SendOwned(const FrameHeader& header, std::string payload) {
   OutFrame f;
-  net::FrameHeader h = header;
+  FrameHeader h = header;
   h.payload_bytes = static_cast<uint32_t>(payload.size());
-  net::EncodeHeader(h, f.header);
+  EncodeHeader(h, f.header);
   f.owned = std::move(payload);
   Enqueue(std::move(f));
 }
 
-void LaneConnection::SendError(net::WireError code, const std::string& text, uint64_t request_id,
+void TcpConnection::SendError(WireError code, const std::string& text, uint64_t request_id,
                                bool fatal) {
   if (!open_ || closing_) return;
-  net::FrameHeader h;
-  h.opcode = net::Opcode::kError;
-  h.flags = fatal ? net::kFlagFatal : 0;
+  FrameHeader h;
+  h.opcode = Opcode::kError;
+  h.flags = fatal ? kFlagFatal : 0;
   h.tenant = id_.tenant_handle;
   h.request_id = request_id;
   OutFrame f;
-  f.owned = net::EncodeErrorBody(code, text);
+  f.owned = EncodeErrorBody(code, text);
   h.payload_bytes = static_cast<uint32_t>(f.owned.size());
-  net::EncodeHeader(h, f.header);
+  EncodeHeader(h, f.header);
   f.close_after = fatal;
-  if (fatal) {
-    closing_ = true;
-    spdlog::warn("data: {} rank {} lane {} ({}): {}: {}; closing", id_.tenant, id_.rank,
-                 id_.lane, id_.peer, net::WireErrorName(code), text);
-  }
+  if (fatal) closing_ = true;
   Enqueue(std::move(f));
 }
 
-void LaneConnection::Enqueue(OutFrame frame) {
+void TcpConnection::Enqueue(OutFrame frame) {
   if (!open_) return;
   out_.push_back(std::move(frame));
   if (!writing_) WriteNext();
 }
 
-void LaneConnection::WriteNext() {
+void TcpConnection::WriteNext() {
   if (out_.empty() || !open_) {
     writing_ = false;
     return;
@@ -121,13 +111,13 @@ void LaneConnection::WriteNext() {
   std::array<asio::const_buffer, 2> buffers = {asio::const_buffer(f.header.data(), f.header.size()),
                                                payload};
   asio::async_write(socket_, buffers,
-                    [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+                    [self = self()](const boost::system::error_code& ec, size_t n) {
                       if (!self->open_) return;
                       if (ec) {
                         self->Close("write failed: " + ec.message());
                         return;
                       }
-                      self->lane_->CountBytesOut(*self, n);
+                      self->handler_->OnBytesSent(*self, n);
                       const bool close_after = self->out_.front().close_after;
                       self->out_.pop_front();
                       if (close_after) {
@@ -138,14 +128,14 @@ void LaneConnection::WriteNext() {
                     });
 }
 
-void LaneConnection::Close(const std::string& why) {
+void TcpConnection::Close(const std::string& why) {
   if (!open_) return;
   open_ = false;
   boost::system::error_code ignored;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);
   // out_ is kept: a cancelled write may still reference it until its handler runs.
-  lane_->OnConnectionClosed(*this, why);
+  handler_->OnConnectionClosed(*this, why);
 }
 
-}  // namespace rackhub::server
+}  // namespace rackhub::net::tcp

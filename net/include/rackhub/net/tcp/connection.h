@@ -1,0 +1,75 @@
+// TCP implementation of net::Connection (Boost.Asio): one data-plane
+// connection of one (worker, lane), owned by that lane's thread after the
+// acceptor handed it over (DESIGN.md §5).
+//
+// Reads frames in order: header, then (after the lane accepted the header)
+// the payload into a reusable buffer; the lane handles the frame; then the
+// next header. Replies are queued and written as gathers of header + payload
+// without staging copies; a payload that is not owned by the frame (the
+// lane's double-buffered parameters) must stay valid until written, which the
+// lane guarantees (see ChunkState).
+//
+// Thread safety: every member runs on the owning lane's thread only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "rackhub/net/asio.h"
+#include "rackhub/net/frame.h"
+#include "rackhub/net/transport.h"
+
+namespace rackhub::net::tcp {
+
+class TcpConnection final : public Connection {
+ public:
+  // `handler` must outlive the connection's handlers (the lane that owns it).
+  TcpConnection(FrameHandler* handler, boost::asio::ip::tcp::socket socket,
+                ConnectionIdentity id);
+
+  const ConnectionIdentity& id() const override { return id_; }
+  bool open() const override { return open_; }
+  void Start() override;
+  void SendBorrowed(const FrameHeader& header, std::span<const std::byte> payload) override;
+  void SendOwned(const FrameHeader& header, std::string payload) override;
+  void SendError(WireError code, const std::string& text, uint64_t request_id,
+                 bool fatal) override;
+  void Close(const std::string& why) override;
+
+ private:
+  struct OutFrame {
+    std::array<std::byte, kHeaderBytes> header;
+    std::string owned;
+    std::span<const std::byte> payload;
+    bool close_after = false;
+  };
+  void ReadHeader();
+  void OnHeader(const boost::system::error_code& ec);
+  void OnPayload(const boost::system::error_code& ec);
+  void Enqueue(OutFrame frame);
+  void WriteNext();
+
+  std::shared_ptr<TcpConnection> self() {
+    return std::static_pointer_cast<TcpConnection>(shared_from_this());
+  }
+
+  FrameHandler* handler_;
+  boost::asio::ip::tcp::socket socket_;
+  ConnectionIdentity id_;
+  bool open_ = true;
+  bool closing_ = false;  // a fatal error is queued: read nothing more
+  bool discard_ = false;  // the current frame was refused without closing
+  std::array<std::byte, kHeaderBytes> header_buf_{};
+  FrameHeader header_{};
+  std::vector<std::byte> payload_buf_;
+  std::deque<OutFrame> out_;
+  bool writing_ = false;
+};
+
+}  // namespace rackhub::net::tcp
