@@ -153,10 +153,14 @@ LaneService::Chunk& LaneService::GetChunk(Tenant& t, Key& key, uint32_t chunk) {
     const uint64_t first = uint64_t{chunk} * key.info.chunk_elements;
     const uint32_t n =
         static_cast<uint32_t>(std::min<uint64_t>(key.info.chunk_elements, key.info.elements - first));
+    // Created with the optimizer schedule the key's other chunks follow, so
+    // a change announced for a later update applies here at the same update.
+    const OptimizerSchedule& sched = key.info.schedule;
     slot = std::make_unique<Chunk>(Chunk{
-        aggregation::ChunkState(n, t.info.workers_per_rack, key.info.optimizer,
+        aggregation::ChunkState(n, t.info.workers_per_rack, sched.base,
                                 ElementTypeOf(key.info.dtype)),
         key.info.id, chunk, {}, {}, {}});
+    if (sched.from_update != 0) slot->state.SetOptimizer(sched.latest, sched.from_update);
     if (key.info.init == InitMode::kZeros) slot->state.MarkInitialized();
   }
   return *slot;
@@ -647,7 +651,10 @@ void LaneService::OnOptimizerChanged(uint32_t handle, uint32_t key_id,
                                      uint64_t from_update) {
   Tenant* t = FindTenant(handle);
   if (!t) return;
-  if (auto it = t->keys.find(key_id); it != t->keys.end()) it->second.info.optimizer = optimizer;
+  if (auto it = t->keys.find(key_id); it != t->keys.end()) {
+    it->second.info.optimizer = optimizer;
+    it->second.info.schedule.Apply(optimizer, from_update);
+  }
   for (auto& [id, chunk] : t->chunks) {
     if (chunk->key_id == key_id) chunk->state.SetOptimizer(optimizer, from_update);
   }

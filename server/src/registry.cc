@@ -29,6 +29,13 @@ struct Registry::Tenant {
       : info(std::move(i)), token(t), layout(std::move(l)) {}
 };
 
+void OptimizerSchedule::Apply(const aggregation::OptimizerConfig& config, uint64_t from) {
+  if (config == latest && from == from_update) return;
+  base = from == 0 ? config : latest;
+  latest = config;
+  from_update = from;
+}
+
 const char* WireDTypeName(WireDType dtype) {
   switch (dtype) {
     case WireDType::kFp32: return "fp32";
@@ -306,6 +313,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   key.elements = spec.elements;
   key.dtype = spec.dtype;
   key.optimizer = opt;
+  key.schedule.base = key.schedule.latest = opt;
   key.init = spec.init;
   key.ready = spec.init == InitMode::kZeros;
   key.placement = t->layout.Allocate(spec.elements);
@@ -379,6 +387,7 @@ Status Registry::SetOptimizer(const std::string& tenant, const std::string& name
                            "recreate the key");
   }
   if (auto s = CheckOptimizer("optimizer", &optimizer); !s.ok()) return s;
+  key.schedule.Apply(optimizer, from_update);
   key.optimizer = optimizer;
   *out = key;
   if (observer_) observer_->OnOptimizerChanged(t->info.handle, key.id, optimizer, from_update);

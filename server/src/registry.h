@@ -78,13 +78,28 @@ struct KeySpec {
   InitMode init = InitMode::kZeros;
 };
 
+// The optimizer of a key over time: `base` until update `from_update` - 1,
+// `latest` from update `from_update` (1-based) on. from_update == 0: `latest`
+// applies to every update (and equals `base`). A lane creating a chunk's
+// state late uses this to get the same schedule as the chunks made earlier.
+// (Two changes pending at once keep only the later one, like ChunkState.)
+struct OptimizerSchedule {
+  aggregation::OptimizerConfig base;
+  aggregation::OptimizerConfig latest;
+  uint64_t from_update = 0;
+  // Records a change taking effect at update `from` (0 = the next update).
+  // Idempotent: applying the same change twice changes nothing.
+  void Apply(const aggregation::OptimizerConfig& config, uint64_t from);
+};
+
 struct KeyInfo {
   std::string tenant;
   std::string name;
   uint32_t id = 0;
   uint64_t elements = 0;
   WireDType dtype = WireDType::kFp32;
-  aggregation::OptimizerConfig optimizer;
+  aggregation::OptimizerConfig optimizer;  // the latest set (what the admin API shows)
+  OptimizerSchedule schedule;
   InitMode init = InitMode::kZeros;
   bool ready = true;
   aggregation::KeyPlacement placement;

@@ -455,6 +455,47 @@ TEST_F(DataPlaneProtocolTest, ArrivalOrderDoesNotChangeTheBits) {
   EXPECT_NE(reversed, grads[0][0] + grads[1][0] + grads[2][0] + grads[3][0]);
 }
 
+// A learning-rate change announced for a later iteration applies exactly
+// there, also on chunks the hub first touches after the announcement.
+TEST_F(DataPlaneProtocolTest, OptimizerChangeAppliesFromItsIteration) {
+  const std::string token = CreateTenant("t", 1);
+  const pb::Key k = CreateKey("t", "w", 1024 + 4);  // chunk 0 on lane 0, chunk 1 on lane 1
+  RawClient lane0(daemon_.data_address()), lane1(daemon_.data_address());
+  const auto w = lane0.Hello("t", token, 0, 0);
+  ASSERT_NE(lane1.Hello("t", token, 0, 1).tenant_handle(), 0u);
+  dpb::OptimizerUpdate update;
+  update.mutable_optimizer()->set_learning_rate(0.25);  // type kept: SGD, sum reduction
+  update.mutable_optimizer()->set_reduction(pb::SUM);
+  FrameHeader so;
+  so.opcode = Opcode::kSetOptimizer;
+  so.tenant = w.tenant_handle();
+  so.key = k.id();
+  so.iteration = 2;  // from iteration 2 on
+  lane0.Send(so, update.SerializeAsString());
+  const auto ack = lane0.Receive();
+  ASSERT_TRUE(ack && ack->h.opcode == Opcode::kAck);
+  // Only now does lane 1 see chunk 1 for the first time.
+  float p0 = 0, p1 = 0;
+  for (uint64_t it = 0; it < 4; ++it) {
+    for (uint32_t chunk : {0u, 1u}) {
+      RawClient& c = chunk == 0 ? lane0 : lane1;
+      FrameHeader h;
+      h.opcode = Opcode::kPush;
+      h.tenant = w.tenant_handle();
+      h.key = k.id();
+      h.chunk = chunk;
+      h.dtype = net::DType::kFp32;
+      h.iteration = it;
+      c.Send(h, Floats(chunk == 0 ? 1024 : 4, 1.0f));
+      const auto f = c.Receive();
+      ASSERT_TRUE(f && f->h.opcode == Opcode::kParams);
+      float& p = chunk == 0 ? p0 : p1;
+      p = p - (it < 2 ? 0.5f : 0.25f) * 1.0f;
+      EXPECT_EQ(AsFloats(f->payload)[0], p) << "chunk " << chunk << " iteration " << it;
+    }
+  }
+}
+
 TEST_F(DataPlaneProtocolTest, KilledWorkerFailsTheOthersAtOnce) {
   const std::string token = CreateTenant("t", 3);
   const pb::Key k = CreateKey("t", "w", 1024);

@@ -196,4 +196,44 @@ DaemonProcess::~DaemonProcess() {
   std::filesystem::remove_all(dir_, ec);
 }
 
+
+ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::string& log_path) {
+  auto args = ArgvOf(argv);
+  pid_ = fork();
+  if (pid_ == 0) {
+    if (!log_path.empty()) {
+      const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+    }
+    execv(args[0], args.data());
+    std::fprintf(stderr, "execv %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  if (pid_ < 0) ADD_FAILURE() << "fork: " << std::strerror(errno);
+}
+
+ChildProcess::~ChildProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+}
+
+int ChildProcess::Wait(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return exit_code_;
+  int status = 0;
+  if (!WaitFor(pid_, timeout, &status)) return -1;
+  pid_ = -1;
+  exit_code_ = ExitCodeOf(status);
+  return exit_code_;
+}
+
+void ChildProcess::Kill(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
 }  // namespace rackhub::testing

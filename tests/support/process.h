@@ -62,4 +62,29 @@ class DaemonProcess {
   std::string data_address_;
 };
 
+
+// A child process started without waiting for it (e.g. a test worker). The
+// destructor SIGKILLs and reaps it if it is still running.
+class ChildProcess {
+ public:
+  // fork+exec of `argv` (argv[0] is a path); stdout and stderr go to
+  // `log_path` (or are inherited if empty). Fails the current test if fork fails.
+  ChildProcess(const std::vector<std::string>& argv, const std::string& log_path = "");
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0; }
+  // Waits up to `timeout` for exit; returns the exit code (128+signal if
+  // killed by a signal) or -1 on timeout (the child keeps running).
+  int Wait(std::chrono::milliseconds timeout);
+  // Sends `sig` (e.g. SIGKILL); does not wait.
+  void Kill(int sig);
+
+ private:
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+};
+
 }  // namespace rackhub::testing

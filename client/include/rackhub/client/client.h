@@ -1,0 +1,180 @@
+// librackhub: the worker side of the rackhub data plane (DESIGN.md §2, §4).
+//
+// A Client is one worker (rank) of one tenant. It keeps one TCP connection per
+// hub lane; chunk g of the tenant's chunk space travels on lane g % lanes.
+// Operations on keys (PushPull, Init, Pull, SetOptimizer) are asynchronous and
+// return a Ticket, completed either through Wait/WaitFor or through an
+// optional callback. DeclareKey is blocking.
+//
+// Threads and ownership:
+//  - Every Client method may be called from any thread, concurrently.
+//  - The client runs one internal I/O thread (a Boost.Asio io_context that owns
+//    every lane socket). Completion callbacks run on that thread: keep them
+//    short and do not call Wait/WaitFor/Close from inside them (issuing new
+//    operations from a callback is fine).
+//  - Buffers passed to asynchronous calls (`grad`, `out`, `values`) are
+//    borrowed, not copied (fp32 keys are sent from and received into them
+//    directly): they must stay alive and untouched until the ticket completes
+//    (Wait returned, or the callback ran). A ticket completes only once the
+//    I/O thread no longer touches them, even when it fails.
+//  - The Client object must outlive every ticket it issued; the destructor
+//    calls Close().
+//
+// Errors (one page, STYLE.md §5): every failure reaches the caller as an
+// Error. A request the hub refuses fails with kServer and the hub's code and
+// text. A broken connection (EOF, reset, fatal ERROR frame, garbage from the
+// hub) fails every pending ticket with kConnectionLost, and every later call
+// fails at once: the client must be recreated. A ticket that is not done after
+// Options::op_timeout fails with kTimeout. Nothing blocks forever.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "rackhub/net/frame.h"
+
+namespace rackhub::client {
+
+struct Options {
+  std::string hub = "127.0.0.1:7700";  // HOST:PORT of the hub's data plane
+  std::string tenant;
+  std::string token;                   // the tenant's data-plane token
+  uint32_t rank = 0;                   // worker rank in its rack
+  uint32_t rack = 0;
+  std::chrono::milliseconds connect_timeout{10000};  // whole Connect(): all lanes
+  std::chrono::milliseconds op_timeout{120000};      // per ticket; 0 = no timeout
+};
+
+enum class ErrorCode {
+  kOk = 0,
+  kInvalidArgument = 1,  // caller's mistake, detected locally; nothing was sent
+  kConnectFailed = 2,    // TCP connect / handshake failed or timed out
+  kUnauthenticated = 3,  // the hub refused the tenant name or token
+  kConnectionLost = 4,   // a lane connection broke; the client is unusable
+  kTimeout = 5,          // op_timeout expired
+  kServer = 6,           // the hub answered with an ERROR frame (see Error::wire)
+  kClosed = 7,           // Close() was called
+};
+const char* ErrorCodeName(ErrorCode code);
+
+struct Error {
+  ErrorCode code = ErrorCode::kOk;
+  net::WireError wire = {};  // set for kServer (and kUnauthenticated from the hub)
+  std::string message;       // human readable; includes the hub's text if any
+
+  bool ok() const { return code == ErrorCode::kOk; }
+  static Error Ok() { return {}; }
+};
+
+// Wire dtype of a key (the hub keeps an fp32 master copy).
+enum class DType : uint8_t { kFp32 = 1, kFp16 = 2, kBf16 = 3 };
+enum class Init : uint8_t { kZeros = 1, kFromClient = 2 };
+
+struct OptimizerSpec {
+  // sgd | momentum | nesterov | adam | adamw | adagrad | sum-only.
+  // Empty: the tenant's default (DeclareKey) or "keep the type" (SetOptimizer).
+  std::string type;
+  double learning_rate = 0, momentum = 0, weight_decay = 0, beta1 = 0, beta2 = 0, epsilon = 0,
+         initial_accumulator = 0;
+  bool sum_reduction = false;  // false: mean of the workers' gradients
+};
+
+using KeyId = uint32_t;
+using Ticket = uint64_t;
+using Callback = std::function<void(const Error&)>;
+
+struct KeyDecl {
+  std::string name;
+  uint64_t elements = 0;
+  DType dtype = DType::kFp32;
+  std::optional<OptimizerSpec> optimizer = std::nullopt;  // unset: the tenant's default
+  Init init = Init::kZeros;
+};
+
+struct KeyInfo {
+  KeyId id = 0;
+  std::string name;
+  uint64_t elements = 0;
+  DType dtype = DType::kFp32;
+  Init init = Init::kZeros;
+  uint64_t first_chunk = 0;  // tenant-wide index of chunk 0
+  uint64_t chunk_count = 0;
+  uint64_t version = 0;          // updates applied, as the hub last reported it
+  uint64_t next_iteration = 0;   // the iteration the next PushPull contributes to
+};
+
+class Client {
+ public:
+  // Connects every lane (lane 0 first, then the lane count from its WELCOME)
+  // within options.connect_timeout. Returns null and fills *error on failure
+  // (kInvalidArgument for a bad hub address, kUnauthenticated, kConnectFailed).
+  static std::unique_ptr<Client> Connect(const Options& options, Error* error);
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // What the hub told us at connect time.
+  uint32_t tenant_handle() const;
+  uint32_t lanes() const;
+  uint32_t workers() const;
+  uint32_t chunk_elements() const;
+  uint32_t straggler_timeout_ms() const;
+
+  // Creates the key or returns the existing one of that name (every rank may
+  // declare the same key). Blocks up to op_timeout. Quota refusals and
+  // contradicting declarations fail with kServer.
+  Error DeclareKey(const KeyDecl& decl, KeyId* out);
+  // A key known from the WELCOME table or an earlier DeclareKey.
+  std::optional<KeyId> FindKey(const std::string& name) const;
+  std::optional<KeyInfo> GetKeyInfo(KeyId key) const;
+
+  // Sends `grad` (converted to the key's dtype) for the key's next iteration
+  // and receives the updated parameters into `out`. Sizes must equal the key's
+  // element count. At most one PushPull per key may be pending (different keys
+  // may be pipelined freely). On success the key's next iteration advances.
+  Ticket PushPull(KeyId key, std::span<const float> grad, std::span<float> out,
+                  Callback done = nullptr);
+  // Rank 0 of a FROM_CLIENT key: supplies the initial parameters.
+  Ticket Init(KeyId key, std::span<const float> values, Callback done = nullptr);
+  // Current parameters (waits on the hub until the key is initialized).
+  // Resynchronizes the key's next iteration with the hub.
+  Ticket Pull(KeyId key, std::span<float> out, Callback done = nullptr);
+  // New hyperparameters (same type) taking effect at update `from_iteration`.
+  Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration,
+                      Callback done = nullptr);
+
+  // Blocks until the ticket completes and returns its result; consumes the
+  // ticket (a second Wait returns kInvalidArgument). Tickets issued with a
+  // callback are consumed by the callback: do not Wait on them.
+  Error Wait(Ticket ticket);
+  // As Wait, but gives up after `timeout` with kTimeout, leaving the ticket
+  // pending (it can be waited again).
+  Error WaitFor(Ticket ticket, std::chrono::milliseconds timeout);
+
+  // Sends BYE on every lane, fails pending tickets with kClosed, stops the I/O
+  // thread. Idempotent. Later calls fail with kClosed. Must not be called from
+  // a callback.
+  void Close();
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Element conversions used on the wire (round to nearest, ties to even; NaN
+// stays NaN; exposed for tests and bindings).
+uint16_t FloatToHalf(float f);
+float HalfToFloat(uint16_t h);
+uint16_t FloatToBfloat16(float f);
+float Bfloat16ToFloat(uint16_t b);
+
+}  // namespace rackhub::client

@@ -1,0 +1,109 @@
+/* librackhub C ABI (librackhub.so): a thin, stable wrapper over
+ * rackhub::client::Client (client.h) for bindings (Python, PyTorch plugin).
+ *
+ * Conventions:
+ *  - Every function returns an int status: one of RACKHUB_* below (the values
+ *    of rackhub::client::ErrorCode). RACKHUB_OK is 0.
+ *  - On failure, rackhub_last_error(client) gives the message and
+ *    rackhub_last_wire_error(client) the hub's error code (0 if none) of the
+ *    last failing call made on that client by the calling thread's last look;
+ *    the returned string stays valid until the calling thread calls
+ *    rackhub_last_error again.
+ *  - Threads: one rackhub_client* may be used from several threads at once,
+ *    except rackhub_close, which must be the last call.
+ *  - Buffers passed to the _async functions must stay alive until
+ *    rackhub_wait on the ticket returned.
+ *  - Sizes are element counts (floats), not bytes.
+ */
+#ifndef RACKHUB_CLIENT_RACKHUB_C_H_
+#define RACKHUB_CLIENT_RACKHUB_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes. */
+#define RACKHUB_OK 0
+#define RACKHUB_INVALID_ARGUMENT 1
+#define RACKHUB_CONNECT_FAILED 2
+#define RACKHUB_UNAUTHENTICATED 3
+#define RACKHUB_CONNECTION_LOST 4
+#define RACKHUB_TIMEOUT 5
+#define RACKHUB_SERVER 6 /* see rackhub_last_wire_error */
+#define RACKHUB_CLOSED 7
+
+/* Key wire dtypes and init modes. */
+#define RACKHUB_FP32 1
+#define RACKHUB_FP16 2
+#define RACKHUB_BF16 3
+#define RACKHUB_INIT_ZEROS 1
+#define RACKHUB_INIT_FROM_CLIENT 2
+
+typedef struct rackhub_client rackhub_client; /* opaque */
+
+typedef struct rackhub_options {
+  const char* hub;    /* "HOST:PORT"; NULL: "127.0.0.1:7700" */
+  const char* tenant; /* required */
+  const char* token;  /* the tenant's data-plane token */
+  uint32_t rank;
+  uint32_t rack;
+  uint32_t connect_timeout_ms; /* 0: 10000 */
+  uint32_t op_timeout_ms;      /* 0: 120000 */
+} rackhub_options;
+
+typedef struct rackhub_optimizer {
+  /* "sgd", "momentum", "nesterov", "adam", "adamw", "adagrad", "sum-only";
+   * NULL or "": tenant default (declare) / keep the type (set_optimizer). */
+  const char* type;
+  double learning_rate, momentum, weight_decay, beta1, beta2, epsilon, initial_accumulator;
+  int sum_reduction; /* nonzero: sum of the gradients, 0: mean */
+} rackhub_optimizer;
+
+/* Connects every lane. On success *out is a new client (free it with
+ * rackhub_close). On failure *out is NULL and, if error_buf is not NULL, the
+ * message is copied there (NUL-terminated, truncated to error_len). */
+int rackhub_connect(const rackhub_options* options, rackhub_client** out, char* error_buf,
+                    size_t error_len);
+
+/* Message / hub error code of the calling thread's last failing call on
+ * `client` ("" / 0 if none). */
+const char* rackhub_last_error(rackhub_client* client);
+uint32_t rackhub_last_wire_error(rackhub_client* client);
+
+/* Lanes, workers and elements per chunk the hub announced. */
+uint32_t rackhub_lanes(const rackhub_client* client);
+uint32_t rackhub_workers(const rackhub_client* client);
+uint32_t rackhub_chunk_elements(const rackhub_client* client);
+
+/* Declares (or looks up) a key; `optimizer` may be NULL (tenant default). */
+int rackhub_declare_key(rackhub_client* client, const char* name, uint64_t elements, int dtype,
+                        const rackhub_optimizer* optimizer, int init, uint32_t* key_out);
+/* RACKHUB_INVALID_ARGUMENT if the client does not know the name. */
+int rackhub_find_key(rackhub_client* client, const char* name, uint32_t* key_out);
+
+/* Blocking operations. n must equal the key's element count. */
+int rackhub_push_pull(rackhub_client* client, uint32_t key, const float* grad, float* out,
+                      uint64_t n);
+int rackhub_init(rackhub_client* client, uint32_t key, const float* values, uint64_t n);
+int rackhub_pull(rackhub_client* client, uint32_t key, float* out, uint64_t n);
+int rackhub_set_optimizer(rackhub_client* client, uint32_t key, const rackhub_optimizer* optimizer,
+                          uint64_t from_iteration);
+
+/* Asynchronous push_pull: *ticket is completed by rackhub_wait (exactly once).
+ * Local errors are also reported through rackhub_wait. */
+int rackhub_push_pull_async(rackhub_client* client, uint32_t key, const float* grad, float* out,
+                            uint64_t n, uint64_t* ticket);
+int rackhub_wait(rackhub_client* client, uint64_t ticket);
+
+/* Sends BYE, fails pending operations with RACKHUB_CLOSED and frees the
+ * client. NULL is allowed. */
+void rackhub_close(rackhub_client* client);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* RACKHUB_CLIENT_RACKHUB_C_H_ */

@@ -1,0 +1,188 @@
+// Private to librackhub: the state behind rackhub::client::Client.
+//
+// Threads: caller threads touch only what `mu_` guards (key table, ticket
+// table, client state) and post work to the I/O thread. Everything marked
+// "I/O thread" (lanes, pending requests, per-operation progress) is touched
+// only from handlers of `io_`, i.e. from the I/O thread, or from the thread
+// that joined it (Close) after it stopped.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "rackhub/client/client.h"
+#include "rackhub/net/asio.h"
+#include "rackhub/net/frame.h"
+
+namespace rackhub::client {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace internal {
+
+enum class OpKind { kPushPull, kInit, kPull, kSetOptimizer, kDeclare };
+const char* OpKindName(OpKind kind);
+
+// One ticket: a request split into one frame per chunk (or per lane).
+struct Operation {
+  // Set by the issuing thread before the operation is posted; read-only after.
+  Ticket ticket = 0;
+  OpKind kind = OpKind::kPushPull;
+  KeyId key = 0;
+  DType dtype = DType::kFp32;
+  uint64_t elements = 0;
+  uint64_t first_chunk = 0;
+  uint64_t iteration = 0;            // PUSH iteration / SET_OPTIMIZER from_iteration
+  std::span<const float> in;         // PushPull gradient / Init values (borrowed)
+  std::span<float> out;              // PushPull / Pull destination (borrowed)
+  std::vector<uint16_t> narrowed;    // `in` converted for fp16/bf16 keys
+  std::string control;               // protobuf payload (DECLARE, SET_OPTIMIZER)
+  Callback callback;
+
+  // I/O thread.
+  size_t remaining = 0;      // replies still expected
+  int io_refs = 0;           // transfers in flight that read or write `in`/`out`
+  bool failed = false;       // error holds why; the rest of the replies are ignored
+  bool finished = false;     // completion delivered
+  Error error;
+  uint64_t min_reply_iteration = UINT64_MAX;
+  std::optional<KeyInfo> declared;  // KEY_INFO of a DECLARE
+  std::unique_ptr<asio::steady_timer> timer;
+
+  // Completion as seen by waiters.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;  // GUARDED_BY(mu)
+  Error result;       // GUARDED_BY(mu)
+};
+using OperationPtr = std::shared_ptr<Operation>;
+
+// A request sent on a lane, waiting for its reply.
+struct PendingRequest {
+  OperationPtr op;
+  net::Opcode expect = net::Opcode::kParams;
+  uint32_t chunk = 0;
+  uint64_t offset = 0;    // first element of the chunk in the key
+  uint32_t elements = 0;  // elements of the chunk
+};
+
+// A frame in a lane's write queue: header plus an optional borrowed payload.
+struct OutFrame {
+  std::array<std::byte, net::kHeaderBytes> header{};
+  const void* payload = nullptr;
+  size_t bytes = 0;
+  OperationPtr op;           // null for BYE
+  bool borrows_user = false; // payload points into the caller's buffer (holds io_refs)
+};
+
+class Lane;
+
+}  // namespace internal
+
+class Client::Impl {
+ public:
+  explicit Impl(const Options& options);
+  ~Impl();
+
+  // Handshakes every lane and starts the I/O thread.
+  Error Connect();
+
+  Error DeclareKey(const KeyDecl& decl, KeyId* out);
+  std::optional<KeyId> FindKey(const std::string& name) const;
+  std::optional<KeyInfo> GetKeyInfo(KeyId key) const;
+  Ticket PushPull(KeyId key, std::span<const float> grad, std::span<float> out, Callback done);
+  Ticket InitKey(KeyId key, std::span<const float> values, Callback done);
+  Ticket Pull(KeyId key, std::span<float> out, Callback done);
+  Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration,
+                      Callback done);
+  Error Wait(Ticket ticket, std::optional<std::chrono::milliseconds> timeout);
+  void Close();
+
+  uint32_t tenant_handle() const { return tenant_handle_; }
+  uint32_t lanes() const { return lane_count_; }
+  uint32_t workers() const { return workers_; }
+  uint32_t chunk_elements() const { return chunk_elements_; }
+  uint32_t straggler_timeout_ms() const { return straggler_timeout_ms_; }
+
+  // ---- Called by lanes (I/O thread) ----
+  // One reply of `op` arrived and was stored.
+  void ReplyArrived(const internal::OperationPtr& op, uint64_t iteration);
+  void FailOp(const internal::OperationPtr& op, Error error);
+  // Drops one io_ref of `op` and completes it if that was the last thing.
+  void ReleaseIo(const internal::OperationPtr& op);
+  // A lane broke: fails everything, the client becomes unusable.
+  void ConnectionLost(const std::string& reason);
+  void LaneClosed();
+  bool closing() const { return closing_io_; }
+
+ private:
+  enum class State { kOpen, kBroken, kClosed };
+
+  // Issue helpers (caller threads).
+  Error UsableLocked() const;  // REQUIRES: mu_ held
+  Ticket Register(const internal::OperationPtr& op);  // REQUIRES: mu_ held
+  Ticket CompleteNow(internal::OperationPtr op, Error error);  // REQUIRES: mu_ not held
+  void Post(internal::OperationPtr op);
+  // Takes the key's data-op slot; returns the failure if it cannot.
+  Error AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, bool check_in,
+                   bool check_out, internal::Operation* op);  // REQUIRES: mu_ held
+
+  // I/O thread.
+  void Start(const internal::OperationPtr& op);
+  void StartChunks(const internal::OperationPtr& op, net::Opcode opcode);
+  void MaybeFinish(const internal::OperationPtr& op);
+  void Finish(const internal::OperationPtr& op);
+  void FailAll(ErrorCode code, const std::string& message);
+  void CloseOnIo();
+  std::vector<internal::OperationPtr> UnfinishedOps();
+
+  // Handshake of one lane (before the I/O thread runs).
+  Error Handshake(uint32_t lane, const tcp::endpoint& endpoint,
+                  std::chrono::steady_clock::time_point deadline, tcp::socket* socket,
+                  std::string* welcome_payload);
+
+  struct KeyState {
+    KeyInfo info;
+    bool busy = false;  // a PushPull/Init/Pull is pending
+  };
+  void ImportKey(const KeyInfo& info);  // REQUIRES: mu_ held
+
+  const Options options_;
+  // Welcome, fixed after Connect.
+  uint32_t tenant_handle_ = 0;
+  uint32_t lane_count_ = 0;
+  uint32_t workers_ = 0;
+  uint32_t chunk_elements_ = 0;
+  uint32_t straggler_timeout_ms_ = 0;
+
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::thread thread_;
+  std::vector<std::unique_ptr<internal::Lane>> lanes_;  // I/O thread after Connect
+  std::atomic<uint64_t> next_request_id_{1};
+  bool closing_io_ = false;                             // I/O thread
+  std::unique_ptr<asio::steady_timer> close_timer_;     // I/O thread
+
+  mutable std::mutex mu_;
+  State state_ = State::kOpen;                               // GUARDED_BY(mu_)
+  Error broken_;                                             // GUARDED_BY(mu_)
+  std::unordered_map<KeyId, KeyState> keys_;                 // GUARDED_BY(mu_)
+  std::unordered_map<std::string, KeyId> names_;             // GUARDED_BY(mu_)
+  std::unordered_map<Ticket, internal::OperationPtr> tickets_;  // GUARDED_BY(mu_)
+  Ticket next_ticket_ = 1;                                   // GUARDED_BY(mu_)
+  std::mutex close_mu_;  // serializes Close()
+};
+
+}  // namespace rackhub::client

@@ -1,0 +1,190 @@
+// Client::Impl::Connect: the HELLO/WELCOME handshake of every lane, run on
+// the caller's thread (the I/O thread starts once every lane is connected).
+#include <utility>
+
+#include "client_impl.h"
+#include "rackhub/net/endpoint.h"
+#include "lane.h"
+#include "wire.h"
+
+namespace rackhub::client {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kClientVersion = "librackhub 0.1.0";
+
+Error MakeError(ErrorCode code, std::string message, net::WireError wire = {}) {
+  Error e;
+  e.code = code;
+  e.wire = wire;
+  e.message = std::move(message);
+  return e;
+}
+
+// Runs one asynchronous operation on `io` (not yet run by any other thread)
+// until it completes or `deadline` passes; on timeout closes `socket` (which
+// aborts the operation) and returns timed_out.
+template <typename StartFn>
+boost::system::error_code RunUntil(asio::io_context& io, tcp::socket& socket,
+                                   Clock::time_point deadline, StartFn start) {
+  bool done = false;
+  boost::system::error_code result;
+  io.restart();
+  start([&](const boost::system::error_code& ec, auto&&...) {
+    result = ec;
+    done = true;
+  });
+  while (!done) {
+    if (Clock::now() >= deadline) {
+      boost::system::error_code ignored;
+      socket.close(ignored);
+      while (!done) io.run_one();  // the aborted handler
+      return asio::error::timed_out;
+    }
+    io.run_one_until(deadline);
+  }
+  return result;
+}
+
+}  // namespace
+
+Error Client::Impl::Handshake(uint32_t lane, const tcp::endpoint& endpoint,
+                              Clock::time_point deadline, tcp::socket* socket,
+                              std::string* welcome_payload) {
+  const std::string where = "hub " + options_.hub + " lane " + std::to_string(lane);
+  const auto failed = [&](const char* step, const boost::system::error_code& ec) {
+    const std::string why = ec == asio::error::timed_out
+                                ? "timed out (connect_timeout " +
+                                      std::to_string(options_.connect_timeout.count()) + " ms)"
+                                : ec == asio::error::eof ? "the hub closed the connection"
+                                                         : ec.message();
+    return MakeError(ErrorCode::kConnectFailed, where + ": " + step + ": " + why);
+  };
+  auto ec = RunUntil(io_, *socket, deadline,
+                     [&](auto handler) { socket->async_connect(endpoint, handler); });
+  if (ec) return failed("connect", ec);
+  socket->set_option(tcp::no_delay(true), ec);
+
+  data::v1::Hello hello;
+  hello.set_tenant(options_.tenant);
+  hello.set_token(options_.token);
+  hello.set_rank(options_.rank);
+  hello.set_rack(options_.rack);
+  hello.set_lane(lane);
+  hello.set_client_version(kClientVersion);
+  const std::string payload = hello.SerializeAsString();
+  net::FrameHeader h;
+  h.opcode = net::Opcode::kHello;
+  h.payload_bytes = static_cast<uint32_t>(payload.size());
+  std::array<std::byte, net::kHeaderBytes> header{};
+  net::EncodeHeader(h, header);
+  const std::array<asio::const_buffer, 2> out = {asio::buffer(header), asio::buffer(payload)};
+  ec = RunUntil(io_, *socket, deadline,
+                [&](auto handler) { asio::async_write(*socket, out, handler); });
+  if (ec) return failed("sending HELLO", ec);
+
+  ec = RunUntil(io_, *socket, deadline,
+                [&](auto handler) { asio::async_read(*socket, asio::buffer(header), handler); });
+  if (ec) return failed("reading WELCOME", ec);
+  const net::FrameHeader reply = net::DecodeHeader(header);
+  if (const std::string bad = net::ValidateHeader(reply); !bad.empty()) {
+    return MakeError(ErrorCode::kConnectFailed, where + ": invalid reply to HELLO: " + bad);
+  }
+  std::string body(reply.payload_bytes, '\0');
+  ec = RunUntil(io_, *socket, deadline, [&](auto handler) {
+    asio::async_read(*socket, asio::buffer(body), handler);
+  });
+  if (ec) return failed("reading WELCOME", ec);
+  if (reply.opcode == net::Opcode::kError) {
+    net::WireError code{};
+    std::string text;
+    if (!net::DecodeErrorBody(std::as_bytes(std::span(body)), &code, &text)) {
+      return MakeError(ErrorCode::kConnectFailed, where + ": ERROR frame too short");
+    }
+    const std::string what = where + ": hub refused HELLO: " + net::WireErrorName(code) + ": " +
+                              text;
+    return MakeError(code == net::WireError::kUnauthenticated ? ErrorCode::kUnauthenticated
+                                                              : ErrorCode::kConnectFailed,
+                     what, code);
+  }
+  if (reply.opcode != net::Opcode::kWelcome) {
+    return MakeError(ErrorCode::kConnectFailed, where + ": expected WELCOME, got " +
+                                                    internal::OpcodeName(reply.opcode));
+  }
+  *welcome_payload = std::move(body);
+  return {};
+}
+
+Error Client::Impl::Connect() {
+  std::string why;
+  const auto endpoint = net::ParseEndpoint(options_.hub, &why);
+  if (!endpoint || endpoint->port == 0) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "hub '" + options_.hub + "': " + (why.empty() ? "port 0" : why));
+  }
+  if (options_.tenant.empty()) return MakeError(ErrorCode::kInvalidArgument, "tenant is empty");
+  const auto deadline = Clock::now() + options_.connect_timeout;
+
+  tcp::resolver resolver(io_);
+  boost::system::error_code ec;
+  const auto results = resolver.resolve(endpoint->host, std::to_string(endpoint->port),
+                                        asio::ip::resolver_base::numeric_service, ec);
+  if (ec || results.empty()) {
+    return MakeError(ErrorCode::kConnectFailed,
+                     "hub " + options_.hub + ": cannot resolve: " + ec.message());
+  }
+  const tcp::endpoint target = *results.begin();
+
+  std::vector<tcp::socket> sockets;
+  uint32_t lane_count = 1;
+  for (uint32_t lane = 0; lane < lane_count; ++lane) {
+    tcp::socket socket(io_);
+    std::string payload;
+    if (Error e = Handshake(lane, target, deadline, &socket, &payload); !e.ok()) return e;
+    data::v1::Welcome welcome;
+    if (!welcome.ParseFromString(payload)) {
+      return MakeError(ErrorCode::kConnectFailed, "hub " + options_.hub + " lane " +
+                                                      std::to_string(lane) +
+                                                      ": WELCOME payload does not parse");
+    }
+    if (lane == 0) {
+      if (welcome.lanes() == 0 || welcome.chunk_elements() == 0 || welcome.lanes() > 4096) {
+        return MakeError(ErrorCode::kConnectFailed,
+                         "hub " + options_.hub + ": WELCOME with " +
+                             std::to_string(welcome.lanes()) + " lanes and chunk_elements " +
+                             std::to_string(welcome.chunk_elements()));
+      }
+      tenant_handle_ = welcome.tenant_handle();
+      lane_count_ = lane_count = welcome.lanes();
+      workers_ = welcome.workers();
+      chunk_elements_ = welcome.chunk_elements();
+      straggler_timeout_ms_ = welcome.straggler_timeout_ms();
+      std::lock_guard lock(mu_);
+      for (const auto& entry : welcome.keys()) {
+        KeyInfo info;
+        if (const std::string bad = internal::ToKeyInfo(entry, chunk_elements_, &info);
+            !bad.empty()) {
+          return MakeError(ErrorCode::kConnectFailed, "hub " + options_.hub + ": WELCOME " + bad);
+        }
+        ImportKey(info);
+      }
+    } else if (welcome.tenant_handle() != tenant_handle_ || welcome.lanes() != lane_count_ ||
+               welcome.chunk_elements() != chunk_elements_) {
+      return MakeError(ErrorCode::kConnectFailed,
+                       "hub " + options_.hub + " lane " + std::to_string(lane) +
+                           ": WELCOME disagrees with lane 0's (tenant handle, lanes or chunk size)");
+    }
+    sockets.push_back(std::move(socket));
+  }
+  for (uint32_t lane = 0; lane < lane_count; ++lane) {
+    lanes_.push_back(std::make_unique<internal::Lane>(this, lane, std::move(sockets[lane])));
+  }
+  io_.restart();
+  for (auto& lane : lanes_) lane->StartReading();
+  work_.emplace(asio::make_work_guard(io_));
+  thread_ = std::thread([this] { io_.run(); });
+  return {};
+}
+
+}  // namespace rackhub::client

@@ -1,0 +1,260 @@
+#include "lane.h"
+
+#include <cstring>
+#include <utility>
+
+#include "convert.h"
+#include "wire.h"
+
+namespace rackhub::client::internal {
+
+Lane::Lane(Client::Impl* owner, uint32_t index, tcp::socket socket)
+    : owner_(owner), index_(index), socket_(std::move(socket)) {}
+
+void Lane::StartReading() { ReadHeader(); }
+
+void Lane::Expect(uint64_t request_id, PendingRequest request) {
+  pending_.emplace(request_id, std::move(request));
+}
+
+void Lane::Send(OutFrame frame) {
+  if (!open_ || closing_) {
+    Release(frame);
+    return;
+  }
+  queue_.push_back(std::move(frame));
+  if (!writing_) WriteNext();
+}
+
+void Lane::SendByeAndClose() {
+  if (!open_ || closing_) return;
+  OutFrame bye;
+  net::FrameHeader h;
+  h.opcode = net::Opcode::kBye;
+  h.tenant = owner_->tenant_handle();
+  net::EncodeHeader(h, bye.header);
+  queue_.push_back(std::move(bye));
+  closing_ = true;
+  if (!writing_) WriteNext();
+}
+
+void Lane::Abort() {
+  if (!open_) return;
+  open_ = false;
+  boost::system::error_code ignored;
+  socket_.close(ignored);
+  // The frame being written (if any) is released by its handler.
+  const size_t keep = writing_ ? 1 : 0;
+  while (queue_.size() > keep) {
+    Release(queue_.back());
+    queue_.pop_back();
+  }
+  pending_.clear();  // their operations are failed by the owner
+  owner_->LaneClosed();
+}
+
+void Lane::CloseSocket() {
+  if (!open_) return;
+  open_ = false;
+  boost::system::error_code ignored;
+  socket_.shutdown(tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+  pending_.clear();
+  owner_->LaneClosed();
+}
+
+void Lane::Release(OutFrame& frame) {
+  if (frame.borrows_user && frame.op) owner_->ReleaseIo(frame.op);
+  frame.borrows_user = false;
+  frame.op.reset();
+}
+
+void Lane::WriteNext() {
+  // Frames of operations that already failed are not sent (their caller may
+  // reuse the buffers as soon as the ticket completes).
+  while (!queue_.empty() && queue_.front().op && queue_.front().op->failed) {
+    Release(queue_.front());
+    queue_.pop_front();
+  }
+  if (queue_.empty() || !open_) {
+    writing_ = false;
+    if (closing_) CloseSocket();
+    return;
+  }
+  writing_ = true;
+  const OutFrame& f = queue_.front();
+  const std::array<asio::const_buffer, 2> buffers = {asio::buffer(f.header),
+                                                     asio::const_buffer(f.payload, f.bytes)};
+  asio::async_write(socket_, buffers, [this](const boost::system::error_code& ec, size_t) {
+    OutFrame done = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = false;
+    Release(done);
+    if (ec) {
+      IoFailed(ec, "sending a frame");
+      return;
+    }
+    WriteNext();
+  });
+}
+
+void Lane::ReadHeader() {
+  if (!open_) return;
+  asio::async_read(socket_, asio::buffer(header_bytes_),
+                   [this](const boost::system::error_code& ec, size_t) {
+                     if (ec) {
+                       IoFailed(ec, "reading a frame header");
+                       return;
+                     }
+                     OnHeader();
+                   });
+}
+
+void Lane::OnHeader() {
+  header_ = net::DecodeHeader(header_bytes_);
+  if (const std::string bad = net::ValidateHeader(header_); !bad.empty()) {
+    Broken("invalid frame header from the hub: " + bad);
+    return;
+  }
+  const net::Opcode op = header_.opcode;
+  if (op == net::Opcode::kError || op == net::Opcode::kHeartbeat) {
+    scratch_.resize(header_.payload_bytes);
+    ReadPayloadInto(scratch_.data(), scratch_.size(), false, PendingRequest{});
+    return;
+  }
+  if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo) {
+    Broken(std::string("unexpected ") + OpcodeName(op) + " frame from the hub");
+    return;
+  }
+  const auto it = pending_.find(header_.request_id);
+  if (it == pending_.end()) {
+    Broken(std::string(OpcodeName(op)) + " answers unknown request id " +
+           std::to_string(header_.request_id));
+    return;
+  }
+  PendingRequest request = std::move(it->second);
+  pending_.erase(it);
+  const Operation& o = *request.op;
+  const auto what = [&] {
+    return std::string(OpcodeName(op)) + " for request " + std::to_string(header_.request_id) +
+           " (" + OpKindName(o.kind) + " of key " + std::to_string(o.key) + ")";
+  };
+  if (op != request.expect) {
+    Broken(what() + ": expected " + OpcodeName(request.expect));
+    return;
+  }
+  if (op == net::Opcode::kParams) {
+    if (header_.key != o.key || header_.chunk != request.chunk) {
+      Broken(what() + " names key " + std::to_string(header_.key) + " chunk " +
+             std::to_string(header_.chunk) + ", expected chunk " + std::to_string(request.chunk));
+      return;
+    }
+    const size_t want = size_t{request.elements} * net::DTypeBytes(WireDType(o.dtype));
+    if (header_.payload_bytes == 0 && o.kind == OpKind::kInit) {  // bare acknowledgement
+      OnReply(request);
+      ReadHeader();
+      return;
+    }
+    if (header_.dtype != WireDType(o.dtype) || header_.payload_bytes != want) {
+      Broken(what() + ": " + std::to_string(header_.payload_bytes) + " bytes of " +
+             net::DTypeName(header_.dtype) + ", expected " + std::to_string(want) + " bytes of " +
+             net::DTypeName(WireDType(o.dtype)));
+      return;
+    }
+    const bool store =
+        !o.failed && (o.kind == OpKind::kPushPull || o.kind == OpKind::kPull);
+    if (store && o.dtype == DType::kFp32) {
+      // fp32: straight into the caller's buffer at the chunk's offset.
+      float* dest = request.op->out.data() + request.offset;
+      ReadPayloadInto(dest, want, true, std::move(request));
+      return;
+    }
+  } else if (header_.key != o.key && o.kind != OpKind::kDeclare) {
+    Broken(what() + " names key " + std::to_string(header_.key));
+    return;
+  }
+  scratch_.resize(header_.payload_bytes);
+  ReadPayloadInto(scratch_.data(), scratch_.size(), false, std::move(request));
+}
+
+void Lane::ReadPayloadInto(void* dest, size_t bytes, bool direct, PendingRequest request) {
+  if (direct) ++request.op->io_refs;
+  asio::async_read(
+      socket_, asio::buffer(dest, bytes),
+      [this, direct, request = std::move(request)](const boost::system::error_code& ec, size_t) {
+        if (ec) {
+          if (direct) owner_->ReleaseIo(request.op);
+          IoFailed(ec, "reading a frame payload");
+          return;
+        }
+        switch (header_.opcode) {
+          case net::Opcode::kError: OnError(); break;
+          case net::Opcode::kHeartbeat: break;
+          default: OnReply(request); break;
+        }
+        if (direct) owner_->ReleaseIo(request.op);
+        ReadHeader();
+      });
+}
+
+void Lane::OnReply(const PendingRequest& request) {
+  const OperationPtr& op = request.op;
+  if (op->failed || op->finished) return;  // late reply of a failed ticket: dropped
+  if (header_.opcode == net::Opcode::kParams && op->dtype != DType::kFp32 &&
+      header_.payload_bytes > 0 && (op->kind == OpKind::kPushPull || op->kind == OpKind::kPull)) {
+    WidenToFloats(op->dtype, scratch_.data(), op->out.data() + request.offset, request.elements);
+  }
+  if (header_.opcode == net::Opcode::kKeyInfo) {
+    data::v1::KeyEntry entry;
+    KeyInfo info;
+    if (!entry.ParseFromArray(scratch_.data(), static_cast<int>(scratch_.size()))) {
+      Broken("KEY_INFO payload is not a KeyEntry");
+      return;
+    }
+    if (const std::string bad = ToKeyInfo(entry, owner_->chunk_elements(), &info); !bad.empty()) {
+      Broken("KEY_INFO: " + bad);
+      return;
+    }
+    op->declared = std::move(info);
+  }
+  owner_->ReplyArrived(op, header_.iteration);
+}
+
+void Lane::OnError() {
+  net::WireError code{};
+  std::string text;
+  if (!net::DecodeErrorBody(scratch_, &code, &text)) {
+    Broken("ERROR frame with a payload shorter than 4 bytes");
+    return;
+  }
+  const std::string what = std::string(net::WireErrorName(code)) + ": " + text;
+  if (header_.flags & net::kFlagFatal) {
+    Broken("the hub sent a fatal ERROR and closes the connection: " + what);
+    return;
+  }
+  const auto it = pending_.find(header_.request_id);
+  if (it == pending_.end()) return;  // unsolicited and not fatal: nothing waits for it
+  const OperationPtr op = std::move(it->second.op);
+  const uint32_t chunk = it->second.chunk;
+  pending_.erase(it);
+  Error e;
+  e.code = ErrorCode::kServer;
+  e.wire = code;
+  e.message = std::string("hub refused ") + OpKindName(op->kind) + " of key " +
+              std::to_string(op->key) + " (lane " + std::to_string(index_) + ", chunk " +
+              std::to_string(chunk) + "): " + what;
+  owner_->FailOp(op, std::move(e));
+}
+
+void Lane::Broken(const std::string& reason) {
+  owner_->ConnectionLost("lane " + std::to_string(index_) + ": " + reason);
+}
+
+void Lane::IoFailed(const boost::system::error_code& ec, const char* what) {
+  if (!open_ || closing_ || owner_->closing()) return;  // we closed it ourselves
+  const std::string why = ec == asio::error::eof ? std::string("the hub closed the connection")
+                                                 : ec.message();
+  Broken(why + " while " + what);
+}
+
+}  // namespace rackhub::client::internal

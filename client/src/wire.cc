@@ -1,0 +1,103 @@
+#include "wire.h"
+
+namespace rackhub::client::internal {
+
+net::DType WireDType(DType dtype) { return static_cast<net::DType>(static_cast<uint8_t>(dtype)); }
+
+admin::v1::DType ProtoDType(DType dtype) {
+  switch (dtype) {
+    case DType::kFp32: return admin::v1::FP32;
+    case DType::kFp16: return admin::v1::FP16;
+    case DType::kBf16: return admin::v1::BF16;
+  }
+  return admin::v1::DTYPE_UNSPECIFIED;
+}
+
+bool FromProtoDType(int proto, DType* out) {
+  switch (proto) {
+    case admin::v1::DTYPE_UNSPECIFIED:
+    case admin::v1::FP32: *out = DType::kFp32; return true;
+    case admin::v1::FP16: *out = DType::kFp16; return true;
+    case admin::v1::BF16: *out = DType::kBf16; return true;
+    default: return false;
+  }
+}
+
+std::string FillOptimizer(const OptimizerSpec& spec, admin::v1::Optimizer* out) {
+  static const struct {
+    const char* name;
+    admin::v1::OptimizerType type;
+  } kTypes[] = {
+      {"", admin::v1::OPTIMIZER_UNSPECIFIED}, {"sgd", admin::v1::SGD},
+      {"momentum", admin::v1::MOMENTUM},      {"nesterov", admin::v1::NESTEROV},
+      {"adam", admin::v1::ADAM},              {"adamw", admin::v1::ADAMW},
+      {"adagrad", admin::v1::ADAGRAD},        {"sum-only", admin::v1::SUM_ONLY},
+      {"sum_only", admin::v1::SUM_ONLY},
+  };
+  bool known = false;
+  for (const auto& t : kTypes) {
+    if (spec.type == t.name) {
+      out->set_type(t.type);
+      known = true;
+    }
+  }
+  if (!known) {
+    return "optimizer type '" + spec.type +
+           "' is not one of sgd, momentum, nesterov, adam, adamw, adagrad, sum-only";
+  }
+  out->set_learning_rate(spec.learning_rate);
+  out->set_momentum(spec.momentum);
+  out->set_weight_decay(spec.weight_decay);
+  out->set_beta1(spec.beta1);
+  out->set_beta2(spec.beta2);
+  out->set_epsilon(spec.epsilon);
+  out->set_initial_accumulator(spec.initial_accumulator);
+  out->set_reduction(spec.sum_reduction ? admin::v1::SUM : admin::v1::MEAN);
+  return "";
+}
+
+std::string ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elements, KeyInfo* out) {
+  KeyInfo k;
+  k.id = entry.id();
+  k.name = entry.name();
+  k.elements = entry.elements();
+  if (!FromProtoDType(entry.dtype(), &k.dtype)) {
+    return "key '" + entry.name() + "': unknown dtype " + std::to_string(entry.dtype());
+  }
+  k.init = entry.init() == admin::v1::FROM_CLIENT ? Init::kFromClient : Init::kZeros;
+  k.first_chunk = entry.first_chunk();
+  k.chunk_count = entry.chunk_count();
+  k.version = entry.version();
+  k.next_iteration = entry.version();
+  if (k.elements == 0) return "key '" + entry.name() + "': 0 elements";
+  if (chunk_elements == 0) return "chunk_elements is 0";
+  const uint64_t chunks = (k.elements + chunk_elements - 1) / chunk_elements;
+  if (k.chunk_count != chunks) {
+    return "key '" + entry.name() + "': " + std::to_string(k.elements) + " elements in " +
+           std::to_string(k.chunk_count) + " chunks of " + std::to_string(chunk_elements) +
+           " elements is inconsistent";
+  }
+  *out = std::move(k);
+  return "";
+}
+
+const char* OpcodeName(net::Opcode op) {
+  switch (op) {
+    case net::Opcode::kHello: return "HELLO";
+    case net::Opcode::kWelcome: return "WELCOME";
+    case net::Opcode::kPush: return "PUSH";
+    case net::Opcode::kParams: return "PARAMS";
+    case net::Opcode::kInit: return "INIT";
+    case net::Opcode::kPull: return "PULL";
+    case net::Opcode::kError: return "ERROR";
+    case net::Opcode::kHeartbeat: return "HEARTBEAT";
+    case net::Opcode::kBye: return "BYE";
+    case net::Opcode::kDeclare: return "DECLARE";
+    case net::Opcode::kKeyInfo: return "KEY_INFO";
+    case net::Opcode::kSetOptimizer: return "SET_OPTIMIZER";
+    case net::Opcode::kAck: return "ACK";
+  }
+  return "UNKNOWN";
+}
+
+}  // namespace rackhub::client::internal

@@ -1,0 +1,707 @@
+// librackhub end to end: the real rackhubd (3 unpinned lanes, 1 KiB chunks so
+// keys span several chunks and lanes), tenants created with the real
+// rackhubctl, and real worker processes (rackhub-test-worker) for the
+// multi-worker scenarios. Parameters are checked against an independent
+// double-precision model of the hub's update rules (admin.proto, kernels.h).
+#include <signal.h>
+
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "process.h"
+#include "rackhub/data/v1/control.pb.h"
+#include "rackhub/client/client.h"
+#include "rackhub/net/asio.h"
+#include "rackhub/net/frame.h"
+
+namespace rackhub {
+namespace {
+
+using namespace std::chrono_literals;
+using client::Client;
+using client::DType;
+using client::ErrorCode;
+using testing::BinPath;
+using testing::ChildProcess;
+using testing::DaemonProcess;
+using testing::MakeTempDir;
+using testing::ReadFile;
+using testing::RunCommand;
+namespace asio = boost::asio;
+
+constexpr uint32_t kChunkBytes = 1024;  // 256 fp32 elements per chunk
+
+// ---- Keep in sync with tests/support/worker_main.cc ----
+float Gradient(uint32_t rank, uint64_t iteration, uint64_t index) {
+  const int64_t k = static_cast<int64_t>((index * 7 + rank * 13 + iteration * 5) % 101) - 50;
+  return static_cast<float>(k) / 64.0f + 0.001f * static_cast<float>(index % 7) +
+         0.01f * static_cast<float>(rank);
+}
+float InitialValue(uint64_t index) {
+  return static_cast<float>((static_cast<int64_t>(index % 17) - 8)) * 0.125f +
+         0.003f * static_cast<float>(index % 5);
+}
+
+// Independent narrowing references: the compiler's _Float16, and bf16 by
+// picking the nearer of the two neighbouring bf16 values in double.
+float RefNarrow(DType dtype, float f) {
+  if (dtype == DType::kFp16) return static_cast<float>(static_cast<_Float16>(f));
+  if (dtype == DType::kBf16) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    const uint32_t lo_bits = bits & 0xffff0000u, hi_bits = lo_bits + 0x10000u;
+    float lo, hi;
+    std::memcpy(&lo, &lo_bits, 4);
+    std::memcpy(&hi, &hi_bits, 4);
+    // Past the largest bf16 the upper neighbour is infinity; for rounding it
+    // counts as 2^128 (IEEE 754 overflow rule).
+    const double hi_d = std::isinf(hi) ? std::copysign(0x1p128, double{f}) : double{hi};
+    const double dl = std::fabs(double{f} - lo), dh = std::fabs(hi_d - f);
+    if (dl < dh) return lo;
+    if (dh < dl) return hi;
+    return (lo_bits & 0x10000u) ? hi : lo;  // tie: even
+  }
+  return f;
+}
+
+struct Opt {
+  std::string type;
+  double lr = 0, mom = 0, wd = 0, b1 = 0, b2 = 0, eps = 0, acc = 0;
+  bool sum = false;
+  std::string Args() const {
+    std::ostringstream s;
+    s.precision(17);
+    s << type << "," << lr << "," << mom << "," << wd << "," << b1 << "," << b2 << "," << eps
+      << "," << acc << "," << (sum ? "sum" : "mean");
+    return s.str();
+  }
+};
+
+struct KeySpec {
+  std::string name;
+  uint64_t elements;
+  DType dtype = DType::kFp32;
+  bool client_init = false;
+  Opt opt;
+  std::optional<std::pair<uint64_t, Opt>> switch_at = std::nullopt;  // SetOptimizer(from, opt) by rank 0
+
+  std::string Args() const {
+    const char* dt = dtype == DType::kFp16 ? "fp16" : dtype == DType::kBf16 ? "bf16" : "fp32";
+    return name + "," + std::to_string(elements) + "," + dt + "," +
+           (client_init ? "client" : "zeros") + "," + opt.Args();
+  }
+};
+
+// The hub's update in double precision: parameters after each iteration.
+std::vector<std::vector<double>> Reference(const KeySpec& k, uint32_t workers,
+                                           uint64_t iterations) {
+  std::vector<double> p(k.elements, 0.0), s0(k.elements, 0.0), s1(k.elements, 0.0);
+  if (k.client_init) {
+    for (uint64_t i = 0; i < k.elements; ++i) p[i] = RefNarrow(k.dtype, InitialValue(i));
+  }
+  for (uint64_t i = 0; i < k.elements; ++i) s0[i] = k.opt.type == "adagrad" ? k.opt.acc : 0.0;
+  std::vector<std::vector<double>> out;
+  for (uint64_t it = 0; it < iterations; ++it) {
+    const Opt& o = (k.switch_at && it >= k.switch_at->first) ? k.switch_at->second : k.opt;
+    const double b1 = o.b1 ? o.b1 : 0.9, b2 = o.b2 ? o.b2 : 0.999;
+    const double eps = o.eps ? o.eps : (o.type == "adagrad" ? 1e-10 : 1e-8);
+    const double t = static_cast<double>(it + 1);
+    const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+    for (uint64_t i = 0; i < k.elements; ++i) {
+      double g = 0;
+      for (uint32_t r = 0; r < workers; ++r) g += RefNarrow(k.dtype, Gradient(r, it, i));
+      if (!o.sum) g /= workers;
+      double& x = p[i];
+      if (o.type == "sum-only") {
+        x = g;
+      } else if (o.type == "sgd") {
+        x -= o.lr * (g + o.wd * x);
+      } else if (o.type == "momentum" || o.type == "nesterov") {
+        const double d = g + o.wd * x;
+        s0[i] = o.mom * s0[i] + d;
+        x -= o.type == "momentum" ? o.lr * s0[i] : o.lr * (d + o.mom * s0[i]);
+      } else if (o.type == "adam" || o.type == "adamw") {
+        const double d = o.type == "adam" ? g + o.wd * x : g;
+        s0[i] = b1 * s0[i] + (1 - b1) * d;
+        s1[i] = b2 * s1[i] + (1 - b2) * d * d;
+        const double step = (o.lr / bc1) * s0[i] / (std::sqrt(s1[i] / bc2) + eps);
+        x = (o.type == "adamw" ? x * (1 - o.lr * o.wd) : x) - step;
+      } else if (o.type == "adagrad") {
+        const double d = g + o.wd * x;
+        s0[i] += d * d;
+        x -= o.lr * d / (std::sqrt(s0[i]) + eps);
+      } else {
+        ADD_FAILURE() << "unknown optimizer " << o.type;
+      }
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+// Checks `got` (fp32 values the client returned) against `ref`.
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& ref, DType dtype,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  // fp32: the 1e-5 relative tolerance; fp16/bf16: one unit in the last place
+  // of the wire type (the reply is the fp32 master rounded to it).
+  const double rel = dtype == DType::kFp32 ? 1e-5 : dtype == DType::kFp16 ? 1e-3 : 8e-3;
+  const double abs = dtype == DType::kFp32 ? 1e-6 : 1e-5;
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    if (std::fabs(got[i] - ref[i]) > rel * std::fabs(ref[i]) + abs) {
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference " << ref[i];
+      ++bad;
+    }
+  }
+}
+
+std::vector<std::string> Words(const std::string& line) {
+  std::vector<std::string> w;
+  std::istringstream in(line);
+  for (std::string s; in >> s;) w.push_back(s);
+  return w;
+}
+
+std::vector<float> HexFloats(const std::vector<std::string>& words, size_t from) {
+  std::vector<float> v;
+  for (size_t i = from; i < words.size(); ++i) {
+    const uint32_t bits = static_cast<uint32_t>(std::stoul(words[i], nullptr, 16));
+    float f;
+    std::memcpy(&f, &bits, 4);
+    v.push_back(f);
+  }
+  return v;
+}
+
+// Parsed --out file of a worker.
+struct WorkerOutput {
+  std::string text;
+  std::map<std::string, uint32_t> key_ids;
+  std::map<std::string, std::vector<float>> init;
+  std::map<std::pair<uint64_t, std::string>, std::vector<float>> iters;
+  std::vector<std::string> errors;  // "error ..." lines
+  bool done = false;
+};
+
+WorkerOutput ParseWorker(const std::string& path) {
+  WorkerOutput w;
+  w.text = ReadFile(path);
+  std::istringstream in(w.text);
+  for (std::string line; std::getline(in, line);) {
+    const auto words = Words(line);
+    if (words.empty()) continue;
+    if (words[0] == "key" && words.size() == 3) w.key_ids[words[1]] = std::stoul(words[2]);
+    if (words[0] == "init" && words.size() >= 2) w.init[words[1]] = HexFloats(words, 2);
+    if (words[0] == "iter" && words.size() >= 3) {
+      w.iters[{std::stoull(words[1]), words[2]}] = HexFloats(words, 3);
+    }
+    if (words[0] == "error" || words[0].find("_error") != std::string::npos) w.errors.push_back(line);
+    if (words[0] == "done") w.done = true;
+  }
+  return w;
+}
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<DaemonProcess>(
+        std::vector<std::string>{"--lanes", "3", "--no-pin-lanes"});
+    ASSERT_TRUE(daemon_->started());
+    ASSERT_FALSE(daemon_->data_address().empty()) << "the ready file names no data address";
+    dir_ = MakeTempDir();
+  }
+  void TearDown() override {
+    std::error_code ec;  // keep the worker outputs of failed tests for a look
+    if (!HasFailure() && dir_ != "/tmp") std::filesystem::remove_all(dir_, ec);
+  }
+
+  // Creates a tenant with rackhubctl and returns its data-plane token.
+  std::string CreateTenant(const std::string& name, uint32_t workers,
+                           std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {BinPath("rackhubctl"), "--admin", daemon_->admin_address(),
+                                     "tenant", "create", name, "--workers",
+                                     std::to_string(workers), "--chunk-bytes",
+                                     std::to_string(kChunkBytes)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    const std::string label = "data-plane token:";
+    const auto at = r.out.find(label);
+    if (at == std::string::npos) {
+      ADD_FAILURE() << "no token line in:\n" << r.out;
+      return "";
+    }
+    const auto end = r.out.find('\n', at);
+    std::string token = r.out.substr(at + label.size(), end - at - label.size());
+    token.erase(0, token.find_first_not_of(" \t"));
+    token.erase(token.find_last_not_of(" \t\r") + 1);
+    return token;
+  }
+
+  client::Options ClientOptions(const std::string& tenant, const std::string& token,
+                                uint32_t rank = 0) {
+    client::Options o;
+    o.hub = daemon_->data_address();
+    o.tenant = tenant;
+    o.token = token;
+    o.rank = rank;
+    o.connect_timeout = 5s;
+    o.op_timeout = 30s;
+    return o;
+  }
+
+  std::unique_ptr<ChildProcess> SpawnWorker(const std::string& tenant, const std::string& token,
+                                            uint32_t rank, const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {BinPath("rackhub-test-worker"), "--hub",
+                                     daemon_->data_address(), "--tenant", tenant, "--token", token,
+                                     "--rank", std::to_string(rank), "--out", OutPath(rank)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<ChildProcess>(argv, dir_ + "/worker" + std::to_string(rank) + ".log");
+  }
+  std::string OutPath(uint32_t rank) const { return dir_ + "/out" + std::to_string(rank); }
+  std::string WorkerLog(uint32_t rank) const {
+    return ReadFile(dir_ + "/worker" + std::to_string(rank) + ".log");
+  }
+
+  // Runs `workers` worker processes on `keys` for `iterations` and checks
+  // every dumped iteration against the reference and across ranks.
+  void RunTraining(uint32_t workers, const std::vector<KeySpec>& keys, uint64_t iterations,
+                   std::vector<std::string> extra = {}, bool dump_all = false);
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::string dir_;
+};
+
+void ClientTest::RunTraining(uint32_t workers, const std::vector<KeySpec>& keys,
+                             uint64_t iterations, std::vector<std::string> extra,
+                             bool dump_all) {
+  const std::string tenant = "train" + std::to_string(workers);
+  const std::string token = CreateTenant(tenant, workers);
+  ASSERT_FALSE(token.empty());
+  std::vector<std::string> args = {"--iterations", std::to_string(iterations)};
+  for (const auto& k : keys) {
+    args.push_back("--key");
+    args.push_back(k.Args());
+    if (k.switch_at) {
+      args.push_back("--set-optimizer");
+      args.push_back(k.name + "," + std::to_string(k.switch_at->first) + "," +
+                     k.switch_at->second.Args());
+    }
+  }
+  if (dump_all) args.push_back("--dump-all");
+  std::vector<std::unique_ptr<ChildProcess>> procs;
+  for (uint32_t r = 0; r < workers; ++r) {
+    std::vector<std::string> a = args;
+    if (r == 1) a.insert(a.end(), extra.begin(), extra.end());
+    procs.push_back(SpawnWorker(tenant, token, r, a));
+  }
+  for (uint32_t r = 0; r < workers; ++r) {
+    EXPECT_EQ(procs[r]->Wait(120s), 0) << "rank " << r << ":\n"
+                                       << ReadFile(OutPath(r)).substr(0, 4000) << WorkerLog(r)
+                                       << "\n--- hub log:\n" << daemon_->Log().substr(0, 8000);
+  }
+  std::vector<WorkerOutput> outs;
+  for (uint32_t r = 0; r < workers; ++r) outs.push_back(ParseWorker(OutPath(r)));
+  for (uint32_t r = 0; r < workers; ++r) {
+    ASSERT_TRUE(outs[r].done) << "rank " << r << ": " << outs[r].text.substr(0, 4000);
+    EXPECT_TRUE(outs[r].errors.empty()) << outs[r].errors.front();
+    // Every rank declared the same keys concurrently: same ids.
+    EXPECT_EQ(outs[r].key_ids, outs[0].key_ids) << "rank " << r;
+  }
+  for (const auto& k : keys) {
+    const auto ref = Reference(k, workers, iterations);
+    if (k.client_init) {
+      std::vector<double> want;
+      for (uint64_t i = 0; i < k.elements; ++i) want.push_back(RefNarrow(k.dtype, InitialValue(i)));
+      for (uint32_t r = 0; r < workers; ++r) {
+        ExpectClose(outs[r].init[k.name], want, DType::kFp32, k.name + " init rank " +
+                                                                   std::to_string(r));
+      }
+    }
+    for (uint64_t it = dump_all ? 0 : iterations - 1; it < iterations; ++it) {
+      const auto& got0 = outs[0].iters[{it, k.name}];
+      ExpectClose(got0, ref[it], k.dtype, k.name + " iteration " + std::to_string(it));
+      for (uint32_t r = 1; r < workers; ++r) {
+        const auto& got = outs[r].iters[{it, k.name}];
+        ASSERT_EQ(got.size(), got0.size());
+        EXPECT_EQ(0, std::memcmp(got.data(), got0.data(), got.size() * 4))
+            << k.name << " iteration " << it << ": rank " << r << " got other bits than rank 0";
+      }
+    }
+  }
+}
+
+std::vector<KeySpec> EveryOptimizer() {
+  const Opt sgd{"sgd", 0.1, 0, 0.01};
+  const Opt momentum{"momentum", 0.05, 0.9, 0.001};
+  const Opt nesterov{"nesterov", 0.05, 0.8, 0.002};
+  const Opt adam{"adam", 0.01, 0, 0.01, 0.9, 0.999, 1e-8};
+  const Opt adamw{"adamw", 0.01, 0, 0.05, 0.85, 0.99, 1e-7};
+  const Opt adagrad{"adagrad", 0.1, 0, 0.001, 0, 0, 1e-10, 0.1};
+  Opt sum_only{"sum-only"};
+  Opt sum_only_sum{"sum-only"};
+  sum_only_sum.sum = true;
+  Opt sgd_sum = sgd;
+  sgd_sum.sum = true;
+  std::vector<KeySpec> keys = {
+      {"sgd/a", 1000, DType::kFp32, false, sgd},  // 4 chunks, the last 232 elements
+      {"sgd/b", 256, DType::kFp32, false, sgd},   // exactly one chunk
+      {"momentum/a", 700, DType::kFp32, false, momentum},
+      {"nesterov/a", 513, DType::kFp32, false, nesterov},
+      {"adam/a", 1000, DType::kFp32, false, adam},
+      {"adamw/a", 300, DType::kFp32, false, adamw},
+      {"adagrad/a", 777, DType::kFp32, false, adagrad},
+      {"sumonly/mean", 600, DType::kFp32, false, sum_only},
+      {"sumonly/sum", 37, DType::kFp32, false, sum_only_sum},
+      {"sgd/sum", 300, DType::kFp32, false, sgd_sum},
+      {"fp16/sgd", 1000, DType::kFp16, false, sgd},
+      {"bf16/adam", 600, DType::kBf16, false, adam},
+      {"fp16/sumonly", 300, DType::kFp16, false, sum_only},
+      {"init/fp32", 600, DType::kFp32, true, momentum},
+      {"init/bf16", 300, DType::kBf16, true, sgd},
+  };
+  return keys;
+}
+
+// ---------------------------------------------------------------------------
+
+TEST(ClientConversionTest, HalfAndBfloat16RoundToNearestEven) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {  // every half: widen then narrow is identity
+    const float f = client::HalfToFloat(static_cast<uint16_t>(h));
+    const float want = static_cast<float>(std::bit_cast<_Float16>(static_cast<uint16_t>(h)));
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(f)) << h;
+      continue;
+    }
+    ASSERT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(want)) << h;
+    ASSERT_EQ(client::FloatToHalf(f), h) << h;
+  }
+  uint32_t x = 12345;
+  for (int i = 0; i < 2000000; ++i) {  // random bit patterns, all exponents
+    x = x * 1664525u + 1013904223u;
+    const float f = std::bit_cast<float>(x);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(client::FloatToHalf(f), std::bit_cast<uint16_t>(static_cast<_Float16>(f)))
+        << std::hexfloat << f;
+    ASSERT_EQ(client::Bfloat16ToFloat(client::FloatToBfloat16(f)), RefNarrow(DType::kBf16, f))
+        << std::hexfloat << f;
+  }
+  EXPECT_TRUE(std::isnan(client::HalfToFloat(client::FloatToHalf(NAN))));
+  EXPECT_TRUE(std::isnan(client::Bfloat16ToFloat(client::FloatToBfloat16(NAN))));
+  EXPECT_EQ(client::FloatToHalf(65520.0f), 0x7c00);  // rounds to infinity
+  EXPECT_EQ(client::FloatToHalf(65519.0f), 0x7bff);
+}
+
+
+// A scripted fake hub (one lane) for what the real one never does: garbage,
+// silence, a dropped connection. Answers HELLO with a WELCOME announcing key
+// 1 ("k", 6 fp32 elements, chunks of 4), reads one frame, then misbehaves.
+class FakeHub {
+ public:
+  enum class Mode { kGarbage, kSilent, kEof, kWrongSize };
+  explicit FakeHub(Mode mode) : acceptor_(io_, {asio::ip::make_address("127.0.0.1"), 0}) {
+    port_ = acceptor_.local_endpoint().port();
+    thread_ = std::thread([this, mode] { Serve(mode); });
+  }
+  ~FakeHub() {
+    stop_ = true;
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    thread_.join();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  using tcp = asio::ip::tcp;
+  static net::FrameHeader ReadFrame(tcp::socket& s, std::string* payload) {
+    std::array<std::byte, net::kHeaderBytes> hb;
+    asio::read(s, asio::buffer(hb));
+    const auto h = net::DecodeHeader(hb);
+    payload->resize(h.payload_bytes);
+    asio::read(s, asio::buffer(*payload));
+    return h;
+  }
+  static void WriteFrame(tcp::socket& s, net::FrameHeader h, const std::string& payload) {
+    std::array<std::byte, net::kHeaderBytes> hb;
+    h.payload_bytes = static_cast<uint32_t>(payload.size());
+    net::EncodeHeader(h, hb);
+    asio::write(s, std::array<asio::const_buffer, 2>{asio::buffer(hb), asio::buffer(payload)});
+  }
+  void Serve(Mode mode) {
+    try {
+      tcp::socket s(io_);
+      acceptor_.accept(s);
+      std::string payload;
+      ReadFrame(s, &payload);  // HELLO
+      data::v1::Welcome w;
+      w.set_tenant_handle(7);
+      w.set_chunk_elements(4);
+      w.set_lanes(1);
+      w.set_workers(1);
+      auto* k = w.add_keys();
+      k->set_id(1);
+      k->set_name("k");
+      k->set_elements(6);
+      k->set_dtype(admin::v1::FP32);
+      k->set_chunk_count(2);
+      net::FrameHeader h;
+      h.opcode = net::Opcode::kWelcome;
+      WriteFrame(s, h, w.SerializeAsString());
+      const auto push = ReadFrame(s, &payload);
+      if (mode == Mode::kGarbage) {
+        const std::string junk(64, 'x');
+        asio::write(s, asio::buffer(junk));
+      } else if (mode == Mode::kEof) {
+        s.close();
+      } else if (mode == Mode::kWrongSize) {
+        net::FrameHeader r = push;
+        r.opcode = net::Opcode::kParams;
+        WriteFrame(s, r, std::string(12, '\0'));  // chunk 0 holds 4 floats, not 3
+      }
+      while (!stop_) std::this_thread::sleep_for(10ms);
+    } catch (const std::exception&) {
+    }
+  }
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(ClientFakeHubTest, MisbehavingHubFailsTicketsWithoutHanging) {
+  const struct {
+    FakeHub::Mode mode;
+    ErrorCode want;
+  } cases[] = {{FakeHub::Mode::kGarbage, ErrorCode::kConnectionLost},
+               {FakeHub::Mode::kEof, ErrorCode::kConnectionLost},
+               {FakeHub::Mode::kWrongSize, ErrorCode::kConnectionLost},
+               {FakeHub::Mode::kSilent, ErrorCode::kTimeout}};
+  for (const auto& c : cases) {
+    FakeHub hub(c.mode);
+    client::Options o;
+    o.hub = hub.address();
+    o.tenant = "t";
+    o.op_timeout = 300ms;
+    client::Error e;
+    auto cl = Client::Connect(o, &e);
+    ASSERT_NE(cl, nullptr) << e.message;
+    ASSERT_EQ(cl->FindKey("k"), 1u);
+    std::vector<float> g(6, 1.0f), out(6, -1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    e = cl->Wait(cl->PushPull(1, g, out));
+    EXPECT_EQ(e.code, c.want) << e.message;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+    if (c.want == ErrorCode::kConnectionLost) {
+      EXPECT_NE(e.message.find("lane 0"), std::string::npos) << e.message;
+      // Later calls fail at once.
+      EXPECT_EQ(cl->Wait(cl->Pull(1, out)).code, ErrorCode::kConnectionLost);
+    }
+  }
+}
+
+TEST_F(ClientTest, WrongTokenIsUnauthenticated) {
+  const std::string token = CreateTenant("auth", 1);
+  client::Error e;
+  auto c = Client::Connect(ClientOptions("auth", token + "x"), &e);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_EQ(e.code, ErrorCode::kUnauthenticated) << e.message;
+  EXPECT_EQ(e.wire, net::WireError::kUnauthenticated);
+  c = Client::Connect(ClientOptions("nosuchtenant", token), &e);
+  EXPECT_EQ(e.code, ErrorCode::kUnauthenticated) << e.message;
+  c = Client::Connect(ClientOptions("auth", token), &e);
+  ASSERT_NE(c, nullptr) << e.message;
+  EXPECT_EQ(c->lanes(), 3u);
+  EXPECT_EQ(c->workers(), 1u);
+  EXPECT_EQ(c->chunk_elements(), kChunkBytes / 4);
+}
+
+TEST_F(ClientTest, ConnectToNothingFailsFast) {
+  client::Error e;
+  auto o = ClientOptions("x", "y");
+  o.hub = "127.0.0.1:1";
+  EXPECT_EQ(Client::Connect(o, &e), nullptr);
+  EXPECT_EQ(e.code, ErrorCode::kConnectFailed) << e.message;
+  o.hub = "not an address";
+  EXPECT_EQ(Client::Connect(o, &e), nullptr);
+  EXPECT_EQ(e.code, ErrorCode::kInvalidArgument) << e.message;
+}
+
+TEST_F(ClientTest, TwoWorkersEveryOptimizer) { RunTraining(2, EveryOptimizer(), 5); }
+TEST_F(ClientTest, FourWorkersEveryOptimizer) { RunTraining(4, EveryOptimizer(), 5); }
+
+// Rank 0 sends SetOptimizer(from 3) before iteration 0: updates 0..2 use the
+// declared hyperparameters, 3.. the new ones.
+TEST_F(ClientTest, SetOptimizerAppliesFromItsIteration) {
+  KeySpec sgd{"switch/sgd", 520, DType::kFp32, false, {"sgd", 0.1}};
+  sgd.switch_at = std::make_pair(uint64_t{3}, Opt{"sgd", 0.02, 0, 0.01});
+  KeySpec adam{"switch/adam", 300, DType::kFp32, false, {"adam", 0.01, 0, 0, 0.9, 0.999, 1e-8}};
+  adam.switch_at = std::make_pair(uint64_t{2}, Opt{"adam", 0.005, 0, 0.01, 0.9, 0.999, 1e-8});
+  RunTraining(2, {sgd, adam}, 5, {}, /*dump_all=*/true);
+}
+
+TEST_F(ClientTest, ZeroGapIterationsWithARandomlySleepingWorker) {
+  Opt sum_only{"sum-only"};
+  sum_only.sum = true;
+  const std::vector<KeySpec> keys = {{"gap/sum", 600, DType::kFp32, false, sum_only},
+                                     {"gap/sgd", 300, DType::kFp32, false, {"sgd", 0.01}}};
+  RunTraining(2, keys, 200, {"--sleep-max-ms", "3"}, /*dump_all=*/true);
+}
+
+TEST_F(ClientTest, KilledWorkerFailsTheOthersPromptly) {
+  const std::string token = CreateTenant("kill", 3);
+  const std::vector<std::string> args = {"--iterations", "10", "--key",
+                                         KeySpec{"k/a", 1000, DType::kFp32, false, {"sgd", 0.1}}.Args()};
+  std::vector<std::unique_ptr<ChildProcess>> procs;
+  for (uint32_t r = 0; r < 3; ++r) {
+    auto a = args;
+    if (r == 2) a.insert(a.end(), {"--hang-at", "2"});
+    procs.push_back(SpawnWorker("kill", token, r, a));
+  }
+  // Wait until rank 2 stops before iteration 2; give the others time to push it.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (ReadFile(OutPath(2)).find("hanging") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << ReadFile(OutPath(2)) << WorkerLog(2);
+    std::this_thread::sleep_for(10ms);
+  }
+  std::this_thread::sleep_for(300ms);
+  const auto killed_at = std::chrono::steady_clock::now();
+  procs[2]->Kill(SIGKILL);
+  for (uint32_t r = 0; r < 2; ++r) {
+    const int code = procs[r]->Wait(10s);
+    const auto took = std::chrono::steady_clock::now() - killed_at;
+    EXPECT_EQ(code, 4) << "rank " << r << " should fail iteration 2:\n" << ReadFile(OutPath(r));
+    EXPECT_LT(took, 10s);
+    const auto out = ParseWorker(OutPath(r));
+    ASSERT_EQ(out.errors.size(), 1u) << out.text;
+    const auto w = Words(out.errors[0]);  // error K CODE WIRE MS MSG
+    ASSERT_GE(w.size(), 5u);
+    EXPECT_EQ(w[1], "2");
+    const bool worker_lost =
+        w[2] == std::to_string(static_cast<int>(ErrorCode::kServer)) &&
+        w[3] == std::to_string(static_cast<int>(net::WireError::kWorkerLost));
+    const bool lost = w[2] == std::to_string(static_cast<int>(ErrorCode::kConnectionLost));
+    EXPECT_TRUE(worker_lost || lost) << out.errors[0];
+  }
+}
+
+TEST_F(ClientTest, SecondPushPullOfAPendingKeyIsRejected) {
+  const std::string token = CreateTenant("busy", 2);  // rank 1 never comes: push 1 stays pending
+  client::Error e;
+  auto c = Client::Connect(ClientOptions("busy", token), &e);
+  ASSERT_NE(c, nullptr) << e.message;
+  client::KeyId a = 0, b = 0;
+  ASSERT_TRUE(c->DeclareKey({"a", 600}, &a).ok());
+  ASSERT_TRUE(c->DeclareKey({"b", 10}, &b).ok());
+  std::vector<float> grad(600, 1.0f), out(600), out2(600), small(10), small_out(10);
+  const auto first = c->PushPull(a, grad, out);
+  const auto second = c->PushPull(a, grad, out2);
+  e = c->Wait(second);
+  EXPECT_EQ(e.code, ErrorCode::kInvalidArgument) << e.message;
+  // Another key may be pipelined meanwhile.
+  std::atomic<int> callback_code{-1};
+  c->PushPull(b, small, small_out,
+              [&](const client::Error& r) { callback_code = static_cast<int>(r.code); });
+  EXPECT_EQ(c->WaitFor(first, 200ms).code, ErrorCode::kTimeout);  // still pending
+  // Local argument checks fail at once and send nothing.
+  EXPECT_EQ(c->Wait(c->PushPull(b, std::span(grad).first(9), small_out)).code,
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(c->Wait(c->Pull(12345, out)).code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(c->Wait(987654).code, ErrorCode::kInvalidArgument);
+  c->Close();
+  e = c->Wait(first);
+  EXPECT_TRUE(e.code == ErrorCode::kClosed) << e.message;
+  EXPECT_EQ(callback_code.load(), static_cast<int>(ErrorCode::kClosed));
+  EXPECT_EQ(c->Wait(c->PushPull(a, grad, out)).code, ErrorCode::kClosed);
+}
+
+TEST_F(ClientTest, DeclareQuotaAndContradictions) {
+  const std::string token = CreateTenant("quota", 1, {"--max-keys", "2"});
+  client::Error e;
+  auto c = Client::Connect(ClientOptions("quota", token), &e);
+  ASSERT_NE(c, nullptr) << e.message;
+  client::KeyId a = 0, a2 = 0, b = 0, x = 0;
+  ASSERT_TRUE(c->DeclareKey({"a", 100}, &a).ok());
+  ASSERT_TRUE(c->DeclareKey({"a", 100}, &a2).ok());
+  EXPECT_EQ(a, a2);
+  e = c->DeclareKey({"a", 101}, &x);
+  EXPECT_EQ(e.code, ErrorCode::kServer) << e.message;
+  ASSERT_TRUE(c->DeclareKey({"b", 100, DType::kFp16}, &b).ok());
+  e = c->DeclareKey({"c", 100}, &x);
+  EXPECT_EQ(e.code, ErrorCode::kServer) << e.message;
+  EXPECT_EQ(e.wire, net::WireError::kQuotaExceeded) << e.message;
+  EXPECT_EQ(c->FindKey("b"), b);
+  EXPECT_FALSE(c->FindKey("c").has_value());
+  // The client keeps working after refusals; a new client sees the keys in WELCOME.
+  std::vector<float> g(100, 0.5f), out(100);
+  EXPECT_TRUE(c->Wait(c->PushPull(a, g, out)).ok());
+  c->Close();
+  // The hub drops rank 0's old connections asynchronously after BYE; until
+  // then the same rank is refused as a duplicate.
+  std::this_thread::sleep_for(200ms);
+  auto c2 = Client::Connect(ClientOptions("quota", token), &e);
+  ASSERT_NE(c2, nullptr) << e.message;
+  ASSERT_EQ(c2->FindKey("a"), a);
+  EXPECT_EQ(c2->GetKeyInfo(a)->next_iteration, 1u);
+  EXPECT_EQ(c2->GetKeyInfo(b)->dtype, DType::kFp16);
+}
+
+TEST_F(ClientTest, CApiRoundTrip) {
+  const std::string token = CreateTenant("capi", 1);
+  const std::string out_path = dir_ + "/capi.out";
+  ChildProcess p({BinPath("rackhub-test-capi-worker"), "--hub", daemon_->data_address(),
+                  "--tenant", "capi", "--token", token, "--out", out_path},
+                 dir_ + "/capi.log");
+  ASSERT_EQ(p.Wait(60s), 0) << ReadFile(out_path) << ReadFile(dir_ + "/capi.log");
+  std::map<std::string, std::vector<std::string>> lines;
+  std::map<std::string, std::vector<float>> params;
+  std::istringstream in(ReadFile(out_path));
+  for (std::string line; std::getline(in, line);) {
+    auto w = Words(line);
+    if (w.size() >= 2 && w[0] == "params") params[w[1]] = HexFloats(w, 2);
+    else if (!w.empty()) lines[w[0]] = w;
+  }
+  const auto status = [&](const std::string& name) {
+    return lines.count(name) ? std::stoi(lines[name].at(1)) : -1;
+  };
+  EXPECT_EQ(status("connect_wrong_token"), static_cast<int>(ErrorCode::kUnauthenticated));
+  EXPECT_EQ(status("connect"), 0);
+  EXPECT_EQ(status("declare"), 0);
+  EXPECT_EQ(status("find"), 0);
+  EXPECT_EQ(lines["find"].at(2), "same");
+  EXPECT_EQ(status("find_missing"), static_cast<int>(ErrorCode::kInvalidArgument));
+  EXPECT_EQ(status("push_pull"), 0);
+  EXPECT_EQ(status("wait"), 0);
+  EXPECT_EQ(status("wait_again"), static_cast<int>(ErrorCode::kInvalidArgument));
+  EXPECT_EQ(status("push_pull_bad_size"), static_cast<int>(ErrorCode::kInvalidArgument));
+  EXPECT_GT(lines["push_pull_bad_size"].size(), 2u) << "rackhub_last_error gives a message";
+  EXPECT_EQ(status("set_optimizer"), 0);
+  EXPECT_EQ(status("push_pull2"), 0);
+  EXPECT_EQ(status("pull"), 0);
+  EXPECT_EQ(status("lanes"), 3);
+  EXPECT_TRUE(lines.count("done"));
+  KeySpec k{"capi/a", 300, DType::kFp32, false, {"sgd", 0.5}};
+  k.switch_at = std::make_pair(uint64_t{2}, Opt{"sgd", 0.25});
+  const auto ref = Reference(k, 1, 3);
+  ExpectClose(params["iter0"], ref[0], DType::kFp32, "iter0");
+  ExpectClose(params["iter1"], ref[1], DType::kFp32, "iter1");
+  ExpectClose(params["iter2"], ref[2], DType::kFp32, "iter2");
+  EXPECT_EQ(params["pulled"], params["iter2"]);
+}
+
+}  // namespace
+}  // namespace rackhub
