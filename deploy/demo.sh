@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# The rackhub demo: sets up, builds, starts a hub on loopback and walks
-# through the admin API with rackhubctl. Leaves nothing running.
+# The rackhub demo: sets up, builds, starts a hub on loopback, creates a
+# tenant with rackhubctl, and trains a small MLP with three data-parallel
+# workers (rackhub-train-demo) whose parameters and optimizer live on the hub.
+# Leaves nothing running. BUILD_DIR (default: build) picks the build tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build}
 ./deploy/bootstrap.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target rackhubd rackhubctl
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"$(nproc)" --target rackhubd rackhubctl rackhub-train-demo
 
+workers=3
 work=$(mktemp -d /tmp/rackhub-demo.XXXXXX)
 hub_pid=""
+worker_pids=()
 cleanup() {
+  for pid in "${worker_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   if [ -n "$hub_pid" ]; then kill -TERM "$hub_pid" 2>/dev/null || true; wait "$hub_pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
@@ -17,27 +23,72 @@ trap cleanup EXIT
 
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/admin.token"
 echo "== starting rackhubd (admin token in $work/admin.token)"
-build/bin/rackhubd --admin-listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
+"$build/bin/rackhubd" --admin-listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
   --admin-token-file "$work/admin.token" --ready-file "$work/ready" 2> "$work/rackhubd.log" &
 hub_pid=$!
 for _ in $(seq 1 200); do [ -s "$work/ready" ] && break; sleep 0.05; done
 [ -s "$work/ready" ] || { cat "$work/rackhubd.log"; echo "rackhubd did not start"; exit 1; }
 admin=$(awk '$1=="admin"{print $2}' "$work/ready")
-ctl() { echo "\$ rackhubctl $*"; build/bin/rackhubctl --admin "$admin" --token-file "$work/admin.token" "$@"; echo; }
+data=$(awk '$1=="data"{print $2}' "$work/ready")
+echo "   admin API on $admin, data plane on $data"
+echo
+ctl() { "$build/bin/rackhubctl" --admin "$admin" --token-file "$work/admin.token" "$@"; }
 
-ctl tenant create mnist-job --workers 2 --optimizer momentum --lr 0.05 --momentum 0.9 --max-keys 8
-ctl key create mnist-job fc1.weight --elements 100000
-ctl key create mnist-job fc1.bias --elements 256 --optimizer adam --lr 0.001
-ctl key list mnist-job
-ctl key get mnist-job fc1.weight
-ctl key set-optimizer mnist-job fc1.weight --lr 0.01
+echo "\$ rackhubctl tenant create mlp-demo --workers $workers --optimizer momentum --lr 0.05 --momentum 0.9"
+ctl tenant create mlp-demo --workers "$workers" --optimizer momentum --lr 0.05 --momentum 0.9 \
+  > "$work/tenant.txt"
+# The data-plane token is shown once, on a line of its own: keep it in a file
+# for the workers, and do not echo it.
+sed -n 's/^data-plane token: *\([^[:space:]]*\).*$/\1/p' "$work/tenant.txt" > "$work/tenant.token"
+[ -s "$work/tenant.token" ] || { cat "$work/tenant.txt"; echo "no data-plane token in the output"; exit 1; }
+sed 's/^data-plane token: .*$/data-plane token: (saved to the workers'"'"' token file)/' "$work/tenant.txt"
+echo
+
+echo "== training: $workers workers (rank 0 below; ranks 1-$((workers - 1)) log to files)"
+start_ms=$(( $(date +%s%N) / 1000000 ))
+for rank in $(seq 0 $((workers - 1))); do
+  args=(--hub "$data" --tenant mlp-demo --token-file "$work/tenant.token"
+        --rank "$rank" --workers "$workers" --epochs 8 --batch 64 --optimizer momentum)
+  if [ "$rank" -eq 0 ]; then
+    "$build/bin/rackhub-train-demo" "${args[@]}" &
+  else
+    "$build/bin/rackhub-train-demo" "${args[@]}" > "$work/rank$rank.log" 2>&1 &
+  fi
+  worker_pids+=($!)
+done
+# Wait for every worker; the first one to fail stops the others (a worker
+# that never connects would otherwise leave its peers waiting for it).
+failed="" status=0 done_pid=""
+pending=("${worker_pids[@]}")
+while [ ${#pending[@]} -gt 0 ]; do
+  wait -n -p done_pid "${pending[@]}" || status=$?
+  for rank in "${!worker_pids[@]}"; do
+    if [ "${worker_pids[$rank]}" = "$done_pid" ]; then failed=$rank; fi
+  done
+  [ "$status" -eq 0 ] || break
+  remaining=()
+  for pid in "${pending[@]}"; do [ "$pid" = "$done_pid" ] || remaining+=("$pid"); done
+  pending=("${remaining[@]}")
+done
+if [ "$status" -ne 0 ]; then
+  echo "rank ${failed:-?} failed (exit code $status); stopping the other workers"
+  for pid in "${worker_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait "${worker_pids[@]}" 2>/dev/null || true
+  worker_pids=()
+  for rank in $(seq 1 $((workers - 1))); do
+    echo "== rank $rank log"; cat "$work/rank$rank.log"
+  done
+  echo "== rackhubd log"; cat "$work/rackhubd.log"
+  exit 1
+fi
+worker_pids=()
+ms=$(( $(date +%s%N) / 1000000 - start_ms ))
+printf '== training took %d.%02d s\n\n' $((ms / 1000)) $((ms % 1000 / 10))
+
+echo "\$ rackhubctl stats"
 ctl stats
-echo "== a refused request (quota) =="
-ctl tenant update-quotas mnist-job --max-keys 2
-set +e
-ctl key create mnist-job third --elements 10
-echo "(exit code $?)"
-set -e
-ctl tenant list
-echo "== rackhubd log =="
-cat "$work/rackhubd.log"
+echo
+echo "\$ rackhubctl key list mlp-demo"
+ctl key list mlp-demo
+echo
+echo "== stopping rackhubd"

@@ -166,6 +166,15 @@ LaneService::Chunk& LaneService::GetChunk(Tenant& t, Key& key, uint32_t chunk) {
   return *slot;
 }
 
+net::FrameHandler::Verdict LaneService::Refuse(net::Connection& conn, WireError code,
+                                                const std::string& text, uint64_t request_id) {
+  if (Tenant* t = FindTenant(conn.id().tenant_handle)) {
+    t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  conn.SendError(code, text, request_id, false);
+  return Verdict::kDiscard;
+}
+
 net::FrameHandler::Verdict LaneService::Reject(net::Connection& conn, WireError code,
                                          const std::string& text, uint64_t request_id) {
   if (Tenant* t = FindTenant(conn.id().tenant_handle)) {
@@ -253,16 +262,17 @@ net::FrameHandler::Verdict LaneService::AcceptHeader(net::Connection& conn, cons
     if (rank != 0) {
       return Reject(conn, WireError::kInvalidArgument, "rank: only rank 0 may INIT a key", rid);
     }
+    // Not fatal: rank 0 re-running against an existing key can Pull instead.
     if (k.init != InitMode::kFromClient) {
-      return Reject(conn, WireError::kInvalidArgument,
+      return Refuse(conn, WireError::kInvalidArgument,
                     "key: '" + k.name + "' starts at zeros (init = zeros); INIT is for keys "
                     "declared with init = from_client",
                     rid);
     }
     if (c.state.initialized()) {
-      return Reject(conn, WireError::kInvalidArgument,
+      return Refuse(conn, WireError::kInvalidArgument,
                     "chunk: " + std::to_string(h.chunk) + " of key '" + k.name +
-                        "' is already initialized",
+                        "' is already initialized (Pull its values instead)",
                     rid);
     }
     return Verdict::kAccept;
@@ -271,12 +281,10 @@ net::FrameHandler::Verdict LaneService::AcceptHeader(net::Connection& conn, cons
   if (!t->lost.empty()) {
     // Not fatal: this worker did nothing wrong; it may retry once the lost
     // rank is back.
-    t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
-    conn.SendError(WireError::kWorkerLost,
-                   "worker lost: rank " + std::to_string(t->lost.begin()->first) + " (" +
-                       t->lost.begin()->second + ") has not reconnected; push again once it has",
-                   rid, false);
-    return Verdict::kDiscard;
+    return Refuse(conn, WireError::kWorkerLost,
+                  "worker lost: rank " + std::to_string(t->lost.begin()->first) + " (" +
+                      t->lost.begin()->second + ") has not reconnected; push again once it has",
+                  rid);
   }
   if (!c.state.initialized()) {
     return Reject(conn, WireError::kNotReady,

@@ -101,6 +101,10 @@ class LaneService final : public net::FrameHandler {
   Key* FindKey(Tenant& t, uint32_t key_id);
   // The chunk's state, created on first use.
   Chunk& GetChunk(Tenant& t, Key& key, uint32_t chunk);
+  // Non-fatal refusal: ERROR without closing; the payload is dropped.
+  Verdict Refuse(net::Connection& conn, net::WireError code, const std::string& text,
+                 uint64_t request_id);
+  // Fatal refusal: ERROR, then the connection closes.
   Verdict Reject(net::Connection& conn, net::WireError code, const std::string& text,
                  uint64_t request_id);
 

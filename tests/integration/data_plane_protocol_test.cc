@@ -330,8 +330,6 @@ TEST_F(DataPlaneProtocolTest, BadFramesCloseOnlyTheirConnection) {
        "tenant: frame names tenant handle 4242"},
       {[&](FrameHeader& h, std::string&) { h.opcode = Opcode::kParams; }, WireError::kMalformed,
        "is not a request a client may send"},
-      {[&](FrameHeader& h, std::string& p) { h.opcode = Opcode::kInit; p = Floats(1024, 1.0f); },
-       WireError::kInvalidArgument, "starts at zeros"},
       {[&](FrameHeader& h, std::string& p) {
          h.key = half.id();
          h.dtype = net::DType::kBf16;
@@ -577,6 +575,18 @@ TEST_F(DataPlaneProtocolTest, InitBroadcastsToPullers) {
   r0.Send(d, decl.SerializeAsString());
   ExpectError(r0.Receive(), WireError::kInvalidArgument, "already exists with 4", false);
 
+  // INIT of a zeros key is refused without closing the connection.
+  {
+    CreateKey("t", "pad", 4);                          // chunk index 1 (lane 1)
+    const pb::Key zeros = CreateKey("t", "zeros", 4);  // chunk index 2: lane 0
+    FrameHeader bad;
+    bad.opcode = Opcode::kInit;
+    bad.tenant = w.tenant_handle();
+    bad.key = zeros.id();
+    bad.dtype = net::DType::kFp32;
+    r0.Send(bad, Floats({1, 1, 1, 1}));
+    ExpectError(r0.Receive(), WireError::kInvalidArgument, "starts at zeros", false);
+  }
   // Rank 1 pulls before rank 0 initialized: the reply waits for INIT.
   FrameHeader pull;
   pull.opcode = Opcode::kPull;
@@ -595,6 +605,13 @@ TEST_F(DataPlaneProtocolTest, InitBroadcastsToPullers) {
     EXPECT_EQ(f->h.iteration, 0u);
     EXPECT_EQ(AsFloats(f->payload), (std::vector<float>{4, 3, 2, 1}));
   }
+  // A second INIT is refused, the connection stays usable.
+  r0.Send(init, Floats({9, 9, 9, 9}));
+  ExpectError(r0.Receive(), WireError::kInvalidArgument, "already initialized", false);
+  r0.Send(pull);
+  const auto again = r0.Receive();
+  ASSERT_TRUE(again && again->h.opcode == Opcode::kParams);
+  EXPECT_EQ(AsFloats(again->payload), (std::vector<float>{4, 3, 2, 1}));
   // The registry now reports the key ready.
   grpc::ClientContext ctx;
   pb::GetKeyRequest get;
