@@ -19,6 +19,11 @@ using net::WireError;
 namespace {
 
 constexpr auto kStragglerCheckPeriod = std::chrono::milliseconds(250);
+// A second connection for a (tenant, rank, lane) that is still connected is
+// re-examined this often, up to kReconnectRetries times (1 s), before it is
+// refused as a duplicate.
+constexpr auto kReconnectRetryPeriod = std::chrono::milliseconds(20);
+constexpr int kReconnectRetries = 50;
 
 aggregation::ElementType ElementTypeOf(WireDType d) {
   return static_cast<aggregation::ElementType>(static_cast<uint8_t>(d));
@@ -75,10 +80,11 @@ LaneService::Tenant* LaneService::FindTenant(uint32_t handle) {
 
 void LaneService::AdoptTcp(asio::ip::tcp::socket socket, net::ConnectionIdentity id,
                            uint64_t seq) {
-  Adopt(std::make_shared<net::tcp::TcpConnection>(this, std::move(socket), std::move(id)), seq);
+  Adopt(std::make_shared<net::tcp::TcpConnection>(this, std::move(socket), std::move(id)), seq,
+        kReconnectRetries);
 }
 
-void LaneService::Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq) {
+void LaneService::Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq, int retries_left) {
   const net::ConnectionIdentity& id = conn->id();
   if (shut_down_) {
     conn->SendError(WireError::kShuttingDown, "the hub is shutting down", 0, true);
@@ -97,6 +103,15 @@ void LaneService::Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq) {
     t->info = std::move(info);
   }
   if (auto it = t->conns.find(id.rank); it != t->conns.end() && it->second->open()) {
+    if (retries_left > 0) {
+      // A worker that reconnects right after closing: its old connection's
+      // BYE or EOF may still be queued on this lane. Look again shortly.
+      auto timer = std::make_shared<asio::steady_timer>(*io_, kReconnectRetryPeriod);
+      timer->async_wait([this, timer, conn, seq, retries_left](const boost::system::error_code&) {
+        Adopt(conn, seq, retries_left - 1);
+      });
+      return;
+    }
     conn->SendError(WireError::kInvalidArgument,
                     "rank: rank " + std::to_string(id.rank) + " of tenant '" + id.tenant +
                         "' is already connected on lane " + std::to_string(lane_) + " from " +

@@ -41,8 +41,9 @@ class LaneService final : public net::FrameHandler {
   // Called on the lane thread (posted by the acceptor): takes over an
   // authenticated TCP socket, sends WELCOME and starts reading.
   void AdoptTcp(boost::asio::ip::tcp::socket socket, net::ConnectionIdentity id, uint64_t seq);
-  // Transport-independent part of the above.
-  void Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq);
+  // Transport-independent part of the above. A rank still connected on this
+  // lane is waited for (its close may be in flight) `retries_left` times.
+  void Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq, int retries_left);
 
   // net::FrameHandler.
   Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;

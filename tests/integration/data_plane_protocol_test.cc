@@ -251,12 +251,23 @@ TEST_F(DataPlaneProtocolTest, HelloIsAuthenticatedAndValidated) {
     EXPECT_TRUE(client.ClosedByPeer());
     ExpectBystanderWorks();
   }
-  RawClient ok(daemon_.data_address());
-  const auto w = ok.Hello("t", token, 1, 1);
+  auto ok = std::make_unique<RawClient>(daemon_.data_address());
+  const auto w = ok->Hello("t", token, 1, 1);
   EXPECT_NE(w.tenant_handle(), 0u);
   EXPECT_EQ(w.lanes(), 2u);
   EXPECT_EQ(w.workers(), 2u);
   EXPECT_EQ(w.chunk_elements(), 1024u);
+  // A second connection claiming the same rank and lane is refused while
+  // the first stays connected (after a grace period for reconnects).
+  RawClient twin(daemon_.data_address());
+  std::optional<Frame> reply;
+  twin.Hello("t", token, 1, 1, &reply);
+  ASSERT_TRUE(reply && reply->h.opcode == Opcode::kError) << "no refusal";
+  ExpectError(reply, WireError::kInvalidArgument, "rank 1 of tenant 't' is already connected");
+  // Once the first one is gone, the rank may connect again right away.
+  ok.reset();
+  RawClient again(daemon_.data_address());
+  EXPECT_NE(again.Hello("t", token, 1, 1).tenant_handle(), 0u);
 }
 
 TEST_F(DataPlaneProtocolTest, MalformedHeadersBeforeHello) {

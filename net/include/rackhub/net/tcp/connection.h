@@ -2,9 +2,9 @@
 // connection of one (worker, lane), owned by that lane's thread after the
 // acceptor handed it over (DESIGN.md §5).
 //
-// Reads frames in order: header, then (after the lane accepted the header)
-// the payload into a reusable buffer; the lane handles the frame; then the
-// next header. Replies are queued and written as gathers of header + payload
+// Reads frames in order, many per system call into one receive buffer; each
+// header goes to the handler before its payload is looked at, and accepted
+// frames are handed over in place (no copy besides the kernel's). Replies are queued and written as gathers of header + payload
 // without staging copies; a payload that is not owned by the frame (the
 // lane's double-buffered parameters) must stay valid until written, which the
 // lane guarantees (see ChunkState).
@@ -49,9 +49,10 @@ class TcpConnection final : public Connection {
     std::span<const std::byte> payload;
     bool close_after = false;
   };
-  void ReadHeader();
-  void OnHeader(const boost::system::error_code& ec);
-  void OnPayload(const boost::system::error_code& ec);
+  void ReadMore();
+  void OnRead(const boost::system::error_code& ec, size_t bytes);
+  // Handles every complete frame in the receive buffer.
+  void ParseFrames();
   void Enqueue(OutFrame frame);
   void WriteNext();
 
@@ -64,12 +65,20 @@ class TcpConnection final : public Connection {
   ConnectionIdentity id_;
   bool open_ = true;
   bool closing_ = false;  // a fatal error is queued: read nothing more
-  bool discard_ = false;  // the current frame was refused without closing
-  std::array<std::byte, kHeaderBytes> header_buf_{};
+
+  // Receive side: one recv fills as much of rbuf_ as the socket has (many
+  // frames per system call); frames are handled in place. Bytes
+  // [rstart_, rend_) are received but not consumed yet.
+  std::vector<std::byte> rbuf_;
+  size_t rstart_ = 0;
+  size_t rend_ = 0;
+  bool have_header_ = false;  // header_ is parsed, its payload is pending
   FrameHeader header_{};
-  std::vector<std::byte> payload_buf_;
+  uint64_t skip_ = 0;  // payload bytes of a refused frame still to drop
+
+  // Send side: queued frames go out in batches, one gather write each.
   std::deque<OutFrame> out_;
-  bool writing_ = false;
+  size_t in_flight_ = 0;  // frames at the front of out_ being written
 };
 
 }  // namespace rackhub::net::tcp
