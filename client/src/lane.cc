@@ -8,6 +8,9 @@
 
 namespace rackhub::client::internal {
 
+// Frames per gather write (two buffers each; IOV_MAX is 1024).
+constexpr size_t kMaxFramesPerWrite = 64;
+
 Lane::Lane(Client::Impl* owner, uint32_t index, tcp::socket socket)
     : owner_(owner), index_(index), socket_(std::move(socket)) {}
 
@@ -23,7 +26,7 @@ void Lane::Send(OutFrame frame) {
     return;
   }
   queue_.push_back(std::move(frame));
-  if (!writing_) WriteNext();
+  WriteNext();
 }
 
 void Lane::SendByeAndClose() {
@@ -35,7 +38,7 @@ void Lane::SendByeAndClose() {
   net::EncodeHeader(h, bye.header);
   queue_.push_back(std::move(bye));
   closing_ = true;
-  if (!writing_) WriteNext();
+  WriteNext();
 }
 
 void Lane::Abort() {
@@ -43,8 +46,8 @@ void Lane::Abort() {
   open_ = false;
   boost::system::error_code ignored;
   socket_.close(ignored);
-  // The frame being written (if any) is released by its handler.
-  const size_t keep = writing_ ? 1 : 0;
+  // The frames being written (if any) are released by the write's handler.
+  const size_t keep = in_flight_;
   while (queue_.size() > keep) {
     Release(queue_.back());
     queue_.pop_back();
@@ -70,6 +73,7 @@ void Lane::Release(OutFrame& frame) {
 }
 
 void Lane::WriteNext() {
+  if (in_flight_ > 0) return;
   // Frames of operations that already failed are not sent (their caller may
   // reuse the buffers as soon as the ticket completes).
   while (!queue_.empty() && queue_.front().op && queue_.front().op->failed) {
@@ -77,19 +81,25 @@ void Lane::WriteNext() {
     queue_.pop_front();
   }
   if (queue_.empty() || !open_) {
-    writing_ = false;
     if (closing_) CloseSocket();
     return;
   }
-  writing_ = true;
-  const OutFrame& f = queue_.front();
-  const std::array<asio::const_buffer, 2> buffers = {asio::buffer(f.header),
-                                                     asio::const_buffer(f.payload, f.bytes)};
+  // One gather write for a run of sendable frames: header + payload each.
+  std::vector<asio::const_buffer> buffers;
+  while (in_flight_ < queue_.size() && in_flight_ < kMaxFramesPerWrite) {
+    const OutFrame& f = queue_[in_flight_];
+    if (f.op && f.op->failed) break;
+    buffers.push_back(asio::buffer(f.header));
+    if (f.bytes > 0) buffers.emplace_back(f.payload, f.bytes);
+    ++in_flight_;
+  }
   asio::async_write(socket_, buffers, [this](const boost::system::error_code& ec, size_t) {
-    OutFrame done = std::move(queue_.front());
-    queue_.pop_front();
-    writing_ = false;
-    Release(done);
+    for (size_t i = 0; i < in_flight_; ++i) {
+      OutFrame done = std::move(queue_.front());
+      queue_.pop_front();
+      Release(done);
+    }
+    in_flight_ = 0;
     if (ec) {
       IoFailed(ec, "sending a frame");
       return;

@@ -51,8 +51,10 @@ class Lane {
   tcp::socket socket_;
   bool open_ = true;
   bool closing_ = false;
-  bool writing_ = false;
-  std::deque<OutFrame> queue_;  // front is being written while writing_
+  // The first in_flight_ frames of queue_ are being written (one gather
+  // write for up to kMaxFramesPerWrite frames).
+  size_t in_flight_ = 0;
+  std::deque<OutFrame> queue_;
   std::unordered_map<uint64_t, PendingRequest> pending_;
   std::array<std::byte, net::kHeaderBytes> header_bytes_{};
   net::FrameHeader header_;
