@@ -10,6 +10,12 @@ PACKAGES=(
   libsystemd-dev libssl-dev openssl
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # bench/: the gloo all_reduce baseline and the suite's plots (Debian's
+  # /usr/bin/python3); nothing else, the tests included, needs them.
+  python3-torch python3-matplotlib
+  # client/python/: the rackhub module (pybind11, built for /usr/bin/python3); its
+  # tests and bench/torch/ also use python3-torch, bench/torch/ OpenBLAS.
+  python3-dev pybind11-dev libopenblas0-pthread
 )
 
 missing=()

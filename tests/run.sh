@@ -8,3 +8,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"
 cd build
 ctest --output-on-failure --timeout 600 "$@"
+cd ..
+# The RDMA tests (label `rdma`) on a real verbs device: natively, or in a
+# Soft-RoCE VM when this host has none (SKIPPED, loudly, if neither works).
+# Only for a full run (no ctest filter given).
+if [ $# -eq 0 ]; then tests/rdma/run.sh build; fi

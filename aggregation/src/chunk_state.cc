@@ -50,13 +50,7 @@ ChunkState::AddResult ChunkState::Contribute(uint32_t rank, std::span<const std:
   if (contributed_[rank]) return AddResult::kDuplicate;
 
   if (rank == next_rank_) {
-    if (rank == 0) {
-      CopyIn(accumulator_.data(), payload.data(), elements_, wire_type_);
-    } else {
-      AddIn(accumulator_.data(), payload.data(), elements_, wire_type_);
-    }
-    ++next_rank_;
-    FoldInOrder();
+    FoldInOrder(payload.data(), rank);
   } else {
     // A lower rank is still missing: park the payload until it arrives.
     uint32_t slot;
@@ -75,15 +69,23 @@ ChunkState::AddResult ChunkState::Contribute(uint32_t rank, std::span<const std:
   return contributions_ == workers_ ? AddResult::kComplete : AddResult::kAccepted;
 }
 
-// Adds the parked contributions that are next in rank order.
-void ChunkState::FoldInOrder() {
+// Folds `payload` of `rank` (== next_rank_) and the parked contributions that
+// follow it in rank order into the accumulator, in one pass.
+void ChunkState::FoldInOrder(const std::byte* payload, uint32_t rank) {
+  inputs_.clear();
+  inputs_.push_back(payload);
+  ++next_rank_;
   while (next_rank_ < workers_ && spare_of_rank_[next_rank_] != kNoSpare) {
     const uint32_t slot = spare_of_rank_[next_rank_];
-    // A parked rank is never 0 (rank 0 is always in order), so always add.
-    AddIn(accumulator_.data(), spares_[slot].data(), elements_, wire_type_);
+    inputs_.push_back(spares_[slot].data());
     spare_of_rank_[next_rank_] = kNoSpare;
-    free_spares_.push_back(slot);
+    free_spares_.push_back(slot);  // read below, before any reuse
     ++next_rank_;
+  }
+  if (rank == 0) {
+    SumInto(accumulator_.data(), inputs_, elements_, wire_type_);
+  } else {
+    AccumulateInto(accumulator_.data(), inputs_, elements_, wire_type_);
   }
 }
 
@@ -101,27 +103,54 @@ void ChunkState::ClearContributions() {
 
 void ChunkState::DiscardPending() { ClearContributions(); }
 
-void ChunkState::Update() {
-  if (contributions_ != workers_ || next_rank_ != workers_) {
-    Die("Update() before all contributions are in");
-  }
+OptimizerStep ChunkState::BeginUpdate() {
   const uint64_t t = version_ + 1;
   if (pending_optimizer_ && t >= pending_optimizer_->from_update) {
     optimizer_ = pending_optimizer_->config;
     pending_optimizer_.reset();
     EnsureOptimizerState();
   }
-  const OptimizerStep step{
-      optimizer_.reduction == Reduction::kMean ? static_cast<float>(1.0 / workers_) : 1.0f, t};
+  return OptimizerStep{
+      optimizer_.reduction == Reduction::kMean
+          ? static_cast<float>(1.0 / (mean_divisor_ ? mean_divisor_ : workers_))
+          : 1.0f,
+      t};
+}
+
+// The new parameters are in params_[(version_ + 1) & 1].
+void ChunkState::FinishUpdate() {
   const uint64_t next = version_ + 1;
-  float* out = params_[next & 1].data();
-  ApplyOptimizer(optimizer_, step, accumulator_.data(), param_buffer(version_), out,
-                 state_[0].data(), state_[1].data(), elements_);
   if (wire_type_ != ElementType::kFp32) {
-    CopyOut(wire_[next & 1].data(), out, elements_, wire_type_);
+    CopyOut(wire_[next & 1].data(), params_[next & 1].data(), elements_, wire_type_);
   }
   version_ = next;
   ClearContributions();
+}
+
+void ChunkState::Update() {
+  if (contributions_ != workers_ || next_rank_ != workers_) {
+    Die("Update() before all contributions are in");
+  }
+  const OptimizerStep step = BeginUpdate();
+  ApplyOptimizer(optimizer_, step, accumulator_.data(), param_buffer(version_),
+                 params_[(version_ + 1) & 1].data(), state_[0].data(), state_[1].data(),
+                 elements_);
+  FinishUpdate();
+}
+
+bool ChunkState::ReduceAndUpdate(std::span<const std::span<const std::byte>> payloads) {
+  if (contributions_ != 0 || payloads.size() != workers_) return false;
+  for (const auto& p : payloads) {
+    if (p.size() != wire_bytes()) return false;
+  }
+  inputs_.clear();
+  for (const auto& p : payloads) inputs_.push_back(p.data());
+  const OptimizerStep step = BeginUpdate();
+  SumAndApplyOptimizer(optimizer_, step, inputs_, param_buffer(version_),
+                       params_[(version_ + 1) & 1].data(), state_[0].data(), state_[1].data(),
+                       elements_, wire_type_);
+  FinishUpdate();
+  return true;
 }
 
 std::span<const float> ChunkState::params(uint64_t v) const {

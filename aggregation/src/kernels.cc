@@ -1,120 +1,109 @@
-// Scalar kernels written for GCC's auto-vectorizer: one plain loop per
-// function, __restrict pointers, no lambdas, selects instead of branches.
-// Built with -O3 -fno-math-errno -ffp-contract=off (aggregation/CMakeLists.txt).
-#include "rackhub/aggregation/kernels.h"
-
+// Public kernel entry points: runtime dispatch to the portable / AVX2 /
+// AVX-512 path (kernels_portable.cc, kernels_avx2.cc, kernels_avx512.cc) and
+// the per-call optimizer scalars. Compiled for the baseline ISA only.
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
+
+#include "kernels_internal.h"
 
 namespace rackhub::aggregation {
 namespace {
 
-// Wire-side loads and stores go through memcpy: payloads may sit at any byte
-// offset of a receive buffer. GCC turns these into (vector) unaligned moves.
-inline float LoadFloat(const unsigned char* p) {
-  float v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline uint16_t LoadU16(const unsigned char* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void StoreU16(unsigned char* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
+using internal::KernelTable;
 
-// ---- Reduction loops ----
-
-void CopyInFp16(float* __restrict dst, const unsigned char* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = Fp16ToFloat(LoadU16(src + 2 * i));
-}
-void CopyInBf16(float* __restrict dst, const unsigned char* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(LoadU16(src + 2 * i));
-}
-void AddInFp32(float* __restrict acc, const unsigned char* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += LoadFloat(src + 4 * i);
-}
-void AddInFp16(float* __restrict acc, const unsigned char* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += Fp16ToFloat(LoadU16(src + 2 * i));
-}
-void AddInBf16(float* __restrict acc, const unsigned char* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += Bf16ToFloat(LoadU16(src + 2 * i));
-}
-void CopyOutFp16(unsigned char* __restrict dst, const float* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) StoreU16(dst + 2 * i, FloatToFp16(src[i]));
-}
-void CopyOutBf16(unsigned char* __restrict dst, const float* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) StoreU16(dst + 2 * i, FloatToBf16(src[i]));
-}
-
-// ---- Optimizer loops (one per type) ----
-
-void SgdLoop(float gs, float lr, float wd, const float* __restrict sum,
-             const float* __restrict p_old, float* __restrict p_new, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float p = p_old[i];
-    const float d = sum[i] * gs + wd * p;
-    p_new[i] = p - lr * d;
+bool CpuHas(KernelPath path) {
+  __builtin_cpu_init();
+  switch (path) {
+    case KernelPath::kPortable: return true;
+    case KernelPath::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case KernelPath::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && CpuHas(KernelPath::kAvx2);
   }
+  return false;
 }
 
-void MomentumLoop(float gs, float lr, float wd, float mu, const float* __restrict sum,
-                  const float* __restrict p_old, float* __restrict p_new,
-                  float* __restrict vel, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float p = p_old[i];
-    const float d = sum[i] * gs + wd * p;
-    const float v = mu * vel[i] + d;
-    vel[i] = v;
-    p_new[i] = p - lr * v;
+const KernelTable& TableOf(KernelPath path) {
+  switch (path) {
+    case KernelPath::kAvx512: return internal::Avx512Kernels();
+    case KernelPath::kAvx2: return internal::Avx2Kernels();
+    case KernelPath::kPortable: break;
   }
+  return internal::PortableKernels();
 }
 
-void NesterovLoop(float gs, float lr, float wd, float mu, const float* __restrict sum,
-                  const float* __restrict p_old, float* __restrict p_new,
-                  float* __restrict vel, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float p = p_old[i];
-    const float d = sum[i] * gs + wd * p;
-    const float v = mu * vel[i] + d;
-    vel[i] = v;
-    p_new[i] = p - lr * (d + mu * v);
+// The best available path, capped by RACKHUB_KERNEL_PATH when set.
+const KernelTable* Detect() {
+  KernelPath cap = KernelPath::kAvx512;
+  if (const char* env = std::getenv("RACKHUB_KERNEL_PATH")) {
+    for (KernelPath p : kAllKernelPaths) {
+      if (std::string_view(env) == KernelPathName(p)) cap = p;
+    }
   }
-}
-
-// Adam and AdamW share the loop: `wd` is the L2 term folded into the gradient
-// (Adam; 0 for AdamW) and `keep` the decoupled decay factor 1 - lr*wd (AdamW;
-// 1 for Adam, which leaves p unchanged exactly).
-void AdamLoop(float gs, float wd, float keep, float b1, float one_minus_b1, float b2,
-              float one_minus_b2, float step_size, float inv_bc2, float eps,
-              const float* __restrict sum, const float* __restrict p_old,
-              float* __restrict p_new, float* __restrict m_state, float* __restrict v_state,
-              size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float p = p_old[i];
-    const float d = sum[i] * gs + wd * p;
-    const float m = b1 * m_state[i] + one_minus_b1 * d;
-    const float v = b2 * v_state[i] + one_minus_b2 * (d * d);
-    m_state[i] = m;
-    v_state[i] = v;
-    p_new[i] = p * keep - step_size * m / (std::sqrt(v * inv_bc2) + eps);
+  for (KernelPath p : {KernelPath::kAvx512, KernelPath::kAvx2}) {
+    if (p <= cap && CpuHas(p)) return &TableOf(p);
   }
+  return &internal::PortableKernels();
 }
 
-void AdaGradLoop(float gs, float lr, float wd, float eps, const float* __restrict sum,
-                 const float* __restrict p_old, float* __restrict p_new,
-                 float* __restrict acc, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float p = p_old[i];
-    const float d = sum[i] * gs + wd * p;
-    const float s = acc[i] + d * d;
-    acc[i] = s;
-    p_new[i] = p - lr * d / (std::sqrt(s) + eps);
+std::atomic<const KernelTable*> g_table{nullptr};
+
+const KernelTable& Table() {
+  const KernelTable* t = g_table.load(std::memory_order_acquire);
+  if (t == nullptr) {  // first call; racing first calls store the same value
+    t = Detect();
+    g_table.store(t, std::memory_order_release);
   }
+  return *t;
 }
 
-void SumOnlyLoop(float gs, const float* __restrict sum, float* __restrict p_new, size_t n) {
-  for (size_t i = 0; i < n; ++i) p_new[i] = sum[i] * gs;
+using Bytes = const unsigned char*;
+
+bool Streamable(const void* dst, size_t bytes) {
+  return bytes >= internal::kStreamingMinBytes && reinterpret_cast<uintptr_t>(dst) % 64 == 0;
+}
+
+internal::OptParams ParamsOf(const OptimizerConfig& cfg, const OptimizerStep& step) {
+  using internal::OptKind;
+  internal::OptParams o;
+  o.gs = step.grad_scale;
+  o.lr = static_cast<float>(cfg.learning_rate);
+  o.wd = static_cast<float>(cfg.weight_decay);
+  o.mu = static_cast<float>(cfg.momentum);
+  o.eps = static_cast<float>(cfg.epsilon);
+  switch (cfg.type) {
+    case OptimizerType::kSgd: o.kind = OptKind::kSgd; break;
+    case OptimizerType::kMomentum: o.kind = OptKind::kMomentum; break;
+    case OptimizerType::kNesterov: o.kind = OptKind::kNesterov; break;
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW: {
+      // Adam folds wd into the gradient (keep = 1 leaves p exact); AdamW
+      // decays p by keep = 1 - lr*wd and folds nothing (wd = 0).
+      o.kind = OptKind::kAdam;
+      const bool decoupled = cfg.type == OptimizerType::kAdamW;
+      const double t = static_cast<double>(step.t);
+      const double bc1 = 1.0 - std::pow(cfg.beta1, t);
+      const double bc2 = 1.0 - std::pow(cfg.beta2, t);
+      if (decoupled) {
+        o.wd = 0.0f;
+        o.keep = static_cast<float>(1.0 - cfg.learning_rate * cfg.weight_decay);
+      }
+      o.b1 = static_cast<float>(cfg.beta1);
+      o.omb1 = static_cast<float>(1.0 - cfg.beta1);
+      o.b2 = static_cast<float>(cfg.beta2);
+      o.omb2 = static_cast<float>(1.0 - cfg.beta2);
+      o.step_size = static_cast<float>(cfg.learning_rate / bc1);
+      o.inv_bc2 = static_cast<float>(1.0 / bc2);
+      break;
+    }
+    case OptimizerType::kAdaGrad: o.kind = OptKind::kAdaGrad; break;
+    case OptimizerType::kSumOnly: o.kind = OptKind::kSumOnly; break;
+  }
+  return o;
 }
 
 }  // namespace
@@ -128,79 +117,105 @@ const char* ElementTypeName(ElementType type) {
   return "unknown";
 }
 
-void ConvertFp16ToFp32(float* __restrict dst, const uint16_t* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = Fp16ToFloat(src[i]);
+// ---- Kernel path selection ----
+
+const char* KernelPathName(KernelPath path) {
+  switch (path) {
+    case KernelPath::kPortable: return "portable";
+    case KernelPath::kAvx2: return "avx2";
+    case KernelPath::kAvx512: return "avx512";
+  }
+  return "unknown";
 }
-void ConvertFp32ToFp16(uint16_t* __restrict dst, const float* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = FloatToFp16(src[i]);
+const char* KernelPathName() { return KernelPathName(ActiveKernelPath()); }
+KernelPath ActiveKernelPath() { return Table().path; }
+bool KernelPathAvailable(KernelPath path) { return CpuHas(path); }
+
+bool ForceKernelPath(KernelPath path) {
+  if (!CpuHas(path)) return false;
+  g_table.store(&TableOf(path), std::memory_order_release);
+  return true;
 }
-void ConvertBf16ToFp32(float* __restrict dst, const uint16_t* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
+void ResetKernelPath() { g_table.store(Detect(), std::memory_order_release); }
+
+// ---- Conversions and reduction primitives ----
+
+void ConvertFp16ToFp32(float* dst, const uint16_t* src, size_t n) {
+  CopyIn(dst, src, n, ElementType::kFp16);
 }
-void ConvertFp32ToBf16(uint16_t* __restrict dst, const float* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+void ConvertFp32ToFp16(uint16_t* dst, const float* src, size_t n) {
+  CopyOut(dst, src, n, ElementType::kFp16);
+}
+void ConvertBf16ToFp32(float* dst, const uint16_t* src, size_t n) {
+  CopyIn(dst, src, n, ElementType::kBf16);
+}
+void ConvertFp32ToBf16(uint16_t* dst, const float* src, size_t n) {
+  CopyOut(dst, src, n, ElementType::kBf16);
 }
 
 void CopyIn(float* dst, const void* src, size_t n, ElementType type) {
-  const auto* s = static_cast<const unsigned char*>(src);
-  switch (type) {
-    case ElementType::kFp32: std::memcpy(dst, s, n * sizeof(float)); return;
-    case ElementType::kFp16: CopyInFp16(dst, s, n); return;
-    case ElementType::kBf16: CopyInBf16(dst, s, n); return;
+  if (type == ElementType::kFp32) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
   }
+  const Bytes in[1] = {static_cast<Bytes>(src)};
+  Table().sum(dst, in, 1, n, type, false, false);
 }
 
 void AddIn(float* acc, const void* src, size_t n, ElementType type) {
-  const auto* s = static_cast<const unsigned char*>(src);
-  switch (type) {
-    case ElementType::kFp32: AddInFp32(acc, s, n); return;
-    case ElementType::kFp16: AddInFp16(acc, s, n); return;
-    case ElementType::kBf16: AddInBf16(acc, s, n); return;
-  }
+  const Bytes in[1] = {static_cast<Bytes>(src)};
+  Table().sum(acc, in, 1, n, type, true, false);
 }
 
 void CopyOut(void* dst, const float* src, size_t n, ElementType type) {
-  auto* d = static_cast<unsigned char*>(dst);
-  switch (type) {
-    case ElementType::kFp32: std::memcpy(d, src, n * sizeof(float)); return;
-    case ElementType::kFp16: CopyOutFp16(d, src, n); return;
-    case ElementType::kBf16: CopyOutBf16(d, src, n); return;
+  if (type == ElementType::kFp32) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
   }
+  Table().narrow(static_cast<unsigned char*>(dst), src, n, type);
 }
+
+// ---- Multi-input ----
+
+void SumInto(float* dst, std::span<const void* const> inputs, size_t n, ElementType type) {
+  if (inputs.empty()) {
+    std::memset(dst, 0, n * sizeof(float));
+    return;
+  }
+  Table().sum(dst, reinterpret_cast<const Bytes*>(inputs.data()), inputs.size(), n, type, false,
+              Streamable(dst, n * sizeof(float)));
+}
+
+void AccumulateInto(float* acc, std::span<const void* const> inputs, size_t n, ElementType type) {
+  if (inputs.empty()) return;
+  Table().sum(acc, reinterpret_cast<const Bytes*>(inputs.data()), inputs.size(), n, type, true,
+              false);
+}
+
+// ---- Optimizer ----
 
 void ApplyOptimizer(const OptimizerConfig& cfg, const OptimizerStep& step, const float* sum,
                     const float* p_old, float* p_new, float* state0, float* state1, size_t n) {
-  const float gs = step.grad_scale;
-  const float lr = static_cast<float>(cfg.learning_rate);
-  const float wd = static_cast<float>(cfg.weight_decay);
-  const float mu = static_cast<float>(cfg.momentum);
-  const float eps = static_cast<float>(cfg.epsilon);
-  switch (cfg.type) {
-    case OptimizerType::kSgd: SgdLoop(gs, lr, wd, sum, p_old, p_new, n); return;
-    case OptimizerType::kMomentum:
-      MomentumLoop(gs, lr, wd, mu, sum, p_old, p_new, state0, n);
-      return;
-    case OptimizerType::kNesterov:
-      NesterovLoop(gs, lr, wd, mu, sum, p_old, p_new, state0, n);
-      return;
-    case OptimizerType::kAdam:
-    case OptimizerType::kAdamW: {
-      const bool decoupled = cfg.type == OptimizerType::kAdamW;
-      const double t = static_cast<double>(step.t);
-      const double bc1 = 1.0 - std::pow(cfg.beta1, t);
-      const double bc2 = 1.0 - std::pow(cfg.beta2, t);
-      const float l2 = decoupled ? 0.0f : wd;
-      const float keep =
-          decoupled ? static_cast<float>(1.0 - cfg.learning_rate * cfg.weight_decay) : 1.0f;
-      AdamLoop(gs, l2, keep, static_cast<float>(cfg.beta1), static_cast<float>(1.0 - cfg.beta1),
-               static_cast<float>(cfg.beta2), static_cast<float>(1.0 - cfg.beta2),
-               static_cast<float>(cfg.learning_rate / bc1), static_cast<float>(1.0 / bc2), eps,
-               sum, p_old, p_new, state0, state1, n);
-      return;
+  const Bytes in[1] = {reinterpret_cast<Bytes>(sum)};
+  Table().fused(ParamsOf(cfg, step), in, 1, ElementType::kFp32, p_old, p_new, state0, state1, n,
+                Streamable(p_new, n * sizeof(float)));
+}
+
+void SumAndApplyOptimizer(const OptimizerConfig& cfg, const OptimizerStep& step,
+                          std::span<const void* const> inputs, const float* p_old, float* p_new,
+                          float* state0, float* state1, size_t n, ElementType type) {
+  static const float kZeros[1024] = {};  // the sum of no inputs, block by block
+  if (inputs.empty()) {
+    for (size_t b = 0; b < n; b += 1024) {
+      const size_t len = n - b < 1024 ? n - b : 1024;
+      ApplyOptimizer(cfg, step, kZeros, p_old ? p_old + b : nullptr, p_new + b,
+                     state0 ? state0 + b : nullptr, state1 ? state1 + b : nullptr, len);
     }
-    case OptimizerType::kAdaGrad: AdaGradLoop(gs, lr, wd, eps, sum, p_old, p_new, state0, n); return;
-    case OptimizerType::kSumOnly: SumOnlyLoop(gs, sum, p_new, n); return;
+    return;
   }
+  Table().fused(ParamsOf(cfg, step), reinterpret_cast<const Bytes*>(inputs.data()),
+                inputs.size(), type, p_old, p_new, state0, state1, n,
+                Streamable(p_new, n * sizeof(float)));
 }
 
 }  // namespace rackhub::aggregation

@@ -8,8 +8,14 @@
 // (generated deterministically), summed in rank order, then the same fused
 // optimizer kernel the hub runs.
 //
+// With --compare gloo (compare.cc), the coordinator interleaves R rounds of
+// rackhub runs with runs of bench/gloo_allreduce.py (torch.distributed gloo
+// all_reduce of the same model) and reports both medians and their ratio.
+//
 // Single-threaded code apart from the client library's I/O thread.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <string>
@@ -23,6 +29,8 @@ enum class WireType : uint8_t { kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 
 struct WorkerParams {
   std::string hub;         // data-plane HOST:PORT
+  std::string transport = "tcp";  // tcp | rdma | auto (client::Options::transport)
+  std::string rdma_hub;    // the hub's RDMA HOST:PORT (rdma, auto)
   std::string tenant;
   std::string token_file;
   std::string result_file;  // where the worker writes its JSON result
@@ -46,5 +54,67 @@ float Gradient(uint32_t rank, uint64_t iteration, uint32_t key, uint64_t index);
 // Serializes the optimizer for the worker command line and back.
 std::string EncodeOptimizer(const aggregation::OptimizerConfig& c);
 bool DecodeOptimizer(const std::string& text, aggregation::OptimizerConfig* c);
+
+// ---- Coordinator side (main.cc), shared with compare.cc ----
+
+// The coordinator's command line.
+struct BenchArgs {
+  WorkerParams w;  // rank/tenant/token/result unused here
+  std::string admin, admin_token_file;
+  uint32_t lanes = 0;  // of a hub started locally; 0 = one per core
+  bool json = false;
+  std::string optimizer = "sgd";
+  double lr = 0.01;
+  // --compare gloo
+  std::string compare;      // "" or "gloo"
+  uint32_t rounds = 5;      // interleaved rackhub + gloo rounds
+  std::string gloo_script;  // "" = <source dir>/bench/gloo_allreduce.py
+  std::string python = "/usr/bin/python3";
+};
+
+// The hub the run talks to: either started here (`rackhubd` beside this
+// binary, on ephemeral loopback ports, SIGTERMed at destruction) or the one
+// given by --hub/--admin. Not copyable.
+class Hub {
+ public:
+  Hub() = default;
+  Hub(const Hub&) = delete;
+  Hub& operator=(const Hub&) = delete;
+  ~Hub();
+  // Starts or adopts the hub; `dir` holds its ready file and log. False
+  // (with a message on stderr) when it cannot.
+  bool Open(const BenchArgs& a, const std::string& dir);
+
+  std::string admin, data, admin_token;
+
+ private:
+  pid_t pid_ = -1;
+};
+
+struct RunResult {
+  bool ok = false;        // every worker ran and reported (else a message was printed)
+  bool verified = false;  // every worker's every iteration matched the reference
+  std::vector<double> iteration_ms;  // per timed iteration, the slowest worker's time
+};
+
+// One benchmark run: creates tenant `tenant` on `hub`, runs the W worker
+// processes (`self` in worker mode) through a.w.iterations timed iterations,
+// deletes the tenant. `dir` holds the token and result files.
+RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hub,
+                      const std::string& dir, const std::string& tenant);
+
+// --compare gloo: see compare.cc. Returns the process exit code.
+int Compare(const BenchArgs& a, const std::string& self);
+
+// Helpers.
+double Percentile(std::vector<double> v, double q);  // nearest rank, q in [0, 1]
+const char* DTypeName(WireType t);
+// Starts argv[0] (searched in PATH when it has no '/'); stderr/stdout go to
+// the given files when non-empty. -1 (with a message) on failure.
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& stderr_file = "",
+            const std::string& stdout_file = "");
+std::string ReadAll(const std::string& path);
+// A fresh directory under $TMPDIR for this run's files.
+std::string MakeRunDir();
 
 }  // namespace rackhub::bench

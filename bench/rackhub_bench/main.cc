@@ -51,18 +51,22 @@ options:
   --admin HOST:PORT      its admin API
   --admin-token-file F   admin token for --admin
   --lanes N              lanes of the hub started locally (0 = cores) [0]
+  --transport T          tcp|rdma|auto data-plane transport of the workers [tcp]
+  --rdma-hub HOST:PORT   the hub's RDMA (rdma_cm) address; a hub started here
+                         listens there (HOST: an IP of the RDMA interface)
   --json                 print one JSON object instead of a table
   -h, --help
-)";
 
-struct Args {
-  WorkerParams w;
-  std::string admin, admin_token_file;
-  uint32_t lanes = 0;
-  bool json = false;
-  std::string optimizer = "sgd";
-  double lr = 0.01;
-};
+comparison with torch.distributed (gloo) all_reduce of the same model:
+  --compare gloo         interleave R rounds of [rackhub run, gloo run], both with
+                         W processes, I iterations, the same size and dtype; print
+                         the medians of the per-round medians and rackhub/gloo
+  --rounds R             rounds                                 [5]
+  --gloo-script PATH     the gloo benchmark [<source dir>/bench/gloo_allreduce.py]
+  --python PATH          interpreter with torch                 [/usr/bin/python3]
+  exit code 3: the comparison could not run gloo (torch missing, ...): the
+  rackhub numbers are still printed, with the reason
+)";
 
 [[noreturn]] void Usage(const std::string& error) {
   std::fprintf(stderr, "rackhub-bench: %s\n(see rackhub-bench --help)\n", error.c_str());
@@ -117,18 +121,25 @@ std::string SelfDir() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
 }
 
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_file = "") {
+}  // namespace
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& stderr_file,
+            const std::string& stdout_file) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  if (!log_file.empty()) {
-    posix_spawn_file_actions_addopen(&actions, 2, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
+  if (!stderr_file.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 2, stderr_file.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  if (!stdout_file.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 1, stdout_file.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
   }
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     std::fprintf(stderr, "rackhub-bench: cannot start %s: %s\n", args[0], std::strerror(rc));
@@ -144,46 +155,70 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-// A hub started for the run, stopped with SIGTERM at scope exit.
-struct LocalHub {
-  pid_t pid = -1;
-  std::string admin, data, log;
-  ~LocalHub() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      int status;
-      waitpid(pid, &status, 0);
-    }
-  }
-};
+std::string MakeRunDir() {
+  static int serial = 0;
+  const std::string dir =
+      std::filesystem::temp_directory_path() /
+      ("rackhub-bench-" + std::to_string(getpid()) + "-" + std::to_string(serial++));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
-bool StartHub(const std::string& dir, uint32_t lanes, LocalHub* hub) {
+Hub::~Hub() {
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+}
+
+bool Hub::Open(const BenchArgs& a, const std::string& dir) {
+  if (!a.w.hub.empty()) {
+    admin = a.admin;
+    data = a.w.hub;
+    if (!a.admin_token_file.empty()) {
+      std::ifstream f(a.admin_token_file);
+      f >> admin_token;
+    }
+    return true;
+  }
   const std::string ready = dir + "/ready";
-  hub->log = dir + "/rackhubd.log";
-  hub->pid = Spawn({SelfDir() + "/rackhubd", "--admin-listen", "127.0.0.1:0", "--data-listen",
-                    "127.0.0.1:0", "--lanes", std::to_string(lanes), "--ready-file", ready,
-                    "--log-level", "warn"},
-                   hub->log);
-  if (hub->pid < 0) return false;
+  const std::string log = dir + "/rackhubd.log";
+  pid_ = Spawn({SelfDir() + "/rackhubd", "--admin-listen", "127.0.0.1:0", "--data-listen",
+                "127.0.0.1:0", "--lanes", std::to_string(a.lanes), "--ready-file", ready,
+                "--log-level", "warn", "--transport", a.w.transport == "tcp" ? "tcp" : a.w.transport,
+                "--rdma-listen", a.w.rdma_hub.empty() ? "127.0.0.1:0" : a.w.rdma_hub},
+               log);
+  if (pid_ < 0) return false;
   for (int i = 0; i < 400; ++i) {
     std::istringstream in(ReadAll(ready));
     std::string what, addr;
-    while (in >> what >> addr) (what == "admin" ? hub->admin : hub->data) = addr;
-    if (!hub->admin.empty() && !hub->data.empty()) return true;
+    while (in >> what >> addr) (what == "admin" ? admin : data) = addr;
+    if (!admin.empty() && !data.empty()) return true;
     int status;
-    if (waitpid(hub->pid, &status, WNOHANG) == hub->pid) break;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   std::fprintf(stderr, "rackhub-bench: the local rackhubd did not start:\n%s",
-               ReadAll(hub->log).c_str());
+               ReadAll(log).c_str());
   return false;
 }
 
 double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
   return v[std::min(i, v.size() - 1)];
 }
+
+const char* DTypeName(WireType t) {
+  return t == WireType::kFp32 ? "fp32" : t == WireType::kFp16 ? "fp16" : "bf16";
+}
+
+namespace {
 
 // Extracts the numbers of "times_ms":[...] and the verified flag.
 bool ParseResult(const std::string& json, std::vector<double>* times, bool* verified) {
@@ -198,23 +233,13 @@ bool ParseResult(const std::string& json, std::vector<double>* times, bool* veri
   return true;
 }
 
-int Coordinate(const Args& a, const std::string& self) {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          ("rackhub-bench-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  LocalHub hub;
-  std::string admin = a.admin, data = a.w.hub, admin_token;
-  if (data.empty()) {
-    if (!StartHub(dir, a.lanes, &hub)) return 1;
-    admin = hub.admin;
-    data = hub.data;
-  } else if (!a.admin_token_file.empty()) {
-    std::ifstream f(a.admin_token_file);
-    f >> admin_token;
-  }
-  auto channel = grpc::CreateChannel(admin, grpc::InsecureChannelCredentials());
+}  // namespace
+
+RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hub,
+                      const std::string& dir, const std::string& tenant) {
+  RunResult result;
+  auto channel = grpc::CreateChannel(hub.admin, grpc::InsecureChannelCredentials());
   auto tenants = pb::TenantService::NewStub(channel);
-  const std::string tenant = "bench-" + std::to_string(getpid());
   pb::CreateTenantRequest req;
   req.set_name(tenant);
   req.set_workers_per_rack(a.w.workers);
@@ -226,11 +251,11 @@ int Coordinate(const Args& a, const std::string& self) {
   pb::CreateTenantResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  if (!admin_token.empty()) ctx.AddMetadata("authorization", "Bearer " + admin_token);
+  if (!hub.admin_token.empty()) ctx.AddMetadata("authorization", "Bearer " + hub.admin_token);
   if (auto s = tenants->CreateTenant(&ctx, req, &resp); !s.ok()) {
-    std::fprintf(stderr, "rackhub-bench: creating tenant on %s: %s\n", admin.c_str(),
+    std::fprintf(stderr, "rackhub-bench: creating tenant on %s: %s\n", hub.admin.c_str(),
                  s.error_message().c_str());
-    return 1;
+    return result;
   }
   const auto& o = resp.tenant().default_optimizer();
   agg::OptimizerConfig normalized;
@@ -243,20 +268,23 @@ int Coordinate(const Args& a, const std::string& self) {
   normalized.epsilon = o.epsilon();
   normalized.initial_accumulator = o.initial_accumulator();
   normalized.reduction = o.reduction() == pb::SUM ? agg::Reduction::kSum : agg::Reduction::kMean;
-  const std::string token_file = dir + "/token";
+  const std::string token_file = dir + "/token-" + tenant;
   std::ofstream(token_file) << resp.token() << "\n";
 
+  auto result_file = [&](uint32_t r) {
+    return dir + "/" + tenant + "-worker-" + std::to_string(r) + ".json";
+  };
   std::vector<pid_t> pids;
   for (uint32_t r = 0; r < a.w.workers; ++r) {
-    pids.push_back(Spawn({self, "--worker-rank", std::to_string(r), "--hub", data, "--tenant",
+    pids.push_back(Spawn({self, "--worker-rank", std::to_string(r), "--hub", hub.data, "--tenant",
                           tenant, "--token-file", token_file, "--workers",
                           std::to_string(a.w.workers), "--bytes", std::to_string(a.w.bytes),
                           "--keys", std::to_string(a.w.keys), "--iterations",
                           std::to_string(a.w.iterations), "--warmup", std::to_string(a.w.warmup),
                           "--dtype", std::to_string(static_cast<int>(a.w.dtype)), "--opt",
-                          EncodeOptimizer(normalized), "--result",
-                          dir + "/worker-" + std::to_string(r) + ".json",
-                          a.w.verify ? "--verify" : "--no-verify"}));
+                          EncodeOptimizer(normalized), "--result", result_file(r),
+                          a.w.verify ? "--verify" : "--no-verify", "--transport", a.w.transport,
+                          "--rdma-hub", a.w.rdma_hub}));
   }
   bool ok = true;
   for (pid_t pid : pids) {
@@ -267,38 +295,54 @@ int Coordinate(const Args& a, const std::string& self) {
     }
   }
   // Per iteration, the slowest worker's time is the iteration's time.
-  std::vector<double> iteration_ms(a.w.iterations, 0);
-  bool verified = a.w.verify;
+  result.iteration_ms.assign(a.w.iterations, 0);
+  result.verified = a.w.verify;
   for (uint32_t r = 0; r < a.w.workers && ok; ++r) {
     std::vector<double> times;
     bool v = false;
-    if (!ParseResult(ReadAll(dir + "/worker-" + std::to_string(r) + ".json"), &times, &v) ||
-        times.size() != a.w.iterations) {
+    if (!ParseResult(ReadAll(result_file(r)), &times, &v) || times.size() != a.w.iterations) {
       ok = false;
       break;
     }
-    verified = verified && v;
-    for (size_t i = 0; i < times.size(); ++i) iteration_ms[i] = std::max(iteration_ms[i], times[i]);
+    result.verified = result.verified && v;
+    for (size_t i = 0; i < times.size(); ++i) {
+      result.iteration_ms[i] = std::max(result.iteration_ms[i], times[i]);
+    }
   }
   {
     pb::DeleteTenantRequest del;
     del.set_name(tenant);
     pb::DeleteTenantResponse ignored;
     grpc::ClientContext dctx;
-    if (!admin_token.empty()) dctx.AddMetadata("authorization", "Bearer " + admin_token);
+    dctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!hub.admin_token.empty()) dctx.AddMetadata("authorization", "Bearer " + hub.admin_token);
     tenants->DeleteTenant(&dctx, del, &ignored);
   }
   std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  if (!ok) {
-    std::fprintf(stderr, "rackhub-bench: a worker failed (see its message above)\n");
-    return 1;
+  std::filesystem::remove(token_file, ec);
+  for (uint32_t r = 0; r < a.w.workers; ++r) std::filesystem::remove(result_file(r), ec);
+  if (!ok) std::fprintf(stderr, "rackhub-bench: a worker failed (see its message above)\n");
+  result.ok = ok;
+  return result;
+}
+
+namespace {
+
+int Coordinate(const BenchArgs& a, const std::string& self) {
+  const std::string dir = MakeRunDir();
+  RunResult r;
+  {
+    Hub hub;
+    if (hub.Open(a, dir)) r = RunPushPull(a, self, hub, dir, "bench-" + std::to_string(getpid()));
   }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!r.ok) return 1;
+  const std::vector<double>& iteration_ms = r.iteration_ms;
+  const bool verified = r.verified;
   const double median = Percentile(iteration_ms, 0.5);
   const double gbps = static_cast<double>(a.w.bytes) / (median * 1e-3) / 1e9;
-  const char* dtype_name = a.w.dtype == WireType::kFp32   ? "fp32"
-                           : a.w.dtype == WireType::kFp16 ? "fp16"
-                                                          : "bf16";
+  const char* dtype_name = DTypeName(a.w.dtype);
   if (a.json) {
     std::printf(
         "{\"workers\":%u,\"bytes\":%llu,\"keys\":%u,\"iterations\":%u,\"dtype\":\"%s\","
@@ -327,7 +371,7 @@ int Coordinate(const Args& a, const std::string& self) {
 
 int main(int argc, char** argv) {
   using namespace rackhub::bench;
-  Args a;
+  BenchArgs a;
   bool worker = false;
   std::string opt_text;
   for (int i = 1; i < argc; ++i) {
@@ -369,10 +413,27 @@ int main(int argc, char** argv) {
       a.admin = value();
     } else if (f == "--admin-token-file") {
       a.admin_token_file = value();
+    } else if (f == "--transport") {
+      a.w.transport = value();
+      if (a.w.transport != "tcp" && a.w.transport != "rdma" && a.w.transport != "auto") {
+        Usage("--transport: '" + a.w.transport + "' is not tcp, rdma or auto");
+      }
+    } else if (f == "--rdma-hub") {
+      a.w.rdma_hub = value();
     } else if (f == "--lanes") {
       a.lanes = ParseUint(f, value());
     } else if (f == "--json") {
       a.json = true;
+    } else if (f == "--compare") {
+      a.compare = value();
+      if (a.compare != "gloo") Usage("--compare: '" + a.compare + "' is not gloo");
+    } else if (f == "--rounds") {
+      a.rounds = ParseUint(f, value());
+      if (a.rounds == 0) Usage("--rounds must be >= 1");
+    } else if (f == "--gloo-script") {
+      a.gloo_script = value();
+    } else if (f == "--python") {
+      a.python = value();
     } else if (f == "--worker-rank") {  // internal: worker mode
       worker = true;
       a.w.rank = ParseUint(f, value());
@@ -397,5 +458,10 @@ int main(int argc, char** argv) {
     return RunWorker(a.w);
   }
   if (!a.w.hub.empty() && a.admin.empty()) Usage("--hub needs --admin (to create the tenant)");
-  return Coordinate(a, argv[0][0] == '/' ? argv[0] : SelfDir() + "/rackhub-bench");
+  if (a.w.transport == "rdma" && a.w.rdma_hub.empty()) {
+    Usage("--transport rdma needs --rdma-hub HOST:PORT (an IP of the RDMA interface)");
+  }
+  const std::string self = argv[0][0] == '/' ? argv[0] : SelfDir() + "/rackhub-bench";
+  if (!a.compare.empty()) return Compare(a, self);
+  return Coordinate(a, self);
 }

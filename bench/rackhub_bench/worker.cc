@@ -73,6 +73,12 @@ int RunWorker(const WorkerParams& p) {
   options.tenant = p.tenant;
   options.token = token;
   options.rank = p.rank;
+  options.transport = p.transport == "rdma"   ? client::Transport::kRdma
+                      : p.transport == "auto" ? client::Transport::kAuto
+                                              : client::Transport::kTcp;
+  options.rdma_hub = p.rdma_hub;
+  // Soft-RoCE under emulation (the CI VM) is slow to connect.
+  options.connect_timeout = std::chrono::seconds(60);
   client::Error error;
   auto c = client::Client::Connect(options, &error);
   if (!c) return Fail(p, "connect to " + p.hub, error);

@@ -88,6 +88,7 @@ struct OutFrame {
 };
 
 class Lane;
+class LaneLink;
 
 }  // namespace internal
 
@@ -152,6 +153,15 @@ class Client::Impl {
   Error Handshake(uint32_t lane, const tcp::endpoint& endpoint,
                   std::chrono::steady_clock::time_point deadline, tcp::socket* socket,
                   std::string* welcome_payload);
+  // HELLO payload of `lane`; the reply (WELCOME or ERROR) checked: "" and
+  // *welcome_payload, or the error.
+  std::string HelloPayload(uint32_t lane) const;
+  Error CheckHelloReply(const std::string& where, const net::FrameHeader& reply,
+                        std::string body, std::string* welcome_payload) const;
+  // Parses lane `lane`'s WELCOME (lane 0: adopts the layout, sets *lane_count).
+  Error AcceptWelcome(uint32_t lane, const std::string& payload, uint32_t* lane_count);
+  // Connects every lane over RDMA (rdma_lane.cc).
+  Error ConnectRdma(std::chrono::steady_clock::time_point deadline);
 
   struct KeyState {
     KeyInfo info;
@@ -170,7 +180,7 @@ class Client::Impl {
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::thread thread_;
-  std::vector<std::unique_ptr<internal::Lane>> lanes_;  // I/O thread after Connect
+  std::vector<std::unique_ptr<internal::LaneLink>> lanes_;  // I/O thread after Connect
   std::atomic<uint64_t> next_request_id_{1};
   bool closing_io_ = false;                             // I/O thread
   std::unique_ptr<asio::steady_timer> close_timer_;     // I/O thread

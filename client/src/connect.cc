@@ -4,6 +4,7 @@
 
 #include "client_impl.h"
 #include "rackhub/net/endpoint.h"
+#include "rackhub/net/rdma/device.h"
 #include "lane.h"
 #include "wire.h"
 
@@ -66,14 +67,7 @@ Error Client::Impl::Handshake(uint32_t lane, const tcp::endpoint& endpoint,
   if (ec) return failed("connect", ec);
   socket->set_option(tcp::no_delay(true), ec);
 
-  data::v1::Hello hello;
-  hello.set_tenant(options_.tenant);
-  hello.set_token(options_.token);
-  hello.set_rank(options_.rank);
-  hello.set_rack(options_.rack);
-  hello.set_lane(lane);
-  hello.set_client_version(kClientVersion);
-  const std::string payload = hello.SerializeAsString();
+  const std::string payload = HelloPayload(lane);
   net::FrameHeader h;
   h.opcode = net::Opcode::kHello;
   h.payload_bytes = static_cast<uint32_t>(payload.size());
@@ -96,6 +90,22 @@ Error Client::Impl::Handshake(uint32_t lane, const tcp::endpoint& endpoint,
     asio::async_read(*socket, asio::buffer(body), handler);
   });
   if (ec) return failed("reading WELCOME", ec);
+  return CheckHelloReply(where, reply, std::move(body), welcome_payload);
+}
+
+std::string Client::Impl::HelloPayload(uint32_t lane) const {
+  data::v1::Hello hello;
+  hello.set_tenant(options_.tenant);
+  hello.set_token(options_.token);
+  hello.set_rank(options_.rank);
+  hello.set_rack(options_.rack);
+  hello.set_lane(lane);
+  hello.set_client_version(kClientVersion);
+  return hello.SerializeAsString();
+}
+
+Error Client::Impl::CheckHelloReply(const std::string& where, const net::FrameHeader& reply,
+                                    std::string body, std::string* welcome_payload) const {
   if (reply.opcode == net::Opcode::kError) {
     net::WireError code{};
     std::string text;
@@ -110,9 +120,47 @@ Error Client::Impl::Handshake(uint32_t lane, const tcp::endpoint& endpoint,
   }
   if (reply.opcode != net::Opcode::kWelcome) {
     return MakeError(ErrorCode::kConnectFailed, where + ": expected WELCOME, got " +
-                                                    internal::OpcodeName(reply.opcode));
+                                                    net::OpcodeName(reply.opcode));
   }
   *welcome_payload = std::move(body);
+  return {};
+}
+
+Error Client::Impl::AcceptWelcome(uint32_t lane, const std::string& payload,
+                                  uint32_t* lane_count) {
+  data::v1::Welcome welcome;
+  if (!welcome.ParseFromString(payload)) {
+    return MakeError(ErrorCode::kConnectFailed, "hub " + options_.hub + " lane " +
+                                                    std::to_string(lane) +
+                                                    ": WELCOME payload does not parse");
+  }
+  if (lane == 0) {
+    if (welcome.lanes() == 0 || welcome.chunk_elements() == 0 || welcome.lanes() > 4096) {
+      return MakeError(ErrorCode::kConnectFailed,
+                       "hub " + options_.hub + ": WELCOME with " +
+                           std::to_string(welcome.lanes()) + " lanes and chunk_elements " +
+                           std::to_string(welcome.chunk_elements()));
+    }
+    tenant_handle_ = welcome.tenant_handle();
+    lane_count_ = *lane_count = welcome.lanes();
+    workers_ = welcome.workers();
+    chunk_elements_ = welcome.chunk_elements();
+    straggler_timeout_ms_ = welcome.straggler_timeout_ms();
+    std::lock_guard lock(mu_);
+    for (const auto& entry : welcome.keys()) {
+      KeyInfo info;
+      if (const std::string bad = internal::ToKeyInfo(entry, chunk_elements_, &info);
+          !bad.empty()) {
+        return MakeError(ErrorCode::kConnectFailed, "hub " + options_.hub + ": WELCOME " + bad);
+      }
+      ImportKey(info);
+    }
+  } else if (welcome.tenant_handle() != tenant_handle_ || welcome.lanes() != lane_count_ ||
+             welcome.chunk_elements() != chunk_elements_) {
+    return MakeError(ErrorCode::kConnectFailed,
+                     "hub " + options_.hub + " lane " + std::to_string(lane) +
+                         ": WELCOME disagrees with lane 0's (tenant handle, lanes or chunk size)");
+  }
   return {};
 }
 
@@ -125,6 +173,20 @@ Error Client::Impl::Connect() {
   }
   if (options_.tenant.empty()) return MakeError(ErrorCode::kInvalidArgument, "tenant is empty");
   const auto deadline = Clock::now() + options_.connect_timeout;
+  if (options_.transport != Transport::kTcp) {
+    const bool want = options_.transport == Transport::kRdma ||
+                      net::rdma::DevicePresent(options_.rdma_device);
+    if (want) {
+      Error e = ConnectRdma(deadline);
+      // auto: a hub without RDMA (or a host whose device cannot reach it)
+      // falls back to TCP; anything else (auth, ...) is the answer.
+      if (e.ok() || options_.transport == Transport::kRdma ||
+          e.code != ErrorCode::kConnectFailed) {
+        return e;
+      }
+      lanes_.clear();
+    }
+  }
 
   tcp::resolver resolver(io_);
   boost::system::error_code ec;
@@ -142,39 +204,7 @@ Error Client::Impl::Connect() {
     tcp::socket socket(io_);
     std::string payload;
     if (Error e = Handshake(lane, target, deadline, &socket, &payload); !e.ok()) return e;
-    data::v1::Welcome welcome;
-    if (!welcome.ParseFromString(payload)) {
-      return MakeError(ErrorCode::kConnectFailed, "hub " + options_.hub + " lane " +
-                                                      std::to_string(lane) +
-                                                      ": WELCOME payload does not parse");
-    }
-    if (lane == 0) {
-      if (welcome.lanes() == 0 || welcome.chunk_elements() == 0 || welcome.lanes() > 4096) {
-        return MakeError(ErrorCode::kConnectFailed,
-                         "hub " + options_.hub + ": WELCOME with " +
-                             std::to_string(welcome.lanes()) + " lanes and chunk_elements " +
-                             std::to_string(welcome.chunk_elements()));
-      }
-      tenant_handle_ = welcome.tenant_handle();
-      lane_count_ = lane_count = welcome.lanes();
-      workers_ = welcome.workers();
-      chunk_elements_ = welcome.chunk_elements();
-      straggler_timeout_ms_ = welcome.straggler_timeout_ms();
-      std::lock_guard lock(mu_);
-      for (const auto& entry : welcome.keys()) {
-        KeyInfo info;
-        if (const std::string bad = internal::ToKeyInfo(entry, chunk_elements_, &info);
-            !bad.empty()) {
-          return MakeError(ErrorCode::kConnectFailed, "hub " + options_.hub + ": WELCOME " + bad);
-        }
-        ImportKey(info);
-      }
-    } else if (welcome.tenant_handle() != tenant_handle_ || welcome.lanes() != lane_count_ ||
-               welcome.chunk_elements() != chunk_elements_) {
-      return MakeError(ErrorCode::kConnectFailed,
-                       "hub " + options_.hub + " lane " + std::to_string(lane) +
-                           ": WELCOME disagrees with lane 0's (tenant handle, lanes or chunk size)");
-    }
+    if (Error e = AcceptWelcome(lane, payload, &lane_count); !e.ok()) return e;
     sockets.push_back(std::move(socket));
   }
   for (uint32_t lane = 0; lane < lane_count; ++lane) {

@@ -133,12 +133,12 @@ void Lane::OnHeader() {
     return;
   }
   if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo) {
-    Broken(std::string("unexpected ") + OpcodeName(op) + " frame from the hub");
+    Broken(std::string("unexpected ") + net::OpcodeName(op) + " frame from the hub");
     return;
   }
   const auto it = pending_.find(header_.request_id);
   if (it == pending_.end()) {
-    Broken(std::string(OpcodeName(op)) + " answers unknown request id " +
+    Broken(std::string(net::OpcodeName(op)) + " answers unknown request id " +
            std::to_string(header_.request_id));
     return;
   }
@@ -146,11 +146,11 @@ void Lane::OnHeader() {
   pending_.erase(it);
   const Operation& o = *request.op;
   const auto what = [&] {
-    return std::string(OpcodeName(op)) + " for request " + std::to_string(header_.request_id) +
+    return std::string(net::OpcodeName(op)) + " for request " + std::to_string(header_.request_id) +
            " (" + OpKindName(o.kind) + " of key " + std::to_string(o.key) + ")";
   };
   if (op != request.expect) {
-    Broken(what() + ": expected " + OpcodeName(request.expect));
+    Broken(what() + ": expected " + net::OpcodeName(request.expect));
     return;
   }
   if (op == net::Opcode::kParams) {

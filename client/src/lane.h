@@ -11,28 +11,29 @@
 #include <vector>
 
 #include "client_impl.h"
+#include "lane_link.h"
 
 namespace rackhub::client::internal {
 
-class Lane {
+class Lane final : public LaneLink {
  public:
   Lane(Client::Impl* owner, uint32_t index, tcp::socket socket);
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
-  uint32_t index() const { return index_; }
-  bool open() const { return open_; }
+  uint32_t index() const override { return index_; }
+  bool open() const override { return open_; }
 
-  void StartReading();
+  void StartReading() override;
   // Registers the request a frame carries, so its reply can be routed.
-  void Expect(uint64_t request_id, PendingRequest request);
+  void Expect(uint64_t request_id, PendingRequest request) override;
   // Queues a frame (gather write: header + payload, no copy of the payload).
-  void Send(OutFrame frame);
+  void Send(OutFrame frame) override;
   // Queues BYE and closes the socket once the queue is flushed.
-  void SendByeAndClose();
+  void SendByeAndClose() override;
   // Closes the socket at once; queued frames are dropped (their io_refs
   // released). Handlers in flight complete with operation_aborted.
-  void Abort();
+  void Abort() override;
 
  private:
   void WriteNext();

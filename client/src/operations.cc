@@ -10,7 +10,7 @@
 
 namespace rackhub::client {
 
-using internal::Lane;
+using internal::LaneLink;
 using internal::OpKind;
 using internal::Operation;
 using internal::OperationPtr;
@@ -371,7 +371,7 @@ void Client::Impl::StartChunks(const OperationPtr& op, net::Opcode opcode) {
   for (uint64_t c = 0; c < chunks; ++c) {
     const uint64_t offset = c * ce;
     const auto n = static_cast<uint32_t>(std::min(ce, op->elements - offset));
-    Lane& lane = *lanes_[(op->first_chunk + c) % lanes_.size()];
+    LaneLink& lane = *lanes_[(op->first_chunk + c) % lanes_.size()];
     net::FrameHeader h;
     h.opcode = opcode;
     h.dtype = with_payload ? internal::WireDType(op->dtype) : net::DType::kNone;

@@ -81,23 +81,4 @@ std::string ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elements, 
   return "";
 }
 
-const char* OpcodeName(net::Opcode op) {
-  switch (op) {
-    case net::Opcode::kHello: return "HELLO";
-    case net::Opcode::kWelcome: return "WELCOME";
-    case net::Opcode::kPush: return "PUSH";
-    case net::Opcode::kParams: return "PARAMS";
-    case net::Opcode::kInit: return "INIT";
-    case net::Opcode::kPull: return "PULL";
-    case net::Opcode::kError: return "ERROR";
-    case net::Opcode::kHeartbeat: return "HEARTBEAT";
-    case net::Opcode::kBye: return "BYE";
-    case net::Opcode::kDeclare: return "DECLARE";
-    case net::Opcode::kKeyInfo: return "KEY_INFO";
-    case net::Opcode::kSetOptimizer: return "SET_OPTIMIZER";
-    case net::Opcode::kAck: return "ACK";
-  }
-  return "UNKNOWN";
-}
-
 }  // namespace rackhub::client::internal

@@ -21,6 +21,5 @@ std::string FillOptimizer(const OptimizerSpec& spec, admin::v1::Optimizer* out);
 // Converts a KEY_INFO / WELCOME key entry. Returns "" or why it is unusable.
 std::string ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elements, KeyInfo* out);
 
-const char* OpcodeName(net::Opcode op);
 
 }  // namespace rackhub::client::internal

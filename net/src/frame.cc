@@ -21,7 +21,8 @@ T Get(const std::byte* base, size_t offset) {
 }
 
 bool IsDataOpcode(Opcode op) {
-  return op == Opcode::kPush || op == Opcode::kParams || op == Opcode::kInit;
+  return op == Opcode::kPush || op == Opcode::kParams || op == Opcode::kInit ||
+         op == Opcode::kRackSum || op == Opcode::kRackParams;
 }
 
 }  // namespace
@@ -52,6 +53,29 @@ const char* WireErrorName(WireError e) {
     case WireError::kTenantGone: return "TENANT_GONE";
     case WireError::kShuttingDown: return "SHUTTING_DOWN";
     case WireError::kInternal: return "INTERNAL";
+  }
+  return "UNKNOWN";
+}
+
+const char* OpcodeName(Opcode op) {
+  switch (op) {
+    case Opcode::kHello: return "HELLO";
+    case Opcode::kWelcome: return "WELCOME";
+    case Opcode::kPush: return "PUSH";
+    case Opcode::kParams: return "PARAMS";
+    case Opcode::kInit: return "INIT";
+    case Opcode::kPull: return "PULL";
+    case Opcode::kError: return "ERROR";
+    case Opcode::kHeartbeat: return "HEARTBEAT";
+    case Opcode::kBye: return "BYE";
+    case Opcode::kDeclare: return "DECLARE";
+    case Opcode::kKeyInfo: return "KEY_INFO";
+    case Opcode::kSetOptimizer: return "SET_OPTIMIZER";
+    case Opcode::kAck: return "ACK";
+    case Opcode::kHubHello: return "HUB_HELLO";
+    case Opcode::kKeyBind: return "KEY_BIND";
+    case Opcode::kRackSum: return "RACK_SUM";
+    case Opcode::kRackParams: return "RACK_PARAMS";
   }
   return "UNKNOWN";
 }

@@ -96,6 +96,7 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
     spec.quotas.max_parameter_bytes = req->quotas().max_parameter_bytes();
     spec.quotas.max_keys = req->quotas().max_keys();
     spec.quotas.max_workers = req->quotas().max_workers();
+    spec.token = req->token();
     TenantInfo info;
     std::string token;
     const auto status = ToGrpc(registry_->CreateTenant(spec, &info, &token));
@@ -291,6 +292,16 @@ class AdminServices::StatsServiceImpl final : public pb::StatsService::Service {
       std::lock_guard lock(addresses_mu_);
       d->set_data_listen(identity_->data_listen);
       d->set_admin_listen(identity_->admin_listen);
+    }
+    d->set_rack(identity_->rack);
+    d->set_racks(identity_->racks);
+    if (identity_->rack_links) {
+      for (const auto& l : identity_->rack_links()) {
+        auto* link = d->add_rack_links();
+        link->set_peer_rack(l.peer_rack);
+        link->set_bytes_out(l.bytes_out);
+        link->set_bytes_in(l.bytes_in);
+      }
     }
     return grpc::Status::OK;
   }

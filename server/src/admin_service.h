@@ -7,6 +7,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -32,12 +34,22 @@ class AdminAuth {
   std::string readonly_token_;
 };
 
+// Bytes exchanged with another rack's hub (all lanes).
+struct RackLinkInfo {
+  uint32_t peer_rack = 0;
+  uint64_t bytes_out = 0;
+  uint64_t bytes_in = 0;
+};
+
 // What StatsService reports about the daemon itself.
 struct DaemonIdentity {
   std::string version;
   std::string data_listen;
   std::string admin_listen;
   std::chrono::steady_clock::time_point started;
+  uint32_t rack = 0;
+  uint32_t racks = 1;
+  std::function<std::vector<RackLinkInfo>()> rack_links;  // thread-safe
 };
 
 // Owns the three service implementations; register them with a builder.

@@ -140,6 +140,69 @@ Field BoolField(std::string name, std::function<bool&(Config&)> ref) {
   return {std::move(name), from_text, from_node};
 }
 
+// "DATA=INTERHUB,DATA=INTERHUB,..." (flags) or an array of tables
+// { data = "...", interhub = "..." } (file).
+std::string ParseRack(const std::string& data, const std::string& interhub, RackAddress* out) {
+  std::string error;
+  auto d = net::ParseEndpoint(data, &error);
+  if (!d) return "data: " + error;
+  auto i = net::ParseEndpoint(interhub, &error);
+  if (!i) return "interhub: " + error;
+  *out = RackAddress{*d, *i};
+  return "";
+}
+
+Field RacksField() {
+  auto from_text = [](Config& c, const std::string& t) -> std::string {
+    std::vector<RackAddress> racks;
+    size_t start = 0;
+    while (start <= t.size()) {
+      const size_t comma = t.find(',', start);
+      const std::string item = t.substr(start, comma == std::string::npos ? std::string::npos
+                                                                         : comma - start);
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos) return "'" + item + "' is not DATA_HOST:PORT=INTERHUB_HOST:PORT";
+      RackAddress r;
+      if (auto e = ParseRack(item.substr(0, eq), item.substr(eq + 1), &r); !e.empty()) {
+        return "rack " + std::to_string(racks.size()) + ": " + e;
+      }
+      racks.push_back(r);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    c.topology.racks = std::move(racks);
+    return "";
+  };
+  auto from_node = [](Config& c, const toml::node& n) -> std::string {
+    const auto* arr = n.as_array();
+    if (!arr) return "expected an array of { data = \"HOST:PORT\", interhub = \"HOST:PORT\" }";
+    std::vector<RackAddress> racks;
+    for (const auto& item : *arr) {
+      const auto* t = item.as_table();
+      const std::string where = "rack " + std::to_string(racks.size());
+      if (!t) return where + ": expected a table { data = ..., interhub = ... }";
+      for (auto&& [k, v] : *t) {
+        if (k.str() != "data" && k.str() != "interhub") {
+          return where + ": unknown key '" + std::string(k.str()) + "'";
+        }
+      }
+      const auto data = t->get("data"), interhub = t->get("interhub");
+      if (!data || !data->is_string() || !interhub || !interhub->is_string()) {
+        return where + ": needs data and interhub strings";
+      }
+      RackAddress r;
+      if (auto e = ParseRack(*data->value<std::string>(), *interhub->value<std::string>(), &r);
+          !e.empty()) {
+        return where + ": " + e;
+      }
+      racks.push_back(r);
+    }
+    c.topology.racks = std::move(racks);
+    return "";
+  };
+  return {"topology.racks", from_text, from_node};
+}
+
 std::string CheckLogLevel(const std::string& t) {
   if (std::find(kLogLevels.begin(), kLogLevels.end(), t) != kLogLevels.end()) return "";
   return "'" + t + "' is not one of trace, debug, info, warn, error, critical, off";
@@ -173,9 +236,41 @@ const std::map<std::string, Field>& Schema() {
         UnsignedField<uint32_t>(
             "data.hello_timeout_ms",
             [](Config& c) -> uint32_t& { return c.data.hello_timeout_ms; }, false),
+        StringField("data.transport", [](Config& c) -> std::string& { return c.data.transport; },
+                    [](const std::string& t) -> std::string {
+                      if (t == "tcp" || t == "rdma" || t == "auto") return "";
+                      return "'" + t + "' is not tcp, rdma or auto";
+                    }),
+        EndpointField("data.rdma_listen",
+                      [](Config& c) -> net::Endpoint& { return c.data.rdma_listen; }),
+        StringField("data.rdma_device",
+                    [](Config& c) -> std::string& { return c.data.rdma_device; }),
+        UnsignedField<uint32_t>(
+            "data.rdma_port", [](Config& c) -> uint32_t& { return c.data.rdma_port; }, false),
+        UnsignedField<uint32_t>(
+            "data.rdma_gid_index", [](Config& c) -> uint32_t& { return c.data.rdma_gid_index; },
+            false),
+        StringField("data.rdma_poll", [](Config& c) -> std::string& { return c.data.rdma_poll; },
+                    [](const std::string& t) -> std::string {
+                      if (t == "events" || t == "busy") return "";
+                      return "'" + t + "' is not events or busy";
+                    }),
+        UnsignedField<uint32_t>(
+            "data.rdma_ring_bytes",
+            [](Config& c) -> uint32_t& { return c.data.rdma_ring_bytes; }, true),
         UnsignedField<uint32_t>(
             "lanes.count", [](Config& c) -> uint32_t& { return c.lanes.count; }, false),
         BoolField("lanes.pin", [](Config& c) -> bool& { return c.lanes.pin; }),
+        UnsignedField<uint32_t>(
+            "topology.rack", [](Config& c) -> uint32_t& { return c.topology.rack; }, false),
+        RacksField(),
+        StringField("topology.mode", [](Config& c) -> std::string& { return c.topology.mode; },
+                    [](const std::string& t) -> std::string {
+                      if (t == "hierarchical" || t == "flat") return "";
+                      return "'" + t + "' is not hierarchical or flat";
+                    }),
+        StringField("topology.secret_file",
+                    [](Config& c) -> std::string& { return c.topology.secret_file; }),
         UnsignedField<uint32_t>(
             "tenants.default_chunk_bytes",
             [](Config& c) -> uint32_t& { return c.tenants.chunk_bytes; }, true),
@@ -212,9 +307,17 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--admin-tls-key", "admin.tls_key_file"},
       {"--admin-tls-client-ca", "admin.tls_client_ca_file"},
       {"--data-listen", "data.listen"},
+      {"--transport", "data.transport"},
+      {"--rdma-listen", "data.rdma_listen"},
+      {"--rdma-device", "data.rdma_device"},
+      {"--rdma-poll", "data.rdma_poll"},
       {"--straggler-timeout-ms", "data.straggler_timeout_ms"},
       {"--lanes", "lanes.count"},
       {"--pin-lanes", "lanes.pin"},
+      {"--rack", "topology.rack"},
+      {"--racks", "topology.racks"},
+      {"--topology-mode", "topology.mode"},
+      {"--hub-secret-file", "topology.secret_file"},
   };
   return flags;
 }
@@ -298,6 +401,9 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
     errors->push_back("data.straggler_timeout_ms: must be in [100, 3600000]");
   if (c.data.hello_timeout_ms < 100 || c.data.hello_timeout_ms > 600000)
     errors->push_back("data.hello_timeout_ms: must be in [100, 600000]");
+  if (c.data.rdma_ring_bytes < (64u << 10) || c.data.rdma_ring_bytes > (1u << 30))
+    errors->push_back("data.rdma_ring_bytes: must be in [64KiB, 1GiB]");
+  if (c.data.rdma_port > 255) errors->push_back("data.rdma_port: must be in [0, 255]");
   if (c.tenants.max_keys == 0) errors->push_back("tenants.default_max_keys: must be >= 1");
   if (c.tenants.max_workers == 0) errors->push_back("tenants.default_max_workers: must be >= 1");
   if (c.tenants.max_tenants == 0) errors->push_back("tenants.max_tenants: must be >= 1");
@@ -332,6 +438,27 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
     errors->push_back("admin.listen: refusing to listen on " + c.admin.listen.ToString() +
                       " beyond loopback without authentication; set admin.token_file (and "
                       "preferably TLS) or listen on 127.0.0.1");
+  }
+  const auto& topo = c.topology;
+  CheckReadableFile("topology.secret_file", topo.secret_file, errors);
+  if (!topo.racks.empty()) {
+    if (topo.rack >= topo.racks.size()) {
+      errors->push_back("topology.rack: " + std::to_string(topo.rack) + " is not one of the " +
+                        std::to_string(topo.racks.size()) + " racks in topology.racks");
+    } else if (topo.multi_rack_exchange()) {
+      const auto& me = topo.racks[topo.rack].interhub;
+      if (!me.IsLoopback() && topo.secret_file.empty()) {
+        errors->push_back("topology.secret_file: the rack exchange listens on " + me.ToString() +
+                          " beyond loopback; hubs must share a secret");
+      }
+      if (me.port == 0) {
+        errors->push_back("topology.racks: rack " + std::to_string(topo.rack) +
+                          " needs a fixed interhub port (its peers connect to it)");
+      }
+    }
+  } else if (topo.rack != 0) {
+    errors->push_back("topology.rack: " + std::to_string(topo.rack) +
+                      " without topology.racks (a single-rack hub is rack 0)");
   }
   if (c.admin.listen.port != 0 && c.admin.listen.port == c.data.listen.port &&
       c.admin.listen.host == c.data.listen.host) {
@@ -422,6 +549,10 @@ options (flags override the config file):
   -c, --config FILE                 TOML config file (see deploy/rackhubd.toml)
       --check-config                validate the configuration and exit (0 = valid)
       --data-listen HOST:PORT       data-plane address          [127.0.0.1:7700]
+      --transport tcp|rdma|auto     data-plane transports (TCP always runs) [auto]
+      --rdma-listen HOST:PORT       RDMA (rdma_cm) address [data host:7702]
+      --rdma-device NAME            verbs device to use (multi-NIC hosts)
+      --rdma-poll events|busy       RDMA completion handling [events]
       --admin-listen HOST:PORT      admin gRPC address           [127.0.0.1:7701]
       --straggler-timeout-ms MS     fail a waiting iteration after MS [30000]
       --lanes N                     lanes (pinned threads); 0 = one per core [0]
@@ -431,6 +562,10 @@ options (flags override the config file):
       --admin-tls-cert FILE         TLS certificate (PEM) for the admin API
       --admin-tls-key FILE          TLS private key (PEM)
       --admin-tls-client-ca FILE    require client certificates signed by this CA
+      --rack N                      this hub's rack index                 [0]
+      --racks D=I,D=I,...           every rack's data=interhub addresses (multi-rack)
+      --topology-mode MODE          hierarchical|flat                      [hierarchical]
+      --hub-secret-file FILE        secret shared by the hubs of a multi-rack setup
       --log-level LEVEL             trace|debug|info|warn|error|critical|off [info]
       --ready-file FILE             write "admin ADDR" and "data ADDR" lines once listening
       --version                     print the version and exit

@@ -31,11 +31,42 @@ struct DataConfig {
   uint32_t straggler_timeout_ms = 30000;
   // A new connection must complete HELLO within this time.
   uint32_t hello_timeout_ms = 10000;
+  // Data-plane transports: "tcp" (TCP only), "rdma" (TCP and RDMA; start-up
+  // fails without a usable verbs device), "auto" (RDMA too when a verbs
+  // device is present). TCP always runs (HELLO fallback, mixed clients).
+  std::string transport = "auto";
+  // rdma_cm listen address; host "" = data.listen's host, port 0 there =
+  // kDefaultRdmaPort (net/rdma/channel.h).
+  net::Endpoint rdma_listen{"", 0};
+  std::string rdma_device;           // "" = whichever device rdma_listen routes to
+  uint32_t rdma_port = 0;            // 0 = any port of that device
+  uint32_t rdma_gid_index = UINT32_MAX;  // set: fail if rdma_cm picks another GID
+  std::string rdma_poll = "events";  // "events" | "busy" (busy-poll, back off to events)
+  uint32_t rdma_ring_bytes = 4u << 20;   // receive ring (and staging ring) per connection
 };
 
 struct LaneConfig {
   uint32_t count = 0;  // 0: one per core available to the process
   bool pin = true;     // pin lane i to the i-th available core
+};
+
+// One rack's hub as its peers see it.
+struct RackAddress {
+  net::Endpoint data;      // where that rack's workers connect
+  net::Endpoint interhub;  // where the other hubs connect (rack exchange)
+};
+
+// Several racks (DESIGN.md §2 step 6). Empty `racks`: a single-rack hub.
+struct TopologyConfig {
+  uint32_t rack = 0;                // this hub's rack index
+  std::vector<RackAddress> racks;   // every rack, by index
+  // "hierarchical": each rack's workers use their own rack's hub; hubs
+  // exchange rack sums. "flat": every worker of every rack uses this hub
+  // (for comparison), the others are not involved.
+  std::string mode = "hierarchical";
+  std::string secret_file;          // shared by the hubs; required beyond loopback
+  uint32_t rack_count() const { return racks.empty() ? 1 : static_cast<uint32_t>(racks.size()); }
+  bool multi_rack_exchange() const { return racks.size() > 1 && mode == "hierarchical"; }
 };
 
 // Defaults for tenants created without explicit values.
@@ -54,6 +85,7 @@ struct Config {
   DataConfig data;
   LaneConfig lanes;
   TenantDefaults tenants;
+  TopologyConfig topology;
 };
 
 // What the command line asked for besides configuration values.

@@ -18,6 +18,7 @@
 
 #include "admin_service.h"
 #include "data_plane.h"
+#include "rdma_listener.h"
 #include "lanes.h"
 #include "registry.h"
 
@@ -175,10 +176,32 @@ int RunDaemon(const Config& config) {
 
   DataPlane data_plane(config, &registry, &lanes);
   data_plane.Start(&acceptor_io, &data_acceptor);
+  if (!data_plane.started_ok()) {
+    data_plane.Shutdown(std::chrono::milliseconds(0));
+    lanes.Stop();
+    return kExitRuntimeError;
+  }
+  // RDMA data plane (data.transport); TCP keeps running beside it.
+  bool rdma_fatal = false;
+  auto rdma_listener =
+      RdmaListener::StartConfigured(config, &registry, &lanes, &data_plane, &rdma_fatal);
+  if (rdma_fatal) {
+    data_plane.Shutdown(std::chrono::milliseconds(0));
+    lanes.Stop();
+    return kExitRuntimeError;
+  }
 
   AdminAuth auth(admin_token, readonly_token);
   AdminServices services(&registry, &auth,
-                         DaemonIdentity{RACKHUB_VERSION, "", "", std::chrono::steady_clock::now()});
+                         DaemonIdentity{RACKHUB_VERSION, "", "", std::chrono::steady_clock::now(),
+                                        config.topology.rack, config.topology.rack_count(),
+                                        [&data_plane] {
+                                          std::vector<RackLinkInfo> out;
+                                          for (const auto& l : data_plane.RackLinks()) {
+                                            out.push_back({l.rack, l.bytes_out, l.bytes_in});
+                                          }
+                                          return out;
+                                        }});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -249,6 +272,7 @@ int RunDaemon(const Config& config) {
   sd_notify(0, "STOPPING=1\nSTATUS=draining");
   server->GetHealthCheckService()->SetServingStatus(false);
   // Workers get a SHUTTING_DOWN error (nothing hangs), then admin calls drain.
+  if (rdma_listener) rdma_listener->Stop();
   data_plane.Shutdown(std::chrono::milliseconds(2000));
   server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   server->Wait();

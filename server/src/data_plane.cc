@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
+#include <fstream>
 #include <future>
 
 #include <spdlog/spdlog.h>
@@ -86,10 +87,24 @@ class DataPlane::HelloSession : public std::enable_shared_from_this<HelloSession
                       tenant.name + "' has " + std::to_string(tenant.workers_per_rack) +
                       " workers per rack");
     }
-    if (hello.rack() != 0) {
+    const auto& topo = plane_->config_.topology;
+    if (topo.racks.empty() && hello.rack() != 0) {
       return Fail(WireError::kInvalidArgument,
                   "rack: " + std::to_string(hello.rack()) +
                       " is unknown; this hub serves a single rack (rack 0)");
+    }
+    if (!topo.racks.empty() && topo.multi_rack_exchange() && hello.rack() != topo.rack) {
+      return Fail(WireError::kInvalidArgument,
+                  "rack: this hub serves rack " + std::to_string(topo.rack) + ", not rack " +
+                      std::to_string(hello.rack()) + "; connect to that rack's hub at " +
+                      (hello.rack() < topo.racks.size()
+                           ? topo.racks[hello.rack()].data.ToString()
+                           : std::string("(no such rack)")));
+    }
+    if (!topo.racks.empty() && hello.rack() >= topo.rack_count()) {
+      return Fail(WireError::kInvalidArgument,
+                  "rack: " + std::to_string(hello.rack()) + " is out of range; there are " +
+                      std::to_string(topo.rack_count()) + " racks");
     }
     if (hello.lane() >= plane_->services_.size()) {
       return Fail(WireError::kInvalidArgument,
@@ -98,7 +113,8 @@ class DataPlane::HelloSession : public std::enable_shared_from_this<HelloSession
     }
     done_ = true;
     timer_.cancel();
-    net::ConnectionIdentity id{tenant.handle, tenant.name, hello.rank(), hello.lane(), peer_};
+    net::ConnectionIdentity id{tenant.handle, tenant.name, hello.rank(), hello.lane(), peer_,
+                               hello.rack(), false};
     plane_->HandOver(std::move(socket_), std::move(id));
   }
 
@@ -146,10 +162,167 @@ class DataPlane::HelloSession : public std::enable_shared_from_this<HelloSession
 DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes)
     : config_(config), registry_(registry), lanes_(lanes) {
   for (uint32_t i = 0; i < lanes->size(); ++i) {
-    services_.push_back(std::make_unique<LaneService>(i, lanes->size(), config.data, registry,
-                                                      this, &lanes->context(i)));
+    services_.push_back(std::make_unique<LaneService>(i, lanes->size(), config, registry, this,
+                                                      &lanes->context(i)));
+  }
+  for (uint32_t r = 0; r < config.topology.rack_count(); ++r) {
+    link_counters_.push_back(std::make_unique<LinkCounters>());
+  }
+  if (!config.topology.secret_file.empty()) {
+    std::ifstream f(config.topology.secret_file);
+    std::getline(f, hub_secret_);
   }
   registry_->SetObserver(this);
+}
+
+void DataPlane::CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) {
+  if (rack >= link_counters_.size()) return;
+  link_counters_[rack]->bytes_out.fetch_add(out, std::memory_order_relaxed);
+  link_counters_[rack]->bytes_in.fetch_add(in, std::memory_order_relaxed);
+}
+
+std::vector<DataPlane::RackLinkStats> DataPlane::RackLinks() const {
+  std::vector<RackLinkStats> out;
+  if (!config_.topology.multi_rack_exchange()) return out;
+  for (uint32_t r = 0; r < link_counters_.size(); ++r) {
+    if (r == config_.topology.rack) continue;
+    out.push_back({r, link_counters_[r]->bytes_out.load(), link_counters_[r]->bytes_in.load()});
+  }
+  return out;
+}
+
+// Reads and checks a HUB_HELLO on the acceptor thread, then hands the link
+// to the lane it names.
+class DataPlane::HubHelloSession : public std::enable_shared_from_this<HubHelloSession> {
+ public:
+  HubHelloSession(DataPlane* plane, tcp::socket socket)
+      : plane_(plane), socket_(std::move(socket)), timer_(socket_.get_executor()) {}
+
+  void Start() {
+    boost::system::error_code ec;
+    const auto remote = socket_.remote_endpoint(ec);
+    peer_ = ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+    timer_.expires_after(std::chrono::milliseconds(plane_->config_.data.hello_timeout_ms));
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
+      if (!e) self->Close("no HUB_HELLO in time");
+    });
+    asio::async_read(socket_, asio::buffer(header_),
+                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
+                       self->OnHeader(e);
+                     });
+  }
+
+ private:
+  void OnHeader(const boost::system::error_code& ec) {
+    if (ec) return Close(ec.message());
+    const FrameHeader h = net::DecodeHeader(header_);
+    if (!net::ValidateHeader(h).empty() || h.opcode != Opcode::kHubHello ||
+        h.payload_bytes == 0 || h.payload_bytes > kMaxHelloBytes) {
+      return Close("the first frame is not a HUB_HELLO");
+    }
+    payload_.resize(h.payload_bytes);
+    asio::async_read(socket_, asio::buffer(payload_),
+                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
+                       self->OnPayload(e);
+                     });
+  }
+
+  void OnPayload(const boost::system::error_code& ec) {
+    if (ec) return Close(ec.message());
+    data::v1::HubHello hello;
+    const auto& topo = plane_->config_.topology;
+    if (!hello.ParseFromArray(payload_.data(), static_cast<int>(payload_.size()))) {
+      return Close("HUB_HELLO is not a HubHello");
+    }
+    if (hello.secret() != plane_->hub_secret_) return Close("wrong hub secret");
+    if (hello.racks() != topo.rack_count() || hello.rack() >= topo.rack_count() ||
+        hello.rack() == topo.rack) {
+      return Close("rack " + std::to_string(hello.rack()) + " of " +
+                   std::to_string(hello.racks()) + " does not fit this hub's topology");
+    }
+    if (hello.lanes() != plane_->services_.size() || hello.lane() >= plane_->services_.size()) {
+      return Close("the hubs must run the same number of lanes (peer " +
+                   std::to_string(hello.lanes()) + ", here " +
+                   std::to_string(plane_->services_.size()) + ")");
+    }
+    timer_.cancel();
+    net::ConnectionIdentity id;
+    id.hub = true;
+    id.rack = hello.rack();
+    id.lane = hello.lane();
+    id.peer = peer_;
+    boost::system::error_code e;
+    const auto protocol = socket_.local_endpoint(e).protocol();
+    const int fd = socket_.release(e);
+    if (e) return;
+    LaneService* service = plane_->services_[id.lane].get();
+    auto& io = plane_->lanes_->context(id.lane);
+    plane_->lanes_->Post(id.lane, [service, &io, protocol, fd, id]() {
+      tcp::socket s(io);
+      boost::system::error_code assign_ec;
+      s.assign(protocol, fd, assign_ec);
+      if (assign_ec) {
+        ::close(fd);
+        return;
+      }
+      service->AdoptPeer(std::move(s), id);
+    });
+  }
+
+  void Close(const std::string& why) {
+    timer_.cancel();
+    if (!socket_.is_open()) return;
+    spdlog::warn("rack link: refused a hub link from {}: {}", peer_, why);
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+  DataPlane* plane_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::string peer_;
+  std::array<std::byte, net::kHeaderBytes> header_{};
+  std::vector<std::byte> payload_;
+};
+
+bool DataPlane::ListenForHubs() {
+  const auto& topo = config_.topology;
+  if (!topo.multi_rack_exchange()) return true;
+  const net::Endpoint& ep = topo.racks[topo.rack].interhub;
+  try {
+    tcp::resolver resolver(*acceptor_io_);
+    const auto endpoint = resolver.resolve(ep.host, std::to_string(ep.port)).begin()->endpoint();
+    hub_acceptor_ = std::make_unique<tcp::acceptor>(*acceptor_io_);
+    hub_acceptor_->open(endpoint.protocol());
+    hub_acceptor_->set_option(asio::socket_base::reuse_address(true));
+    hub_acceptor_->bind(endpoint);
+    hub_acceptor_->listen();
+  } catch (const std::exception& e) {
+    spdlog::critical("topology.racks: cannot listen for hubs on {}: {}", ep.ToString(), e.what());
+    return false;
+  }
+  spdlog::info("rack exchange: rack {} of {}, hub links on {}", topo.rack, topo.rack_count(),
+               ep.ToString());
+  AcceptHubNext();
+  for (auto& s : services_) {
+    LaneService* service = s.get();
+    lanes_->Post(service->lane(), [service] { service->StartPeerLinks(); });
+  }
+  return true;
+}
+
+void DataPlane::AcceptHubNext() {
+  hub_acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || stopping_) return;
+      spdlog::warn("rack link: accept failed: {}", ec.message());
+    } else {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<HubHelloSession>(this, std::move(socket))->Start();
+    }
+    if (!stopping_) AcceptHubNext();
+  });
 }
 
 DataPlane::~DataPlane() {
@@ -164,6 +337,7 @@ void DataPlane::Start(asio::io_context* acceptor_io, tcp::acceptor* acceptor) {
   acceptor_io_ = acceptor_io;
   acceptor_ = acceptor;
   AcceptNext();
+  hubs_ok_ = ListenForHubs();
   acceptor_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "rackhub-accept");
     auto guard = asio::make_work_guard(*acceptor_io_);
@@ -221,6 +395,7 @@ void DataPlane::Shutdown(std::chrono::milliseconds grace) {
     asio::post(*acceptor_io_, [this] {
       boost::system::error_code ignored;
       acceptor_->close(ignored);
+      if (hub_acceptor_) hub_acceptor_->close(ignored);
     });
   }
   for (auto& s : services_) {

@@ -53,11 +53,15 @@ void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
 
 }  // namespace
 
-LaneService::LaneService(uint32_t lane, uint32_t lanes, const DataConfig& config,
+LaneService::LaneService(uint32_t lane, uint32_t lanes, const Config& config,
                          Registry* registry, DataPlane* plane, asio::io_context* io)
     : lane_(lane),
       lanes_(lanes),
-      config_(config),
+      config_(config.data),
+      topology_(config.topology),
+      racks_(config.topology.rack_count()),
+      exchange_(config.topology.multi_rack_exchange()),
+      links_(config.topology.rack_count()),
       registry_(registry),
       plane_(plane),
       io_(io),
@@ -102,7 +106,8 @@ void LaneService::Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq, int
     t = &tenants_[id.tenant_handle];
     t->info = std::move(info);
   }
-  if (auto it = t->conns.find(id.rank); it != t->conns.end() && it->second->open()) {
+  const uint32_t member = Member(*t, id);
+  if (auto it = t->conns.find(member); it != t->conns.end() && it->second->open()) {
     if (retries_left > 0) {
       // A worker that reconnects right after closing: its old connection's
       // BYE or EOF may still be queued on this lane. Look again shortly.
@@ -120,12 +125,12 @@ void LaneService::Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq, int
     conn->Start();
     return;
   }
-  t->conns[id.rank] = conn;
-  t->conn_seq[id.rank] = seq;
-  t->lost.erase(id.rank);
+  t->conns[member] = conn;
+  t->conn_seq[member] = seq;
+  t->lost.erase(member);
   if (lane_ == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
-  spdlog::info("data: tenant '{}' rank {} connected on lane {} from {}", id.tenant, id.rank, lane_,
-               id.peer);
+  spdlog::info("data: tenant '{}' rack {} rank {} connected on lane {} from {}", id.tenant, id.rack,
+               id.rank, lane_, id.peer);
   FrameHeader h;
   h.opcode = Opcode::kWelcome;
   h.tenant = id.tenant_handle;
@@ -174,9 +179,10 @@ LaneService::Chunk& LaneService::GetChunk(Tenant& t, Key& key, uint32_t chunk) {
     slot = std::make_unique<Chunk>(Chunk{
         aggregation::ChunkState(n, t.info.workers_per_rack, sched.base,
                                 ElementTypeOf(key.info.dtype)),
-        key.info.id, chunk, {}, {}, {}});
+        key.info.id, chunk, {}, {}, {}, {}, 0, 0, {}});
     if (sched.from_update != 0) slot->state.SetOptimizer(sched.latest, sched.from_update);
     if (key.info.init == InitMode::kZeros) slot->state.MarkInitialized();
+    if (MultiRack(t)) InitMultiRackChunk(t, key, *slot, key.info.placement.first_chunk + chunk);
   }
   return *slot;
 }
@@ -203,6 +209,7 @@ net::FrameHandler::Verdict LaneService::Reject(net::Connection& conn, WireError 
 
 net::FrameHandler::Verdict LaneService::AcceptHeader(net::Connection& conn, const FrameHeader& h) {
   const uint64_t rid = h.request_id;
+  if (conn.id().hub) return AcceptPeerHeader(conn, h);
   switch (h.opcode) {
     case Opcode::kHeartbeat:
     case Opcode::kBye:
@@ -264,7 +271,8 @@ net::FrameHandler::Verdict LaneService::AcceptHeader(net::Connection& conn, cons
                   rid);
   }
   Chunk& c = GetChunk(*t, *key, h.chunk);
-  const size_t want = c.state.wire_bytes();
+  aggregation::ChunkState& stage = Stage(c, conn.id().rack);
+  const size_t want = stage.wire_bytes();
   if (h.payload_bytes != want) {
     return Reject(conn, WireError::kBadChunk,
                   "payload_bytes: chunk " + std::to_string(h.chunk) + " of key '" + k.name +
@@ -274,6 +282,12 @@ net::FrameHandler::Verdict LaneService::AcceptHeader(net::Connection& conn, cons
   }
   const uint32_t rank = conn.id().rank;
   if (h.opcode == Opcode::kInit) {
+    if (MultiRack(*t)) {
+      return Refuse(conn, WireError::kInvalidArgument,
+                    "key: INIT is not supported for tenants spanning racks yet; create keys "
+                    "with init = zeros",
+                    rid);
+    }
     if (rank != 0) {
       return Reject(conn, WireError::kInvalidArgument, "rank: only rank 0 may INIT a key", rid);
     }
@@ -301,20 +315,20 @@ net::FrameHandler::Verdict LaneService::AcceptHeader(net::Connection& conn, cons
                       t->lost.begin()->second + ") has not reconnected; push again once it has",
                   rid);
   }
-  if (!c.state.initialized()) {
+  if (!stage.initialized()) {
     return Reject(conn, WireError::kNotReady,
                   "key: '" + k.name + "' has no initial values yet (rank 0 must INIT it first)",
                   rid);
   }
-  if (h.iteration != c.state.version()) {
+  if (h.iteration != stage.version()) {
     return Reject(conn, WireError::kBadIteration,
                   "iteration: " + std::to_string(h.iteration) + " for chunk " +
                       std::to_string(h.chunk) + " of key '" + k.name + "', the hub expects " +
-                      std::to_string(c.state.version()) +
-                      (h.iteration < c.state.version() ? " (stale)" : " (ahead)"),
+                      std::to_string(stage.version()) +
+                      (h.iteration < stage.version() ? " (stale)" : " (ahead)"),
                   rid);
   }
-  if (c.state.has_contributed(rank)) {
+  if (stage.has_contributed(rank)) {
     return Reject(conn, WireError::kDuplicatePush,
                   "iteration: rank " + std::to_string(rank) + " already pushed chunk " +
                       std::to_string(h.chunk) + " of key '" + k.name + "' for iteration " +
@@ -326,6 +340,10 @@ net::FrameHandler::Verdict LaneService::AcceptHeader(net::Connection& conn, cons
 
 void LaneService::HandleFrame(net::Connection& conn, const FrameHeader& h,
                               std::span<const std::byte> payload) {
+  if (conn.id().hub) {
+    HandlePeerFrame(conn, h, payload);
+    return;
+  }
   if (h.opcode == Opcode::kBye) {
     auto keep = conn.shared_from_this();
     keep->Close("said BYE");
@@ -388,12 +406,13 @@ void LaneService::HandlePush(net::Connection& conn, Tenant& t, const FrameHeader
     return;
   }
   Chunk& c = GetChunk(t, *key, h.chunk);
-  if (h.iteration != c.state.version() || c.state.has_contributed(conn.id().rank)) {
+  aggregation::ChunkState& stage = Stage(c, conn.id().rack);
+  if (h.iteration != stage.version() || stage.has_contributed(conn.id().rank)) {
     // State moved while the payload was read (a worker was lost meanwhile).
     Reject(conn, WireError::kBadIteration, "iteration: no longer current", h.request_id);
     return;
   }
-  const auto result = c.state.Contribute(conn.id().rank, payload);
+  const auto result = stage.Contribute(conn.id().rank, payload);
   auto& counters = *t.info.counters;
   counters.pushes.fetch_add(1, std::memory_order_relaxed);
   counters.bytes_in.fetch_add(payload.size() + net::kHeaderBytes, std::memory_order_relaxed);
@@ -408,6 +427,11 @@ void LaneService::HandlePush(net::Connection& conn, Tenant& t, const FrameHeader
   }
   c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id});
   if (result != aggregation::ChunkState::AddResult::kComplete) return;
+  if (MultiRack(t)) {
+    stage.Update();  // the rack's sum (sum-only stage)
+    OnRackSum(t, *key, c, conn.id().rack, h.iteration);
+    return;
+  }
 
   c.state.Update();
   const uint64_t v = c.state.version();
@@ -451,6 +475,19 @@ void LaneService::HandlePull(net::Connection& conn, Tenant& t, const FrameHeader
     return;
   }
   Chunk& c = GetChunk(t, *key, h.chunk);
+  if (MultiRack(t)) {
+    const auto& bytes = c.replies[c.version & 1];
+    FrameHeader r;
+    r.opcode = Opcode::kParams;
+    r.tenant = t.info.handle;
+    r.key = c.key_id;
+    r.chunk = c.index_in_key;
+    r.dtype = NetDTypeOf(key->info.dtype);
+    r.iteration = c.version;
+    r.request_id = h.request_id;
+    conn.SendOwned(r, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    return;
+  }
   if (!c.state.initialized()) {
     c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id});
     return;
@@ -550,15 +587,24 @@ void LaneService::HandleSetOptimizer(net::Connection& conn, Tenant& t, const Fra
 }
 
 void LaneService::OnBytesSent(net::Connection& conn, size_t bytes) {
+  if (conn.id().hub) {
+    plane_->CountRackBytes(conn.id().rack, bytes, 0);
+    return;
+  }
   if (Tenant* t = FindTenant(conn.id().tenant_handle)) {
     t->info.counters->bytes_out.fetch_add(bytes, std::memory_order_relaxed);
   }
 }
 
 void LaneService::OnConnectionClosed(net::Connection& conn, const std::string& why) {
+  if (conn.id().hub) {
+    OnPeerClosed(conn, why);
+    return;
+  }
   Tenant* t = FindTenant(conn.id().tenant_handle);
   if (!t) return;
-  const auto it = t->conns.find(conn.id().rank);
+  const uint32_t member = Member(*t, conn.id());
+  const auto it = t->conns.find(member);
   if (it == t->conns.end() || it->second.get() != &conn) return;  // a refused duplicate
   auto keep = it->second;
   t->conns.erase(it);
@@ -566,9 +612,10 @@ void LaneService::OnConnectionClosed(net::Connection& conn, const std::string& w
   spdlog::info("data: tenant '{}' rank {} lane {} disconnected: {}", conn.id().tenant,
                conn.id().rank, lane_, why);
   if (shut_down_) return;
-  plane_->WorkerLost(conn.id().tenant_handle, conn.id().rank,
-                     "rank " + std::to_string(conn.id().rank) + " lane " + std::to_string(lane_) +
-                         ": " + why);
+  plane_->WorkerLost(conn.id().tenant_handle, member,
+                     (racks_ > 1 ? "rack " + std::to_string(conn.id().rack) + " " : std::string()) +
+                         "rank " + std::to_string(conn.id().rank) + " lane " +
+                         std::to_string(lane_) + ": " + why);
 }
 
 void LaneService::OnWorkerLost(uint32_t handle, uint32_t rank, uint64_t before_seq,
@@ -595,6 +642,9 @@ void LaneService::FailPending(Tenant& t, WireError code, const std::string& why)
     }
     c.pushes.clear();
     c.state.DiscardPending();
+    for (auto& stage : c.stages) {
+      if (stage) stage->DiscardPending();
+    }
   }
   if (!t.pending.empty()) {
     spdlog::warn("data: tenant '{}' lane {}: failed {} pending chunk update(s): {}", t.info.name,
@@ -622,6 +672,10 @@ void LaneService::CheckStragglers() {
       const Chunk& c = *t.chunks.at(id);
       if (now - c.first_contribution <= limit) continue;
       expired = true;
+      if (!c.stages.empty()) {
+        missing = "of some rack";
+        break;
+      }
       for (uint32_t r = 0; r < c.state.workers(); ++r) {
         if (c.state.has_contributed(r)) continue;
         if (!missing.empty()) missing += ',';

@@ -8,6 +8,7 @@
 // sees a key, and for control frames (DECLARE, SET_OPTIMIZER).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -32,7 +33,7 @@ struct KeyRuntime;
 
 class LaneService final : public net::FrameHandler {
  public:
-  LaneService(uint32_t lane, uint32_t lanes, const DataConfig& config, Registry* registry,
+  LaneService(uint32_t lane, uint32_t lanes, const Config& config, Registry* registry,
               DataPlane* plane, boost::asio::io_context* io);
   ~LaneService();
 
@@ -63,6 +64,12 @@ class LaneService final : public net::FrameHandler {
                           const aggregation::OptimizerConfig& optimizer, uint64_t from_update);
   // Closes every connection with a fatal SHUTTING_DOWN error.
   void Shutdown();
+
+  // Rack exchange (lane_exchange.cc). Starts this lane's links to the other
+  // racks' hubs (lane i to lane i), reconnecting while they are down.
+  void StartPeerLinks();
+  // Takes over an authenticated link from another rack's hub.
+  void AdoptPeer(boost::asio::ip::tcp::socket socket, net::ConnectionIdentity id);
   size_t connection_count() const;
 
  private:
@@ -71,12 +78,21 @@ class LaneService final : public net::FrameHandler {
     uint64_t request_id = 0;
   };
   struct Chunk {
+    // One rack: the whole update. Several racks, at the chunk's home hub:
+    // the cross-rack stage, one fp32 rack sum per rack, then the optimizer.
     aggregation::ChunkState state;
     uint32_t key_id;
     uint32_t index_in_key;
     std::vector<Waiter> pushes;  // waiting for this update
     std::vector<Waiter> pulls;   // waiting for initial values
     std::chrono::steady_clock::time_point first_contribution;
+    // Several racks only: the local sum of each rack served here (by rack;
+    // null for racks served elsewhere), the home rack, and the reply bytes
+    // (key dtype) of version v in replies[v & 1] with `version` updates done.
+    std::vector<std::unique_ptr<aggregation::ChunkState>> stages;
+    uint32_t home = 0;
+    uint64_t version = 0;
+    std::array<std::vector<std::byte>, 2> replies;
   };
   struct Key {
     KeyInfo info;
@@ -93,6 +109,15 @@ class LaneService final : public net::FrameHandler {
     // fast (WORKER_LOST) until they reconnect.
     std::map<uint32_t, std::string> lost;
   };
+  // A link to another rack's hub (this lane to its lane).
+  struct PeerLink {
+    std::shared_ptr<net::Connection> out;  // we send RACK_SUM / RACK_PARAMS here
+    std::unordered_set<uint64_t> bound;    // (tenant << 32 | key) announced on `out`
+    bool connecting = false;
+    bool warned = false;
+  };
+  // What KEY_BIND told us: (peer rack, peer's tenant handle) -> our handle.
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> peer_tenants_;
 
   static uint64_t ChunkId(uint32_t key, uint32_t chunk) {
     return (static_cast<uint64_t>(key) << 32) | chunk;
@@ -120,6 +145,29 @@ class LaneService final : public net::FrameHandler {
                           std::span<const std::byte> payload);
   void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id,
                   bool copy);
+  // Multi-rack chunk flow (lane_exchange.cc).
+  bool MultiRack(const Tenant&) const { return racks_ > 1; }
+  // Workers of a tenant are indexed rack * workers_per_rack + rank.
+  static uint32_t Member(const Tenant& t, const net::ConnectionIdentity& id) {
+    return id.rack * t.info.workers_per_rack + id.rank;
+  }
+  aggregation::ChunkState& Stage(Chunk& c, uint32_t rack) {
+    return c.stages.empty() ? c.state : *c.stages[rack];
+  }
+  void InitMultiRackChunk(Tenant& t, Key& key, Chunk& c, uint64_t global_index);
+  // A rack's local sum of chunk `c` for `iteration` is complete.
+  void OnRackSum(Tenant& t, Key& key, Chunk& c, uint32_t rack, uint64_t iteration);
+  // The home hub's cross-rack stage is complete: update and answer everyone.
+  void FinishCrossRack(Tenant& t, Key& key, Chunk& c);
+  // Replies of version c.version to the chunk's waiting pushes.
+  void AnswerMultiRack(Chunk& c, const Key& key);
+  void SendToPeer(uint32_t rack, Tenant& t, Key& key, const net::FrameHeader& h,
+                  std::span<const std::byte> payload);
+  void ConnectPeer(uint32_t rack);
+  net::FrameHandler::Verdict AcceptPeerHeader(net::Connection& conn, const net::FrameHeader& h);
+  void HandlePeerFrame(net::Connection& conn, const net::FrameHeader& h,
+                       std::span<const std::byte> payload);
+  void OnPeerClosed(net::Connection& conn, const std::string& why);
   // Fails every waiting push of the tenant (some contributions in) with
   // `code` and discards their partial sums.
   void FailPending(Tenant& t, net::WireError code, const std::string& why);
@@ -130,6 +178,12 @@ class LaneService final : public net::FrameHandler {
   const uint32_t lane_;
   const uint32_t lanes_;
   const DataConfig config_;
+  const TopologyConfig topology_;
+  const uint32_t racks_;      // racks a tenant spans (1: single rack)
+  const bool exchange_;       // hierarchical: other racks' hubs hold some homes
+  std::string hub_secret_;
+  std::vector<PeerLink> links_;                                 // by rack
+  std::vector<std::shared_ptr<net::Connection>> peer_in_;       // accepted hub links
   Registry* registry_;
   DataPlane* plane_;
   boost::asio::io_context* io_;

@@ -119,6 +119,15 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
                              " exceeds quotas.max_workers " + std::to_string(q.max_workers));
   }
 
+  if (!spec.token.empty()) {
+    bool ok = spec.token.size() >= 32 && spec.token.size() <= 128;
+    for (char c : spec.token) {
+      ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '_' || c == '-');
+    }
+    if (!ok) return InvalidArgument("token: must be 32-128 of A-Z a-z 0-9 _ -");
+  }
+
   std::unique_lock lock(mu_);
   if (tenants_.count(spec.name)) {
     return AlreadyExists("name: tenant " + Quoted(spec.name) + " already exists");
@@ -138,7 +147,7 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   info.counters = std::make_shared<TenantCounters>();
-  *token = GenerateToken();
+  *token = spec.token.empty() ? GenerateToken() : spec.token;
   auto tenant = std::make_unique<Tenant>(info, HashToken(*token), ChunkLayout(chunk_bytes, lanes_));
   *out = tenant->info;
   by_handle_.emplace(info.handle, tenant.get());

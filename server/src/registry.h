@@ -42,6 +42,7 @@ struct TenantSpec {
   uint32_t chunk_bytes = 0;  // 0: daemon default
   aggregation::OptimizerConfig default_optimizer;
   Quotas quotas;  // zero fields: daemon defaults
+  std::string token;  // empty: mint one
 };
 
 // Live data-plane counters of a tenant; updated by lanes with relaxed atomics.

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "rackhub/aggregation/chunk_state.h"
@@ -379,6 +381,110 @@ TEST(ChunkStateTest, SingleWorkerAndAdamState) {
     EXPECT_EQ(Copy(cs.params(t)), want) << t;
     p = want;
   }
+}
+
+// ---- Fast paths: one-pass folding of parked ranks, ReduceAndUpdate ----
+
+OptimizerConfig AnyConfig(OptimizerType type) {
+  OptimizerConfig c;
+  c.type = type;
+  c.learning_rate = type == OptimizerType::kSumOnly ? 0.0 : 0.01;
+  if (type == OptimizerType::kMomentum || type == OptimizerType::kNesterov) c.momentum = 0.9;
+  if (type != OptimizerType::kSumOnly) c.weight_decay = 0.01;
+  if (type == OptimizerType::kAdaGrad) c.initial_accumulator = 0.1;
+  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  return c;
+}
+
+// Every kernel path, every optimizer and wire type, an odd length and
+// unaligned payloads: arrival in reverse (all but rank 0 parked, then folded
+// in one pass), in a mixed order, and ReduceAndUpdate all give the bits of the
+// step-by-step reference computed with the portable kernels.
+TEST(ChunkStateTest, FastPathsMatchStepByStepOnEveryKernelPath) {
+  constexpr uint32_t kW = 5, kN = 1001;
+  const std::array<uint32_t, kW> mixed = {3, 0, 4, 1, 2};
+  for (OptimizerType opt : {OptimizerType::kSgd, OptimizerType::kMomentum,
+                            OptimizerType::kNesterov, OptimizerType::kAdam, OptimizerType::kAdamW,
+                            OptimizerType::kAdaGrad, OptimizerType::kSumOnly}) {
+    const OptimizerConfig cfg = AnyConfig(opt);
+    for (ElementType type : {ElementType::kFp32, ElementType::kFp16, ElementType::kBf16}) {
+      // Gradients rounded to the wire type, so the reference sums them exactly
+      // as the chunk sees them; payloads at byte offset 1 + r.
+      const auto g1 = Gradients(kW, kN, 40 + static_cast<unsigned>(opt));
+      const auto g2 = Gradients(kW, kN, 50 + static_cast<unsigned>(opt));
+      std::vector<std::vector<std::byte>> w1, w2;
+      std::vector<std::vector<float>> r1, r2;
+      for (uint32_t r = 0; r < kW; ++r) {
+        for (auto [g, w, rg] : {std::tuple{&g1, &w1, &r1}, std::tuple{&g2, &w2, &r2}}) {
+          const auto bytes = Wire((*g)[r], type);
+          w->emplace_back(1 + r, std::byte{0});
+          w->back().insert(w->back().end(), bytes.begin(), bytes.end());
+          rg->emplace_back(kN);
+          CopyIn(rg->back().data(), bytes.data(), kN, type);
+        }
+      }
+      auto payload = [&](const std::vector<std::vector<std::byte>>& w, uint32_t r) {
+        return std::span<const std::byte>(w[r]).subspan(1 + r);
+      };
+      ASSERT_TRUE(ForceKernelPath(KernelPath::kPortable));
+      std::vector<float> p0(kN, 0.0f), s0(kN), s1(kN);
+      if (opt == OptimizerType::kAdaGrad) std::fill(s0.begin(), s0.end(), 0.1f);
+      const auto e1 = Expected(r1, cfg, p0, &s0, &s1, 1);
+      const auto e2 = Expected(r2, cfg, e1, &s0, &s1, 2);
+      for (KernelPath path : kAllKernelPaths) {
+        if (!ForceKernelPath(path)) continue;
+        for (int mode = 0; mode < 3; ++mode) {  // reverse, mixed, ReduceAndUpdate
+          ChunkState cs(kN, kW, cfg, type);
+          cs.MarkInitialized();
+          for (const auto* w : {&w1, &w2}) {
+            if (mode == 2) {
+              std::vector<std::span<const std::byte>> all;
+              for (uint32_t r = 0; r < kW; ++r) all.push_back(payload(*w, r));
+              ASSERT_TRUE(cs.ReduceAndUpdate(all));
+              continue;
+            }
+            for (uint32_t k = 0; k < kW; ++k) {
+              const uint32_t r = mode == 0 ? kW - 1 - k : mixed[k];
+              cs.Contribute(r, payload(*w, r));
+            }
+            cs.Update();
+          }
+          const std::string where = std::string(KernelPathName(path)) + " " +
+                                    OptimizerTypeName(opt) + " " + ElementTypeName(type) +
+                                    " mode " + std::to_string(mode);
+          ASSERT_EQ(cs.version(), 2u);
+          EXPECT_EQ(std::memcmp(cs.params(1).data(), e1.data(), kN * 4), 0) << where;
+          EXPECT_EQ(std::memcmp(cs.params(2).data(), e2.data(), kN * 4), 0) << where;
+          const auto want_wire = Wire(e2, type);
+          EXPECT_EQ(std::memcmp(cs.wire_params(2).data(), want_wire.data(), want_wire.size()), 0)
+              << where;
+        }
+      }
+    }
+  }
+  ResetKernelPath();
+}
+
+TEST(ChunkStateTest, ReduceAndUpdateRules) {
+  constexpr uint32_t kN = 6;
+  ChunkState cs(kN, 2, Config(OptimizerType::kSgd, 0.5, 0, Reduction::kSum), ElementType::kFp16);
+  cs.MarkInitialized();
+  const auto a = Wire(std::vector<float>(kN, 1.0f), ElementType::kFp16);
+  const auto b = Wire(std::vector<float>(kN, 2.0f), ElementType::kFp16);
+  const auto bad = Wire(std::vector<float>(kN - 1, 2.0f), ElementType::kFp16);
+  using Payloads = std::vector<std::span<const std::byte>>;
+  EXPECT_FALSE(cs.ReduceAndUpdate(Payloads{a}));          // one missing
+  EXPECT_FALSE(cs.ReduceAndUpdate(Payloads{a, b, b}));    // one too many
+  EXPECT_FALSE(cs.ReduceAndUpdate(Payloads{a, bad}));     // wrong size
+  ASSERT_EQ(cs.Contribute(1, b), AddResult::kAccepted);
+  EXPECT_FALSE(cs.ReduceAndUpdate(Payloads{a, b}));       // a contribution is pending
+  EXPECT_EQ(cs.version(), 0u);
+  cs.DiscardPending();
+  ASSERT_TRUE(cs.ReduceAndUpdate(Payloads{a, b}));
+  EXPECT_EQ(cs.version(), 1u);
+  EXPECT_EQ(cs.contributions(), 0u);
+  for (float x : cs.params(1)) EXPECT_EQ(x, -1.5f);  // 0 - 0.5 * (1 + 2)
+  EXPECT_TRUE(cs.params(0).size() == kN);             // previous version still served
 }
 
 }  // namespace

@@ -8,7 +8,10 @@
 //
 // Reproducibility: contributions are summed in rank order whatever their
 // arrival order (rank 0's copied into the accumulator, rank 1's added, ...),
-// so the parameters are bitwise identical for every arrival order.
+// so the parameters are bitwise identical for every arrival order. An
+// in-order contribution and the parked ones that follow it in rank order are
+// folded into the accumulator in one pass (SumInto / AccumulateInto, same bits
+// as adding them one by one).
 #pragma once
 
 #include <cstddef>
@@ -85,6 +88,9 @@ class ChunkState {
 
   uint32_t elements() const { return elements_; }
   uint32_t workers() const { return workers_; }
+  // Reduction::kMean divides the sum by this instead of workers() (0 =
+  // workers()). A hub adding R rack sums of W workers each divides by R*W.
+  void set_mean_divisor(uint32_t divisor) { mean_divisor_ = divisor; }
   ElementType wire_type() const { return wire_type_; }
   size_t wire_bytes() const { return elements_ * ElementBytes(wire_type_); }
   // Updates applied so far (starts at 0).
@@ -111,6 +117,16 @@ class ChunkState {
   // version() and clears the contributions. The buffers of version v stay
   // valid and unchanged until version v + 2 is computed.
   void Update();
+
+  // The one-pass fast path for a caller that holds all workers() payloads at
+  // once (e.g. in receive buffers): payloads[r] is rank r's gradient in
+  // wire_type(), wire_bytes() bytes each, any alignment. Sums them in rank
+  // order and applies the optimizer in the same pass (SumAndApplyOptimizer),
+  // without the accumulator; the result is bitwise identical to
+  // Contribute(r, payloads[r]) for every r followed by Update(). Returns
+  // false and changes nothing when a contribution is pending, the count is
+  // not workers() or a size is wrong.
+  bool ReduceAndUpdate(std::span<const std::span<const std::byte>> payloads);
 
   // Parameters of version v in fp32, and the same in the wire type (for fp32
   // the same memory, else the converted copy made by Update()/SetInitial()).
@@ -147,12 +163,15 @@ class ChunkState {
   static constexpr uint32_t kNoSpare = UINT32_MAX;
 
   void EnsureOptimizerState();
-  void FoldInOrder();
+  void FoldInOrder(const std::byte* payload, uint32_t rank);
+  OptimizerStep BeginUpdate();
+  void FinishUpdate();
   void ClearContributions();
   const float* param_buffer(uint64_t v) const { return params_[v & 1].data(); }
 
   uint32_t elements_;
   uint32_t workers_;
+  uint32_t mean_divisor_ = 0;
   ElementType wire_type_;
   OptimizerConfig optimizer_;
   struct PendingOptimizer {
@@ -179,6 +198,9 @@ class ChunkState {
   uint32_t next_rank_ = 0;
   std::vector<AlignedBuffer<std::byte>> spares_;
   std::vector<uint32_t> free_spares_;
+  // Input pointers handed to the multi-input kernels (reused, no allocation
+  // on the data path once grown to workers_ entries).
+  std::vector<const void*> inputs_;
 };
 
 }  // namespace rackhub::aggregation

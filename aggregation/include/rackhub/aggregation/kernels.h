@@ -10,15 +10,36 @@
 // only the natural alignment of float.
 //
 // Results are deterministic: the same inputs give bitwise identical outputs
-// (no FMA contraction, no reassociation; kernels.cc is built with
-// -ffp-contract=off and without -ffast-math). The loops are written so that
-// GCC -O3 auto-vectorizes them; a later change adds explicit AVX2/AVX-512
-// variants behind runtime dispatch, which must keep the same results.
+// (no FMA contraction, no reassociation; the kernel sources are built with
+// -ffp-contract=off and without -ffast-math).
+//
+// Kernel paths and runtime dispatch: every kernel exists three times, chosen
+// once per process from what the CPU supports (__builtin_cpu_supports):
+//   "avx512"   AVX-512F/BW/VL + F16C intrinsics (512-bit vectors)
+//   "avx2"     AVX2 + F16C intrinsics (256-bit vectors)
+//   "portable" plain C++ that GCC auto-vectorizes for the baseline ISA; the
+//              library never requires AVX to load or run.
+// The environment variable RACKHUB_KERNEL_PATH=portable|avx2|avx512 caps the
+// choice (a path the CPU lacks is never used).
+// The three paths give BITWISE IDENTICAL results for every kernel, element
+// type, length and alignment: each element goes through the same sequence of
+// IEEE fp32 operations (add, mul, sub, correctly rounded div and sqrt; no FMA,
+// no reciprocal approximations, no reassociation), and the F16C conversions
+// (round to nearest even) match the scalar conversions below for every input,
+// NaNs included (verified for all 65536 fp16 patterns and a sweep of fp32
+// patterns in kernels_test). This covers infinities, subnormals, signed zeros
+// and NaN inputs, with ONE exception: when two NaNs with different bits meet
+// in one operation (e.g. two contributions both NaN at the same element, or
+// an input NaN meeting an inf - inf), which of them propagates depends on the
+// operand order the compiler picked, so the result is a NaN on every path but
+// its payload/sign bits may differ between paths. This assumes the default
+// MXCSR (no flush-to-zero / denormals-are-zero), which rackhub never changes.
 #pragma once
 
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "rackhub/aggregation/optimizer_config.h"
 
@@ -49,7 +70,8 @@ const char* ElementTypeName(ElementType type);  // "fp32", "fp16", "bf16"
 // ---- Scalar conversions (inline so the array loops vectorize them) ----
 //
 // Widening (fp16/bf16 -> fp32) is exact for every value, including
-// subnormals, infinities and NaN (a NaN stays a NaN of the same sign).
+// subnormals and infinities; a NaN stays a NaN of the same sign and payload
+// (fp16: made quiet, like F16C; bf16: bits kept as they are).
 // Narrowing (fp32 -> fp16/bf16) rounds to nearest, ties to even; a NaN gives a
 // quiet NaN of the same sign; fp16 results beyond the largest finite value
 // (65504) become infinity, results below the smallest subnormal round to
@@ -61,8 +83,10 @@ inline float Fp16ToFloat(uint16_t h) {
   // Normal numbers: move the fields into place and rebias the exponent from
   // 15 to 127 (add 112 to it).
   const uint32_t normal = (magnitude << 13) + (112u << 23);
-  // Infinity / NaN: exponent all ones, mantissa (NaN payload) kept.
-  const uint32_t special = (magnitude << 13) | 0x7f800000u;
+  // Infinity / NaN: exponent all ones, mantissa (NaN payload) kept, and a NaN
+  // made quiet (as F16C's vcvtph2ps does).
+  const uint32_t quiet = 0x00400000u & (0u - static_cast<uint32_t>(magnitude > 0x7c00u));
+  const uint32_t special = (magnitude << 13) | 0x7f800000u | quiet;
   // Zero and subnormals: mantissa * 2^-24, exact in fp32.
   const uint32_t tiny = std::bit_cast<uint32_t>(static_cast<float>(magnitude) * 0x1p-24f);
   // Branch-free selects (masks) so GCC if-converts and vectorizes the loops.
@@ -168,5 +192,54 @@ struct OptimizerStep {
 // sum, p_old or the state. step.t >= 1.
 void ApplyOptimizer(const OptimizerConfig& cfg, const OptimizerStep& step, const float* sum,
                     const float* p_old, float* p_new, float* state0, float* state1, size_t n);
+
+// ---- Multi-input fast path ----
+// `inputs` are the contributions in rank order, each n elements of `type`, at
+// any alignment. One pass over memory, each output element written once; when
+// the output is large (> 1 MiB) and 64-byte aligned the SIMD paths write it
+// with streaming (non-temporal) stores.
+
+// dst[i] = float(in0[i]) + float(in1[i]) + ... (left to right): the bits of
+// CopyIn(dst, in0) followed by AddIn(dst, ink) for k = 1, 2, ...
+// An empty `inputs` fills dst with +0.0f. dst must not overlap the inputs.
+void SumInto(float* dst, std::span<const void* const> inputs, size_t n, ElementType type);
+
+// acc[i] = acc[i] + float(in0[i]) + float(in1[i]) + ... (left to right): the
+// bits of AddIn(acc, ink) for k = 0, 1, ... in one pass. acc must not overlap
+// the inputs.
+void AccumulateInto(float* acc, std::span<const void* const> inputs, size_t n, ElementType type);
+
+// Sums the inputs in rank order and applies the optimizer step in the same
+// pass, never materializing the sum: the bits of p_new and of the state equal
+// SumInto(sum, inputs) followed by ApplyOptimizer(cfg, step, sum, ...).
+// REQUIRES: as ApplyOptimizer; inputs non-empty (an empty list sums to +0.0f);
+// p_new does not alias the inputs.
+void SumAndApplyOptimizer(const OptimizerConfig& cfg, const OptimizerStep& step,
+                          std::span<const void* const> inputs, const float* p_old, float* p_new,
+                          float* state0, float* state1, size_t n, ElementType type);
+
+// ---- Kernel path selection ----
+enum class KernelPath : uint8_t {
+  kPortable = 0,
+  kAvx2 = 1,
+  kAvx512 = 2,
+};
+inline constexpr KernelPath kAllKernelPaths[] = {KernelPath::kPortable, KernelPath::kAvx2,
+                                                 KernelPath::kAvx512};
+
+const char* KernelPathName(KernelPath path);  // "portable", "avx2", "avx512"
+// The path the kernels use now ("avx512", "avx2" or "portable").
+const char* KernelPathName();
+KernelPath ActiveKernelPath();
+// True when this CPU (and OS) can run `path`.
+bool KernelPathAvailable(KernelPath path);
+
+// TEST AND BENCHMARK ONLY: makes every following kernel call (on any thread)
+// use `path`. Returns false, changing nothing, when the path is not available.
+// Not meant to be called while other threads run kernels (they would switch
+// paths between calls, which is harmless for the bits but skews timings).
+bool ForceKernelPath(KernelPath path);
+// TEST AND BENCHMARK ONLY: back to the automatic choice.
+void ResetKernelPath();
 
 }  // namespace rackhub::aggregation

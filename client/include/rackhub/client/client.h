@@ -41,8 +41,22 @@
 
 namespace rackhub::client {
 
+// Data-plane transport of a client (DESIGN.md §3).
+enum class Transport {
+  kTcp,   // TCP to Options::hub
+  kRdma,  // RDMA (RC queue pairs over rdma_cm) to Options::rdma_hub; fails without a device
+  kAuto,  // RDMA when a verbs device is present and the hub accepts it, else TCP
+};
+
 struct Options {
   std::string hub = "127.0.0.1:7700";  // HOST:PORT of the hub's data plane
+  Transport transport = Transport::kTcp;
+  // HOST:PORT of the hub's RDMA listener (its data.rdma_listen); "" = the
+  // host of `hub`, port 7702 (the hub's default).
+  std::string rdma_hub;
+  std::string rdma_device;             // "" = whichever device routes to the hub
+  uint32_t rdma_ring_bytes = 4u << 20; // registered receive ring per lane (and as much staging)
+  bool rdma_busy_poll = false;         // busy-poll the completion queue instead of sleeping
   std::string tenant;
   std::string token;                   // the tenant's data-plane token
   uint32_t rank = 0;                   // worker rank in its rack
@@ -54,7 +68,7 @@ struct Options {
 enum class ErrorCode {
   kOk = 0,
   kInvalidArgument = 1,  // caller's mistake, detected locally; nothing was sent
-  kConnectFailed = 2,    // TCP connect / handshake failed or timed out
+  kConnectFailed = 2,    // TCP/RDMA connect / handshake failed or timed out
   kUnauthenticated = 3,  // the hub refused the tenant name or token
   kConnectionLost = 4,   // a lane connection broke; the client is unusable
   kTimeout = 5,          // op_timeout expired

@@ -31,6 +31,10 @@
 //                      payload: OptimizerUpdate)  S->C ACK
 //   C->S HEARTBEAT                             S->C HEARTBEAT
 //   C->S BYE                                   (server closes quietly)
+//   Hub links (one TCP connection per (hub, peer hub, lane), lane i to lane i):
+//   HUB_HELLO, then KEY_BIND before a key's first chunk, then RACK_SUM (to
+//   the chunk's home) and RACK_PARAMS (from it). Tenant and key ids in these
+//   frames are the sender's; KEY_BIND maps them to the receiver's.
 //   S->C ERROR(payload: ErrorBody: u32 code + UTF-8 text), request_id of the
 //        offending request. Fatal errors (flag kFlagFatal) close the connection.
 //
@@ -69,8 +73,13 @@ enum class Opcode : uint8_t {
   kKeyInfo = 11,
   kSetOptimizer = 12,
   kAck = 13,
+  // Between hubs (rack exchange, DESIGN.md §2 step 6):
+  kHubHello = 14,    // payload: control.proto HubHello; first frame of a hub link
+  kKeyBind = 15,     // payload: KeyBind; names (tenant, key) before its first chunk
+  kRackSum = 16,     // fp32 rack sum of one chunk for `iteration`, to the chunk's home hub
+  kRackParams = 17,  // the home hub's new parameters of one chunk (key dtype)
 };
-inline constexpr uint8_t kMaxOpcode = 13;
+inline constexpr uint8_t kMaxOpcode = 17;
 
 enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }
@@ -98,6 +107,7 @@ enum class WireError : uint32_t {
   kInternal = 14,
 };
 const char* WireErrorName(WireError e);
+const char* OpcodeName(Opcode op);  // "PUSH", "RACK_SUM", ...
 
 struct FrameHeader {
   uint32_t magic = kMagic;

@@ -27,6 +27,8 @@ struct ConnectionIdentity {
   uint32_t rank = 0;
   uint32_t lane = 0;
   std::string peer;  // transport address for logs ("ip:port")
+  uint32_t rack = 0;  // the worker's rack, or the peer hub's rack
+  bool hub = false;   // a link to another rack's hub, not a worker
 };
 
 class Connection;

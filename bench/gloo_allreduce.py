@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""gloo all_reduce baseline for rackhub-bench --compare gloo.
+
+Runs W ranks as local processes (torch.multiprocessing, fork) joined through
+torch.distributed's gloo backend on loopback, and all_reduces one tensor of
+--bytes/4 elements (the same model as `rackhub-bench --bytes`: SIZE is the
+fp32 model size, so a 16-bit dtype puts half of it on the wire). Each
+iteration: barrier, then time the all_reduce alone on every rank; the
+iteration's time is the slowest rank's. Prints one JSON line:
+
+  {"backend":"gloo", "median_ms":..., "times_ms":[...], "dtype":..., ...}
+
+Run it with Debian's /usr/bin/python3 (python3-torch). Without torch it prints
+{"error": "..."} and exits 3. torch 1.13's gloo cannot all_reduce bf16
+("Invalid scalar type"); then --bf16-fallback (fp16 by default) is used and
+the JSON says so ("dtype_requested":"bf16", "dtype":"fp16",
+"bf16_supported":false). --bf16-fallback none makes it an error instead.
+
+Exit codes: 0 ok, 1 a rank failed, 2 usage, 3 torch or gloo unavailable,
+4 dtype unsupported.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+SIZE_UNITS = {"": 0, "B": 0, "K": 10, "KiB": 10, "M": 20, "MiB": 20, "G": 30, "GiB": 30}
+EXIT_UNAVAILABLE = 3
+EXIT_DTYPE = 4
+
+
+def parse_size(text):
+    m = re.fullmatch(r"(\d+)([A-Za-z]*)", text)
+    if not m or m.group(2) not in SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size (e.g. 64MiB)")
+    return int(m.group(1)) << SIZE_UNITS[m.group(2)]
+
+
+def free_port():
+    # Bound then released: another process could take it in between, which
+    # only makes init fail loudly (the caller may simply run again).
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def emit(obj):
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def percentile(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))]
+
+
+def probe_rank(rank, dtype_name, port, out_queue):
+    """Can gloo all_reduce this dtype? A one-rank group of its own, so that a
+    refusal cannot leave the real group in a bad state (in torch 1.13 the
+    error surfaces asynchronously, sometimes in the next collective)."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    try:
+        dist.all_reduce(torch.ones(8, dtype=dtype))
+        out_queue.put(None)
+    except RuntimeError as e:
+        out_queue.put(str(e))
+    dist.destroy_process_group()
+
+
+def rank_main(rank, args, port, out_queue):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # one core-sized process per rank, like rackhub's workers
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", rank=rank, world_size=args.workers,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    used = args.used_dtype
+    elements = args.bytes // 4
+    gen = torch.Generator().manual_seed(rank)
+    tensor = (torch.rand(elements, generator=gen) - 0.5).to(dtypes[used])
+    times = []
+    for it in range(args.warmup + args.iterations):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(tensor)
+        t1 = time.perf_counter()
+        if it >= args.warmup:
+            times.append((t1 - t0) * 1e3)
+        tensor.mul_(1.0 / args.workers)  # untimed: keeps 16-bit sums finite
+    # The iteration's time is the slowest rank's.
+    mine = torch.tensor(times, dtype=torch.float64)
+    gathered = [torch.zeros_like(mine) for _ in range(args.workers)]
+    dist.all_gather(gathered, mine)
+    dist.destroy_process_group()
+    if rank == 0:
+        per_iter = torch.stack(gathered).max(dim=0).values.tolist()
+        median = percentile(per_iter, 0.5)  # the same nearest-rank median as rackhub-bench
+        wire = 4 if used == "fp32" else 2
+        out_queue.put({
+            "backend": "gloo",
+            "torch": torch.__version__,
+            "workers": args.workers,
+            "bytes": args.bytes,
+            "elements": elements,
+            "wire_bytes": elements * wire,
+            "dtype_requested": args.dtype,
+            "dtype": used,
+            "bf16_supported": None if args.dtype != "bf16" else used == "bf16",
+            "note": args.note,
+            "iterations": args.iterations,
+            "warmup": args.warmup,
+            "median_ms": round(median, 4),
+            "p10_ms": round(percentile(per_iter, 0.1), 4),
+            "p90_ms": round(percentile(per_iter, 0.9), 4),
+            "gbps_per_worker": round(args.bytes / (median * 1e-3) / 1e9, 4),
+            "times_ms": [round(t, 4) for t in per_iter],
+        })
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--bytes", type=parse_size, default=parse_size("64MiB"),
+                   help="model size in fp32 bytes, as rackhub-bench --bytes (elements = SIZE/4)")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    p.add_argument("--bf16-fallback", choices=["fp16", "fp32", "none"], default="fp16")
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--timeout", type=int, default=300, help="gloo timeout, seconds")
+    p.add_argument("--probe", action="store_true",
+                   help="only check that torch + gloo import; print versions")
+    args = p.parse_args()
+    if args.workers < 1 or args.iterations < 1 or args.warmup < 0 or args.bytes < 4:
+        p.error("--workers and --iterations must be >= 1, --bytes >= 4")
+    try:
+        import torch
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+    except ImportError as e:
+        emit({"error": f"{sys.executable} cannot import torch ({e}); install python3-torch "
+                       "(deploy/bootstrap.sh) or pass another interpreter"})
+        return EXIT_UNAVAILABLE
+    if not dist.is_available() or not dist.is_gloo_available():
+        emit({"error": f"torch {torch.__version__} has no gloo backend"})
+        return EXIT_UNAVAILABLE
+    if args.probe:
+        emit({"torch": torch.__version__, "python": sys.executable, "gloo": True})
+        return 0
+    ctx = mp.get_context("fork")
+    queue = ctx.SimpleQueue()
+    args.used_dtype, args.note = args.dtype, None
+    if args.dtype != "fp32":
+        try:
+            mp.start_processes(probe_rank, args=(args.dtype, free_port(), queue), nprocs=1,
+                               join=True, start_method="fork")
+            refusal = queue.get()
+        except Exception as e:
+            refusal = f"probe failed: {str(e).strip()[-500:]}"
+        if refusal is not None:
+            if args.dtype != "bf16" or args.bf16_fallback == "none":
+                emit({"error": f"gloo cannot all_reduce {args.dtype}: {refusal}"})
+                return EXIT_DTYPE
+            args.used_dtype = args.bf16_fallback
+            args.note = (f"torch {torch.__version__} gloo cannot all_reduce bf16 ({refusal}); "
+                         f"timed {args.used_dtype} instead (same elements; fp16 puts the same "
+                         "bytes on the wire)")
+    try:
+        mp.start_processes(rank_main, args=(args, free_port(), queue), nprocs=args.workers,
+                           join=True, start_method="fork")
+    except Exception as e:  # a rank raised or died: report it, never hang
+        emit({"error": f"a gloo rank failed: {str(e).strip()[-2000:]}"})
+        return 1
+    if queue.empty():
+        emit({"error": "rank 0 reported nothing"})
+        return 1
+    result = queue.get()
+    code = result.pop("exit", 0)
+    emit(result)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""rackhub-run: start N training ranks against a rackhub hub.
+
+    rackhub-run -n 4 python3 train.py --epochs 3
+    python3 -m rackhub.run -n 4 python3 train.py            # the same
+
+Without --hub it starts a private rackhubd on loopback (ephemeral ports, a
+random admin token, in a temporary directory) and stops it at the end. It
+creates a tenant with N workers through rackhubctl (or uses --tenant with
+--token-file if the tenant exists), then starts the ranks with:
+
+    RACKHUB_RANK, RACKHUB_LOCAL_RANK, RACKHUB_WORLD_SIZE, RACKHUB_HUB,
+    RACKHUB_TENANT, RACKHUB_TOKEN_FILE (a 0600 file; the token is not put in
+    the environment), PYTHONUNBUFFERED=1, PYTHONPATH (so `import rackhub` works)
+
+which rackhub.torch.init() reads. Every output line of a rank is prefixed
+with `[rank]` (stderr lines with `[rank!]`) and written whole, so the ranks
+interleave line by line. If a rank fails, the others get --grace seconds to
+notice (rackhub raises WORKER_LOST in them at once) and are then terminated.
+The exit code is the first failing rank's (128+signal if killed), else 0.
+
+A bare `python`/`python3` command is replaced by the interpreter running this
+launcher (the system /usr/bin/python3, which has torch): on these machines
+the `python3` first on PATH is another interpreter. Give a path to override.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+try:
+    from . import _build_paths
+    _BUILD_BIN = _build_paths.BIN_DIR
+except ImportError:  # installed without the build tree
+    _BUILD_BIN = None
+
+
+def _find_tool(name, explicit):
+    if explicit:
+        return explicit
+    env = os.environ.get("RACKHUB_" + name.upper().replace("-", "_"))
+    if env:
+        return env
+    if _BUILD_BIN and os.access(os.path.join(_BUILD_BIN, name), os.X_OK):
+        return os.path.join(_BUILD_BIN, name)
+    found = shutil.which(name)
+    if found:
+        return found
+    sys.exit(f"rackhub-run: cannot find {name} (use --{name} PATH)")
+
+
+def _parse(argv):
+    ap = argparse.ArgumentParser(
+        prog="rackhub-run", description="Start N training ranks against a rackhub hub.",
+        usage="rackhub-run -n N [options] COMMAND [ARGS...]")
+    ap.add_argument("-n", "--np", type=int, required=True, dest="n", help="number of ranks")
+    ap.add_argument("--hub", help="data plane HOST:PORT of an existing hub (default: start one)")
+    ap.add_argument("--admin", help="admin API HOST:PORT of that hub (to create the tenant)")
+    ap.add_argument("--admin-token-file", help="admin token of that hub")
+    ap.add_argument("--tenant", help="tenant name (default: rackhub-run-PID)")
+    ap.add_argument("--token-file", help="data-plane token of an existing tenant (no creation)")
+    ap.add_argument("--lanes", type=int, default=0, help="lanes of the started hub (0: one per core)")
+    ap.add_argument("--chunk-bytes", help="chunk size of the created tenant (e.g. 64KiB)")
+    ap.add_argument("--max-param-bytes", default="16GiB", help="quota of the created tenant")
+    ap.add_argument("--hub-arg", action="append", default=[],
+                    help="extra rackhubd argument for the started hub (repeatable)")
+    ap.add_argument("--grace", type=float, default=10.0,
+                    help="seconds the other ranks get after one failed [10]")
+    ap.add_argument("--no-prefix", action="store_true", help="do not prefix output lines")
+    ap.add_argument("--rackhubd", help="path of rackhubd")
+    ap.add_argument("--rackhubctl", help="path of rackhubctl")
+    ap.add_argument("--keep-tenant", action="store_true",
+                    help="do not delete the created tenant of an existing hub at the end")
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    if not a.command:
+        ap.error("COMMAND is required")
+    if a.n < 1:
+        ap.error("-n: at least 1")
+    if a.hub and not a.token_file and not a.admin:
+        ap.error("--hub needs --admin (to create the tenant) or --tenant with --token-file")
+    if a.token_file and not a.tenant:
+        ap.error("--token-file needs --tenant")
+    return a
+
+
+class _Output:
+    """Writes whole lines of every rank, prefixed, under one lock."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.lock = threading.Lock()
+
+    def pump(self, stream, rank, err):
+        tag = f"[{rank}{'!' if err else ''}] " if self.prefix else ""
+        dst = sys.stderr.buffer if err else sys.stdout.buffer
+        for line in iter(stream.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            with self.lock:
+                dst.write(tag.encode() + line)
+                dst.flush()
+        stream.close()
+
+
+def _start_hub(a, work):
+    rackhubd = _find_tool("rackhubd", a.rackhubd)
+    token_file = os.path.join(work, "admin.token")
+    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(os.urandom(24).hex())
+    ready = os.path.join(work, "ready")
+    log = open(os.path.join(work, "rackhubd.log"), "wb")
+    cmd = [rackhubd, "--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+           "--admin-token-file", token_file, "--ready-file", ready]
+    if a.lanes:
+        cmd += ["--lanes", str(a.lanes)]
+    cmd += a.hub_arg
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    addrs = {}
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            with open(ready) as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) == 2:
+                        addrs[parts[0]] = parts[1]
+        except FileNotFoundError:
+            pass
+        if "admin" in addrs and "data" in addrs:
+            return proc, addrs["admin"], addrs["data"], token_file
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    log.close()
+    with open(os.path.join(work, "rackhubd.log"), errors="replace") as f:
+        sys.stderr.write(f.read())
+    sys.exit("rackhub-run: rackhubd did not start")
+
+
+def _ctl(a, admin, admin_token, *args):
+    cmd = [_find_tool("rackhubctl", a.rackhubctl), "--admin", admin, "--json"]
+    if admin_token:
+        cmd += ["--token-file", admin_token]
+    r = subprocess.run(cmd + list(args), capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"rackhub-run: rackhubctl {' '.join(args)} failed ({r.returncode}): "
+                 f"{r.stderr.strip() or r.stdout.strip()}")
+    return r.stdout
+
+
+def _stop(proc, sig=signal.SIGTERM, timeout=5.0):
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def main(argv=None):
+    a = _parse(sys.argv[1:] if argv is None else argv)
+    work = tempfile.mkdtemp(prefix="rackhub-run.")
+    hub_proc = None
+    created_tenant = None
+    ranks = []
+    admin = a.admin
+    admin_token = a.admin_token_file
+    try:
+        if a.hub:
+            hub = a.hub
+        else:
+            hub_proc, admin, hub, admin_token = _start_hub(a, work)
+        tenant = a.tenant or f"rackhub-run-{os.getpid()}"
+        if a.token_file:
+            token_file = a.token_file
+        else:
+            args = ["tenant", "create", tenant, "--workers", str(a.n),
+                    "--max-param-bytes", a.max_param_bytes]
+            if a.chunk_bytes:
+                args += ["--chunk-bytes", a.chunk_bytes]
+            token = json.loads(_ctl(a, admin, admin_token, *args))["token"]
+            created_tenant = tenant
+            token_file = os.path.join(work, "tenant.token")
+            with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write(token)
+        print(f"rackhub-run: {a.n} ranks, hub {hub}{' (started here)' if hub_proc else ''}, "
+              f"tenant {tenant}", file=sys.stderr, flush=True)
+
+        cmd = list(a.command)
+        if cmd[0] in ("python", "python3"):
+            cmd[0] = sys.executable
+        pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        out = _Output(not a.no_prefix)
+        pumps = []
+        for r in range(a.n):
+            env = dict(os.environ)
+            env.update(RACKHUB_RANK=str(r), RACKHUB_LOCAL_RANK=str(r),
+                       RACKHUB_WORLD_SIZE=str(a.n), RACKHUB_HUB=hub, RACKHUB_TENANT=tenant,
+                       RACKHUB_TOKEN_FILE=os.path.abspath(token_file), PYTHONUNBUFFERED="1")
+            env.pop("RACKHUB_TOKEN", None)
+            pp = env.get("PYTHONPATH")
+            env["PYTHONPATH"] = pkg_dir + (os.pathsep + pp if pp else "")
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+            ranks.append(p)
+            for stream, err in ((p.stdout, False), (p.stderr, True)):
+                t = threading.Thread(target=out.pump, args=(stream, r, err), daemon=True)
+                t.start()
+                pumps.append(t)
+
+        first_fail = None
+        fail_at = None
+        while True:
+            codes = [p.poll() for p in ranks]
+            for r, c in enumerate(codes):
+                if c not in (None, 0) and first_fail is None:
+                    first_fail, fail_at = r, time.monotonic()
+                    print(f"rackhub-run: rank {r} exited with "
+                          f"{'signal ' + str(-c) if c < 0 else 'code ' + str(c)}",
+                          file=sys.stderr, flush=True)
+            if all(c is not None for c in codes):
+                break
+            if fail_at is not None and time.monotonic() - fail_at > a.grace:
+                print(f"rackhub-run: terminating the remaining ranks", file=sys.stderr,
+                      flush=True)
+                for p in ranks:
+                    _stop(p)
+            time.sleep(0.05)
+        for t in pumps:
+            t.join(5)
+        if first_fail is None:
+            return 0
+        c = ranks[first_fail].returncode
+        return 128 - c if c < 0 else c
+    except KeyboardInterrupt:
+        for p in ranks:
+            _stop(p, signal.SIGINT)
+        return 130
+    finally:
+        for p in ranks:
+            _stop(p)
+        if created_tenant and hub_proc is None and not a.keep_tenant:
+            try:
+                _ctl(a, admin, admin_token, "tenant", "delete", created_tenant)
+            except SystemExit as e:
+                print(e, file=sys.stderr)
+        if hub_proc is not None:
+            _stop(hub_proc)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

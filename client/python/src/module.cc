@@ -1,0 +1,316 @@
+// rackhub._core: the pybind11 binding of librackhub (client/include/rackhub/client/client.h).
+//
+// Python sees one class, Client, and one exception, RackhubError. Data calls
+// (push_pull, init, pull) take raw addresses of contiguous fp32 buffers plus
+// an element count, and a `keepalive` object: the Python layer
+// (rackhub/torch.py) passes data_ptr() of CPU tensors and the tensors
+// themselves as keepalive. The binding stores the keepalive next to the ticket
+// and drops it only once the ticket completed (the library no longer touches
+// the memory) or the client is closed, so a buffer can never be freed while
+// the I/O thread reads or writes it (zero-copy: fp32 keys are sent from and
+// received into the tensors' memory directly).
+//
+// Threads: the library completes tickets on its own I/O thread. This binding
+// registers no callbacks, so that thread never touches Python. Every blocking
+// call (connect, declare_key, wait, close) releases the GIL; wait polls in
+// slices so that Ctrl-C (KeyboardInterrupt) is delivered while waiting.
+// A Client object may be used from several Python threads (the library is
+// thread-safe; the keepalive table has its own mutex).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+
+#include "rackhub/client/client.h"
+
+namespace py = pybind11;
+namespace rc = rackhub::client;
+
+namespace {
+
+// The RackhubError type object (created at import; lives as long as the module).
+PyObject* g_error_type = nullptr;
+
+[[noreturn]] void Raise(const rc::Error& e) {
+  py::gil_scoped_acquire gil;
+  py::object type = py::reinterpret_borrow<py::object>(g_error_type);
+  py::object exc = type(py::str(e.message));
+  exc.attr("code") = py::str(rc::ErrorCodeName(e.code));
+  exc.attr("wire") = e.code == rc::ErrorCode::kServer || e.code == rc::ErrorCode::kUnauthenticated
+                         ? py::object(py::str(rackhub::net::WireErrorName(e.wire)))
+                         : py::object(py::none());
+  PyErr_SetObject(g_error_type, exc.ptr());
+  throw py::error_already_set();
+}
+
+rc::OptimizerSpec SpecFromDict(const py::dict& d) {
+  rc::OptimizerSpec s;
+  for (auto item : d) {
+    const std::string k = py::str(item.first);
+    const py::handle v = item.second;
+    if (k == "type") s.type = py::str(v);
+    else if (k == "lr" || k == "learning_rate") s.learning_rate = v.cast<double>();
+    else if (k == "momentum") s.momentum = v.cast<double>();
+    else if (k == "weight_decay") s.weight_decay = v.cast<double>();
+    else if (k == "beta1") s.beta1 = v.cast<double>();
+    else if (k == "beta2") s.beta2 = v.cast<double>();
+    else if (k == "eps" || k == "epsilon") s.epsilon = v.cast<double>();
+    else if (k == "initial_accumulator") s.initial_accumulator = v.cast<double>();
+    else if (k == "reduction") {
+      const std::string r = py::str(v);
+      if (r != "mean" && r != "sum") throw py::value_error("optimizer.reduction: mean or sum");
+      s.sum_reduction = r == "sum";
+    } else {
+      throw py::value_error("optimizer." + k + ": unknown field (type, lr, momentum, weight_decay, "
+                            "beta1, beta2, eps, initial_accumulator, reduction)");
+    }
+  }
+  return s;
+}
+
+rc::DType DTypeFromString(const std::string& s) {
+  if (s == "fp32" || s == "float32") return rc::DType::kFp32;
+  if (s == "fp16" || s == "float16") return rc::DType::kFp16;
+  if (s == "bf16" || s == "bfloat16") return rc::DType::kBf16;
+  throw py::value_error("dtype: fp32, fp16 or bf16 (wire type), got '" + s + "'");
+}
+
+const char* DTypeName(rc::DType d) {
+  switch (d) {
+    case rc::DType::kFp32: return "fp32";
+    case rc::DType::kFp16: return "fp16";
+    case rc::DType::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+class PyClient {
+ public:
+  PyClient(const std::string& hub, const std::string& tenant, const std::string& token,
+           uint32_t rank, uint32_t rack, double connect_timeout_s, double op_timeout_s) {
+    rc::Options o;
+    o.hub = hub;
+    o.tenant = tenant;
+    o.token = token;
+    o.rank = rank;
+    o.rack = rack;
+    o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
+    o.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(op_timeout_s * 1000));
+    rc::Error err;
+    {
+      py::gil_scoped_release nogil;
+      client_ = rc::Client::Connect(o, &err);
+    }
+    if (!client_) Raise(err);
+  }
+
+  ~PyClient() { Close(); }
+
+  void Close() {
+    if (!client_) return;
+    {
+      py::gil_scoped_release nogil;
+      client_->Close();  // pending tickets fail; the I/O thread stops touching buffers
+    }
+    std::unordered_map<rc::Ticket, py::object> drop;
+    {
+      std::lock_guard lock(mu_);
+      drop.swap(keepalive_);
+    }
+    drop.clear();  // with the GIL held
+  }
+
+  rc::Client& c() {
+    if (!client_) {
+      rc::Error e;
+      e.code = rc::ErrorCode::kClosed;
+      e.message = "the client is closed";
+      Raise(e);
+    }
+    return *client_;
+  }
+
+  uint32_t DeclareKey(const std::string& name, uint64_t elements, const std::string& dtype,
+                      std::optional<py::dict> optimizer, bool init_from_client) {
+    rc::KeyDecl d;
+    d.name = name;
+    d.elements = elements;
+    d.dtype = DTypeFromString(dtype);
+    if (optimizer) d.optimizer = SpecFromDict(*optimizer);
+    d.init = init_from_client ? rc::Init::kFromClient : rc::Init::kZeros;
+    rc::KeyId id = 0;
+    rc::Error err;
+    rc::Client& cl = c();
+    {
+      py::gil_scoped_release nogil;
+      err = cl.DeclareKey(d, &id);
+    }
+    if (!err.ok()) Raise(err);
+    return id;
+  }
+
+  py::object KeyInfo(uint32_t key) {
+    auto info = c().GetKeyInfo(key);
+    if (!info) return py::none();
+    py::dict d;
+    d["id"] = info->id;
+    d["name"] = info->name;
+    d["elements"] = info->elements;
+    d["dtype"] = DTypeName(info->dtype);
+    d["init"] = info->init == rc::Init::kFromClient ? "client" : "zeros";
+    d["first_chunk"] = info->first_chunk;
+    d["chunk_count"] = info->chunk_count;
+    d["version"] = info->version;
+    d["next_iteration"] = info->next_iteration;
+    return d;
+  }
+
+  std::optional<uint32_t> FindKey(const std::string& name) { return c().FindKey(name); }
+
+  rc::Ticket PushPull(uint32_t key, uintptr_t grad, uint64_t grad_n, uintptr_t out, uint64_t out_n,
+                      py::object keepalive) {
+    rc::Client& cl = c();
+    std::lock_guard lock(mu_);  // the ticket's keepalive is stored before anyone can Wait it
+    const rc::Ticket t =
+        cl.PushPull(key, std::span<const float>(reinterpret_cast<const float*>(grad), grad_n),
+                    std::span<float>(reinterpret_cast<float*>(out), out_n));
+    keepalive_.emplace(t, std::move(keepalive));
+    return t;
+  }
+
+  rc::Ticket Init(uint32_t key, uintptr_t values, uint64_t n, py::object keepalive) {
+    rc::Client& cl = c();
+    std::lock_guard lock(mu_);
+    const rc::Ticket t =
+        cl.Init(key, std::span<const float>(reinterpret_cast<const float*>(values), n));
+    keepalive_.emplace(t, std::move(keepalive));
+    return t;
+  }
+
+  rc::Ticket Pull(uint32_t key, uintptr_t out, uint64_t n, py::object keepalive) {
+    rc::Client& cl = c();
+    std::lock_guard lock(mu_);
+    const rc::Ticket t = cl.Pull(key, std::span<float>(reinterpret_cast<float*>(out), n));
+    keepalive_.emplace(t, std::move(keepalive));
+    return t;
+  }
+
+  rc::Ticket SetOptimizer(uint32_t key, const py::dict& spec, uint64_t from_iteration) {
+    return c().SetOptimizer(key, SpecFromDict(spec), from_iteration);
+  }
+
+  // Waits for the ticket (GIL released, in slices so signals get through).
+  // Raises RackhubError on failure; the keepalive is dropped either way.
+  void Wait(rc::Ticket t, std::optional<double> timeout_s) {
+    rc::Client& cl = c();
+    const auto slice = std::chrono::milliseconds(200);
+    const auto deadline =
+        timeout_s ? std::optional(std::chrono::steady_clock::now() +
+                                  std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1000)))
+                  : std::nullopt;
+    const std::string pending_prefix = "ticket " + std::to_string(t) + " not done after";
+    rc::Error err;
+    for (;;) {
+      auto wait = slice;
+      if (deadline) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            *deadline - std::chrono::steady_clock::now());
+        wait = std::max(std::chrono::milliseconds(0), std::min(wait, left));
+      }
+      {
+        py::gil_scoped_release nogil;
+        err = cl.WaitFor(t, wait);
+      }
+      // WaitFor's own timeout leaves the ticket pending ("ticket T not done
+      // after ..."); a ticket that failed through Options::op_timeout is
+      // consumed and also reports kTimeout, with another message.
+      const bool still_pending = err.code == rc::ErrorCode::kTimeout &&
+                                 err.message.rfind(pending_prefix, 0) == 0;
+      if (!still_pending) break;
+      if (deadline && std::chrono::steady_clock::now() >= *deadline) {
+        err.message = "wait: ticket " + std::to_string(t) + " not done within " +
+                      std::to_string(*timeout_s) + " s";
+        Raise(err);  // still pending: keep its keepalive
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+    Release(t);
+    if (!err.ok()) Raise(err);
+  }
+
+  void Release(rc::Ticket t) {
+    py::object drop;
+    std::lock_guard lock(mu_);
+    auto it = keepalive_.find(t);
+    if (it != keepalive_.end()) {
+      drop = std::move(it->second);
+      keepalive_.erase(it);
+    }
+  }
+
+  size_t Pending() {
+    std::lock_guard lock(mu_);
+    return keepalive_.size();
+  }
+
+ private:
+  std::unique_ptr<rc::Client> client_;
+  std::mutex mu_;
+  std::unordered_map<rc::Ticket, py::object> keepalive_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "rackhub data-plane client (librackhub) - see rackhub/__init__.py";
+
+  py::object base = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  g_error_type = PyErr_NewExceptionWithDoc(
+      "rackhub._core.RackhubError",
+      "A rackhub operation failed. Attributes: code (library error code name, e.g. "
+      "'connection_lost', 'server', 'timeout'), wire (the hub's error code name for "
+      "code == 'server', e.g. 'WORKER_LOST', else None).",
+      base.ptr(), nullptr);
+  m.attr("RackhubError") = py::handle(g_error_type);
+
+  py::class_<PyClient>(m, "Client")
+      .def(py::init<const std::string&, const std::string&, const std::string&, uint32_t,
+                    uint32_t, double, double>(),
+           py::arg("hub"), py::arg("tenant"), py::arg("token"), py::arg("rank"),
+           py::arg("rack") = 0, py::arg("connect_timeout") = 10.0,
+           py::arg("op_timeout") = 120.0,
+           "Connects every lane of the hub (blocking, GIL released).")
+      .def_property_readonly("lanes", [](PyClient& s) { return s.c().lanes(); })
+      .def_property_readonly("workers", [](PyClient& s) { return s.c().workers(); })
+      .def_property_readonly("chunk_elements", [](PyClient& s) { return s.c().chunk_elements(); })
+      .def_property_readonly("tenant_handle", [](PyClient& s) { return s.c().tenant_handle(); })
+      .def_property_readonly("straggler_timeout_ms",
+                             [](PyClient& s) { return s.c().straggler_timeout_ms(); })
+      .def("declare_key", &PyClient::DeclareKey, py::arg("name"), py::arg("elements"),
+           py::arg("dtype") = "fp32", py::arg("optimizer") = py::none(),
+           py::arg("init_from_client") = false)
+      .def("find_key", &PyClient::FindKey, py::arg("name"))
+      .def("key_info", &PyClient::KeyInfo, py::arg("key"))
+      .def("push_pull", &PyClient::PushPull, py::arg("key"), py::arg("grad_ptr"),
+           py::arg("grad_elements"), py::arg("out_ptr"), py::arg("out_elements"),
+           py::arg("keepalive"),
+           "Starts a PushPull from/into raw fp32 memory; returns a ticket. `keepalive` is held "
+           "until the ticket completes.")
+      .def("init", &PyClient::Init, py::arg("key"), py::arg("ptr"), py::arg("elements"),
+           py::arg("keepalive"))
+      .def("pull", &PyClient::Pull, py::arg("key"), py::arg("ptr"), py::arg("elements"),
+           py::arg("keepalive"))
+      .def("set_optimizer", &PyClient::SetOptimizer, py::arg("key"), py::arg("spec"),
+           py::arg("from_iteration"))
+      .def("wait", &PyClient::Wait, py::arg("ticket"), py::arg("timeout") = py::none(),
+           "Blocks (GIL released) until the ticket completes; raises RackhubError on failure.")
+      .def("pending", &PyClient::Pending, "Tickets issued and not yet waited.")
+      .def("close", &PyClient::Close);
+}

@@ -1,0 +1,30 @@
+// Private to librackhub: what the client needs of one lane connection,
+// whatever the transport (lane.h: TCP socket; rdma_lane.h: RDMA queue pair).
+//
+// Thread: every member runs on the client's I/O thread.
+#pragma once
+
+#include <cstdint>
+
+#include "client_impl.h"
+
+namespace rackhub::client::internal {
+
+class LaneLink {
+ public:
+  virtual ~LaneLink() = default;
+  virtual uint32_t index() const = 0;
+  virtual bool open() const = 0;
+  virtual void StartReading() = 0;
+  // Registers the request a frame carries, so its reply can be routed.
+  virtual void Expect(uint64_t request_id, PendingRequest request) = 0;
+  // Queues a frame; a borrowed user payload is released (io_refs) once the
+  // transport no longer reads it.
+  virtual void Send(OutFrame frame) = 0;
+  // Queues BYE and closes once the queue is flushed.
+  virtual void SendByeAndClose() = 0;
+  // Closes at once; queued frames are dropped (their io_refs released).
+  virtual void Abort() = 0;
+};
+
+}  // namespace rackhub::client::internal

@@ -1,0 +1,269 @@
+#include "rdma_lane.h"
+
+#include <cstring>
+#include <utility>
+
+#include "convert.h"
+#include "rackhub/net/endpoint.h"
+#include "wire.h"
+
+namespace rackhub::client {
+
+namespace rdma = net::rdma;
+using Clock = std::chrono::steady_clock;
+
+namespace internal {
+
+RdmaLane::RdmaLane(Client::Impl* owner, uint32_t index, std::shared_ptr<rdma::Channel> channel)
+    : owner_(owner), index_(index), channel_(std::move(channel)) {}
+
+RdmaLane::~RdmaLane() {
+  channel_->Detach();  // nothing may call back into this object any more
+  channel_->Close("client lane destroyed");
+}
+
+std::string RdmaLane::Handshake(asio::io_context& io, const std::string& hello,
+                                Clock::time_point deadline, net::FrameHeader* reply,
+                                std::string* body) {
+  rdma::Channel::Callbacks cb;
+  cb.on_frame = [this](const net::FrameHeader& h, std::span<const std::byte> payload) {
+    OnFrame(h, payload);
+  };
+  cb.on_violation = [this](const std::string& text) { OnClosed(text); };
+  cb.on_closed = [this](const std::string& why) { OnClosed(why); };
+  channel_->Attach(io, std::move(cb));
+  net::FrameHeader h;
+  h.opcode = net::Opcode::kHello;
+  h.payload_bytes = static_cast<uint32_t>(hello.size());
+  rdma::OutgoingFrame f;
+  net::EncodeHeader(h, f.header);
+  f.owned = hello;
+  channel_->Send(std::move(f));
+  io.restart();
+  while (!have_reply_ && open_ && Clock::now() < deadline) io.run_one_until(deadline);
+  if (have_reply_) {
+    *reply = handshake_header_;
+    *body = std::move(handshake_body_);
+    return "";
+  }
+  return open_ ? "timed out waiting for WELCOME" : "connection closed: " + closed_why_;
+}
+
+void RdmaLane::Expect(uint64_t request_id, PendingRequest request) {
+  pending_.emplace(request_id, std::move(request));
+}
+
+void RdmaLane::Send(OutFrame frame) {
+  const bool borrows = frame.borrows_user && frame.op;
+  auto release = [owner = owner_, op = frame.op, borrows] {
+    if (borrows) owner->ReleaseIo(op);
+  };
+  if (!open_ || closing_) {
+    release();
+    return;
+  }
+  rdma::OutgoingFrame f;
+  f.header = frame.header;
+  f.borrowed = std::span<const std::byte>(static_cast<const std::byte*>(frame.payload), frame.bytes);
+  if (frame.op) {
+    // Frames of operations that already failed are not sent.
+    f.still_wanted = [op = frame.op] { return !op->failed; };
+  }
+  f.release = std::move(release);
+  channel_->Send(std::move(f));
+}
+
+void RdmaLane::SendByeAndClose() {
+  if (!open_ || closing_) return;
+  net::FrameHeader h;
+  h.opcode = net::Opcode::kBye;
+  h.tenant = owner_->tenant_handle();
+  rdma::OutgoingFrame f;
+  net::EncodeHeader(h, f.header);
+  f.close_after = true;  // the channel disconnects once BYE was delivered
+  closing_ = true;
+  channel_->Send(std::move(f));
+}
+
+void RdmaLane::Abort() {
+  if (!open_) return;
+  open_ = false;
+  channel_->Close("aborted");  // drops queued frames, releasing their io_refs
+  pending_.clear();            // their operations are failed by the owner
+  owner_->LaneClosed();
+}
+
+void RdmaLane::OnClosed(const std::string& why) {
+  if (!open_) return;
+  closed_why_ = why;
+  if (handshake_) {
+    open_ = false;
+    return;
+  }
+  if (closing_ || owner_->closing()) {
+    open_ = false;
+    pending_.clear();
+    owner_->LaneClosed();
+    return;
+  }
+  Broken(why);
+}
+
+void RdmaLane::Broken(const std::string& reason) {
+  owner_->ConnectionLost("lane " + std::to_string(index_) + " (rdma): " + reason);
+}
+
+void RdmaLane::OnFrame(const net::FrameHeader& h, std::span<const std::byte> payload) {
+  if (!open_) return;
+  if (const std::string bad = net::ValidateHeader(h); !bad.empty()) {
+    if (handshake_) return OnClosed("invalid reply to HELLO: " + bad);
+    return Broken("invalid frame header from the hub: " + bad);
+  }
+  if (handshake_) {
+    if (have_reply_) return;
+    handshake_header_ = h;
+    handshake_body_.assign(reinterpret_cast<const char*>(payload.data()), payload.size());
+    have_reply_ = true;
+    return;
+  }
+  const net::Opcode op = h.opcode;
+  if (op == net::Opcode::kError) return OnError(h, payload);
+  if (op == net::Opcode::kHeartbeat) return;
+  if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo) {
+    return Broken(std::string("unexpected ") + net::OpcodeName(op) + " frame from the hub");
+  }
+  const auto it = pending_.find(h.request_id);
+  if (it == pending_.end()) {
+    return Broken(std::string(net::OpcodeName(op)) + " answers unknown request id " +
+                  std::to_string(h.request_id));
+  }
+  PendingRequest request = std::move(it->second);
+  pending_.erase(it);
+  OnReply(h, payload, std::move(request));
+}
+
+// The same checks, in the same order, as the TCP lane (lane.cc); the payload
+// is already complete in the receive ring.
+void RdmaLane::OnReply(const net::FrameHeader& h, std::span<const std::byte> payload,
+                       PendingRequest request) {
+  const net::Opcode op = h.opcode;
+  const OperationPtr& o = request.op;
+  const auto what = [&] {
+    return std::string(net::OpcodeName(op)) + " for request " + std::to_string(h.request_id) + " (" +
+           OpKindName(o->kind) + " of key " + std::to_string(o->key) + ")";
+  };
+  if (op != request.expect) return Broken(what() + ": expected " + net::OpcodeName(request.expect));
+  if (op == net::Opcode::kParams) {
+    if (h.key != o->key || h.chunk != request.chunk) {
+      return Broken(what() + " names key " + std::to_string(h.key) + " chunk " +
+                    std::to_string(h.chunk) + ", expected chunk " + std::to_string(request.chunk));
+    }
+    const size_t want = size_t{request.elements} * net::DTypeBytes(WireDType(o->dtype));
+    const bool bare_ack = h.payload_bytes == 0 && o->kind == OpKind::kInit;
+    if (!bare_ack && (h.dtype != WireDType(o->dtype) || h.payload_bytes != want)) {
+      return Broken(what() + ": " + std::to_string(h.payload_bytes) + " bytes of " +
+                    net::DTypeName(h.dtype) + ", expected " + std::to_string(want) +
+                    " bytes of " + net::DTypeName(WireDType(o->dtype)));
+    }
+    if (o->failed || o->finished) return;  // late reply of a failed ticket: dropped
+    const bool store = !bare_ack && (o->kind == OpKind::kPushPull || o->kind == OpKind::kPull);
+    if (store) {
+      float* dest = o->out.data() + request.offset;
+      if (o->dtype == DType::kFp32) {
+        std::memcpy(dest, payload.data(), want);
+      } else {
+        WidenToFloats(o->dtype, payload.data(), dest, request.elements);
+      }
+    }
+  } else if (h.key != o->key && o->kind != OpKind::kDeclare) {
+    return Broken(what() + " names key " + std::to_string(h.key));
+  }
+  if (o->failed || o->finished) return;
+  if (op == net::Opcode::kKeyInfo) {
+    data::v1::KeyEntry entry;
+    KeyInfo info;
+    if (!entry.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+      return Broken("KEY_INFO payload is not a KeyEntry");
+    }
+    if (const std::string bad = ToKeyInfo(entry, owner_->chunk_elements(), &info); !bad.empty()) {
+      return Broken("KEY_INFO: " + bad);
+    }
+    o->declared = std::move(info);
+  }
+  owner_->ReplyArrived(o, h.iteration);
+}
+
+void RdmaLane::OnError(const net::FrameHeader& h, std::span<const std::byte> payload) {
+  net::WireError code{};
+  std::string text;
+  if (!net::DecodeErrorBody(payload, &code, &text)) {
+    return Broken("ERROR frame with a payload shorter than 4 bytes");
+  }
+  const std::string what = std::string(net::WireErrorName(code)) + ": " + text;
+  if (h.flags & net::kFlagFatal) {
+    return Broken("the hub sent a fatal ERROR and closes the connection: " + what);
+  }
+  const auto it = pending_.find(h.request_id);
+  if (it == pending_.end()) return;  // unsolicited and not fatal: nothing waits for it
+  const OperationPtr op = std::move(it->second.op);
+  const uint32_t chunk = it->second.chunk;
+  pending_.erase(it);
+  Error e;
+  e.code = ErrorCode::kServer;
+  e.wire = code;
+  e.message = std::string("hub refused ") + OpKindName(op->kind) + " of key " +
+              std::to_string(op->key) + " (lane " + std::to_string(index_) + ", chunk " +
+              std::to_string(chunk) + "): " + what;
+  owner_->FailOp(op, std::move(e));
+}
+
+}  // namespace internal
+
+Error Client::Impl::ConnectRdma(Clock::time_point deadline) {
+  const auto fail = [](ErrorCode code, std::string message) {
+    Error e;
+    e.code = code;
+    e.message = std::move(message);
+    return e;
+  };
+  std::string why;
+  auto hub = net::ParseEndpoint(options_.hub, &why);
+  if (!hub) return fail(ErrorCode::kInvalidArgument, "hub '" + options_.hub + "': " + why);
+  net::Endpoint target{hub->host, rdma::kDefaultRdmaPort};
+  if (!options_.rdma_hub.empty()) {
+    auto ep = net::ParseEndpoint(options_.rdma_hub, &why);
+    if (!ep || ep->port == 0) {
+      return fail(ErrorCode::kInvalidArgument,
+                  "rdma_hub '" + options_.rdma_hub + "': " + (why.empty() ? "port 0" : why));
+    }
+    target = *ep;
+  }
+  rdma::ChannelOptions copts;
+  copts.ring_bytes = options_.rdma_ring_bytes;
+  copts.device = options_.rdma_device;
+  copts.poll = options_.rdma_busy_poll ? rdma::PollMode::kBusy : rdma::PollMode::kEvents;
+
+  std::vector<std::unique_ptr<internal::RdmaLane>> lanes;
+  uint32_t lane_count = 1;
+  for (uint32_t lane = 0; lane < lane_count; ++lane) {
+    const std::string where = "hub " + target.ToString() + " (rdma) lane " + std::to_string(lane);
+    auto channel = rdma::Channel::Connect(target, lane, copts, deadline, &why);
+    if (!channel) return fail(ErrorCode::kConnectFailed, why);
+    auto link = std::make_unique<internal::RdmaLane>(this, lane, channel);
+    net::FrameHeader reply;
+    std::string body, welcome;
+    why = link->Handshake(io_, HelloPayload(lane), deadline, &reply, &body);
+    if (!why.empty()) return fail(ErrorCode::kConnectFailed, where + ": " + why);
+    if (Error e = CheckHelloReply(where, reply, std::move(body), &welcome); !e.ok()) return e;
+    if (Error e = AcceptWelcome(lane, welcome, &lane_count); !e.ok()) return e;
+    lanes.push_back(std::move(link));
+  }
+  for (auto& l : lanes) lanes_.push_back(std::move(l));
+  io_.restart();
+  for (auto& lane : lanes_) lane->StartReading();
+  work_.emplace(asio::make_work_guard(io_));
+  thread_ = std::thread([this] { io_.run(); });
+  return {};
+}
+
+}  // namespace rackhub::client

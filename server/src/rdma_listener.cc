@@ -1,0 +1,354 @@
+#include "rdma_listener.h"
+
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "data_plane.h"
+#include "lane_service.h"
+#include "rackhub/data/v1/control.pb.h"
+#include "rackhub/net/rdma/connection.h"
+#include "rackhub/net/rdma/device.h"
+
+namespace rackhub::server {
+
+namespace asio = boost::asio;
+namespace rdma = net::rdma;
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+
+namespace {
+
+// rdma_listen(3) backlog of connect requests not yet handled.
+constexpr int kListenBacklog = 128;
+// HELLO is small: tenant, token and a few integers (as over TCP).
+constexpr uint32_t kMaxHelloBytes = 64 * 1024;
+// A rank still connected on the lane is waited for this many times (its close
+// may be in flight), like TCP hand-overs (LaneService::Adopt).
+constexpr int kAdoptRetries = 50;
+
+std::string Errno(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
+
+}  // namespace
+
+struct RdmaListener::Pending {
+  std::shared_ptr<rdma::Channel> channel;
+  std::unique_ptr<asio::steady_timer> timer;
+  std::string peer;
+  uint32_t lane = 0;  // from the connect request's private data
+};
+
+RdmaListener::RdmaListener(const Config& config, Registry* registry, LaneSet* lanes,
+                           DataPlane* plane)
+    : config_(config),
+      registry_(registry),
+      lanes_(lanes),
+      plane_(plane),
+      registered_(std::make_shared<std::atomic<uint64_t>>(0)) {
+  options_.ring_bytes = config.data.rdma_ring_bytes;
+  options_.poll = config.data.rdma_poll == "busy" ? rdma::PollMode::kBusy : rdma::PollMode::kEvents;
+  options_.device = config.data.rdma_device;
+  options_.port = static_cast<uint8_t>(config.data.rdma_port);
+  per_connection_bytes_ = rdma::Channel::RegisteredBytes(options_);
+}
+
+RdmaListener::~RdmaListener() {
+  Stop();
+  if (listen_id_) rdma_destroy_id(listen_id_);
+  if (channel_) rdma_destroy_event_channel(channel_);
+}
+
+std::string RdmaListener::Listen() {
+  net::Endpoint ep = config_.data.rdma_listen;
+  if (ep.host.empty()) {
+    ep.host = config_.data.listen.host;
+    if (ep.port == 0) ep.port = rdma::kDefaultRdmaPort;
+  }
+  const std::string where = "data.rdma_listen " + ep.ToString();
+  // Locked memory first: the clearest failure when it is too low.
+  const rdma::MemlockStatus memlock = rdma::CurrentMemlock();
+  memlock_limit_ = memlock.cap_ipc_lock ? UINT64_MAX : memlock.limit;
+  const uint64_t planned = per_connection_bytes_ * lanes_->size();
+  if (auto e = rdma::CheckMemlock(planned, memlock,
+                                  "data.transport: RDMA with one worker on each of " +
+                                      std::to_string(lanes_->size()) + " lanes (" +
+                                      std::to_string(per_connection_bytes_ >> 10) +
+                                      " KiB per connection, data.rdma_ring_bytes x 2)");
+      !e.empty()) {
+    return e;
+  }
+  if (!(channel_ = rdma_create_event_channel())) return where + ": " + Errno("rdma_create_event_channel");
+  const int flags = fcntl(channel_->fd, F_GETFL);
+  fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK);
+  if (rdma_create_id(channel_, &listen_id_, this, RDMA_PS_TCP) != 0)
+    return where + ": " + Errno("rdma_create_id");
+  rdma_addrinfo hints{};
+  rdma_addrinfo* ai = nullptr;
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  const std::string port = std::to_string(ep.port);
+  if (rdma_getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &ai) != 0 || !ai) {
+    return where + ": cannot resolve '" + ep.host + "'";
+  }
+  // rdma_bind_addr(3): binding to a local IP also binds the id to the verbs
+  // device that owns it; a wildcard address leaves it unbound.
+  const int rc = rdma_bind_addr(listen_id_, ai->ai_src_addr);
+  rdma_freeaddrinfo(ai);
+  if (rc != 0) return where + ": " + Errno("rdma_bind_addr") + " (no RDMA device on that address?)";
+  int gid_index = -1;
+  device_ = rdma::DescribeCmId(listen_id_, &gid_index);
+  if (listen_id_->verbs) {
+    const std::string name = ibv_get_device_name(listen_id_->verbs->device);
+    if (!config_.data.rdma_device.empty() && name != config_.data.rdma_device) {
+      return "data.rdma_device: " + ep.host + " belongs to device " + name + ", not " +
+             config_.data.rdma_device + "; pick the IP of that device in data.rdma_listen";
+    }
+    if (config_.data.rdma_port != 0 && listen_id_->port_num != config_.data.rdma_port) {
+      return "data.rdma_port: " + ep.host + " is on port " + std::to_string(listen_id_->port_num) +
+             " of " + name + ", not port " + std::to_string(config_.data.rdma_port);
+    }
+    if (config_.data.rdma_gid_index != UINT32_MAX &&
+        gid_index != static_cast<int>(config_.data.rdma_gid_index)) {
+      return "data.rdma_gid_index: rdma_cm uses GID index " + std::to_string(gid_index) + " for " +
+             ep.host + " (" + device_ + "), not " + std::to_string(config_.data.rdma_gid_index);
+    }
+  }
+  if (rdma_listen(listen_id_, kListenBacklog) != 0) return where + ": " + Errno("rdma_listen");
+  net::Endpoint bound = ep;
+  bound.port = ntohs(rdma_get_src_port(listen_id_));
+  address_ = bound.ToString();
+  return "";
+}
+
+std::unique_ptr<RdmaListener> RdmaListener::StartConfigured(const Config& config,
+                                                           Registry* registry, LaneSet* lanes,
+                                                           DataPlane* plane, bool* fatal) {
+  *fatal = false;
+  const std::string& transport = config.data.transport;
+  if (transport == "tcp") {
+    spdlog::info("data.transport = tcp: TCP data plane only");
+    return nullptr;
+  }
+  const bool required = transport == "rdma";
+  if (!rdma::DevicePresent(config.data.rdma_device)) {
+    const std::string what =
+        config.data.rdma_device.empty()
+            ? std::string("no RDMA verbs device with an active port (ibv_devices lists none)")
+            : "no active RDMA device named '" + config.data.rdma_device + "' (data.rdma_device)";
+    if (required) {
+      spdlog::critical("data.transport = rdma: {}", what);
+      *fatal = true;
+    } else {
+      spdlog::info("data.transport = auto: {}; TCP data plane only", what);
+    }
+    return nullptr;
+  }
+  auto listener = std::make_unique<RdmaListener>(config, registry, lanes, plane);
+  if (auto error = listener->Listen(); !error.empty()) {
+    if (required) {
+      spdlog::critical("data.transport = rdma: {}", error);
+      *fatal = true;
+    } else {
+      spdlog::warn("data.transport = auto: RDMA not started: {}; TCP data plane only", error);
+    }
+    return nullptr;
+  }
+  listener->Start();
+  spdlog::info("RDMA data plane on {} ({}; {} KiB registered per connection, {} polling)",
+               listener->address(), listener->device(), listener->per_connection_bytes_ >> 10,
+               rdma::PollModeName(listener->options_.poll));
+  return listener;
+}
+
+void RdmaListener::Start() {
+  events_fd_ = std::make_unique<asio::posix::stream_descriptor>(io_, channel_->fd);
+  WatchEvents();
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "rackhub-rdma");
+    auto guard = asio::make_work_guard(io_);
+    io_.run();
+  });
+}
+
+void RdmaListener::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (!thread_.joinable()) return;
+  asio::post(io_, [this] {
+    pending_.clear();  // their channels close; handlers still queued hold them
+    if (events_fd_) events_fd_->release();
+  });
+  asio::post(io_, [this] { io_.stop(); });
+  thread_.join();
+}
+
+void RdmaListener::WatchEvents() {
+  events_fd_->async_wait(asio::posix::stream_descriptor::wait_read,
+                         [this](boost::system::error_code ec) {
+                           if (ec || stopping_) return;
+                           OnEvents();
+                           WatchEvents();
+                         });
+}
+
+void RdmaListener::OnEvents() {
+  rdma_cm_event* ev = nullptr;
+  while (rdma_get_cm_event(channel_, &ev) == 0) {
+    if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+      rdma_cm_id* id = ev->id;
+      const std::string data(static_cast<const char*>(ev->param.conn.private_data),
+                             ev->param.conn.private_data ? ev->param.conn.private_data_len : 0);
+      rdma_ack_cm_event(ev);  // the new id is ours now (rdma_get_cm_event(3))
+      OnConnectRequest(id, data.data(), data.size());
+      continue;
+    }
+    spdlog::warn("data: rdma listener: {}", rdma_event_str(ev->event));
+    rdma_ack_cm_event(ev);
+  }
+}
+
+void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, size_t bytes) {
+  const auto refuse = [&](const std::string& why) {
+    spdlog::warn("data: refused RDMA connection: {}", why);
+    rdma_reject(id, nullptr, 0);
+    rdma_destroy_id(id);
+  };
+  rdma::RingDescriptor peer;
+  std::string error;
+  if (!rdma::DecodeDescriptor(private_data, bytes, &peer, &error)) return refuse(error);
+  if (peer.lane >= lanes_->size()) {
+    return refuse("lane " + std::to_string(peer.lane) + " is out of range; the hub has " +
+                  std::to_string(lanes_->size()) + " lanes");
+  }
+  if (!config_.data.rdma_device.empty() &&
+      config_.data.rdma_device != ibv_get_device_name(id->verbs->device)) {
+    return refuse(std::string("the request came in on device ") +
+                  ibv_get_device_name(id->verbs->device) + ", data.rdma_device is " +
+                  config_.data.rdma_device);
+  }
+  if (registered_->load() + per_connection_bytes_ > memlock_limit_) {
+    return refuse(rdma::CheckMemlock(registered_->load() + per_connection_bytes_,
+                                     rdma::CurrentMemlock(), "another RDMA connection"));
+  }
+  auto ch = rdma::Channel::Accept(id, peer, options_, &error);
+  if (!ch) {
+    spdlog::warn("data: cannot accept an RDMA connection: {}", error);
+    return;
+  }
+  registered_->fetch_add(per_connection_bytes_);
+  ch->SetReleaseHook([reg = registered_, n = per_connection_bytes_] { reg->fetch_sub(n); });
+  const uint64_t key = next_key_++;
+  auto p = std::make_unique<Pending>();
+  p->channel = ch;
+  p->peer = ch->peer_address();
+  p->lane = peer.lane;
+  p->timer = std::make_unique<asio::steady_timer>(
+      io_, std::chrono::milliseconds(config_.data.hello_timeout_ms));
+  p->timer->async_wait([this, key](boost::system::error_code ec) {
+    if (!ec) Refuse(key, WireError::kMalformed, "hello: no HELLO within data.hello_timeout_ms");
+  });
+  pending_[key] = std::move(p);
+  rdma::Channel::Callbacks cb;
+  cb.on_frame = [this, key](const FrameHeader& h, std::span<const std::byte> payload) {
+    OnHello(key, h, payload);
+  };
+  cb.on_violation = [this, key](const std::string& text) {
+    Refuse(key, WireError::kMalformed, text);
+  };
+  cb.on_closed = [this, key](const std::string&) { Drop(key); };
+  ch->Attach(io_, std::move(cb));
+}
+
+void RdmaListener::Drop(uint64_t key) { pending_.erase(key); }
+
+void RdmaListener::Refuse(uint64_t key, WireError code, const std::string& text) {
+  const auto it = pending_.find(key);
+  if (it == pending_.end()) return;
+  Pending& p = *it->second;
+  spdlog::warn("data: refused RDMA connection from {}: {}: {}", p.peer, net::WireErrorName(code),
+               text);
+  p.timer->cancel();
+  FrameHeader h;
+  h.opcode = Opcode::kError;
+  h.flags = net::kFlagFatal;
+  rdma::OutgoingFrame f;
+  f.owned = net::EncodeErrorBody(code, text);
+  h.payload_bytes = static_cast<uint32_t>(f.owned.size());
+  net::EncodeHeader(h, f.header);
+  f.close_after = true;
+  auto ch = p.channel;  // Send may close it, which erases the entry
+  ch->Send(std::move(f));
+}
+
+void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const std::byte> payload) {
+  const auto it = pending_.find(key);
+  if (it == pending_.end()) return;
+  const auto fail = [&](WireError code, const std::string& text) { Refuse(key, code, text); };
+  if (auto error = net::ValidateHeader(h); !error.empty()) return fail(WireError::kMalformed, error);
+  if (h.opcode != Opcode::kHello) {
+    return fail(WireError::kMalformed, "opcode: the first frame must be HELLO");
+  }
+  if (h.payload_bytes == 0 || h.payload_bytes > kMaxHelloBytes) {
+    return fail(WireError::kMalformed,
+                "payload_bytes: HELLO must be 1.." + std::to_string(kMaxHelloBytes) + " bytes");
+  }
+  data::v1::Hello hello;
+  if (!hello.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    return fail(WireError::kMalformed, "payload: HELLO is not a Hello message");
+  }
+  // The same checks as the TCP HelloSession (data_plane.cc).
+  TenantInfo tenant;
+  const Status auth = registry_->Authenticate(hello.tenant(), hello.token(), &tenant);
+  if (!auth.ok()) return fail(WireError::kUnauthenticated, auth.message());
+  if (hello.rank() >= tenant.workers_per_rack) {
+    return fail(WireError::kInvalidArgument,
+                "rank: " + std::to_string(hello.rank()) + " is out of range; tenant '" +
+                    tenant.name + "' has " + std::to_string(tenant.workers_per_rack) +
+                    " workers per rack");
+  }
+  const auto& topo = config_.topology;
+  if (topo.racks.empty() ? hello.rack() != 0
+                         : (hello.rack() >= topo.rack_count() ||
+                            (topo.multi_rack_exchange() && hello.rack() != topo.rack))) {
+    return fail(WireError::kInvalidArgument,
+                "rack: " + std::to_string(hello.rack()) + " is not served by this hub (rack " +
+                    std::to_string(topo.rack) + ")");
+  }
+  Pending& p = *it->second;
+  if (hello.lane() >= lanes_->size() || hello.lane() != p.lane) {
+    return fail(WireError::kInvalidArgument,
+                "lane: HELLO names lane " + std::to_string(hello.lane()) +
+                    ", the RDMA connection was set up for lane " + std::to_string(p.lane));
+  }
+  net::ConnectionIdentity id;
+  id.tenant_handle = tenant.handle;
+  id.tenant = tenant.name;
+  id.rank = hello.rank();
+  id.lane = hello.lane();
+  id.peer = "rdma:" + p.peer;
+  id.rack = hello.rack();
+  p.timer->cancel();
+  std::shared_ptr<rdma::Channel> ch = std::move(p.channel);
+  pending_.erase(it);
+  // Stop watching here; the lane takes over. The hand-over is posted after
+  // this completion's handling finished on this thread (the channel updates
+  // its ring state when on_frame returns).
+  ch->Detach();
+  asio::post(io_, [this, ch, id = std::move(id)]() mutable {
+    const uint32_t lane = id.lane;
+    const uint64_t seq = plane_->NextSeq();
+    LaneService* service = plane_->lane_service(lane);
+    asio::io_context* io = &lanes_->context(lane);
+    lanes_->Post(lane, [service, io, ch, id = std::move(id), seq]() mutable {
+      auto conn = std::make_shared<rdma::RdmaConnection>(service, ch, std::move(id), io);
+      service->Adopt(conn, seq, kAdoptRetries);
+    });
+  });
+}
+
+}  // namespace rackhub::server

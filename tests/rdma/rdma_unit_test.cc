@@ -1,0 +1,81 @@
+// net/rdma pieces that need no verbs device: the private-data descriptor,
+// transport names and the locked-memory check.
+#include <gtest/gtest.h>
+
+#include "process.h"
+
+#include "rackhub/net/rdma/channel.h"
+#include "rackhub/net/rdma/device.h"
+
+namespace rackhub::net::rdma {
+namespace {
+
+TEST(RdmaDescriptorTest, RoundTripsAndRejectsGarbage) {
+  const RingDescriptor d{0x7f00'1234'5000ull, 0xabcd, 4096, 3};
+  std::array<std::byte, kPrivateDataBytes> bytes{};
+  EncodeDescriptor(d, &bytes);
+  RingDescriptor back;
+  std::string error;
+  ASSERT_TRUE(DecodeDescriptor(bytes.data(), bytes.size(), &back, &error)) << error;
+  EXPECT_EQ(back.addr, d.addr);
+  EXPECT_EQ(back.rkey, d.rkey);
+  EXPECT_EQ(back.slots, d.slots);
+  EXPECT_EQ(back.lane, d.lane);
+  // Padding after the descriptor is allowed (rdma_accept(3) may pad).
+  std::array<std::byte, 56> padded{};
+  std::copy(bytes.begin(), bytes.end(), padded.begin());
+  EXPECT_TRUE(DecodeDescriptor(padded.data(), padded.size(), &back, &error));
+  EXPECT_FALSE(DecodeDescriptor(bytes.data(), bytes.size() - 1, &back, &error));
+  EXPECT_FALSE(DecodeDescriptor(nullptr, 0, &back, &error));
+  bytes[0] = std::byte{0};
+  EXPECT_FALSE(DecodeDescriptor(bytes.data(), bytes.size(), &back, &error));
+  EXPECT_NE(error.find("descriptor"), std::string::npos);
+}
+
+TEST(RdmaTransportTest, Names) {
+  EXPECT_EQ(ParseTransport("tcp"), Transport::kTcp);
+  EXPECT_EQ(ParseTransport("rdma"), Transport::kRdma);
+  EXPECT_EQ(ParseTransport("auto"), Transport::kAuto);
+  EXPECT_FALSE(ParseTransport("roce").has_value());
+}
+
+TEST(RdmaMemlockTest, NamesTheLimitAndTheFix) {
+  MemlockStatus s;
+  s.limit = 8u << 20;
+  EXPECT_EQ(CheckMemlock(8u << 20, s, "x"), "");
+  const std::string e = CheckMemlock(9u << 20, s, "transport rdma");
+  EXPECT_NE(e.find("RLIMIT_MEMLOCK"), std::string::npos) << e;
+  EXPECT_NE(e.find("LimitMEMLOCK=infinity"), std::string::npos) << e;
+  EXPECT_NE(e.find("8192 KiB"), std::string::npos) << e;
+  s.cap_ipc_lock = true;
+  EXPECT_EQ(CheckMemlock(1ull << 40, s, "x"), "");
+  s.cap_ipc_lock = false;
+  s.limit = UINT64_MAX;
+  EXPECT_EQ(CheckMemlock(1ull << 40, s, "x"), "");
+}
+
+TEST(RdmaChannelTest, RegisteredBytesCoversBothRings) {
+  ChannelOptions o;
+  o.ring_bytes = 1u << 20;
+  EXPECT_EQ(Channel::RegisteredBytes(o), 2u << 20);
+}
+
+// data.transport = rdma must fail start-up with a clear message when the
+// device is missing (no device at all, or not the one named).
+TEST(RdmaStartUpTest, MissingDeviceFailsClearly) {
+  using rackhub::testing::BinPath;
+  using rackhub::testing::RunCommand;
+  std::vector<std::string> argv = {BinPath("rackhubd"), "--transport", "rdma", "--admin-listen",
+                                   "127.0.0.1:0", "--data-listen", "127.0.0.1:0"};
+  std::string expect = "no RDMA verbs device";
+  if (DevicePresent()) {
+    argv.insert(argv.end(), {"--rdma-device", "nonexistent0"});
+    expect = "no active RDMA device named 'nonexistent0'";
+  }
+  const auto r = RunCommand(argv, "", std::chrono::seconds(20));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace rackhub::net::rdma
