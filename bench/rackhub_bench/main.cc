@@ -220,17 +220,26 @@ const char* DTypeName(WireType t) {
 
 namespace {
 
-// Extracts the numbers of "times_ms":[...] and the verified flag.
-bool ParseResult(const std::string& json, std::vector<double>* times, bool* verified) {
-  const auto t = json.find("\"times_ms\":[");
+// The numbers of "name":[...] in a worker's result.
+bool NumberArray(const std::string& json, const std::string& name, std::vector<double>* out) {
+  const std::string tag = "\"" + name + "\":[";
+  const auto t = json.find(tag);
   if (t == std::string::npos) return false;
-  *verified = json.find("\"verified\":true") != std::string::npos;
-  std::istringstream in(json.substr(t + 12, json.find(']', t) - t - 12));
+  const auto begin = t + tag.size();
+  std::istringstream in(json.substr(begin, json.find(']', begin) - begin));
   std::string num;
   while (std::getline(in, num, ',')) {
-    if (!num.empty()) times->push_back(std::stod(num));
+    if (!num.empty()) out->push_back(std::stod(num));
   }
   return true;
+}
+
+// Start/end times of every iteration and the verified flag.
+bool ParseResult(const std::string& json, std::vector<double>* start, std::vector<double>* end,
+                 bool* verified) {
+  *verified = json.find("\"verified\":true") != std::string::npos;
+  return NumberArray(json, "start_ms", start) && NumberArray(json, "end_ms", end) &&
+         start->size() == end->size();
 }
 
 }  // namespace
@@ -294,20 +303,28 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hu
       ok = false;
     }
   }
-  // Per iteration, the slowest worker's time is the iteration's time.
+  // An iteration lasts from the moment the last worker started it (no
+  // collective can finish earlier) until the last worker has its result:
+  // the same as timing after a barrier, as the gloo benchmark does.
   result.iteration_ms.assign(a.w.iterations, 0);
   result.verified = a.w.verify;
+  std::vector<double> last_start(a.w.iterations, 0), last_end(a.w.iterations, 0);
   for (uint32_t r = 0; r < a.w.workers && ok; ++r) {
-    std::vector<double> times;
+    std::vector<double> start, end;
     bool v = false;
-    if (!ParseResult(ReadAll(result_file(r)), &times, &v) || times.size() != a.w.iterations) {
+    if (!ParseResult(ReadAll(result_file(r)), &start, &end, &v) ||
+        start.size() != a.w.iterations) {
       ok = false;
       break;
     }
     result.verified = result.verified && v;
-    for (size_t i = 0; i < times.size(); ++i) {
-      result.iteration_ms[i] = std::max(result.iteration_ms[i], times[i]);
+    for (size_t i = 0; i < start.size(); ++i) {
+      last_start[i] = std::max(last_start[i], start[i]);
+      last_end[i] = std::max(last_end[i], end[i]);
     }
+  }
+  for (size_t i = 0; i < result.iteration_ms.size(); ++i) {
+    result.iteration_ms[i] = last_end[i] - last_start[i];
   }
   {
     pb::DeleteTenantRequest del;

@@ -103,7 +103,13 @@ int RunWorker(const WorkerParams& p) {
     if (p.verify) refs.push_back(std::make_unique<Reference>(sizes[k]));
   }
   std::vector<uint16_t> wire_tmp;
-  std::vector<double> times_ms;
+  // Start and end of every timed iteration on the host-wide monotonic clock,
+  // so the coordinator can time each iteration from the moment the LAST
+  // worker started it (as if they had passed a barrier, like gloo's bench).
+  std::vector<double> times_ms, start_ms, end_ms;
+  auto clock_ms = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(t.time_since_epoch()).count();
+  };
   bool verified = p.verify;
   uint64_t mismatches = 0;
   const uint32_t total_iterations = p.warmup + p.iterations;
@@ -123,7 +129,11 @@ int RunWorker(const WorkerParams& p) {
       }
     }
     const auto t1 = std::chrono::steady_clock::now();
-    if (it >= p.warmup) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (it >= p.warmup) {
+      times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      start_ms.push_back(clock_ms(t0));
+      end_ms.push_back(clock_ms(t1));
+    }
     if (!p.verify) continue;
     for (uint32_t k = 0; k < p.keys; ++k) {
       Reference& r = *refs[k];
@@ -169,6 +179,11 @@ int RunWorker(const WorkerParams& p) {
   out << "{\"rank\":" << p.rank << ",\"verified\":" << (verified ? "true" : "false")
       << ",\"mismatches\":" << mismatches << ",\"times_ms\":[";
   for (size_t i = 0; i < times_ms.size(); ++i) out << (i ? "," : "") << times_ms[i];
+  out << "],\"start_ms\":[";
+  out.precision(15);
+  for (size_t i = 0; i < start_ms.size(); ++i) out << (i ? "," : "") << start_ms[i];
+  out << "],\"end_ms\":[";
+  for (size_t i = 0; i < end_ms.size(); ++i) out << (i ? "," : "") << end_ms[i];
   out << "]}\n";
   return out.good() ? 0 : 1;
 }
