@@ -43,6 +43,11 @@ struct WorkerParams {
   WireType dtype = WireType::kFp32;
   aggregation::OptimizerConfig optimizer;  // normalized, as the hub holds it
   bool verify = true;
+  // Multi-rack runs: `workers` per rack, `racks` racks, this worker's rack.
+  // Gradients are those of member rack * workers + rank; the reference sums
+  // each rack in rank order, then the racks in rack order (as the hubs do).
+  uint32_t racks = 1;
+  uint32_t rack = 0;
 };
 
 // Runs one worker; returns the process exit code.
@@ -70,6 +75,11 @@ struct BenchArgs {
   uint32_t rounds = 5;      // interleaved rackhub + gloo rounds
   std::string gloo_script;  // "" = <source dir>/bench/gloo_allreduce.py
   std::string python = "/usr/bin/python3";
+  // Multi-rack: racks (each with w.workers workers) and how they exchange:
+  // "hierarchical" (one hub per rack, hubs exchange rack sums) or "flat"
+  // (one hub serves every rack's workers).
+  uint32_t racks = 1;
+  std::string topology = "hierarchical";
 };
 
 // The hub the run talks to: either started here (`rackhubd` beside this
@@ -83,7 +93,8 @@ class Hub {
   ~Hub();
   // Starts or adopts the hub; `dir` holds its ready file and log. False
   // (with a message on stderr) when it cannot.
-  bool Open(const BenchArgs& a, const std::string& dir);
+  bool Open(const BenchArgs& a, const std::string& dir,
+            const std::vector<std::string>& extra_args = {});
 
   std::string admin, data, admin_token;
 
@@ -95,12 +106,15 @@ struct RunResult {
   bool ok = false;        // every worker ran and reported (else a message was printed)
   bool verified = false;  // every worker's every iteration matched the reference
   std::vector<double> iteration_ms;  // per timed iteration, the slowest worker's time
+  std::string digest;                // of the final parameters (all workers agree)
+  uint64_t interhub_chunk_bytes = 0; // RACK_SUM + RACK_PARAMS bytes over all hub links
 };
 
 // One benchmark run: creates tenant `tenant` on `hub`, runs the W worker
 // processes (`self` in worker mode) through a.w.iterations timed iterations,
 // deletes the tenant. `dir` holds the token and result files.
-RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hub,
+RunResult RunPushPull(const BenchArgs& a, const std::string& self,
+                      const std::vector<const Hub*>& hubs,
                       const std::string& dir, const std::string& tenant);
 
 // --compare gloo: see compare.cc. Returns the process exit code.

@@ -178,7 +178,7 @@ int Compare(const BenchArgs& a, const std::string& self) {
     }
     for (uint32_t round = 0; ok && round < a.rounds; ++round) {
       const RunResult r = RunPushPull(
-          a, self, hub, dir, "bench-" + std::to_string(getpid()) + "-r" + std::to_string(round));
+          a, self, {&hub}, dir, "bench-" + std::to_string(getpid()) + "-r" + std::to_string(round));
       if (!r.ok) {
         ok = false;
         break;

@@ -1,5 +1,8 @@
 // rackhub-bench coordinator: hub, tenant, worker processes, report.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -54,6 +57,9 @@ options:
   --transport T          tcp|rdma|auto data-plane transport of the workers [tcp]
   --rdma-hub HOST:PORT   the hub's RDMA (rdma_cm) address; a hub started here
                          listens there (HOST: an IP of the RDMA interface)
+  --racks R              racks of --workers workers each           [1]
+  --topology MODE        hierarchical (one hub per rack, hubs exchange rack
+                         sums) or flat (one hub for every rack)  [hierarchical]
   --json                 print one JSON object instead of a table
   -h, --help
 
@@ -172,7 +178,8 @@ Hub::~Hub() {
   }
 }
 
-bool Hub::Open(const BenchArgs& a, const std::string& dir) {
+bool Hub::Open(const BenchArgs& a, const std::string& dir,
+               const std::vector<std::string>& extra_args) {
   if (!a.w.hub.empty()) {
     admin = a.admin;
     data = a.w.hub;
@@ -184,11 +191,13 @@ bool Hub::Open(const BenchArgs& a, const std::string& dir) {
   }
   const std::string ready = dir + "/ready";
   const std::string log = dir + "/rackhubd.log";
-  pid_ = Spawn({SelfDir() + "/rackhubd", "--admin-listen", "127.0.0.1:0", "--data-listen",
-                "127.0.0.1:0", "--lanes", std::to_string(a.lanes), "--ready-file", ready,
-                "--log-level", "warn", "--transport", a.w.transport == "tcp" ? "tcp" : a.w.transport,
-                "--rdma-listen", a.w.rdma_hub.empty() ? "127.0.0.1:0" : a.w.rdma_hub},
-               log);
+  std::vector<std::string> argv = {
+      SelfDir() + "/rackhubd", "--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+      "--lanes", std::to_string(a.lanes), "--ready-file", ready, "--log-level", "warn",
+      "--transport", a.w.transport == "tcp" ? "tcp" : a.w.transport, "--rdma-listen",
+      a.w.rdma_hub.empty() ? "127.0.0.1:0" : a.w.rdma_hub};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  pid_ = Spawn(argv, log);
   if (pid_ < 0) return false;
   for (int i = 0; i < 400; ++i) {
     std::istringstream in(ReadAll(ready));
@@ -244,9 +253,30 @@ bool ParseResult(const std::string& json, std::vector<double>* start, std::vecto
 
 }  // namespace
 
-RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hub,
-                      const std::string& dir, const std::string& tenant) {
+namespace {
+
+// RACK_SUM + RACK_PARAMS bytes sent so far over every hub link of `hub`.
+uint64_t InterhubChunkBytes(const Hub& hub) {
+  auto stats = pb::StatsService::NewStub(
+      grpc::CreateChannel(hub.admin, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!hub.admin_token.empty()) ctx.AddMetadata("authorization", "Bearer " + hub.admin_token);
+  pb::GetStatsResponse resp;
+  if (!stats->GetStats(&ctx, {}, &resp).ok()) return 0;
+  uint64_t total = 0;
+  for (const auto& l : resp.daemon().rack_links()) total += l.chunk_bytes_out();
+  return total;
+}
+
+}  // namespace
+
+RunResult RunPushPull(const BenchArgs& a, const std::string& self,
+                      const std::vector<const Hub*>& hubs, const std::string& dir,
+                      const std::string& tenant) {
   RunResult result;
+  const Hub& hub = *hubs.front();
+  const bool hierarchical = a.racks > 1 && a.topology == "hierarchical";
   auto channel = grpc::CreateChannel(hub.admin, grpc::InsecureChannelCredentials());
   auto tenants = pb::TenantService::NewStub(channel);
   pb::CreateTenantRequest req;
@@ -266,6 +296,23 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hu
                  s.error_message().c_str());
     return result;
   }
+  // A tenant spanning racks exists on every rack's hub, with the same token.
+  for (size_t h = 1; h < hubs.size(); ++h) {
+    auto other = pb::TenantService::NewStub(
+        grpc::CreateChannel(hubs[h]->admin, grpc::InsecureChannelCredentials()));
+    pb::CreateTenantRequest same = req;
+    same.set_token(resp.token());
+    pb::CreateTenantResponse ignored;
+    grpc::ClientContext octx;
+    octx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (auto s = other->CreateTenant(&octx, same, &ignored); !s.ok()) {
+      std::fprintf(stderr, "rackhub-bench: creating tenant on %s: %s\n",
+                   hubs[h]->admin.c_str(), s.error_message().c_str());
+      return result;
+    }
+  }
+  uint64_t interhub_before = 0;
+  for (const Hub* h : hubs) interhub_before += InterhubChunkBytes(*h);
   const auto& o = resp.tenant().default_optimizer();
   agg::OptimizerConfig normalized;
   normalized.type = static_cast<agg::OptimizerType>(o.type());
@@ -283,9 +330,14 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hu
   auto result_file = [&](uint32_t r) {
     return dir + "/" + tenant + "-worker-" + std::to_string(r) + ".json";
   };
+  const uint32_t members = a.racks * a.w.workers;
   std::vector<pid_t> pids;
-  for (uint32_t r = 0; r < a.w.workers; ++r) {
-    pids.push_back(Spawn({self, "--worker-rank", std::to_string(r), "--hub", hub.data, "--tenant",
+  for (uint32_t r = 0; r < members; ++r) {
+    const uint32_t rack = r / a.w.workers;
+    const Hub& to = *hubs[hierarchical ? rack : 0];
+    pids.push_back(Spawn({self, "--worker-rank", std::to_string(r % a.w.workers), "--rack",
+                          std::to_string(rack), "--racks", std::to_string(a.racks), "--hub",
+                          to.data, "--tenant",
                           tenant, "--token-file", token_file, "--workers",
                           std::to_string(a.w.workers), "--bytes", std::to_string(a.w.bytes),
                           "--keys", std::to_string(a.w.keys), "--iterations",
@@ -309,15 +361,19 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hu
   result.iteration_ms.assign(a.w.iterations, 0);
   result.verified = a.w.verify;
   std::vector<double> last_start(a.w.iterations, 0), last_end(a.w.iterations, 0);
-  for (uint32_t r = 0; r < a.w.workers && ok; ++r) {
+  for (uint32_t r = 0; r < members && ok; ++r) {
     std::vector<double> start, end;
     bool v = false;
-    if (!ParseResult(ReadAll(result_file(r)), &start, &end, &v) ||
-        start.size() != a.w.iterations) {
+    const std::string json = ReadAll(result_file(r));
+    if (!ParseResult(json, &start, &end, &v) || start.size() != a.w.iterations) {
       ok = false;
       break;
     }
     result.verified = result.verified && v;
+    const auto d = json.find("\"digest\":\"");
+    const std::string digest = d == std::string::npos ? "" : json.substr(d + 10, json.find('"', d + 10) - d - 10);
+    if (r == 0) result.digest = digest;
+    if (digest != result.digest) result.digest = "workers-disagree";
     for (size_t i = 0; i < start.size(); ++i) {
       last_start[i] = std::max(last_start[i], start[i]);
       last_end[i] = std::max(last_end[i], end[i]);
@@ -326,18 +382,22 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hu
   for (size_t i = 0; i < result.iteration_ms.size(); ++i) {
     result.iteration_ms[i] = last_end[i] - last_start[i];
   }
-  {
+  for (const Hub* h : hubs) result.interhub_chunk_bytes += InterhubChunkBytes(*h);
+  result.interhub_chunk_bytes -= interhub_before;
+  for (const Hub* h : hubs) {
+    auto stub = pb::TenantService::NewStub(
+        grpc::CreateChannel(h->admin, grpc::InsecureChannelCredentials()));
     pb::DeleteTenantRequest del;
     del.set_name(tenant);
     pb::DeleteTenantResponse ignored;
     grpc::ClientContext dctx;
     dctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    if (!hub.admin_token.empty()) dctx.AddMetadata("authorization", "Bearer " + hub.admin_token);
-    tenants->DeleteTenant(&dctx, del, &ignored);
+    if (!h->admin_token.empty()) dctx.AddMetadata("authorization", "Bearer " + h->admin_token);
+    stub->DeleteTenant(&dctx, del, &ignored);
   }
   std::error_code ec;
   std::filesystem::remove(token_file, ec);
-  for (uint32_t r = 0; r < a.w.workers; ++r) std::filesystem::remove(result_file(r), ec);
+  for (uint32_t r = 0; r < members; ++r) std::filesystem::remove(result_file(r), ec);
   if (!ok) std::fprintf(stderr, "rackhub-bench: a worker failed (see its message above)\n");
   result.ok = ok;
   return result;
@@ -345,12 +405,62 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self, const Hub& hu
 
 namespace {
 
+// A free loopback port (bound, then released) for a hub's fixed inter-hub
+// address; the hubs of a multi-rack run must know each other's in advance.
+uint16_t FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// Bytes the hub links must carry per iteration (see admin.proto RackLink).
+uint64_t AnalyticInterhubBytes(const BenchArgs& a) {
+  if (a.racks < 2 || a.topology != "hierarchical") return 0;
+  const uint64_t chunk = 32 * 1024 / 4;  // the default chunk size, in elements
+  const uint64_t total = a.w.bytes / 4;
+  const uint64_t wire = a.w.dtype == WireType::kFp32 ? 4 : 2;
+  uint64_t bytes = 0;
+  for (uint32_t k = 0; k < a.w.keys; ++k) {
+    uint64_t n = total / a.w.keys + (k + 1 == a.w.keys ? total % a.w.keys : 0);
+    for (; n > 0; n -= std::min(n, chunk)) {
+      const uint64_t e = std::min(n, chunk);
+      bytes += (a.racks - 1) * (2 * 40 + e * (4 + wire));
+    }
+  }
+  return bytes;
+}
+
 int Coordinate(const BenchArgs& a, const std::string& self) {
   const std::string dir = MakeRunDir();
   RunResult r;
   {
-    Hub hub;
-    if (hub.Open(a, dir)) r = RunPushPull(a, self, hub, dir, "bench-" + std::to_string(getpid()));
+    // One hub per rack (hierarchical), or one hub for every rack (flat).
+    std::vector<std::unique_ptr<Hub>> hubs;
+    std::vector<const Hub*> view;
+    const uint32_t hub_count = a.racks > 1 && a.topology == "hierarchical" ? a.racks : 1;
+    std::string racks;
+    for (uint32_t i = 0; i < a.racks && a.racks > 1; ++i) {
+      racks += (i ? "," : "") + std::string("127.0.0.1:0=127.0.0.1:") + std::to_string(FreePort());
+    }
+    bool ok = true;
+    for (uint32_t i = 0; i < hub_count && ok; ++i) {
+      std::vector<std::string> extra;
+      if (a.racks > 1) {
+        extra = {"--racks", racks, "--rack", std::to_string(i), "--topology-mode", a.topology};
+      }
+      const std::string hub_dir = dir + "/hub" + std::to_string(i);
+      std::filesystem::create_directories(hub_dir);
+      hubs.push_back(std::make_unique<Hub>());
+      ok = hubs.back()->Open(a, hub_dir, extra);
+      view.push_back(hubs.back().get());
+    }
+    if (ok) r = RunPushPull(a, self, view, dir, "bench-" + std::to_string(getpid()));
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
@@ -364,10 +474,15 @@ int Coordinate(const BenchArgs& a, const std::string& self) {
     std::printf(
         "{\"workers\":%u,\"bytes\":%llu,\"keys\":%u,\"iterations\":%u,\"dtype\":\"%s\","
         "\"optimizer\":\"%s\",\"median_ms\":%.3f,\"p10_ms\":%.3f,\"p90_ms\":%.3f,"
-        "\"gbps_per_worker\":%.3f,\"verified\":%s}\n",
+        "\"gbps_per_worker\":%.3f,\"verified\":%s,\"racks\":%u,\"topology\":\"%s\","
+        "\"digest\":\"%s\",\"interhub_bytes_per_iteration\":%.1f,"
+        "\"interhub_bytes_analytic\":%llu}\n",
         a.w.workers, static_cast<unsigned long long>(a.w.bytes), a.w.keys, a.w.iterations,
         dtype_name, a.optimizer.c_str(), median, Percentile(iteration_ms, 0.1),
-        Percentile(iteration_ms, 0.9), gbps, verified ? "true" : "false");
+        Percentile(iteration_ms, 0.9), gbps, verified ? "true" : "false", a.racks,
+        a.topology.c_str(), r.digest.c_str(),
+        static_cast<double>(r.interhub_chunk_bytes) / (a.w.iterations + a.w.warmup),
+        static_cast<unsigned long long>(AnalyticInterhubBytes(a)));
   } else {
     std::printf("rackhub-bench: %u workers, %.1f MiB in %u keys, %s on the wire, %s\n",
                 a.w.workers, static_cast<double>(a.w.bytes) / (1 << 20), a.w.keys, dtype_name,
@@ -378,6 +493,14 @@ int Coordinate(const BenchArgs& a, const std::string& self) {
     std::printf("  per worker        %.3f GB/s of model (push %.1f MiB + pull %.1f MiB each)\n",
                 gbps, static_cast<double>(a.w.bytes) / (1 << 20),
                 static_cast<double>(a.w.bytes) / (1 << 20));
+    if (a.racks > 1) {
+      std::printf("  racks             %u x %u workers, %s\n", a.racks, a.w.workers,
+                  a.topology.c_str());
+      std::printf("  hub links         %.0f bytes per iteration (analytic %llu)\n",
+                  static_cast<double>(r.interhub_chunk_bytes) / (a.w.iterations + a.w.warmup),
+                  static_cast<unsigned long long>(AnalyticInterhubBytes(a)));
+    }
+    std::printf("  parameters digest %s\n", r.digest.c_str());
     std::printf("  verified: %s\n", verified ? "true" : (a.w.verify ? "false" : "skipped"));
   }
   return verified || !a.w.verify ? 0 : 1;
@@ -451,6 +574,16 @@ int main(int argc, char** argv) {
       a.gloo_script = value();
     } else if (f == "--python") {
       a.python = value();
+    } else if (f == "--racks") {
+      a.racks = ParseUint(f, value());
+      a.w.racks = a.racks;
+    } else if (f == "--rack") {  // internal: worker mode
+      a.w.rack = ParseUint(f, value());
+    } else if (f == "--topology") {
+      a.topology = value();
+      if (a.topology != "hierarchical" && a.topology != "flat") {
+        Usage("--topology: '" + a.topology + "' is not hierarchical or flat");
+      }
     } else if (f == "--worker-rank") {  // internal: worker mode
       worker = true;
       a.w.rank = ParseUint(f, value());

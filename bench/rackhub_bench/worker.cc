@@ -51,9 +51,9 @@ namespace {
 
 // The hub's view of one key, recomputed locally.
 struct Reference {
-  agg::AlignedBuffer<float> params, next, state0, state1, sum, scratch;
+  agg::AlignedBuffer<float> params, next, state0, state1, sum, scratch, rack_sum;
   explicit Reference(size_t n)
-      : params(n), next(n), state0(n), state1(n), sum(n), scratch(n) {}
+      : params(n), next(n), state0(n), state1(n), sum(n), scratch(n), rack_sum(n) {}
 };
 
 int Fail(const WorkerParams& p, const std::string& what, const client::Error& e) {
@@ -73,6 +73,7 @@ int RunWorker(const WorkerParams& p) {
   options.tenant = p.tenant;
   options.token = token;
   options.rank = p.rank;
+  options.rack = p.rack;
   options.transport = p.transport == "rdma"   ? client::Transport::kRdma
                       : p.transport == "auto" ? client::Transport::kAuto
                                               : client::Transport::kTcp;
@@ -114,9 +115,10 @@ int RunWorker(const WorkerParams& p) {
   uint64_t mismatches = 0;
   const uint32_t total_iterations = p.warmup + p.iterations;
   for (uint32_t it = 0; it < total_iterations; ++it) {
+    const uint32_t me = p.rack * p.workers + p.rank;
     for (uint32_t k = 0; k < p.keys; ++k) {
       float* g = grads[k].data();
-      for (uint64_t i = 0; i < sizes[k]; ++i) g[i] = Gradient(p.rank, it, k, i);
+      for (uint64_t i = 0; i < sizes[k]; ++i) g[i] = Gradient(me, it, k, i);
     }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<client::Ticket> tickets(p.keys);
@@ -139,24 +141,31 @@ int RunWorker(const WorkerParams& p) {
       Reference& r = *refs[k];
       const size_t n = sizes[k];
       wire_tmp.resize(n * 2);
-      for (uint32_t rank = 0; rank < p.workers; ++rank) {
-        float* g = r.scratch.data();
-        for (size_t i = 0; i < n; ++i) g[i] = Gradient(rank, it, k, i);
-        // What the hub receives: the gradient in the wire type.
-        const void* src = g;
-        if (wire != agg::ElementType::kFp32) {
-          agg::CopyOut(wire_tmp.data(), g, n, wire);
-          src = wire_tmp.data();
+      for (uint32_t rack = 0; rack < p.racks; ++rack) {
+        // One rack's sum, in rank order (into `sum` directly for rack 0).
+        float* rack_sum = rack == 0 ? r.sum.data() : r.rack_sum.data();
+        for (uint32_t rank = 0; rank < p.workers; ++rank) {
+          float* g = r.scratch.data();
+          for (size_t i = 0; i < n; ++i) g[i] = Gradient(rack * p.workers + rank, it, k, i);
+          // What the hub receives: the gradient in the wire type.
+          const void* src = g;
+          if (wire != agg::ElementType::kFp32) {
+            agg::CopyOut(wire_tmp.data(), g, n, wire);
+            src = wire_tmp.data();
+          }
+          if (rank == 0) {
+            agg::CopyIn(rack_sum, src, n, wire);
+          } else {
+            agg::AddIn(rack_sum, src, n, wire);
+          }
         }
-        if (rank == 0) {
-          agg::CopyIn(r.sum.data(), src, n, wire);
-        } else {
-          agg::AddIn(r.sum.data(), src, n, wire);
-        }
+        // Rack sums travel and add in fp32, in rack order.
+        if (rack > 0) agg::AddIn(r.sum.data(), rack_sum, n, agg::ElementType::kFp32);
       }
       const agg::OptimizerStep step{
-          p.optimizer.reduction == agg::Reduction::kMean ? static_cast<float>(1.0 / p.workers)
-                                                         : 1.0f,
+          p.optimizer.reduction == agg::Reduction::kMean
+              ? static_cast<float>(1.0 / (p.racks * p.workers))
+              : 1.0f,
           it + 1ull};
       agg::ApplyOptimizer(p.optimizer, step, r.sum.data(), r.params.data(), r.next.data(),
                           r.state0.data(), r.state1.data(), n);
@@ -179,7 +188,15 @@ int RunWorker(const WorkerParams& p) {
   out << "{\"rank\":" << p.rank << ",\"verified\":" << (verified ? "true" : "false")
       << ",\"mismatches\":" << mismatches << ",\"times_ms\":[";
   for (size_t i = 0; i < times_ms.size(); ++i) out << (i ? "," : "") << times_ms[i];
-  out << "],\"start_ms\":[";
+  // FNV-1a over the final parameters of every key: equal digests mean
+  // bitwise-equal results (e.g. hierarchical vs. flat runs).
+  uint64_t digest = 1469598103934665603ull;
+  for (uint32_t k = 0; k < p.keys; ++k) {
+    const auto* b = reinterpret_cast<const unsigned char*>(outs[k].data());
+    for (size_t i = 0; i < sizes[k] * sizeof(float); ++i) digest = (digest ^ b[i]) * 1099511628211ull;
+  }
+  out << "],\"digest\":\"" << std::hex << digest << std::dec << "\"";
+  out << ",\"start_ms\":[";
   out.precision(15);
   for (size_t i = 0; i < start_ms.size(); ++i) out << (i ? "," : "") << start_ms[i];
   out << "],\"end_ms\":[";

@@ -301,6 +301,7 @@ class AdminServices::StatsServiceImpl final : public pb::StatsService::Service {
         link->set_peer_rack(l.peer_rack);
         link->set_bytes_out(l.bytes_out);
         link->set_bytes_in(l.bytes_in);
+        link->set_chunk_bytes_out(l.chunk_bytes_out);
       }
     }
     return grpc::Status::OK;

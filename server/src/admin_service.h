@@ -39,6 +39,7 @@ struct RackLinkInfo {
   uint32_t peer_rack = 0;
   uint64_t bytes_out = 0;
   uint64_t bytes_in = 0;
+  uint64_t chunk_bytes_out = 0;  // RACK_SUM + RACK_PARAMS frames only
 };
 
 // What StatsService reports about the daemon itself.

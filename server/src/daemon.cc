@@ -198,7 +198,7 @@ int RunDaemon(const Config& config) {
                                         [&data_plane] {
                                           std::vector<RackLinkInfo> out;
                                           for (const auto& l : data_plane.RackLinks()) {
-                                            out.push_back({l.rack, l.bytes_out, l.bytes_in});
+                                            out.push_back({l.rack, l.bytes_out, l.bytes_in, l.chunk_bytes_out});
                                           }
                                           return out;
                                         }});

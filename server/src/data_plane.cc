@@ -181,12 +181,19 @@ void DataPlane::CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) {
   link_counters_[rack]->bytes_in.fetch_add(in, std::memory_order_relaxed);
 }
 
+void DataPlane::CountRackChunkBytes(uint32_t rack, uint64_t out) {
+  if (rack < link_counters_.size()) {
+    link_counters_[rack]->chunk_bytes_out.fetch_add(out, std::memory_order_relaxed);
+  }
+}
+
 std::vector<DataPlane::RackLinkStats> DataPlane::RackLinks() const {
   std::vector<RackLinkStats> out;
   if (!config_.topology.multi_rack_exchange()) return out;
   for (uint32_t r = 0; r < link_counters_.size(); ++r) {
     if (r == config_.topology.rack) continue;
-    out.push_back({r, link_counters_[r]->bytes_out.load(), link_counters_[r]->bytes_in.load()});
+    out.push_back({r, link_counters_[r]->bytes_out.load(), link_counters_[r]->bytes_in.load(),
+                   link_counters_[r]->chunk_bytes_out.load()});
   }
   return out;
 }

@@ -53,10 +53,13 @@ class DataPlane : public RegistryObserver {
   // byte counters per peer rack (any thread).
   const std::string& hub_secret() const { return hub_secret_; }
   void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in);
+  // RACK_SUM / RACK_PARAMS frames (header + payload) queued to `rack`.
+  void CountRackChunkBytes(uint32_t rack, uint64_t out);
   struct RackLinkStats {
     uint32_t rack = 0;
     uint64_t bytes_out = 0;
     uint64_t bytes_in = 0;
+    uint64_t chunk_bytes_out = 0;
   };
   std::vector<RackLinkStats> RackLinks() const;
   // Binds the inter-hub listener; false (logged) if it cannot.
@@ -99,6 +102,7 @@ class DataPlane : public RegistryObserver {
   struct LinkCounters {
     std::atomic<uint64_t> bytes_out{0};
     std::atomic<uint64_t> bytes_in{0};
+    std::atomic<uint64_t> chunk_bytes_out{0};
   };
   std::vector<std::unique_ptr<LinkCounters>> link_counters_;  // by rack
 

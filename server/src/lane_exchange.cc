@@ -9,6 +9,8 @@
 // back; every hub answers its own workers. In flat mode one hub serves every
 // rack's workers and runs both stages locally: the same additions in the
 // same order, so both modes give the same bits.
+#include <set>
+
 #include <spdlog/spdlog.h>
 
 #include "data_plane.h"
@@ -30,6 +32,9 @@ namespace {
 
 // A link to another hub that is down is retried this often.
 constexpr auto kPeerRetryPeriod = std::chrono::milliseconds(200);
+// Frames for a hub that is not connected (yet) wait this long for the link
+// before the updates waiting on them fail with WORKER_LOST.
+constexpr auto kPeerWaitLimit = std::chrono::seconds(5);
 
 aggregation::OptimizerConfig SumOnly() {
   aggregation::OptimizerConfig c;
@@ -144,9 +149,17 @@ void LaneService::SendToPeer(uint32_t rack, Tenant& t, Key& key, const FrameHead
                              std::span<const std::byte> payload) {
   PeerLink& link = links_[rack];
   if (!link.out || !link.out->open()) {
-    FailPending(t, WireError::kWorkerLost,
-                "rack link: the hub of rack " + std::to_string(rack) + " (" +
-                    topology_.racks[rack].interhub.ToString() + ") is unreachable");
+    // Not connected (yet): hold the frame for a while. The payload stays
+    // valid: the chunk cannot advance before this frame is answered.
+    if (link.queued.empty()) {
+      const uint64_t generation = ++link.queue_generation;
+      auto timer = std::make_shared<asio::steady_timer>(*io_, kPeerWaitLimit);
+      timer->async_wait([this, rack, generation, timer](const boost::system::error_code&) {
+        GiveUpOnPeer(rack, generation);
+      });
+    }
+    link.queued.push_back({t.info.handle, key.info.id, h, payload});
+    ConnectPeer(rack);
     return;
   }
   const uint64_t bind_id = (uint64_t{t.info.handle} << 32) | key.info.id;
@@ -170,6 +183,7 @@ void LaneService::SendToPeer(uint32_t rack, Tenant& t, Key& key, const FrameHead
   FrameHeader f = h;
   f.payload_bytes = static_cast<uint32_t>(payload.size());
   link.out->SendBorrowed(f, payload);
+  plane_->CountRackChunkBytes(rack, net::kHeaderBytes + payload.size());
 }
 
 void LaneService::StartPeerLinks() {
@@ -234,8 +248,35 @@ void LaneService::ConnectPeer(uint32_t rack) {
               spdlog::info("rack link: lane {} connected to rack {}'s hub at {}", lane_, rack,
                            id.peer);
               conn->Start();
+              FlushPeerQueue(rack);
             });
       });
+}
+
+void LaneService::FlushPeerQueue(uint32_t rack) {
+  auto queued = std::move(links_[rack].queued);
+  links_[rack].queued.clear();
+  ++links_[rack].queue_generation;  // cancels the pending give-up
+  for (const auto& q : queued) {
+    Tenant* t = FindTenant(q.tenant);
+    Key* key = t ? FindKey(*t, q.key) : nullptr;
+    if (key) SendToPeer(rack, *t, *key, q.header, q.payload);
+  }
+}
+
+void LaneService::GiveUpOnPeer(uint32_t rack, uint64_t generation) {
+  PeerLink& link = links_[rack];
+  if (link.queue_generation != generation || link.queued.empty()) return;
+  std::set<uint32_t> tenants;
+  for (const auto& q : link.queued) tenants.insert(q.tenant);
+  link.queued.clear();
+  for (uint32_t handle : tenants) {
+    if (Tenant* t = FindTenant(handle)) {
+      FailPending(*t, WireError::kWorkerLost,
+                  "rack link: the hub of rack " + std::to_string(rack) + " (" +
+                      topology_.racks[rack].interhub.ToString() + ") is unreachable");
+    }
+  }
 }
 
 void LaneService::AdoptPeer(asio::ip::tcp::socket socket, net::ConnectionIdentity id) {

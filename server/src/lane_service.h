@@ -115,6 +115,15 @@ class LaneService final : public net::FrameHandler {
     std::unordered_set<uint64_t> bound;    // (tenant << 32 | key) announced on `out`
     bool connecting = false;
     bool warned = false;
+    // Frames waiting for the link to come up (for at most kPeerWaitLimit).
+    struct Queued {
+      uint32_t tenant;
+      uint32_t key;
+      net::FrameHeader header;
+      std::span<const std::byte> payload;  // borrowed, see SendToPeer
+    };
+    std::vector<Queued> queued;
+    uint64_t queue_generation = 0;
   };
   // What KEY_BIND told us: (peer rack, peer's tenant handle) -> our handle.
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> peer_tenants_;
@@ -164,6 +173,10 @@ class LaneService final : public net::FrameHandler {
   void SendToPeer(uint32_t rack, Tenant& t, Key& key, const net::FrameHeader& h,
                   std::span<const std::byte> payload);
   void ConnectPeer(uint32_t rack);
+  // Sends what queued up while the link to `rack` was down.
+  void FlushPeerQueue(uint32_t rack);
+  // Called kPeerWaitLimit after frames were queued for a link that is down.
+  void GiveUpOnPeer(uint32_t rack, uint64_t generation);
   net::FrameHandler::Verdict AcceptPeerHeader(net::Connection& conn, const net::FrameHeader& h);
   void HandlePeerFrame(net::Connection& conn, const net::FrameHeader& h,
                        std::span<const std::byte> payload);

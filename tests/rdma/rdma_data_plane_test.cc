@@ -121,7 +121,9 @@ class Hub {
     o.hub = daemon_->data_address();
     o.transport = rdma ? client::Transport::kRdma : client::Transport::kTcp;
     o.rdma_hub = rdma_address_;
-    o.rdma_ring_bytes = 1u << 20;
+    // The smallest ring (64 slots): replies wrap around it and the hub waits
+    // for credits every iteration, so wrap-around and flow control are exercised.
+    o.rdma_ring_bytes = rdma::kMinRingBytes;
     o.tenant = tenant;
     o.token = token;
     o.rank = rank;
