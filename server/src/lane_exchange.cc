@@ -35,6 +35,9 @@ constexpr auto kPeerRetryPeriod = std::chrono::milliseconds(200);
 // Frames for a hub that is not connected (yet) wait this long for the link
 // before the updates waiting on them fail with WORKER_LOST.
 constexpr auto kPeerWaitLimit = std::chrono::seconds(5);
+// Frames for a key the peer bound before this hub's workers declared it are
+// retried this often (for at most kPeerWaitLimit).
+constexpr auto kParkedRetryPeriod = std::chrono::milliseconds(10);
 
 aggregation::OptimizerConfig SumOnly() {
   aggregation::OptimizerConfig c;
@@ -289,29 +292,48 @@ void LaneService::AdoptPeer(asio::ip::tcp::socket socket, net::ConnectionIdentit
 
 net::FrameHandler::Verdict LaneService::AcceptPeerHeader(net::Connection& conn,
                                                          const FrameHeader& h) {
-  const uint64_t rid = h.request_id;
-  const uint32_t peer = conn.id().rack;
   switch (h.opcode) {
     case Opcode::kError:  // an answer on a link we opened
     case Opcode::kKeyBind:
       return Verdict::kAccept;
     case Opcode::kRackSum:
-    case Opcode::kRackParams:
-      break;
+    case Opcode::kRackParams: {
+      Tenant* t = nullptr;
+      // Not bound yet: accept, HandlePeerFrame parks it until the key exists.
+      if (!PeerKey(conn.id().rack, h, &t)) return Verdict::kAccept;
+      return CheckPeerFrame(conn, h);
+    }
     default:
       return Reject(conn, WireError::kMalformed,
                     "opcode: " + std::to_string(static_cast<int>(h.opcode)) +
                         " is not valid on a hub link",
-                    rid);
+                    h.request_id);
   }
-  const auto bound = peer_tenants_.find({peer, h.tenant});
-  Tenant* t = bound == peer_tenants_.end() ? nullptr : FindTenant(bound->second);
-  Key* key = t ? FindKey(*t, h.key) : nullptr;
+}
+
+LaneService::Key* LaneService::PeerKey(uint32_t peer, const FrameHeader& h, Tenant** tenant) {
+  auto bound = peer_tenants_.find({peer, h.tenant});
+  if (bound == peer_tenants_.end()) {
+    const auto pending = pending_binds_.find({peer, h.tenant, h.key});
+    std::string problem;
+    if (pending == pending_binds_.end() || !TryBind(peer, h.tenant, pending->second, &problem)) {
+      return nullptr;
+    }
+    bound = peer_tenants_.find({peer, h.tenant});
+  }
+  *tenant = FindTenant(bound->second);
+  return *tenant ? FindKey(**tenant, h.key) : nullptr;
+}
+
+net::FrameHandler::Verdict LaneService::CheckPeerFrame(net::Connection& conn,
+                                                       const FrameHeader& h) {
+  const uint64_t rid = h.request_id;
+  const uint32_t peer = conn.id().rack;
+  Tenant* t = nullptr;
+  Key* key = PeerKey(peer, h, &t);
   if (!key) {
-    return Refuse(conn, WireError::kUnknownKey,
-                  "key: id " + std::to_string(h.key) + " of rack " + std::to_string(peer) +
-                      "'s tenant " + std::to_string(h.tenant) + " was not bound (KEY_BIND)",
-                  rid);
+    SendPeerError(conn, h.tenant, "key: id " + std::to_string(h.key) + " is not bound");
+    return Verdict::kDiscard;
   }
   if (h.chunk >= key->info.placement.chunk_count ||
       (key->info.placement.first_chunk + h.chunk) % lanes_ != lane_) {
@@ -327,8 +349,7 @@ net::FrameHandler::Verdict LaneService::AcceptPeerHeader(net::Connection& conn,
                       std::to_string(want),
                   rid);
   }
-  const bool home_here = c.home == topology_.rack;
-  if (sum != home_here) {
+  if (sum != (c.home == topology_.rack)) {
     return Reject(conn, WireError::kInvalidArgument,
                   std::string(sum ? "RACK_SUM to" : "RACK_PARAMS from") +
                       " a hub that is not the chunk's home",
@@ -336,12 +357,49 @@ net::FrameHandler::Verdict LaneService::AcceptPeerHeader(net::Connection& conn,
   }
   const uint64_t expected = sum ? c.state.version() : c.version + 1;
   if (h.iteration != expected || (sum && c.state.has_contributed(peer))) {
-    return Refuse(conn, WireError::kBadIteration,
-                  "iteration: " + std::to_string(h.iteration) + ", expected " +
-                      std::to_string(expected),
-                  rid);
+    SendPeerError(conn, h.tenant,
+                  "iteration: " + std::to_string(h.iteration) + " of chunk " +
+                      std::to_string(h.chunk) + ", expected " + std::to_string(expected));
+    return Verdict::kDiscard;
   }
   return Verdict::kAccept;
+}
+
+void LaneService::SendPeerError(net::Connection& conn, uint32_t peer_tenant,
+                                const std::string& text) {
+  FrameHeader e;
+  e.opcode = Opcode::kError;
+  e.tenant = peer_tenant;
+  conn.SendOwned(e, net::EncodeErrorBody(WireError::kInvalidArgument, text));
+}
+
+bool LaneService::TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes,
+                          std::string* problem) {
+  dpb::KeyBind bind;
+  TenantInfo tenant;
+  KeyInfo key;
+  if (!bind.ParseFromString(bind_bytes)) {
+    *problem = "payload: not a KeyBind";
+    return false;
+  }
+  if (!registry_->GetTenant(bind.tenant(), &tenant).ok() ||
+      !registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
+    return false;  // not here yet
+  }
+  if (key.id != bind.key_id() || key.elements != bind.elements() ||
+      key.placement.first_chunk != bind.first_chunk() ||
+      static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
+      key.chunk_elements != bind.chunk_elements() ||
+      tenant.workers_per_rack != bind.workers_per_rack()) {
+    *problem = "key '" + bind.key() + "' of tenant '" + bind.tenant() +
+               "' is laid out differently on the two racks (create the tenant with the same "
+               "settings and its keys in the same order on every hub)";
+    return false;
+  }
+  peer_tenants_[{peer, peer_tenant}] = tenant.handle;
+  pending_binds_.erase({peer, peer_tenant, bind.key_id()});
+  if (!FindTenant(tenant.handle)) tenants_[tenant.handle].info = tenant;
+  return true;
 }
 
 void LaneService::HandlePeerFrame(net::Connection& conn, const FrameHeader& h,
@@ -360,40 +418,66 @@ void LaneService::HandlePeerFrame(net::Connection& conn, const FrameHeader& h,
     return;
   }
   if (h.opcode == Opcode::kKeyBind) {
-    dpb::KeyBind bind;
-    TenantInfo tenant;
-    KeyInfo key;
+    const std::string bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
     std::string problem;
-    if (!bind.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-      problem = "payload: not a KeyBind";
-    } else if (!registry_->GetTenant(bind.tenant(), &tenant).ok()) {
-      problem = "tenant '" + bind.tenant() + "' does not exist on rack " +
-                std::to_string(topology_.rack) + "'s hub";
-    } else if (!registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
-      problem = "key '" + bind.key() + "' does not exist on rack " +
-                std::to_string(topology_.rack) + "'s hub";
-    } else if (key.id != bind.key_id() || key.elements != bind.elements() ||
-               key.placement.first_chunk != bind.first_chunk() ||
-               static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
-               key.chunk_elements != bind.chunk_elements() ||
-               tenant.workers_per_rack != bind.workers_per_rack()) {
-      problem = "key '" + bind.key() + "' of tenant '" + bind.tenant() +
-                "' is laid out differently on the two racks (create the tenant with the same "
-                "settings and its keys in the same order on every hub)";
-    }
-    if (!problem.empty()) {
-      conn.SendError(WireError::kInvalidArgument, problem, h.request_id, false);
-      return;
-    }
-    peer_tenants_[{peer, h.tenant}] = tenant.handle;
-    if (!FindTenant(tenant.handle)) {
-      Tenant& t = tenants_[tenant.handle];
-      t.info = tenant;
+    if (!TryBind(peer, h.tenant, bytes, &problem)) {
+      if (!problem.empty()) {
+        SendPeerError(conn, h.tenant, problem);
+      } else {
+        pending_binds_[{peer, h.tenant, h.key}] = bytes;
+      }
     }
     return;
   }
-  Tenant& t = *FindTenant(peer_tenants_.at({peer, h.tenant}));
-  Key& key = *FindKey(t, h.key);
+  Tenant* t = nullptr;
+  if (!PeerKey(peer, h, &t)) {
+    // The key is not declared here yet: keep the frame and retry shortly.
+    parked_.push_back({conn.weak_from_this(), h, {payload.begin(), payload.end()},
+                       std::chrono::steady_clock::now()});
+    if (!parked_timer_armed_) {
+      parked_timer_armed_ = true;
+      auto timer = std::make_shared<asio::steady_timer>(*io_, kParkedRetryPeriod);
+      timer->async_wait([this, timer](const boost::system::error_code&) { RetryParked(); });
+    }
+    return;
+  }
+  ProcessPeerData(peer, h, payload);
+}
+
+void LaneService::RetryParked() {
+  parked_timer_armed_ = false;
+  auto parked = std::move(parked_);
+  parked_.clear();
+  for (auto& p : parked) {
+    auto conn = p.conn.lock();
+    if (!conn || !conn->open()) continue;
+    Tenant* t = nullptr;
+    if (!PeerKey(conn->id().rack, p.header, &t)) {
+      if (std::chrono::steady_clock::now() - p.since > kPeerWaitLimit) {
+        SendPeerError(*conn, p.header.tenant,
+                      "key: id " + std::to_string(p.header.key) + " was never declared on rack " +
+                          std::to_string(topology_.rack) + "'s hub");
+      } else {
+        parked_.push_back(std::move(p));
+      }
+      continue;
+    }
+    if (CheckPeerFrame(*conn, p.header) == Verdict::kAccept) {
+      ProcessPeerData(conn->id().rack, p.header, p.payload);
+    }
+  }
+  if (!parked_.empty() && !parked_timer_armed_) {
+    parked_timer_armed_ = true;
+    auto timer = std::make_shared<asio::steady_timer>(*io_, kParkedRetryPeriod);
+    timer->async_wait([this, timer](const boost::system::error_code&) { RetryParked(); });
+  }
+}
+
+void LaneService::ProcessPeerData(uint32_t peer, const FrameHeader& h,
+                                  std::span<const std::byte> payload) {
+  Tenant* tp = nullptr;
+  Key& key = *PeerKey(peer, h, &tp);
+  Tenant& t = *tp;
   Chunk& c = GetChunk(t, key, h.chunk);
   if (h.opcode == Opcode::kRackSum) {
     if (c.state.contributions() == 0) {

@@ -127,6 +127,18 @@ class LaneService final : public net::FrameHandler {
   };
   // What KEY_BIND told us: (peer rack, peer's tenant handle) -> our handle.
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> peer_tenants_;
+  // KEY_BINDs naming a tenant or key this hub does not have yet (its own
+  // workers declare keys a little later): (peer rack, peer tenant, key id).
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> pending_binds_;
+  // Frames from peers for such keys, retried until the key exists.
+  struct Parked {
+    std::weak_ptr<net::Connection> conn;
+    net::FrameHeader header;
+    std::vector<std::byte> payload;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::vector<Parked> parked_;
+  bool parked_timer_armed_ = false;
 
   static uint64_t ChunkId(uint32_t key, uint32_t chunk) {
     return (static_cast<uint64_t>(key) << 32) | chunk;
@@ -181,6 +193,19 @@ class LaneService final : public net::FrameHandler {
   void HandlePeerFrame(net::Connection& conn, const net::FrameHeader& h,
                        std::span<const std::byte> payload);
   void OnPeerClosed(net::Connection& conn, const std::string& why);
+  // Resolves a KEY_BIND: true when bound; false with *problem empty when the
+  // tenant or key does not exist here yet; false with *problem on mismatch.
+  bool TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes,
+               std::string* problem);
+  // The tenant and key a peer's frame names, binding late if needed.
+  Key* PeerKey(uint32_t peer, const net::FrameHeader& h, Tenant** tenant);
+  net::FrameHandler::Verdict CheckPeerFrame(net::Connection& conn, const net::FrameHeader& h);
+  void ProcessPeerData(uint32_t peer, const net::FrameHeader& h,
+                       std::span<const std::byte> payload);
+  void RetryParked();
+  // ERROR to a peer about its tenant `peer_tenant` (so it can fail the
+  // updates waiting on it).
+  void SendPeerError(net::Connection& conn, uint32_t peer_tenant, const std::string& text);
   // Fails every waiting push of the tenant (some contributions in) with
   // `code` and discards their partial sums.
   void FailPending(Tenant& t, net::WireError code, const std::string& why);

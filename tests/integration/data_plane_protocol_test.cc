@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "process.h"
+#include "raw_client.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/frame.h"
@@ -35,112 +36,9 @@ using net::FrameHeader;
 using net::Opcode;
 using net::WireError;
 using testing::DaemonProcess;
-
-struct Frame {
-  FrameHeader h;
-  std::string payload;
-};
-
-// A blocking socket client speaking raw frames. Receives time out after 5 s.
-class RawClient {
- public:
-  explicit RawClient(const std::string& address) {
-    const auto colon = address.rfind(':');
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-    inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0) << strerror(errno);
-    int one = 1;
-    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  }
-  ~RawClient() {
-    if (fd_ >= 0) close(fd_);
-  }
-
-  void SendRaw(const std::string& bytes) {
-    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
-  void Send(FrameHeader h, const std::string& payload = "") {
-    h.payload_bytes = static_cast<uint32_t>(payload.size());
-    std::array<std::byte, net::kHeaderBytes> buf;
-    net::EncodeHeader(h, buf);
-    SendRaw(std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload);
-  }
-  // Next frame, or nullopt on EOF / timeout.
-  std::optional<Frame> Receive(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
-    std::string hdr;
-    if (!ReadExact(net::kHeaderBytes, &hdr, timeout)) return std::nullopt;
-    Frame f;
-    f.h = net::DecodeHeader(std::span<const std::byte, net::kHeaderBytes>(
-        reinterpret_cast<const std::byte*>(hdr.data()), net::kHeaderBytes));
-    if (!ReadExact(f.h.payload_bytes, &f.payload, timeout)) return std::nullopt;
-    return f;
-  }
-  // True when the server closed the connection (EOF) within `timeout`.
-  bool ClosedByPeer(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
-    std::string ignored;
-    while (ReadExact(1, &ignored, timeout)) {
-    }
-    return eof_;
-  }
-
-  // HELLO + WELCOME. Returns the Welcome (empty tenant_handle on failure).
-  dpb::Welcome Hello(const std::string& tenant, const std::string& token, uint32_t rank,
-                     uint32_t lane, std::optional<Frame>* reply = nullptr) {
-    dpb::Hello hello;
-    hello.set_tenant(tenant);
-    hello.set_token(token);
-    hello.set_rank(rank);
-    hello.set_lane(lane);
-    FrameHeader h;
-    h.opcode = Opcode::kHello;
-    Send(h, hello.SerializeAsString());
-    auto f = Receive();
-    dpb::Welcome w;
-    if (f && f->h.opcode == Opcode::kWelcome) w.ParseFromString(f->payload);
-    if (reply) *reply = f;
-    return w;
-  }
-
- private:
-  bool ReadExact(size_t n, std::string* out, std::chrono::milliseconds timeout) {
-    out->assign(n, '\0');
-    size_t got = 0;
-    while (got < n) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
-      const ssize_t r = recv(fd_, out->data() + got, n - got, 0);
-      if (r <= 0) {
-        eof_ = true;
-        return false;
-      }
-      got += static_cast<size_t>(r);
-    }
-    return true;
-  }
-  int fd_ = -1;
-  bool eof_ = false;
-};
-
-// Expects an ERROR frame with `code`, a message containing `text`, and the
-// fatal flag as given.
-void ExpectError(const std::optional<Frame>& f, WireError code, const std::string& text,
-                 bool fatal = true) {
-  ASSERT_TRUE(f.has_value()) << "expected an ERROR frame, got nothing";
-  ASSERT_EQ(f->h.opcode, Opcode::kError) << "opcode " << static_cast<int>(f->h.opcode);
-  WireError got{};
-  std::string message;
-  ASSERT_TRUE(net::DecodeErrorBody(
-      std::span<const std::byte>(reinterpret_cast<const std::byte*>(f->payload.data()),
-                                 f->payload.size()),
-      &got, &message));
-  EXPECT_EQ(got, code) << message;
-  EXPECT_NE(message.find(text), std::string::npos) << "message: " << message;
-  EXPECT_EQ((f->h.flags & net::kFlagFatal) != 0, fatal) << message;
-}
+using testing::ExpectError;
+using testing::Frame;
+using testing::RawClient;
 
 std::string Floats(std::initializer_list<float> v) {
   return std::string(reinterpret_cast<const char*>(std::data(v)), v.size() * sizeof(float));
