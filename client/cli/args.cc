@@ -28,6 +28,7 @@ constexpr OptionSpec kOptions[] = {
     // Tenant options.
     {"workers", true},
     {"chunk-bytes", true},
+    {"tenant-token-file", true},
     {"max-param-bytes", true},
     {"max-keys", true},
     {"max-workers", true},

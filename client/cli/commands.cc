@@ -98,6 +98,10 @@ int TenantCreate(const Invocation& inv) {
     *request.mutable_default_optimizer() = ApplyOptimizerOptions(inv.cl, {});
   }
   *request.mutable_quotas() = ParseQuotas(inv.cl);
+  if (auto path = inv.cl.Get("tenant-token-file")) {
+    // The same tenant on every rack's hub shares one data-plane token.
+    request.set_token(Trim(ReadLocalFile("tenant-token-file", *path)));
+  }
 
   auto stub = admin::TenantService::NewStub(inv.connection.channel());
   grpc::ClientContext context;
@@ -284,7 +288,8 @@ int Stats(const Invocation& inv) {
 const std::vector<CommandSpec>& Commands() {
   static const std::vector<CommandSpec> commands = {
       {{"tenant", "create"}, {"NAME"}, 0,
-       Concat(Concat({"workers", "chunk-bytes"}, kOptimizerOptions), kQuotaOptions),
+       Concat(Concat({"workers", "chunk-bytes", "tenant-token-file"}, kOptimizerOptions),
+              kQuotaOptions),
        {"workers"}, TenantCreate},
       {{"tenant", "get"}, {"NAME"}, 0, {}, {}, TenantGet},
       {{"tenant", "list"}, {}, 0, {}, {}, TenantList},

@@ -10,7 +10,6 @@
 #include "rackhub/net/endpoint.h"
 
 namespace rackhub::cli {
-namespace {
 
 std::string ReadLocalFile(const std::string& option, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -32,8 +31,6 @@ std::string Trim(const std::string& text) {
   const auto last = text.find_last_not_of(ws);
   return text.substr(first, last - first + 1);
 }
-
-}  // namespace
 
 ConnectionOptions ReadConnectionOptions(const CommandLine& cl) {
   ConnectionOptions o;

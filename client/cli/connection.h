@@ -85,4 +85,9 @@ std::string DescribeRpcError(const RpcError& error, double timeout_seconds);
 // Throws RpcError when `status` is not OK.
 void Check(const grpc::Status& status, const Connection& connection);
 
+// Reads a file named by --<option>; LocalError (exit 2) if it cannot.
+std::string ReadLocalFile(const std::string& option, const std::string& path);
+// `text` without surrounding whitespace.
+std::string Trim(const std::string& text);
+
 }  // namespace rackhub::cli

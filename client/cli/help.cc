@@ -34,6 +34,9 @@ Tenant commands:
       Create a tenant with N workers per rack. Prints the tenant and its
       data-plane token; the token is shown only this once.
       --chunk-bytes defaults to 32 KiB (multiple of 64 in [1 KiB, 64 MiB]).
+      --tenant-token-file FILE uses the token in FILE (32-128 of A-Z a-z 0-9 _ -)
+      instead of minting one: create a tenant spanning racks on every rack's
+      hub with the same token.
       Without optimizer options the default optimizer is sgd --lr 0.01.
       Quotas left out (or 0) use the daemon's defaults.
   tenant get NAME         show one tenant

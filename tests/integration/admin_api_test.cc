@@ -168,9 +168,20 @@ TEST_F(AdminApiTest, TenantValidationErrorsChangeNothing) {
   ExpectError(client_.tenants->CreateTenant(client_.Ctx().get(), bad_opt, &resp),
               grpc::StatusCode::INVALID_ARGUMENT, "default_optimizer.type");
 
+  pb::CreateTenantRequest chosen;
+  chosen.set_name("chosen-token");
+  chosen.set_workers_per_rack(1);
+  chosen.set_token("short");
+  ExpectError(client_.tenants->CreateTenant(client_.Ctx().get(), chosen, &resp),
+              grpc::StatusCode::INVALID_ARGUMENT, "token");
+
   pb::ListTenantsResponse list;
   ASSERT_TRUE(client_.tenants->ListTenants(client_.Ctx().get(), {}, &list).ok());
   ASSERT_EQ(list.tenants_size(), 1) << "rejected creates must not leave tenants behind";
+  // A chosen token (multi-rack tenants share one) is accepted and returned.
+  chosen.set_token(std::string(48, 'Z'));
+  ASSERT_TRUE(client_.tenants->CreateTenant(client_.Ctx().get(), chosen, &resp).ok());
+  EXPECT_EQ(resp.token(), std::string(48, 'Z'));
   EXPECT_EQ(list.tenants(0).name(), "ok");
 }
 
