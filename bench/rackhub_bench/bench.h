@@ -80,6 +80,14 @@ struct BenchArgs {
   // (one hub serves every rack's workers).
   uint32_t racks = 1;
   std::string topology = "hierarchical";
+  // Racks as network namespaces (bench/multirack_netns.sh): the hub of rack
+  // r (flat: the one hub, rack 0) runs under `ip netns exec <hub_netns_prefix>r`,
+  // the workers of rack r under `ip netns exec <worker_netns_prefix>r`; the
+  // hub of rack r listens (data, admin, inter-hub) on rack_addrs[r] instead of
+  // 127.0.0.1, with a generated admin token and hub secret. Empty: loopback.
+  std::string hub_netns_prefix, worker_netns_prefix;
+  std::vector<std::string> rack_addrs;
+  uint32_t chunk_bytes = 0;  // tenant chunk size; 0 = the hub's default (32 KiB)
 };
 
 // The hub the run talks to: either started here (`rackhubd` beside this
@@ -97,6 +105,11 @@ class Hub {
             const std::vector<std::string>& extra_args = {});
 
   std::string admin, data, admin_token;
+  // Set before Open (hubs started here): the address it listens on and the
+  // network namespace it runs in (empty: none). Beyond loopback, Open gives
+  // it a generated admin token (--admin-token-file).
+  std::string listen_host = "127.0.0.1";
+  std::string netns;
 
  private:
   pid_t pid_ = -1;

@@ -57,6 +57,7 @@ options:
   --transport T          tcp|rdma|auto data-plane transport of the workers [tcp]
   --rdma-hub HOST:PORT   the hub's RDMA (rdma_cm) address; a hub started here
                          listens there (HOST: an IP of the RDMA interface)
+  --chunk-bytes SIZE     the tenant's chunk size (hub default: 32KiB)
   --racks R              racks of --workers workers each           [1]
   --topology MODE        hierarchical (one hub per rack, hubs exchange rack
                          sums) or flat (one hub for every rack)  [hierarchical]
@@ -282,6 +283,7 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
   pb::CreateTenantRequest req;
   req.set_name(tenant);
   req.set_workers_per_rack(a.w.workers);
+  req.set_chunk_bytes(a.chunk_bytes);
   auto* opt = req.mutable_default_optimizer();
   opt->set_type(ParseOptimizer(a.optimizer));
   if (opt->type() != pb::SUM_ONLY) opt->set_learning_rate(a.lr);
@@ -422,7 +424,7 @@ uint16_t FreePort() {
 // Bytes the hub links must carry per iteration (see admin.proto RackLink).
 uint64_t AnalyticInterhubBytes(const BenchArgs& a) {
   if (a.racks < 2 || a.topology != "hierarchical") return 0;
-  const uint64_t chunk = 32 * 1024 / 4;  // the default chunk size, in elements
+  const uint64_t chunk = (a.chunk_bytes ? a.chunk_bytes : 32 * 1024) / 4;  // in elements
   const uint64_t total = a.w.bytes / 4;
   const uint64_t wire = a.w.dtype == WireType::kFp32 ? 4 : 2;
   uint64_t bytes = 0;
@@ -574,6 +576,8 @@ int main(int argc, char** argv) {
       a.gloo_script = value();
     } else if (f == "--python") {
       a.python = value();
+    } else if (f == "--chunk-bytes") {
+      a.chunk_bytes = static_cast<uint32_t>(ParseSizeArg(f, value()));
     } else if (f == "--racks") {
       a.racks = ParseUint(f, value());
       a.w.racks = a.racks;
