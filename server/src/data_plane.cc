@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "hello_check.h"
 #include "rackhub/data/v1/control.pb.h"
 
 namespace rackhub::server {
@@ -23,8 +24,6 @@ using net::WireError;
 constexpr int kKeepAliveIdleS = 10;
 constexpr int kKeepAliveIntervalS = 2;
 constexpr int kKeepAliveProbes = 5;
-// HELLO is small: tenant, token and a few integers.
-constexpr uint32_t kMaxHelloBytes = 64 * 1024;
 
 // Reads and checks one HELLO on the acceptor thread, then hands the socket
 // over (or answers a fatal ERROR and closes).
@@ -55,15 +54,8 @@ class DataPlane::HelloSession : public std::enable_shared_from_this<HelloSession
   void OnHeader(const boost::system::error_code& ec) {
     if (ec || done_) return Finish();
     header_ = net::DecodeHeader(header_buf_);
-    if (auto error = net::ValidateHeader(header_); !error.empty()) {
+    if (auto error = CheckHelloHeader(header_); !error.empty()) {
       return Fail(WireError::kMalformed, error);
-    }
-    if (header_.opcode != Opcode::kHello) {
-      return Fail(WireError::kMalformed, "opcode: the first frame must be HELLO");
-    }
-    if (header_.payload_bytes == 0 || header_.payload_bytes > kMaxHelloBytes) {
-      return Fail(WireError::kMalformed, "payload_bytes: HELLO must be 1.." +
-                                             std::to_string(kMaxHelloBytes) + " bytes");
     }
     payload_.resize(header_.payload_bytes);
     asio::async_read(socket_, asio::buffer(payload_),
@@ -74,43 +66,11 @@ class DataPlane::HelloSession : public std::enable_shared_from_this<HelloSession
 
   void OnPayload(const boost::system::error_code& ec) {
     if (ec || done_) return Finish();
-    data::v1::Hello hello;
-    if (!hello.ParseFromArray(payload_.data(), static_cast<int>(payload_.size()))) {
-      return Fail(WireError::kMalformed, "payload: HELLO is not a Hello message");
-    }
-    TenantInfo tenant;
-    const Status auth = plane_->registry_->Authenticate(hello.tenant(), hello.token(), &tenant);
-    if (!auth.ok()) return Fail(WireError::kUnauthenticated, auth.message());
-    if (hello.rank() >= tenant.workers_per_rack) {
-      return Fail(WireError::kInvalidArgument,
-                  "rank: " + std::to_string(hello.rank()) + " is out of range; tenant '" +
-                      tenant.name + "' has " + std::to_string(tenant.workers_per_rack) +
-                      " workers per rack");
-    }
-    const auto& topo = plane_->config_.topology;
-    if (topo.racks.empty() && hello.rack() != 0) {
-      return Fail(WireError::kInvalidArgument,
-                  "rack: " + std::to_string(hello.rack()) +
-                      " is unknown; this hub serves a single rack (rack 0)");
-    }
-    if (!topo.racks.empty() && topo.multi_rack_exchange() && hello.rack() != topo.rack) {
-      return Fail(WireError::kInvalidArgument,
-                  "rack: this hub serves rack " + std::to_string(topo.rack) + ", not rack " +
-                      std::to_string(hello.rack()) + "; connect to that rack's hub at " +
-                      (hello.rack() < topo.racks.size()
-                           ? topo.racks[hello.rack()].data.ToString()
-                           : std::string("(no such rack)")));
-    }
-    if (!topo.racks.empty() && hello.rack() >= topo.rack_count()) {
-      return Fail(WireError::kInvalidArgument,
-                  "rack: " + std::to_string(hello.rack()) + " is out of range; there are " +
-                      std::to_string(topo.rack_count()) + " racks");
-    }
-    if (hello.lane() >= plane_->services_.size()) {
-      return Fail(WireError::kInvalidArgument,
-                  "lane: " + std::to_string(hello.lane()) + " is out of range; the hub has " +
-                      std::to_string(plane_->services_.size()) + " lanes");
-    }
+    auto checked = CheckHello(payload_, *plane_->registry_, plane_->config_.topology,
+                              static_cast<uint32_t>(plane_->services_.size()));
+    if (!checked.ok) return Fail(checked.code, checked.text);
+    const auto& hello = checked.hello;
+    const TenantInfo& tenant = checked.tenant;
     done_ = true;
     timer_.cancel();
     net::ConnectionIdentity id{tenant.handle, tenant.name, hello.rank(), hello.lane(), peer_,

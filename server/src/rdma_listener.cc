@@ -9,6 +9,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "hello_check.h"
+
 #include "data_plane.h"
 #include "lane_service.h"
 #include "rackhub/data/v1/control.pb.h"
@@ -28,7 +30,6 @@ namespace {
 // rdma_listen(3) backlog of connect requests not yet handled.
 constexpr int kListenBacklog = 128;
 // HELLO is small: tenant, token and a few integers (as over TCP).
-constexpr uint32_t kMaxHelloBytes = 64 * 1024;
 // A rank still connected on the lane is waited for this many times (its close
 // may be in flight), like TCP hand-overs (LaneService::Adopt).
 constexpr int kAdoptRetries = 50;
@@ -289,36 +290,12 @@ void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const s
   const auto it = pending_.find(key);
   if (it == pending_.end()) return;
   const auto fail = [&](WireError code, const std::string& text) { Refuse(key, code, text); };
-  if (auto error = net::ValidateHeader(h); !error.empty()) return fail(WireError::kMalformed, error);
-  if (h.opcode != Opcode::kHello) {
-    return fail(WireError::kMalformed, "opcode: the first frame must be HELLO");
-  }
-  if (h.payload_bytes == 0 || h.payload_bytes > kMaxHelloBytes) {
-    return fail(WireError::kMalformed,
-                "payload_bytes: HELLO must be 1.." + std::to_string(kMaxHelloBytes) + " bytes");
-  }
-  data::v1::Hello hello;
-  if (!hello.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-    return fail(WireError::kMalformed, "payload: HELLO is not a Hello message");
-  }
-  // The same checks as the TCP HelloSession (data_plane.cc).
-  TenantInfo tenant;
-  const Status auth = registry_->Authenticate(hello.tenant(), hello.token(), &tenant);
-  if (!auth.ok()) return fail(WireError::kUnauthenticated, auth.message());
-  if (hello.rank() >= tenant.workers_per_rack) {
-    return fail(WireError::kInvalidArgument,
-                "rank: " + std::to_string(hello.rank()) + " is out of range; tenant '" +
-                    tenant.name + "' has " + std::to_string(tenant.workers_per_rack) +
-                    " workers per rack");
-  }
-  const auto& topo = config_.topology;
-  if (topo.racks.empty() ? hello.rack() != 0
-                         : (hello.rack() >= topo.rack_count() ||
-                            (topo.multi_rack_exchange() && hello.rack() != topo.rack))) {
-    return fail(WireError::kInvalidArgument,
-                "rack: " + std::to_string(hello.rack()) + " is not served by this hub (rack " +
-                    std::to_string(topo.rack) + ")");
-  }
+  if (auto error = CheckHelloHeader(h); !error.empty()) return fail(WireError::kMalformed, error);
+  // The same checks as the TCP acceptor.
+  auto checked = CheckHello(payload, *registry_, config_.topology, lanes_->size());
+  if (!checked.ok) return fail(checked.code, checked.text);
+  const auto& hello = checked.hello;
+  const TenantInfo& tenant = checked.tenant;
   Pending& p = *it->second;
   if (hello.lane() >= lanes_->size() || hello.lane() != p.lane) {
     return fail(WireError::kInvalidArgument,
