@@ -30,27 +30,6 @@ aggregation::ElementType ElementTypeOf(WireDType d) {
 }
 net::DType NetDTypeOf(WireDType d) { return static_cast<net::DType>(static_cast<uint8_t>(d)); }
 
-WireError WireErrorOf(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kResourceExhausted: return WireError::kQuotaExceeded;
-    case StatusCode::kNotFound: return WireError::kUnknownKey;
-    case StatusCode::kUnauthenticated: return WireError::kUnauthenticated;
-    default: return WireError::kInvalidArgument;
-  }
-}
-
-void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
-  e->set_id(k.id);
-  e->set_name(k.name);
-  e->set_elements(k.elements);
-  e->set_dtype(static_cast<pb::DType>(k.dtype));
-  e->set_first_chunk(k.placement.first_chunk);
-  e->set_chunk_count(k.placement.chunk_count);
-  e->set_init(k.init == InitMode::kFromClient ? pb::FROM_CLIENT : pb::ZEROS);
-  OptimizerToProto(k.optimizer, e->mutable_optimizer());
-  e->set_version(version);
-}
-
 }  // namespace
 
 LaneService::LaneService(uint32_t lane, uint32_t lanes, const Config& config,
@@ -136,25 +115,6 @@ void LaneService::Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq, int
   h.tenant = id.tenant_handle;
   conn->SendOwned(h, WelcomePayload(*t));
   conn->Start();
-}
-
-std::string LaneService::WelcomePayload(const Tenant& t) {
-  dpb::Welcome w;
-  w.set_tenant_handle(t.info.handle);
-  w.set_chunk_elements(t.info.chunk_bytes / aggregation::kMasterElementBytes);
-  w.set_lanes(lanes_);
-  w.set_workers(t.info.workers_per_rack);
-  w.set_epoch(1);
-  w.set_server_version(RACKHUB_VERSION);
-  w.set_straggler_timeout_ms(config_.straggler_timeout_ms);
-  std::vector<KeyInfo> keys;
-  if (registry_->ListKeys(t.info.name, &keys).ok()) {
-    for (const auto& k : keys) {
-      const auto rt = plane_->KeyRuntimeFor(t.info.handle, k.id);
-      FillKeyEntry(k, rt->version.load(std::memory_order_relaxed), w.add_keys());
-    }
-  }
-  return w.SerializeAsString();
 }
 
 LaneService::Key* LaneService::FindKey(Tenant& t, uint32_t key_id) {
@@ -497,95 +457,6 @@ void LaneService::HandlePull(net::Connection& conn, Tenant& t, const FrameHeader
   SendParams(conn, c, c.state.version(), h.request_id, true);
 }
 
-void LaneService::HandleDeclare(net::Connection& conn, Tenant& t, const FrameHeader& h,
-                                std::span<const std::byte> payload) {
-  dpb::KeyDeclaration decl;
-  if (!decl.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-    Reject(conn, WireError::kMalformed, "payload: DECLARE is not a KeyDeclaration", h.request_id);
-    return;
-  }
-  KeySpec spec;
-  spec.tenant = t.info.name;
-  spec.name = decl.name();
-  spec.elements = decl.elements();
-  switch (decl.dtype()) {
-    case pb::DTYPE_UNSPECIFIED:
-    case pb::FP32: spec.dtype = WireDType::kFp32; break;
-    case pb::FP16: spec.dtype = WireDType::kFp16; break;
-    case pb::BF16: spec.dtype = WireDType::kBf16; break;
-    default:
-      conn.SendError(WireError::kInvalidArgument, "dtype: unknown dtype", h.request_id, false);
-      return;
-  }
-  spec.init = decl.init() == pb::FROM_CLIENT ? InitMode::kFromClient : InitMode::kZeros;
-  spec.use_tenant_optimizer = !decl.has_optimizer();
-  if (decl.has_optimizer()) {
-    bool unspecified = false;
-    if (auto e = OptimizerFromProto(decl.optimizer(), &spec.optimizer, &unspecified);
-        !e.empty() || unspecified) {
-      conn.SendError(WireError::kInvalidArgument,
-                     "optimizer." + (e.empty() ? std::string("type: required") : e),
-                     h.request_id, false);
-      return;
-    }
-  }
-  KeyInfo info;
-  bool created = false;
-  const Status s = registry_->DeclareKey(spec, &info, &created);
-  if (!s.ok()) {
-    conn.SendError(WireErrorOf(s), s.message(), h.request_id, false);
-    return;
-  }
-  if (created) {
-    spdlog::info("data: tenant '{}' rank {} declared key '{}' ({} elements)", t.info.name,
-                 conn.id().rank, info.name, info.elements);
-  }
-  dpb::KeyEntry entry;
-  const auto rt = plane_->KeyRuntimeFor(t.info.handle, info.id);
-  FillKeyEntry(info, rt->version.load(std::memory_order_relaxed), &entry);
-  FrameHeader r;
-  r.opcode = Opcode::kKeyInfo;
-  r.tenant = t.info.handle;
-  r.key = info.id;
-  r.request_id = h.request_id;
-  conn.SendOwned(r, entry.SerializeAsString());
-}
-
-void LaneService::HandleSetOptimizer(net::Connection& conn, Tenant& t, const FrameHeader& h,
-                                     std::span<const std::byte> payload) {
-  dpb::OptimizerUpdate update;
-  if (!update.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-    Reject(conn, WireError::kMalformed, "payload: SET_OPTIMIZER is not an OptimizerUpdate",
-           h.request_id);
-    return;
-  }
-  KeyInfo info;
-  Status s = registry_->GetKeyById(t.info.handle, h.key, &info);
-  if (s.ok()) {
-    aggregation::OptimizerConfig cfg;
-    bool keep_type = true;
-    if (auto e = OptimizerFromProto(update.optimizer(), &cfg, &keep_type); !e.empty()) {
-      s = InvalidArgument("optimizer." + e);
-    } else {
-      // The registry tells every lane (this one included) through the observer.
-      s = registry_->SetOptimizer(t.info.name, info.name, cfg, keep_type, &info, h.iteration + 1);
-    }
-  }
-  if (!s.ok()) {
-    conn.SendError(WireErrorOf(s), s.message(), h.request_id, false);
-    return;
-  }
-  // Apply here at once too, so the ACK means "this lane has it".
-  OnOptimizerChanged(t.info.handle, info.id, info.optimizer, h.iteration + 1);
-  FrameHeader r;
-  r.opcode = Opcode::kAck;
-  r.tenant = t.info.handle;
-  r.key = info.id;
-  r.iteration = h.iteration;
-  r.request_id = h.request_id;
-  conn.SendOwned(r, {});
-}
-
 void LaneService::OnBytesSent(net::Connection& conn, size_t bytes) {
   if (conn.id().hub) {
     plane_->CountRackBytes(conn.id().rack, bytes, 0);
@@ -689,51 +560,6 @@ void LaneService::CheckStragglers() {
                       std::to_string(config_.straggler_timeout_ms) +
                       " ms (data.straggler_timeout_ms); partial sums were discarded");
     }
-  }
-}
-
-void LaneService::OnTenantDeleted(uint32_t handle) {
-  Tenant* t = FindTenant(handle);
-  if (!t) return;
-  FailPending(*t, WireError::kTenantGone, "tenant: was deleted");
-  const auto conns = t->conns;  // closing edits the map
-  for (auto& [rank, conn] : conns) {
-    conn->SendError(WireError::kTenantGone, "tenant: '" + t->info.name + "' was deleted", 0, true);
-  }
-  tenants_.erase(handle);
-}
-
-void LaneService::OnKeyDeleted(uint32_t handle, uint32_t key_id) {
-  Tenant* t = FindTenant(handle);
-  if (!t) return;
-  for (auto it = t->chunks.begin(); it != t->chunks.end();) {
-    if (it->second->key_id != key_id) {
-      ++it;
-      continue;
-    }
-    Chunk& c = *it->second;
-    for (const Waiter& w : c.pushes) {
-      if (auto wc = w.conn.lock(); wc && wc->open()) {
-        wc->SendError(WireError::kTenantGone, "key: was deleted", w.request_id, false);
-      }
-    }
-    t->pending.erase(it->first);
-    it = t->chunks.erase(it);
-  }
-  t->keys.erase(key_id);
-}
-
-void LaneService::OnOptimizerChanged(uint32_t handle, uint32_t key_id,
-                                     const aggregation::OptimizerConfig& optimizer,
-                                     uint64_t from_update) {
-  Tenant* t = FindTenant(handle);
-  if (!t) return;
-  if (auto it = t->keys.find(key_id); it != t->keys.end()) {
-    it->second.info.optimizer = optimizer;
-    it->second.info.schedule.Apply(optimizer, from_update);
-  }
-  for (auto& [id, chunk] : t->chunks) {
-    if (chunk->key_id == key_id) chunk->state.SetOptimizer(optimizer, from_update);
   }
 }
 
