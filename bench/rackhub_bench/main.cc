@@ -61,6 +61,12 @@ options:
   --racks R              racks of --workers workers each           [1]
   --topology MODE        hierarchical (one hub per rack, hubs exchange rack
                          sums) or flat (one hub for every rack)  [hierarchical]
+  --rack-addrs A0,A1,..  hub of rack r (flat: the one hub, rack 0) listens on
+                         IP Ar (data, admin, inter-hub) instead of 127.0.0.1,
+                         with a generated admin token and hub secret
+  --hub-netns-prefix P   run the hub of rack r in network namespace P<r>
+  --worker-netns-prefix P  run the workers of rack r in network namespace P<r>
+  --netns-prefix P       both (see bench/multirack_netns.sh; needs root)
   --json                 print one JSON object instead of a table
   -h, --help
 
@@ -128,6 +134,25 @@ std::string SelfDir() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
 }
 
+// 16 random bytes as hex (generated admin tokens and hub secrets).
+std::string RandomHex() {
+  unsigned char b[16] = {};
+  std::ifstream("/dev/urandom", std::ios::binary).read(reinterpret_cast<char*>(b), sizeof b);
+  std::string out;
+  char two[3];
+  for (unsigned char c : b) {
+    std::snprintf(two, sizeof two, "%02x", c);
+    out += two;
+  }
+  return out;
+}
+
+// argv run in network namespace `netns` (none when empty).
+std::vector<std::string> InNetns(const std::string& netns, std::vector<std::string> argv) {
+  if (!netns.empty()) argv.insert(argv.begin(), {"ip", "netns", "exec", netns});
+  return argv;
+}
+
 }  // namespace
 
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& stderr_file,
@@ -193,12 +218,17 @@ bool Hub::Open(const BenchArgs& a, const std::string& dir,
   const std::string ready = dir + "/ready";
   const std::string log = dir + "/rackhubd.log";
   std::vector<std::string> argv = {
-      SelfDir() + "/rackhubd", "--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+      SelfDir() + "/rackhubd", "--admin-listen", listen_host + ":0", "--data-listen", listen_host + ":0",
       "--lanes", std::to_string(a.lanes), "--ready-file", ready, "--log-level", "warn",
       "--transport", a.w.transport == "tcp" ? "tcp" : a.w.transport, "--rdma-listen",
       a.w.rdma_hub.empty() ? "127.0.0.1:0" : a.w.rdma_hub};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  pid_ = Spawn(argv, log);
+  if (listen_host != "127.0.0.1") {  // beyond loopback the hub needs an admin token
+    admin_token = RandomHex();
+    std::ofstream(dir + "/admin.token") << admin_token << "\n";
+    argv.insert(argv.end(), {"--admin-token-file", dir + "/admin.token"});
+  }
+  pid_ = Spawn(InNetns(netns, argv), log);
   if (pid_ < 0) return false;
   for (int i = 0; i < 400; ++i) {
     std::istringstream in(ReadAll(ready));
@@ -307,6 +337,9 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
     pb::CreateTenantResponse ignored;
     grpc::ClientContext octx;
     octx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!hubs[h]->admin_token.empty()) {
+      octx.AddMetadata("authorization", "Bearer " + hubs[h]->admin_token);
+    }
     if (auto s = other->CreateTenant(&octx, same, &ignored); !s.ok()) {
       std::fprintf(stderr, "rackhub-bench: creating tenant on %s: %s\n",
                    hubs[h]->admin.c_str(), s.error_message().c_str());
@@ -337,7 +370,9 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
   for (uint32_t r = 0; r < members; ++r) {
     const uint32_t rack = r / a.w.workers;
     const Hub& to = *hubs[hierarchical ? rack : 0];
-    pids.push_back(Spawn({self, "--worker-rank", std::to_string(r % a.w.workers), "--rack",
+    const std::string netns =
+        a.worker_netns_prefix.empty() ? "" : a.worker_netns_prefix + std::to_string(rack);
+    pids.push_back(Spawn(InNetns(netns, {self, "--worker-rank", std::to_string(r % a.w.workers), "--rack",
                           std::to_string(rack), "--racks", std::to_string(a.racks), "--hub",
                           to.data, "--tenant",
                           tenant, "--token-file", token_file, "--workers",
@@ -347,7 +382,7 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
                           "--dtype", std::to_string(static_cast<int>(a.w.dtype)), "--opt",
                           EncodeOptimizer(normalized), "--result", result_file(r),
                           a.w.verify ? "--verify" : "--no-verify", "--transport", a.w.transport,
-                          "--rdma-hub", a.w.rdma_hub}));
+                          "--rdma-hub", a.w.rdma_hub})));
   }
   bool ok = true;
   for (pid_t pid : pids) {
@@ -448,17 +483,24 @@ int Coordinate(const BenchArgs& a, const std::string& self) {
     const uint32_t hub_count = a.racks > 1 && a.topology == "hierarchical" ? a.racks : 1;
     std::string racks;
     for (uint32_t i = 0; i < a.racks && a.racks > 1; ++i) {
-      racks += (i ? "," : "") + std::string("127.0.0.1:0=127.0.0.1:") + std::to_string(FreePort());
+      const std::string host = a.rack_addrs.empty() ? "127.0.0.1" : a.rack_addrs[i];
+      racks += (i ? "," : "") + host + ":0=" + host + ":" + std::to_string(FreePort());
     }
     bool ok = true;
+    // Hubs exchanging beyond loopback share a secret.
+    const std::string secret_file = dir + "/hub.secret";
+    if (a.racks > 1 && !a.rack_addrs.empty()) std::ofstream(secret_file) << RandomHex() << "\n";
     for (uint32_t i = 0; i < hub_count && ok; ++i) {
       std::vector<std::string> extra;
       if (a.racks > 1) {
         extra = {"--racks", racks, "--rack", std::to_string(i), "--topology-mode", a.topology};
+        if (!a.rack_addrs.empty()) extra.insert(extra.end(), {"--hub-secret-file", secret_file});
       }
       const std::string hub_dir = dir + "/hub" + std::to_string(i);
       std::filesystem::create_directories(hub_dir);
       hubs.push_back(std::make_unique<Hub>());
+      if (!a.rack_addrs.empty()) hubs.back()->listen_host = a.rack_addrs[i];
+      if (!a.hub_netns_prefix.empty()) hubs.back()->netns = a.hub_netns_prefix + std::to_string(i);
       ok = hubs.back()->Open(a, hub_dir, extra);
       view.push_back(hubs.back().get());
     }
@@ -583,6 +625,16 @@ int main(int argc, char** argv) {
       a.w.racks = a.racks;
     } else if (f == "--rack") {  // internal: worker mode
       a.w.rack = ParseUint(f, value());
+    } else if (f == "--rack-addrs") {
+      std::istringstream in(value());
+      a.rack_addrs.clear();
+      for (std::string addr; std::getline(in, addr, ',');) a.rack_addrs.push_back(addr);
+    } else if (f == "--hub-netns-prefix") {
+      a.hub_netns_prefix = value();
+    } else if (f == "--worker-netns-prefix") {
+      a.worker_netns_prefix = value();
+    } else if (f == "--netns-prefix") {
+      a.hub_netns_prefix = a.worker_netns_prefix = value();
     } else if (f == "--topology") {
       a.topology = value();
       if (a.topology != "hierarchical" && a.topology != "flat") {
@@ -612,6 +664,10 @@ int main(int argc, char** argv) {
     return RunWorker(a.w);
   }
   if (!a.w.hub.empty() && a.admin.empty()) Usage("--hub needs --admin (to create the tenant)");
+  if (!a.rack_addrs.empty() && a.rack_addrs.size() != std::max<uint32_t>(a.racks, 1)) {
+    Usage("--rack-addrs: needs one address per rack (--racks)");
+  }
+  if (!a.rack_addrs.empty() && !a.compare.empty()) Usage("--rack-addrs: not with --compare");
   if (a.w.transport == "rdma" && a.w.rdma_hub.empty()) {
     Usage("--transport rdma needs --rdma-hub HOST:PORT (an IP of the RDMA interface)");
   }

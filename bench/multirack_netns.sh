@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# Multi-rack benchmark under a real bottleneck: racks as network namespaces,
+# cross-rack links shaped with `tc tbf`, hierarchical vs. flat exchange.
+#
+#   rh-rack0 (hub 0 + W workers) --rk0==sp0-- rh-spine --sp1==rk1-- rh-rack1 (hub 1 + W workers)
+#                                  shaped         (router)      shaped
+#
+# Rack r is namespace rh-rack<r> holding veth `rk` = 10.77.<r>.2/24; the spine
+# namespace routes between its ends sp<r> = 10.77.<r>.1/24. Each cross-rack
+# link is shaped in both directions (egress of rk in the rack, egress of sp<r>
+# in the spine). Intra-rack traffic (workers <-> their hub) stays inside the
+# rack namespace (local address: loopback speed).
+#
+#   hierarchical: one hub per rack; only hub-to-hub traffic (rack sums out,
+#                 parameters back) crosses the shaped links.
+#   flat:         one hub, in rack 0; the workers of the other racks push and
+#                 pull the whole model across the shaped links.
+#
+# Both run the same training traffic (rackhub-bench, every iteration verified
+# bit for bit), interleaved for --rounds rounds per link rate. Prints the
+# medians of the per-round median iteration times, the ratio hier/flat, the
+# hub-link bytes the hubs count and the bytes that really crossed the shaped
+# links (veth counters). Needs root, `ip netns` and `tc` with tbf; otherwise
+# prints "SKIPPED: ..." and exits 0. Namespaces are removed on exit.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: bench/multirack_netns.sh [options]
+
+  --build DIR        build directory with bin/rackhubd and bin/rackhub-bench [build]
+  --racks R          racks (namespaces rh-rack0..R-1)                     [2]
+  --workers W        workers per rack                                      [4]
+  --bytes SIZE       model size, fp32 bytes (rackhub-bench --bytes)        [16MiB]
+  --iterations I     timed iterations per run (+2 warm-up)                 [5]
+  --rounds N         interleaved [hierarchical, flat] rounds per rate      [3]
+  --rates "R1 R2 .." cross-rack link rates (tc units: 1gbit, 300mbit; "none"
+                     = unshaped veth, shows the CPU-bound floor)          [1gbit]
+  --dtype fp32|bf16  wire dtype                                            [fp32]
+  --lanes N          lanes per hub (0 = one per core)                      [0]
+  --prefix P         namespace name prefix                                 [rh-]
+  --json FILE        also write every run's rackhub-bench JSON (one a line)
+  -h, --help
+EOF
+}
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+build="$here/../build"
+racks=2 workers=4 bytes=16MiB iterations=5 rounds=3 rates="1gbit" dtype=fp32 lanes=0
+prefix=rh- json_out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build=$2; shift 2 ;;
+    --racks) racks=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --bytes) bytes=$2; shift 2 ;;
+    --iterations) iterations=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --rates) rates=$2; shift 2 ;;
+    --dtype) dtype=$2; shift 2 ;;
+    --lanes) lanes=$2; shift 2 ;;
+    --prefix) prefix=$2; shift 2 ;;
+    --json) json_out=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "multirack_netns.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+if ! [ "$racks" -ge 2 ] 2>/dev/null || [ "$racks" -gt 200 ]; then
+  echo "multirack_netns.sh: --racks must be 2..200" >&2
+  exit 2
+fi
+
+skip() { echo "SKIPPED: $*"; exit 0; }
+[ "$(id -u)" = 0 ] || skip "needs root (network namespaces, veth, tc); run as root"
+command -v ip >/dev/null || skip "'ip' (iproute2) not found"
+command -v tc >/dev/null || skip "'tc' (iproute2) not found"
+python=/usr/bin/python3
+[ -x "$python" ] || python=$(command -v python3) || { echo "multirack_netns.sh: needs python3" >&2; exit 2; }
+
+build=$(cd "$build" 2>/dev/null && pwd) || { echo "multirack_netns.sh: no build directory '$build' (--build)" >&2; exit 2; }
+bench="$build/bin/rackhub-bench"
+for b in "$bench" "$build/bin/rackhubd"; do
+  [ -x "$b" ] || { echo "multirack_netns.sh: $b not built (cmake --build $build --target rackhubd rackhub-bench)" >&2; exit 2; }
+done
+
+spine="${prefix}spine"
+rack_ns() { echo "${prefix}rack$1"; }
+created=()
+cleanup() {
+  local ns pids
+  # Processes still inside our namespaces (an interrupted run's coordinator,
+  # hubs and workers) are ours: end them by pid, then remove the namespaces.
+  for ns in "${created[@]}"; do
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    # shellcheck disable=SC2086  # one pid a word
+    [ -z "$pids" ] || kill $pids 2>/dev/null || true
+  done
+  [ ${#created[@]} -eq 0 ] || sleep 0.5
+  for ns in "${created[@]}"; do
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    # shellcheck disable=SC2086
+    [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+for ns in "$spine" $(for r in $(seq 0 $((racks - 1))); do rack_ns "$r"; done); do
+  if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$ns"; then
+    echo "multirack_netns.sh: namespace $ns already exists (another run? remove it with: ip netns del $ns)" >&2
+    exit 1
+  fi
+done
+ip netns add "$spine" 2>/dev/null || skip "cannot create network namespaces here ('ip netns add' failed: no CAP_SYS_ADMIN or no netns support)"
+created+=("$spine")
+ip -n "$spine" link set lo up
+ip netns exec "$spine" sysctl -qw net.ipv4.ip_forward=1
+
+# rate -> tbf burst: 2 ms of line rate, at least 128 KiB (GSO-sized packets).
+tbf_args() {
+  "$python" - "$1" <<'EOF'
+import re, sys
+m = re.fullmatch(r"([0-9.]+)\s*([kmg]?)(bit|bps)", sys.argv[1].lower())
+if not m:
+    sys.exit("multirack_netns.sh: rate '%s' is not like 1gbit or 300mbit" % sys.argv[1])
+v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+if m.group(3) == "bit":
+    v /= 8
+print("rate %s burst %d latency 100ms" % (sys.argv[1], max(int(v * 0.002), 131072)))
+EOF
+}
+
+# add_tbf NAMESPACE DEVICE RATE: shapes the device's egress.
+add_tbf() {
+  local args
+  args=$(tbf_args "$3") || return 1
+  read -ra args <<<"$args"
+  ip netns exec "$1" tc qdisc add dev "$2" root tbf "${args[@]}"
+}
+
+for rate in $rates; do
+  [ "$rate" = none ] || tbf_args "$rate" >/dev/null || exit 2
+done
+
+addrs=()
+for r in $(seq 0 $((racks - 1))); do
+  ns=$(rack_ns "$r")
+  ip netns add "$ns"
+  created+=("$ns")
+  ip -n "$ns" link set lo up
+  ip link add "rhk$$x$r" netns "$ns" type veth peer name "sp$r" netns "$spine"
+  ip -n "$ns" link set "rhk$$x$r" name rk
+  ip -n "$ns" addr add "10.77.$r.2/24" dev rk
+  ip -n "$ns" link set rk up
+  ip -n "$spine" addr add "10.77.$r.1/24" dev "sp$r"
+  ip -n "$spine" link set "sp$r" up
+  ip -n "$ns" route add default via "10.77.$r.1"
+  addrs+=("10.77.$r.2")
+done
+if ! add_tbf "$(rack_ns 0)" rk 1gbit 2>/dev/null; then
+  skip "tc cannot attach a tbf qdisc here (sch_tbf missing from the kernel?)"
+fi
+ip netns exec "$(rack_ns 0)" tc qdisc del dev rk root
+
+# Shapes every cross-rack link (both directions) to $1, or removes shaping ("none").
+shape() {
+  local r ns
+  for r in $(seq 0 $((racks - 1))); do
+    ns=$(rack_ns "$r")
+    ip netns exec "$ns" tc qdisc del dev rk root 2>/dev/null || true
+    ip netns exec "$spine" tc qdisc del dev "sp$r" root 2>/dev/null || true
+    if [ "$1" != none ]; then
+      add_tbf "$ns" rk "$1"
+      add_tbf "$spine" "sp$r" "$1"
+    fi
+  done
+}
+
+# Bytes sent + received by every rack over its shaped link so far (the
+# spine's view: sp<r> tx = into rack r, rx = out of rack r).
+link_bytes() {
+  local r tx rx
+  for r in $(seq 0 $((racks - 1))); do
+    tx=$(ip netns exec "$spine" cat "/sys/class/net/sp$r/statistics/tx_bytes")
+    rx=$(ip netns exec "$spine" cat "/sys/class/net/sp$r/statistics/rx_bytes")
+    echo "$r $tx $rx"
+  done
+}
+
+rack_addrs=$(IFS=,; echo "${addrs[*]}")
+tmp=$(mktemp -d)
+created_tmp=$tmp
+trap 'cleanup; rm -rf "$created_tmp"' EXIT
+runs="$tmp/runs.txt"
+: >"$runs"
+
+echo "multirack_netns: $racks racks x $workers workers, $bytes $dtype model, $iterations iterations (+2 warm-up), $rounds rounds per rate"
+echo "  namespaces $spine $(for r in $(seq 0 $((racks - 1))); do printf '%s ' "$(rack_ns "$r")"; done)"
+echo "  rackhub-bench $bench"
+for rate in $rates; do
+  shape "$rate"
+  for round in $(seq 1 "$rounds"); do
+    for topo in hierarchical flat; do
+      before=$(link_bytes)
+      # In the background + wait, so that INT/TERM interrupt at once.
+      ip netns exec "$(rack_ns 0)" "$bench" --racks "$racks" --workers "$workers" \
+        --bytes "$bytes" --iterations "$iterations" --dtype "$dtype" --lanes "$lanes" \
+        --topology "$topo" --rack-addrs "$rack_addrs" --netns-prefix "${prefix}rack" \
+        --json >"$tmp/out.json" &
+      if ! wait $!; then
+        echo "multirack_netns.sh: rackhub-bench failed ($topo, rate $rate, round $round)" >&2
+        exit 1
+      fi
+      out=$(cat "$tmp/out.json")
+      after=$(link_bytes)
+      line=$("$python" - "$rate" "$round" "$topo" "$out" "$before" "$after" <<'EOF'
+import json, sys
+rate, rnd, topo, out, before, after = sys.argv[1:]
+d = json.loads(out)
+b = {l.split()[0]: list(map(int, l.split()[1:])) for l in before.splitlines()}
+a = {l.split()[0]: list(map(int, l.split()[1:])) for l in after.splitlines()}
+per_link = {r: [a[r][0] - b[r][0], a[r][1] - b[r][1]] for r in a}  # [into rack, out of rack]
+d.update(rate=rate, round=int(rnd), link_bytes=per_link)
+print(json.dumps(d, separators=(",", ":")))
+EOF
+)
+      echo "$line" >>"$runs"
+      "$python" -c '
+import json, sys
+d = json.loads(sys.argv[1])
+its = d["iterations"] + 2
+worst = max(max(v) for v in d["link_bytes"].values()) / its
+print("  rate %-8s round %d %-12s median %9.1f ms  verified %-5s  busiest link direction %6.1f MiB/iteration" %
+      (d["rate"], d["round"], d["topology"], d["median_ms"], str(d["verified"]).lower(), worst / 2**20))
+' "$line"
+    done
+  done
+done
+[ -n "$json_out" ] && cp "$runs" "$json_out"
+
+"$python" - "$runs" "$racks" "$workers" <<'EOF'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+R, W = int(sys.argv[2]), int(sys.argv[3])
+M = runs[0]["bytes"] * (1 if runs[0]["dtype"] == "fp32" else 0.5)
+# Bytes per iteration on the busiest direction of the busiest shaped link:
+# flat: rack 0's link carries the pushes and pulls of the (R-1)*W remote workers;
+# hierarchical: each hub sends (R-1)/R of the rack sums and (R-1)/R * M of
+# parameters to the R-1 others (rack sums are fp32 whatever the wire dtype).
+flat_an = (R - 1) * W * M
+sums = runs[0]["bytes"] * (R - 1) / R
+hier_an = sums + M * (R - 1) / R
+print()
+print("| link rate | hierarchical ms | flat ms | hier/flat | target <= 0.35 | hub-link bytes/it (counted) | busiest link MiB/it, hier | busiest link MiB/it, flat | round medians, hier | round medians, flat |")
+print("|---|---:|---:|---:|---|---:|---:|---:|---|---|")
+for rate in dict.fromkeys(r["rate"] for r in runs):
+    rs = [r for r in runs if r["rate"] == rate]
+    med, busiest, rounds = {}, {}, {}
+    for t in ("hierarchical", "flat"):
+        x = [r for r in rs if r["topology"] == t]
+        rounds[t] = [r["median_ms"] for r in x]
+        med[t] = statistics.median(rounds[t])
+        busiest[t] = statistics.median(max(max(v) for v in r["link_bytes"].values()) / (r["iterations"] + 2) for r in x)
+    ratio = med["hierarchical"] / med["flat"]
+    ihb = statistics.median(r["interhub_bytes_per_iteration"] for r in rs if r["topology"] == "hierarchical")
+    ok = all(r["verified"] for r in rs)
+    print("| %s | %.1f | %.1f | %.3f | %s | %.0f | %.1f | %.1f | %s | %s |" % (
+        rate, med["hierarchical"], med["flat"], ratio, "n/a (unshaped)" if rate == "none" else "met" if ratio <= 0.35 else "NOT met", ihb,
+        busiest["hierarchical"] / 2**20, busiest["flat"] / 2**20,
+        " ".join("%.0f" % v for v in rounds["hierarchical"]), " ".join("%.0f" % v for v in rounds["flat"])))
+    if not ok:
+        print("  WARNING: some run was not verified bit for bit")
+digests = {r["digest"] for r in runs}
+print()
+print("analytic bytes per iteration on the busiest shaped link direction: hierarchical %.1f MiB, flat %.1f MiB (ratio %.3f)" %
+      (hier_an / 2**20, flat_an / 2**20, hier_an / flat_an))
+print("every run verified bit for bit: %s; final-parameter digests equal across all runs: %s" %
+      (str(all(r["verified"] for r in runs)).lower(), str(len(digests) == 1).lower()))
+EOF
