@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "rackhub/admin/v1/admin.pb.h"
 #include "rackhub/aggregation/optimizer_config.h"
 
 namespace rackhub::bench {
@@ -143,5 +144,11 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& stderr_file
 std::string ReadAll(const std::string& path);
 // A fresh directory under $TMPDIR for this run's files.
 std::string MakeRunDir();
+// Shared helpers of the coordinator (run.cc).
+admin::v1::OptimizerType ParseOptimizer(const std::string& name);  // exits 2 if unknown
+std::string SelfDir();     // directory of this executable
+std::string RandomHex();   // 16 random bytes as hex
+// argv to run in network namespace `netns` (unchanged when empty).
+std::vector<std::string> InNetns(const std::string& netns, std::vector<std::string> argv);
 
 }  // namespace rackhub::bench
