@@ -35,6 +35,10 @@ struct WorkerParams {
   std::string tenant;
   std::string token_file;
   std::string result_file;  // where the worker writes its JSON result
+  // Workers meet here before every iteration (a file per worker and
+  // iteration) so no worker's gradient generation overlaps another's timed
+  // push_pull: the same as the barrier the gloo benchmark uses. Empty: none.
+  std::string barrier_dir;
   uint32_t rank = 0;
   uint32_t workers = 2;
   uint64_t bytes = 64ull << 20;  // fp32 model bytes over all keys

@@ -331,6 +331,8 @@ int main(int argc, char** argv) {
       a.w.token_file = value();
     } else if (f == "--opt") {
       opt_text = value();
+    } else if (f == "--barrier-dir") {  // internal: worker mode
+      a.w.barrier_dir = value();
     } else if (f == "--result") {
       a.w.result_file = value();
     } else {

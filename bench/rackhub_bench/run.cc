@@ -275,6 +275,8 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
   const std::string token_file = dir + "/token-" + tenant;
   std::ofstream(token_file) << resp.token() << "\n";
 
+  const std::string barrier_dir = dir + "/barrier-" + tenant;
+  std::filesystem::create_directories(barrier_dir);
   auto result_file = [&](uint32_t r) {
     return dir + "/" + tenant + "-worker-" + std::to_string(r) + ".json";
   };
@@ -293,7 +295,7 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
                           "--keys", std::to_string(a.w.keys), "--iterations",
                           std::to_string(a.w.iterations), "--warmup", std::to_string(a.w.warmup),
                           "--dtype", std::to_string(static_cast<int>(a.w.dtype)), "--opt",
-                          EncodeOptimizer(normalized), "--result", result_file(r),
+                          EncodeOptimizer(normalized), "--result", result_file(r), "--barrier-dir", barrier_dir,
                           a.w.verify ? "--verify" : "--no-verify", "--transport", a.w.transport,
                           "--rdma-hub", a.w.rdma_hub})));
   }
@@ -348,6 +350,7 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
   std::error_code ec;
   std::filesystem::remove(token_file, ec);
   for (uint32_t r = 0; r < members; ++r) std::filesystem::remove(result_file(r), ec);
+  std::filesystem::remove_all(barrier_dir, ec);
   if (!ok) std::fprintf(stderr, "rackhub-bench: a worker failed (see its message above)\n");
   result.ok = ok;
   return result;

@@ -1,5 +1,7 @@
 // Worker mode of rackhub-bench: push_pull loop, timing and verification.
 #include <chrono>
+#include <filesystem>
+#include <thread>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -64,6 +66,26 @@ int Fail(const WorkerParams& p, const std::string& what, const client::Error& e)
 
 }  // namespace
 
+// Waits until every worker reached `iteration` (see WorkerParams::barrier_dir).
+bool Barrier(const WorkerParams& p, uint32_t iteration) {
+  const uint32_t members = p.racks * p.workers;
+  auto name = [&](uint32_t m) {
+    return p.barrier_dir + "/it" + std::to_string(iteration) + "-m" + std::to_string(m);
+  };
+  std::ofstream(name(p.rack * p.workers + p.rank)).put('.');
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (uint32_t m = 0; m < members;) {
+    if (std::filesystem::exists(name(m))) {
+      ++m;
+    } else if (std::chrono::steady_clock::now() > deadline) {
+      return false;
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  return true;
+}
+
 int RunWorker(const WorkerParams& p) {
   std::ifstream tf(p.token_file);
   std::string token;
@@ -119,6 +141,11 @@ int RunWorker(const WorkerParams& p) {
     for (uint32_t k = 0; k < p.keys; ++k) {
       float* g = grads[k].data();
       for (uint64_t i = 0; i < sizes[k]; ++i) g[i] = Gradient(me, it, k, i);
+    }
+    if (!p.barrier_dir.empty() && !Barrier(p, it)) {
+      std::fprintf(stderr, "rackhub-bench worker %u: the other workers did not reach iteration %u\n",
+                   p.rank, it);
+      return 1;
     }
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<client::Ticket> tickets(p.keys);
