@@ -231,29 +231,9 @@ void Lane::OnReply(const PendingRequest& request) {
 }
 
 void Lane::OnError() {
-  net::WireError code{};
-  std::string text;
-  if (!net::DecodeErrorBody(scratch_, &code, &text)) {
-    Broken("ERROR frame with a payload shorter than 4 bytes");
-    return;
+  if (auto broken = HandleErrorFrame(owner_, index_, header_, scratch_, &pending_); !broken.empty()) {
+    Broken(broken);
   }
-  const std::string what = std::string(net::WireErrorName(code)) + ": " + text;
-  if (header_.flags & net::kFlagFatal) {
-    Broken("the hub sent a fatal ERROR and closes the connection: " + what);
-    return;
-  }
-  const auto it = pending_.find(header_.request_id);
-  if (it == pending_.end()) return;  // unsolicited and not fatal: nothing waits for it
-  const OperationPtr op = std::move(it->second.op);
-  const uint32_t chunk = it->second.chunk;
-  pending_.erase(it);
-  Error e;
-  e.code = ErrorCode::kServer;
-  e.wire = code;
-  e.message = std::string("hub refused ") + OpKindName(op->kind) + " of key " +
-              std::to_string(op->key) + " (lane " + std::to_string(index_) + ", chunk " +
-              std::to_string(chunk) + "): " + what;
-  owner_->FailOp(op, std::move(e));
 }
 
 void Lane::Broken(const std::string& reason) {

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
 
 #include "client_impl.h"
 
@@ -26,5 +29,13 @@ class LaneLink {
   // Closes at once; queued frames are dropped (their io_refs released).
   virtual void Abort() = 0;
 };
+
+// An ERROR frame from the hub on lane `lane`, for every transport: a fatal
+// or malformed one returns the reason the lane is broken; otherwise the
+// request it answers (if any, taken out of `pending`) fails with kServer and
+// "" is returned.
+std::string HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
+                             std::span<const std::byte> payload,
+                             std::unordered_map<uint64_t, PendingRequest>* pending);
 
 }  // namespace rackhub::client::internal

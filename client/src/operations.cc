@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "client_impl.h"
+#include "lane_link.h"
 #include "convert.h"
 #include "lane.h"
 #include "wire.h"
@@ -45,6 +46,33 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kDeclare: return "DeclareKey";
   }
   return "?";
+}
+
+std::string HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
+                             std::span<const std::byte> payload,
+                             std::unordered_map<uint64_t, PendingRequest>* pending) {
+  net::WireError code{};
+  std::string text;
+  if (!net::DecodeErrorBody(payload, &code, &text)) {
+    return "ERROR frame with a payload shorter than 4 bytes";
+  }
+  const std::string what = std::string(net::WireErrorName(code)) + ": " + text;
+  if (h.flags & net::kFlagFatal) {
+    return "the hub sent a fatal ERROR and closes the connection: " + what;
+  }
+  const auto it = pending->find(h.request_id);
+  if (it == pending->end()) return "";  // unsolicited and not fatal: nothing waits for it
+  const OperationPtr op = std::move(it->second.op);
+  const uint32_t chunk = it->second.chunk;
+  pending->erase(it);
+  Error e;
+  e.code = ErrorCode::kServer;
+  e.wire = code;
+  e.message = std::string("hub refused ") + OpKindName(op->kind) + " of key " +
+              std::to_string(op->key) + " (lane " + std::to_string(lane) + ", chunk " +
+              std::to_string(chunk) + "): " + what;
+  owner->FailOp(op, std::move(e));
+  return "";
 }
 }  // namespace internal
 
@@ -536,5 +564,6 @@ void Client::Impl::Close() {
     Finish(op);
   }
 }
+
 
 }  // namespace rackhub::client

@@ -194,27 +194,9 @@ void RdmaLane::OnReply(const net::FrameHeader& h, std::span<const std::byte> pay
 }
 
 void RdmaLane::OnError(const net::FrameHeader& h, std::span<const std::byte> payload) {
-  net::WireError code{};
-  std::string text;
-  if (!net::DecodeErrorBody(payload, &code, &text)) {
-    return Broken("ERROR frame with a payload shorter than 4 bytes");
+  if (auto broken = HandleErrorFrame(owner_, index_, h, payload, &pending_); !broken.empty()) {
+    Broken(broken);
   }
-  const std::string what = std::string(net::WireErrorName(code)) + ": " + text;
-  if (h.flags & net::kFlagFatal) {
-    return Broken("the hub sent a fatal ERROR and closes the connection: " + what);
-  }
-  const auto it = pending_.find(h.request_id);
-  if (it == pending_.end()) return;  // unsolicited and not fatal: nothing waits for it
-  const OperationPtr op = std::move(it->second.op);
-  const uint32_t chunk = it->second.chunk;
-  pending_.erase(it);
-  Error e;
-  e.code = ErrorCode::kServer;
-  e.wire = code;
-  e.message = std::string("hub refused ") + OpKindName(op->kind) + " of key " +
-              std::to_string(op->key) + " (lane " + std::to_string(index_) + ", chunk " +
-              std::to_string(chunk) + "): " + what;
-  owner_->FailOp(op, std::move(e));
 }
 
 }  // namespace internal

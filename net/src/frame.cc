@@ -147,6 +147,18 @@ std::string EncodeErrorBody(WireError code, std::string_view text) {
   return out;
 }
 
+ErrorFrame MakeErrorFrame(WireError code, std::string_view text, uint32_t tenant,
+                          uint64_t request_id, bool fatal) {
+  ErrorFrame f;
+  f.body = EncodeErrorBody(code, text);
+  f.header.opcode = Opcode::kError;
+  f.header.flags = fatal ? kFlagFatal : 0;
+  f.header.tenant = tenant;
+  f.header.request_id = request_id;
+  f.header.payload_bytes = static_cast<uint32_t>(f.body.size());
+  return f;
+}
+
 bool DecodeErrorBody(std::span<const std::byte> body, WireError* code, std::string* text) {
   if (body.size() < 4) return false;
   uint32_t c;

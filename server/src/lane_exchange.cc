@@ -367,10 +367,8 @@ net::FrameHandler::Verdict LaneService::CheckPeerFrame(net::Connection& conn,
 
 void LaneService::SendPeerError(net::Connection& conn, uint32_t peer_tenant,
                                 const std::string& text) {
-  FrameHeader e;
-  e.opcode = Opcode::kError;
-  e.tenant = peer_tenant;
-  conn.SendOwned(e, net::EncodeErrorBody(WireError::kInvalidArgument, text));
+  net::ErrorFrame e = net::MakeErrorFrame(WireError::kInvalidArgument, text, peer_tenant, 0, false);
+  conn.SendOwned(e.header, std::move(e.body));
 }
 
 bool LaneService::TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes,

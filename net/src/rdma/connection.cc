@@ -75,15 +75,10 @@ void RdmaConnection::SendOwned(const FrameHeader& header, std::string payload) {
 void RdmaConnection::SendError(WireError code, const std::string& text, uint64_t request_id,
                                bool fatal) {
   if (!open_ || closing_) return;
-  FrameHeader h;
-  h.opcode = Opcode::kError;
-  h.flags = fatal ? kFlagFatal : 0;
-  h.tenant = id_.tenant_handle;
-  h.request_id = request_id;
+  ErrorFrame e = MakeErrorFrame(code, text, id_.tenant_handle, request_id, fatal);
   OutgoingFrame f;
-  f.owned = EncodeErrorBody(code, text);
-  h.payload_bytes = static_cast<uint32_t>(f.owned.size());
-  EncodeHeader(h, f.header);
+  f.owned = std::move(e.body);
+  EncodeHeader(e.header, f.header);
   f.close_after = fatal;
   if (fatal) {
     closing_ = true;

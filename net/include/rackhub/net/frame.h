@@ -133,6 +133,15 @@ FrameHeader DecodeHeader(std::span<const std::byte, kHeaderBytes> in);
 // dtype. Returns "" if valid, else a message naming the field.
 std::string ValidateHeader(const FrameHeader& h);
 
+// A whole ERROR frame answering `request_id` on a connection of `tenant`:
+// the header (payload_bytes set, kFlagFatal if `fatal`) and its body.
+struct ErrorFrame {
+  FrameHeader header;
+  std::string body;
+};
+ErrorFrame MakeErrorFrame(WireError code, std::string_view text, uint32_t tenant,
+                          uint64_t request_id, bool fatal);
+
 // ERROR payload: u32 code (LE) followed by the text.
 std::string EncodeErrorBody(WireError code, std::string_view text);
 // Returns false if `body` is shorter than 4 bytes.
