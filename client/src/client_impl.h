@@ -47,7 +47,10 @@ struct Operation {
   uint64_t iteration = 0;            // PUSH iteration / SET_OPTIMIZER from_iteration
   std::span<const float> in;         // PushPull gradient / Init values (borrowed)
   std::span<float> out;              // PushPull / Pull destination (borrowed)
-  std::vector<uint16_t> narrowed;    // `in` converted for fp16/bf16 keys
+  // `in` converted for fp16/bf16 keys: the key's staging buffer, reused by
+  // every operation of the key (one at a time), so no allocation and no
+  // page faults per push.
+  std::shared_ptr<std::vector<uint16_t>> narrowed;
   std::string control;               // protobuf payload (DECLARE, SET_OPTIMIZER)
   Callback callback;
 
@@ -166,6 +169,7 @@ class Client::Impl {
   struct KeyState {
     KeyInfo info;
     bool busy = false;  // a PushPull/Init/Pull is pending
+    std::shared_ptr<std::vector<uint16_t>> staging = std::make_shared<std::vector<uint16_t>>();
   };
   void ImportKey(const KeyInfo& info);  // REQUIRES: mu_ held
 

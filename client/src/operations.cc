@@ -118,8 +118,8 @@ Ticket Client::Impl::CompleteNow(OperationPtr op, Error error) {
 void Client::Impl::Post(OperationPtr op) {
   if ((op->kind == OpKind::kPushPull || op->kind == OpKind::kInit) &&
       op->dtype != DType::kFp32) {
-    op->narrowed.resize(op->in.size());
-    internal::NarrowFloats(op->dtype, op->in.data(), op->narrowed.data(), op->in.size());
+    op->narrowed->resize(op->in.size());
+    internal::NarrowFloats(op->dtype, op->in.data(), op->narrowed->data(), op->in.size());
   }
   asio::post(io_, [this, op = std::move(op)] { Start(op); });
 }
@@ -151,6 +151,7 @@ Error Client::Impl::AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, b
                          "': the key already has a PushPull/Init/Pull pending; wait for it");
   }
   k.busy = true;
+  op->narrowed = k.staging;
   op->dtype = k.info.dtype;
   op->elements = k.info.elements;
   op->first_chunk = k.info.first_chunk;
@@ -416,7 +417,7 @@ void Client::Impl::StartChunks(const OperationPtr& op, net::Opcode opcode) {
     f.op = op;
     if (with_payload) {
       f.payload = borrow ? static_cast<const void*>(op->in.data() + offset)
-                         : static_cast<const void*>(op->narrowed.data() + offset);
+                         : static_cast<const void*>(op->narrowed->data() + offset);
       f.bytes = h.payload_bytes;
       f.borrows_user = borrow;
       if (borrow) ++op->io_refs;
