@@ -33,6 +33,11 @@ int main(int argc, char** argv) {
                 c.admin.tls_cert_file.empty()
                     ? "off"
                     : (c.admin.tls_client_ca_file.empty() ? "on" : "on, client certificates"));
+    if (!c.topology.racks.empty()) {
+      std::printf("rackhubd: topology: rack %u of %u, %s, hub links on %s\n", c.topology.rack,
+                  c.topology.rack_count(), c.topology.mode.c_str(),
+                  c.topology.racks[c.topology.rack].interhub.ToString().c_str());
+    }
     return kExitOk;
   }
   return RunDaemon(c);

@@ -148,6 +148,55 @@ TEST(ParseConfigTextTest, UnknownKeyNamesDottedFieldAndLine) {
   EXPECT_EQ(c.log_level, "warn");  // the valid field is still applied
 }
 
+TEST(ParseConfigTextTest, TopologyRacks) {
+  Config c;
+  auto errors = Parse(
+      "[topology]\nrack = 1\nmode = \"flat\"\n"
+      "racks = [ { data = \"10.0.0.1:7700\", interhub = \"10.0.0.1:7703\" },\n"
+      "          { data = \"10.0.0.2:7700\", interhub = \"10.0.0.2:7703\" } ]\n",
+      &c);
+  ASSERT_TRUE(errors.empty()) << errors[0];
+  ASSERT_EQ(c.topology.racks.size(), 2u);
+  EXPECT_EQ(c.topology.rack, 1u);
+  EXPECT_EQ(c.topology.racks[1].data.ToString(), "10.0.0.2:7700");
+  EXPECT_EQ(c.topology.racks[1].interhub.port, 7703);
+  EXPECT_EQ(c.topology.rack_count(), 2u);
+  EXPECT_FALSE(c.topology.multi_rack_exchange()) << "flat mode exchanges nothing";
+
+  Config bad;
+  errors = Parse("[topology]\nracks = [ { data = \"10.0.0.1:7700\" } ]\n", &bad);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("topology.racks: rack 0: needs data and interhub"), std::string::npos)
+      << errors[0];
+  errors = Parse("[topology]\nmode = \"mesh\"\n", &bad);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("topology.mode"), std::string::npos) << errors[0];
+}
+
+TEST(ValidateConfigTest, TopologyNeedsItsRackASecretAndFixedPorts) {
+  Config c;
+  ASSERT_TRUE(Parse("[topology]\nrack = 2\n"
+                    "racks = [ { data = \"10.0.0.1:7700\", interhub = \"10.0.0.1:7703\" },\n"
+                    "          { data = \"10.0.0.2:7700\", interhub = \"10.0.0.2:0\" } ]\n",
+                    &c)
+                  .empty());
+  std::vector<std::string> errors;
+  ValidateConfig(c, &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("topology.rack: 2 is not one of the 2 racks"), std::string::npos);
+  c.topology.rack = 0;
+  errors.clear();
+  ValidateConfig(c, &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("topology.secret_file"), std::string::npos) << errors[0];
+  c.topology.rack = 1;  // its interhub port is 0
+  c.topology.racks[1].interhub.host = "127.0.0.1";
+  errors.clear();
+  ValidateConfig(c, &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("needs a fixed interhub port"), std::string::npos) << errors[0];
+}
+
 TEST(ParseConfigTextTest, UnknownSection) {
   Config c;
   const auto errors = Parse("[storage]\npath = \"/x\"\n", &c);
