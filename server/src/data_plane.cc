@@ -25,6 +25,13 @@ constexpr int kKeepAliveIdleS = 10;
 constexpr int kKeepAliveIntervalS = 2;
 constexpr int kKeepAliveProbes = 5;
 
+// "ip:port" of the remote end, for logs.
+static std::string PeerName(const tcp::socket& socket) {
+  boost::system::error_code ec;
+  const auto remote = socket.remote_endpoint(ec);
+  return ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+}
+
 // Reads and checks one HELLO on the acceptor thread, then hands the socket
 // over (or answers a fatal ERROR and closes).
 class DataPlane::HelloSession : public std::enable_shared_from_this<HelloSession> {
@@ -33,9 +40,7 @@ class DataPlane::HelloSession : public std::enable_shared_from_this<HelloSession
       : plane_(plane), socket_(std::move(socket)), timer_(socket_.get_executor()) {}
 
   void Start() {
-    boost::system::error_code ec;
-    const auto remote = socket_.remote_endpoint(ec);
-    peer_ = ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+    peer_ = PeerName(socket_);
     timer_.expires_after(std::chrono::milliseconds(plane_->config_.data.hello_timeout_ms));
     timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
       if (!e && !self->done_) {
@@ -166,9 +171,7 @@ class DataPlane::HubHelloSession : public std::enable_shared_from_this<HubHelloS
       : plane_(plane), socket_(std::move(socket)), timer_(socket_.get_executor()) {}
 
   void Start() {
-    boost::system::error_code ec;
-    const auto remote = socket_.remote_endpoint(ec);
-    peer_ = ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+    peer_ = PeerName(socket_);
     timer_.expires_after(std::chrono::milliseconds(plane_->config_.data.hello_timeout_ms));
     timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
       if (!e) self->Close("no HUB_HELLO in time");
@@ -218,22 +221,9 @@ class DataPlane::HubHelloSession : public std::enable_shared_from_this<HubHelloS
     id.rack = hello.rack();
     id.lane = hello.lane();
     id.peer = peer_;
-    boost::system::error_code e;
-    const auto protocol = socket_.local_endpoint(e).protocol();
-    const int fd = socket_.release(e);
-    if (e) return;
     LaneService* service = plane_->services_[id.lane].get();
-    auto& io = plane_->lanes_->context(id.lane);
-    plane_->lanes_->Post(id.lane, [service, &io, protocol, fd, id]() {
-      tcp::socket s(io);
-      boost::system::error_code assign_ec;
-      s.assign(protocol, fd, assign_ec);
-      if (assign_ec) {
-        ::close(fd);
-        return;
-      }
-      service->AdoptPeer(std::move(s), id);
-    });
+    plane_->MoveToLane(std::move(socket_), id.lane,
+                       [service, id](tcp::socket s) { service->AdoptPeer(std::move(s), id); });
   }
 
   void Close(const std::string& why) {
@@ -334,17 +324,24 @@ void DataPlane::AcceptNext() {
 void DataPlane::HandOver(tcp::socket socket, net::ConnectionIdentity id) {
   const uint32_t lane = id.lane;
   const uint64_t seq = NextSeq();
+  LaneService* service = services_[lane].get();
+  MoveToLane(std::move(socket), lane, [service, id = std::move(id), seq](tcp::socket s) mutable {
+    service->AdoptTcp(std::move(s), std::move(id), seq);
+  });
+}
+
+void DataPlane::MoveToLane(tcp::socket socket, uint32_t lane,
+                           std::function<void(tcp::socket)> adopt) {
   // Move the descriptor from the acceptor's io_context to the lane's.
   boost::system::error_code ec;
   const auto protocol = socket.local_endpoint(ec).protocol();
   const int fd = socket.release(ec);
   if (ec) {
-    spdlog::error("data: cannot hand over a connection of '{}': {}", id.tenant, ec.message());
+    spdlog::error("data: cannot hand a connection to lane {}: {}", lane, ec.message());
     return;
   }
-  LaneService* service = services_[lane].get();
   auto& io = lanes_->context(lane);
-  lanes_->Post(lane, [service, &io, protocol, fd, id = std::move(id), seq]() mutable {
+  lanes_->Post(lane, [&io, protocol, fd, adopt = std::move(adopt)]() mutable {
     tcp::socket s(io);
     boost::system::error_code assign_ec;
     s.assign(protocol, fd, assign_ec);
@@ -352,7 +349,7 @@ void DataPlane::HandOver(tcp::socket socket, net::ConnectionIdentity id) {
       ::close(fd);
       return;
     }
-    service->AdoptTcp(std::move(s), std::move(id), seq);
+    adopt(std::move(s));
   });
 }
 

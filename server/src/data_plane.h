@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -86,6 +87,10 @@ class DataPlane : public RegistryObserver {
   void AcceptNext();
   // Called by a HelloSession on the acceptor thread once HELLO checked out.
   void HandOver(boost::asio::ip::tcp::socket socket, net::ConnectionIdentity id);
+  // Moves an accepted socket to lane `lane`'s io_context and calls `adopt`
+  // with it on that lane's thread.
+  void MoveToLane(boost::asio::ip::tcp::socket socket, uint32_t lane,
+                  std::function<void(boost::asio::ip::tcp::socket)> adopt);
 
   const Config config_;
   Registry* registry_;
