@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libboost-dev libtbb-dev libspdlog-dev libfmt-dev libtomlplusplus-dev
+  libboost-dev libtbb-dev libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev
   libsystemd-dev libssl-dev openssl
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,0 +1,198 @@
+// Unit tests for rackhub_common: Status, Result<T>, and the size syntax
+// (ParseSize / FormatSize).
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rackhub/common/size.h"
+#include "rackhub/common/status.h"
+
+namespace rackhub {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Status
+
+TEST(StatusTest, DefaultIsOk) {
+  const Status s;
+  EXPECT_TRUE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kOk);
+  EXPECT_EQ(s.message(), "");
+  EXPECT_TRUE(Status::Ok().ok());
+  EXPECT_EQ(s.ToString(), "OK");
+}
+
+TEST(StatusTest, HelpersSetTheirCode) {
+  EXPECT_EQ(InvalidArgument("a").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(NotFound("a").code(), StatusCode::kNotFound);
+  EXPECT_EQ(AlreadyExists("a").code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(PermissionDenied("a").code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(ResourceExhausted("a").code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(FailedPrecondition("a").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Internal("a").code(), StatusCode::kInternal);
+  EXPECT_EQ(Unauthenticated("a").code(), StatusCode::kUnauthenticated);
+  EXPECT_FALSE(Internal("boom").ok());
+  EXPECT_EQ(Internal("boom").message(), "boom");
+}
+
+TEST(StatusTest, CodesAreTheGrpcCodes) {
+  // grpc::StatusCode values, spelled out: the admin API casts one into the other.
+  EXPECT_EQ(static_cast<int>(StatusCode::kInvalidArgument), 3);
+  EXPECT_EQ(static_cast<int>(StatusCode::kNotFound), 5);
+  EXPECT_EQ(static_cast<int>(StatusCode::kAlreadyExists), 6);
+  EXPECT_EQ(static_cast<int>(StatusCode::kPermissionDenied), 7);
+  EXPECT_EQ(static_cast<int>(StatusCode::kResourceExhausted), 8);
+  EXPECT_EQ(static_cast<int>(StatusCode::kFailedPrecondition), 9);
+  EXPECT_EQ(static_cast<int>(StatusCode::kInternal), 13);
+  EXPECT_EQ(static_cast<int>(StatusCode::kUnauthenticated), 16);
+  EXPECT_STREQ(StatusCodeName(StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
+}
+
+TEST(StatusTest, WithContextPrefixesTheMessage) {
+  const Status s = InvalidArgument("'x' is not a size").WithContext("--bytes");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "--bytes: 'x' is not a size");
+  EXPECT_EQ(s.ToString(), "INVALID_ARGUMENT: --bytes: 'x' is not a size");
+  EXPECT_TRUE(Status::Ok().WithContext("field").ok());
+  EXPECT_EQ(Status::Ok().WithContext("field").message(), "");
+}
+
+// ---------------------------------------------------------------------------
+// Result<T>
+
+Result<int> Half(int v) {
+  if (v % 2 != 0) return InvalidArgument(std::to_string(v) + " is odd");
+  return v / 2;
+}
+
+TEST(ResultTest, HoldsAValue) {
+  const Result<int> r = Half(8);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r.status().ok());
+  EXPECT_EQ(r.value(), 4);
+  EXPECT_EQ(*r, 4);
+  EXPECT_EQ(r.value_or(-1), 4);
+}
+
+TEST(ResultTest, HoldsAnError) {
+  const Result<int> r = Half(7);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "7 is odd");
+  EXPECT_EQ(r.value_or(-1), -1);
+}
+
+TEST(ResultTest, ImplicitFromConvertibleValues) {
+  Result<std::string> s = "text";  // const char* -> std::string
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(*s, "text");
+  EXPECT_EQ(s->size(), 4u);
+  s->append("!");
+  EXPECT_EQ(s.value(), "text!");
+  Result<uint64_t> n = 5;  // int -> uint64_t
+  EXPECT_EQ(*n, 5u);
+}
+
+TEST(ResultTest, MoveOnlyValues) {
+  Result<std::unique_ptr<int>> r = std::make_unique<int>(3);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(**r, 3);
+  std::unique_ptr<int> taken = std::move(r).value();
+  EXPECT_EQ(*taken, 3);
+}
+
+TEST(ResultTest, OkStatusWithoutValueIsAnInternalError) {
+  const Result<int> r = Status::Ok();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+}
+
+TEST(ResultTest, StatusCanBeMovedOut) {
+  Result<std::vector<int>> r = NotFound("key: 'w' does not exist");
+  const Status s = std::move(r).status();
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "key: 'w' does not exist");
+}
+
+TEST(ResultDeathTest, ValueOfAnErrorAborts) {
+  const Result<int> r = NotFound("nothing here");
+  EXPECT_DEATH((void)r.value(), "NOT_FOUND: nothing here");
+}
+
+// ---------------------------------------------------------------------------
+// ParseSize / FormatSize
+
+uint64_t MustParseSize(const std::string& text) {
+  const Result<uint64_t> r = ParseSize(text);
+  EXPECT_TRUE(r.ok()) << text << ": " << r.status().message();
+  return r.value_or(0);
+}
+
+std::string SizeError(const std::string& text) {
+  const Result<uint64_t> r = ParseSize(text);
+  EXPECT_FALSE(r.ok()) << text << " parsed as " << r.value_or(0);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << text;
+  // The message starts with the offending text (the caller adds the field).
+  EXPECT_EQ(r.status().message().rfind("'" + text + "'", 0), 0u) << r.status().message();
+  return r.status().message();
+}
+
+TEST(ParseSizeTest, EverySuffix) {
+  EXPECT_EQ(MustParseSize("0"), 0u);
+  EXPECT_EQ(MustParseSize("32768"), 32768u);
+  EXPECT_EQ(MustParseSize("100B"), 100u);
+  EXPECT_EQ(MustParseSize("32K"), 32u << 10);
+  EXPECT_EQ(MustParseSize("32KiB"), 32u << 10);
+  EXPECT_EQ(MustParseSize("3M"), 3u << 20);
+  EXPECT_EQ(MustParseSize("3MiB"), 3u << 20);
+  EXPECT_EQ(MustParseSize("4G"), 4ull << 30);
+  EXPECT_EQ(MustParseSize("4 GiB"), 4ull << 30);
+  EXPECT_EQ(MustParseSize("2T"), 2ull << 40);
+  EXPECT_EQ(MustParseSize("2TiB"), 2ull << 40);
+}
+
+TEST(ParseSizeTest, Overflow) {
+  EXPECT_NE(SizeError("16777216TiB").find("too large"), std::string::npos);  // 2^24 * 2^40
+  EXPECT_EQ(MustParseSize("16777215TiB"), 16777215ull << 40);
+  SizeError("99999999999999999999");  // does not fit 64 bits at all
+  EXPECT_EQ(MustParseSize("18446744073709551615"), UINT64_MAX);
+}
+
+TEST(ParseSizeTest, BadInput) {
+  EXPECT_NE(SizeError("32KB").find("unknown unit"), std::string::npos);
+  SizeError("32kib");
+  SizeError("KiB");
+  SizeError("");
+  SizeError("-1");
+  SizeError("1.5GiB");
+  SizeError(" 32");
+  SizeError("12XB");
+  SizeError("lots");
+}
+
+TEST(FormatSizeTest, Formats) {
+  EXPECT_EQ(FormatSize(0), "0 B");
+  EXPECT_EQ(FormatSize(100), "100 B");
+  EXPECT_EQ(FormatSize(1023), "1023 B");
+  EXPECT_EQ(FormatSize(1024), "1 KiB");
+  EXPECT_EQ(FormatSize(32 * 1024), "32 KiB");
+  EXPECT_EQ(FormatSize(1536), "1.5 KiB");
+  EXPECT_EQ(FormatSize(3ull << 29), "1.5 GiB");
+  EXPECT_EQ(FormatSize(4ull << 30), "4 GiB");
+  EXPECT_EQ(FormatSize(1ull << 40), "1 TiB");
+  EXPECT_EQ(FormatSize(2ull << 50), "2 PiB");
+}
+
+TEST(FormatSizeTest, RoundTripsThroughParse) {
+  for (uint64_t v : {1ull << 10, 7ull << 20, 4ull << 30, 3ull << 40}) {
+    std::string text = FormatSize(v);
+    EXPECT_EQ(MustParseSize(text), v) << text;
+  }
+}
+
+}  // namespace
+}  // namespace rackhub
