@@ -1,5 +1,5 @@
 // rackhub-kernel-bench: throughput of the aggregation kernels against memcpy
-// of the same size, measured in the same run (DESIGN.md §8).
+// of the same size, measured in the same run (yardsticks: bench/README.md).
 //
 // Benchmarks, for 32 KiB (8192 floats, cache resident) and 64 MiB (memory
 // bound) per buffer and for every kernel path the CPU supports:

@@ -56,7 +56,8 @@ struct RackAddress {
   net::Endpoint interhub;  // where the other hubs connect (rack exchange)
 };
 
-// Several racks (DESIGN.md §2 step 6). Empty `racks`: a single-rack hub.
+// Several racks (docs/architecture.md, Hierarchical rack exchange). Empty
+// `racks`: a single-rack hub.
 struct TopologyConfig {
   uint32_t rack = 0;                // this hub's rack index
   std::vector<RackAddress> racks;   // every rack, by index

@@ -1,7 +1,8 @@
-// Hierarchical exchange between hubs (DESIGN.md §2 step 6), with real hubs
-// on loopback: 2 and 3 racks of 2 workers give the same bits as one hub
-// serving every rack (flat), the hub links carry exactly the analytic bytes,
-// and a hub of another rack going away fails the workers instead of hanging.
+// Hierarchical exchange between hubs (docs/architecture.md, Hierarchical rack
+// exchange), with real hubs on loopback: 2 and 3 racks of 2 workers give the
+// same bits as one hub serving every rack (flat), the hub links carry exactly
+// the analytic bytes, and a hub of another rack going away fails the workers
+// instead of hanging.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>

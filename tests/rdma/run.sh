@@ -4,9 +4,9 @@
 # Runs the RDMA transport tests (CTest label `rdma`) on a real verbs device:
 #  - natively when this host has one (/sys/class/infiniband lists a device);
 #  - otherwise inside a throwaway QEMU VM running Debian's own kernel with the
-#    Soft-RoCE driver rdma_rxe (tests/rdma/rxe-vm.sh, a copy of the team's
-#    ../shared/tools/rxe-vm.sh: the repo carries its own so CI needs nothing
-#    else). One VM boot runs every RDMA test; the build dir is seen read-only.
+#    Soft-RoCE driver rdma_rxe (tests/rdma/rxe-vm.sh: the repository carries
+#    its own VM driver, so CI needs nothing else). One VM boot runs every RDMA
+#    test; the build dir is seen read-only.
 # When neither is possible (no device, and the VM cannot be set up or boot),
 # it prints "RDMA TESTS SKIPPED: <reason>" and exits 0, or 1 with
 # RACKHUB_REQUIRE_RDMA=1. Test failures exit non-zero.

@@ -1,5 +1,5 @@
 // Chunk layout of a tenant: how keys map onto the tenant-wide chunk index
-// space and chunks onto lanes (DESIGN.md §1).
+// space and chunks onto lanes (docs/architecture.md, Concepts).
 //
 // A tenant's keys are laid out in registration order in one index space
 // g = 0, 1, 2, ...; a key of n elements with chunk size c elements takes

@@ -1,6 +1,6 @@
-// The state a hub lane keeps for one chunk (DESIGN.md §1-2): the accumulator
-// of the update being formed, the fp32 master parameters (double-buffered),
-// their wire-type copy, and the optimizer state.
+// The state a hub lane keeps for one chunk (docs/architecture.md, The data
+// path): the accumulator of the update being formed, the fp32 master
+// parameters (double-buffered), their wire-type copy, and the optimizer state.
 //
 // Ownership and threads: a ChunkState belongs to the lane that owns the chunk
 // (g % lanes) and is only touched by that lane's thread. No locks, no atomics;

@@ -1,4 +1,5 @@
-// librackhub: the worker side of the rackhub data plane (DESIGN.md §2, §4).
+// librackhub: the worker side of the rackhub data plane (docs/architecture.md,
+// docs/wire-protocol.md).
 //
 // A Client is one worker (rank) of one tenant. It keeps one TCP connection per
 // hub lane; chunk g of the tenant's chunk space travels on lane g % lanes.
@@ -20,12 +21,13 @@
 //  - The Client object must outlive every ticket it issued; the destructor
 //    calls Close().
 //
-// Errors (one page, STYLE.md §5): every failure reaches the caller as an
-// Error. A request the hub refuses fails with kServer and the hub's code and
-// text. A broken connection (EOF, reset, fatal ERROR frame, garbage from the
-// hub) fails every pending ticket with kConnectionLost, and every later call
-// fails at once: the client must be recreated. A ticket that is not done after
-// Options::op_timeout fails with kTimeout. Nothing blocks forever.
+// Errors (one page for all of them: docs/errors.md): every failure reaches the
+// caller as an Error. A request the hub refuses fails with kServer and the
+// hub's code and text. A broken connection (EOF, reset, fatal ERROR frame,
+// garbage from the hub) fails every pending ticket with kConnectionLost, and
+// every later call fails at once: the client must be recreated. A ticket that
+// is not done after Options::op_timeout fails with kTimeout. Nothing blocks
+// forever.
 #pragma once
 
 #include <chrono>
@@ -41,7 +43,7 @@
 
 namespace rackhub::client {
 
-// Data-plane transport of a client (DESIGN.md §3).
+// Data-plane transport of a client (docs/architecture.md, Transports).
 enum class Transport {
   kTcp,   // TCP to Options::hub
   kRdma,  // RDMA (RC queue pairs over rdma_cm) to Options::rdma_hub; fails without a device

@@ -1,4 +1,4 @@
-// rackhub data-plane wire frames (DESIGN.md §4).
+// rackhub data-plane wire frames (specified in docs/wire-protocol.md).
 //
 // Every message is a fixed 40-byte little-endian header followed by
 // `payload_bytes` of payload. One TCP connection carries one (worker, lane)
@@ -73,7 +73,7 @@ enum class Opcode : uint8_t {
   kKeyInfo = 11,
   kSetOptimizer = 12,
   kAck = 13,
-  // Between hubs (rack exchange, DESIGN.md §2 step 6):
+  // Between hubs (rack exchange, docs/architecture.md):
   kHubHello = 14,    // payload: control.proto HubHello; first frame of a hub link
   kKeyBind = 15,     // payload: KeyBind; names (tenant, key) before its first chunk
   kRackSum = 16,     // fp32 rack sum of one chunk for `iteration`, to the chunk's home hub

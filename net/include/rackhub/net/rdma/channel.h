@@ -1,5 +1,6 @@
-// One RDMA connection's verbs resources and its frame ring (DESIGN.md §2-§4):
-// the layer under rdma::RdmaConnection (hub) and the client's RDMA lane.
+// One RDMA connection's verbs resources and its frame ring
+// (docs/wire-protocol.md, section 9): the layer under rdma::RdmaConnection
+// (hub) and the client's RDMA lane.
 //
 // Resources (all owned, destroyed in reverse order by the destructor):
 //   rdma_cm event channel + cm id (rdma_cm(7)), protection domain, completion

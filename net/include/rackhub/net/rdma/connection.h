@@ -1,9 +1,10 @@
-// RDMA implementation of net::Connection (DESIGN.md §3): one data-plane
-// connection of one (worker, lane), a frame protocol over an rdma::Channel
-// (header + payload written into the peer's registered ring with RDMA WRITE
-// WITH IMMEDIATE; see channel.h). The lane sees exactly what it sees over TCP:
-// AcceptHeader before the payload is touched, HandleFrame with the payload in
-// place (in the registered receive ring, no copy), OnConnectionClosed once.
+// RDMA implementation of net::Connection (docs/architecture.md, Transports):
+// one data-plane connection of one (worker, lane), a frame protocol over an
+// rdma::Channel (header + payload written into the peer's registered ring with
+// RDMA WRITE WITH IMMEDIATE; see channel.h). The lane sees exactly what it sees
+// over TCP: AcceptHeader before the payload is touched, HandleFrame with the
+// payload in place (in the registered receive ring, no copy),
+// OnConnectionClosed once.
 //
 // Replies: SendBorrowed/SendOwned copy the payload once into the registered
 // staging ring and the NIC writes it straight into the client's receive ring.
