@@ -2,6 +2,8 @@
 
 #include <bit>
 
+#include <fmt/format.h>
+
 namespace rackhub::net {
 
 static_assert(std::endian::native == std::endian::little,
@@ -112,32 +114,38 @@ FrameHeader DecodeHeader(std::span<const std::byte, kHeaderBytes> in) {
   return h;
 }
 
-std::string ValidateHeader(const FrameHeader& h) {
-  if (h.magic != kMagic) return "magic: not a rackhub frame";
+Status CheckHeader(const FrameHeader& h) {
+  if (h.magic != kMagic) return InvalidArgument("magic: not a rackhub frame");
   if (h.version != kVersion) {
-    return "version: " + std::to_string(h.version) + " is not supported (this hub speaks " +
-           std::to_string(kVersion) + ")";
+    return InvalidArgument(fmt::format("version: {} is not supported (this hub speaks {})",
+                                       h.version, kVersion));
   }
   const auto op = static_cast<uint8_t>(h.opcode);
-  if (op == 0 || op > kMaxOpcode) return "opcode: unknown opcode " + std::to_string(op);
+  if (op == 0 || op > kMaxOpcode) {
+    return InvalidArgument(fmt::format("opcode: unknown opcode {}", op));
+  }
   const auto dt = static_cast<uint8_t>(h.dtype);
-  if (dt > static_cast<uint8_t>(DType::kBf16)) return "dtype: unknown dtype " + std::to_string(dt);
+  if (dt > static_cast<uint8_t>(DType::kBf16)) {
+    return InvalidArgument(fmt::format("dtype: unknown dtype {}", dt));
+  }
   if (IsDataOpcode(h.opcode)) {
-    if (h.dtype == DType::kNone) return "dtype: a data frame needs a dtype";
+    if (h.dtype == DType::kNone) return InvalidArgument("dtype: a data frame needs a dtype");
     if (h.payload_bytes > kMaxDataPayload) {
-      return "payload_bytes: " + std::to_string(h.payload_bytes) + " exceeds the maximum " +
-             std::to_string(kMaxDataPayload);
+      return InvalidArgument(fmt::format("payload_bytes: {} exceeds the maximum {}",
+                                         h.payload_bytes, kMaxDataPayload));
     }
     if (h.payload_bytes % DTypeBytes(h.dtype) != 0) {
-      return "payload_bytes: " + std::to_string(h.payload_bytes) + " is not a whole number of " +
-             DTypeName(h.dtype) + " elements";
+      return InvalidArgument(fmt::format("payload_bytes: {} is not a whole number of {} elements",
+                                         h.payload_bytes, DTypeName(h.dtype)));
     }
   } else if (h.payload_bytes > kMaxControlPayload) {
-    return "payload_bytes: " + std::to_string(h.payload_bytes) +
-           " exceeds the control-message maximum " + std::to_string(kMaxControlPayload);
+    return InvalidArgument(fmt::format("payload_bytes: {} exceeds the control-message maximum {}",
+                                       h.payload_bytes, kMaxControlPayload));
   }
-  return "";
+  return Status::Ok();
 }
+
+std::string ValidateHeader(const FrameHeader& h) { return CheckHeader(h).message(); }
 
 std::string EncodeErrorBody(WireError code, std::string_view text) {
   std::string out(4 + text.size(), '\0');

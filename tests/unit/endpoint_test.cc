@@ -11,20 +11,18 @@ namespace rackhub::net {
 namespace {
 
 Endpoint MustParse(const std::string& text) {
-  std::string error;
-  auto ep = ParseEndpoint(text, &error);
-  EXPECT_TRUE(ep.has_value()) << text << ": " << error;
-  EXPECT_EQ(error, "") << text;
+  const Result<Endpoint> ep = ParseEndpoint(text);
+  EXPECT_TRUE(ep.ok()) << text << ": " << ep.status().message();
   return ep.value_or(Endpoint{});
 }
 
 // Returns the error for text that must not parse.
 std::string MustFail(const std::string& text) {
-  std::string error;
-  auto ep = ParseEndpoint(text, &error);
-  EXPECT_FALSE(ep.has_value()) << text << " parsed as " << (ep ? ep->ToString() : "");
-  EXPECT_FALSE(error.empty()) << text;
-  return error;
+  const Result<Endpoint> ep = ParseEndpoint(text);
+  EXPECT_FALSE(ep.ok()) << text << " parsed as " << (ep.ok() ? ep->ToString() : "");
+  EXPECT_EQ(ep.status().code(), StatusCode::kInvalidArgument) << text;
+  EXPECT_FALSE(ep.status().message().empty()) << text;
+  return ep.status().message();
 }
 
 TEST(ParseEndpointTest, Ipv4) {

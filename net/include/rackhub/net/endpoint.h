@@ -1,12 +1,15 @@
 // HOST:PORT endpoints as written in configs and flags.
 //
-// Plain values, no I/O. Thread-safe (no shared state).
+// Plain values, no I/O. Thread-safe (no shared state). Errors are
+// rackhub::Status values (rackhub/common/status.h).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include "rackhub/common/status.h"
 
 namespace rackhub::net {
 
@@ -21,7 +24,13 @@ struct Endpoint {
 };
 
 // Parses "HOST:PORT" or "[V6]:PORT"; port 0 means "pick an ephemeral port".
-// On failure returns nullopt and sets *error to a reason (without field name).
+// INVALID_ARGUMENT otherwise, with a reason that names the bad part but not
+// the field (callers add it: status.WithContext("admin.listen")).
+Result<Endpoint> ParseEndpoint(std::string_view text);
+
+// DEPRECATED: the old "optional + std::string* error" form; forwards to the
+// Result form above. Remove once no caller is left.
+[[deprecated("use Result<Endpoint> ParseEndpoint(text)")]]
 std::optional<Endpoint> ParseEndpoint(std::string_view text, std::string* error);
 
 }  // namespace rackhub::net

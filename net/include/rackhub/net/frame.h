@@ -38,7 +38,8 @@
 //   S->C ERROR(payload: ErrorBody: u32 code + UTF-8 text), request_id of the
 //        offending request. Fatal errors (flag kFlagFatal) close the connection.
 //
-// Thread safety: plain functions over byte buffers; no shared state.
+// Thread safety: plain functions over byte buffers; no shared state. Errors
+// are rackhub::Status values (rackhub/common/status.h).
 #pragma once
 
 #include <cstddef>
@@ -47,6 +48,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+
+#include "rackhub/common/status.h"
 
 namespace rackhub::net {
 
@@ -130,7 +133,13 @@ FrameHeader DecodeHeader(std::span<const std::byte, kHeaderBytes> in);
 
 // Checks the fields every frame must satisfy whatever its state: magic,
 // version, known opcode, payload length within the opcode's bound, known
-// dtype. Returns "" if valid, else a message naming the field.
+// dtype. OK, or INVALID_ARGUMENT with a message naming the field
+// ("payload_bytes: ...").
+Status CheckHeader(const FrameHeader& h);
+
+// DEPRECATED: the old "" = valid form of CheckHeader (returns its message).
+// Remove once no caller is left.
+[[deprecated("use Status CheckHeader(h)")]]
 std::string ValidateHeader(const FrameHeader& h);
 
 // A whole ERROR frame answering `request_id` on a connection of `tenant`:
