@@ -2,6 +2,7 @@
 
 #include <mutex>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "proto_convert.h"
@@ -22,15 +23,13 @@ grpc::Status Invalid(const std::string& m) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
 }
 
-// Converts an optional proto optimizer; `present` false means "not given".
-grpc::Status OptimizerArg(const char* field, bool present, const pb::Optimizer& in,
-                          aggregation::OptimizerConfig* out, bool* unspecified_type) {
-  *unspecified_type = true;
-  if (!present) return grpc::Status::OK;
-  if (auto e = OptimizerFromProto(in, out, unspecified_type); !e.empty()) {
-    return Invalid(std::string(field) + "." + e);
-  }
-  return grpc::Status::OK;
+// Converts an optional proto optimizer; `present` false means "not given"
+// (default config, type unspecified). Errors name the field: "optimizer.type: ...".
+Result<ProtoOptimizer> OptimizerArg(const char* field, bool present, const pb::Optimizer& in) {
+  if (!present) return ProtoOptimizer{{}, /*unspecified_type=*/true};
+  Result<ProtoOptimizer> r = OptimizerFromProto(in);
+  if (!r.ok()) return InvalidArgument(fmt::format("{}.{}", field, r.status().message()));
+  return r;
 }
 
 // Logs a mutation's outcome: info on success, warn with the reason otherwise.
@@ -84,13 +83,11 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
     spec.name = req->name();
     spec.workers_per_rack = req->workers_per_rack();
     spec.chunk_bytes = req->chunk_bytes();
-    bool unspecified = true;
-    if (auto s = OptimizerArg("default_optimizer", req->has_default_optimizer(),
-                              req->default_optimizer(), &spec.default_optimizer, &unspecified);
-        !s.ok()) {
-      return s;
-    }
-    if (unspecified && req->has_default_optimizer()) {
+    const Result<ProtoOptimizer> opt =
+        OptimizerArg("default_optimizer", req->has_default_optimizer(), req->default_optimizer());
+    if (!opt.ok()) return ToGrpc(opt.status());
+    spec.default_optimizer = opt->config;
+    if (opt->unspecified_type && req->has_default_optimizer()) {
       spec.default_optimizer.type = aggregation::OptimizerType::kSgd;
     }
     spec.quotas.max_parameter_bytes = req->quotas().max_parameter_bytes();
@@ -172,13 +169,11 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
       case pb::FROM_CLIENT: spec.init = InitMode::kFromClient; break;
       default: return Invalid("init: unknown init mode " + std::to_string(req->init()));
     }
-    bool unspecified = true;
-    if (auto s = OptimizerArg("optimizer", req->has_optimizer(), req->optimizer(),
-                              &spec.optimizer, &unspecified);
-        !s.ok()) {
-      return s;
-    }
-    if (req->has_optimizer() && unspecified) {
+    const Result<ProtoOptimizer> opt =
+        OptimizerArg("optimizer", req->has_optimizer(), req->optimizer());
+    if (!opt.ok()) return ToGrpc(opt.status());
+    spec.optimizer = opt->config;
+    if (req->has_optimizer() && opt->unspecified_type) {
       return Invalid("optimizer.type: required when optimizer is given (omit optimizer to use "
                      "the tenant's default)");
     }
@@ -220,14 +215,11 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
                             pb::Key* resp) override {
     if (auto s = auth_->Check(ctx, true, "SetOptimizer"); !s.ok()) return s;
     if (!req->has_optimizer()) return Invalid("optimizer: required");
-    aggregation::OptimizerConfig opt;
-    bool keep_type = true;
-    if (auto s = OptimizerArg("optimizer", true, req->optimizer(), &opt, &keep_type); !s.ok()) {
-      return s;
-    }
+    const Result<ProtoOptimizer> opt = OptimizerArg("optimizer", true, req->optimizer());
+    if (!opt.ok()) return ToGrpc(opt.status());
     KeyInfo key;
-    const auto status =
-        ToGrpc(registry_->SetOptimizer(req->tenant(), req->name(), opt, keep_type, &key));
+    const auto status = ToGrpc(registry_->SetOptimizer(req->tenant(), req->name(), opt->config,
+                                                       opt->unspecified_type, &key));
     Audit("SetOptimizer", "'" + req->tenant() + "/" + req->name() + "'", status);
     if (status.ok()) KeyToProto(key, {}, resp);
     return status;

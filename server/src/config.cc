@@ -14,8 +14,10 @@
 
 #include <toml++/toml.h>
 
+#include <fmt/format.h>
+
 #include "rackhub/aggregation/chunk_layout.h"
-#include "size_text.h"
+#include "rackhub/common/size.h"
 
 namespace rackhub::server {
 namespace {
@@ -24,95 +26,104 @@ constexpr uint32_t kMaxLanes = 1024;
 constexpr std::array kLogLevels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
 
 // One settable field: its dotted name and how to set it from text (flags) or
-// from a TOML node (file). Setters return an error reason or "".
+// from a TOML node (file). Setters return OK or INVALID_ARGUMENT with the
+// reason (the caller puts the field name in front).
 struct Field {
   std::string name;
-  std::function<std::string(Config&, const std::string&)> from_text;
-  std::function<std::string(Config&, const toml::node&)> from_node;
+  std::function<Status(Config&, const std::string&)> from_text;
+  std::function<Status(Config&, const toml::node&)> from_node;
 };
 
-std::string SetEndpoint(net::Endpoint* out, const std::string& text) {
-  std::string error;
-  auto ep = net::ParseEndpoint(text, &error);
-  if (!ep) return error;
-  *out = *ep;
-  return "";
+Status SetEndpoint(net::Endpoint* out, const std::string& text) {
+  Result<net::Endpoint> ep = net::ParseEndpoint(text);
+  if (!ep.ok()) return ep.status();
+  *out = *std::move(ep);
+  return Status::Ok();
+}
+
+Result<uint64_t> ParseUnsigned(const std::string& text) {
+  uint64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    return InvalidArgument(fmt::format("'{}' is not a non-negative integer", text));
+  }
+  return v;
 }
 
 template <typename T>
-std::string SetUnsigned(T* out, const std::string& text, bool allow_size_suffix) {
-  uint64_t v = 0;
-  std::string error;
-  if (allow_size_suffix) {
-    if (!ParseSize(text, &v, &error)) return error;
-  } else {
-    const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
-      return "'" + text + "' is not a non-negative integer";
+Status SetUnsigned(T* out, const std::string& text, bool allow_size_suffix) {
+  const Result<uint64_t> v = allow_size_suffix ? ParseSize(text) : ParseUnsigned(text);
+  if (!v.ok()) return v.status();
+  if (*v > std::numeric_limits<T>::max()) {
+    return InvalidArgument(
+        fmt::format("{} is too large (max {})", *v, std::numeric_limits<T>::max()));
   }
-  if (v > std::numeric_limits<T>::max())
-    return std::to_string(v) + " is too large (max " +
-           std::to_string(std::numeric_limits<T>::max()) + ")";
-  *out = static_cast<T>(v);
-  return "";
+  *out = static_cast<T>(*v);
+  return Status::Ok();
 }
 
-std::string SetBool(bool* out, const std::string& text) {
+Status SetBool(bool* out, const std::string& text) {
   if (text == "true" || text == "1" || text == "yes") {
     *out = true;
   } else if (text == "false" || text == "0" || text == "no") {
     *out = false;
   } else {
-    return "'" + text + "' is not a boolean (true/false)";
+    return InvalidArgument(fmt::format("'{}' is not a boolean (true/false)", text));
   }
-  return "";
+  return Status::Ok();
 }
 
 // Node adapters: check the TOML type, then reuse the text setter.
-std::string NodeAsString(const toml::node& n, std::string* out) {
-  if (!n.is_string()) return "expected a string";
-  *out = *n.value<std::string>();
-  return "";
+Result<std::string> NodeAsString(const toml::node& n) {
+  if (!n.is_string()) return InvalidArgument("expected a string");
+  return *n.value<std::string>();
 }
 
-std::string NodeAsUnsignedText(const toml::node& n, bool allow_size, std::string* out) {
+Result<std::string> NodeAsUnsignedText(const toml::node& n, bool allow_size) {
   if (n.is_integer()) {
     const int64_t v = *n.value<int64_t>();
-    if (v < 0) return std::to_string(v) + " is negative";
-    *out = std::to_string(v);
-    return "";
+    if (v < 0) return InvalidArgument(fmt::format("{} is negative", v));
+    return std::to_string(v);
   }
-  if (allow_size && n.is_string()) {
-    *out = *n.value<std::string>();
-    return "";
-  }
-  return allow_size ? "expected an integer or a size string such as \"32KiB\""
-                    : "expected an integer";
+  if (allow_size && n.is_string()) return *n.value<std::string>();
+  return InvalidArgument(allow_size ? "expected an integer or a size string such as \"32KiB\""
+                                    : "expected an integer");
 }
 
 Field StringField(std::string name, std::function<std::string&(Config&)> ref,
-                  std::function<std::string(const std::string&)> check = nullptr) {
+                  std::function<Status(const std::string&)> check = nullptr) {
   auto from_text = [ref, check](Config& c, const std::string& t) {
     if (check) {
-      if (auto e = check(t); !e.empty()) return e;
+      if (Status s = check(t); !s.ok()) return s;
     }
     ref(c) = t;
-    return std::string();
+    return Status::Ok();
   };
   auto from_node = [from_text](Config& c, const toml::node& n) {
-    std::string t;
-    if (auto e = NodeAsString(n, &t); !e.empty()) return e;
-    return from_text(c, t);
+    const Result<std::string> t = NodeAsString(n);
+    return t.ok() ? from_text(c, *t) : t.status();
   };
   return {std::move(name), from_text, from_node};
+}
+
+// A StringField check accepting exactly `choices`.
+std::function<Status(const std::string&)> OneOf(std::vector<std::string> choices) {
+  return [choices = std::move(choices)](const std::string& t) {
+    if (std::find(choices.begin(), choices.end(), t) != choices.end()) return Status::Ok();
+    std::string list;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      list += i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ";
+      list += choices[i];
+    }
+    return InvalidArgument(fmt::format("'{}' is not {}", t, list));
+  };
 }
 
 Field EndpointField(std::string name, std::function<net::Endpoint&(Config&)> ref) {
   auto from_text = [ref](Config& c, const std::string& t) { return SetEndpoint(&ref(c), t); };
   auto from_node = [from_text](Config& c, const toml::node& n) {
-    std::string t;
-    if (auto e = NodeAsString(n, &t); !e.empty()) return e;
-    return from_text(c, t);
+    const Result<std::string> t = NodeAsString(n);
+    return t.ok() ? from_text(c, *t) : t.status();
   };
   return {std::move(name), from_text, from_node};
 }
@@ -123,9 +134,8 @@ Field UnsignedField(std::string name, std::function<T&(Config&)> ref, bool size)
     return SetUnsigned<T>(&ref(c), t, size);
   };
   auto from_node = [from_text, size](Config& c, const toml::node& n) {
-    std::string t;
-    if (auto e = NodeAsUnsignedText(n, size, &t); !e.empty()) return e;
-    return from_text(c, t);
+    const Result<std::string> t = NodeAsUnsignedText(n, size);
+    return t.ok() ? from_text(c, *t) : t.status();
   };
   return {std::move(name), from_text, from_node};
 }
@@ -133,27 +143,25 @@ Field UnsignedField(std::string name, std::function<T&(Config&)> ref, bool size)
 Field BoolField(std::string name, std::function<bool&(Config&)> ref) {
   auto from_text = [ref](Config& c, const std::string& t) { return SetBool(&ref(c), t); };
   auto from_node = [ref](Config& c, const toml::node& n) {
-    if (!n.is_boolean()) return std::string("expected true or false");
+    if (!n.is_boolean()) return InvalidArgument("expected true or false");
     ref(c) = *n.value<bool>();
-    return std::string();
+    return Status::Ok();
   };
   return {std::move(name), from_text, from_node};
 }
 
 // "DATA=INTERHUB,DATA=INTERHUB,..." (flags) or an array of tables
 // { data = "...", interhub = "..." } (file).
-std::string ParseRack(const std::string& data, const std::string& interhub, RackAddress* out) {
-  std::string error;
-  auto d = net::ParseEndpoint(data, &error);
-  if (!d) return "data: " + error;
-  auto i = net::ParseEndpoint(interhub, &error);
-  if (!i) return "interhub: " + error;
-  *out = RackAddress{*d, *i};
-  return "";
+Result<RackAddress> ParseRack(const std::string& data, const std::string& interhub) {
+  Result<net::Endpoint> d = net::ParseEndpoint(data);
+  if (!d.ok()) return d.status().WithContext("data");
+  Result<net::Endpoint> i = net::ParseEndpoint(interhub);
+  if (!i.ok()) return i.status().WithContext("interhub");
+  return RackAddress{*std::move(d), *std::move(i)};
 }
 
 Field RacksField() {
-  auto from_text = [](Config& c, const std::string& t) -> std::string {
+  auto from_text = [](Config& c, const std::string& t) -> Status {
     std::vector<RackAddress> racks;
     size_t start = 0;
     while (start <= t.size()) {
@@ -161,51 +169,53 @@ Field RacksField() {
       const std::string item = t.substr(start, comma == std::string::npos ? std::string::npos
                                                                          : comma - start);
       const size_t eq = item.find('=');
-      if (eq == std::string::npos) return "'" + item + "' is not DATA_HOST:PORT=INTERHUB_HOST:PORT";
-      RackAddress r;
-      if (auto e = ParseRack(item.substr(0, eq), item.substr(eq + 1), &r); !e.empty()) {
-        return "rack " + std::to_string(racks.size()) + ": " + e;
+      if (eq == std::string::npos) {
+        return InvalidArgument(fmt::format("'{}' is not DATA_HOST:PORT=INTERHUB_HOST:PORT", item));
       }
-      racks.push_back(r);
+      Result<RackAddress> r = ParseRack(item.substr(0, eq), item.substr(eq + 1));
+      if (!r.ok()) return r.status().WithContext(fmt::format("rack {}", racks.size()));
+      racks.push_back(*std::move(r));
       if (comma == std::string::npos) break;
       start = comma + 1;
     }
     c.topology.racks = std::move(racks);
-    return "";
+    return Status::Ok();
   };
-  auto from_node = [](Config& c, const toml::node& n) -> std::string {
+  auto from_node = [](Config& c, const toml::node& n) -> Status {
     const auto* arr = n.as_array();
-    if (!arr) return "expected an array of { data = \"HOST:PORT\", interhub = \"HOST:PORT\" }";
+    if (!arr) {
+      return InvalidArgument(
+          "expected an array of { data = \"HOST:PORT\", interhub = \"HOST:PORT\" }");
+    }
     std::vector<RackAddress> racks;
     for (const auto& item : *arr) {
       const auto* t = item.as_table();
-      const std::string where = "rack " + std::to_string(racks.size());
-      if (!t) return where + ": expected a table { data = ..., interhub = ... }";
+      const std::string where = fmt::format("rack {}", racks.size());
+      if (!t) return InvalidArgument(where + ": expected a table { data = ..., interhub = ... }");
       for (auto&& [k, v] : *t) {
         if (k.str() != "data" && k.str() != "interhub") {
-          return where + ": unknown key '" + std::string(k.str()) + "'";
+          return InvalidArgument(fmt::format("{}: unknown key '{}'", where, k.str()));
         }
       }
       const auto data = t->get("data"), interhub = t->get("interhub");
       if (!data || !data->is_string() || !interhub || !interhub->is_string()) {
-        return where + ": needs data and interhub strings";
+        return InvalidArgument(where + ": needs data and interhub strings");
       }
-      RackAddress r;
-      if (auto e = ParseRack(*data->value<std::string>(), *interhub->value<std::string>(), &r);
-          !e.empty()) {
-        return where + ": " + e;
-      }
-      racks.push_back(r);
+      Result<RackAddress> r =
+          ParseRack(*data->value<std::string>(), *interhub->value<std::string>());
+      if (!r.ok()) return r.status().WithContext(where);
+      racks.push_back(*std::move(r));
     }
     c.topology.racks = std::move(racks);
-    return "";
+    return Status::Ok();
   };
   return {"topology.racks", from_text, from_node};
 }
 
-std::string CheckLogLevel(const std::string& t) {
-  if (std::find(kLogLevels.begin(), kLogLevels.end(), t) != kLogLevels.end()) return "";
-  return "'" + t + "' is not one of trace, debug, info, warn, error, critical, off";
+Status CheckLogLevel(const std::string& t) {
+  if (std::find(kLogLevels.begin(), kLogLevels.end(), t) != kLogLevels.end()) return Status::Ok();
+  return InvalidArgument(
+      fmt::format("'{}' is not one of trace, debug, info, warn, error, critical, off", t));
 }
 
 // The schema: every config field, by its dotted name in the file.
@@ -237,10 +247,7 @@ const std::map<std::string, Field>& Schema() {
             "data.hello_timeout_ms",
             [](Config& c) -> uint32_t& { return c.data.hello_timeout_ms; }, false),
         StringField("data.transport", [](Config& c) -> std::string& { return c.data.transport; },
-                    [](const std::string& t) -> std::string {
-                      if (t == "tcp" || t == "rdma" || t == "auto") return "";
-                      return "'" + t + "' is not tcp, rdma or auto";
-                    }),
+                    OneOf({"tcp", "rdma", "auto"})),
         EndpointField("data.rdma_listen",
                       [](Config& c) -> net::Endpoint& { return c.data.rdma_listen; }),
         StringField("data.rdma_device",
@@ -251,10 +258,7 @@ const std::map<std::string, Field>& Schema() {
             "data.rdma_gid_index", [](Config& c) -> uint32_t& { return c.data.rdma_gid_index; },
             false),
         StringField("data.rdma_poll", [](Config& c) -> std::string& { return c.data.rdma_poll; },
-                    [](const std::string& t) -> std::string {
-                      if (t == "events" || t == "busy") return "";
-                      return "'" + t + "' is not events or busy";
-                    }),
+                    OneOf({"events", "busy"})),
         UnsignedField<uint32_t>(
             "data.rdma_ring_bytes",
             [](Config& c) -> uint32_t& { return c.data.rdma_ring_bytes; }, true),
@@ -265,10 +269,7 @@ const std::map<std::string, Field>& Schema() {
             "topology.rack", [](Config& c) -> uint32_t& { return c.topology.rack; }, false),
         RacksField(),
         StringField("topology.mode", [](Config& c) -> std::string& { return c.topology.mode; },
-                    [](const std::string& t) -> std::string {
-                      if (t == "hierarchical" || t == "flat") return "";
-                      return "'" + t + "' is not hierarchical or flat";
-                    }),
+                    OneOf({"hierarchical", "flat"})),
         StringField("topology.secret_file",
                     [](Config& c) -> std::string& { return c.topology.secret_file; }),
         UnsignedField<uint32_t>(
@@ -351,8 +352,8 @@ void WalkTable(const toml::table& table, const std::string& prefix, const std::s
       errors->push_back(name + ": unknown key (" + Where(source, node) + ")");
       continue;
     }
-    if (auto e = it->second.from_node(*config, node); !e.empty()) {
-      errors->push_back(name + ": " + e + " (" + Where(source, node) + ")");
+    if (Status s = it->second.from_node(*config, node); !s.ok()) {
+      errors->push_back(fmt::format("{}: {} ({})", name, s.message(), Where(source, node)));
     }
   }
 }
@@ -517,11 +518,11 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
   }
   for (const auto& [field, value] : overrides) {
     const auto& schema = Schema();
-    if (auto e = schema.at(field).from_text(r.config, value); !e.empty()) {
+    if (Status s = schema.at(field).from_text(r.config, value); !s.ok()) {
       std::string flag = field;
       for (const auto& [f, name] : FlagFields())
         if (name == field) flag = f;
-      r.errors.push_back(flag + " (" + field + "): " + e);
+      r.errors.push_back(fmt::format("{} ({}): {}", flag, field, s.message()));
     }
   }
   if (r.errors.empty()) ValidateConfig(r.config, &r.errors);

@@ -1,5 +1,7 @@
 #include "proto_convert.h"
 
+#include <fmt/format.h>
+
 namespace rackhub::server {
 
 namespace pb = rackhub::admin::v1;
@@ -7,24 +9,40 @@ using aggregation::OptimizerConfig;
 using aggregation::OptimizerType;
 using aggregation::Reduction;
 
-std::string OptimizerFromProto(const pb::Optimizer& in, OptimizerConfig* out,
-                               bool* unspecified_type) {
-  *unspecified_type = in.type() == pb::OPTIMIZER_UNSPECIFIED;
-  if (!*unspecified_type && (in.type() < pb::SGD || in.type() > pb::SUM_ONLY)) {
-    return "type: unknown optimizer type " + std::to_string(in.type());
+Result<ProtoOptimizer> OptimizerFromProto(const pb::Optimizer& in) {
+  ProtoOptimizer r;
+  r.unspecified_type = in.type() == pb::OPTIMIZER_UNSPECIFIED;
+  if (!r.unspecified_type && (in.type() < pb::SGD || in.type() > pb::SUM_ONLY)) {
+    return InvalidArgument(
+        fmt::format("type: unknown optimizer type {}", static_cast<int>(in.type())));
   }
   if (in.reduction() < pb::REDUCTION_UNSPECIFIED || in.reduction() > pb::SUM) {
-    return "reduction: unknown reduction " + std::to_string(in.reduction());
+    return InvalidArgument(
+        fmt::format("reduction: unknown reduction {}", static_cast<int>(in.reduction())));
   }
-  out->type = *unspecified_type ? OptimizerType::kSgd : static_cast<OptimizerType>(in.type());
-  out->learning_rate = in.learning_rate();
-  out->momentum = in.momentum();
-  out->weight_decay = in.weight_decay();
-  out->beta1 = in.beta1();
-  out->beta2 = in.beta2();
-  out->epsilon = in.epsilon();
-  out->initial_accumulator = in.initial_accumulator();
-  out->reduction = in.reduction() == pb::SUM ? Reduction::kSum : Reduction::kMean;
+  OptimizerConfig& out = r.config;
+  out.type = r.unspecified_type ? OptimizerType::kSgd : static_cast<OptimizerType>(in.type());
+  out.learning_rate = in.learning_rate();
+  out.momentum = in.momentum();
+  out.weight_decay = in.weight_decay();
+  out.beta1 = in.beta1();
+  out.beta2 = in.beta2();
+  out.epsilon = in.epsilon();
+  out.initial_accumulator = in.initial_accumulator();
+  out.reduction = in.reduction() == pb::SUM ? Reduction::kSum : Reduction::kMean;
+  return r;
+}
+
+std::string OptimizerFromProto(const pb::Optimizer& in, OptimizerConfig* out,
+                               bool* unspecified_type) {
+  Result<ProtoOptimizer> r = OptimizerFromProto(in);
+  if (!r.ok()) {
+    // As before: the type flag is set even when the conversion fails.
+    *unspecified_type = in.type() == pb::OPTIMIZER_UNSPECIFIED;
+    return r.status().message();
+  }
+  *out = r->config;
+  *unspecified_type = r->unspecified_type;
   return "";
 }
 

@@ -1,14 +1,31 @@
 // Conversions between the admin API's protobuf messages and the registry's
-// plain structs. Thread-safe (pure functions).
+// plain structs. Thread-safe (pure functions). Errors are rackhub::Status.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "rackhub/admin/v1/admin.pb.h"
+#include "rackhub/common/status.h"
 #include "registry.h"
 
 namespace rackhub::server {
 
-// Proto optimizer -> config. `keep_type` is set when the proto leaves the
-// type unspecified. Returns an error "field: reason" for unknown enum values.
+// A proto optimizer as a config, and whether the proto left the type
+// unspecified (then config.type is SGD; SetOptimizer keeps the key's type).
+struct ProtoOptimizer {
+  aggregation::OptimizerConfig config;
+  bool unspecified_type = false;
+};
+// Proto optimizer -> config. INVALID_ARGUMENT "type: ..." or "reduction: ..."
+// for unknown enum values (callers put the message's field in front, e.g.
+// "optimizer."). Hyperparameters are copied unchecked (see
+// aggregation::NormalizeOptimizer).
+Result<ProtoOptimizer> OptimizerFromProto(const admin::v1::Optimizer& in);
+
+// DEPRECATED: the old "" = success form; forwards to the Result form above.
+// Remove once no caller is left.
+[[deprecated("use Result<ProtoOptimizer> OptimizerFromProto(in)")]]
 std::string OptimizerFromProto(const admin::v1::Optimizer& in, aggregation::OptimizerConfig* out,
                                bool* unspecified_type);
 void OptimizerToProto(const aggregation::OptimizerConfig& in, admin::v1::Optimizer* out);

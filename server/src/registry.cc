@@ -4,7 +4,7 @@
 #include <chrono>
 #include <mutex>
 
-#include "size_text.h"
+#include "rackhub/common/size.h"
 #include "token.h"
 
 namespace rackhub::server {

@@ -20,7 +20,7 @@
 #include "config.h"
 #include "rackhub/aggregation/chunk_layout.h"
 #include "rackhub/aggregation/optimizer_config.h"
-#include "status.h"
+#include "rackhub/common/status.h"
 
 namespace rackhub::server {
 

@@ -1,5 +1,5 @@
-// Unit tests for rackhubd configuration (TOML file + flags + validation) and
-// the size-text helpers.
+// Unit tests for rackhubd configuration (TOML file + flags + validation).
+// The size syntax itself (ParseSize / FormatSize) is tested in common_test.cc.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "config.h"
-#include "size_text.h"
 
 namespace rackhub::server {
 namespace {
@@ -522,74 +521,6 @@ TEST(EffectiveLaneCountTest, ZeroMeansCoresAndExplicitIsKept) {
   EXPECT_GE(EffectiveLaneCount(c), 1u);
   c.lanes.count = 3;
   EXPECT_EQ(EffectiveLaneCount(c), 3u);
-}
-
-// ---------------------------------------------------------------------------
-// size_text
-
-uint64_t MustParseSize(const std::string& text) {
-  uint64_t v = 0;
-  std::string error;
-  EXPECT_TRUE(ParseSize(text, &v, &error)) << text << ": " << error;
-  return v;
-}
-
-std::string SizeError(const std::string& text) {
-  uint64_t v = 12345;
-  std::string error;
-  EXPECT_FALSE(ParseSize(text, &v, &error)) << text;
-  EXPECT_EQ(v, 12345u) << "output changed on failure for " << text;
-  return error;
-}
-
-TEST(ParseSizeTest, EverySuffix) {
-  EXPECT_EQ(MustParseSize("0"), 0u);
-  EXPECT_EQ(MustParseSize("32768"), 32768u);
-  EXPECT_EQ(MustParseSize("100B"), 100u);
-  EXPECT_EQ(MustParseSize("32K"), 32u << 10);
-  EXPECT_EQ(MustParseSize("32KiB"), 32u << 10);
-  EXPECT_EQ(MustParseSize("3M"), 3u << 20);
-  EXPECT_EQ(MustParseSize("3MiB"), 3u << 20);
-  EXPECT_EQ(MustParseSize("4G"), 4ull << 30);
-  EXPECT_EQ(MustParseSize("4 GiB"), 4ull << 30);
-  EXPECT_EQ(MustParseSize("2T"), 2ull << 40);
-  EXPECT_EQ(MustParseSize("2TiB"), 2ull << 40);
-}
-
-TEST(ParseSizeTest, Overflow) {
-  EXPECT_NE(SizeError("16777216TiB").find("too large"), std::string::npos);  // 2^24 * 2^40
-  EXPECT_EQ(MustParseSize("16777215TiB"), 16777215ull << 40);
-  SizeError("99999999999999999999");  // does not fit 64 bits at all
-}
-
-TEST(ParseSizeTest, BadInput) {
-  EXPECT_NE(SizeError("32KB").find("unknown unit"), std::string::npos);
-  SizeError("32kib");
-  SizeError("KiB");
-  SizeError("");
-  SizeError("-1");
-  SizeError("1.5GiB");
-  SizeError(" 32");
-}
-
-TEST(FormatSizeTest, Formats) {
-  EXPECT_EQ(FormatSize(0), "0 B");
-  EXPECT_EQ(FormatSize(100), "100 B");
-  EXPECT_EQ(FormatSize(1023), "1023 B");
-  EXPECT_EQ(FormatSize(1024), "1 KiB");
-  EXPECT_EQ(FormatSize(32 * 1024), "32 KiB");
-  EXPECT_EQ(FormatSize(1536), "1.5 KiB");
-  EXPECT_EQ(FormatSize(3ull << 29), "1.5 GiB");
-  EXPECT_EQ(FormatSize(4ull << 30), "4 GiB");
-  EXPECT_EQ(FormatSize(1ull << 40), "1 TiB");
-  EXPECT_EQ(FormatSize(2ull << 50), "2 PiB");
-}
-
-TEST(FormatSizeTest, RoundTripsThroughParse) {
-  for (uint64_t v : {1ull << 10, 7ull << 20, 4ull << 30, 3ull << 40}) {
-    std::string text = FormatSize(v);
-    EXPECT_EQ(MustParseSize(text), v) << text;
-  }
 }
 
 }  // namespace
