@@ -82,8 +82,9 @@ Error Client::Impl::Handshake(uint32_t lane, const tcp::endpoint& endpoint,
                 [&](auto handler) { asio::async_read(*socket, asio::buffer(header), handler); });
   if (ec) return failed("reading WELCOME", ec);
   const net::FrameHeader reply = net::DecodeHeader(header);
-  if (const std::string bad = net::ValidateHeader(reply); !bad.empty()) {
-    return MakeError(ErrorCode::kConnectFailed, where + ": invalid reply to HELLO: " + bad);
+  if (const Status bad = net::CheckHeader(reply); !bad.ok()) {
+    return MakeError(ErrorCode::kConnectFailed,
+                     where + ": invalid reply to HELLO: " + bad.message());
   }
   std::string body(reply.payload_bytes, '\0');
   ec = RunUntil(io_, *socket, deadline, [&](auto handler) {
@@ -148,12 +149,12 @@ Error Client::Impl::AcceptWelcome(uint32_t lane, const std::string& payload,
     straggler_timeout_ms_ = welcome.straggler_timeout_ms();
     std::lock_guard lock(mu_);
     for (const auto& entry : welcome.keys()) {
-      KeyInfo info;
-      if (const std::string bad = internal::ToKeyInfo(entry, chunk_elements_, &info);
-          !bad.empty()) {
-        return MakeError(ErrorCode::kConnectFailed, "hub " + options_.hub + ": WELCOME " + bad);
+      const Result<KeyInfo> info = internal::ToKeyInfo(entry, chunk_elements_);
+      if (!info.ok()) {
+        return MakeError(ErrorCode::kConnectFailed,
+                         "hub " + options_.hub + ": WELCOME " + info.status().message());
       }
-      ImportKey(info);
+      ImportKey(*info);
     }
   } else if (welcome.tenant_handle() != tenant_handle_ || welcome.lanes() != lane_count_ ||
              welcome.chunk_elements() != chunk_elements_) {
@@ -165,11 +166,11 @@ Error Client::Impl::AcceptWelcome(uint32_t lane, const std::string& payload,
 }
 
 Error Client::Impl::Connect() {
-  std::string why;
-  const auto endpoint = net::ParseEndpoint(options_.hub, &why);
-  if (!endpoint || endpoint->port == 0) {
+  const Result<net::Endpoint> endpoint = net::ParseEndpoint(options_.hub);
+  if (!endpoint.ok() || endpoint->port == 0) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     "hub '" + options_.hub + "': " + (why.empty() ? "port 0" : why));
+                     "hub '" + options_.hub + "': " +
+                         (endpoint.ok() ? std::string("port 0") : endpoint.status().message()));
   }
   if (options_.tenant.empty()) return MakeError(ErrorCode::kInvalidArgument, "tenant is empty");
   const auto deadline = Clock::now() + options_.connect_timeout;

@@ -122,8 +122,8 @@ void Lane::ReadHeader() {
 
 void Lane::OnHeader() {
   header_ = net::DecodeHeader(header_bytes_);
-  if (const std::string bad = net::ValidateHeader(header_); !bad.empty()) {
-    Broken("invalid frame header from the hub: " + bad);
+  if (const Status bad = net::CheckHeader(header_); !bad.ok()) {
+    Broken("invalid frame header from the hub: " + bad.message());
     return;
   }
   const net::Opcode op = header_.opcode;
@@ -216,23 +216,23 @@ void Lane::OnReply(const PendingRequest& request) {
   }
   if (header_.opcode == net::Opcode::kKeyInfo) {
     data::v1::KeyEntry entry;
-    KeyInfo info;
     if (!entry.ParseFromArray(scratch_.data(), static_cast<int>(scratch_.size()))) {
       Broken("KEY_INFO payload is not a KeyEntry");
       return;
     }
-    if (const std::string bad = ToKeyInfo(entry, owner_->chunk_elements(), &info); !bad.empty()) {
-      Broken("KEY_INFO: " + bad);
+    Result<KeyInfo> info = ToKeyInfo(entry, owner_->chunk_elements());
+    if (!info.ok()) {
+      Broken("KEY_INFO: " + info.status().message());
       return;
     }
-    op->declared = std::move(info);
+    op->declared = *std::move(info);
   }
   owner_->ReplyArrived(op, header_.iteration);
 }
 
 void Lane::OnError() {
-  if (auto broken = HandleErrorFrame(owner_, index_, header_, scratch_, &pending_); !broken.empty()) {
-    Broken(broken);
+  if (const Status s = HandleErrorFrame(owner_, index_, header_, scratch_, &pending_); !s.ok()) {
+    Broken(s.message());
   }
 }
 

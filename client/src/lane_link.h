@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "client_impl.h"
+#include "rackhub/common/status.h"
 
 namespace rackhub::client::internal {
 
@@ -31,11 +32,11 @@ class LaneLink {
 };
 
 // An ERROR frame from the hub on lane `lane`, for every transport: a fatal
-// or malformed one returns the reason the lane is broken; otherwise the
-// request it answers (if any, taken out of `pending`) fails with kServer and
-// "" is returned.
-std::string HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
-                             std::span<const std::byte> payload,
-                             std::unordered_map<uint64_t, PendingRequest>* pending);
+// or malformed one returns UNAVAILABLE with the reason the lane is broken;
+// otherwise the request it answers (if any, taken out of `pending`) fails
+// with kServer and OK is returned.
+Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
+                        std::span<const std::byte> payload,
+                        std::unordered_map<uint64_t, PendingRequest>* pending);
 
 }  // namespace rackhub::client::internal

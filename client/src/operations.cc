@@ -48,20 +48,20 @@ const char* OpKindName(OpKind kind) {
   return "?";
 }
 
-std::string HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
-                             std::span<const std::byte> payload,
-                             std::unordered_map<uint64_t, PendingRequest>* pending) {
+Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
+                        std::span<const std::byte> payload,
+                        std::unordered_map<uint64_t, PendingRequest>* pending) {
   net::WireError code{};
   std::string text;
   if (!net::DecodeErrorBody(payload, &code, &text)) {
-    return "ERROR frame with a payload shorter than 4 bytes";
+    return Unavailable("ERROR frame with a payload shorter than 4 bytes");
   }
   const std::string what = std::string(net::WireErrorName(code)) + ": " + text;
   if (h.flags & net::kFlagFatal) {
-    return "the hub sent a fatal ERROR and closes the connection: " + what;
+    return Unavailable("the hub sent a fatal ERROR and closes the connection: " + what);
   }
   const auto it = pending->find(h.request_id);
-  if (it == pending->end()) return "";  // unsolicited and not fatal: nothing waits for it
+  if (it == pending->end()) return Status::Ok();  // unsolicited, not fatal: nothing waits for it
   const OperationPtr op = std::move(it->second.op);
   const uint32_t chunk = it->second.chunk;
   pending->erase(it);
@@ -72,7 +72,7 @@ std::string HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::Fram
               std::to_string(op->key) + " (lane " + std::to_string(lane) + ", chunk " +
               std::to_string(chunk) + "): " + what;
   owner->FailOp(op, std::move(e));
-  return "";
+  return Status::Ok();
 }
 }  // namespace internal
 
@@ -227,9 +227,10 @@ Ticket Client::Impl::SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t
   op->callback = std::move(done);
   data::v1::OptimizerUpdate update;
   Error e;
-  if (const std::string bad = internal::FillOptimizer(spec, update.mutable_optimizer());
-      !bad.empty()) {
-    e = MakeError(ErrorCode::kInvalidArgument, "SetOptimizer: " + bad);
+  if (Result<admin::v1::Optimizer> proto = internal::ToProtoOptimizer(spec); proto.ok()) {
+    *update.mutable_optimizer() = *std::move(proto);
+  } else {
+    e = MakeError(ErrorCode::kInvalidArgument, "SetOptimizer: " + proto.status().message());
   }
   update.SerializeToString(&op->control);
   if (e.ok()) {
@@ -260,9 +261,12 @@ Error Client::Impl::DeclareKey(const KeyDecl& decl, KeyId* out) {
     e = MakeError(ErrorCode::kInvalidArgument, "DeclareKey '" + decl.name + "': 0 elements");
   }
   if (e.ok() && decl.optimizer) {
-    if (const std::string bad = internal::FillOptimizer(*decl.optimizer, d.mutable_optimizer());
-        !bad.empty()) {
-      e = MakeError(ErrorCode::kInvalidArgument, "DeclareKey '" + decl.name + "': " + bad);
+    if (Result<admin::v1::Optimizer> proto = internal::ToProtoOptimizer(*decl.optimizer);
+        proto.ok()) {
+      *d.mutable_optimizer() = *std::move(proto);
+    } else {
+      e = MakeError(ErrorCode::kInvalidArgument,
+                    "DeclareKey '" + decl.name + "': " + proto.status().message());
     }
   }
   if (!e.ok()) return e;

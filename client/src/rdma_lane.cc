@@ -22,9 +22,9 @@ RdmaLane::~RdmaLane() {
   channel_->Close("client lane destroyed");
 }
 
-std::string RdmaLane::Handshake(asio::io_context& io, const std::string& hello,
-                                Clock::time_point deadline, net::FrameHeader* reply,
-                                std::string* body) {
+Result<RdmaLane::HandshakeReply> RdmaLane::Handshake(asio::io_context& io,
+                                                     const std::string& hello,
+                                                     Clock::time_point deadline) {
   rdma::Channel::Callbacks cb;
   cb.on_frame = [this](const net::FrameHeader& h, std::span<const std::byte> payload) {
     OnFrame(h, payload);
@@ -41,12 +41,9 @@ std::string RdmaLane::Handshake(asio::io_context& io, const std::string& hello,
   channel_->Send(std::move(f));
   io.restart();
   while (!have_reply_ && open_ && Clock::now() < deadline) io.run_one_until(deadline);
-  if (have_reply_) {
-    *reply = handshake_header_;
-    *body = std::move(handshake_body_);
-    return "";
-  }
-  return open_ ? "timed out waiting for WELCOME" : "connection closed: " + closed_why_;
+  if (have_reply_) return HandshakeReply{handshake_header_, std::move(handshake_body_)};
+  return Unavailable(open_ ? std::string("timed out waiting for WELCOME")
+                           : "connection closed: " + closed_why_);
 }
 
 void RdmaLane::Expect(uint64_t request_id, PendingRequest request) {
@@ -115,9 +112,9 @@ void RdmaLane::Broken(const std::string& reason) {
 
 void RdmaLane::OnFrame(const net::FrameHeader& h, std::span<const std::byte> payload) {
   if (!open_) return;
-  if (const std::string bad = net::ValidateHeader(h); !bad.empty()) {
-    if (handshake_) return OnClosed("invalid reply to HELLO: " + bad);
-    return Broken("invalid frame header from the hub: " + bad);
+  if (const Status bad = net::CheckHeader(h); !bad.ok()) {
+    if (handshake_) return OnClosed("invalid reply to HELLO: " + bad.message());
+    return Broken("invalid frame header from the hub: " + bad.message());
   }
   if (handshake_) {
     if (have_reply_) return;
@@ -181,21 +178,19 @@ void RdmaLane::OnReply(const net::FrameHeader& h, std::span<const std::byte> pay
   if (o->failed || o->finished) return;
   if (op == net::Opcode::kKeyInfo) {
     data::v1::KeyEntry entry;
-    KeyInfo info;
     if (!entry.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
       return Broken("KEY_INFO payload is not a KeyEntry");
     }
-    if (const std::string bad = ToKeyInfo(entry, owner_->chunk_elements(), &info); !bad.empty()) {
-      return Broken("KEY_INFO: " + bad);
-    }
-    o->declared = std::move(info);
+    Result<KeyInfo> info = ToKeyInfo(entry, owner_->chunk_elements());
+    if (!info.ok()) return Broken("KEY_INFO: " + info.status().message());
+    o->declared = *std::move(info);
   }
   owner_->ReplyArrived(o, h.iteration);
 }
 
 void RdmaLane::OnError(const net::FrameHeader& h, std::span<const std::byte> payload) {
-  if (auto broken = HandleErrorFrame(owner_, index_, h, payload, &pending_); !broken.empty()) {
-    Broken(broken);
+  if (const Status s = HandleErrorFrame(owner_, index_, h, payload, &pending_); !s.ok()) {
+    Broken(s.message());
   }
 }
 
@@ -208,18 +203,22 @@ Error Client::Impl::ConnectRdma(Clock::time_point deadline) {
     e.message = std::move(message);
     return e;
   };
-  std::string why;
-  auto hub = net::ParseEndpoint(options_.hub, &why);
-  if (!hub) return fail(ErrorCode::kInvalidArgument, "hub '" + options_.hub + "': " + why);
+  const Result<net::Endpoint> hub = net::ParseEndpoint(options_.hub);
+  if (!hub.ok()) {
+    return fail(ErrorCode::kInvalidArgument,
+                "hub '" + options_.hub + "': " + hub.status().message());
+  }
   net::Endpoint target{hub->host, rdma::kDefaultRdmaPort};
   if (!options_.rdma_hub.empty()) {
-    auto ep = net::ParseEndpoint(options_.rdma_hub, &why);
-    if (!ep || ep->port == 0) {
+    const Result<net::Endpoint> ep = net::ParseEndpoint(options_.rdma_hub);
+    if (!ep.ok() || ep->port == 0) {
       return fail(ErrorCode::kInvalidArgument,
-                  "rdma_hub '" + options_.rdma_hub + "': " + (why.empty() ? "port 0" : why));
+                  "rdma_hub '" + options_.rdma_hub + "': " +
+                      (ep.ok() ? std::string("port 0") : ep.status().message()));
     }
     target = *ep;
   }
+  std::string why;
   rdma::ChannelOptions copts;
   copts.ring_bytes = options_.rdma_ring_bytes;
   copts.device = options_.rdma_device;
@@ -232,11 +231,16 @@ Error Client::Impl::ConnectRdma(Clock::time_point deadline) {
     auto channel = rdma::Channel::Connect(target, lane, copts, deadline, &why);
     if (!channel) return fail(ErrorCode::kConnectFailed, why);
     auto link = std::make_unique<internal::RdmaLane>(this, lane, channel);
-    net::FrameHeader reply;
-    std::string body, welcome;
-    why = link->Handshake(io_, HelloPayload(lane), deadline, &reply, &body);
-    if (!why.empty()) return fail(ErrorCode::kConnectFailed, where + ": " + why);
-    if (Error e = CheckHelloReply(where, reply, std::move(body), &welcome); !e.ok()) return e;
+    Result<internal::RdmaLane::HandshakeReply> reply =
+        link->Handshake(io_, HelloPayload(lane), deadline);
+    if (!reply.ok()) {
+      return fail(ErrorCode::kConnectFailed, where + ": " + reply.status().message());
+    }
+    std::string welcome;
+    if (Error e = CheckHelloReply(where, reply->header, std::move(reply->body), &welcome);
+        !e.ok()) {
+      return e;
+    }
     if (Error e = AcceptWelcome(lane, welcome, &lane_count); !e.ok()) return e;
     lanes.push_back(std::move(link));
   }

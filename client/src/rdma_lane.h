@@ -32,11 +32,15 @@ class RdmaLane final : public LaneLink {
   RdmaLane(const RdmaLane&) = delete;
   RdmaLane& operator=(const RdmaLane&) = delete;
 
-  // Sends HELLO and runs `io` until the hub's first reply (copied into
-  // *reply / *body) or `deadline`. "" on success, else why not.
-  std::string Handshake(asio::io_context& io, const std::string& hello,
-                        std::chrono::steady_clock::time_point deadline, net::FrameHeader* reply,
-                        std::string* body);
+  // The hub's first frame on the lane (WELCOME or ERROR) and its payload.
+  struct HandshakeReply {
+    net::FrameHeader header;
+    std::string body;
+  };
+  // Sends HELLO and runs `io` until the hub's first reply or `deadline`;
+  // UNAVAILABLE (timed out, connection closed) otherwise.
+  Result<HandshakeReply> Handshake(asio::io_context& io, const std::string& hello,
+                                   std::chrono::steady_clock::time_point deadline);
 
   uint32_t index() const override { return index_; }
   bool open() const override { return open_; }

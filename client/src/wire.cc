@@ -1,5 +1,7 @@
 #include "wire.h"
 
+#include <fmt/format.h>
+
 namespace rackhub::client::internal {
 
 net::DType WireDType(DType dtype) { return static_cast<net::DType>(static_cast<uint8_t>(dtype)); }
@@ -23,7 +25,7 @@ bool FromProtoDType(int proto, DType* out) {
   }
 }
 
-std::string FillOptimizer(const OptimizerSpec& spec, admin::v1::Optimizer* out) {
+Result<admin::v1::Optimizer> ToProtoOptimizer(const OptimizerSpec& spec) {
   static const struct {
     const char* name;
     admin::v1::OptimizerType type;
@@ -34,51 +36,54 @@ std::string FillOptimizer(const OptimizerSpec& spec, admin::v1::Optimizer* out) 
       {"adagrad", admin::v1::ADAGRAD},        {"sum-only", admin::v1::SUM_ONLY},
       {"sum_only", admin::v1::SUM_ONLY},
   };
+  admin::v1::Optimizer out;
   bool known = false;
   for (const auto& t : kTypes) {
     if (spec.type == t.name) {
-      out->set_type(t.type);
+      out.set_type(t.type);
       known = true;
     }
   }
   if (!known) {
-    return "optimizer type '" + spec.type +
-           "' is not one of sgd, momentum, nesterov, adam, adamw, adagrad, sum-only";
+    return InvalidArgument(fmt::format(
+        "optimizer type '{}' is not one of sgd, momentum, nesterov, adam, adamw, adagrad, "
+        "sum-only",
+        spec.type));
   }
-  out->set_learning_rate(spec.learning_rate);
-  out->set_momentum(spec.momentum);
-  out->set_weight_decay(spec.weight_decay);
-  out->set_beta1(spec.beta1);
-  out->set_beta2(spec.beta2);
-  out->set_epsilon(spec.epsilon);
-  out->set_initial_accumulator(spec.initial_accumulator);
-  out->set_reduction(spec.sum_reduction ? admin::v1::SUM : admin::v1::MEAN);
-  return "";
+  out.set_learning_rate(spec.learning_rate);
+  out.set_momentum(spec.momentum);
+  out.set_weight_decay(spec.weight_decay);
+  out.set_beta1(spec.beta1);
+  out.set_beta2(spec.beta2);
+  out.set_epsilon(spec.epsilon);
+  out.set_initial_accumulator(spec.initial_accumulator);
+  out.set_reduction(spec.sum_reduction ? admin::v1::SUM : admin::v1::MEAN);
+  return out;
 }
 
-std::string ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elements, KeyInfo* out) {
+Result<KeyInfo> ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elements) {
   KeyInfo k;
   k.id = entry.id();
   k.name = entry.name();
   k.elements = entry.elements();
   if (!FromProtoDType(entry.dtype(), &k.dtype)) {
-    return "key '" + entry.name() + "': unknown dtype " + std::to_string(entry.dtype());
+    return InvalidArgument(
+        fmt::format("key '{}': unknown dtype {}", entry.name(), static_cast<int>(entry.dtype())));
   }
   k.init = entry.init() == admin::v1::FROM_CLIENT ? Init::kFromClient : Init::kZeros;
   k.first_chunk = entry.first_chunk();
   k.chunk_count = entry.chunk_count();
   k.version = entry.version();
   k.next_iteration = entry.version();
-  if (k.elements == 0) return "key '" + entry.name() + "': 0 elements";
-  if (chunk_elements == 0) return "chunk_elements is 0";
+  if (k.elements == 0) return InvalidArgument(fmt::format("key '{}': 0 elements", entry.name()));
+  if (chunk_elements == 0) return InvalidArgument("chunk_elements: 0");
   const uint64_t chunks = (k.elements + chunk_elements - 1) / chunk_elements;
   if (k.chunk_count != chunks) {
-    return "key '" + entry.name() + "': " + std::to_string(k.elements) + " elements in " +
-           std::to_string(k.chunk_count) + " chunks of " + std::to_string(chunk_elements) +
-           " elements is inconsistent";
+    return InvalidArgument(
+        fmt::format("key '{}': {} elements in {} chunks of {} elements is inconsistent",
+                    entry.name(), k.elements, k.chunk_count, chunk_elements));
   }
-  *out = std::move(k);
-  return "";
+  return k;
 }
 
 }  // namespace rackhub::client::internal

@@ -1,10 +1,12 @@
 // Private to librackhub: mapping between the public client types and the
-// wire / protobuf types. Pure functions; any thread.
+// wire / protobuf types. Pure functions; any thread. Errors are
+// rackhub::Status (turned into client::Error by the callers).
 #pragma once
 
 #include <string>
 
 #include "rackhub/client/client.h"
+#include "rackhub/common/status.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/frame.h"
 
@@ -15,11 +17,13 @@ admin::v1::DType ProtoDType(DType dtype);
 // Returns false for values this client does not know.
 bool FromProtoDType(int proto, DType* out);
 
-// Fills `out` from `spec`. Returns "" or what is wrong with the spec.
-std::string FillOptimizer(const OptimizerSpec& spec, admin::v1::Optimizer* out);
+// `spec` as the protobuf message; INVALID_ARGUMENT ("optimizer type 'x' ...")
+// for a type this client does not know.
+Result<admin::v1::Optimizer> ToProtoOptimizer(const OptimizerSpec& spec);
 
-// Converts a KEY_INFO / WELCOME key entry. Returns "" or why it is unusable.
-std::string ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elements, KeyInfo* out);
+// Converts a KEY_INFO / WELCOME key entry; INVALID_ARGUMENT ("key 'w': ...")
+// when it is unusable.
+Result<KeyInfo> ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elements);
 
 
 }  // namespace rackhub::client::internal

@@ -34,6 +34,7 @@ TEST(StatusTest, HelpersSetTheirCode) {
   EXPECT_EQ(ResourceExhausted("a").code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(FailedPrecondition("a").code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(Internal("a").code(), StatusCode::kInternal);
+  EXPECT_EQ(Unavailable("a").code(), StatusCode::kUnavailable);
   EXPECT_EQ(Unauthenticated("a").code(), StatusCode::kUnauthenticated);
   EXPECT_FALSE(Internal("boom").ok());
   EXPECT_EQ(Internal("boom").message(), "boom");
@@ -48,6 +49,7 @@ TEST(StatusTest, CodesAreTheGrpcCodes) {
   EXPECT_EQ(static_cast<int>(StatusCode::kResourceExhausted), 8);
   EXPECT_EQ(static_cast<int>(StatusCode::kFailedPrecondition), 9);
   EXPECT_EQ(static_cast<int>(StatusCode::kInternal), 13);
+  EXPECT_EQ(static_cast<int>(StatusCode::kUnavailable), 14);
   EXPECT_EQ(static_cast<int>(StatusCode::kUnauthenticated), 16);
   EXPECT_STREQ(StatusCodeName(StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
 }

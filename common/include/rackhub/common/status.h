@@ -36,6 +36,7 @@ enum class StatusCode {
   kResourceExhausted = 8,
   kFailedPrecondition = 9,
   kInternal = 13,
+  kUnavailable = 14,  // a peer or connection is gone (retrying elsewhere/later may work)
   kUnauthenticated = 16,
 };
 
@@ -76,6 +77,7 @@ inline Status FailedPrecondition(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
 }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
 
 namespace internal {
