@@ -1,61 +1,60 @@
-// The TCP data plane of rackhubd: the acceptor (its own thread: reads and
-// authenticates HELLO, then hands the socket to its lane's io_context) and one
-// LaneService per lane (DESIGN.md §4-5).
+// DataPlane: the lanes' services (one Lane per lane thread), the hub-wide
+// state they share (key runtimes, rack-link counters, the hub secret and the
+// connector for outgoing hub links), registry events fanned out to every
+// lane, and the one shutdown path of the data plane. Acceptors (TCP, RDMA,
+// in-memory for tests) authenticate connections and hand them to lane(i) on
+// that lane's thread.
 //
-// Thread safety: Start/Shutdown from the main thread. WorkerLost,
-// KeyRuntimeFor and ChunkInitialized may be called from any lane. The
-// RegistryObserver callbacks run under the registry's lock and only post.
+// Thread safety: construction, StartHubLinks and Shutdown from the main
+// thread. LaneHost members from any lane. The RegistryObserver callbacks run
+// under the registry's lock and only post.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include <tbb/concurrent_hash_map.h>
+
 #include "config.h"
-#include "lane_service.h"
+#include "lane.h"
+#include "lane_host.h"
 #include "lanes.h"
-#include "rackhub/net/asio.h"
 #include "registry.h"
 
 namespace rackhub::server {
 
-// Key-wide facts shared by the lanes that hold the key's chunks.
-struct KeyRuntime {
-  // Updates applied to the key's chunk 0 (written by its lane, read by the
-  // lane answering DECLARE/WELCOME).
-  std::atomic<uint64_t> version{0};
-  std::atomic<uint64_t> initialized_chunks{0};
-};
-
-class DataPlane : public RegistryObserver {
+class DataPlane final : public RegistryObserver, public LaneHost {
  public:
-  DataPlane(const Config& config, Registry* registry, LaneSet* lanes);
+  // `hub_connector` opens links to other racks' hubs (TCP or RDMA).
+  DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
+            std::unique_ptr<net::Connector> hub_connector);
   ~DataPlane() override;
+  DataPlane(const DataPlane&) = delete;
+  DataPlane& operator=(const DataPlane&) = delete;
 
-  // Starts accepting on `acceptor` (bound and listening, on `acceptor_io`)
-  // with a dedicated thread.
-  void Start(boost::asio::io_context* acceptor_io, boost::asio::ip::tcp::acceptor* acceptor);
-  // False when the rack exchange could not listen (Start logged why).
-  bool started_ok() const { return hubs_ok_; }
-  // Stops accepting, closes every connection with SHUTTING_DOWN, waits up to
-  // `grace` for the close frames to go out.
+  const Config& config() const { return config_; }
+  Registry& registry() { return *registry_; }
+  uint32_t lane_count() const { return static_cast<uint32_t>(lanes_.size()); }
+  // Lane `i`: its members run on its thread only (see lane.h).
+  Lane& lane(uint32_t i) { return *lanes_[i]; }
+  // Runs `fn(lane)` on lane `i`'s thread (uncounted: hand-overs of new
+  // connections must reach the lane even while it shuts down).
+  void OnLane(uint32_t i, std::function<void(Lane&)> fn);
+
+  // Starts every lane's links to the other racks' hubs (hierarchical topology).
+  void StartHubLinks();
+  // Every lane tells its workers SHUTTING_DOWN and closes its hub links; waits
+  // up to `grace` for the last frames to go out, then closes what is left and
+  // waits for every lane's timers and posted work to finish. Idempotent.
   void Shutdown(std::chrono::milliseconds grace);
 
-  void WorkerLost(uint32_t handle, uint32_t rank, const std::string& why);
-
-  // Rack exchange: the shared hub secret (topology.secret_file), the
-  // inter-hub listener (started by Start when the topology has racks), and
-  // byte counters per peer rack (any thread).
-  const std::string& hub_secret() const { return hub_secret_; }
-  void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in);
-  // RACK_SUM / RACK_PARAMS frames (header + payload) queued to `rack`.
-  void CountRackChunkBytes(uint32_t rack, uint64_t out);
   struct RackLinkStats {
     uint32_t rack = 0;
     uint64_t bytes_out = 0;
@@ -63,15 +62,17 @@ class DataPlane : public RegistryObserver {
     uint64_t chunk_bytes_out = 0;
   };
   std::vector<RackLinkStats> RackLinks() const;
-  // Binds the inter-hub listener; false (logged) if it cannot.
-  bool ListenForHubs();
-  std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id);
-  // Counts an initialized chunk; marks the key ready in the registry when all are.
-  void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count);
-  uint64_t NextSeq() { return seq_.fetch_add(1) + 1; }
-  // The lane logic of `lane` (other transports hand connections to it, on
-  // the lane's thread).
-  LaneService* lane_service(uint32_t lane) { return services_[lane].get(); }
+
+  // LaneHost.
+  std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id) override;
+  void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) override;
+  void WorkerLost(uint32_t handle, uint32_t member, const std::string& why) override;
+  uint64_t NextSeq() override { return seq_.fetch_add(1) + 1; }
+  const std::string& hub_secret() const override { return hub_secret_; }
+  net::Connector& hub_connector() override { return *hub_connector_; }
+  void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) override;
+  void CountRackChunkBytes(uint32_t rack, uint64_t out) override;
+  void LaneDrained(uint32_t lane) override;
 
   // RegistryObserver.
   void OnTenantDeleted(uint32_t handle) override;
@@ -81,39 +82,32 @@ class DataPlane : public RegistryObserver {
                           uint64_t from_update) override;
 
  private:
-  class HelloSession;
-  class HubHelloSession;
-  void AcceptHubNext();
-  void AcceptNext();
-  // Called by a HelloSession on the acceptor thread once HELLO checked out.
-  void HandOver(boost::asio::ip::tcp::socket socket, net::ConnectionIdentity id);
-  // Moves an accepted socket to lane `lane`'s io_context and calls `adopt`
-  // with it on that lane's thread.
-  void MoveToLane(boost::asio::ip::tcp::socket socket, uint32_t lane,
-                  std::function<void(boost::asio::ip::tcp::socket)> adopt);
+  // Runs fn(lane) on every lane through its gate (skipped once it closed).
+  void OnEveryLane(std::function<void(Lane&)> fn);
 
   const Config config_;
   Registry* registry_;
-  LaneSet* lanes_;
-  std::vector<std::unique_ptr<LaneService>> services_;
-  boost::asio::io_context* acceptor_io_ = nullptr;
-  boost::asio::ip::tcp::acceptor* acceptor_ = nullptr;
-  std::thread acceptor_thread_;
+  LaneSet* lane_threads_;
+  std::unique_ptr<net::Connector> hub_connector_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
   std::atomic<uint64_t> seq_{0};
-  std::atomic<bool> stopping_{false};
   std::string hub_secret_;
-  bool hubs_ok_ = true;
-  std::unique_ptr<boost::asio::ip::tcp::acceptor> hub_acceptor_;
   struct LinkCounters {
     std::atomic<uint64_t> bytes_out{0};
     std::atomic<uint64_t> bytes_in{0};
     std::atomic<uint64_t> chunk_bytes_out{0};
   };
   std::vector<std::unique_ptr<LinkCounters>> link_counters_;  // by rack
+  // Key runtimes by tenant handle, then key id: looked up by every lane,
+  // erased on registry events (a whole tenant without iterating, which TBB's
+  // map does not allow concurrently with inserts).
+  using KeyRuntimes = tbb::concurrent_hash_map<uint32_t, std::shared_ptr<KeyRuntime>>;
+  tbb::concurrent_hash_map<uint32_t, std::shared_ptr<KeyRuntimes>> runtimes_;
 
-  std::mutex runtime_mu_;
-  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<KeyRuntime>>
-      runtimes_;  // GUARDED_BY(runtime_mu_)
+  std::mutex shutdown_mu_;
+  std::condition_variable drained_cv_;
+  std::vector<bool> drained_;  // GUARDED_BY(shutdown_mu_), by lane
+  bool shut_down_ = false;     // GUARDED_BY(shutdown_mu_)
 };
 
 }  // namespace rackhub::server

@@ -4,13 +4,43 @@ namespace rackhub::server {
 
 using net::WireError;
 
-std::string CheckHelloHeader(const net::FrameHeader& h) {
-  if (auto error = net::ValidateHeader(h); !error.empty()) return error;
-  if (h.opcode != net::Opcode::kHello) return "opcode: the first frame must be HELLO";
+Status CheckHelloHeader(const net::FrameHeader& h) {
+  if (Status s = net::CheckHeader(h); !s.ok()) return s;
+  if (h.opcode != net::Opcode::kHello) return InvalidArgument("opcode: the first frame must be HELLO");
   if (h.payload_bytes == 0 || h.payload_bytes > kMaxHelloBytes) {
-    return "payload_bytes: HELLO must be 1.." + std::to_string(kMaxHelloBytes) + " bytes";
+    return InvalidArgument("payload_bytes: HELLO must be 1.." + std::to_string(kMaxHelloBytes) +
+                           " bytes");
   }
-  return "";
+  return {};
+}
+
+Status CheckHubHelloHeader(const net::FrameHeader& h) {
+  if (!net::CheckHeader(h).ok() || h.opcode != net::Opcode::kHubHello || h.payload_bytes == 0 ||
+      h.payload_bytes > kMaxHelloBytes) {
+    return InvalidArgument("the first frame is not a HUB_HELLO");
+  }
+  return {};
+}
+
+Result<data::v1::HubHello> CheckHubHello(std::span<const std::byte> payload,
+                                         const TopologyConfig& topo, const std::string& secret,
+                                         uint32_t lanes) {
+  data::v1::HubHello hello;
+  if (!hello.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    return InvalidArgument("HUB_HELLO is not a HubHello");
+  }
+  if (hello.secret() != secret) return Unauthenticated("wrong hub secret");
+  if (hello.racks() != topo.rack_count() || hello.rack() >= topo.rack_count() ||
+      hello.rack() == topo.rack) {
+    return InvalidArgument("rack " + std::to_string(hello.rack()) + " of " +
+                           std::to_string(hello.racks()) + " does not fit this hub's topology");
+  }
+  if (hello.lanes() != lanes || hello.lane() >= lanes) {
+    return InvalidArgument("the hubs must run the same number of lanes (peer " +
+                           std::to_string(hello.lanes()) + ", here " + std::to_string(lanes) +
+                           ")");
+  }
+  return hello;
 }
 
 HelloResult CheckHello(std::span<const std::byte> payload, const Registry& registry,

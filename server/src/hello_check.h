@@ -1,7 +1,7 @@
 // The checks every data-plane transport applies to a worker's HELLO before
 // the connection is handed to a lane: header, size, message, token, rank,
-// rack and lane. One implementation for TCP (data_plane.cc) and RDMA
-// (rdma_listener.cc). Thread-safe (reads the thread-safe Registry).
+// rack and lane. One implementation for TCP (tcp_acceptor.cc), RDMA
+// (rdma_listener.cc) and the in-memory test transport. Thread-safe (reads the thread-safe Registry).
 #pragma once
 
 #include <cstdint>
@@ -26,10 +26,17 @@ struct HelloResult {
   TenantInfo tenant;
 };
 
-// Header checks, before the payload is read: "" or the reason.
-std::string CheckHelloHeader(const net::FrameHeader& h);
+// Header checks, before the payload is read (INVALID_ARGUMENT naming the field).
+Status CheckHelloHeader(const net::FrameHeader& h);
 // Everything else, once the payload is in.
 HelloResult CheckHello(std::span<const std::byte> payload, const Registry& registry,
                        const TopologyConfig& topology, uint32_t lanes);
+
+// The same for a HUB_HELLO opening a link from another rack's hub: the
+// header, then the secret (topology.secret_file), rack and lane counts.
+Status CheckHubHelloHeader(const net::FrameHeader& h);
+Result<data::v1::HubHello> CheckHubHello(std::span<const std::byte> payload,
+                                         const TopologyConfig& topology,
+                                         const std::string& secret, uint32_t lanes);
 
 }  // namespace rackhub::server

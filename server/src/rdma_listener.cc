@@ -12,7 +12,7 @@
 #include "hello_check.h"
 
 #include "data_plane.h"
-#include "lane_service.h"
+#include "lane.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/rdma/connection.h"
 #include "rackhub/net/rdma/device.h"
@@ -30,9 +30,6 @@ namespace {
 // rdma_listen(3) backlog of connect requests not yet handled.
 constexpr int kListenBacklog = 128;
 // HELLO is small: tenant, token and a few integers (as over TCP).
-// A rank still connected on the lane is waited for this many times (its close
-// may be in flight), like TCP hand-overs (LaneService::Adopt).
-constexpr int kAdoptRetries = 50;
 
 std::string Errno(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
 
@@ -290,7 +287,7 @@ void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const s
   const auto it = pending_.find(key);
   if (it == pending_.end()) return;
   const auto fail = [&](WireError code, const std::string& text) { Refuse(key, code, text); };
-  if (auto error = CheckHelloHeader(h); !error.empty()) return fail(WireError::kMalformed, error);
+  if (Status s = CheckHelloHeader(h); !s.ok()) return fail(WireError::kMalformed, s.message());
   // The same checks as the TCP acceptor.
   auto checked = CheckHello(payload, *registry_, config_.topology, lanes_->size());
   if (!checked.ok) return fail(checked.code, checked.text);
@@ -319,11 +316,11 @@ void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const s
   asio::post(io_, [this, ch, id = std::move(id)]() mutable {
     const uint32_t lane = id.lane;
     const uint64_t seq = plane_->NextSeq();
-    LaneService* service = plane_->lane_service(lane);
-    asio::io_context* io = &lanes_->context(lane);
-    lanes_->Post(lane, [service, io, ch, id = std::move(id), seq]() mutable {
-      auto conn = std::make_shared<rdma::RdmaConnection>(service, ch, std::move(id), io);
-      service->Adopt(conn, seq, kAdoptRetries);
+    Lane* target = &plane_->lane(lane);
+    lanes_->Post(lane, [target, ch, id = std::move(id), seq]() mutable {
+      auto conn = std::make_shared<rdma::RdmaConnection>(target->worker_handler(), ch,
+                                                         std::move(id), &target->io());
+      target->AdoptWorker(conn, seq);
     });
   });
 }

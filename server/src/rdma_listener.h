@@ -4,7 +4,7 @@
 // HELLO that arrives as the first frame over the queue pair (the same checks
 // as DataPlane's TCP HelloSession), then hands the channel to the lane's
 // thread, which wraps it in an rdma::RdmaConnection and calls
-// LaneService::Adopt: from there on the lane cannot tell it from TCP.
+// Lane::AdoptWorker: from there on the lane cannot tell it from TCP.
 //
 // Locked memory: every connection registers Channel::RegisteredBytes; the
 // listener keeps the total under RLIMIT_MEMLOCK (refusing a connection that

@@ -1,12 +1,10 @@
-// LaneService, part 3: the control path of a lane: WELCOME, client DECLARE
-// and SET_OPTIMIZER, and registry changes (tenant or key deleted, new
-// hyperparameters) posted to the lane. None of it is per chunk.
+// WorkerProtocol, part 2: the control frames of a worker connection:
+// WELCOME, client DECLARE and SET_OPTIMIZER. None of it is per chunk.
 #include <spdlog/spdlog.h>
 
-#include "data_plane.h"
-#include "lane_service.h"
 #include "proto_convert.h"
 #include "rackhub/data/v1/control.pb.h"
+#include "worker_protocol.h"
 
 namespace rackhub::server {
 
@@ -41,11 +39,11 @@ void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
 
 }  // namespace
 
-std::string LaneService::WelcomePayload(const Tenant& t) {
+std::string WorkerProtocol::WelcomePayload(const LaneTenant& t) {
   dpb::Welcome w;
   w.set_tenant_handle(t.info.handle);
   w.set_chunk_elements(t.info.chunk_bytes / aggregation::kMasterElementBytes);
-  w.set_lanes(lanes_);
+  w.set_lanes(table_->lanes());
   w.set_workers(t.info.workers_per_rack);
   w.set_epoch(1);
   w.set_server_version(RACKHUB_VERSION);
@@ -53,15 +51,15 @@ std::string LaneService::WelcomePayload(const Tenant& t) {
   std::vector<KeyInfo> keys;
   if (registry_->ListKeys(t.info.name, &keys).ok()) {
     for (const auto& k : keys) {
-      const auto rt = plane_->KeyRuntimeFor(t.info.handle, k.id);
+      const auto rt = host_->KeyRuntimeFor(t.info.handle, k.id);
       FillKeyEntry(k, rt->version.load(std::memory_order_relaxed), w.add_keys());
     }
   }
   return w.SerializeAsString();
 }
 
-void LaneService::HandleDeclare(net::Connection& conn, Tenant& t, const FrameHeader& h,
-                                std::span<const std::byte> payload) {
+void WorkerProtocol::OnDeclare(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                               std::span<const std::byte> payload) {
   dpb::KeyDeclaration decl;
   if (!decl.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     Reject(conn, WireError::kMalformed, "payload: DECLARE is not a KeyDeclaration", h.request_id);
@@ -104,7 +102,7 @@ void LaneService::HandleDeclare(net::Connection& conn, Tenant& t, const FrameHea
                  conn.id().rank, info.name, info.elements);
   }
   dpb::KeyEntry entry;
-  const auto rt = plane_->KeyRuntimeFor(t.info.handle, info.id);
+  const auto rt = host_->KeyRuntimeFor(t.info.handle, info.id);
   FillKeyEntry(info, rt->version.load(std::memory_order_relaxed), &entry);
   FrameHeader r;
   r.opcode = Opcode::kKeyInfo;
@@ -114,8 +112,8 @@ void LaneService::HandleDeclare(net::Connection& conn, Tenant& t, const FrameHea
   conn.SendOwned(r, entry.SerializeAsString());
 }
 
-void LaneService::HandleSetOptimizer(net::Connection& conn, Tenant& t, const FrameHeader& h,
-                                     std::span<const std::byte> payload) {
+void WorkerProtocol::OnSetOptimizer(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                                    std::span<const std::byte> payload) {
   dpb::OptimizerUpdate update;
   if (!update.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     Reject(conn, WireError::kMalformed, "payload: SET_OPTIMIZER is not an OptimizerUpdate",
@@ -139,7 +137,7 @@ void LaneService::HandleSetOptimizer(net::Connection& conn, Tenant& t, const Fra
     return;
   }
   // Apply here at once too, so the ACK means "this lane has it".
-  OnOptimizerChanged(t.info.handle, info.id, info.optimizer, h.iteration + 1);
+  table_->ApplyOptimizer(t.info.handle, info.id, info.optimizer, h.iteration + 1);
   FrameHeader r;
   r.opcode = Opcode::kAck;
   r.tenant = t.info.handle;
@@ -147,51 +145,6 @@ void LaneService::HandleSetOptimizer(net::Connection& conn, Tenant& t, const Fra
   r.iteration = h.iteration;
   r.request_id = h.request_id;
   conn.SendOwned(r, {});
-}
-
-void LaneService::OnTenantDeleted(uint32_t handle) {
-  Tenant* t = FindTenant(handle);
-  if (!t) return;
-  FailPending(*t, WireError::kTenantGone, "tenant: was deleted");
-  const auto conns = t->conns;  // closing edits the map
-  for (auto& [rank, conn] : conns) {
-    conn->SendError(WireError::kTenantGone, "tenant: '" + t->info.name + "' was deleted", 0, true);
-  }
-  tenants_.erase(handle);
-}
-
-void LaneService::OnKeyDeleted(uint32_t handle, uint32_t key_id) {
-  Tenant* t = FindTenant(handle);
-  if (!t) return;
-  for (auto it = t->chunks.begin(); it != t->chunks.end();) {
-    if (it->second->key_id != key_id) {
-      ++it;
-      continue;
-    }
-    Chunk& c = *it->second;
-    for (const Waiter& w : c.pushes) {
-      if (auto wc = w.conn.lock(); wc && wc->open()) {
-        wc->SendError(WireError::kTenantGone, "key: was deleted", w.request_id, false);
-      }
-    }
-    t->pending.erase(it->first);
-    it = t->chunks.erase(it);
-  }
-  t->keys.erase(key_id);
-}
-
-void LaneService::OnOptimizerChanged(uint32_t handle, uint32_t key_id,
-                                     const aggregation::OptimizerConfig& optimizer,
-                                     uint64_t from_update) {
-  Tenant* t = FindTenant(handle);
-  if (!t) return;
-  if (auto it = t->keys.find(key_id); it != t->keys.end()) {
-    it->second.info.optimizer = optimizer;
-    it->second.info.schedule.Apply(optimizer, from_update);
-  }
-  for (auto& [id, chunk] : t->chunks) {
-    if (chunk->key_id == key_id) chunk->state.SetOptimizer(optimizer, from_update);
-  }
 }
 
 }  // namespace rackhub::server

@@ -1,0 +1,40 @@
+// Outgoing data-plane connections (hub to hub links), transport-neutral.
+//
+// A Connector opens a connection to another hub's inter-hub endpoint and
+// returns it as a net::Connection: the caller (a lane) never learns which
+// transport carries it. Implementations: MakeTcpConnector (net/tcp) and
+// MakeRdmaConnector (net/rdma). The returned connection is not started; the
+// caller sends its HUB_HELLO and calls Start().
+//
+// Ownership: the caller owns the Connector and must keep it alive while
+// connects are in flight. `handler` must outlive the connection.
+// Threading: Connect is called on the thread running `io`; `done` runs later
+// on that same thread (never inside Connect), exactly once.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "rackhub/net/asio.h"
+#include "rackhub/net/endpoint.h"
+#include "rackhub/net/transport.h"
+
+namespace rackhub::net {
+
+class Connector {
+ public:
+  // `conn` is null on failure and `error` says why ("" on success).
+  using Done = std::function<void(std::shared_ptr<Connection> conn, const std::string& error)>;
+
+  virtual ~Connector() = default;
+  // "tcp" or "rdma", for logs.
+  virtual const char* name() const = 0;
+  virtual void Connect(boost::asio::io_context& io, const Endpoint& to, FrameHandler* handler,
+                       ConnectionIdentity id, Done done) = 0;
+};
+
+// TCP over Boost.Asio (TCP_NODELAY).
+std::unique_ptr<Connector> MakeTcpConnector();
+
+}  // namespace rackhub::net

@@ -1,0 +1,181 @@
+#include "chunk_table.h"
+
+#include <spdlog/spdlog.h>
+
+namespace rackhub::server {
+
+using net::WireError;
+
+namespace {
+
+aggregation::ElementType ElementTypeOf(WireDType d) {
+  return static_cast<aggregation::ElementType>(static_cast<uint8_t>(d));
+}
+
+aggregation::OptimizerConfig SumOnly() {
+  aggregation::OptimizerConfig c;
+  c.type = aggregation::OptimizerType::kSumOnly;
+  c.learning_rate = 0;
+  c.reduction = aggregation::Reduction::kSum;
+  return c;
+}
+
+}  // namespace
+
+ChunkTable::ChunkTable(uint32_t lane, uint32_t lanes, const TopologyConfig& topology,
+                       Registry* registry, LaneHost* host)
+    : lane_(lane),
+      lanes_(lanes),
+      racks_(topology.rack_count()),
+      exchange_(topology.multi_rack_exchange()),
+      self_rack_(topology.rack),
+      registry_(registry),
+      host_(host) {}
+
+LaneTenant* ChunkTable::FindTenant(uint32_t handle) {
+  const auto it = tenants_.find(handle);
+  return it == tenants_.end() ? nullptr : &it->second;
+}
+
+LaneTenant* ChunkTable::LoadTenant(uint32_t handle) {
+  if (LaneTenant* t = FindTenant(handle)) return t;
+  TenantInfo info;
+  if (!registry_->GetTenantByHandle(handle, &info).ok()) return nullptr;
+  LaneTenant& t = tenants_[handle];
+  t.info = std::move(info);
+  return &t;
+}
+
+void ChunkTable::EnsureTenant(const TenantInfo& info) {
+  if (!FindTenant(info.handle)) tenants_[info.handle].info = info;
+}
+
+LaneKey* ChunkTable::FindKey(LaneTenant& t, uint32_t key_id) {
+  if (auto it = t.keys.find(key_id); it != t.keys.end()) return &it->second;
+  KeyInfo info;
+  if (!registry_->GetKeyById(t.info.handle, key_id, &info).ok()) return nullptr;
+  LaneKey& k = t.keys[key_id];
+  k.info = std::move(info);
+  k.runtime = host_->KeyRuntimeFor(t.info.handle, key_id);
+  return &k;
+}
+
+Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
+  auto& slot = t.chunks[ChunkId(key.info.id, chunk)];
+  if (!slot) {
+    const uint64_t first = uint64_t{chunk} * key.info.chunk_elements;
+    const uint32_t n = static_cast<uint32_t>(
+        std::min<uint64_t>(key.info.chunk_elements, key.info.elements - first));
+    // Created with the optimizer schedule the key's other chunks follow, so
+    // a change announced for a later update applies here at the same update.
+    const OptimizerSchedule& sched = key.info.schedule;
+    slot = std::make_unique<Chunk>(Chunk{
+        aggregation::ChunkState(n, t.info.workers_per_rack, sched.base,
+                                ElementTypeOf(key.info.dtype)),
+        key.info.id, chunk, static_cast<net::DType>(static_cast<uint8_t>(key.info.dtype))});
+    if (sched.from_update != 0) slot->state.SetOptimizer(sched.latest, sched.from_update);
+    if (key.info.init == InitMode::kZeros) slot->state.MarkInitialized();
+    if (racks_ > 1) InitMultiRackChunk(t, key, *slot, key.info.placement.first_chunk + chunk);
+  }
+  return *slot;
+}
+
+// A tenant spans R racks with W workers each. Chunk g (tenant-wide index)
+// has its home at rack (g / lanes) % R. Each hub sums its own rack's W
+// pushes in rank order (a sum-only stage per rack served here); the home
+// adds the rack sums in rack order (`state`, fp32 inputs) and applies the
+// optimizer with mean = sum / (R * W). In flat mode one hub serves every
+// rack and is every chunk's home: the same additions in the same order.
+void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c,
+                                    uint64_t global_index) {
+  c.home = exchange_ ? static_cast<uint32_t>((global_index / lanes_) % racks_) : self_rack_;
+  const uint32_t n = c.state.elements();
+  c.stages.resize(racks_);
+  for (uint32_t r = 0; r < racks_; ++r) {
+    if (exchange_ && r != self_rack_) continue;  // that rack's workers use their own hub
+    c.stages[r] = std::make_unique<aggregation::ChunkState>(n, t.info.workers_per_rack,
+                                                            SumOnly(), ElementTypeOf(key.info.dtype));
+    c.stages[r]->MarkInitialized();
+  }
+  const OptimizerSchedule& sched = key.info.schedule;
+  c.state = aggregation::ChunkState(n, racks_, sched.base, aggregation::ElementType::kFp32);
+  if (sched.from_update != 0) c.state.SetOptimizer(sched.latest, sched.from_update);
+  c.state.set_mean_divisor(racks_ * t.info.workers_per_rack);
+  c.state.MarkInitialized();
+  const size_t wire_bytes = size_t{n} * WireDTypeBytes(key.info.dtype);
+  c.replies[0].assign(wire_bytes, std::byte{0});  // version 0: zeros
+  c.replies[1].assign(wire_bytes, std::byte{0});
+}
+
+void ChunkTable::MarkPending(LaneTenant& t, Chunk& c) {
+  c.first_contribution = std::chrono::steady_clock::now();
+  t.pending.insert(ChunkId(c.key_id, c.index_in_key));
+}
+
+void ChunkTable::Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
+  t.pending.erase(ChunkId(c.key_id, c.index_in_key));
+  if (c.index_in_key == 0) {
+    key.runtime->version.store(v, std::memory_order_relaxed);
+    t.info.counters->iterations_completed.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& why) {
+  for (uint64_t id : t.pending) {
+    auto it = t.chunks.find(id);
+    if (it == t.chunks.end()) continue;
+    Chunk& c = *it->second;
+    for (const Waiter& w : c.pushes) {
+      if (auto wc = w.conn.lock(); wc && wc->open()) wc->SendError(code, why, w.request_id, false);
+    }
+    c.pushes.clear();
+    c.state.DiscardPending();
+    for (auto& stage : c.stages) {
+      if (stage) stage->DiscardPending();
+    }
+  }
+  if (!t.pending.empty()) {
+    spdlog::warn("data: tenant '{}' lane {}: failed {} pending chunk update(s): {}", t.info.name,
+                 lane_, t.pending.size(), why);
+  }
+  t.pending.clear();
+}
+
+void ChunkTable::DropKey(LaneTenant& t, uint32_t key_id) {
+  for (auto it = t.chunks.begin(); it != t.chunks.end();) {
+    if (it->second->key_id != key_id) {
+      ++it;
+      continue;
+    }
+    for (const Waiter& w : it->second->pushes) {
+      if (auto wc = w.conn.lock(); wc && wc->open()) {
+        wc->SendError(WireError::kTenantGone, "key: was deleted", w.request_id, false);
+      }
+    }
+    t.pending.erase(it->first);
+    it = t.chunks.erase(it);
+  }
+  t.keys.erase(key_id);
+}
+
+void ChunkTable::ApplyOptimizer(uint32_t handle, uint32_t key_id,
+                                const aggregation::OptimizerConfig& optimizer,
+                                uint64_t from_update) {
+  LaneTenant* t = FindTenant(handle);
+  if (!t) return;
+  if (auto it = t->keys.find(key_id); it != t->keys.end()) {
+    it->second.info.optimizer = optimizer;
+    it->second.info.schedule.Apply(optimizer, from_update);
+  }
+  for (auto& [id, chunk] : t->chunks) {
+    if (chunk->key_id == key_id) chunk->state.SetOptimizer(optimizer, from_update);
+  }
+}
+
+size_t ChunkTable::connection_count() const {
+  size_t n = 0;
+  for (const auto& [h, t] : tenants_) n += t.conns.size();
+  return n;
+}
+
+}  // namespace rackhub::server

@@ -1,0 +1,155 @@
+// ChunkTable: what one lane knows of its tenants: their worker connections,
+// the keys it has seen, and the chunks it owns (tenant-wide index g with
+// g % lanes == lane), each with its aggregation state and waiting requests.
+// Shared by the lane's worker protocol and its rack exchange; it holds no
+// connection logic of its own besides failing waiters.
+//
+// Ownership: the lane owns the table; chunks and connections are owned here
+// (waiters hold weak references to connections).
+// Threading: lane thread only. The registry's lock is taken only the first
+// time a lane sees a tenant or key.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "config.h"
+#include "lane_host.h"
+#include "rackhub/aggregation/chunk_state.h"
+#include "rackhub/net/frame.h"
+#include "rackhub/net/transport.h"
+#include "registry.h"
+
+namespace rackhub::server {
+
+// A request waiting for a chunk's next version (PUSH) or initial values (PULL).
+struct Waiter {
+  std::weak_ptr<net::Connection> conn;
+  uint64_t request_id = 0;
+};
+
+struct Chunk {
+  // One rack: the whole update. Several racks, at the chunk's home hub:
+  // the cross-rack stage, one fp32 rack sum per rack, then the optimizer.
+  aggregation::ChunkState state;
+  uint32_t key_id = 0;
+  uint32_t index_in_key = 0;
+  net::DType dtype = net::DType::kFp32;  // the key's wire dtype
+  std::vector<Waiter> pushes;  // waiting for this update
+  std::vector<Waiter> pulls;   // waiting for initial values
+  std::chrono::steady_clock::time_point first_contribution;
+  // Several racks only: the local sum of each rack served here (by rack;
+  // null for racks served elsewhere), the home rack, and the reply bytes
+  // (key dtype) of version v in replies[v & 1] with `version` updates done.
+  std::vector<std::unique_ptr<aggregation::ChunkState>> stages;
+  uint32_t home = 0;
+  uint64_t version = 0;
+  std::array<std::vector<std::byte>, 2> replies;
+
+  bool multi_rack() const { return !stages.empty(); }
+  // The stage a worker of `rack` contributes to.
+  aggregation::ChunkState& Stage(uint32_t rack) { return stages.empty() ? state : *stages[rack]; }
+  // The newest version workers can be answered with.
+  uint64_t current_version() const { return multi_rack() ? version : state.version(); }
+  // Parameters of `v` in the key's wire dtype. Unchanged until v + 2 is
+  // computed (double buffering): see params_reply.h.
+  std::span<const std::byte> reply_bytes(uint64_t v) const {
+    if (multi_rack()) return replies[v & 1];
+    return state.wire_params(v);
+  }
+};
+
+struct LaneKey {
+  KeyInfo info;
+  std::shared_ptr<KeyRuntime> runtime;
+};
+
+struct LaneTenant {
+  TenantInfo info;
+  std::map<uint32_t, std::shared_ptr<net::Connection>> conns;  // by member
+  std::map<uint32_t, uint64_t> conn_seq;                      // by member
+  std::unordered_map<uint32_t, LaneKey> keys;                 // by id
+  std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks;  // by ChunkId
+  std::unordered_set<uint64_t> pending;  // chunks with some contributions
+  // Members that were connected and went away, with the reason; pushes fail
+  // fast (WORKER_LOST) until they reconnect.
+  std::map<uint32_t, std::string> lost;
+};
+
+class ChunkTable {
+ public:
+  ChunkTable(uint32_t lane, uint32_t lanes, const TopologyConfig& topology, Registry* registry,
+             LaneHost* host);
+
+  uint32_t lane() const { return lane_; }
+  uint32_t lanes() const { return lanes_; }
+  // Racks a tenant spans (1: single rack), and whether other racks' hubs
+  // hold some chunks' homes (hierarchical exchange).
+  uint32_t racks() const { return racks_; }
+  bool exchange() const { return exchange_; }
+  uint32_t self_rack() const { return self_rack_; }
+
+  static uint64_t ChunkId(uint32_t key, uint32_t chunk) {
+    return (static_cast<uint64_t>(key) << 32) | chunk;
+  }
+  // Workers of a tenant are indexed rack * workers_per_rack + rank.
+  static uint32_t Member(const LaneTenant& t, const net::ConnectionIdentity& id) {
+    return id.rack * t.info.workers_per_rack + id.rank;
+  }
+
+  LaneTenant* FindTenant(uint32_t handle);
+  // The tenant, loaded from the registry on first use; null if it is gone.
+  LaneTenant* LoadTenant(uint32_t handle);
+  // Adds a tenant this hub knows by name (rack exchange binding).
+  void EnsureTenant(const TenantInfo& info);
+  void EraseTenant(uint32_t handle) { tenants_.erase(handle); }
+  std::unordered_map<uint32_t, LaneTenant>& tenants() { return tenants_; }
+
+  // The key (cached, else from the registry); null if unknown.
+  LaneKey* FindKey(LaneTenant& t, uint32_t key_id);
+  // The lane owning chunk `chunk` of `key`.
+  uint32_t OwnerLane(const KeyInfo& key, uint32_t chunk) const {
+    return static_cast<uint32_t>((key.placement.first_chunk + chunk) % lanes_);
+  }
+  // The chunk's state, created on first use with the key's optimizer
+  // schedule (and, for tenants spanning racks, its stages and home).
+  Chunk& GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
+
+  // The first contribution of an update arrived.
+  void MarkPending(LaneTenant& t, Chunk& c);
+  // Version `v` of the chunk is done: bookkeeping (pending, the key's
+  // version, the tenant's iteration counter).
+  void Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v);
+  // Fails every waiting push of the tenant with `code` and discards the
+  // partial sums of its pending updates.
+  void FailPending(LaneTenant& t, net::WireError code, const std::string& why);
+  // Drops the key's chunks, failing their waiting pushes.
+  void DropKey(LaneTenant& t, uint32_t key_id);
+  // New hyperparameters for the key's chunks from update `from_update` on.
+  void ApplyOptimizer(uint32_t handle, uint32_t key_id,
+                      const aggregation::OptimizerConfig& optimizer, uint64_t from_update);
+
+  size_t connection_count() const;
+
+ private:
+  void InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t global_index);
+
+  const uint32_t lane_;
+  const uint32_t lanes_;
+  const uint32_t racks_;
+  const bool exchange_;
+  const uint32_t self_rack_;
+  Registry* registry_;
+  LaneHost* host_;
+  std::unordered_map<uint32_t, LaneTenant> tenants_;  // by handle
+};
+
+}  // namespace rackhub::server

@@ -1,0 +1,194 @@
+#include "hub.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include "admin_service.h"
+#include "data_plane.h"
+#include "lanes.h"
+#include "rdma_listener.h"
+#include "registry.h"
+#include "tcp_acceptor.h"
+
+#ifndef RACKHUB_VERSION
+#define RACKHUB_VERSION "0.0.0"
+#endif
+
+namespace rackhub::server {
+namespace {
+
+// In-flight admin calls get this long to finish at shutdown (they are short).
+constexpr auto kAdminShutdownGrace = std::chrono::seconds(1);
+
+Status ReadSecretFile(const std::string& field, const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return FailedPrecondition(field + ": cannot read '" + path + "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  const auto first = s.find_first_not_of(" \t\r\n");
+  const auto last = s.find_last_not_of(" \t\r\n");
+  *out = first == std::string::npos ? "" : s.substr(first, last - first + 1);
+  if (out->empty()) return FailedPrecondition(field + ": '" + path + "' holds no token");
+  if (out->find_first_of(" \t\r\n") != std::string::npos) {
+    return FailedPrecondition(field + ": '" + path + "' must hold one token on one line");
+  }
+  return {};
+}
+
+Status ReadPem(const std::string& field, const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return FailedPrecondition(field + ": cannot read '" + path + "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  if (out->find("-----BEGIN") == std::string::npos) {
+    return FailedPrecondition(field + ": '" + path + "' is not a PEM file");
+  }
+  return {};
+}
+
+Result<std::shared_ptr<grpc::ServerCredentials>> AdminCredentials(const AdminConfig& admin) {
+  if (admin.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions opts;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  if (Status s = ReadPem("admin.tls_key_file", admin.tls_key_file, &pair.private_key); !s.ok()) {
+    return s;
+  }
+  if (Status s = ReadPem("admin.tls_cert_file", admin.tls_cert_file, &pair.cert_chain); !s.ok()) {
+    return s;
+  }
+  if (!admin.tls_client_ca_file.empty()) {
+    if (Status s = ReadPem("admin.tls_client_ca_file", admin.tls_client_ca_file,
+                           &opts.pem_root_certs);
+        !s.ok()) {
+      return s;
+    }
+    opts.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  opts.pem_key_cert_pairs.push_back(pair);
+  return grpc::SslServerCredentials(opts);
+}
+
+}  // namespace
+
+Hub::Hub(const Config& config) : config_(config) {}
+
+Hub::~Hub() { Stop(std::chrono::milliseconds(0)); }
+
+Status Hub::Start() {
+  std::string admin_token, readonly_token;
+  if (!config_.admin.token_file.empty()) {
+    if (Status s = ReadSecretFile("admin.token_file", config_.admin.token_file, &admin_token);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!config_.admin.readonly_token_file.empty()) {
+    if (Status s = ReadSecretFile("admin.readonly_token_file", config_.admin.readonly_token_file,
+                                  &readonly_token);
+        !s.ok()) {
+      return s;
+    }
+  }
+  auth_ = std::make_unique<AdminAuth>(admin_token, readonly_token);
+
+  lane_count_ = EffectiveLaneCount(config_);
+  registry_ = std::make_unique<Registry>(lane_count_, config_.tenants);
+  lanes_ = std::make_unique<LaneSet>();
+  lanes_->Start(lane_count_, config_.lanes.pin);
+  {
+    std::string pinned;
+    for (int c : lanes_->PinnedCpus()) pinned += (pinned.empty() ? "" : ",") + std::to_string(c);
+    spdlog::info("{} lanes started (cpus: {})", lane_count_, config_.lanes.pin ? pinned : "unpinned");
+  }
+  data_plane_ = std::make_unique<DataPlane>(config_, registry_.get(), lanes_.get(),
+                                            MakeTcpHubConnector());
+  // Listeners are bound before READY so a busy port fails start-up, not the
+  // first trainer.
+  tcp_ = std::make_unique<TcpAcceptor>(data_plane_.get());
+  if (Status s = tcp_->Listen(); !s.ok()) return Internal(s.message());
+  data_address_ = tcp_->address();
+  tcp_->Start();
+  data_plane_->StartHubLinks();
+  // RDMA data plane (data.transport); TCP keeps running beside it.
+  bool rdma_fatal = false;
+  rdma_ = RdmaListener::StartConfigured(config_, registry_.get(), lanes_.get(), data_plane_.get(),
+                                        &rdma_fatal);
+  if (rdma_fatal) return Internal("data.transport: rdma was asked for and cannot run (logged)");
+  return StartAdmin();
+}
+
+Status Hub::StartAdmin() {
+  Result<std::shared_ptr<grpc::ServerCredentials>> creds = AdminCredentials(config_.admin);
+  if (!creds.ok()) return creds.status();
+  DataPlane* plane = data_plane_.get();
+  services_ = std::make_unique<AdminServices>(
+      registry_.get(), auth_.get(),
+      DaemonIdentity{RACKHUB_VERSION, "", "", std::chrono::steady_clock::now(),
+                     config_.topology.rack, config_.topology.rack_count(), [plane] {
+                       std::vector<RackLinkInfo> out;
+                       for (const auto& l : plane->RackLinks()) {
+                         out.push_back({l.rack, l.bytes_out, l.bytes_in, l.chunk_bytes_out});
+                       }
+                       return out;
+                     }});
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int admin_port = 0;
+  builder.AddListeningPort(config_.admin.listen.ToString(), *creds, &admin_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config_.admin.max_message_bytes));
+  // gRPC sets SO_REUSEPORT by default: a second daemon on the same port would
+  // then start and silently split the calls. Make a busy port an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  services_->RegisterWith(&builder);
+  admin_ = builder.BuildAndStart();
+  if (!admin_ || admin_port == 0) {
+    return Internal("admin.listen: cannot listen on " + config_.admin.listen.ToString() +
+                    " (address in use or not local?)");
+  }
+  net::Endpoint admin_bound = config_.admin.listen;
+  admin_bound.port = static_cast<uint16_t>(admin_port);
+  admin_address_ = admin_bound.ToString();
+  services_->SetListenAddresses(admin_address_, data_address_);
+  admin_->GetHealthCheckService()->SetServingStatus(true);
+  spdlog::info("admin API on {} ({}{}), data plane on {}", admin_address_,
+               config_.admin.tls_cert_file.empty() ? "plaintext" : "TLS",
+               config_.admin.token_file.empty() ? ", no admin token: loopback only" : ", token auth",
+               data_address_);
+  return {};
+}
+
+void Hub::SetNotServing() {
+  if (admin_) admin_->GetHealthCheckService()->SetServingStatus(false);
+}
+
+void Hub::Stop(std::chrono::milliseconds grace) {
+  if (stopped_) return;
+  stopped_ = true;
+  SetNotServing();
+  // No new connections; workers get a SHUTTING_DOWN error (nothing hangs),
+  // then admin calls drain, then the lane threads stop.
+  if (rdma_) rdma_->Stop();
+  if (tcp_) tcp_->Stop();
+  if (data_plane_) data_plane_->Shutdown(grace);
+  if (admin_) {
+    admin_->Shutdown(std::chrono::system_clock::now() + kAdminShutdownGrace);
+    admin_->Wait();
+  }
+  if (lanes_) lanes_->Stop();
+  admin_.reset();
+  services_.reset();
+  rdma_.reset();
+  tcp_.reset();
+  data_plane_.reset();
+}
+
+}  // namespace rackhub::server

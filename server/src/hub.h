@@ -1,0 +1,74 @@
+// Hub: the parts of one rackhubd instance (registry, lane threads, data
+// plane, TCP and RDMA acceptors, admin gRPC server), started in dependency
+// order by Start and torn down by the one path, Stop (also run by the
+// destructor and after a failed Start). rackhubd runs one Hub from main();
+// tests can run one in-process (ports 0 give ephemeral ports).
+//
+// Threading: Start and Stop from one thread (the main thread in rackhubd).
+// Accessors may be used from that thread while the hub runs.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "config.h"
+#include "rackhub/common/status.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace rackhub::server {
+
+class AdminAuth;
+class AdminServices;
+class DataPlane;
+class LaneSet;
+class RdmaListener;
+class Registry;
+class TcpAcceptor;
+
+class Hub {
+ public:
+  explicit Hub(const Config& config);
+  ~Hub();
+  Hub(const Hub&) = delete;
+  Hub& operator=(const Hub&) = delete;
+
+  // FAILED_PRECONDITION: a configuration problem (exit 78, no restart);
+  // INTERNAL: could not start (e.g. a port in use). Messages name the field.
+  Status Start();
+  // Workers get SHUTTING_DOWN and up to `grace` for their last frames; admin
+  // calls drain; every thread is joined. Idempotent.
+  void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
+
+  const std::string& admin_address() const { return admin_address_; }
+  const std::string& data_address() const { return data_address_; }
+  DataPlane& data_plane() { return *data_plane_; }
+  Registry& registry() { return *registry_; }
+  LaneSet& lanes() { return *lanes_; }
+  uint32_t lane_count() const { return lane_count_; }
+  // Turns the admin server's health status to NOT_SERVING (draining).
+  void SetNotServing();
+
+ private:
+  Status StartAdmin();
+
+  const Config config_;
+  uint32_t lane_count_ = 0;
+  std::string admin_address_;
+  std::string data_address_;
+  // Declared in start order; Stop tears down in reverse.
+  std::unique_ptr<Registry> registry_;
+  std::unique_ptr<LaneSet> lanes_;
+  std::unique_ptr<DataPlane> data_plane_;
+  std::unique_ptr<TcpAcceptor> tcp_;
+  std::unique_ptr<RdmaListener> rdma_;
+  std::unique_ptr<AdminAuth> auth_;
+  std::unique_ptr<AdminServices> services_;
+  std::unique_ptr<grpc::Server> admin_;
+  bool stopped_ = false;
+};
+
+}  // namespace rackhub::server

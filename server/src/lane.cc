@@ -1,0 +1,77 @@
+#include "lane.h"
+
+#include <spdlog/spdlog.h>
+
+namespace rackhub::server {
+
+using net::WireError;
+
+namespace {
+constexpr auto kStragglerCheckPeriod = std::chrono::milliseconds(250);
+}  // namespace
+
+Lane::Lane(uint32_t lane, uint32_t lanes, const Config& config, Registry* registry,
+           LaneHost* host, boost::asio::io_context* io)
+    : io_(io),
+      host_(host),
+      gate_(*io),
+      table_(lane, lanes, config.topology, registry, host),
+      exchange_(config.topology, &table_, registry, host, &gate_, io),
+      workers_(config.data, &table_, registry, host, &gate_, &exchange_) {
+  gate_.Post([this] { ArmStragglerCheck(); });
+}
+
+void Lane::ArmStragglerCheck() {
+  gate_.After(kStragglerCheckPeriod, [this] {
+    workers_.CheckStragglers();
+    ArmStragglerCheck();
+  });
+}
+
+void Lane::AdoptWorker(std::shared_ptr<net::Connection> conn, uint64_t seq) {
+  workers_.Adopt(std::move(conn), seq);
+}
+
+void Lane::AdoptHubLink(std::shared_ptr<net::Connection> conn) {
+  exchange_.AdoptLink(std::move(conn));
+}
+
+void Lane::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t before_seq,
+                        const std::string& why) {
+  workers_.OnWorkerLost(handle, member, before_seq, why);
+}
+
+void Lane::OnTenantDeleted(uint32_t handle) {
+  LaneTenant* t = table_.FindTenant(handle);
+  if (!t) return;
+  table_.FailPending(*t, WireError::kTenantGone, "tenant: was deleted");
+  workers_.CloseTenant(*t, WireError::kTenantGone, "tenant: '" + t->info.name + "' was deleted");
+  table_.EraseTenant(handle);
+}
+
+void Lane::OnKeyDeleted(uint32_t handle, uint32_t key_id) {
+  if (LaneTenant* t = table_.FindTenant(handle)) table_.DropKey(*t, key_id);
+}
+
+void Lane::OnOptimizerChanged(uint32_t handle, uint32_t key_id,
+                              const aggregation::OptimizerConfig& optimizer,
+                              uint64_t from_update) {
+  table_.ApplyOptimizer(handle, key_id, optimizer, from_update);
+}
+
+void Lane::BeginShutdown() {
+  if (gate_.closed()) return;
+  gate_.Close();
+  exchange_.CloseAll("the hub is shutting down");
+  workers_.CloseAll(WireError::kShuttingDown, "the hub is shutting down");
+  if (table_.connection_count() == 0) host_->LaneDrained(index());
+}
+
+void Lane::ForceClose() {
+  for (auto& [handle, t] : table_.tenants()) {
+    const auto conns = t.conns;
+    for (auto& [member, conn] : conns) conn->Close("the hub is shutting down");
+  }
+}
+
+}  // namespace rackhub::server

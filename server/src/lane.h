@@ -1,0 +1,76 @@
+// Lane: everything one lane (one pinned thread, one io_context) serves: the
+// chunks it owns (ChunkTable), its worker connections (WorkerProtocol) and
+// its links to other racks' hubs (RackExchange), with one gate counting its
+// asynchronous work. Acceptors of every transport build a net::Connection
+// with worker_handler() or hub_handler() and hand it over with AdoptWorker /
+// AdoptHubLink: the lane never names a transport.
+//
+// Ownership: the DataPlane owns the lanes; a lane borrows the Registry and
+// the LaneHost, which outlive it.
+// Threading: shared-nothing. Every member runs on the lane's thread (other
+// threads reach it through LaneSet::Post or gate().Post); gate().WaitIdle
+// and connection counting after shutdown are the exceptions noted below.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "chunk_table.h"
+#include "config.h"
+#include "lane_gate.h"
+#include "lane_host.h"
+#include "rack_exchange.h"
+#include "worker_protocol.h"
+
+namespace rackhub::server {
+
+class Lane {
+ public:
+  Lane(uint32_t lane, uint32_t lanes, const Config& config, Registry* registry, LaneHost* host,
+       boost::asio::io_context* io);
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  uint32_t index() const { return table_.lane(); }
+  boost::asio::io_context& io() { return *io_; }
+  LaneGate& gate() { return gate_; }
+
+  // Handlers acceptors build connections with.
+  net::FrameHandler* worker_handler() { return &workers_; }
+  net::FrameHandler* hub_handler() { return &exchange_; }
+  // Take over an authenticated connection built with the matching handler.
+  void AdoptWorker(std::shared_ptr<net::Connection> conn, uint64_t seq);
+  void AdoptHubLink(std::shared_ptr<net::Connection> conn);
+  // Starts the links to the other racks' hubs (hierarchical topology).
+  void StartHubLinks() { exchange_.Start(); }
+
+  // Registry changes and cross-lane events (posted by the DataPlane).
+  void OnWorkerLost(uint32_t handle, uint32_t member, uint64_t before_seq,
+                    const std::string& why);
+  void OnTenantDeleted(uint32_t handle);
+  void OnKeyDeleted(uint32_t handle, uint32_t key_id);
+  void OnOptimizerChanged(uint32_t handle, uint32_t key_id,
+                          const aggregation::OptimizerConfig& optimizer, uint64_t from_update);
+
+  // Closes the gate (timers and posted work stop), fails pending updates and
+  // sends SHUTTING_DOWN to every worker, closes the hub links. The host's
+  // LaneDrained(lane) runs once the last worker connection is gone (at once
+  // if there is none).
+  void BeginShutdown();
+  // Closes what is still open without waiting for queued frames.
+  void ForceClose();
+  size_t connection_count() const { return table_.connection_count(); }
+
+ private:
+  void ArmStragglerCheck();
+
+  boost::asio::io_context* io_;
+  LaneHost* host_;
+  LaneGate gate_;
+  ChunkTable table_;
+  RackExchange exchange_;
+  WorkerProtocol workers_;
+};
+
+}  // namespace rackhub::server

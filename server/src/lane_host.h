@@ -1,0 +1,53 @@
+// The narrow interface a lane uses to reach hub-wide state (implemented by
+// DataPlane). Lanes include this header, never data_plane.h, so the data
+// plane can own the lanes without an include cycle.
+//
+// Threading: every member may be called from any lane thread; the
+// implementation synchronizes (atomics, a concurrent map, LaneSet::Post).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rackhub/net/connector.h"
+
+namespace rackhub::server {
+
+// Key-wide facts shared by the lanes that hold the key's chunks.
+struct KeyRuntime {
+  // Updates applied to the key's chunk 0 (written by its lane, read by the
+  // lane answering DECLARE/WELCOME).
+  std::atomic<uint64_t> version{0};
+  std::atomic<uint64_t> initialized_chunks{0};
+};
+
+class LaneHost {
+ public:
+  virtual ~LaneHost() = default;
+
+  // The runtime of (tenant handle, key id), created on first use.
+  virtual std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id) = 0;
+  // Counts an initialized chunk; marks the key ready when all are.
+  virtual void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) = 0;
+  // A worker connection of tenant `handle`, member `member` (rack * W + rank)
+  // closed: every lane fails the tenant's pending updates and closes that
+  // worker's older connections.
+  virtual void WorkerLost(uint32_t handle, uint32_t member, const std::string& why) = 0;
+  // Sequence number for a newly adopted worker connection.
+  virtual uint64_t NextSeq() = 0;
+
+  // Rack exchange: the hub secret (topology.secret_file), the transport for
+  // outgoing hub links, and per-peer-rack byte counters.
+  virtual const std::string& hub_secret() const = 0;
+  virtual net::Connector& hub_connector() = 0;
+  virtual void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) = 0;
+  // RACK_SUM / RACK_PARAMS frames (header + payload) queued to `rack`.
+  virtual void CountRackChunkBytes(uint32_t rack, uint64_t out) = 0;
+
+  // Shutdown: the lane has closed its last connection.
+  virtual void LaneDrained(uint32_t lane) = 0;
+};
+
+}  // namespace rackhub::server

@@ -1,0 +1,255 @@
+#include "rack_exchange.h"
+
+#include <cstring>
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "params_reply.h"
+#include "rackhub/aggregation/kernels.h"
+#include "rackhub/data/v1/control.pb.h"
+
+namespace rackhub::server {
+
+namespace pb = rackhub::admin::v1;
+namespace dpb = rackhub::data::v1;
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+using Verdict = net::FrameHandler::Verdict;
+
+namespace {
+
+
+std::span<const std::byte> Bytes(std::span<const float> f) {
+  return {reinterpret_cast<const std::byte*>(f.data()), f.size() * sizeof(float)};
+}
+
+std::string Num(uint64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+RackExchange::RackExchange(const TopologyConfig& topology, ChunkTable* table, Registry* registry,
+                           LaneHost* host, LaneGate* gate, boost::asio::io_context* io)
+    : topology_(topology),
+      table_(table),
+      registry_(registry),
+      host_(host),
+      gate_(gate),
+      io_(io),
+      links_(topology.rack_count()) {}
+
+void RackExchange::OnRackSum(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rack,
+                             uint64_t iteration) {
+  aggregation::ChunkState& stage = *c.stages[rack];
+  const auto sum = Bytes(stage.params(stage.version()));
+  if (c.home == topology_.rack || !table_->exchange()) {
+    if (c.state.contributions() == 0) table_->MarkPending(t, c);
+    if (c.state.Contribute(rack, sum) == aggregation::ChunkState::AddResult::kComplete) {
+      FinishCrossRack(t, key, c);
+    }
+    return;
+  }
+  // To the home hub. The sum stays valid until this stage's version + 2,
+  // which needs our workers' next pushes, which need the home's answer.
+  FrameHeader h;
+  h.opcode = Opcode::kRackSum;
+  h.tenant = t.info.handle;
+  h.key = c.key_id;
+  h.chunk = c.index_in_key;
+  h.dtype = net::DType::kFp32;
+  h.iteration = iteration;
+  SendToPeer(c.home, t, key, h, sum);
+}
+
+void RackExchange::FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c) {
+  c.state.Update();
+  const uint64_t v = c.state.version();
+  auto& out = c.replies[v & 1];
+  aggregation::CopyOut(out.data(), c.state.params(v).data(), c.state.elements(),
+                       static_cast<aggregation::ElementType>(static_cast<uint8_t>(key.info.dtype)));
+  c.version = v;
+  table_->Completed(t, key, c, v);
+  if (table_->exchange()) {
+    FrameHeader h;
+    h.opcode = Opcode::kRackParams;
+    h.tenant = t.info.handle;
+    h.key = c.key_id;
+    h.chunk = c.index_in_key;
+    h.dtype = c.dtype;
+    h.iteration = v;
+    for (uint32_t r = 0; r < table_->racks(); ++r) {
+      if (r != topology_.rack) SendToPeer(r, t, key, h, out);
+    }
+  }
+  AnswerPushes(c, v);
+}
+
+void RackExchange::SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const FrameHeader& h,
+                              std::span<const std::byte> payload) {
+  PeerLink& link = links_[rack];
+  if (!link.out || !link.out->open()) {
+    // Not connected (yet): hold the frame for a while. The payload stays
+    // valid: the chunk cannot advance before this frame is answered.
+    if (link.queued.empty()) {
+      const uint64_t generation = ++link.queue_generation;
+      gate_->After(kPeerWaitLimit, [this, rack, generation] { GiveUp(rack, generation); });
+    }
+    link.queued.push_back({t.info.handle, key.info.id, h, payload});
+    Connect(rack);
+    return;
+  }
+  SendKeyBind(link, t, key);
+  FrameHeader f = h;
+  f.payload_bytes = static_cast<uint32_t>(payload.size());
+  link.out->SendBorrowed(f, payload);
+  host_->CountRackChunkBytes(rack, net::kHeaderBytes + payload.size());
+}
+
+void RackExchange::SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key) {
+  const uint64_t bind_id = (uint64_t{t.info.handle} << 32) | key.info.id;
+  if (link.bound.count(bind_id)) return;
+  dpb::KeyBind bind;
+  bind.set_tenant(t.info.name);
+  bind.set_key(key.info.name);
+  bind.set_key_id(key.info.id);
+  bind.set_elements(key.info.elements);
+  bind.set_dtype(static_cast<pb::DType>(key.info.dtype));
+  bind.set_first_chunk(key.info.placement.first_chunk);
+  bind.set_chunk_elements(key.info.chunk_elements);
+  bind.set_workers_per_rack(t.info.workers_per_rack);
+  FrameHeader b;
+  b.opcode = Opcode::kKeyBind;
+  b.tenant = t.info.handle;
+  b.key = key.info.id;
+  link.out->SendOwned(b, bind.SerializeAsString());
+  link.bound.insert(bind_id);
+}
+
+void RackExchange::Start() {
+  if (!table_->exchange()) return;
+  for (uint32_t r = 0; r < table_->racks(); ++r) {
+    if (r != topology_.rack) Connect(r);
+  }
+}
+
+void RackExchange::Connect(uint32_t rack) {
+  PeerLink& link = links_[rack];
+  if (gate_->closed() || link.connecting || (link.out && link.out->open())) return;
+  link.connecting = true;
+  net::ConnectionIdentity id;
+  id.hub = true;
+  id.rack = rack;
+  id.lane = table_->lane();
+  id.peer = topology_.racks[rack].interhub.ToString();
+  host_->hub_connector().Connect(
+      *io_, topology_.racks[rack].interhub, this, id,
+      gate_->Wrap([this, rack](std::shared_ptr<net::Connection> conn, const std::string& error) {
+        if (!conn) return RetryConnect(rack, error);
+        OnConnected(rack, std::move(conn));
+      }));
+}
+
+void RackExchange::RetryConnect(uint32_t rack, const std::string& why) {
+  PeerLink& link = links_[rack];
+  link.connecting = false;
+  if (!link.warned) {
+    spdlog::warn("rack link: lane {} cannot reach rack {}'s hub ({}); retrying", table_->lane(),
+                 rack, why);
+    link.warned = true;
+  }
+  gate_->After(kPeerRetryPeriod, [this, rack] { Connect(rack); });
+}
+
+void RackExchange::OnConnected(uint32_t rack, std::shared_ptr<net::Connection> conn) {
+  dpb::HubHello hello;
+  hello.set_rack(topology_.rack);
+  hello.set_lane(table_->lane());
+  hello.set_secret(host_->hub_secret());
+  hello.set_racks(table_->racks());
+  hello.set_lanes(table_->lanes());
+  FrameHeader h;
+  h.opcode = Opcode::kHubHello;
+  conn->SendOwned(h, hello.SerializeAsString());
+  PeerLink& link = links_[rack];
+  link.out = conn;
+  link.bound.clear();
+  link.connecting = false;
+  link.warned = false;
+  spdlog::info("rack link: lane {} connected to rack {}'s hub at {} ({})", table_->lane(), rack,
+               conn->id().peer, host_->hub_connector().name());
+  conn->Start();
+  FlushQueue(rack);
+}
+
+void RackExchange::FlushQueue(uint32_t rack) {
+  auto queued = std::move(links_[rack].queued);
+  links_[rack].queued.clear();
+  ++links_[rack].queue_generation;  // cancels the pending give-up
+  for (const auto& q : queued) {
+    LaneTenant* t = table_->FindTenant(q.tenant);
+    LaneKey* key = t ? table_->FindKey(*t, q.key) : nullptr;
+    if (key) SendToPeer(rack, *t, *key, q.header, q.payload);
+  }
+}
+
+void RackExchange::GiveUp(uint32_t rack, uint64_t generation) {
+  PeerLink& link = links_[rack];
+  if (link.queue_generation != generation || link.queued.empty()) return;
+  std::set<uint32_t> tenants;
+  for (const auto& q : link.queued) tenants.insert(q.tenant);
+  link.queued.clear();
+  for (uint32_t handle : tenants) {
+    if (LaneTenant* t = table_->FindTenant(handle)) {
+      table_->FailPending(*t, WireError::kWorkerLost,
+                          "rack link: the hub of rack " + Num(rack) + " (" +
+                              topology_.racks[rack].interhub.ToString() + ") is unreachable");
+    }
+  }
+}
+
+void RackExchange::AdoptLink(std::shared_ptr<net::Connection> conn) {
+  if (gate_->closed()) {
+    conn->Close("the hub is shutting down");
+    return;
+  }
+  std::erase_if(peer_in_, [](const auto& c) { return !c->open(); });
+  peer_in_.push_back(conn);
+  spdlog::info("rack link: lane {} accepted rack {}'s hub from {}", table_->lane(),
+               conn->id().rack, conn->id().peer);
+  conn->Start();
+}
+
+void RackExchange::CloseAll(const std::string& why) {
+  for (auto& link : links_) {
+    if (auto out = link.out) out->Close(why);
+  }
+  const auto in = peer_in_;
+  for (const auto& c : in) c->Close(why);
+  peer_in_.clear();
+}
+
+void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& why) {
+  const uint32_t peer = conn.id().rack;
+  PeerLink& link = links_[peer];
+  const bool outgoing = link.out.get() == &conn;
+  if (outgoing) {
+    link.out.reset();
+    link.bound.clear();
+  }
+  if (gate_->closed()) return;
+  spdlog::warn("rack link: lane {} lost its {} link with rack {}'s hub: {}", table_->lane(),
+               outgoing ? "outgoing" : "incoming", peer, why);
+  // Every multi-rack update in flight may wait for that hub: fail them now.
+  for (auto& [handle, t] : table_->tenants()) {
+    table_->FailPending(t, WireError::kWorkerLost,
+                        "rack link: lost the hub of rack " + Num(peer) + " (" + why + ")");
+  }
+  if (outgoing) Connect(peer);
+}
+
+void RackExchange::OnBytesSent(net::Connection& conn, size_t bytes) {
+  host_->CountRackBytes(conn.id().rack, bytes, 0);
+}
+
+}  // namespace rackhub::server

@@ -1,0 +1,148 @@
+// RackExchange: one lane's links to the other racks' hubs and the chunk flow
+// across racks (hierarchical mode). A tenant spans R racks with W workers
+// each; chunk g (tenant-wide index) has its home at rack (g / lanes) % R and
+// lives on lane g % lanes of every hub. Each hub sums its own rack's pushes
+// (WorkerProtocol), a non-home hub sends that fp32 rack sum (RACK_SUM) to
+// the home hub on this lane's link, the home adds the rack sums in rack
+// order, applies the optimizer and sends the parameters back (RACK_PARAMS);
+// every hub answers its own workers. In flat mode one hub serves every rack
+// and both stages run locally, so both modes give the same bits.
+//
+// Links go through the LaneHost's net::Connector (TCP or RDMA); accepted
+// links arrive from the acceptors through Lane::AdoptHubLink. Before a key's
+// first frame on a link, a KEY_BIND names it (tenant and key by name, with
+// the layout, checked by the receiver). Frames naming a key this hub's
+// workers have not declared yet are parked and retried.
+//
+// Ownership: the Lane owns it; borrows the lane's ChunkTable and gate.
+// Threading: lane thread only.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <unordered_set>
+#include <vector>
+
+#include "chunk_table.h"
+#include "config.h"
+#include "lane_gate.h"
+#include "lane_host.h"
+#include "rackhub/net/transport.h"
+#include "registry.h"
+
+namespace rackhub::server {
+
+class RackExchange final : public net::FrameHandler {
+ public:
+  RackExchange(const TopologyConfig& topology, ChunkTable* table, Registry* registry,
+               LaneHost* host, LaneGate* gate, boost::asio::io_context* io);
+
+  // Starts this lane's links to the other racks' hubs (lane i to lane i),
+  // reconnecting while they are down.
+  void Start();
+  // Takes over an authenticated link from another rack's hub (built with
+  // this handler).
+  void AdoptLink(std::shared_ptr<net::Connection> conn);
+  // Closes every link (shutdown).
+  void CloseAll(const std::string& why);
+
+  // A rack's local sum of chunk `c` for `iteration` is complete (called by
+  // the worker protocol).
+  void OnRackSum(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rack, uint64_t iteration);
+
+  // net::FrameHandler for hub links.
+  Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;
+  void HandleFrame(net::Connection& conn, const net::FrameHeader& h,
+                   std::span<const std::byte> payload) override;
+  void OnConnectionClosed(net::Connection& conn, const std::string& why) override;
+  void OnBytesSent(net::Connection& conn, size_t bytes) override;
+
+ private:
+  // A link to another rack's hub (this lane to its lane).
+  struct PeerLink {
+    std::shared_ptr<net::Connection> out;  // we send RACK_SUM / RACK_PARAMS here
+    std::unordered_set<uint64_t> bound;    // (tenant << 32 | key) announced on `out`
+    bool connecting = false;
+    bool warned = false;
+    // Frames waiting for the link to come up (for at most kPeerWaitLimit).
+    struct Queued {
+      uint32_t tenant;
+      uint32_t key;
+      net::FrameHeader header;
+      std::span<const std::byte> payload;  // borrowed, see SendToPeer
+    };
+    std::vector<Queued> queued;
+    uint64_t queue_generation = 0;
+  };
+  // A link to another hub that is down is retried this often.
+  static constexpr auto kPeerRetryPeriod = std::chrono::milliseconds(200);
+  // Frames for a hub that is not connected (yet) wait this long for the link
+  // before the updates waiting on them fail with WORKER_LOST; frames for a key
+  // not declared here yet are kept as long.
+  static constexpr auto kPeerWaitLimit = std::chrono::seconds(5);
+  // Parked frames are retried this often.
+  static constexpr auto kParkedRetryPeriod = std::chrono::milliseconds(10);
+
+  // Frames from peers for keys not declared here yet, retried until they are.
+  struct Parked {
+    std::weak_ptr<net::Connection> conn;
+    net::FrameHeader header;
+    std::vector<std::byte> payload;
+    std::chrono::steady_clock::time_point since;
+  };
+
+  // The home hub's cross-rack stage is complete: update and answer everyone.
+  void FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c);
+  void SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const net::FrameHeader& h,
+                  std::span<const std::byte> payload);
+  void SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key);
+  void Connect(uint32_t rack);
+  void OnConnected(uint32_t rack, std::shared_ptr<net::Connection> conn);
+  void RetryConnect(uint32_t rack, const std::string& why);
+  // Sends what queued up while the link to `rack` was down.
+  void FlushQueue(uint32_t rack);
+  // Called kPeerWaitLimit after frames were queued for a link that is down.
+  void GiveUp(uint32_t rack, uint64_t generation);
+  // Resolves a KEY_BIND: true when bound; false with *problem empty when the
+  // tenant or key does not exist here yet; false with *problem on mismatch.
+  bool TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes,
+               std::string* problem);
+  // The tenant and key a peer's frame names, binding late if needed.
+  LaneKey* PeerKey(uint32_t peer, const net::FrameHeader& h, LaneTenant** tenant);
+  Verdict CheckData(net::Connection& conn, const net::FrameHeader& h);
+  void OnKeyBind(net::Connection& conn, const net::FrameHeader& h,
+                 std::span<const std::byte> payload);
+  void OnPeerError(net::Connection& conn, const net::FrameHeader& h,
+                   std::span<const std::byte> payload);
+  void OnData(uint32_t peer, const net::FrameHeader& h, std::span<const std::byte> payload);
+  void Park(net::Connection& conn, const net::FrameHeader& h, std::span<const std::byte> payload);
+  void RetryParked();
+  // ERROR to a peer about its tenant `peer_tenant` (so it can fail the
+  // updates waiting on it).
+  void SendPeerError(net::Connection& conn, uint32_t peer_tenant, const std::string& text);
+  Verdict Reject(net::Connection& conn, net::WireError code, const std::string& text,
+                 uint64_t request_id);
+
+  const TopologyConfig topology_;
+  ChunkTable* table_;
+  Registry* registry_;
+  LaneHost* host_;
+  LaneGate* gate_;
+  boost::asio::io_context* io_;
+  std::vector<PeerLink> links_;                            // by rack
+  std::vector<std::shared_ptr<net::Connection>> peer_in_;  // accepted hub links
+  // What KEY_BIND told us: (peer rack, peer's tenant handle) -> our handle.
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> peer_tenants_;
+  // KEY_BINDs naming a tenant or key this hub does not have yet (its own
+  // workers declare keys a little later): (peer rack, peer tenant, key id).
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> pending_binds_;
+  std::vector<Parked> parked_;
+  bool parked_timer_armed_ = false;
+};
+
+}  // namespace rackhub::server

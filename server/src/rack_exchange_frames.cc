@@ -1,0 +1,235 @@
+// RackExchange, part 2: frames arriving on hub links (KEY_BIND, RACK_SUM,
+// RACK_PARAMS, ERROR), late key binding and parked frames.
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "params_reply.h"
+#include "rack_exchange.h"
+#include "rackhub/data/v1/control.pb.h"
+
+namespace rackhub::server {
+
+namespace dpb = rackhub::data::v1;
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+using Verdict = net::FrameHandler::Verdict;
+
+namespace {
+
+std::string Num(uint64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+Verdict RackExchange::Reject(net::Connection& conn, WireError code, const std::string& text,
+                             uint64_t request_id) {
+  spdlog::warn("rack link: rack {} lane {} ({}): {}: {}; closing", conn.id().rack,
+               conn.id().lane, conn.id().peer, net::WireErrorName(code), text);
+  conn.SendError(code, text, request_id, true);
+  return Verdict::kReject;
+}
+
+Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) {
+  switch (h.opcode) {
+    case Opcode::kError:  // an answer on a link we opened
+    case Opcode::kKeyBind:
+      return Verdict::kAccept;
+    case Opcode::kRackSum:
+    case Opcode::kRackParams: {
+      LaneTenant* t = nullptr;
+      // Not bound yet: accept, HandleFrame parks it until the key exists.
+      if (!PeerKey(conn.id().rack, h, &t)) return Verdict::kAccept;
+      return CheckData(conn, h);
+    }
+    default:
+      return Reject(conn, WireError::kMalformed,
+                    "opcode: " + Num(static_cast<int>(h.opcode)) + " is not valid on a hub link",
+                    h.request_id);
+  }
+}
+
+LaneKey* RackExchange::PeerKey(uint32_t peer, const FrameHeader& h, LaneTenant** tenant) {
+  auto bound = peer_tenants_.find({peer, h.tenant});
+  if (bound == peer_tenants_.end()) {
+    const auto pending = pending_binds_.find({peer, h.tenant, h.key});
+    std::string problem;
+    if (pending == pending_binds_.end() || !TryBind(peer, h.tenant, pending->second, &problem)) {
+      return nullptr;
+    }
+    bound = peer_tenants_.find({peer, h.tenant});
+  }
+  *tenant = table_->FindTenant(bound->second);
+  return *tenant ? table_->FindKey(**tenant, h.key) : nullptr;
+}
+
+Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
+  const uint64_t rid = h.request_id;
+  const uint32_t peer = conn.id().rack;
+  LaneTenant* t = nullptr;
+  LaneKey* key = PeerKey(peer, h, &t);
+  if (!key) {
+    SendPeerError(conn, h.tenant, "key: id " + Num(h.key) + " is not bound");
+    return Verdict::kDiscard;
+  }
+  if (h.chunk >= key->info.placement.chunk_count ||
+      table_->OwnerLane(key->info, h.chunk) != table_->lane()) {
+    return Reject(conn, WireError::kBadChunk, "chunk: not one of this lane's", rid);
+  }
+  Chunk& c = table_->GetChunk(*t, *key, h.chunk);
+  const bool sum = h.opcode == Opcode::kRackSum;
+  const size_t want = size_t{c.state.elements()} * (sum ? 4u : WireDTypeBytes(key->info.dtype));
+  if (h.payload_bytes != want) {
+    return Reject(conn, WireError::kBadChunk,
+                  "payload_bytes: " + Num(h.payload_bytes) + ", expected " + Num(want), rid);
+  }
+  if (sum != (c.home == topology_.rack)) {
+    return Reject(conn, WireError::kInvalidArgument,
+                  std::string(sum ? "RACK_SUM to" : "RACK_PARAMS from") +
+                      " a hub that is not the chunk's home",
+                  rid);
+  }
+  const uint64_t expected = sum ? c.state.version() : c.version + 1;
+  if (h.iteration != expected || (sum && c.state.has_contributed(peer))) {
+    SendPeerError(conn, h.tenant,
+                  "iteration: " + Num(h.iteration) + " of chunk " + Num(h.chunk) + ", expected " +
+                      Num(expected));
+    return Verdict::kDiscard;
+  }
+  return Verdict::kAccept;
+}
+
+void RackExchange::SendPeerError(net::Connection& conn, uint32_t peer_tenant,
+                                 const std::string& text) {
+  net::ErrorFrame e = net::MakeErrorFrame(WireError::kInvalidArgument, text, peer_tenant, 0, false);
+  conn.SendOwned(e.header, std::move(e.body));
+}
+
+bool RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes,
+                           std::string* problem) {
+  dpb::KeyBind bind;
+  TenantInfo tenant;
+  KeyInfo key;
+  if (!bind.ParseFromString(bind_bytes)) {
+    *problem = "payload: not a KeyBind";
+    return false;
+  }
+  if (!registry_->GetTenant(bind.tenant(), &tenant).ok() ||
+      !registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
+    return false;  // not here yet
+  }
+  if (key.id != bind.key_id() || key.elements != bind.elements() ||
+      key.placement.first_chunk != bind.first_chunk() ||
+      static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
+      key.chunk_elements != bind.chunk_elements() ||
+      tenant.workers_per_rack != bind.workers_per_rack()) {
+    *problem = "key '" + bind.key() + "' of tenant '" + bind.tenant() +
+               "' is laid out differently on the two racks (create the tenant with the same "
+               "settings and its keys in the same order on every hub)";
+    return false;
+  }
+  peer_tenants_[{peer, peer_tenant}] = tenant.handle;
+  pending_binds_.erase({peer, peer_tenant, bind.key_id()});
+  table_->EnsureTenant(tenant);
+  return true;
+}
+
+void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
+                               std::span<const std::byte> payload) {
+  const uint32_t peer = conn.id().rack;
+  host_->CountRackBytes(peer, 0, net::kHeaderBytes + payload.size());
+  switch (h.opcode) {
+    case Opcode::kError: return OnPeerError(conn, h, payload);
+    case Opcode::kKeyBind: return OnKeyBind(conn, h, payload);
+    default: break;
+  }
+  LaneTenant* t = nullptr;
+  if (!PeerKey(peer, h, &t)) return Park(conn, h, payload);
+  OnData(peer, h, payload);
+}
+
+void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
+                               std::span<const std::byte> payload) {
+  const uint32_t peer = conn.id().rack;
+  WireError code{};
+  std::string text;
+  net::DecodeErrorBody(payload, &code, &text);
+  spdlog::error("rack link: rack {}'s hub refused: {}: {}", peer, net::WireErrorName(code), text);
+  if (LaneTenant* t = table_->FindTenant(h.tenant)) {
+    table_->FailPending(*t, WireError::kInvalidArgument, "rack " + Num(peer) + ": " + text);
+  }
+}
+
+void RackExchange::OnKeyBind(net::Connection& conn, const FrameHeader& h,
+                             std::span<const std::byte> payload) {
+  const uint32_t peer = conn.id().rack;
+  const std::string bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
+  std::string problem;
+  if (TryBind(peer, h.tenant, bytes, &problem)) return;
+  if (!problem.empty()) {
+    SendPeerError(conn, h.tenant, problem);
+  } else {
+    pending_binds_[{peer, h.tenant, h.key}] = bytes;
+  }
+}
+
+// The key is not declared here yet: keep the frame and retry shortly.
+void RackExchange::Park(net::Connection& conn, const FrameHeader& h,
+                        std::span<const std::byte> payload) {
+  parked_.push_back({conn.weak_from_this(), h, {payload.begin(), payload.end()},
+                     std::chrono::steady_clock::now()});
+  if (!parked_timer_armed_) {
+    parked_timer_armed_ = true;
+    gate_->After(kParkedRetryPeriod, [this] { RetryParked(); });
+  }
+}
+
+void RackExchange::RetryParked() {
+  parked_timer_armed_ = false;
+  auto parked = std::move(parked_);
+  parked_.clear();
+  for (auto& p : parked) {
+    auto conn = p.conn.lock();
+    if (!conn || !conn->open()) continue;
+    LaneTenant* t = nullptr;
+    if (!PeerKey(conn->id().rack, p.header, &t)) {
+      if (std::chrono::steady_clock::now() - p.since > kPeerWaitLimit) {
+        SendPeerError(*conn, p.header.tenant,
+                      "key: id " + Num(p.header.key) + " was never declared on rack " +
+                          Num(topology_.rack) + "'s hub");
+      } else {
+        parked_.push_back(std::move(p));
+      }
+      continue;
+    }
+    if (CheckData(*conn, p.header) == Verdict::kAccept) {
+      OnData(conn->id().rack, p.header, p.payload);
+    }
+  }
+  if (!parked_.empty() && !parked_timer_armed_) {
+    parked_timer_armed_ = true;
+    gate_->After(kParkedRetryPeriod, [this] { RetryParked(); });
+  }
+}
+
+void RackExchange::OnData(uint32_t peer, const FrameHeader& h,
+                          std::span<const std::byte> payload) {
+  LaneTenant* tp = nullptr;
+  LaneKey& key = *PeerKey(peer, h, &tp);
+  LaneTenant& t = *tp;
+  Chunk& c = table_->GetChunk(t, key, h.chunk);
+  if (h.opcode == Opcode::kRackSum) {
+    if (c.state.contributions() == 0) table_->MarkPending(t, c);
+    if (c.state.Contribute(peer, payload) == aggregation::ChunkState::AddResult::kComplete) {
+      FinishCrossRack(t, key, c);
+    }
+    return;
+  }
+  // RACK_PARAMS from the home hub.
+  c.version = h.iteration;
+  std::memcpy(c.replies[c.version & 1].data(), payload.data(), payload.size());
+  table_->Completed(t, key, c, c.version);
+  AnswerPushes(c, c.version);
+}
+
+}  // namespace rackhub::server

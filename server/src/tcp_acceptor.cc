@@ -1,0 +1,308 @@
+#include "tcp_acceptor.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include "hello_check.h"
+#include "rackhub/data/v1/control.pb.h"
+#include "rackhub/net/tcp/connection.h"
+
+namespace rackhub::server {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+
+namespace {
+
+// Keepalive so a worker whose host vanished is noticed even without traffic:
+// idle 10 s, then 5 probes 2 s apart (tcp(7)).
+constexpr int kKeepAliveIdleS = 10;
+constexpr int kKeepAliveIntervalS = 2;
+constexpr int kKeepAliveProbes = 5;
+
+// "ip:port" of the remote end, for logs.
+std::string PeerName(const tcp::socket& socket) {
+  boost::system::error_code ec;
+  const auto remote = socket.remote_endpoint(ec);
+  return ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+}
+
+// Binds and listens on `ep`; the error names `field`.
+Status ListenOn(tcp::acceptor& acceptor, const net::Endpoint& ep, const std::string& field) {
+  try {
+    tcp::resolver resolver(acceptor.get_executor());
+    const auto endpoint = resolver.resolve(ep.host, std::to_string(ep.port)).begin()->endpoint();
+    acceptor.open(endpoint.protocol());
+    acceptor.set_option(asio::socket_base::reuse_address(true));
+    acceptor.bind(endpoint);
+    acceptor.listen();
+  } catch (const std::exception& e) {
+    return InvalidArgument(field + ": cannot listen on " + ep.ToString() + ": " + e.what());
+  }
+  return {};
+}
+
+}  // namespace
+
+// Reads and checks one HELLO on the acceptor thread, then hands the socket
+// over (or answers a fatal ERROR and closes).
+class TcpAcceptor::HelloSession : public std::enable_shared_from_this<HelloSession> {
+ public:
+  HelloSession(TcpAcceptor* acceptor, tcp::socket socket)
+      : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {}
+
+  void Start() {
+    peer_ = PeerName(socket_);
+    const uint32_t timeout_ms = acceptor_->plane_->config().data.hello_timeout_ms;
+    timer_.expires_after(std::chrono::milliseconds(timeout_ms));
+    timer_.async_wait([self = shared_from_this(), timeout_ms](const boost::system::error_code& e) {
+      if (!e && !self->done_) {
+        spdlog::warn("data: {} sent no HELLO within {} ms; closing", self->peer_, timeout_ms);
+        self->Fail(WireError::kMalformed, "hello: no HELLO within data.hello_timeout_ms");
+      }
+    });
+    asio::async_read(socket_, asio::buffer(header_buf_),
+                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
+                       self->OnHeader(e);
+                     });
+  }
+
+ private:
+  void OnHeader(const boost::system::error_code& ec) {
+    if (ec || done_) return Finish();
+    header_ = net::DecodeHeader(header_buf_);
+    if (Status s = CheckHelloHeader(header_); !s.ok()) return Fail(WireError::kMalformed, s.message());
+    payload_.resize(header_.payload_bytes);
+    asio::async_read(socket_, asio::buffer(payload_),
+                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
+                       self->OnPayload(e);
+                     });
+  }
+
+  void OnPayload(const boost::system::error_code& ec) {
+    if (ec || done_) return Finish();
+    DataPlane* plane = acceptor_->plane_;
+    auto checked =
+        CheckHello(payload_, plane->registry(), plane->config().topology, plane->lane_count());
+    if (!checked.ok) return Fail(checked.code, checked.text);
+    done_ = true;
+    timer_.cancel();
+    net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
+                               checked.hello.lane(), peer_, checked.hello.rack(), false};
+    const uint64_t seq = plane->NextSeq();
+    acceptor_->MoveToLane(std::move(socket_), id.lane,
+                          [id = std::move(id), seq](Lane& lane, tcp::socket s) mutable {
+                            lane.AdoptWorker(std::make_shared<net::tcp::TcpConnection>(
+                                                 lane.worker_handler(), std::move(s), std::move(id)),
+                                             seq);
+                          });
+  }
+
+  void Fail(WireError code, const std::string& text) {
+    if (done_) return;
+    done_ = true;
+    timer_.cancel();
+    spdlog::warn("data: refused connection from {}: {}: {}", peer_, net::WireErrorName(code),
+                 text);
+    error_ = net::MakeErrorFrame(code, text, 0, header_.request_id, true);
+    net::EncodeHeader(error_.header, error_header_);
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(error_header_),
+                                                 asio::buffer(error_.body)};
+    asio::async_write(socket_, buffers,
+                      [self = shared_from_this()](const boost::system::error_code&, size_t) {
+                        self->Finish();
+                      });
+  }
+
+  void Finish() {
+    done_ = true;
+    timer_.cancel();
+    boost::system::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+  TcpAcceptor* acceptor_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::string peer_;
+  bool done_ = false;
+  std::array<std::byte, net::kHeaderBytes> header_buf_{};
+  FrameHeader header_{};
+  std::vector<std::byte> payload_;
+  net::ErrorFrame error_;
+  std::array<std::byte, net::kHeaderBytes> error_header_{};
+};
+
+// Reads and checks a HUB_HELLO on the acceptor thread, then hands the link
+// to the lane it names.
+class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHelloSession> {
+ public:
+  HubHelloSession(TcpAcceptor* acceptor, tcp::socket socket)
+      : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {}
+
+  void Start() {
+    peer_ = PeerName(socket_);
+    timer_.expires_after(
+        std::chrono::milliseconds(acceptor_->plane_->config().data.hello_timeout_ms));
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
+      if (!e) self->Close("no HUB_HELLO in time");
+    });
+    asio::async_read(socket_, asio::buffer(header_),
+                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
+                       self->OnHeader(e);
+                     });
+  }
+
+ private:
+  void OnHeader(const boost::system::error_code& ec) {
+    if (ec) return Close(ec.message());
+    const FrameHeader h = net::DecodeHeader(header_);
+    if (Status s = CheckHubHelloHeader(h); !s.ok()) return Close(s.message());
+    payload_.resize(h.payload_bytes);
+    asio::async_read(socket_, asio::buffer(payload_),
+                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
+                       self->OnPayload(e);
+                     });
+  }
+
+  void OnPayload(const boost::system::error_code& ec) {
+    if (ec) return Close(ec.message());
+    DataPlane* plane = acceptor_->plane_;
+    Result<data::v1::HubHello> hello = CheckHubHello(payload_, plane->config().topology,
+                                                     plane->hub_secret(), plane->lane_count());
+    if (!hello.ok()) return Close(hello.status().message());
+    timer_.cancel();
+    net::ConnectionIdentity id;
+    id.hub = true;
+    id.rack = hello->rack();
+    id.lane = hello->lane();
+    id.peer = peer_;
+    acceptor_->MoveToLane(std::move(socket_), id.lane, [id](Lane& lane, tcp::socket s) {
+      lane.AdoptHubLink(
+          std::make_shared<net::tcp::TcpConnection>(lane.hub_handler(), std::move(s), id));
+    });
+  }
+
+  void Close(const std::string& why) {
+    timer_.cancel();
+    if (!socket_.is_open()) return;
+    spdlog::warn("rack link: refused a hub link from {}: {}", peer_, why);
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+  TcpAcceptor* acceptor_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::string peer_;
+  std::array<std::byte, net::kHeaderBytes> header_{};
+  std::vector<std::byte> payload_;
+};
+
+TcpAcceptor::TcpAcceptor(DataPlane* plane) : plane_(plane) {}
+
+TcpAcceptor::~TcpAcceptor() { Stop(); }
+
+Status TcpAcceptor::Listen() {
+  const Config& config = plane_->config();
+  if (Status s = ListenOn(workers_, config.data.listen, "data.listen"); !s.ok()) return s;
+  const auto bound = workers_.local_endpoint();
+  address_ = net::Endpoint{bound.address().to_string(), bound.port()}.ToString();
+  const auto& topo = config.topology;
+  if (!topo.multi_rack_exchange()) return {};
+  hubs_ = std::make_unique<tcp::acceptor>(io_);
+  if (Status s = ListenOn(*hubs_, topo.racks[topo.rack].interhub, "topology.racks"); !s.ok()) {
+    return s;
+  }
+  spdlog::info("rack exchange: rack {} of {}, hub links on {}", topo.rack, topo.rack_count(),
+               topo.racks[topo.rack].interhub.ToString());
+  return {};
+}
+
+void TcpAcceptor::Start() {
+  AcceptWorkers();
+  if (hubs_) AcceptHubs();
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "rackhub-accept");
+    auto guard = asio::make_work_guard(io_);
+    io_.run();
+  });
+}
+
+void TcpAcceptor::Stop() {
+  stopping_ = true;
+  if (!thread_.joinable()) return;
+  asio::post(io_, [this] {
+    boost::system::error_code ignored;
+    workers_.close(ignored);
+    if (hubs_) hubs_->close(ignored);
+  });
+  io_.stop();
+  thread_.join();
+}
+
+void TcpAcceptor::AcceptWorkers() {
+  workers_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || stopping_) return;
+      spdlog::warn("data: accept failed: {}", ec.message());
+    } else {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      socket.set_option(asio::socket_base::keep_alive(true), ignored);
+      const int fd = socket.native_handle();
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleS, sizeof(int));
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalS, sizeof(int));
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(int));
+      std::make_shared<HelloSession>(this, std::move(socket))->Start();
+    }
+    if (!stopping_) AcceptWorkers();
+  });
+}
+
+void TcpAcceptor::AcceptHubs() {
+  hubs_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || stopping_) return;
+      spdlog::warn("rack link: accept failed: {}", ec.message());
+    } else {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<HubHelloSession>(this, std::move(socket))->Start();
+    }
+    if (!stopping_) AcceptHubs();
+  });
+}
+
+void TcpAcceptor::MoveToLane(tcp::socket socket, uint32_t lane,
+                             std::function<void(Lane&, tcp::socket)> adopt) {
+  // Move the descriptor from the acceptor's io_context to the lane's.
+  boost::system::error_code ec;
+  const auto protocol = socket.local_endpoint(ec).protocol();
+  const int fd = socket.release(ec);
+  if (ec) {
+    spdlog::error("data: cannot hand a connection to lane {}: {}", lane, ec.message());
+    return;
+  }
+  plane_->OnLane(lane, [protocol, fd, adopt = std::move(adopt)](Lane& target) {
+    tcp::socket s(target.io());
+    boost::system::error_code assign_ec;
+    s.assign(protocol, fd, assign_ec);
+    if (assign_ec) {
+      ::close(fd);
+      return;
+    }
+    adopt(target, std::move(s));
+  });
+}
+
+std::unique_ptr<net::Connector> MakeTcpHubConnector() { return net::MakeTcpConnector(); }
+
+}  // namespace rackhub::server

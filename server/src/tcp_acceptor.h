@@ -1,0 +1,63 @@
+// TcpAcceptor: the TCP side of rackhubd's data plane. On its own thread it
+// accepts worker connections (data.listen) and, in a hierarchical topology,
+// other racks' hub links (this rack's inter-hub address); reads and checks
+// the first frame (HELLO through hello_check.h, HUB_HELLO with the hub
+// secret), then moves the socket to the lane it names, builds the
+// TcpConnection there and hands it over (Lane::AdoptWorker / AdoptHubLink).
+// The only server file that knows TCP sockets.
+//
+// Ownership: owned by the daemon; borrows the DataPlane (which outlives it).
+// Threading: Listen/Start/Stop from the main thread; sessions run on the
+// acceptor thread; hand-overs on the lanes' threads.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "data_plane.h"
+#include "rackhub/common/status.h"
+#include "rackhub/net/asio.h"
+
+namespace rackhub::server {
+
+class TcpAcceptor {
+ public:
+  explicit TcpAcceptor(DataPlane* plane);
+  ~TcpAcceptor();
+  TcpAcceptor(const TcpAcceptor&) = delete;
+  TcpAcceptor& operator=(const TcpAcceptor&) = delete;
+
+  // Binds data.listen (and the inter-hub address when this hub exchanges
+  // with other racks). The error names the config field.
+  Status Listen();
+  // "host:port" actually bound for workers (after Listen).
+  const std::string& address() const { return address_; }
+  // Starts accepting on the acceptor thread.
+  void Start();
+  // Stops accepting and joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  class HelloSession;
+  class HubHelloSession;
+  void AcceptWorkers();
+  void AcceptHubs();
+  // Moves an accepted socket to lane `lane` and runs `adopt` there.
+  void MoveToLane(boost::asio::ip::tcp::socket socket, uint32_t lane,
+                  std::function<void(Lane&, boost::asio::ip::tcp::socket)> adopt);
+
+  DataPlane* plane_;
+  boost::asio::io_context io_{1};
+  boost::asio::ip::tcp::acceptor workers_{io_};
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> hubs_;
+  std::string address_;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+};
+
+// Outgoing hub links over TCP (net::MakeTcpConnector), for DataPlane.
+std::unique_ptr<net::Connector> MakeTcpHubConnector();
+
+}  // namespace rackhub::server

@@ -1,0 +1,442 @@
+// WorkerProtocol, part 1: adoption, header checks, PUSH / INIT / PULL and
+// connection events. DECLARE, SET_OPTIMIZER and WELCOME: worker_control.cc.
+#include "worker_protocol.h"
+
+#include <spdlog/spdlog.h>
+
+#include "params_reply.h"
+#include "rack_exchange.h"
+
+namespace rackhub::server {
+
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+using Verdict = net::FrameHandler::Verdict;
+
+namespace {
+
+// A second connection for a (tenant, rank, lane) that is still connected is
+// re-examined this often, up to kReconnectRetries times (1 s), before it is
+// refused as a duplicate.
+constexpr auto kReconnectRetryPeriod = std::chrono::milliseconds(20);
+constexpr int kReconnectRetries = 50;
+
+std::string Num(uint64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+WorkerProtocol::WorkerProtocol(const DataConfig& config, ChunkTable* table, Registry* registry,
+                               LaneHost* host, LaneGate* gate, RackExchange* exchange)
+    : config_(config),
+      table_(table),
+      registry_(registry),
+      host_(host),
+      gate_(gate),
+      exchange_(exchange) {}
+
+void WorkerProtocol::Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq) {
+  AdoptOrRetry(std::move(conn), seq, kReconnectRetries);
+}
+
+void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_t seq,
+                                  int retries_left) {
+  const net::ConnectionIdentity& id = conn->id();
+  const uint32_t lane = table_->lane();
+  if (gate_->closed()) {
+    conn->SendError(WireError::kShuttingDown, "the hub is shutting down", 0, true);
+    conn->Start();
+    return;
+  }
+  LaneTenant* t = table_->LoadTenant(id.tenant_handle);
+  if (!t) {
+    conn->SendError(WireError::kTenantGone, "tenant: '" + id.tenant + "' was deleted", 0, true);
+    conn->Start();
+    return;
+  }
+  const uint32_t member = ChunkTable::Member(*t, id);
+  if (auto it = t->conns.find(member); it != t->conns.end() && it->second->open()) {
+    if (retries_left > 0) {
+      // A worker that reconnects right after closing: its old connection's
+      // BYE or EOF may still be queued on this lane. Look again shortly.
+      gate_->After(kReconnectRetryPeriod, [this, conn, seq, retries_left] {
+        AdoptOrRetry(conn, seq, retries_left - 1);
+      });
+      return;
+    }
+    conn->SendError(WireError::kInvalidArgument,
+                    "rank: rank " + Num(id.rank) + " of tenant '" + id.tenant +
+                        "' is already connected on lane " + Num(lane) + " from " +
+                        it->second->id().peer,
+                    0, true);
+    conn->Start();
+    return;
+  }
+  t->conns[member] = conn;
+  t->conn_seq[member] = seq;
+  t->lost.erase(member);
+  if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
+  spdlog::info("data: tenant '{}' rack {} rank {} connected on lane {} from {}", id.tenant, id.rack,
+               id.rank, lane, id.peer);
+  FrameHeader h;
+  h.opcode = Opcode::kWelcome;
+  h.tenant = id.tenant_handle;
+  conn->SendOwned(h, WelcomePayload(*t));
+  conn->Start();
+}
+
+Verdict WorkerProtocol::Refuse(net::Connection& conn, WireError code, const std::string& text,
+                               uint64_t request_id) {
+  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) {
+    t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  conn.SendError(code, text, request_id, false);
+  return Verdict::kDiscard;
+}
+
+Verdict WorkerProtocol::Reject(net::Connection& conn, WireError code, const std::string& text,
+                               uint64_t request_id) {
+  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) {
+    t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  spdlog::warn("data: tenant '{}' rank {} lane {} ({}): {}: {}; closing", conn.id().tenant,
+               conn.id().rank, conn.id().lane, conn.id().peer, net::WireErrorName(code), text);
+  conn.SendError(code, text, request_id, true);
+  return Verdict::kReject;
+}
+
+Verdict WorkerProtocol::AcceptHeader(net::Connection& conn, const FrameHeader& h) {
+  switch (h.opcode) {
+    case Opcode::kHeartbeat:
+    case Opcode::kBye:
+      return Verdict::kAccept;
+    case Opcode::kPush:
+    case Opcode::kInit:
+    case Opcode::kPull:
+    case Opcode::kDeclare:
+    case Opcode::kSetOptimizer:
+      break;
+    default:
+      return Reject(conn, WireError::kMalformed,
+                    "opcode: " + Num(static_cast<int>(h.opcode)) +
+                        " is not a request a client may send after HELLO",
+                    h.request_id);
+  }
+  if (h.tenant != conn.id().tenant_handle) {
+    return Reject(conn, WireError::kMalformed,
+                  "tenant: frame names tenant handle " + Num(h.tenant) +
+                      " but this connection belongs to " + Num(conn.id().tenant_handle),
+                  h.request_id);
+  }
+  LaneTenant* t = table_->FindTenant(h.tenant);
+  if (!t) return Reject(conn, WireError::kTenantGone, "tenant: was deleted", h.request_id);
+  if (h.opcode == Opcode::kDeclare || h.opcode == Opcode::kSetOptimizer) return Verdict::kAccept;
+  return CheckChunkFrame(conn, *t, h);
+}
+
+// PUSH, INIT and PULL name a chunk this lane owns.
+Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
+                                        const FrameHeader& h) {
+  const uint64_t rid = h.request_id;
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) {
+    return Reject(conn, WireError::kUnknownKey,
+                  "key: id " + Num(h.key) + " does not exist in tenant '" + t.info.name + "'",
+                  rid);
+  }
+  const KeyInfo& k = key->info;
+  if (h.chunk >= k.placement.chunk_count) {
+    return Reject(conn, WireError::kBadChunk,
+                  "chunk: " + Num(h.chunk) + " is out of range; key '" + k.name + "' has " +
+                      Num(k.placement.chunk_count) + " chunks",
+                  rid);
+  }
+  const uint32_t owner = table_->OwnerLane(k, h.chunk);
+  if (owner != table_->lane()) {
+    return Reject(conn, WireError::kBadChunk,
+                  "chunk: " + Num(h.chunk) + " of key '" + k.name + "' lives on lane " +
+                      Num(owner) + ", not lane " + Num(table_->lane()),
+                  rid);
+  }
+  if (h.opcode == Opcode::kPull) {
+    if (h.payload_bytes != 0) {
+      return Reject(conn, WireError::kMalformed, "payload_bytes: PULL carries no payload", rid);
+    }
+    return Verdict::kAccept;
+  }
+  // PUSH and INIT carry one chunk in the key's wire dtype.
+  if (h.dtype != static_cast<net::DType>(static_cast<uint8_t>(k.dtype))) {
+    return Reject(conn, WireError::kBadDType,
+                  std::string("dtype: key '") + k.name + "' is " + WireDTypeName(k.dtype) +
+                      ", the frame says " + net::DTypeName(h.dtype),
+                  rid);
+  }
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  aggregation::ChunkState& stage = c.Stage(conn.id().rack);
+  const size_t want = stage.wire_bytes();
+  if (h.payload_bytes != want) {
+    return Reject(conn, WireError::kBadChunk,
+                  "payload_bytes: chunk " + Num(h.chunk) + " of key '" + k.name + "' needs " +
+                      Num(want) + " bytes, got " + Num(h.payload_bytes),
+                  rid);
+  }
+  if (h.opcode == Opcode::kInit) return CheckInit(conn, t, k, c, h);
+  return CheckPush(conn, t, k, stage, h);
+}
+
+Verdict WorkerProtocol::CheckInit(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
+                                  Chunk& c, const FrameHeader& h) {
+  const uint64_t rid = h.request_id;
+  if (table_->racks() > 1) {
+    return Refuse(conn, WireError::kInvalidArgument,
+                  "key: INIT is not supported for tenants spanning racks yet; create keys "
+                  "with init = zeros",
+                  rid);
+  }
+  (void)t;
+  if (conn.id().rank != 0) {
+    return Reject(conn, WireError::kInvalidArgument, "rank: only rank 0 may INIT a key", rid);
+  }
+  // Not fatal: rank 0 re-running against an existing key can Pull instead.
+  if (k.init != InitMode::kFromClient) {
+    return Refuse(conn, WireError::kInvalidArgument,
+                  "key: '" + k.name + "' starts at zeros (init = zeros); INIT is for keys "
+                  "declared with init = from_client",
+                  rid);
+  }
+  if (c.state.initialized()) {
+    return Refuse(conn, WireError::kInvalidArgument,
+                  "chunk: " + Num(h.chunk) + " of key '" + k.name +
+                      "' is already initialized (Pull its values instead)",
+                  rid);
+  }
+  return Verdict::kAccept;
+}
+
+Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
+                                  aggregation::ChunkState& stage, const FrameHeader& h) {
+  const uint64_t rid = h.request_id;
+  const uint32_t rank = conn.id().rank;
+  if (!t.lost.empty()) {
+    // Not fatal: this worker did nothing wrong; it may retry once the lost
+    // rank is back.
+    return Refuse(conn, WireError::kWorkerLost,
+                  "worker lost: rank " + Num(t.lost.begin()->first) + " (" +
+                      t.lost.begin()->second + ") has not reconnected; push again once it has",
+                  rid);
+  }
+  if (!stage.initialized()) {
+    return Reject(conn, WireError::kNotReady,
+                  "key: '" + k.name + "' has no initial values yet (rank 0 must INIT it first)",
+                  rid);
+  }
+  if (h.iteration != stage.version()) {
+    return Reject(conn, WireError::kBadIteration,
+                  "iteration: " + Num(h.iteration) + " for chunk " + Num(h.chunk) + " of key '" +
+                      k.name + "', the hub expects " + Num(stage.version()) +
+                      (h.iteration < stage.version() ? " (stale)" : " (ahead)"),
+                  rid);
+  }
+  if (stage.has_contributed(rank)) {
+    return Reject(conn, WireError::kDuplicatePush,
+                  "iteration: rank " + Num(rank) + " already pushed chunk " + Num(h.chunk) +
+                      " of key '" + k.name + "' for iteration " + Num(h.iteration),
+                  rid);
+  }
+  return Verdict::kAccept;
+}
+
+void WorkerProtocol::HandleFrame(net::Connection& conn, const FrameHeader& h,
+                                 std::span<const std::byte> payload) {
+  if (h.opcode == Opcode::kBye) {
+    auto keep = conn.shared_from_this();
+    keep->Close("said BYE");
+    return;
+  }
+  if (h.opcode == Opcode::kHeartbeat) {
+    OnHeartbeat(conn, h);
+    return;
+  }
+  LaneTenant* t = table_->FindTenant(h.tenant);
+  if (!t) {
+    Reject(conn, WireError::kTenantGone, "tenant: was deleted", h.request_id);
+    return;
+  }
+  switch (h.opcode) {
+    case Opcode::kPush: OnPush(conn, *t, h, payload); break;
+    case Opcode::kInit: OnInit(conn, *t, h, payload); break;
+    case Opcode::kPull: OnPull(conn, *t, h); break;
+    case Opcode::kDeclare: OnDeclare(conn, *t, h, payload); break;
+    case Opcode::kSetOptimizer: OnSetOptimizer(conn, *t, h, payload); break;
+    default: break;  // AcceptHeader let nothing else through
+  }
+}
+
+void WorkerProtocol::OnHeartbeat(net::Connection& conn, const FrameHeader& h) {
+  FrameHeader r;
+  r.opcode = Opcode::kHeartbeat;
+  r.tenant = conn.id().tenant_handle;
+  r.request_id = h.request_id;
+  conn.SendOwned(r, {});
+}
+
+void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                            std::span<const std::byte> payload) {
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  aggregation::ChunkState& stage = c.Stage(conn.id().rack);
+  if (h.iteration != stage.version() || stage.has_contributed(conn.id().rank)) {
+    // State moved while the payload was read (a worker was lost meanwhile).
+    Reject(conn, WireError::kBadIteration, "iteration: no longer current", h.request_id);
+    return;
+  }
+  const auto result = stage.Contribute(conn.id().rank, payload);
+  auto& counters = *t.info.counters;
+  counters.pushes.fetch_add(1, std::memory_order_relaxed);
+  counters.bytes_in.fetch_add(payload.size() + net::kHeaderBytes, std::memory_order_relaxed);
+  if (result != aggregation::ChunkState::AddResult::kAccepted &&
+      result != aggregation::ChunkState::AddResult::kComplete) {
+    Reject(conn, WireError::kInternal, "chunk: contribution refused", h.request_id);
+    return;
+  }
+  if (c.pushes.empty()) table_->MarkPending(t, c);
+  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id});
+  if (result != aggregation::ChunkState::AddResult::kComplete) return;
+  if (c.multi_rack()) {
+    stage.Update();  // the rack's sum (sum-only stage)
+    exchange_->OnRackSum(t, *key, c, conn.id().rack, h.iteration);
+    return;
+  }
+  c.state.Update();
+  const uint64_t v = c.state.version();
+  table_->Completed(t, *key, c, v);
+  AnswerPushes(c, v);
+}
+
+void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                            std::span<const std::byte> payload) {
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  if (c.state.initialized() || !c.state.SetInitial(payload)) {
+    Reject(conn, WireError::kInvalidArgument, "chunk: cannot be initialized now", h.request_id);
+    return;
+  }
+  t.info.counters->bytes_in.fetch_add(payload.size() + net::kHeaderBytes,
+                                      std::memory_order_relaxed);
+  host_->ChunkInitialized(t.info.handle, key->info.id, key->info.placement.chunk_count);
+  SendParams(conn, c, 0, h.request_id, ReplyBytes::kCopied);
+  for (const Waiter& w : c.pulls) {
+    if (auto wc = w.conn.lock(); wc && wc->open()) {
+      SendParams(*wc, c, 0, w.request_id, ReplyBytes::kCopied);
+    }
+  }
+  c.pulls.clear();
+}
+
+void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  if (!c.multi_rack() && !c.state.initialized()) {
+    c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id});
+    return;
+  }
+  SendParams(conn, c, c.current_version(), h.request_id, ReplyBytes::kCopied);
+}
+
+void WorkerProtocol::OnBytesSent(net::Connection& conn, size_t bytes) {
+  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) {
+    t->info.counters->bytes_out.fetch_add(bytes, std::memory_order_relaxed);
+  }
+}
+
+void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string& why) {
+  LaneTenant* t = table_->FindTenant(conn.id().tenant_handle);
+  if (!t) return;
+  const uint32_t member = ChunkTable::Member(*t, conn.id());
+  const auto it = t->conns.find(member);
+  if (it == t->conns.end() || it->second.get() != &conn) return;  // a refused duplicate
+  auto keep = it->second;
+  t->conns.erase(it);
+  const uint32_t lane = table_->lane();
+  if (lane == 0) t->info.counters->workers_connected.fetch_sub(1, std::memory_order_relaxed);
+  spdlog::info("data: tenant '{}' rank {} lane {} disconnected: {}", conn.id().tenant,
+               conn.id().rank, lane, why);
+  if (gate_->closed()) {
+    if (table_->connection_count() == 0) host_->LaneDrained(lane);
+    return;
+  }
+  host_->WorkerLost(conn.id().tenant_handle, member,
+                    (table_->racks() > 1 ? "rack " + Num(conn.id().rack) + " " : std::string()) +
+                        "rank " + Num(conn.id().rank) + " lane " + Num(lane) + ": " + why);
+}
+
+void WorkerProtocol::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t before_seq,
+                                  const std::string& why) {
+  LaneTenant* t = table_->FindTenant(handle);
+  if (!t) return;
+  if (auto it = t->conns.find(member);
+      it != t->conns.end() && t->conn_seq[member] < before_seq) {
+    auto keep = it->second;
+    keep->SendError(WireError::kWorkerLost,
+                    "worker: another connection of this worker closed (" + why + ")", 0, true);
+  }
+  if (!t->conns.count(member)) t->lost[member] = why;
+  table_->FailPending(*t, WireError::kWorkerLost,
+                      "worker lost: " + why + "; this iteration's partial sums were discarded");
+}
+
+void WorkerProtocol::CheckStragglers() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto limit = std::chrono::milliseconds(config_.straggler_timeout_ms);
+  for (auto& [handle, t] : table_->tenants()) {
+    bool expired = false;
+    std::string missing;
+    for (uint64_t id : t.pending) {
+      const Chunk& c = *t.chunks.at(id);
+      if (now - c.first_contribution <= limit) continue;
+      expired = true;
+      if (c.multi_rack()) {
+        missing = "of some rack";
+        break;
+      }
+      for (uint32_t r = 0; r < c.state.workers(); ++r) {
+        if (c.state.has_contributed(r)) continue;
+        if (!missing.empty()) missing += ',';
+        missing += Num(r);
+      }
+      break;
+    }
+    if (expired) {
+      table_->FailPending(t, WireError::kWorkerLost,
+                          "straggler: rank(s) " + missing + " did not push within " +
+                              Num(config_.straggler_timeout_ms) +
+                              " ms (data.straggler_timeout_ms); partial sums were discarded");
+    }
+  }
+}
+
+void WorkerProtocol::CloseTenant(LaneTenant& t, WireError code, const std::string& text) {
+  const auto conns = t.conns;  // closing edits the map
+  for (auto& [member, conn] : conns) conn->SendError(code, text, 0, true);
+}
+
+void WorkerProtocol::CloseAll(WireError code, const std::string& text) {
+  for (auto& [handle, t] : table_->tenants()) {
+    table_->FailPending(t, code, text);
+    CloseTenant(t, code, text);
+  }
+}
+
+}  // namespace rackhub::server

@@ -1,0 +1,95 @@
+// WorkerProtocol: one lane's side of the worker connections: adoption after
+// HELLO (WELCOME), header checks before a payload is read, and one function
+// per opcode (PUSH, INIT, PULL, DECLARE, SET_OPTIMIZER, HEARTBEAT, BYE).
+// Completed updates are answered through params_reply.h; a tenant spanning
+// racks hands its rack sums to the RackExchange. The transport is whatever
+// net::Connection the acceptor built: this code never sees a socket.
+//
+// Ownership: the Lane owns it; it borrows the lane's ChunkTable, gate and
+// exchange, and the hub's Registry and LaneHost (all outlive it).
+// Threading: lane thread only (FrameHandler callbacks and the lane's posts).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "chunk_table.h"
+#include "config.h"
+#include "lane_gate.h"
+#include "lane_host.h"
+#include "rackhub/net/frame.h"
+#include "rackhub/net/transport.h"
+#include "registry.h"
+
+namespace rackhub::server {
+
+class RackExchange;
+
+class WorkerProtocol final : public net::FrameHandler {
+ public:
+  WorkerProtocol(const DataConfig& config, ChunkTable* table, Registry* registry, LaneHost* host,
+                 LaneGate* gate, RackExchange* exchange);
+
+  // Takes over an authenticated worker connection (built with this handler):
+  // sends WELCOME and starts it. A rank still connected on this lane is
+  // waited for (its close may be in flight) for a bounded time.
+  void Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq);
+
+  // net::FrameHandler.
+  Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;
+  void HandleFrame(net::Connection& conn, const net::FrameHeader& h,
+                   std::span<const std::byte> payload) override;
+  void OnConnectionClosed(net::Connection& conn, const std::string& why) override;
+  void OnBytesSent(net::Connection& conn, size_t bytes) override;
+
+  // A connection of member `member` adopted with sequence < `before_seq` was
+  // lost: close this lane's older connections of that member and fail the
+  // tenant's pending updates.
+  void OnWorkerLost(uint32_t handle, uint32_t member, uint64_t before_seq,
+                    const std::string& why);
+  // Fails updates whose first contribution is older than the straggler timeout.
+  void CheckStragglers();
+  // Fatal `code` to every worker connection of the tenant (or all tenants).
+  void CloseTenant(LaneTenant& t, net::WireError code, const std::string& text);
+  void CloseAll(net::WireError code, const std::string& text);
+
+ private:
+  void AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_t seq, int retries_left);
+  // Non-fatal refusal: ERROR without closing; the payload is dropped.
+  Verdict Refuse(net::Connection& conn, net::WireError code, const std::string& text,
+                 uint64_t request_id);
+  // Fatal refusal: ERROR, then the connection closes.
+  Verdict Reject(net::Connection& conn, net::WireError code, const std::string& text,
+                 uint64_t request_id);
+  // AcceptHeader, by kind of frame.
+  Verdict CheckChunkFrame(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
+  Verdict CheckInit(net::Connection& conn, LaneTenant& t, const KeyInfo& k, Chunk& c,
+                    const net::FrameHeader& h);
+  Verdict CheckPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
+                    aggregation::ChunkState& stage, const net::FrameHeader& h);
+
+  // One per opcode (AcceptHeader has vetted the header).
+  void OnPush(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+              std::span<const std::byte> payload);
+  void OnInit(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+              std::span<const std::byte> payload);
+  void OnPull(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
+  void OnDeclare(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+                 std::span<const std::byte> payload);
+  void OnSetOptimizer(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+                      std::span<const std::byte> payload);
+  void OnHeartbeat(net::Connection& conn, const net::FrameHeader& h);
+
+  std::string WelcomePayload(const LaneTenant& t);
+
+  const DataConfig config_;
+  ChunkTable* table_;
+  Registry* registry_;
+  LaneHost* host_;
+  LaneGate* gate_;
+  RackExchange* exchange_;
+};
+
+}  // namespace rackhub::server
