@@ -1,61 +1,39 @@
 #include "args.h"
 
-#include <cctype>
+#include <fmt/format.h>
+
 #include <charconv>
 #include <cmath>
 #include <limits>
 
+#include "rackhub/common/size.h"
+#include "rackhub/net/endpoint.h"
+
 namespace rackhub::cli {
 namespace {
 
-struct OptionSpec {
-  const char* name;
-  bool takes_value;
-};
-
-// Every option rackhubctl understands. Which command accepts which option is
-// checked later by the command table (commands.cc).
-constexpr OptionSpec kOptions[] = {
-    // Global options.
-    {"admin", true},
-    {"token-file", true},
-    {"tls-ca", true},
-    {"tls-cert", true},
-    {"tls-key", true},
-    {"tls-server-name", true},
-    {"json", false},
-    {"timeout", true},
-    // Tenant options.
-    {"workers", true},
-    {"chunk-bytes", true},
-    {"tenant-token-file", true},
-    {"max-param-bytes", true},
-    {"max-keys", true},
-    {"max-workers", true},
-    // Key options.
-    {"elements", true},
-    {"dtype", true},
-    {"init", true},
-    // Optimizer options.
-    {"optimizer", true},
-    {"lr", true},
-    {"momentum", true},
-    {"weight-decay", true},
-    {"beta1", true},
-    {"beta2", true},
-    {"epsilon", true},
-    {"initial-accumulator", true},
-    {"reduction", true},
-};
-
-const OptionSpec* FindOption(std::string_view name) {
-  for (const auto& spec : kOptions) {
-    if (name == spec.name) return &spec;
-  }
-  return nullptr;
+// A CLI11 validator over `parse`: an error Result becomes the validation
+// message; `rewrite` replaces the value by the parsed one as text (it only
+// takes effect through Option::transform, not Option::check).
+template <typename T>
+CLI::Validator MakeValidator(Result<T> (*parse)(std::string_view), bool rewrite) {
+  return CLI::Validator(
+      [parse, rewrite](std::string& text) -> std::string {
+        Result<T> value = parse(text);
+        if (!value.ok()) return value.status().message();
+        if (rewrite) text = fmt::format("{}", *value);
+        return "";
+      },
+      "");
 }
 
-std::string Quote(std::string_view text) { return "'" + std::string(text) + "'"; }
+void AddResults(const CLI::App& app, CommandLine* cl) {
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->count() == 0 || opt == app.get_help_ptr() || opt->get_lnames().empty()) continue;
+    const auto& results = opt->results();
+    cl->options[opt->get_lnames().front()] = results.empty() ? "" : results.back();
+  }
+}
 
 }  // namespace
 
@@ -65,152 +43,110 @@ std::optional<std::string> CommandLine::Get(const std::string& name) const {
   return it->second;
 }
 
-bool IsKnownOption(std::string_view name) { return FindOption(name) != nullptr; }
-
-CommandLine Tokenize(int argc, const char* const* argv) {
+CommandLine CollectCommandLine(const CLI::App& app) {
   CommandLine cl;
-  bool options_done = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (options_done || arg.size() < 2 || arg[0] != '-') {
-      // Plain word (a lone "-" is a word too).
-      cl.words.emplace_back(arg);
-      continue;
-    }
-    if (arg == "--") {
-      options_done = true;
-      continue;
-    }
-    if (arg == "-h" || arg == "--help") {
-      cl.help = true;
-      continue;
-    }
-    if (arg == "--version") {
-      cl.version = true;
-      continue;
-    }
-    if (arg.substr(0, 2) != "--") {
-      throw UsageError("unknown option " + Quote(arg));
-    }
-    std::string_view name = arg.substr(2);
-    std::optional<std::string_view> inline_value;
-    if (const auto eq = name.find('='); eq != std::string_view::npos) {
-      inline_value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    const OptionSpec* spec = FindOption(name);
-    if (spec == nullptr) throw UsageError("unknown option --" + std::string(name));
-    if (cl.options.count(std::string(name)) != 0) {
-      throw UsageError("option --" + std::string(name) + " given more than once");
-    }
-    std::string value;
-    if (spec->takes_value) {
-      if (inline_value) {
-        value = std::string(*inline_value);
-      } else if (i + 1 < argc) {
-        value = argv[++i];
-      } else {
-        throw UsageError("option --" + std::string(name) + " needs a value");
-      }
-    } else if (inline_value) {
-      throw UsageError("option --" + std::string(name) + " takes no value");
-    }
-    cl.options.emplace(std::string(name), std::move(value));
+  AddResults(app, &cl);
+  for (const CLI::App* sub = &app; !sub->get_subcommands().empty();) {
+    sub = sub->get_subcommands().front();
+    cl.words.push_back(sub->get_name());
+    AddResults(*sub, &cl);
   }
   return cl;
 }
 
-uint64_t ParseU64(std::string_view option, std::string_view text) {
+Result<uint64_t> ParseU64(std::string_view text) {
   uint64_t value = 0;
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec == std::errc::invalid_argument || ptr != end) {
-    throw UsageError("--" + std::string(option) + ": " + Quote(text) +
-                     " is not a non-negative integer");
+    return InvalidArgument(fmt::format("'{}' is not a non-negative integer", text));
   }
   if (ec == std::errc::result_out_of_range) {
-    throw UsageError("--" + std::string(option) + ": " + Quote(text) + " is too large");
+    return InvalidArgument(fmt::format("'{}' is too large", text));
   }
   return value;
 }
 
-uint32_t ParseU32(std::string_view option, std::string_view text) {
-  const uint64_t value = ParseU64(option, text);
-  if (value > std::numeric_limits<uint32_t>::max()) {
-    throw UsageError("--" + std::string(option) + ": " + Quote(text) +
-                     " is too large (at most 4294967295)");
+Result<uint32_t> ParseU32(std::string_view text) {
+  const Result<uint64_t> value = ParseU64(text);
+  if (!value.ok()) return value.status();
+  if (*value > std::numeric_limits<uint32_t>::max()) {
+    return InvalidArgument(fmt::format("'{}' is too large (at most 4294967295)", text));
   }
-  return static_cast<uint32_t>(value);
+  return static_cast<uint32_t>(*value);
 }
 
-double ParseDouble(std::string_view option, std::string_view text) {
+Result<double> ParseDouble(std::string_view text) {
   double value = 0;
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value)) {
-    throw UsageError("--" + std::string(option) + ": " + Quote(text) + " is not a number");
+    return InvalidArgument(fmt::format("'{}' is not a number", text));
   }
   return value;
 }
 
-uint64_t ParseSize(std::string_view option, std::string_view text) {
-  size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) {
-    ++digits;
+Result<double> ParseSeconds(std::string_view text) {
+  const Result<double> value = ParseDouble(text);
+  if (!value.ok() || *value <= 0 || *value > 86400.0 * 365) {
+    return InvalidArgument(fmt::format("'{}' is not a positive number of seconds", text));
   }
-  std::string suffix;
-  for (char c : text.substr(digits)) {
-    suffix += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  }
-  int shift = -1;
-  if (suffix.empty() || suffix == "b") {
-    shift = 0;
-  } else {
-    const char unit = suffix[0];
-    const std::string_view rest = std::string_view(suffix).substr(1);
-    const int exponent = unit == 'k' ? 1 : unit == 'm' ? 2 : unit == 'g' ? 3 : unit == 't' ? 4 : 0;
-    if (exponent != 0 && (rest.empty() || rest == "b" || rest == "ib")) shift = 10 * exponent;
-  }
-  if (digits == 0 || shift < 0) {
-    throw UsageError("--" + std::string(option) + ": " + Quote(text) +
-                     " is not a size (use bytes, or a number with K, KiB, M, MiB, G, GiB, T or "
-                     "TiB, e.g. 32KiB)");
-  }
-  uint64_t value = 0;
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + digits, value);
-  (void)ptr;
-  if (ec != std::errc() || (shift > 0 && value > (std::numeric_limits<uint64_t>::max() >> shift))) {
-    throw UsageError("--" + std::string(option) + ": " + Quote(text) + " is too large");
-  }
-  return value << shift;
+  return value;
 }
 
-uint32_t ParseSize32(std::string_view option, std::string_view text) {
-  const uint64_t value = ParseSize(option, text);
-  if (value > std::numeric_limits<uint32_t>::max()) {
-    throw UsageError("--" + std::string(option) + ": " + Quote(text) +
-                     " is too large (at most 4294967295 bytes)");
+Result<uint32_t> ParseSize32(std::string_view text) {
+  const Result<uint64_t> value = ParseSize(text);
+  if (!value.ok()) return value.status();
+  if (*value > std::numeric_limits<uint32_t>::max()) {
+    return InvalidArgument(fmt::format("'{}' is too large (at most 4294967295 bytes)", text));
   }
-  return static_cast<uint32_t>(value);
+  return static_cast<uint32_t>(*value);
 }
 
 double ParseSeconds(std::string_view option, std::string_view text) {
-  const double value = ParseDouble(option, text);
-  if (value <= 0 || value > 86400.0 * 365) {
-    throw UsageError("--" + std::string(option) + ": " + Quote(text) +
-                     " is not a positive number of seconds");
+  const Result<double> value = ParseSeconds(text);
+  if (!value.ok()) {
+    throw UsageError(value.status().WithContext(fmt::format("--{}", option)).message());
   }
-  return value;
+  return *value;
 }
 
-void ThrowBadChoice(std::string_view option, std::string_view text,
-                    const std::vector<std::string>& names) {
+CLI::Validator U64Validator() { return MakeValidator<uint64_t>(&ParseU64, false); }
+CLI::Validator U32Validator() { return MakeValidator<uint32_t>(&ParseU32, false); }
+CLI::Validator DecimalValidator() { return MakeValidator<double>(&ParseDouble, false); }
+CLI::Validator SecondsValidator() { return MakeValidator<double>(&ParseSeconds, false); }
+CLI::Validator SizeValidator() { return MakeValidator<uint64_t>(&ParseSize, true); }
+CLI::Validator Size32Validator() { return MakeValidator<uint32_t>(&ParseSize32, true); }
+
+CLI::Validator EndpointValidator() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const Result<net::Endpoint> endpoint = net::ParseEndpoint(text);
+        if (!endpoint.ok()) return endpoint.status().message();
+        if (endpoint->port == 0) return "port 0 is not a daemon's address";
+        return "";
+      },
+      "");
+}
+
+CLI::Validator OneOfValidator(std::vector<std::string> names) {
+  return CLI::Validator(
+      [names](std::string& text) -> std::string {
+        for (const auto& name : names) {
+          if (name == text) return "";
+        }
+        return fmt::format("'{}' is not one of {}", text, JoinChoices(names));
+      },
+      "");
+}
+
+std::string JoinChoices(const std::vector<std::string>& names) {
   std::string list;
   for (size_t i = 0; i < names.size(); ++i) {
     if (i != 0) list += i + 1 == names.size() ? " or " : ", ";
     list += names[i];
   }
-  throw UsageError("--" + std::string(option) + ": " + Quote(text) + " is not one of " + list);
+  return list;
 }
 
 }  // namespace rackhub::cli

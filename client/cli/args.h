@@ -1,9 +1,12 @@
-// rackhubctl command-line parsing: splitting argv into command words and
-// options, and strict parsing of option values (integers, decimals, SIZEs,
-// enum names).
+// rackhubctl command-line values: strict parsers of option values (integers,
+// decimals, seconds, SIZEs, names from a list, HOST:PORT), the same parsers
+// as CLI11 validators, and CommandLine, the options a parsed command line
+// gave, as text.
 //
-// Every problem is reported by throwing UsageError; main() prints it as one
-// line with a hint to use --help and exits 2. No I/O here.
+// The command tree itself (commands, positional arguments, which option
+// applies where) is CLI11's: commands.h. Every mistake on the command line is
+// a usage error: main() prints it as one line with a hint to use --help and
+// exits 2. No I/O here; plain functions and values, used on the main thread.
 #pragma once
 
 #include <cstdint>
@@ -12,72 +15,82 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "rackhub/common/status.h"
 
 namespace rackhub::cli {
 
 // A mistake in the command line (unknown command or option, missing or
-// malformed value). The message names the problem, without a "rackhubctl:"
-// prefix and without the --help hint.
+// malformed value) found after CLI11's parse. The message names the problem,
+// without a "rackhubctl:" prefix and without the --help hint.
 class UsageError : public std::runtime_error {
  public:
   explicit UsageError(const std::string& message) : std::runtime_error(message) {}
 };
 
-// argv split into positional words and options. Options may appear anywhere
-// (before, between or after the command words); `--name VALUE` and
-// `--name=VALUE` are both accepted; `--` ends option parsing.
+// The options a command line gave (the global ones and the selected
+// command's), by name without "--", as text after CLI11's validation and
+// transforms ("" for switches; sizes as a byte count).
 struct CommandLine {
-  std::vector<std::string> words;
-  std::map<std::string, std::string> options;  // name without "--" -> value ("" for switches)
-  bool help = false;                           // --help / -h seen
-  bool version = false;                        // --version seen
+  std::vector<std::string> words;              // the command, e.g. {"tenant", "create"}
+  std::map<std::string, std::string> options;  // name without "--" -> value
 
   bool Has(const std::string& name) const { return options.count(name) != 0; }
   // The value of `name`, or nullopt when it was not given.
   std::optional<std::string> Get(const std::string& name) const;
 };
 
-// Splits argv[1..argc). Throws UsageError for an unknown option, an option
-// given twice, a missing value or a value given to a switch.
-CommandLine Tokenize(int argc, const char* const* argv);
+// Collects what `app` (the parsed root app) and its selected subcommands gave.
+CommandLine CollectCommandLine(const CLI::App& app);
 
-// Whether `name` (without "--") is an option rackhubctl knows.
-bool IsKnownOption(std::string_view name);
-
-// Value parsers. `option` is the option name without "--", used in messages.
-uint64_t ParseU64(std::string_view option, std::string_view text);
-uint32_t ParseU32(std::string_view option, std::string_view text);
+// Value parsers. Errors are INVALID_ARGUMENT with a message that starts with
+// the quoted text; callers put the option in front ("--workers: 'many' is
+// not a non-negative integer").
+Result<uint64_t> ParseU64(std::string_view text);
+Result<uint32_t> ParseU32(std::string_view text);
 // A finite decimal number (e.g. 0.01, 1e-3).
-double ParseDouble(std::string_view option, std::string_view text);
-// Bytes: a plain integer or an integer with a binary suffix K/KiB, M/MiB,
-// G/GiB, T/TiB (case-insensitive, an optional trailing "B" on the bare letter
-// forms, e.g. "32K", "32KiB", "32kb").
-uint64_t ParseSize(std::string_view option, std::string_view text);
-// A size that must fit in 32 bits.
-uint32_t ParseSize32(std::string_view option, std::string_view text);
-// A per-call deadline in seconds: a positive finite decimal.
+Result<double> ParseDouble(std::string_view text);
+// A per-call deadline in seconds: a positive finite decimal, at most a year.
+Result<double> ParseSeconds(std::string_view text);
+// Bytes (rackhub/common/size.h syntax) that fit in 32 bits.
+Result<uint32_t> ParseSize32(std::string_view text);
+
+// Throwing form of ParseSeconds for ReadConnectionOptions (connection.cc):
+// UsageError "--<option>: ..." on a bad value.
 double ParseSeconds(std::string_view option, std::string_view text);
 
-// Looks `text` up in `choices` (exact, lowercase names); throws UsageError
-// listing the accepted names otherwise.
-template <typename T>
-T ParseChoice(std::string_view option, std::string_view text,
-              const std::vector<std::pair<std::string, T>>& choices);
+// CLI11 validators over the parsers above. CLI11 reports a failure as
+// "--option: <the parser's message>". The size validators also rewrite the
+// value to its byte count when added with Option::transform, so the option
+// can be bound to an integer.
+CLI::Validator U64Validator();
+CLI::Validator U32Validator();
+CLI::Validator DecimalValidator();
+CLI::Validator SecondsValidator();
+CLI::Validator SizeValidator();    // 64-bit byte count
+CLI::Validator Size32Validator();  // byte count that fits in 32 bits
+CLI::Validator EndpointValidator();  // HOST:PORT with a port other than 0
+// Exactly one of `names` (lowercase, as written on the command line).
+CLI::Validator OneOfValidator(std::vector<std::string> names);
 
-// Out-of-line helper for ParseChoice's error message.
-[[noreturn]] void ThrowBadChoice(std::string_view option, std::string_view text,
-                                 const std::vector<std::string>& names);
+// "a, b or c".
+std::string JoinChoices(const std::vector<std::string>& names);
 
+// Looks `text` up in `choices`: INVALID_ARGUMENT "'x' is not one of ..."
+// when absent. After OneOfValidator over the same names, *Choice(...) cannot
+// fail (and would abort on a bug).
 template <typename T>
-T ParseChoice(std::string_view option, std::string_view text,
-              const std::vector<std::pair<std::string, T>>& choices) {
+Result<T> Choice(const std::string& text, const std::vector<std::pair<std::string, T>>& choices) {
   std::vector<std::string> names;
   for (const auto& [name, value] : choices) {
     if (name == text) return value;
     names.push_back(name);
   }
-  ThrowBadChoice(option, text, names);
+  return InvalidArgument("'" + text + "' is not one of " + JoinChoices(names));
 }
 
 }  // namespace rackhub::cli

@@ -1,22 +1,54 @@
 #include "commands.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <memory>
+#include <utility>
 
 #include "format.h"
+#include "help.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 
 namespace rackhub::cli {
 namespace {
 
+using Handler = std::function<int(const Invocation&)>;
+
+const std::vector<std::pair<std::string, admin::OptimizerType>> kOptimizerTypes = {
+    {"sgd", admin::SGD},   {"momentum", admin::MOMENTUM}, {"nesterov", admin::NESTEROV},
+    {"adam", admin::ADAM}, {"adamw", admin::ADAMW},       {"adagrad", admin::ADAGRAD},
+    {"sum-only", admin::SUM_ONLY}};
+const std::vector<std::pair<std::string, admin::GradientReduction>> kReductions = {
+    {"mean", admin::MEAN}, {"sum", admin::SUM}};
+const std::vector<std::pair<std::string, admin::DType>> kDTypes = {
+    {"fp32", admin::FP32}, {"fp16", admin::FP16}, {"bf16", admin::BF16}};
+const std::vector<std::pair<std::string, admin::InitMode>> kInitModes = {
+    {"zeros", admin::ZEROS}, {"client", admin::FROM_CLIENT}};
+
 const std::vector<std::string> kOptimizerOptions = {
-    "optimizer", "lr",      "momentum", "weight-decay",       "beta1",
-    "beta2",     "epsilon", "initial-accumulator", "reduction"};
+    "--optimizer", "--lr",      "--momentum",            "--weight-decay", "--beta1",
+    "--beta2",     "--epsilon", "--initial-accumulator", "--reduction"};
+const std::vector<std::string> kQuotaOptions = {"--max-param-bytes", "--max-keys",
+                                                "--max-workers"};
 
-const std::vector<std::string> kQuotaOptions = {"max-param-bytes", "max-keys", "max-workers"};
+constexpr const char* kOptimizerGroup = "Optimizer options";
+constexpr const char* kQuotaGroup = "Quota options";
 
-std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
+template <typename T>
+std::vector<std::string> Names(const std::vector<std::pair<std::string, T>>& choices) {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : choices) names.push_back(name);
+  return names;
+}
+
+bool Given(const CLI::App& command, const std::string& option) {
+  return command.count(option) > 0;
+}
+
+bool AnyGiven(const CLI::App& command, const std::vector<std::string>& options) {
+  return std::any_of(options.begin(), options.end(),
+                     [&command](const std::string& o) { return Given(command, o); });
 }
 
 // Emits `message` as JSON or through `human`.
@@ -30,151 +62,261 @@ int Emit(const Invocation& inv, const Message& message, Human human) {
   return kExitOk;
 }
 
-// ---- Option values -------------------------------------------------------
-
-bool AnyOptimizerOption(const CommandLine& cl) {
-  return std::any_of(kOptimizerOptions.begin(), kOptimizerOptions.end(),
-                     [&cl](const std::string& name) { return cl.Has(name); });
+// A command under `parent`: `summary` (one line) is listed in the parent's
+// help; `details` (may be empty) opens the command's own help footer.
+CLI::App* AddCommand(CLI::App* parent, const std::string& name, const std::string& summary,
+                     const std::string& details = "") {
+  CLI::App* command = parent->add_subcommand(name, summary);
+  command->footer(details.empty() ? std::string(kCommandFooter)
+                                  : details + "\n\n" + kCommandFooter);
+  return command;
 }
 
-admin::OptimizerType ParseOptimizerType(const std::string& text) {
-  return ParseChoice<admin::OptimizerType>("optimizer", text,
-                                           {{"sgd", admin::SGD},
-                                            {"momentum", admin::MOMENTUM},
-                                            {"nesterov", admin::NESTEROV},
-                                            {"adam", admin::ADAM},
-                                            {"adamw", admin::ADAMW},
-                                            {"adagrad", admin::ADAGRAD},
-                                            {"sum-only", admin::SUM_ONLY}});
+// A required positional argument, shown as NAME (not "NAME TEXT").
+CLI::Option* AddArgument(CLI::App* command, const std::string& name, std::string* value,
+                         const std::string& what) {
+  return command->add_option(name, *value, what)->type_name("")->required();
 }
 
-// Overlays the optimizer options of `cl` on `base`.
-admin::Optimizer ApplyOptimizerOptions(const CommandLine& cl, admin::Optimizer base) {
-  if (auto v = cl.Get("optimizer")) base.set_type(ParseOptimizerType(*v));
-  if (auto v = cl.Get("lr")) base.set_learning_rate(ParseDouble("lr", *v));
-  if (auto v = cl.Get("momentum")) base.set_momentum(ParseDouble("momentum", *v));
-  if (auto v = cl.Get("weight-decay")) base.set_weight_decay(ParseDouble("weight-decay", *v));
-  if (auto v = cl.Get("beta1")) base.set_beta1(ParseDouble("beta1", *v));
-  if (auto v = cl.Get("beta2")) base.set_beta2(ParseDouble("beta2", *v));
-  if (auto v = cl.Get("epsilon")) base.set_epsilon(ParseDouble("epsilon", *v));
-  if (auto v = cl.Get("initial-accumulator")) {
-    base.set_initial_accumulator(ParseDouble("initial-accumulator", *v));
+// ---- Option groups shared by several commands -----------------------------
+
+struct OptimizerArgs {
+  std::string type, reduction;
+  double lr = 0, momentum = 0, weight_decay = 0, beta1 = 0, beta2 = 0, epsilon = 0,
+         initial_accumulator = 0;
+};
+
+// `create`: the optimizer is given in full, so hyperparameters without a type
+// (which would be ambiguous) are refused while parsing.
+void AddOptimizerOptions(CLI::App* command, OptimizerArgs* a, bool create) {
+  command
+      ->add_option("--optimizer", a->type,
+                   "sgd, momentum, nesterov, adam, adamw, adagrad or sum-only")
+      ->type_name("TYPE")
+      ->check(OneOfValidator(Names(kOptimizerTypes)))
+      ->group(kOptimizerGroup);
+  const auto decimal = [&](const char* name, double* value, const char* what) {
+    command->add_option(name, *value, what)
+        ->type_name("X")
+        ->check(DecimalValidator())
+        ->group(kOptimizerGroup);
+  };
+  decimal("--lr", &a->lr, "learning rate (> 0; unused by sum-only)");
+  decimal("--momentum", &a->momentum, "momentum, nesterov: in (0, 1)");
+  decimal("--weight-decay", &a->weight_decay, ">= 0 (adamw: decoupled)");
+  decimal("--beta1", &a->beta1, "adam, adamw: in [0, 1) (default 0.9)");
+  decimal("--beta2", &a->beta2, "adam, adamw: in [0, 1) (default 0.999)");
+  decimal("--epsilon", &a->epsilon, "adam, adamw, adagrad (default 1e-8; adagrad 1e-10)");
+  decimal("--initial-accumulator", &a->initial_accumulator, "adagrad: >= 0");
+  command
+      ->add_option("--reduction", a->reduction,
+                   "how the workers' gradients are combined (default mean)")
+      ->type_name("mean|sum")
+      ->check(OneOfValidator(Names(kReductions)))
+      ->group(kOptimizerGroup);
+  if (create) {
+    command->callback([command] {
+      if (Given(*command, "--optimizer")) return;
+      for (const auto& name : kOptimizerOptions) {
+        if (Given(*command, name)) {
+          throw CLI::ValidationError(name, "needs --optimizer TYPE (on create the optimizer is "
+                                           "given in full)");
+        }
+      }
+    });
   }
-  if (auto v = cl.Get("reduction")) {
-    base.set_reduction(ParseChoice<admin::GradientReduction>(
-        "reduction", *v, {{"mean", admin::MEAN}, {"sum", admin::SUM}}));
-  }
+}
+
+// Overlays the optimizer options given to `command` on `base`.
+admin::Optimizer ApplyOptimizerOptions(const CLI::App& command, const OptimizerArgs& a,
+                                       admin::Optimizer base) {
+  if (Given(command, "--optimizer")) base.set_type(*Choice(a.type, kOptimizerTypes));
+  if (Given(command, "--lr")) base.set_learning_rate(a.lr);
+  if (Given(command, "--momentum")) base.set_momentum(a.momentum);
+  if (Given(command, "--weight-decay")) base.set_weight_decay(a.weight_decay);
+  if (Given(command, "--beta1")) base.set_beta1(a.beta1);
+  if (Given(command, "--beta2")) base.set_beta2(a.beta2);
+  if (Given(command, "--epsilon")) base.set_epsilon(a.epsilon);
+  if (Given(command, "--initial-accumulator")) base.set_initial_accumulator(a.initial_accumulator);
+  if (Given(command, "--reduction")) base.set_reduction(*Choice(a.reduction, kReductions));
   return base;
 }
 
-// On create the optimizer is given in full: hyperparameters without a type
-// would be ambiguous.
-void RequireOptimizerType(const CommandLine& cl, const std::string& command) {
-  if (!AnyOptimizerOption(cl) || cl.Has("optimizer")) return;
-  for (const auto& name : kOptimizerOptions) {
-    if (cl.Has(name)) {
-      throw UsageError(command + ": --" + name + " needs --optimizer TYPE");
-    }
-  }
+struct QuotaArgs {
+  uint64_t max_param_bytes = 0;
+  uint32_t max_keys = 0, max_workers = 0;
+};
+
+void AddQuotaOptions(CLI::App* command, QuotaArgs* q) {
+  command->add_option("--max-param-bytes", q->max_param_bytes, "parameter bytes of all keys")
+      ->type_name("SIZE")
+      ->transform(SizeValidator())
+      ->group(kQuotaGroup);
+  command->add_option("--max-keys", q->max_keys, "number of keys")
+      ->type_name("N")
+      ->check(U32Validator())
+      ->group(kQuotaGroup);
+  command->add_option("--max-workers", q->max_workers, "workers per rack")
+      ->type_name("N")
+      ->check(U32Validator())
+      ->group(kQuotaGroup);
 }
 
-admin::Quotas ParseQuotas(const CommandLine& cl) {
-  admin::Quotas q;
-  if (auto v = cl.Get("max-param-bytes")) q.set_max_parameter_bytes(ParseSize("max-param-bytes", *v));
-  if (auto v = cl.Get("max-keys")) q.set_max_keys(ParseU32("max-keys", *v));
-  if (auto v = cl.Get("max-workers")) q.set_max_workers(ParseU32("max-workers", *v));
-  return q;
+admin::Quotas ToQuotas(const CLI::App& command, const QuotaArgs& q) {
+  admin::Quotas out;
+  if (Given(command, "--max-param-bytes")) out.set_max_parameter_bytes(q.max_param_bytes);
+  if (Given(command, "--max-keys")) out.set_max_keys(q.max_keys);
+  if (Given(command, "--max-workers")) out.set_max_workers(q.max_workers);
+  return out;
 }
 
 // ---- Tenant commands -----------------------------------------------------
 
-int TenantCreate(const Invocation& inv) {
-  admin::CreateTenantRequest request;
-  request.set_name(inv.args[0]);
-  request.set_workers_per_rack(ParseU32("workers", *inv.cl.Get("workers")));
-  if (auto v = inv.cl.Get("chunk-bytes")) request.set_chunk_bytes(ParseSize32("chunk-bytes", *v));
-  RequireOptimizerType(inv.cl, "tenant create");
-  if (AnyOptimizerOption(inv.cl)) {
-    *request.mutable_default_optimizer() = ApplyOptimizerOptions(inv.cl, {});
+void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* handlers) {
+  {
+    struct Args {
+      std::string name, token_file;
+      uint32_t workers = 0, chunk_bytes = 0;
+      OptimizerArgs optimizer;
+      QuotaArgs quotas;
+    };
+    auto a = std::make_shared<Args>();
+    CLI::App* c = AddCommand(
+        tenant, "create", "create a tenant; prints its data-plane token (shown only this once)",
+        "Creates a tenant with N workers per rack and prints the tenant and its data-plane\n"
+        "token: the token is shown only this once. Without optimizer options the default\n"
+        "optimizer is sgd --lr 0.01; quotas left out (or 0) use the daemon's defaults.");
+    AddArgument(c, "NAME", &a->name, "tenant name (1-63 of a-z 0-9 _ -)");
+    c->add_option("--workers", a->workers, "workers per rack")
+        ->type_name("N")
+        ->check(U32Validator())
+        ->required();
+    c->add_option("--chunk-bytes", a->chunk_bytes,
+                  "chunk size, a multiple of 64 in [1KiB, 64MiB] (default 32KiB)")
+        ->type_name("SIZE")
+        ->transform(Size32Validator());
+    c->add_option("--tenant-token-file", a->token_file,
+                  "use the token in FILE (32-128 of A-Z a-z 0-9 _ -) instead of minting one:\n"
+                  "the same tenant on every rack's hub shares one token")
+        ->type_name("FILE");
+    AddOptimizerOptions(c, &a->optimizer, /*create=*/true);
+    AddQuotaOptions(c, &a->quotas);
+    (*handlers)[c] = [a](const Invocation& inv) {
+      admin::CreateTenantRequest request;
+      request.set_name(a->name);
+      request.set_workers_per_rack(a->workers);
+      if (Given(inv.command, "--chunk-bytes")) request.set_chunk_bytes(a->chunk_bytes);
+      if (AnyGiven(inv.command, kOptimizerOptions)) {
+        *request.mutable_default_optimizer() = ApplyOptimizerOptions(inv.command, a->optimizer, {});
+      }
+      *request.mutable_quotas() = ToQuotas(inv.command, a->quotas);
+      if (Given(inv.command, "--tenant-token-file")) {
+        request.set_token(Trim(ReadLocalFile("tenant-token-file", a->token_file)));
+      }
+      auto stub = admin::TenantService::NewStub(inv.connection.channel());
+      grpc::ClientContext context;
+      inv.connection.Prepare(&context);
+      admin::CreateTenantResponse response;
+      Check(stub->CreateTenant(&context, request, &response), inv.connection);
+      return Emit(inv, response, [&] {
+        inv.out << "created tenant '" << response.tenant().name() << "'\n";
+        PrintTenant(inv.out, response.tenant());
+        inv.out << "\ndata-plane token: " << response.token() << "\n"
+                << "This token is shown only once (the daemon keeps only a hash of it): store it "
+                   "now.\n";
+      });
+    };
   }
-  *request.mutable_quotas() = ParseQuotas(inv.cl);
-  if (auto path = inv.cl.Get("tenant-token-file")) {
-    // The same tenant on every rack's hub shares one data-plane token.
-    request.set_token(Trim(ReadLocalFile("tenant-token-file", *path)));
+  {
+    auto name = std::make_shared<std::string>();
+    CLI::App* c = AddCommand(tenant, "get", "show one tenant");
+    AddArgument(c, "NAME", name.get(), "tenant name");
+    (*handlers)[c] = [name](const Invocation& inv) {
+      admin::GetTenantRequest request;
+      request.set_name(*name);
+      auto stub = admin::TenantService::NewStub(inv.connection.channel());
+      grpc::ClientContext context;
+      inv.connection.Prepare(&context);
+      admin::Tenant response;
+      Check(stub->GetTenant(&context, request, &response), inv.connection);
+      return Emit(inv, response, [&] { PrintTenant(inv.out, response); });
+    };
   }
-
-  auto stub = admin::TenantService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::CreateTenantResponse response;
-  Check(stub->CreateTenant(&context, request, &response), inv.connection);
-  return Emit(inv, response, [&] {
-    inv.out << "created tenant '" << response.tenant().name() << "'\n";
-    PrintTenant(inv.out, response.tenant());
-    inv.out << "\ndata-plane token: " << response.token() << "\n"
-            << "This token is shown only once (the daemon keeps only a hash of it): store it now.\n";
-  });
-}
-
-int TenantGet(const Invocation& inv) {
-  admin::GetTenantRequest request;
-  request.set_name(inv.args[0]);
-  auto stub = admin::TenantService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::Tenant response;
-  Check(stub->GetTenant(&context, request, &response), inv.connection);
-  return Emit(inv, response, [&] { PrintTenant(inv.out, response); });
-}
-
-int TenantList(const Invocation& inv) {
-  auto stub = admin::TenantService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::ListTenantsResponse response;
-  Check(stub->ListTenants(&context, admin::ListTenantsRequest(), &response), inv.connection);
-  return Emit(inv, response, [&] { PrintTenantList(inv.out, response); });
-}
-
-int TenantUpdateQuotas(const Invocation& inv) {
-  admin::UpdateQuotasRequest request;
-  request.set_name(inv.args[0]);
-  if (std::none_of(kQuotaOptions.begin(), kQuotaOptions.end(),
-                   [&](const std::string& name) { return inv.cl.Has(name); })) {
-    throw UsageError(
-        "tenant update-quotas: give at least one of --max-param-bytes, --max-keys, "
-        "--max-workers");
+  {
+    CLI::App* c = AddCommand(tenant, "list", "list all tenants");
+    (*handlers)[c] = [](const Invocation& inv) {
+      auto stub = admin::TenantService::NewStub(inv.connection.channel());
+      grpc::ClientContext context;
+      inv.connection.Prepare(&context);
+      admin::ListTenantsResponse response;
+      Check(stub->ListTenants(&context, admin::ListTenantsRequest(), &response), inv.connection);
+      return Emit(inv, response, [&] { PrintTenantList(inv.out, response); });
+    };
   }
-  *request.mutable_quotas() = ParseQuotas(inv.cl);
-  auto stub = admin::TenantService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::Tenant response;
-  Check(stub->UpdateQuotas(&context, request, &response), inv.connection);
-  return Emit(inv, response, [&] {
-    inv.out << "updated the quotas of tenant '" << response.name() << "'\n";
-    PrintTenant(inv.out, response);
-  });
-}
-
-int TenantDelete(const Invocation& inv) {
-  admin::DeleteTenantRequest request;
-  request.set_name(inv.args[0]);
-  auto stub = admin::TenantService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::DeleteTenantResponse response;
-  Check(stub->DeleteTenant(&context, request, &response), inv.connection);
-  return Emit(inv, response,
-              [&] { inv.out << "deleted tenant '" << request.name() << "'\n"; });
+  {
+    struct Args {
+      std::string name;
+      QuotaArgs quotas;
+    };
+    auto a = std::make_shared<Args>();
+    CLI::App* c = AddCommand(tenant, "update-quotas",
+                             "change quotas; the ones not given keep their current value");
+    AddArgument(c, "NAME", &a->name, "tenant name");
+    AddQuotaOptions(c, &a->quotas);
+    c->callback([c] {
+      if (!AnyGiven(*c, kQuotaOptions)) {
+        throw CLI::ValidationError(
+            "give at least one of --max-param-bytes, --max-keys, --max-workers");
+      }
+    });
+    (*handlers)[c] = [a](const Invocation& inv) {
+      admin::UpdateQuotasRequest request;
+      request.set_name(a->name);
+      *request.mutable_quotas() = ToQuotas(inv.command, a->quotas);
+      auto stub = admin::TenantService::NewStub(inv.connection.channel());
+      grpc::ClientContext context;
+      inv.connection.Prepare(&context);
+      admin::Tenant response;
+      Check(stub->UpdateQuotas(&context, request, &response), inv.connection);
+      return Emit(inv, response, [&] {
+        inv.out << "updated the quotas of tenant '" << response.name() << "'\n";
+        PrintTenant(inv.out, response);
+      });
+    };
+  }
+  {
+    auto name = std::make_shared<std::string>();
+    CLI::App* c = AddCommand(tenant, "delete", "delete a tenant and all its keys");
+    AddArgument(c, "NAME", name.get(), "tenant name");
+    (*handlers)[c] = [name](const Invocation& inv) {
+      admin::DeleteTenantRequest request;
+      request.set_name(*name);
+      auto stub = admin::TenantService::NewStub(inv.connection.channel());
+      grpc::ClientContext context;
+      inv.connection.Prepare(&context);
+      admin::DeleteTenantResponse response;
+      Check(stub->DeleteTenant(&context, request, &response), inv.connection);
+      return Emit(inv, response,
+                  [&] { inv.out << "deleted tenant '" << request.name() << "'\n"; });
+    };
+  }
 }
 
 // ---- Key commands --------------------------------------------------------
 
-admin::Key GetKey(const Invocation& inv, admin::KeyService::Stub* stub) {
+struct KeyRef {
+  std::string tenant, name;
+};
+
+void AddKeyRef(CLI::App* command, KeyRef* key) {
+  AddArgument(command, "TENANT", &key->tenant, "tenant name");
+  AddArgument(command, "NAME", &key->name, "key name");
+}
+
+admin::Key GetKey(const Invocation& inv, const KeyRef& key, admin::KeyService::Stub* stub) {
   admin::GetKeyRequest request;
-  request.set_tenant(inv.args[0]);
-  request.set_name(inv.args[1]);
+  request.set_tenant(key.tenant);
+  request.set_name(key.name);
   grpc::ClientContext context;
   inv.connection.Prepare(&context);
   admin::Key response;
@@ -182,188 +324,334 @@ admin::Key GetKey(const Invocation& inv, admin::KeyService::Stub* stub) {
   return response;
 }
 
-int KeyCreate(const Invocation& inv) {
-  admin::CreateKeyRequest request;
-  request.set_tenant(inv.args[0]);
-  request.set_name(inv.args[1]);
-  request.set_elements(ParseU64("elements", *inv.cl.Get("elements")));
-  if (auto v = inv.cl.Get("dtype")) {
-    request.set_dtype(ParseChoice<admin::DType>(
-        "dtype", *v, {{"fp32", admin::FP32}, {"fp16", admin::FP16}, {"bf16", admin::BF16}}));
+void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers) {
+  {
+    struct Args {
+      KeyRef key;
+      uint64_t elements = 0;
+      std::string dtype, init;
+      OptimizerArgs optimizer;
+    };
+    auto a = std::make_shared<Args>();
+    CLI::App* c = AddCommand(
+        key, "create", "create a key of N elements",
+        "--dtype is the wire type. --init zeros makes the key ready at once; --init client\n"
+        "waits for rank 0 to send the initial values. Without optimizer options the key\n"
+        "uses the tenant's default optimizer.");
+    AddKeyRef(c, &a->key);
+    c->add_option("--elements", a->elements, "number of elements")
+        ->type_name("N")
+        ->check(U64Validator())
+        ->required();
+    c->add_option("--dtype", a->dtype, "wire type (default fp32)")
+        ->type_name("fp32|fp16|bf16")
+        ->check(OneOfValidator(Names(kDTypes)));
+    c->add_option("--init", a->init, "initial values (default zeros)")
+        ->type_name("zeros|client")
+        ->check(OneOfValidator(Names(kInitModes)));
+    AddOptimizerOptions(c, &a->optimizer, /*create=*/true);
+    (*handlers)[c] = [a](const Invocation& inv) {
+      admin::CreateKeyRequest request;
+      request.set_tenant(a->key.tenant);
+      request.set_name(a->key.name);
+      request.set_elements(a->elements);
+      if (Given(inv.command, "--dtype")) request.set_dtype(*Choice(a->dtype, kDTypes));
+      if (Given(inv.command, "--init")) request.set_init(*Choice(a->init, kInitModes));
+      if (AnyGiven(inv.command, kOptimizerOptions)) {
+        *request.mutable_optimizer() = ApplyOptimizerOptions(inv.command, a->optimizer, {});
+      }
+      auto stub = admin::KeyService::NewStub(inv.connection.channel());
+      grpc::ClientContext context;
+      inv.connection.Prepare(&context);
+      admin::Key response;
+      Check(stub->CreateKey(&context, request, &response), inv.connection);
+      return Emit(inv, response, [&] {
+        inv.out << "created key '" << response.name() << "' in tenant '" << response.tenant()
+                << "'\n";
+        PrintKey(inv.out, response, /*chunks=*/true);
+      });
+    };
   }
-  if (auto v = inv.cl.Get("init")) {
-    request.set_init(ParseChoice<admin::InitMode>(
-        "init", *v, {{"zeros", admin::ZEROS}, {"client", admin::FROM_CLIENT}}));
+  {
+    auto k = std::make_shared<KeyRef>();
+    CLI::App* c = AddCommand(
+        key, "get", "show a key and its chunk layout (chunk, lane, first element, elements)");
+    AddKeyRef(c, k.get());
+    (*handlers)[c] = [k](const Invocation& inv) {
+      auto stub = admin::KeyService::NewStub(inv.connection.channel());
+      const admin::Key response = GetKey(inv, *k, stub.get());
+      return Emit(inv, response, [&] { PrintKey(inv.out, response, /*chunks=*/true); });
+    };
   }
-  RequireOptimizerType(inv.cl, "key create");
-  if (AnyOptimizerOption(inv.cl)) *request.mutable_optimizer() = ApplyOptimizerOptions(inv.cl, {});
-
-  auto stub = admin::KeyService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::Key response;
-  Check(stub->CreateKey(&context, request, &response), inv.connection);
-  return Emit(inv, response, [&] {
-    inv.out << "created key '" << response.name() << "' in tenant '" << response.tenant()
-            << "'\n";
-    PrintKey(inv.out, response, /*chunks=*/true);
-  });
-}
-
-int KeyGet(const Invocation& inv) {
-  auto stub = admin::KeyService::NewStub(inv.connection.channel());
-  const admin::Key key = GetKey(inv, stub.get());
-  return Emit(inv, key, [&] { PrintKey(inv.out, key, /*chunks=*/true); });
-}
-
-int KeyList(const Invocation& inv) {
-  admin::ListKeysRequest request;
-  request.set_tenant(inv.args[0]);
-  auto stub = admin::KeyService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::ListKeysResponse response;
-  Check(stub->ListKeys(&context, request, &response), inv.connection);
-  return Emit(inv, response, [&] { PrintKeyList(inv.out, request.tenant(), response); });
-}
-
-int KeyDelete(const Invocation& inv) {
-  admin::DeleteKeyRequest request;
-  request.set_tenant(inv.args[0]);
-  request.set_name(inv.args[1]);
-  auto stub = admin::KeyService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::DeleteKeyResponse response;
-  Check(stub->DeleteKey(&context, request, &response), inv.connection);
-  return Emit(inv, response, [&] {
-    inv.out << "deleted key '" << request.name() << "' from tenant '" << request.tenant()
-            << "'\n";
-  });
-}
-
-// Options not given keep the key's current values: the current optimizer is
-// read first and the given options are laid over it. When --optimizer names
-// another type nothing is carried over (the daemon decides whether the change
-// is allowed).
-int KeySetOptimizer(const Invocation& inv) {
-  if (!AnyOptimizerOption(inv.cl)) {
-    throw UsageError("key set-optimizer: give at least one optimizer option (e.g. --lr X)");
+  {
+    auto tenant = std::make_shared<std::string>();
+    CLI::App* c = AddCommand(key, "list", "list the keys of a tenant");
+    AddArgument(c, "TENANT", tenant.get(), "tenant name");
+    (*handlers)[c] = [tenant](const Invocation& inv) {
+      admin::ListKeysRequest request;
+      request.set_tenant(*tenant);
+      auto stub = admin::KeyService::NewStub(inv.connection.channel());
+      grpc::ClientContext context;
+      inv.connection.Prepare(&context);
+      admin::ListKeysResponse response;
+      Check(stub->ListKeys(&context, request, &response), inv.connection);
+      return Emit(inv, response, [&] { PrintKeyList(inv.out, request.tenant(), response); });
+    };
   }
-  // Parse everything before talking to the daemon.
-  const admin::Optimizer given = ApplyOptimizerOptions(inv.cl, {});
-  auto stub = admin::KeyService::NewStub(inv.connection.channel());
-  const admin::Key current = GetKey(inv, stub.get());
-  admin::Optimizer base = current.optimizer();
-  if (inv.cl.Has("optimizer") && given.type() != base.type()) base = admin::Optimizer();
-  admin::SetOptimizerRequest request;
-  request.set_tenant(inv.args[0]);
-  request.set_name(inv.args[1]);
-  *request.mutable_optimizer() = ApplyOptimizerOptions(inv.cl, base);
-
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::Key response;
-  Check(stub->SetOptimizer(&context, request, &response), inv.connection);
-  return Emit(inv, response, [&] {
-    inv.out << "updated the optimizer of key '" << response.name() << "' in tenant '"
-            << response.tenant() << "'\n";
-    PrintKey(inv.out, response, /*chunks=*/false);
-  });
+  {
+    auto k = std::make_shared<KeyRef>();
+    CLI::App* c = AddCommand(key, "delete", "delete a key");
+    AddKeyRef(c, k.get());
+    (*handlers)[c] = [k](const Invocation& inv) {
+      admin::DeleteKeyRequest request;
+      request.set_tenant(k->tenant);
+      request.set_name(k->name);
+      auto stub = admin::KeyService::NewStub(inv.connection.channel());
+      grpc::ClientContext context;
+      inv.connection.Prepare(&context);
+      admin::DeleteKeyResponse response;
+      Check(stub->DeleteKey(&context, request, &response), inv.connection);
+      return Emit(inv, response, [&] {
+        inv.out << "deleted key '" << request.name() << "' from tenant '" << request.tenant()
+                << "'\n";
+      });
+    };
+  }
+  {
+    struct Args {
+      KeyRef key;
+      OptimizerArgs optimizer;
+    };
+    auto a = std::make_shared<Args>();
+    CLI::App* c = AddCommand(
+        key, "set-optimizer", "change a key's optimizer hyperparameters",
+        "Options not given keep their current values; the optimizer type cannot change.");
+    AddKeyRef(c, &a->key);
+    AddOptimizerOptions(c, &a->optimizer, /*create=*/false);
+    c->callback([c] {
+      if (!AnyGiven(*c, kOptimizerOptions)) {
+        throw CLI::ValidationError("give at least one optimizer option (e.g. --lr X)");
+      }
+    });
+    // Options not given keep the key's current values: the current optimizer
+    // is read first and the given options are laid over it. When --optimizer
+    // names another type nothing is carried over (the daemon decides whether
+    // the change is allowed).
+    (*handlers)[c] = [a](const Invocation& inv) {
+      const admin::Optimizer given = ApplyOptimizerOptions(inv.command, a->optimizer, {});
+      auto stub = admin::KeyService::NewStub(inv.connection.channel());
+      const admin::Key current = GetKey(inv, a->key, stub.get());
+      admin::Optimizer base = current.optimizer();
+      if (Given(inv.command, "--optimizer") && given.type() != base.type()) {
+        base = admin::Optimizer();
+      }
+      admin::SetOptimizerRequest request;
+      request.set_tenant(a->key.tenant);
+      request.set_name(a->key.name);
+      *request.mutable_optimizer() = ApplyOptimizerOptions(inv.command, a->optimizer, base);
+      grpc::ClientContext context;
+      inv.connection.Prepare(&context);
+      admin::Key response;
+      Check(stub->SetOptimizer(&context, request, &response), inv.connection);
+      return Emit(inv, response, [&] {
+        inv.out << "updated the optimizer of key '" << response.name() << "' in tenant '"
+                << response.tenant() << "'\n";
+        PrintKey(inv.out, response, /*chunks=*/false);
+      });
+    };
+  }
 }
 
 // ---- Stats ---------------------------------------------------------------
 
-int Stats(const Invocation& inv) {
-  admin::GetStatsRequest request;
-  if (!inv.args.empty()) request.set_tenant(inv.args[0]);
-  auto stub = admin::StatsService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  admin::GetStatsResponse response;
-  Check(stub->GetStats(&context, request, &response), inv.connection);
-  return Emit(inv, response, [&] { PrintStats(inv.out, response); });
-}
-
-const std::vector<CommandSpec>& Commands() {
-  static const std::vector<CommandSpec> commands = {
-      {{"tenant", "create"}, {"NAME"}, 0,
-       Concat(Concat({"workers", "chunk-bytes", "tenant-token-file"}, kOptimizerOptions),
-              kQuotaOptions),
-       {"workers"}, TenantCreate},
-      {{"tenant", "get"}, {"NAME"}, 0, {}, {}, TenantGet},
-      {{"tenant", "list"}, {}, 0, {}, {}, TenantList},
-      {{"tenant", "update-quotas"}, {"NAME"}, 0, kQuotaOptions, {}, TenantUpdateQuotas},
-      {{"tenant", "delete"}, {"NAME"}, 0, {}, {}, TenantDelete},
-      {{"key", "create"}, {"TENANT", "NAME"}, 0,
-       Concat({"elements", "dtype", "init"}, kOptimizerOptions), {"elements"}, KeyCreate},
-      {{"key", "get"}, {"TENANT", "NAME"}, 0, {}, {}, KeyGet},
-      {{"key", "list"}, {"TENANT"}, 0, {}, {}, KeyList},
-      {{"key", "delete"}, {"TENANT", "NAME"}, 0, {}, {}, KeyDelete},
-      {{"key", "set-optimizer"}, {"TENANT", "NAME"}, 0, kOptimizerOptions, {}, KeySetOptimizer},
-      {{"stats"}, {"TENANT"}, 1, {}, {}, Stats},
+void AddStatsCommand(CLI::App* app, std::map<const CLI::App*, Handler>* handlers) {
+  auto tenant = std::make_shared<std::string>();
+  CLI::App* c = AddCommand(app, "stats", "daemon counters and per-tenant counters");
+  c->add_option("TENANT", *tenant, "only this tenant (default: all)")->type_name("");
+  (*handlers)[c] = [tenant](const Invocation& inv) {
+    admin::GetStatsRequest request;
+    if (Given(inv.command, "TENANT")) request.set_tenant(*tenant);
+    auto stub = admin::StatsService::NewStub(inv.connection.channel());
+    grpc::ClientContext context;
+    inv.connection.Prepare(&context);
+    admin::GetStatsResponse response;
+    Check(stub->GetStats(&context, request, &response), inv.connection);
+    return Emit(inv, response, [&] { PrintStats(inv.out, response); });
   };
-  return commands;
 }
 
-std::string Join(const std::vector<std::string>& words, const char* sep) {
-  std::string out;
-  for (const auto& w : words) out += (out.empty() ? "" : sep) + w;
+// The named subcommands of `app`.
+std::vector<const CLI::App*> Children(const CLI::App& app) {
+  std::vector<const CLI::App*> out;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (!sub->get_name().empty()) out.push_back(sub);
+  }
   return out;
+}
+
+std::string ChildNames(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : Children(app)) names.push_back(sub->get_name());
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// Whether some command of the tree under `app` has an option `name`.
+bool KnownOption(const CLI::App& app, const std::string& name) {
+  if (app.get_option_no_throw(name) != nullptr) return true;
+  for (const CLI::App* sub : Children(app)) {
+    if (KnownOption(*sub, name)) return true;
+  }
+  return false;
 }
 
 }  // namespace
 
-const std::vector<std::string>& GlobalOptions() {
-  static const std::vector<std::string> options = {
-      "admin", "token-file", "tls-ca", "tls-cert", "tls-key", "tls-server-name", "json", "timeout"};
-  return options;
+Commands::Commands() : app_(kDescription, "rackhubctl") {
+  // Inherited by every subcommand created below: options of the commands
+  // above (the global ones) are accepted anywhere; leftovers are collected
+  // (not thrown) so CheckComplete can name them; one subcommand per level.
+  app_.fallthrough();
+  app_.allow_extras();
+  app_.require_subcommand(0, 1);
+  app_.get_formatter()->column_width(34);
+
+  // Global options: read from the CommandLine by ReadConnectionOptions.
+  app_.add_option("--admin", "admin API address (default 127.0.0.1:7701; IPv6 as [ADDR]:PORT)")
+      ->type_name("HOST:PORT")
+      ->check(EndpointValidator());
+  app_.add_option("--token-file",
+                  "file holding the admin token (surrounding whitespace is trimmed);\n"
+                  "sent as `authorization: Bearer <token>`")
+      ->type_name("FILE");
+  app_.add_option("--tls-ca", "use TLS, trusting this CA certificate (PEM)")->type_name("FILE");
+  CLI::Option* tls_cert =
+      app_.add_option("--tls-cert", "client certificate (PEM) for TLS")->type_name("FILE");
+  CLI::Option* tls_key =
+      app_.add_option("--tls-key", "private key (PEM) of the client certificate")
+          ->type_name("FILE");
+  tls_cert->needs(tls_key);
+  tls_key->needs(tls_cert);
+  app_.add_option("--tls-server-name",
+                  "name to check in the daemon's certificate instead of HOST (any --tls-*\n"
+                  "option turns TLS on; without --tls-ca the system's trusted CAs are used)")
+      ->type_name("NAME");
+  static const std::string kJsonHelp =
+      "machine-readable output: the response message as one JSON document on\n"
+      "stdout (proto field names, all fields)";
+  app_.add_flag("--json", kJsonHelp);
+  app_.add_option("--timeout", "deadline of each call (default 10; decimals allowed)")
+      ->type_name("SECONDS")
+      ->check(SecondsValidator());
+
+  AddTenantCommands(
+      AddCommand(&app_, "tenant", "tenants: create, get, list, update-quotas, delete"),
+      &handlers_);
+  AddKeyCommands(AddCommand(&app_, "key", "keys: create, get, list, delete, set-optimizer"),
+                 &handlers_);
+  AddStatsCommand(&app_, &handlers_);
+  help_ = app_.add_subcommand("help", "show this help, or a command's (e.g. help key create)");
+  help_->add_option("COMMAND", help_words_, "command words")->type_name("");
+  // Last: a footer set earlier would be inherited by the commands.
+  app_.footer(kFooter);
 }
 
-const CommandSpec& ResolveCommand(const CommandLine& cl, std::vector<std::string>* args) {
-  const auto& words = cl.words;
-  if (words.empty()) throw UsageError("no command given");
-  const CommandSpec* found = nullptr;
-  std::vector<std::string> subcommands;
-  for (const auto& spec : Commands()) {
-    if (spec.words[0] != words[0]) continue;
-    if (spec.words.size() == 1) {
-      found = &spec;
-      break;
+const CLI::App& Commands::Selected() const {
+  const CLI::App* app = &app_;
+  while (!app->get_subcommands().empty()) app = app->get_subcommands().front();
+  return *app;
+}
+
+std::string Commands::SelectedName() const {
+  std::string name;
+  for (const CLI::App* app = &app_; !app->get_subcommands().empty();) {
+    app = app->get_subcommands().front();
+    name += (name.empty() ? "" : " ") + app->get_name();
+  }
+  return name;
+}
+
+bool Commands::HelpSelected() const { return &Selected() == help_; }
+
+void Commands::CheckComplete() const {
+  const CLI::App& selected = Selected();
+  const std::string name = SelectedName();
+  const bool group = !Children(selected).empty();
+  std::vector<std::string> extras = app_.remaining(/*recurse=*/true);
+  // CLI11 keeps the "--" that ends the options among the leftovers.
+  extras.erase(std::remove(extras.begin(), extras.end(), "--"), extras.end());
+  if (!extras.empty()) {
+    const std::string& first = extras.front();
+    if (first.size() > 1 && first[0] == '-') {
+      const std::string option = first.substr(0, first.find('='));
+      if (!KnownOption(app_, option)) throw UsageError("unknown option " + option);
+      if (name.empty()) {
+        throw UsageError(fmt::format("option {} belongs after its command's words", option));
+      }
+      if (selected.get_option_no_throw(option) != nullptr) {
+        throw UsageError(fmt::format("option {} belongs after the command words '{}'", option, name));
+      }
+      throw UsageError(fmt::format("option {} does not apply to '{}'", option, name));
     }
-    subcommands.push_back(spec.words[1]);
-    if (words.size() >= 2 && spec.words[1] == words[1]) {
-      found = &spec;
-      break;
+    if (name.empty()) {
+      throw UsageError(
+          fmt::format("unknown command '{}' (expected one of: {})", first, ChildNames(app_)));
+    }
+    if (group) {
+      throw UsageError(fmt::format("unknown command '{} {}' (expected one of: {})", name, first,
+                                   ChildNames(selected)));
+    }
+    throw UsageError(fmt::format("{}: unexpected argument '{}'", name, first));
+  }
+  if (name.empty()) {
+    throw UsageError(fmt::format("no command given (expected one of: {})", ChildNames(app_)));
+  }
+  if (group) {
+    throw UsageError(fmt::format("'{}' needs a subcommand: {}", name, ChildNames(selected)));
+  }
+}
+
+std::string Commands::Describe(const CLI::ParseError& error) const {
+  std::string message = error.what();
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  if (error.get_name() == "ArgumentMismatch") {
+    // CLI11 says "--x: At Most 1 required but received 2" or "--x: 1 required N missing".
+    const std::string option = message.substr(0, message.find(": "));
+    if (message.find("At Most 1 required") != std::string::npos) {
+      message = option + ": given more than once";
+    } else if (message.find(" missing") != std::string::npos) {
+      message = option + ": needs a value";
     }
   }
-  if (found == nullptr) {
-    if (subcommands.empty()) throw UsageError("unknown command '" + words[0] + "'");
-    if (words.size() < 2) {
-      throw UsageError("'" + words[0] + "' needs a subcommand: " + Join(subcommands, ", "));
+  const std::string name = SelectedName();
+  if (!name.empty() && (error.get_name() == "RequiredError" || message.rfind("--", 0) != 0)) {
+    message = name + ": " + message;
+  }
+  return message;
+}
+
+std::string Commands::HelpText() const {
+  if (!HelpSelected()) return app_.help();
+  const CLI::App* app = &app_;
+  std::string path = app_.get_name();
+  for (const std::string& word : help_words_) {
+    const CLI::App* next = nullptr;
+    for (const CLI::App* sub : Children(*app)) {
+      if (sub->get_name() == word) next = sub;
     }
-    throw UsageError("unknown command '" + words[0] + " " + words[1] +
-                     "' (expected one of: " + Join(subcommands, ", ") + ")");
-  }
-  const std::string name = Join(found->words, " ");
-  args->assign(words.begin() + static_cast<std::ptrdiff_t>(found->words.size()), words.end());
-  if (args->size() > found->args.size()) {
-    throw UsageError(name + ": unexpected argument '" + (*args)[found->args.size()] + "'");
-  }
-  if (args->size() + found->optional_args < found->args.size()) {
-    throw UsageError(name + ": missing " + found->args[args->size()]);
-  }
-  for (const auto& [option, value] : cl.options) {
-    const auto& global = GlobalOptions();
-    if (std::find(global.begin(), global.end(), option) != global.end()) continue;
-    if (std::find(found->options.begin(), found->options.end(), option) == found->options.end()) {
-      throw UsageError("option --" + option + " does not apply to '" + name + "'");
+    if (next == nullptr) {
+      throw UsageError(fmt::format("help: unknown command '{}'", word));
     }
+    app = next;
+    path += " " + word;
   }
-  for (const auto& option : found->required) {
-    if (!cl.Has(option)) throw UsageError(name + ": missing required option --" + option);
-  }
-  return *found;
+  return app->get_formatter()->make_help(app, path, CLI::AppFormatMode::Normal);
+}
+
+int Commands::Run(Connection& connection, const CommandLine& cl, std::ostream& out) const {
+  const CLI::App& command = Selected();
+  return handlers_.at(&command)(Invocation{command, cl, connection, out});
 }
 
 }  // namespace rackhub::cli

@@ -1,38 +1,73 @@
-// rackhubctl commands: the command table (words, positional arguments,
-// accepted options) and one handler per command.
+// rackhubctl's commands as one CLI11 command tree: the global options, every
+// command (tenant create|get|list|update-quotas|delete, key
+// create|get|list|delete|set-optimizer, stats, help) with its positional
+// arguments, options, validation and help text, and one handler per command.
+//
+// Ownership: Commands owns the CLI11 app and the values its options are bound
+// to; CLI11 holds pointers into it, so it is neither copied nor moved.
+// Threads: main thread only.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <ostream>
 #include <string>
-#include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "args.h"
 #include "connection.h"
 
 namespace rackhub::cli {
 
+// What a command handler gets.
 struct Invocation {
-  const CommandLine& cl;
-  std::vector<std::string> args;  // positional arguments after the command words
+  const CLI::App& command;  // the selected command (count("--lr"): was --lr given)
+  const CommandLine& cl;    // every option given, as text
   Connection& connection;
   std::ostream& out;
 };
 
-struct CommandSpec {
-  std::vector<std::string> words;      // e.g. {"tenant", "create"}
-  std::vector<std::string> args;       // positional argument names, e.g. {"NAME"}
-  size_t optional_args = 0;            // how many of the trailing `args` may be left out
-  std::vector<std::string> options;    // command-specific options accepted
-  std::vector<std::string> required;   // options that must be given
-  int (*run)(const Invocation&);       // returns the exit code; throws RpcError/UsageError
+class Commands {
+ public:
+  Commands();
+  Commands(const Commands&) = delete;
+  Commands& operator=(const Commands&) = delete;
+
+  CLI::App& app() { return app_; }
+
+  // After app().parse(), whether it threw or not: throws UsageError for what
+  // CLI11 leaves to the caller, with a message naming the culprit: arguments
+  // no command took (unknown command, unexpected argument, unknown option or
+  // one of another command), no command, or a command group without its
+  // subcommand ("tenant").
+  void CheckComplete() const;
+  // A CLI11 parse error as one line, naming the command when the error's own
+  // text does not name the option.
+  std::string Describe(const CLI::ParseError& error) const;
+
+  // The help text --help asked for (the selected command's, else the
+  // overview), or the one `help [COMMAND...]` names. Throws UsageError for an
+  // unknown command after `help`.
+  std::string HelpText() const;
+  // Whether the selected command is `help` (it needs no daemon).
+  bool HelpSelected() const;
+
+  // Runs the selected command. REQUIRES: CheckComplete() passed and
+  // !HelpSelected(). Returns the exit code; throws RpcError / UsageError /
+  // LocalError.
+  int Run(Connection& connection, const CommandLine& cl, std::ostream& out) const;
+
+ private:
+  // The selected command: the deepest selected subcommand (the root if none).
+  const CLI::App& Selected() const;
+  // "tenant create" for the selected command.
+  std::string SelectedName() const;
+
+  CLI::App app_;
+  CLI::App* help_ = nullptr;
+  std::vector<std::string> help_words_;  // positional arguments of `help`
+  std::map<const CLI::App*, std::function<int(const Invocation&)>> handlers_;
 };
-
-// Options every command accepts.
-const std::vector<std::string>& GlobalOptions();
-
-// Finds the command named by the leading `words` of `cl` and checks the
-// positional arguments and options against it. Returns the command and fills
-// `args` with its positional arguments. Throws UsageError.
-const CommandSpec& ResolveCommand(const CommandLine& cl, std::vector<std::string>* args);
 
 }  // namespace rackhub::cli

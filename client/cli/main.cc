@@ -1,15 +1,16 @@
 // rackhubctl: command-line client of rackhubd's admin gRPC API
-// (rackhub.admin.v1). See help.cc for the usage text.
+// (rackhub.admin.v1). The command tree and its help are in commands.cc (CLI11).
 #include <grpc/support/log.h>
 
 #include <cstdlib>
 #include <exception>
 #include <iostream>
 
+#include <CLI/CLI.hpp>
+
 #include "args.h"
 #include "commands.h"
 #include "connection.h"
-#include "help.h"
 
 #ifndef RACKHUBCTL_VERSION
 #define RACKHUBCTL_VERSION "unknown"
@@ -29,28 +30,33 @@ int UsageFailure(const std::string& message) {
 int Run(int argc, char** argv) {
   using namespace rackhub::cli;
   if (std::getenv("GRPC_VERBOSITY") == nullptr) gpr_set_log_function(QuietGrpcLog);
+  Commands commands;
+  commands.app().set_version_flag("--version", "rackhubctl " RACKHUBCTL_VERSION,
+                                  "show the version and exit");
   double timeout_seconds = 10;
   try {
-    const CommandLine cl = Tokenize(argc, argv);
-    if (cl.help) {
-      std::cout << kHelpText;
+    try {
+      commands.app().parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+      std::cout << commands.HelpText();
+      return kExitOk;
+    } catch (const CLI::CallForVersion& e) {
+      std::cout << e.what() << "\n";
+      return kExitOk;
+    } catch (const CLI::ParseError& e) {
+      commands.CheckComplete();  // leftovers (e.g. an unknown option) explain more
+      return UsageFailure(commands.Describe(e));
+    }
+    if (commands.HelpSelected()) {
+      std::cout << commands.HelpText();
       return kExitOk;
     }
-    if (cl.version) {
-      std::cout << "rackhubctl " << RACKHUBCTL_VERSION << "\n";
-      return kExitOk;
-    }
-    if (!cl.words.empty() && cl.words[0] == "help") {
-      std::cout << kHelpText;
-      return kExitOk;
-    }
-    std::vector<std::string> args;
-    const CommandSpec& command = ResolveCommand(cl, &args);
+    commands.CheckComplete();
+    const CommandLine cl = CollectCommandLine(commands.app());
     ConnectionOptions options = ReadConnectionOptions(cl);
     timeout_seconds = options.timeout_seconds;
     Connection connection(std::move(options));
-    const Invocation invocation{cl, std::move(args), connection, std::cout};
-    const int code = command.run(invocation);
+    const int code = commands.Run(connection, cl, std::cout);
     std::cout.flush();
     return code;
   } catch (const UsageError& e) {
