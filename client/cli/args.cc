@@ -2,10 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
-#include <cmath>
 #include <limits>
 
+#include "rackhub/common/number.h"
 #include "rackhub/common/size.h"
 #include "rackhub/net/endpoint.h"
 
@@ -54,37 +53,15 @@ CommandLine CollectCommandLine(const CLI::App& app) {
   return cl;
 }
 
-Result<uint64_t> ParseU64(std::string_view text) {
-  uint64_t value = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec == std::errc::invalid_argument || ptr != end) {
-    return InvalidArgument(fmt::format("'{}' is not a non-negative integer", text));
-  }
-  if (ec == std::errc::result_out_of_range) {
-    return InvalidArgument(fmt::format("'{}' is too large", text));
-  }
-  return value;
-}
+Result<uint64_t> ParseU64(std::string_view text) { return ParseUnsigned(text); }
 
 Result<uint32_t> ParseU32(std::string_view text) {
-  const Result<uint64_t> value = ParseU64(text);
+  const Result<uint64_t> value = ParseUnsigned(text, std::numeric_limits<uint32_t>::max());
   if (!value.ok()) return value.status();
-  if (*value > std::numeric_limits<uint32_t>::max()) {
-    return InvalidArgument(fmt::format("'{}' is too large (at most 4294967295)", text));
-  }
   return static_cast<uint32_t>(*value);
 }
 
-Result<double> ParseDouble(std::string_view text) {
-  double value = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value)) {
-    return InvalidArgument(fmt::format("'{}' is not a number", text));
-  }
-  return value;
-}
+Result<double> ParseDouble(std::string_view text) { return ParseDecimal(text); }
 
 Result<double> ParseSeconds(std::string_view text) {
   const Result<double> value = ParseDouble(text);

@@ -1,5 +1,5 @@
-// Unit tests for rackhub_common: Status, Result<T>, and the size syntax
-// (ParseSize / FormatSize).
+// Unit tests for rackhub_common: Status, Result<T>, the size syntax
+// (ParseSize / FormatSize) and strict numbers (ParseUnsigned / ParseDecimal).
 
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "rackhub/common/number.h"
 #include "rackhub/common/size.h"
 #include "rackhub/common/status.h"
 
@@ -193,6 +194,47 @@ TEST(FormatSizeTest, RoundTripsThroughParse) {
   for (uint64_t v : {1ull << 10, 7ull << 20, 4ull << 30, 3ull << 40}) {
     std::string text = FormatSize(v);
     EXPECT_EQ(MustParseSize(text), v) << text;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ParseUnsigned / ParseDecimal
+
+TEST(ParseUnsignedTest, AcceptsPlainDecimalDigits) {
+  EXPECT_EQ(ParseUnsigned("0").value(), 0u);
+  EXPECT_EQ(ParseUnsigned("42").value(), 42u);
+  EXPECT_EQ(ParseUnsigned("007").value(), 7u);  // decimal, not octal
+  EXPECT_EQ(ParseUnsigned("18446744073709551615").value(), UINT64_MAX);
+  EXPECT_EQ(ParseUnsigned("4294967295", UINT32_MAX).value(), UINT32_MAX);
+}
+
+TEST(ParseUnsignedTest, RejectsEverythingElse) {
+  for (const char* bad : {"", "-1", "+1", " 1", "1 ", "0x10", "1.5", "many", "1e3"}) {
+    const Result<uint64_t> r = ParseUnsigned(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), "'" + std::string(bad) + "' is not a non-negative integer");
+  }
+}
+
+TEST(ParseUnsignedTest, TooLarge) {
+  EXPECT_EQ(ParseUnsigned("4294967296", UINT32_MAX).status().message(),
+            "'4294967296' is too large (at most 4294967295)");
+  EXPECT_NE(ParseUnsigned("18446744073709551616").status().message().find("too large"),
+            std::string::npos);
+  EXPECT_FALSE(ParseUnsigned("11", 10).ok());
+  EXPECT_TRUE(ParseUnsigned("10", 10).ok());
+}
+
+TEST(ParseDecimalTest, FiniteNumbers) {
+  EXPECT_DOUBLE_EQ(ParseDecimal("0.01").value(), 0.01);
+  EXPECT_DOUBLE_EQ(ParseDecimal("1e-3").value(), 1e-3);
+  EXPECT_DOUBLE_EQ(ParseDecimal("-2").value(), -2.0);
+  EXPECT_DOUBLE_EQ(ParseDecimal("3").value(), 3.0);
+  for (const char* bad : {"", "fast", "1.5x", " 1", "inf", "nan", "1e999"}) {
+    const Result<double> r = ParseDecimal(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().message(), "'" + std::string(bad) + "' is not a number");
   }
 }
 
