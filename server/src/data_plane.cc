@@ -110,11 +110,13 @@ std::vector<DataPlane::RackLinkStats> DataPlane::RackLinks() const {
   return out;
 }
 
-void DataPlane::WorkerLost(uint32_t handle, uint32_t member, const std::string& why) {
+uint64_t DataPlane::WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
+                               uint32_t from_lane) {
   const uint64_t before = seq_.load() + 1;
-  OnEveryLane([handle, member, before, why](Lane& lane) {
-    lane.OnWorkerLost(handle, member, before, why);
+  OnEveryLane([handle, member, before, why, from_lane](Lane& lane) {
+    if (lane.index() != from_lane) lane.OnWorkerLost(handle, member, before, why);
   });
+  return before;
 }
 
 std::shared_ptr<KeyRuntime> DataPlane::KeyRuntimeFor(uint32_t handle, uint32_t key_id) {

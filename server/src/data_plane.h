@@ -66,7 +66,8 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // LaneHost.
   std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id) override;
   void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) override;
-  void WorkerLost(uint32_t handle, uint32_t member, const std::string& why) override;
+  uint64_t WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
+                      uint32_t from_lane) override;
   uint64_t NextSeq() override { return seq_.fetch_add(1) + 1; }
   const std::string& hub_secret() const override { return hub_secret_; }
   net::Connector& hub_connector() override { return *hub_connector_; }

@@ -32,9 +32,13 @@ class LaneHost {
   // Counts an initialized chunk; marks the key ready when all are.
   virtual void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) = 0;
   // A worker connection of tenant `handle`, member `member` (rack * W + rank)
-  // closed: every lane fails the tenant's pending updates and closes that
-  // worker's older connections.
-  virtual void WorkerLost(uint32_t handle, uint32_t member, const std::string& why) = 0;
+  // closed on lane `from_lane`: every other lane fails the tenant's pending
+  // updates and closes that worker's older connections. Returns the sequence
+  // bound ("adopted before") the calling lane applies itself, at once, so its
+  // own failures name this cause even if another lane's reaction arrives
+  // first.
+  virtual uint64_t WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
+                              uint32_t from_lane) = 0;
   // Sequence number for a newly adopted worker connection.
   virtual uint64_t NextSeq() = 0;
 

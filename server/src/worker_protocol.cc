@@ -377,9 +377,12 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
     if (table_->connection_count() == 0) host_->LaneDrained(lane);
     return;
   }
-  host_->WorkerLost(conn.id().tenant_handle, member,
-                    (table_->racks() > 1 ? "rack " + Num(conn.id().rack) + " " : std::string()) +
-                        "rank " + Num(conn.id().rank) + " lane " + Num(lane) + ": " + why);
+  const uint32_t handle = conn.id().tenant_handle;
+  const std::string what =
+      (table_->racks() > 1 ? "rack " + Num(conn.id().rack) + " " : std::string()) + "rank " +
+      Num(conn.id().rank) + " lane " + Num(lane) + ": " + why;
+  const uint64_t before = host_->WorkerLost(handle, member, what, lane);
+  OnWorkerLost(handle, member, before, what);
 }
 
 void WorkerProtocol::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t before_seq,

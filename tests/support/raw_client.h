@@ -1,5 +1,5 @@
-// Test support: a blocking raw-frame client of the rackhub data plane, for
-// tests that send exactly the bytes they mean (malformed ones included).
+// Test support: a blocking raw-frame TCP client of the rackhub data plane,
+// for tests that send exactly the bytes they mean (malformed ones included).
 // Single-threaded use from a test body.
 #pragma once
 
@@ -17,7 +17,7 @@
 #include <optional>
 #include <string>
 
-#include "rackhub/data/v1/control.pb.h"
+#include "data_link.h"
 #include "rackhub/net/frame.h"
 
 namespace rackhub::testing {
@@ -26,13 +26,8 @@ using net::FrameHeader;
 using net::Opcode;
 using net::WireError;
 
-struct Frame {
-  FrameHeader h;
-  std::string payload;
-};
-
 // A blocking socket client speaking raw frames. Receives time out after 5 s.
-class RawClient {
+class RawClient final : public DataLink {
  public:
   explicit RawClient(const std::string& address) {
     const auto colon = address.rfind(':');
@@ -49,18 +44,19 @@ class RawClient {
     if (fd_ >= 0) close(fd_);
   }
 
-  void SendRaw(const std::string& bytes) {
+  bool SupportsRawBytes() const override { return true; }
+  void SendRaw(const std::string& bytes) override {
     ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(bytes.size()));
   }
-  void Send(FrameHeader h, const std::string& payload = "") {
+  void Send(FrameHeader h, const std::string& payload = "") override {
     h.payload_bytes = static_cast<uint32_t>(payload.size());
     std::array<std::byte, net::kHeaderBytes> buf;
     net::EncodeHeader(h, buf);
     SendRaw(std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload);
   }
   // Next frame, or nullopt on EOF / timeout.
-  std::optional<Frame> Receive(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  std::optional<Frame> Receive(std::chrono::milliseconds timeout = kReceiveTimeout) override {
     std::string hdr;
     if (!ReadExact(net::kHeaderBytes, &hdr, timeout)) return std::nullopt;
     Frame f;
@@ -70,29 +66,11 @@ class RawClient {
     return f;
   }
   // True when the server closed the connection (EOF) within `timeout`.
-  bool ClosedByPeer(std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  bool ClosedByPeer(std::chrono::milliseconds timeout = kReceiveTimeout) override {
     std::string ignored;
     while (ReadExact(1, &ignored, timeout)) {
     }
     return eof_;
-  }
-
-  // HELLO + WELCOME. Returns the Welcome (empty tenant_handle on failure).
-  data::v1::Welcome Hello(const std::string& tenant, const std::string& token, uint32_t rank,
-                     uint32_t lane, std::optional<Frame>* reply = nullptr) {
-    data::v1::Hello hello;
-    hello.set_tenant(tenant);
-    hello.set_token(token);
-    hello.set_rank(rank);
-    hello.set_lane(lane);
-    FrameHeader h;
-    h.opcode = Opcode::kHello;
-    Send(h, hello.SerializeAsString());
-    auto f = Receive();
-    data::v1::Welcome w;
-    if (f && f->h.opcode == Opcode::kWelcome) w.ParseFromString(f->payload);
-    if (reply) *reply = f;
-    return w;
   }
 
  private:
@@ -114,22 +92,5 @@ class RawClient {
   int fd_ = -1;
   bool eof_ = false;
 };
-
-// Expects an ERROR frame with `code`, a message containing `text`, and the
-// fatal flag as given.
-inline void ExpectError(const std::optional<Frame>& f, WireError code, const std::string& text,
-                 bool fatal = true) {
-  ASSERT_TRUE(f.has_value()) << "expected an ERROR frame, got nothing";
-  ASSERT_EQ(f->h.opcode, Opcode::kError) << "opcode " << static_cast<int>(f->h.opcode);
-  WireError got{};
-  std::string message;
-  ASSERT_TRUE(net::DecodeErrorBody(
-      std::span<const std::byte>(reinterpret_cast<const std::byte*>(f->payload.data()),
-                                 f->payload.size()),
-      &got, &message));
-  EXPECT_EQ(got, code) << message;
-  EXPECT_NE(message.find(text), std::string::npos) << "message: " << message;
-  EXPECT_EQ((f->h.flags & net::kFlagFatal) != 0, fatal) << message;
-}
 
 }  // namespace rackhub::testing

@@ -1,0 +1,85 @@
+// Test support: one raw data-plane connection of a test worker, whatever
+// carries it: TCP (RawClient, raw_client.h), the in-memory transport or RDMA
+// (ConnectionLink, connection_link.h). Tests send the frames they mean and
+// read what comes back, so the same protocol scenarios run over every
+// transport (hub_under_test.h).
+//
+// Threading: single-threaded use from a test body.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "rackhub/data/v1/control.pb.h"
+#include "rackhub/net/frame.h"
+
+namespace rackhub::testing {
+
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+
+struct Frame {
+  FrameHeader h;
+  std::string payload;
+};
+
+inline constexpr std::chrono::milliseconds kReceiveTimeout{5000};
+
+class DataLink {
+ public:
+  virtual ~DataLink() = default;
+  // Sends one frame (payload_bytes is set from `payload`).
+  virtual void Send(FrameHeader h, const std::string& payload = "") = 0;
+  // Next frame, or nullopt on close / timeout.
+  virtual std::optional<Frame> Receive(std::chrono::milliseconds timeout = kReceiveTimeout) = 0;
+  // True when the hub closed the connection within `timeout` (frames still
+  // arriving before the close are dropped).
+  virtual bool ClosedByPeer(std::chrono::milliseconds timeout = kReceiveTimeout) = 0;
+  // Byte-stream transports accept arbitrary bytes (malformed headers).
+  virtual bool SupportsRawBytes() const { return false; }
+  virtual void SendRaw(const std::string& bytes) {
+    ADD_FAILURE() << "this transport carries whole frames only (" << bytes.size() << " bytes)";
+  }
+
+  // HELLO + WELCOME. Returns the Welcome (empty tenant_handle on failure).
+  data::v1::Welcome Hello(const std::string& tenant, const std::string& token, uint32_t rank,
+                          uint32_t lane, std::optional<Frame>* reply = nullptr) {
+    data::v1::Hello hello;
+    hello.set_tenant(tenant);
+    hello.set_token(token);
+    hello.set_rank(rank);
+    hello.set_lane(lane);
+    FrameHeader h;
+    h.opcode = Opcode::kHello;
+    Send(h, hello.SerializeAsString());
+    auto f = Receive();
+    data::v1::Welcome w;
+    if (f && f->h.opcode == Opcode::kWelcome) w.ParseFromString(f->payload);
+    if (reply) *reply = f;
+    return w;
+  }
+
+};
+
+// Expects an ERROR frame with `code`, a message containing `text`, and the
+// fatal flag as given.
+inline void ExpectError(const std::optional<Frame>& f, WireError code, const std::string& text,
+                 bool fatal = true) {
+  ASSERT_TRUE(f.has_value()) << "expected an ERROR frame, got nothing";
+  ASSERT_EQ(f->h.opcode, Opcode::kError) << "opcode " << static_cast<int>(f->h.opcode);
+  WireError got{};
+  std::string message;
+  ASSERT_TRUE(net::DecodeErrorBody(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(f->payload.data()),
+                                 f->payload.size()),
+      &got, &message));
+  EXPECT_EQ(got, code) << message;
+  EXPECT_NE(message.find(text), std::string::npos) << "message: " << message;
+  EXPECT_EQ((f->h.flags & net::kFlagFatal) != 0, fatal) << message;
+}
+
+}  // namespace rackhub::testing

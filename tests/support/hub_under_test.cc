@@ -1,0 +1,300 @@
+#include "hub_under_test.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "connection_link.h"
+#include "data_plane.h"
+#include "hello_check.h"
+#include "hub.h"
+#include "process.h"
+#include "rackhub/net/endpoint.h"
+#include "rackhub/net/rdma/channel.h"
+#include "rackhub/net/rdma/connection.h"
+#include "rackhub/net/rdma/device.h"
+#include "rackhub/net/testing/memory_connection.h"
+#include "raw_client.h"
+
+namespace rackhub::testing {
+
+namespace rdma = net::rdma;
+using server::DataPlane;
+
+std::string TransportName(Transport t) {
+  switch (t) {
+    case Transport::kMemory: return "Memory";
+    case Transport::kTcp: return "Tcp";
+    case Transport::kRdma: return "Rdma";
+  }
+  return "?";
+}
+
+std::vector<Transport> AllTransports() {
+  return {Transport::kMemory, Transport::kTcp, Transport::kRdma};
+}
+
+std::string TransportParamName(const ::testing::TestParamInfo<Transport>& info) {
+  return TransportName(info.param);
+}
+
+namespace {
+
+// Runs an io_context on its own thread until destroyed (the client side of
+// in-memory and RDMA links).
+class IoThread {
+ public:
+  IoThread() : guard_(boost::asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}
+  ~IoThread() {
+    guard_.reset();
+    io_.stop();
+    thread_.join();
+  }
+  boost::asio::io_context& io() { return io_; }
+
+ private:
+  boost::asio::io_context io_{1};
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard_;
+  std::thread thread_;
+};
+
+// The hub's end of a refused in-memory connection: it only sends the ERROR.
+class Refuser final : public net::FrameHandler {
+ public:
+  Verdict AcceptHeader(net::Connection&, const net::FrameHeader&) override {
+    return Verdict::kDiscard;
+  }
+  void HandleFrame(net::Connection&, const net::FrameHeader&, std::span<const std::byte>) override {}
+  void OnConnectionClosed(net::Connection&, const std::string&) override {}
+  void OnBytesSent(net::Connection&, size_t) override {}
+};
+
+class MemoryHub final : public HubUnderTest {
+ public:
+  static std::unique_ptr<MemoryHub> Start(std::vector<std::string> args, std::string* why) {
+    std::vector<std::string> argv = {"rackhubd", "--admin-listen", "127.0.0.1:0",
+                                     "--data-listen", "127.0.0.1:0", "--no-pin-lanes"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<const char*> cargv;
+    for (const auto& a : argv) cargv.push_back(a.c_str());
+    const server::ParseResult parsed =
+        server::ParseCommandLine(static_cast<int>(cargv.size()), cargv.data());
+    if (!parsed.ok()) {
+      *why = "config: " + parsed.errors.front();
+      return nullptr;
+    }
+    auto hub = std::unique_ptr<MemoryHub>(new MemoryHub(parsed.config));
+    if (Status s = hub->hub_.Start(); !s.ok()) {
+      *why = s.message();
+      return nullptr;
+    }
+    return hub;
+  }
+  ~MemoryHub() override {
+    if (stopper_.joinable()) stopper_.join();
+    hub_.Stop(std::chrono::milliseconds(0));
+  }
+
+  Transport transport() const override { return Transport::kMemory; }
+  const std::string& admin_address() const override { return hub_.admin_address(); }
+  std::unique_ptr<DataLink> Connect() override {
+    return std::make_unique<ConnectionLink>(
+        client_.io(), [this](const FrameHeader& h, const std::string& payload,
+                             boost::asio::io_context& io, net::FrameHandler* handler) {
+          return Dial(h, payload, io, handler);
+        });
+  }
+  void BeginShutdown() override {
+    stopper_ = std::thread([this] { hub_.Stop(); });
+  }
+  int FinishShutdown() override {
+    if (stopper_.joinable()) stopper_.join();
+    return 0;
+  }
+
+ private:
+  explicit MemoryHub(const server::Config& config) : hub_(config) {}
+
+  // The in-memory acceptor: the same HELLO checks as TCP and RDMA, then the
+  // hub's end goes to the lane the HELLO names.
+  std::shared_ptr<net::Connection> Dial(const FrameHeader& h, const std::string& payload,
+                                        boost::asio::io_context& io, net::FrameHandler* handler) {
+    DataPlane& plane = hub_.data_plane();
+    net::ConnectionIdentity client_id;
+    client_id.peer = "hub (in-memory)";
+    const auto bytes = std::as_bytes(std::span(payload.data(), payload.size()));
+    server::HelloResult checked;
+    if (Status s = server::CheckHelloHeader(h); !s.ok()) {
+      checked.code = WireError::kMalformed;
+      checked.text = s.message();
+    } else {
+      checked = server::CheckHello(bytes, plane.registry(), plane.config().topology,
+                                   plane.lane_count());
+    }
+    if (!checked.ok) {
+      auto pair = net::testing::MakeMemoryPair(refuser_io_.io(), &refuser_, {}, io, handler,
+                                               client_id);
+      auto refusing = pair.a;
+      boost::asio::post(refuser_io_.io(), [refusing, checked, rid = h.request_id] {
+        refusing->SendError(checked.code, checked.text, rid, true);
+        refusing->Start();
+      });
+      refused_.push_back(pair.a);
+      boost::asio::post(io, [client = pair.b] { client->Start(); });
+      return pair.b;
+    }
+    net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
+                               checked.hello.lane(), "in-memory", checked.hello.rack(), false};
+    const uint32_t lane_index = id.lane;
+    server::Lane& lane = plane.lane(lane_index);
+    auto pair = net::testing::MakeMemoryPair(lane.io(), lane.worker_handler(), id, io, handler,
+                                             client_id);
+    const uint64_t seq = plane.NextSeq();
+    plane.OnLane(lane_index, [hub_end = pair.a, seq](server::Lane& l) { l.AdoptWorker(hub_end, seq); });
+    boost::asio::post(io, [client = pair.b] { client->Start(); });
+    return pair.b;
+  }
+
+  // Declared so that the client io thread outlives the hub's ends (the hub
+  // stops first, in ~MemoryHub).
+  IoThread client_;
+  IoThread refuser_io_;
+  Refuser refuser_;
+  std::vector<std::shared_ptr<net::Connection>> refused_;
+  server::Hub hub_;
+  std::thread stopper_;
+};
+
+// A real rackhubd; TCP links, or RDMA links when `rdma_ip` is set.
+class ProcessHub final : public HubUnderTest {
+ public:
+  ProcessHub(std::vector<std::string> args, std::string rdma_ip) {
+    args.insert(args.begin(), "--no-pin-lanes");
+    if (!rdma_ip.empty()) {
+      // rdma_cm ports are not in the ready file: a fixed port per daemon.
+      static int instance = 0;
+      rdma_address_ = rdma_ip + ":" + std::to_string(21000 + (getpid() % 2000) * 8 + instance++ % 8);
+      args.insert(args.end(), {"--transport", "rdma", "--rdma-listen", rdma_address_});
+    }
+    daemon_ = std::make_unique<DaemonProcess>(args);
+  }
+  bool started() const { return daemon_->started(); }
+
+  Transport transport() const override {
+    return rdma_address_.empty() ? Transport::kTcp : Transport::kRdma;
+  }
+  const std::string& admin_address() const override { return daemon_->admin_address(); }
+  int time_scale() const override { return rdma_address_.empty() ? 1 : 10; }
+  std::unique_ptr<DataLink> Connect() override {
+    if (rdma_address_.empty()) return std::make_unique<RawClient>(daemon_->data_address());
+    return std::make_unique<ConnectionLink>(
+        client_.io(),
+        [this](const FrameHeader& h, const std::string& payload, boost::asio::io_context& io,
+               net::FrameHandler* handler) { return DialRdma(h, payload, io, handler); },
+        time_scale());
+  }
+  void BeginShutdown() override { kill(daemon_->pid(), SIGTERM); }
+  int FinishShutdown() override { return daemon_->Stop(SIGTERM); }
+
+ private:
+  std::shared_ptr<net::Connection> DialRdma(const FrameHeader& h, const std::string& payload,
+                                            boost::asio::io_context& io,
+                                            net::FrameHandler* handler) {
+    data::v1::Hello hello;
+    hello.ParseFromString(payload);
+    const Result<net::Endpoint> ep = net::ParseEndpoint(rdma_address_);
+    if (!ep.ok()) {
+      ADD_FAILURE() << ep.status().message();
+      return nullptr;
+    }
+    rdma::ChannelOptions options;
+    options.ring_bytes = 1u << 20;
+    std::string error;
+    auto channel = rdma::Channel::Connect(
+        *ep, hello.lane(), options, std::chrono::steady_clock::now() + std::chrono::seconds(60),
+        &error);
+    if (!channel) {
+      ADD_FAILURE() << "RDMA connect to " << rdma_address_ << ": " << error;
+      return nullptr;
+    }
+    net::ConnectionIdentity id;
+    id.peer = "rdma:" + rdma_address_;
+    std::promise<std::shared_ptr<net::Connection>> made;
+    boost::asio::post(io, [&] {
+      auto conn = std::make_shared<rdma::RdmaConnection>(handler, channel, id, &io);
+      FrameHeader hello_header = h;
+      conn->SendOwned(hello_header, payload);
+      conn->Start();
+      made.set_value(conn);
+    });
+    return made.get_future().get();
+  }
+
+  IoThread client_;
+  std::string rdma_address_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+std::string RdmaAddress() {
+  if (const char* ip = std::getenv("RACKHUB_TEST_RDMA_IP")) return ip;
+  std::vector<std::string> netdevs;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& dev : fs::directory_iterator("/sys/class/infiniband", ec)) {
+    for (const auto& nd : fs::directory_iterator(dev.path() / "ports/1/gid_attrs/ndevs", ec)) {
+      std::ifstream f(nd.path());
+      std::string name;
+      if (f >> name) netdevs.push_back(name);
+    }
+  }
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = list; a && found.empty(); a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+    if (std::find(netdevs.begin(), netdevs.end(), a->ifa_name) == netdevs.end()) continue;
+    char text[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    found = text;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+}  // namespace
+
+bool HaveRdma(std::string* ip, std::string* why) {
+  if (!rdma::DevicePresent()) {
+    *why = "no RDMA verbs device with an active port here; run tests/rdma/run.sh (Soft-RoCE VM)";
+    return false;
+  }
+  *ip = RdmaAddress();
+  if (ip->empty()) {
+    *why = "an RDMA device but no IPv4 address on its interface (set RACKHUB_TEST_RDMA_IP)";
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<HubUnderTest> HubUnderTest::Start(Transport transport,
+                                                  std::vector<std::string> args,
+                                                  std::string* why) {
+  if (transport == Transport::kMemory) return MemoryHub::Start(std::move(args), why);
+  std::string ip;
+  if (transport == Transport::kRdma && !HaveRdma(&ip, why)) return nullptr;
+  auto hub = std::make_unique<ProcessHub>(std::move(args), ip);
+  if (!hub->started()) {
+    *why = "rackhubd did not start";
+    return nullptr;
+  }
+  return hub;
+}
+
+}  // namespace rackhub::testing

@@ -1,0 +1,55 @@
+// Test support: one hub under test, whatever transport its workers use, so a
+// suite runs the same scenarios over every transport (INSTANTIATE over
+// AllTransports()):
+//   kMemory: a Hub running in this process (server/src/hub.h); worker links
+//            are in-memory connection pairs (net/testing) handed straight to
+//            the lane after the same HELLO checks as TCP and RDMA.
+//   kTcp:    a real rackhubd process; links are TCP sockets (RawClient).
+//   kRdma:   a real rackhubd process with data.transport = rdma; links are
+//            RDMA connections on the host's verbs device (Soft-RoCE in the VM
+//            of tests/rdma/run.sh). Not available without a device: Start
+//            returns null with the reason (the test GTEST_SKIPs).
+// The admin API is real gRPC on loopback in every case.
+//
+// Threading: single-threaded use from a test body.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data_link.h"
+
+namespace rackhub::testing {
+
+enum class Transport { kMemory, kTcp, kRdma };
+std::string TransportName(Transport t);
+std::vector<Transport> AllTransports();
+// For INSTANTIATE_TEST_SUITE_P's name generator.
+std::string TransportParamName(const ::testing::TestParamInfo<Transport>& info);
+
+class HubUnderTest {
+ public:
+  // `args`: rackhubd command-line options (e.g. {"--lanes", "2"}). Null with
+  // *why set when the transport cannot run here.
+  static std::unique_ptr<HubUnderTest> Start(Transport transport, std::vector<std::string> args,
+                                             std::string* why);
+  virtual ~HubUnderTest() = default;
+
+  virtual Transport transport() const = 0;
+  virtual const std::string& admin_address() const = 0;
+  // A new, unconnected worker link (HELLO connects it).
+  virtual std::unique_ptr<DataLink> Connect() = 0;
+  // Timing bounds of assertions are multiplied by this (emulated RDMA is slow).
+  virtual int time_scale() const { return 1; }
+  // Starts a graceful shutdown (SIGTERM for a process); FinishShutdown waits
+  // for it and returns the exit code (0 in-process).
+  virtual void BeginShutdown() = 0;
+  virtual int FinishShutdown() = 0;
+};
+
+// The IPv4 address of the first RDMA device's interface (or
+// $RACKHUB_TEST_RDMA_IP); false with *why if there is no usable device.
+bool HaveRdma(std::string* ip, std::string* why);
+
+}  // namespace rackhub::testing
