@@ -1,4 +1,5 @@
-// rackhub-bench coordinator: hub, tenant, worker processes, report.
+// rackhub-bench coordinator: command line (CLI11), hub, tenant, worker
+// processes, report.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -20,10 +21,14 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
 
 #include "bench.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
+#include "rackhub/common/number.h"
+#include "rackhub/common/size.h"
 
 extern char** environ;
 
@@ -33,91 +38,220 @@ namespace {
 namespace pb = rackhub::admin::v1;
 namespace agg = rackhub::aggregation;
 
-const char* kUsage = R"(usage: rackhub-bench [options]
+const char* kDescription =
+    "rackhub-bench: runs I iterations of synchronous push_pull of an M-byte model split into\n"
+    "K keys across W worker processes through a rackhub hub, verifies every iteration's\n"
+    "parameters bit for bit against a local reference, and reports the median iteration time.";
 
-Runs I iterations of synchronous push_pull of an M-byte model split into K keys
-across W worker processes through a rackhub hub, verifies every iteration's
-parameters bit for bit against a local reference, and reports the median
-iteration time.
+const char* kFooter = R"(Without --hub a hub is started here (rackhubd beside this binary, ephemeral
+loopback ports). SIZE: bytes, e.g. 65536, 64KiB, 64MiB, 1GiB.
 
-options:
-  --workers W            worker processes                      [2]
-  --bytes SIZE           model size in fp32 bytes (e.g. 64MiB)  [64MiB]
-  --keys K               keys the model is split into           [4]
-  --iterations I         timed iterations                       [20]
-  --warmup N             untimed (still verified) iterations    [2]
-  --dtype fp32|fp16|bf16 wire dtype                             [fp32]
-  --optimizer NAME       sgd|momentum|nesterov|adam|adamw|adagrad|sum-only [sgd]
-  --lr X                 learning rate                          [0.01]
-  --no-verify            skip the reference computation
-  --hub HOST:PORT        use a running hub's data plane (with --admin)
-  --admin HOST:PORT      its admin API
-  --admin-token-file F   admin token for --admin
-  --lanes N              lanes of the hub started locally (0 = cores) [0]
-  --transport T          tcp|rdma|auto data-plane transport of the workers [tcp]
-  --rdma-hub HOST:PORT   the hub's RDMA (rdma_cm) address; a hub started here
-                         listens there (HOST: an IP of the RDMA interface)
-  --chunk-bytes SIZE     the tenant's chunk size (hub default: 32KiB)
-  --racks R              racks of --workers workers each           [1]
-  --topology MODE        hierarchical (one hub per rack, hubs exchange rack
-                         sums) or flat (one hub for every rack)  [hierarchical]
-  --rack-addrs A0,A1,..  hub of rack r (flat: the one hub, rack 0) listens on
-                         IP Ar (data, admin, inter-hub) instead of 127.0.0.1,
-                         with a generated admin token and hub secret
-  --hub-netns-prefix P   run the hub of rack r in network namespace P<r>
-  --worker-netns-prefix P  run the workers of rack r in network namespace P<r>
-  --netns-prefix P       both (see bench/multirack_netns.sh; needs root)
-  --json                 print one JSON object instead of a table
-  -h, --help
+Comparison with torch.distributed (gloo) all_reduce of the same model:
+  --compare gloo interleaves R rounds of [rackhub run, gloo run], both with W
+  processes, I iterations, the same size and dtype, and prints the medians of the
+  per-round medians and rackhub/gloo. Exit code 3: the comparison could not run
+  gloo (torch missing, ...); the rackhub numbers are still printed, with the reason.
 
-comparison with torch.distributed (gloo) all_reduce of the same model:
-  --compare gloo         interleave R rounds of [rackhub run, gloo run], both with
-                         W processes, I iterations, the same size and dtype; print
-                         the medians of the per-round medians and rackhub/gloo
-  --rounds R             rounds                                 [5]
-  --gloo-script PATH     the gloo benchmark [<source dir>/bench/gloo_allreduce.py]
-  --python PATH          interpreter with torch                 [/usr/bin/python3]
-  exit code 3: the comparison could not run gloo (torch missing, ...): the
-  rackhub numbers are still printed, with the reason
-)";
+Exit codes: 0 verified (or --no-verify), 1 a run failed or did not verify,
+2 usage error, 3 see --compare.)";
 
 [[noreturn]] void Usage(const std::string& error) {
   std::fprintf(stderr, "rackhub-bench: %s\n(see rackhub-bench --help)\n", error.c_str());
   std::exit(2);
 }
 
-uint64_t ParseSizeArg(const std::string& flag, const std::string& text) {
-  size_t pos = 0;
-  uint64_t n = 0;
-  try {
-    n = std::stoull(text, &pos);
-  } catch (...) {
-    Usage(flag + ": '" + text + "' is not a size");
-  }
-  const std::string unit = text.substr(pos);
-  static const std::map<std::string, int> shifts = {{"", 0},   {"B", 0},    {"K", 10},
-                                                    {"KiB", 10}, {"M", 20}, {"MiB", 20},
-                                                    {"G", 30}, {"GiB", 30}};
-  const auto it = shifts.find(unit);
-  if (it == shifts.end()) Usage(flag + ": unknown unit '" + unit + "'");
-  return n << it->second;
+// CLI11 adapters over the rackhub_common parsers. CLI11 reports a failure as
+// "--option: <message>", e.g. "--bytes: '12XB' has an unknown unit 'XB' (...)".
+CLI::Validator Unsigned32() {
+  return CLI::Validator(
+      [](std::string& text) {
+        const Result<uint64_t> v = ParseUnsigned(text, UINT32_MAX);
+        return v.ok() ? std::string() : v.status().message();
+      },
+      "");
 }
 
-uint32_t ParseUint(const std::string& flag, const std::string& text) {
-  try {
-    size_t pos = 0;
-    const unsigned long v = std::stoul(text, &pos);
-    if (pos == text.size() && v <= UINT32_MAX) return static_cast<uint32_t>(v);
-  } catch (...) {
-  }
-  Usage(flag + ": '" + text + "' is not a non-negative integer");
+// Rewrites the value to its byte count (use with Option::transform).
+CLI::Validator Bytes(uint64_t max) {
+  return CLI::Validator(
+      [max](std::string& text) {
+        const Result<uint64_t> v = ParseSize(text);
+        if (!v.ok()) return v.status().message();
+        if (*v > max) return fmt::format("'{}' is too large (at most {} bytes)", text, max);
+        text = std::to_string(*v);
+        return std::string();
+      },
+      "");
 }
 
-WireType ParseDType(const std::string& text) {
-  if (text == "fp32") return WireType::kFp32;
-  if (text == "fp16") return WireType::kFp16;
-  if (text == "bf16") return WireType::kBf16;
-  Usage("--dtype: '" + text + "' is not fp32, fp16 or bf16");
+CLI::Validator Decimal() {
+  return CLI::Validator(
+      [](std::string& text) {
+        const Result<double> v = ParseDecimal(text);
+        return v.ok() ? std::string() : v.status().message();
+      },
+      "");
+}
+
+CLI::Validator OneOf(std::vector<std::string> names) {
+  return CLI::Validator(
+      [names](std::string& text) {
+        if (std::find(names.begin(), names.end(), text) != names.end()) return std::string();
+        std::string list;
+        for (size_t i = 0; i < names.size(); ++i) {
+          list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+        }
+        return fmt::format("'{}' is not {}", text, list);
+      },
+      "");
+}
+
+// fp32|fp16|bf16, or the wire value 1|2|3 (how the coordinator passes it to
+// workers).
+Result<WireType> ParseDType(std::string_view text) {
+  if (text == "fp32" || text == "1") return WireType::kFp32;
+  if (text == "fp16" || text == "2") return WireType::kFp16;
+  if (text == "bf16" || text == "3") return WireType::kBf16;
+  return InvalidArgument(fmt::format("'{}' is not fp32, fp16 or bf16", text));
+}
+
+// The command line, parsed and checked; usage errors exit 2 (Usage).
+struct CommandLine {
+  BenchArgs a;
+  bool worker = false;
+  std::string opt_text;
+};
+
+CommandLine Parse(int argc, char** argv) {
+  CommandLine cl;
+  BenchArgs& a = cl.a;
+  std::string dtype = "fp32", netns_prefix;
+  CLI::App app(kDescription, "rackhub-bench");
+  app.footer(kFooter);
+  app.get_formatter()->column_width(30);
+  const auto number = [&](const char* name, uint32_t* v, const char* type, const char* what) {
+    return app.add_option(name, *v, what)->type_name(type)->check(Unsigned32())->capture_default_str();
+  };
+  number("--workers", &a.w.workers, "W", "worker processes (per rack)");
+  app.add_option("--bytes", a.w.bytes, "model size in fp32 bytes (e.g. 64MiB)")
+      ->type_name("SIZE")
+      ->transform(Bytes(UINT64_MAX))
+      ->default_str("64MiB");
+  number("--keys", &a.w.keys, "K", "keys the model is split into");
+  number("--iterations", &a.w.iterations, "I", "timed iterations");
+  number("--warmup", &a.w.warmup, "N", "untimed (still verified) iterations first");
+  app.add_option("--dtype", dtype, "wire dtype")
+      ->type_name("fp32|fp16|bf16")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            const Result<WireType> t = ParseDType(text);
+            return t.ok() ? std::string() : t.status().message();
+          },
+          ""))
+      ->capture_default_str();
+  app.add_option("--optimizer", a.optimizer, "hub optimizer")
+      ->type_name("NAME")
+      ->check(OneOf({"sgd", "momentum", "nesterov", "adam", "adamw", "adagrad", "sum-only"}))
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate")
+      ->type_name("X")
+      ->check(Decimal())
+      ->capture_default_str();
+  app.add_flag("--verify,!--no-verify", a.w.verify,
+               "check every iteration against the local reference (--no-verify: skip it)");
+  app.add_option("--hub", a.w.hub, "use a running hub's data plane (with --admin)")
+      ->type_name("HOST:PORT");
+  app.add_option("--admin", a.admin, "its admin API")->type_name("HOST:PORT");
+  app.add_option("--admin-token-file", a.admin_token_file, "admin token for --admin")
+      ->type_name("FILE");
+  number("--lanes", &a.lanes, "N", "lanes of the hub started here (0 = one per core)");
+  app.add_option("--transport", a.w.transport, "data-plane transport of the workers")
+      ->type_name("tcp|rdma|auto")
+      ->check(OneOf({"tcp", "rdma", "auto"}))
+      ->capture_default_str();
+  app.add_option("--rdma-hub", a.w.rdma_hub,
+                 "the hub's RDMA (rdma_cm) address; a hub started here listens there\n"
+                 "(HOST: an IP of the RDMA interface)")
+      ->type_name("HOST:PORT");
+  app.add_option("--chunk-bytes", a.chunk_bytes, "the tenant's chunk size (hub default: 32KiB)")
+      ->type_name("SIZE")
+      ->transform(Bytes(UINT32_MAX));
+  number("--racks", &a.racks, "R", "racks of --workers workers each");
+  app.add_option("--topology", a.topology,
+                 "hierarchical (one hub per rack, hubs exchange rack sums) or flat (one hub\n"
+                 "for every rack)")
+      ->type_name("MODE")
+      ->check(OneOf({"hierarchical", "flat"}))
+      ->capture_default_str();
+  app.add_option("--rack-addrs", a.rack_addrs,
+                 "hub of rack r (flat: the one hub, rack 0) listens on IP Ar (data, admin,\n"
+                 "inter-hub) instead of 127.0.0.1, with a generated admin token and hub secret")
+      ->type_name("A0,A1,..")
+      ->delimiter(',');
+  CLI::Option* hub_netns =
+      app.add_option("--hub-netns-prefix", a.hub_netns_prefix,
+                     "run the hub of rack r in network namespace P<r>")
+          ->type_name("P");
+  CLI::Option* worker_netns =
+      app.add_option("--worker-netns-prefix", a.worker_netns_prefix,
+                     "run the workers of rack r in network namespace P<r>")
+          ->type_name("P");
+  CLI::Option* both_netns =
+      app.add_option("--netns-prefix", netns_prefix,
+                     "both (see bench/multirack_netns.sh; needs root)")
+          ->type_name("P");
+  app.add_flag("--json", a.json, "print one JSON object instead of a table");
+  const char* compare = "Comparison with gloo";
+  app.add_option("--compare", a.compare, "interleave rounds of rackhub and gloo runs")
+      ->type_name("gloo")
+      ->check(OneOf({"gloo"}))
+      ->group(compare);
+  number("--rounds", &a.rounds, "R", "rounds")->group(compare);
+  app.add_option("--gloo-script", a.gloo_script,
+                 "the gloo benchmark [<source dir>/bench/gloo_allreduce.py]")
+      ->type_name("PATH")
+      ->group(compare);
+  app.add_option("--python", a.python, "interpreter with torch")
+      ->type_name("PATH")
+      ->capture_default_str()
+      ->group(compare);
+  // Worker mode: how the coordinator starts its workers (not in --help).
+  CLI::Option* worker_rank = app.add_option("--worker-rank", a.w.rank)->check(Unsigned32());
+  app.add_option("--rack", a.w.rack)->check(Unsigned32());
+  app.add_option("--tenant", a.w.tenant);
+  app.add_option("--token-file", a.w.token_file);
+  app.add_option("--opt", cl.opt_text);
+  app.add_option("--barrier-dir", a.w.barrier_dir);
+  app.add_option("--result", a.w.result_file);
+  for (const char* internal : {"--worker-rank", "--rack", "--tenant", "--token-file", "--opt",
+                               "--barrier-dir", "--result"}) {
+    app.get_option(internal)->group("");
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    std::string message = e.what();
+    std::replace(message.begin(), message.end(), '\n', ' ');
+    Usage(message);
+  }
+  if (!app.remaining().empty()) Usage("unexpected argument '" + app.remaining().front() + "'");
+  a.w.dtype = *ParseDType(dtype);
+  a.w.racks = a.racks;
+  if (both_netns->count() > 0) {
+    if (hub_netns->count() == 0) a.hub_netns_prefix = netns_prefix;
+    if (worker_netns->count() == 0) a.worker_netns_prefix = netns_prefix;
+  }
+  cl.worker = worker_rank->count() > 0;
+  if (a.rounds == 0) Usage("--rounds: must be >= 1");
+  if (a.w.workers == 0 || a.w.keys == 0 || a.w.iterations == 0) {
+    Usage("--workers, --keys and --iterations must be >= 1");
+  }
+  if (a.w.bytes < 4ull * a.w.keys) Usage("--bytes: too small for that many keys");
+  return cl;
 }
 
 }  // namespace
@@ -237,114 +371,10 @@ int Coordinate(const BenchArgs& a, const std::string& self) {
 
 int main(int argc, char** argv) {
   using namespace rackhub::bench;
-  BenchArgs a;
-  bool worker = false;
-  std::string opt_text;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) Usage(f + ": missing value");
-      return argv[++i];
-    };
-    if (f == "-h" || f == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (f == "--workers") {
-      a.w.workers = ParseUint(f, value());
-    } else if (f == "--bytes") {
-      a.w.bytes = ParseSizeArg(f, value());
-    } else if (f == "--keys") {
-      a.w.keys = ParseUint(f, value());
-    } else if (f == "--iterations") {
-      a.w.iterations = ParseUint(f, value());
-    } else if (f == "--warmup") {
-      a.w.warmup = ParseUint(f, value());
-    } else if (f == "--dtype") {
-      const std::string d = value();
-      a.w.dtype = std::isdigit(static_cast<unsigned char>(d[0]))
-                      ? static_cast<WireType>(ParseUint(f, d))
-                      : ParseDType(d);
-    } else if (f == "--optimizer") {
-      a.optimizer = value();
-      ParseOptimizer(a.optimizer);
-    } else if (f == "--lr") {
-      a.lr = std::atof(value().c_str());
-    } else if (f == "--no-verify") {
-      a.w.verify = false;
-    } else if (f == "--verify") {
-      a.w.verify = true;
-    } else if (f == "--hub") {
-      a.w.hub = value();
-    } else if (f == "--admin") {
-      a.admin = value();
-    } else if (f == "--admin-token-file") {
-      a.admin_token_file = value();
-    } else if (f == "--transport") {
-      a.w.transport = value();
-      if (a.w.transport != "tcp" && a.w.transport != "rdma" && a.w.transport != "auto") {
-        Usage("--transport: '" + a.w.transport + "' is not tcp, rdma or auto");
-      }
-    } else if (f == "--rdma-hub") {
-      a.w.rdma_hub = value();
-    } else if (f == "--lanes") {
-      a.lanes = ParseUint(f, value());
-    } else if (f == "--json") {
-      a.json = true;
-    } else if (f == "--compare") {
-      a.compare = value();
-      if (a.compare != "gloo") Usage("--compare: '" + a.compare + "' is not gloo");
-    } else if (f == "--rounds") {
-      a.rounds = ParseUint(f, value());
-      if (a.rounds == 0) Usage("--rounds must be >= 1");
-    } else if (f == "--gloo-script") {
-      a.gloo_script = value();
-    } else if (f == "--python") {
-      a.python = value();
-    } else if (f == "--chunk-bytes") {
-      a.chunk_bytes = static_cast<uint32_t>(ParseSizeArg(f, value()));
-    } else if (f == "--racks") {
-      a.racks = ParseUint(f, value());
-      a.w.racks = a.racks;
-    } else if (f == "--rack") {  // internal: worker mode
-      a.w.rack = ParseUint(f, value());
-    } else if (f == "--rack-addrs") {
-      std::istringstream in(value());
-      a.rack_addrs.clear();
-      for (std::string addr; std::getline(in, addr, ',');) a.rack_addrs.push_back(addr);
-    } else if (f == "--hub-netns-prefix") {
-      a.hub_netns_prefix = value();
-    } else if (f == "--worker-netns-prefix") {
-      a.worker_netns_prefix = value();
-    } else if (f == "--netns-prefix") {
-      a.hub_netns_prefix = a.worker_netns_prefix = value();
-    } else if (f == "--topology") {
-      a.topology = value();
-      if (a.topology != "hierarchical" && a.topology != "flat") {
-        Usage("--topology: '" + a.topology + "' is not hierarchical or flat");
-      }
-    } else if (f == "--worker-rank") {  // internal: worker mode
-      worker = true;
-      a.w.rank = ParseUint(f, value());
-    } else if (f == "--tenant") {
-      a.w.tenant = value();
-    } else if (f == "--token-file") {
-      a.w.token_file = value();
-    } else if (f == "--opt") {
-      opt_text = value();
-    } else if (f == "--barrier-dir") {  // internal: worker mode
-      a.w.barrier_dir = value();
-    } else if (f == "--result") {
-      a.w.result_file = value();
-    } else {
-      Usage(f + ": unknown option");
-    }
-  }
-  if (a.w.workers == 0 || a.w.keys == 0 || a.w.iterations == 0) {
-    Usage("--workers, --keys and --iterations must be >= 1");
-  }
-  if (a.w.bytes < 4ull * a.w.keys) Usage("--bytes: too small for that many keys");
-  if (worker) {
-    if (!DecodeOptimizer(opt_text, &a.w.optimizer)) Usage("--opt: malformed");
+  CommandLine cl = Parse(argc, argv);
+  BenchArgs& a = cl.a;
+  if (cl.worker) {
+    if (!DecodeOptimizer(cl.opt_text, &a.w.optimizer)) Usage("--opt: malformed");
     return RunWorker(a.w);
   }
   if (!a.w.hub.empty() && a.admin.empty()) Usage("--hub needs --admin (to create the tenant)");
