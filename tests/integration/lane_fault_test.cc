@@ -336,5 +336,44 @@ TEST_F(LaneFaultTest, PushStalledMidFrameIsAStraggler) {
   }
 }
 
+// Shutdown with work of every kind in flight: a pending update, a held
+// reply, a reconnect waiting for its rank's old connection (a lane timer),
+// the straggler timer. Every worker gets SHUTTING_DOWN, the hub stops well
+// within its grace period, and nothing the lanes scheduled runs afterwards
+// (the gates are idle: DataPlane::Shutdown logs an error otherwise, and a
+// handler touching a destroyed lane would crash this process).
+TEST_F(LaneFaultTest, ShutdownWithWorkInFlightIsPromptAndClean) {
+  uint32_t key = 0;
+  const std::string token = MakeTenant("busy", 2, &key);
+  Worker r0 = Join("busy", token, 0), r1 = Join("busy", token, 1);
+  r0.lanes[0]->Send(Push(r0, key, 0, 0), Gradient(0, 0, 0, 1024));  // pending update
+  r1.conn(1)->incoming_faults().Stall(true);                          // held replies
+  SyncWithLane(r0, 0);
+  auto twin = hub_->Connect();  // rank 0 again on lane 0: waits on a lane timer
+  net::FrameHeader hello;
+  hello.opcode = net::Opcode::kHello;
+  data::v1::Hello h;
+  h.set_tenant("busy");
+  h.set_token(token);
+  h.set_rank(0);
+  h.set_lane(0);
+  twin->Send(hello, h.SerializeAsString());
+  std::this_thread::sleep_for(50ms);
+  const auto start = std::chrono::steady_clock::now();
+  hub_->BeginShutdown();
+  ExpectError(r0.lanes[0]->Receive(), net::WireError::kShuttingDown, "shutting down", false);
+  ExpectError(r0.lanes[0]->Receive(), net::WireError::kShuttingDown, "shutting down", true);
+  EXPECT_TRUE(r0.lanes[0]->ClosedByPeer());
+  ExpectError(r1.lanes[0]->Receive(), net::WireError::kShuttingDown, "shutting down", true);
+  EXPECT_EQ(hub_->FinishShutdown(), 0);
+  // The stalled link could not take its SHUTTING_DOWN frame: the hub closed
+  // it at the end of the grace period (2 s). Its close, like a TCP FIN, waits
+  // behind the held bytes until the network delivers again.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+  r1.conn(1)->incoming_faults().Stall(false);
+  EXPECT_TRUE(r1.lanes[1]->ClosedByPeer(1s));
+  EXPECT_TRUE(twin->ClosedByPeer(1s));
+}
+
 }  // namespace
 }  // namespace rackhub
