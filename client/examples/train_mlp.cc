@@ -18,6 +18,7 @@
 // Usage: rackhub-train-demo --hub HOST:PORT --tenant NAME --token-file FILE
 //          --rank R --workers W [--epochs 8] [--batch 64] [--seed 1]
 //          [--optimizer momentum|adam|sgd] [--lr X]
+// (rackhub-train-demo --help describes each option; usage errors exit 2.)
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -29,13 +30,15 @@
 #include <memory>
 #include <numeric>
 #include <span>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "rackhub/client/client.h"
+#include "rackhub/common/number.h"
 
 namespace {
 
@@ -61,52 +64,84 @@ struct Flags {
 };
 
 [[noreturn]] void Usage(const std::string& why) {
-  std::fprintf(stderr,
-               "rackhub-train-demo: %s\n"
-               "usage: rackhub-train-demo --hub HOST:PORT --tenant NAME --token-file FILE\n"
-               "         --rank R --workers W [--epochs 8] [--batch 64] [--seed 1]\n"
-               "         [--optimizer momentum|adam|sgd] [--lr X]\n",
-               why.c_str());
+  std::fprintf(stderr, "rackhub-train-demo: %s (see rackhub-train-demo --help)\n", why.c_str());
   std::exit(2);
 }
 
-template <typename T>
-T ParseNumber(const std::string& flag, const std::string& text) {
-  std::istringstream in(text);
-  T value{};
-  if (!(in >> value) || !in.eof()) Usage("bad value for " + flag + ": '" + text + "'");
-  return value;
+// CLI11 validator: an unsigned integer (rackhub/common/number.h) up to `max`.
+CLI::Validator UnsignedUpTo(uint64_t max) {
+  return CLI::Validator(
+      [max](std::string& text) {
+        const rackhub::Result<uint64_t> v = rackhub::ParseUnsigned(text, max);
+        return v.ok() ? std::string() : v.status().message();
+      },
+      "");
 }
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
-  bool have_rank = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") Usage("one worker of a data-parallel training demo");
-    if (i + 1 >= argc) Usage("missing value for " + flag);
-    const std::string v = argv[++i];
-    if (flag == "--hub") f.hub = v;
-    else if (flag == "--tenant") f.tenant = v;
-    else if (flag == "--token-file") f.token_file = v;
-    else if (flag == "--rank") f.rank = ParseNumber<uint32_t>(flag, v), have_rank = true;
-    else if (flag == "--workers") f.workers = ParseNumber<uint32_t>(flag, v);
-    else if (flag == "--epochs") f.epochs = ParseNumber<int>(flag, v);
-    else if (flag == "--batch") f.batch = ParseNumber<int>(flag, v);
-    else if (flag == "--seed") f.seed = ParseNumber<uint64_t>(flag, v);
-    else if (flag == "--optimizer") f.optimizer = v;
-    else if (flag == "--lr") f.lr = ParseNumber<double>(flag, v);
-    else Usage("unknown flag " + flag);
+  CLI::App app("rackhub-train-demo: one worker of a synchronous data-parallel MLP training job "
+               "on a rackhub hub",
+               "rackhub-train-demo");
+  app.get_formatter()->column_width(28);
+  app.add_option("--hub", f.hub, "the hub's data plane")->type_name("HOST:PORT")->required();
+  app.add_option("--tenant", f.tenant, "tenant name")->type_name("NAME")->required();
+  app.add_option("--token-file", f.token_file, "file holding the tenant's data-plane token")
+      ->type_name("FILE")
+      ->required();
+  app.add_option("--rank", f.rank, "this worker's rank, below --workers")
+      ->type_name("R")
+      ->check(UnsignedUpTo(UINT32_MAX))
+      ->required();
+  app.add_option("--workers", f.workers, "workers of the tenant (per rack)")
+      ->type_name("W")
+      ->check(UnsignedUpTo(UINT32_MAX))
+      ->required();
+  app.add_option("--epochs", f.epochs, "passes over the training set")
+      ->type_name("N")
+      ->check(UnsignedUpTo(INT32_MAX))
+      ->capture_default_str();
+  app.add_option("--batch", f.batch, "minibatch per worker")
+      ->type_name("N")
+      ->check(UnsignedUpTo(INT32_MAX))
+      ->capture_default_str();
+  app.add_option("--seed", f.seed, "data and initial weights (the same on every rank)")
+      ->type_name("N")
+      ->check(UnsignedUpTo(UINT64_MAX))
+      ->capture_default_str();
+  app.add_option("--optimizer", f.optimizer, "the keys' optimizer on the hub")
+      ->type_name("momentum|adam|sgd")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            if (text == "momentum" || text == "adam" || text == "sgd") return std::string();
+            return "'" + text + "' is not momentum, adam or sgd";
+          },
+          ""))
+      ->capture_default_str();
+  app.add_option("--lr", f.lr, "learning rate (default: momentum 0.05, adam 1e-3, sgd 0.2)")
+      ->type_name("X")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            const rackhub::Result<double> v = rackhub::ParseDecimal(text);
+            if (!v.ok()) return v.status().message();
+            return *v < 0 ? "'" + text + "' is negative" : std::string();
+          },
+          ""));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    std::string message = e.what();
+    std::replace(message.begin(), message.end(), '\n', ' ');
+    Usage(message);
   }
-  if (f.hub.empty() || f.tenant.empty() || f.token_file.empty() || !have_rank || f.workers == 0)
-    Usage("--hub, --tenant, --token-file, --rank and --workers are required");
-  if (f.rank >= f.workers) Usage("--rank must be below --workers");
+  if (f.workers == 0) Usage("--workers: must be >= 1");
+  if (f.rank >= f.workers) Usage("--rank: must be below --workers");
   if (f.epochs < 1 || f.batch < 1) Usage("--epochs and --batch must be positive");
   if (static_cast<uint64_t>(f.batch) * f.workers > kTrainSamples)
     Usage("--batch times --workers exceeds the training set");
-  if (f.optimizer != "momentum" && f.optimizer != "adam" && f.optimizer != "sgd")
-    Usage("--optimizer must be momentum, adam or sgd");
-  if (f.lr < 0) Usage("--lr must not be negative");
   return f;
 }
 
