@@ -130,7 +130,10 @@ CommandLine Parse(int argc, char** argv) {
   app.footer(kFooter);
   app.get_formatter()->column_width(30);
   const auto number = [&](const char* name, uint32_t* v, const char* type, const char* what) {
-    return app.add_option(name, *v, what)->type_name(type)->check(Unsigned32())->capture_default_str();
+    return app.add_option(name, *v, what)
+        ->type_name(type)
+        ->check(Unsigned32())
+        ->capture_default_str();
   };
   number("--workers", &a.w.workers, "W", "worker processes (per rack)");
   app.add_option("--bytes", a.w.bytes, "model size in fp32 bytes (e.g. 64MiB)")

@@ -590,7 +590,8 @@ void Commands::CheckComplete() const {
         throw UsageError(fmt::format("option {} belongs after its command's words", option));
       }
       if (selected.get_option_no_throw(option) != nullptr) {
-        throw UsageError(fmt::format("option {} belongs after the command words '{}'", option, name));
+        throw UsageError(
+            fmt::format("option {} belongs after the command words '{}'", option, name));
       }
       throw UsageError(fmt::format("option {} does not apply to '{}'", option, name));
     }

@@ -5,7 +5,8 @@ namespace rackhub::cli {
 const char* const kDescription =
     "rackhubctl: manage a rackhubd parameter server through its admin API.";
 
-const char* const kFooter = R"(Commands (`rackhubctl help COMMAND...` or `COMMAND... --help` for one):
+const char* const kFooter =
+    R"(Commands (`rackhubctl help COMMAND...` or `COMMAND... --help` for one):
   tenant create NAME --workers N [--chunk-bytes SIZE] [--tenant-token-file FILE]
                 [optimizer options] [--max-param-bytes SIZE] [--max-keys N] [--max-workers N]
   tenant get NAME         show one tenant

@@ -51,7 +51,9 @@ Result<Endpoint> ParseEndpoint(std::string_view text) {
   for (char c : ep.host) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '.' || c == '-' || c == ':' || c == '_';
-    if (!ok) return InvalidArgument(fmt::format("host '{}' contains an invalid character", ep.host));
+    if (!ok) {
+      return InvalidArgument(fmt::format("host '{}' contains an invalid character", ep.host));
+    }
   }
   unsigned port = 0;
   const auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
