@@ -13,31 +13,19 @@ TcpConnection::TcpConnection(FrameHandler* handler, asio::ip::tcp::socket socket
 
 namespace {
 
-// Initial receive buffer: room for several 32 KiB chunk frames per recv.
-constexpr size_t kInitialReceiveBytes = 256 * 1024;
 // Frames written with one gather write (two buffers each; IOV_MAX is 1024).
 constexpr size_t kMaxFramesPerWrite = 64;
 
 }  // namespace
 
-void TcpConnection::Start() {
-  rbuf_.resize(kInitialReceiveBytes);
-  ReadMore();
-}
+void TcpConnection::Start() { ReadMore(); }
 
 void TcpConnection::ReadMore() {
-  if (!open_ || closing_) return;
-  if (rstart_ == rend_) rstart_ = rend_ = 0;
-  // Room for the frame being received: compact, and grow only when one frame
-  // is larger than the buffer.
-  const size_t need = have_header_ ? header_.payload_bytes : kHeaderBytes;
-  if (rbuf_.size() - rstart_ < need || rend_ == rbuf_.size()) {
-    std::memmove(rbuf_.data(), rbuf_.data() + rstart_, rend_ - rstart_);
-    rend_ -= rstart_;
-    rstart_ = 0;
-    if (rbuf_.size() < need) rbuf_.resize(std::max(need, 2 * rbuf_.size()));
-  }
-  socket_.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
+  if (!open_ || closing_ || reader_.stopped()) return;
+  // The reader makes room for the frame being received (compacts, grows only
+  // for a frame larger than its buffer); one recv takes all the room it has.
+  const std::span<std::byte> room = reader_.WritableSpan();
+  socket_.async_read_some(asio::buffer(room.data(), room.size()),
                           [self = self()](const boost::system::error_code& ec, size_t n) {
                             self->OnRead(ec, n);
                           });
@@ -46,53 +34,15 @@ void TcpConnection::ReadMore() {
 void TcpConnection::OnRead(const boost::system::error_code& ec, size_t bytes) {
   if (!open_) return;
   if (ec) {
-    const bool clean = ec == asio::error::eof && !have_header_ && skip_ == 0 && rstart_ == rend_;
+    const bool clean = ec == asio::error::eof && !reader_.inside_frame();
     Close(clean ? "peer closed the connection"
                 : (ec == asio::error::eof ? "peer closed the connection inside a frame"
                                           : ec.message()));
     return;
   }
-  rend_ += bytes;
-  ParseFrames();
+  reader_.Commit(bytes);
+  reader_.Parse(*this, *handler_);
   ReadMore();
-}
-
-void TcpConnection::ParseFrames() {
-  while (open_ && !closing_) {
-    const size_t avail = rend_ - rstart_;
-    if (skip_ > 0) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(skip_, avail));
-      rstart_ += n;
-      skip_ -= n;
-      if (skip_ > 0) return;
-      continue;
-    }
-    if (!have_header_) {
-      if (avail < kHeaderBytes) return;
-      header_ = DecodeHeader(std::span<const std::byte, kHeaderBytes>(rbuf_.data() + rstart_,
-                                                                        kHeaderBytes));
-      rstart_ += kHeaderBytes;
-      if (auto error = ValidateHeader(header_); !error.empty()) {
-        SendError(WireError::kMalformed, error, header_.request_id, true);
-        return;
-      }
-      // The lane checks every field against its state before the payload
-      // is looked at (or room is made for it).
-      const auto verdict = handler_->AcceptHeader(*this, header_);
-      if (verdict == FrameHandler::Verdict::kReject) return;
-      if (verdict == FrameHandler::Verdict::kDiscard) {
-        skip_ = header_.payload_bytes;
-        continue;
-      }
-      have_header_ = true;
-      continue;
-    }
-    if (avail < header_.payload_bytes) return;
-    const std::span<const std::byte> payload(rbuf_.data() + rstart_, header_.payload_bytes);
-    rstart_ += header_.payload_bytes;
-    have_header_ = false;
-    handler_->HandleFrame(*this, header_, payload);
-  }
 }
 
 void TcpConnection::SendBorrowed(const FrameHeader& header,
@@ -120,7 +70,10 @@ void TcpConnection::SendError(WireError code, const std::string& text, uint64_t 
   f.owned = std::move(e.body);
   EncodeHeader(e.header, f.header);
   f.close_after = fatal;
-  if (fatal) closing_ = true;
+  if (fatal) {
+    closing_ = true;
+    reader_.Stop();
+  }
   Enqueue(std::move(f));
 }
 
@@ -171,6 +124,7 @@ void TcpConnection::WriteNext() {
 void TcpConnection::Close(const std::string& why) {
   if (!open_) return;
   open_ = false;
+  reader_.Stop();
   boost::system::error_code ignored;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);

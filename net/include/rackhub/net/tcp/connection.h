@@ -2,9 +2,10 @@
 // connection of one (worker, lane), owned by that lane's thread after the
 // acceptor handed it over (DESIGN.md §5).
 //
-// Reads frames in order, many per system call into one receive buffer; each
-// header goes to the handler before its payload is looked at, and accepted
-// frames are handed over in place (no copy besides the kernel's). Replies are queued and written as gathers of header + payload
+// Reads frames in order, many per system call into the receive buffer of a
+// FrameReader (net/frame_reader.h); each header goes to the handler before its
+// payload is looked at, and accepted frames are handed over in place (no copy
+// besides the kernel's). Replies are queued and written as gathers of header + payload
 // without staging copies; a payload that is not owned by the frame (the
 // lane's double-buffered parameters) must stay valid until written, which the
 // lane guarantees (see ChunkState).
@@ -23,6 +24,7 @@
 
 #include "rackhub/net/asio.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/frame_reader.h"
 #include "rackhub/net/transport.h"
 
 namespace rackhub::net::tcp {
@@ -51,8 +53,6 @@ class TcpConnection final : public Connection {
   };
   void ReadMore();
   void OnRead(const boost::system::error_code& ec, size_t bytes);
-  // Handles every complete frame in the receive buffer.
-  void ParseFrames();
   void Enqueue(OutFrame frame);
   void WriteNext();
 
@@ -66,15 +66,9 @@ class TcpConnection final : public Connection {
   bool open_ = true;
   bool closing_ = false;  // a fatal error is queued: read nothing more
 
-  // Receive side: one recv fills as much of rbuf_ as the socket has (many
-  // frames per system call); frames are handled in place. Bytes
-  // [rstart_, rend_) are received but not consumed yet.
-  std::vector<std::byte> rbuf_;
-  size_t rstart_ = 0;
-  size_t rend_ = 0;
-  bool have_header_ = false;  // header_ is parsed, its payload is pending
-  FrameHeader header_{};
-  uint64_t skip_ = 0;  // payload bytes of a refused frame still to drop
+  // Receive side: one recv fills as much of the reader's buffer as the socket
+  // has (many frames per system call); frames are handled in place.
+  FrameReader reader_;
 
   // Send side: queued frames go out in batches, one gather write each.
   std::deque<OutFrame> out_;

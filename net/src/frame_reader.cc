@@ -1,0 +1,67 @@
+#include "rackhub/net/frame_reader.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace rackhub::net {
+
+std::span<std::byte> FrameReader::WritableSpan(size_t min) {
+  min = std::max<size_t>(min, 1);
+  if (buf_.empty()) buf_.resize(std::max(initial_bytes_, min));
+  if (rstart_ == rend_) rstart_ = rend_ = 0;
+  // Room for the frame being received: compact, and grow only when one frame
+  // is larger than the buffer.
+  const size_t need = have_header_ ? header_.payload_bytes : kHeaderBytes;
+  if (buf_.size() - rstart_ < need || buf_.size() - rend_ < min) {
+    std::memmove(buf_.data(), buf_.data() + rstart_, rend_ - rstart_);
+    rend_ -= rstart_;
+    rstart_ = 0;
+    if (buf_.size() < need) buf_.resize(std::max(need, 2 * buf_.size()));
+    if (buf_.size() - rend_ < min) buf_.resize(std::max(rend_ + min, 2 * buf_.size()));
+  }
+  return {buf_.data() + rend_, buf_.size() - rend_};
+}
+
+void FrameReader::Parse(Connection& conn, FrameHandler& handler) {
+  while (!stopped_) {
+    const size_t avail = rend_ - rstart_;
+    if (skip_ > 0) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(skip_, avail));
+      rstart_ += n;
+      skip_ -= n;
+      if (skip_ > 0) return;
+      continue;
+    }
+    if (!have_header_) {
+      if (avail < kHeaderBytes) return;
+      header_ = DecodeHeader(
+          std::span<const std::byte, kHeaderBytes>(buf_.data() + rstart_, kHeaderBytes));
+      rstart_ += kHeaderBytes;
+      if (Status valid = CheckHeader(header_); !valid.ok()) {
+        stopped_ = true;
+        conn.SendError(WireError::kMalformed, valid.message(), header_.request_id, true);
+        return;
+      }
+      // The handler checks every field against its state before the payload
+      // is looked at (or room is made for it).
+      const auto verdict = handler.AcceptHeader(conn, header_);
+      if (verdict == FrameHandler::Verdict::kReject) {
+        stopped_ = true;
+        return;
+      }
+      if (verdict == FrameHandler::Verdict::kDiscard) {
+        skip_ = header_.payload_bytes;
+        continue;
+      }
+      have_header_ = true;
+      continue;
+    }
+    if (avail < header_.payload_bytes) return;
+    const std::span<const std::byte> payload(buf_.data() + rstart_, header_.payload_bytes);
+    rstart_ += header_.payload_bytes;
+    have_header_ = false;
+    handler.HandleFrame(conn, header_, payload);
+  }
+}
+
+}  // namespace rackhub::net
