@@ -35,9 +35,8 @@ std::string Trim(const std::string& text) {
 ConnectionOptions ReadConnectionOptions(const CommandLine& cl) {
   ConnectionOptions o;
   if (auto admin = cl.Get("admin")) {
-    std::string error;
-    const auto endpoint = net::ParseEndpoint(*admin, &error);
-    if (!endpoint) throw UsageError("--admin: " + error);
+    const Result<net::Endpoint> endpoint = net::ParseEndpoint(*admin);
+    if (!endpoint.ok()) throw UsageError("--admin: " + endpoint.status().message());
     if (endpoint->port == 0) throw UsageError("--admin: port 0 is not a daemon's address");
     o.admin = endpoint->ToString();
   }

@@ -81,14 +81,15 @@ void WorkerProtocol::OnDeclare(net::Connection& conn, LaneTenant& t, const Frame
   spec.init = decl.init() == pb::FROM_CLIENT ? InitMode::kFromClient : InitMode::kZeros;
   spec.use_tenant_optimizer = !decl.has_optimizer();
   if (decl.has_optimizer()) {
-    bool unspecified = false;
-    if (auto e = OptimizerFromProto(decl.optimizer(), &spec.optimizer, &unspecified);
-        !e.empty() || unspecified) {
+    Result<ProtoOptimizer> opt = OptimizerFromProto(decl.optimizer());
+    if (!opt.ok() || opt->unspecified_type) {
       conn.SendError(WireError::kInvalidArgument,
-                     "optimizer." + (e.empty() ? std::string("type: required") : e),
+                     "optimizer." + (opt.ok() ? std::string("type: required")
+                                              : opt.status().message()),
                      h.request_id, false);
       return;
     }
+    spec.optimizer = opt->config;
   }
   KeyInfo info;
   bool created = false;
@@ -123,13 +124,13 @@ void WorkerProtocol::OnSetOptimizer(net::Connection& conn, LaneTenant& t, const 
   KeyInfo info;
   Status s = registry_->GetKeyById(t.info.handle, h.key, &info);
   if (s.ok()) {
-    aggregation::OptimizerConfig cfg;
-    bool keep_type = true;
-    if (auto e = OptimizerFromProto(update.optimizer(), &cfg, &keep_type); !e.empty()) {
-      s = InvalidArgument("optimizer." + e);
+    Result<ProtoOptimizer> opt = OptimizerFromProto(update.optimizer());
+    if (!opt.ok()) {
+      s = InvalidArgument("optimizer." + opt.status().message());
     } else {
       // The registry tells every lane (this one included) through the observer.
-      s = registry_->SetOptimizer(t.info.name, info.name, cfg, keep_type, &info, h.iteration + 1);
+      s = registry_->SetOptimizer(t.info.name, info.name, opt->config, opt->unspecified_type,
+                                  &info, h.iteration + 1);
     }
   }
   if (!s.ok()) {
