@@ -180,12 +180,12 @@ Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
                       Num(want) + " bytes, got " + Num(h.payload_bytes),
                   rid);
   }
-  if (h.opcode == Opcode::kInit) return CheckInit(conn, t, k, c, h);
+  if (h.opcode == Opcode::kInit) return CheckInit(conn, k, c, h);
   return CheckPush(conn, t, k, stage, h);
 }
 
-Verdict WorkerProtocol::CheckInit(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
-                                  Chunk& c, const FrameHeader& h) {
+Verdict WorkerProtocol::CheckInit(net::Connection& conn, const KeyInfo& k, Chunk& c,
+                                  const FrameHeader& h) {
   const uint64_t rid = h.request_id;
   if (table_->racks() > 1) {
     return Refuse(conn, WireError::kInvalidArgument,
@@ -193,7 +193,6 @@ Verdict WorkerProtocol::CheckInit(net::Connection& conn, LaneTenant& t, const Ke
                   "with init = zeros",
                   rid);
   }
-  (void)t;
   if (conn.id().rank != 0) {
     return Reject(conn, WireError::kInvalidArgument, "rank: only rank 0 may INIT a key", rid);
   }

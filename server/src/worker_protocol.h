@@ -65,7 +65,7 @@ class WorkerProtocol final : public net::FrameHandler {
                  uint64_t request_id);
   // AcceptHeader, by kind of frame.
   Verdict CheckChunkFrame(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
-  Verdict CheckInit(net::Connection& conn, LaneTenant& t, const KeyInfo& k, Chunk& c,
+  Verdict CheckInit(net::Connection& conn, const KeyInfo& k, Chunk& c,
                     const net::FrameHeader& h);
   Verdict CheckPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
                     aggregation::ChunkState& stage, const net::FrameHeader& h);
