@@ -108,20 +108,25 @@ Status Hub::Start() {
     for (int c : lanes_->PinnedCpus()) pinned += (pinned.empty() ? "" : ",") + std::to_string(c);
     spdlog::info("{} lanes started (cpus: {})", lane_count_, config_.lanes.pin ? pinned : "unpinned");
   }
+  // RDMA data plane (data.transport); TCP keeps running beside it. Decided
+  // first: hub links (hierarchical topology) use RDMA when it runs and can
+  // listen on this rack's interhub address, dialing the peers' interhub
+  // addresses with rdma_cm (rdma_listener.h); otherwise TCP. The hubs of a
+  // topology must make the same choice. The lanes never learn which.
+  bool rdma_fatal = false;
+  rdma_ = RdmaListener::ListenConfigured(config_, registry_.get(), lanes_.get(), &rdma_fatal);
+  if (rdma_fatal) return Internal("data.transport: rdma was asked for and cannot run (logged)");
   data_plane_ = std::make_unique<DataPlane>(config_, registry_.get(), lanes_.get(),
-                                            MakeTcpHubConnector());
+                                            rdma_ && rdma_->hub_links() ? rdma_->HubConnector()
+                                                                      : MakeTcpHubConnector());
   // Listeners are bound before READY so a busy port fails start-up, not the
   // first trainer.
   tcp_ = std::make_unique<TcpAcceptor>(data_plane_.get());
   if (Status s = tcp_->Listen(); !s.ok()) return Internal(s.message());
   data_address_ = tcp_->address();
   tcp_->Start();
+  if (rdma_) rdma_->Start(data_plane_.get());
   data_plane_->StartHubLinks();
-  // RDMA data plane (data.transport); TCP keeps running beside it.
-  bool rdma_fatal = false;
-  rdma_ = RdmaListener::StartConfigured(config_, registry_.get(), lanes_.get(), data_plane_.get(),
-                                        &rdma_fatal);
-  if (rdma_fatal) return Internal("data.transport: rdma was asked for and cannot run (logged)");
   return StartAdmin();
 }
 

@@ -15,6 +15,7 @@
 #include "lane.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/rdma/connection.h"
+#include "rackhub/net/rdma/connector.h"
 #include "rackhub/net/rdma/device.h"
 
 namespace rackhub::server {
@@ -42,12 +43,10 @@ struct RdmaListener::Pending {
   uint32_t lane = 0;  // from the connect request's private data
 };
 
-RdmaListener::RdmaListener(const Config& config, Registry* registry, LaneSet* lanes,
-                           DataPlane* plane)
+RdmaListener::RdmaListener(const Config& config, Registry* registry, LaneSet* lanes)
     : config_(config),
       registry_(registry),
       lanes_(lanes),
-      plane_(plane),
       registered_(std::make_shared<std::atomic<uint64_t>>(0)) {
   options_.ring_bytes = config.data.rdma_ring_bytes;
   options_.poll = config.data.rdma_poll == "busy" ? rdma::PollMode::kBusy : rdma::PollMode::kEvents;
@@ -58,6 +57,7 @@ RdmaListener::RdmaListener(const Config& config, Registry* registry, LaneSet* la
 
 RdmaListener::~RdmaListener() {
   Stop();
+  if (hub_listen_id_) rdma_destroy_id(hub_listen_id_);
   if (listen_id_) rdma_destroy_id(listen_id_);
   if (channel_) rdma_destroy_event_channel(channel_);
 }
@@ -68,24 +68,70 @@ std::string RdmaListener::Listen() {
     ep.host = config_.data.listen.host;
     if (ep.port == 0) ep.port = rdma::kDefaultRdmaPort;
   }
-  const std::string where = "data.rdma_listen " + ep.ToString();
+  const auto& topo = config_.topology;
+  // Hub links of a hierarchical topology: one incoming and one outgoing per
+  // lane and peer rack.
+  const uint64_t hub_links =
+      topo.multi_rack_exchange() ? uint64_t{lanes_->size()} * (topo.rack_count() - 1) : 0;
   // Locked memory first: the clearest failure when it is too low.
   const rdma::MemlockStatus memlock = rdma::CurrentMemlock();
   memlock_limit_ = memlock.cap_ipc_lock ? UINT64_MAX : memlock.limit;
-  const uint64_t planned = per_connection_bytes_ * lanes_->size();
-  if (auto e = rdma::CheckMemlock(planned, memlock,
-                                  "data.transport: RDMA with one worker on each of " +
-                                      std::to_string(lanes_->size()) + " lanes (" +
-                                      std::to_string(per_connection_bytes_ >> 10) +
-                                      " KiB per connection, data.rdma_ring_bytes x 2)");
+  const uint64_t planned = per_connection_bytes_ * (lanes_->size() + 2 * hub_links);
+  if (auto e = rdma::CheckMemlock(
+          planned, memlock,
+          "data.transport: RDMA with one worker on each of " + std::to_string(lanes_->size()) +
+              " lanes" +
+              (hub_links ? " and " + std::to_string(2 * hub_links) + " hub links" : std::string()) +
+              " (" + std::to_string(per_connection_bytes_ >> 10) +
+              " KiB per connection, data.rdma_ring_bytes x 2)");
       !e.empty()) {
     return e;
   }
-  if (!(channel_ = rdma_create_event_channel())) return where + ": " + Errno("rdma_create_event_channel");
+  if (!(channel_ = rdma_create_event_channel())) {
+    return "data.rdma_listen " + ep.ToString() + ": " + Errno("rdma_create_event_channel");
+  }
   const int flags = fcntl(channel_->fd, F_GETFL);
   fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK);
-  if (rdma_create_id(channel_, &listen_id_, this, RDMA_PS_TCP) != 0)
-    return where + ": " + Errno("rdma_create_id");
+  if (rdma_create_id(channel_, &listen_id_, this, RDMA_PS_TCP) != 0) {
+    return "data.rdma_listen " + ep.ToString() + ": " + Errno("rdma_create_id");
+  }
+  if (auto e = BindAndListen(listen_id_, ep, "data.rdma_listen"); !e.empty()) return e;
+  device_ = rdma::DescribeCmId(listen_id_);
+  net::Endpoint bound = ep;
+  bound.port = ntohs(rdma_get_src_port(listen_id_));
+  address_ = bound.ToString();
+  bound_ = bound;
+  return "";
+}
+
+std::string RdmaListener::ListenForHubs() {
+  const auto& topo = config_.topology;
+  if (!topo.multi_rack_exchange()) return "";
+  // This rack's interhub address, on the same event channel (so the same
+  // thread and code accept hub links), unless it is the workers' address.
+  const net::Endpoint& interhub = topo.racks[topo.rack].interhub;
+  if (interhub.host != bound_.host || interhub.port != bound_.port) {
+    if (rdma_create_id(channel_, &hub_listen_id_, this, RDMA_PS_TCP) != 0) {
+      return "topology.racks: " + Errno("rdma_create_id");
+    }
+    if (auto e = BindAndListen(hub_listen_id_, interhub,
+                               "topology.racks[" + std::to_string(topo.rack) + "].interhub");
+        !e.empty()) {
+      rdma_destroy_id(hub_listen_id_);
+      hub_listen_id_ = nullptr;
+      return e;
+    }
+  }
+  hub_links_ = true;
+  // The outgoing hub links' channels (HubConnector, one per lane and peer
+  // rack) are not accepted here: count them up front.
+  registered_->fetch_add(per_connection_bytes_ * lanes_->size() * (topo.rack_count() - 1));
+  return "";
+}
+
+std::string RdmaListener::BindAndListen(rdma_cm_id* id, const net::Endpoint& ep,
+                                        const std::string& field) {
+  const std::string where = field + " " + ep.ToString();
   rdma_addrinfo hints{};
   rdma_addrinfo* ai = nullptr;
   hints.ai_flags = RAI_PASSIVE;
@@ -96,37 +142,39 @@ std::string RdmaListener::Listen() {
   }
   // rdma_bind_addr(3): binding to a local IP also binds the id to the verbs
   // device that owns it; a wildcard address leaves it unbound.
-  const int rc = rdma_bind_addr(listen_id_, ai->ai_src_addr);
+  const int rc = rdma_bind_addr(id, ai->ai_src_addr);
   rdma_freeaddrinfo(ai);
   if (rc != 0) return where + ": " + Errno("rdma_bind_addr") + " (no RDMA device on that address?)";
   int gid_index = -1;
-  device_ = rdma::DescribeCmId(listen_id_, &gid_index);
-  if (listen_id_->verbs) {
-    const std::string name = ibv_get_device_name(listen_id_->verbs->device);
+  const std::string device = rdma::DescribeCmId(id, &gid_index);
+  if (id->verbs) {
+    const std::string name = ibv_get_device_name(id->verbs->device);
     if (!config_.data.rdma_device.empty() && name != config_.data.rdma_device) {
       return "data.rdma_device: " + ep.host + " belongs to device " + name + ", not " +
-             config_.data.rdma_device + "; pick the IP of that device in data.rdma_listen";
+             config_.data.rdma_device + "; pick the IP of that device in " + field;
     }
-    if (config_.data.rdma_port != 0 && listen_id_->port_num != config_.data.rdma_port) {
-      return "data.rdma_port: " + ep.host + " is on port " + std::to_string(listen_id_->port_num) +
-             " of " + name + ", not port " + std::to_string(config_.data.rdma_port);
+    if (config_.data.rdma_port != 0 && id->port_num != config_.data.rdma_port) {
+      return "data.rdma_port: " + ep.host + " (" + field + ") is on port " +
+             std::to_string(id->port_num) + " of " + name + ", not port " +
+             std::to_string(config_.data.rdma_port);
     }
     if (config_.data.rdma_gid_index != UINT32_MAX &&
         gid_index != static_cast<int>(config_.data.rdma_gid_index)) {
       return "data.rdma_gid_index: rdma_cm uses GID index " + std::to_string(gid_index) + " for " +
-             ep.host + " (" + device_ + "), not " + std::to_string(config_.data.rdma_gid_index);
+             ep.host + " (" + device + "), not " + std::to_string(config_.data.rdma_gid_index);
     }
   }
-  if (rdma_listen(listen_id_, kListenBacklog) != 0) return where + ": " + Errno("rdma_listen");
-  net::Endpoint bound = ep;
-  bound.port = ntohs(rdma_get_src_port(listen_id_));
-  address_ = bound.ToString();
+  if (rdma_listen(id, kListenBacklog) != 0) return where + ": " + Errno("rdma_listen");
   return "";
 }
 
-std::unique_ptr<RdmaListener> RdmaListener::StartConfigured(const Config& config,
-                                                           Registry* registry, LaneSet* lanes,
-                                                           DataPlane* plane, bool* fatal) {
+std::unique_ptr<net::Connector> RdmaListener::HubConnector() const {
+  return net::MakeRdmaConnector(options_);
+}
+
+std::unique_ptr<RdmaListener> RdmaListener::ListenConfigured(const Config& config,
+                                                            Registry* registry, LaneSet* lanes,
+                                                            bool* fatal) {
   *fatal = false;
   const std::string& transport = config.data.transport;
   if (transport == "tcp") {
@@ -147,7 +195,7 @@ std::unique_ptr<RdmaListener> RdmaListener::StartConfigured(const Config& config
     }
     return nullptr;
   }
-  auto listener = std::make_unique<RdmaListener>(config, registry, lanes, plane);
+  auto listener = std::make_unique<RdmaListener>(config, registry, lanes);
   if (auto error = listener->Listen(); !error.empty()) {
     if (required) {
       spdlog::critical("data.transport = rdma: {}", error);
@@ -157,14 +205,33 @@ std::unique_ptr<RdmaListener> RdmaListener::StartConfigured(const Config& config
     }
     return nullptr;
   }
-  listener->Start();
   spdlog::info("RDMA data plane on {} ({}; {} KiB registered per connection, {} polling)",
                listener->address(), listener->device(), listener->per_connection_bytes_ >> 10,
                rdma::PollModeName(listener->options_.poll));
+  const auto& topo = config.topology;
+  if (!topo.multi_rack_exchange()) return listener;
+  const std::string& interhub = topo.racks[topo.rack].interhub.ToString();
+  if (auto error = listener->ListenForHubs(); !error.empty()) {
+    if (required) {
+      spdlog::critical("data.transport = rdma: hub links: {} (with data.transport = rdma the "
+                       "hubs link over RDMA at their interhub addresses; put them on the RDMA "
+                       "interface, or use data.transport = auto on every hub)",
+                       error);
+      *fatal = true;
+      return nullptr;
+    }
+    spdlog::warn("data.transport = auto: hub links over TCP: no rdma_cm listener on {}: {}",
+                 interhub, error);
+    return listener;
+  }
+  spdlog::info("rack exchange: hub links over RDMA (rdma_cm on {}; the other racks' hubs are "
+               "dialed at their interhub addresses)",
+               interhub);
   return listener;
 }
 
-void RdmaListener::Start() {
+void RdmaListener::Start(DataPlane* plane) {
+  plane_ = plane;
   events_fd_ = std::make_unique<asio::posix::stream_descriptor>(io_, channel_->fd);
   WatchEvents();
   thread_ = std::thread([this] {
@@ -253,7 +320,7 @@ void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, si
   pending_[key] = std::move(p);
   rdma::Channel::Callbacks cb;
   cb.on_frame = [this, key](const FrameHeader& h, std::span<const std::byte> payload) {
-    OnHello(key, h, payload);
+    OnFirstFrame(key, h, payload);
   };
   cb.on_violation = [this, key](const std::string& text) {
     Refuse(key, WireError::kMalformed, text);
@@ -281,6 +348,12 @@ void RdmaListener::Refuse(uint64_t key, WireError code, const std::string& text)
   f.close_after = true;
   auto ch = p.channel;  // Send may close it, which erases the entry
   ch->Send(std::move(f));
+}
+
+void RdmaListener::OnFirstFrame(uint64_t key, const FrameHeader& h,
+                                std::span<const std::byte> payload) {
+  if (h.opcode == Opcode::kHubHello) return OnHubHello(key, h, payload);
+  OnHello(key, h, payload);
 }
 
 void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const std::byte> payload) {
@@ -321,6 +394,51 @@ void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const s
       auto conn = std::make_shared<rdma::RdmaConnection>(target->worker_handler(), ch,
                                                          std::move(id), &target->io());
       target->AdoptWorker(conn, seq);
+    });
+  });
+}
+
+void RdmaListener::OnHubHello(uint64_t key, const FrameHeader& h,
+                              std::span<const std::byte> payload) {
+  const auto it = pending_.find(key);
+  if (it == pending_.end()) return;
+  const auto fail = [&](const Status& s) {
+    Refuse(key,
+           s.code() == StatusCode::kUnauthenticated ? WireError::kUnauthenticated
+                                                     : WireError::kInvalidArgument,
+           "hub link: " + s.message());
+  };
+  const auto& topo = config_.topology;
+  if (!topo.multi_rack_exchange()) {
+    return fail(InvalidArgument("this hub does not exchange with other racks"));
+  }
+  if (Status s = CheckHubHelloHeader(h); !s.ok()) return fail(s);
+  // The same checks as the TCP acceptor.
+  Result<data::v1::HubHello> hello =
+      CheckHubHello(payload, topo, plane_->hub_secret(), lanes_->size());
+  if (!hello.ok()) return fail(hello.status());
+  Pending& p = *it->second;
+  if (hello->lane() != p.lane) {
+    return fail(InvalidArgument("HUB_HELLO names lane " + std::to_string(hello->lane()) +
+                                ", the RDMA connection was set up for lane " +
+                                std::to_string(p.lane)));
+  }
+  net::ConnectionIdentity id;
+  id.hub = true;
+  id.rack = hello->rack();
+  id.lane = hello->lane();
+  id.peer = "rdma:" + p.peer;
+  p.timer->cancel();
+  std::shared_ptr<rdma::Channel> ch = std::move(p.channel);
+  pending_.erase(it);
+  // As for workers: stop watching here, hand over once this completion was
+  // handled.
+  ch->Detach();
+  asio::post(io_, [this, ch, id = std::move(id)]() mutable {
+    const uint32_t lane = id.lane;
+    plane_->OnLane(lane, [ch, id = std::move(id)](Lane& target) mutable {
+      target.AdoptHubLink(std::make_shared<rdma::RdmaConnection>(target.hub_handler(), ch,
+                                                                 std::move(id), &target.io()));
     });
   });
 }

@@ -1,18 +1,37 @@
 // The RDMA data plane of rackhubd: an rdma_cm listener on its own thread
 // (rdma_cm(7)). For each connect request it creates the connection's verbs
 // resources and accepts (rdma::Channel::Accept), reads and authenticates the
-// HELLO that arrives as the first frame over the queue pair (the same checks
-// as DataPlane's TCP HelloSession), then hands the channel to the lane's
-// thread, which wraps it in an rdma::RdmaConnection and calls
-// Lane::AdoptWorker: from there on the lane cannot tell it from TCP.
+// first frame over the queue pair, then hands the channel to the lane's
+// thread, which wraps it in an rdma::RdmaConnection: from there on the lane
+// cannot tell it from TCP.
+//  - HELLO (a worker): the same checks as the TCP acceptor (hello_check.h),
+//    then Lane::AdoptWorker with the lane's worker handler.
+//  - HUB_HELLO (another rack's hub, hierarchical topology): the hub secret,
+//    rack and lane counts (CheckHubHello), the lane must be the one the
+//    connect request named; then Lane::AdoptHubLink with the hub handler.
+//
+// Addresses. Workers connect to data.rdma_listen (default: data.listen's host,
+// port rdma::kDefaultRdmaPort). In a hierarchical topology the listener also
+// listens on this rack's interhub address (topology.racks[rack].interhub,
+// where the TCP acceptor takes TCP hub links): rdma_cm's port space is its own
+// on InfiniBand and RoCE (rdma_bind_addr(3) takes no kernel TCP port), so the
+// same host:port serves both transports, and a hub dials a peer's interhub
+// address whichever transport it uses. (iWARP would share the TCP port
+// space, but rackhub's ring needs RDMA WRITE WITH IMMEDIATE, which iWARP
+// lacks.) Outgoing hub links: HubConnector() below.
 //
 // Locked memory: every connection registers Channel::RegisteredBytes; the
 // listener keeps the total under RLIMIT_MEMLOCK (refusing a connection that
-// would exceed it, with a log line naming the limit) and Start checks that at
-// least one connection per lane fits.
+// would exceed it, with a log line naming the limit) and Listen checks that
+// one worker connection per lane fits, plus, in a hierarchical topology, one
+// incoming and one outgoing hub link per lane and peer rack (the outgoing
+// ones are reserved up front: they are opened by HubConnector's channels).
 //
-// Thread safety: Listen/Start/Stop from the main thread; everything else on
-// the listener thread or (after hand-over) the lane threads.
+// Ownership: owned by the Hub; borrows the Registry, LaneSet and (from Start)
+// the DataPlane, which outlive it.
+// Thread safety: ListenConfigured/Listen/Start/Stop/HubConnector from the main
+// thread; everything else on the listener thread or (after hand-over) the
+// lane threads.
 #pragma once
 
 #include <atomic>
@@ -26,6 +45,7 @@
 #include "config.h"
 #include "lanes.h"
 #include "rackhub/net/asio.h"
+#include "rackhub/net/connector.h"
 #include "rackhub/net/rdma/channel.h"
 #include "registry.h"
 
@@ -38,26 +58,39 @@ class DataPlane;
 
 class RdmaListener {
  public:
-  RdmaListener(const Config& config, Registry* registry, LaneSet* lanes, DataPlane* plane);
+  RdmaListener(const Config& config, Registry* registry, LaneSet* lanes);
   ~RdmaListener();
   RdmaListener(const RdmaListener&) = delete;
   RdmaListener& operator=(const RdmaListener&) = delete;
 
-  // Starts the RDMA data plane as config.data.transport asks, logging the
-  // choice and the device/port/GID: null when not wanted or ("auto") not
-  // possible; sets *fatal when "rdma" was asked for and cannot run.
-  static std::unique_ptr<RdmaListener> StartConfigured(const Config& config, Registry* registry,
-                                                       LaneSet* lanes, DataPlane* plane,
-                                                       bool* fatal);
+  // Sets up the RDMA data plane as config.data.transport asks (Listen),
+  // logging the choice and the device/port/GID: null when not wanted or
+  // ("auto") not possible; sets *fatal when "rdma" was asked for and cannot
+  // run. Not started yet: Start once the DataPlane exists.
+  static std::unique_ptr<RdmaListener> ListenConfigured(const Config& config, Registry* registry,
+                                                        LaneSet* lanes, bool* fatal);
 
-  // Binds and listens (rdma_bind_addr(3), rdma_listen(3)) and checks the
-  // device, GID and locked-memory limit. "" on success, else why not.
+  // Binds and listens (rdma_bind_addr(3), rdma_listen(3)) on
+  // data.rdma_listen; checks the device, GID and locked-memory limit (hub
+  // links included). "" on success, else why not.
   std::string Listen();
-  // "host:port" actually bound, and the device description, once listening.
+  // After Listen, in a hierarchical topology: listens on this rack's interhub
+  // address too, for hub links. "" on success (then hub_links() is true),
+  // else why not (ListenConfigured: fatal with "rdma", TCP hub links with
+  // "auto").
+  std::string ListenForHubs();
+  // True when hub links go over RDMA: use HubConnector for outgoing links.
+  bool hub_links() const { return hub_links_; }
+  // "host:port" actually bound for workers, and the device description, once
+  // listening.
   const std::string& address() const { return address_; }
   const std::string& device() const { return device_; }
-  // Starts the listener thread.
-  void Start();
+  // The connector for this hub's outgoing hub links when hub_links():
+  // RDMA (net::MakeRdmaConnector) with the listener's channel options, to the
+  // peers' interhub addresses (see above).
+  std::unique_ptr<net::Connector> HubConnector() const;
+  // Starts the listener thread; connections go to `plane`'s lanes.
+  void Start(DataPlane* plane);
   // Stops accepting and joins the thread (lanes close their connections).
   void Stop();
 
@@ -66,14 +99,19 @@ class RdmaListener {
   void WatchEvents();
   void OnEvents();
   void OnConnectRequest(rdma_cm_id* id, const void* private_data, size_t bytes);
+  // The first frame of a connection: HELLO or HUB_HELLO.
+  void OnFirstFrame(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
   void OnHello(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
+  void OnHubHello(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
+  // Binds and listens `id` on `ep`; the error names `field`.
+  std::string BindAndListen(rdma_cm_id* id, const net::Endpoint& ep, const std::string& field);
   void Refuse(uint64_t key, net::WireError code, const std::string& text);
   void Drop(uint64_t key);
 
   const Config config_;
   Registry* registry_;
   LaneSet* lanes_;
-  DataPlane* plane_;
+  DataPlane* plane_ = nullptr;  // from Start
   net::rdma::ChannelOptions options_;
   uint64_t per_connection_bytes_ = 0;
   uint64_t memlock_limit_ = UINT64_MAX;  // UINT64_MAX: unlimited or CAP_IPC_LOCK
@@ -82,6 +120,9 @@ class RdmaListener {
 
   rdma_event_channel* channel_ = nullptr;
   rdma_cm_id* listen_id_ = nullptr;
+  rdma_cm_id* hub_listen_id_ = nullptr;  // this rack's interhub address (hierarchical)
+  bool hub_links_ = false;
+  net::Endpoint bound_;  // the workers' address, as bound
   std::string address_;
   std::string device_;
   boost::asio::io_context io_{1};
