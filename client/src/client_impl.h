@@ -93,6 +93,21 @@ struct OutFrame {
 class Lane;
 class LaneLink;
 
+// Test seam, set only by rackhub_client_testing (rackhub/client/testing.h):
+// while a LaneConnector is installed on a thread, Client::Connect called on
+// that thread (after its argument checks) hands the whole connect to it
+// instead of dialing TCP or RDMA. The connector handshakes every lane and
+// calls Impl::StartIo. Null in production; the slot is per thread, so
+// concurrent connects elsewhere are unaffected.
+class LaneConnector {
+ public:
+  virtual ~LaneConnector() = default;
+  virtual Error ConnectLanes(Client::Impl& impl,
+                             std::chrono::steady_clock::time_point deadline) = 0;
+};
+// The calling thread's slot (connect.cc).
+LaneConnector*& ThreadLaneConnector();
+
 }  // namespace internal
 
 class Client::Impl {
@@ -119,6 +134,22 @@ class Client::Impl {
   uint32_t workers() const { return workers_; }
   uint32_t chunk_elements() const { return chunk_elements_; }
   uint32_t straggler_timeout_ms() const { return straggler_timeout_ms_; }
+
+  // ---- Connect steps (connect.cc), also used by internal::LaneConnector ----
+  // All of them run on the connecting thread, before the I/O thread starts.
+  // The client's io_context: handshakes run it on the connecting thread; then
+  // the I/O thread runs it.
+  asio::io_context& io() { return io_; }
+  // HELLO payload of `lane`; the reply (WELCOME or ERROR) checked: "" and
+  // *welcome_payload, or the error.
+  std::string HelloPayload(uint32_t lane) const;
+  Error CheckHelloReply(const std::string& where, const net::FrameHeader& reply,
+                        std::string body, std::string* welcome_payload) const;
+  // Parses lane `lane`'s WELCOME (lane 0: adopts the layout, sets *lane_count).
+  Error AcceptWelcome(uint32_t lane, const std::string& payload, uint32_t* lane_count);
+  // Adopts the handshaken lanes (lane i at index i), starts reading on each
+  // and starts the I/O thread.
+  void StartIo(std::vector<std::unique_ptr<internal::LaneLink>> lanes);
 
   // ---- Called by lanes (I/O thread) ----
   // One reply of `op` arrived and was stored.
@@ -156,13 +187,6 @@ class Client::Impl {
   Error Handshake(uint32_t lane, const tcp::endpoint& endpoint,
                   std::chrono::steady_clock::time_point deadline, tcp::socket* socket,
                   std::string* welcome_payload);
-  // HELLO payload of `lane`; the reply (WELCOME or ERROR) checked: "" and
-  // *welcome_payload, or the error.
-  std::string HelloPayload(uint32_t lane) const;
-  Error CheckHelloReply(const std::string& where, const net::FrameHeader& reply,
-                        std::string body, std::string* welcome_payload) const;
-  // Parses lane `lane`'s WELCOME (lane 0: adopts the layout, sets *lane_count).
-  Error AcceptWelcome(uint32_t lane, const std::string& payload, uint32_t* lane_count);
   // Connects every lane over RDMA (rdma_lane.cc).
   Error ConnectRdma(std::chrono::steady_clock::time_point deadline);
 

@@ -174,6 +174,9 @@ Error Client::Impl::Connect() {
   }
   if (options_.tenant.empty()) return MakeError(ErrorCode::kInvalidArgument, "tenant is empty");
   const auto deadline = Clock::now() + options_.connect_timeout;
+  if (internal::LaneConnector* connector = internal::ThreadLaneConnector()) {
+    return connector->ConnectLanes(*this, deadline);
+  }
   if (options_.transport != Transport::kTcp) {
     const bool want = options_.transport == Transport::kRdma ||
                       net::rdma::DevicePresent(options_.rdma_device);
@@ -208,14 +211,29 @@ Error Client::Impl::Connect() {
     if (Error e = AcceptWelcome(lane, payload, &lane_count); !e.ok()) return e;
     sockets.push_back(std::move(socket));
   }
+  std::vector<std::unique_ptr<internal::LaneLink>> lanes;
   for (uint32_t lane = 0; lane < lane_count; ++lane) {
-    lanes_.push_back(std::make_unique<internal::Lane>(this, lane, std::move(sockets[lane])));
+    lanes.push_back(std::make_unique<internal::Lane>(this, lane, std::move(sockets[lane])));
   }
+  StartIo(std::move(lanes));
+  return {};
+}
+
+void Client::Impl::StartIo(std::vector<std::unique_ptr<internal::LaneLink>> lanes) {
+  for (auto& lane : lanes) lanes_.push_back(std::move(lane));
   io_.restart();
   for (auto& lane : lanes_) lane->StartReading();
   work_.emplace(asio::make_work_guard(io_));
   thread_ = std::thread([this] { io_.run(); });
-  return {};
 }
+
+namespace internal {
+
+LaneConnector*& ThreadLaneConnector() {
+  thread_local LaneConnector* connector = nullptr;
+  return connector;
+}
+
+}  // namespace internal
 
 }  // namespace rackhub::client

@@ -1,8 +1,17 @@
-// librackhub end to end: the real rackhubd (3 unpinned lanes, 1 KiB chunks so
-// keys span several chunks and lanes), tenants created with the real
-// rackhubctl, and real worker processes (rackhub-test-worker) for the
-// multi-worker scenarios. Parameters are checked against an independent
-// double-precision model of the hub's update rules (admin.proto, kernels.h).
+// librackhub end to end over every transport (hub_under_test.h): a hub with 3
+// unpinned lanes and 1 KiB chunks (so keys span several chunks and lanes),
+// tenants created with the real rackhubctl, and workers
+// (test_worker.h) for the multi-worker scenarios:
+//   Memory: the hub runs in this process; every worker is a thread of this
+//           process with its own Client over in-memory lanes
+//           (rackhub/client/testing.h);
+//   Tcp:    the real rackhubd and real worker processes (rackhub-test-worker,
+//           rackhub-test-capi-worker);
+//   Rdma:   the same with --transport rdma (skipped without a verbs device;
+//           tests/rdma/run.sh runs them in a Soft-RoCE VM; every time bound
+//           scaled by time_scale()).
+// Parameters are checked against an independent double-precision model of
+// the hub's update rules (admin.proto, kernels.h).
 #include <signal.h>
 
 #include <atomic>
@@ -11,8 +20,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -21,11 +32,15 @@
 
 #include <gtest/gtest.h>
 
+#include "hub_under_test.h"
 #include "process.h"
-#include "rackhub/data/v1/control.pb.h"
 #include "rackhub/client/client.h"
+#include "rackhub/client/testing.h"
+#include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/asio.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/transport.h"
+#include "test_worker.h"
 
 namespace rackhub {
 namespace {
@@ -36,10 +51,11 @@ using client::DType;
 using client::ErrorCode;
 using testing::BinPath;
 using testing::ChildProcess;
-using testing::DaemonProcess;
+using testing::HubUnderTest;
 using testing::MakeTempDir;
 using testing::ReadFile;
 using testing::RunCommand;
+using testing::Transport;
 namespace asio = boost::asio;
 
 constexpr uint32_t kChunkBytes = 1024;  // 256 fp32 elements per chunk
@@ -215,24 +231,141 @@ WorkerOutput ParseWorker(const std::string& path) {
   return w;
 }
 
-class ClientTest : public ::testing::Test {
+// One worker of a multi-worker scenario: a rackhub-test-worker process (TCP,
+// RDMA), or, in-memory, a thread of this process running the same worker
+// (RunWorker, test_worker.h) with its own Client, whose lanes are in-memory
+// connections into the in-process hub (client::testing::ConnectThrough).
+class Rank {
+ public:
+  virtual ~Rank() = default;
+  // The exit code (128+signal if killed), or -1 if still running after `timeout`.
+  virtual int Wait(std::chrono::milliseconds timeout) = 0;
+  // SIGKILL; in-memory: see ThreadRank::Kill.
+  virtual void Kill() = 0;
+};
+
+class ProcessRank final : public Rank {
+ public:
+  ProcessRank(const std::vector<std::string>& argv, const std::string& log) : p_(argv, log) {}
+  int Wait(std::chrono::milliseconds timeout) override { return p_.Wait(timeout); }
+  void Kill() override { p_.Kill(SIGKILL); }
+
+ private:
+  ChildProcess p_;
+};
+
+class ThreadRank final : public Rank {
+ public:
+  ThreadRank(HubUnderTest& hub, std::vector<std::string> args) : hub_(hub) {
+    std::packaged_task<int()> task([this, args = std::move(args)] {
+      testing::WorkerHooks hooks;
+      hooks.connect = [this](const client::Options& o, client::Error* e) {
+        return Connect(o, e);
+      };
+      hooks.hang = [this] { killed_.get_future().wait(); };
+      return testing::RunWorker(args, hooks);
+    });
+    result_ = task.get_future();
+    thread_ = std::thread(std::move(task));
+  }
+  // A rank still running is killed (its connections closed), then joined.
+  ~ThreadRank() override {
+    Kill();
+    thread_.join();
+  }
+
+  int Wait(std::chrono::milliseconds timeout) override {
+    if (!code_) {
+      if (result_.wait_for(timeout) != std::future_status::ready) return -1;
+      code_ = result_.get();
+    }
+    return *code_;
+  }
+  // The in-memory stand-in for SIGKILL of a worker process: every connection
+  // of the rank is closed abruptly (no BYE), which the hub sees exactly as
+  // the kernel closing a killed process's sockets ("peer closed the
+  // connection"); then the rank's thread, parked in --hang-at, returns
+  // kKilledExitCode (its Client, broken by then, is destroyed and sends
+  // nothing more).
+  void Kill() override {
+    std::vector<std::shared_ptr<net::Connection>> conns;
+    {
+      std::lock_guard lock(mu_);
+      conns = conns_;
+    }
+    std::promise<void> closed;
+    asio::post(*hub_.link_io(), [&] {
+      for (const auto& c : conns) c->Close("killed (test)");
+      closed.set_value();
+    });
+    closed.get_future().wait();
+    std::call_once(kill_once_, [this] { killed_.set_value(); });
+  }
+
+  // Client::Connect for a client of this process over in-memory links.
+  static std::unique_ptr<Client> ConnectInMemory(HubUnderTest& hub, const client::Options& o,
+                                                 client::Error* e) {
+    return client::testing::ConnectThrough(o, *hub.link_io(), hub.memory_dialer(), e);
+  }
+
+ private:
+  std::unique_ptr<Client> Connect(const client::Options& o, client::Error* e) {
+    const auto dial = hub_.memory_dialer();
+    return client::testing::ConnectThrough(
+        o, *hub_.link_io(),
+        [this, dial](const net::FrameHeader& h, const std::string& payload,
+                     asio::io_context& io, net::FrameHandler* handler) {
+          auto conn = dial(h, payload, io, handler);
+          std::lock_guard lock(mu_);
+          if (conn) conns_.push_back(conn);
+          return conn;
+        },
+        e);
+  }
+
+  HubUnderTest& hub_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<net::Connection>> conns_;  // GUARDED_BY(mu_)
+  std::promise<void> killed_;
+  std::once_flag kill_once_;
+  std::future<int> result_;
+  std::optional<int> code_;
+  std::thread thread_;  // last: started once everything above exists
+};
+
+// Every scenario on the data path runs over every transport: in-memory (an
+// in-process hub; the ranks are threads of this process), TCP and RDMA (a
+// real rackhubd and real worker processes). RDMA instances skip without a
+// verbs device; tests/rdma/run.sh runs them in a Soft-RoCE VM.
+class ClientTest : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
-    daemon_ = std::make_unique<DaemonProcess>(
-        std::vector<std::string>{"--lanes", "3", "--no-pin-lanes"});
-    ASSERT_TRUE(daemon_->started());
-    ASSERT_FALSE(daemon_->data_address().empty()) << "the ready file names no data address";
+    std::string why;
+    hub_ = HubUnderTest::Start(GetParam(), {"--lanes", "3"}, &why);
+    if (!hub_ && GetParam() == Transport::kRdma) GTEST_SKIP() << why;
+    ASSERT_TRUE(hub_) << why;
+    ASSERT_FALSE(hub_->data_address().empty()) << "the hub names no data address";
     dir_ = MakeTempDir();
   }
   void TearDown() override {
     std::error_code ec;  // keep the worker outputs of failed tests for a look
-    if (!HasFailure() && dir_ != "/tmp") std::filesystem::remove_all(dir_, ec);
+    if (!HasFailure() && !dir_.empty() && dir_ != "/tmp") std::filesystem::remove_all(dir_, ec);
+  }
+
+  bool in_memory() const { return GetParam() == Transport::kMemory; }
+  // Emulated Soft-RoCE is slow: every time bound is scaled.
+  std::chrono::milliseconds Scaled(std::chrono::milliseconds d) const {
+    return d * hub_->time_scale();
+  }
+  std::string HubLog() const {
+    if (testing::DaemonProcess* d = hub_->daemon()) return d->Log().substr(0, 8000);
+    return "(in-process hub: its log is this test's stderr)";
   }
 
   // Creates a tenant with rackhubctl and returns its data-plane token.
   std::string CreateTenant(const std::string& name, uint32_t workers,
                            std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {BinPath("rackhubctl"), "--admin", daemon_->admin_address(),
+    std::vector<std::string> argv = {BinPath("rackhubctl"), "--admin", hub_->admin_address(),
                                      "tenant", "create", name, "--workers",
                                      std::to_string(workers), "--chunk-bytes",
                                      std::to_string(kChunkBytes)};
@@ -255,34 +388,55 @@ class ClientTest : public ::testing::Test {
   client::Options ClientOptions(const std::string& tenant, const std::string& token,
                                 uint32_t rank = 0) {
     client::Options o;
-    o.hub = daemon_->data_address();
+    o.hub = hub_->data_address();
     o.tenant = tenant;
     o.token = token;
     o.rank = rank;
-    o.connect_timeout = 5s;
-    o.op_timeout = 30s;
+    o.connect_timeout = Scaled(5s);
+    o.op_timeout = Scaled(30s);
+    if (GetParam() == Transport::kRdma) {
+      o.transport = client::Transport::kRdma;
+      o.rdma_hub = hub_->rdma_address();
+      o.rdma_ring_bytes = kRdmaRingBytes;
+    }
     return o;
   }
+  // A client of this process over the instance's transport.
+  std::unique_ptr<Client> Connect(const client::Options& o, client::Error* e) {
+    if (in_memory()) return ThreadRank::ConnectInMemory(*hub_, o, e);
+    return Client::Connect(o, e);
+  }
 
-  std::unique_ptr<ChildProcess> SpawnWorker(const std::string& tenant, const std::string& token,
-                                            uint32_t rank, const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {BinPath("rackhub-test-worker"), "--hub",
-                                     daemon_->data_address(), "--tenant", tenant, "--token", token,
-                                     "--rank", std::to_string(rank), "--out", OutPath(rank)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return std::make_unique<ChildProcess>(argv, dir_ + "/worker" + std::to_string(rank) + ".log");
+  std::unique_ptr<Rank> SpawnWorker(const std::string& tenant, const std::string& token,
+                                    uint32_t rank, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"--hub", hub_->data_address(), "--tenant", tenant,
+                                     "--token", token, "--rank", std::to_string(rank),
+                                     "--out", OutPath(rank),
+                                     "--connect-timeout-ms", std::to_string(Scaled(10s).count()),
+                                     "--op-timeout-ms", std::to_string(Scaled(60s).count())};
+    if (GetParam() == Transport::kRdma) {
+      args.insert(args.end(), {"--transport", "rdma", "--rdma-hub", hub_->rdma_address(),
+                               "--rdma-ring-bytes", std::to_string(kRdmaRingBytes)});
+    }
+    args.insert(args.end(), extra.begin(), extra.end());
+    if (in_memory()) return std::make_unique<ThreadRank>(*hub_, args);
+    args.insert(args.begin(), BinPath("rackhub-test-worker"));
+    return std::make_unique<ProcessRank>(args, dir_ + "/worker" + std::to_string(rank) + ".log");
   }
   std::string OutPath(uint32_t rank) const { return dir_ + "/out" + std::to_string(rank); }
   std::string WorkerLog(uint32_t rank) const {
     return ReadFile(dir_ + "/worker" + std::to_string(rank) + ".log");
   }
 
-  // Runs `workers` worker processes on `keys` for `iterations` and checks
-  // every dumped iteration against the reference and across ranks.
+  // Runs `workers` workers on `keys` for `iterations` and checks every
+  // dumped iteration against the reference and across ranks.
   void RunTraining(uint32_t workers, const std::vector<KeySpec>& keys, uint64_t iterations,
                    std::vector<std::string> extra = {}, bool dump_all = false);
 
-  std::unique_ptr<DaemonProcess> daemon_;
+  // Per lane, for RDMA clients: small, so that replies wrap around the ring.
+  static constexpr uint32_t kRdmaRingBytes = 256 * 1024;
+
+  std::unique_ptr<HubUnderTest> hub_;
   std::string dir_;
 };
 
@@ -303,16 +457,17 @@ void ClientTest::RunTraining(uint32_t workers, const std::vector<KeySpec>& keys,
     }
   }
   if (dump_all) args.push_back("--dump-all");
-  std::vector<std::unique_ptr<ChildProcess>> procs;
+  std::vector<std::unique_ptr<Rank>> procs;
   for (uint32_t r = 0; r < workers; ++r) {
     std::vector<std::string> a = args;
     if (r == 1) a.insert(a.end(), extra.begin(), extra.end());
     procs.push_back(SpawnWorker(tenant, token, r, a));
   }
   for (uint32_t r = 0; r < workers; ++r) {
-    EXPECT_EQ(procs[r]->Wait(120s), 0) << "rank " << r << ":\n"
-                                       << ReadFile(OutPath(r)).substr(0, 4000) << WorkerLog(r)
-                                       << "\n--- hub log:\n" << daemon_->Log().substr(0, 8000);
+    EXPECT_EQ(procs[r]->Wait(Scaled(120s)), 0) << "rank " << r << ":\n"
+                                               << ReadFile(OutPath(r)).substr(0, 4000)
+                                               << WorkerLog(r) << "\n--- hub log:\n"
+                                               << HubLog();
   }
   std::vector<WorkerOutput> outs;
   for (uint32_t r = 0; r < workers; ++r) outs.push_back(ParseWorker(OutPath(r)));
@@ -407,25 +562,29 @@ TEST(ClientConversionTest, HalfAndBfloat16RoundToNearestEven) {
 }
 
 
-TEST_F(ClientTest, WrongTokenIsUnauthenticated) {
+TEST_P(ClientTest, WrongTokenIsUnauthenticated) {
   const std::string token = CreateTenant("auth", 1);
   client::Error e;
-  auto c = Client::Connect(ClientOptions("auth", token + "x"), &e);
+  auto c = Connect(ClientOptions("auth", token + "x"), &e);
   EXPECT_EQ(c, nullptr);
   EXPECT_EQ(e.code, ErrorCode::kUnauthenticated) << e.message;
   EXPECT_EQ(e.wire, net::WireError::kUnauthenticated);
-  c = Client::Connect(ClientOptions("nosuchtenant", token), &e);
+  c = Connect(ClientOptions("nosuchtenant", token), &e);
   EXPECT_EQ(e.code, ErrorCode::kUnauthenticated) << e.message;
-  c = Client::Connect(ClientOptions("auth", token), &e);
+  c = Connect(ClientOptions("auth", token), &e);
   ASSERT_NE(c, nullptr) << e.message;
   EXPECT_EQ(c->lanes(), 3u);
   EXPECT_EQ(c->workers(), 1u);
   EXPECT_EQ(c->chunk_elements(), kChunkBytes / 4);
 }
 
-TEST_F(ClientTest, ConnectToNothingFailsFast) {
+// Not on the data path (no hub at all): runs once, over TCP.
+TEST(ClientConnectTest, ConnectToNothingFailsFast) {
   client::Error e;
-  auto o = ClientOptions("x", "y");
+  client::Options o;
+  o.tenant = "x";
+  o.token = "y";
+  o.connect_timeout = 5s;
   o.hub = "127.0.0.1:1";
   EXPECT_EQ(Client::Connect(o, &e), nullptr);
   EXPECT_EQ(e.code, ErrorCode::kConnectFailed) << e.message;
@@ -434,12 +593,12 @@ TEST_F(ClientTest, ConnectToNothingFailsFast) {
   EXPECT_EQ(e.code, ErrorCode::kInvalidArgument) << e.message;
 }
 
-TEST_F(ClientTest, TwoWorkersEveryOptimizer) { RunTraining(2, EveryOptimizer(), 5); }
-TEST_F(ClientTest, FourWorkersEveryOptimizer) { RunTraining(4, EveryOptimizer(), 5); }
+TEST_P(ClientTest, TwoWorkersEveryOptimizer) { RunTraining(2, EveryOptimizer(), 5); }
+TEST_P(ClientTest, FourWorkersEveryOptimizer) { RunTraining(4, EveryOptimizer(), 5); }
 
 // Rank 0 sends SetOptimizer(from 3) before iteration 0: updates 0..2 use the
 // declared hyperparameters, 3.. the new ones.
-TEST_F(ClientTest, SetOptimizerAppliesFromItsIteration) {
+TEST_P(ClientTest, SetOptimizerAppliesFromItsIteration) {
   KeySpec sgd{"switch/sgd", 520, DType::kFp32, false, {"sgd", 0.1}};
   sgd.switch_at = std::make_pair(uint64_t{3}, Opt{"sgd", 0.02, 0, 0.01});
   KeySpec adam{"switch/adam", 300, DType::kFp32, false, {"adam", 0.01, 0, 0, 0.9, 0.999, 1e-8}};
@@ -447,7 +606,7 @@ TEST_F(ClientTest, SetOptimizerAppliesFromItsIteration) {
   RunTraining(2, {sgd, adam}, 5, {}, /*dump_all=*/true);
 }
 
-TEST_F(ClientTest, ZeroGapIterationsWithARandomlySleepingWorker) {
+TEST_P(ClientTest, ZeroGapIterationsWithARandomlySleepingWorker) {
   Opt sum_only{"sum-only"};
   sum_only.sum = true;
   const std::vector<KeySpec> keys = {{"gap/sum", 600, DType::kFp32, false, sum_only},
@@ -455,30 +614,32 @@ TEST_F(ClientTest, ZeroGapIterationsWithARandomlySleepingWorker) {
   RunTraining(2, keys, 200, {"--sleep-max-ms", "3"}, /*dump_all=*/true);
 }
 
-TEST_F(ClientTest, KilledWorkerFailsTheOthersPromptly) {
+// In-memory, rank 2 is a thread: "killed" closes its connections abruptly
+// instead (ThreadRank::Kill), which is what the hub sees of a SIGKILL.
+TEST_P(ClientTest, KilledWorkerFailsTheOthersPromptly) {
   const std::string token = CreateTenant("kill", 3);
   const std::vector<std::string> args = {"--iterations", "10", "--key",
                                          KeySpec{"k/a", 1000, DType::kFp32, false, {"sgd", 0.1}}.Args()};
-  std::vector<std::unique_ptr<ChildProcess>> procs;
+  std::vector<std::unique_ptr<Rank>> procs;
   for (uint32_t r = 0; r < 3; ++r) {
     auto a = args;
     if (r == 2) a.insert(a.end(), {"--hang-at", "2"});
     procs.push_back(SpawnWorker("kill", token, r, a));
   }
   // Wait until rank 2 stops before iteration 2; give the others time to push it.
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  const auto deadline = std::chrono::steady_clock::now() + Scaled(30s);
   while (ReadFile(OutPath(2)).find("hanging") == std::string::npos) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << ReadFile(OutPath(2)) << WorkerLog(2);
     std::this_thread::sleep_for(10ms);
   }
-  std::this_thread::sleep_for(300ms);
+  std::this_thread::sleep_for(Scaled(300ms));
   const auto killed_at = std::chrono::steady_clock::now();
-  procs[2]->Kill(SIGKILL);
+  procs[2]->Kill();
   for (uint32_t r = 0; r < 2; ++r) {
-    const int code = procs[r]->Wait(10s);
+    const int code = procs[r]->Wait(Scaled(10s));
     const auto took = std::chrono::steady_clock::now() - killed_at;
     EXPECT_EQ(code, 4) << "rank " << r << " should fail iteration 2:\n" << ReadFile(OutPath(r));
-    EXPECT_LT(took, 10s);
+    EXPECT_LT(took, Scaled(10s));
     const auto out = ParseWorker(OutPath(r));
     ASSERT_EQ(out.errors.size(), 1u) << out.text;
     const auto w = Words(out.errors[0]);  // error K CODE WIRE MS MSG
@@ -492,10 +653,10 @@ TEST_F(ClientTest, KilledWorkerFailsTheOthersPromptly) {
   }
 }
 
-TEST_F(ClientTest, SecondPushPullOfAPendingKeyIsRejected) {
+TEST_P(ClientTest, SecondPushPullOfAPendingKeyIsRejected) {
   const std::string token = CreateTenant("busy", 2);  // rank 1 never comes: push 1 stays pending
   client::Error e;
-  auto c = Client::Connect(ClientOptions("busy", token), &e);
+  auto c = Connect(ClientOptions("busy", token), &e);
   ASSERT_NE(c, nullptr) << e.message;
   client::KeyId a = 0, b = 0;
   ASSERT_TRUE(c->DeclareKey({"a", 600}, &a).ok());
@@ -522,10 +683,10 @@ TEST_F(ClientTest, SecondPushPullOfAPendingKeyIsRejected) {
   EXPECT_EQ(c->Wait(c->PushPull(a, grad, out)).code, ErrorCode::kClosed);
 }
 
-TEST_F(ClientTest, DeclareQuotaAndContradictions) {
+TEST_P(ClientTest, DeclareQuotaAndContradictions) {
   const std::string token = CreateTenant("quota", 1, {"--max-keys", "2"});
   client::Error e;
-  auto c = Client::Connect(ClientOptions("quota", token), &e);
+  auto c = Connect(ClientOptions("quota", token), &e);
   ASSERT_NE(c, nullptr) << e.message;
   client::KeyId a = 0, a2 = 0, b = 0, x = 0;
   ASSERT_TRUE(c->DeclareKey({"a", 100}, &a).ok());
@@ -545,21 +706,45 @@ TEST_F(ClientTest, DeclareQuotaAndContradictions) {
   c->Close();
   // The hub drops rank 0's old connections asynchronously after BYE; until
   // then the same rank is refused as a duplicate.
-  std::this_thread::sleep_for(200ms);
-  auto c2 = Client::Connect(ClientOptions("quota", token), &e);
+  std::this_thread::sleep_for(Scaled(200ms));
+  auto c2 = Connect(ClientOptions("quota", token), &e);
   ASSERT_NE(c2, nullptr) << e.message;
   ASSERT_EQ(c2->FindKey("a"), a);
   EXPECT_EQ(c2->GetKeyInfo(a)->next_iteration, 1u);
   EXPECT_EQ(c2->GetKeyInfo(b)->dtype, DType::kFp16);
 }
 
-TEST_F(ClientTest, CApiRoundTrip) {
+// TCP: the C ABI worker process, linked against librackhub.so alone.
+// In-memory: the same worker on this thread, through this program's static
+// copy of the C ABI (rackhub_c.cc), its connects dialed in-memory.
+TEST_P(ClientTest, CApiRoundTrip) {
+  if (GetParam() == Transport::kRdma) {
+    GTEST_SKIP() << "the C ABI cannot select RDMA: rackhub_options (rackhub_c.h) has no "
+                    "transport field and rackhub_connect always connects over TCP, so this "
+                    "instance would only repeat the TCP one against an RDMA-enabled hub";
+  }
   const std::string token = CreateTenant("capi", 1);
   const std::string out_path = dir_ + "/capi.out";
-  ChildProcess p({BinPath("rackhub-test-capi-worker"), "--hub", daemon_->data_address(),
-                  "--tenant", "capi", "--token", token, "--out", out_path},
-                 dir_ + "/capi.log");
-  ASSERT_EQ(p.Wait(60s), 0) << ReadFile(out_path) << ReadFile(dir_ + "/capi.log");
+  const std::vector<std::string> args = {"--hub", hub_->data_address(), "--tenant", "capi",
+                                         "--token", token, "--out", out_path};
+  if (in_memory()) {
+    std::atomic<int> dials{0};
+    const auto dial = hub_->memory_dialer();
+    client::testing::ScopedLaneDialer in_memory(
+        *hub_->link_io(), [&](const net::FrameHeader& h, const std::string& payload,
+                              asio::io_context& io, net::FrameHandler* handler) {
+          ++dials;
+          return dial(h, payload, io, handler);
+        });
+    ASSERT_EQ(testing::RunCApiWorker(args), 0) << ReadFile(out_path);
+    // Wrong token (1 lane) + the real connect (3 lanes): all in-memory.
+    EXPECT_EQ(dials.load(), 4) << "rackhub_connect did not go through the in-memory seam";
+  } else {
+    std::vector<std::string> argv = args;
+    argv.insert(argv.begin(), BinPath("rackhub-test-capi-worker"));
+    ChildProcess p(argv, dir_ + "/capi.log");
+    ASSERT_EQ(p.Wait(60s), 0) << ReadFile(out_path) << ReadFile(dir_ + "/capi.log");
+  }
   std::map<std::string, std::vector<std::string>> lines;
   std::map<std::string, std::vector<float>> params;
   std::istringstream in(ReadFile(out_path));
@@ -595,6 +780,9 @@ TEST_F(ClientTest, CApiRoundTrip) {
   ExpectClose(params["iter2"], ref[2], DType::kFp32, "iter2");
   EXPECT_EQ(params["pulled"], params["iter2"]);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, ClientTest, ::testing::ValuesIn(testing::AllTransports()),
+                         testing::TransportParamName);
 
 }  // namespace
 }  // namespace rackhub

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "connection_link.h"
@@ -104,6 +105,12 @@ class MemoryHub final : public HubUnderTest {
 
   Transport transport() const override { return Transport::kMemory; }
   const std::string& admin_address() const override { return hub_.admin_address(); }
+  std::string data_address() const override { return hub_.data_address(); }
+  ConnectionLink::Dialer memory_dialer() override {
+    return [this](const FrameHeader& h, const std::string& payload, boost::asio::io_context& io,
+                  net::FrameHandler* handler) { return Dial(h, payload, io, handler); };
+  }
+  boost::asio::io_context* link_io() override { return &client_.io(); }
   std::unique_ptr<DataLink> Connect() override {
     return std::make_unique<ConnectionLink>(
         client_.io(), [this](const FrameHeader& h, const std::string& payload,
@@ -126,6 +133,7 @@ class MemoryHub final : public HubUnderTest {
   // hub's end goes to the lane the HELLO names.
   std::shared_ptr<net::Connection> Dial(const FrameHeader& h, const std::string& payload,
                                         boost::asio::io_context& io, net::FrameHandler* handler) {
+    std::lock_guard lock(dial_mu_);  // ranks connect from several threads at once
     DataPlane& plane = hub_.data_plane();
     net::ConnectionIdentity client_id;
     client_id.peer = "hub (in-memory)";
@@ -167,7 +175,8 @@ class MemoryHub final : public HubUnderTest {
   IoThread client_;
   IoThread refuser_io_;
   Refuser refuser_;
-  std::vector<std::shared_ptr<net::Connection>> refused_;
+  std::mutex dial_mu_;
+  std::vector<std::shared_ptr<net::Connection>> refused_;  // GUARDED_BY(dial_mu_)
   server::Hub hub_;
   std::thread stopper_;
 };
@@ -191,6 +200,9 @@ class ProcessHub final : public HubUnderTest {
     return rdma_address_.empty() ? Transport::kTcp : Transport::kRdma;
   }
   const std::string& admin_address() const override { return daemon_->admin_address(); }
+  std::string data_address() const override { return daemon_->data_address(); }
+  std::string rdma_address() const override { return rdma_address_; }
+  DaemonProcess* daemon() override { return daemon_.get(); }
   int time_scale() const override { return rdma_address_.empty() ? 1 : 10; }
   std::unique_ptr<DataLink> Connect() override {
     if (rdma_address_.empty()) return std::make_unique<RawClient>(daemon_->data_address());

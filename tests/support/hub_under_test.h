@@ -18,9 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "connection_link.h"
 #include "data_link.h"
+#include "rackhub/net/asio.h"
 
 namespace rackhub::testing {
+
+class DaemonProcess;
 
 enum class Transport { kMemory, kTcp, kRdma };
 std::string TransportName(Transport t);
@@ -38,6 +42,19 @@ class HubUnderTest {
 
   virtual Transport transport() const = 0;
   virtual const std::string& admin_address() const = 0;
+  // HOST:PORT of the hub's TCP data plane (it runs with every transport; the
+  // in-process hub listens too). rdma_address(): its RDMA listener, "" unless
+  // kRdma.
+  virtual std::string data_address() const = 0;
+  virtual std::string rdma_address() const { return ""; }
+  // The rackhubd process (kTcp, kRdma), e.g. for its log; null for kMemory.
+  virtual DaemonProcess* daemon() { return nullptr; }
+  // kMemory only (else null): dials an in-memory worker link after the HELLO
+  // checks, on link_io() (a thread of this object that outlives the hub's
+  // ends), for client::testing::ConnectThrough. Callable from any thread;
+  // the returned client end is started by a post to `io`.
+  virtual ConnectionLink::Dialer memory_dialer() { return nullptr; }
+  virtual boost::asio::io_context* link_io() { return nullptr; }
   // A new, unconnected worker link (HELLO connects it).
   virtual std::unique_ptr<DataLink> Connect() = 0;
   // Timing bounds of assertions are multiplied by this (emulated RDMA is slow).
