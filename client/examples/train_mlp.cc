@@ -1,5 +1,5 @@
 // rackhub-train-demo: one worker of a synchronous data-parallel training job
-// whose parameters live on a rackhub hub (DESIGN.md §1-2).
+// whose parameters live on a rackhub hub (docs/architecture.md).
 //
 // The model is a small MLP written out by hand (no libraries):
 //   32 inputs -> 128 (ReLU) -> 128 (ReLU) -> 8 classes, softmax cross-entropy.

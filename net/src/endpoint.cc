@@ -65,13 +65,4 @@ Result<Endpoint> ParseEndpoint(std::string_view text) {
   return ep;
 }
 
-std::optional<Endpoint> ParseEndpoint(std::string_view text, std::string* error) {
-  Result<Endpoint> ep = ParseEndpoint(text);
-  if (!ep.ok()) {
-    *error = ep.status().message();
-    return std::nullopt;
-  }
-  return *std::move(ep);
-}
-
 }  // namespace rackhub::net

@@ -145,8 +145,6 @@ Status CheckHeader(const FrameHeader& h) {
   return Status::Ok();
 }
 
-std::string ValidateHeader(const FrameHeader& h) { return CheckHeader(h).message(); }
-
 std::string EncodeErrorBody(WireError code, std::string_view text) {
   std::string out(4 + text.size(), '\0');
   const uint32_t c = static_cast<uint32_t>(code);

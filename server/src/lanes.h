@@ -1,5 +1,5 @@
 // Lanes: one thread per lane, each pinned to one core and running its own
-// Boost.Asio io_context (DESIGN.md §5). Everything a lane owns is touched only
+// Boost.Asio io_context (docs/threading.md). Everything a lane owns is touched only
 // by its thread; other threads hand it work with Post().
 //
 // Each lane ticks a heartbeat every kHeartbeatPeriod from its own thread, so

@@ -33,19 +33,6 @@ Result<ProtoOptimizer> OptimizerFromProto(const pb::Optimizer& in) {
   return r;
 }
 
-std::string OptimizerFromProto(const pb::Optimizer& in, OptimizerConfig* out,
-                               bool* unspecified_type) {
-  Result<ProtoOptimizer> r = OptimizerFromProto(in);
-  if (!r.ok()) {
-    // As before: the type flag is set even when the conversion fails.
-    *unspecified_type = in.type() == pb::OPTIMIZER_UNSPECIFIED;
-    return r.status().message();
-  }
-  *out = r->config;
-  *unspecified_type = r->unspecified_type;
-  return "";
-}
-
 void OptimizerToProto(const OptimizerConfig& in, pb::Optimizer* out) {
   out->set_type(static_cast<pb::OptimizerType>(in.type));
   out->set_learning_rate(in.learning_rate);

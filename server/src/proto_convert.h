@@ -23,11 +23,6 @@ struct ProtoOptimizer {
 // aggregation::NormalizeOptimizer).
 Result<ProtoOptimizer> OptimizerFromProto(const admin::v1::Optimizer& in);
 
-// DEPRECATED: the old "" = success form; forwards to the Result form above.
-// Remove once no caller is left.
-[[deprecated("use Result<ProtoOptimizer> OptimizerFromProto(in)")]]
-std::string OptimizerFromProto(const admin::v1::Optimizer& in, aggregation::OptimizerConfig* out,
-                               bool* unspecified_type);
 void OptimizerToProto(const aggregation::OptimizerConfig& in, admin::v1::Optimizer* out);
 void TenantToProto(const TenantInfo& in, admin::v1::Tenant* out);
 // `chunks` may be empty (list calls leave the layout out).

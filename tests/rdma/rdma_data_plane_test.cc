@@ -31,6 +31,7 @@
 #include <gtest/gtest.h>
 
 #include "process.h"
+#include "rdma_env.h"
 #include "rackhub/client/client.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/endpoint.h"
@@ -51,35 +52,6 @@ constexpr uint32_t kChunkBytes = 1024;  // 256 fp32 per chunk: keys span lanes
 // Soft-RoCE under TCG emulation is slow; be generous.
 constexpr auto kConnectTimeout = 60s;
 constexpr auto kOpTimeout = 60s;
-
-// The IPv4 address of the first RDMA device's network interface
-// (/sys/class/infiniband/DEV/ports/1/gid_attrs/ndevs/), or
-// $RACKHUB_TEST_RDMA_IP. "" if none.
-std::string RdmaAddress() {
-  if (const char* ip = std::getenv("RACKHUB_TEST_RDMA_IP")) return ip;
-  std::vector<std::string> netdevs;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  for (const auto& dev : fs::directory_iterator("/sys/class/infiniband", ec)) {
-    for (const auto& nd : fs::directory_iterator(dev.path() / "ports/1/gid_attrs/ndevs", ec)) {
-      std::ifstream f(nd.path());
-      std::string name;
-      if (f >> name) netdevs.push_back(name);
-    }
-  }
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return "";
-  std::string found;
-  for (ifaddrs* a = list; a && found.empty(); a = a->ifa_next) {
-    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
-    if (std::find(netdevs.begin(), netdevs.end(), a->ifa_name) == netdevs.end()) continue;
-    char text[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
-    found = text;
-  }
-  freeifaddrs(list);
-  return found;
-}
 
 // One rackhubd with TCP and (if `rdma`) RDMA on a fixed port of `ip`.
 class Hub {
@@ -137,22 +109,9 @@ class Hub {
   std::string rdma_address_;
 };
 
-bool HaveRdma(std::string* ip, std::string* why) {
-  if (!rdma::DevicePresent()) {
-    *why = "no RDMA verbs device with an active port here; run tests/rdma/run.sh (Soft-RoCE VM)";
-    return false;
-  }
-  *ip = RdmaAddress();
-  if (ip->empty()) {
-    *why = "an RDMA device but no IPv4 address on its interface (set RACKHUB_TEST_RDMA_IP)";
-    return false;
-  }
-  return true;
-}
-
 #define REQUIRE_RDMA(ip)                           \
   std::string ip, skip_why_;                       \
-  if (!HaveRdma(&ip, &skip_why_)) GTEST_SKIP() << skip_why_
+  if (!testing::HaveRdma(&ip, &skip_why_)) GTEST_SKIP() << skip_why_
 
 float Gradient(uint32_t rank, uint64_t iteration, uint64_t index) {
   const int64_t k = static_cast<int64_t>((index * 7 + rank * 13 + iteration * 5) % 101) - 50;
@@ -238,8 +197,10 @@ struct RawWorker {
 
   bool Connect(const std::string& rdma_hub, const std::string& tenant, const std::string& token,
                uint32_t rank) {
+    const Result<net::Endpoint> ep = net::ParseEndpoint(rdma_hub);
+    EXPECT_TRUE(ep.ok()) << ep.status().message();
+    if (!ep.ok()) return false;
     std::string error;
-    const auto ep = net::ParseEndpoint(rdma_hub, &error);
     rdma::ChannelOptions o;
     o.ring_bytes = 1u << 20;
     channel = rdma::Channel::Connect(*ep, 0, o, std::chrono::steady_clock::now() + kConnectTimeout,

@@ -44,6 +44,7 @@
 #include <gtest/gtest.h>
 
 #include "process.h"
+#include "rdma_env.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "rackhub/client/client.h"
 #include "rackhub/data/v1/control.pb.h"
@@ -68,34 +69,6 @@ constexpr int kIterations = 5;
 // WORKER_LOST must come well before op_timeout).
 constexpr auto kConnectTimeout = 60s;
 constexpr auto kOpTimeout = 60s;
-
-// The IPv4 address of the first RDMA device's network interface, or
-// $RACKHUB_TEST_RDMA_IP ("" if none). As in rdma_data_plane_test.cc.
-std::string RdmaAddress() {
-  if (const char* ip = std::getenv("RACKHUB_TEST_RDMA_IP")) return ip;
-  std::vector<std::string> netdevs;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  for (const auto& dev : fs::directory_iterator("/sys/class/infiniband", ec)) {
-    for (const auto& nd : fs::directory_iterator(dev.path() / "ports/1/gid_attrs/ndevs", ec)) {
-      std::ifstream f(nd.path());
-      std::string name;
-      if (f >> name) netdevs.push_back(name);
-    }
-  }
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return "";
-  std::string found;
-  for (ifaddrs* a = list; a && found.empty(); a = a->ifa_next) {
-    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
-    if (std::find(netdevs.begin(), netdevs.end(), a->ifa_name) == netdevs.end()) continue;
-    char text[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
-    found = text;
-  }
-  freeifaddrs(list);
-  return found;
-}
 
 // A TCP port free on `ip` right now. rdma_cm has its own port space (on
 // RoCE/InfiniBand), where it is all but certainly free too.
@@ -245,11 +218,8 @@ void ShowLines(const std::string& who, const std::string& log, const std::string
 }
 
 TEST(RdmaMultiRackTest, HubLinksOverRdmaGiveTheFlatBitsAndFailFastWhenAHubDies) {
-  if (!rdma::DevicePresent()) {
-    GTEST_SKIP() << "no RDMA verbs device with an active port here; run tests/rdma/run.sh";
-  }
-  const std::string ip = RdmaAddress();
-  if (ip.empty()) GTEST_SKIP() << "an RDMA device but no IPv4 address on its interface";
+  std::string ip, why;
+  if (!testing::HaveRdma(&ip, &why)) GTEST_SKIP() << why;
 
   const std::string dir = testing::MakeTempDir();
   const std::string secret_file = dir + "/hub.secret";
@@ -457,11 +427,8 @@ struct RawHubLink {
 };
 
 TEST(RdmaMultiRackTest, HubHelloIsCheckedOverRdma) {
-  if (!rdma::DevicePresent()) {
-    GTEST_SKIP() << "no RDMA verbs device with an active port here; run tests/rdma/run.sh";
-  }
-  const std::string ip = RdmaAddress();
-  if (ip.empty()) GTEST_SKIP() << "an RDMA device but no IPv4 address on its interface";
+  std::string ip, why;
+  if (!testing::HaveRdma(&ip, &why)) GTEST_SKIP() << why;
   const std::string dir = testing::MakeTempDir();
   const std::string secret(48, 's');
   testing::WriteFile(dir + "/hub.secret", secret + "\n");

@@ -20,6 +20,7 @@
 
 #include "connection_link.h"
 #include "data_link.h"
+#include "rdma_env.h"
 #include "rackhub/net/asio.h"
 
 namespace rackhub::testing {
@@ -65,8 +66,5 @@ class HubUnderTest {
   virtual int FinishShutdown() = 0;
 };
 
-// The IPv4 address of the first RDMA device's interface (or
-// $RACKHUB_TEST_RDMA_IP); false with *why if there is no usable device.
-bool HaveRdma(std::string* ip, std::string* why);
 
 }  // namespace rackhub::testing

@@ -45,8 +45,8 @@ void RdmaConnection::Start() {
 
 void RdmaConnection::OnFrame(const FrameHeader& h, std::span<const std::byte> payload) {
   if (!open_ || closing_) return;
-  if (auto error = ValidateHeader(h); !error.empty()) {
-    SendError(WireError::kMalformed, error, h.request_id, true);
+  if (Status valid = CheckHeader(h); !valid.ok()) {
+    SendError(WireError::kMalformed, valid.message(), h.request_id, true);
     return;
   }
   // The lane checks every field before the payload is looked at.

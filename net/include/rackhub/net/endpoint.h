@@ -28,9 +28,4 @@ struct Endpoint {
 // the field (callers add it: status.WithContext("admin.listen")).
 Result<Endpoint> ParseEndpoint(std::string_view text);
 
-// DEPRECATED: the old "optional + std::string* error" form; forwards to the
-// Result form above. Remove once no caller is left.
-[[deprecated("use Result<Endpoint> ParseEndpoint(text)")]]
-std::optional<Endpoint> ParseEndpoint(std::string_view text, std::string* error);
-
 }  // namespace rackhub::net

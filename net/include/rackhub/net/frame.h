@@ -137,11 +137,6 @@ FrameHeader DecodeHeader(std::span<const std::byte, kHeaderBytes> in);
 // ("payload_bytes: ...").
 Status CheckHeader(const FrameHeader& h);
 
-// DEPRECATED: the old "" = valid form of CheckHeader (returns its message).
-// Remove once no caller is left.
-[[deprecated("use Status CheckHeader(h)")]]
-std::string ValidateHeader(const FrameHeader& h);
-
 // A whole ERROR frame answering `request_id` on a connection of `tenant`:
 // the header (payload_bytes set, kFlagFatal if `fatal`) and its body.
 struct ErrorFrame {

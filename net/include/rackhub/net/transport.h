@@ -1,10 +1,11 @@
-// The data-plane transport interface (DESIGN.md §3, STYLE.md §2).
+// The data-plane transport interface (docs/architecture.md, "Transports").
 //
 // A Connection carries the frames (net/frame.h) of one (worker, lane) pair.
 // The hub's lane logic sees only this interface and FrameHandler; net/tcp/
-// implements it over Boost.Asio sockets and net/rdma/ (to come) over verbs
-// queue pairs. The lane never sees a socket; the transport never sees an
-// optimizer.
+// implements it over Boost.Asio sockets, net/rdma/ over verbs queue pairs and
+// net/testing/ in memory (with fault injection, for tests). Acceptors build
+// connections; outgoing ones come from a net::Connector (connector.h). The
+// lane never sees a socket; the transport never sees an optimizer.
 //
 // Threading: a Connection belongs to one lane thread. Every member, and every
 // FrameHandler callback, runs on that thread.
@@ -42,7 +43,7 @@ class FrameHandler {
     kReject,   // a fatal ERROR was sent: deliver nothing more
   };
   virtual ~FrameHandler() = default;
-  // Called with every header (already checked by ValidateHeader) before its
+  // Called with every header (already checked by CheckHeader) before its
   // payload is received, so nothing is allocated for a frame that is refused.
   virtual Verdict AcceptHeader(Connection& conn, const FrameHeader& h) = 0;
   // The payload is valid only during the call.

@@ -1,6 +1,6 @@
 // TCP implementation of net::Connection (Boost.Asio): one data-plane
 // connection of one (worker, lane), owned by that lane's thread after the
-// acceptor handed it over (DESIGN.md §5).
+// acceptor handed it over (docs/threading.md).
 //
 // Reads frames in order, many per system call into the receive buffer of a
 // FrameReader (net/frame_reader.h); each header goes to the handler before its
