@@ -216,73 +216,7 @@ void ConnectionLane::OnFrame(const net::FrameHeader& h, const std::string& body)
     have_reply_ = true;
     return;
   }
-  const net::Opcode op = h.opcode;
-  if (op == net::Opcode::kError) return OnError(h, payload);
-  if (op == net::Opcode::kHeartbeat) return;
-  if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo) {
-    return Broken(std::string("unexpected ") + net::OpcodeName(op) + " frame from the hub");
-  }
-  const auto it = pending_.find(h.request_id);
-  if (it == pending_.end()) {
-    return Broken(std::string(net::OpcodeName(op)) + " answers unknown request id " +
-                  std::to_string(h.request_id));
-  }
-  PendingRequest request = std::move(it->second);
-  pending_.erase(it);
-  OnReply(h, payload, std::move(request));
-}
-
-// The same checks, in the same order and with the same messages, as the TCP
-// lane (lane.cc); the payload is already complete.
-void ConnectionLane::OnReply(const net::FrameHeader& h, std::span<const std::byte> payload,
-                             PendingRequest request) {
-  const net::Opcode op = h.opcode;
-  const OperationPtr& o = request.op;
-  const auto what = [&] {
-    return std::string(net::OpcodeName(op)) + " for request " + std::to_string(h.request_id) +
-           " (" + OpKindName(o->kind) + " of key " + std::to_string(o->key) + ")";
-  };
-  if (op != request.expect) return Broken(what() + ": expected " + net::OpcodeName(request.expect));
-  if (op == net::Opcode::kParams) {
-    if (h.key != o->key || h.chunk != request.chunk) {
-      return Broken(what() + " names key " + std::to_string(h.key) + " chunk " +
-                    std::to_string(h.chunk) + ", expected chunk " + std::to_string(request.chunk));
-    }
-    const size_t want = size_t{request.elements} * net::DTypeBytes(WireDType(o->dtype));
-    const bool bare_ack = h.payload_bytes == 0 && o->kind == OpKind::kInit;
-    if (!bare_ack && (h.dtype != WireDType(o->dtype) || h.payload_bytes != want)) {
-      return Broken(what() + ": " + std::to_string(h.payload_bytes) + " bytes of " +
-                    net::DTypeName(h.dtype) + ", expected " + std::to_string(want) + " bytes of " +
-                    net::DTypeName(WireDType(o->dtype)));
-    }
-    if (o->failed || o->finished) return;  // late reply of a failed ticket: dropped
-    const bool store = !bare_ack && (o->kind == OpKind::kPushPull || o->kind == OpKind::kPull);
-    if (store) {
-      float* dest = o->out.data() + request.offset;
-      if (o->dtype == DType::kFp32) {
-        std::memcpy(dest, payload.data(), want);
-      } else {
-        WidenToFloats(o->dtype, payload.data(), dest, request.elements);
-      }
-    }
-  } else if (h.key != o->key && o->kind != OpKind::kDeclare) {
-    return Broken(what() + " names key " + std::to_string(h.key));
-  }
-  if (o->failed || o->finished) return;
-  if (op == net::Opcode::kKeyInfo) {
-    data::v1::KeyEntry entry;
-    if (!entry.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-      return Broken("KEY_INFO payload is not a KeyEntry");
-    }
-    Result<KeyInfo> info = ToKeyInfo(entry, owner_->chunk_elements());
-    if (!info.ok()) return Broken("KEY_INFO: " + info.status().message());
-    o->declared = *std::move(info);
-  }
-  owner_->ReplyArrived(o, h.iteration);
-}
-
-void ConnectionLane::OnError(const net::FrameHeader& h, std::span<const std::byte> payload) {
-  if (const Status s = HandleErrorFrame(owner_, index_, h, payload, &pending_); !s.ok()) {
+  if (const Status s = RouteFrame(owner_, index_, h, payload, &pending_); !s.ok()) {
     Broken(s.message());
   }
 }

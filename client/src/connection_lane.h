@@ -67,9 +67,6 @@ class ConnectionLane final : public LaneLink {
 
   // Client I/O thread (posted by the Bridge).
   void OnFrame(const net::FrameHeader& h, const std::string& payload);
-  void OnReply(const net::FrameHeader& h, std::span<const std::byte> payload,
-               PendingRequest request);
-  void OnError(const net::FrameHeader& h, std::span<const std::byte> payload);
   void OnClosed(const std::string& why);
   void Broken(const std::string& reason);
   void Release(OutFrame& frame);

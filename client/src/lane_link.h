@@ -39,4 +39,13 @@ Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHead
                         std::span<const std::byte> payload,
                         std::unordered_map<uint64_t, PendingRequest>* pending);
 
+// A whole frame from the hub after the handshake, for transports that receive
+// complete frames (RDMA, the in-memory test transport): ERROR goes to
+// HandleErrorFrame, a PARAMS / ACK / KEY_INFO completes the request it
+// answers (taken out of `pending`), HEARTBEAT is ignored. UNAVAILABLE with the
+// reason when the frame breaks the protocol (the lane is then broken).
+Status RouteFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
+                  std::span<const std::byte> payload,
+                  std::unordered_map<uint64_t, PendingRequest>* pending);
+
 }  // namespace rackhub::client::internal

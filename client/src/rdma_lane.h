@@ -54,9 +54,6 @@ class RdmaLane final : public LaneLink {
 
  private:
   void OnFrame(const net::FrameHeader& h, std::span<const std::byte> payload);
-  void OnReply(const net::FrameHeader& h, std::span<const std::byte> payload,
-               PendingRequest request);
-  void OnError(const net::FrameHeader& h, std::span<const std::byte> payload);
   void OnClosed(const std::string& why);
   void Broken(const std::string& reason);
 

@@ -65,6 +65,22 @@ class DataLink {
 
 };
 
+// "nothing", or the frame's opcode, iteration and (for ERROR) code and text.
+inline std::string Describe(const std::optional<Frame>& f) {
+  if (!f) return "nothing";
+  std::string out = std::string(net::OpcodeName(f->h.opcode)) + " iteration " +
+                    std::to_string(f->h.iteration) + " request " +
+                    std::to_string(f->h.request_id);
+  if (f->h.opcode == Opcode::kError) {
+    WireError code{};
+    std::string text;
+    net::DecodeErrorBody(std::as_bytes(std::span(f->payload.data(), f->payload.size())), &code,
+                         &text);
+    out += std::string(" ") + net::WireErrorName(code) + ": " + text;
+  }
+  return out;
+}
+
 // Expects an ERROR frame with `code`, a message containing `text`, and the
 // fatal flag as given.
 inline void ExpectError(const std::optional<Frame>& f, WireError code, const std::string& text,
