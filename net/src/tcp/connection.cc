@@ -46,38 +46,25 @@ void TcpConnection::OnRead(const boost::system::error_code& ec, size_t bytes) {
 }
 
 void TcpConnection::SendBorrowed(const FrameHeader& header,
-                                  std::span<const std::byte> payload) {
-  OutFrame f;
-  EncodeHeader(header, f.header);
-  f.payload = payload;
-  Enqueue(std::move(f));
+                                 std::span<const std::byte> payload) {
+  Enqueue(QueuedFrame::Borrowed(header, payload));
 }
 
 void TcpConnection::SendOwned(const FrameHeader& header, std::string payload) {
-  OutFrame f;
-  FrameHeader h = header;
-  h.payload_bytes = static_cast<uint32_t>(payload.size());
-  EncodeHeader(h, f.header);
-  f.owned = std::move(payload);
-  Enqueue(std::move(f));
+  Enqueue(QueuedFrame::Owned(header, std::move(payload)));
 }
 
 void TcpConnection::SendError(WireError code, const std::string& text, uint64_t request_id,
                                bool fatal) {
   if (!open_ || closing_) return;
-  ErrorFrame e = MakeErrorFrame(code, text, id_.tenant_handle, request_id, fatal);
-  OutFrame f;
-  f.owned = std::move(e.body);
-  EncodeHeader(e.header, f.header);
-  f.close_after = fatal;
   if (fatal) {
     closing_ = true;
     reader_.Stop();
   }
-  Enqueue(std::move(f));
+  Enqueue(QueuedFrame::Error(code, text, id_.tenant_handle, request_id, fatal));
 }
 
-void TcpConnection::Enqueue(OutFrame frame) {
+void TcpConnection::Enqueue(QueuedFrame frame) {
   if (!open_) return;
   out_.push_back(std::move(frame));
   WriteNext();
@@ -91,7 +78,7 @@ void TcpConnection::WriteNext() {
   std::vector<asio::const_buffer> buffers;
   buffers.reserve(2 * in_flight_);
   for (size_t i = 0; i < in_flight_; ++i) {
-    const OutFrame& f = out_[i];
+    const QueuedFrame& f = out_[i];
     buffers.emplace_back(f.header.data(), f.header.size());
     if (!f.owned.empty()) {
       buffers.emplace_back(f.owned.data(), f.owned.size());

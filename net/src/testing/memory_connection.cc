@@ -123,34 +123,21 @@ void MemoryConnection::Start() {
 
 void MemoryConnection::SendBorrowed(const FrameHeader& header,
                                     std::span<const std::byte> payload) {
-  OutFrame f;
-  EncodeHeader(header, f.header);
-  f.payload = payload;
-  Enqueue(std::move(f));
+  Enqueue(QueuedFrame::Borrowed(header, payload));
 }
 
 void MemoryConnection::SendOwned(const FrameHeader& header, std::string payload) {
-  OutFrame f;
-  FrameHeader h = header;
-  h.payload_bytes = static_cast<uint32_t>(payload.size());
-  EncodeHeader(h, f.header);
-  f.owned = std::move(payload);
-  Enqueue(std::move(f));
+  Enqueue(QueuedFrame::Owned(header, std::move(payload)));
 }
 
 void MemoryConnection::SendError(WireError code, const std::string& text, uint64_t request_id,
                                  bool fatal) {
   if (!open_ || closing_) return;
-  ErrorFrame e = MakeErrorFrame(code, text, id_.tenant_handle, request_id, fatal);
-  OutFrame f;
-  f.owned = std::move(e.body);
-  EncodeHeader(e.header, f.header);
-  f.close_after = fatal;
   if (fatal) {
     closing_ = true;
     reader_.Stop();
   }
-  Enqueue(std::move(f));
+  Enqueue(QueuedFrame::Error(code, text, id_.tenant_handle, request_id, fatal));
 }
 
 void MemoryConnection::Close(const std::string& why) {
@@ -178,7 +165,7 @@ void MemoryConnection::Shutdown() {
   out_->WakeReceiver();  // the peer reads the end of the stream
 }
 
-void MemoryConnection::Enqueue(OutFrame frame) {
+void MemoryConnection::Enqueue(QueuedFrame frame) {
   if (!open_) return;
   queued_bytes_.fetch_add(frame.size(), std::memory_order_acq_rel);
   queue_.push_back(std::move(frame));
@@ -226,7 +213,7 @@ void MemoryConnection::WriteNext() {
     out_->bytes.insert(out_->bytes.end(), p, p + len);
   };
   while (budget > 0 && !queue_.empty() && frames < kMaxFramesPerWrite) {
-    const OutFrame& f = queue_.front();
+    const QueuedFrame& f = queue_.front();
     const size_t total = f.size();
     const size_t take = std::min(total - front_offset_, budget);
     size_t at = front_offset_;

@@ -24,6 +24,7 @@
 
 #include "rackhub/net/asio.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/queued_frame.h"
 #include "rackhub/net/frame_reader.h"
 #include "rackhub/net/transport.h"
 
@@ -45,15 +46,9 @@ class TcpConnection final : public Connection {
   void Close(const std::string& why) override;
 
  private:
-  struct OutFrame {
-    std::array<std::byte, kHeaderBytes> header;
-    std::string owned;
-    std::span<const std::byte> payload;
-    bool close_after = false;
-  };
   void ReadMore();
   void OnRead(const boost::system::error_code& ec, size_t bytes);
-  void Enqueue(OutFrame frame);
+  void Enqueue(QueuedFrame frame);
   void WriteNext();
 
   std::shared_ptr<TcpConnection> self() {
@@ -71,7 +66,7 @@ class TcpConnection final : public Connection {
   FrameReader reader_;
 
   // Send side: queued frames go out in batches, one gather write each.
-  std::deque<OutFrame> out_;
+  std::deque<QueuedFrame> out_;
   size_t in_flight_ = 0;  // frames at the front of out_ being written
 };
 

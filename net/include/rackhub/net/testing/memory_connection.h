@@ -62,6 +62,7 @@
 
 #include "rackhub/net/asio.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/queued_frame.h"
 #include "rackhub/net/frame_reader.h"
 #include "rackhub/net/transport.h"
 
@@ -149,16 +150,6 @@ class MemoryConnection final : public Connection {
                                    boost::asio::io_context&, FrameHandler*, ConnectionIdentity,
                                    FaultPlan, FaultPlan);
 
-  struct OutFrame {
-    std::array<std::byte, kHeaderBytes> header;
-    std::string owned;
-    std::span<const std::byte> payload;  // borrowed (when `owned` is empty)
-    bool close_after = false;
-    std::span<const std::byte> body() const {
-      return owned.empty() ? payload : std::as_bytes(std::span(owned.data(), owned.size()));
-    }
-    size_t size() const { return kHeaderBytes + body().size(); }
-  };
 
   MemoryConnection(boost::asio::io_context& io, FrameHandler* handler, ConnectionIdentity id,
                    std::shared_ptr<detail::Pipe> in, std::shared_ptr<detail::Pipe> out);
@@ -166,7 +157,7 @@ class MemoryConnection final : public Connection {
     return std::static_pointer_cast<MemoryConnection>(shared_from_this());
   }
 
-  void Enqueue(OutFrame frame);
+  void Enqueue(QueuedFrame frame);
   // Everything an end does when woken by the peer or a fault change: notice a
   // reset, finish a write step the peer has taken, write, read.
   void Pump();
@@ -193,7 +184,7 @@ class MemoryConnection final : public Connection {
 
   // Send side: frames not yet copied into the stream; the front one may be
   // partly copied (front_offset_ bytes).
-  std::deque<OutFrame> queue_;
+  std::deque<QueuedFrame> queue_;
   size_t front_offset_ = 0;
   bool write_posted_ = false;
   size_t step_bytes_ = 0;     // bytes of the write step the peer has not all taken
