@@ -298,7 +298,9 @@ TEST_P(DataPlaneProtocolTest, PushImpliesPullAndDuplicatePushIsRefused) {
   h.request_id = 1;
   r0->Send(h, Floats({1, 2, 3}));
   {
-    const auto early = r0->Receive(std::chrono::milliseconds(100));
+    // 100 ms on every transport (links scale their waits by time_scale()):
+    // well below the 400 ms straggler timeout.
+    const auto early = r0->Receive(std::chrono::milliseconds(100) / hub_->time_scale());
     EXPECT_FALSE(early.has_value()) << "no reply before every worker pushed; got "
                                     << testing::Describe(early);
   }
