@@ -152,7 +152,6 @@ Error Client::Impl::ConnectRdma(Clock::time_point deadline) {
     }
     target = *ep;
   }
-  std::string why;
   rdma::ChannelOptions copts;
   copts.ring_bytes = options_.rdma_ring_bytes;
   copts.device = options_.rdma_device;
@@ -162,8 +161,10 @@ Error Client::Impl::ConnectRdma(Clock::time_point deadline) {
   uint32_t lane_count = 1;
   for (uint32_t lane = 0; lane < lane_count; ++lane) {
     const std::string where = "hub " + target.ToString() + " (rdma) lane " + std::to_string(lane);
-    auto channel = rdma::Channel::Connect(target, lane, copts, deadline, &why);
-    if (!channel) return fail(ErrorCode::kConnectFailed, why);
+    Result<std::shared_ptr<rdma::Channel>> connected =
+        rdma::Channel::Connect(target, lane, copts, deadline);
+    if (!connected.ok()) return fail(ErrorCode::kConnectFailed, connected.status().message());
+    std::shared_ptr<rdma::Channel> channel = *std::move(connected);
     auto link = std::make_unique<internal::RdmaLane>(this, lane, channel);
     Result<internal::RdmaLane::HandshakeReply> reply =
         link->Handshake(io_, HelloPayload(lane), deadline);

@@ -32,6 +32,7 @@
 #include "config.h"
 #include "lane_gate.h"
 #include "lane_host.h"
+#include "rackhub/common/status.h"
 #include "rackhub/net/transport.h"
 #include "registry.h"
 
@@ -108,10 +109,10 @@ class RackExchange final : public net::FrameHandler {
   void FlushQueue(uint32_t rack);
   // Called kPeerWaitLimit after frames were queued for a link that is down.
   void GiveUp(uint32_t rack, uint64_t generation);
-  // Resolves a KEY_BIND: true when bound; false with *problem empty when the
-  // tenant or key does not exist here yet; false with *problem on mismatch.
-  bool TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes,
-               std::string* problem);
+  // Resolves a KEY_BIND: true when bound; false when the tenant or key does
+  // not exist here yet; INVALID_ARGUMENT for a payload that is not a KeyBind,
+  // FAILED_PRECONDITION when the key is laid out differently here.
+  Result<bool> TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes);
   // The tenant and key a peer's frame names, binding late if needed.
   LaneKey* PeerKey(uint32_t peer, const net::FrameHeader& h, LaneTenant** tenant);
   Verdict CheckData(net::Connection& conn, const net::FrameHeader& h);

@@ -53,8 +53,9 @@ LaneKey* RackExchange::PeerKey(uint32_t peer, const FrameHeader& h, LaneTenant**
   auto bound = peer_tenants_.find({peer, h.tenant});
   if (bound == peer_tenants_.end()) {
     const auto pending = pending_binds_.find({peer, h.tenant, h.key});
-    std::string problem;
-    if (pending == pending_binds_.end() || !TryBind(peer, h.tenant, pending->second, &problem)) {
+    // A bind that does not fit (an error) stays unbound, like one not here yet.
+    if (pending == pending_binds_.end() ||
+        !TryBind(peer, h.tenant, pending->second).value_or(false)) {
       return nullptr;
     }
     bound = peer_tenants_.find({peer, h.tenant});
@@ -105,15 +106,12 @@ void RackExchange::SendPeerError(net::Connection& conn, uint32_t peer_tenant,
   conn.SendOwned(e.header, std::move(e.body));
 }
 
-bool RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes,
-                           std::string* problem) {
+Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
+                                   const std::string& bind_bytes) {
   dpb::KeyBind bind;
   TenantInfo tenant;
   KeyInfo key;
-  if (!bind.ParseFromString(bind_bytes)) {
-    *problem = "payload: not a KeyBind";
-    return false;
-  }
+  if (!bind.ParseFromString(bind_bytes)) return InvalidArgument("payload: not a KeyBind");
   if (!registry_->GetTenant(bind.tenant(), &tenant).ok() ||
       !registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
     return false;  // not here yet
@@ -123,10 +121,10 @@ bool RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant, const std::strin
       static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
       key.chunk_elements != bind.chunk_elements() ||
       tenant.workers_per_rack != bind.workers_per_rack()) {
-    *problem = "key '" + bind.key() + "' of tenant '" + bind.tenant() +
-               "' is laid out differently on the two racks (create the tenant with the same "
-               "settings and its keys in the same order on every hub)";
-    return false;
+    return FailedPrecondition("key '" + bind.key() + "' of tenant '" + bind.tenant() +
+                              "' is laid out differently on the two racks (create the tenant "
+                              "with the same settings and its keys in the same order on every "
+                              "hub)");
   }
   peer_tenants_[{peer, peer_tenant}] = tenant.handle;
   pending_binds_.erase({peer, peer_tenant, bind.key_id()});
@@ -164,11 +162,10 @@ void RackExchange::OnKeyBind(net::Connection& conn, const FrameHeader& h,
                              std::span<const std::byte> payload) {
   const uint32_t peer = conn.id().rack;
   const std::string bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
-  std::string problem;
-  if (TryBind(peer, h.tenant, bytes, &problem)) return;
-  if (!problem.empty()) {
-    SendPeerError(conn, h.tenant, problem);
-  } else {
+  const Result<bool> bound = TryBind(peer, h.tenant, bytes);
+  if (!bound.ok()) {
+    SendPeerError(conn, h.tenant, bound.status().message());
+  } else if (!*bound) {
     pending_binds_[{peer, h.tenant, h.key}] = bytes;
   }
 }

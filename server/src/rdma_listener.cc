@@ -283,9 +283,9 @@ void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, si
     rdma_reject(id, nullptr, 0);
     rdma_destroy_id(id);
   };
-  rdma::RingDescriptor peer;
-  std::string error;
-  if (!rdma::DecodeDescriptor(private_data, bytes, &peer, &error)) return refuse(error);
+  const Result<rdma::RingDescriptor> decoded = rdma::DecodeDescriptor(private_data, bytes);
+  if (!decoded.ok()) return refuse(decoded.status().message());
+  const rdma::RingDescriptor& peer = *decoded;
   if (peer.lane >= lanes_->size()) {
     return refuse("lane " + std::to_string(peer.lane) + " is out of range; the hub has " +
                   std::to_string(lanes_->size()) + " lanes");
@@ -300,11 +300,12 @@ void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, si
     return refuse(rdma::CheckMemlock(registered_->load() + per_connection_bytes_,
                                      rdma::CurrentMemlock(), "another RDMA connection"));
   }
-  auto ch = rdma::Channel::Accept(id, peer, options_, &error);
-  if (!ch) {
-    spdlog::warn("data: cannot accept an RDMA connection: {}", error);
+  Result<std::shared_ptr<rdma::Channel>> accepted = rdma::Channel::Accept(id, peer, options_);
+  if (!accepted.ok()) {
+    spdlog::warn("data: cannot accept an RDMA connection: {}", accepted.status().message());
     return;
   }
+  std::shared_ptr<rdma::Channel> ch = *std::move(accepted);
   registered_->fetch_add(per_connection_bytes_);
   ch->SetReleaseHook([reg = registered_, n = per_connection_bytes_] { reg->fetch_sub(n); });
   const uint64_t key = next_key_++;

@@ -200,13 +200,13 @@ struct RawWorker {
     const Result<net::Endpoint> ep = net::ParseEndpoint(rdma_hub);
     EXPECT_TRUE(ep.ok()) << ep.status().message();
     if (!ep.ok()) return false;
-    std::string error;
     rdma::ChannelOptions o;
     o.ring_bytes = 1u << 20;
-    channel = rdma::Channel::Connect(*ep, 0, o, std::chrono::steady_clock::now() + kConnectTimeout,
-                                     &error);
-    EXPECT_TRUE(channel) << error;
-    if (!channel) return false;
+    Result<std::shared_ptr<rdma::Channel>> connected =
+        rdma::Channel::Connect(*ep, 0, o, std::chrono::steady_clock::now() + kConnectTimeout);
+    EXPECT_TRUE(connected.ok()) << connected.status().message();
+    if (!connected.ok()) return false;
+    channel = *std::move(connected);
     rdma::Channel::Callbacks cb;
     cb.on_frame = [this](const net::FrameHeader&, std::span<const std::byte>) { ++frames; };
     cb.on_closed = [this](const std::string& w) {

@@ -386,14 +386,14 @@ struct RawHubLink {
   // Connects for `connect_lane` and sends HUB_HELLO(rack 1 of 2, `hello_lane`, `secret`).
   void Run(const std::string& to, uint32_t connect_lane, uint32_t hello_lane,
            const std::string& secret) {
-    std::string error;
     const auto ep = net::ParseEndpoint(to);
     ASSERT_TRUE(ep.ok());
     rdma::ChannelOptions o;
     o.ring_bytes = rdma::kMinRingBytes;
-    channel = rdma::Channel::Connect(*ep, connect_lane, o,
-                                     std::chrono::steady_clock::now() + kConnectTimeout, &error);
-    ASSERT_TRUE(channel) << error;
+    Result<std::shared_ptr<rdma::Channel>> connected = rdma::Channel::Connect(
+        *ep, connect_lane, o, std::chrono::steady_clock::now() + kConnectTimeout);
+    ASSERT_TRUE(connected.ok()) << connected.status().message();
+    channel = *std::move(connected);
     rdma::Channel::Callbacks cb;
     cb.on_frame = [this](const net::FrameHeader& h, std::span<const std::byte> payload) {
       if (h.opcode != net::Opcode::kError) return;

@@ -14,22 +14,23 @@ TEST(RdmaDescriptorTest, RoundTripsAndRejectsGarbage) {
   const RingDescriptor d{0x7f00'1234'5000ull, 0xabcd, 4096, 3};
   std::array<std::byte, kPrivateDataBytes> bytes{};
   EncodeDescriptor(d, &bytes);
-  RingDescriptor back;
-  std::string error;
-  ASSERT_TRUE(DecodeDescriptor(bytes.data(), bytes.size(), &back, &error)) << error;
-  EXPECT_EQ(back.addr, d.addr);
-  EXPECT_EQ(back.rkey, d.rkey);
-  EXPECT_EQ(back.slots, d.slots);
-  EXPECT_EQ(back.lane, d.lane);
+  const Result<RingDescriptor> back = DecodeDescriptor(bytes.data(), bytes.size());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->addr, d.addr);
+  EXPECT_EQ(back->rkey, d.rkey);
+  EXPECT_EQ(back->slots, d.slots);
+  EXPECT_EQ(back->lane, d.lane);
   // Padding after the descriptor is allowed (rdma_accept(3) may pad).
   std::array<std::byte, 56> padded{};
   std::copy(bytes.begin(), bytes.end(), padded.begin());
-  EXPECT_TRUE(DecodeDescriptor(padded.data(), padded.size(), &back, &error));
-  EXPECT_FALSE(DecodeDescriptor(bytes.data(), bytes.size() - 1, &back, &error));
-  EXPECT_FALSE(DecodeDescriptor(nullptr, 0, &back, &error));
+  EXPECT_TRUE(DecodeDescriptor(padded.data(), padded.size()).ok());
+  EXPECT_FALSE(DecodeDescriptor(bytes.data(), bytes.size() - 1).ok());
+  EXPECT_FALSE(DecodeDescriptor(nullptr, 0).ok());
   bytes[0] = std::byte{0};
-  EXPECT_FALSE(DecodeDescriptor(bytes.data(), bytes.size(), &back, &error));
-  EXPECT_NE(error.find("descriptor"), std::string::npos);
+  const Result<RingDescriptor> garbage = DecodeDescriptor(bytes.data(), bytes.size());
+  EXPECT_FALSE(garbage.ok());
+  EXPECT_EQ(garbage.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(garbage.status().message().find("descriptor"), std::string::npos);
 }
 
 TEST(RdmaTransportTest, Names) {

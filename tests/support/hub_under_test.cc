@@ -226,14 +226,14 @@ class ProcessHub final : public HubUnderTest {
     }
     rdma::ChannelOptions options;
     options.ring_bytes = 1u << 20;
-    std::string error;
-    auto channel = rdma::Channel::Connect(
-        *ep, hello.lane(), options, std::chrono::steady_clock::now() + std::chrono::seconds(60),
-        &error);
-    if (!channel) {
-      ADD_FAILURE() << "RDMA connect to " << rdma_address_ << ": " << error;
+    Result<std::shared_ptr<rdma::Channel>> connected = rdma::Channel::Connect(
+        *ep, hello.lane(), options, std::chrono::steady_clock::now() + std::chrono::seconds(60));
+    if (!connected.ok()) {
+      ADD_FAILURE() << "RDMA connect to " << rdma_address_ << ": "
+                    << connected.status().message();
       return nullptr;
     }
+    std::shared_ptr<rdma::Channel> channel = *std::move(connected);
     net::ConnectionIdentity id;
     id.peer = "rdma:" + rdma_address_;
     std::promise<std::shared_ptr<net::Connection>> made;

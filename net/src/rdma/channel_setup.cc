@@ -43,19 +43,14 @@ bool SetNonBlocking(int fd) {
 }
 
 // Waits for the next rdma_cm event on `ch` (non-blocking fd) until `deadline`.
-rdma_cm_event* NextEvent(rdma_event_channel* ch, Clock::time_point deadline, std::string* error) {
+// The caller acknowledges the event (rdma_ack_cm_event(3)).
+Result<rdma_cm_event*> NextEvent(rdma_event_channel* ch, Clock::time_point deadline) {
   for (;;) {
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(ch, &ev) == 0) return ev;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      *error = Errno("rdma_get_cm_event");
-      return nullptr;
-    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Internal(Errno("rdma_get_cm_event"));
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
-      *error = "timed out";
-      return nullptr;
-    }
+    if (left.count() <= 0) return Unavailable("timed out");
     pollfd p{ch->fd, POLLIN, 0};
     poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
   }
@@ -76,12 +71,11 @@ void EncodeDescriptor(const RingDescriptor& d, std::array<std::byte, kPrivateDat
   std::memcpy(b + 20, &d.slots, 4);
 }
 
-bool DecodeDescriptor(const void* data, size_t bytes, RingDescriptor* out, std::string* error) {
+Result<RingDescriptor> DecodeDescriptor(const void* data, size_t bytes) {
   // The transport may pad private data (rdma_accept(3)), so only a minimum.
   if (!data || bytes < kPrivateDataBytes) {
-    *error = "private data: " + std::to_string(bytes) + " bytes, expected a " +
-             std::to_string(kPrivateDataBytes) + "-byte rackhub ring descriptor";
-    return false;
+    return InvalidArgument("private data: " + std::to_string(bytes) + " bytes, expected a " +
+                           std::to_string(kPrivateDataBytes) + "-byte rackhub ring descriptor");
   }
   const auto* b = static_cast<const std::byte*>(data);
   uint32_t magic;
@@ -90,19 +84,18 @@ bool DecodeDescriptor(const void* data, size_t bytes, RingDescriptor* out, std::
   std::memcpy(&version, b + 4, 2);
   std::memcpy(&lane, b + 6, 2);
   if (magic != kDescriptorMagic || version != kDescriptorVersion) {
-    *error = "private data: not a rackhub v" + std::to_string(kDescriptorVersion) +
-             " ring descriptor";
-    return false;
+    return InvalidArgument("private data: not a rackhub v" + std::to_string(kDescriptorVersion) +
+                           " ring descriptor");
   }
-  std::memcpy(&out->addr, b + 8, 8);
-  std::memcpy(&out->rkey, b + 16, 4);
-  std::memcpy(&out->slots, b + 20, 4);
-  out->lane = lane;
-  if (out->slots == 0 || out->slots > kMaxRingBytes / kSlotBytes) {
-    *error = "private data: ring of " + std::to_string(out->slots) + " slots";
-    return false;
+  RingDescriptor out;
+  std::memcpy(&out.addr, b + 8, 8);
+  std::memcpy(&out.rkey, b + 16, 4);
+  std::memcpy(&out.slots, b + 20, 4);
+  out.lane = lane;
+  if (out.slots == 0 || out.slots > kMaxRingBytes / kSlotBytes) {
+    return InvalidArgument("private data: ring of " + std::to_string(out.slots) + " slots");
   }
-  return true;
+  return out;
 }
 
 Channel::Channel(const ChannelOptions& options)
@@ -132,10 +125,10 @@ uint64_t Channel::RegisteredBytes(const ChannelOptions& options) {
   return 2ull * (options.ring_bytes / kSlotBytes) * kSlotBytes;
 }
 
-bool Channel::CreateResources(rdma_cm_id* id, std::string* error) {
+Status Channel::CreateResources(rdma_cm_id* id) {
   ibv_context* verbs = id->verbs;
   ibv_device_attr attr{};
-  if (ibv_query_device(verbs, &attr) != 0) return *error = Errno("ibv_query_device"), false;
+  if (ibv_query_device(verbs, &attr) != 0) return Internal(Errno("ibv_query_device"));
   slots_ = std::clamp(options_.ring_bytes, kMinRingBytes, kMaxRingBytes) / kSlotBytes;
   const uint32_t max_wr = static_cast<uint32_t>(std::max(attr.max_qp_wr, 0));
   if (2ull * slots_ + kSpareRecvs > max_wr) {
@@ -146,22 +139,21 @@ bool Channel::CreateResources(rdma_cm_id* id, std::string* error) {
   rq_depth_ = 2 * slots_ + kSpareRecvs;
   const uint64_t cqe = uint64_t{sq_depth_} + rq_depth_;
   if (cqe > static_cast<uint64_t>(attr.max_cqe)) {
-    return *error = "device " + std::string(ibv_get_device_name(verbs->device)) +
+    return Internal("device " + std::string(ibv_get_device_name(verbs->device)) +
                     ": needs a CQ of " + std::to_string(cqe) + " entries, max_cqe is " +
-                    std::to_string(attr.max_cqe) + "; lower the RDMA ring size",
-           false;
+                    std::to_string(attr.max_cqe) + "; lower the RDMA ring size");
   }
-  if (!(pd_ = ibv_alloc_pd(verbs))) return *error = Errno("ibv_alloc_pd"), false;
+  if (!(pd_ = ibv_alloc_pd(verbs))) return Internal(Errno("ibv_alloc_pd"));
   if (!(comp_ = ibv_create_comp_channel(verbs)))
-    return *error = Errno("ibv_create_comp_channel"), false;
-  if (!SetNonBlocking(comp_->fd)) return *error = Errno("fcntl(comp channel)"), false;
+    return Internal(Errno("ibv_create_comp_channel"));
+  if (!SetNonBlocking(comp_->fd)) return Internal(Errno("fcntl(comp channel)"));
   if (!(cq_ = ibv_create_cq(verbs, static_cast<int>(cqe), this, comp_, 0)))
-    return *error = Errno("ibv_create_cq"), false;
+    return Internal(Errno("ibv_create_cq"));
   const size_t ring = size_t{slots_} * kSlotBytes;
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   rx_.reset(static_cast<std::byte*>(std::aligned_alloc(page, ring)));
   tx_.reset(static_cast<std::byte*>(std::aligned_alloc(page, ring)));
-  if (!rx_ || !tx_) return *error = "out of memory for the RDMA rings", false;
+  if (!rx_ || !tx_) return ResourceExhausted("out of memory for the RDMA rings");
   std::memset(rx_.get(), 0, ring);
   std::memset(tx_.get(), 0, ring);
   // The receive ring is the only remotely writable memory of the connection,
@@ -169,9 +161,9 @@ bool Channel::CreateResources(rdma_cm_id* id, std::string* error) {
   // else (ibv_reg_mr(3), ibv_alloc_pd(3)). EFAULT/ENOMEM here usually means
   // RLIMIT_MEMLOCK.
   rx_mr_ = ibv_reg_mr(pd_, rx_.get(), ring, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  if (!rx_mr_) return *error = Errno("ibv_reg_mr(receive ring)") + " (locked-memory limit?)", false;
+  if (!rx_mr_) return Internal(Errno("ibv_reg_mr(receive ring)") + " (locked-memory limit?)");
   tx_mr_ = ibv_reg_mr(pd_, tx_.get(), ring, 0);  // local read only: a send source
-  if (!tx_mr_) return *error = Errno("ibv_reg_mr(staging ring)") + " (locked-memory limit?)", false;
+  if (!tx_mr_) return Internal(Errno("ibv_reg_mr(staging ring)") + " (locked-memory limit?)");
 
   ibv_qp_init_attr qa{};
   qa.send_cq = cq_;
@@ -182,10 +174,10 @@ bool Channel::CreateResources(rdma_cm_id* id, std::string* error) {
   qa.cap.max_recv_wr = rq_depth_;
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, pd_, &qa) != 0) return *error = Errno("rdma_create_qp"), false;
-  if (!PostRecv(rq_depth_)) return *error = Errno("ibv_post_recv"), false;
-  if (ibv_req_notify_cq(cq_, 0) != 0) return *error = Errno("ibv_req_notify_cq"), false;
-  return true;
+  if (rdma_create_qp(id, pd_, &qa) != 0) return Internal(Errno("rdma_create_qp"));
+  if (!PostRecv(rq_depth_)) return Internal(Errno("ibv_post_recv"));
+  if (ibv_req_notify_cq(cq_, 0) != 0) return Internal(Errno("ibv_req_notify_cq"));
+  return Status::Ok();
 }
 
 bool Channel::PostRecv(size_t count) {
@@ -200,65 +192,77 @@ bool Channel::PostRecv(size_t count) {
   return true;
 }
 
-std::shared_ptr<Channel> Channel::Connect(const Endpoint& hub, uint32_t lane,
-                                          const ChannelOptions& options,
-                                          Clock::time_point deadline, std::string* error) {
+Result<std::shared_ptr<Channel>> Channel::Connect(const Endpoint& hub, uint32_t lane,
+                                                  const ChannelOptions& options,
+                                                  Clock::time_point deadline) {
   std::shared_ptr<Channel> ch(new Channel(options));
-  const auto fail = [&](const std::string& step, const std::string& why) {
-    *error = "rdma " + hub.ToString() + " lane " + std::to_string(lane) + ": " + step + ": " + why;
-    return nullptr;
+  const auto fail = [&](StatusCode code, const std::string& step, const std::string& why) {
+    return Status(code, "rdma " + hub.ToString() + " lane " + std::to_string(lane) + ": " + step +
+                            ": " + why);
+  };
+  const auto fail_status = [&](const std::string& step, const Status& why) {
+    return fail(why.code(), step, why.message());
   };
   if (!(ch->cm_channel_ = rdma_create_event_channel()))
-    return fail("rdma_create_event_channel", std::strerror(errno));
-  if (!SetNonBlocking(ch->cm_channel_->fd)) return fail("fcntl", std::strerror(errno));
+    return fail(StatusCode::kInternal, "rdma_create_event_channel", std::strerror(errno));
+  if (!SetNonBlocking(ch->cm_channel_->fd))
+    return fail(StatusCode::kInternal, "fcntl", std::strerror(errno));
   if (rdma_create_id(ch->cm_channel_, &ch->id_, nullptr, RDMA_PS_TCP) != 0)
-    return fail("rdma_create_id", std::strerror(errno));
+    return fail(StatusCode::kInternal, "rdma_create_id", std::strerror(errno));
   rdma_addrinfo hints{};
   rdma_addrinfo* ai = nullptr;
   hints.ai_port_space = RDMA_PS_TCP;
   const std::string port = std::to_string(hub.port);
   if (rdma_getaddrinfo(hub.host.c_str(), port.c_str(), &hints, &ai) != 0 || !ai) {
-    return fail("rdma_getaddrinfo", "cannot resolve '" + hub.host + "'");
+    return fail(StatusCode::kUnavailable, "rdma_getaddrinfo", "cannot resolve '" + hub.host + "'");
   }
   const int rc = rdma_resolve_addr(ch->id_, nullptr, ai->ai_dst_addr, kResolveTimeoutMs);
   rdma_freeaddrinfo(ai);
-  if (rc != 0) return fail("rdma_resolve_addr", std::strerror(errno));
+  if (rc != 0) return fail(StatusCode::kUnavailable, "rdma_resolve_addr", std::strerror(errno));
 
   // rdma_cm(7): ADDR_RESOLVED, ROUTE_RESOLVED, then ESTABLISHED (or REJECTED).
-  const auto expect = [&](rdma_cm_event_type want, std::string* why,
-                          RingDescriptor* peer) -> bool {
-    rdma_cm_event* ev = NextEvent(ch->cm_channel_, deadline, why);
-    if (!ev) return false;
-    bool ok = ev->event == want && ev->status == 0;
-    if (!ok) {
-      *why = std::string("got ") + rdma_event_str(ev->event) + " (status " +
-             std::to_string(ev->status) + ")" +
-             (ev->event == RDMA_CM_EVENT_REJECTED || ev->event == RDMA_CM_EVENT_UNREACHABLE
-                  ? ": no RDMA listener there, or the hub refused the connection"
-                  : "");
+  const auto expect = [&](rdma_cm_event_type want, RingDescriptor* peer) -> Status {
+    Result<rdma_cm_event*> next = NextEvent(ch->cm_channel_, deadline);
+    if (!next.ok()) return next.status();
+    rdma_cm_event* ev = *next;
+    Status status;
+    if (ev->event != want || ev->status != 0) {
+      status = Unavailable(
+          std::string("got ") + rdma_event_str(ev->event) + " (status " +
+          std::to_string(ev->status) + ")" +
+          (ev->event == RDMA_CM_EVENT_REJECTED || ev->event == RDMA_CM_EVENT_UNREACHABLE
+               ? ": no RDMA listener there, or the hub refused the connection"
+               : ""));
     } else if (peer) {
-      ok = DecodeDescriptor(ev->param.conn.private_data, ev->param.conn.private_data_len, peer,
-                            why);
+      Result<RingDescriptor> d =
+          DecodeDescriptor(ev->param.conn.private_data, ev->param.conn.private_data_len);
+      if (d.ok()) {
+        *peer = *d;
+      } else {
+        status = d.status();
+      }
     }
     rdma_ack_cm_event(ev);
-    return ok;
+    return status;
   };
-  std::string why;
-  if (!expect(RDMA_CM_EVENT_ADDR_RESOLVED, &why, nullptr)) return fail("resolving the address", why);
+  if (Status s = expect(RDMA_CM_EVENT_ADDR_RESOLVED, nullptr); !s.ok())
+    return fail_status("resolving the address", s);
   const std::string device = ibv_get_device_name(ch->id_->verbs->device);
   if (!options.device.empty() && device != options.device) {
-    return fail("device", "the hub's address routes through device " + device + ", not " +
-                              options.device);
+    return fail(StatusCode::kFailedPrecondition, "device",
+                "the hub's address routes through device " + device + ", not " + options.device);
   }
   if (options.port != 0 && ch->id_->port_num != options.port) {
-    return fail("port", "the hub's address routes through port " +
-                            std::to_string(ch->id_->port_num) + " of " + device + ", not port " +
-                            std::to_string(options.port));
+    return fail(StatusCode::kFailedPrecondition, "port",
+                "the hub's address routes through port " + std::to_string(ch->id_->port_num) +
+                    " of " + device + ", not port " + std::to_string(options.port));
   }
   if (rdma_resolve_route(ch->id_, kResolveTimeoutMs) != 0)
-    return fail("rdma_resolve_route", std::strerror(errno));
-  if (!expect(RDMA_CM_EVENT_ROUTE_RESOLVED, &why, nullptr)) return fail("resolving the route", why);
-  if (!ch->CreateResources(ch->id_, &why)) return fail("creating verbs resources", why);
+    return fail(StatusCode::kUnavailable, "rdma_resolve_route", std::strerror(errno));
+  if (Status s = expect(RDMA_CM_EVENT_ROUTE_RESOLVED, nullptr); !s.ok())
+    return fail_status("resolving the route", s);
+  if (Status s = ch->CreateResources(ch->id_); !s.ok())
+    return fail_status("creating verbs resources", s);
 
   std::array<std::byte, kPrivateDataBytes> pd{};
   EncodeDescriptor({reinterpret_cast<uint64_t>(ch->rx_.get()), ch->rx_mr_->rkey, ch->slots_, lane},
@@ -268,30 +272,30 @@ std::shared_ptr<Channel> Channel::Connect(const Endpoint& hub, uint32_t lane,
   param.private_data_len = static_cast<uint8_t>(pd.size());
   param.retry_count = kRetryCount;
   param.rnr_retry_count = kRnrRetryInfinite;
-  if (rdma_connect(ch->id_, &param) != 0) return fail("rdma_connect", std::strerror(errno));
-  if (!expect(RDMA_CM_EVENT_ESTABLISHED, &why, &ch->peer_)) return fail("connecting", why);
+  if (rdma_connect(ch->id_, &param) != 0)
+    return fail(StatusCode::kUnavailable, "rdma_connect", std::strerror(errno));
+  if (Status s = expect(RDMA_CM_EVENT_ESTABLISHED, &ch->peer_); !s.ok())
+    return fail_status("connecting", s);
   return ch;
 }
 
-std::shared_ptr<Channel> Channel::Accept(rdma_cm_id* id, const RingDescriptor& peer,
-                                         const ChannelOptions& options, std::string* error) {
+Result<std::shared_ptr<Channel>> Channel::Accept(rdma_cm_id* id, const RingDescriptor& peer,
+                                                 const ChannelOptions& options) {
   std::shared_ptr<Channel> ch(new Channel(options));
   ch->peer_ = peer;
-  const auto fail = [&](const std::string& why) {
-    *error = why;
+  const auto fail = [&](Status why) {
     rdma_reject(id, nullptr, 0);
     if (!ch->id_) rdma_destroy_id(id);  // not ours yet: the destructor would not free it
-    return nullptr;
+    return why;
   };
   if (!(ch->cm_channel_ = rdma_create_event_channel()))
-    return fail(Errno("rdma_create_event_channel"));
-  if (!SetNonBlocking(ch->cm_channel_->fd)) return fail(Errno("fcntl"));
+    return fail(Internal(Errno("rdma_create_event_channel")));
+  if (!SetNonBlocking(ch->cm_channel_->fd)) return fail(Internal(Errno("fcntl")));
   // Later events of this id (ESTABLISHED, DISCONNECTED) go to the
   // connection's own channel, watched by the thread that owns it.
-  if (rdma_migrate_id(id, ch->cm_channel_) != 0) return fail(Errno("rdma_migrate_id"));
+  if (rdma_migrate_id(id, ch->cm_channel_) != 0) return fail(Internal(Errno("rdma_migrate_id")));
   ch->id_ = id;
-  std::string why;
-  if (!ch->CreateResources(id, &why)) return fail(why);
+  if (Status s = ch->CreateResources(id); !s.ok()) return fail(std::move(s));
   std::array<std::byte, kPrivateDataBytes> pd{};
   EncodeDescriptor({reinterpret_cast<uint64_t>(ch->rx_.get()), ch->rx_mr_->rkey, ch->slots_, 0},
                    &pd);
@@ -300,7 +304,7 @@ std::shared_ptr<Channel> Channel::Accept(rdma_cm_id* id, const RingDescriptor& p
   param.private_data_len = static_cast<uint8_t>(pd.size());
   param.retry_count = kRetryCount;
   param.rnr_retry_count = kRnrRetryInfinite;
-  if (rdma_accept(id, &param) != 0) return fail(Errno("rdma_accept"));
+  if (rdma_accept(id, &param) != 0) return fail(Internal(Errno("rdma_accept")));
   return ch;
 }
 

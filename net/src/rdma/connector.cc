@@ -88,8 +88,13 @@ class RdmaConnector final : public Connector {
   // On the helper thread.
   static void Run(const std::shared_ptr<Job>& job) {
     pthread_setname_np(pthread_self(), "rackhub-rdmacon");  // 15 characters at most
-    job->channel =
-        rdma::Channel::Connect(job->to, job->id.lane, job->options, job->deadline, &job->error);
+    Result<std::shared_ptr<rdma::Channel>> connected =
+        rdma::Channel::Connect(job->to, job->id.lane, job->options, job->deadline);
+    if (connected.ok()) {
+      job->channel = *std::move(connected);
+    } else {
+      job->error = connected.status().message();
+    }
     const std::shared_ptr<Shared> shared = job->shared;
     std::unique_lock lock(shared->mu);
     if (shared->abandoned) {

@@ -67,6 +67,7 @@
 #include <string>
 #include <vector>
 
+#include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
 #include "rackhub/net/endpoint.h"
 #include "rackhub/net/frame.h"
@@ -119,8 +120,9 @@ struct RingDescriptor {
 };
 inline constexpr size_t kPrivateDataBytes = 24;
 void EncodeDescriptor(const RingDescriptor& d, std::array<std::byte, kPrivateDataBytes>* out);
-// False (with *error) if `data` is not a rackhub ring descriptor.
-bool DecodeDescriptor(const void* data, size_t bytes, RingDescriptor* out, std::string* error);
+// The descriptor in `data`, or INVALID_ARGUMENT if it is not a rackhub ring
+// descriptor.
+Result<RingDescriptor> DecodeDescriptor(const void* data, size_t bytes);
 
 // A frame to send: header plus either an owned or a borrowed payload. The
 // borrowed payload is copied into the staging ring when the frame is posted;
@@ -157,16 +159,18 @@ class Channel : public std::enable_shared_from_this<Channel> {
 
   // Client side: resolves `hub` (rdma_resolve_addr(3)/rdma_resolve_route(3)),
   // creates the resources and connects (rdma_connect(3)) for `lane`, all by
-  // `deadline`. Null and *error on failure.
-  static std::shared_ptr<Channel> Connect(const Endpoint& hub, uint32_t lane,
-                                          const ChannelOptions& options,
-                                          std::chrono::steady_clock::time_point deadline,
-                                          std::string* error);
+  // `deadline`. UNAVAILABLE when the hub cannot be reached, refuses or times
+  // out, INVALID_ARGUMENT for a bad descriptor from the hub, INTERNAL when the
+  // verbs resources cannot be created.
+  static Result<std::shared_ptr<Channel>> Connect(const Endpoint& hub, uint32_t lane,
+                                                  const ChannelOptions& options,
+                                                  std::chrono::steady_clock::time_point deadline);
   // Hub side: takes over `id` of a CONNECT_REQUEST (already acknowledged),
   // migrates it to its own event channel (rdma_migrate_id(3)), creates the
-  // resources and accepts (rdma_accept(3)). On failure rejects and returns null.
-  static std::shared_ptr<Channel> Accept(rdma_cm_id* id, const RingDescriptor& peer,
-                                         const ChannelOptions& options, std::string* error);
+  // resources and accepts (rdma_accept(3)). On failure rejects and returns the
+  // error (INTERNAL for verbs / rdma_cm failures).
+  static Result<std::shared_ptr<Channel>> Accept(rdma_cm_id* id, const RingDescriptor& peer,
+                                                 const ChannelOptions& options);
 
   // Bytes a connection registers with these options (memlock accounting).
   static uint64_t RegisteredBytes(const ChannelOptions& options);
@@ -210,7 +214,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
     bool credit;
   };
   explicit Channel(const ChannelOptions& options);
-  bool CreateResources(rdma_cm_id* id, std::string* error);
+  Status CreateResources(rdma_cm_id* id);
   void WatchCq();
   void WatchCm();
   void OnCqReadable();
