@@ -41,6 +41,7 @@
 #include "rackhub/net/frame.h"
 #include "rackhub/net/transport.h"
 #include "test_worker.h"
+#include "worker_ranks.h"
 
 namespace rackhub {
 namespace {
@@ -56,6 +57,13 @@ using testing::MakeTempDir;
 using testing::ReadFile;
 using testing::RunCommand;
 using testing::Transport;
+using testing::HexFloats;
+using testing::ParseWorker;
+using testing::ProcessRank;
+using testing::Rank;
+using testing::ThreadRank;
+using testing::WorkerOutput;
+using testing::Words;
 namespace asio = boost::asio;
 
 constexpr uint32_t kChunkBytes = 1024;  // 256 fp32 elements per chunk
@@ -184,154 +192,6 @@ void ExpectClose(const std::vector<float>& got, const std::vector<double>& ref, 
     }
   }
 }
-
-std::vector<std::string> Words(const std::string& line) {
-  std::vector<std::string> w;
-  std::istringstream in(line);
-  for (std::string s; in >> s;) w.push_back(s);
-  return w;
-}
-
-std::vector<float> HexFloats(const std::vector<std::string>& words, size_t from) {
-  std::vector<float> v;
-  for (size_t i = from; i < words.size(); ++i) {
-    const uint32_t bits = static_cast<uint32_t>(std::stoul(words[i], nullptr, 16));
-    float f;
-    std::memcpy(&f, &bits, 4);
-    v.push_back(f);
-  }
-  return v;
-}
-
-// Parsed --out file of a worker.
-struct WorkerOutput {
-  std::string text;
-  std::map<std::string, uint32_t> key_ids;
-  std::map<std::string, std::vector<float>> init;
-  std::map<std::pair<uint64_t, std::string>, std::vector<float>> iters;
-  std::vector<std::string> errors;  // "error ..." lines
-  bool done = false;
-};
-
-WorkerOutput ParseWorker(const std::string& path) {
-  WorkerOutput w;
-  w.text = ReadFile(path);
-  std::istringstream in(w.text);
-  for (std::string line; std::getline(in, line);) {
-    const auto words = Words(line);
-    if (words.empty()) continue;
-    if (words[0] == "key" && words.size() == 3) w.key_ids[words[1]] = std::stoul(words[2]);
-    if (words[0] == "init" && words.size() >= 2) w.init[words[1]] = HexFloats(words, 2);
-    if (words[0] == "iter" && words.size() >= 3) {
-      w.iters[{std::stoull(words[1]), words[2]}] = HexFloats(words, 3);
-    }
-    if (words[0] == "error" || words[0].find("_error") != std::string::npos) w.errors.push_back(line);
-    if (words[0] == "done") w.done = true;
-  }
-  return w;
-}
-
-// One worker of a multi-worker scenario: a rackhub-test-worker process (TCP,
-// RDMA), or, in-memory, a thread of this process running the same worker
-// (RunWorker, test_worker.h) with its own Client, whose lanes are in-memory
-// connections into the in-process hub (client::testing::ConnectThrough).
-class Rank {
- public:
-  virtual ~Rank() = default;
-  // The exit code (128+signal if killed), or -1 if still running after `timeout`.
-  virtual int Wait(std::chrono::milliseconds timeout) = 0;
-  // SIGKILL; in-memory: see ThreadRank::Kill.
-  virtual void Kill() = 0;
-};
-
-class ProcessRank final : public Rank {
- public:
-  ProcessRank(const std::vector<std::string>& argv, const std::string& log) : p_(argv, log) {}
-  int Wait(std::chrono::milliseconds timeout) override { return p_.Wait(timeout); }
-  void Kill() override { p_.Kill(SIGKILL); }
-
- private:
-  ChildProcess p_;
-};
-
-class ThreadRank final : public Rank {
- public:
-  ThreadRank(HubUnderTest& hub, std::vector<std::string> args) : hub_(hub) {
-    std::packaged_task<int()> task([this, args = std::move(args)] {
-      testing::WorkerHooks hooks;
-      hooks.connect = [this](const client::Options& o, client::Error* e) {
-        return Connect(o, e);
-      };
-      hooks.hang = [this] { killed_.get_future().wait(); };
-      return testing::RunWorker(args, hooks);
-    });
-    result_ = task.get_future();
-    thread_ = std::thread(std::move(task));
-  }
-  // A rank still running is killed (its connections closed), then joined.
-  ~ThreadRank() override {
-    Kill();
-    thread_.join();
-  }
-
-  int Wait(std::chrono::milliseconds timeout) override {
-    if (!code_) {
-      if (result_.wait_for(timeout) != std::future_status::ready) return -1;
-      code_ = result_.get();
-    }
-    return *code_;
-  }
-  // The in-memory stand-in for SIGKILL of a worker process: every connection
-  // of the rank is closed abruptly (no BYE), which the hub sees exactly as
-  // the kernel closing a killed process's sockets ("peer closed the
-  // connection"); then the rank's thread, parked in --hang-at, returns
-  // kKilledExitCode (its Client, broken by then, is destroyed and sends
-  // nothing more).
-  void Kill() override {
-    std::vector<std::shared_ptr<net::Connection>> conns;
-    {
-      std::lock_guard lock(mu_);
-      conns = conns_;
-    }
-    std::promise<void> closed;
-    asio::post(*hub_.link_io(), [&] {
-      for (const auto& c : conns) c->Close("killed (test)");
-      closed.set_value();
-    });
-    closed.get_future().wait();
-    std::call_once(kill_once_, [this] { killed_.set_value(); });
-  }
-
-  // Client::Connect for a client of this process over in-memory links.
-  static std::unique_ptr<Client> ConnectInMemory(HubUnderTest& hub, const client::Options& o,
-                                                 client::Error* e) {
-    return client::testing::ConnectThrough(o, *hub.link_io(), hub.memory_dialer(), e);
-  }
-
- private:
-  std::unique_ptr<Client> Connect(const client::Options& o, client::Error* e) {
-    const auto dial = hub_.memory_dialer();
-    return client::testing::ConnectThrough(
-        o, *hub_.link_io(),
-        [this, dial](const net::FrameHeader& h, const std::string& payload,
-                     asio::io_context& io, net::FrameHandler* handler) {
-          auto conn = dial(h, payload, io, handler);
-          std::lock_guard lock(mu_);
-          if (conn) conns_.push_back(conn);
-          return conn;
-        },
-        e);
-  }
-
-  HubUnderTest& hub_;
-  std::mutex mu_;
-  std::vector<std::shared_ptr<net::Connection>> conns_;  // GUARDED_BY(mu_)
-  std::promise<void> killed_;
-  std::once_flag kill_once_;
-  std::future<int> result_;
-  std::optional<int> code_;
-  std::thread thread_;  // last: started once everything above exists
-};
 
 // Every scenario on the data path runs over every transport: in-memory (an
 // in-process hub; the ranks are threads of this process), TCP and RDMA (a
