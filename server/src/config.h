@@ -79,6 +79,22 @@ struct TenantDefaults {
   uint32_t max_tenants = 1024;
 };
 
+// Durable state (docs/durability.md): the registry database and the
+// tenants' checkpoints live under `dir`. `in_memory`: nothing is written and
+// a restart starts empty (tests and benchmarks only; must be asked for).
+struct StateConfig {
+  std::string dir = "/var/lib/rackhub";  // registry.db, checkpoints/<tenant>/
+  bool in_memory = false;
+};
+
+// Checkpoints of every tenant's parameters and optimizer state.
+struct CheckpointConfig {
+  uint64_t every_iterations = 0;  // 0: off; else when a tenant's key 0.. completes N updates
+  uint32_t every_seconds = 0;     // 0: off
+  uint32_t keep = 3;              // newest valid checkpoints kept per tenant (>= 1)
+  bool on_shutdown = true;        // checkpoint every tenant on SIGTERM before exiting
+};
+
 struct Config {
   std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
   std::string ready_file;          // written once all listeners are bound
@@ -87,6 +103,8 @@ struct Config {
   LaneConfig lanes;
   TenantDefaults tenants;
   TopologyConfig topology;
+  StateConfig state;
+  CheckpointConfig checkpoint;
 };
 
 // What the command line asked for besides configuration values.
