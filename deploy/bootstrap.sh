@@ -8,6 +8,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev libtbb-dev libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev
   libsystemd-dev libssl-dev openssl
+  # durable state: the registry database and checkpoint checksums
+  libsqlite3-dev libxxhash-dev
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # bench/: the gloo all_reduce baseline and the suite's plots (Debian's
