@@ -188,6 +188,47 @@ bool ChunkState::SetInitial(std::span<const float> values) {
   return true;
 }
 
+int ChunkState::state_slots() const { return OptimizerStateSlots(optimizer_.type); }
+
+std::span<const float> ChunkState::optimizer_state(int slot) const {
+  if (slot < 0 || slot >= state_slots()) return {};
+  return {state_[slot].data(), elements_};
+}
+
+bool ChunkState::SkipTo(uint64_t version) {
+  if (contributions_ != 0 || version < version_) return false;
+  if (version == version_) return true;
+  float* current = params_[version_ & 1].data();
+  float* other = params_[(version_ + 1) & 1].data();
+  std::copy_n(current, elements_, other);
+  if (wire_type_ != ElementType::kFp32) {
+    std::copy_n(wire_[version_ & 1].data(), wire_bytes(), wire_[(version_ + 1) & 1].data());
+  }
+  version_ = version;
+  return true;
+}
+
+bool ChunkState::Restore(uint64_t version, std::span<const float> params,
+                         std::span<const std::span<const float>> state) {
+  if (contributions_ != 0 || params.size() != elements_) return false;
+  if (state.size() != static_cast<size_t>(state_slots())) return false;
+  for (const auto& s : state) {
+    if (s.size() != elements_) return false;
+  }
+  for (int b = 0; b < 2; ++b) {
+    std::copy(params.begin(), params.end(), params_[b].data());
+    if (wire_type_ != ElementType::kFp32) {
+      CopyOut(wire_[b].data(), params_[b].data(), elements_, wire_type_);
+    }
+  }
+  for (size_t s = 0; s < state.size(); ++s) {
+    std::copy(state[s].begin(), state[s].end(), state_[s].data());
+  }
+  version_ = version;
+  initialized_ = true;
+  return true;
+}
+
 void ChunkState::SetOptimizer(const OptimizerConfig& optimizer, uint64_t from_update) {
   pending_optimizer_ = PendingOptimizer{optimizer, from_update};
 }

@@ -487,5 +487,77 @@ TEST(ChunkStateTest, ReduceAndUpdateRules) {
   EXPECT_TRUE(cs.params(0).size() == kN);             // previous version still served
 }
 
+// ---- Durable state: SkipTo and Restore ----
+
+// A chunk restored from another's version, parameters and optimizer state
+// continues bit for bit like the original (every optimizer, wire types).
+TEST(ChunkStateTest, RestoreContinuesBitIdentically) {
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdam,
+                             OptimizerType::kAdaGrad}) {
+    for (ElementType wire : {ElementType::kFp32, ElementType::kBf16}) {
+      const OptimizerConfig c = AnyConfig(type);
+      const uint32_t n = 37;
+      ChunkState a(n, 2, c, wire);
+      a.MarkInitialized();
+      auto step = [&](ChunkState& cs, unsigned seed) {
+        const auto g = Gradients(2, n, seed);
+        ASSERT_EQ(cs.Contribute(1, Wire(g[1], wire)), AddResult::kAccepted);
+        ASSERT_EQ(cs.Contribute(0, Wire(g[0], wire)), AddResult::kComplete);
+        cs.Update();
+      };
+      for (unsigned i = 0; i < 3; ++i) step(a, i);
+      std::vector<std::vector<float>> state;
+      std::vector<std::span<const float>> views;
+      for (int s = 0; s < a.state_slots(); ++s) state.push_back(Copy(a.optimizer_state(s)));
+      for (const auto& s : state) views.push_back(s);
+      ChunkState b(n, 2, c, wire);
+      ASSERT_TRUE(b.Restore(a.version(), a.params(a.version()), views));
+      EXPECT_TRUE(b.initialized());
+      EXPECT_EQ(b.version(), 3u);
+      ASSERT_TRUE(std::ranges::equal(b.wire_params(3), a.wire_params(3)));
+      for (unsigned i = 3; i < 6; ++i) {
+        step(a, i);
+        step(b, i);
+      }
+      const auto pa = a.params(6), pb = b.params(6);
+      EXPECT_EQ(std::memcmp(pa.data(), pb.data(), n * sizeof(float)), 0)
+          << OptimizerTypeName(type);
+      // A wrong slot count or size changes nothing.
+      std::vector<std::span<const float>> none;
+      if (a.state_slots() > 0) EXPECT_FALSE(b.Restore(1, a.params(6), none));
+      EXPECT_FALSE(b.Restore(1, std::span<const float>(state.empty() ? nullptr : state[0].data(), 0),
+                             views));
+      EXPECT_EQ(b.version(), 6u);
+    }
+  }
+}
+
+TEST(ChunkStateTest, SkipToKeepsParametersAndRefusesWhilePending) {
+  const OptimizerConfig c = Config(OptimizerType::kSgd, 0.5);
+  ChunkState cs(4, 2, c, ElementType::kFp16);
+  cs.MarkInitialized();
+  const std::vector<float> g = {1, 2, 3, 4};
+  cs.Contribute(0, Wire(g, ElementType::kFp16));
+  cs.Contribute(1, Wire(g, ElementType::kFp16));
+  cs.Update();
+  const auto p1 = Copy(cs.params(1));
+  const std::vector<std::byte> w1(cs.wire_params(1).begin(), cs.wire_params(1).end());
+  ASSERT_EQ(cs.Contribute(0, Wire(g, ElementType::kFp16)), AddResult::kAccepted);
+  EXPECT_FALSE(cs.SkipTo(2));  // a contribution is pending
+  cs.DiscardPending();
+  EXPECT_FALSE(cs.SkipTo(0));  // never backwards
+  ASSERT_TRUE(cs.SkipTo(2));
+  EXPECT_EQ(cs.version(), 2u);
+  EXPECT_EQ(Copy(cs.params(2)), p1);
+  EXPECT_EQ(Copy(cs.params(1)), p1);
+  EXPECT_TRUE(std::ranges::equal(cs.wire_params(2), w1));
+  // The next update starts from the skipped-to parameters (t = 3).
+  cs.Contribute(0, Wire(g, ElementType::kFp16));
+  cs.Contribute(1, Wire(g, ElementType::kFp16));
+  cs.Update();
+  EXPECT_EQ(cs.version(), 3u);
+  EXPECT_FLOAT_EQ(cs.params(3)[0], p1[0] - 0.5f * 1.0f);
+}
+
 }  // namespace
 }  // namespace rackhub::aggregation

@@ -149,6 +149,24 @@ class ChunkState {
   // lost); the same ranks may contribute again.
   void DiscardPending();
 
+  // Durable state (checkpoints, recovery after a lost worker).
+  // Optimizer state slots in use (0..2) and their values for version().
+  int state_slots() const;
+  std::span<const float> optimizer_state(int slot) const;
+  // A skipped step: brings the chunk to `version` (>= version()) without an
+  // update; parameters and optimizer state keep their values, and both
+  // parameter buffers hold them (versions `version` and `version` - 1 read
+  // the same). Returns false, changing nothing, while a contribution is
+  // pending or if `version` < version().
+  bool SkipTo(uint64_t version);
+  // Replaces version, parameters (fp32, elements() floats) and optimizer
+  // state (state_slots() spans of elements() floats) with a checkpoint's;
+  // both parameter buffers hold them. Marks initialized(). Returns false,
+  // changing nothing, on a size or slot-count mismatch or while a
+  // contribution is pending.
+  bool Restore(uint64_t version, std::span<const float> params,
+               std::span<const std::span<const float>> state);
+
   // New hyperparameters, applied from the first update with t (1-based, i.e.
   // version() + 1 at Update()) >= from_update; from_update <= version() + 1
   // means the next update. A later call replaces an earlier pending one.
