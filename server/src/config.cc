@@ -287,6 +287,18 @@ const std::map<std::string, Field>& Schema() {
         UnsignedField<uint32_t>(
             "tenants.max_tenants", [](Config& c) -> uint32_t& { return c.tenants.max_tenants; },
             false),
+        StringField("state.dir", [](Config& c) -> std::string& { return c.state.dir; }),
+        BoolField("state.in_memory", [](Config& c) -> bool& { return c.state.in_memory; }),
+        UnsignedField<uint64_t>(
+            "checkpoint.every_iterations",
+            [](Config& c) -> uint64_t& { return c.checkpoint.every_iterations; }, false),
+        UnsignedField<uint32_t>(
+            "checkpoint.every_seconds",
+            [](Config& c) -> uint32_t& { return c.checkpoint.every_seconds; }, false),
+        UnsignedField<uint32_t>(
+            "checkpoint.keep", [](Config& c) -> uint32_t& { return c.checkpoint.keep; }, false),
+        BoolField("checkpoint.on_shutdown",
+                  [](Config& c) -> bool& { return c.checkpoint.on_shutdown; }),
     };
     std::map<std::string, Field> m;
     for (auto& f : fields) m.emplace(f.name, std::move(f));
@@ -319,6 +331,10 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--racks", "topology.racks"},
       {"--topology-mode", "topology.mode"},
       {"--hub-secret-file", "topology.secret_file"},
+      {"--state-dir", "state.dir"},
+      {"--checkpoint-every-iterations", "checkpoint.every_iterations"},
+      {"--checkpoint-every-seconds", "checkpoint.every_seconds"},
+      {"--checkpoint-keep", "checkpoint.keep"},
   };
   return flags;
 }
@@ -410,6 +426,10 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
   if (c.tenants.max_tenants == 0) errors->push_back("tenants.max_tenants: must be >= 1");
   if (c.tenants.max_parameter_bytes == 0)
     errors->push_back("tenants.default_max_parameter_bytes: must be >= 1");
+  if (!c.state.in_memory && c.state.dir.empty()) {
+    errors->push_back("state.dir: is empty; set a directory or state.in_memory = true");
+  }
+  if (c.checkpoint.keep == 0) errors->push_back("checkpoint.keep: must be >= 1");
   if (c.admin.max_message_bytes < 4096 || c.admin.max_message_bytes > (1ull << 30)) {
     errors->push_back("admin.max_message_bytes: must be in [4KiB, 1GiB]");
   }
@@ -500,6 +520,8 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
       if (take_value()) r.command_line.config_file = value;
     } else if (arg == "--no-pin-lanes") {
       overrides.emplace_back("lanes.pin", "false");
+    } else if (arg == "--in-memory") {
+      overrides.emplace_back("state.in_memory", "true");
     } else if (const auto it = FlagFields().find(arg); it != FlagFields().end()) {
       if (take_value()) overrides.emplace_back(it->second, value);
     } else {
@@ -567,6 +589,12 @@ options (flags override the config file):
       --racks D=I,D=I,...           every rack's data=interhub addresses (multi-rack)
       --topology-mode MODE          hierarchical|flat                      [hierarchical]
       --hub-secret-file FILE        secret shared by the hubs of a multi-rack setup
+      --state-dir DIR               registry database and checkpoints [/var/lib/rackhub]
+      --in-memory                   keep no state on disk; a restart starts empty
+                                    (tests and benchmarks only)
+      --checkpoint-every-iterations N  checkpoint a tenant every N updates; 0 = off [0]
+      --checkpoint-every-seconds N  checkpoint every tenant every N s; 0 = off [0]
+      --checkpoint-keep N           newest checkpoints kept per tenant (>= 1) [3]
       --log-level LEVEL             trace|debug|info|warn|error|critical|off [info]
       --ready-file FILE             write "admin ADDR" and "data ADDR" lines once listening
       --version                     print the version and exit

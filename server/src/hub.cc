@@ -13,6 +13,7 @@
 #include "lanes.h"
 #include "rdma_listener.h"
 #include "registry.h"
+#include "registry_store.h"
 #include "tcp_acceptor.h"
 
 #ifndef RACKHUB_VERSION
@@ -100,7 +101,22 @@ Status Hub::Start() {
   auth_ = std::make_unique<AdminAuth>(admin_token, readonly_token);
 
   lane_count_ = EffectiveLaneCount(config_);
-  registry_ = std::make_unique<Registry>(lane_count_, config_.tenants);
+  if (config_.state.in_memory) {
+    registry_ = std::make_unique<Registry>(lane_count_, config_.tenants);
+    spdlog::warn("state.in_memory: tenants and keys are not stored; a restart starts empty");
+  } else {
+    // A bad registry database stops start-up (FAILED_PRECONDITION: exit 78);
+    // never start empty in its place.
+    Result<std::unique_ptr<RegistryStore>> store = RegistryStore::Open(config_.state.dir);
+    if (!store.ok()) return store.status();
+    const std::string path = (*store)->path();
+    Result<std::unique_ptr<Registry>> registry =
+        Registry::Open(lane_count_, config_.tenants, *std::move(store));
+    if (!registry.ok()) return registry.status();
+    registry_ = *std::move(registry);
+    const Registry::Totals totals = registry_->GetTotals();
+    spdlog::info("registry {}: {} tenants, {} keys", path, totals.tenants, totals.keys);
+  }
   lanes_ = std::make_unique<LaneSet>();
   lanes_->Start(lane_count_, config_.lanes.pin);
   {

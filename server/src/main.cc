@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
                 c.admin.tls_cert_file.empty()
                     ? "off"
                     : (c.admin.tls_client_ca_file.empty() ? "on" : "on, client certificates"));
+    std::printf("rackhubd: state: %s\n",
+                c.state.in_memory ? "in memory (nothing is stored)" : c.state.dir.c_str());
     if (!c.topology.racks.empty()) {
       std::printf("rackhubd: topology: rack %u of %u, %s, hub links on %s\n", c.topology.rack,
                   c.topology.rack_count(), c.topology.mode.c_str(),

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "rackhub/common/size.h"
+#include "registry_store.h"
 #include "token.h"
 
 namespace rackhub::server {
@@ -87,6 +88,58 @@ Status TenantNotFound(const std::string& name) {
 Registry::Registry(uint32_t lanes, TenantDefaults defaults) : lanes_(lanes), defaults_(defaults) {}
 Registry::~Registry() = default;
 
+Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults defaults,
+                                                 std::unique_ptr<RegistryStore> store) {
+  Result<RegistryStore::Contents> contents = store->Load();
+  if (!contents.ok()) return contents.status();
+  const std::string where = "state.dir: " + store->path() + ": ";
+  auto registry = std::make_unique<Registry>(lanes, defaults);
+  Registry& r = *registry;
+  r.next_handle_ = std::max<uint32_t>(contents->next_handle, 1);
+  for (RegistryStore::TenantRow& row : contents->tenants) {
+    TenantInfo& info = row.info;
+    if (!ChunkLayout::IsValidChunkBytes(info.chunk_bytes) || info.handle == 0 ||
+        !IsValidTenantName(info.name)) {
+      return FailedPrecondition(where + "tenant " + Quoted(info.name) + " (handle " +
+                                std::to_string(info.handle) + ") is invalid (chunk_bytes " +
+                                std::to_string(info.chunk_bytes) + ")");
+    }
+    info.counters = std::make_shared<TenantCounters>();
+    ChunkLayout layout(info.chunk_bytes, lanes);
+    // Reserve the chunk indices used so far (deleted keys' included: never reused).
+    if (row.next_chunk > 0) layout.Allocate(row.next_chunk * layout.chunk_elements());
+    auto tenant = std::make_unique<Tenant>(info, row.token, std::move(layout));
+    tenant->next_key_id = std::max<uint32_t>(row.next_key_id, 1);
+    tenant->info.chunk_count = tenant->layout.next_chunk();
+    r.next_handle_ = std::max(r.next_handle_, info.handle + 1);
+    r.by_handle_.emplace(info.handle, tenant.get());
+    r.tenants_.emplace(info.name, std::move(tenant));
+  }
+  for (RegistryStore::KeyRow& row : contents->keys) {
+    Tenant* t = r.FindTenantByHandle(row.tenant_handle);
+    KeyInfo& key = row.key;
+    const bool valid = (key.dtype == WireDType::kFp32 || key.dtype == WireDType::kFp16 ||
+                        key.dtype == WireDType::kBf16) &&
+                       (key.init == InitMode::kZeros || key.init == InitMode::kFromClient) &&
+                       key.chunk_elements > 0 && key.elements > 0 && key.id > 0;
+    if (!t || !valid) {
+      return FailedPrecondition(where + "key " + Quoted(key.name) + " (tenant handle " +
+                                std::to_string(row.tenant_handle) + ", id " +
+                                std::to_string(key.id) + ") is invalid");
+    }
+    key.tenant = t->info.name;
+    // Values of FROM_CLIENT keys come back only from a checkpoint.
+    key.ready = key.init == InitMode::kZeros;
+    t->info.key_count++;
+    t->info.parameter_bytes += key.parameter_bytes();
+    t->next_key_id = std::max(t->next_key_id, key.id + 1);
+    t->key_names.emplace(key.id, key.name);
+    t->keys.emplace(key.name, std::move(key));
+  }
+  r.store_ = std::move(store);
+  return registry;
+}
+
 Registry::Tenant* Registry::FindTenant(const std::string& name) const {
   const auto it = tenants_.find(name);
   return it == tenants_.end() ? nullptr : it->second.get();
@@ -138,7 +191,7 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
   }
   TenantInfo info;
   info.name = spec.name;
-  info.handle = next_handle_++;
+  info.handle = next_handle_;
   info.workers_per_rack = spec.workers_per_rack;
   info.chunk_bytes = chunk_bytes;
   info.default_optimizer = opt;
@@ -147,8 +200,14 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   info.counters = std::make_shared<TenantCounters>();
-  *token = spec.token.empty() ? GenerateToken() : spec.token;
-  auto tenant = std::make_unique<Tenant>(info, HashToken(*token), ChunkLayout(chunk_bytes, lanes_));
+  std::string new_token = spec.token.empty() ? GenerateToken() : spec.token;
+  const TokenHash hash = HashToken(new_token);
+  if (store_) {
+    if (Status s = store_->InsertTenant({info, hash, 1, 0}, info.handle + 1); !s.ok()) return s;
+  }
+  next_handle_ = info.handle + 1;
+  *token = std::move(new_token);
+  auto tenant = std::make_unique<Tenant>(info, hash, ChunkLayout(chunk_bytes, lanes_));
   *out = tenant->info;
   by_handle_.emplace(info.handle, tenant.get());
   tenants_.emplace(spec.name, std::move(tenant));
@@ -193,6 +252,9 @@ Status Registry::UpdateQuotas(const std::string& name, const Quotas& quotas, Ten
                               " is below the tenant's workers_per_rack " +
                               std::to_string(t->info.workers_per_rack));
   }
+  if (store_) {
+    if (Status s = store_->UpdateQuotas(t->info.handle, q); !s.ok()) return s;
+  }
   t->info.quotas = q;
   *out = t->info;
   return Status::Ok();
@@ -203,6 +265,9 @@ Status Registry::DeleteTenant(const std::string& name) {
   Tenant* t = FindTenant(name);
   if (!t) return TenantNotFound(name);
   const uint32_t handle = t->info.handle;
+  if (store_) {
+    if (Status s = store_->DeleteTenant(handle); !s.ok()) return s;
+  }
   by_handle_.erase(handle);
   tenants_.erase(name);
   if (observer_) observer_->OnTenantDeleted(handle);
@@ -318,15 +383,24 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   KeyInfo key;
   key.tenant = spec.tenant;
   key.name = spec.name;
-  key.id = t->next_key_id++;
+  key.id = t->next_key_id;
   key.elements = spec.elements;
   key.dtype = spec.dtype;
   key.optimizer = opt;
   key.schedule.base = key.schedule.latest = opt;
   key.init = spec.init;
   key.ready = spec.init == InitMode::kZeros;
-  key.placement = t->layout.Allocate(spec.elements);
+  key.placement = {t->layout.next_chunk(), t->layout.ChunksFor(spec.elements)};
   key.chunk_elements = t->layout.chunk_elements();
+  if (store_) {
+    if (Status s = store_->InsertKey(t->info.handle, key, key.id + 1,
+                                     key.placement.first_chunk + key.placement.chunk_count);
+        !s.ok()) {
+      return s;
+    }
+  }
+  t->next_key_id = key.id + 1;
+  t->layout.Allocate(spec.elements);  // == key.placement
   t->info.key_count++;
   t->info.parameter_bytes += bytes;
   t->info.chunk_count = t->layout.next_chunk();
@@ -367,9 +441,12 @@ Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
   if (it == t->keys.end()) {
     return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
   }
+  const uint32_t key_id = it->second.id;
+  if (store_) {
+    if (Status s = store_->DeleteKey(t->info.handle, key_id); !s.ok()) return s;
+  }
   t->info.key_count--;
   t->info.parameter_bytes -= it->second.parameter_bytes();
-  const uint32_t key_id = it->second.id;
   t->key_names.erase(key_id);
   t->keys.erase(it);
   if (observer_) observer_->OnKeyDeleted(t->info.handle, key_id);
@@ -396,7 +473,13 @@ Status Registry::SetOptimizer(const std::string& tenant, const std::string& name
                            "recreate the key");
   }
   if (auto s = CheckOptimizer("optimizer", &optimizer); !s.ok()) return s;
-  key.schedule.Apply(optimizer, from_update);
+  KeyInfo updated = key;
+  updated.schedule.Apply(optimizer, from_update);
+  updated.optimizer = optimizer;
+  if (store_) {
+    if (Status s = store_->UpdateOptimizer(t->info.handle, updated); !s.ok()) return s;
+  }
+  key.schedule = updated.schedule;
   key.optimizer = optimizer;
   *out = key;
   if (observer_) observer_->OnOptimizerChanged(t->info.handle, key.id, optimizer, from_update);

@@ -6,6 +6,13 @@
 // the data path never takes it per chunk: lanes receive snapshots of what they
 // need when keys change.
 //
+// Durability (docs/durability.md): with a RegistryStore (Registry::Open),
+// every mutation is first committed to the store in one transaction and only
+// then applied in memory and replied; a failed write fails the call (INTERNAL)
+// and changes nothing. Refused requests never touch the store. Without a
+// store (the constructor; state.in_memory) everything lives in memory only.
+// MarkKeyReady is not stored: FROM_CLIENT keys load as not ready.
+//
 // A failed call changes nothing.
 #pragma once
 
@@ -121,9 +128,17 @@ class RegistryObserver {
                                   uint64_t from_update) = 0;
 };
 
+class RegistryStore;
+
 class Registry {
  public:
+  // An in-memory registry: nothing is stored, a restart starts empty.
   Registry(uint32_t lanes, TenantDefaults defaults);
+  // A durable registry over `store` (not null), loaded with everything the
+  // store holds. FAILED_PRECONDITION naming the file if the stored state is
+  // unusable (e.g. a row with an invalid chunk size).
+  static Result<std::unique_ptr<Registry>> Open(uint32_t lanes, TenantDefaults defaults,
+                                                std::unique_ptr<RegistryStore> store);
   ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
@@ -186,6 +201,8 @@ class Registry {
   Tenant* FindTenantByHandle(uint32_t handle) const;  // REQUIRES: mu_ held
 
   RegistryObserver* observer_ = nullptr;
+  // Null: in-memory. Written with mu_ held exclusively, before the maps change.
+  std::unique_ptr<RegistryStore> store_;                    // GUARDED_BY(mu_)
   std::map<std::string, std::unique_ptr<Tenant>> tenants_;  // GUARDED_BY(mu_)
   std::map<uint32_t, Tenant*> by_handle_;                   // GUARDED_BY(mu_)
   uint32_t next_handle_ = 1;                                // GUARDED_BY(mu_)

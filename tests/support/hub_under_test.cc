@@ -75,11 +75,20 @@ class Refuser final : public net::FrameHandler {
   void OnBytesSent(net::Connection&, size_t) override {}
 };
 
+// Hubs under test keep no state on disk unless the test gives a --state-dir.
+bool HasStateDir(const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a == "--state-dir" || a.rfind("--state-dir=", 0) == 0) return true;
+  }
+  return false;
+}
+
 class MemoryHub final : public HubUnderTest {
  public:
   static std::unique_ptr<MemoryHub> Start(std::vector<std::string> args, std::string* why) {
     std::vector<std::string> argv = {"rackhubd", "--admin-listen", "127.0.0.1:0",
                                      "--data-listen", "127.0.0.1:0", "--no-pin-lanes"};
+    if (!HasStateDir(args)) argv.push_back("--in-memory");
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<const char*> cargv;
     for (const auto& a : argv) cargv.push_back(a.c_str());
@@ -184,6 +193,7 @@ class ProcessHub final : public HubUnderTest {
  public:
   ProcessHub(std::vector<std::string> args, std::string rdma_ip) {
     args.insert(args.begin(), "--no-pin-lanes");
+    if (!HasStateDir(args)) args.insert(args.begin(), "--in-memory");
     if (!rdma_ip.empty()) {
       // rdma_cm ports are not in the ready file: a fixed port per daemon.
       static int instance = 0;

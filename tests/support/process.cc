@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -133,16 +134,53 @@ CommandResult RunCommand(const std::vector<std::string>& argv, const std::string
 
 DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) {
   dir_ = MakeTempDir();
+  args_ = {"--ready-file", dir_ + "/ready"};
+  bool has_state_dir = false;
+  for (size_t i = 0; i < extra_args.size(); ++i) {
+    const std::string& a = extra_args[i];
+    if (a == "--state-dir" && i + 1 < extra_args.size()) {
+      state_dir_ = extra_args[i + 1];
+      has_state_dir = true;
+    } else if (a.rfind("--state-dir=", 0) == 0) {
+      state_dir_ = a.substr(12);
+      has_state_dir = true;
+    }
+  }
+  if (!has_state_dir) {
+    state_dir_ = dir_ + "/state";
+    args_.insert(args_.end(), {"--state-dir", state_dir_});
+  }
+  args_.insert(args_.end(), extra_args.begin(), extra_args.end());
+  Launch({"--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"});
+}
+
+bool DaemonProcess::Restart() {
+  if (pid_ > 0) {
+    ADD_FAILURE() << "DaemonProcess::Restart: rackhubd is still running (Stop or Kill it first)";
+    return false;
+  }
+  if (admin_address_.empty() || data_address_.empty()) {
+    ADD_FAILURE() << "DaemonProcess::Restart: the first start never became ready";
+    return false;
+  }
+  Launch({"--admin-listen", admin_address_, "--data-listen", data_address_});
+  return started_;
+}
+
+void DaemonProcess::Launch(const std::vector<std::string>& ports) {
+  started_ = false;
   const std::string ready = dir_ + "/ready";
-  std::vector<std::string> argv = {BinPath("rackhubd"),      "--admin-listen", "127.0.0.1:0",
-                                   "--data-listen",          "127.0.0.1:0",    "--ready-file",
-                                   ready};
-  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  std::remove(ready.c_str());
+  std::vector<std::string> argv = {BinPath("rackhubd")};
+  argv.insert(argv.end(), ports.begin(), ports.end());
+  argv.insert(argv.end(), args_.begin(), args_.end());
   auto args = ArgvOf(argv);
   const std::string log = dir_ + "/rackhubd.log";
+  // A restart appends: Log() shows every run.
+  const int flags = O_WRONLY | O_CREAT | (starts_++ == 0 ? O_TRUNC : O_APPEND);
   pid_ = fork();
   if (pid_ == 0) {
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fd = open(log.c_str(), flags, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
     execv(args[0], args.data());

@@ -1,8 +1,10 @@
 // Test support: start real rackhub processes and run commands.
 //
-// DaemonProcess starts build/bin/rackhubd on ephemeral loopback ports, waits
-// for its ready file (written once every listener is bound) and stops it with
-// SIGTERM on destruction. RunCommand runs a program to completion with a
+// DaemonProcess starts build/bin/rackhubd on ephemeral loopback ports with a
+// fresh state directory (--state-dir under its temp dir), waits for its ready
+// file (written once every listener is bound) and stops it with SIGTERM on
+// destruction. It can be killed (SIGKILL: a crash) and restarted on the same
+// ports and state directory, to test what survives a restart. RunCommand runs a program to completion with a
 // timeout and captures its output. Single-threaded use from a test body.
 #pragma once
 
@@ -36,7 +38,9 @@ std::string ReadFile(const std::string& path);
 class DaemonProcess {
  public:
   // Starts rackhubd with "--admin-listen 127.0.0.1:0 --data-listen 127.0.0.1:0
-  // --ready-file <tmp>" followed by `extra_args`. Fails the current test (and
+  // --ready-file <tmp> --state-dir <tmp>/state" followed by `extra_args`
+  // (--state-dir is left out when `extra_args` has one; pass --in-memory when
+  // the test does not need durable state). Fails the current test (and
   // leaves started() false) if the daemon does not become ready in 20 s.
   explicit DaemonProcess(std::vector<std::string> extra_args = {});
   ~DaemonProcess();
@@ -53,9 +57,25 @@ class DaemonProcess {
   // Sends `sig` and waits up to `timeout` for exit. Returns the exit status
   // (128+signal if killed by a signal), or -1 on timeout (then SIGKILLs).
   int Stop(int sig, std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // SIGKILL, like a crash: no shutdown path runs. Returns 128 + 9.
+  int Kill() { return Stop(9); }
+  // Starts the daemon again (after Stop or Kill) with the same arguments, on
+  // the same admin and data ports and the same state directory. Fails the
+  // current test and returns false if it does not become ready in 20 s.
+  bool Restart();
+  // The --state-dir given to the daemon (under the temp dir unless the
+  // caller passed one).
+  const std::string& state_dir() const { return state_dir_; }
 
  private:
+  // Starts the process with argv_ (plus `ports` if not empty) and waits for
+  // the ready file.
+  void Launch(const std::vector<std::string>& ports);
+
   std::string dir_;
+  std::string state_dir_;
+  std::vector<std::string> args_;  // after the listen flags
+  int starts_ = 0;
   pid_t pid_ = -1;
   bool started_ = false;
   std::string admin_address_;

@@ -515,6 +515,80 @@ TEST(ValidateConfigTest, SameAdminAndDataAddress) {
   EXPECT_TRUE(Validate(c).empty());
 }
 
+TEST(ParseConfigTextTest, StateAndCheckpointSections) {
+  Config c;
+  EXPECT_EQ(c.state.dir, "/var/lib/rackhub");
+  EXPECT_FALSE(c.state.in_memory);
+  EXPECT_EQ(c.checkpoint.every_iterations, 0u);
+  EXPECT_EQ(c.checkpoint.every_seconds, 0u);
+  EXPECT_EQ(c.checkpoint.keep, 3u);
+  EXPECT_TRUE(c.checkpoint.on_shutdown);
+  const auto errors = Parse(
+      "[state]\ndir = \"/srv/rackhub\"\nin_memory = true\n"
+      "[checkpoint]\nevery_iterations = 500\nevery_seconds = 60\nkeep = 5\n"
+      "on_shutdown = false\n",
+      &c);
+  ASSERT_TRUE(errors.empty()) << ::testing::PrintToString(errors);
+  EXPECT_EQ(c.state.dir, "/srv/rackhub");
+  EXPECT_TRUE(c.state.in_memory);
+  EXPECT_EQ(c.checkpoint.every_iterations, 500u);
+  EXPECT_EQ(c.checkpoint.every_seconds, 60u);
+  EXPECT_EQ(c.checkpoint.keep, 5u);
+  EXPECT_FALSE(c.checkpoint.on_shutdown);
+  Config bad;
+  ExpectOneError(Parse("[state]\nin_memory = \"yes\"\n", &bad), "state.in_memory",
+                 "true or false");
+  ExpectOneError(Parse("[state]\ndir = 7\n", &bad), "state.dir", "expected a string");
+  ExpectOneError(Parse("[checkpoint]\nkeep = -1\n", &bad), "checkpoint.keep", "negative");
+  ExpectOneError(Parse("[checkpoint]\nevery_seconds = \"1m\"\n", &bad),
+                 "checkpoint.every_seconds", "expected an integer");
+  ExpectOneError(Parse("[checkpoint]\nevery_minutes = 1\n", &bad), "checkpoint.every_minutes",
+                 "unknown key");
+}
+
+TEST(ParseCommandLineTest, StateAndCheckpointFlags) {
+  ParseResult r = ParseArgs({"--state-dir", "/tmp/rh-state", "--checkpoint-every-iterations",
+                             "100", "--checkpoint-every-seconds=30", "--checkpoint-keep", "2"});
+  ASSERT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+  EXPECT_EQ(r.config.state.dir, "/tmp/rh-state");
+  EXPECT_FALSE(r.config.state.in_memory);
+  EXPECT_EQ(r.config.checkpoint.every_iterations, 100u);
+  EXPECT_EQ(r.config.checkpoint.every_seconds, 30u);
+  EXPECT_EQ(r.config.checkpoint.keep, 2u);
+  // --in-memory takes no value; it overrides the file.
+  TempFile file("[state]\nin_memory = false\n");
+  r = ParseArgs({"--config", file.path(), "--in-memory", "--lanes", "1"});
+  ASSERT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+  EXPECT_TRUE(r.config.state.in_memory);
+  EXPECT_EQ(r.config.lanes.count, 1u);
+  r = ParseArgs({"--checkpoint-keep", "x"});
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_TRUE(StartsWith(r.errors[0], "--checkpoint-keep (checkpoint.keep): ")) << r.errors[0];
+  r = ParseArgs({"--state-dir"});
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_EQ(r.errors[0], "--state-dir: missing value");
+  EXPECT_NE(UsageText().find("--state-dir DIR"), std::string::npos);
+  EXPECT_NE(UsageText().find("--in-memory"), std::string::npos);
+  EXPECT_NE(UsageText().find("--checkpoint-keep N"), std::string::npos);
+}
+
+TEST(ValidateConfigTest, CheckpointKeepAndStateDir) {
+  Config c;
+  c.checkpoint.keep = 0;
+  std::vector<std::string> errors;
+  ValidateConfig(c, &errors);
+  ExpectOneError(errors, "checkpoint.keep", ">= 1");
+  c = Config{};
+  c.state.dir = "";
+  errors.clear();
+  ValidateConfig(c, &errors);
+  ExpectOneError(errors, "state.dir", "state.in_memory");
+  c.state.in_memory = true;
+  errors.clear();
+  ValidateConfig(c, &errors);
+  EXPECT_TRUE(errors.empty()) << ::testing::PrintToString(errors);
+}
+
 TEST(EffectiveLaneCountTest, ZeroMeansCoresAndExplicitIsKept) {
   Config c;
   c.lanes.count = 0;

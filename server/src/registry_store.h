@@ -1,0 +1,97 @@
+// RegistryStore: the durable copy of the registry (tenants, keys, layouts,
+// token hashes, quotas, optimizer schedules) in one SQLite database,
+// <state.dir>/registry.db (docs/durability.md, "The state directory and the
+// registry database").
+//
+// The schema is versioned with PRAGMA user_version (kSchemaVersion); Open
+// upgrades an older file step by step (one migration function per version)
+// and refuses a newer one. Every write is one transaction, committed (WAL,
+// synchronous=FULL: on disk) before the call returns. A write that fails
+// leaves the database as it was.
+//
+// Open refuses, with FAILED_PRECONDITION naming the file and the problem
+// ("state.dir: /x/registry.db: file is not a database"), a file that is not a
+// SQLite database, fails PRAGMA integrity_check, cannot be opened (permissions,
+// a directory in its place) or has a newer schema; it never deletes or
+// recreates such a file. A missing file is a first start: it is created (and
+// the state directory too, mode 0700).
+//
+// Ownership and threads: the Registry owns its store and calls it with its
+// own lock (mu_) held exclusively for writes, so calls are serialized; the
+// store has no lock of its own (the connection is opened in SQLite's
+// serialized mode anyway). Load is called once, before serving.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rackhub/common/status.h"
+#include "registry.h"
+#include "token.h"
+
+struct sqlite3;
+
+namespace rackhub::server {
+
+class RegistryStore {
+ public:
+  // The schema version this build writes; files with a larger user_version
+  // are refused, smaller ones are migrated.
+  static constexpr int kSchemaVersion = 1;
+  // PRAGMA application_id of a rackhub registry ("RHKR").
+  static constexpr int32_t kApplicationId = 0x52484b52;
+  static constexpr const char* kFileName = "registry.db";
+
+  // Opens <dir>/registry.db, creating the directory (0700) and the file when
+  // missing. `busy_timeout`: how long a write waits for a lock held by
+  // another connection (an operator's sqlite3 shell) before it fails.
+  static Result<std::unique_ptr<RegistryStore>> Open(
+      const std::string& dir,
+      std::chrono::milliseconds busy_timeout = std::chrono::milliseconds(5000));
+  ~RegistryStore();
+  RegistryStore(const RegistryStore&) = delete;
+  RegistryStore& operator=(const RegistryStore&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // One tenant row. key_count / parameter_bytes / chunk_count / counters of
+  // `info` are not stored (they follow from the keys).
+  struct TenantRow {
+    TenantInfo info;
+    TokenHash token;
+    uint32_t next_key_id = 1;  // ids are never reused
+    uint64_t next_chunk = 0;   // the layout's next free chunk index
+  };
+  struct KeyRow {
+    uint32_t tenant_handle = 0;
+    KeyInfo key;  // `ready` is not stored
+  };
+  struct Contents {
+    uint32_t next_handle = 1;        // tenant handles are never reused
+    std::vector<TenantRow> tenants;  // by handle
+    std::vector<KeyRow> keys;        // by tenant handle, then id
+  };
+  Result<Contents> Load();
+
+  // Each is one transaction. INTERNAL with the SQLite message on failure
+  // (nothing written).
+  Status InsertTenant(const TenantRow& tenant, uint32_t next_handle);
+  Status UpdateQuotas(uint32_t handle, const Quotas& quotas);
+  Status DeleteTenant(uint32_t handle);  // and its keys
+  Status InsertKey(uint32_t handle, const KeyInfo& key, uint32_t next_key_id, uint64_t next_chunk);
+  Status DeleteKey(uint32_t handle, uint32_t key_id);
+  // Stores key.optimizer and key.schedule.
+  Status UpdateOptimizer(uint32_t handle, const KeyInfo& key);
+
+ private:
+  explicit RegistryStore(std::string path) : path_(std::move(path)) {}
+  Status Initialize(std::chrono::milliseconds busy_timeout);
+
+  std::string path_;
+  sqlite3* db_ = nullptr;  // owned; closed by the destructor
+};
+
+}  // namespace rackhub::server
