@@ -24,7 +24,8 @@ trap cleanup EXIT
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/admin.token"
 echo "== starting rackhubd (admin token in $work/admin.token)"
 "$build/bin/rackhubd" --admin-listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
-  --admin-token-file "$work/admin.token" --ready-file "$work/ready" 2> "$work/rackhubd.log" &
+  --admin-token-file "$work/admin.token" --ready-file "$work/ready" \
+  --state-dir "$work/state" 2> "$work/rackhubd.log" &
 hub_pid=$!
 for _ in $(seq 1 200); do [ -s "$work/ready" ] && break; sleep 0.05; done
 [ -s "$work/ready" ] || { cat "$work/rackhubd.log"; echo "rackhubd did not start"; exit 1; }

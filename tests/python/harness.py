@@ -33,7 +33,8 @@ class Hub:
         self.proc = subprocess.Popen(
             [os.path.join(self.bin, "rackhubd"), "--admin-listen", "127.0.0.1:0",
              "--data-listen", "127.0.0.1:0", "--admin-token-file", self.admin_token,
-             "--ready-file", ready, "--lanes", str(lanes), "--no-pin-lanes"],
+             "--ready-file", ready, "--lanes", str(lanes), "--no-pin-lanes",
+             "--state-dir", os.path.join(self.dir, "state")],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         addrs = {}
