@@ -15,6 +15,7 @@ const char* ErrorCodeName(ErrorCode code) {
     case ErrorCode::kTimeout: return "TIMEOUT";
     case ErrorCode::kServer: return "SERVER";
     case ErrorCode::kClosed: return "CLOSED";
+    case ErrorCode::kRolledBack: return "ROLLED_BACK";
   }
   return "UNKNOWN";
 }
@@ -35,6 +36,7 @@ uint32_t Client::lanes() const { return impl_->lanes(); }
 uint32_t Client::workers() const { return impl_->workers(); }
 uint32_t Client::chunk_elements() const { return impl_->chunk_elements(); }
 uint32_t Client::straggler_timeout_ms() const { return impl_->straggler_timeout_ms(); }
+uint64_t Client::reconnects() const { return impl_->reconnects(); }
 
 Error Client::DeclareKey(const KeyDecl& decl, KeyId* out) { return impl_->DeclareKey(decl, out); }
 std::optional<KeyId> Client::FindKey(const std::string& name) const {

@@ -63,6 +63,7 @@ struct Operation {
   uint64_t min_reply_iteration = UINT64_MAX;
   std::optional<KeyInfo> declared;  // KEY_INFO of a DECLARE
   std::unique_ptr<asio::steady_timer> timer;
+  bool started = false;      // Start ran: it is (re)sent by a reconnect
 
   // Completion as seen by waiters.
   std::mutex mu;
@@ -158,9 +159,15 @@ class Client::Impl {
   // Drops one io_ref of `op` and completes it if that was the last thing.
   void ReleaseIo(const internal::OperationPtr& op);
   // A lane broke: fails everything, the client becomes unusable.
-  void ConnectionLost(const std::string& reason);
+  // `reconnectable`: the break may be healed by reconnecting (EOF, reset,
+  // SHUTTING_DOWN, ...); false for fatal errors the client caused itself.
+  // With Options::reconnect (TCP) the client then reconnects every lane and
+  // re-sends the pending tickets; otherwise (or once that fails) everything
+  // fails with kConnectionLost and the client is unusable.
+  void ConnectionLost(const std::string& reason, bool reconnectable = true);
   void LaneClosed();
   bool closing() const { return closing_io_; }
+  uint64_t reconnects() const { return reconnects_.load(); }
 
  private:
   enum class State { kOpen, kBroken, kClosed };
@@ -180,11 +187,26 @@ class Client::Impl {
   void MaybeFinish(const internal::OperationPtr& op);
   void Finish(const internal::OperationPtr& op);
   void FailAll(ErrorCode code, const std::string& message);
+  // Sends `op`'s frames (the part of Start after the timer).
+  void Send(const internal::OperationPtr& op);
+  // A data operation about to be (re)sent: the key's state may forbid it
+  // (gone, or a PushPull on a key that needs a resync).
+  Error KeyAllowsSend(const internal::Operation& op);
+  // The final failure: every lane aborted, every ticket kConnectionLost.
+  void Broken(const std::string& message);
+  // Reconnect (reconnect.cc). The loop runs on reconnect_thread_; Adopt and
+  // GiveUp on the I/O thread.
+  void ReconnectLoop(uint64_t generation);
+  Error DialLanes(asio::io_context& io, std::vector<tcp::socket>* sockets,
+                  std::vector<std::string>* welcomes);
+  void AdoptReconnect(uint64_t generation, std::vector<int> fds, std::vector<std::string> welcomes);
+  void GiveUpReconnect(const std::string& why);
+  void StopReconnectThread();
   void CloseOnIo();
   std::vector<internal::OperationPtr> UnfinishedOps();
 
   // Handshake of one lane (before the I/O thread runs).
-  Error Handshake(uint32_t lane, const tcp::endpoint& endpoint,
+  Error Handshake(asio::io_context& io, uint32_t lane, const tcp::endpoint& endpoint,
                   std::chrono::steady_clock::time_point deadline, tcp::socket* socket,
                   std::string* welcome_payload);
   // Connects every lane over RDMA (rdma_lane.cc).
@@ -193,13 +215,17 @@ class Client::Impl {
   struct KeyState {
     KeyInfo info;
     bool busy = false;  // a PushPull/Init/Pull is pending
+    bool gone = false;  // not in the hub's key table after a reconnect
+    Error resync_error; // what a PushPull gets while info.resync_needed
     std::shared_ptr<std::vector<uint16_t>> staging = std::make_shared<std::vector<uint16_t>>();
   };
   void ImportKey(const KeyInfo& info);  // REQUIRES: mu_ held
+  // Marks the key "resync needed" (REQUIRES: mu_ held).
+  void MarkResync(KeyState& k, Error error);
 
   const Options options_;
   // Welcome, fixed after Connect.
-  uint32_t tenant_handle_ = 0;
+  std::atomic<uint32_t> tenant_handle_{0};  // may change on a reconnect
   uint32_t lane_count_ = 0;
   uint32_t workers_ = 0;
   uint32_t chunk_elements_ = 0;
@@ -212,6 +238,23 @@ class Client::Impl {
   std::atomic<uint64_t> next_request_id_{1};
   bool closing_io_ = false;                             // I/O thread
   std::unique_ptr<asio::steady_timer> close_timer_;     // I/O thread
+
+  // Reconnect. can_reconnect_ and tcp_target_ are set by Connect (TCP only).
+  bool can_reconnect_ = false;
+  tcp::endpoint tcp_target_;
+  bool reconnecting_ = false;                            // I/O thread
+  uint64_t reconnect_generation_ = 0;                    // I/O thread
+  std::string break_reason_;                             // I/O thread
+  std::chrono::steady_clock::time_point break_time_;     // I/O thread
+  std::unique_ptr<asio::steady_timer> reconnect_timer_;  // I/O thread
+  // Lanes replaced by a reconnect; their aborted handlers may still run.
+  std::vector<std::unique_ptr<internal::LaneLink>> retired_lanes_;  // I/O thread
+  std::thread reconnect_thread_;  // started and joined on the I/O thread, or by Close
+  std::mutex reconnect_mu_;
+  std::condition_variable reconnect_cv_;
+  bool reconnect_cancel_ = false;    // GUARDED_BY(reconnect_mu_)
+  std::string reconnect_error_;      // GUARDED_BY(reconnect_mu_): last attempt's failure
+  std::atomic<uint64_t> reconnects_{0};
 
   mutable std::mutex mu_;
   State state_ = State::kOpen;                               // GUARDED_BY(mu_)

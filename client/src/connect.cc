@@ -50,7 +50,7 @@ boost::system::error_code RunUntil(asio::io_context& io, tcp::socket& socket,
 
 }  // namespace
 
-Error Client::Impl::Handshake(uint32_t lane, const tcp::endpoint& endpoint,
+Error Client::Impl::Handshake(asio::io_context& io, uint32_t lane, const tcp::endpoint& endpoint,
                               Clock::time_point deadline, tcp::socket* socket,
                               std::string* welcome_payload) {
   const std::string where = "hub " + options_.hub + " lane " + std::to_string(lane);
@@ -62,7 +62,7 @@ Error Client::Impl::Handshake(uint32_t lane, const tcp::endpoint& endpoint,
                                                          : ec.message();
     return MakeError(ErrorCode::kConnectFailed, where + ": " + step + ": " + why);
   };
-  auto ec = RunUntil(io_, *socket, deadline,
+  auto ec = RunUntil(io, *socket, deadline,
                      [&](auto handler) { socket->async_connect(endpoint, handler); });
   if (ec) return failed("connect", ec);
   socket->set_option(tcp::no_delay(true), ec);
@@ -74,11 +74,11 @@ Error Client::Impl::Handshake(uint32_t lane, const tcp::endpoint& endpoint,
   std::array<std::byte, net::kHeaderBytes> header{};
   net::EncodeHeader(h, header);
   const std::array<asio::const_buffer, 2> out = {asio::buffer(header), asio::buffer(payload)};
-  ec = RunUntil(io_, *socket, deadline,
+  ec = RunUntil(io, *socket, deadline,
                 [&](auto handler) { asio::async_write(*socket, out, handler); });
   if (ec) return failed("sending HELLO", ec);
 
-  ec = RunUntil(io_, *socket, deadline,
+  ec = RunUntil(io, *socket, deadline,
                 [&](auto handler) { asio::async_read(*socket, asio::buffer(header), handler); });
   if (ec) return failed("reading WELCOME", ec);
   const net::FrameHeader reply = net::DecodeHeader(header);
@@ -87,7 +87,7 @@ Error Client::Impl::Handshake(uint32_t lane, const tcp::endpoint& endpoint,
                      where + ": invalid reply to HELLO: " + bad.message());
   }
   std::string body(reply.payload_bytes, '\0');
-  ec = RunUntil(io_, *socket, deadline, [&](auto handler) {
+  ec = RunUntil(io, *socket, deadline, [&](auto handler) {
     asio::async_read(*socket, asio::buffer(body), handler);
   });
   if (ec) return failed("reading WELCOME", ec);
@@ -207,7 +207,7 @@ Error Client::Impl::Connect() {
   for (uint32_t lane = 0; lane < lane_count; ++lane) {
     tcp::socket socket(io_);
     std::string payload;
-    if (Error e = Handshake(lane, target, deadline, &socket, &payload); !e.ok()) return e;
+    if (Error e = Handshake(io_, lane, target, deadline, &socket, &payload); !e.ok()) return e;
     if (Error e = AcceptWelcome(lane, payload, &lane_count); !e.ok()) return e;
     sockets.push_back(std::move(socket));
   }
@@ -215,6 +215,8 @@ Error Client::Impl::Connect() {
   for (uint32_t lane = 0; lane < lane_count; ++lane) {
     lanes.push_back(std::make_unique<internal::Lane>(this, lane, std::move(sockets[lane])));
   }
+  can_reconnect_ = true;
+  tcp_target_ = target;
   StartIo(std::move(lanes));
   return {};
 }

@@ -217,7 +217,9 @@ void ConnectionLane::OnFrame(const net::FrameHeader& h, const std::string& body)
     return;
   }
   if (const Status s = RouteFrame(owner_, index_, h, payload, &pending_); !s.ok()) {
-    Broken(s.message());
+    owner_->ConnectionLost("lane " + std::to_string(index_) + ": " + s.message(),
+                           s.code() != StatusCode::kFailedPrecondition);
+    return;
   }
 }
 

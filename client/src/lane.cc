@@ -232,12 +232,12 @@ void Lane::OnReply(const PendingRequest& request) {
 
 void Lane::OnError() {
   if (const Status s = HandleErrorFrame(owner_, index_, header_, scratch_, &pending_); !s.ok()) {
-    Broken(s.message());
+    Broken(s.message(), s.code() != StatusCode::kFailedPrecondition);
   }
 }
 
-void Lane::Broken(const std::string& reason) {
-  owner_->ConnectionLost("lane " + std::to_string(index_) + ": " + reason);
+void Lane::Broken(const std::string& reason, bool reconnectable) {
+  owner_->ConnectionLost("lane " + std::to_string(index_) + ": " + reason, reconnectable);
 }
 
 void Lane::IoFailed(const boost::system::error_code& ec, const char* what) {

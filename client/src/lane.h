@@ -42,7 +42,7 @@ class Lane final : public LaneLink {
   void ReadPayloadInto(void* dest, size_t bytes, bool direct, PendingRequest request);
   void OnReply(const PendingRequest& request);
   void OnError();
-  void Broken(const std::string& reason);
+  void Broken(const std::string& reason, bool reconnectable = true);
   void IoFailed(const boost::system::error_code& ec, const char* what);
   void CloseSocket();
   void Release(OutFrame& frame);

@@ -20,7 +20,21 @@ Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHead
   }
   const std::string what = std::string(net::WireErrorName(code)) + ": " + text;
   if (h.flags & net::kFlagFatal) {
-    return Unavailable("the hub sent a fatal ERROR and closes the connection: " + what);
+    std::string why = "the hub sent a fatal ERROR and closes the connection: " + what;
+    switch (code) {
+      // Caused by this client itself: reconnecting would not help.
+      case net::WireError::kMalformed:
+      case net::WireError::kUnauthenticated:
+      case net::WireError::kTenantGone:
+      case net::WireError::kBadChunk:
+      case net::WireError::kBadDType:
+      case net::WireError::kDuplicatePush:
+      case net::WireError::kNotReady:
+      case net::WireError::kInvalidArgument:
+        return FailedPrecondition(std::move(why));
+      default:
+        return Unavailable(std::move(why));
+    }
   }
   const auto it = pending->find(h.request_id);
   if (it == pending->end()) return Status::Ok();  // unsolicited, not fatal: nothing waits for it
@@ -30,6 +44,8 @@ Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHead
   Error e;
   e.code = ErrorCode::kServer;
   e.wire = code;
+  // BAD_ITERATION: the header carries the chunk's current version.
+  if (code == net::WireError::kBadIteration) e.iteration = h.iteration;
   e.message = std::string("hub refused ") + OpKindName(op->kind) + " of key " +
               std::to_string(op->key) + " (lane " + std::to_string(lane) + ", chunk " +
               std::to_string(chunk) + "): " + what;

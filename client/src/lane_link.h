@@ -32,7 +32,9 @@ class LaneLink {
 };
 
 // An ERROR frame from the hub on lane `lane`, for every transport: a fatal
-// or malformed one returns UNAVAILABLE with the reason the lane is broken;
+// or malformed one returns UNAVAILABLE with the reason the lane is broken
+// (FAILED_PRECONDITION for a fatal error the client caused itself, which a
+// reconnect would not heal);
 // otherwise the request it answers (if any, taken out of `pending`) fails
 // with kServer and OK is returned.
 Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,

@@ -121,6 +121,15 @@ Error Client::Impl::AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, b
                          std::to_string(out_size) + " elements, the key has " +
                          std::to_string(k.info.elements));
   }
+  if (k.gone) {
+    Error e = MakeError(ErrorCode::kServer,
+                        std::string(kind) + " of key '" + k.info.name +
+                            "': the hub no longer has this key (or has it with another layout) "
+                            "since the client reconnected: UNKNOWN_KEY");
+    e.wire = net::WireError::kUnknownKey;
+    return e;
+  }
+  if (op->kind == OpKind::kPushPull && k.info.resync_needed && !k.busy) return k.resync_error;
   if (k.busy) {
     return MakeError(ErrorCode::kInvalidArgument,
                      std::string(kind) + " of key '" + k.info.name +
@@ -280,14 +289,45 @@ std::optional<KeyInfo> Client::Impl::GetKeyInfo(KeyId key) const {
 void Client::Impl::ImportKey(const KeyInfo& info) {
   auto [it, inserted] = keys_.try_emplace(info.id);
   KeyState& k = it->second;
+  const bool resync = !inserted && k.info.resync_needed && !k.gone;
   if (inserted || !k.busy) {
     k.info = info;
+    if (resync) {  // a re-declaration does not resynchronize: only Pull does
+      k.info.resync_needed = true;
+      k.info.next_iteration = k.resync_error.iteration;
+    }
   } else {  // keep the iteration a pending operation will set
     const uint64_t next = k.info.next_iteration;
     k.info = info;
     k.info.next_iteration = next;
   }
+  k.gone = false;
   names_[info.name] = info.id;
+}
+
+void Client::Impl::MarkResync(KeyState& k, Error error) {
+  k.info.resync_needed = true;
+  k.resync_error = std::move(error);
+}
+
+Error Client::Impl::KeyAllowsSend(const Operation& op) {
+  if (op.kind != OpKind::kPushPull && op.kind != OpKind::kPull && op.kind != OpKind::kInit) {
+    return {};
+  }
+  std::lock_guard lock(mu_);
+  const auto it = keys_.find(op.key);
+  if (it == keys_.end()) return {};
+  const KeyState& k = it->second;
+  if (k.gone) {
+    Error e = MakeError(ErrorCode::kServer,
+                        std::string(internal::OpKindName(op.kind)) + " of key '" + k.info.name +
+                            "': the hub no longer has this key (or has it with another layout) "
+                            "since the client reconnected: UNKNOWN_KEY");
+    e.wire = net::WireError::kUnknownKey;
+    return e;
+  }
+  if (op.kind == OpKind::kPushPull && k.info.resync_needed) return k.resync_error;
+  return {};
 }
 
 Error Client::Impl::Wait(Ticket ticket, std::optional<std::chrono::milliseconds> timeout) {
@@ -327,10 +367,17 @@ Error Client::Impl::Wait(Ticket ticket, std::optional<std::chrono::milliseconds>
 
 void Client::Impl::Start(const OperationPtr& op) {
   if (op->finished || op->failed) return;  // failed by Close or a broken connection
+  op->started = true;
   if (options_.op_timeout.count() > 0) {
     op->timer = std::make_unique<asio::steady_timer>(io_, options_.op_timeout);
     op->timer->async_wait([this, op](const boost::system::error_code& ec) {
-      if (ec) return;
+      if (ec || op->finished || op->failed) return;
+      if (reconnecting_) {
+        // The oldest pending ticket's op_timeout bounds the reconnect.
+        GiveUpReconnect("the op_timeout (" + std::to_string(options_.op_timeout.count()) +
+                        " ms) of a pending " + internal::OpKindName(op->kind) + " ran out");
+        return;
+      }
       FailOp(op, MakeError(ErrorCode::kTimeout,
                            std::string(internal::OpKindName(op->kind)) + " of key " +
                                std::to_string(op->key) + " timed out after " +
@@ -338,6 +385,18 @@ void Client::Impl::Start(const OperationPtr& op) {
                                std::to_string(op->remaining) + " replies missing)"));
     });
   }
+  if (reconnecting_) return;  // sent once the lanes are back (AdoptReconnect)
+  if (Error e = KeyAllowsSend(*op); !e.ok()) {
+    FailOp(op, std::move(e));
+    return;
+  }
+  Send(op);
+}
+
+void Client::Impl::Send(const OperationPtr& op) {
+  op->remaining = 0;
+  op->min_reply_iteration = UINT64_MAX;
+  op->declared.reset();
   switch (op->kind) {
     case OpKind::kPushPull: StartChunks(op, net::Opcode::kPush); return;
     case OpKind::kInit: StartChunks(op, net::Opcode::kInit); return;
@@ -456,6 +515,21 @@ void Client::Impl::Finish(const OperationPtr& op) {
           k.version = op->min_reply_iteration;
           k.next_iteration =
               op->kind == OpKind::kPushPull ? op->iteration + 1 : op->min_reply_iteration;
+          if (op->kind == OpKind::kPull) k.resync_needed = false;
+        }
+        if (!result.ok() && op->kind == OpKind::kPushPull && result.code == ErrorCode::kServer &&
+            (result.wire == net::WireError::kWorkerLost ||
+             result.wire == net::WireError::kBadIteration)) {
+          // The key's chunks may be at another version than next_iteration:
+          // the caller must Pull before pushing again.
+          Error mark = MakeError(
+              ErrorCode::kRolledBack,
+              "key '" + k.name + "' needs a Pull before the next PushPull: its PushPull of " +
+                  "iteration " + std::to_string(op->iteration) + " failed with " +
+                  net::WireErrorName(result.wire) + " (" + result.message + ")");
+          mark.iteration = result.wire == net::WireError::kBadIteration ? result.iteration
+                                                                          : k.next_iteration;
+          MarkResync(it->second, std::move(mark));
         }
       }
     }
@@ -485,8 +559,38 @@ void Client::Impl::FailAll(ErrorCode code, const std::string& message) {
   for (const auto& op : UnfinishedOps()) FailOp(op, MakeError(code, message));
 }
 
-void Client::Impl::ConnectionLost(const std::string& reason) {
-  const std::string message = "connection to the hub lost: " + reason;
+void Client::Impl::ConnectionLost(const std::string& reason, bool reconnectable) {
+  if (reconnecting_) return;  // the lanes are already down; a reconnect is under way
+  if (reconnectable && options_.reconnect && can_reconnect_ && !closing_io_) {
+    {
+      std::lock_guard lock(mu_);
+      if (state_ != State::kOpen) return;
+    }
+    reconnecting_ = true;
+    ++reconnect_generation_;
+    break_reason_ = reason;
+    break_time_ = std::chrono::steady_clock::now();
+    for (auto& lane : lanes_) lane->Abort();
+    if (options_.op_timeout.count() > 0) {
+      reconnect_timer_ = std::make_unique<asio::steady_timer>(io_, options_.op_timeout);
+      reconnect_timer_->async_wait([this](const boost::system::error_code& ec) {
+        if (!ec) GiveUpReconnect("no reconnect within op_timeout");
+      });
+    }
+    StopReconnectThread();  // the previous episode's thread, done already
+    {
+      std::lock_guard lock(reconnect_mu_);
+      reconnect_cancel_ = false;
+      reconnect_error_.clear();
+    }
+    const uint64_t generation = reconnect_generation_;
+    reconnect_thread_ = std::thread([this, generation] { ReconnectLoop(generation); });
+    return;
+  }
+  Broken("connection to the hub lost: " + reason);
+}
+
+void Client::Impl::Broken(const std::string& message) {
   {
     std::lock_guard lock(mu_);
     if (state_ == State::kBroken) return;
@@ -510,6 +614,13 @@ void Client::Impl::LaneClosed() {
 
 void Client::Impl::CloseOnIo() {
   if (closing_io_) return;
+  if (reconnecting_) {
+    reconnecting_ = false;
+    if (reconnect_timer_) reconnect_timer_->cancel();
+    std::lock_guard lock(reconnect_mu_);
+    reconnect_cancel_ = true;
+    reconnect_cv_.notify_all();
+  }
   FailAll(ErrorCode::kClosed, "the client was closed");
   closing_io_ = true;
   close_timer_ = std::make_unique<asio::steady_timer>(io_, kCloseFlush);
@@ -535,6 +646,7 @@ void Client::Impl::Close() {
     work_.reset();
     thread_.join();
   }
+  StopReconnectThread();
   // The I/O thread is gone: nothing touches the callers' buffers any more.
   for (const auto& op : UnfinishedOps()) {
     if (!op->failed) {

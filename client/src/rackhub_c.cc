@@ -59,6 +59,11 @@ extern "C" {
 
 int rackhub_connect(const rackhub_options* options, rackhub_client** out, char* error_buf,
                     size_t error_len) {
+  return rackhub_connect_ex(options, 0, out, error_buf, error_len);
+}
+
+int rackhub_connect_ex(const rackhub_options* options, uint32_t flags, rackhub_client** out,
+                       char* error_buf, size_t error_len) {
   const auto fail = [&](const Error& e) {
     if (error_buf && error_len > 0) {
       const size_t n = std::min(error_len - 1, e.message.size());
@@ -82,6 +87,7 @@ int rackhub_connect(const rackhub_options* options, rackhub_client** out, char* 
   o.rack = options->rack;
   if (options->connect_timeout_ms) o.connect_timeout = std::chrono::milliseconds(options->connect_timeout_ms);
   if (options->op_timeout_ms) o.op_timeout = std::chrono::milliseconds(options->op_timeout_ms);
+  o.reconnect = (flags & RACKHUB_CONNECT_NO_RECONNECT) == 0;
   Error e;
   auto client = Client::Connect(o, &e);
   if (!client) return fail(e);
@@ -108,6 +114,15 @@ uint32_t rackhub_last_wire_error(rackhub_client* client) {
   const auto it = client->last.find(std::this_thread::get_id());
   return it == client->last.end() ? 0 : static_cast<uint32_t>(it->second.wire);
 }
+
+uint64_t rackhub_last_error_iteration(rackhub_client* client) {
+  if (!client) return 0;
+  std::lock_guard lock(client->mu);
+  const auto it = client->last.find(std::this_thread::get_id());
+  return it == client->last.end() ? 0 : it->second.iteration;
+}
+
+uint64_t rackhub_reconnects(const rackhub_client* c) { return c ? c->client->reconnects() : 0; }
 
 uint32_t rackhub_lanes(const rackhub_client* c) { return c ? c->client->lanes() : 0; }
 uint32_t rackhub_workers(const rackhub_client* c) { return c ? c->client->workers() : 0; }

@@ -124,7 +124,9 @@ void RdmaLane::OnFrame(const net::FrameHeader& h, std::span<const std::byte> pay
     return;
   }
   if (const Status s = RouteFrame(owner_, index_, h, payload, &pending_); !s.ok()) {
-    Broken(s.message());
+    owner_->ConnectionLost("lane " + std::to_string(index_) + ": " + s.message(),
+                           s.code() != StatusCode::kFailedPrecondition);
+    return;
   }
 }
 

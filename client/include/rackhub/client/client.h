@@ -23,11 +23,37 @@
 //
 // Errors (one page for all of them: docs/errors.md): every failure reaches the
 // caller as an Error. A request the hub refuses fails with kServer and the
-// hub's code and text. A broken connection (EOF, reset, fatal ERROR frame,
-// garbage from the hub) fails every pending ticket with kConnectionLost, and
-// every later call fails at once: the client must be recreated. A ticket that
-// is not done after Options::op_timeout fails with kTimeout. Nothing blocks
-// forever.
+// hub's code and text. A ticket that is not done after Options::op_timeout
+// fails with kTimeout. Nothing blocks forever.
+//
+// Reconnect (TCP lanes; Options::reconnect, default on): when a lane breaks
+// (EOF, reset, a fatal ERROR other than MALFORMED / UNAUTHENTICATED /
+// TENANT_GONE / the client-caused BAD_CHUNK, BAD_DTYPE, DUPLICATE_PUSH,
+// NOT_READY, INVALID_ARGUMENT, garbage from the hub, e.g. a hub restart) the
+// client reconnects every lane (HELLO with the same tenant, token, rank and
+// rack) with exponential back-off (50 ms doubling to 1 s), for as long as the
+// op_timeout of the oldest pending ticket allows (no pending ticket: up to
+// op_timeout after the break; op_timeout 0: until Close). Pending tickets
+// stay pending and are re-sent on the new connection. Only if the reconnect
+// fails do they fail with kConnectionLost; then every later call fails at once
+// and the client must be recreated. RDMA lanes do not reconnect (a broken RDMA
+// lane is kConnectionLost at once).
+//
+// Resynchronization (the training-loop contract). After a reconnect the hub
+// may be at another version of a key than the client (a restarted hub reloads
+// its newest checkpoint). Such a key is marked "resync needed": a PushPull on
+// it that was in flight, and every later PushPull until the caller Pulls the
+// key, fails with kRolledBack, Error::iteration = the hub's version N (nothing
+// is sent). A PushPull refused by the hub with kServer/WORKER_LOST (another
+// rank of the tenant died) or kServer/BAD_ITERATION (the key moved on without
+// this rank; Error::iteration = the chunk's version) marks the key the same
+// way, the error staying kServer with its wire code. What a trainer does on
+// kRolledBack or kServer/WORKER_LOST: Pull the key(s) (that clears the mark and
+// sets the key's next iteration to the hub's), drop the step's gradients and
+// continue the loop with the next batch; on WORKER_LOST back off and retry
+// while the lost rank (or its replacement) is not back (pushes keep failing
+// with WORKER_LOST until then). A key that is gone after a reconnect (deleted,
+// or another layout) fails its operations with kServer/UNKNOWN_KEY.
 #pragma once
 
 #include <chrono>
@@ -65,6 +91,9 @@ struct Options {
   uint32_t rack = 0;
   std::chrono::milliseconds connect_timeout{10000};  // whole Connect(): all lanes
   std::chrono::milliseconds op_timeout{120000};      // per ticket; 0 = no timeout
+  // Reconnect a broken TCP connection (see above); false: a broken lane
+  // fails every ticket with kConnectionLost at once.
+  bool reconnect = true;
 };
 
 enum class ErrorCode {
@@ -76,6 +105,7 @@ enum class ErrorCode {
   kTimeout = 5,          // op_timeout expired
   kServer = 6,           // the hub answered with an ERROR frame (see Error::wire)
   kClosed = 7,           // Close() was called
+  kRolledBack = 8,       // the hub's version of the key differs (Error::iteration); Pull it
 };
 const char* ErrorCodeName(ErrorCode code);
 
@@ -83,6 +113,9 @@ struct Error {
   ErrorCode code = ErrorCode::kOk;
   net::WireError wire = {};  // set for kServer (and kUnauthenticated from the hub)
   std::string message;       // human readable; includes the hub's text if any
+  // kRolledBack: the hub's version of the key (the iteration a Pull returns).
+  // kServer/BAD_ITERATION: the chunk's version the hub reported.
+  uint64_t iteration = 0;
 
   bool ok() const { return code == ErrorCode::kOk; }
   static Error Ok() { return {}; }
@@ -123,6 +156,7 @@ struct KeyInfo {
   uint64_t chunk_count = 0;
   uint64_t version = 0;          // updates applied, as the hub last reported it
   uint64_t next_iteration = 0;   // the iteration the next PushPull contributes to
+  bool resync_needed = false;    // PushPull fails with kRolledBack until a Pull
 };
 
 class Client {
@@ -142,6 +176,8 @@ class Client {
   uint32_t workers() const;
   uint32_t chunk_elements() const;
   uint32_t straggler_timeout_ms() const;
+  // Successful reconnects so far.
+  uint64_t reconnects() const;
 
   // Creates the key or returns the existing one of that name (every rank may
   // declare the same key). Blocks up to op_timeout. Quota refusals and
@@ -160,7 +196,8 @@ class Client {
   // Rank 0 of a FROM_CLIENT key: supplies the initial parameters.
   Ticket Init(KeyId key, std::span<const float> values, Callback done = nullptr);
   // Current parameters (waits on the hub until the key is initialized).
-  // Resynchronizes the key's next iteration with the hub.
+  // Resynchronizes the key's next iteration with the hub and clears its
+  // "resync needed" mark.
   Ticket Pull(KeyId key, std::span<float> out, Callback done = nullptr);
   // New hyperparameters (same type) taking effect at update `from_iteration`.
   Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration,

@@ -34,6 +34,7 @@ extern "C" {
 #define RACKHUB_TIMEOUT 5
 #define RACKHUB_SERVER 6 /* see rackhub_last_wire_error */
 #define RACKHUB_CLOSED 7
+#define RACKHUB_ROLLED_BACK 8 /* Pull the key; see rackhub_last_error_iteration */
 
 /* Key wire dtypes and init modes. */
 #define RACKHUB_FP32 1
@@ -97,6 +98,31 @@ int rackhub_set_optimizer(rackhub_client* client, uint32_t key, const rackhub_op
 int rackhub_push_pull_async(rackhub_client* client, uint32_t key, const float* grad, float* out,
                             uint64_t n, uint64_t* ticket);
 int rackhub_wait(rackhub_client* client, uint64_t ticket);
+
+/* ---- Added in librackhub 0.2 (reconnect and resynchronization) ----
+ *
+ * A broken TCP connection (hub restart, reset) is reconnected automatically
+ * within op_timeout_ms; pending calls are re-sent. A key whose version on the
+ * hub moved meanwhile (a restarted hub reloads its newest checkpoint) is
+ * marked "resync needed": push_pull on it returns RACKHUB_ROLLED_BACK until
+ * rackhub_pull(). push_pull failing with RACKHUB_SERVER and wire error 9
+ * (WORKER_LOST: another rank died) or 6 (BAD_ITERATION) marks the key the
+ * same way. Trainer contract: on RACKHUB_ROLLED_BACK or WORKER_LOST, pull
+ * the key(s), drop the step and continue with the next batch (WORKER_LOST:
+ * back off and retry until the lost rank is back). docs/errors.md. */
+
+/* Flags of rackhub_connect_ex. */
+#define RACKHUB_CONNECT_NO_RECONNECT 1u /* a broken connection is RACKHUB_CONNECTION_LOST at once */
+
+/* rackhub_connect with flags (RACKHUB_CONNECT_*); flags 0 = rackhub_connect. */
+int rackhub_connect_ex(const rackhub_options* options, uint32_t flags, rackhub_client** out,
+                       char* error_buf, size_t error_len);
+/* Iteration of the calling thread's last failing call on `client`: for
+ * RACKHUB_ROLLED_BACK the hub's version of the key (what a pull returns), for
+ * RACKHUB_SERVER / BAD_ITERATION the chunk's version; 0 otherwise. */
+uint64_t rackhub_last_error_iteration(rackhub_client* client);
+/* Successful reconnects of `client` so far. */
+uint64_t rackhub_reconnects(const rackhub_client* client);
 
 /* Sends BYE, fails pending operations with RACKHUB_CLOSED and frees the
  * client. NULL is allowed. */

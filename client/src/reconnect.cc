@@ -1,0 +1,221 @@
+// Client::Impl: reconnecting every lane after a break (TCP lanes; see
+// client.h, "Reconnect"). The dialing runs on reconnect_thread_ with its own
+// io_context and blocking handshakes (the same Handshake as Connect); the
+// handshaken sockets are handed to the I/O thread as file descriptors, where
+// AdoptReconnect compares the new WELCOME with what the client knew, marks the
+// keys whose version moved ("resync needed") and re-sends the pending tickets.
+#include <algorithm>
+#include <unistd.h>
+#include <unordered_map>
+#include <utility>
+
+#include "client_impl.h"
+#include "lane.h"
+#include "lane_link.h"
+#include "rackhub/data/v1/control.pb.h"
+#include "wire.h"
+
+namespace rackhub::client {
+
+using internal::OpKind;
+using internal::OperationPtr;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kFirstBackoff = std::chrono::milliseconds(50);
+constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
+// One attempt's handshakes (all lanes) get at most this long.
+constexpr auto kMaxAttempt = std::chrono::milliseconds(5000);
+
+Error MakeError(ErrorCode code, std::string message) {
+  Error e;
+  e.code = code;
+  e.message = std::move(message);
+  return e;
+}
+
+}  // namespace
+
+Error Client::Impl::DialLanes(asio::io_context& io, std::vector<tcp::socket>* sockets,
+                              std::vector<std::string>* welcomes) {
+  const auto deadline = Clock::now() + std::min<Clock::duration>(options_.connect_timeout,
+                                                                  kMaxAttempt);
+  uint32_t lane_count = 1;
+  for (uint32_t lane = 0; lane < lane_count; ++lane) {
+    tcp::socket socket(io);
+    std::string payload;
+    if (Error e = Handshake(io, lane, tcp_target_, deadline, &socket, &payload); !e.ok()) {
+      return e;
+    }
+    if (lane == 0) {
+      data::v1::Welcome welcome;
+      if (!welcome.ParseFromString(payload) || welcome.lanes() == 0 || welcome.lanes() > 4096) {
+        return MakeError(ErrorCode::kConnectFailed,
+                         "hub " + options_.hub + ": lane 0: unusable WELCOME");
+      }
+      lane_count = welcome.lanes();
+    }
+    sockets->push_back(std::move(socket));
+    welcomes->push_back(std::move(payload));
+  }
+  return {};
+}
+
+void Client::Impl::ReconnectLoop(uint64_t generation) {
+  auto backoff = std::chrono::duration_cast<Clock::duration>(kFirstBackoff);
+  for (;;) {
+    {
+      std::lock_guard lock(reconnect_mu_);
+      if (reconnect_cancel_) return;
+    }
+    asio::io_context io;
+    std::vector<tcp::socket> sockets;
+    std::vector<std::string> welcomes;
+    const Error e = DialLanes(io, &sockets, &welcomes);
+    if (e.ok()) {
+      std::vector<int> fds;
+      for (auto& s : sockets) fds.push_back(s.release());
+      asio::post(io_, [this, generation, fds = std::move(fds),
+                       welcomes = std::move(welcomes)]() mutable {
+        AdoptReconnect(generation, std::move(fds), std::move(welcomes));
+      });
+      return;
+    }
+    std::unique_lock lock(reconnect_mu_);
+    reconnect_error_ = e.message;
+    if (reconnect_cv_.wait_for(lock, backoff, [&] { return reconnect_cancel_; })) return;
+    backoff = std::min<Clock::duration>(backoff * 2, kMaxBackoff);
+  }
+}
+
+void Client::Impl::StopReconnectThread() {
+  if (!reconnect_thread_.joinable()) return;
+  {
+    std::lock_guard lock(reconnect_mu_);
+    reconnect_cancel_ = true;
+  }
+  reconnect_cv_.notify_all();
+  reconnect_thread_.join();
+}
+
+void Client::Impl::GiveUpReconnect(const std::string& why) {
+  if (!reconnecting_) return;
+  reconnecting_ = false;
+  if (reconnect_timer_) reconnect_timer_->cancel();
+  std::string last;
+  {
+    std::lock_guard lock(reconnect_mu_);
+    reconnect_cancel_ = true;
+    last = reconnect_error_;
+  }
+  reconnect_cv_.notify_all();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
+                                                                        break_time_);
+  Broken("connection to the hub lost: " + break_reason_ + "; reconnecting failed (" + why +
+         ", gave up after " + std::to_string(ms.count()) + " ms)" +
+         (last.empty() ? std::string() : ": " + last));
+}
+
+void Client::Impl::AdoptReconnect(uint64_t generation, std::vector<int> fds,
+                                  std::vector<std::string> welcomes) {
+  if (!reconnecting_ || generation != reconnect_generation_ || closing_io_) {
+    for (int fd : fds) ::close(fd);
+    return;
+  }
+  StopReconnectThread();  // it returned right after posting this
+  const auto fail = [&](const std::string& why) {
+    for (int fd : fds) ::close(fd);
+    GiveUpReconnect(why);
+  };
+  std::vector<data::v1::Welcome> parsed(welcomes.size());
+  for (size_t i = 0; i < welcomes.size(); ++i) {
+    if (!parsed[i].ParseFromString(welcomes[i])) return fail("a WELCOME does not parse");
+  }
+  const data::v1::Welcome& w0 = parsed[0];
+  if (w0.lanes() != lane_count_ || w0.chunk_elements() != chunk_elements_) {
+    return fail("the hub came back with " + std::to_string(w0.lanes()) + " lanes and " +
+                std::to_string(w0.chunk_elements()) + " elements per chunk, the client had " +
+                std::to_string(lane_count_) + " and " + std::to_string(chunk_elements_));
+  }
+  for (const auto& w : parsed) {
+    if (w.tenant_handle() != w0.tenant_handle() || w.lanes() != w0.lanes() ||
+        w.chunk_elements() != w0.chunk_elements()) {
+      return fail("the lanes' WELCOMEs disagree (tenant handle, lanes or chunk size)");
+    }
+  }
+  tenant_handle_ = w0.tenant_handle();
+  workers_ = w0.workers();
+  straggler_timeout_ms_ = w0.straggler_timeout_ms();
+
+  {
+    std::lock_guard lock(mu_);
+    std::unordered_map<std::string, KeyInfo> hub_keys;
+    for (const auto& entry : w0.keys()) {
+      Result<KeyInfo> info = internal::ToKeyInfo(entry, chunk_elements_);
+      if (info.ok()) hub_keys.emplace(info->name, *info);
+    }
+    for (auto& [id, k] : keys_) {
+      const auto it = hub_keys.find(k.info.name);
+      if (it == hub_keys.end() || it->second.id != id || it->second.elements != k.info.elements ||
+          it->second.dtype != k.info.dtype || it->second.first_chunk != k.info.first_chunk ||
+          it->second.chunk_count != k.info.chunk_count) {
+        k.gone = true;
+        continue;
+      }
+      const uint64_t hub_version = it->second.version;
+      const uint64_t was = k.info.next_iteration;
+      k.info.version = hub_version;
+      if (hub_version != was) {
+        Error e = MakeError(
+            ErrorCode::kRolledBack,
+            hub_version < was
+                ? "hub restarted: key '" + k.info.name + "' rolled back to iteration " +
+                      std::to_string(hub_version) + " (was " + std::to_string(was) + ")"
+                : "hub reconnected: key '" + k.info.name + "' is at iteration " +
+                      std::to_string(hub_version) + " (was " + std::to_string(was) + ")");
+        e.iteration = hub_version;
+        k.info.next_iteration = hub_version;
+        MarkResync(k, std::move(e));
+      }
+    }
+    for (const auto& [name, info] : hub_keys) {
+      if (keys_.find(info.id) == keys_.end()) ImportKey(info);
+    }
+  }
+
+  // The new lanes replace the old ones (kept: their aborted handlers may
+  // still be queued).
+  std::vector<std::unique_ptr<internal::LaneLink>> lanes;
+  for (uint32_t i = 0; i < fds.size(); ++i) {
+    tcp::socket socket(io_);
+    boost::system::error_code ec;
+    socket.assign(tcp_target_.protocol(), fds[i], ec);
+    if (ec) {
+      for (uint32_t j = i; j < fds.size(); ++j) ::close(fds[j]);
+      GiveUpReconnect("adopting a reconnected socket: " + ec.message());
+      return;
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    lanes.push_back(std::make_unique<internal::Lane>(this, i, std::move(socket)));
+  }
+  for (auto& lane : lanes_) retired_lanes_.push_back(std::move(lane));
+  lanes_ = std::move(lanes);
+  reconnecting_ = false;
+  if (reconnect_timer_) reconnect_timer_->cancel();
+  ++reconnects_;
+  for (auto& lane : lanes_) lane->StartReading();
+
+  // Re-send what was pending (in ticket order); a PushPull on a key that
+  // moved fails with kRolledBack instead.
+  for (const OperationPtr& op : UnfinishedOps()) {
+    if (!op->started || op->failed || op->finished) continue;
+    if (Error e = KeyAllowsSend(*op); !e.ok()) {
+      FailOp(op, std::move(e));
+      continue;
+    }
+    Send(op);
+  }
+}
+
+}  // namespace rackhub::client

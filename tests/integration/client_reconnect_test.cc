@@ -1,0 +1,303 @@
+// The client survives a hub restart and a lost peer (client.h, "Reconnect"
+// and "Resynchronization"; docs/errors.md): real rackhubd processes (killed
+// with SIGKILL and restarted on the same ports and state directory), clients
+// in this process.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process.h"
+#include "rackhub/client/client.h"
+
+namespace rackhub::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using testing::BinPath;
+using testing::CommandResult;
+using testing::DaemonProcess;
+using testing::MakeTempDir;
+using testing::RunCommand;
+using testing::WriteFile;
+
+constexpr char kTenant[] = "rc";
+constexpr char kToken[] = "reconnect-test-token-0123456789abcdef";
+constexpr uint64_t kElements = 5000;  // 5 chunks of 1024 over 2 lanes
+
+std::string Describe(const CommandResult& r) {
+  return "exit=" + std::to_string(r.exit_code) + "\n" + r.out + r.err;
+}
+
+class ClientReconnectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--lanes", "2"});
+    ASSERT_TRUE(daemon_->started());
+    token_file_ = MakeTempDir() + "/token";
+    WriteFile(token_file_, kToken);
+    CreateTenant();
+  }
+
+  // Creates the tenant with the fixed token unless the (durable) registry
+  // brought it back.
+  void CreateTenant() {
+    const CommandResult r =
+        RunCommand({BinPath("rackhubctl"), "--admin", daemon_->admin_address(), "tenant",
+                    "create", kTenant, "--workers", "2", "--chunk-bytes", "4KiB",
+                    "--tenant-token-file", token_file_});
+    if (r.exit_code != 0) {
+      ASSERT_NE(r.err.find("exist"), std::string::npos) << Describe(r);
+    }
+  }
+
+  std::unique_ptr<Client> Connect(uint32_t rank, std::chrono::milliseconds op_timeout =
+                                                     std::chrono::seconds(20),
+                                  bool reconnect = true) {
+    Options o;
+    o.hub = daemon_->data_address();
+    o.tenant = kTenant;
+    o.token = kToken;
+    o.rank = rank;
+    o.op_timeout = op_timeout;
+    o.reconnect = reconnect;
+    Error e;
+    auto c = Client::Connect(o, &e);
+    EXPECT_TRUE(c) << e.message;
+    return c;
+  }
+
+  static KeyId Declare(Client& c) {
+    KeyDecl d;
+    d.name = "w";
+    d.elements = kElements;
+    OptimizerSpec sgd;
+    sgd.type = "sgd";
+    sgd.learning_rate = 0.1;
+    d.optimizer = sgd;
+    KeyId id = 0;
+    const Error e = c.DeclareKey(d, &id);
+    EXPECT_TRUE(e.ok()) << e.message;
+    return id;
+  }
+
+  // One iteration with both ranks; returns rank 0's parameters.
+  static std::vector<float> Step(Client& a, Client& b, KeyId key, float g) {
+    std::vector<float> ga(kElements, g), gb(kElements, 2 * g), oa(kElements), ob(kElements);
+    const Ticket ta = a.PushPull(key, ga, oa);
+    const Ticket tb = b.PushPull(key, gb, ob);
+    const Error ea = a.Wait(ta);
+    const Error eb = b.Wait(tb);
+    EXPECT_TRUE(ea.ok()) << ea.message;
+    EXPECT_TRUE(eb.ok()) << eb.message;
+    EXPECT_EQ(oa, ob);
+    return oa;
+  }
+
+  static bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
+    const auto end = Clock::now() + limit;
+    while (Clock::now() < end) {
+      if (cond()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return cond();
+  }
+
+  std::string token_file_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+// kill -9 while rank 0's PushPull waits for rank 1: rank 0 reconnects and the
+// PushPull completes with kRolledBack (the hub came back at an older version);
+// idle rank 1 reconnects too and its next PushPull reports kRolledBack at
+// once. After a Pull both continue from the hub's version.
+TEST_F(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
+  auto c0 = Connect(0);
+  auto c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  const KeyId key = Declare(*c0);
+  ASSERT_EQ(Declare(*c1), key);
+  for (int i = 0; i < 3; ++i) Step(*c0, *c1, key, 0.5f + i);
+  ASSERT_EQ(c0->GetKeyInfo(key)->next_iteration, 3u);
+
+  std::vector<float> grad(kElements, 1.0f), out(kElements, -7.0f);
+  const Ticket pending = c0->PushPull(key, grad, out);  // waits for rank 1
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(daemon_->Kill(), 128 + 9);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // clients see the refusal
+  ASSERT_TRUE(daemon_->Restart());
+  CreateTenant();
+
+  const Error e = c0->Wait(pending);
+  ASSERT_EQ(e.code, ErrorCode::kRolledBack) << e.message;
+  const KeyInfo info = *c0->GetKeyInfo(key);
+  EXPECT_LT(e.iteration, 3u);
+  EXPECT_EQ(e.iteration, info.version);
+  EXPECT_EQ(info.next_iteration, e.iteration);
+  EXPECT_TRUE(info.resync_needed);
+  EXPECT_EQ(e.message, "hub restarted: key 'w' rolled back to iteration " +
+                           std::to_string(e.iteration) + " (was 3)");
+  EXPECT_GE(c0->reconnects(), 1u);
+  // Still marked: the next PushPull fails at once, nothing sent.
+  EXPECT_EQ(c0->Wait(c0->PushPull(key, grad, out)).code, ErrorCode::kRolledBack);
+
+  ASSERT_TRUE(WaitFor([&] { return c1->reconnects() >= 1; }, std::chrono::seconds(10)));
+  std::vector<float> out1(kElements);
+  const Error e1 = c1->Wait(c1->PushPull(key, grad, out1));
+  ASSERT_EQ(e1.code, ErrorCode::kRolledBack) << e1.message;
+  EXPECT_EQ(e1.iteration, e.iteration);
+
+  // Pull resyncs; then the loop continues at the hub's version.
+  std::vector<float> p0(kElements), p1(kElements);
+  ASSERT_TRUE(c0->Wait(c0->Pull(key, p0)).ok());
+  ASSERT_TRUE(c1->Wait(c1->Pull(key, p1)).ok());
+  EXPECT_EQ(p0, p1);
+  EXPECT_FALSE(c0->GetKeyInfo(key)->resync_needed);
+  EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, e.iteration);
+  Step(*c0, *c1, key, 0.25f);
+  EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, e.iteration + 1);
+  EXPECT_EQ(c1->GetKeyInfo(key)->next_iteration, e.iteration + 1);
+}
+
+// The hub never comes back: the pending ticket fails with kConnectionLost
+// within its op_timeout (no hang), and the client is unusable afterwards.
+TEST_F(ClientReconnectTest, HubNeverBackFailsWithinOpTimeout) {
+  auto c0 = Connect(0, std::chrono::milliseconds(2000));
+  auto c1 = Connect(1, std::chrono::milliseconds(2000));
+  ASSERT_TRUE(c0 && c1);
+  const KeyId key = Declare(*c0);
+  std::vector<float> grad(kElements, 1.0f), out(kElements);
+  const auto start = Clock::now();
+  const Ticket pending = c0->PushPull(key, grad, out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  daemon_->Kill();
+  const Error e = c0->Wait(pending);
+  const auto took = Clock::now() - start;
+  EXPECT_EQ(e.code, ErrorCode::kConnectionLost) << e.message;
+  EXPECT_NE(e.message.find("reconnecting failed"), std::string::npos) << e.message;
+  EXPECT_LT(took, std::chrono::milliseconds(4000));
+  EXPECT_EQ(c0->Wait(c0->PushPull(key, grad, out)).code, ErrorCode::kConnectionLost);
+  // The idle client gives up op_timeout after the break.
+  ASSERT_TRUE(WaitFor(
+      [&] { return c1->Wait(c1->PushPull(key, grad, out)).code == ErrorCode::kConnectionLost; },
+      std::chrono::seconds(5)));
+}
+
+// Options::reconnect = false: a broken connection is kConnectionLost at once.
+TEST_F(ClientReconnectTest, ReconnectDisabledFailsAtOnce) {
+  auto c0 = Connect(0, std::chrono::seconds(20), /*reconnect=*/false);
+  auto c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  const KeyId key = Declare(*c0);
+  std::vector<float> grad(kElements, 1.0f), out(kElements);
+  const Ticket pending = c0->PushPull(key, grad, out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto start = Clock::now();
+  daemon_->Kill();
+  const Error e = c0->Wait(pending);
+  EXPECT_EQ(e.code, ErrorCode::kConnectionLost) << e.message;
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(1500));
+  EXPECT_EQ(c0->reconnects(), 0u);
+}
+
+// A restart while idle, the hub back at the same version (nothing had been
+// pushed): no rollback, the loop goes on.
+TEST_F(ClientReconnectTest, RestartAtSameVersionContinues) {
+  auto c0 = Connect(0);
+  auto c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  const KeyId key = Declare(*c0);
+  ASSERT_EQ(Declare(*c1), key);
+  daemon_->Kill();
+  ASSERT_TRUE(daemon_->Restart());
+  CreateTenant();
+  ASSERT_TRUE(WaitFor([&] { return c0->reconnects() >= 1 && c1->reconnects() >= 1; },
+                      std::chrono::seconds(10)));
+  EXPECT_FALSE(c0->GetKeyInfo(key)->resync_needed);
+  Step(*c0, *c1, key, 1.0f);
+  EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, 1u);
+}
+
+// A peer rank dies mid-PushPull (a forked process, SIGKILL): the survivor
+// gets kServer/WORKER_LOST and the key needs a Pull; pushes keep failing with
+// WORKER_LOST until a replacement rank 1 connects; then both continue at the
+// same iteration.
+// DISABLED until the server side of issue 11 part 3 is in (consistent chunk
+// versions after WORKER_LOST, pushes refused with WORKER_LOST until the rank
+// is back): against the hub of 2026-11-23 the client part passes (WORKER_LOST,
+// then kRolledBack, then Pull) but the push while rank 1 is away is accepted
+// and waits instead of being refused. Run it with
+// --gtest_also_run_disabled_tests.
+TEST_F(ClientReconnectTest, DISABLED_LostPeerThenReplacement) {
+  // The peer: a child process (forked before this process starts threads)
+  // that pushes two iterations as rank 1, then hangs until killed.
+  const pid_t peer = fork();
+  ASSERT_GE(peer, 0);
+  if (peer == 0) {
+    {
+      auto c1 = Connect(1);
+      if (!c1) _exit(3);
+      const KeyId key = Declare(*c1);
+      std::vector<float> g(kElements, 2.0f), out(kElements);
+      for (int i = 0; i < 2; ++i) {
+        if (!c1->Wait(c1->PushPull(key, g, out)).ok()) _exit(4);
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(600));
+    }
+    _exit(0);
+  }
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{peer};
+
+  auto c0 = Connect(0);
+  ASSERT_TRUE(c0);
+  const KeyId key = Declare(*c0);
+  std::vector<float> grad(kElements, 1.0f), out(kElements);
+  for (int i = 0; i < 2; ++i) {
+    const Error e = c0->Wait(c0->PushPull(key, grad, out));
+    ASSERT_TRUE(e.ok()) << e.message;
+  }
+  const Ticket pending = c0->PushPull(key, grad, out);  // the peer never pushes this one
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::kill(peer, SIGKILL);
+  const Error e = c0->Wait(pending);
+  ASSERT_EQ(e.code, ErrorCode::kServer) << e.message;
+  EXPECT_EQ(e.wire, net::WireError::kWorkerLost) << e.message;
+  EXPECT_TRUE(c0->GetKeyInfo(key)->resync_needed);
+  EXPECT_EQ(c0->Wait(c0->PushPull(key, grad, out)).code, ErrorCode::kRolledBack);
+
+  std::vector<float> p0(kElements), p1(kElements);
+  ASSERT_TRUE(c0->Wait(c0->Pull(key, p0)).ok());
+  EXPECT_FALSE(c0->GetKeyInfo(key)->resync_needed);
+  // While rank 1 is not back every push is refused (non-fatal).
+  const Error again = c0->Wait(c0->PushPull(key, grad, out));
+  EXPECT_EQ(again.code, ErrorCode::kServer) << again.message;
+  EXPECT_EQ(again.wire, net::WireError::kWorkerLost) << again.message;
+
+  auto c1b = Connect(1);
+  ASSERT_TRUE(c1b);
+  ASSERT_EQ(Declare(*c1b), key);
+  ASSERT_TRUE(c0->Wait(c0->Pull(key, p0)).ok());
+  ASSERT_TRUE(c1b->Wait(c1b->Pull(key, p1)).ok());
+  EXPECT_EQ(p0, p1);
+  const uint64_t it0 = c0->GetKeyInfo(key)->next_iteration;
+  EXPECT_EQ(c1b->GetKeyInfo(key)->next_iteration, it0);
+  Step(*c0, *c1b, key, 1.0f);
+  EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, it0 + 1);
+  EXPECT_EQ(c1b->GetKeyInfo(key)->next_iteration, it0 + 1);
+}
+
+}  // namespace
+}  // namespace rackhub::client
