@@ -16,6 +16,7 @@
 
 #include "process.h"
 #include "rackhub/client/client.h"
+#include "rackhub/client/rackhub_c.h"
 
 namespace rackhub::client {
 namespace {
@@ -39,7 +40,11 @@ std::string Describe(const CommandResult& r) {
 class ClientReconnectTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--lanes", "2"});
+    // No checkpoints: a restarted hub has every key back at version 0 (a
+    // rollback to 0), whatever the checkpoint defaults become.
+    daemon_ = std::make_unique<DaemonProcess>(
+        std::vector<std::string>{"--lanes", "2", "--checkpoint-every-iterations", "0",
+                                 "--checkpoint-every-seconds", "0"});
     ASSERT_TRUE(daemon_->started());
     token_file_ = MakeTempDir() + "/token";
     WriteFile(token_file_, kToken);
@@ -223,6 +228,60 @@ TEST_F(ClientReconnectTest, RestartAtSameVersionContinues) {
   EXPECT_FALSE(c0->GetKeyInfo(key)->resync_needed);
   Step(*c0, *c1, key, 1.0f);
   EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, 1u);
+}
+
+// The C ABI: RACKHUB_ROLLED_BACK with the iteration, rackhub_reconnects, and
+// RACKHUB_CONNECT_NO_RECONNECT.
+TEST_F(ClientReconnectTest, CApiRolledBackAndNoReconnect) {
+  rackhub_options o{};
+  const std::string hub = daemon_->data_address();
+  o.hub = hub.c_str();
+  o.tenant = kTenant;
+  o.token = kToken;
+  o.rank = 0;
+  o.op_timeout_ms = 20000;
+  char err[256] = "";
+  rackhub_client* c = nullptr;
+  ASSERT_EQ(rackhub_connect_ex(&o, 0, &c, err, sizeof err), RACKHUB_OK) << err;
+  auto c1 = Connect(1);
+  ASSERT_TRUE(c1);
+  uint32_t key = 0;
+  rackhub_optimizer sgd{};
+  sgd.type = "sgd";
+  sgd.learning_rate = 0.1;
+  ASSERT_EQ(rackhub_declare_key(c, "w", kElements, RACKHUB_FP32, &sgd, RACKHUB_INIT_ZEROS, &key),
+            RACKHUB_OK)
+      << rackhub_last_error(c);
+  ASSERT_EQ(Declare(*c1), key);
+  std::vector<float> g(kElements, 1.0f), out(kElements), out1(kElements);
+  for (int i = 0; i < 2; ++i) {
+    const Ticket t1 = c1->PushPull(key, g, out1);
+    ASSERT_EQ(rackhub_push_pull(c, key, g.data(), out.data(), kElements), RACKHUB_OK)
+        << rackhub_last_error(c);
+    ASSERT_TRUE(c1->Wait(t1).ok());
+  }
+  daemon_->Kill();
+  ASSERT_TRUE(daemon_->Restart());
+  CreateTenant();
+  ASSERT_EQ(rackhub_push_pull(c, key, g.data(), out.data(), kElements), RACKHUB_ROLLED_BACK)
+      << rackhub_last_error(c);
+  EXPECT_EQ(rackhub_last_error_iteration(c), 0u);  // no checkpoint: back at 0
+  EXPECT_NE(std::string(rackhub_last_error(c)).find("rolled back to iteration 0 (was 2)"),
+            std::string::npos)
+      << rackhub_last_error(c);
+  EXPECT_GE(rackhub_reconnects(c), 1u);
+  EXPECT_EQ(rackhub_pull(c, key, out.data(), kElements), RACKHUB_OK) << rackhub_last_error(c);
+  rackhub_close(c);
+
+  // Reconnect off.
+  c = nullptr;
+  ASSERT_EQ(rackhub_connect_ex(&o, RACKHUB_CONNECT_NO_RECONNECT, &c, err, sizeof err), RACKHUB_OK)
+      << err;
+  daemon_->Kill();
+  EXPECT_EQ(rackhub_push_pull(c, key, g.data(), out.data(), kElements), RACKHUB_CONNECTION_LOST)
+      << rackhub_last_error(c);
+  EXPECT_EQ(rackhub_reconnects(c), 0u);
+  rackhub_close(c);
 }
 
 // A peer rank dies mid-PushPull (a forked process, SIGKILL): the survivor

@@ -48,7 +48,7 @@ def main():
                 ok = False
                 continue
             after = res[0]["time"] - killed_at
-            good = (code == 0 and res[0]["raised"] == "RackhubError" and after <= BOUND_S
+            good = (code == 0 and res[0]["raised"] in ("RackhubError", "WorkerLost") and after <= BOUND_S
                     and res[0]["step"] == KILL_STEP)
             ok &= good
             print(f"{'ok  ' if good else 'FAIL'} rank {r}: {res[0]['raised']} code={res[0]['code']} "

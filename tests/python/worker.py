@@ -29,7 +29,9 @@ def run(sc, rank, size, hub):
     if kind in ("momentum", "adam", "kill"):
         spec = (rh.SGD(lr=LR["momentum"], momentum=0.9) if kind in ("momentum", "kill")
                 else rh.Adam(lr=LR["adam"]))
-        opt = rh.DistributedOptimizer(model.named_parameters(), optimizer=spec)
+        # kill: the survivors must see the failure (no automatic resync).
+        opt = rh.DistributedOptimizer(model.named_parameters(), optimizer=spec,
+                                      on_rollback="raise" if kind == "kill" else "resync")
     else:
         rh.broadcast_parameters(model)
         local = local_optimizer(kind, model.parameters())

@@ -37,21 +37,33 @@ How it works:
 - Do not modify `.grad` between backward and step() (it is being sent). To
   clip gradients in sum-only mode, call `opt.synchronize()` (waits; `.grad`
   then holds the averaged gradients), clip, then `opt.step()`.
-- A failure (another rank died: WORKER_LOST, hub gone, timeout) raises
+- A failure (hub gone for longer than op_timeout, timeout) raises
   rackhub.RackhubError from step()/synchronize(); nothing waits forever.
+- Hub restart or a lost rank: the client reconnects by itself. When a step's
+  push_pull raises rackhub.RolledBack (the restarted hub reloaded an older
+  checkpoint) or rackhub.WorkerLost (another rank died), the optimizer (with
+  on_rollback="resync", the default) pulls every key into the model's
+  parameters, logs a warning, skips that step (the gradients are dropped)
+  and training continues with the next batch; after WorkerLost it backs off
+  a little, as pushes keep failing until the lost rank is back. With
+  on_rollback="raise" the exception propagates instead.
 """
+import logging
 import os
+import time
 
 import torch
 
 from . import _core
-from ._core import RackhubError
+from ._core import RackhubError, RolledBack, WorkerLost
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "client",
     "DistributedOptimizer", "broadcast_parameters", "allreduce",
-    "SGD", "Adam", "AdamW", "Adagrad", "RackhubError",
+    "SGD", "Adam", "AdamW", "Adagrad", "RackhubError", "RolledBack", "WorkerLost",
 ]
+
+_log = logging.getLogger("rackhub.torch")
 
 _ctx = None
 
@@ -222,14 +234,24 @@ class DistributedOptimizer:
     backward_passes_per_step: gradients are accumulated over this many
       backward passes before they are pushed.
     reply: 'swap' (default, zero-copy) or 'copy'; see the module docstring.
+    on_rollback: 'resync' (default): a step whose push_pull raised RolledBack
+      or WorkerLost pulls the hub's parameters into the model, logs a
+      warning and is skipped (step() returns None, `skipped_steps` counts
+      them); 'raise': the exception propagates from step()/synchronize().
 
     Server-side mode initializes the hub's keys from rank 0's parameters and
     loads them on the other ranks here (a broadcast).
     """
 
     def __init__(self, named_parameters, optimizer, dtype="fp32", prefix="",
-                 backward_passes_per_step=1, reply="swap"):
+                 backward_passes_per_step=1, reply="swap", on_rollback="resync"):
         ctx = _need()
+        if on_rollback not in ("resync", "raise"):
+            raise ValueError("on_rollback: 'resync' or 'raise'")
+        self._on_rollback = on_rollback
+        self._skip_step = False
+        self.skipped_steps = 0
+        self._lost_streak = 0
         self._client = ctx.client
         if reply not in ("swap", "copy"):
             raise ValueError("reply: 'swap' or 'copy'")
@@ -341,13 +363,26 @@ class DistributedOptimizer:
             if s.ticket is None:
                 self._push(s)
         c = self._client
+        rolled = []
         try:
             for s in self._slots:
                 t, s.ticket = s.ticket, None
-                c.wait(t)
+                try:
+                    c.wait(t)
+                except (RolledBack, WorkerLost) as e:
+                    rolled.append((s, e))  # wait for the others first
         finally:
             for s in self._slots:
                 s.passes = 0
+        if rolled:
+            if self._on_rollback == "raise":
+                for s in self._slots:
+                    s.sent = None
+                raise rolled[0][1]
+            self._resync(rolled)
+            self._synchronized = True
+            return
+        self._lost_streak = 0
         with torch.no_grad():
             for s in self._slots:
                 target_is_grad = not self.server_side
@@ -376,6 +411,49 @@ class DistributedOptimizer:
                 s.sent = None
         self._synchronized = True
 
+    def _resync(self, rolled):
+        """After RolledBack / WorkerLost: every key's parameters from the hub
+        into the model (server-side mode; sum-only mode pulls into scratch
+        tensors, which only clears the keys' resync marks); the step is
+        skipped."""
+        c = self._client
+        first = rolled[0][1]
+        lost = any(isinstance(e, WorkerLost) for _, e in rolled)
+        _log.warning("rackhub: step skipped, resynchronizing %d key(s) with the hub after %s "
+                     "(%s); %d key(s) affected", len(self._slots), type(first).__name__,
+                     first, len(rolled))
+        if lost:
+            # Pushes fail with WORKER_LOST until the lost rank is back.
+            self._lost_streak += 1
+            time.sleep(min(0.05 * (2 ** min(self._lost_streak, 5)), 1.0))
+        with torch.no_grad():
+            if self.server_side and _ctx.rank == 0 and any(
+                    isinstance(e, RolledBack) and e.iteration == 0 for _, e in rolled):
+                # A hub restarted without a checkpoint has the keys but maybe
+                # not their values (the ranks > 0 would wait for rank 0's
+                # INIT): supply them again; "already initialized" is fine.
+                for s in self._slots:
+                    p = s.param
+                    src = p.data if _plain(p.data) else p.data.contiguous().float()
+                    try:
+                        c.wait(c.init(s.key, src.data_ptr(), src.numel(), src))
+                    except RackhubError as e:
+                        if e.wire != "INVALID_ARGUMENT":
+                            raise
+            tickets = []
+            for s in self._slots:
+                s.sent = None
+                p = s.param
+                into_param = self.server_side and _plain(p.data)
+                dst = p.data if into_param else torch.empty(p.shape)
+                tickets.append((s, c.pull(s.key, dst.data_ptr(), dst.numel(), dst), dst))
+            for s, t, dst in tickets:
+                c.wait(t)
+                if self.server_side and dst is not s.param.data:
+                    s.param.data.copy_(dst)
+        self._skip_step = True
+        self.skipped_steps += 1
+
     def step(self, closure=None):
         """Waits for the hub and updates the model (server-side: the hub's
         parameters; sum-only: the local optimizer steps on the averaged
@@ -385,6 +463,10 @@ class DistributedOptimizer:
             with torch.enable_grad():
                 loss = closure()
         self.synchronize()
+        if self._skip_step:
+            self._skip_step = False
+            self._synchronized = False
+            return None
         if self.local_optimizer is not None:
             loss = self.local_optimizer.step(closure)
         self._synchronized = False

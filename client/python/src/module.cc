@@ -35,18 +35,28 @@ namespace rc = rackhub::client;
 
 namespace {
 
-// The RackhubError type object (created at import; lives as long as the module).
+// The RackhubError type object and its subclasses RolledBack (code
+// ROLLED_BACK) and WorkerLost (code SERVER, wire WORKER_LOST), created at
+// import; they live as long as the module.
 PyObject* g_error_type = nullptr;
+PyObject* g_rolled_back_type = nullptr;
+PyObject* g_worker_lost_type = nullptr;
 
 [[noreturn]] void Raise(const rc::Error& e) {
   py::gil_scoped_acquire gil;
-  py::object type = py::reinterpret_borrow<py::object>(g_error_type);
+  PyObject* raw = g_error_type;
+  if (e.code == rc::ErrorCode::kRolledBack) raw = g_rolled_back_type;
+  if (e.code == rc::ErrorCode::kServer && e.wire == rackhub::net::WireError::kWorkerLost) {
+    raw = g_worker_lost_type;
+  }
+  py::object type = py::reinterpret_borrow<py::object>(raw);
   py::object exc = type(py::str(e.message));
   exc.attr("code") = py::str(rc::ErrorCodeName(e.code));
   exc.attr("wire") = e.code == rc::ErrorCode::kServer || e.code == rc::ErrorCode::kUnauthenticated
                          ? py::object(py::str(rackhub::net::WireErrorName(e.wire)))
                          : py::object(py::none());
-  PyErr_SetObject(g_error_type, exc.ptr());
+  exc.attr("iteration") = e.iteration;
+  PyErr_SetObject(raw, exc.ptr());
   throw py::error_already_set();
 }
 
@@ -94,7 +104,8 @@ const char* DTypeName(rc::DType d) {
 class PyClient {
  public:
   PyClient(const std::string& hub, const std::string& tenant, const std::string& token,
-           uint32_t rank, uint32_t rack, double connect_timeout_s, double op_timeout_s) {
+           uint32_t rank, uint32_t rack, double connect_timeout_s, double op_timeout_s,
+           bool reconnect) {
     rc::Options o;
     o.hub = hub;
     o.tenant = tenant;
@@ -103,6 +114,7 @@ class PyClient {
     o.rack = rack;
     o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
     o.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(op_timeout_s * 1000));
+    o.reconnect = reconnect;
     rc::Error err;
     {
       py::gil_scoped_release nogil;
@@ -169,6 +181,7 @@ class PyClient {
     d["chunk_count"] = info->chunk_count;
     d["version"] = info->version;
     d["next_iteration"] = info->next_iteration;
+    d["resync_needed"] = info->resync_needed;
     return d;
   }
 
@@ -279,18 +292,32 @@ PYBIND11_MODULE(_core, m) {
       "code == 'server', e.g. 'WORKER_LOST', else None).",
       base.ptr(), nullptr);
   m.attr("RackhubError") = py::handle(g_error_type);
+  g_rolled_back_type = PyErr_NewExceptionWithDoc(
+      "rackhub._core.RolledBack",
+      "The hub's version of the key differs from the client's (a restarted hub reloaded an "
+      "older checkpoint, or the key needs a pull after WORKER_LOST / BAD_ITERATION). "
+      "Attribute iteration: the hub's version. Pull the key, then continue with the next batch.",
+      g_error_type, nullptr);
+  m.attr("RolledBack") = py::handle(g_rolled_back_type);
+  g_worker_lost_type = PyErr_NewExceptionWithDoc(
+      "rackhub._core.WorkerLost",
+      "The hub refused a push with WORKER_LOST: another rank of the tenant died. Pull the key, "
+      "back off and retry until the lost rank (or its replacement) is back.",
+      g_error_type, nullptr);
+  m.attr("WorkerLost") = py::handle(g_worker_lost_type);
 
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, const std::string&, const std::string&, uint32_t,
-                    uint32_t, double, double>(),
+                    uint32_t, double, double, bool>(),
            py::arg("hub"), py::arg("tenant"), py::arg("token"), py::arg("rank"),
            py::arg("rack") = 0, py::arg("connect_timeout") = 10.0,
-           py::arg("op_timeout") = 120.0,
+           py::arg("op_timeout") = 120.0, py::arg("reconnect") = true,
            "Connects every lane of the hub (blocking, GIL released).")
       .def_property_readonly("lanes", [](PyClient& s) { return s.c().lanes(); })
       .def_property_readonly("workers", [](PyClient& s) { return s.c().workers(); })
       .def_property_readonly("chunk_elements", [](PyClient& s) { return s.c().chunk_elements(); })
       .def_property_readonly("tenant_handle", [](PyClient& s) { return s.c().tenant_handle(); })
+      .def_property_readonly("reconnects", [](PyClient& s) { return s.c().reconnects(); })
       .def_property_readonly("straggler_timeout_ms",
                              [](PyClient& s) { return s.c().straggler_timeout_ms(); })
       .def("declare_key", &PyClient::DeclareKey, py::arg("name"), py::arg("elements"),

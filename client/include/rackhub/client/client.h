@@ -52,8 +52,11 @@
 // sets the key's next iteration to the hub's), drop the step's gradients and
 // continue the loop with the next batch; on WORKER_LOST back off and retry
 // while the lost rank (or its replacement) is not back (pushes keep failing
-// with WORKER_LOST until then). A key that is gone after a reconnect (deleted,
-// or another layout) fails its operations with kServer/UNKNOWN_KEY.
+// with WORKER_LOST until then). A FROM_CLIENT key rolled back to 0 by a hub
+// that had no checkpoint may have no values: rank 0 Inits it again first
+// (kServer/INVALID_ARGUMENT "already initialized" is fine), else the Pulls
+// wait for that. A key that is gone after a reconnect (deleted, or another
+// layout) fails its operations with kServer/UNKNOWN_KEY.
 #pragma once
 
 #include <chrono>
