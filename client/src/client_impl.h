@@ -208,7 +208,7 @@ class Client::Impl {
   // Handshake of one lane (before the I/O thread runs).
   Error Handshake(asio::io_context& io, uint32_t lane, const tcp::endpoint& endpoint,
                   std::chrono::steady_clock::time_point deadline, tcp::socket* socket,
-                  std::string* welcome_payload);
+                  std::string* welcome_payload, const std::atomic<bool>* cancel = nullptr);
   // Connects every lane over RDMA (rdma_lane.cc).
   Error ConnectRdma(std::chrono::steady_clock::time_point deadline);
 
@@ -253,6 +253,7 @@ class Client::Impl {
   std::mutex reconnect_mu_;
   std::condition_variable reconnect_cv_;
   bool reconnect_cancel_ = false;    // GUARDED_BY(reconnect_mu_)
+  std::atomic<bool> reconnect_abort_{false};  // aborts the reconnect thread's handshakes
   std::string reconnect_error_;      // GUARDED_BY(reconnect_mu_): last attempt's failure
   std::atomic<uint64_t> reconnects_{0};
 

@@ -1,5 +1,6 @@
 // Client::Impl::Connect: the HELLO/WELCOME handshake of every lane, run on
 // the caller's thread (the I/O thread starts once every lane is connected).
+#include <algorithm>
 #include <utility>
 
 #include "client_impl.h"
@@ -26,9 +27,12 @@ Error MakeError(ErrorCode code, std::string message, net::WireError wire = {}) {
 // Runs one asynchronous operation on `io` (not yet run by any other thread)
 // until it completes or `deadline` passes; on timeout closes `socket` (which
 // aborts the operation) and returns timed_out.
+// `cancel` (may be null) is polled every 50 ms: once true, the operation is
+// aborted as on timeout.
 template <typename StartFn>
 boost::system::error_code RunUntil(asio::io_context& io, tcp::socket& socket,
-                                   Clock::time_point deadline, StartFn start) {
+                                   Clock::time_point deadline, const std::atomic<bool>* cancel,
+                                   StartFn start) {
   bool done = false;
   boost::system::error_code result;
   io.restart();
@@ -37,13 +41,15 @@ boost::system::error_code RunUntil(asio::io_context& io, tcp::socket& socket,
     done = true;
   });
   while (!done) {
-    if (Clock::now() >= deadline) {
+    const bool cancelled = cancel != nullptr && cancel->load();
+    if (Clock::now() >= deadline || cancelled) {
       boost::system::error_code ignored;
       socket.close(ignored);
       while (!done) io.run_one();  // the aborted handler
-      return asio::error::timed_out;
+      return cancelled ? asio::error::operation_aborted : asio::error::timed_out;
     }
-    io.run_one_until(deadline);
+    io.run_one_until(cancel ? std::min(deadline, Clock::now() + std::chrono::milliseconds(50))
+                            : deadline);
   }
   return result;
 }
@@ -52,7 +58,7 @@ boost::system::error_code RunUntil(asio::io_context& io, tcp::socket& socket,
 
 Error Client::Impl::Handshake(asio::io_context& io, uint32_t lane, const tcp::endpoint& endpoint,
                               Clock::time_point deadline, tcp::socket* socket,
-                              std::string* welcome_payload) {
+                              std::string* welcome_payload, const std::atomic<bool>* cancel) {
   const std::string where = "hub " + options_.hub + " lane " + std::to_string(lane);
   const auto failed = [&](const char* step, const boost::system::error_code& ec) {
     const std::string why = ec == asio::error::timed_out
@@ -62,7 +68,7 @@ Error Client::Impl::Handshake(asio::io_context& io, uint32_t lane, const tcp::en
                                                          : ec.message();
     return MakeError(ErrorCode::kConnectFailed, where + ": " + step + ": " + why);
   };
-  auto ec = RunUntil(io, *socket, deadline,
+  auto ec = RunUntil(io, *socket, deadline, cancel,
                      [&](auto handler) { socket->async_connect(endpoint, handler); });
   if (ec) return failed("connect", ec);
   socket->set_option(tcp::no_delay(true), ec);
@@ -74,11 +80,11 @@ Error Client::Impl::Handshake(asio::io_context& io, uint32_t lane, const tcp::en
   std::array<std::byte, net::kHeaderBytes> header{};
   net::EncodeHeader(h, header);
   const std::array<asio::const_buffer, 2> out = {asio::buffer(header), asio::buffer(payload)};
-  ec = RunUntil(io, *socket, deadline,
+  ec = RunUntil(io, *socket, deadline, cancel,
                 [&](auto handler) { asio::async_write(*socket, out, handler); });
   if (ec) return failed("sending HELLO", ec);
 
-  ec = RunUntil(io, *socket, deadline,
+  ec = RunUntil(io, *socket, deadline, cancel,
                 [&](auto handler) { asio::async_read(*socket, asio::buffer(header), handler); });
   if (ec) return failed("reading WELCOME", ec);
   const net::FrameHeader reply = net::DecodeHeader(header);
@@ -87,7 +93,7 @@ Error Client::Impl::Handshake(asio::io_context& io, uint32_t lane, const tcp::en
                      where + ": invalid reply to HELLO: " + bad.message());
   }
   std::string body(reply.payload_bytes, '\0');
-  ec = RunUntil(io, *socket, deadline, [&](auto handler) {
+  ec = RunUntil(io, *socket, deadline, cancel, [&](auto handler) {
     asio::async_read(*socket, asio::buffer(body), handler);
   });
   if (ec) return failed("reading WELCOME", ec);

@@ -583,6 +583,7 @@ void Client::Impl::ConnectionLost(const std::string& reason, bool reconnectable)
       reconnect_cancel_ = false;
       reconnect_error_.clear();
     }
+    reconnect_abort_ = false;
     const uint64_t generation = reconnect_generation_;
     reconnect_thread_ = std::thread([this, generation] { ReconnectLoop(generation); });
     return;
@@ -617,6 +618,7 @@ void Client::Impl::CloseOnIo() {
   if (reconnecting_) {
     reconnecting_ = false;
     if (reconnect_timer_) reconnect_timer_->cancel();
+    reconnect_abort_ = true;
     std::lock_guard lock(reconnect_mu_);
     reconnect_cancel_ = true;
     reconnect_cv_.notify_all();

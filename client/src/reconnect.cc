@@ -45,7 +45,8 @@ Error Client::Impl::DialLanes(asio::io_context& io, std::vector<tcp::socket>* so
   for (uint32_t lane = 0; lane < lane_count; ++lane) {
     tcp::socket socket(io);
     std::string payload;
-    if (Error e = Handshake(io, lane, tcp_target_, deadline, &socket, &payload); !e.ok()) {
+    if (Error e = Handshake(io, lane, tcp_target_, deadline, &socket, &payload, &reconnect_abort_);
+        !e.ok()) {
       return e;
     }
     if (lane == 0) {
@@ -95,6 +96,7 @@ void Client::Impl::StopReconnectThread() {
     std::lock_guard lock(reconnect_mu_);
     reconnect_cancel_ = true;
   }
+  reconnect_abort_ = true;
   reconnect_cv_.notify_all();
   reconnect_thread_.join();
 }
@@ -109,6 +111,7 @@ void Client::Impl::GiveUpReconnect(const std::string& why) {
     reconnect_cancel_ = true;
     last = reconnect_error_;
   }
+  reconnect_abort_ = true;
   reconnect_cv_.notify_all();
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
                                                                         break_time_);
