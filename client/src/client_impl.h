@@ -168,6 +168,8 @@ class Client::Impl {
   void LaneClosed();
   bool closing() const { return closing_io_; }
   uint64_t reconnects() const { return reconnects_.load(); }
+  // A broken lane is reconnected (TCP, Options::reconnect).
+  bool reconnect_enabled() const { return options_.reconnect && can_reconnect_; }
 
  private:
   enum class State { kOpen, kBroken, kClosed };

@@ -41,6 +41,12 @@ Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHead
   const OperationPtr op = std::move(it->second.op);
   const uint32_t chunk = it->second.chunk;
   pending->erase(it);
+  if (code == net::WireError::kShuttingDown && owner->reconnect_enabled()) {
+    // The hub is stopping (maybe restarting): the fatal SHUTTING_DOWN that
+    // follows breaks the lane, the client reconnects and re-sends the
+    // operation (or fails it with kRolledBack / kConnectionLost then).
+    return Status::Ok();
+  }
   Error e;
   e.code = ErrorCode::kServer;
   e.wire = code;

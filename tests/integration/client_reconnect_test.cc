@@ -171,6 +171,34 @@ TEST_F(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
   EXPECT_EQ(c1->GetKeyInfo(key)->next_iteration, e.iteration + 1);
 }
 
+// A graceful stop (SIGTERM: SHUTTING_DOWN) and restart: the pending PushPull
+// is not failed with SHUTTING_DOWN but completes after the reconnect (here with
+// kRolledBack: the hub came back without a checkpoint).
+TEST_F(ClientReconnectTest, GracefulRestartKeepsThePendingTicket) {
+  auto c0 = Connect(0);
+  auto c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  const KeyId key = Declare(*c0);
+  ASSERT_EQ(Declare(*c1), key);
+  Step(*c0, *c1, key, 1.0f);
+  std::vector<float> grad(kElements, 1.0f), out(kElements);
+  const Ticket pending = c0->PushPull(key, grad, out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
+  ASSERT_TRUE(daemon_->Restart());
+  CreateTenant();
+  const Error e = c0->Wait(pending);
+  EXPECT_EQ(e.code, ErrorCode::kRolledBack) << e.message;
+  EXPECT_EQ(e.iteration, 0u);
+  EXPECT_EQ(e.message, "hub restarted: key 'w' rolled back to iteration 0 (was 1)");
+  std::vector<float> p(kElements);
+  ASSERT_TRUE(c0->Wait(c0->Pull(key, p)).ok());
+  ASSERT_TRUE(WaitFor([&] { return c1->reconnects() >= 1; }, std::chrono::seconds(10)));
+  ASSERT_TRUE(c1->Wait(c1->Pull(key, p)).ok());
+  Step(*c0, *c1, key, 1.0f);
+  EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, 1u);
+}
+
 // The hub never comes back: the pending ticket fails with kConnectionLost
 // within its op_timeout (no hang), and the client is unusable afterwards.
 TEST_F(ClientReconnectTest, HubNeverBackFailsWithinOpTimeout) {
