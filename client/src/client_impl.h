@@ -229,9 +229,9 @@ class Client::Impl {
   // Welcome, fixed after Connect.
   std::atomic<uint32_t> tenant_handle_{0};  // may change on a reconnect
   uint32_t lane_count_ = 0;
-  uint32_t workers_ = 0;
+  std::atomic<uint32_t> workers_{0};                // may change on a reconnect
   uint32_t chunk_elements_ = 0;
-  uint32_t straggler_timeout_ms_ = 0;
+  std::atomic<uint32_t> straggler_timeout_ms_{0};  // may change on a reconnect
 
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
