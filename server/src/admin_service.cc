@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "checkpointer.h"
 #include "proto_convert.h"
 #include "token.h"
 
@@ -13,11 +14,6 @@ namespace rackhub::server {
 namespace pb = rackhub::admin::v1;
 
 namespace {
-
-grpc::Status ToGrpc(const Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
-}
 
 grpc::Status Invalid(const std::string& m) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
@@ -32,7 +28,13 @@ Result<ProtoOptimizer> OptimizerArg(const char* field, bool present, const pb::O
   return r;
 }
 
-// Logs a mutation's outcome: info on success, warn with the reason otherwise.
+}  // namespace
+
+grpc::Status ToGrpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+}
+
 void Audit(const char* method, const std::string& what, const grpc::Status& s) {
   if (s.ok()) {
     spdlog::info("admin: {} {}", method, what);
@@ -40,8 +42,6 @@ void Audit(const char* method, const std::string& what, const grpc::Status& s) {
     spdlog::warn("admin: {} {} refused: {}", method, what, s.error_message());
   }
 }
-
-}  // namespace
 
 AdminAuth::AdminAuth(std::string admin_token, std::string readonly_token)
     : admin_token_(std::move(admin_token)), readonly_token_(std::move(readonly_token)) {}
@@ -74,7 +74,8 @@ grpc::Status AdminAuth::Check(const grpc::ServerContext* context, bool mutation,
 
 class AdminServices::TenantServiceImpl final : public pb::TenantService::Service {
  public:
-  TenantServiceImpl(Registry* r, const AdminAuth* a) : registry_(r), auth_(a) {}
+  TenantServiceImpl(Registry* r, const AdminAuth* a, Checkpointer* c)
+      : registry_(r), auth_(a), checkpointer_(c) {}
 
   grpc::Status CreateTenant(grpc::ServerContext* ctx, const pb::CreateTenantRequest* req,
                             pb::CreateTenantResponse* resp) override {
@@ -135,14 +136,20 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
   grpc::Status DeleteTenant(grpc::ServerContext* ctx, const pb::DeleteTenantRequest* req,
                             pb::DeleteTenantResponse*) override {
     if (auto s = auth_->Check(ctx, true, "DeleteTenant"); !s.ok()) return s;
+    TenantInfo gone;
+    const bool known = registry_->GetTenant(req->name(), &gone).ok();
     const auto status = ToGrpc(registry_->DeleteTenant(req->name()));
     Audit("DeleteTenant", "'" + req->name() + "'", status);
+    // Its checkpoints go with it (after the registry commit: a crash in
+    // between leaves a directory the next start-up removes).
+    if (status.ok() && known && checkpointer_) checkpointer_->TenantDeleted(gone.handle);
     return status;
   }
 
  private:
   Registry* registry_;
   const AdminAuth* auth_;
+  Checkpointer* checkpointer_;
 };
 
 class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
@@ -312,9 +319,11 @@ class AdminServices::StatsServiceImpl final : public pb::StatsService::Service {
   std::shared_ptr<DaemonIdentity> identity_;  // listen addresses GUARDED_BY(addresses_mu_)
 };
 
-AdminServices::AdminServices(Registry* registry, const AdminAuth* auth, DaemonIdentity identity)
+AdminServices::AdminServices(Registry* registry, const AdminAuth* auth, DaemonIdentity identity,
+                             Checkpointer* checkpointer)
     : identity_(std::make_shared<DaemonIdentity>(std::move(identity))) {
-  tenants_ = std::make_unique<TenantServiceImpl>(registry, auth);
+  tenants_ = std::make_unique<TenantServiceImpl>(registry, auth, checkpointer);
+  checkpoints_ = MakeCheckpointService(checkpointer, auth);
   keys_ = std::make_unique<KeyServiceImpl>(registry, auth);
   stats_ = std::make_unique<StatsServiceImpl>(registry, auth, identity_);
 }
@@ -325,6 +334,7 @@ void AdminServices::RegisterWith(grpc::ServerBuilder* builder) {
   builder->RegisterService(tenants_.get());
   builder->RegisterService(keys_.get());
   builder->RegisterService(stats_.get());
+  builder->RegisterService(checkpoints_.get());
 }
 
 void AdminServices::SetListenAddresses(std::string admin, std::string data) {

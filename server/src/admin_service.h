@@ -1,5 +1,6 @@
-// The admin gRPC API (rackhub.admin.v1): TenantService, KeyService and
-// StatsService over the Registry, with admin-token authorization.
+// The admin gRPC API (rackhub.admin.v1): TenantService, KeyService,
+// StatsService over the Registry and CheckpointService over the Checkpointer
+// (admin_checkpoint_service.cc), with admin-token authorization.
 //
 // Thread safety: the services are called concurrently by gRPC's threads; they
 // hold no state of their own besides const configuration and go through the
@@ -53,10 +54,22 @@ struct DaemonIdentity {
   std::function<std::vector<RackLinkInfo>()> rack_links;  // thread-safe
 };
 
-// Owns the three service implementations; register them with a builder.
+class Checkpointer;
+
+// Shared by the service implementations: a Status as a gRPC status (same
+// codes), and the audit log line of a mutation (info when it succeeded,
+// warn with the reason when refused).
+grpc::Status ToGrpc(const Status& s);
+void Audit(const char* method, const std::string& what, const grpc::Status& s);
+// CheckpointService (admin_checkpoint_service.cc).
+std::unique_ptr<grpc::Service> MakeCheckpointService(Checkpointer* checkpointer,
+                                                     const AdminAuth* auth);
+
+// Owns the service implementations; register them with a builder.
 class AdminServices {
  public:
-  AdminServices(Registry* registry, const AdminAuth* auth, DaemonIdentity identity);
+  AdminServices(Registry* registry, const AdminAuth* auth, DaemonIdentity identity,
+                Checkpointer* checkpointer);
   ~AdminServices();
   void RegisterWith(grpc::ServerBuilder* builder);
   // Set once listeners are bound (ports may be ephemeral).
@@ -69,6 +82,7 @@ class AdminServices {
   std::unique_ptr<TenantServiceImpl> tenants_;
   std::unique_ptr<KeyServiceImpl> keys_;
   std::unique_ptr<StatsServiceImpl> stats_;
+  std::unique_ptr<grpc::Service> checkpoints_;
   std::shared_ptr<DaemonIdentity> identity_;
 };
 

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "params_reply.h"
+
 namespace rackhub::server {
 
 using net::WireError;
@@ -43,11 +45,15 @@ LaneTenant* ChunkTable::LoadTenant(uint32_t handle) {
   if (!registry_->GetTenantByHandle(handle, &info).ok()) return nullptr;
   LaneTenant& t = tenants_[handle];
   t.info = std::move(info);
+  t.runtime = host_->TenantRuntimeFor(handle);
   return &t;
 }
 
 void ChunkTable::EnsureTenant(const TenantInfo& info) {
-  if (!FindTenant(info.handle)) tenants_[info.handle].info = info;
+  if (FindTenant(info.handle)) return;
+  LaneTenant& t = tenants_[info.handle];
+  t.info = info;
+  t.runtime = host_->TenantRuntimeFor(info.handle);
 }
 
 LaneKey* ChunkTable::FindKey(LaneTenant& t, uint32_t key_id) {
@@ -75,7 +81,12 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
         key.info.id, chunk, static_cast<net::DType>(static_cast<uint8_t>(key.info.dtype))});
     if (sched.from_update != 0) slot->state.SetOptimizer(sched.latest, sched.from_update);
     if (key.info.init == InitMode::kZeros) slot->state.MarkInitialized();
-    if (racks_ > 1) InitMultiRackChunk(t, key, *slot, key.info.placement.first_chunk + chunk);
+    if (racks_ > 1) {
+      InitMultiRackChunk(t, key, *slot, key.info.placement.first_chunk + chunk);
+    } else if (const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire)) {
+      // The key's other chunks were aligned or restored to `floor`.
+      slot->state.SkipTo(floor);
+    }
   }
   return *slot;
 }
@@ -114,6 +125,7 @@ void ChunkTable::MarkPending(LaneTenant& t, Chunk& c) {
 
 void ChunkTable::Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
   t.pending.erase(ChunkId(c.key_id, c.index_in_key));
+  if (!t.armed.empty()) Capture(t, c);
   if (c.index_in_key == 0) {
     key.runtime->version.store(v, std::memory_order_relaxed);
     t.info.counters->iterations_completed.fetch_add(1, std::memory_order_relaxed);
@@ -141,6 +153,126 @@ void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& w
   t.pending.clear();
 }
 
+std::map<uint32_t, uint64_t> ChunkTable::KeyVersions(const LaneTenant& t) const {
+  std::map<uint32_t, uint64_t> out;
+  for (const auto& [id, c] : t.chunks) {
+    uint64_t& v = out[c->key_id];
+    v = std::max(v, c->current_version());
+  }
+  return out;
+}
+
+void ChunkTable::Align(LaneTenant& t, const std::map<uint32_t, uint64_t>& versions) {
+  uint32_t skipped = 0;
+  for (auto& [id, c] : t.chunks) {
+    if (c->multi_rack()) continue;  // cross-rack recovery: not yet (docs/durability.md)
+    const auto it = versions.find(c->key_id);
+    if (it == versions.end() || c->state.version() >= it->second) continue;
+    if (!c->state.SkipTo(it->second)) continue;  // an update is pending: cannot happen here
+    ++skipped;
+    if (!t.armed.empty()) Capture(t, *c);
+    if (c->index_in_key == 0) {
+      if (auto k = t.keys.find(c->key_id); k != t.keys.end()) {
+        k->second.runtime->version.store(it->second, std::memory_order_relaxed);
+      }
+    }
+  }
+  if (skipped > 0) {
+    spdlog::info("data: tenant '{}' lane {}: {} chunk(s) finished the aborted iteration as a "
+                 "skipped step",
+                 t.info.name, lane_, skipped);
+  }
+}
+
+namespace {
+
+CheckpointChunk CopyChunk(const Chunk& c) {
+  const aggregation::ChunkState& s = c.state;
+  const auto params = s.params(s.version());
+  CheckpointChunk out{c.key_id, c.index_in_key, {params.begin(), params.end()}, {}};
+  for (int slot = 0; slot < s.state_slots(); ++slot) {
+    const auto st = s.optimizer_state(slot);
+    out.state.emplace_back(st.begin(), st.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+void ChunkTable::Snapshot(LaneTenant& t, const std::shared_ptr<SnapshotJob>& job) {
+  for (const auto& [key_id, target] : job->targets()) {
+    LaneKey* key = FindKey(t, key_id);
+    if (!key) {
+      job->Fail("key id " + std::to_string(key_id) + " was deleted during the checkpoint");
+      return;
+    }
+    for (uint32_t i = 0; i < key->info.placement.chunk_count; ++i) {
+      if (OwnerLane(key->info, i) != lane_) continue;
+      Chunk& c = GetChunk(t, *key, i);
+      const uint64_t v = c.state.version();
+      if (v == target) {
+        job->Add(CopyChunk(c));
+      } else if (v + 1 == target) {
+        t.armed[ChunkId(key_id, i)] = job;  // copied when this update completes
+      } else {
+        job->Fail("chunk " + std::to_string(i) + " of key '" + key->info.name +
+                  "' is at version " + std::to_string(v) + ", the checkpoint wants " +
+                  std::to_string(target) + " (training moved on; retry)");
+        return;
+      }
+    }
+  }
+}
+
+void ChunkTable::Capture(LaneTenant& t, Chunk& c) {
+  const auto it = t.armed.find(ChunkId(c.key_id, c.index_in_key));
+  if (it == t.armed.end()) return;
+  const std::shared_ptr<SnapshotJob> job = it->second;
+  t.armed.erase(it);
+  if (job->cancelled()) return;
+  const auto target = job->targets().find(c.key_id);
+  if (target == job->targets().end()) return;
+  if (c.state.version() == target->second) {
+    job->Add(CopyChunk(c));
+  } else {
+    job->Fail("chunk " + std::to_string(c.index_in_key) + " of key id " +
+              std::to_string(c.key_id) + " went past the checkpoint's version");
+  }
+}
+
+uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
+                             const std::unordered_set<uint32_t>& keys) {
+  std::unordered_map<uint32_t, uint64_t> versions;
+  for (const CheckpointKey& k : image.keys) versions[k.id] = k.version;
+  uint32_t failed = 0;
+  for (const CheckpointChunk& cc : image.chunks) {
+    if (!keys.count(cc.key_id)) continue;
+    LaneKey* key = FindKey(t, cc.key_id);
+    if (!key || cc.chunk >= key->info.placement.chunk_count) continue;
+    if (OwnerLane(key->info, cc.chunk) != lane_) continue;
+    Chunk& c = GetChunk(t, *key, cc.chunk);
+    std::vector<std::span<const float>> state(cc.state.begin(), cc.state.end());
+    const uint64_t v = versions[cc.key_id];
+    c.state.DiscardPending();
+    if (!c.state.Restore(v, cc.params, state)) {
+      ++failed;
+      spdlog::error("checkpoint: tenant '{}' key '{}' chunk {}: sizes or optimizer state slots "
+                    "do not match the key; left as it was",
+                    t.info.name, key->info.name, cc.chunk);
+      continue;
+    }
+    t.pending.erase(ChunkId(cc.key_id, cc.chunk));
+    if (cc.chunk == 0) key->runtime->version.store(v, std::memory_order_relaxed);
+    for (const Waiter& w : c.pulls) {  // a FROM_CLIENT key's early PULLs
+      if (auto wc = w.conn.lock(); wc && wc->open()) {
+        SendParams(*wc, c, v, w.request_id, ReplyBytes::kCopied);
+      }
+    }
+    c.pulls.clear();
+  }
+  return failed;
+}
+
 void ChunkTable::DropKey(LaneTenant& t, uint32_t key_id) {
   for (auto it = t.chunks.begin(); it != t.chunks.end();) {
     if (it->second->key_id != key_id) {
@@ -153,6 +285,10 @@ void ChunkTable::DropKey(LaneTenant& t, uint32_t key_id) {
       }
     }
     t.pending.erase(it->first);
+    if (auto a = t.armed.find(it->first); a != t.armed.end()) {
+      a->second->Fail("key id " + std::to_string(key_id) + " was deleted during the checkpoint");
+      t.armed.erase(a);
+    }
     it = t.chunks.erase(it);
   }
   t.keys.erase(key_id);

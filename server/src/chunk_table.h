@@ -27,6 +27,7 @@
 #include "rackhub/net/frame.h"
 #include "rackhub/net/transport.h"
 #include "registry.h"
+#include "snapshot_job.h"
 
 namespace rackhub::server {
 
@@ -67,6 +68,12 @@ struct Chunk {
   }
 };
 
+// A PULL held while its tenant recovers (answered by ReleaseParked).
+struct ParkedPull {
+  std::weak_ptr<net::Connection> conn;
+  net::FrameHeader header;
+};
+
 struct LaneKey {
   KeyInfo info;
   std::shared_ptr<KeyRuntime> runtime;
@@ -79,9 +86,11 @@ struct LaneTenant {
   std::unordered_map<uint32_t, LaneKey> keys;                 // by id
   std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks;  // by ChunkId
   std::unordered_set<uint64_t> pending;  // chunks with some contributions
-  // Members that were connected and went away, with the reason; pushes fail
-  // fast (WORKER_LOST) until they reconnect.
-  std::map<uint32_t, std::string> lost;
+  std::shared_ptr<TenantRuntime> runtime;
+  std::vector<ParkedPull> parked;      // PULLs held during a recovery
+  std::unordered_set<uint32_t> leaving;  // members whose connection here said BYE
+  // Chunks one version short of a checkpoint's target, by ChunkId.
+  std::unordered_map<uint64_t, std::shared_ptr<SnapshotJob>> armed;
 };
 
 class ChunkTable {
@@ -131,6 +140,22 @@ class ChunkTable {
   // Fails every waiting push of the tenant with `code` and discards the
   // partial sums of its pending updates.
   void FailPending(LaneTenant& t, net::WireError code, const std::string& why);
+  // The newest version of each key among this lane's chunks (recovery).
+  std::map<uint32_t, uint64_t> KeyVersions(const LaneTenant& t) const;
+  // Brings every chunk of key k below versions[k] to versions[k] (a skipped
+  // step; single-rack tenants only). REQUIRES: no update pending.
+  void Align(LaneTenant& t, const std::map<uint32_t, uint64_t>& versions);
+  // Checkpoints: copies this lane's chunks of each of job's keys that are at
+  // the target version, arms those one short (copied by Capture when they
+  // get there), fails the job for any other.
+  void Snapshot(LaneTenant& t, const std::shared_ptr<SnapshotJob>& job);
+  // A chunk reached a new version (update, skipped step): feeds an armed job.
+  void Capture(LaneTenant& t, Chunk& c);
+  // Restores this lane's chunks of `keys` (ids) from a checkpoint image;
+  // returns how many chunks failed to restore (logged). REQUIRES: no update
+  // pending for those keys.
+  uint32_t Restore(LaneTenant& t, const CheckpointImage& image,
+                   const std::unordered_set<uint32_t>& keys);
   // Drops the key's chunks, failing their waiting pushes.
   void DropKey(LaneTenant& t, uint32_t key_id);
   // New hyperparameters for the key's chunks from update `from_update` on.

@@ -1,6 +1,8 @@
 #include "data_plane.h"
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 
 #include <spdlog/spdlog.h>
 
@@ -113,10 +115,60 @@ std::vector<DataPlane::RackLinkStats> DataPlane::RackLinks() const {
 uint64_t DataPlane::WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
                                uint32_t from_lane) {
   const uint64_t before = seq_.load() + 1;
-  OnEveryLane([handle, member, before, why, from_lane](Lane& lane) {
+  Recover(handle, [handle, member, before, why, from_lane](Lane& lane) {
     if (lane.index() != from_lane) lane.OnWorkerLost(handle, member, before, why);
   });
   return before;
+}
+
+void DataPlane::AbortIteration(uint32_t handle, const std::string& why) {
+  Recover(handle, [handle, why](Lane& lane) { lane.FailPending(handle, why); });
+}
+
+// Phase 1 on every lane: `first`, then report the newest version of each key
+// among the lane's chunks. Once every lane has (no lane accepts a PUSH of
+// the tenant meanwhile: `recovering`), phase 2 on every lane: chunks below
+// their key's newest version finish the aborted iteration as a skipped step.
+// Once every lane has, the held PULLs are answered.
+void DataPlane::Recover(uint32_t handle, std::function<void(Lane&)> first) {
+  struct Job {
+    std::mutex mu;
+    std::map<uint32_t, uint64_t> versions;  // GUARDED_BY(mu) during phase 1
+    std::atomic<uint32_t> remaining;
+  };
+  const auto tenant = TenantRuntimeFor(handle);
+  tenant->recovering.fetch_add(1);
+  auto job = std::make_shared<Job>();
+  job->remaining = lane_count();
+  OnEveryLane([this, handle, first, job, tenant](Lane& lane) {
+    if (first) first(lane);
+    {
+      const auto mine = lane.KeyVersions(handle);
+      std::lock_guard lock(job->mu);
+      for (const auto& [key, v] : mine) job->versions[key] = std::max(job->versions[key], v);
+    }
+    if (job->remaining.fetch_sub(1) != 1) return;
+    // Every lane failed its part of the iteration; job->versions is final.
+    for (const auto& [key, v] : job->versions) {
+      const auto rt = KeyRuntimeFor(handle, key);
+      uint64_t floor = rt->floor.load();
+      while (floor < v && !rt->floor.compare_exchange_weak(floor, v)) {
+      }
+    }
+    job->remaining = lane_count();
+    OnEveryLane([this, handle, job, tenant](Lane& l) {
+      l.Align(handle, job->versions);
+      if (job->remaining.fetch_sub(1) != 1) return;
+      if (tenant->recovering.fetch_sub(1) != 1) return;  // another recovery runs
+      OnEveryLane([handle](Lane& l2) { l2.ReleaseParked(handle); });
+    });
+  });
+}
+
+std::shared_ptr<TenantRuntime> DataPlane::TenantRuntimeFor(uint32_t handle) {
+  decltype(tenant_runtimes_)::accessor t;
+  if (tenant_runtimes_.insert(t, handle)) t->second = std::make_shared<TenantRuntime>();
+  return t->second;
 }
 
 std::shared_ptr<KeyRuntime> DataPlane::KeyRuntimeFor(uint32_t handle, uint32_t key_id) {
@@ -141,6 +193,7 @@ void DataPlane::ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chun
 void DataPlane::OnTenantDeleted(uint32_t handle) {
   OnEveryLane([handle](Lane& lane) { lane.OnTenantDeleted(handle); });
   runtimes_.erase(handle);
+  tenant_runtimes_.erase(handle);
 }
 
 void DataPlane::OnKeyDeleted(uint32_t handle, uint32_t key_id) {

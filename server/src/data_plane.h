@@ -66,8 +66,10 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // LaneHost.
   std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id) override;
   void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) override;
+  std::shared_ptr<TenantRuntime> TenantRuntimeFor(uint32_t handle) override;
   uint64_t WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
                       uint32_t from_lane) override;
+  void AbortIteration(uint32_t handle, const std::string& why) override;
   uint64_t NextSeq() override { return seq_.fetch_add(1) + 1; }
   const std::string& hub_secret() const override { return hub_secret_; }
   net::Connector& hub_connector() override { return *hub_connector_; }
@@ -85,6 +87,10 @@ class DataPlane final : public RegistryObserver, public LaneHost {
  private:
   // Runs fn(lane) on every lane through its gate (skipped once it closed).
   void OnEveryLane(std::function<void(Lane&)> fn);
+  // Recovery after an aborted iteration: `first` on every lane (fail the
+  // pending updates), then every chunk aligned to its key's newest version,
+  // then the held PULLs answered. Asynchronous; see docs/durability.md.
+  void Recover(uint32_t handle, std::function<void(Lane&)> first);
 
   const Config config_;
   Registry* registry_;
@@ -104,6 +110,7 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // map does not allow concurrently with inserts).
   using KeyRuntimes = tbb::concurrent_hash_map<uint32_t, std::shared_ptr<KeyRuntime>>;
   tbb::concurrent_hash_map<uint32_t, std::shared_ptr<KeyRuntimes>> runtimes_;
+  tbb::concurrent_hash_map<uint32_t, std::shared_ptr<TenantRuntime>> tenant_runtimes_;
 
   std::mutex shutdown_mu_;
   std::condition_variable drained_cv_;

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "admin_service.h"
+#include "checkpointer.h"
 #include "data_plane.h"
 #include "lanes.h"
 #include "rdma_listener.h"
@@ -135,6 +136,10 @@ Status Hub::Start() {
   data_plane_ = std::make_unique<DataPlane>(config_, registry_.get(), lanes_.get(),
                                             rdma_ && rdma_->hub_links() ? rdma_->HubConnector()
                                                                       : MakeTcpHubConnector());
+  // Tenants resume from their newest valid checkpoints before any worker
+  // can connect.
+  checkpointer_ = std::make_unique<Checkpointer>(config_, registry_.get(), data_plane_.get());
+  checkpointer_->RestoreAll();
   // Listeners are bound before READY so a busy port fails start-up, not the
   // first trainer.
   tcp_ = std::make_unique<TcpAcceptor>(data_plane_.get());
@@ -143,6 +148,7 @@ Status Hub::Start() {
   tcp_->Start();
   if (rdma_) rdma_->Start(data_plane_.get());
   data_plane_->StartHubLinks();
+  checkpointer_->Start();
   return StartAdmin();
 }
 
@@ -159,7 +165,8 @@ Status Hub::StartAdmin() {
                          out.push_back({l.rack, l.bytes_out, l.bytes_in, l.chunk_bytes_out});
                        }
                        return out;
-                     }});
+                     }},
+      checkpointer_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -196,7 +203,9 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   stopped_ = true;
   SetNotServing();
   // No new connections; workers get a SHUTTING_DOWN error (nothing hangs),
-  // then admin calls drain, then the lane threads stop.
+  // then admin calls drain, then the tenants are checkpointed (the lanes
+  // still run, nothing else touches them), then the lane threads stop.
+  if (checkpointer_) checkpointer_->Stop();
   if (rdma_) rdma_->Stop();
   if (tcp_) tcp_->Stop();
   if (data_plane_) data_plane_->Shutdown(grace);
@@ -204,9 +213,13 @@ void Hub::Stop(std::chrono::milliseconds grace) {
     admin_->Shutdown(std::chrono::system_clock::now() + kAdminShutdownGrace);
     admin_->Wait();
   }
+  if (checkpointer_ && config_.checkpoint.on_shutdown) {
+    checkpointer_->CheckpointAll();
+  }
   if (lanes_) lanes_->Stop();
   admin_.reset();
   services_.reset();
+  checkpointer_.reset();
   rdma_.reset();
   tcp_.reset();
   data_plane_.reset();

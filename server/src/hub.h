@@ -1,5 +1,5 @@
 // Hub: the parts of one rackhubd instance (registry, lane threads, data
-// plane, TCP and RDMA acceptors, admin gRPC server), started in dependency
+// plane, checkpointer, TCP and RDMA acceptors, admin gRPC server), started in dependency
 // order by Start and torn down by the one path, Stop (also run by the
 // destructor and after a failed Start). rackhubd runs one Hub from main();
 // tests can run one in-process (ports 0 give ephemeral ports).
@@ -23,6 +23,7 @@ namespace rackhub::server {
 
 class AdminAuth;
 class AdminServices;
+class Checkpointer;
 class DataPlane;
 class LaneSet;
 class RdmaListener;
@@ -40,7 +41,8 @@ class Hub {
   // INTERNAL: could not start (e.g. a port in use). Messages name the field.
   Status Start();
   // Workers get SHUTTING_DOWN and up to `grace` for their last frames; admin
-  // calls drain; every thread is joined. Idempotent.
+  // calls drain; tenants are checkpointed (checkpoint.on_shutdown); every
+  // thread is joined. Idempotent.
   void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
 
   const std::string& admin_address() const { return admin_address_; }
@@ -48,6 +50,7 @@ class Hub {
   DataPlane& data_plane() { return *data_plane_; }
   Registry& registry() { return *registry_; }
   LaneSet& lanes() { return *lanes_; }
+  Checkpointer& checkpointer() { return *checkpointer_; }
   uint32_t lane_count() const { return lane_count_; }
   // Turns the admin server's health status to NOT_SERVING (draining).
   void SetNotServing();
@@ -63,6 +66,7 @@ class Hub {
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<LaneSet> lanes_;
   std::unique_ptr<DataPlane> data_plane_;
+  std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<TcpAcceptor> tcp_;
   std::unique_ptr<RdmaListener> rdma_;
   std::unique_ptr<AdminAuth> auth_;

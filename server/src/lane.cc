@@ -45,8 +45,37 @@ void Lane::OnTenantDeleted(uint32_t handle) {
   LaneTenant* t = table_.FindTenant(handle);
   if (!t) return;
   table_.FailPending(*t, WireError::kTenantGone, "tenant: was deleted");
+  for (auto& [id, job] : t->armed) job->Fail("the tenant was deleted during the checkpoint");
   workers_.CloseTenant(*t, WireError::kTenantGone, "tenant: '" + t->info.name + "' was deleted");
   table_.EraseTenant(handle);
+}
+
+std::map<uint32_t, uint64_t> Lane::KeyVersions(uint32_t handle) {
+  LaneTenant* t = table_.FindTenant(handle);
+  return t ? table_.KeyVersions(*t) : std::map<uint32_t, uint64_t>{};
+}
+
+void Lane::Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions) {
+  if (LaneTenant* t = table_.FindTenant(handle)) table_.Align(*t, versions);
+}
+
+void Lane::Snapshot(uint32_t handle, const std::shared_ptr<SnapshotJob>& job) {
+  LaneTenant* t = table_.LoadTenant(handle);
+  if (!t) {
+    job->Fail("the tenant was deleted during the checkpoint");
+    return;
+  }
+  table_.Snapshot(*t, job);
+}
+
+uint32_t Lane::Restore(uint32_t handle, const CheckpointImage& image,
+                       const std::unordered_set<uint32_t>& keys) {
+  LaneTenant* t = table_.LoadTenant(handle);
+  return t ? table_.Restore(*t, image, keys) : 0;
+}
+
+void Lane::FailPending(uint32_t handle, const std::string& why) {
+  if (LaneTenant* t = table_.FindTenant(handle)) table_.FailPending(*t, WireError::kWorkerLost, why);
 }
 
 void Lane::OnKeyDeleted(uint32_t handle, uint32_t key_id) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -49,6 +50,19 @@ class Lane {
   void OnWorkerLost(uint32_t handle, uint32_t member, uint64_t before_seq,
                     const std::string& why);
   void OnTenantDeleted(uint32_t handle);
+  // Recovery of a tenant after an aborted iteration (DataPlane::Recover):
+  // the newest version of each key here; aligning every chunk to them; the
+  // PULLs held meanwhile.
+  std::map<uint32_t, uint64_t> KeyVersions(uint32_t handle);
+  void Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions);
+  void ReleaseParked(uint32_t handle) { workers_.ReleaseParked(handle); }
+  // Checkpoints (ChunkTable::Snapshot / Restore); Restore loads the tenant
+  // from the registry if this lane has not seen it yet.
+  void Snapshot(uint32_t handle, const std::shared_ptr<SnapshotJob>& job);
+  uint32_t Restore(uint32_t handle, const CheckpointImage& image,
+                   const std::unordered_set<uint32_t>& keys);
+  // Fails the tenant's pending updates with WORKER_LOST `why`.
+  void FailPending(uint32_t handle, const std::string& why);
   void OnKeyDeleted(uint32_t handle, uint32_t key_id);
   void OnOptimizerChanged(uint32_t handle, uint32_t key_id,
                           const aggregation::OptimizerConfig& optimizer, uint64_t from_update);

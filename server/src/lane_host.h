@@ -21,6 +21,18 @@ struct KeyRuntime {
   // lane answering DECLARE/WELCOME).
   std::atomic<uint64_t> version{0};
   std::atomic<uint64_t> initialized_chunks{0};
+  // Every chunk of the key is at this version or later (raised by recovery
+  // after an aborted iteration and by a checkpoint restore): a chunk created
+  // later starts here.
+  std::atomic<uint64_t> floor{0};
+};
+
+// Tenant-wide facts shared by the lanes.
+struct TenantRuntime {
+  // Recoveries in progress (LaneHost::WorkerLost / AbortIteration): while
+  // non-zero, PUSHes are refused (non-fatal WORKER_LOST) and PULLs are held
+  // until every chunk is at its key's version again.
+  std::atomic<uint32_t> recovering{0};
 };
 
 class LaneHost {
@@ -31,14 +43,21 @@ class LaneHost {
   virtual std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id) = 0;
   // Counts an initialized chunk; marks the key ready when all are.
   virtual void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) = 0;
+  virtual std::shared_ptr<TenantRuntime> TenantRuntimeFor(uint32_t handle) = 0;
   // A worker connection of tenant `handle`, member `member` (rack * W + rank)
-  // closed on lane `from_lane`: every other lane fails the tenant's pending
-  // updates and closes that worker's older connections. Returns the sequence
+  // closed on lane `from_lane` without BYE: every other lane fails the
+  // tenant's pending updates and closes that worker's older connections,
+  // then the tenant is recovered (AbortIteration). Returns the sequence
   // bound ("adopted before") the calling lane applies itself, at once, so its
   // own failures name this cause even if another lane's reaction arrives
   // first.
   virtual uint64_t WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
                               uint32_t from_lane) = 0;
+  // The tenant's iteration in progress is aborted (a straggler): every lane
+  // fails its pending updates with WORKER_LOST `why`; then every chunk of
+  // every key is brought to its key's newest version as a skipped step
+  // (docs/durability.md, Recovery), and held PULLs are answered.
+  virtual void AbortIteration(uint32_t handle, const std::string& why) = 0;
   // Sequence number for a newly adopted worker connection.
   virtual uint64_t NextSeq() = 0;
 

@@ -21,6 +21,8 @@ namespace {
 // refused as a duplicate.
 constexpr auto kReconnectRetryPeriod = std::chrono::milliseconds(20);
 constexpr int kReconnectRetries = 50;
+// PULLs held per tenant and lane during a recovery, at most.
+constexpr size_t kMaxParkedPulls = 65536;
 
 std::string Num(uint64_t v) { return std::to_string(v); }
 
@@ -74,7 +76,6 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
   }
   t->conns[member] = conn;
   t->conn_seq[member] = seq;
-  t->lost.erase(member);
   if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
   spdlog::info("data: tenant '{}' rack {} rank {} connected on lane {} from {}", id.tenant, id.rack,
                id.rank, lane, id.peer);
@@ -216,12 +217,12 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
                                   aggregation::ChunkState& stage, const FrameHeader& h) {
   const uint64_t rid = h.request_id;
   const uint32_t rank = conn.id().rank;
-  if (!t.lost.empty()) {
-    // Not fatal: this worker did nothing wrong; it may retry once the lost
-    // rank is back.
+  if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+    // Not fatal: the tenant is being brought back to one version per key
+    // after an aborted iteration (milliseconds). Pull, then push again.
     return Refuse(conn, WireError::kWorkerLost,
-                  "worker lost: rank " + Num(t.lost.begin()->first) + " (" +
-                      t.lost.begin()->second + ") has not reconnected; push again once it has",
+                  "recovering: the tenant's last iteration was aborted; Pull the key and push "
+                  "the next iteration",
                   rid);
   }
   if (!stage.initialized()) {
@@ -230,11 +231,14 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
                   rid);
   }
   if (h.iteration != stage.version()) {
-    return Reject(conn, WireError::kBadIteration,
-                  "iteration: " + Num(h.iteration) + " for chunk " + Num(h.chunk) + " of key '" +
-                      k.name + "', the hub expects " + Num(stage.version()) +
-                      (h.iteration < stage.version() ? " (stale)" : " (ahead)"),
-                  rid);
+    // Not fatal: after a recovery, a restore or a hub restart the worker is
+    // behind or ahead; the ERROR's iteration field tells it where the hub is.
+    RefuseIteration(conn, t, h, stage.version(),
+                    "iteration: " + Num(h.iteration) + " for chunk " + Num(h.chunk) +
+                        " of key '" + k.name + "', the hub expects " + Num(stage.version()) +
+                        (h.iteration < stage.version() ? " (stale)" : " (ahead)") +
+                        "; Pull the key to resynchronize");
+    return Verdict::kDiscard;
   }
   if (stage.has_contributed(rank)) {
     return Reject(conn, WireError::kDuplicatePush,
@@ -248,6 +252,10 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
 void WorkerProtocol::HandleFrame(net::Connection& conn, const FrameHeader& h,
                                  std::span<const std::byte> payload) {
   if (h.opcode == Opcode::kBye) {
+    // A clean leave (docs/durability.md, Job lifecycle): not a lost worker.
+    if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) {
+      t->leaving.insert(ChunkTable::Member(*t, conn.id()));
+    }
     auto keep = conn.shared_from_this();
     keep->Close("said BYE");
     return;
@@ -288,9 +296,13 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   aggregation::ChunkState& stage = c.Stage(conn.id().rack);
-  if (h.iteration != stage.version() || stage.has_contributed(conn.id().rank)) {
-    // State moved while the payload was read (a worker was lost meanwhile).
-    Reject(conn, WireError::kBadIteration, "iteration: no longer current", h.request_id);
+  if (h.iteration != stage.version() || stage.has_contributed(conn.id().rank) ||
+      t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+    // State moved while the payload was read (a recovery meanwhile).
+    RefuseIteration(conn, t, h, stage.version(),
+                    "iteration: " + Num(h.iteration) +
+                        " is no longer current (the iteration was aborted while this push "
+                        "was read); Pull the key to resynchronize");
     return;
   }
   const auto result = stage.Contribute(conn.id().rank, payload);
@@ -346,6 +358,15 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
     Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
     return;
   }
+  if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+    // Answered once every chunk is at its key's version again (ReleaseParked).
+    if (t.parked.size() >= kMaxParkedPulls) {
+      Refuse(conn, WireError::kWorkerLost, "recovering: too many PULLs held; retry", h.request_id);
+      return;
+    }
+    t.parked.push_back(ParkedPull{conn.weak_from_this(), h});
+    return;
+  }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   if (!c.multi_rack() && !c.state.initialized()) {
     c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id});
@@ -370,12 +391,17 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
   t->conns.erase(it);
   const uint32_t lane = table_->lane();
   if (lane == 0) t->info.counters->workers_connected.fetch_sub(1, std::memory_order_relaxed);
-  spdlog::info("data: tenant '{}' rank {} lane {} disconnected: {}", conn.id().tenant,
-               conn.id().rank, lane, why);
+  const bool left = t->leaving.erase(member) > 0;
+  spdlog::info("data: tenant '{}' rank {} lane {} {}: {}", conn.id().tenant, conn.id().rank, lane,
+               left ? "left" : "disconnected", why);
   if (gate_->closed()) {
     if (table_->connection_count() == 0) host_->LaneDrained(lane);
     return;
   }
+  // A clean leave aborts nothing: an update still missing this rank waits
+  // for it (or a replacement) like for a rank that has not connected yet,
+  // bounded by the straggler timeout.
+  if (left) return;
   const uint32_t handle = conn.id().tenant_handle;
   const std::string what =
       (table_->racks() > 1 ? "rack " + Num(conn.id().rack) + " " : std::string()) + "rank " +
@@ -394,9 +420,37 @@ void WorkerProtocol::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t bef
     keep->SendError(WireError::kWorkerLost,
                     "worker: another connection of this worker closed (" + why + ")", 0, true);
   }
-  if (!t->conns.count(member)) t->lost[member] = why;
   table_->FailPending(*t, WireError::kWorkerLost,
                       "worker lost: " + why + "; this iteration's partial sums were discarded");
+}
+
+void WorkerProtocol::RefuseIteration(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                                     uint64_t current, const std::string& text) {
+  t.info.counters->errors.fetch_add(1, std::memory_order_relaxed);
+  net::ErrorFrame e =
+      net::MakeErrorFrame(WireError::kBadIteration, text, t.info.handle, h.request_id, false);
+  e.header.key = h.key;
+  e.header.chunk = h.chunk;
+  e.header.iteration = current;  // where the hub is
+  conn.SendOwned(e.header, std::move(e.body));
+}
+
+void WorkerProtocol::ReleaseParked(uint32_t handle) {
+  LaneTenant* t = table_->FindTenant(handle);
+  if (!t || t->parked.empty()) return;
+  std::vector<ParkedPull> parked;
+  parked.swap(t->parked);
+  for (const ParkedPull& p : parked) {
+    const auto conn = p.conn.lock();
+    if (!conn || !conn->open()) continue;
+    // Re-checked as if it arrived now (the key may be gone; a new recovery
+    // holds it again).
+    if (!table_->FindKey(*t, p.header.key)) {
+      conn->SendError(WireError::kUnknownKey, "key: was deleted", p.header.request_id, false);
+      continue;
+    }
+    OnPull(*conn, *t, p.header);
+  }
 }
 
 void WorkerProtocol::CheckStragglers() {
@@ -421,10 +475,12 @@ void WorkerProtocol::CheckStragglers() {
       break;
     }
     if (expired) {
-      table_->FailPending(t, WireError::kWorkerLost,
-                          "straggler: rank(s) " + missing + " did not push within " +
-                              Num(config_.straggler_timeout_ms) +
-                              " ms (data.straggler_timeout_ms); partial sums were discarded");
+      // Every lane fails its part of the iteration, then the tenant is
+      // brought back to one version per key.
+      host_->AbortIteration(handle, "straggler: rank(s) " + missing + " did not push within " +
+                                        Num(config_.straggler_timeout_ms) +
+                                        " ms (data.straggler_timeout_ms); partial sums were "
+                                        "discarded");
     }
   }
 }

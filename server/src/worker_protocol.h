@@ -49,8 +49,11 @@ class WorkerProtocol final : public net::FrameHandler {
   // tenant's pending updates.
   void OnWorkerLost(uint32_t handle, uint32_t member, uint64_t before_seq,
                     const std::string& why);
-  // Fails updates whose first contribution is older than the straggler timeout.
+  // Aborts the tenant's iteration (LaneHost::AbortIteration) when an update's
+  // first contribution is older than the straggler timeout.
   void CheckStragglers();
+  // The tenant's recovery finished: answers the PULLs held meanwhile.
+  void ReleaseParked(uint32_t handle);
   // Fatal `code` to every worker connection of the tenant (or all tenants).
   void CloseTenant(LaneTenant& t, net::WireError code, const std::string& text);
   void CloseAll(net::WireError code, const std::string& text);
@@ -63,6 +66,10 @@ class WorkerProtocol final : public net::FrameHandler {
   // Fatal refusal: ERROR, then the connection closes.
   Verdict Reject(net::Connection& conn, net::WireError code, const std::string& text,
                  uint64_t request_id);
+  // Non-fatal BAD_ITERATION whose header carries the chunk's `current`
+  // version (the worker resynchronizes with a Pull).
+  void RefuseIteration(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+                       uint64_t current, const std::string& text);
   // AcceptHeader, by kind of frame.
   Verdict CheckChunkFrame(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
   Verdict CheckInit(net::Connection& conn, const KeyInfo& k, Chunk& c,

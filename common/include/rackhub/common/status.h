@@ -30,11 +30,14 @@ namespace rackhub {
 enum class StatusCode {
   kOk = 0,
   kInvalidArgument = 3,
+  kDeadlineExceeded = 4,  // gave up waiting (e.g. for a consistent iteration)
   kNotFound = 5,
   kAlreadyExists = 6,
   kPermissionDenied = 7,
   kResourceExhausted = 8,
   kFailedPrecondition = 9,
+  kAborted = 10,        // an operation was interrupted by a concurrent change
+  kUnimplemented = 12,  // not supported (yet) in this configuration
   kInternal = 13,
   kUnavailable = 14,  // a peer or connection is gone (retrying elsewhere/later may work)
   kUnauthenticated = 16,

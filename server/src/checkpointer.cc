@@ -1,0 +1,405 @@
+#include "checkpointer.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <future>
+#include <unordered_set>
+
+#include <spdlog/spdlog.h>
+
+#include "data_plane.h"
+
+namespace rackhub::server {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr auto kTriggerPoll = std::chrono::milliseconds(100);
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Runs fn(lane) on every lane's thread (uncounted posts: also during
+// shutdown) and waits for all of them.
+void OnEveryLaneAndWait(DataPlane* data, const std::function<void(Lane&)>& fn) {
+  std::vector<std::future<void>> done;
+  for (uint32_t i = 0; i < data->lane_count(); ++i) {
+    auto p = std::make_shared<std::promise<void>>();
+    done.push_back(p->get_future());
+    data->OnLane(i, [fn, p](Lane& lane) {
+      fn(lane);
+      p->set_value();
+    });
+  }
+  for (auto& f : done) f.wait();
+}
+
+std::string KeyVersionsText(const std::vector<std::pair<std::string, uint64_t>>& kv) {
+  std::string out;
+  for (const auto& [name, v] : kv) {
+    if (!out.empty()) out += ", ";
+    out += name + "@" + std::to_string(v);
+  }
+  return out.empty() ? "no keys" : out;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const Config& config, Registry* registry, DataPlane* data)
+    : config_(config), registry_(registry), data_(data) {
+  if (config.state.in_memory) {
+    why_disabled_ = "checkpoints need a state directory (state.in_memory is set)";
+  } else if (config.topology.rack_count() > 1) {
+    why_disabled_ = "checkpoints of tenants spanning racks are not supported yet";
+  }
+}
+
+Checkpointer::~Checkpointer() { Stop(); }
+
+std::string Checkpointer::TenantDir(const std::string& tenant, uint32_t handle) const {
+  return config_.state.dir + "/checkpoints/" + std::to_string(handle) + "-" + tenant;
+}
+
+void Checkpointer::RestoreAll() {
+  if (!enabled()) return;
+  std::lock_guard lock(mu_);
+  const std::vector<TenantInfo> tenants = registry_->ListTenants();
+  std::unordered_set<std::string> live;
+  for (const TenantInfo& t : tenants) {
+    const std::string dir = TenantDir(t.name, t.handle);
+    live.insert(fs::path(dir).filename().string());
+    std::vector<std::string> skipped;
+    Result<CheckpointImage> image = LoadNewestValid(dir, &skipped);
+    for (const std::string& s : skipped) {
+      spdlog::error("checkpoint: tenant '{}': skipped damaged checkpoint {}", t.name, s);
+    }
+    if (!image.ok()) {
+      if (image.status().code() != StatusCode::kNotFound) {
+        spdlog::error("checkpoint: tenant '{}': {}", t.name, image.status().message());
+      }
+      spdlog::info("checkpoint: tenant '{}' has no valid checkpoint; its keys start fresh",
+                   t.name);
+      continue;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    Install(t, *image);
+    std::vector<std::pair<std::string, uint64_t>> kv;
+    for (const CheckpointKey& k : image->keys) kv.emplace_back(k.name, k.version);
+    spdlog::info("checkpoint: tenant '{}' resumed from {} ({}) in {} ms", t.name,
+                 CheckpointFileName(image->sequence), KeyVersionsText(kv),
+                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - start)
+                     .count());
+    last_iterations_[t.handle] = TenantIteration(t);
+  }
+  // Directories of tenants deleted while the hub was down (or whose removal
+  // was cut short by a crash).
+  std::error_code ec;
+  std::vector<fs::path> dead;
+  for (const auto& entry : fs::directory_iterator(config_.state.dir + "/checkpoints", ec)) {
+    if (entry.is_directory() && !live.count(entry.path().filename().string())) {
+      dead.push_back(entry.path());
+    }
+  }
+  for (const fs::path& dir : dead) {
+    spdlog::info("checkpoint: removing {} (its tenant no longer exists)", dir.string());
+    fs::remove_all(dir, ec);
+  }
+}
+
+void Checkpointer::Install(const TenantInfo& tenant, const CheckpointImage& image) {
+  // Only keys that still exist with the same shape are restored.
+  std::unordered_set<uint32_t> keys;
+  std::vector<KeyInfo> live;
+  registry_->ListKeys(tenant.name, &live);
+  for (const CheckpointKey& ck : image.keys) {
+    const auto it = std::find_if(live.begin(), live.end(),
+                                 [&](const KeyInfo& k) { return k.id == ck.id; });
+    if (it == live.end() || it->name != ck.name || it->elements != ck.elements ||
+        it->placement.chunk_count != ck.chunk_count || it->chunk_elements != ck.chunk_elements) {
+      spdlog::warn("checkpoint: tenant '{}' key '{}' (id {}) no longer matches the checkpoint "
+                   "(deleted or re-created); not restored",
+                   tenant.name, ck.name, ck.id);
+      continue;
+    }
+    keys.insert(ck.id);
+  }
+  // Fresh chunks of these keys start at the restored version.
+  for (const CheckpointKey& ck : image.keys) {
+    if (!keys.count(ck.id)) continue;
+    const auto rt = data_->KeyRuntimeFor(tenant.handle, ck.id);
+    rt->floor.store(ck.version);
+    rt->version.store(ck.version);
+  }
+  std::atomic<uint32_t> failed{0};
+  OnEveryLaneAndWait(data_, [&](Lane& lane) {
+    failed += lane.Restore(tenant.handle, image, keys);
+  });
+  for (const CheckpointKey& ck : image.keys) {
+    if (!keys.count(ck.id)) continue;
+    const auto rt = data_->KeyRuntimeFor(tenant.handle, ck.id);
+    rt->initialized_chunks.store(ck.chunk_count);
+    registry_->MarkKeyReady(tenant.handle, ck.id);  // FROM_CLIENT keys have their values
+  }
+  if (failed > 0) {
+    spdlog::error("checkpoint: tenant '{}': {} chunk(s) could not be restored", tenant.name,
+                  failed.load());
+  }
+}
+
+std::map<uint32_t, uint64_t> Checkpointer::KeyVersions(uint32_t handle) {
+  std::mutex mu;
+  std::map<uint32_t, uint64_t> out;
+  OnEveryLaneAndWait(data_, [&](Lane& lane) {
+    const auto mine = lane.KeyVersions(handle);
+    std::lock_guard lock(mu);
+    for (const auto& [k, v] : mine) out[k] = std::max(out[k], v);
+  });
+  return out;
+}
+
+void Checkpointer::WaitRecovered(uint32_t handle, std::chrono::steady_clock::time_point deadline) {
+  const auto rt = data_->TenantRuntimeFor(handle);
+  while (rt->recovering.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+Result<CheckpointInfo> Checkpointer::Create(const std::string& tenant,
+                                            std::chrono::milliseconds timeout) {
+  if (!enabled()) {
+    return config_.state.in_memory ? Status(FailedPrecondition(why_disabled_))
+                                   : Status(StatusCode::kUnimplemented, why_disabled_);
+  }
+  TenantInfo info;
+  if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
+  std::lock_guard lock(mu_);
+  return CreateLocked(info, timeout);
+}
+
+Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
+                                                  std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  const uint64_t iterations = TenantIteration(tenant);
+  std::vector<KeyInfo> keys;
+  if (Status s = registry_->ListKeys(tenant.name, &keys); !s.ok()) return s;
+  // A FROM_CLIENT key without its initial values has nothing to save yet.
+  std::erase_if(keys, [](const KeyInfo& k) { return !k.ready; });
+
+  WaitRecovered(tenant.handle, deadline);
+  const std::map<uint32_t, uint64_t> versions = KeyVersions(tenant.handle);
+  std::map<uint32_t, uint64_t> targets;
+  size_t expected = 0;
+  for (const KeyInfo& k : keys) {
+    const auto it = versions.find(k.id);
+    const uint64_t floor = data_->KeyRuntimeFor(tenant.handle, k.id)->floor.load();
+    targets[k.id] = std::max(it == versions.end() ? 0 : it->second, floor);
+    expected += k.placement.chunk_count;
+  }
+  auto job = std::make_shared<SnapshotJob>(tenant.handle, targets, expected);
+  for (uint32_t i = 0; i < data_->lane_count(); ++i) {
+    data_->OnLane(i, [job](Lane& lane) { lane.Snapshot(job->handle(), job); });
+  }
+  if (Status s = job->Wait(deadline); !s.ok()) {
+    return Status(s.code(), "checkpoint of tenant '" + tenant.name + "': " + s.message());
+  }
+  const auto copied = std::chrono::steady_clock::now();
+
+  CheckpointImage image;
+  image.tenant = tenant.name;
+  image.created_unix_ms = NowUnixMs();
+  const std::string dir = TenantDir(tenant.name, tenant.handle);
+  image.sequence = 1;
+  for (const CheckpointInfo& c : ListCheckpoints(dir)) {
+    image.sequence = std::max(image.sequence, c.sequence + 1);
+  }
+  image.chunks = job->Take();
+  std::sort(image.chunks.begin(), image.chunks.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.key_id, a.chunk) < std::tie(b.key_id, b.chunk);
+  });
+  std::map<uint32_t, uint32_t> slots;
+  for (const CheckpointChunk& c : image.chunks) slots[c.key_id] = c.state.size();
+  for (const KeyInfo& k : keys) {
+    image.keys.push_back(CheckpointKey{k.id, k.name, k.elements,
+                                       static_cast<uint32_t>(k.placement.chunk_count),
+                                       k.chunk_elements, targets[k.id],
+                                       aggregation::OptimizerTypeName(k.optimizer.type),
+                                       slots[k.id]});
+  }
+  Result<CheckpointInfo> info = WriteCheckpoint(dir, image, config_.checkpoint.keep);
+  if (!info.ok()) {
+    spdlog::error("checkpoint: tenant '{}': {}", tenant.name, info.status().message());
+    return info;
+  }
+  last_iterations_[tenant.handle] = iterations;
+  const auto ms = [](auto d) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+  };
+  spdlog::info("checkpoint: tenant '{}' wrote {} ({}; {:.1f} MiB; copy {} ms, write {} ms)",
+               tenant.name, CheckpointFileName(image.sequence), KeyVersionsText(info->key_versions),
+               info->bytes / 1048576.0, ms(copied - start),
+               ms(std::chrono::steady_clock::now() - copied));
+  return info;
+}
+
+Result<std::vector<CheckpointInfo>> Checkpointer::List(const std::string& tenant) {
+  if (!enabled()) return FailedPrecondition(why_disabled_);
+  TenantInfo info;
+  if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
+  return ListCheckpoints(TenantDir(info.name, info.handle));
+}
+
+Status Checkpointer::Delete(const std::string& tenant, uint64_t sequence) {
+  if (!enabled()) return FailedPrecondition(why_disabled_);
+  TenantInfo info;
+  if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
+  std::lock_guard lock(mu_);
+  return DeleteCheckpoint(TenantDir(info.name, info.handle), sequence);
+}
+
+Result<CheckpointInfo> Checkpointer::Restore(const std::string& tenant, uint64_t sequence) {
+  if (!enabled()) return FailedPrecondition(why_disabled_);
+  TenantInfo info;
+  if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
+  std::lock_guard lock(mu_);
+  const std::string dir = TenantDir(info.name, info.handle);
+  Result<CheckpointImage> image = NotFound("");
+  std::vector<std::string> skipped;
+  if (sequence == 0) {
+    image = LoadNewestValid(dir, &skipped);
+  } else {
+    image = ReadCheckpoint(dir + "/" + CheckpointFileName(sequence));
+  }
+  for (const std::string& s : skipped) {
+    spdlog::error("checkpoint: tenant '{}': skipped damaged checkpoint {}", info.name, s);
+  }
+  if (!image.ok()) {
+    return Status(image.status().code(),
+                  "tenant '" + tenant + "': " +
+                      (image.status().message().empty() ? "has no valid checkpoint"
+                                                        : image.status().message()));
+  }
+  // Hold the tenant's pushes and pulls, fail what is pending, then replace.
+  const auto rt = data_->TenantRuntimeFor(info.handle);
+  rt->recovering.fetch_add(1);
+  const std::string why = "the tenant is being restored to " + CheckpointFileName(image->sequence);
+  OnEveryLaneAndWait(data_, [&](Lane& lane) { lane.FailPending(info.handle, why); });
+  // Chunks newer than the checkpoint go back: the floor is the image's.
+  for (const CheckpointKey& ck : image->keys) {
+    data_->KeyRuntimeFor(info.handle, ck.id)->floor.store(ck.version);
+  }
+  Install(info, *image);
+  if (rt->recovering.fetch_sub(1) == 1) {
+    OnEveryLaneAndWait(data_, [&](Lane& lane) { lane.ReleaseParked(info.handle); });
+  }
+  last_iterations_[info.handle] = TenantIteration(info);
+  CheckpointInfo out;
+  out.path = dir + "/" + CheckpointFileName(image->sequence);
+  out.sequence = image->sequence;
+  out.created_unix_ms = image->created_unix_ms;
+  std::error_code ec;
+  out.bytes = fs::file_size(out.path, ec);
+  for (const CheckpointKey& k : image->keys) out.key_versions.emplace_back(k.name, k.version);
+  spdlog::warn("checkpoint: tenant '{}' restored to {} ({})", info.name,
+               CheckpointFileName(image->sequence), KeyVersionsText(out.key_versions));
+  return out;
+}
+
+void Checkpointer::TenantDeleted(uint32_t handle) {
+  if (!enabled()) return;
+  std::lock_guard lock(mu_);
+  last_iterations_.erase(handle);
+  // The directory is "<handle>-<name>"; handles are never reused.
+  const std::string prefix = std::to_string(handle) + "-";
+  std::error_code ec;
+  std::vector<fs::path> dirs;
+  for (const auto& entry : fs::directory_iterator(config_.state.dir + "/checkpoints", ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) dirs.push_back(entry.path());
+  }
+  for (const fs::path& dir : dirs) {
+    fs::remove_all(dir, ec);
+    if (ec) spdlog::warn("checkpoint: cannot remove {}: {}", dir.string(), ec.message());
+  }
+}
+
+void Checkpointer::CheckpointAll() {
+  if (!enabled()) return;
+  std::lock_guard lock(mu_);
+  for (const TenantInfo& t : registry_->ListTenants()) {
+    const uint64_t now = TenantIteration(t);
+    const auto it = last_iterations_.find(t.handle);
+    if (now == (it == last_iterations_.end() ? 0 : it->second)) {
+      continue;  // nothing new since the last checkpoint (or the restore)
+    }
+    // The data plane has failed every pending update: the iteration in
+    // progress ends as a skipped step, as after a lost worker.
+    const auto versions = KeyVersions(t.handle);
+    OnEveryLaneAndWait(data_, [&](Lane& lane) { lane.Align(t.handle, versions); });
+    Result<CheckpointInfo> r = CreateLocked(t, std::chrono::seconds(5));
+    if (!r.ok()) spdlog::error("checkpoint: tenant '{}': {}", t.name, r.status().message());
+  }
+}
+
+uint64_t Checkpointer::TenantIteration(const TenantInfo& tenant) {
+  std::vector<KeyInfo> keys;
+  registry_->ListKeys(tenant.name, &keys);
+  uint64_t v = 0;
+  for (const KeyInfo& k : keys) {
+    v = std::max(v, data_->KeyRuntimeFor(tenant.handle, k.id)->version.load());
+  }
+  return v;
+}
+
+void Checkpointer::Start() {
+  if (!enabled()) return;
+  if (config_.checkpoint.every_iterations == 0 && config_.checkpoint.every_seconds == 0) return;
+  trigger_ = std::thread([this] { TriggerLoop(); });
+}
+
+void Checkpointer::Stop() {
+  {
+    std::lock_guard lock(trigger_mu_);
+    stopping_ = true;
+  }
+  trigger_cv_.notify_all();
+  if (trigger_.joinable()) trigger_.join();
+}
+
+void Checkpointer::TriggerLoop() {
+  const auto every = std::chrono::seconds(config_.checkpoint.every_seconds);
+  std::map<uint32_t, std::chrono::steady_clock::time_point> last_time;
+  std::unique_lock lock(trigger_mu_);
+  while (!trigger_cv_.wait_for(lock, kTriggerPoll, [this] { return stopping_; })) {
+    lock.unlock();
+    const auto now = std::chrono::steady_clock::now();
+    for (const TenantInfo& t : registry_->ListTenants()) {
+      const uint64_t done = TenantIteration(t);
+      uint64_t last;
+      {
+        std::lock_guard l(mu_);
+        last = last_iterations_[t.handle];
+      }
+      if (done == last) continue;  // idle since the last checkpoint
+      auto [since, fresh] = last_time.try_emplace(t.handle, now);
+      const bool by_iterations = config_.checkpoint.every_iterations > 0 &&
+                                 done - last >= config_.checkpoint.every_iterations;
+      const bool by_time = config_.checkpoint.every_seconds > 0 && !fresh &&
+                           now - since->second >= every;
+      if (!by_iterations && !by_time) continue;
+      last_time[t.handle] = now;
+      Result<CheckpointInfo> r = Create(t.name);
+      if (!r.ok() && r.status().code() != StatusCode::kNotFound) {
+        spdlog::warn("checkpoint: periodic checkpoint of tenant '{}' failed: {}", t.name,
+                     r.status().message());
+      }
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace rackhub::server
