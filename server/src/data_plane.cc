@@ -115,14 +115,14 @@ std::vector<DataPlane::RackLinkStats> DataPlane::RackLinks() const {
 uint64_t DataPlane::WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
                                uint32_t from_lane) {
   const uint64_t before = seq_.load() + 1;
-  Recover(handle, [handle, member, before, why, from_lane](Lane& lane) {
+  Recover(handle, "worker lost: " + why, [handle, member, before, why, from_lane](Lane& lane) {
     if (lane.index() != from_lane) lane.OnWorkerLost(handle, member, before, why);
   });
   return before;
 }
 
 void DataPlane::AbortIteration(uint32_t handle, const std::string& why) {
-  Recover(handle, [handle, why](Lane& lane) { lane.FailPending(handle, why); });
+  Recover(handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); });
 }
 
 // Phase 1 on every lane: `first`, then report the newest version of each key
@@ -130,13 +130,15 @@ void DataPlane::AbortIteration(uint32_t handle, const std::string& why) {
 // the tenant meanwhile: `recovering`), phase 2 on every lane: chunks below
 // their key's newest version finish the aborted iteration as a skipped step.
 // Once every lane has, the held PULLs are answered.
-void DataPlane::Recover(uint32_t handle, std::function<void(Lane&)> first) {
+void DataPlane::Recover(uint32_t handle, const std::string& why,
+                        std::function<void(Lane&)> first) {
   struct Job {
     std::mutex mu;
     std::map<uint32_t, uint64_t> versions;  // GUARDED_BY(mu) during phase 1
     std::atomic<uint32_t> remaining;
   };
   const auto tenant = TenantRuntimeFor(handle);
+  tenant->SetCause(why);
   tenant->recovering.fetch_add(1);
   auto job = std::make_shared<Job>();
   job->remaining = lane_count();

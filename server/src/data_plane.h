@@ -90,7 +90,7 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // Recovery after an aborted iteration: `first` on every lane (fail the
   // pending updates), then every chunk aligned to its key's newest version,
   // then the held PULLs answered. Asynchronous; see docs/durability.md.
-  void Recover(uint32_t handle, std::function<void(Lane&)> first);
+  void Recover(uint32_t handle, const std::string& why, std::function<void(Lane&)> first);
 
   const Config config_;
   Registry* registry_;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "rackhub/net/connector.h"
@@ -33,6 +34,21 @@ struct TenantRuntime {
   // non-zero, PUSHes are refused (non-fatal WORKER_LOST) and PULLs are held
   // until every chunk is at its key's version again.
   std::atomic<uint32_t> recovering{0};
+
+  // Why the newest recovery started (named in the refusals while it runs).
+  // Not on the per-chunk path: read only to refuse a push.
+  void SetCause(std::string why) {
+    std::lock_guard lock(mu_);
+    cause_ = std::move(why);
+  }
+  std::string cause() const {
+    std::lock_guard lock(mu_);
+    return cause_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::string cause_;  // GUARDED_BY(mu_)
 };
 
 class LaneHost {

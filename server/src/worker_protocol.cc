@@ -221,8 +221,8 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
     // Not fatal: the tenant is being brought back to one version per key
     // after an aborted iteration (milliseconds). Pull, then push again.
     return Refuse(conn, WireError::kWorkerLost,
-                  "recovering: the tenant's last iteration was aborted; Pull the key and push "
-                  "the next iteration",
+                  "recovering: the tenant's iteration in progress was aborted (" +
+                      t.runtime->cause() + "); Pull the key and push the next iteration",
                   rid);
   }
   if (!stage.initialized()) {

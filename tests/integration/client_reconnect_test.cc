@@ -40,8 +40,9 @@ std::string Describe(const CommandResult& r) {
 class ClientReconnectTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // No checkpoints: a restarted hub has every key back at version 0 (a
-    // rollback to 0), whatever the checkpoint defaults become.
+    // No periodic checkpoints: a hub killed with SIGKILL comes back with
+    // every key at version 0 (a rollback to 0); a graceful stop still writes
+    // one (checkpoint.on_shutdown).
     daemon_ = std::make_unique<DaemonProcess>(
         std::vector<std::string>{"--lanes", "2", "--checkpoint-every-iterations", "0",
                                  "--checkpoint-every-seconds", "0"});
@@ -171,32 +172,36 @@ TEST_F(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
   EXPECT_EQ(c1->GetKeyInfo(key)->next_iteration, e.iteration + 1);
 }
 
-// A graceful stop (SIGTERM: SHUTTING_DOWN) and restart: the pending PushPull
-// is not failed with SHUTTING_DOWN but completes after the reconnect (here with
-// kRolledBack: the hub came back without a checkpoint).
-TEST_F(ClientReconnectTest, GracefulRestartKeepsThePendingTicket) {
+// A graceful stop (SIGTERM: SHUTTING_DOWN) and restart loses nothing: the
+// pending PushPull is not failed with SHUTTING_DOWN but re-sent after the
+// reconnect; the hub wrote a checkpoint on its way down (checkpoint.on_shutdown)
+// and resumed from it, so the iteration completes once rank 1 pushes too,
+// with the values of a run that never stopped.
+TEST_F(ClientReconnectTest, GracefulRestartLosesNothing) {
   auto c0 = Connect(0);
   auto c1 = Connect(1);
   ASSERT_TRUE(c0 && c1);
   const KeyId key = Declare(*c0);
   ASSERT_EQ(Declare(*c1), key);
-  Step(*c0, *c1, key, 1.0f);
-  std::vector<float> grad(kElements, 1.0f), out(kElements);
-  const Ticket pending = c0->PushPull(key, grad, out);
+  const std::vector<float> after1 = Step(*c0, *c1, key, 1.0f);
+  std::vector<float> grad(kElements, 1.0f), grad1(kElements, 3.0f), out(kElements),
+      out1(kElements);
+  const Ticket pending = c0->PushPull(key, grad, out);  // iteration 1, waits for rank 1
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
   ASSERT_TRUE(daemon_->Restart());
-  CreateTenant();
-  const Error e = c0->Wait(pending);
-  EXPECT_EQ(e.code, ErrorCode::kRolledBack) << e.message;
-  EXPECT_EQ(e.iteration, 0u);
-  EXPECT_EQ(e.message, "hub restarted: key 'w' rolled back to iteration 0 (was 1)");
-  std::vector<float> p(kElements);
-  ASSERT_TRUE(c0->Wait(c0->Pull(key, p)).ok());
   ASSERT_TRUE(WaitFor([&] { return c1->reconnects() >= 1; }, std::chrono::seconds(10)));
-  ASSERT_TRUE(c1->Wait(c1->Pull(key, p)).ok());
-  Step(*c0, *c1, key, 1.0f);
-  EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, 1u);
+  const Ticket t1 = c1->PushPull(key, grad1, out1);
+  const Error e = c0->Wait(pending);
+  ASSERT_TRUE(e.ok()) << e.message;
+  ASSERT_TRUE(c1->Wait(t1).ok());
+  EXPECT_EQ(out, out1);
+  // SGD lr 0.1 on the mean: iteration 1's mean gradient is 2.
+  for (size_t i = 0; i < kElements; i += 997) {
+    EXPECT_FLOAT_EQ(out[i], after1[i] - 0.1f * 2.0f) << i;
+  }
+  EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, 2u);
+  EXPECT_FALSE(c0->GetKeyInfo(key)->resync_needed);
 }
 
 // The hub never comes back: the pending ticket fails with kConnectionLost
@@ -313,16 +318,10 @@ TEST_F(ClientReconnectTest, CApiRolledBackAndNoReconnect) {
 }
 
 // A peer rank dies mid-PushPull (a forked process, SIGKILL): the survivor
-// gets kServer/WORKER_LOST and the key needs a Pull; pushes keep failing with
-// WORKER_LOST until a replacement rank 1 connects; then both continue at the
-// same iteration.
-// DISABLED until the server side of issue 11 part 3 is in (consistent chunk
-// versions after WORKER_LOST, pushes refused with WORKER_LOST until the rank
-// is back): against the hub of 2026-11-23 the client part passes (WORKER_LOST,
-// then kRolledBack, then Pull) but the push while rank 1 is away is accepted
-// and waits instead of being refused. Run it with
-// --gtest_also_run_disabled_tests.
-TEST_F(ClientReconnectTest, DISABLED_LostPeerThenReplacement) {
+// gets kServer/WORKER_LOST and the key needs a Pull; its next push waits for
+// a replacement rank 1 (bounded by the straggler timeout); the replacement
+// connects, pulls, pushes, and both continue at the same iteration.
+TEST_F(ClientReconnectTest, LostPeerThenReplacement) {
   // The peer: a child process (forked before this process starts threads)
   // that pushes two iterations as rank 1, then hangs until killed.
   const pid_t peer = fork();
@@ -368,22 +367,27 @@ TEST_F(ClientReconnectTest, DISABLED_LostPeerThenReplacement) {
   std::vector<float> p0(kElements), p1(kElements);
   ASSERT_TRUE(c0->Wait(c0->Pull(key, p0)).ok());
   EXPECT_FALSE(c0->GetKeyInfo(key)->resync_needed);
-  // While rank 1 is not back every push is refused (non-fatal).
-  const Error again = c0->Wait(c0->PushPull(key, grad, out));
-  EXPECT_EQ(again.code, ErrorCode::kServer) << again.message;
-  EXPECT_EQ(again.wire, net::WireError::kWorkerLost) << again.message;
-
+  const uint64_t it0 = c0->GetKeyInfo(key)->next_iteration;
+  EXPECT_EQ(it0, 2u) << "the aborted iteration 2 is pushed again";
+  // The survivor goes on at once; its push waits for the replacement.
+  const Ticket waiting = c0->PushPull(key, grad, out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   auto c1b = Connect(1);
   ASSERT_TRUE(c1b);
   ASSERT_EQ(Declare(*c1b), key);
-  ASSERT_TRUE(c0->Wait(c0->Pull(key, p0)).ok());
   ASSERT_TRUE(c1b->Wait(c1b->Pull(key, p1)).ok());
   EXPECT_EQ(p0, p1);
-  const uint64_t it0 = c0->GetKeyInfo(key)->next_iteration;
   EXPECT_EQ(c1b->GetKeyInfo(key)->next_iteration, it0);
-  Step(*c0, *c1b, key, 1.0f);
+  std::vector<float> g1(kElements, 2.0f), out1(kElements);
+  const Ticket t1 = c1b->PushPull(key, g1, out1);
+  const Error ew = c0->Wait(waiting);
+  ASSERT_TRUE(ew.ok()) << ew.message;
+  ASSERT_TRUE(c1b->Wait(t1).ok());
+  EXPECT_EQ(out, out1);
   EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, it0 + 1);
-  EXPECT_EQ(c1b->GetKeyInfo(key)->next_iteration, it0 + 1);
+  Step(*c0, *c1b, key, 1.0f);
+  EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, it0 + 2);
+  EXPECT_EQ(c1b->GetKeyInfo(key)->next_iteration, it0 + 2);
 }
 
 }  // namespace
