@@ -138,7 +138,10 @@ void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& w
     if (it == t.chunks.end()) continue;
     Chunk& c = *it->second;
     for (const Waiter& w : c.pushes) {
-      if (auto wc = w.conn.lock(); wc && wc->open()) wc->SendError(code, why, w.request_id, false);
+      auto wc = w.conn.lock();
+      if (!wc || !wc->open()) continue;
+      t.runtime->PushFailed(Member(t, wc->id()), c.key_id, c.current_version());
+      wc->SendError(code, why, w.request_id, false);
     }
     c.pushes.clear();
     c.state.DiscardPending();

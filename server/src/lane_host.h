@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "rackhub/net/connector.h"
 
@@ -30,6 +32,7 @@ struct KeyRuntime {
 
 // Tenant-wide facts shared by the lanes.
 struct TenantRuntime {
+
   // Recoveries in progress (LaneHost::WorkerLost / AbortIteration): while
   // non-zero, PUSHes are refused (non-fatal WORKER_LOST) and PULLs are held
   // until every chunk is at its key's version again.
@@ -46,9 +49,28 @@ struct TenantRuntime {
     return cause_;
   }
 
+  // Failed pushes (docs/durability.md, Recovery). When the hub fails or
+  // refuses (non-fatal) a member's push of a key for an iteration, other
+  // chunks of that PushPull may already be counted, on other lanes, or still
+  // arrive. The client Pulls and pushes the same iteration again; for those
+  // chunks the hub keeps the first contribution and answers the new push
+  // with the chunk's result (instead of a fatal DUPLICATE_PUSH). Not on the
+  // per-chunk path: consulted only when a rank pushes a chunk twice.
+  void PushFailed(uint32_t member, uint32_t key, uint64_t iteration) {
+    std::lock_guard lock(mu_);
+    failed_[{member, key}] = iteration;
+  }
+  bool PushFailedAt(uint32_t member, uint32_t key, uint64_t iteration) const {
+    std::lock_guard lock(mu_);
+    const auto it = failed_.find({member, key});
+    return it != failed_.end() && it->second == iteration;
+  }
+
  private:
   mutable std::mutex mu_;
   std::string cause_;  // GUARDED_BY(mu_)
+  // (member, key) -> the iteration of its newest failed push.
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> failed_;  // GUARDED_BY(mu_)
 };
 
 class LaneHost {

@@ -217,9 +217,11 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
                                   aggregation::ChunkState& stage, const FrameHeader& h) {
   const uint64_t rid = h.request_id;
   const uint32_t rank = conn.id().rank;
+  const uint32_t member = ChunkTable::Member(t, conn.id());
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // Not fatal: the tenant is being brought back to one version per key
     // after an aborted iteration (milliseconds). Pull, then push again.
+    t.runtime->PushFailed(member, h.key, h.iteration);
     return Refuse(conn, WireError::kWorkerLost,
                   "recovering: the tenant's iteration in progress was aborted (" +
                       t.runtime->cause() + "); Pull the key and push the next iteration",
@@ -240,7 +242,7 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
                         "; Pull the key to resynchronize");
     return Verdict::kDiscard;
   }
-  if (stage.has_contributed(rank)) {
+  if (stage.has_contributed(rank) && !t.runtime->PushFailedAt(member, h.key, h.iteration)) {
     return Reject(conn, WireError::kDuplicatePush,
                   "iteration: rank " + Num(rank) + " already pushed chunk " + Num(h.chunk) +
                       " of key '" + k.name + "' for iteration " + Num(h.iteration),
@@ -296,13 +298,21 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   aggregation::ChunkState& stage = c.Stage(conn.id().rack);
-  if (h.iteration != stage.version() || stage.has_contributed(conn.id().rank) ||
+  const bool again = stage.has_contributed(conn.id().rank);
+  if (h.iteration != stage.version() ||
+      (again && !t.runtime->PushFailedAt(ChunkTable::Member(t, conn.id()), h.key, h.iteration)) ||
       t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // State moved while the payload was read (a recovery meanwhile).
     RefuseIteration(conn, t, h, stage.version(),
                     "iteration: " + Num(h.iteration) +
                         " is no longer current (the iteration was aborted while this push "
                         "was read); Pull the key to resynchronize");
+    return;
+  }
+  if (again) {
+    // The rank pushes again after a failed PushPull whose earlier push of
+    // this chunk is already counted: that one stays, this one gets the result.
+    c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id});
     return;
   }
   const auto result = stage.Contribute(conn.id().rank, payload);
@@ -427,6 +437,7 @@ void WorkerProtocol::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t bef
 void WorkerProtocol::RefuseIteration(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
                                      uint64_t current, const std::string& text) {
   t.info.counters->errors.fetch_add(1, std::memory_order_relaxed);
+  t.runtime->PushFailed(ChunkTable::Member(t, conn.id()), h.key, h.iteration);
   net::ErrorFrame e =
       net::MakeErrorFrame(WireError::kBadIteration, text, t.info.handle, h.request_id, false);
   e.header.key = h.key;

@@ -1,0 +1,359 @@
+// Job lifecycle and checkpoints with a real rackhubd (docs/durability.md):
+// a clean close is not a loss and a late rank is fine; a rank that leaves
+// cleanly mid-iteration is waited for, not failed; a tenant deleted while
+// its workers train; checkpoints created and restored through the admin API
+// resume training bit-exactly; damaged checkpoints are skipped at start-up.
+// (The kill -9 loops are tests/durability/kill_loop_test.cc.)
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "process.h"
+#include "rackhub/admin/v1/admin.grpc.pb.h"
+#include "rackhub/client/client.h"
+#include "training.h"
+
+namespace rackhub::testing {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = rackhub::admin::v1;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kToken[] = "durability-test-token-0123456789abcdef";
+constexpr uint64_t kElements = 5000;  // 5 chunks of 1024 over 2 lanes
+
+class DurabilityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
+        "--lanes", "2", "--checkpoint-every-iterations", "0", "--checkpoint-every-seconds", "0",
+        "--straggler-timeout-ms", "20000"});
+    ASSERT_TRUE(daemon_->started());
+    channel_ = grpc::CreateChannel(daemon_->admin_address(), grpc::InsecureChannelCredentials());
+    tenants_ = pb::TenantService::NewStub(channel_);
+    checkpoints_ = pb::CheckpointService::NewStub(channel_);
+    handle_ = CreateTenant("job", 2);
+  }
+
+  uint32_t CreateTenant(const std::string& name, uint32_t workers) {
+    grpc::ClientContext ctx;
+    pb::CreateTenantRequest req;
+    req.set_name(name);
+    req.set_workers_per_rack(workers);
+    req.set_chunk_bytes(4096);
+    req.set_token(kToken);
+    pb::CreateTenantResponse resp;
+    const grpc::Status s = tenants_->CreateTenant(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.tenant().handle();
+  }
+
+  std::unique_ptr<client::Client> Connect(uint32_t rank, const std::string& tenant = "job") {
+    client::Options o;
+    o.hub = daemon_->data_address();
+    o.tenant = tenant;
+    o.token = kToken;
+    o.rank = rank;
+    o.op_timeout = std::chrono::seconds(20);
+    client::Error e;
+    auto c = client::Client::Connect(o, &e);
+    EXPECT_TRUE(c) << e.message;
+    return c;
+  }
+
+  static TrainingKey Declare(client::Client& c) {
+    client::KeyDecl d;
+    d.name = "w";
+    d.elements = kElements;
+    client::OptimizerSpec adam;
+    adam.type = "adam";
+    adam.learning_rate = 0.01;
+    d.optimizer = adam;
+    TrainingKey k;
+    k.seed = 3;
+    const client::Error e = c.DeclareKey(d, &k.id);
+    EXPECT_TRUE(e.ok()) << e.message;
+    k.params.assign(kElements, 0.0f);
+    k.grad.resize(kElements);
+    k.out.resize(kElements);
+    k.iteration = c.GetKeyInfo(k.id)->next_iteration;
+    return k;
+  }
+
+  // One iteration of both ranks (deterministic gradients); rank 0's result.
+  static std::vector<float> Step(client::Client& a, TrainingKey& ka, client::Client& b,
+                                 TrainingKey& kb) {
+    Gradient(ka.seed, ka.iteration, 0, ka.params, ka.grad);
+    Gradient(kb.seed, kb.iteration, 1, kb.params, kb.grad);
+    const client::Ticket ta = a.PushPull(ka.id, ka.grad, ka.out);
+    const client::Ticket tb = b.PushPull(kb.id, kb.grad, kb.out);
+    const client::Error ea = a.Wait(ta), eb = b.Wait(tb);
+    EXPECT_TRUE(ea.ok()) << ea.message;
+    EXPECT_TRUE(eb.ok()) << eb.message;
+    if (!ea.ok() || !eb.ok()) return {};
+    ka.params.swap(ka.out);
+    kb.params.swap(kb.out);
+    ++ka.iteration;
+    ++kb.iteration;
+    EXPECT_EQ(ka.params, kb.params);
+    return ka.params;
+  }
+
+  Result<pb::Checkpoint> CreateCheckpoint() {
+    grpc::ClientContext ctx;
+    pb::CreateCheckpointRequest req;
+    req.set_tenant("job");
+    pb::Checkpoint resp;
+    const grpc::Status s = checkpoints_->CreateCheckpoint(&ctx, req, &resp);
+    if (!s.ok()) return Status(static_cast<StatusCode>(s.error_code()), s.error_message());
+    return resp;
+  }
+
+  std::string CheckpointDir() const {
+    return daemon_->state_dir() + "/checkpoints/" + std::to_string(handle_) + "-job";
+  }
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::TenantService::Stub> tenants_;
+  std::unique_ptr<pb::CheckpointService::Stub> checkpoints_;
+  uint32_t handle_ = 0;
+};
+
+// Job 1 finishes and closes (BYE) rank by rank: nobody is failed. Job 2 on
+// the same tenant has rank 1 start half a second late: rank 0's first push
+// waits for it and both continue from where job 1 stopped.
+TEST_F(DurabilityTest, CleanCloseIsNotALossAndALateRankIsFine) {
+  {
+    auto c0 = Connect(0), c1 = Connect(1);
+    ASSERT_TRUE(c0 && c1);
+    TrainingKey k0 = Declare(*c0), k1 = Declare(*c1);
+    for (int i = 0; i < 3; ++i) Step(*c0, k0, *c1, k1);
+    c0->Close();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    c1->Close();
+  }
+  auto c0 = Connect(0);
+  ASSERT_TRUE(c0);
+  TrainingKey k0 = Declare(*c0);
+  client::Error e;
+  ASSERT_TRUE(PullKey(*c0, k0, &e)) << e.message;
+  EXPECT_EQ(k0.iteration, 3u);
+  Gradient(k0.seed, k0.iteration, 0, k0.params, k0.grad);
+  const client::Ticket pending = c0->PushPull(k0.id, k0.grad, k0.out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto c1 = Connect(1);
+  ASSERT_TRUE(c1);
+  TrainingKey k1 = Declare(*c1);
+  ASSERT_TRUE(PullKey(*c1, k1, &e)) << e.message;
+  EXPECT_EQ(k1.params, k0.params);
+  Gradient(k1.seed, k1.iteration, 1, k1.params, k1.grad);
+  const client::Error e1 = c1->Wait(c1->PushPull(k1.id, k1.grad, k1.out));
+  const client::Error e0 = c0->Wait(pending);
+  ASSERT_TRUE(e0.ok()) << e0.message;
+  ASSERT_TRUE(e1.ok()) << e1.message;
+  EXPECT_EQ(k0.out, k1.out);
+  const std::string log = daemon_->Log();
+  EXPECT_NE(log.find("rank 0 lane 0 left"), std::string::npos) << log;
+  EXPECT_EQ(log.find("worker lost"), std::string::npos) << log;
+  EXPECT_EQ(log.find("closed after a fatal error"), std::string::npos) << log;
+}
+
+// A rank that leaves cleanly while another waits on it: the update waits for
+// a replacement (like for a rank not connected yet), nothing is failed.
+TEST_F(DurabilityTest, ALeavingRankIsWaitedForNotFailed) {
+  auto c0 = Connect(0), c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  TrainingKey k0 = Declare(*c0), k1 = Declare(*c1);
+  Step(*c0, k0, *c1, k1);
+  Gradient(k0.seed, k0.iteration, 0, k0.params, k0.grad);
+  const client::Ticket pending = c0->PushPull(k0.id, k0.grad, k0.out);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  c1->Close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const client::Error still = c0->WaitFor(pending, std::chrono::milliseconds(0));
+  EXPECT_EQ(still.code, client::ErrorCode::kTimeout) << still.message;
+  client::Error e;
+  auto c1b = Connect(1);
+  ASSERT_TRUE(c1b);
+  TrainingKey k1b = Declare(*c1b);
+  ASSERT_TRUE(PullKey(*c1b, k1b, &e)) << e.message;
+  Gradient(k1b.seed, k1b.iteration, 1, k1b.params, k1b.grad);
+  ASSERT_TRUE(c1b->Wait(c1b->PushPull(k1b.id, k1b.grad, k1b.out)).ok());
+  const client::Error e0 = c0->Wait(pending);
+  ASSERT_TRUE(e0.ok()) << e0.message;
+  EXPECT_EQ(k0.out, k1b.out);
+  EXPECT_EQ(c0->GetKeyInfo(k0.id)->next_iteration, 2u);
+}
+
+// DeleteTenant while both ranks train: they get a clear error within
+// seconds (no hang), the tenant's checkpoints go, another tenant is not
+// disturbed, and the name can be used again from scratch.
+TEST_F(DurabilityTest, TenantDeletedWhileTraining) {
+  CreateTenant("other", 1);
+  auto other = Connect(0, "other");
+  ASSERT_TRUE(other);
+  TrainingKey ko = Declare(*other);
+  ASSERT_TRUE(CreateCheckpoint().ok());
+  ASSERT_TRUE(fs::exists(CheckpointDir()));
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> steps{0};
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (uint32_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto c = Connect(r);
+      if (!c) return;
+      TrainingKey k = Declare(*c);
+      while (!stop) {
+        Gradient(k.seed, k.iteration, r, k.params, k.grad);
+        const client::Error e = c->Wait(c->PushPull(k.id, k.grad, k.out));
+        if (!e.ok()) {
+          errors[r] = std::string(client::ErrorCodeName(e.code)) + ": " + e.message;
+          return;
+        }
+        k.params.swap(k.out);
+        ++k.iteration;
+        ++steps;
+      }
+    });
+  }
+  while (steps < 20) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  {
+    grpc::ClientContext ctx;
+    pb::DeleteTenantRequest req;
+    req.set_name("job");
+    pb::DeleteTenantResponse resp;
+    ASSERT_TRUE(tenants_->DeleteTenant(&ctx, req, &resp).ok());
+  }
+  const auto deleted = Clock::now();
+  for (auto& t : ranks) t.join();
+  EXPECT_LT(Clock::now() - deleted, std::chrono::seconds(5));
+  for (const std::string& e : errors) {
+    EXPECT_FALSE(e.empty());
+    EXPECT_TRUE(e.find("TENANT_GONE") != std::string::npos ||
+                e.find("deleted") != std::string::npos)
+        << e;
+  }
+  EXPECT_FALSE(fs::exists(CheckpointDir()));
+  // The other tenant trains on.
+  Gradient(ko.seed, ko.iteration, 0, ko.params, ko.grad);
+  const client::Error eo = other->Wait(other->PushPull(ko.id, ko.grad, ko.out));
+  EXPECT_TRUE(eo.ok()) << eo.message;
+  // The name again, from scratch.
+  handle_ = CreateTenant("job", 2);
+  auto c0 = Connect(0), c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  TrainingKey k0 = Declare(*c0), k1 = Declare(*c1);
+  EXPECT_EQ(k0.iteration, 0u);
+  EXPECT_FALSE(Step(*c0, k0, *c1, k1).empty());
+}
+
+// CreateCheckpoint while training, train on, RestoreCheckpoint: the clients
+// are told (BAD_ITERATION with the restored iteration), Pull the
+// checkpoint's parameters, and the same gradients give the same results bit
+// for bit (parameters and Adam's moments came back). Then kill -9: the hub
+// resumes from the checkpoint at start-up.
+TEST_F(DurabilityTest, CheckpointRestoreResumesBitExactly) {
+  auto c0 = Connect(0), c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  TrainingKey k0 = Declare(*c0), k1 = Declare(*c1);
+  for (int i = 0; i < 5; ++i) Step(*c0, k0, *c1, k1);
+  const std::vector<float> at5 = k0.params;
+  const Result<pb::Checkpoint> ck = CreateCheckpoint();
+  ASSERT_TRUE(ck.ok()) << ck.status().message();
+  ASSERT_EQ(ck->keys_size(), 1);
+  EXPECT_EQ(ck->keys(0).iteration(), 5u);
+  EXPECT_EQ(ck->sequence(), 1u);
+  EXPECT_GT(ck->bytes(), kElements * 4 * 3);
+  std::vector<std::vector<float>> after;
+  for (int i = 0; i < 3; ++i) after.push_back(Step(*c0, k0, *c1, k1));
+
+  {
+    grpc::ClientContext ctx;
+    pb::RestoreCheckpointRequest req;
+    req.set_tenant("job");
+    pb::Checkpoint resp;
+    const grpc::Status s = checkpoints_->RestoreCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.sequence(), 1u);
+  }
+  for (auto [c, k, r] : {std::tuple{c0.get(), &k0, 0u}, std::tuple{c1.get(), &k1, 1u}}) {
+    Gradient(k->seed, k->iteration, r, k->params, k->grad);
+    const client::Error e = c->Wait(c->PushPull(k->id, k->grad, k->out));
+    ASSERT_TRUE(NeedsResync(e)) << e.message;
+    client::Error pe;
+    ASSERT_TRUE(PullKey(*c, *k, &pe)) << pe.message;
+    EXPECT_EQ(k->iteration, 5u);
+    EXPECT_EQ(k->params, at5);
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(Step(*c0, k0, *c1, k1), after[i]) << "iteration " << 6 + i;
+  }
+
+  EXPECT_EQ(daemon_->Kill(), 128 + SIGKILL);
+  ASSERT_TRUE(daemon_->Restart());
+  EXPECT_NE(daemon_->Log().find("resumed from ckpt-00000000000000000001.rhc"), std::string::npos)
+      << daemon_->Log();
+  Gradient(k0.seed, k0.iteration, 0, k0.params, k0.grad);
+  const client::Error e = c0->Wait(c0->PushPull(k0.id, k0.grad, k0.out));
+  ASSERT_EQ(e.code, client::ErrorCode::kRolledBack) << e.message;
+  EXPECT_EQ(e.iteration, 5u);
+  client::Error pe;
+  ASSERT_TRUE(PullKey(*c0, k0, &pe) && PullKey(*c1, k1, &pe)) << pe.message;
+  EXPECT_EQ(k0.params, at5);
+  EXPECT_EQ(Step(*c0, k0, *c1, k1), after[0]);
+}
+
+// Damaged checkpoints (bit flip, truncation) are skipped at start-up with a
+// log line naming the file and the reason; the newest valid one is used.
+TEST_F(DurabilityTest, DamagedCheckpointsAreSkippedAtStart) {
+  auto c0 = Connect(0), c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  TrainingKey k0 = Declare(*c0), k1 = Declare(*c1);
+  std::vector<std::vector<float>> at;  // params at the checkpoints
+  for (int n = 0; n < 3; ++n) {
+    Step(*c0, k0, *c1, k1);
+    Step(*c0, k0, *c1, k1);
+    ASSERT_TRUE(CreateCheckpoint().ok());
+    at.push_back(k0.params);
+  }
+  EXPECT_EQ(daemon_->Kill(), 128 + SIGKILL);
+  const std::string dir = CheckpointDir() + "/";
+  const std::string third = dir + "ckpt-00000000000000000003.rhc";
+  const std::string second = dir + "ckpt-00000000000000000002.rhc";
+  {
+    std::fstream f(third, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(third) - 100));
+    f.put('\x5a');
+  }
+  fs::resize_file(second, fs::file_size(second) / 2);
+  ASSERT_TRUE(daemon_->Restart());
+  const std::string log = daemon_->Log();
+  EXPECT_NE(log.find("skipped damaged checkpoint " + third), std::string::npos) << log;
+  EXPECT_NE(log.find("skipped damaged checkpoint " + second), std::string::npos) << log;
+  EXPECT_NE(log.find("resumed from ckpt-00000000000000000001.rhc"), std::string::npos) << log;
+  Gradient(k0.seed, k0.iteration, 0, k0.params, k0.grad);
+  const client::Error e = c0->Wait(c0->PushPull(k0.id, k0.grad, k0.out));
+  ASSERT_EQ(e.code, client::ErrorCode::kRolledBack) << e.message;
+  EXPECT_EQ(e.iteration, 2u);
+  client::Error pe;
+  ASSERT_TRUE(PullKey(*c0, k0, &pe) && PullKey(*c1, k1, &pe)) << pe.message;
+  EXPECT_EQ(k0.params, at[0]);
+  EXPECT_FALSE(Step(*c0, k0, *c1, k1).empty());
+}
+
+}  // namespace
+}  // namespace rackhub::testing
