@@ -90,7 +90,7 @@ struct StateConfig {
 // Checkpoints of every tenant's parameters and optimizer state.
 struct CheckpointConfig {
   uint64_t every_iterations = 0;  // 0: off; else when the newest key version advanced by N
-  uint32_t every_seconds = 0;     // 0: off
+  uint32_t every_seconds = 300;   // 0: off; a crash loses at most this much training
   uint32_t keep = 3;              // newest valid checkpoints kept per tenant (>= 1)
   bool on_shutdown = true;        // checkpoint every tenant on SIGTERM before exiting
 };

@@ -520,7 +520,7 @@ TEST(ParseConfigTextTest, StateAndCheckpointSections) {
   EXPECT_EQ(c.state.dir, "/var/lib/rackhub");
   EXPECT_FALSE(c.state.in_memory);
   EXPECT_EQ(c.checkpoint.every_iterations, 0u);
-  EXPECT_EQ(c.checkpoint.every_seconds, 0u);
+  EXPECT_EQ(c.checkpoint.every_seconds, 300u);
   EXPECT_EQ(c.checkpoint.keep, 3u);
   EXPECT_TRUE(c.checkpoint.on_shutdown);
   const auto errors = Parse(

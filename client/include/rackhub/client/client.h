@@ -50,9 +50,9 @@
 // way, the error staying kServer with its wire code. What a trainer does on
 // kRolledBack or kServer/WORKER_LOST: Pull the key(s) (that clears the mark and
 // sets the key's next iteration to the hub's), drop the step's gradients and
-// continue the loop with the next batch; on WORKER_LOST back off and retry
-// while the lost rank (or its replacement) is not back (pushes keep failing
-// with WORKER_LOST until then). A FROM_CLIENT key rolled back to 0 by a hub
+// continue the loop with the next batch; after WORKER_LOST the next PushPull
+// waits for the lost rank or its replacement (bounded by the hub's straggler
+// timeout). A FROM_CLIENT key rolled back to 0 by a hub
 // that had no checkpoint may have no values: rank 0 Inits it again first
 // (kServer/INVALID_ARGUMENT "already initialized" is fine), else the Pulls
 // wait for that. A key that is gone after a reconnect (deleted, or another
