@@ -485,7 +485,17 @@ TEST_P(DataPlaneProtocolTest, StragglerTimesOut) {
   const auto waited = std::chrono::steady_clock::now() - start;
   EXPECT_GE(waited, std::chrono::milliseconds(400));
   EXPECT_LT(waited, Ms(1500));
-  // The partial sum was discarded: both can push iteration 0 again.
+  // The partial sum was discarded: after a Pull (held until the tenant is
+  // consistent again; docs/durability.md) both push iteration 0 again.
+  FrameHeader pull;
+  pull.opcode = Opcode::kPull;
+  pull.tenant = h.tenant;
+  pull.key = h.key;
+  pull.request_id = 5;
+  r0->Send(pull);
+  const auto pulled = r0->Receive();
+  ASSERT_TRUE(pulled && pulled->h.opcode == Opcode::kParams) << testing::Describe(pulled);
+  EXPECT_EQ(pulled->h.iteration, 0u);
   r0->Send(h, Floats(16, 1.0f));
   r1->Send(h, Floats(16, 2.0f));
   const auto f = r0->Receive();
