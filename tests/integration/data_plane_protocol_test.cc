@@ -125,6 +125,13 @@ class DataPlaneProtocolTest : public ::testing::TestWithParam<Transport> {
     const float step = -0.5f * static_cast<float>(bystander_iteration_);
     EXPECT_EQ(p[0], step * 1);
     EXPECT_EQ(p[3], step * 4);
+    // A clean leave (BYE): not a lost worker, so the next check's push is
+    // not refused while the tenant recovers.
+    FrameHeader bye;
+    bye.opcode = Opcode::kBye;
+    bye.tenant = w.tenant_handle();
+    c->Send(bye);
+    EXPECT_TRUE(c->ClosedByPeer());
   }
 
   std::unique_ptr<DataLink> Connect() { return hub_->Connect(); }
