@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,6 +18,8 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include <xxhash.h>
 
 #include "process.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
@@ -35,10 +38,15 @@ constexpr uint64_t kElements = 5000;  // 5 chunks of 1024 over 2 lanes
 
 class DurabilityTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
-        "--lanes", "2", "--checkpoint-every-iterations", "0", "--checkpoint-every-seconds", "0",
-        "--straggler-timeout-ms", "20000"});
+  void SetUp() override { StartDaemon({}); }
+
+  void StartDaemon(const std::vector<std::string>& extra) {
+    std::vector<std::string> args{"--lanes", "2", "--checkpoint-every-iterations", "0",
+                                  "--checkpoint-every-seconds", "0", "--straggler-timeout-ms",
+                                  "20000"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    daemon_.reset();
+    daemon_ = std::make_unique<DaemonProcess>(args);
     ASSERT_TRUE(daemon_->started());
     channel_ = grpc::CreateChannel(daemon_->admin_address(), grpc::InsecureChannelCredentials());
     tenants_ = pb::TenantService::NewStub(channel_);
@@ -317,14 +325,16 @@ TEST_F(DurabilityTest, CheckpointRestoreResumesBitExactly) {
   EXPECT_EQ(Step(*c0, k0, *c1, k1), after[0]);
 }
 
-// Damaged checkpoints (bit flip, truncation) are skipped at start-up with a
-// log line naming the file and the reason; the newest valid one is used.
+// Damaged checkpoints (bit flip, truncation, a format version this build
+// does not read) are skipped at start-up with a log line naming the file and
+// the reason; the newest valid one is used.
 TEST_F(DurabilityTest, DamagedCheckpointsAreSkippedAtStart) {
+  StartDaemon({"--checkpoint-keep", "5"});
   auto c0 = Connect(0), c1 = Connect(1);
   ASSERT_TRUE(c0 && c1);
   TrainingKey k0 = Declare(*c0), k1 = Declare(*c1);
   std::vector<std::vector<float>> at;  // params at the checkpoints
-  for (int n = 0; n < 3; ++n) {
+  for (int n = 0; n < 4; ++n) {
     Step(*c0, k0, *c1, k1);
     Step(*c0, k0, *c1, k1);
     ASSERT_TRUE(CreateCheckpoint().ok());
@@ -332,8 +342,21 @@ TEST_F(DurabilityTest, DamagedCheckpointsAreSkippedAtStart) {
   }
   EXPECT_EQ(daemon_->Kill(), 128 + SIGKILL);
   const std::string dir = CheckpointDir() + "/";
+  const std::string fourth = dir + "ckpt-00000000000000000004.rhc";
   const std::string third = dir + "ckpt-00000000000000000003.rhc";
   const std::string second = dir + "ckpt-00000000000000000002.rhc";
+  {
+    // Format version 2 with a valid header checksum: a newer format.
+    std::fstream f(fourth, std::ios::in | std::ios::out | std::ios::binary);
+    char header[64];
+    f.read(header, sizeof header);
+    const uint32_t version = 2;
+    std::memcpy(header + 8, &version, sizeof version);
+    const uint64_t sum = XXH3_64bits(header, 56);
+    std::memcpy(header + 56, &sum, sizeof sum);
+    f.seekp(0);
+    f.write(header, sizeof header);
+  }
   {
     std::fstream f(third, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(fs::file_size(third) - 100));
@@ -342,6 +365,8 @@ TEST_F(DurabilityTest, DamagedCheckpointsAreSkippedAtStart) {
   fs::resize_file(second, fs::file_size(second) / 2);
   ASSERT_TRUE(daemon_->Restart());
   const std::string log = daemon_->Log();
+  EXPECT_NE(log.find("skipped damaged checkpoint " + fourth), std::string::npos) << log;
+  EXPECT_NE(log.find("version 2"), std::string::npos) << log;
   EXPECT_NE(log.find("skipped damaged checkpoint " + third), std::string::npos) << log;
   EXPECT_NE(log.find("skipped damaged checkpoint " + second), std::string::npos) << log;
   EXPECT_NE(log.find("resumed from ckpt-00000000000000000001.rhc"), std::string::npos) << log;
