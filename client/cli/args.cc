@@ -61,6 +61,14 @@ Result<uint32_t> ParseU32(std::string_view text) {
   return static_cast<uint32_t>(*value);
 }
 
+Result<uint64_t> ParsePositiveU64(std::string_view text) {
+  const Result<uint64_t> value = ParseUnsigned(text);
+  if (!value.ok() || *value == 0) {
+    return InvalidArgument(fmt::format("'{}' is not a positive integer", text));
+  }
+  return value;
+}
+
 Result<double> ParseDouble(std::string_view text) { return ParseDecimal(text); }
 
 Result<double> ParseSeconds(std::string_view text) {
@@ -90,6 +98,7 @@ double ParseSeconds(std::string_view option, std::string_view text) {
 
 CLI::Validator U64Validator() { return MakeValidator<uint64_t>(&ParseU64, false); }
 CLI::Validator U32Validator() { return MakeValidator<uint32_t>(&ParseU32, false); }
+CLI::Validator PositiveU64Validator() { return MakeValidator<uint64_t>(&ParsePositiveU64, false); }
 CLI::Validator DecimalValidator() { return MakeValidator<double>(&ParseDouble, false); }
 CLI::Validator SecondsValidator() { return MakeValidator<double>(&ParseSeconds, false); }
 CLI::Validator SizeValidator() { return MakeValidator<uint64_t>(&ParseSize, true); }

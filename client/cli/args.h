@@ -52,6 +52,8 @@ CommandLine CollectCommandLine(const CLI::App& app);
 // not a non-negative integer").
 Result<uint64_t> ParseU64(std::string_view text);
 Result<uint32_t> ParseU32(std::string_view text);
+// 1 or more ("'0' is not a positive integer").
+Result<uint64_t> ParsePositiveU64(std::string_view text);
 // A finite decimal number (e.g. 0.01, 1e-3).
 Result<double> ParseDouble(std::string_view text);
 // A per-call deadline in seconds: a positive finite decimal, at most a year.
@@ -69,6 +71,7 @@ double ParseSeconds(std::string_view option, std::string_view text);
 // can be bound to an integer.
 CLI::Validator U64Validator();
 CLI::Validator U32Validator();
+CLI::Validator PositiveU64Validator();
 CLI::Validator DecimalValidator();
 CLI::Validator SecondsValidator();
 CLI::Validator SizeValidator();    // 64-bit byte count

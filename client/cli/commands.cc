@@ -6,14 +6,31 @@
 #include <memory>
 #include <utility>
 
+#include "command_tree.h"
 #include "format.h"
 #include "help.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 
 namespace rackhub::cli {
-namespace {
 
-using Handler = std::function<int(const Invocation&)>;
+CLI::App* AddCommand(CLI::App* parent, const std::string& name, const std::string& summary,
+                     const std::string& details) {
+  CLI::App* command = parent->add_subcommand(name, summary);
+  command->footer(details.empty() ? std::string(kCommandFooter)
+                                  : details + "\n\n" + kCommandFooter);
+  return command;
+}
+
+CLI::Option* AddArgument(CLI::App* command, const std::string& name, std::string* value,
+                         const std::string& what) {
+  return command->add_option(name, *value, what)->type_name("")->required();
+}
+
+bool Given(const CLI::App& command, const std::string& option) {
+  return command.count(option) > 0;
+}
+
+namespace {
 
 const std::vector<std::pair<std::string, admin::OptimizerType>> kOptimizerTypes = {
     {"sgd", admin::SGD},   {"momentum", admin::MOMENTUM}, {"nesterov", admin::NESTEROV},
@@ -42,40 +59,9 @@ std::vector<std::string> Names(const std::vector<std::pair<std::string, T>>& cho
   return names;
 }
 
-bool Given(const CLI::App& command, const std::string& option) {
-  return command.count(option) > 0;
-}
-
 bool AnyGiven(const CLI::App& command, const std::vector<std::string>& options) {
   return std::any_of(options.begin(), options.end(),
                      [&command](const std::string& o) { return Given(command, o); });
-}
-
-// Emits `message` as JSON or through `human`.
-template <typename Message, typename Human>
-int Emit(const Invocation& inv, const Message& message, Human human) {
-  if (inv.connection.options().json) {
-    PrintJson(inv.out, message);
-  } else {
-    human();
-  }
-  return kExitOk;
-}
-
-// A command under `parent`: `summary` (one line) is listed in the parent's
-// help; `details` (may be empty) opens the command's own help footer.
-CLI::App* AddCommand(CLI::App* parent, const std::string& name, const std::string& summary,
-                     const std::string& details = "") {
-  CLI::App* command = parent->add_subcommand(name, summary);
-  command->footer(details.empty() ? std::string(kCommandFooter)
-                                  : details + "\n\n" + kCommandFooter);
-  return command;
-}
-
-// A required positional argument, shown as NAME (not "NAME TEXT").
-CLI::Option* AddArgument(CLI::App* command, const std::string& name, std::string* value,
-                         const std::string& what) {
-  return command->add_option(name, *value, what)->type_name("")->required();
 }
 
 // ---- Option groups shared by several commands -----------------------------
@@ -550,6 +536,9 @@ Commands::Commands() : app_(kDescription, "rackhubctl") {
       &handlers_);
   AddKeyCommands(AddCommand(&app_, "key", "keys: create, get, list, delete, set-optimizer"),
                  &handlers_);
+  AddCheckpointCommands(
+      AddCommand(&app_, "checkpoint", "checkpoints of a tenant: create, list, delete, restore"),
+      &handlers_);
   AddStatsCommand(&app_, &handlers_);
   help_ = app_.add_subcommand("help", "show this help, or a command's (e.g. help key create)");
   help_->add_option("COMMAND", help_words_, "command words")->type_name("");

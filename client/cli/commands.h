@@ -1,7 +1,10 @@
 // rackhubctl's commands as one CLI11 command tree: the global options, every
 // command (tenant create|get|list|update-quotas|delete, key
-// create|get|list|delete|set-optimizer, stats, help) with its positional
-// arguments, options, validation and help text, and one handler per command.
+// create|get|list|delete|set-optimizer, checkpoint create|list|delete|restore,
+// stats, help) with its positional arguments, options, validation and help
+// text, and one handler per command. The checkpoint commands live in
+// checkpoint_commands.cc; the helpers both files build commands with are in
+// command_tree.h.
 //
 // Ownership: Commands owns the CLI11 app and the values its options are bound
 // to; CLI11 holds pointers into it, so it is neither copied nor moved.
@@ -40,7 +43,7 @@ class Commands {
   // CLI11 leaves to the caller, with a message naming the culprit: arguments
   // no command took (unknown command, unexpected argument, unknown option or
   // one of another command), no command, or a command group without its
-  // subcommand ("tenant").
+  // subcommand ("tenant", "checkpoint").
   void CheckComplete() const;
   // A CLI11 parse error as one line, naming the command when the error's own
   // text does not name the option.

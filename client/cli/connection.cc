@@ -1,5 +1,6 @@
 #include "connection.h"
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -127,13 +128,24 @@ int ExitCodeFor(grpc::StatusCode code) {
   }
 }
 
+bool IsDaemonDeadline(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) return false;
+  std::string message = status.error_message();
+  for (char& c : message) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return !message.empty() && message.rfind("deadline exceeded", 0) != 0;
+}
+
+int ExitCodeFor(const grpc::Status& status) {
+  return IsDaemonDeadline(status) ? kExitRejected : ExitCodeFor(status.error_code());
+}
+
 std::string DescribeRpcError(const RpcError& error, double timeout_seconds) {
   const grpc::StatusCode code = error.status().error_code();
   std::string message = error.status().error_message();
   if (code == grpc::StatusCode::UNAVAILABLE) {
     message = "cannot reach rackhubd admin API at " + error.admin() +
               (message.empty() ? "" : " (" + message + ")");
-  } else if (code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  } else if (code == grpc::StatusCode::DEADLINE_EXCEEDED && !IsDaemonDeadline(error.status())) {
     message = "no answer from rackhubd admin API at " + error.admin() + " within " +
               FormatNumber(timeout_seconds) + " s (--timeout)" +
               (message.empty() ? "" : " (" + message + ")");

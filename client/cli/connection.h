@@ -78,6 +78,12 @@ class RpcError : public std::runtime_error {
 const char* StatusCodeName(grpc::StatusCode code);
 // The exit code for a failed call.
 int ExitCodeFor(grpc::StatusCode code);
+// The same, but a DEADLINE_EXCEEDED the daemon answered itself (a wait it
+// gave up on, e.g. CreateCheckpoint's) is a refusal (1), not unreachability.
+int ExitCodeFor(const grpc::Status& status);
+// Whether `status` is a DEADLINE_EXCEEDED carrying the daemon's own message
+// rather than gRPC's "Deadline Exceeded" for the call's --timeout.
+bool IsDaemonDeadline(const grpc::Status& status);
 // The stderr line (without trailing newline) for a failed call, e.g.
 // "rackhubctl: NOT_FOUND: name: tenant 'x' does not exist".
 std::string DescribeRpcError(const RpcError& error, double timeout_seconds);

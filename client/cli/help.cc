@@ -19,6 +19,12 @@ const char* const kFooter =
   key list TENANT         list the keys of a tenant
   key delete TENANT NAME  delete a key
   key set-optimizer TENANT NAME [optimizer options]
+  checkpoint create TENANT [--timeout-ms N]
+                          checkpoint now; prints the file and each key's iteration
+  checkpoint list TENANT  the tenant's checkpoints, newest first; damaged files say why
+  checkpoint delete TENANT SEQUENCE
+  checkpoint restore TENANT [SEQUENCE]
+                          put the running tenant back (default: the newest valid one)
   stats [TENANT]          daemon counters and per-tenant counters
 
 Optimizer options: --optimizer sgd|momentum|nesterov|adam|adamw|adagrad|sum-only,
@@ -36,6 +42,8 @@ Values:
   SIZE   bytes: a plain integer, or an integer with B, K, KiB, M, MiB, G, GiB, T or
          TiB (binary units), e.g. 32KiB, 64M, 1GiB
   X      a decimal number, e.g. 0.01 or 1e-3
+  SEQUENCE
+         a checkpoint's number, 1 or more, as `checkpoint list` shows it
 
 Output:
   Lists are aligned tables, single objects `field: value` blocks; byte counts
@@ -44,7 +52,8 @@ Output:
 Exit status:
   0  success
   1  the daemon refused the request (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS,
-     RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ...)
+     RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ...; also the DEADLINE_EXCEEDED of
+     `checkpoint create` when the chunks did not reach one iteration in --timeout-ms)
   2  usage error (unknown command or option, missing or malformed value), or an
      unreadable --token-file / TLS file
   3  the daemon is unreachable or did not answer within --timeout
@@ -56,6 +65,7 @@ Examples:
   rackhubctl tenant create vision --workers 8 --optimizer adamw --lr 3e-4 --weight-decay 0.01
   rackhubctl key create vision conv1.weight --elements 1048576 --dtype bf16
   rackhubctl --admin 10.0.0.5:7701 --token-file /etc/rackhub/admin.token key list vision
+  rackhubctl checkpoint restore vision 3
   rackhubctl stats --json)";
 
 const char* const kCommandFooter =

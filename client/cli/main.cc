@@ -66,7 +66,7 @@ int Run(int argc, char** argv) {
     return kExitUsage;
   } catch (const RpcError& e) {
     std::cerr << DescribeRpcError(e, timeout_seconds) << std::endl;
-    return ExitCodeFor(e.status().error_code());
+    return ExitCodeFor(e.status());
   }
 }
 

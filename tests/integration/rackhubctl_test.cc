@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -386,6 +387,212 @@ TEST_F(RackhubctlTest, ServerRejectionsExitOne) {
   EXPECT_TRUE(Row(Ok({"tenant", "list"}), "zero").empty());
 }
 
+// ---- checkpoint create|list|delete|restore --------------------------------
+
+// Rows of the first table of `out` whose header row starts with `header`, up
+// to the first empty line.
+std::vector<std::vector<std::string>> TableRows(const std::string& out, const std::string& header) {
+  std::vector<std::vector<std::string>> rows;
+  bool in_table = false;
+  for (const auto& line : Lines(out)) {
+    const auto words = Words(line);
+    if (!in_table) {
+      in_table = !words.empty() && words[0] == header;
+      continue;
+    }
+    if (words.empty()) break;
+    rows.push_back(words);
+  }
+  return rows;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The daemon runs with a state directory (DaemonProcess's default), so
+// checkpoints are on.
+TEST_F(RackhubctlTest, CheckpointLifecycle) {
+  Ok({"tenant", "create", "ck", "--workers", "1"});
+  Ok({"key", "create", "ck", "w", "--elements", "20000"});
+  Ok({"key", "create", "ck", "b", "--elements", "10", "--optimizer", "adam", "--lr", "0.001"});
+
+  // An untrained tenant: every key at iteration 0.
+  std::string out = Ok({"checkpoint", "create", "ck"});
+  EXPECT_TRUE(Contains(out, "created checkpoint 1 of tenant 'ck'")) << out;
+  EXPECT_EQ(Field(out, "sequence"), "1") << out;
+  const std::string path1 = Field(out, "path");
+  EXPECT_EQ(path1.rfind(daemon_->state_dir() + "/checkpoints/", 0), 0u) << out;
+  EXPECT_EQ(std::filesystem::path(path1).filename(), "ckpt-00000000000000000001.rhc") << out;
+  ASSERT_TRUE(std::filesystem::exists(path1)) << out;
+  const uint64_t size1 = std::filesystem::file_size(path1);
+  EXPECT_GT(size1, 80000u) << "w's 20000 fp32 parameters at least";
+  EXPECT_EQ(Words(Field(out, "size"))[0], std::to_string(size1)) << out;
+  EXPECT_EQ(Field(out, "keys"), "2") << out;
+  auto keys = TableRows(out, "KEY");
+  ASSERT_EQ(keys.size(), 2u) << out;
+  for (const auto& row : keys) EXPECT_EQ(row[1], "0") << out;
+  EXPECT_EQ(Row(out, "w").size(), 2u) << out;
+  EXPECT_EQ(Row(out, "b").size(), 2u) << out;
+
+  out = Ok({"checkpoint", "create", "ck", "--timeout-ms", "5000"});
+  EXPECT_EQ(Field(out, "sequence"), "2") << out;
+  const std::string path2 = Field(out, "path");
+  EXPECT_EQ(std::filesystem::path(path2).filename(), "ckpt-00000000000000000002.rhc") << out;
+
+  // Newest first, with sizes and the keys' iterations; nothing damaged.
+  out = Ok({"checkpoint", "list", "ck"});
+  EXPECT_EQ(Words(Lines(out)[0])[0], "SEQUENCE") << out;
+  EXPECT_TRUE(Contains(Lines(out)[0], "PROBLEM")) << out;
+  auto rows = TableRows(out, "SEQUENCE");
+  ASSERT_EQ(rows.size(), 2u) << out;
+  EXPECT_EQ(rows[0][0], "2") << out;
+  EXPECT_EQ(rows[1][0], "1") << out;
+  EXPECT_NE(std::find(rows[1].begin(), rows[1].end(), std::to_string(size1)), rows[1].end()) << out;
+  const std::string size2 = std::to_string(std::filesystem::file_size(path2));
+  EXPECT_NE(std::find(rows[0].begin(), rows[0].end(), size2), rows[0].end()) << out;
+  EXPECT_TRUE(Contains(out, "w@0")) << out;
+  EXPECT_TRUE(Contains(out, "b@0")) << out;
+  EXPECT_FALSE(Contains(out, "DAMAGED")) << out;
+
+  out = Ok({"--json", "checkpoint", "list", "ck"});
+  EXPECT_TRUE(LooksLikeJsonObject(out)) << out;
+  EXPECT_TRUE(Contains(out, "\"checkpoints\"")) << out;
+  EXPECT_TRUE(Contains(out, "\"problem\": \"\"")) << out;
+  EXPECT_TRUE(Contains(out, "\"key\": \"w\"")) << out;
+  EXPECT_LT(out.find("ckpt-00000000000000000002.rhc"), out.find("ckpt-00000000000000000001.rhc"))
+      << "newest first:\n" << out;
+
+  out = Ok({"checkpoint", "delete", "ck", "1"});
+  EXPECT_TRUE(Contains(out, "deleted checkpoint 1 of tenant 'ck'")) << out;
+  EXPECT_FALSE(std::filesystem::exists(path1));
+  rows = TableRows(Ok({"checkpoint", "list", "ck"}), "SEQUENCE");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0][0], "2");
+  CommandResult r = Ctl({"checkpoint", "delete", "ck", "1"});
+  EXPECT_EQ(r.exit_code, kExitRejected) << Describe(r);
+  EXPECT_EQ(r.err.rfind("rackhubctl: NOT_FOUND: ", 0), 0u) << Describe(r);
+  EXPECT_TRUE(Contains(r.err, "ckpt-00000000000000000001.rhc")) << Describe(r);
+
+  // Restore: the newest valid one by default, or the one named.
+  out = Ok({"checkpoint", "restore", "ck"});
+  EXPECT_TRUE(Contains(out, "restored tenant 'ck' to checkpoint 2")) << out;
+  EXPECT_EQ(Field(out, "sequence"), "2") << out;
+  EXPECT_EQ(TableRows(out, "KEY").size(), 2u) << out;
+  out = Ok({"checkpoint", "restore", "ck", "2", "--json"});
+  EXPECT_TRUE(LooksLikeJsonObject(out)) << out;
+  EXPECT_TRUE(Contains(out, "\"sequence\": \"2\"")) << out;
+  r = Ctl({"checkpoint", "restore", "ck", "99"});
+  EXPECT_EQ(r.exit_code, kExitRejected) << Describe(r);
+  EXPECT_EQ(r.out, "") << Describe(r);
+  EXPECT_EQ(r.err.rfind("rackhubctl: NOT_FOUND: ", 0), 0u) << Describe(r);
+  EXPECT_TRUE(Contains(r.err, "ckpt-00000000000000000099.rhc")) << Describe(r);
+  // The keys are still there and usable after the restores.
+  EXPECT_FALSE(Row(Ok({"key", "list", "ck"}), "w").empty());
+
+  // An unknown tenant: the daemon's NOT_FOUND naming it, for every command.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"checkpoint", "create", "ghost"},
+        {"checkpoint", "list", "ghost"},
+        {"checkpoint", "delete", "ghost", "1"},
+        {"checkpoint", "restore", "ghost"}}) {
+    r = Ctl(args);
+    SCOPED_TRACE(args[1]);
+    EXPECT_EQ(r.exit_code, kExitRejected) << Describe(r);
+    EXPECT_EQ(r.err.rfind("rackhubctl: NOT_FOUND: ", 0), 0u) << Describe(r);
+    EXPECT_TRUE(Contains(r.err, "ghost")) << Describe(r);
+  }
+
+  // A tenant without checkpoints.
+  Ok({"tenant", "create", "fresh", "--workers", "1"});
+  EXPECT_TRUE(Contains(Ok({"checkpoint", "list", "fresh"}), "no checkpoints of tenant 'fresh'"));
+  r = Ctl({"checkpoint", "restore", "fresh"});
+  EXPECT_EQ(r.exit_code, kExitRejected) << Describe(r);
+  EXPECT_TRUE(Contains(r.err, "fresh")) << Describe(r);
+}
+
+TEST_F(RackhubctlTest, CheckpointDamagedFileListedNotRestored) {
+  Ok({"tenant", "create", "dmg", "--workers", "1"});
+  Ok({"key", "create", "dmg", "k", "--elements", "5000"});
+  Ok({"checkpoint", "create", "dmg"});
+  const std::string path = Field(Ok({"checkpoint", "create", "dmg"}), "path");
+  ASSERT_FALSE(path.empty());
+  // Overwrite 8 bytes in the middle of the 64-byte header (manifest checksum
+  // field, covered by the header checksum).
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << path;
+    f.seekp(24);
+    f.write("XXXXXXXX", 8);
+  }
+
+  std::string out = Ok({"checkpoint", "list", "dmg"});
+  const auto rows = TableRows(out, "SEQUENCE");
+  ASSERT_EQ(rows.size(), 2u) << out;
+  EXPECT_EQ(rows[0][0], "2") << out;
+  EXPECT_TRUE(Contains(Lines(out)[1], "DAMAGED:")) << out;
+  EXPECT_TRUE(Contains(Lines(out)[1], "header checksum mismatch")) << out;
+  EXPECT_TRUE(Contains(Lines(out)[1], path)) << out;
+  EXPECT_FALSE(Contains(Lines(out)[2], "DAMAGED")) << out;
+  EXPECT_TRUE(Contains(Lines(out)[2], "k@0")) << out;
+  EXPECT_TRUE(Contains(out, "checkpoint 2 is damaged")) << out;
+  out = Ok({"--json", "checkpoint", "list", "dmg"});
+  EXPECT_TRUE(Contains(out, "header checksum mismatch")) << out;
+
+  // Restore skips it; naming it fails with the reason.
+  out = Ok({"checkpoint", "restore", "dmg"});
+  EXPECT_EQ(Field(out, "sequence"), "1") << out;
+  CommandResult r = Ctl({"checkpoint", "restore", "dmg", "2"});
+  EXPECT_EQ(r.exit_code, kExitRejected) << Describe(r);
+  EXPECT_EQ(r.err.rfind("rackhubctl: FAILED_PRECONDITION: ", 0), 0u) << Describe(r);
+  EXPECT_TRUE(Contains(r.err, "header checksum mismatch")) << Describe(r);
+
+  // A damaged file can be deleted like any other.
+  Ok({"checkpoint", "delete", "dmg", "2"});
+  EXPECT_EQ(TableRows(Ok({"checkpoint", "list", "dmg"}), "SEQUENCE").size(), 1u);
+}
+
+TEST_F(RackhubctlTest, TenantDeleteRemovesItsCheckpoints) {
+  Ok({"tenant", "create", "gone", "--workers", "1"});
+  Ok({"key", "create", "gone", "k", "--elements", "100"});
+  Ok({"tenant", "create", "stays", "--workers", "1"});
+  Ok({"key", "create", "stays", "k", "--elements", "100"});
+  const std::string path = Field(Ok({"checkpoint", "create", "gone"}), "path");
+  const std::string other = Field(Ok({"checkpoint", "create", "stays"}), "path");
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  ASSERT_TRUE(std::filesystem::is_directory(dir)) << path;
+  EXPECT_EQ(dir.parent_path(), std::filesystem::path(daemon_->state_dir()) / "checkpoints");
+
+  Ok({"tenant", "delete", "gone"});
+  EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+  EXPECT_TRUE(std::filesystem::exists(other)) << "another tenant's checkpoints stay";
+  // A new tenant of the same name starts without checkpoints.
+  Ok({"tenant", "create", "gone", "--workers", "1"});
+  EXPECT_TRUE(Contains(Ok({"checkpoint", "list", "gone"}), "no checkpoints of tenant 'gone'"));
+}
+
+TEST(RackhubctlCheckpoint, InMemoryDaemonSaysWhy) {
+  DaemonProcess daemon({"--lanes", "2", "--in-memory"});
+  ASSERT_TRUE(daemon.started());
+  const auto ctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--admin", daemon.admin_address()});
+    return Rackhubctl(std::move(args));
+  };
+  ASSERT_EQ(ctl({"tenant", "create", "mem", "--workers", "1"}).exit_code, 0);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"checkpoint", "create", "mem"},
+        {"checkpoint", "list", "mem"},
+        {"checkpoint", "delete", "mem", "1"},
+        {"checkpoint", "restore", "mem"}}) {
+    const CommandResult r = ctl(args);
+    SCOPED_TRACE(args[1]);
+    EXPECT_EQ(r.exit_code, kExitRejected) << Describe(r);
+    EXPECT_EQ(r.err.rfind("rackhubctl: FAILED_PRECONDITION: checkpoints need a state directory", 0),
+              0u)
+        << Describe(r);
+  }
+}
+
 // Usage errors never reach a daemon: the address below is unreachable, so
 // exit 2 (not 3) proves the command line was rejected first.
 TEST(RackhubctlUsage, UsageErrorsExitTwo) {
@@ -407,6 +614,13 @@ TEST(RackhubctlUsage, UsageErrorsExitTwo) {
       {{"key", "create", "t", "k", "--elements", "1", "--optimizer", "sgd", "--lr", "fast"}, "fast"},
       {{"tenant", "list", "--elements", "3"}, "--elements"},
       {{"tenant", "list", "--timeout", "soon"}, "soon"},
+      {{"checkpoint"}, "checkpoint"},
+      {{"checkpoint", "create"}, "TENANT"},
+      {{"checkpoint", "create", "t", "--timeout-ms", "soon"}, "soon"},
+      {{"checkpoint", "delete", "t"}, "SEQUENCE"},
+      {{"checkpoint", "delete", "t", "0"}, "SEQUENCE: '0' is not a positive integer"},
+      {{"checkpoint", "restore", "t", "newest"}, "SEQUENCE: 'newest' is not a positive integer"},
+      {{"checkpoint", "restore", "t", "1", "2"}, "'2'"},
   };
   for (const auto& [args, needle] : cases) {
     std::vector<std::string> argv = {"--admin", "127.0.0.1:1"};
@@ -425,7 +639,8 @@ TEST(RackhubctlUsage, UsageErrorsExitTwo) {
 
   const CommandResult help = Rackhubctl({"--help"});
   EXPECT_EQ(help.exit_code, 0) << Describe(help);
-  for (const char* word : {"tenant create", "update-quotas", "set-optimizer", "stats", "--admin",
+  for (const char* word : {"tenant create", "update-quotas", "set-optimizer", "stats",
+                           "checkpoint create", "checkpoint restore", "--admin",
                            "--token-file", "--tls-ca", "--json", "--timeout", "KiB"}) {
     EXPECT_NE(help.out.find(word), std::string::npos) << "help should mention " << word;
   }

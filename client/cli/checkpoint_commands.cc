@@ -1,0 +1,226 @@
+// rackhubctl checkpoint create|list|delete|restore: the admin CheckpointService
+// (rackhub.admin.v1) and the human rendering of its Checkpoint messages.
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "command_tree.h"
+#include "rackhub/admin/v1/admin.grpc.pb.h"
+
+namespace rackhub::cli {
+namespace {
+
+// CreateCheckpoint waits this long for the chunks when timeout_ms is 0.
+constexpr uint32_t kDefaultSnapshotWaitMs = 10000;
+// List rows name each key up to this many keys; more are summarized.
+constexpr int kKeysNamedInList = 4;
+
+// ---- Output ----------------------------------------------------------------
+
+// "w@5, b@5" for a few keys; "120 keys @5" or "120 keys @3..5" for many;
+// "none" without keys.
+std::string KeysAtIterations(const admin::Checkpoint& c) {
+  if (c.keys().empty()) return "none";
+  if (c.keys_size() <= kKeysNamedInList) {
+    std::string out;
+    for (const auto& k : c.keys()) {
+      out += (out.empty() ? "" : ", ") + k.key() + "@" + std::to_string(k.iteration());
+    }
+    return out;
+  }
+  uint64_t low = c.keys(0).iteration(), high = low;
+  for (const auto& k : c.keys()) {
+    low = std::min(low, k.iteration());
+    high = std::max(high, k.iteration());
+  }
+  return std::to_string(c.keys_size()) + " keys @" + std::to_string(low) +
+         (low == high ? "" : ".." + std::to_string(high));
+}
+
+// `field: value` block, then the per-key iterations as a table.
+void PrintCheckpoint(std::ostream& out, const admin::Checkpoint& c) {
+  FieldBlock block;
+  block.Add("tenant", c.tenant());
+  block.Add("sequence", std::to_string(c.sequence()));
+  block.Add("path", c.path());
+  block.Add("created", FormatUnixMs(c.created_unix_ms()));
+  block.Add("size", BytesWithHuman(c.bytes()));
+  if (!c.problem().empty()) block.Add("problem", c.problem());
+  block.Add("keys", std::to_string(c.keys_size()));
+  block.Print(out);
+  if (c.keys().empty()) return;
+  out << "\nkey iterations:\n";
+  Table table({{"KEY"}, {"ITERATION", true}});
+  for (const auto& k : c.keys()) table.AddRow({k.key(), std::to_string(k.iteration())});
+  table.Print(out, "  ");
+}
+
+void PrintCheckpointList(std::ostream& out, const std::string& tenant,
+                         const admin::ListCheckpointsResponse& response) {
+  if (response.checkpoints().empty()) {
+    out << "no checkpoints of tenant '" << tenant << "'\n";
+    return;
+  }
+  Table table({{"SEQUENCE", true}, {"CREATED"}, {"SIZE", true}, {"KEYS@ITERATION"}, {"PROBLEM"}});
+  std::string damaged;  // "3, 2"
+  int damaged_count = 0;
+  for (const auto& c : response.checkpoints()) {  // newest first, as the daemon sends them
+    const bool bad = !c.problem().empty();
+    if (bad) {
+      damaged += (damaged.empty() ? "" : ", ") + std::to_string(c.sequence());
+      ++damaged_count;
+    }
+    table.AddRow({std::to_string(c.sequence()), FormatUnixMs(c.created_unix_ms()),
+                  BytesWithHuman(c.bytes()), bad ? "-" : KeysAtIterations(c),
+                  bad ? "DAMAGED: " + c.problem() : "-"});
+  }
+  table.Print(out);
+  if (damaged_count > 0) {
+    const bool one = damaged_count == 1;
+    out << "\n"
+        << (one ? "checkpoint " : "checkpoints ") << damaged
+        << (one ? " is damaged: it is" : " are damaged: they are")
+        << " never restored (restore without SEQUENCE skips " << (one ? "it" : "them")
+        << "); `rackhubctl checkpoint delete " << tenant << " SEQUENCE` removes a file.\n";
+  }
+}
+
+// ---- Commands --------------------------------------------------------------
+
+std::unique_ptr<admin::CheckpointService::Stub> Stub(const Invocation& inv) {
+  return admin::CheckpointService::NewStub(inv.connection.channel());
+}
+
+void AddCreate(CLI::App* checkpoint, Handlers* handlers) {
+  struct Args {
+    std::string tenant;
+    uint32_t timeout_ms = 0;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c = AddCommand(
+      checkpoint, "create", "checkpoint a tenant now (training goes on); prints the new file",
+      "Writes the tenant's parameters and optimizer state, every chunk of a key at one\n"
+      "iteration, and prints the new checkpoint: sequence, path on the hub's host, size\n"
+      "and each key's iteration. It returns once the file is on disk; the oldest beyond\n"
+      "the daemon's checkpoint.keep are deleted. --timeout-ms bounds the wait for every\n"
+      "chunk to reach one iteration per key (DEADLINE_EXCEEDED if a worker stalls); the\n"
+      "call's own deadline is --timeout plus that wait.");
+  AddArgument(c, "TENANT", &a->tenant, "tenant name");
+  c->add_option("--timeout-ms", a->timeout_ms,
+                "wait at most N ms for the chunks (default 10000; at most 3600000)")
+      ->type_name("N")
+      ->check(U32Validator());
+  (*handlers)[c] = [a](const Invocation& inv) {
+    admin::CreateCheckpointRequest request;
+    request.set_tenant(a->tenant);
+    if (Given(inv.command, "--timeout-ms")) request.set_timeout_ms(a->timeout_ms);
+    auto stub = Stub(inv);
+    grpc::ClientContext context;
+    inv.connection.Prepare(&context);
+    // The daemon may wait for the chunks before it writes: --timeout is for
+    // the rest of the call.
+    const uint32_t wait_ms = a->timeout_ms == 0 ? kDefaultSnapshotWaitMs : a->timeout_ms;
+    context.set_deadline(context.deadline() + std::chrono::milliseconds(wait_ms));
+    admin::Checkpoint response;
+    Check(stub->CreateCheckpoint(&context, request, &response), inv.connection);
+    return Emit(inv, response, [&] {
+      inv.out << "created checkpoint " << response.sequence() << " of tenant '" << response.tenant()
+              << "'\n";
+      PrintCheckpoint(inv.out, response);
+    });
+  };
+}
+
+void AddList(CLI::App* checkpoint, Handlers* handlers) {
+  auto tenant = std::make_shared<std::string>();
+  CLI::App* c = AddCommand(
+      checkpoint, "list", "list a tenant's checkpoints, newest first; damaged files say why",
+      "Columns: sequence, creation time, size on disk, each key's iteration (a summary\n"
+      "for more than 4 keys; --json has them all) and PROBLEM: why a damaged file cannot\n"
+      "be loaded (it is listed, never restored).");
+  AddArgument(c, "TENANT", tenant.get(), "tenant name");
+  (*handlers)[c] = [tenant](const Invocation& inv) {
+    admin::ListCheckpointsRequest request;
+    request.set_tenant(*tenant);
+    auto stub = Stub(inv);
+    grpc::ClientContext context;
+    inv.connection.Prepare(&context);
+    admin::ListCheckpointsResponse response;
+    Check(stub->ListCheckpoints(&context, request, &response), inv.connection);
+    return Emit(inv, response, [&] { PrintCheckpointList(inv.out, request.tenant(), response); });
+  };
+}
+
+void AddDelete(CLI::App* checkpoint, Handlers* handlers) {
+  struct Args {
+    std::string tenant;
+    uint64_t sequence = 0;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c = AddCommand(checkpoint, "delete", "delete one checkpoint file of a tenant");
+  AddArgument(c, "TENANT", &a->tenant, "tenant name");
+  c->add_option("SEQUENCE", a->sequence, "the checkpoint's sequence number (see list)")
+      ->type_name("")
+      ->check(PositiveU64Validator())
+      ->required();
+  (*handlers)[c] = [a](const Invocation& inv) {
+    admin::DeleteCheckpointRequest request;
+    request.set_tenant(a->tenant);
+    request.set_sequence(a->sequence);
+    auto stub = Stub(inv);
+    grpc::ClientContext context;
+    inv.connection.Prepare(&context);
+    admin::DeleteCheckpointResponse response;
+    Check(stub->DeleteCheckpoint(&context, request, &response), inv.connection);
+    return Emit(inv, response, [&] {
+      inv.out << "deleted checkpoint " << request.sequence() << " of tenant '" << request.tenant()
+              << "'\n";
+    });
+  };
+}
+
+void AddRestore(CLI::App* checkpoint, Handlers* handlers) {
+  struct Args {
+    std::string tenant;
+    uint64_t sequence = 0;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c =
+      AddCommand(checkpoint, "restore",
+                 "put the running tenant back to a checkpoint (default: the newest valid one)",
+                 "The tenant's pending updates fail (WORKER_LOST); its workers' next pushes get\n"
+                 "BAD_ITERATION carrying the restored iteration, and they pull and continue from\n"
+                 "there. Without SEQUENCE the newest checkpoint that verifies is used (damaged\n"
+                 "ones are skipped); a given SEQUENCE must exist and verify.");
+  AddArgument(c, "TENANT", &a->tenant, "tenant name");
+  c->add_option("SEQUENCE", a->sequence, "the checkpoint's sequence number (default: newest)")
+      ->type_name("")
+      ->check(PositiveU64Validator());
+  (*handlers)[c] = [a](const Invocation& inv) {
+    admin::RestoreCheckpointRequest request;
+    request.set_tenant(a->tenant);
+    if (Given(inv.command, "SEQUENCE")) request.set_sequence(a->sequence);
+    auto stub = Stub(inv);
+    grpc::ClientContext context;
+    inv.connection.Prepare(&context);
+    admin::Checkpoint response;
+    Check(stub->RestoreCheckpoint(&context, request, &response), inv.connection);
+    return Emit(inv, response, [&] {
+      inv.out << "restored tenant '" << response.tenant() << "' to checkpoint "
+              << response.sequence() << "; its workers resume from these iterations\n";
+      PrintCheckpoint(inv.out, response);
+    });
+  };
+}
+
+}  // namespace
+
+void AddCheckpointCommands(CLI::App* checkpoint, Handlers* handlers) {
+  AddCreate(checkpoint, handlers);
+  AddList(checkpoint, handlers);
+  AddDelete(checkpoint, handlers);
+  AddRestore(checkpoint, handlers);
+}
+
+}  // namespace rackhub::cli
