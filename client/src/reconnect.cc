@@ -83,6 +83,14 @@ void Client::Impl::ReconnectLoop(uint64_t generation) {
       });
       return;
     }
+    if (e.code == ErrorCode::kUnauthenticated) {
+      // The hub is up and does not know the tenant or token (deleted, or a
+      // restarted in-memory hub): retrying cannot help.
+      asio::post(io_, [this, generation, why = e.message] {
+        if (generation == reconnect_generation_) GiveUpReconnect("the hub refused us: " + why);
+      });
+      return;
+    }
     std::unique_lock lock(reconnect_mu_);
     reconnect_error_ = e.message;
     if (reconnect_cv_.wait_for(lock, backoff, [&] { return reconnect_cancel_; })) return;

@@ -191,22 +191,35 @@ Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
   // A FROM_CLIENT key without its initial values has nothing to save yet.
   std::erase_if(keys, [](const KeyInfo& k) { return !k.ready; });
 
-  WaitRecovered(tenant.handle, deadline);
-  const std::map<uint32_t, uint64_t> versions = KeyVersions(tenant.handle);
+  // Target: each key's newest version now (every chunk gets there at once
+  // when the tenant is idle, after at most one update while it trains). If
+  // training outruns the copy (a chunk went past the target before its lane
+  // saw the job), try again one version ahead: the chunks are copied as
+  // their updates reach it.
+  std::shared_ptr<SnapshotJob> job;
   std::map<uint32_t, uint64_t> targets;
-  size_t expected = 0;
-  for (const KeyInfo& k : keys) {
-    const auto it = versions.find(k.id);
-    const uint64_t floor = data_->KeyRuntimeFor(tenant.handle, k.id)->floor.load();
-    targets[k.id] = std::max(it == versions.end() ? 0 : it->second, floor);
-    expected += k.placement.chunk_count;
-  }
-  auto job = std::make_shared<SnapshotJob>(tenant.handle, targets, expected);
-  for (uint32_t i = 0; i < data_->lane_count(); ++i) {
-    data_->OnLane(i, [job](Lane& lane) { lane.Snapshot(job->handle(), job); });
-  }
-  if (Status s = job->Wait(deadline); !s.ok()) {
-    return Status(s.code(), "checkpoint of tenant '" + tenant.name + "': " + s.message());
+  for (uint64_t ahead = 0;; ahead = 1) {
+    WaitRecovered(tenant.handle, deadline);
+    const std::map<uint32_t, uint64_t> versions = KeyVersions(tenant.handle);
+    targets.clear();
+    size_t expected = 0;
+    for (const KeyInfo& k : keys) {
+      const auto it = versions.find(k.id);
+      const uint64_t floor = data_->KeyRuntimeFor(tenant.handle, k.id)->floor.load();
+      targets[k.id] = std::max(it == versions.end() ? 0 : it->second, floor) + ahead;
+      expected += k.placement.chunk_count;
+    }
+    job = std::make_shared<SnapshotJob>(tenant.handle, targets, expected);
+    for (uint32_t i = 0; i < data_->lane_count(); ++i) {
+      data_->OnLane(i, [job](Lane& lane) { lane.Snapshot(job->handle(), job); });
+    }
+    const Status s = job->Wait(deadline);
+    if (s.ok()) break;
+    if (s.code() == StatusCode::kUnavailable && std::chrono::steady_clock::now() < deadline) {
+      continue;  // training moved on meanwhile
+    }
+    return Status(s.code() == StatusCode::kUnavailable ? StatusCode::kDeadlineExceeded : s.code(),
+                  "checkpoint of tenant '" + tenant.name + "': " + s.message());
   }
   const auto copied = std::chrono::steady_clock::now();
 

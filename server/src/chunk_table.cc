@@ -215,12 +215,13 @@ void ChunkTable::Snapshot(LaneTenant& t, const std::shared_ptr<SnapshotJob>& job
       const uint64_t v = c.state.version();
       if (v == target) {
         job->Add(CopyChunk(c));
-      } else if (v + 1 == target) {
-        t.armed[ChunkId(key_id, i)] = job;  // copied when this update completes
+      } else if (v < target) {
+        t.armed[ChunkId(key_id, i)] = job;  // copied when its updates get it there
       } else {
         job->Fail("chunk " + std::to_string(i) + " of key '" + key->info.name +
-                  "' is at version " + std::to_string(v) + ", the checkpoint wants " +
-                  std::to_string(target) + " (training moved on; retry)");
+                      "' is at version " + std::to_string(v) + ", past the checkpoint's " +
+                      std::to_string(target),
+                  /*moved_on=*/true);
         return;
       }
     }
@@ -231,15 +232,19 @@ void ChunkTable::Capture(LaneTenant& t, Chunk& c) {
   const auto it = t.armed.find(ChunkId(c.key_id, c.index_in_key));
   if (it == t.armed.end()) return;
   const std::shared_ptr<SnapshotJob> job = it->second;
-  t.armed.erase(it);
-  if (job->cancelled()) return;
   const auto target = job->targets().find(c.key_id);
-  if (target == job->targets().end()) return;
+  if (job->cancelled() || target == job->targets().end()) {
+    t.armed.erase(it);
+    return;
+  }
+  if (c.state.version() < target->second) return;  // not there yet: stays armed
+  t.armed.erase(it);
   if (c.state.version() == target->second) {
     job->Add(CopyChunk(c));
   } else {
     job->Fail("chunk " + std::to_string(c.index_in_key) + " of key id " +
-              std::to_string(c.key_id) + " went past the checkpoint's version");
+                  std::to_string(c.key_id) + " went past the checkpoint's version",
+              /*moved_on=*/true);
   }
 }
 

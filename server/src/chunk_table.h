@@ -146,8 +146,8 @@ class ChunkTable {
   // step; single-rack tenants only). REQUIRES: no update pending.
   void Align(LaneTenant& t, const std::map<uint32_t, uint64_t>& versions);
   // Checkpoints: copies this lane's chunks of each of job's keys that are at
-  // the target version, arms those one short (copied by Capture when they
-  // get there), fails the job for any other.
+  // the target version, arms those below it (copied by Capture when they get
+  // there), fails the job (moved on) if one is past it.
   void Snapshot(LaneTenant& t, const std::shared_ptr<SnapshotJob>& job);
   // A chunk reached a new version (update, skipped step): feeds an armed job.
   void Capture(LaneTenant& t, Chunk& c);

@@ -1,8 +1,8 @@
 // SnapshotJob: one consistent in-memory copy of a tenant's chunks being
 // taken for a checkpoint (docs/durability.md, Checkpoints). The Checkpointer
 // fixes a target version per key; each lane copies its chunks of that key
-// once they are at exactly that version (at once, or when the update in
-// progress completes or is finished as a skipped step) and adds them here.
+// once they are at exactly that version (at once, or when the updates in
+// progress take them there, or a skipped step does) and adds them here.
 //
 // Ownership: shared by the Checkpointer (which waits on it) and the lanes
 // that hold it armed on their chunks.
@@ -40,11 +40,16 @@ class SnapshotJob {
     chunks_.push_back(std::move(chunk));
     if (chunks_.size() == expected_) cv_.notify_all();
   }
-  // The snapshot cannot be completed (a key was deleted, a chunk went past
-  // its target). The first reason wins.
-  void Fail(const std::string& why) {
+  // The snapshot cannot be completed: a key was deleted (ABORTED), or a
+  // chunk went past its target before it was copied (`moved_on`: training
+  // outran the checkpoint; UNAVAILABLE, the caller retries with a later
+  // target). The first reason wins.
+  void Fail(const std::string& why, bool moved_on = false) {
     std::lock_guard lock(mu_);
-    if (error_.empty()) error_ = why;
+    if (error_.empty()) {
+      error_ = why;
+      moved_on_ = moved_on;
+    }
     chunks_.clear();
     cv_.notify_all();
   }
@@ -53,13 +58,15 @@ class SnapshotJob {
     return cancelled_ || !error_.empty();
   }
 
-  // Waits until every chunk arrived (OK), a lane failed (ABORTED with its
-  // reason) or `deadline` passed (DEADLINE_EXCEEDED; the job is cancelled,
-  // lanes drop it when they next look).
+  // Waits until every chunk arrived (OK), a lane failed (ABORTED or
+  // UNAVAILABLE with its reason) or `deadline` passed (DEADLINE_EXCEEDED;
+  // the job is cancelled, lanes drop it when they next look).
   Status Wait(std::chrono::steady_clock::time_point deadline) {
     std::unique_lock lock(mu_);
     cv_.wait_until(lock, deadline, [this] { return chunks_.size() == expected_ || !error_.empty(); });
-    if (!error_.empty()) return Status(StatusCode::kAborted, error_);
+    if (!error_.empty()) {
+      return Status(moved_on_ ? StatusCode::kUnavailable : StatusCode::kAborted, error_);
+    }
     if (chunks_.size() == expected_) return {};
     cancelled_ = true;
     const size_t have = chunks_.size();
@@ -82,6 +89,7 @@ class SnapshotJob {
   std::condition_variable cv_;
   std::vector<CheckpointChunk> chunks_;  // GUARDED_BY(mu_)
   std::string error_;                    // GUARDED_BY(mu_)
+  bool moved_on_ = false;                // GUARDED_BY(mu_)
   bool cancelled_ = false;               // GUARDED_BY(mu_)
 };
 

@@ -346,8 +346,11 @@ TEST(DurabilityLoop, HubKill9Loop) {
                                std::to_string(tenant.handle()) + "-loop";
 
   Failures failures;
-  std::atomic<bool> stop{false};
+  // Both ranks stop after the same iteration (a rank that stopped alone
+  // would leave the other's push waiting for it).
+  std::atomic<uint64_t> stop_at{UINT64_MAX};
   std::atomic<uint64_t> steps[2] = {0, 0};
+  std::atomic<uint64_t> key0_iteration{0};  // rank 0's iteration of the first key
   std::atomic<uint64_t> resyncs{0};
   std::vector<std::thread> threads;
   for (uint32_t rank = 0; rank < 2; ++rank) {
@@ -357,7 +360,7 @@ TEST(DurabilityLoop, HubKill9Loop) {
         failures.Add("rank " + std::to_string(rank) + " could not start");
         return;
       }
-      while (!stop.load()) {
+      while (t->keys[0].iteration < stop_at.load()) {
         for (const auto& [i, e] : t->Step(rank)) {
           TrainingKey& k = t->keys[i];
           if (!NeedsResync(e)) {
@@ -386,6 +389,7 @@ TEST(DurabilityLoop, HubKill9Loop) {
                          " differ from the reference");
           }
         }
+        if (rank == 0) key0_iteration = t->keys[0].iteration;
         ++steps[rank];
         std::this_thread::sleep_for(std::chrono::milliseconds(3));
       }
@@ -453,7 +457,7 @@ TEST(DurabilityLoop, HubKill9Loop) {
   const uint64_t last = std::min(steps[0].load(), steps[1].load());
   EXPECT_TRUE(WaitUntil([&] { return std::min(steps[0].load(), steps[1].load()) >= last + 2; },
                         std::chrono::seconds(30)));
-  stop = true;
+  stop_at = key0_iteration.load() + 10;
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.count(), 0u) << failures.Text();
   EXPECT_GT(newest_seen, 0u) << "no checkpoint was ever written";
