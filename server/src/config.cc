@@ -262,6 +262,9 @@ const std::map<std::string, Field>& Schema() {
         UnsignedField<uint32_t>(
             "data.rdma_ring_bytes",
             [](Config& c) -> uint32_t& { return c.data.rdma_ring_bytes; }, true),
+        UnsignedField<uint64_t>(
+            "data.max_queued_bytes_per_connection",
+            [](Config& c) -> uint64_t& { return c.data.max_queued_bytes_per_connection; }, true),
         UnsignedField<uint32_t>(
             "lanes.count", [](Config& c) -> uint32_t& { return c.lanes.count; }, false),
         BoolField("lanes.pin", [](Config& c) -> bool& { return c.lanes.pin; }),
@@ -325,6 +328,7 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--rdma-device", "data.rdma_device"},
       {"--rdma-poll", "data.rdma_poll"},
       {"--straggler-timeout-ms", "data.straggler_timeout_ms"},
+      {"--max-queued-bytes-per-connection", "data.max_queued_bytes_per_connection"},
       {"--lanes", "lanes.count"},
       {"--pin-lanes", "lanes.pin"},
       {"--rack", "topology.rack"},
@@ -421,6 +425,9 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
   if (c.data.rdma_ring_bytes < (64u << 10) || c.data.rdma_ring_bytes > (1u << 30))
     errors->push_back("data.rdma_ring_bytes: must be in [64KiB, 1GiB]");
   if (c.data.rdma_port > 255) errors->push_back("data.rdma_port: must be in [0, 255]");
+  if (c.data.max_queued_bytes_per_connection < (1ull << 20) ||
+      c.data.max_queued_bytes_per_connection > (1ull << 40))
+    errors->push_back("data.max_queued_bytes_per_connection: must be in [1MiB, 1TiB]");
   if (c.tenants.max_keys == 0) errors->push_back("tenants.default_max_keys: must be >= 1");
   if (c.tenants.max_workers == 0) errors->push_back("tenants.default_max_workers: must be >= 1");
   if (c.tenants.max_tenants == 0) errors->push_back("tenants.max_tenants: must be >= 1");
@@ -578,6 +585,8 @@ options (flags override the config file):
       --rdma-poll events|busy       RDMA completion handling [events]
       --admin-listen HOST:PORT      admin gRPC address           [127.0.0.1:7701]
       --straggler-timeout-ms MS     fail a waiting iteration after MS [30000]
+      --max-queued-bytes-per-connection SIZE  unwritten bytes per connection
+                                    before it is closed (QUOTA_EXCEEDED) [64MiB]
       --lanes N                     lanes (pinned threads); 0 = one per core [0]
       --no-pin-lanes                do not pin lane threads to cores
       --admin-token-file FILE       admin token; required beyond loopback
