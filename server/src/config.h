@@ -45,7 +45,7 @@ struct DataConfig {
   uint32_t rdma_ring_bytes = 4u << 20;   // receive ring (and staging ring) per connection
   // Bytes of frames waiting to be written to one connection (plus replies
   // held for it) before it is closed with QUOTA_EXCEEDED; reading it pauses
-  // above a quarter of this (docs/architecture.md, Bounded send queues).
+  // above half of this (docs/architecture.md, Bounded send queues).
   uint64_t max_queued_bytes_per_connection = 64ull << 20;
 };
 
