@@ -20,17 +20,27 @@ ChunkState::ChunkState(uint32_t elements, uint32_t workers, const OptimizerConfi
       workers_(workers),
       wire_type_(wire_type),
       optimizer_(optimizer),
-      params_{AlignedBuffer<float>(elements), AlignedBuffer<float>(elements)},
+      params_{SharedAlignedBuffer<float>(elements), SharedAlignedBuffer<float>(elements)},
       accumulator_(elements),
       contributed_(workers, 0),
       spare_of_rank_(workers, kNoSpare) {
   if (workers == 0) Die("workers must be >= 1");
   if (!IsValidElementType(static_cast<uint8_t>(wire_type))) Die("invalid wire type");
   if (wire_type != ElementType::kFp32) {
-    wire_[0] = AlignedBuffer<std::byte>(wire_bytes());
-    wire_[1] = AlignedBuffer<std::byte>(wire_bytes());
+    wire_[0] = SharedAlignedBuffer<std::byte>(wire_bytes());
+    wire_[1] = SharedAlignedBuffer<std::byte>(wire_bytes());
   }
   EnsureOptimizerState();
+}
+
+float* ChunkState::writable_params(uint64_t v) {
+  params_[v & 1].PrepareOverwrite();
+  return params_[v & 1].data();
+}
+
+std::byte* ChunkState::writable_wire(uint64_t v) {
+  wire_[v & 1].PrepareOverwrite();
+  return wire_[v & 1].data();
 }
 
 void ChunkState::EnsureOptimizerState() {
@@ -121,7 +131,7 @@ OptimizerStep ChunkState::BeginUpdate() {
 void ChunkState::FinishUpdate() {
   const uint64_t next = version_ + 1;
   if (wire_type_ != ElementType::kFp32) {
-    CopyOut(wire_[next & 1].data(), params_[next & 1].data(), elements_, wire_type_);
+    CopyOut(writable_wire(next), params_[next & 1].data(), elements_, wire_type_);
   }
   version_ = next;
   ClearContributions();
@@ -133,8 +143,7 @@ void ChunkState::Update() {
   }
   const OptimizerStep step = BeginUpdate();
   ApplyOptimizer(optimizer_, step, accumulator_.data(), param_buffer(version_),
-                 params_[(version_ + 1) & 1].data(), state_[0].data(), state_[1].data(),
-                 elements_);
+                 writable_params(version_ + 1), state_[0].data(), state_[1].data(), elements_);
   FinishUpdate();
 }
 
@@ -147,32 +156,39 @@ bool ChunkState::ReduceAndUpdate(std::span<const std::span<const std::byte>> pay
   for (const auto& p : payloads) inputs_.push_back(p.data());
   const OptimizerStep step = BeginUpdate();
   SumAndApplyOptimizer(optimizer_, step, inputs_, param_buffer(version_),
-                       params_[(version_ + 1) & 1].data(), state_[0].data(), state_[1].data(),
+                       writable_params(version_ + 1), state_[0].data(), state_[1].data(),
                        elements_, wire_type_);
   FinishUpdate();
   return true;
 }
 
 std::span<const float> ChunkState::params(uint64_t v) const {
-  const bool current = v == version_;
-  const bool previous = version_ > 0 && v == version_ - 1;
-  if (!current && !previous) return {};
+  if (!readable(v)) return {};
   return {param_buffer(v), elements_};
 }
 
 std::span<const std::byte> ChunkState::wire_params(uint64_t v) const {
   if (wire_type_ == ElementType::kFp32) return std::as_bytes(params(v));
-  const bool current = v == version_;
-  const bool previous = version_ > 0 && v == version_ - 1;
-  if (!current && !previous) return {};
+  if (!readable(v)) return {};
   return {wire_[v & 1].data(), wire_bytes()};
+}
+
+std::shared_ptr<const void> ChunkState::params_ref(uint64_t v) const {
+  if (!readable(v)) return nullptr;
+  return params_[v & 1].Share();
+}
+
+std::shared_ptr<const void> ChunkState::wire_params_ref(uint64_t v) const {
+  if (wire_type_ == ElementType::kFp32) return params_ref(v);
+  if (!readable(v)) return nullptr;
+  return wire_[v & 1].Share();
 }
 
 bool ChunkState::SetInitial(std::span<const std::byte> payload) {
   if (version_ != 0 || contributions_ != 0 || payload.size() != wire_bytes()) return false;
-  CopyIn(params_[0].data(), payload.data(), elements_, wire_type_);
+  CopyIn(writable_params(0), payload.data(), elements_, wire_type_);
   if (wire_type_ != ElementType::kFp32) {
-    CopyOut(wire_[0].data(), params_[0].data(), elements_, wire_type_);
+    CopyOut(writable_wire(0), params_[0].data(), elements_, wire_type_);
   }
   initialized_ = true;
   return true;
@@ -180,9 +196,9 @@ bool ChunkState::SetInitial(std::span<const std::byte> payload) {
 
 bool ChunkState::SetInitial(std::span<const float> values) {
   if (version_ != 0 || contributions_ != 0 || values.size() != elements_) return false;
-  std::copy(values.begin(), values.end(), params_[0].data());
+  std::copy(values.begin(), values.end(), writable_params(0));
   if (wire_type_ != ElementType::kFp32) {
-    CopyOut(wire_[0].data(), params_[0].data(), elements_, wire_type_);
+    CopyOut(writable_wire(0), params_[0].data(), elements_, wire_type_);
   }
   initialized_ = true;
   return true;
@@ -198,11 +214,14 @@ std::span<const float> ChunkState::optimizer_state(int slot) const {
 bool ChunkState::SkipTo(uint64_t version) {
   if (contributions_ != 0 || version < version_) return false;
   if (version == version_) return true;
-  float* current = params_[version_ & 1].data();
-  float* other = params_[(version_ + 1) & 1].data();
+  // The other buffer may hold a queued reply of version() - 1: it moves to
+  // fresh memory rather than being overwritten.
+  const float* current = params_[version_ & 1].data();
+  float* other = writable_params(version_ + 1);
   std::copy_n(current, elements_, other);
   if (wire_type_ != ElementType::kFp32) {
-    std::copy_n(wire_[version_ & 1].data(), wire_bytes(), wire_[(version_ + 1) & 1].data());
+    const std::byte* current_wire = wire_[version_ & 1].data();
+    std::copy_n(current_wire, wire_bytes(), writable_wire(version_ + 1));
   }
   version_ = version;
   return true;
@@ -216,9 +235,10 @@ bool ChunkState::Restore(uint64_t version, std::span<const float> params,
     if (s.size() != elements_) return false;
   }
   for (int b = 0; b < 2; ++b) {
-    std::copy(params.begin(), params.end(), params_[b].data());
+    // Replies still queued keep the old values (fresh memory if shared).
+    std::copy(params.begin(), params.end(), writable_params(b));
     if (wire_type_ != ElementType::kFp32) {
-      CopyOut(wire_[b].data(), params_[b].data(), elements_, wire_type_);
+      CopyOut(writable_wire(b), params_[b].data(), elements_, wire_type_);
     }
   }
   for (size_t s = 0; s < state.size(); ++s) {

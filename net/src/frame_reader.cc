@@ -23,7 +23,7 @@ std::span<std::byte> FrameReader::WritableSpan(size_t min) {
 }
 
 void FrameReader::Parse(Connection& conn, FrameHandler& handler) {
-  while (!stopped_) {
+  while (!stopped_ && !paused_) {
     const size_t avail = rend_ - rstart_;
     if (skip_ > 0) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(skip_, avail));

@@ -114,8 +114,8 @@ void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c,
   c.state.set_mean_divisor(racks_ * t.info.workers_per_rack);
   c.state.MarkInitialized();
   const size_t wire_bytes = size_t{n} * WireDTypeBytes(key.info.dtype);
-  c.replies[0].assign(wire_bytes, std::byte{0});  // version 0: zeros
-  c.replies[1].assign(wire_bytes, std::byte{0});
+  c.replies[0] = aggregation::SharedAlignedBuffer<std::byte>(wire_bytes);  // version 0: zeros
+  c.replies[1] = aggregation::SharedAlignedBuffer<std::byte>(wire_bytes);
 }
 
 void ChunkTable::MarkPending(LaneTenant& t, Chunk& c) {
@@ -271,12 +271,7 @@ uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
     }
     t.pending.erase(ChunkId(cc.key_id, cc.chunk));
     if (cc.chunk == 0) key->runtime->version.store(v, std::memory_order_relaxed);
-    for (const Waiter& w : c.pulls) {  // a FROM_CLIENT key's early PULLs
-      if (auto wc = w.conn.lock(); wc && wc->open()) {
-        SendParams(*wc, c, v, w.request_id, ReplyBytes::kCopied);
-      }
-    }
-    c.pulls.clear();
+    AnswerPulls(c, v);  // a FROM_CLIENT key's early PULLs
   }
   return failed;
 }
@@ -289,6 +284,12 @@ void ChunkTable::DropKey(LaneTenant& t, uint32_t key_id) {
     }
     for (const Waiter& w : it->second->pushes) {
       if (auto wc = w.conn.lock(); wc && wc->open()) {
+        wc->SendError(WireError::kTenantGone, "key: was deleted", w.request_id, false);
+      }
+    }
+    for (const Waiter& w : it->second->pulls) {  // held for initial values
+      if (auto wc = w.conn.lock(); wc && wc->open()) {
+        wc->Unreserve(w.reserved);
         wc->SendError(WireError::kTenantGone, "key: was deleted", w.request_id, false);
       }
     }

@@ -35,6 +35,9 @@ namespace rackhub::server {
 struct Waiter {
   std::weak_ptr<net::Connection> conn;
   uint64_t request_id = 0;
+  // A held PULL: its reply's bytes, reserved in conn's backlog
+  // (net::Connection::Reserve) until it is answered or dropped.
+  size_t reserved = 0;
 };
 
 struct Chunk {
@@ -53,18 +56,26 @@ struct Chunk {
   std::vector<std::unique_ptr<aggregation::ChunkState>> stages;
   uint32_t home = 0;
   uint64_t version = 0;
-  std::array<std::vector<std::byte>, 2> replies;
+  std::array<aggregation::SharedAlignedBuffer<std::byte>, 2> replies;
 
   bool multi_rack() const { return !stages.empty(); }
   // The stage a worker of `rack` contributes to.
   aggregation::ChunkState& Stage(uint32_t rack) { return stages.empty() ? state : *stages[rack]; }
   // The newest version workers can be answered with.
   uint64_t current_version() const { return multi_rack() ? version : state.version(); }
-  // Parameters of `v` in the key's wire dtype. Unchanged until v + 2 is
-  // computed (double buffering): see params_reply.h.
+  // Parameters of `v` in the key's wire dtype, and the reference a queued
+  // reply holds to keep them alive and unchanged (see params_reply.h).
   std::span<const std::byte> reply_bytes(uint64_t v) const {
-    if (multi_rack()) return replies[v & 1];
+    if (multi_rack()) return {replies[v & 1].data(), replies[v & 1].size()};
     return state.wire_params(v);
+  }
+  std::shared_ptr<const void> reply_owner(uint64_t v) const {
+    if (multi_rack()) return replies[v & 1].Share();
+    return state.wire_params_ref(v);
+  }
+  // What one PARAMS reply of this chunk adds to a connection's backlog.
+  size_t reply_frame_bytes() const {
+    return net::kHeaderBytes + size_t{state.elements()} * net::DTypeBytes(dtype);
   }
 };
 
@@ -72,6 +83,7 @@ struct Chunk {
 struct ParkedPull {
   std::weak_ptr<net::Connection> conn;
   net::FrameHeader header;
+  size_t reserved = 0;  // its reply's bytes, reserved in conn's backlog
 };
 
 struct LaneKey {

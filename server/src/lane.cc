@@ -16,7 +16,7 @@ Lane::Lane(uint32_t lane, uint32_t lanes, const Config& config, Registry* regist
       host_(host),
       gate_(*io),
       table_(lane, lanes, config.topology, registry, host),
-      exchange_(config.topology, &table_, registry, host, &gate_, io),
+      exchange_(config.topology, config.data, &table_, registry, host, &gate_, io),
       workers_(config.data, &table_, registry, host, &gate_, &exchange_) {
   gate_.Post([this] { ArmStragglerCheck(); });
 }
@@ -48,6 +48,7 @@ void Lane::OnTenantDeleted(uint32_t handle) {
   for (auto& [id, job] : t->armed) job->Fail("the tenant was deleted during the checkpoint");
   workers_.CloseTenant(*t, WireError::kTenantGone, "tenant: '" + t->info.name + "' was deleted");
   table_.EraseTenant(handle);
+  workers_.TrimMemorySoon();  // its chunks are gone (or go with the replies still queued)
 }
 
 std::map<uint32_t, uint64_t> Lane::KeyVersions(uint32_t handle) {
@@ -79,7 +80,10 @@ void Lane::FailPending(uint32_t handle, const std::string& why) {
 }
 
 void Lane::OnKeyDeleted(uint32_t handle, uint32_t key_id) {
-  if (LaneTenant* t = table_.FindTenant(handle)) table_.DropKey(*t, key_id);
+  if (LaneTenant* t = table_.FindTenant(handle)) {
+    table_.DropKey(*t, key_id);
+    workers_.TrimMemorySoon();
+  }
 }
 
 void Lane::OnOptimizerChanged(uint32_t handle, uint32_t key_id,

@@ -2,8 +2,7 @@
 
 namespace rackhub::server {
 
-void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id,
-                ReplyBytes mode) {
+void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id) {
   const auto bytes = c.reply_bytes(version);
   net::FrameHeader r;
   r.opcode = net::Opcode::kParams;
@@ -14,20 +13,27 @@ void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_
   r.iteration = version;
   r.request_id = request_id;
   r.payload_bytes = static_cast<uint32_t>(bytes.size());
-  if (mode == ReplyBytes::kCopied) {
-    conn.SendOwned(r, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-  } else {
-    conn.SendBorrowed(r, bytes);
-  }
+  conn.SendShared(r, bytes, c.reply_owner(version));
 }
 
 void AnswerPushes(Chunk& c, uint64_t version) {
   for (const Waiter& w : c.pushes) {
     if (auto wc = w.conn.lock(); wc && wc->open()) {
-      SendParams(*wc, c, version, w.request_id, ReplyBytes::kBorrowed);
+      SendParams(*wc, c, version, w.request_id);
     }
   }
   c.pushes.clear();
+}
+
+void AnswerPulls(Chunk& c, uint64_t version) {
+  std::vector<Waiter> pulls;
+  pulls.swap(c.pulls);
+  for (const Waiter& w : pulls) {
+    if (auto wc = w.conn.lock(); wc && wc->open()) {
+      wc->Unreserve(w.reserved);
+      SendParams(*wc, c, version, w.request_id);
+    }
+  }
 }
 
 }  // namespace rackhub::server

@@ -1,12 +1,29 @@
 // The one place that builds a PARAMS reply: the parameters of one version of
 // one chunk, in the key's wire dtype, answering one request.
 //
-// Borrowed vs copied: a PUSH's reply is sent without a copy. The bytes of
-// version v stay unchanged until version v + 2 is computed, which needs this
-// worker's next push, which it sends only after receiving this reply
-// (ChunkState's double buffering; for tenants spanning racks, Chunk::replies
-// has the same two-slot rule). PULL and INIT replies are not part of that
-// discipline, so they own a copy.
+// Reference-held, not copied. A reply is queued with a reference to the
+// chunk's parameter buffer of that version (ChunkState::wire_params_ref, or
+// Chunk::replies for tenants spanning racks; net::Connection::SendShared):
+// the bytes stay alive and unchanged until the transport has written them
+// (TCP, the in-memory transport) or staged them (RDMA), whatever happens
+// meanwhile. The chunk may be deleted with its key or tenant (the queued
+// reply keeps the buffer, which is freed with the last reference), and a
+// chunk whose buffer a queued reply still holds never writes it again: an
+// update, a recovery's skipped step (SkipTo), a checkpoint restore or INIT
+// moves the chunk to fresh memory instead (SharedAlignedBuffer, copy-on-write
+// without the copy, since every write overwrites the whole buffer).
+//
+// Why not a copy per reply: a reply is the chunk's size (32 KiB by default)
+// and goes to every worker every iteration, so a copy per reply adds one
+// allocation and W x chunk bytes of memcpy to each update, as much memory
+// traffic as the reduction reads; the reference costs one atomic increment
+// and decrement. Fresh memory is needed only when a reply is still queued
+// when its buffer comes round again (version v + 2), which a worker using
+// librackhub (one PushPull per key in flight) never causes, and for PULL
+// replies of a chunk updated before they were written. Measured
+// (rackhub-bench, 2 workers, 64 MiB, bench/results/reply-bytes-2026-11-24.md):
+// references 91.2 ms per iteration, as before the fix (91.4 ms); a copy per
+// reply 101.2 ms (+11 %).
 //
 // Threading: the lane thread that owns the chunk and the connection.
 #pragma once
@@ -18,12 +35,14 @@
 
 namespace rackhub::server {
 
-enum class ReplyBytes { kBorrowed, kCopied };
+// Queues PARAMS of `version` (version() or version() - 1 of the chunk).
+void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id);
 
-void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id,
-                ReplyBytes mode);
-
-// Answers every push waiting for the chunk's update `version` (borrowed).
+// Answers every push waiting for the chunk's update `version`.
 void AnswerPushes(Chunk& c, uint64_t version);
+
+// Answers every PULL held for the chunk's initial values with `version`,
+// releasing the bytes each reserved on its connection.
+void AnswerPulls(Chunk& c, uint64_t version);
 
 }  // namespace rackhub::server

@@ -29,9 +29,31 @@ std::string Num(uint64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-RackExchange::RackExchange(const TopologyConfig& topology, ChunkTable* table, Registry* registry,
-                           LaneHost* host, LaneGate* gate, boost::asio::io_context* io)
+namespace {
+
+// What a hub link may hold (docs/architecture.md, Bounded send queues). A
+// peer hub makes this hub queue only small ERRORs (answers to its frames,
+// throttled by the pause) and parked frames (reserved, throttled likewise).
+// The RACK_SUM / RACK_PARAMS frames queued on a link are this hub's own: at
+// most one per chunk and iteration (a chunk's next sum needs the home's
+// answer to this one), shared with the chunk's buffers, so bounded by the
+// tenants' parameters and not failed by a byte limit, which a slow link
+// would otherwise trip for a large model and fail every tenant on the lane.
+net::SendLimits LinkLimits(const DataConfig& data) {
+  net::SendLimits l;
+  l.pause_bytes = static_cast<size_t>(data.max_queued_bytes_per_connection / 2);
+  l.max_bytes = 0;
+  l.setting = "data.max_queued_bytes_per_connection";
+  return l;
+}
+
+}  // namespace
+
+RackExchange::RackExchange(const TopologyConfig& topology, const DataConfig& data,
+                           ChunkTable* table, Registry* registry, LaneHost* host, LaneGate* gate,
+                           boost::asio::io_context* io)
     : topology_(topology),
+      link_limits_(LinkLimits(data)),
       table_(table),
       registry_(registry),
       host_(host),
@@ -43,6 +65,7 @@ void RackExchange::OnRackSum(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rac
                              uint64_t iteration) {
   aggregation::ChunkState& stage = *c.stages[rack];
   const auto sum = Bytes(stage.params(stage.version()));
+  auto sum_owner = stage.params_ref(stage.version());
   if (c.home == topology_.rack || !table_->exchange()) {
     if (c.state.contributions() == 0) table_->MarkPending(t, c);
     if (c.state.Contribute(rack, sum) == aggregation::ChunkState::AddResult::kComplete) {
@@ -59,13 +82,14 @@ void RackExchange::OnRackSum(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rac
   h.chunk = c.index_in_key;
   h.dtype = net::DType::kFp32;
   h.iteration = iteration;
-  SendToPeer(c.home, t, key, h, sum);
+  SendToPeer(c.home, t, key, h, sum, std::move(sum_owner));
 }
 
 void RackExchange::FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c) {
   c.state.Update();
   const uint64_t v = c.state.version();
   auto& out = c.replies[v & 1];
+  out.PrepareOverwrite();  // a reply of v - 2 still queued keeps its bytes
   aggregation::CopyOut(out.data(), c.state.params(v).data(), c.state.elements(),
                        static_cast<aggregation::ElementType>(static_cast<uint8_t>(key.info.dtype)));
   c.version = v;
@@ -79,30 +103,31 @@ void RackExchange::FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c) {
     h.dtype = c.dtype;
     h.iteration = v;
     for (uint32_t r = 0; r < table_->racks(); ++r) {
-      if (r != topology_.rack) SendToPeer(r, t, key, h, out);
+      if (r != topology_.rack) SendToPeer(r, t, key, h, c.reply_bytes(v), out.Share());
     }
   }
   AnswerPushes(c, v);
 }
 
 void RackExchange::SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const FrameHeader& h,
-                              std::span<const std::byte> payload) {
+                              std::span<const std::byte> payload,
+                              std::shared_ptr<const void> owner) {
   PeerLink& link = links_[rack];
   if (!link.out || !link.out->open()) {
-    // Not connected (yet): hold the frame for a while. The payload stays
-    // valid: the chunk cannot advance before this frame is answered.
+    // Not connected (yet): hold the frame for a while (with its payload's
+    // owner, so a deleted key's bytes stay valid).
     if (link.queued.empty()) {
       const uint64_t generation = ++link.queue_generation;
       gate_->After(kPeerWaitLimit, [this, rack, generation] { GiveUp(rack, generation); });
     }
-    link.queued.push_back({t.info.handle, key.info.id, h, payload});
+    link.queued.push_back({t.info.handle, key.info.id, h, payload, std::move(owner)});
     Connect(rack);
     return;
   }
   SendKeyBind(link, t, key);
   FrameHeader f = h;
   f.payload_bytes = static_cast<uint32_t>(payload.size());
-  link.out->SendBorrowed(f, payload);
+  link.out->SendShared(f, payload, std::move(owner));
   host_->CountRackChunkBytes(rack, net::kHeaderBytes + payload.size());
 }
 
@@ -170,6 +195,7 @@ void RackExchange::OnConnected(uint32_t rack, std::shared_ptr<net::Connection> c
   hello.set_lanes(table_->lanes());
   FrameHeader h;
   h.opcode = Opcode::kHubHello;
+  conn->SetSendLimits(link_limits_);
   conn->SendOwned(h, hello.SerializeAsString());
   PeerLink& link = links_[rack];
   link.out = conn;
@@ -189,7 +215,7 @@ void RackExchange::FlushQueue(uint32_t rack) {
   for (const auto& q : queued) {
     LaneTenant* t = table_->FindTenant(q.tenant);
     LaneKey* key = t ? table_->FindKey(*t, q.key) : nullptr;
-    if (key) SendToPeer(rack, *t, *key, q.header, q.payload);
+    if (key) SendToPeer(rack, *t, *key, q.header, q.payload, q.owner);
   }
 }
 
@@ -214,6 +240,7 @@ void RackExchange::AdoptLink(std::shared_ptr<net::Connection> conn) {
     return;
   }
   std::erase_if(peer_in_, [](const auto& c) { return !c->open(); });
+  conn->SetSendLimits(link_limits_);
   peer_in_.push_back(conn);
   spdlog::info("rack link: lane {} accepted rack {}'s hub from {}", table_->lane(),
                conn->id().rack, conn->id().peer);

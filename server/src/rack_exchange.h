@@ -40,8 +40,8 @@ namespace rackhub::server {
 
 class RackExchange final : public net::FrameHandler {
  public:
-  RackExchange(const TopologyConfig& topology, ChunkTable* table, Registry* registry,
-               LaneHost* host, LaneGate* gate, boost::asio::io_context* io);
+  RackExchange(const TopologyConfig& topology, const DataConfig& data, ChunkTable* table,
+               Registry* registry, LaneHost* host, LaneGate* gate, boost::asio::io_context* io);
 
   // Starts this lane's links to the other racks' hubs (lane i to lane i),
   // reconnecting while they are down.
@@ -75,7 +75,8 @@ class RackExchange final : public net::FrameHandler {
       uint32_t tenant;
       uint32_t key;
       net::FrameHeader header;
-      std::span<const std::byte> payload;  // borrowed, see SendToPeer
+      std::span<const std::byte> payload;
+      std::shared_ptr<const void> owner;  // keeps `payload` alive and unchanged
     };
     std::vector<Queued> queued;
     uint64_t queue_generation = 0;
@@ -90,17 +91,20 @@ class RackExchange final : public net::FrameHandler {
   static constexpr auto kParkedRetryPeriod = std::chrono::milliseconds(10);
 
   // Frames from peers for keys not declared here yet, retried until they are.
+  // Each reserves its bytes in its link's backlog (Connection::Reserve), so
+  // a peer whose frames park pauses like one that does not read.
   struct Parked {
     std::weak_ptr<net::Connection> conn;
     net::FrameHeader header;
     std::vector<std::byte> payload;
     std::chrono::steady_clock::time_point since;
+    size_t reserved = 0;
   };
 
   // The home hub's cross-rack stage is complete: update and answer everyone.
   void FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c);
   void SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const net::FrameHeader& h,
-                  std::span<const std::byte> payload);
+                  std::span<const std::byte> payload, std::shared_ptr<const void> owner);
   void SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key);
   void Connect(uint32_t rack);
   void OnConnected(uint32_t rack, std::shared_ptr<net::Connection> conn);
@@ -130,6 +134,9 @@ class RackExchange final : public net::FrameHandler {
                  uint64_t request_id);
 
   const TopologyConfig topology_;
+  // Hub links: reading pauses as on worker connections; no fatal limit (see
+  // the .cc: their data frames are this hub's own, one per chunk and iteration).
+  const net::SendLimits link_limits_;
   ChunkTable* table_;
   Registry* registry_;
   LaneHost* host_;

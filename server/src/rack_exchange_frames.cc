@@ -173,8 +173,10 @@ void RackExchange::OnKeyBind(net::Connection& conn, const FrameHeader& h,
 // The key is not declared here yet: keep the frame and retry shortly.
 void RackExchange::Park(net::Connection& conn, const FrameHeader& h,
                         std::span<const std::byte> payload) {
+  const size_t bytes = net::kHeaderBytes + payload.size();
+  if (!conn.Reserve(bytes)) return;  // the link is failing
   parked_.push_back({conn.weak_from_this(), h, {payload.begin(), payload.end()},
-                     std::chrono::steady_clock::now()});
+                     std::chrono::steady_clock::now(), bytes});
   if (!parked_timer_armed_) {
     parked_timer_armed_ = true;
     gate_->After(kParkedRetryPeriod, [this] { RetryParked(); });
@@ -191,6 +193,7 @@ void RackExchange::RetryParked() {
     LaneTenant* t = nullptr;
     if (!PeerKey(conn->id().rack, p.header, &t)) {
       if (std::chrono::steady_clock::now() - p.since > kPeerWaitLimit) {
+        conn->Unreserve(p.reserved);
         SendPeerError(*conn, p.header.tenant,
                       "key: id " + Num(p.header.key) + " was never declared on rack " +
                           Num(topology_.rack) + "'s hub");
@@ -199,6 +202,7 @@ void RackExchange::RetryParked() {
       }
       continue;
     }
+    conn->Unreserve(p.reserved);
     if (CheckData(*conn, p.header) == Verdict::kAccept) {
       OnData(conn->id().rack, p.header, p.payload);
     }
@@ -222,8 +226,10 @@ void RackExchange::OnData(uint32_t peer, const FrameHeader& h,
     }
     return;
   }
-  // RACK_PARAMS from the home hub.
+  // RACK_PARAMS from the home hub. Replies of v - 2 still queued keep their
+  // bytes (fresh memory for this version then).
   c.version = h.iteration;
+  c.replies[c.version & 1].PrepareOverwrite();
   std::memcpy(c.replies[c.version & 1].data(), payload.data(), payload.size());
   table_->Completed(t, key, c, c.version);
   AnswerPushes(c, c.version);

@@ -2,6 +2,8 @@
 // connection events. DECLARE, SET_OPTIMIZER and WELCOME: worker_control.cc.
 #include "worker_protocol.h"
 
+#include <malloc.h>
+
 #include <spdlog/spdlog.h>
 
 #include "params_reply.h"
@@ -21,12 +23,27 @@ namespace {
 // refused as a duplicate.
 constexpr auto kReconnectRetryPeriod = std::chrono::milliseconds(20);
 constexpr int kReconnectRetries = 50;
-// PULLs held per tenant and lane during a recovery, at most.
+// PULLs held per tenant and lane during a recovery, at most (each also
+// reserves its reply's bytes on its connection: Connection::Reserve).
 constexpr size_t kMaxParkedPulls = 65536;
+// A connection closing with at least this much queued is a big release.
+constexpr size_t kTrimAfterBacklog = 1u << 20;
+constexpr auto kTrimDelay = std::chrono::milliseconds(500);
 
 std::string Num(uint64_t v) { return std::to_string(v); }
 
 }  // namespace
+
+net::SendLimits WorkerSendLimits(const DataConfig& config, uint32_t chunk_bytes) {
+  // Room for a few of the tenant's replies whatever the setting: a single
+  // 64 MiB chunk must not trip a 64 MiB limit.
+  const uint64_t floor = 4 * (uint64_t{chunk_bytes} + net::kHeaderBytes);
+  net::SendLimits l;
+  l.max_bytes = static_cast<size_t>(std::max(config.max_queued_bytes_per_connection, floor));
+  l.pause_bytes = l.max_bytes / 2;
+  l.setting = "data.max_queued_bytes_per_connection";
+  return l;
+}
 
 WorkerProtocol::WorkerProtocol(const DataConfig& config, ChunkTable* table, Registry* registry,
                                LaneHost* host, LaneGate* gate, RackExchange* exchange)
@@ -74,6 +91,7 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
     conn->Start();
     return;
   }
+  conn->SetSendLimits(WorkerSendLimits(config_, t->info.chunk_bytes));
   t->conns[member] = conn;
   t->conn_seq[member] = seq;
   if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
@@ -353,13 +371,8 @@ void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHea
   t.info.counters->bytes_in.fetch_add(payload.size() + net::kHeaderBytes,
                                       std::memory_order_relaxed);
   host_->ChunkInitialized(t.info.handle, key->info.id, key->info.placement.chunk_count);
-  SendParams(conn, c, 0, h.request_id, ReplyBytes::kCopied);
-  for (const Waiter& w : c.pulls) {
-    if (auto wc = w.conn.lock(); wc && wc->open()) {
-      SendParams(*wc, c, 0, w.request_id, ReplyBytes::kCopied);
-    }
-  }
-  c.pulls.clear();
+  SendParams(conn, c, 0, h.request_id);
+  AnswerPulls(c, 0);
 }
 
 void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
@@ -368,21 +381,29 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
     Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
     return;
   }
+  // A PULL held for later reserves its reply's bytes on the connection now,
+  // so held PULLs pause reading and count against the connection's limit
+  // like queued replies (a refused reservation means the connection is
+  // failing: QUOTA_EXCEEDED).
+  const size_t reply_bytes =
+      net::kHeaderBytes + size_t{key->info.chunk_elements} * WireDTypeBytes(key->info.dtype);
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // Answered once every chunk is at its key's version again (ReleaseParked).
     if (t.parked.size() >= kMaxParkedPulls) {
       Refuse(conn, WireError::kWorkerLost, "recovering: too many PULLs held; retry", h.request_id);
       return;
     }
-    t.parked.push_back(ParkedPull{conn.weak_from_this(), h});
+    if (!conn.Reserve(reply_bytes)) return;
+    t.parked.push_back(ParkedPull{conn.weak_from_this(), h, reply_bytes});
     return;
   }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   if (!c.multi_rack() && !c.state.initialized()) {
-    c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id});
+    if (!conn.Reserve(reply_bytes)) return;
+    c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id, reply_bytes});
     return;
   }
-  SendParams(conn, c, c.current_version(), h.request_id, ReplyBytes::kCopied);
+  SendParams(conn, c, c.current_version(), h.request_id);
 }
 
 void WorkerProtocol::OnBytesSent(net::Connection& conn, size_t bytes) {
@@ -399,11 +420,17 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
   if (it == t->conns.end() || it->second.get() != &conn) return;  // a refused duplicate
   auto keep = it->second;
   t->conns.erase(it);
+  // Its queue goes with the connection, soon after this returns.
+  if (conn.backlog_bytes() >= kTrimAfterBacklog) TrimMemorySoon();
   const uint32_t lane = table_->lane();
   if (lane == 0) t->info.counters->workers_connected.fetch_sub(1, std::memory_order_relaxed);
   const bool left = t->leaving.erase(member) > 0;
-  spdlog::info("data: tenant '{}' rank {} lane {} {}: {}", conn.id().tenant, conn.id().rank, lane,
-               left ? "left" : "disconnected", why);
+  // A connection closed for not reading its replies is the hub defending
+  // itself: worth a warning.
+  const bool over_limit = why.find("QUOTA_EXCEEDED") != std::string::npos;
+  spdlog::log(over_limit ? spdlog::level::warn : spdlog::level::info,
+              "data: tenant '{}' rank {} lane {} {}: {}", conn.id().tenant, conn.id().rank, lane,
+              left ? "left" : "disconnected", why);
   if (gate_->closed()) {
     if (table_->connection_count() == 0) host_->LaneDrained(lane);
     return;
@@ -454,6 +481,7 @@ void WorkerProtocol::ReleaseParked(uint32_t handle) {
   for (const ParkedPull& p : parked) {
     const auto conn = p.conn.lock();
     if (!conn || !conn->open()) continue;
+    conn->Unreserve(p.reserved);
     // Re-checked as if it arrived now (the key may be gone; a new recovery
     // holds it again).
     if (!table_->FindKey(*t, p.header.key)) {
@@ -499,6 +527,15 @@ void WorkerProtocol::CheckStragglers() {
 void WorkerProtocol::CloseTenant(LaneTenant& t, WireError code, const std::string& text) {
   const auto conns = t.conns;  // closing edits the map
   for (auto& [member, conn] : conns) conn->SendError(code, text, 0, true);
+}
+
+void WorkerProtocol::TrimMemorySoon() {
+  if (trim_armed_) return;
+  trim_armed_ = true;
+  gate_->After(kTrimDelay, [this] {
+    trim_armed_ = false;
+    malloc_trim(0);
+  });
 }
 
 void WorkerProtocol::CloseAll(WireError code, const std::string& text) {

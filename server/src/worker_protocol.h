@@ -27,6 +27,11 @@ namespace rackhub::server {
 
 class RackExchange;
 
+// The SendLimits of a worker connection of a tenant with `chunk_bytes`
+// chunks: data.max_queued_bytes_per_connection, but at least four reply
+// frames; reading pauses above half of it.
+net::SendLimits WorkerSendLimits(const DataConfig& config, uint32_t chunk_bytes);
+
 class WorkerProtocol final : public net::FrameHandler {
  public:
   WorkerProtocol(const DataConfig& config, ChunkTable* table, Registry* registry, LaneHost* host,
@@ -57,6 +62,11 @@ class WorkerProtocol final : public net::FrameHandler {
   // Fatal `code` to every worker connection of the tenant (or all tenants).
   void CloseTenant(LaneTenant& t, net::WireError code, const std::string& text);
   void CloseAll(net::WireError code, const std::string& text);
+  // After a big release (a connection with a large backlog closed, a key or
+  // tenant deleted): hands the freed heap back to the system shortly
+  // (malloc_trim; glibc keeps freed chunks inside its arenas otherwise), at
+  // most once per kTrimDelay.
+  void TrimMemorySoon();
 
  private:
   void AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_t seq, int retries_left);
@@ -97,6 +107,7 @@ class WorkerProtocol final : public net::FrameHandler {
   LaneHost* host_;
   LaneGate* gate_;
   RackExchange* exchange_;
+  bool trim_armed_ = false;
 };
 
 }  // namespace rackhub::server

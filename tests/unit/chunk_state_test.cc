@@ -195,6 +195,69 @@ TEST(ChunkStateTest, VersionsAdvanceAndDoubleBufferingKeepsPreviousVersion) {
   EXPECT_NEAR(cs.params(5)[0], -0.1 * (1.5 + 2.5 + 3.5 + 4.5 + 5.5), 1e-5);
 }
 
+// A reply queued on a connection holds wire_params_ref(v): its bytes stay
+// what they were whatever the chunk does next (later updates, a skipped
+// step, a restore, INIT) and after the chunk is gone; the chunk moves to
+// fresh memory only while such a reference is held.
+TEST(ChunkStateTest, HeldParameterReferencesNeverChange) {
+  constexpr uint32_t kN = 48;
+  for (ElementType type : {ElementType::kFp32, ElementType::kBf16}) {
+    SCOPED_TRACE(static_cast<int>(type));
+    auto cs = std::make_unique<ChunkState>(kN, 1, Config(OptimizerType::kSgd, 0.5), type);
+    std::vector<float> init(kN);
+    for (uint32_t i = 0; i < kN; ++i) init[i] = static_cast<float>(i) - 7.0f;
+    ASSERT_TRUE(cs->SetInitial(Wire(init, type)));
+    struct Held {
+      std::shared_ptr<const void> ref;
+      std::span<const std::byte> bytes;
+      std::vector<std::byte> copy;
+    };
+    std::vector<Held> held;
+    auto hold = [&](uint64_t v) {
+      Held h{cs->wire_params_ref(v), cs->wire_params(v), {}};
+      ASSERT_TRUE(h.ref);
+      h.copy.assign(h.bytes.begin(), h.bytes.end());
+      held.push_back(std::move(h));
+    };
+    auto step = [&](float g) {
+      ASSERT_EQ(cs->Contribute(0, Wire(std::vector<float>(kN, g), type)), AddResult::kComplete);
+      cs->Update();
+    };
+    hold(0);
+    const auto* v0 = cs->wire_params(0).data();
+    step(1.0f);  // version 1 in the other buffer
+    hold(1);
+    step(2.0f);  // version 2 would overwrite version 0's buffer: held, so fresh memory
+    EXPECT_NE(cs->wire_params(2).data(), v0);
+    hold(2);
+    ASSERT_TRUE(cs->SkipTo(5));  // rewrites the other buffer (version 1's, held)
+    hold(5);
+    const std::vector<float> restored(kN, 3.25f);
+    ASSERT_TRUE(cs->Restore(9, restored, {}));  // rewrites both (held)
+    EXPECT_EQ(cs->params(9)[0], 3.25f);
+    for (const Held& h : held) {
+      EXPECT_EQ(std::memcmp(h.bytes.data(), h.copy.data(), h.copy.size()), 0);
+    }
+    cs.reset();  // the chunk is deleted: the held bytes stay
+    for (const Held& h : held) {
+      EXPECT_EQ(std::memcmp(h.bytes.data(), h.copy.data(), h.copy.size()), 0);
+    }
+  }
+  // Without a reference held the buffers are reused in place (no allocation
+  // on the data path).
+  ChunkState cs(kN, 1, Config(OptimizerType::kSgd, 0.5), ElementType::kFp32);
+  cs.MarkInitialized();
+  const auto* b0 = cs.params(0).data();
+  for (int i = 0; i < 4; ++i) {
+    { auto ref = cs.wire_params_ref(cs.version()); }  // taken and dropped (a reply written)
+    ASSERT_EQ(cs.Contribute(0, Wire(std::vector<float>(kN, 1.0f), ElementType::kFp32)),
+              AddResult::kComplete);
+    cs.Update();
+  }
+  EXPECT_EQ(cs.params(4).data(), b0);
+  EXPECT_EQ(cs.wire_params_ref(6), nullptr);  // not a version it has
+}
+
 class WireTypeTest : public ::testing::TestWithParam<ElementType> {};
 
 TEST_P(WireTypeTest, EndToEndInWireType) {

@@ -53,7 +53,7 @@ TEST(MemoryTransportTest, PeerCloseMidFrameIsSeenInsideAFrame) {
   plan.stop_reading = true;
   Harness h(plan);
   const Frame big = MakeFrame(Opcode::kHello, 1, Pattern(1000, 1));
-  h.p.a->SendBorrowed(big.h, Bytes(big.payload));
+  h.p.a->SendShared(big.h, Bytes(big.payload), nullptr);
   h.Run();              // the first 100 bytes are in the stream
   h.p.a->Close("bye");  // the rest of the frame is dropped
   h.p.b->incoming_faults().StopReading(false);
@@ -221,6 +221,81 @@ TEST(MemoryTransportTest, DestroyingAnOpenEndClosesThePeer) {
   ExpectFrames(h.rb.frames, {f});
   EXPECT_TRUE(h.ra.closes.empty());  // no handler call from a destructor
   EXPECT_EQ(h.rb.closes, std::vector<std::string>{"peer closed the connection"});
+}
+
+// --- Bounded send queues (SendLimits) ---------------------------------------
+
+// b answers every frame with 300 bytes; a sends 20 frames and does not read.
+// (Runs until nothing moves, or for 300 ms when a failing end's 2 s grace
+// timer would keep the io_context busy.)
+struct EchoHarness : Harness {
+  explicit EchoHarness(const SendLimits& limits) : Harness() {
+    p.b->SetSendLimits(limits);
+    p.a->incoming_faults().StopReading(true);
+    rb.on_frame = [](Connection& c, const Frame& f) {
+      c.SendOwned(MakeFrame(Opcode::kHello, f.h.request_id, "").h, Pattern(300, f.h.request_id));
+    };
+    for (uint64_t i = 1; i <= 20; ++i) p.a->SendOwned(MakeFrame(Opcode::kPull, i, "").h, "");
+    RunFor(limits.max_bytes != 0);
+  }
+  void RunFor(bool briefly) {
+    if (!briefly) return Run();
+    io.restart();
+    io.run_for(std::chrono::milliseconds(300));
+  }
+};
+
+TEST(MemoryTransportTest, BacklogAbovePauseBytesStopsDeliveryUntilDrained) {
+  SendLimits limits;
+  limits.pause_bytes = 1000;  // 3 answers of 340 bytes pass it
+  EchoHarness h(limits);
+  EXPECT_EQ(h.rb.frames.size(), 3u) << "b took frames while its answers piled up";
+  EXPECT_EQ(h.p.b->backlog_bytes(), 3u * 340);
+  EXPECT_TRUE(h.rb.closes.empty());
+  h.p.a->incoming_faults().StopReading(false);  // a reads: b drains and resumes
+  h.Run();
+  EXPECT_EQ(h.rb.frames.size(), 20u);
+  EXPECT_EQ(h.ra.frames.size(), 20u);
+  EXPECT_EQ(h.p.b->backlog_bytes(), 0u);
+  // Reservations count the same way.
+  h.p.a->incoming_faults().StopReading(true);
+  EXPECT_TRUE(h.p.b->Reserve(1200));
+  h.p.a->SendOwned(MakeFrame(Opcode::kPull, 21, "").h, "");
+  h.Run();
+  EXPECT_EQ(h.rb.frames.size(), 20u) << "delivered while reservations are above pause_bytes";
+  h.p.b->Unreserve(1200);
+  h.Run();
+  EXPECT_EQ(h.rb.frames.size(), 21u);
+  h.p.a->incoming_faults().StopReading(false);
+  h.CloseCleanly();
+}
+
+TEST(MemoryTransportTest, BacklogPastMaxBytesFailsTheConnection) {
+  SendLimits limits;
+  limits.max_bytes = 2000;
+  limits.setting = "test.limit";
+  EchoHarness h(limits);
+  // The 6th answer takes the backlog past 2000: b drops what is not written
+  // yet and fails with QUOTA_EXCEEDED; nothing more is delivered to it.
+  EXPECT_EQ(h.rb.frames.size(), 6u);
+  EXPECT_FALSE(h.p.b->Reserve(1));
+  h.p.a->incoming_faults().StopReading(false);
+  h.Run();  // a takes what b wrote; b closes once the ERROR is out
+  ASSERT_GE(h.ra.frames.size(), 1u);
+  const Frame& last = h.ra.frames.back();
+  ASSERT_EQ(last.h.opcode, Opcode::kError);
+  EXPECT_TRUE(last.h.flags & kFlagFatal);
+  WireError code{};
+  std::string text;
+  ASSERT_TRUE(DecodeErrorBody(Bytes(last.payload), &code, &text));
+  EXPECT_EQ(code, WireError::kQuotaExceeded);
+  EXPECT_NE(text.find("more than test.limit (2000 bytes)"), std::string::npos) << text;
+  for (size_t i = 0; i + 1 < h.ra.frames.size(); ++i) {
+    EXPECT_EQ(h.ra.frames[i].h.opcode, Opcode::kHello);  // whole answers only
+    EXPECT_EQ(h.ra.frames[i].payload, Pattern(300, h.ra.frames[i].h.request_id));
+  }
+  EXPECT_EQ(h.rb.closes, std::vector<std::string>{"closed after a fatal error"});
+  EXPECT_EQ(h.ra.closes, std::vector<std::string>{"peer closed the connection"});
 }
 
 }  // namespace

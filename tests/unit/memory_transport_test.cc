@@ -26,7 +26,8 @@ class StubConnection : public Connection {
   const ConnectionIdentity& id() const override { return id_; }
   bool open() const override { return true; }
   void Start() override {}
-  void SendBorrowed(const FrameHeader&, std::span<const std::byte>) override {}
+  void SendShared(const FrameHeader&, std::span<const std::byte>,
+                  std::shared_ptr<const void>) override {}
   void SendOwned(const FrameHeader&, std::string) override {}
   void SendError(WireError code, const std::string&, uint64_t rid, bool fatal) override {
     EXPECT_TRUE(fatal);
@@ -115,7 +116,7 @@ TEST(MemoryTransportTest, LargeFramesArriveIntact) {
   }
 }
 
-TEST(MemoryTransportTest, BorrowedPayloadIsReadWhenWrittenNotWhenSent) {
+TEST(MemoryTransportTest, SharedPayloadIsReadWhenWrittenAndHeldUntilThen) {
   FaultPlan plan;
   plan.max_write_bytes = kHeaderBytes;  // the first step is one header
   plan.stop_reading = true;
@@ -124,9 +125,11 @@ TEST(MemoryTransportTest, BorrowedPayloadIsReadWhenWrittenNotWhenSent) {
   std::string second = "old!";
   const Frame f1 = MakeFrame(Opcode::kHello, 1, first);
   const Frame f2 = MakeFrame(Opcode::kHello, 2, second);
-  h.p.a->SendBorrowed(f1.h, Bytes(first));
+  auto owner = std::make_shared<int>(0);
+  h.p.a->SendShared(f1.h, Bytes(first), owner);
   first = "FIRST";  // still queued: nothing is written inside the Send call
-  h.p.a->SendBorrowed(f2.h, Bytes(second));
+  h.p.a->SendShared(f2.h, Bytes(second), owner);
+  EXPECT_EQ(owner.use_count(), 3);  // each queued frame holds its payload's owner
   h.Run();
   EXPECT_TRUE(h.rb.frames.empty());
   second = "new!";  // the peer is not reading: still referenced, not copied
@@ -134,6 +137,7 @@ TEST(MemoryTransportTest, BorrowedPayloadIsReadWhenWrittenNotWhenSent) {
   h.Run();
   ExpectFrames(h.rb.frames, {MakeFrame(Opcode::kHello, 1, "FIRST"),
                              MakeFrame(Opcode::kHello, 2, "new!")});
+  EXPECT_EQ(owner.use_count(), 1);  // written: let go
   h.CloseCleanly();
 }
 
@@ -221,7 +225,7 @@ TEST(MemoryTransportTest, InvalidHeaderGetsFatalMalformed) {
     FrameHeader bad = MakeFrame(Opcode::kHello, 42, "").h;
     c.spoil(bad);
     h.p.a->SendOwned(good.h, good.payload);
-    h.p.a->SendBorrowed(bad, {});  // the header alone: refused before any payload
+    h.p.a->SendShared(bad, {}, nullptr);  // the header alone: refused before any payload
     h.p.a->SendOwned(good.h, good.payload);
     h.Run();
     ExpectFrames(h.rb.frames, {good});

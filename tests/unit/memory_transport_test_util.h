@@ -60,10 +60,11 @@ inline size_t StreamBytes(const std::vector<Frame>& v) {
   for (const Frame& f : v) n += kHeaderBytes + f.payload.size();
   return n;
 }
-// Even frames are borrowed (`v` must outlive the write), odd ones owned.
+// Even frames are shared without an owner (`v` must outlive the write), odd
+// ones owned.
 inline void SendAll(Connection& c, const std::vector<Frame>& v) {
   for (size_t i = 0; i < v.size(); ++i) {
-    if (i % 2 == 0) c.SendBorrowed(v[i].h, Bytes(v[i].payload));
+    if (i % 2 == 0) c.SendShared(v[i].h, Bytes(v[i].payload), nullptr);
     else c.SendOwned(v[i].h, v[i].payload);
   }
 }

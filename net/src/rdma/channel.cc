@@ -215,12 +215,13 @@ void Channel::OnFrameWritten(uint32_t slot) {
     return Violation("immediate names slot " + std::to_string(slot) + " of a " +
                      std::to_string(slots_) + "-slot ring");
   }
+  uint32_t skipped = 0;
   if (slot != rx_next_) {
     if (slot != 0) {
       return Violation("frame at slot " + std::to_string(slot) + ", expected slot " +
                        std::to_string(rx_next_) + " (frames are written in ring order)");
     }
-    rx_consumed_ += slots_ - rx_next_;  // the sender skipped the tail
+    skipped = slots_ - rx_next_;  // the sender skipped the tail
     rx_next_ = 0;
   }
   const std::byte* base = rx_.get() + size_t{slot} * kSlotBytes;
@@ -232,13 +233,44 @@ void Channel::OnFrameWritten(uint32_t slot) {
                      " bytes left)");
   }
   const uint32_t n = SlotsFor(kHeaderBytes + size_t{h.payload_bytes});
+  rx_next_ = slot + n == slots_ ? 0 : slot + n;
+  if (delivery_paused_ || !held_.empty()) {
+    held_.push_back({slot, skipped + n, h});  // stays in the ring, unconsumed
+    return;
+  }
+  Deliver(slot, skipped + n, h);
+}
+
+void Channel::Deliver(uint32_t slot, uint32_t consume, const FrameHeader& h) {
+  const std::byte* base = rx_.get() + size_t{slot} * kSlotBytes;
   // A copy: the callback may detach or close the channel, which clears cb_.
   if (auto on_frame = cb_.on_frame) {
     on_frame(h, std::span<const std::byte>(base + kHeaderBytes, h.payload_bytes));
   }
   // Consumed: the handler copied or used the payload during the call.
-  rx_consumed_ += n;
-  rx_next_ = slot + n == slots_ ? 0 : slot + n;
+  rx_consumed_ += consume;
+}
+
+void Channel::PauseDelivery(bool on) {
+  delivery_paused_ = on;
+  if (on || held_.empty() || deliver_posted_ || !io_) return;
+  deliver_posted_ = true;
+  asio::post(*io_, [self = shared_from_this(), gen = attach_gen_] {
+    self->deliver_posted_ = false;
+    if (gen == self->attach_gen_) self->DeliverHeld();
+  });
+}
+
+void Channel::DeliverHeld() {
+  while (!held_.empty() && !delivery_paused_ && !closed_ && !violated_ && io_) {
+    const HeldFrame f = held_.front();
+    held_.pop_front();
+    Deliver(f.slot, f.consume, f.header);
+  }
+  if (io_ && !closed_) {
+    PumpSends();
+    MaybeReportCredit();
+  }
 }
 
 void Channel::OnCredit(uint32_t value) {
@@ -329,6 +361,7 @@ bool Channel::TryPost(OutgoingFrame& f) {
   std::byte* dst = tx_.get() + size_t{sskip ? 0 : sidx} * kSlotBytes;
   std::memcpy(dst, f.header.data(), kHeaderBytes);
   if (!payload.empty()) std::memcpy(dst + kHeaderBytes, payload.data(), payload.size());
+  f.owner.reset();  // the payload is staged: its owner may let it go
   if (f.release) {
     f.release();  // the payload is staged: the caller's buffer is free again
     f.release = nullptr;
@@ -381,10 +414,22 @@ void Channel::OnCmReadable() {
   if (gen == attach_gen_) WatchCm();
 }
 
+size_t Channel::DropQueued() {
+  size_t bytes = 0;
+  while (!queue_.empty()) {
+    OutgoingFrame& f = queue_.back();
+    bytes += kHeaderBytes + (f.owned.empty() ? f.borrowed.size() : f.owned.size());
+    if (f.release) f.release();
+    queue_.pop_back();
+  }
+  return bytes;
+}
+
 void Channel::Close(const std::string& why) {
   if (closed_) return;
   auto self = shared_from_this();
   closed_ = true;
+  held_.clear();
   // rdma_disconnect(3): moves the QP to the error state (outstanding work
   // requests flush) and tells the peer (its DISCONNECTED event).
   if (id_) rdma_disconnect(id_);

@@ -33,6 +33,7 @@ void RdmaConnection::Start() {
     if (auto self = weak.lock()) {
       auto* c = static_cast<RdmaConnection*>(self.get());
       c->handler_->OnBytesSent(*c, bytes);
+      c->Uncounted(bytes);
     }
   };
   if (!channel_->open()) {  // closed before the lane adopted it
@@ -54,12 +55,14 @@ void RdmaConnection::OnFrame(const FrameHeader& h, std::span<const std::byte> pa
   handler_->HandleFrame(*this, h, payload);
 }
 
-void RdmaConnection::SendBorrowed(const FrameHeader& header, std::span<const std::byte> payload) {
+void RdmaConnection::SendShared(const FrameHeader& header, std::span<const std::byte> payload,
+                                std::shared_ptr<const void> owner) {
   if (!open_) return;
   OutgoingFrame f;
   EncodeHeader(header, f.header);
-  f.borrowed = payload;  // valid until written (ChunkState double buffering)
-  channel_->Send(std::move(f));
+  f.borrowed = payload;
+  f.owner = std::move(owner);  // held until staged
+  Queue(std::move(f), kHeaderBytes + payload.size());
 }
 
 void RdmaConnection::SendOwned(const FrameHeader& header, std::string payload) {
@@ -68,8 +71,48 @@ void RdmaConnection::SendOwned(const FrameHeader& header, std::string payload) {
   FrameHeader h = header;
   h.payload_bytes = static_cast<uint32_t>(payload.size());
   EncodeHeader(h, f.header);
+  const size_t bytes = kHeaderBytes + payload.size();
   f.owned = std::move(payload);
+  Queue(std::move(f), bytes);
+}
+
+void RdmaConnection::Queue(OutgoingFrame f, size_t bytes) {
+  if (closing_) return;  // nothing goes out after a fatal ERROR
+  const bool over = budget_.Add(bytes);
   channel_->Send(std::move(f));
+  Counted(over);
+}
+
+bool RdmaConnection::Reserve(size_t bytes) {
+  if (!open_ || closing_) return false;
+  if (budget_.WouldExceed(bytes)) {
+    budget_.Add(bytes);  // for the error text
+    FailOverLimit();
+    return false;
+  }
+  Counted(budget_.Add(bytes));
+  return true;
+}
+
+void RdmaConnection::Unreserve(size_t bytes) { Uncounted(bytes); }
+
+void RdmaConnection::Counted(bool over) {
+  if (!open_) return;
+  if (over && !closing_) {
+    FailOverLimit();
+    return;
+  }
+  if (budget_.paused()) channel_->PauseDelivery(true);
+}
+
+void RdmaConnection::Uncounted(size_t bytes) {
+  if (budget_.Remove(bytes) && open_) channel_->PauseDelivery(false);  // delivers on a fresh stack
+}
+
+void RdmaConnection::FailOverLimit() {
+  const std::string text = budget_.OverLimitText();
+  budget_.Remove(channel_->DropQueued());
+  SendError(WireError::kQuotaExceeded, text, 0, true);
 }
 
 void RdmaConnection::SendError(WireError code, const std::string& text, uint64_t request_id,
@@ -84,7 +127,9 @@ void RdmaConnection::SendError(WireError code, const std::string& text, uint64_t
     closing_ = true;
     fatal_ = std::string(WireErrorName(code)) + ": " + text;
   }
+  const bool over = budget_.Add(kHeaderBytes + f.owned.size());
   channel_->Send(std::move(f));
+  if (!fatal) Counted(over);
 }
 
 void RdmaConnection::Close(const std::string& why) {

@@ -109,7 +109,8 @@ MemoryConnection::MemoryConnection(asio::io_context& io, FrameHandler* handler,
       id_(std::move(id)),
       in_(std::move(in)),
       out_(std::move(out)),
-      timer_(io) {}
+      timer_(io),
+      fatal_timer_(io) {}
 
 MemoryConnection::~MemoryConnection() {
   if (open_) Shutdown();
@@ -121,9 +122,9 @@ void MemoryConnection::Start() {
   ScheduleRead();
 }
 
-void MemoryConnection::SendBorrowed(const FrameHeader& header,
-                                    std::span<const std::byte> payload) {
-  Enqueue(QueuedFrame::Borrowed(header, payload));
+void MemoryConnection::SendShared(const FrameHeader& header, std::span<const std::byte> payload,
+                                  std::shared_ptr<const void> owner) {
+  Enqueue(QueuedFrame::Shared(header, payload, std::move(owner)));
 }
 
 void MemoryConnection::SendOwned(const FrameHeader& header, std::string payload) {
@@ -140,11 +141,64 @@ void MemoryConnection::SendError(WireError code, const std::string& text, uint64
   Enqueue(QueuedFrame::Error(code, text, id_.tenant_handle, request_id, fatal));
 }
 
+bool MemoryConnection::Reserve(size_t bytes) {
+  if (!open_ || closing_) return false;
+  if (budget_.WouldExceed(bytes)) {
+    budget_.Add(bytes);  // for the error text
+    FailOverLimit();
+    return false;
+  }
+  Counted(budget_.Add(bytes));
+  return true;
+}
+
+void MemoryConnection::Unreserve(size_t bytes) { Uncounted(bytes); }
+
+void MemoryConnection::Counted(bool over) {
+  if (over && !closing_) {
+    FailOverLimit();
+    return;
+  }
+  if (budget_.paused()) reader_.Pause(true);
+}
+
+void MemoryConnection::Uncounted(size_t bytes) {
+  if (!budget_.Remove(bytes) || !open_) return;
+  reader_.Pause(false);
+  if (resume_posted_) return;
+  resume_posted_ = true;
+  // On a fresh stack, as TCP does.
+  asio::post(io_, [self = self()] {
+    self->resume_posted_ = false;
+    if (!self->open_ || self->closing_ || self->reader_.paused()) return;
+    self->reader_.Parse(*self, *self->handler_);
+    self->ScheduleRead();
+  });
+}
+
+void MemoryConnection::FailOverLimit() {
+  const std::string text = budget_.OverLimitText();
+  // Frames not started yet go; a partly written front frame is finished.
+  size_t dropped = 0;
+  while (queue_.size() > (front_offset_ > 0 ? 1u : 0u)) {
+    dropped += queue_.back().size();
+    queue_.pop_back();
+  }
+  queued_bytes_.fetch_sub(dropped, std::memory_order_acq_rel);
+  budget_.Remove(budget_.bytes());  // reservations are void too
+  SendError(WireError::kQuotaExceeded, text, 0, true);
+  fatal_timer_.expires_after(std::chrono::seconds(2));
+  fatal_timer_.async_wait([self = self()](const boost::system::error_code& ec) {
+    if (!ec) self->Close("closed: the peer did not take the fatal error within 2 s");
+  });
+}
+
 void MemoryConnection::Close(const std::string& why) {
   if (!open_) return;
   open_ = false;
   reader_.Stop();
   timer_.cancel();
+  fatal_timer_.cancel();
   queue_.clear();
   front_offset_ = 0;
   Shutdown();
@@ -167,8 +221,10 @@ void MemoryConnection::Shutdown() {
 
 void MemoryConnection::Enqueue(QueuedFrame frame) {
   if (!open_) return;
-  queued_bytes_.fetch_add(frame.size(), std::memory_order_acq_rel);
+  const size_t n = frame.size();
+  queued_bytes_.fetch_add(n, std::memory_order_acq_rel);
   queue_.push_back(std::move(frame));
+  Counted(budget_.Add(n));
   // The writer drains later on this thread, never inside the Send call.
   if (write_posted_ || step_bytes_ > 0) return;
   write_posted_ = true;
@@ -200,8 +256,8 @@ void MemoryConnection::WriteNext() {
   if (out_->reader_gone || out_->reset) {
     lock.unlock();
     // The peer is gone. This end's read side reports how, unless it no longer
-    // reads (a fatal error is pending, or delivery was refused).
-    if (closing_ || reader_.stopped()) Close("write failed: broken pipe");
+    // reads (a fatal error is pending, delivery was refused, or paused).
+    if (closing_ || reader_.stopped() || reader_.paused()) Close("write failed: broken pipe");
     return;
   }
   size_t budget = out_->plan.max_write_bytes > 0 ? out_->plan.max_write_bytes
@@ -255,7 +311,9 @@ void MemoryConnection::FinishWrite() {
     gone = out_->reader_gone || out_->reset;
   }
   if (!done) {
-    if (gone && (closing_ || reader_.stopped())) Close("write failed: broken pipe");
+    if (gone && (closing_ || reader_.stopped() || reader_.paused())) {
+      Close("write failed: broken pipe");
+    }
     return;
   }
   const size_t n = step_bytes_;
@@ -264,11 +322,18 @@ void MemoryConnection::FinishWrite() {
   handler_->OnBytesSent(*this, n);
   step_bytes_ = 0;
   step_close_after_ = false;
-  if (close_after) Close("closed after a fatal error");
+  if (close_after) {
+    Close("closed after a fatal error");
+    return;
+  }
+  Uncounted(n);
 }
 
 void MemoryConnection::ScheduleRead() {
-  if (!open_ || !started_ || closing_ || reader_.stopped() || read_scheduled_) return;
+  if (!open_ || !started_ || closing_ || reader_.stopped() || reader_.paused() ||
+      read_scheduled_) {
+    return;
+  }
   std::chrono::steady_clock::duration delay;
   {
     std::lock_guard lock(in_->mu);
@@ -294,7 +359,7 @@ void MemoryConnection::ReadStep() {
   // Bytes of ours the peer took before it sent (or closed) what is read now
   // are reported first, as a TCP write completes before the peer answers.
   FinishWrite();
-  if (!open_) return;
+  if (!open_ || reader_.paused()) return;
   enum class Event { kNone, kEof, kReset } event = Event::kNone;
   bool resetting = false;  // this end injects the reset
   size_t n = 0;

@@ -63,6 +63,58 @@ class AlignedBuffer {
   size_t size_ = 0;
 };
 
+// A zero-initialized aligned array (as AlignedBuffer) whose memory readers
+// may hold on to: Share() returns a reference that keeps the memory alive
+// after the buffer let go of it (destroyed, or moved to fresh memory), so
+// bytes handed to a transport stay valid until it is done with them, whatever
+// happens to the chunk meanwhile. Memory a reader holds is never written
+// again: a writer calls PrepareOverwrite() before overwriting the whole
+// buffer, which moves the buffer to fresh (zeroed) memory if a reader still
+// holds the current one (copy-on-write without the copy; every write of
+// these buffers overwrites them entirely).
+//
+// Threads: the buffer is used by one thread; references may be dropped on
+// any thread (shared_ptr's count is atomic). A count read as "shared" that
+// is being dropped elsewhere only costs one allocation.
+template <typename T>
+class SharedAlignedBuffer {
+  static_assert(std::is_trivially_copyable_v<T>);
+
+ public:
+  SharedAlignedBuffer() = default;
+  explicit SharedAlignedBuffer(size_t count) : size_(count) { Allocate(); }
+
+  T* data() { return data_.get(); }  // for writing: PrepareOverwrite() first
+  const T* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  bool empty() const { return data_ == nullptr; }
+  // A reference keeping the current memory alive and unchanged.
+  std::shared_ptr<const void> Share() const { return data_; }
+  // True while a reader holds the current memory.
+  bool shared() const { return data_.use_count() > 1; }
+  // Before overwriting every element: fresh memory if a reader holds this.
+  // Returns true if it moved.
+  bool PrepareOverwrite() {
+    if (!shared()) return false;
+    Allocate();
+    return true;
+  }
+
+ private:
+  void Allocate() {
+    size_t bytes = size_ * sizeof(T);
+    bytes = (bytes + kChunkAlignment - 1) / kChunkAlignment * kChunkAlignment;
+    if (bytes == 0) bytes = kChunkAlignment;
+    void* raw = ::operator new(bytes, std::align_val_t{kChunkAlignment});
+    std::memset(raw, 0, bytes);
+    data_ = std::shared_ptr<T>(static_cast<T*>(raw), [](T* p) {
+      ::operator delete(p, std::align_val_t{kChunkAlignment});
+    });
+  }
+  std::shared_ptr<T> data_;
+  size_t size_ = 0;
+};
+
 class ChunkState {
  public:
   enum class AddResult {
@@ -132,9 +184,17 @@ class ChunkState {
   // the same memory, else the converted copy made by Update()/SetInitial()).
   // v must be version() or version() - 1 (>= 0); otherwise an empty span.
   // The spans stay valid and unchanged until version v + 2 is computed (or the
-  // ChunkState is destroyed or SetInitial() rewrites version 0).
+  // ChunkState is destroyed, or SkipTo() / Restore() / SetInitial() rewrite
+  // the buffers).
   std::span<const float> params(uint64_t v) const;
   std::span<const std::byte> wire_params(uint64_t v) const;
+  // References that keep the memory of params(v) / wire_params(v) alive and
+  // unchanged for as long as they are held, whatever happens to the chunk
+  // (later updates, SkipTo, Restore, SetInitial write into fresh memory, and
+  // the memory outlives the ChunkState): what a queued reply holds.
+  // Null where the span would be empty.
+  std::shared_ptr<const void> params_ref(uint64_t v) const;
+  std::shared_ptr<const void> wire_params_ref(uint64_t v) const;
 
   // Initial values, payload in wire_type() (wire_bytes() bytes) or fp32
   // (elements() floats). Allowed only while version() == 0 and no
@@ -186,6 +246,12 @@ class ChunkState {
   void FinishUpdate();
   void ClearContributions();
   const float* param_buffer(uint64_t v) const { return params_[v & 1].data(); }
+  bool readable(uint64_t v) const {
+    return v == version_ || (version_ > 0 && v == version_ - 1);
+  }
+  // The buffers version v will be written into, moved off memory a reader holds.
+  float* writable_params(uint64_t v);
+  std::byte* writable_wire(uint64_t v);
 
   uint32_t elements_;
   uint32_t workers_;
@@ -202,8 +268,10 @@ class ChunkState {
   bool initialized_ = false;
 
   // Version v lives in params_[v & 1] (and wire_[v & 1] unless fp32).
-  AlignedBuffer<float> params_[2];
-  AlignedBuffer<std::byte> wire_[2];
+  // Shared with queued replies (params_ref / wire_params_ref): every write
+  // below calls PrepareOverwrite() first.
+  SharedAlignedBuffer<float> params_[2];
+  SharedAlignedBuffer<std::byte> wire_[2];
   AlignedBuffer<float> accumulator_;
   AlignedBuffer<float> state_[2];
 

@@ -14,7 +14,8 @@
 //     payload_bytes, kReject stops the reader (the handler sent a fatal
 //     ERROR: nothing more is delivered);
 //   - hands an accepted payload to handler.HandleFrame in place, as a span
-//     into the receive buffer (no copy), valid only during the call.
+//     into the receive buffer (no copy), valid only during the call;
+//   - returns at a frame boundary once paused (Pause).
 // The buffer starts at `initial_bytes` (allocated on first use), is compacted
 // when the frame being received does not fit behind the unconsumed bytes, and
 // grows only when one frame is larger than the whole buffer.
@@ -58,6 +59,11 @@ class FrameReader {
   // Deliver nothing more (the connection is closing or closed). Sticky.
   void Stop() { stopped_ = true; }
   bool stopped() const { return stopped_; }
+  // While paused, Parse delivers nothing (it stops at the next frame
+  // boundary: a handler may pause it from inside HandleFrame); buffered
+  // bytes wait for Parse after Pause(false). Backpressure (SendLimits).
+  void Pause(bool on) { paused_ = on; }
+  bool paused() const { return paused_; }
   // True if the stream stopped now would cut a frame: a header or payload is
   // partly received, or a discarded payload is partly skipped. An EOF here is
   // "inside a frame".
@@ -77,6 +83,7 @@ class FrameReader {
   FrameHeader header_{};
   uint64_t skip_ = 0;  // payload bytes of a discarded frame still to drop
   bool stopped_ = false;
+  bool paused_ = false;
 };
 
 }  // namespace rackhub::net

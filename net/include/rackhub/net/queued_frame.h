@@ -1,13 +1,14 @@
 // QueuedFrame: one frame waiting in a stream transport's send queue (TCP, the
 // in-memory test transport): the encoded header and a payload that is either
-// owned by the frame or borrowed from the caller (who keeps it valid and
-// unchanged until it is written; see transport.h, SendBorrowed).
+// owned by the frame or shared with the caller (`owner` keeps it alive and
+// unchanged while the frame exists; see transport.h, SendShared).
 //
 // A plain value; no thread rules of its own (the owning connection's thread).
 #pragma once
 
 #include <array>
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,7 +20,8 @@ namespace rackhub::net {
 struct QueuedFrame {
   std::array<std::byte, kHeaderBytes> header{};
   std::string owned;
-  std::span<const std::byte> payload;  // borrowed (when `owned` is empty)
+  std::span<const std::byte> payload;  // shared (when `owned` is empty)
+  std::shared_ptr<const void> owner;   // keeps `payload` alive and unchanged
   bool close_after = false;            // a fatal ERROR: close once it is written
 
   std::span<const std::byte> body() const {
@@ -28,10 +30,12 @@ struct QueuedFrame {
   size_t size() const { return kHeaderBytes + body().size(); }
 
   // `h` is sent as given (payload_bytes already set by the caller).
-  static QueuedFrame Borrowed(const FrameHeader& h, std::span<const std::byte> payload) {
+  static QueuedFrame Shared(const FrameHeader& h, std::span<const std::byte> payload,
+                            std::shared_ptr<const void> owner) {
     QueuedFrame f;
     EncodeHeader(h, f.header);
     f.payload = payload;
+    f.owner = std::move(owner);
     return f;
   }
   // payload_bytes is set from `payload`.

@@ -34,6 +34,23 @@ struct ConnectionIdentity {
 
 class Connection;
 
+// Bounds on what a connection holds for its peer (docs/architecture.md,
+// "Bounded send queues"). The backlog is the bytes of frames handed to Send*
+// and not written yet (header + payload, shared payloads included), plus the
+// bytes the owner reserved for replies it will send later (Reserve).
+struct SendLimits {
+  // Above this backlog the connection stops taking frames from its peer (at
+  // the next frame boundary; TCP stops reading, RDMA stops returning
+  // credits) until the backlog is down to half of it. 0: never.
+  size_t pause_bytes = 0;
+  // Above this the connection fails: frames not being written yet are
+  // dropped, a fatal ERROR QUOTA_EXCEEDED naming `setting` is queued, and
+  // the connection closes once it is out (or 2 s later). A single frame on
+  // an empty backlog never fails it. 0: never.
+  size_t max_bytes = 0;
+  std::string setting;  // the limit's name in the error text
+};
+
 // The lane side of a connection: validates headers and consumes frames.
 class FrameHandler {
  public:
@@ -62,9 +79,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   virtual bool open() const = 0;
   // Starts delivering frames to the handler.
   virtual void Start() = 0;
-  // Queues a frame whose payload the caller keeps valid and unchanged until
-  // it is written (the lane's double-buffered parameters).
-  virtual void SendBorrowed(const FrameHeader& header, std::span<const std::byte> payload) = 0;
+  // Queues a frame whose payload is shared, not copied: `owner` keeps the
+  // bytes of `payload` alive and unchanged for as long as the transport
+  // holds it (until written, or dropped by a close), whatever the caller
+  // does meanwhile (the lane's parameter buffers: ChunkState::wire_params_ref).
+  virtual void SendShared(const FrameHeader& header, std::span<const std::byte> payload,
+                          std::shared_ptr<const void> owner) = 0;
   // Queues a frame that owns its payload (payload_bytes is set from it).
   virtual void SendOwned(const FrameHeader& header, std::string payload) = 0;
   // Queues ERROR(code, text) answering `request_id`. A fatal error stops
@@ -73,6 +93,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
                          bool fatal) = 0;
   // Closes now (queued frames may be lost). Idempotent.
   virtual void Close(const std::string& why) = 0;
+
+  // Bounded send queue (SendLimits). Transports that do not bound (test
+  // stubs) keep the defaults: no limits, no backlog.
+  virtual void SetSendLimits(const SendLimits& limits) { (void)limits; }
+  virtual size_t backlog_bytes() const { return 0; }
+  // Counts `bytes` of replies the owner will send later for a request it
+  // holds (a PULL held during a recovery) into the backlog, until
+  // Unreserve(bytes): they pause reading and count against the limit like
+  // queued frames. False (and nothing reserved) if the connection is closed,
+  // failing, or this would take it past max_bytes (it then fails).
+  virtual bool Reserve(size_t bytes) {
+    (void)bytes;
+    return open();
+  }
+  virtual void Unreserve(size_t bytes) { (void)bytes; }
 };
 
 }  // namespace rackhub::net

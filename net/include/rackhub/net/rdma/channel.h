@@ -126,11 +126,14 @@ Result<RingDescriptor> DecodeDescriptor(const void* data, size_t bytes);
 
 // A frame to send: header plus either an owned or a borrowed payload. The
 // borrowed payload is copied into the staging ring when the frame is posted;
-// `release` runs once the frame no longer references it (posted or dropped).
+// `release` runs and `owner` (if set: a reference keeping the borrowed bytes
+// alive and unchanged) is dropped once the frame no longer references it
+// (posted or dropped).
 struct OutgoingFrame {
   std::array<std::byte, kHeaderBytes> header{};
   std::string owned;
   std::span<const std::byte> borrowed;
+  std::shared_ptr<const void> owner;
   bool close_after = false;             // close once this frame was sent
   std::function<bool()> still_wanted;   // false at posting time: drop it
   std::function<void()> release;
@@ -182,8 +185,16 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void Detach();
 
   void Send(OutgoingFrame frame);
+  // Drops the frames queued and not posted yet; returns their bytes
+  // (header + payload each).
+  size_t DropQueued();
   // Disconnects (rdma_disconnect(3)); queued frames are dropped. Idempotent.
   void Close(const std::string& why);
+  // Backpressure: while paused, frames that arrive are held in the ring
+  // (not delivered, not consumed, so no credit goes back and the peer stops
+  // once the ring is full); resuming delivers them, in order, on a fresh
+  // stack of the attached io_context.
+  void PauseDelivery(bool on);
 
   bool open() const { return !closed_; }
   const RingDescriptor& peer() const { return peer_; }
@@ -225,6 +236,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   size_t Drain();
   void Handle(const ibv_wc& wc);
   void OnFrameWritten(uint32_t slot);
+  // Hands the frame at `slot` (header `h`, checked on arrival) to on_frame,
+  // then counts `consume` slots (its own and a skipped tail before it) as
+  // consumed.
+  void Deliver(uint32_t slot, uint32_t consume, const FrameHeader& h);
+  void DeliverHeld();
   void OnCredit(uint32_t value);
   void Violation(const std::string& text);
   void PumpSends();
@@ -264,6 +280,14 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint64_t rx_consumed_ = 0;   // slots consumed (including skipped tails)
   uint64_t rx_reported_ = 0;   // last consumed count sent to the peer
   bool credit_in_flight_ = false;
+  bool delivery_paused_ = false;
+  bool deliver_posted_ = false;
+  struct HeldFrame {
+    uint32_t slot;
+    uint32_t consume;
+    FrameHeader header;  // as checked on arrival (the ring is peer-writable)
+  };
+  std::deque<HeldFrame> held_;  // arrived while paused, in ring order
   // Send side.
   uint64_t tx_head_ = 0;         // peer-ring slots written or skipped
   uint64_t peer_consumed_ = 0;   // as last reported by the peer

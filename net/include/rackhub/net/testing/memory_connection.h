@@ -11,12 +11,17 @@
 //   - Send* only queue. The writer drains the queue later, on its own thread
 //     (never inside the Send call): a write step copies at most
 //     max_write_bytes (and at most 64 frames) of queued frames into the
-//     stream. A borrowed payload is referenced until that copy, so it must
-//     stay valid and unchanged until written, as on TCP.
+//     stream. A shared payload is held (its owner) until that copy, as on
+//     TCP.
 //   - A write step completes once the peer has taken all of its bytes; then
 //     OnBytesSent(step bytes) runs and the next step starts. A peer that
 //     does not read (stop_reading, stall, not started) back-pressures: the
 //     queue grows (queued_bytes()) and OnBytesSent stops.
+//   - SendLimits as on TCP: above pause_bytes of backlog (bytes the peer has
+//     not taken, plus reservations) no more frames are delivered to the
+//     handler until it is down to half; past max_bytes the frames not yet
+//     written are dropped, a fatal QUOTA_EXCEEDED ERROR is queued and the
+//     end closes once the peer took it (or 2 s later).
 //   - SendError(fatal) stops delivery at once and closes the end with
 //     "closed after a fatal error" once the peer has taken the ERROR frame;
 //     frames queued after it are never sent.
@@ -64,6 +69,7 @@
 #include "rackhub/net/frame.h"
 #include "rackhub/net/queued_frame.h"
 #include "rackhub/net/frame_reader.h"
+#include "rackhub/net/send_budget.h"
 #include "rackhub/net/transport.h"
 
 namespace rackhub::net::testing {
@@ -130,11 +136,16 @@ class MemoryConnection final : public Connection {
   const ConnectionIdentity& id() const override { return id_; }
   bool open() const override { return open_; }
   void Start() override;
-  void SendBorrowed(const FrameHeader& header, std::span<const std::byte> payload) override;
+  void SendShared(const FrameHeader& header, std::span<const std::byte> payload,
+                  std::shared_ptr<const void> owner) override;
   void SendOwned(const FrameHeader& header, std::string payload) override;
   void SendError(WireError code, const std::string& text, uint64_t request_id,
                  bool fatal) override;
   void Close(const std::string& why) override;
+  void SetSendLimits(const SendLimits& limits) override { budget_.set_limits(limits); }
+  size_t backlog_bytes() const override { return budget_.bytes(); }
+  bool Reserve(size_t bytes) override;
+  void Unreserve(size_t bytes) override;
 
   // Faults of the direction this end sends (this end -> peer), and of the one
   // it receives (peer -> this end; the same as the peer's faults()).
@@ -158,6 +169,9 @@ class MemoryConnection final : public Connection {
   }
 
   void Enqueue(QueuedFrame frame);
+  void Counted(bool over);
+  void Uncounted(size_t bytes);
+  void FailOverLimit();
   // Everything an end does when woken by the peer or a fault change: notice a
   // reset, finish a write step the peer has taken, write, read.
   void Pump();
@@ -191,6 +205,9 @@ class MemoryConnection final : public Connection {
   uint64_t step_end_ = 0;     // stream position the step ends at
   bool step_close_after_ = false;
   std::atomic<size_t> queued_bytes_{0};
+  SendBudget budget_;  // bytes leave it when the peer took them
+  boost::asio::steady_timer fatal_timer_;
+  bool resume_posted_ = false;
 };
 
 }  // namespace rackhub::net::testing
