@@ -23,35 +23,10 @@
 // complete files, possibly plus the new complete one, plus perhaps a stray
 // temp file (never listed or loaded; deleted by the next WriteCheckpoint).
 //
-// File layout (format version 1, little-endian, documented in
-// docs/durability.md "Checkpoint file format"):
-//
-//   offset 0, 64 bytes: header
-//     0  char[8] magic "RHCKPT\0\0"
-//     8  u32     format version (1)
-//     12 u32     header bytes (64)
-//     16 u64     manifest bytes (M)
-//     24 u64     XXH3_64bits of the manifest
-//     32 u64     file bytes (the exact size of the complete file)
-//     40 u64     data offset (first chunk record; 64-aligned, >= 64 + M)
-//     48 u64     chunk record count
-//     56 u64     XXH3_64bits of header bytes 0..55
-//   offset 64, M bytes: manifest (see EncodeManifest in checkpoint_file.cc)
-//     str tenant, u64 sequence, i64 created_unix_ms, u32 key count, then per
-//     key: u32 id, str name, u64 elements, u32 chunk_count,
-//     u32 chunk_elements, u64 version, str optimizer, u32 state slots;
-//     str = u32 length + bytes.
-//   from data offset: one record per chunk, sorted by (key id, chunk), each at
-//   a 64-aligned offset that follows from the manifest alone:
-//     0  char[8] magic "RHCHUNK\0"
-//     8  u32 key id, 12 u32 chunk index, 16 u32 elements, 20 u32 state slots
-//     24 u64 payload bytes = elements * 4 * (1 + slots)
-//     32 u64 XXH3_64bits of the payload
-//     40 u64 key version
-//     48 u64 reserved (0)
-//     56 u64 XXH3_64bits of record bytes 0..55
-//     64 payload: params[elements], state[0][elements], state[1][elements]
-//        (fp32 bit patterns as in memory), zero padding to a 64-byte multiple
+// File layout: format version 1, little-endian; the byte-level description
+// and the pure encode/decode/check functions are in checkpoint_layout.h
+// (internal), the reference is docs/durability.md "Checkpoint file format".
+// This module (checkpoint_file.cc) does the I/O around them.
 #pragma once
 
 #include <cstdint>
