@@ -14,6 +14,37 @@ namespace {
 
 }  // namespace
 
+namespace {
+
+// Heap bytes of one block of `bytes` from operator new: whole 64-byte lines
+// (AlignedBuffer), plus what the allocator keeps beside an aligned block
+// (glibc: a 16-byte header and up to one alignment of slack).
+constexpr uint64_t kBlockOverheadBytes = 16 + kChunkAlignment;
+uint64_t BlockBytes(uint64_t bytes) {
+  const uint64_t lines = std::max<uint64_t>(1, (bytes + kChunkAlignment - 1) / kChunkAlignment);
+  return lines * kChunkAlignment + kBlockOverheadBytes;
+}
+
+}  // namespace
+
+uint64_t ChunkState::MemoryBytes(uint32_t elements, uint32_t workers, OptimizerType optimizer,
+                                 ElementType wire_type) {
+  const uint64_t master = BlockBytes(uint64_t{elements} * kMasterElementBytes);
+  const uint64_t wire = BlockBytes(uint64_t{elements} * ElementBytes(wire_type));
+  const uint64_t w = std::max<uint32_t>(workers, 1);
+  uint64_t total = 2 * master;                                   // parameters, double-buffered
+  if (wire_type != ElementType::kFp32) total += 2 * wire;        // their wire copies
+  total += master;                                               // accumulator
+  total += uint64_t(OptimizerStateSlots(optimizer)) * master;    // optimizer state
+  total += (w - 1) * wire;                                       // parked contributions
+  // Per rank: contributed_ (1 byte) and spare_of_rank_ (4), sized once;
+  // free_spares_ (4), spares_ (16) and inputs_ (8) grow by push_back, so up
+  // to twice that. Each vector is one block.
+  total += w * (1 + 4 + 2 * (4 + sizeof(AlignedBuffer<std::byte>) + sizeof(const void*))) +
+           5 * kBlockOverheadBytes;
+  return total;
+}
+
 ChunkState::ChunkState(uint32_t elements, uint32_t workers, const OptimizerConfig& optimizer,
                        ElementType wire_type)
     : elements_(elements),

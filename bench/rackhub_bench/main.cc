@@ -306,14 +306,15 @@ int Coordinate(const BenchArgs& a, const std::string& self) {
       racks += (i ? "," : "") + host + ":0=" + host + ":" + std::to_string(FreePort());
     }
     bool ok = true;
-    // Hubs exchanging beyond loopback share a secret.
+    // The hubs of a topology share a secret (required with racks > 1, on
+    // loopback too).
     const std::string secret_file = dir + "/hub.secret";
-    if (a.racks > 1 && !a.rack_addrs.empty()) std::ofstream(secret_file) << RandomHex() << "\n";
+    if (a.racks > 1) std::ofstream(secret_file) << RandomHex() << "\n";
     for (uint32_t i = 0; i < hub_count && ok; ++i) {
       std::vector<std::string> extra;
       if (a.racks > 1) {
-        extra = {"--racks", racks, "--rack", std::to_string(i), "--topology-mode", a.topology};
-        if (!a.rack_addrs.empty()) extra.insert(extra.end(), {"--hub-secret-file", secret_file});
+        extra = {"--racks",         racks,      "--rack",           std::to_string(i),
+                 "--topology-mode", a.topology, "--hub-secret-file", secret_file};
       }
       const std::string hub_dir = dir + "/hub" + std::to_string(i);
       std::filesystem::create_directories(hub_dir);

@@ -232,7 +232,12 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
   opt->set_type(ParseOptimizer(a.optimizer));
   if (opt->type() != pb::SUM_ONLY) opt->set_learning_rate(a.lr);
   if (opt->type() == pb::MOMENTUM || opt->type() == pb::NESTEROV) opt->set_momentum(0.9);
-  req.mutable_quotas()->set_max_parameter_bytes(std::max<uint64_t>(a.w.bytes, 1) * 2);
+  // The quota counts hub memory (parameters x2, optimizer state, accumulator,
+  // parked contributions, rack stages: docs/architecture.md, Memory a key
+  // holds); this bound leaves room for any optimizer, worker and rack count.
+  req.mutable_quotas()->set_max_parameter_bytes(
+      (std::max<uint64_t>(a.w.bytes, 1) * (8 + 2ull * a.w.workers) + (64ull << 20)) *
+      std::max<uint64_t>(a.racks, 1));
   pb::CreateTenantResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

@@ -134,7 +134,9 @@ struct QuotaArgs {
 };
 
 void AddQuotaOptions(CLI::App* command, QuotaArgs* q) {
-  command->add_option("--max-param-bytes", q->max_param_bytes, "parameter bytes of all keys")
+  command->add_option("--max-param-bytes", q->max_param_bytes,
+                      "hub memory all keys may hold: fp32 parameters x2, optimizer state,\n"
+                      "accumulators, parked contributions (Adam, 2 workers: ~6x the parameters)")
       ->type_name("SIZE")
       ->transform(SizeValidator())
       ->group(kQuotaGroup);

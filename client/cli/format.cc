@@ -217,6 +217,8 @@ void PrintTenant(std::ostream& out, const admin::Tenant& t) {
   block.Add("max workers", QuotaValue(t.quotas().max_workers(), false));
   block.Add("keys", std::to_string(t.key_count()));
   block.Add("parameter bytes", BytesWithHuman(t.parameter_bytes()));
+  // What the quota counts: parameters x2, optimizer state, accumulators, ...
+  block.Add("memory bytes", BytesWithHuman(t.memory_bytes()));
   block.Add("chunks allocated", std::to_string(t.chunk_count()));
   block.Add("created", FormatUnixMs(t.created_unix_ms()));
   block.Print(out);
@@ -260,6 +262,7 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
   block.Add("init", InitModeName(k.init()));
   block.Add("ready", YesNo(k.ready()));
   block.Add("parameter bytes", BytesWithHuman(k.parameter_bytes()));
+  block.Add("memory bytes", BytesWithHuman(k.memory_bytes()));
   block.Add("chunk elements", std::to_string(k.chunk_elements()));
   block.Add("chunks", std::to_string(k.chunk_count()) + " (first index " +
                           std::to_string(k.first_chunk()) + ")");
@@ -309,6 +312,8 @@ void PrintStats(std::ostream& out, const admin::GetStatsResponse& response) {
   block.Add("tenants", std::to_string(d.tenants()));
   block.Add("keys", std::to_string(d.keys()));
   block.Add("parameter bytes", BytesWithHuman(d.parameter_bytes()));
+  block.Add("memory bytes", BytesWithHuman(d.memory_bytes()));
+  block.Add("memory bytes allocated", BytesWithHuman(d.memory_bytes_allocated()));
   block.Add("workers connected", std::to_string(d.workers_connected()));
   block.Add("pushes", std::to_string(d.pushes()));
   block.Add("bytes in", BytesWithHuman(d.bytes_in()));
@@ -323,6 +328,8 @@ void PrintStats(std::ostream& out, const admin::GetStatsResponse& response) {
   Table table({{"NAME"},
                {"KEYS", true},
                {"PARAMETER-BYTES", true},
+               {"MEMORY-BYTES", true},
+               {"MEMORY-ALLOCATED", true},
                {"CHUNKS", true},
                {"WORKERS", true},
                {"PUSHES", true},
@@ -332,6 +339,7 @@ void PrintStats(std::ostream& out, const admin::GetStatsResponse& response) {
                {"ERRORS", true}});
   for (const auto& t : response.tenants()) {
     table.AddRow({t.name(), std::to_string(t.keys()), BytesWithHuman(t.parameter_bytes()),
+                  BytesWithHuman(t.memory_bytes()), BytesWithHuman(t.memory_bytes_allocated()),
                   std::to_string(t.chunks()), std::to_string(t.workers_connected()),
                   std::to_string(t.pushes()), std::to_string(t.iterations_completed()),
                   BytesWithHuman(t.bytes_in()), BytesWithHuman(t.bytes_out()),

@@ -8,6 +8,7 @@
 
 #include "admin_service.h"
 #include "checkpointer.h"
+#include "rackhub/common/log_safe.h"
 
 namespace rackhub::server {
 
@@ -47,7 +48,7 @@ class CheckpointServiceImpl final : public pb::CheckpointService::Service {
                                                                          : req->timeout_ms());
     Result<CheckpointInfo> r = checkpointer_->Create(req->tenant(), timeout);
     const grpc::Status status = ToGrpc(r.status());
-    Audit("CreateCheckpoint", "'" + req->tenant() + "'", status);
+    Audit("CreateCheckpoint", QuoteForLog(req->tenant()), status);
     if (status.ok()) CheckpointToProto(req->tenant(), *r, resp);
     return status;
   }
@@ -66,7 +67,7 @@ class CheckpointServiceImpl final : public pb::CheckpointService::Service {
     if (auto s = auth_->Check(ctx, true, "DeleteCheckpoint"); !s.ok()) return s;
     if (req->sequence() == 0) return ToGrpc(InvalidArgument("sequence: required (>= 1)"));
     const grpc::Status status = ToGrpc(checkpointer_->Delete(req->tenant(), req->sequence()));
-    Audit("DeleteCheckpoint", "'" + req->tenant() + "' #" + std::to_string(req->sequence()),
+    Audit("DeleteCheckpoint", QuoteForLog(req->tenant()) + " #" + std::to_string(req->sequence()),
           status);
     return status;
   }
@@ -77,7 +78,7 @@ class CheckpointServiceImpl final : public pb::CheckpointService::Service {
     Result<CheckpointInfo> r = checkpointer_->Restore(req->tenant(), req->sequence());
     const grpc::Status status = ToGrpc(r.status());
     Audit("RestoreCheckpoint",
-          "'" + req->tenant() + "' " +
+          QuoteForLog(req->tenant()) + " " +
               (req->sequence() == 0 ? std::string("newest") : "#" + std::to_string(req->sequence())),
           status);
     if (status.ok()) CheckpointToProto(req->tenant(), *r, resp);

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpointer.h"
+#include "rackhub/common/log_safe.h"
 #include "proto_convert.h"
 #include "token.h"
 
@@ -32,14 +33,20 @@ Result<ProtoOptimizer> OptimizerArg(const char* field, bool present, const pb::O
 
 grpc::Status ToGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+  // Client text in messages is escaped where it is quoted (QuoteForLog); this
+  // bounds whatever reaches a client.
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      SafeForLog(s.message(), kMaxLoggedMessageBytes));
 }
 
 void Audit(const char* method, const std::string& what, const grpc::Status& s) {
   if (s.ok()) {
     spdlog::info("admin: {} {}", method, what);
   } else {
-    spdlog::warn("admin: {} {} refused: {}", method, what, s.error_message());
+    // The message quotes client text already made safe at its source; passing
+    // it through again bounds the line whatever a source forgot.
+    spdlog::warn("admin: {} {} refused: {}", method, what,
+                 SafeForLog(s.error_message(), kMaxLoggedMessageBytes));
   }
 }
 
@@ -98,7 +105,7 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
     TenantInfo info;
     std::string token;
     const auto status = ToGrpc(registry_->CreateTenant(spec, &info, &token));
-    Audit("CreateTenant", "'" + req->name() + "'", status);
+    Audit("CreateTenant", QuoteForLog(req->name()), status);
     if (!status.ok()) return status;
     TenantToProto(info, resp->mutable_tenant());
     resp->set_token(token);
@@ -128,7 +135,7 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
              req->quotas().max_workers()};
     TenantInfo info;
     const auto status = ToGrpc(registry_->UpdateQuotas(req->name(), q, &info));
-    Audit("UpdateQuotas", "'" + req->name() + "'", status);
+    Audit("UpdateQuotas", QuoteForLog(req->name()), status);
     if (status.ok()) TenantToProto(info, resp);
     return status;
   }
@@ -139,7 +146,7 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
     TenantInfo gone;
     const bool known = registry_->GetTenant(req->name(), &gone).ok();
     const auto status = ToGrpc(registry_->DeleteTenant(req->name()));
-    Audit("DeleteTenant", "'" + req->name() + "'", status);
+    Audit("DeleteTenant", QuoteForLog(req->name()), status);
     // Its checkpoints go with it (after the registry commit: a crash in
     // between leaves a directory the next start-up removes).
     if (status.ok() && known && checkpointer_) checkpointer_->TenantDeleted(gone.handle);
@@ -187,7 +194,7 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
     spec.use_tenant_optimizer = !req->has_optimizer();
     KeyInfo key;
     const auto status = ToGrpc(registry_->CreateKey(spec, &key));
-    Audit("CreateKey", "'" + req->tenant() + "/" + req->name() + "'", status);
+    Audit("CreateKey", QuoteForLog(req->tenant()) + "/" + QuoteForLog(req->name()), status);
     if (status.ok()) KeyToProto(key, {}, resp);
     return status;
   }
@@ -214,7 +221,7 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
                          pb::DeleteKeyResponse*) override {
     if (auto s = auth_->Check(ctx, true, "DeleteKey"); !s.ok()) return s;
     const auto status = ToGrpc(registry_->DeleteKey(req->tenant(), req->name()));
-    Audit("DeleteKey", "'" + req->tenant() + "/" + req->name() + "'", status);
+    Audit("DeleteKey", QuoteForLog(req->tenant()) + "/" + QuoteForLog(req->name()), status);
     return status;
   }
 
@@ -227,7 +234,7 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
     KeyInfo key;
     const auto status = ToGrpc(registry_->SetOptimizer(req->tenant(), req->name(), opt->config,
                                                        opt->unspecified_type, &key));
-    Audit("SetOptimizer", "'" + req->tenant() + "/" + req->name() + "'", status);
+    Audit("SetOptimizer", QuoteForLog(req->tenant()) + "/" + QuoteForLog(req->name()), status);
     if (status.ok()) KeyToProto(key, {}, resp);
     return status;
   }
@@ -267,6 +274,8 @@ class AdminServices::StatsServiceImpl final : public pb::StatsService::Service {
       ts->set_bytes_out(c.bytes_out.load(std::memory_order_relaxed));
       ts->set_iterations_completed(c.iterations_completed.load(std::memory_order_relaxed));
       ts->set_errors(c.errors.load(std::memory_order_relaxed));
+      ts->set_memory_bytes(t.memory_bytes);
+      ts->set_memory_bytes_allocated(c.memory_bytes_allocated.load(std::memory_order_relaxed));
     }
     // Daemon-wide figures always cover every tenant.
     const auto all = req->tenant().empty() ? tenants : registry_->ListTenants();
@@ -277,6 +286,8 @@ class AdminServices::StatsServiceImpl final : public pb::StatsService::Service {
       d->set_pushes(d->pushes() + c.pushes.load(std::memory_order_relaxed));
       d->set_bytes_in(d->bytes_in() + c.bytes_in.load(std::memory_order_relaxed));
       d->set_bytes_out(d->bytes_out() + c.bytes_out.load(std::memory_order_relaxed));
+      d->set_memory_bytes_allocated(d->memory_bytes_allocated() +
+                                    c.memory_bytes_allocated.load(std::memory_order_relaxed));
     }
     const auto totals = registry_->GetTotals();
     d->set_version(identity_->version);
@@ -287,6 +298,7 @@ class AdminServices::StatsServiceImpl final : public pb::StatsService::Service {
     d->set_tenants(totals.tenants);
     d->set_keys(totals.keys);
     d->set_parameter_bytes(totals.parameter_bytes);
+    d->set_memory_bytes(totals.memory_bytes);
     {
       std::lock_guard lock(addresses_mu_);
       d->set_data_listen(identity_->data_listen);

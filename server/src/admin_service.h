@@ -58,7 +58,10 @@ class Checkpointer;
 
 // Shared by the service implementations: a Status as a gRPC status (same
 // codes), and the audit log line of a mutation (info when it succeeded,
-// warn with the reason when refused).
+// warn with the reason when refused). `what` quotes client-supplied names
+// with QuoteForLog (rackhub/common/log_safe.h); the reason is passed through
+// SafeForLog again and cut at kMaxLoggedMessageBytes.
+inline constexpr size_t kMaxLoggedMessageBytes = 2048;
 grpc::Status ToGrpc(const Status& s);
 void Audit(const char* method, const std::string& what, const grpc::Status& s);
 // CheckpointService (admin_checkpoint_service.cc).

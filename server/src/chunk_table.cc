@@ -24,6 +24,30 @@ aggregation::OptimizerConfig SumOnly() {
 
 }  // namespace
 
+// key_memory.h counts this much per chunk besides its buffers.
+static_assert(sizeof(Chunk) + 256 <= kChunkBookkeepingBytes);
+
+MemoryCharge::MemoryCharge(std::shared_ptr<TenantCounters> counters, uint64_t bytes)
+    : counters_(std::move(counters)), bytes_(bytes) {
+  if (counters_) counters_->memory_bytes_allocated.fetch_add(bytes_, std::memory_order_relaxed);
+}
+
+MemoryCharge& MemoryCharge::operator=(MemoryCharge&& other) noexcept {
+  if (this != &other) {
+    Release();
+    counters_ = std::move(other.counters_);
+    bytes_ = other.bytes_;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void MemoryCharge::Release() {
+  if (counters_) counters_->memory_bytes_allocated.fetch_sub(bytes_, std::memory_order_relaxed);
+  counters_.reset();
+  bytes_ = 0;
+}
+
 ChunkTable::ChunkTable(uint32_t lane, uint32_t lanes, const TopologyConfig& topology,
                        Registry* registry, LaneHost* host)
     : lane_(lane),
@@ -31,6 +55,7 @@ ChunkTable::ChunkTable(uint32_t lane, uint32_t lanes, const TopologyConfig& topo
       racks_(topology.rack_count()),
       exchange_(topology.multi_rack_exchange()),
       self_rack_(topology.rack),
+      memory_model_(MemoryModel::Of(topology)),
       registry_(registry),
       host_(host) {}
 
@@ -81,6 +106,10 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
         key.info.id, chunk, static_cast<net::DType>(static_cast<uint8_t>(key.info.dtype))});
     if (sched.from_update != 0) slot->state.SetOptimizer(sched.latest, sched.from_update);
     if (key.info.init == InitMode::kZeros) slot->state.MarkInitialized();
+    // Within the key's reservation (Registry::CreateKey checked the quota).
+    slot->charge = MemoryCharge(
+        t.info.counters, ChunkMemoryBytes(n, t.info.workers_per_rack, sched.base.type,
+                                          ElementTypeOf(key.info.dtype), memory_model_));
     if (racks_ > 1) {
       InitMultiRackChunk(t, key, *slot, key.info.placement.first_chunk + chunk);
     } else if (const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire)) {

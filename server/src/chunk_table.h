@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "config.h"
+#include "key_memory.h"
 #include "lane_host.h"
 #include "rackhub/aggregation/chunk_state.h"
 #include "rackhub/net/frame.h"
@@ -38,6 +39,22 @@ struct Waiter {
   // A held PULL: its reply's bytes, reserved in conn's backlog
   // (net::Connection::Reserve) until it is answered or dropped.
   size_t reserved = 0;
+};
+
+// Counts a chunk's hub memory (key_memory.h) in its tenant's
+// memory_bytes_allocated for as long as the chunk exists. Move-only.
+class MemoryCharge {
+ public:
+  MemoryCharge() = default;
+  MemoryCharge(std::shared_ptr<TenantCounters> counters, uint64_t bytes);
+  MemoryCharge(MemoryCharge&& other) noexcept { *this = std::move(other); }
+  MemoryCharge& operator=(MemoryCharge&& other) noexcept;
+  ~MemoryCharge() { Release(); }
+
+ private:
+  void Release();
+  std::shared_ptr<TenantCounters> counters_;
+  uint64_t bytes_ = 0;
 };
 
 struct Chunk {
@@ -57,6 +74,7 @@ struct Chunk {
   uint32_t home = 0;
   uint64_t version = 0;
   std::array<aggregation::SharedAlignedBuffer<std::byte>, 2> replies;
+  MemoryCharge charge;  // this chunk in its tenant's memory_bytes_allocated
 
   bool multi_rack() const { return !stages.empty(); }
   // The stage a worker of `rack` contributes to.
@@ -184,6 +202,7 @@ class ChunkTable {
   const uint32_t racks_;
   const bool exchange_;
   const uint32_t self_rack_;
+  const MemoryModel memory_model_;
   Registry* registry_;
   LaneHost* host_;
   std::unordered_map<uint32_t, LaneTenant> tenants_;  // by handle

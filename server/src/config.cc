@@ -18,6 +18,7 @@
 
 #include "rackhub/aggregation/chunk_layout.h"
 #include "rackhub/common/size.h"
+#include "token.h"
 
 namespace rackhub::server {
 namespace {
@@ -468,16 +469,27 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
                       "preferably TLS) or listen on 127.0.0.1");
   }
   const auto& topo = c.topology;
+  const size_t errors_before_secret = errors->size();
   CheckReadableFile("topology.secret_file", topo.secret_file, errors);
+  const bool secret_readable = errors->size() == errors_before_secret;
   if (!topo.racks.empty()) {
     if (topo.rack >= topo.racks.size()) {
       errors->push_back("topology.rack: " + std::to_string(topo.rack) + " is not one of the " +
                         std::to_string(topo.racks.size()) + " racks in topology.racks");
     } else if (topo.multi_rack_exchange()) {
       const auto& me = topo.racks[topo.rack].interhub;
-      if (!me.IsLoopback() && topo.secret_file.empty()) {
-        errors->push_back("topology.secret_file: the rack exchange listens on " + me.ToString() +
-                          " beyond loopback; hubs must share a secret");
+      // Hub links are authenticated by the shared secret on every address:
+      // loopback is no trust boundary on a shared host.
+      if (topo.secret_file.empty()) {
+        errors->push_back("topology.secret_file: required with " +
+                          std::to_string(topo.racks.size()) +
+                          " racks: the hubs authenticate their links (" + me.ToString() +
+                          ") with a shared secret; give every hub the same file of at least " +
+                          std::to_string(kMinHubSecretBytes) + " characters");
+      } else if (secret_readable) {
+        if (Result<std::string> secret = ReadHubSecret(topo.secret_file); !secret.ok()) {
+          errors->push_back(secret.status().message());
+        }
       }
       if (me.port == 0) {
         errors->push_back("topology.racks: rack " + std::to_string(topo.rack) +
@@ -597,7 +609,7 @@ options (flags override the config file):
       --rack N                      this hub's rack index                 [0]
       --racks D=I,D=I,...           every rack's data=interhub addresses (multi-rack)
       --topology-mode MODE          hierarchical|flat                      [hierarchical]
-      --hub-secret-file FILE        secret shared by the hubs of a multi-rack setup
+      --hub-secret-file FILE        secret shared by the hubs (required with --racks)
       --state-dir DIR               registry database and checkpoints [/var/lib/rackhub]
       --in-memory                   keep no state on disk; a restart starts empty
                                     (tests and benchmarks only)

@@ -69,7 +69,7 @@ struct TopologyConfig {
   // exchange rack sums. "flat": every worker of every rack uses this hub
   // (for comparison), the others are not involved.
   std::string mode = "hierarchical";
-  std::string secret_file;          // shared by the hubs; required beyond loopback
+  std::string secret_file;          // shared by the hubs; required with racks > 1 (hierarchical)
   uint32_t rack_count() const { return racks.empty() ? 1 : static_cast<uint32_t>(racks.size()); }
   bool multi_rack_exchange() const { return racks.size() > 1 && mode == "hierarchical"; }
 };
@@ -77,7 +77,7 @@ struct TopologyConfig {
 // Defaults for tenants created without explicit values.
 struct TenantDefaults {
   uint32_t chunk_bytes = 32 * 1024;
-  uint64_t max_parameter_bytes = 4ull << 30;
+  uint64_t max_parameter_bytes = 4ull << 30;  // hub memory of a tenant's keys (key_memory.h)
   uint32_t max_keys = 65536;
   uint32_t max_workers = 256;
   uint32_t max_tenants = 1024;

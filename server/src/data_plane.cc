@@ -6,6 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "token.h"
+
 namespace rackhub::server {
 
 DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
@@ -19,8 +21,10 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
     link_counters_.push_back(std::make_unique<LinkCounters>());
   }
   if (!config.topology.secret_file.empty()) {
-    std::ifstream f(config.topology.secret_file);
-    std::getline(f, hub_secret_);
+    // Validated at start-up (Hub::Start); left empty, every hub link is refused.
+    if (Result<std::string> secret = ReadHubSecret(config.topology.secret_file); secret.ok()) {
+      hub_secret_ = *std::move(secret);
+    }
   }
   for (uint32_t i = 0; i < lanes->size(); ++i) {
     lanes_.push_back(

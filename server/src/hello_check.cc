@@ -1,5 +1,7 @@
 #include "hello_check.h"
 
+#include "token.h"
+
 namespace rackhub::server {
 
 using net::WireError;
@@ -29,7 +31,11 @@ Result<data::v1::HubHello> CheckHubHello(std::span<const std::byte> payload,
   if (!hello.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return InvalidArgument("HUB_HELLO is not a HubHello");
   }
-  if (hello.secret() != secret) return Unauthenticated("wrong hub secret");
+  // A hub without a secret accepts no link at all (config validation
+  // requires one with racks > 1); the comparison takes constant time.
+  if (secret.empty() || !SecretsEqual(hello.secret(), secret)) {
+    return Unauthenticated("wrong hub secret");
+  }
   if (hello.racks() != topo.rack_count() || hello.rack() >= topo.rack_count() ||
       hello.rack() == topo.rack) {
     return InvalidArgument("rack " + std::to_string(hello.rack()) + " of " +

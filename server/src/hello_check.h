@@ -33,7 +33,8 @@ HelloResult CheckHello(std::span<const std::byte> payload, const Registry& regis
                        const TopologyConfig& topology, uint32_t lanes);
 
 // The same for a HUB_HELLO opening a link from another rack's hub: the
-// header, then the secret (topology.secret_file), rack and lane counts.
+// header, then the secret (topology.secret_file; compared in constant time,
+// an empty `secret` refuses every link), rack and lane counts.
 Status CheckHubHelloHeader(const net::FrameHeader& h);
 Result<data::v1::HubHello> CheckHubHello(std::span<const std::byte> payload,
                                          const TopologyConfig& topology,

@@ -16,6 +16,7 @@
 #include "registry.h"
 #include "registry_store.h"
 #include "tcp_acceptor.h"
+#include "token.h"
 
 #ifndef RACKHUB_VERSION
 #define RACKHUB_VERSION "0.0.0"
@@ -100,10 +101,20 @@ Status Hub::Start() {
     }
   }
   auth_ = std::make_unique<AdminAuth>(admin_token, readonly_token);
+  if (config_.topology.multi_rack_exchange()) {
+    // Hub links need the shared secret (config validation checked it once).
+    const TopologyConfig& topo = config_.topology;
+    Result<std::string> secret =
+        topo.secret_file.empty()
+            ? FailedPrecondition("topology.secret_file: required with " +
+                                 std::to_string(topo.racks.size()) + " racks")
+            : ReadHubSecret(topo.secret_file);
+    if (!secret.ok()) return secret.status();
+  }
 
   lane_count_ = EffectiveLaneCount(config_);
   if (config_.state.in_memory) {
-    registry_ = std::make_unique<Registry>(lane_count_, config_.tenants);
+    registry_ = std::make_unique<Registry>(lane_count_, config_.tenants, config_.topology);
     spdlog::warn("state.in_memory: tenants and keys are not stored; a restart starts empty");
   } else {
     // A bad registry database stops start-up (FAILED_PRECONDITION: exit 78);
@@ -112,7 +123,7 @@ Status Hub::Start() {
     if (!store.ok()) return store.status();
     const std::string path = (*store)->path();
     Result<std::unique_ptr<Registry>> registry =
-        Registry::Open(lane_count_, config_.tenants, *std::move(store));
+        Registry::Open(lane_count_, config_.tenants, *std::move(store), config_.topology);
     if (!registry.ok()) return registry.status();
     registry_ = *std::move(registry);
     const Registry::Totals totals = registry_->GetTotals();

@@ -58,6 +58,7 @@ void TenantToProto(const TenantInfo& in, pb::Tenant* out) {
   out->set_parameter_bytes(in.parameter_bytes);
   out->set_chunk_count(in.chunk_count);
   out->set_created_unix_ms(in.created_unix_ms);
+  out->set_memory_bytes(in.memory_bytes);
 }
 
 void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& chunks,
@@ -74,6 +75,7 @@ void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& ch
   out->set_chunk_count(in.placement.chunk_count);
   out->set_chunk_elements(in.chunk_elements);
   out->set_parameter_bytes(in.parameter_bytes());
+  out->set_memory_bytes(in.memory_bytes);
   for (const auto& c : chunks) {
     auto* ci = out->add_chunks();
     ci->set_index(c.index);

@@ -6,6 +6,7 @@
 
 #include "params_reply.h"
 #include "rack_exchange.h"
+#include "rackhub/common/log_safe.h"
 #include "rackhub/data/v1/control.pb.h"
 
 namespace rackhub::server {
@@ -121,8 +122,9 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
       static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
       key.chunk_elements != bind.chunk_elements() ||
       tenant.workers_per_rack != bind.workers_per_rack()) {
-    return FailedPrecondition("key '" + bind.key() + "' of tenant '" + bind.tenant() +
-                              "' is laid out differently on the two racks (create the tenant "
+    return FailedPrecondition("key " + QuoteForLog(bind.key()) + " of tenant " +
+                              QuoteForLog(bind.tenant()) +
+                              " is laid out differently on the two racks (create the tenant "
                               "with the same settings and its keys in the same order on every "
                               "hub)");
   }
@@ -152,6 +154,7 @@ void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
   WireError code{};
   std::string text;
   net::DecodeErrorBody(payload, &code, &text);
+  text = SafeForLog(text, 512);  // another hub's words: escaped before logs and replies
   spdlog::error("rack link: rack {}'s hub refused: {}: {}", peer, net::WireErrorName(code), text);
   if (LaneTenant* t = table_->FindTenant(h.tenant)) {
     table_->FailPending(*t, WireError::kInvalidArgument, "rack " + Num(peer) + ": " + text);

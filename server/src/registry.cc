@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 
+#include "rackhub/common/log_safe.h"
 #include "rackhub/common/size.h"
 #include "registry_store.h"
 #include "token.h"
@@ -70,7 +72,8 @@ bool IsValidKeyName(const std::string& name) {
 
 namespace {
 
-std::string Quoted(const std::string& s) { return "'" + s + "'"; }
+// Names in messages come from clients: escaped and truncated (log_safe.h).
+std::string Quoted(const std::string& s) { return QuoteForLog(s); }
 
 Status CheckOptimizer(const char* field, OptimizerConfig* opt) {
   if (auto e = aggregation::NormalizeOptimizer(opt); !e.empty()) {
@@ -85,15 +88,17 @@ Status TenantNotFound(const std::string& name) {
 
 }  // namespace
 
-Registry::Registry(uint32_t lanes, TenantDefaults defaults) : lanes_(lanes), defaults_(defaults) {}
+Registry::Registry(uint32_t lanes, TenantDefaults defaults, const TopologyConfig& topology)
+    : lanes_(lanes), defaults_(defaults), memory_model_(MemoryModel::Of(topology)) {}
 Registry::~Registry() = default;
 
 Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults defaults,
-                                                 std::unique_ptr<RegistryStore> store) {
+                                                 std::unique_ptr<RegistryStore> store,
+                                                 const TopologyConfig& topology) {
   Result<RegistryStore::Contents> contents = store->Load();
   if (!contents.ok()) return contents.status();
   const std::string where = "state.dir: " + store->path() + ": ";
-  auto registry = std::make_unique<Registry>(lanes, defaults);
+  auto registry = std::make_unique<Registry>(lanes, defaults, topology);
   Registry& r = *registry;
   r.next_handle_ = std::max<uint32_t>(contents->next_handle, 1);
   for (RegistryStore::TenantRow& row : contents->tenants) {
@@ -130,8 +135,11 @@ Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults 
     key.tenant = t->info.name;
     // Values of FROM_CLIENT keys come back only from a checkpoint.
     key.ready = key.init == InitMode::kZeros;
+    key.memory_bytes =
+        r.KeyMemory(t->info, key.elements, key.dtype, key.optimizer.type, key.chunk_elements);
     t->info.key_count++;
     t->info.parameter_bytes += key.parameter_bytes();
+    t->info.memory_bytes += key.memory_bytes;
     t->next_key_id = std::max(t->next_key_id, key.id + 1);
     t->key_names.emplace(key.id, key.name);
     t->keys.emplace(key.name, std::move(key));
@@ -237,10 +245,11 @@ Status Registry::UpdateQuotas(const std::string& name, const Quotas& quotas, Ten
   if (quotas.max_parameter_bytes) q.max_parameter_bytes = quotas.max_parameter_bytes;
   if (quotas.max_keys) q.max_keys = quotas.max_keys;
   if (quotas.max_workers) q.max_workers = quotas.max_workers;
-  if (q.max_parameter_bytes < t->info.parameter_bytes) {
+  if (q.max_parameter_bytes < t->info.memory_bytes) {
     return FailedPrecondition("quotas.max_parameter_bytes: " +
                               FormatSize(q.max_parameter_bytes) + " is below the " +
-                              FormatSize(t->info.parameter_bytes) + " the tenant already uses");
+                              FormatSize(t->info.memory_bytes) +
+                              " of hub memory the tenant's keys already hold");
   }
   if (q.max_keys < t->info.key_count) {
     return FailedPrecondition("quotas.max_keys: " + std::to_string(q.max_keys) +
@@ -293,8 +302,8 @@ Status Registry::GetKeyById(uint32_t handle, uint32_t key_id, KeyInfo* out) cons
   if (!t) return NotFound("tenant: handle " + std::to_string(handle) + " does not exist");
   const auto it = t->key_names.find(key_id);
   if (it == t->key_names.end()) {
-    return NotFound("key: id " + std::to_string(key_id) + " does not exist in tenant '" +
-                    t->info.name + "'");
+    return NotFound("key: id " + std::to_string(key_id) + " does not exist in tenant " +
+                    Quoted(t->info.name));
   }
   *out = t->keys.at(it->second);
   return Status::Ok();
@@ -310,7 +319,7 @@ Status Registry::DeclareKey(const KeySpec& spec, KeyInfo* out, bool* created) {
     if (it != t->keys.end()) {
       const KeyInfo& k = it->second;
       if (k.elements != spec.elements || k.dtype != spec.dtype) {
-        return InvalidArgument("name: key '" + spec.name + "' already exists with " +
+        return InvalidArgument("name: key " + Quoted(spec.name) + " already exists with " +
                                std::to_string(k.elements) + " " + WireDTypeName(k.dtype) +
                                " elements, not " + std::to_string(spec.elements) + " " +
                                WireDTypeName(spec.dtype));
@@ -372,13 +381,33 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
                              std::to_string(t->info.quotas.max_keys) + " keys");
   }
   const uint64_t bytes = spec.elements * aggregation::kMasterElementBytes;
-  if (t->info.parameter_bytes + bytes > t->info.quotas.max_parameter_bytes) {
+  const uint32_t chunk_elements = t->layout.chunk_elements();
+  const uint64_t memory = KeyMemory(t->info, spec.elements, spec.dtype, opt.type, chunk_elements);
+  const uint64_t quota = t->info.quotas.max_parameter_bytes;
+  if (t->info.memory_bytes + memory > quota) {
+    // Name what the memory is for: the quota counts all of it, not only the
+    // parameters (docs/architecture.md, Memory a key holds).
+    const int slots = aggregation::OptimizerStateSlots(opt.type);
+    const uint32_t w = t->info.workers_per_rack;
+    std::string what = "fp32 parameters x2 (double buffer)";
+    if (spec.dtype != WireDType::kFp32) {
+      what += std::string(", their ") + WireDTypeName(spec.dtype) + " copies";
+    }
+    what += ", " + std::to_string(slots) + " " + aggregation::OptimizerTypeName(opt.type) +
+            " state slot" + (slots == 1 ? "" : "s") + ", an accumulator";
+    if (w > 1) {
+      what += " and up to " + std::to_string(w - 1) + " parked contribution" +
+              (w == 2 ? "" : "s");
+    }
+    what += " per chunk";
+    const uint64_t left = quota > t->info.memory_bytes ? quota - t->info.memory_bytes : 0;
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.1fx", static_cast<double>(memory) / bytes);
     return ResourceExhausted("quotas.max_parameter_bytes: key " + Quoted(spec.name) + " needs " +
-                             FormatSize(bytes) + " but tenant " + Quoted(spec.tenant) +
-                             " has " +
-                             FormatSize(t->info.quotas.max_parameter_bytes -
-                                        t->info.parameter_bytes) +
-                             " left of " + FormatSize(t->info.quotas.max_parameter_bytes));
+                             FormatSize(memory) + " of hub memory for " + FormatSize(bytes) +
+                             " of parameters (" + ratio + ": " + what + ") but tenant " +
+                             Quoted(spec.tenant) + " has " + FormatSize(left) + " left of its " +
+                             FormatSize(quota) + " quota");
   }
   KeyInfo key;
   key.tenant = spec.tenant;
@@ -391,7 +420,8 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   key.init = spec.init;
   key.ready = spec.init == InitMode::kZeros;
   key.placement = {t->layout.next_chunk(), t->layout.ChunksFor(spec.elements)};
-  key.chunk_elements = t->layout.chunk_elements();
+  key.chunk_elements = chunk_elements;
+  key.memory_bytes = memory;
   if (store_) {
     if (Status s = store_->InsertKey(t->info.handle, key, key.id + 1,
                                      key.placement.first_chunk + key.placement.chunk_count);
@@ -403,6 +433,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   t->layout.Allocate(spec.elements);  // == key.placement
   t->info.key_count++;
   t->info.parameter_bytes += bytes;
+  t->info.memory_bytes += memory;
   t->info.chunk_count = t->layout.next_chunk();
   t->keys.emplace(key.name, key);
   t->key_names.emplace(key.id, key.name);
@@ -447,6 +478,7 @@ Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
   }
   t->info.key_count--;
   t->info.parameter_bytes -= it->second.parameter_bytes();
+  t->info.memory_bytes -= it->second.memory_bytes;
   t->key_names.erase(key_id);
   t->keys.erase(it);
   if (observer_) observer_->OnKeyDeleted(t->info.handle, key_id);
@@ -509,8 +541,16 @@ Registry::Totals Registry::GetTotals() const {
   for (const auto& [name, t] : tenants_) {
     totals.keys += t->info.key_count;
     totals.parameter_bytes += t->info.parameter_bytes;
+    totals.memory_bytes += t->info.memory_bytes;
   }
   return totals;
+}
+
+uint64_t Registry::KeyMemory(const TenantInfo& t, uint64_t elements, WireDType dtype,
+                             aggregation::OptimizerType optimizer, uint32_t chunk_elements) const {
+  return KeyMemoryBytes(elements, chunk_elements, t.workers_per_rack, optimizer,
+                        static_cast<aggregation::ElementType>(static_cast<uint8_t>(dtype)),
+                        memory_model_);
 }
 
 }  // namespace rackhub::server

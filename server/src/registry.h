@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "config.h"
+#include "key_memory.h"
 #include "rackhub/aggregation/chunk_layout.h"
 #include "rackhub/aggregation/optimizer_config.h"
 #include "rackhub/common/status.h"
@@ -38,6 +39,8 @@ const char* WireDTypeName(WireDType dtype);  // "fp32", "fp16", "bf16"
 uint32_t WireDTypeBytes(WireDType dtype);
 
 struct Quotas {
+  // Hub memory the tenant's keys may hold (TenantInfo::memory_bytes, see
+  // key_memory.h), not only the fp32 parameters: with Adam about 6x those.
   uint64_t max_parameter_bytes = 0;
   uint32_t max_keys = 0;
   uint32_t max_workers = 0;
@@ -60,6 +63,9 @@ struct TenantCounters {
   std::atomic<uint64_t> bytes_out{0};
   std::atomic<uint64_t> iterations_completed{0};
   std::atomic<uint64_t> errors{0};
+  // Hub memory of the chunks the lanes have created so far (each chunk's
+  // ChunkMemoryBytes; at most TenantInfo::memory_bytes).
+  std::atomic<uint64_t> memory_bytes_allocated{0};
 };
 
 struct TenantInfo {
@@ -70,7 +76,8 @@ struct TenantInfo {
   aggregation::OptimizerConfig default_optimizer;
   Quotas quotas;
   uint32_t key_count = 0;
-  uint64_t parameter_bytes = 0;
+  uint64_t parameter_bytes = 0;  // fp32 master parameters of every key
+  uint64_t memory_bytes = 0;     // hub memory every key holds at most (the quota's use)
   uint64_t chunk_count = 0;
   int64_t created_unix_ms = 0;
   std::shared_ptr<TenantCounters> counters;
@@ -112,6 +119,7 @@ struct KeyInfo {
   bool ready = true;
   aggregation::KeyPlacement placement;
   uint32_t chunk_elements = 0;
+  uint64_t memory_bytes = 0;  // hub memory its chunks hold at most (key_memory.h)
   uint64_t parameter_bytes() const { return elements * aggregation::kMasterElementBytes; }
 };
 
@@ -133,12 +141,17 @@ class RegistryStore;
 class Registry {
  public:
   // An in-memory registry: nothing is stored, a restart starts empty.
-  Registry(uint32_t lanes, TenantDefaults defaults);
+  // `topology` shapes what a key's chunks hold (key_memory.h).
+  Registry(uint32_t lanes, TenantDefaults defaults, const TopologyConfig& topology = {});
   // A durable registry over `store` (not null), loaded with everything the
   // store holds. FAILED_PRECONDITION naming the file if the stored state is
-  // unusable (e.g. a row with an invalid chunk size).
+  // unusable (e.g. a row with an invalid chunk size). Tenants whose keys hold
+  // more than their quota (stored by an older version, which counted fp32
+  // parameters only) load as they are: new keys are refused until the quota
+  // is raised.
   static Result<std::unique_ptr<Registry>> Open(uint32_t lanes, TenantDefaults defaults,
-                                                std::unique_ptr<RegistryStore> store);
+                                                std::unique_ptr<RegistryStore> store,
+                                                const TopologyConfig& topology = {});
   ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
@@ -188,6 +201,7 @@ class Registry {
     uint32_t tenants = 0;
     uint32_t keys = 0;
     uint64_t parameter_bytes = 0;
+    uint64_t memory_bytes = 0;
   };
   Totals GetTotals() const;
 
@@ -195,8 +209,13 @@ class Registry {
   struct Tenant;
   Tenant* FindTenant(const std::string& name) const;  // REQUIRES: mu_ held
 
+  // The hub memory of a key of tenant `t` (key_memory.h).
+  uint64_t KeyMemory(const TenantInfo& t, uint64_t elements, WireDType dtype,
+                     aggregation::OptimizerType optimizer, uint32_t chunk_elements) const;
+
   const uint32_t lanes_;
   const TenantDefaults defaults_;
+  const MemoryModel memory_model_;
   mutable std::shared_mutex mu_;
   Tenant* FindTenantByHandle(uint32_t handle) const;  // REQUIRES: mu_ held
 

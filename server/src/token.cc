@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 namespace rackhub::server {
 namespace {
@@ -69,6 +71,29 @@ bool SecretsEqual(const std::string& a, const std::string& b) {
   const std::array<uint8_t, 16> salt{};
   const Sha256 da = Digest(salt, a), db = Digest(salt, b);
   return CRYPTO_memcmp(da.data(), db.data(), da.size()) == 0;
+}
+
+Result<std::string> ReadHubSecret(const std::string& path) {
+  const std::string field = "topology.secret_file: ";
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return FailedPrecondition(field + "cannot read '" + path + "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string s = ss.str();
+  const auto first = s.find_first_not_of(" \t\r\n");
+  const auto last = s.find_last_not_of(" \t\r\n");
+  const std::string secret = first == std::string::npos ? "" : s.substr(first, last - first + 1);
+  if (secret.find_first_of(" \t\r\n") != std::string::npos) {
+    return FailedPrecondition(field + "'" + path +
+                              "' must hold the secret as one word on one line");
+  }
+  if (secret.size() < kMinHubSecretBytes) {
+    return FailedPrecondition(field + "'" + path + "' holds " + std::to_string(secret.size()) +
+                              " characters; a hub secret needs at least " +
+                              std::to_string(kMinHubSecretBytes) +
+                              " (e.g. openssl rand -hex 32 > FILE)");
+  }
+  return secret;
 }
 
 }  // namespace rackhub::server

@@ -1,7 +1,8 @@
 // Drives a real rackhubd through the admin gRPC API: every call, every
 // validation error with its gRPC code and field name, quotas, admin auth
-// (token, read-only token, TLS), health and reflection, and that a rejected
-// request changes nothing.
+// (token, read-only token, TLS), health and reflection, that a rejected
+// request changes nothing, and that client-supplied names reach neither the
+// log nor error messages raw (issue 12, hole 5).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "process.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
@@ -285,13 +287,29 @@ TEST_F(AdminApiTest, KeyValidationErrorsChangeNothing) {
 
 TEST_F(AdminApiTest, QuotasAreEnforcedAndUpdatable) {
   ASSERT_TRUE(daemon_.started());
+  // max_parameter_bytes counts the hub memory a key holds (Key.memory_bytes:
+  // parameters x2, accumulator, ...): learn it from a tenant of the same shape.
+  ASSERT_TRUE(client_.CreateTenant("probe", 1).ok());
+  pb::Key k600, k400, k401;
+  ASSERT_TRUE(client_.CreateKey("probe", "a", 600, &k600).ok());
+  ASSERT_TRUE(client_.CreateKey("probe", "b", 400, &k400).ok());
+  ASSERT_TRUE(client_.CreateKey("probe", "c", 401, &k401).ok());
+  ASSERT_GT(k401.memory_bytes(), k400.memory_bytes());
+  EXPECT_GT(k600.memory_bytes(), 3 * k600.parameter_bytes()) << "sgd, 1 worker: x2 + accumulator";
+  EXPECT_EQ(client_.GetTenant("probe").memory_bytes(),
+            k600.memory_bytes() + k400.memory_bytes() + k401.memory_bytes());
+  const uint64_t quota = k600.memory_bytes() + k400.memory_bytes();
   pb::Quotas q;
   q.set_max_keys(2);
-  q.set_max_parameter_bytes(4000);  // 1000 fp32
+  q.set_max_parameter_bytes(quota);
   ASSERT_TRUE(client_.CreateTenant("q", 1, nullptr, &q).ok());
   ASSERT_TRUE(client_.CreateKey("q", "a", 600).ok());
-  ExpectError(client_.CreateKey("q", "b", 401), grpc::StatusCode::RESOURCE_EXHAUSTED,
-              "quotas.max_parameter_bytes");
+  const grpc::Status refused = client_.CreateKey("q", "b", 401);
+  ExpectError(refused, grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "quotas.max_parameter_bytes: key 'b' needs ");
+  EXPECT_NE(refused.error_message().find("of hub memory for 1.6 KiB of parameters"),
+            std::string::npos)
+      << refused.error_message();
   ASSERT_TRUE(client_.CreateKey("q", "b", 400).ok());
   ExpectError(client_.CreateKey("q", "c", 1), grpc::StatusCode::RESOURCE_EXHAUSTED,
               "quotas.max_keys");
@@ -307,7 +325,8 @@ TEST_F(AdminApiTest, QuotasAreEnforcedAndUpdatable) {
   up.mutable_quotas()->set_max_keys(3);
   ASSERT_TRUE(client_.tenants->UpdateQuotas(client_.Ctx().get(), up, &t).ok());
   EXPECT_EQ(t.quotas().max_keys(), 3u);
-  EXPECT_EQ(t.quotas().max_parameter_bytes(), 4000u) << "unset fields keep their value";
+  EXPECT_EQ(t.quotas().max_parameter_bytes(), quota) << "unset fields keep their value";
+  EXPECT_EQ(t.memory_bytes(), quota);
   up.set_name("missing");
   ExpectError(client_.tenants->UpdateQuotas(client_.Ctx().get(), up, &t),
               grpc::StatusCode::NOT_FOUND, "tenant");
@@ -357,6 +376,8 @@ TEST_F(AdminApiTest, Stats) {
   EXPECT_EQ(stats.daemon().tenants(), 2u);
   EXPECT_EQ(stats.daemon().keys(), 2u);
   EXPECT_EQ(stats.daemon().parameter_bytes(), 16000u);
+  EXPECT_GT(stats.daemon().memory_bytes(), 3 * 16000u);
+  EXPECT_EQ(stats.daemon().memory_bytes_allocated(), 0u) << "no chunk used yet";
   EXPECT_EQ(stats.daemon().lanes(), 3u);
   EXPECT_EQ(stats.daemon().admin_listen(), daemon_.admin_address());
   EXPECT_EQ(stats.daemon().data_listen(), daemon_.data_address());
@@ -370,6 +391,67 @@ TEST_F(AdminApiTest, Stats) {
   one.set_tenant("none");
   ExpectError(client_.stats->GetStats(client_.Ctx().get(), one, &stats),
               grpc::StatusCode::NOT_FOUND, "tenant");
+}
+
+// Issue 12, hole 5: a refused CreateTenant echoed the name raw into the log
+// (a newline forged a line) and a 1 MiB name wrote 2 MB of log per call.
+TEST_F(AdminApiTest, ClientNamesAreEscapedAndTruncatedInLogsAndErrors) {
+  ASSERT_TRUE(daemon_.started());
+  const std::string forged_line = "2030-01-01T00:00:00.000 info admin: DeleteTenant 'prod'";
+  grpc::Status s = client_.CreateTenant("a\n" + forged_line, 1);
+  ExpectError(s, grpc::StatusCode::INVALID_ARGUMENT, "name: 'a\\x0a2030-01-01T00:00:00.000");
+  EXPECT_EQ(s.error_message().find('\n'), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("is not a valid tenant name"), std::string::npos);
+  // The same through a key name and a tenant name that does not exist.
+  ASSERT_TRUE(client_.CreateTenant("t", 1).ok());
+  s = client_.CreateKey("t", "k\r\n" + forged_line, 10);
+  ExpectError(s, grpc::StatusCode::INVALID_ARGUMENT, "name: 'k\\x0d\\x0a2030");
+  s = client_.CreateKey("nope\n" + forged_line, "k", 10);
+  ExpectError(s, grpc::StatusCode::NOT_FOUND, "tenant: 'nope\\x0a2030");
+  pb::DeleteTenantRequest del;
+  del.set_name("x\n" + forged_line);
+  pb::DeleteTenantResponse gone;
+  ExpectError(client_.tenants->DeleteTenant(client_.Ctx().get(), del, &gone),
+              grpc::StatusCode::NOT_FOUND, "tenant: 'x\\x0a2030");
+
+  // Every log line is one record: none starts with the forged text.
+  const auto wait_for_log = [&](const std::string& needle) {
+    for (int i = 0; i < 100 && daemon_.Log().find(needle) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return daemon_.Log();
+  };
+  std::string log = wait_for_log("DeleteTenant 'x\\x0a");
+  EXPECT_NE(log.find("admin: CreateTenant 'a\\x0a2030-01-01T00:00:00.000 info admin: "
+                     "DeleteTenant 'prod'' refused: name: "),
+            std::string::npos)
+      << log;
+  for (size_t start = 0; start < log.size();) {
+    const size_t end = log.find('\n', start);
+    const std::string line = log.substr(start, end - start);
+    EXPECT_NE(line.rfind("2030-01-01", 0), 0u) << "forged log line: " << line;
+    EXPECT_EQ(line.find("\r"), std::string::npos) << line;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+
+  // A 1 MiB name: a bounded log line and message, per call.
+  const std::string huge(1 << 20, 'n');
+  for (int i = 0; i < 5; ++i) {
+    const size_t before = daemon_.Log().size();
+    s = client_.CreateTenant(huge, 1);
+    ExpectError(s, grpc::StatusCode::INVALID_ARGUMENT, "name: 'nnnn");
+    EXPECT_LT(s.error_message().size(), 512u);
+    EXPECT_NE(s.error_message().find("...(1048576 bytes)' is not a valid tenant name"),
+              std::string::npos)
+        << s.error_message().substr(0, 400);
+    s = client_.CreateKey("t", huge, 10);
+    ExpectError(s, grpc::StatusCode::INVALID_ARGUMENT, "name: 'nnnn");
+    EXPECT_LT(s.error_message().size(), 512u);
+    log = wait_for_log(std::string(128, 'n') + "...(1048576 bytes)' refused");
+    const size_t grown = daemon_.Log().size() - before;
+    EXPECT_LT(grown, 4096u) << "two refused calls with a 1 MiB name grew the log by " << grown;
+  }
 }
 
 TEST_F(AdminApiTest, HealthAndReflectionAreServed) {

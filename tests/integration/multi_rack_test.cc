@@ -1,8 +1,10 @@
 // Hierarchical exchange between hubs (docs/architecture.md, Hierarchical rack
 // exchange), with real hubs on loopback: 2 and 3 racks of 2 workers give the
 // same bits as one hub serving every rack (flat), the hub links carry exactly
-// the analytic bytes, and a hub of another rack going away fails the workers
-// instead of hanging.
+// the analytic bytes, a hub of another rack going away fails the workers
+// instead of hanging, a topology without a hub secret does not start, and a
+// forged HUB_HELLO (no or a wrong secret) on a rack's interhub port is
+// refused before it can bind a key or inject a rack sum (issue 12, hole 4).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -12,10 +14,13 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <regex>
+#include <vector>
 #include <string>
 
 #include "process.h"
@@ -29,8 +34,10 @@ namespace pb = rackhub::admin::v1;
 using testing::BinPath;
 using testing::DaemonProcess;
 using testing::ExpectError;
+using testing::MakeTempDir;
 using testing::RawClient;
 using testing::RunCommand;
+using testing::WriteFile;
 
 // rackhub-bench's one-line JSON as string fields.
 std::map<std::string, std::string> BenchJson(const std::vector<std::string>& args) {
@@ -96,8 +103,15 @@ uint16_t FreePort() {
   return ntohs(sa.sin_port);
 }
 
-// Creates tenant "t" (2 workers per rack, 1024-element chunks) with `token`
-// and one key of `elements` on the hub at `admin`.
+// A fresh hub secret file (what every hub of a topology must share).
+std::string SecretFile(const std::string& secret = std::string(48, 's')) {
+  const std::string path = MakeTempDir() + "/hub.secret";
+  WriteFile(path, secret + "\n");
+  return path;
+}
+
+// Creates tenant "t" (2 workers per rack, 1024-element chunks, SGD with
+// learning rate 1) with `token` and one key of `elements` on the hub at `admin`.
 void CreateTenantAndKey(const std::string& admin, const std::string& token, uint64_t elements) {
   auto channel = grpc::CreateChannel(admin, grpc::InsecureChannelCredentials());
   grpc::ClientContext ctx;
@@ -106,6 +120,8 @@ void CreateTenantAndKey(const std::string& admin, const std::string& token, uint
   req.set_workers_per_rack(2);
   req.set_chunk_bytes(4096);
   req.set_token(token);
+  req.mutable_default_optimizer()->set_type(pb::SGD);
+  req.mutable_default_optimizer()->set_learning_rate(1.0);
   pb::CreateTenantResponse resp;
   ASSERT_TRUE(pb::TenantService::NewStub(channel)->CreateTenant(&ctx, req, &resp).ok());
   grpc::ClientContext kctx;
@@ -120,8 +136,11 @@ void CreateTenantAndKey(const std::string& admin, const std::string& token, uint
 TEST(MultiRackTest, LostHubFailsTheOtherRacksWorkers) {
   const std::string racks = "127.0.0.1:0=127.0.0.1:" + std::to_string(FreePort()) +
                             ",127.0.0.1:0=127.0.0.1:" + std::to_string(FreePort());
-  DaemonProcess hub0({"--lanes", "1", "--racks", racks, "--rack", "0"});
-  DaemonProcess hub1({"--lanes", "1", "--racks", racks, "--rack", "1"});
+  const std::string secret = SecretFile();
+  DaemonProcess hub0(
+      {"--lanes", "1", "--racks", racks, "--rack", "0", "--hub-secret-file", secret});
+  DaemonProcess hub1(
+      {"--lanes", "1", "--racks", racks, "--rack", "1", "--hub-secret-file", secret});
   ASSERT_TRUE(hub0.started() && hub1.started());
   const std::string token(40, 'k');
   // Chunk 0 has its home on rack 0, chunk 1 on rack 1 ((g / lanes) % racks).
@@ -167,6 +186,184 @@ TEST(MultiRackTest, LostHubFailsTheOtherRacksWorkers) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10))
       << "a lost hub is an error within a bounded time, not a hang";
   EXPECT_NE(hub0.Log().find("rack link"), std::string::npos) << hub0.Log();
+}
+
+// A multi-rack topology always needs the shared secret, on loopback too: a
+// hub without one refuses to start (exit 78, EX_CONFIG) naming the field,
+// also for --check-config; a secret too short to resist guessing as well.
+TEST(MultiRackTest, TopologyWithoutASecretIsAConfigError) {
+  const std::string racks = "127.0.0.1:0=127.0.0.1:" + std::to_string(FreePort()) +
+                            ",127.0.0.1:0=127.0.0.1:" + std::to_string(FreePort());
+  const std::string dir = MakeTempDir();
+  const std::vector<std::string> base = {BinPath("rackhubd"), "--in-memory",  "--lanes", "1",
+                                         "--admin-listen",   "127.0.0.1:0", "--data-listen",
+                                         "127.0.0.1:0",      "--racks",     racks,     "--rack",
+                                         "0"};
+  for (const bool check_only : {true, false}) {
+    auto argv = base;
+    if (check_only) argv.push_back("--check-config");
+    const auto r = RunCommand(argv, "", std::chrono::seconds(10));
+    SCOPED_TRACE(check_only ? "--check-config" : "start");
+    EXPECT_EQ(r.exit_code, 78) << "a secret-less multi-rack hub must not start\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("topology.secret_file: required with 2 racks"), std::string::npos)
+        << r.err;
+  }
+  auto argv = base;
+  argv.insert(argv.end(), {"--hub-secret-file", SecretFile("short")});
+  const auto r = RunCommand(argv, "", std::chrono::seconds(10));
+  EXPECT_EQ(r.exit_code, 78) << r.out << r.err;
+  EXPECT_NE(r.err.find("holds 5 characters; a hub secret needs at least 16"), std::string::npos)
+      << r.err;
+  // Flat mode opens no hub links: no secret needed.
+  argv = base;
+  argv.insert(argv.end(), {"--topology-mode", "flat", "--check-config"});
+  EXPECT_EQ(RunCommand(argv, "", std::chrono::seconds(10)).exit_code, 0);
+}
+
+std::string Frame(net::FrameHeader h, const std::string& payload) {
+  h.payload_bytes = static_cast<uint32_t>(payload.size());
+  std::array<std::byte, net::kHeaderBytes> buf;
+  net::EncodeHeader(h, buf);
+  return std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload;
+}
+
+// A local process speaks for rack 1 on rack 0's interhub port: HUB_HELLO
+// with `secret`, then in the same write a KEY_BIND of the victim's key and a
+// RACK_SUM of -5 for chunk 0 (whose home is rack 0), iteration 0. The hub must
+// close the link without answering and without reading a frame past HELLO.
+// The forger's socket is kept open (returned) until the victim's step is done:
+// an accepted link's rack sum stays in the chunk only while its link lives.
+std::unique_ptr<RawClient> ForgeRackSum(const std::string& interhub, const std::string& secret,
+                                        uint32_t key_id) {
+  auto owned = std::make_unique<RawClient>(interhub);
+  RawClient& forger = *owned;
+  data::v1::HubHello hello;
+  hello.set_rack(1);
+  hello.set_lane(0);
+  hello.set_racks(2);
+  hello.set_lanes(1);
+  hello.set_secret(secret);
+  net::FrameHeader hh;
+  hh.opcode = net::Opcode::kHubHello;
+  data::v1::KeyBind bind;
+  bind.set_tenant("t");
+  bind.set_key("w");
+  bind.set_key_id(key_id);
+  bind.set_elements(2048);
+  bind.set_dtype(pb::FP32);
+  bind.set_first_chunk(0);
+  bind.set_chunk_elements(1024);
+  bind.set_workers_per_rack(2);
+  net::FrameHeader kb;
+  kb.opcode = net::Opcode::kKeyBind;
+  kb.tenant = 77;
+  kb.key = key_id;
+  net::FrameHeader sum;
+  sum.opcode = net::Opcode::kRackSum;
+  sum.tenant = 77;
+  sum.key = key_id;
+  sum.chunk = 0;
+  sum.dtype = net::DType::kFp32;
+  sum.iteration = 0;
+  std::string minus_five(1024 * 4, '\0');
+  for (size_t i = 0; i < 1024; ++i) {
+    const float v = -5.0f;
+    std::memcpy(minus_five.data() + i * 4, &v, 4);
+  }
+  forger.SendRaw(Frame(hh, hello.SerializeAsString()) + Frame(kb, bind.SerializeAsString()) +
+                 Frame(sum, minus_five));
+  const auto reply = forger.Receive(std::chrono::seconds(5));
+  EXPECT_FALSE(reply.has_value()) << "a refused hub link gets no frame: "
+                                  << testing::Describe(reply);
+  EXPECT_TRUE(forger.ClosedByPeer(std::chrono::seconds(5))) << "the hub must close the link";
+  return owned;
+}
+
+TEST(MultiRackTest, ForgedHubHelloCannotBindKeysOrInjectRackSums) {
+  const std::string interhub0 = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string racks = "127.0.0.1:0=" + interhub0 + ",127.0.0.1:0=127.0.0.1:" +
+                            std::to_string(FreePort());
+  const std::string secret(48, 's');
+  const std::string secret_file = SecretFile(secret);
+  DaemonProcess hub0(
+      {"--lanes", "1", "--racks", racks, "--rack", "0", "--hub-secret-file", secret_file});
+  DaemonProcess hub1(
+      {"--lanes", "1", "--racks", racks, "--rack", "1", "--hub-secret-file", secret_file});
+  ASSERT_TRUE(hub0.started() && hub1.started());
+  const std::string token(40, 'k');
+  CreateTenantAndKey(hub0.admin_address(), token, 2048);
+  CreateTenantAndKey(hub1.admin_address(), token, 2048);
+
+  data::v1::Welcome welcome;
+  {
+    RawClient probe(hub0.data_address());
+    welcome = probe.Hello("t", token, 0, 0);
+    net::FrameHeader bye;
+    bye.opcode = net::Opcode::kBye;
+    bye.tenant = welcome.tenant_handle();
+    probe.Send(bye);  // a clean leave: nothing is recovered
+  }
+  ASSERT_NE(welcome.tenant_handle(), 0u);
+  const uint32_t key_id = welcome.keys(0).id();
+
+  // No secret, a wrong one of the same length, a prefix, the secret plus a byte.
+  std::vector<std::unique_ptr<RawClient>> forgers;
+  for (const std::string& forged :
+       {std::string(), std::string(48, 'x'), secret.substr(0, 47), secret + "s"}) {
+    SCOPED_TRACE("forged secret of " + std::to_string(forged.size()) + " bytes");
+    forgers.push_back(ForgeRackSum(interhub0, forged, key_id));
+  }
+  const std::string log = hub0.Log();
+  EXPECT_NE(log.find("refused a hub link from 127.0.0.1"), std::string::npos) << log;
+  EXPECT_NE(log.find("wrong hub secret"), std::string::npos) << log;
+
+  // The victim's step with zero gradients on both racks stays exactly 0.
+  RawClient w0(hub0.data_address()), w1(hub0.data_address());
+  RawClient v0(hub1.data_address()), v1(hub1.data_address());
+  ASSERT_NE(w0.Hello("t", token, 0, 0).tenant_handle(), 0u);
+  ASSERT_NE(w1.Hello("t", token, 1, 0).tenant_handle(), 0u);
+  for (RawClient* v : {&v0, &v1}) {
+    const uint32_t rank = v == &v0 ? 0 : 1;
+    data::v1::Hello hello;
+    hello.set_tenant("t");
+    hello.set_token(token);
+    hello.set_rank(rank);
+    hello.set_rack(1);
+    net::FrameHeader h;
+    h.opcode = net::Opcode::kHello;
+    v->Send(h, hello.SerializeAsString());
+    const auto f = v->Receive();
+    ASSERT_TRUE(f && f->h.opcode == net::Opcode::kWelcome) << testing::Describe(f);
+  }
+  const std::string zeros(1024 * 4, '\0');
+  for (uint32_t chunk : {0u, 1u}) {
+    for (RawClient* c : {&w0, &w1, &v0, &v1}) {
+      net::FrameHeader push;
+      push.opcode = net::Opcode::kPush;
+      push.tenant = welcome.tenant_handle();  // every hub numbers this first tenant 1
+      push.key = key_id;
+      push.chunk = chunk;
+      push.dtype = net::DType::kFp32;
+      push.iteration = 0;
+      push.request_id = 10 + chunk;
+      c->Send(push, zeros);
+    }
+  }
+  int answered = 0;
+  for (RawClient* c : {&w0, &w1, &v0, &v1}) {
+    for (int i = 0; i < 2; ++i) {
+      const auto f = c->Receive(std::chrono::seconds(15));
+      ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams) << testing::Describe(f);
+      EXPECT_EQ(f->h.iteration, 1u);
+      float first = 0;
+      if (f->payload.size() >= 4) std::memcpy(&first, f->payload.data(), 4);
+      EXPECT_TRUE(f->payload == zeros)
+          << "chunk " << f->h.chunk << ": a zero-gradient SGD step must leave the parameters at "
+          << "exactly 0, got " << first << "...: a forged rack sum got in";
+      ++answered;
+    }
+  }
+  EXPECT_EQ(answered, 8);
 }
 
 }  // namespace

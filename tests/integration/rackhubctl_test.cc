@@ -297,6 +297,19 @@ TEST_F(RackhubctlTest, QuotaOverrunRefused) {
   EXPECT_EQ(r.exit_code, kExitRejected) << Describe(r);
   EXPECT_NE(r.err.find("RESOURCE_EXHAUSTED"), std::string::npos) << Describe(r);
   EXPECT_TRUE(Row(Ok({"key", "list", "tiny"}), "big").empty());
+  // The quota counts hub memory, not only parameters: 24 KB of fp32
+  // parameters hold two parameter buffers and an accumulator (> 64 KiB).
+  r = Ctl({"key", "create", "tiny", "mid", "--elements", "6000"});
+  EXPECT_EQ(r.exit_code, kExitRejected) << Describe(r);
+  EXPECT_NE(r.err.find("quotas.max_parameter_bytes: key 'mid' needs "), std::string::npos)
+      << Describe(r);
+  EXPECT_NE(r.err.find("of hub memory for 23.4 KiB of parameters"), std::string::npos)
+      << Describe(r);
+  r = Ctl({"key", "create", "tiny", "small", "--elements", "4000"});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  const std::string memory = Field(r.out, "memory bytes");
+  EXPECT_GT(std::stoull(memory), 3u * 16000u) << r.out;
+  EXPECT_EQ(Field(Ok({"tenant", "get", "tiny"}), "memory bytes"), memory);
 }
 
 TEST_F(RackhubctlTest, Stats) {

@@ -1,13 +1,16 @@
 // Unit tests for ChunkState: rank-ordered (reproducible) accumulation,
 // contribution checks, double-buffered parameters, wire types, optimizer
-// changes, discarding and initial values.
+// changes, discarding and initial values, and the memory bound hub quotas
+// count (MemoryBytes against what the allocator really hands out).
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -620,6 +623,54 @@ TEST(ChunkStateTest, SkipToKeepsParametersAndRefusesWhilePending) {
   cs.Update();
   EXPECT_EQ(cs.version(), 3u);
   EXPECT_FLOAT_EQ(cs.params(3)[0], p1[0] - 0.5f * 1.0f);
+}
+
+// Heap bytes in use (single-threaded test: the main arena and mmapped blocks).
+uint64_t HeapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+// What quotas count must bound what a chunk really allocates at its largest
+// (every rank but one parked, an update done), and not by much more.
+TEST(ChunkStateTest, MemoryBytesBoundsWhatAChunkAllocates) {
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdam,
+                             OptimizerType::kAdaGrad, OptimizerType::kSumOnly}) {
+    for (ElementType wire : {ElementType::kFp32, ElementType::kBf16}) {
+      for (uint32_t workers : {1u, 2u, 5u}) {
+        for (uint32_t elements : {1000u, 8192u}) {
+          SCOPED_TRACE(std::string(OptimizerTypeName(type)) + " wire " +
+                       std::to_string(ElementBytes(wire)) + " workers " +
+                       std::to_string(workers) + " elements " + std::to_string(elements));
+          OptimizerConfig opt;
+          opt.type = type;
+          opt.learning_rate = type == OptimizerType::kSumOnly ? 0 : 0.1;
+          if (type == OptimizerType::kMomentum) opt.momentum = 0.9;
+          if (type == OptimizerType::kSumOnly) opt.reduction = Reduction::kSum;
+          ASSERT_EQ(NormalizeOptimizer(&opt), "");
+          const std::vector<std::byte> grad(size_t{elements} * ElementBytes(wire), std::byte{0});
+          const uint64_t before = HeapInUse();
+          auto state = std::make_unique<ChunkState>(elements, workers, opt, wire);
+          for (uint32_t r = workers; r-- > 1;) {
+            ASSERT_EQ(state->Contribute(r, grad), AddResult::kAccepted);
+          }
+          ASSERT_EQ(state->Contribute(0, grad), AddResult::kComplete);
+          state->Update();
+          const uint64_t used = HeapInUse() - before - sizeof(ChunkState);
+          const uint64_t bound = ChunkState::MemoryBytes(elements, workers, type, wire);
+          EXPECT_LE(used, bound);
+          EXPECT_LE(bound, used + used / 20 + 2048) << "the bound should stay close";
+        }
+      }
+    }
+  }
+  // The case: Adam, fp32, 2 workers holds 6x the fp32 parameters.
+  const double ratio =
+      static_cast<double>(ChunkState::MemoryBytes(8192, 2, OptimizerType::kAdam,
+                                                  ElementType::kFp32)) /
+      (8192.0 * 4);
+  EXPECT_GT(ratio, 6.0);
+  EXPECT_LT(ratio, 6.05);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Unit tests for rackhub_common: Status, Result<T>, the size syntax
-// (ParseSize / FormatSize) and strict numbers (ParseUnsigned / ParseDecimal).
+// (ParseSize / FormatSize), strict numbers (ParseUnsigned / ParseDecimal) and
+// SafeForLog (client text in logs and messages).
 
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
 #include "rackhub/common/size.h"
 #include "rackhub/common/status.h"
@@ -235,6 +237,64 @@ TEST(ParseDecimalTest, FiniteNumbers) {
     const Result<double> r = ParseDecimal(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().message(), "'" + std::string(bad) + "' is not a number");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// SafeForLog
+
+TEST(SafeForLogTest, PrintableTextIsUnchanged) {
+  EXPECT_EQ(SafeForLog("job-1/fc1.weight:0"), "job-1/fc1.weight:0");
+  EXPECT_EQ(SafeForLog("it's a \\path\\"), "it's a \\path\\");
+  EXPECT_EQ(SafeForLog("gr\xc3\xbc\xc3\x9f" "e \xe6\x97\xa5\xf0\x9f\x98\x80"),
+            "gr\xc3\xbc\xc3\x9f" "e \xe6\x97\xa5\xf0\x9f\x98\x80")
+      << "valid printable UTF-8 passes";
+  EXPECT_EQ(SafeForLog(""), "");
+  EXPECT_EQ(QuoteForLog("a b"), "'a b'");
+}
+
+TEST(SafeForLogTest, EscapesWhatBreaksOrDisguisesALine) {
+  EXPECT_EQ(SafeForLog("a\nb"), "a\\x0ab");
+  EXPECT_EQ(SafeForLog(std::string("\r\t\x1b[31m\x7f\0", 9)), "\\x0d\\x09\\x1b[31m\\x7f\\x00");
+  // Invalid UTF-8: a lone continuation byte, a truncated sequence, an overlong
+  // '/', a surrogate, beyond U+10FFFF.
+  EXPECT_EQ(SafeForLog("\x80"), "\\x80");
+  EXPECT_EQ(SafeForLog("\xe6\x97"), "\\xe6\\x97");
+  EXPECT_EQ(SafeForLog("\xc0\xaf"), "\\xc0\\xaf");
+  EXPECT_EQ(SafeForLog("\xed\xa0\x80"), "\\xed\\xa0\\x80");
+  EXPECT_EQ(SafeForLog("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");
+  // Valid but disguising: NEL (U+0085), LINE SEPARATOR, RIGHT-TO-LEFT OVERRIDE, BOM.
+  EXPECT_EQ(SafeForLog("\xc2\x85"), "\\xc2\\x85");
+  EXPECT_EQ(SafeForLog("\xe2\x80\xa8"), "\\xe2\\x80\\xa8");
+  EXPECT_EQ(SafeForLog("\xe2\x80\xae"), "\\xe2\\x80\\xae");
+  EXPECT_EQ(SafeForLog("\xef\xbb\xbf"), "\\xef\\xbb\\xbf");
+}
+
+TEST(SafeForLogTest, ForgedLogLineStaysOnOneLine) {
+  const std::string forged = "a\n2024-01-01T00:00:00.000 info admin: DeleteTenant 'prod'";
+  const std::string safe = SafeForLog(forged);
+  EXPECT_EQ(safe.find('\n'), std::string::npos);
+  EXPECT_EQ(safe, "a\\x0a2024-01-01T00:00:00.000 info admin: DeleteTenant 'prod'");
+}
+
+TEST(SafeForLogTest, TruncatesWithTheOriginalLength) {
+  const std::string big(1 << 20, 'n');
+  const std::string safe = SafeForLog(big);
+  EXPECT_EQ(safe, std::string(128, 'n') + "...(1048576 bytes)");
+  EXPECT_EQ(SafeForLog("abcdef", 3), "abc...(6 bytes)");
+  EXPECT_EQ(SafeForLog("abc", 3), "abc");
+  // Worst case: every byte escaped.
+  const std::string controls(1 << 20, '\n');
+  EXPECT_LE(SafeForLog(controls).size(), 4u * 128 + 24);
+  // A character cut by the limit is escaped, never split raw.
+  EXPECT_EQ(SafeForLog("ab\xe6\x97\xa5", 3), "ab\\xe6...(5 bytes)");
+}
+
+TEST(SafeForLogTest, IdempotentOnItsOwnOutput) {
+  for (std::string s : {std::string("a\nb\x80" "c"), std::string("\xe2\x80\xae'x'\\y"),
+                        std::string("plain")}) {
+    const std::string once = SafeForLog(s);
+    EXPECT_EQ(SafeForLog(once), once) << once;
   }
 }
 

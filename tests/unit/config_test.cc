@@ -172,6 +172,7 @@ TEST(ParseConfigTextTest, TopologyRacks) {
   EXPECT_NE(errors[0].find("topology.mode"), std::string::npos) << errors[0];
 }
 
+// Issue 12, hole 4: a multi-rack topology always needs the hub secret.
 TEST(ValidateConfigTest, TopologyNeedsItsRackASecretAndFixedPorts) {
   Config c;
   ASSERT_TRUE(Parse("[topology]\nrack = 2\n"
@@ -192,8 +193,43 @@ TEST(ValidateConfigTest, TopologyNeedsItsRackASecretAndFixedPorts) {
   c.topology.racks[1].interhub.host = "127.0.0.1";
   errors.clear();
   ValidateConfig(c, &errors);
+  ASSERT_EQ(errors.size(), 2u);
+  // Loopback is no trust boundary on a shared host (issue 12, hole 4).
+  EXPECT_EQ(errors[0].rfind("topology.secret_file: required with 2 racks: the hubs authenticate "
+                            "their links (127.0.0.1:0) with a shared secret",
+                            0),
+            0u)
+      << errors[0];
+  EXPECT_NE(errors[1].find("needs a fixed interhub port"), std::string::npos) << errors[1];
+
+  // The secret: one word of at least 16 characters.
+  c.topology.racks[1].interhub.port = 7703;
+  const TempFile short_secret("s3cret\n");
+  c.topology.secret_file = short_secret.path();
+  errors.clear();
+  ValidateConfig(c, &errors);
   ASSERT_EQ(errors.size(), 1u);
-  EXPECT_NE(errors[0].find("needs a fixed interhub port"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("topology.secret_file: '" + short_secret.path() +
+                           "' holds 6 characters; a hub secret needs at least 16"),
+            std::string::npos)
+      << errors[0];
+  const TempFile empty_secret("");
+  c.topology.secret_file = empty_secret.path();
+  errors.clear();
+  ValidateConfig(c, &errors);
+  ASSERT_EQ(errors.size(), 1u) << "one error for an empty file, not two";
+  EXPECT_NE(errors[0].find("is empty"), std::string::npos) << errors[0];
+  const TempFile good_secret(std::string(32, 'f') + "\n");
+  c.topology.secret_file = good_secret.path();
+  errors.clear();
+  ValidateConfig(c, &errors);
+  EXPECT_TRUE(errors.empty()) << errors[0];
+  // Flat mode opens no hub links: no secret needed.
+  c.topology.secret_file.clear();
+  c.topology.mode = "flat";
+  errors.clear();
+  ValidateConfig(c, &errors);
+  EXPECT_TRUE(errors.empty()) << errors[0];
 }
 
 TEST(ParseConfigTextTest, UnknownSection) {

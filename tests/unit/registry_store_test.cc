@@ -173,6 +173,8 @@ void ExpectSameTenant(const TenantInfo& a, const TenantInfo& b) {
   EXPECT_EQ(a.quotas.max_workers, b.quotas.max_workers);
   EXPECT_EQ(a.key_count, b.key_count);
   EXPECT_EQ(a.parameter_bytes, b.parameter_bytes);
+  EXPECT_EQ(a.memory_bytes, b.memory_bytes) << "hub memory is recomputed on load";
+  EXPECT_EQ(a.memory_bytes == 0, a.key_count == 0);
   EXPECT_EQ(a.chunk_count, b.chunk_count);
   EXPECT_EQ(a.created_unix_ms, b.created_unix_ms);
 }
@@ -191,6 +193,8 @@ void ExpectSameKey(const KeyInfo& a, const KeyInfo& b) {
   EXPECT_EQ(a.placement.first_chunk, b.placement.first_chunk);
   EXPECT_EQ(a.placement.chunk_count, b.placement.chunk_count);
   EXPECT_EQ(a.chunk_elements, b.chunk_elements);
+  EXPECT_EQ(a.memory_bytes, b.memory_bytes);
+  EXPECT_GT(a.memory_bytes, 4 * a.parameter_bytes()) << "x2, accumulator, 1 parked, state";
 }
 
 TEST_F(RegistryStoreTest, EveryEntityRoundTripsAcrossReopen) {
@@ -279,7 +283,7 @@ TEST_F(RegistryStoreTest, EveryEntityRoundTripsAcrossReopen) {
 
 TEST_F(RegistryStoreTest, RefusedRequestsLeaveTheDatabaseRowIdentical) {
   Open();
-  CreateTenant("alpha", 1024, Quotas{4096, 2, 4});
+  CreateTenant("alpha", 1024, Quotas{64 << 10, 2, 4});  // hub memory: room for w0 and 8 more
   CreateKey("alpha", "w0", 512);
   const std::string before = DumpRows(db_path_);
   TenantInfo info;

@@ -1,21 +1,36 @@
-// Unit tests for the tenant/key registry and data-plane tokens.
+// Unit tests for the tenant/key registry and data-plane tokens: names,
+// quotas (max_parameter_bytes counts the hub memory a key holds,
+// key_memory.h), escaped client text in messages, the hub secret file.
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "key_memory.h"
+#include "rackhub/common/log_safe.h"
 #include "registry.h"
 #include "token.h"
 
 namespace rackhub::server {
 namespace {
 
+using aggregation::ElementType;
 using aggregation::OptimizerConfig;
 using aggregation::OptimizerType;
+
+// Hub memory of a key of the fixture's default tenant (4 workers, 256-element
+// chunks, sgd, fp32, one rack).
+uint64_t SgdMemory(uint64_t elements) {
+  return KeyMemoryBytes(elements, 256, 4, OptimizerType::kSgd, ElementType::kFp32, {});
+}
 
 bool StartsWith(const std::string& s, const std::string& prefix) {
   return s.rfind(prefix, 0) == 0;
@@ -219,6 +234,59 @@ TEST_F(RegistryTest, InvalidTenantNames) {
   EXPECT_FALSE(IsValidKeyName("a b"));
 }
 
+// Issue 12, hole 5: names echoed in messages are escaped and truncated.
+TEST_F(RegistryTest, MessagesEscapeAndTruncateClientNames) {
+  const std::string forged = "a\nb... info admin: DeleteTenant 'prod'";
+  Status s = r_.CreateTenant(Spec(forged), &info_, &token_);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
+  EXPECT_TRUE(StartsWith(s.message(), "name: 'a\\x0ab... info admin: DeleteTenant 'prod''"))
+      << s.message();
+  const std::string huge(1 << 20, 'x');
+  s = r_.CreateTenant(Spec(huge), &info_, &token_);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_LT(s.message().size(), 512u) << "a 1 MiB name is not echoed whole";
+  EXPECT_NE(s.message().find("...(1048576 bytes)"), std::string::npos) << s.message();
+  MakeTenant("t");
+  s = r_.CreateKey(Key("t", "k\r\x1b[2Jey", 10), &key_);
+  EXPECT_TRUE(StartsWith(s.message(), "name: 'k\\x0d\\x1b[2Jey' is not")) << s.message();
+  s = r_.GetKey("t", huge, &key_);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_LT(s.message().size(), 512u);
+  s = r_.GetTenant("no\x80pe", &info_);
+  EXPECT_EQ(s.message(), "tenant: 'no\\x80pe' does not exist");
+}
+
+TEST(HubSecretTest, ReadHubSecretNeedsOneWordOfSixteenCharacters) {
+  char dir_template[] = "/tmp/rackhub-secret-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string path = std::string(dir_template) + "/hub.secret";
+  const auto write = [&](const std::string& text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  write("  0123456789abcdef\n\n");
+  Result<std::string> r = ReadHubSecret(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, "0123456789abcdef");
+  write("0123456789abcde\n");
+  EXPECT_EQ(ReadHubSecret(path).status().message(),
+            "topology.secret_file: '" + path +
+                "' holds 15 characters; a hub secret needs at least 16 (e.g. openssl rand -hex "
+                "32 > FILE)");
+  write("\n");
+  EXPECT_EQ(ReadHubSecret(path).status().code(), StatusCode::kFailedPrecondition);
+  write("0123456789abcdef 0123456789abcdef\n");
+  EXPECT_NE(ReadHubSecret(path).status().message().find("one word on one line"),
+            std::string::npos);
+  EXPECT_NE(ReadHubSecret(path + ".missing").status().message().find("cannot read"),
+            std::string::npos);
+  std::remove(path.c_str());
+  rmdir(dir_template);
+}
+
 TEST_F(RegistryTest, InvalidTenantFields) {
   EXPECT_STATUS(r_.CreateTenant(Spec("t", 0), &info_, &token_), StatusCode::kInvalidArgument,
                 "workers_per_rack");
@@ -337,22 +405,93 @@ TEST_F(RegistryTest, MaxKeysQuotaFailureChangesNothing) {
 }
 
 TEST_F(RegistryTest, MaxParameterBytesQuotaFailureChangesNothing) {
-  MakeTenant("t", Quotas{/*max_parameter_bytes=*/4096, 0, 0});  // 1024 fp32 elements
+  // The quota counts hub memory: room for a key of 1000 and one of 16 elements
+  // (64 bytes: one line; 17 elements take two).
+  const uint64_t quota = SgdMemory(1000) + SgdMemory(16);
+  MakeTenant("t", Quotas{/*max_parameter_bytes=*/quota, 0, 0});
   const KeyInfo a = MustCreateKey(Key("t", "a", 1000));
+  EXPECT_EQ(a.memory_bytes, SgdMemory(1000));
   const std::string before = Usage("t");
-  EXPECT_STATUS(r_.CreateKey(Key("t", "b", 25), &key_),  // 4100 bytes > 4096
-                StatusCode::kResourceExhausted, "quotas.max_parameter_bytes");
+  ASSERT_GT(SgdMemory(17), SgdMemory(16));
+  EXPECT_STATUS(r_.CreateKey(Key("t", "b", 17), &key_), StatusCode::kResourceExhausted,
+                "quotas.max_parameter_bytes: key 'b' needs ");
   EXPECT_EQ(Usage("t"), before);
   EXPECT_EQ(before, "1/4000/4/a,");
   EXPECT_EQ(r_.GetKey("t", "b", &key_).code(), StatusCode::kNotFound);
 
-  const KeyInfo b = MustCreateKey(Key("t", "b", 24));  // exactly fills the quota
+  const KeyInfo b = MustCreateKey(Key("t", "b", 16));  // exactly fills the quota
   EXPECT_EQ(b.placement.first_chunk, a.placement.first_chunk + a.placement.chunk_count);
-  EXPECT_EQ(MustGetTenant("t").parameter_bytes, 4096u);
+  EXPECT_EQ(MustGetTenant("t").parameter_bytes, 4064u);
+  EXPECT_EQ(MustGetTenant("t").memory_bytes, quota);
+}
+
+// Issue 12, hole 3: Adam with a 256 MiB quota took 1.5 GiB of hub memory
+// for 256 MiB of parameters. Now the key's whole footprint is checked.
+TEST_F(RegistryTest, QuotaCountsOptimizerStateDoubleBufferAndParkedContributions) {
+  TenantSpec spec = Spec("adam", /*workers=*/2);  // 32 KiB chunks
+  spec.default_optimizer.type = OptimizerType::kAdam;
+  spec.default_optimizer.learning_rate = 0.001;
+  spec.quotas.max_parameter_bytes = 256ull << 20;
+  ASSERT_TRUE(r_.CreateTenant(spec, &info_, &token_).ok());
+  const Status s = r_.CreateKey(Key("adam", "w", 64ull << 20), &key_);  // 256 MiB of fp32
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.message();
+  EXPECT_EQ(s.message(),
+            "quotas.max_parameter_bytes: key 'w' needs 1.5 GiB of hub memory for 256 MiB of "
+            "parameters (6.1x: fp32 parameters x2 (double buffer), 2 adam state slots, an "
+            "accumulator and up to 1 parked contribution per chunk) but tenant 'adam' has 256 MiB "
+            "left of its 256 MiB quota");
+  EXPECT_EQ(MustGetTenant("adam").memory_bytes, 0u);
+  // A seventh of it fits: what the key holds is about 6x its parameters.
+  const KeyInfo k = MustCreateKey(Key("adam", "w", (64ull << 20) / 7));
+  EXPECT_GT(k.memory_bytes, 6 * k.parameter_bytes());
+  EXPECT_LT(k.memory_bytes, 6 * k.parameter_bytes() + k.parameter_bytes() / 10);
+  EXPECT_LE(MustGetTenant("adam").memory_bytes, 256ull << 20);
+
+  // Per optimizer: state slots (sgd 0, momentum/adagrad 1, adam 2) and a
+  // bf16 key's wire copies and parked bf16 contributions.
+  MakeTenant("opt");
+  const auto memory_with = [&](OptimizerType type, WireDType dtype) {
+    KeySpec k = Key("opt", std::to_string(static_cast<int>(type)) + WireDTypeName(dtype), 2560);
+    k.dtype = dtype;
+    k.use_tenant_optimizer = false;
+    k.optimizer.type = type;
+    k.optimizer.learning_rate = 0.1;
+    if (type == OptimizerType::kMomentum) k.optimizer.momentum = 0.9;
+    return MustCreateKey(k).memory_bytes;
+  };
+  const uint64_t sgd = memory_with(OptimizerType::kSgd, WireDType::kFp32);
+  const uint64_t momentum = memory_with(OptimizerType::kMomentum, WireDType::kFp32);
+  const uint64_t adagrad = memory_with(OptimizerType::kAdaGrad, WireDType::kFp32);
+  const uint64_t adam = memory_with(OptimizerType::kAdam, WireDType::kFp32);
+  const uint64_t slot = momentum - sgd;
+  EXPECT_EQ(slot, 10u * (1024 + 80)) << "one fp32 slot per chunk, in 64-byte lines + a header";
+  EXPECT_EQ(adagrad, momentum);
+  EXPECT_EQ(adam - sgd, 2 * slot);
+  const uint64_t bf16 = memory_with(OptimizerType::kSgd, WireDType::kBf16);
+  // 2 wire copies, and the 3 parked contributions are half as big.
+  EXPECT_EQ(bf16, sgd + 2 * 10u * (512 + 80) - 3 * 10u * 512);
+}
+
+TEST_F(RegistryTest, MultiRackKeysHoldTheirStagesToo) {
+  TopologyConfig topo;
+  topo.racks.resize(3);
+  Registry hierarchical(2, TenantDefaults{}, topo);
+  topo.mode = "flat";
+  Registry flat(2, TenantDefaults{}, topo);
+  uint64_t memory[3];
+  Registry* registries[] = {&r_, &hierarchical, &flat};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(registries[i]->CreateTenant(Spec("t", 4, 1024), &info_, &token_).ok());
+    ASSERT_TRUE(registries[i]->CreateKey(Key("t", "k", 2560), &key_).ok());
+    memory[i] = key_.memory_bytes;
+    EXPECT_EQ(registries[i]->GetTotals().memory_bytes, memory[i]);
+  }
+  EXPECT_GT(memory[1], memory[0]) << "a sum stage and the cross-rack state";
+  EXPECT_GT(memory[2], memory[1]) << "flat: one stage per rack";
 }
 
 TEST_F(RegistryTest, DeleteKeyFreesQuotaButNeverReusesIndices) {
-  MakeTenant("t", Quotas{/*max_parameter_bytes=*/4096, 0, 0});
+  MakeTenant("t", Quotas{/*max_parameter_bytes=*/SgdMemory(1024), 0, 0});
   const KeyInfo a = MustCreateKey(Key("t", "a", 1024));
   ASSERT_TRUE(r_.DeleteKey("t", "a").ok());
   EXPECT_EQ(Usage("t"), "0/0/4/");  // quota freed; the index space only grows
@@ -455,11 +594,13 @@ TEST_F(RegistryTest, UpdateQuotasPartial) {
 TEST_F(RegistryTest, UpdateQuotasBelowUsageChangesNothing) {
   MakeTenant("t");  // 4 workers per rack
   for (const char* n : {"a", "b", "c"}) MustCreateKey(Key("t", n, 100));  // 1200 bytes
+  const uint64_t used = MustGetTenant("t").memory_bytes;
+  EXPECT_EQ(used, 3 * SgdMemory(100));
   const Quotas before = MustGetTenant("t").quotas;
   // max_workers = 100 alone would be fine, but must not be applied either.
   EXPECT_STATUS(r_.UpdateQuotas("t", Quotas{0, 2, 100}, &info_), StatusCode::kFailedPrecondition,
                 "quotas.max_keys");
-  EXPECT_STATUS(r_.UpdateQuotas("t", Quotas{1199, 0, 0}, &info_),
+  EXPECT_STATUS(r_.UpdateQuotas("t", Quotas{used - 1, 0, 0}, &info_),
                 StatusCode::kFailedPrecondition, "quotas.max_parameter_bytes");
   EXPECT_STATUS(r_.UpdateQuotas("t", Quotas{0, 0, 3}, &info_), StatusCode::kFailedPrecondition,
                 "quotas.max_workers");
@@ -469,7 +610,7 @@ TEST_F(RegistryTest, UpdateQuotasBelowUsageChangesNothing) {
   EXPECT_EQ(after.max_workers, before.max_workers);
 
   // Exactly the current usage is allowed, and then full.
-  ASSERT_TRUE(r_.UpdateQuotas("t", Quotas{1200, 3, 0}, &info_).ok());
+  ASSERT_TRUE(r_.UpdateQuotas("t", Quotas{used, 3, 0}, &info_).ok());
   EXPECT_EQ(r_.CreateKey(Key("t", "d", 1), &key_).code(), StatusCode::kResourceExhausted);
 }
 
@@ -507,10 +648,12 @@ TEST_F(RegistryTest, GetTotalsSums) {
   EXPECT_EQ(t.tenants, 2u);
   EXPECT_EQ(t.keys, 3u);
   EXPECT_EQ(t.parameter_bytes, 60u * 4u);
+  EXPECT_EQ(t.memory_bytes, SgdMemory(10) + SgdMemory(20) + SgdMemory(30));
   ASSERT_TRUE(r_.DeleteKey("x", "b").ok());
   t = r_.GetTotals();
   EXPECT_EQ(t.keys, 2u);
   EXPECT_EQ(t.parameter_bytes, 40u * 4u);
+  EXPECT_EQ(t.memory_bytes, SgdMemory(10) + SgdMemory(30));
 }
 
 TEST_F(RegistryTest, ConcurrentKeyCreation) {

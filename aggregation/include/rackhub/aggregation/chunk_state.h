@@ -133,6 +133,17 @@ class ChunkState {
   ChunkState(uint32_t elements, uint32_t workers, const OptimizerConfig& optimizer,
              ElementType wire_type);
 
+  // An upper bound of the heap bytes a ChunkState of these parameters holds
+  // at its largest (what hub memory quotas count; docs/architecture.md,
+  // Memory a key holds): two fp32 parameter buffers (double buffering), two
+  // wire copies unless wire_type is fp32, the accumulator, the optimizer's
+  // state slots (OptimizerStateSlots), a parked contribution (wire bytes) for
+  // every rank but one, each rounded up to whole 64-byte lines plus the
+  // allocator's per-block overhead, and the per-rank bookkeeping vectors.
+  // Not included: sizeof(ChunkState) itself (the owner's).
+  static uint64_t MemoryBytes(uint32_t elements, uint32_t workers, OptimizerType optimizer,
+                              ElementType wire_type);
+
   ChunkState(ChunkState&&) = default;
   ChunkState& operator=(ChunkState&&) = default;
   ChunkState(const ChunkState&) = delete;
