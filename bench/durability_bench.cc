@@ -338,7 +338,9 @@ std::string CreateTenant(const std::string& admin, const std::string& name, uint
   req.set_workers_per_rack(2);
   req.mutable_default_optimizer()->set_type(pb::ADAM);
   req.mutable_default_optimizer()->set_learning_rate(1e-3);
-  req.mutable_quotas()->set_max_parameter_bytes(bytes * 2);
+  // The quota counts hub memory: Adam with 2 workers holds ~6.1x the fp32
+  // parameters (docs/architecture.md, Memory a key holds).
+  req.mutable_quotas()->set_max_parameter_bytes(bytes * 8 + (64ull << 20));
   pb::CreateTenantResponse resp;
   if (auto s = stub->CreateTenant(Ctx(10).get(), req, &resp); !s.ok()) {
     Die("create tenant " + name + " on " + admin + ": " + s.error_message());
