@@ -1,7 +1,8 @@
 # rackhub_add_test(NAME <name> SOURCES <files...> LIBS <targets...> [LABELS <labels...>] [TIMEOUT <s>])
 # Builds one GoogleTest executable and registers it with CTest. Tests see the
 # build's bin/ directory through RACKHUB_BIN_DIR so integration tests can start
-# the real rackhubd and rackhubctl.
+# the real rackhubd and rackhubctl. Tests of the sanitizer subsets also get
+# the label `asan` or `tsan` (cmake/RackhubSanitizers.cmake).
 function(rackhub_add_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
@@ -14,5 +15,7 @@ function(rackhub_add_test)
     set(T_TIMEOUT 300)
   endif()
   add_test(NAME ${T_NAME} COMMAND ${T_NAME})
-  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+  rackhub_sanitizer_labels(${T_NAME} "${T_LABELS}" _san)  # asan / tsan subsets
+  set(_labels ${T_LABELS} ${_san})
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${_labels}")
 endfunction()

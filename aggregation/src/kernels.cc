@@ -1,6 +1,8 @@
 // Public kernel entry points: runtime dispatch to the portable / AVX2 /
 // AVX-512 path (kernels_portable.cc, kernels_avx2.cc, kernels_avx512.cc) and
 // the per-call optimizer scalars. Compiled for the baseline ISA only.
+#include <cpuid.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -18,8 +20,15 @@ bool CpuHas(KernelPath path) {
   __builtin_cpu_init();
   switch (path) {
     case KernelPath::kPortable: return true;
-    case KernelPath::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case KernelPath::kAvx2: {
+#if defined(__clang__)  // clang 14's __builtin_cpu_supports does not know "f16c"
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+#else
+      const bool f16c = __builtin_cpu_supports("f16c");
+#endif
+      return __builtin_cpu_supports("avx2") && f16c;
+    }
     case KernelPath::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && CpuHas(KernelPath::kAvx2);
@@ -153,7 +162,10 @@ void ConvertFp32ToBf16(uint16_t* dst, const float* src, size_t n) {
   CopyOut(dst, src, n, ElementType::kBf16);
 }
 
+// n == 0: the arrays may be null (an empty std::vector's data()); memcpy and
+// memset may not be given null even for 0 bytes (UBSan, fuzz/frame).
 void CopyIn(float* dst, const void* src, size_t n, ElementType type) {
+  if (n == 0) return;
   if (type == ElementType::kFp32) {
     std::memcpy(dst, src, n * sizeof(float));
     return;
@@ -168,6 +180,7 @@ void AddIn(float* acc, const void* src, size_t n, ElementType type) {
 }
 
 void CopyOut(void* dst, const float* src, size_t n, ElementType type) {
+  if (n == 0) return;
   if (type == ElementType::kFp32) {
     std::memcpy(dst, src, n * sizeof(float));
     return;
@@ -178,6 +191,7 @@ void CopyOut(void* dst, const float* src, size_t n, ElementType type) {
 // ---- Multi-input ----
 
 void SumInto(float* dst, std::span<const void* const> inputs, size_t n, ElementType type) {
+  if (n == 0) return;
   if (inputs.empty()) {
     std::memset(dst, 0, n * sizeof(float));
     return;

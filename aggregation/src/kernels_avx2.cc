@@ -9,8 +9,13 @@
 
 #include "kernels_internal.h"
 
+// clang ignores `#pragma GCC target`; its own pragma does the same.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c")
+#endif
 
 namespace rackhub::aggregation::internal {
 namespace {
@@ -67,7 +72,11 @@ struct Avx2 {
 #include "kernels_simd.h"
 #undef RACKHUB_SIMD_TRAITS
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace rackhub::aggregation::internal {
 

@@ -6,7 +6,9 @@
 // vcvtneps2bf16 (AVX512_BF16 flushes subnormal inputs to zero).
 // GCC 12 false positive in its own headers (_mm512_undefined_*, GCC PR105593).
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
@@ -15,8 +17,13 @@
 
 #include "kernels_internal.h"
 
+// clang ignores `#pragma GCC target`; its own pragma does the same.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c")
+#endif
 
 namespace rackhub::aggregation::internal {
 namespace {
@@ -70,7 +77,11 @@ struct Avx512 {
 #include "kernels_simd.h"
 #undef RACKHUB_SIMD_TRAITS
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace rackhub::aggregation::internal {
 

@@ -358,6 +358,20 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
+// Zero elements with null arrays (an empty std::vector's data()), as an
+// empty payload reaches them: no memcpy/memset of null (UBSan in the
+// sanitizer build; found by fuzz/frame/frame_fuzz).
+TEST(KernelsTest, ZeroElementsMayBeNull) {
+  for (ElementType t : {ElementType::kFp32, ElementType::kFp16, ElementType::kBf16}) {
+    CopyIn(nullptr, nullptr, 0, t);
+    AddIn(nullptr, nullptr, 0, t);
+    CopyOut(nullptr, nullptr, 0, t);
+    SumInto(nullptr, {}, 0, t);
+    const void* const in[1] = {nullptr};
+    SumInto(nullptr, in, 0, t);
+  }
+}
+
 TEST(KernelsTest, SgdExactSmallCase) {
   // p' = p - lr*(g*scale + wd*p) with values exact in binary.
   OptimizerConfig c = Make(OptimizerType::kSgd, 0.5, 0, 0.25);
