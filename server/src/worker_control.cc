@@ -2,6 +2,7 @@
 // WELCOME, client DECLARE and SET_OPTIMIZER. None of it is per chunk.
 #include <spdlog/spdlog.h>
 
+#include "declare_check.h"
 #include "proto_convert.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "worker_protocol.h"
@@ -60,37 +61,16 @@ std::string WorkerProtocol::WelcomePayload(const LaneTenant& t) {
 
 void WorkerProtocol::OnDeclare(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
                                std::span<const std::byte> payload) {
-  dpb::KeyDeclaration decl;
-  if (!decl.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-    Reject(conn, WireError::kMalformed, "payload: DECLARE is not a KeyDeclaration", h.request_id);
+  const DeclareCheck checked = CheckDeclare(payload, t.info.name);
+  if (!checked.ok) {
+    if (checked.fatal) {
+      Reject(conn, checked.code, checked.text, h.request_id);
+    } else {
+      conn.SendError(checked.code, checked.text, h.request_id, false);
+    }
     return;
   }
-  KeySpec spec;
-  spec.tenant = t.info.name;
-  spec.name = decl.name();
-  spec.elements = decl.elements();
-  switch (decl.dtype()) {
-    case pb::DTYPE_UNSPECIFIED:
-    case pb::FP32: spec.dtype = WireDType::kFp32; break;
-    case pb::FP16: spec.dtype = WireDType::kFp16; break;
-    case pb::BF16: spec.dtype = WireDType::kBf16; break;
-    default:
-      conn.SendError(WireError::kInvalidArgument, "dtype: unknown dtype", h.request_id, false);
-      return;
-  }
-  spec.init = decl.init() == pb::FROM_CLIENT ? InitMode::kFromClient : InitMode::kZeros;
-  spec.use_tenant_optimizer = !decl.has_optimizer();
-  if (decl.has_optimizer()) {
-    Result<ProtoOptimizer> opt = OptimizerFromProto(decl.optimizer());
-    if (!opt.ok() || opt->unspecified_type) {
-      conn.SendError(WireError::kInvalidArgument,
-                     "optimizer." + (opt.ok() ? std::string("type: required")
-                                              : opt.status().message()),
-                     h.request_id, false);
-      return;
-    }
-    spec.optimizer = opt->config;
-  }
+  const KeySpec& spec = checked.spec;
   KeyInfo info;
   bool created = false;
   const Status s = registry_->DeclareKey(spec, &info, &created);

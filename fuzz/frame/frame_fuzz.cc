@@ -1,0 +1,131 @@
+// frame_fuzz: one data-plane frame as it arrives from an untrusted peer
+// (net/frame.h). Input: a 40-byte header followed by any number of payload
+// bytes (a short input is zero-padded to a header).
+//
+// Contract checked:
+//   - DecodeHeader reads every byte pattern; EncodeHeader(DecodeHeader(b)) == b
+//     (the layout is a bijection: no field is lost or overlaps another);
+//   - CheckHeader accepts only known opcodes and dtypes, a version and magic
+//     that match, data frames with a whole number of elements within
+//     kMaxDataPayload, control frames within kMaxControlPayload;
+//   - the payload is decoded the way its receiver does, per opcode: ERROR
+//     bodies (DecodeErrorBody, and the ErrorFrame round trip), the protobuf
+//     control payloads, and the element payloads of data frames widened to
+//     fp32 by the kernels the lanes and the client use.
+// Nothing here may crash, leak, read out of bounds or hit UB (ASan+UBSan).
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "rackhub/aggregation/kernels.h"
+#include "rackhub/data/v1/control.pb.h"
+#include "rackhub/net/frame.h"
+
+namespace {
+
+namespace net = rackhub::net;
+namespace dpb = rackhub::data::v1;
+namespace agg = rackhub::aggregation;
+
+void Check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "frame_fuzz: contract broken: %s\n", what);
+    std::abort();
+  }
+}
+
+template <typename Message>
+void ParseAndReserialize(std::span<const std::byte> payload) {
+  Message m;
+  if (m.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    Message again;
+    Check(again.ParseFromString(m.SerializeAsString()), "a parsed message re-parses");
+  }
+}
+
+void DecodeElements(const net::FrameHeader& h, std::span<const std::byte> payload) {
+  const uint32_t width = net::DTypeBytes(h.dtype);
+  const size_t n = payload.size() / width;
+  std::vector<float> out(n);
+  const auto type = static_cast<agg::ElementType>(h.dtype);
+  agg::CopyIn(out.data(), payload.data(), n, type);  // unaligned source on purpose
+  std::vector<float> acc(n, 1.0f);
+  agg::AddIn(acc.data(), payload.data(), n, type);
+}
+
+void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload) {
+  switch (h.opcode) {
+    case net::Opcode::kError: {
+      net::WireError code{};
+      std::string text;
+      const bool ok = net::DecodeErrorBody(payload, &code, &text);
+      Check(ok == (payload.size() >= 4), "ERROR bodies of 4+ bytes decode");
+      if (ok) {
+        Check(text.size() == payload.size() - 4, "ERROR text is the rest of the body");
+        const net::ErrorFrame f = net::MakeErrorFrame(code, text, h.tenant, h.request_id, true);
+        Check(f.body.size() == payload.size() &&
+                  std::memcmp(f.body.data(), payload.data(), payload.size()) == 0,
+              "ERROR body round trip");
+        Check(f.header.payload_bytes == payload.size(), "ERROR frame length");
+        (void)net::WireErrorName(code);
+      }
+      break;
+    }
+    case net::Opcode::kHello: ParseAndReserialize<dpb::Hello>(payload); break;
+    case net::Opcode::kWelcome: ParseAndReserialize<dpb::Welcome>(payload); break;
+    case net::Opcode::kDeclare: ParseAndReserialize<dpb::KeyDeclaration>(payload); break;
+    case net::Opcode::kKeyInfo: ParseAndReserialize<dpb::KeyEntry>(payload); break;
+    case net::Opcode::kSetOptimizer: ParseAndReserialize<dpb::OptimizerUpdate>(payload); break;
+    case net::Opcode::kHubHello: ParseAndReserialize<dpb::HubHello>(payload); break;
+    case net::Opcode::kKeyBind: ParseAndReserialize<dpb::KeyBind>(payload); break;
+    case net::Opcode::kPush:
+    case net::Opcode::kParams:
+    case net::Opcode::kInit:
+    case net::Opcode::kRackSum:
+    case net::Opcode::kRackParams: DecodeElements(h, payload); break;
+    case net::Opcode::kPull:
+    case net::Opcode::kHeartbeat:
+    case net::Opcode::kBye:
+    case net::Opcode::kAck: break;
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::array<std::byte, net::kHeaderBytes> raw{};
+  std::memcpy(raw.data(), data, std::min(size, raw.size()));
+  const net::FrameHeader h = net::DecodeHeader(raw);
+
+  std::array<std::byte, net::kHeaderBytes> again{};
+  net::EncodeHeader(h, again);
+  Check(again == raw, "EncodeHeader(DecodeHeader(b)) == b");
+  (void)net::OpcodeName(h.opcode);
+  (void)net::DTypeName(h.dtype);
+
+  const rackhub::Status valid = net::CheckHeader(h);
+  if (!valid.ok()) {
+    Check(!valid.message().empty(), "a refused header says why");
+    return 0;
+  }
+  const auto op = static_cast<uint8_t>(h.opcode);
+  Check(h.magic == net::kMagic && h.version == net::kVersion && op >= 1 &&
+            op <= net::kMaxOpcode && static_cast<uint8_t>(h.dtype) <= 3 &&
+            h.payload_bytes <= net::kMaxDataPayload,
+        "CheckHeader passes only valid headers");
+
+  // The payload the receiver would get: at most payload_bytes of what follows.
+  const size_t rest = size > net::kHeaderBytes ? size - net::kHeaderBytes : 0;
+  const size_t n = std::min<size_t>(rest, h.payload_bytes);
+  std::vector<std::byte> payload(n);  // own buffer: ASan sees any overread
+  if (n > 0) std::memcpy(payload.data(), data + net::kHeaderBytes, n);
+  if (n == h.payload_bytes) DecodePayload(h, payload);
+  return 0;
+}
