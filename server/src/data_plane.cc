@@ -171,22 +171,75 @@ void DataPlane::Recover(uint32_t handle, const std::string& why,
   });
 }
 
+bool DataPlane::HasRuntimes(uint32_t handle, std::optional<uint32_t> key_id) const {
+  std::shared_ptr<KeyRuntimes> keys;
+  {
+    decltype(runtimes_)::const_accessor k;
+    if (runtimes_.find(k, handle)) keys = k->second;
+  }
+  if (key_id) {
+    KeyRuntimes::const_accessor k;
+    return keys && keys->find(k, *key_id);
+  }
+  if (keys) return true;
+  decltype(tenant_runtimes_)::const_accessor t;
+  return tenant_runtimes_.find(t, handle);
+}
+
 std::shared_ptr<TenantRuntime> DataPlane::TenantRuntimeFor(uint32_t handle) {
-  decltype(tenant_runtimes_)::accessor t;
-  if (tenant_runtimes_.insert(t, handle)) t->second = std::make_shared<TenantRuntime>();
-  return t->second;
+  std::shared_ptr<TenantRuntime> rt;
+  bool made = false;
+  {
+    decltype(tenant_runtimes_)::accessor t;
+    made = tenant_runtimes_.insert(t, handle);
+    if (made) t->second = std::make_shared<TenantRuntime>();
+    rt = t->second;
+  }
+  if (made) ForgetIfDeleted(handle, std::nullopt);
+  return rt;
 }
 
 std::shared_ptr<KeyRuntime> DataPlane::KeyRuntimeFor(uint32_t handle, uint32_t key_id) {
   std::shared_ptr<KeyRuntimes> keys;
+  bool made = false;
   {
     decltype(runtimes_)::accessor t;
-    if (runtimes_.insert(t, handle)) t->second = std::make_shared<KeyRuntimes>();
+    made = runtimes_.insert(t, handle);
+    if (made) t->second = std::make_shared<KeyRuntimes>();
     keys = t->second;
   }
-  KeyRuntimes::accessor k;
-  if (keys->insert(k, key_id)) k->second = std::make_shared<KeyRuntime>();
-  return k->second;
+  std::shared_ptr<KeyRuntime> rt;
+  {
+    KeyRuntimes::accessor k;
+    if (keys->insert(k, key_id)) {
+      k->second = std::make_shared<KeyRuntime>();
+      made = true;
+    }
+    rt = k->second;
+  }
+  if (made) ForgetIfDeleted(handle, key_id);
+  return rt;
+}
+
+// Runtimes are made on first use, on lanes, while deletions erase them from
+// the admin thread (OnTenantDeleted, OnKeyDeleted, under the registry's
+// lock). One made for a tenant or key deleted just before (a worker lost, a
+// WELCOME or DECLARE racing with the deletion) would never be erased, so
+// each new one is checked against the registry after it was inserted: a
+// deletion before the check is seen here, one after it erases it itself.
+// Found by fuzz/hub/hub_lane_fuzz (LeakSanitizer).
+void DataPlane::ForgetIfDeleted(uint32_t handle, std::optional<uint32_t> key_id) {
+  TenantInfo tenant;
+  if (!registry_->GetTenantByHandle(handle, &tenant).ok()) {
+    runtimes_.erase(handle);
+    tenant_runtimes_.erase(handle);
+    return;
+  }
+  KeyInfo key;
+  if (key_id && !registry_->GetKeyById(handle, *key_id, &key).ok()) {
+    decltype(runtimes_)::const_accessor t;
+    if (runtimes_.find(t, handle)) t->second->erase(*key_id);
+  }
 }
 
 void DataPlane::ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ class DataPlane final : public RegistryObserver, public LaneHost {
     uint64_t chunk_bytes_out = 0;
   };
   std::vector<RackLinkStats> RackLinks() const;
+  // Whether key or tenant runtimes of `handle` exist, or of its key `key_id`
+  // (tests: nothing of a deleted tenant or key stays behind).
+  bool HasRuntimes(uint32_t handle, std::optional<uint32_t> key_id = std::nullopt) const;
 
   // LaneHost.
   std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id) override;
@@ -85,6 +89,9 @@ class DataPlane final : public RegistryObserver, public LaneHost {
                           uint64_t from_update) override;
 
  private:
+  // Erases the runtimes just made for `handle` (and `key_id`) if the tenant
+  // (or key) is no longer in the registry (see data_plane.cc).
+  void ForgetIfDeleted(uint32_t handle, std::optional<uint32_t> key_id);
   // Runs fn(lane) on every lane through its gate (skipped once it closed).
   void OnEveryLane(std::function<void(Lane&)> fn);
   // Recovery after an aborted iteration: `first` on every lane (fail the
