@@ -286,7 +286,14 @@ Result<CheckpointInfo> Checkpointer::Restore(const std::string& tenant, uint64_t
   if (sequence == 0) {
     image = LoadNewestValid(dir, &skipped);
   } else {
-    image = ReadCheckpoint(dir + "/" + CheckpointFileName(sequence));
+    const std::string path = dir + "/" + CheckpointFileName(sequence);
+    image = ReadCheckpoint(path);
+    // As LoadNewestValid and ListCheckpoints: a file whose manifest names
+    // another sequence (copied or renamed) is not checkpoint `sequence`.
+    if (image.ok() && image->sequence != sequence) {
+      image = FailedPrecondition(path + ": manifest says sequence " +
+                                 std::to_string(image->sequence));
+    }
   }
   for (const std::string& s : skipped) {
     spdlog::error("checkpoint: tenant '{}': skipped damaged checkpoint {}", info.name, s);

@@ -442,5 +442,30 @@ TEST_F(DurabilityTest, DamagedCheckpointsAreSkippedAtStart) {
   EXPECT_FALSE(Step(*c0, k0, *c1, k1).empty());
 }
 
+// A checkpoint file copied under another sequence's name (its manifest says
+// 1, its name 9) is refused by `restore 9` as `list` and start-up refuse it,
+// and the tenant is not touched (found by fuzz/checkpoint/checkpoint_fuzz).
+TEST_F(DurabilityTest, RestoreRefusesAFileUnderAnotherSequence) {
+  auto c0 = Connect(0), c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  TrainingKey k0 = Declare(*c0), k1 = Declare(*c1);
+  Step(*c0, k0, *c1, k1);
+  ASSERT_TRUE(CreateCheckpoint().ok());
+  Step(*c0, k0, *c1, k1);
+  const std::string dir = CheckpointDir() + "/";
+  fs::copy_file(dir + server::CheckpointFileName(1), dir + server::CheckpointFileName(9));
+  grpc::ClientContext ctx;
+  pb::RestoreCheckpointRequest req;
+  req.set_tenant("job");
+  req.set_sequence(9);
+  pb::Checkpoint resp;
+  const grpc::Status s = checkpoints_->RestoreCheckpoint(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("manifest says sequence 1"), std::string::npos)
+      << s.error_message();
+  EXPECT_FALSE(Step(*c0, k0, *c1, k1).empty());  // not rolled back
+  EXPECT_EQ(k0.iteration, 3u);
+}
+
 }  // namespace
 }  // namespace rackhub::testing
