@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include <google/protobuf/stubs/logging.h>
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -78,6 +79,14 @@ void SetUpLogging(const std::string& level) {
   spdlog::set_formatter(std::make_unique<OneLineFormatter>("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v"));
   spdlog::set_level(spdlog::level::from_str(level));
   spdlog::flush_on(spdlog::level::info);
+  // libprotobuf's own messages go through this log at debug level, not raw
+  // to stderr: a peer's HELLO with a non-UTF-8 string made it print an ERROR
+  // line per connection, past this log's format (the refusal itself is
+  // logged by the acceptor). Found by fuzz/control/control_fuzz.
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string& message) {
+        spdlog::debug("protobuf: {}", SafeForLog(message));
+      });
 }
 
 }  // namespace

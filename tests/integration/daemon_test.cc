@@ -12,6 +12,7 @@
 #include <string>
 
 #include "process.h"
+#include "raw_client.h"
 
 namespace rackhub {
 namespace {
@@ -118,6 +119,26 @@ TEST(DaemonLifecycleTest, SigtermAndSigintStopGracefully) {
     EXPECT_NE(log.find("draining"), std::string::npos) << log;
     EXPECT_NE(log.find("stopped"), std::string::npos) << log;
   }
+}
+
+// A HELLO whose token is not UTF-8 is refused as MALFORMED like any payload
+// that does not parse; the daemon logs the refusal its own way and nothing
+// comes from libprotobuf, which printed an ERROR line per such HELLO raw to
+// stderr (found by fuzz/control/control_fuzz).
+TEST(DaemonLifecycleTest, HelloWithInvalidUtf8IsRefusedInTheDaemonsLog) {
+  DaemonProcess d({"--lanes", "1"});
+  ASSERT_TRUE(d.started());
+  for (int i = 0; i < 3; ++i) {
+    testing::RawClient c(d.data_address());
+    net::FrameHeader h;
+    h.opcode = net::Opcode::kHello;
+    c.Send(h, std::string("\x0a\x03job\x12\x02\xff\xfe", 9));  // tenant "job", token ff fe
+    testing::ExpectError(c.Receive(), net::WireError::kMalformed, "HELLO is not a Hello message");
+  }
+  EXPECT_EQ(d.Stop(SIGTERM), 0);
+  const std::string log = d.Log();
+  EXPECT_NE(log.find("refused connection"), std::string::npos) << log;
+  EXPECT_EQ(log.find("libprotobuf"), std::string::npos) << log;
 }
 
 TEST(DaemonLifecycleTest, BusyPortsFailStartupWithTheFieldNamed) {
