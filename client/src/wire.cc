@@ -77,7 +77,10 @@ Result<KeyInfo> ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elemen
   k.next_iteration = entry.version();
   if (k.elements == 0) return InvalidArgument(fmt::format("key '{}': 0 elements", entry.name()));
   if (chunk_elements == 0) return InvalidArgument("chunk_elements: 0");
-  const uint64_t chunks = (k.elements + chunk_elements - 1) / chunk_elements;
+  // Not (elements + chunk_elements - 1) / chunk_elements: that wraps for
+  // elements near 2^64 and accepted e.g. 2^64-1 elements in 0 chunks (found
+  // by fuzz/control).
+  const uint64_t chunks = k.elements / chunk_elements + (k.elements % chunk_elements != 0);
   if (k.chunk_count != chunks) {
     return InvalidArgument(
         fmt::format("key '{}': {} elements in {} chunks of {} elements is inconsistent",

@@ -104,7 +104,9 @@ inline TenantShape ShapeOf(uint8_t b) {
   TenantShape s;
   s.workers = 1 + (b & 1);
   s.optimizer.type = static_cast<aggregation::OptimizerType>(1 + (b >> 1) % 7);
-  s.optimizer.learning_rate = 0.1;
+  const bool sum_only = s.optimizer.type == aggregation::OptimizerType::kSumOnly;
+  s.optimizer.learning_rate = sum_only ? 0 : 0.1;  // sum-only applies no update
+  if (sum_only) s.optimizer.reduction = aggregation::Reduction::kSum;
   const bool momentum = s.optimizer.type == aggregation::OptimizerType::kMomentum ||
                         s.optimizer.type == aggregation::OptimizerType::kNesterov;
   s.optimizer.momentum = momentum ? 0.9 : 0;
