@@ -130,7 +130,7 @@ admin::Optimizer ApplyOptimizerOptions(const CLI::App& command, const OptimizerA
 
 struct QuotaArgs {
   uint64_t max_param_bytes = 0;
-  uint32_t max_keys = 0, max_workers = 0;
+  uint32_t max_keys = 0, max_workers = 0, weight = 0;
 };
 
 void AddQuotaOptions(CLI::App* command, QuotaArgs* q) {
@@ -148,6 +148,11 @@ void AddQuotaOptions(CLI::App* command, QuotaArgs* q) {
       ->type_name("N")
       ->check(U32Validator())
       ->group(kQuotaGroup);
+  command->add_option("--weight", q->weight,
+                      "share of each lane against other busy tenants (fair scheduler) [1]")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1000))
+      ->group(kQuotaGroup);
 }
 
 admin::Quotas ToQuotas(const CLI::App& command, const QuotaArgs& q) {
@@ -155,6 +160,7 @@ admin::Quotas ToQuotas(const CLI::App& command, const QuotaArgs& q) {
   if (Given(command, "--max-param-bytes")) out.set_max_parameter_bytes(q.max_param_bytes);
   if (Given(command, "--max-keys")) out.set_max_keys(q.max_keys);
   if (Given(command, "--max-workers")) out.set_max_workers(q.max_workers);
+  if (Given(command, "--weight")) out.set_weight(q.weight);
   return out;
 }
 

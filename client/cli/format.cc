@@ -215,6 +215,7 @@ void PrintTenant(std::ostream& out, const admin::Tenant& t) {
   block.Add("max parameter bytes", QuotaValue(t.quotas().max_parameter_bytes(), true));
   block.Add("max keys", QuotaValue(t.quotas().max_keys(), false));
   block.Add("max workers", QuotaValue(t.quotas().max_workers(), false));
+  block.Add("weight", std::to_string(t.quotas().weight()));
   block.Add("keys", std::to_string(t.key_count()));
   block.Add("parameter bytes", BytesWithHuman(t.parameter_bytes()));
   // What the quota counts: parameters x2, optimizer state, accumulators, ...

@@ -22,6 +22,30 @@ std::span<std::byte> FrameReader::WritableSpan(size_t min) {
   return {buf_.data() + rend_, buf_.size() - rend_};
 }
 
+bool FrameReader::deliverable() const {
+  const size_t avail = rend_ - rstart_;
+  if (skip_ > 0) return avail > 0;
+  return avail >= (have_header_ ? header_.payload_bytes : kHeaderBytes);
+}
+
+bool FrameReader::DeliverOrRequestTurn(Connection& conn, FrameHandler& handler) {
+  if (turn_requested_) return false;
+  if (scheduler_ != nullptr && !stopped_ && !paused_ && deliverable()) {
+    turn_requested_ = true;
+    scheduler_->RequestTurn(conn.shared_from_this(), buffered());
+    return false;
+  }
+  Parse(conn, handler);
+  return true;
+}
+
+bool FrameReader::RequestTurnToClose(Connection& conn) {
+  if (scheduler_ == nullptr || turn_requested_) return false;
+  turn_requested_ = true;
+  scheduler_->RequestTurn(conn.shared_from_this(), 0);
+  return true;
+}
+
 void FrameReader::Parse(Connection& conn, FrameHandler& handler) {
   while (!stopped_ && !paused_) {
     const size_t avail = rend_ - rstart_;

@@ -101,6 +101,7 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
     spec.quotas.max_parameter_bytes = req->quotas().max_parameter_bytes();
     spec.quotas.max_keys = req->quotas().max_keys();
     spec.quotas.max_workers = req->quotas().max_workers();
+    spec.quotas.weight = req->quotas().weight();
     spec.token = req->token();
     TenantInfo info;
     std::string token;
@@ -132,7 +133,7 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
                             pb::Tenant* resp) override {
     if (auto s = auth_->Check(ctx, true, "UpdateQuotas"); !s.ok()) return s;
     Quotas q{req->quotas().max_parameter_bytes(), req->quotas().max_keys(),
-             req->quotas().max_workers()};
+             req->quotas().max_workers(), req->quotas().weight()};
     TenantInfo info;
     const auto status = ToGrpc(registry_->UpdateQuotas(req->name(), q, &info));
     Audit("UpdateQuotas", QuoteForLog(req->name()), status);

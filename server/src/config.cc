@@ -266,6 +266,11 @@ const std::map<std::string, Field>& Schema() {
         UnsignedField<uint64_t>(
             "data.max_queued_bytes_per_connection",
             [](Config& c) -> uint64_t& { return c.data.max_queued_bytes_per_connection; }, true),
+        StringField("data.scheduler", [](Config& c) -> std::string& { return c.data.scheduler; },
+                    OneOf({"fair", "fifo"})),
+        UnsignedField<uint32_t>(
+            "data.max_unauthenticated_connections",
+            [](Config& c) -> uint32_t& { return c.data.max_unauthenticated_connections; }, false),
         UnsignedField<uint32_t>(
             "lanes.count", [](Config& c) -> uint32_t& { return c.lanes.count; }, false),
         BoolField("lanes.pin", [](Config& c) -> bool& { return c.lanes.pin; }),
@@ -330,6 +335,8 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--rdma-poll", "data.rdma_poll"},
       {"--straggler-timeout-ms", "data.straggler_timeout_ms"},
       {"--max-queued-bytes-per-connection", "data.max_queued_bytes_per_connection"},
+      {"--scheduler", "data.scheduler"},
+      {"--max-unauthenticated-connections", "data.max_unauthenticated_connections"},
       {"--lanes", "lanes.count"},
       {"--pin-lanes", "lanes.pin"},
       {"--rack", "topology.rack"},
@@ -429,6 +436,9 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
   if (c.data.max_queued_bytes_per_connection < (1ull << 20) ||
       c.data.max_queued_bytes_per_connection > (1ull << 40))
     errors->push_back("data.max_queued_bytes_per_connection: must be in [1MiB, 1TiB]");
+  if (c.data.max_unauthenticated_connections < 1 ||
+      c.data.max_unauthenticated_connections > 1000000)
+    errors->push_back("data.max_unauthenticated_connections: must be in [1, 1000000]");
   if (c.tenants.max_keys == 0) errors->push_back("tenants.default_max_keys: must be >= 1");
   if (c.tenants.max_workers == 0) errors->push_back("tenants.default_max_workers: must be >= 1");
   if (c.tenants.max_tenants == 0) errors->push_back("tenants.max_tenants: must be >= 1");
@@ -599,6 +609,8 @@ options (flags override the config file):
       --straggler-timeout-ms MS     fail a waiting iteration after MS [30000]
       --max-queued-bytes-per-connection SIZE  unwritten bytes per connection
                                     before it is closed (QUOTA_EXCEEDED) [64MiB]
+      --scheduler fair|fifo         order of tenants' work on a lane  [fair]
+      --max-unauthenticated-connections N  connections waiting for HELLO [1024]
       --lanes N                     lanes (pinned threads); 0 = one per core [0]
       --no-pin-lanes                do not pin lane threads to cores
       --admin-token-file FILE       admin token; required beyond loopback

@@ -47,6 +47,13 @@ struct DataConfig {
   // held for it) before it is closed with QUOTA_EXCEEDED; reading it pauses
   // above half of this (docs/architecture.md, Bounded send queues).
   uint64_t max_queued_bytes_per_connection = 64ull << 20;
+  // How a lane orders the work of its worker connections (docs/architecture.md,
+  // Fair share of a lane): "fair" (weighted fair queueing over tenants,
+  // Quotas::weight) or "fifo" (as frames arrive, for comparison).
+  std::string scheduler = "fair";
+  // Connections accepted but not authenticated yet (HELLO pending), over all
+  // clients; more are closed at once until some finish or time out.
+  uint32_t max_unauthenticated_connections = 1024;
 };
 
 struct LaneConfig {

@@ -48,6 +48,7 @@ void Lane::OnTenantDeleted(uint32_t handle) {
   for (auto& [id, job] : t->armed) job->Fail("the tenant was deleted during the checkpoint");
   workers_.CloseTenant(*t, WireError::kTenantGone, "tenant: '" + t->info.name + "' was deleted");
   table_.EraseTenant(handle);
+  if (FairScheduler* s = workers_.scheduler()) s->Forget(handle);
   workers_.TrimMemorySoon();  // its chunks are gone (or go with the replies still queued)
 }
 
@@ -105,6 +106,7 @@ void Lane::ForceClose() {
     const auto conns = t.conns;
     for (auto& [member, conn] : conns) conn->Close("the hub is shutting down");
   }
+  if (FairScheduler* s = workers_.scheduler()) s->Clear();
 }
 
 }  // namespace rackhub::server

@@ -54,6 +54,7 @@ void TenantToProto(const TenantInfo& in, pb::Tenant* out) {
   out->mutable_quotas()->set_max_parameter_bytes(in.quotas.max_parameter_bytes);
   out->mutable_quotas()->set_max_keys(in.quotas.max_keys);
   out->mutable_quotas()->set_max_workers(in.quotas.max_workers);
+  out->mutable_quotas()->set_weight(in.quotas.weight);
   out->set_key_count(in.key_count);
   out->set_parameter_bytes(in.parameter_bytes);
   out->set_chunk_count(in.chunk_count);

@@ -109,7 +109,12 @@ Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults 
                                 std::to_string(info.handle) + ") is invalid (chunk_bytes " +
                                 std::to_string(info.chunk_bytes) + ")");
     }
+    if (info.quotas.weight == 0 || info.quotas.weight > Quotas::kMaxWeight) {
+      return FailedPrecondition(where + "tenant " + Quoted(info.name) + ": weight " +
+                                std::to_string(info.quotas.weight) + " is out of range");
+    }
     info.counters = std::make_shared<TenantCounters>();
+    info.counters->weight.store(info.quotas.weight, std::memory_order_relaxed);
     ChunkLayout layout(info.chunk_bytes, lanes);
     // Reserve the chunk indices used so far (deleted keys' included: never reused).
     if (row.next_chunk > 0) layout.Allocate(row.next_chunk * layout.chunk_elements());
@@ -175,6 +180,11 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
   if (q.max_parameter_bytes == 0) q.max_parameter_bytes = defaults_.max_parameter_bytes;
   if (q.max_keys == 0) q.max_keys = defaults_.max_keys;
   if (q.max_workers == 0) q.max_workers = std::max(defaults_.max_workers, spec.workers_per_rack);
+  if (q.weight == 0) q.weight = 1;
+  if (q.weight > Quotas::kMaxWeight) {
+    return InvalidArgument("quotas.weight: " + std::to_string(q.weight) + " must be in [1, " +
+                           std::to_string(Quotas::kMaxWeight) + "]");
+  }
   if (spec.workers_per_rack > q.max_workers) {
     return ResourceExhausted("workers_per_rack: " + std::to_string(spec.workers_per_rack) +
                              " exceeds quotas.max_workers " + std::to_string(q.max_workers));
@@ -208,6 +218,7 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   info.counters = std::make_shared<TenantCounters>();
+  info.counters->weight.store(q.weight, std::memory_order_relaxed);
   std::string new_token = spec.token.empty() ? GenerateToken() : spec.token;
   const TokenHash hash = HashToken(new_token);
   if (store_) {
@@ -245,6 +256,11 @@ Status Registry::UpdateQuotas(const std::string& name, const Quotas& quotas, Ten
   if (quotas.max_parameter_bytes) q.max_parameter_bytes = quotas.max_parameter_bytes;
   if (quotas.max_keys) q.max_keys = quotas.max_keys;
   if (quotas.max_workers) q.max_workers = quotas.max_workers;
+  if (quotas.weight) q.weight = quotas.weight;
+  if (q.weight > Quotas::kMaxWeight) {
+    return InvalidArgument("quotas.weight: " + std::to_string(q.weight) + " must be in [1, " +
+                           std::to_string(Quotas::kMaxWeight) + "]");
+  }
   if (q.max_parameter_bytes < t->info.memory_bytes) {
     return FailedPrecondition("quotas.max_parameter_bytes: " +
                               FormatSize(q.max_parameter_bytes) + " is below the " +
@@ -265,6 +281,7 @@ Status Registry::UpdateQuotas(const std::string& name, const Quotas& quotas, Ten
     if (Status s = store_->UpdateQuotas(t->info.handle, q); !s.ok()) return s;
   }
   t->info.quotas = q;
+  t->info.counters->weight.store(q.weight, std::memory_order_relaxed);
   *out = t->info;
   return Status::Ok();
 }

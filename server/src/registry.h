@@ -44,6 +44,11 @@ struct Quotas {
   uint64_t max_parameter_bytes = 0;
   uint32_t max_keys = 0;
   uint32_t max_workers = 0;
+  // Share of each lane against other tenants with work waiting (the lanes'
+  // fair scheduler, data.scheduler = "fair"): in [1, kMaxWeight]; 0 on
+  // input: 1 (create) or unchanged (update).
+  uint32_t weight = 0;
+  static constexpr uint32_t kMaxWeight = 1000;  // FairScheduler::kMaxWeight
 };
 
 struct TenantSpec {
@@ -66,6 +71,9 @@ struct TenantCounters {
   // Hub memory of the chunks the lanes have created so far (each chunk's
   // ChunkMemoryBytes; at most TenantInfo::memory_bytes).
   std::atomic<uint64_t> memory_bytes_allocated{0};
+  // Quotas::weight as the lanes' schedulers read it (set by the registry on
+  // create, load and UpdateQuotas).
+  std::atomic<uint32_t> weight{1};
 };
 
 struct TenantInfo {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -197,8 +198,13 @@ Status MigrateV0ToV1(sqlite3* db) {
   return Exec(db, sql);
 }
 
+// v2: Quotas::weight (the lanes' fair share); existing tenants get 1.
+Status MigrateV1ToV2(sqlite3* db) {
+  return Exec(db, "ALTER TABLE tenants ADD COLUMN weight INTEGER NOT NULL DEFAULT 1;");
+}
+
 using Migration = Status (*)(sqlite3*);
-constexpr Migration kMigrations[] = {&MigrateV0ToV1};
+constexpr Migration kMigrations[] = {&MigrateV0ToV1, &MigrateV1ToV2};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == RegistryStore::kSchemaVersion,
               "one migration per schema version");
 
@@ -245,18 +251,41 @@ Result<std::unique_ptr<RegistryStore>> RegistryStore::Open(const std::string& di
   if (access(dir.c_str(), R_OK | W_OK | X_OK) != 0) {
     return FailedPrecondition("state.dir: " + dir + " is not writable: " + std::strerror(errno));
   }
+  // One daemon per state directory: a second one would write the same
+  // database and checkpoints. The lock goes with the process (also on kill -9).
+  const std::string lock_path = (std::filesystem::path(dir) / kLockFileName).string();
+  const int lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0) {
+    return FailedPrecondition("state.dir: cannot open " + lock_path + ": " + std::strerror(errno));
+  }
+  if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = "";
+    const ssize_t n = pread(lock_fd, pid, sizeof pid - 1, 0);
+    close(lock_fd);
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    return FailedPrecondition("state.dir: " + dir + " is in use by another rackhubd" +
+                              (holder.empty() ? std::string() : " (pid " + holder + ")") +
+                              " (" + lock_path + " is locked)");
+  }
+  const std::string me = std::to_string(getpid()) + "\n";
+  if (ftruncate(lock_fd, 0) != 0 || pwrite(lock_fd, me.data(), me.size(), 0) < 0) {
+    // The pid is only for the message above; the lock is what counts.
+  }
   const std::string path = (std::filesystem::path(dir) / kFileName).string();
   // An existing file must open for reading and writing; report why not here
   // (sqlite3 would only say "unable to open database file").
   if (access(path.c_str(), F_OK) == 0) {
     const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) {
+      close(lock_fd);
       return FailedPrecondition("state.dir: " + path +
                                 ": cannot open for reading and writing: " + std::strerror(errno));
     }
     close(fd);
   }
   auto store = std::unique_ptr<RegistryStore>(new RegistryStore(path));
+  store->lock_fd_ = lock_fd;
   if (Status s = store->Initialize(busy_timeout); !s.ok()) {
     return FailedPrecondition("state.dir: " + path + ": " + s.message());
   }
@@ -338,7 +367,10 @@ Status RegistryStore::Initialize(std::chrono::milliseconds busy_timeout) {
   return Status::Ok();
 }
 
-RegistryStore::~RegistryStore() { sqlite3_close_v2(db_); }
+RegistryStore::~RegistryStore() {
+  sqlite3_close_v2(db_);
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the state directory
+}
 
 Result<RegistryStore::Contents> RegistryStore::Load() {
   const auto err = [&](const std::string& what) {
@@ -354,7 +386,7 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
     Statement st(db_,
                  "SELECT handle, name, workers_per_rack, chunk_bytes, max_parameter_bytes, "
                  "max_keys, max_workers, token_salt, token_sha256, created_unix_ms, next_key_id, "
-                 "next_chunk" +
+                 "next_chunk, weight" +
                      OptimizerColumns("default_opt") + " FROM tenants ORDER BY handle");
     int rc;
     while ((rc = st.Step()) == SQLITE_ROW) {
@@ -374,7 +406,8 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
       t.info.created_unix_ms = st.ColInt(9);
       t.next_key_id = st.ColU32(10);
       t.next_chunk = st.ColU64(11);
-      t.info.default_optimizer = ReadOptimizer(st, 12);
+      t.info.quotas.weight = st.ColU32(12);
+      t.info.default_optimizer = ReadOptimizer(st, 13);
       c.tenants.push_back(std::move(t));
     }
     if (rc != SQLITE_DONE) return err("tenants");
@@ -414,9 +447,9 @@ Status RegistryStore::InsertTenant(const TenantRow& t, uint32_t next_handle) {
         Statement st(db_,
                      "INSERT INTO tenants (handle, name, workers_per_rack, chunk_bytes, "
                      "max_parameter_bytes, max_keys, max_workers, token_salt, token_sha256, "
-                     "created_unix_ms, next_key_id, next_chunk" +
+                     "created_unix_ms, next_key_id, next_chunk, weight" +
                          OptimizerColumns("default_opt") + ") VALUES (" +
-                         Placeholders(12 + kOptimizerColumns) + ")");
+                         Placeholders(13 + kOptimizerColumns) + ")");
         st.Int(t.info.handle)
             .Text(t.info.name)
             .Int(t.info.workers_per_rack)
@@ -428,7 +461,8 @@ Status RegistryStore::InsertTenant(const TenantRow& t, uint32_t next_handle) {
             .Blob(t.token.hash.data(), t.token.hash.size())
             .Int(t.info.created_unix_ms)
             .Int(t.next_key_id)
-            .U64(t.next_chunk);
+            .U64(t.next_chunk)
+            .Int(t.info.quotas.weight);
         BindOptimizer(st, t.info.default_optimizer);
         if (Status s = st.Run("insert tenant"); !s.ok()) return s;
         Statement meta(db_, "UPDATE meta SET value = ? WHERE name = 'next_tenant_handle'");
@@ -440,9 +474,9 @@ Status RegistryStore::InsertTenant(const TenantRow& t, uint32_t next_handle) {
 Status RegistryStore::UpdateQuotas(uint32_t handle, const Quotas& q) {
   return Transaction(db_, "state.dir: " + path_ + ": ", "update quotas", [&]() -> Status {
     Statement st(db_,
-                 "UPDATE tenants SET max_parameter_bytes = ?, max_keys = ?, max_workers = ? "
-                 "WHERE handle = ?");
-    st.U64(q.max_parameter_bytes).Int(q.max_keys).Int(q.max_workers).Int(handle);
+                 "UPDATE tenants SET max_parameter_bytes = ?, max_keys = ?, max_workers = ?, "
+                 "weight = ? WHERE handle = ?");
+    st.U64(q.max_parameter_bytes).Int(q.max_keys).Int(q.max_workers).Int(q.weight).Int(handle);
     return st.Run("update tenant");
   });
 }

@@ -40,13 +40,15 @@ class RegistryStore {
  public:
   // The schema version this build writes; files with a larger user_version
   // are refused, smaller ones are migrated.
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
   // PRAGMA application_id of a rackhub registry ("RHKR").
   static constexpr int32_t kApplicationId = 0x52484b52;
   static constexpr const char* kFileName = "registry.db";
+  // flock'ed for the store's lifetime: one rackhubd per state directory.
+  static constexpr const char* kLockFileName = "rackhubd.lock";
 
   // Opens <dir>/registry.db, creating the directory (0700) and the file when
-  // missing. `busy_timeout`: how long a write waits for a lock held by
+  // missing; FAILED_PRECONDITION if another process holds <dir>/rackhubd.lock. `busy_timeout`: how long a write waits for a lock held by
   // another connection (an operator's sqlite3 shell) before it fails.
   static Result<std::unique_ptr<RegistryStore>> Open(
       const std::string& dir,
@@ -92,6 +94,7 @@ class RegistryStore {
 
   std::string path_;
   sqlite3* db_ = nullptr;  // owned; closed by the destructor
+  int lock_fd_ = -1;       // owned; holds the state directory's flock
 };
 
 }  // namespace rackhub::server

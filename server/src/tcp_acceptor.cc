@@ -1,6 +1,7 @@
 #include "tcp_acceptor.h"
 
 #include <netinet/in.h>
+#include <cerrno>
 #include <netinet/tcp.h>
 #include <unistd.h>
 
@@ -25,6 +26,9 @@ namespace {
 constexpr int kKeepAliveIdleS = 10;
 constexpr int kKeepAliveIntervalS = 2;
 constexpr int kKeepAliveProbes = 5;
+
+// A failed accept for lack of descriptors or memory is retried after this.
+constexpr auto kAcceptRetryDelay = std::chrono::milliseconds(100);
 
 // "ip:port" of the remote end, for logs.
 std::string PeerName(const tcp::socket& socket) {
@@ -55,7 +59,10 @@ Status ListenOn(tcp::acceptor& acceptor, const net::Endpoint& ep, const std::str
 class TcpAcceptor::HelloSession : public std::enable_shared_from_this<HelloSession> {
  public:
   HelloSession(TcpAcceptor* acceptor, tcp::socket socket)
-      : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {}
+      : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {
+    ++acceptor_->unauthenticated_;
+  }
+  ~HelloSession() { --acceptor_->unauthenticated_; }
 
   void Start() {
     peer_ = PeerName(socket_);
@@ -63,7 +70,8 @@ class TcpAcceptor::HelloSession : public std::enable_shared_from_this<HelloSessi
     timer_.expires_after(std::chrono::milliseconds(timeout_ms));
     timer_.async_wait([self = shared_from_this(), timeout_ms](const boost::system::error_code& e) {
       if (!e && !self->done_) {
-        spdlog::warn("data: {} sent no HELLO within {} ms; closing", self->peer_, timeout_ms);
+        self->acceptor_->WarnLimited(fmt::format("data: {} sent no HELLO within {} ms; closing",
+                                                 self->peer_, timeout_ms));
         self->Fail(WireError::kMalformed, "hello: no HELLO within data.hello_timeout_ms");
       }
     });
@@ -108,8 +116,8 @@ class TcpAcceptor::HelloSession : public std::enable_shared_from_this<HelloSessi
     if (done_) return;
     done_ = true;
     timer_.cancel();
-    spdlog::warn("data: refused connection from {}: {}: {}", peer_, net::WireErrorName(code),
-                 text);
+    acceptor_->WarnLimited(fmt::format("data: refused connection from {}: {}: {}", peer_,
+                                       net::WireErrorName(code), text));
     error_ = net::MakeErrorFrame(code, text, 0, header_.request_id, true);
     net::EncodeHeader(error_.header, error_header_);
     std::array<asio::const_buffer, 2> buffers = {asio::buffer(error_header_),
@@ -145,7 +153,10 @@ class TcpAcceptor::HelloSession : public std::enable_shared_from_this<HelloSessi
 class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHelloSession> {
  public:
   HubHelloSession(TcpAcceptor* acceptor, tcp::socket socket)
-      : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {}
+      : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {
+    ++acceptor_->unauthenticated_;
+  }
+  ~HubHelloSession() { --acceptor_->unauthenticated_; }
 
   void Start() {
     peer_ = PeerName(socket_);
@@ -193,7 +204,7 @@ class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHell
   void Close(const std::string& why) {
     timer_.cancel();
     if (!socket_.is_open()) return;
-    spdlog::warn("rack link: refused a hub link from {}: {}", peer_, why);
+    acceptor_->WarnLimited(fmt::format("rack link: refused a hub link from {}: {}", peer_, why));
     boost::system::error_code ignored;
     socket_.close(ignored);
   }
@@ -248,12 +259,52 @@ void TcpAcceptor::Stop() {
   thread_.join();
 }
 
+void TcpAcceptor::WarnLimited(const std::string& line) {
+  uint64_t held = 0;
+  if (!warnings_.Allow(&held)) return;
+  if (held > 0) {
+    spdlog::warn("{} ({} similar warnings held back before this one)", line, held);
+  } else {
+    spdlog::warn("{}", line);
+  }
+}
+
+void TcpAcceptor::AfterAcceptError(const boost::system::error_code& ec, const char* what,
+                                   void (TcpAcceptor::*again)()) {
+  const bool exhausted = ec == asio::error::no_descriptors || ec.value() == ENFILE ||
+                         ec == asio::error::no_buffer_space || ec == asio::error::no_memory;
+  WarnLimited(fmt::format("{}: accept failed: {}{}", what, ec.message(),
+                          exhausted ? " (RLIMIT_NOFILE / LimitNOFILE or memory); retrying in "
+                                      "100 ms"
+                                    : ""));
+  if (!exhausted) {
+    (this->*again)();
+    return;
+  }
+  retry_timer_.expires_after(kAcceptRetryDelay);
+  retry_timer_.async_wait([this, again](const boost::system::error_code& e) {
+    if (!e && !stopping_) (this->*again)();
+  });
+}
+
+bool TcpAcceptor::AdmitUnauthenticated(tcp::socket& socket, const char* what) {
+  const uint32_t limit = plane_->config().data.max_unauthenticated_connections;
+  if (unauthenticated_ < limit) return true;
+  WarnLimited(fmt::format("{}: {} connections are waiting for their first frame "
+                          "(data.max_unauthenticated_connections); closed one from {}",
+                          what, unauthenticated_, PeerName(socket)));
+  boost::system::error_code ignored;
+  socket.close(ignored);
+  return false;
+}
+
 void TcpAcceptor::AcceptWorkers() {
   workers_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
     if (ec) {
       if (ec == asio::error::operation_aborted || stopping_) return;
-      spdlog::warn("data: accept failed: {}", ec.message());
-    } else {
+      return AfterAcceptError(ec, "data", &TcpAcceptor::AcceptWorkers);
+    }
+    if (AdmitUnauthenticated(socket, "data")) {
       boost::system::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
       socket.set_option(asio::socket_base::keep_alive(true), ignored);
@@ -271,8 +322,9 @@ void TcpAcceptor::AcceptHubs() {
   hubs_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
     if (ec) {
       if (ec == asio::error::operation_aborted || stopping_) return;
-      spdlog::warn("rack link: accept failed: {}", ec.message());
-    } else {
+      return AfterAcceptError(ec, "rack link", &TcpAcceptor::AcceptHubs);
+    }
+    if (AdmitUnauthenticated(socket, "rack link")) {
       boost::system::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
       std::make_shared<HubHelloSession>(this, std::move(socket))->Start();

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "data_plane.h"
+#include "log_limiter.h"
 #include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
 
@@ -44,17 +45,33 @@ class TcpAcceptor {
   class HubHelloSession;
   void AcceptWorkers();
   void AcceptHubs();
+  // After a failed accept: go on at once, or after kAcceptRetryDelay when the
+  // process is out of descriptors or memory (the listener stays readable:
+  // retrying at once would spin).
+  void AfterAcceptError(const boost::system::error_code& ec, const char* what,
+                        void (TcpAcceptor::*again)());
+  // True (and the session is counted until it ends) if another connection
+  // may wait for its HELLO; otherwise the socket is closed here.
+  bool AdmitUnauthenticated(boost::asio::ip::tcp::socket& socket, const char* what);
+  // A warning a remote peer can cause, through the acceptor's LogLimiter.
+  void WarnLimited(const std::string& line);
   // Moves an accepted socket to lane `lane` and runs `adopt` there.
   void MoveToLane(boost::asio::ip::tcp::socket socket, uint32_t lane,
                   std::function<void(Lane&, boost::asio::ip::tcp::socket)> adopt);
 
   DataPlane* plane_;
+  // Live HelloSessions and HubHelloSessions (acceptor thread; declared before
+  // io_ because sessions still pending when io_ goes count themselves out).
+  size_t unauthenticated_ = 0;
   boost::asio::io_context io_{1};
   boost::asio::ip::tcp::acceptor workers_{io_};
   std::unique_ptr<boost::asio::ip::tcp::acceptor> hubs_;
   std::string address_;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
+  // Acceptor thread only:
+  boost::asio::steady_timer retry_timer_{io_};
+  LogLimiter warnings_{20, std::chrono::seconds(10)};
 };
 
 // Outgoing hub links over TCP (net::MakeTcpConnector), for DataPlane.

@@ -52,7 +52,14 @@ WorkerProtocol::WorkerProtocol(const DataConfig& config, ChunkTable* table, Regi
       registry_(registry),
       host_(host),
       gate_(gate),
-      exchange_(exchange) {}
+      exchange_(exchange) {
+  if (config.scheduler == "fair") {
+    scheduler_ = std::make_unique<FairScheduler>(gate, [table](uint32_t handle) -> uint32_t {
+          const LaneTenant* t = table->FindTenant(handle);
+          return t ? t->info.counters->weight.load(std::memory_order_relaxed) : 1;
+        });
+  }
+}
 
 void WorkerProtocol::Adopt(std::shared_ptr<net::Connection> conn, uint64_t seq) {
   AdoptOrRetry(std::move(conn), seq, kReconnectRetries);
@@ -92,6 +99,7 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
     return;
   }
   conn->SetSendLimits(WorkerSendLimits(config_, t->info.chunk_bytes));
+  if (scheduler_) conn->SetDeliveryScheduler(scheduler_.get());
   t->conns[member] = conn;
   t->conn_seq[member] = seq;
   if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
@@ -543,6 +551,8 @@ void WorkerProtocol::CloseAll(WireError code, const std::string& text) {
     table_->FailPending(t, code, text);
     CloseTenant(t, code, text);
   }
+  // Nothing is delivered any more: drop the turns (and their connections).
+  if (scheduler_) scheduler_->Clear();
 }
 
 }  // namespace rackhub::server

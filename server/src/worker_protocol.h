@@ -17,6 +17,7 @@
 
 #include "chunk_table.h"
 #include "config.h"
+#include "fair_scheduler.h"
 #include "lane_gate.h"
 #include "lane_host.h"
 #include "rackhub/net/frame.h"
@@ -67,6 +68,9 @@ class WorkerProtocol final : public net::FrameHandler {
   // (malloc_trim; glibc keeps freed chunks inside its arenas otherwise), at
   // most once per kTrimDelay.
   void TrimMemorySoon();
+  // The lane's scheduler of its workers' frames; null with data.scheduler =
+  // "fifo" (frames are handled as they arrive).
+  FairScheduler* scheduler() { return scheduler_.get(); }
 
  private:
   void AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_t seq, int retries_left);
@@ -108,6 +112,7 @@ class WorkerProtocol final : public net::FrameHandler {
   LaneGate* gate_;
   RackExchange* exchange_;
   bool trim_armed_ = false;
+  std::unique_ptr<FairScheduler> scheduler_;
 };
 
 }  // namespace rackhub::server

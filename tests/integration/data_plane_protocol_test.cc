@@ -466,6 +466,10 @@ TEST_P(DataPlaneProtocolTest, KilledWorkerFailsTheOthersAtOnce) {
     ASSERT_NE(r2->Hello("t", token, 2, 0).tenant_handle(), 0u);
     r0->Send(h, Floats(1024, 1.0f));
     r1->Send(h, Floats(1024, 1.0f));
+    // Both pushes are pending at the hub before rank 2 leaves: nothing orders
+    // frames and closes of different connections, and a loss seen first
+    // would refuse the pushes as "recovering" instead (a loaded machine).
+    std::this_thread::sleep_for(Ms(100));
   }  // rank 2 goes away without pushing
   const auto start = std::chrono::steady_clock::now();
   ExpectError(r0->Receive(), WireError::kWorkerLost, "rank 2", false);

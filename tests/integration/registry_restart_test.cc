@@ -171,5 +171,23 @@ TEST(RegistryStartUpTest, CorruptOrUnusableStateStopsTheDaemonWithExit78) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// Two daemons on one state directory would write the same database and
+// checkpoints: the second one refuses to start (exit 78) naming the first.
+TEST(RegistryStartUpTest, OneDaemonPerStateDirectory) {
+  DaemonProcess first({"--lanes", "1"});
+  ASSERT_TRUE(first.started());
+  CommandResult r = RunCommand({BinPath("rackhubd"), "--admin-listen", "127.0.0.1:0",
+                                "--data-listen", "127.0.0.1:0", "--state-dir",
+                                first.state_dir()});
+  EXPECT_EQ(r.exit_code, kExitConfigError) << Describe(r);
+  EXPECT_NE(r.err.find("state.dir: " + first.state_dir() + " is in use by another rackhubd (pid " +
+                       std::to_string(first.pid()) + ")"),
+            std::string::npos)
+      << Describe(r);
+  // After a crash the lock goes with the process: a restart is not refused.
+  EXPECT_EQ(first.Kill(), 128 + 9);
+  EXPECT_TRUE(first.Restart());
+}
+
 }  // namespace
 }  // namespace rackhub

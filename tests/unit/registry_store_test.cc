@@ -424,10 +424,10 @@ TEST_F(RegistryStoreTest, NewerSchemaVersionIsRefused) {
   Open();
   CreateTenant("alpha");
   registry_.reset();
-  RawExec(db_path_, "PRAGMA user_version = 2");
-  ExpectRefused("schema version 2 is newer than this rackhubd understands (1)");
+  RawExec(db_path_, "PRAGMA user_version = 3");
+  ExpectRefused("schema version 3 is newer than this rackhubd understands (2)");
   // Still there, untouched.
-  RawExec(db_path_, "PRAGMA user_version = 1");
+  RawExec(db_path_, "PRAGMA user_version = 2");
   Open();
   EXPECT_EQ(registry_->ListTenants().size(), 1u);
 }
@@ -451,6 +451,60 @@ TEST_F(RegistryStoreTest, OlderSchemaVersionIsUpgraded) {
   sqlite3_close(db);
   Open();
   EXPECT_EQ(registry_->ListTenants().size(), 1u);
+}
+
+// Version 1 (before Quotas::weight): the migration to v2 adds the column and
+// gives every existing tenant weight 1; everything else reads back as it was.
+TEST_F(RegistryStoreTest, Version1DatabaseGainsTheWeightColumn) {
+  Open();
+  CreateTenant("alpha");
+  CreateTenant("beta");
+  registry_.reset();
+  // What a v1 rackhubd left: no weight column, user_version 1.
+  RawExec(db_path_, "ALTER TABLE tenants DROP COLUMN weight; PRAGMA user_version = 1;");
+  Open();
+  auto tenants = registry_->ListTenants();
+  ASSERT_EQ(tenants.size(), 2u);
+  for (const auto& t : tenants) {
+    EXPECT_EQ(t.quotas.weight, 1u) << t.name;
+    EXPECT_EQ(t.counters->weight.load(), 1u) << t.name;
+  }
+  // The upgraded file takes new weights and keeps them.
+  TenantInfo info;
+  ASSERT_TRUE(registry_->UpdateQuotas("beta", Quotas{0, 0, 0, 7}, &info).ok());
+  EXPECT_EQ(info.quotas.weight, 7u);
+  registry_.reset();
+  Open();
+  TenantInfo beta;
+  ASSERT_TRUE(registry_->GetTenant("beta", &beta).ok());
+  EXPECT_EQ(beta.quotas.weight, 7u);
+  EXPECT_EQ(beta.counters->weight.load(), 7u);
+}
+
+// A weight out of [1, 1000] is refused and changes nothing, on disk too.
+TEST_F(RegistryStoreTest, WeightIsValidatedAndStored) {
+  Open();
+  TenantSpec spec;
+  spec.name = "heavy";
+  spec.workers_per_rack = 1;
+  spec.quotas.weight = 1001;
+  TenantInfo info;
+  std::string token;
+  Status s = registry_->CreateTenant(spec, &info, &token);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("quotas.weight: 1001 must be in [1, 1000]"), std::string::npos)
+      << s.message();
+  spec.quotas.weight = 5;
+  ASSERT_TRUE(registry_->CreateTenant(spec, &info, &token).ok());
+  EXPECT_EQ(info.quotas.weight, 5u);
+  const std::string before = DumpRows(db_path_);
+  s = registry_->UpdateQuotas("heavy", Quotas{0, 0, 0, 5000}, &info);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DumpRows(db_path_), before);
+  registry_.reset();
+  Open();
+  ASSERT_TRUE(registry_->GetTenant("heavy", &info).ok());
+  EXPECT_EQ(info.quotas.weight, 5u);
 }
 
 TEST_F(RegistryStoreTest, ForeignDatabaseIsRefused) {

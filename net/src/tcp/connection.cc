@@ -27,7 +27,8 @@ void TcpConnection::Start() {
 }
 
 void TcpConnection::ReadMore() {
-  if (!open_ || !started_ || closing_ || reader_.stopped() || reader_.paused() || read_pending_) {
+  if (!open_ || !started_ || closing_ || reader_.stopped() || reader_.paused() ||
+      reader_.awaiting_turn() || read_pending_) {
     return;
   }
   // The reader makes room for the frame being received (compacts, grows only
@@ -45,12 +46,29 @@ void TcpConnection::OnRead(const boost::system::error_code& ec, size_t bytes) {
   if (!open_) return;
   if (ec) {
     const bool clean = ec == asio::error::eof && !reader_.inside_frame();
-    Close(clean ? "peer closed the connection"
-                : (ec == asio::error::eof ? "peer closed the connection inside a frame"
-                                          : ec.message()));
+    std::string why = clean ? "peer closed the connection"
+                            : (ec == asio::error::eof ? "peer closed the connection inside a frame"
+                                                      : ec.message());
+    // In its turn, like a frame (the scheduler's order), else now.
+    if (reader_.RequestTurnToClose(*this)) {
+      close_in_turn_ = std::move(why);
+    } else {
+      Close(why);
+    }
     return;
   }
   reader_.Commit(bytes);
+  Pump();
+}
+
+void TcpConnection::Pump() {
+  if (reader_.DeliverOrRequestTurn(*this, *handler_)) ReadMore();
+}
+
+void TcpConnection::DeliverTurn() {
+  reader_.TurnGranted();
+  if (!close_in_turn_.empty()) return Close(close_in_turn_);
+  if (!open_ || closing_) return;
   reader_.Parse(*this, *handler_);
   ReadMore();
 }
@@ -125,8 +143,7 @@ void TcpConnection::Uncounted(size_t bytes) {
   asio::post(socket_.get_executor(), [self = self()] {
     self->resume_posted_ = false;
     if (!self->open_ || self->closing_ || self->reader_.paused()) return;
-    self->reader_.Parse(*self, *self->handler_);  // frames already buffered
-    self->ReadMore();
+    self->Pump();  // frames already buffered
   });
 }
 

@@ -171,8 +171,7 @@ void MemoryConnection::Uncounted(size_t bytes) {
   asio::post(io_, [self = self()] {
     self->resume_posted_ = false;
     if (!self->open_ || self->closing_ || self->reader_.paused()) return;
-    self->reader_.Parse(*self, *self->handler_);
-    self->ScheduleRead();
+    if (self->reader_.DeliverOrRequestTurn(*self, *self->handler_)) self->ScheduleRead();
   });
 }
 
@@ -331,7 +330,7 @@ void MemoryConnection::FinishWrite() {
 
 void MemoryConnection::ScheduleRead() {
   if (!open_ || !started_ || closing_ || reader_.stopped() || reader_.paused() ||
-      read_scheduled_) {
+      reader_.awaiting_turn() || read_scheduled_) {
     return;
   }
   std::chrono::steady_clock::duration delay;
@@ -405,14 +404,27 @@ void MemoryConnection::ReadStep() {
     return;
   }
   if (event == Event::kEof) {
-    Close(reader_.inside_frame() ? "peer closed the connection inside a frame"
-                                 : "peer closed the connection");
+    std::string why = reader_.inside_frame() ? "peer closed the connection inside a frame"
+                                             : "peer closed the connection";
+    // In its turn, like a frame (the scheduler's order), else now; as TCP.
+    if (reader_.RequestTurnToClose(*this)) {
+      close_in_turn_ = std::move(why);
+    } else {
+      Close(why);
+    }
     return;
   }
   in_->WakeSender();  // its write step may be complete
   reader_.Commit(n);
-  reader_.Parse(*this, *handler_);
   // The next step finds out whether anything is left (or the stream ended).
+  if (reader_.DeliverOrRequestTurn(*this, *handler_)) ScheduleRead();
+}
+
+void MemoryConnection::DeliverTurn() {
+  reader_.TurnGranted();
+  if (!close_in_turn_.empty()) return Close(close_in_turn_);
+  if (!open_ || closing_) return;
+  reader_.Parse(*this, *handler_);
   ScheduleRead();
 }
 

@@ -56,6 +56,21 @@ class FrameReader {
   // far, until the buffer holds no complete frame or the reader is stopped.
   void Parse(Connection& conn, FrameHandler& handler);
 
+  // With a DeliveryScheduler (transport.h) set, frames wait for turns:
+  // DeliverOrRequestTurn asks for one once a frame is complete and delivers
+  // nothing itself; the connection's DeliverTurn calls TurnGranted() and
+  // Parse. Without one it is Parse. Returns true when the connection should
+  // read on (false: a turn is outstanding, read nothing until it comes).
+  void set_scheduler(DeliveryScheduler* scheduler) { scheduler_ = scheduler; }
+  bool DeliverOrRequestTurn(Connection& conn, FrameHandler& handler);
+  void TurnGranted() { turn_requested_ = false; }
+  // With a scheduler and no turn outstanding, asks for a turn for the end of
+  // the stream (EOF, an error): true, and the connection closes when it is
+  // granted, after the frames other connections received before it. False:
+  // close now.
+  bool RequestTurnToClose(Connection& conn);
+  bool awaiting_turn() const { return turn_requested_; }
+
   // Deliver nothing more (the connection is closing or closed). Sticky.
   void Stop() { stopped_ = true; }
   bool stopped() const { return stopped_; }
@@ -68,6 +83,9 @@ class FrameReader {
   // partly received, or a discarded payload is partly skipped. An EOF here is
   // "inside a frame".
   bool inside_frame() const { return have_header_ || skip_ > 0 || rstart_ != rend_; }
+  // True if Parse would deliver or discard something now: a whole header, a
+  // whole accepted payload, or bytes of a discarded one are buffered.
+  bool deliverable() const;
   // Received bytes not consumed yet.
   size_t buffered() const { return rend_ - rstart_; }
   // Current size of the receive buffer (for tests of growth).
@@ -84,6 +102,8 @@ class FrameReader {
   uint64_t skip_ = 0;  // payload bytes of a discarded frame still to drop
   bool stopped_ = false;
   bool paused_ = false;
+  DeliveryScheduler* scheduler_ = nullptr;  // not owned
+  bool turn_requested_ = false;
 };
 
 }  // namespace rackhub::net

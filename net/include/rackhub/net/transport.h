@@ -51,6 +51,24 @@ struct SendLimits {
   std::string setting;  // the limit's name in the error text
 };
 
+// Turns for delivering received frames (docs/architecture.md, "Fair share
+// of a lane"). A connection given a scheduler does not deliver frames as
+// they arrive: once it holds a complete frame it asks for a turn, stops
+// reading meanwhile (its peer is held back by the transport's own flow
+// control), and delivers what it holds when the scheduler calls DeliverTurn.
+// Which connection goes first is the scheduler's business (the lane's:
+// weighted fair queueing over tenants); the transport only asks.
+// Threading: the connection's thread, for every call both ways.
+class DeliveryScheduler {
+ public:
+  virtual ~DeliveryScheduler() = default;
+  // `conn` holds `bytes` received and not delivered. The scheduler calls
+  // conn->DeliverTurn() exactly once for this request, later, on a fresh
+  // stack (never from inside RequestTurn), unless it is dropped (shutdown).
+  // A connection has at most one request outstanding.
+  virtual void RequestTurn(std::shared_ptr<Connection> conn, size_t bytes) = 0;
+};
+
 // The lane side of a connection: validates headers and consumes frames.
 class FrameHandler {
  public:
@@ -108,6 +126,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return open();
   }
   virtual void Unreserve(size_t bytes) { (void)bytes; }
+
+  // Received frames wait for turns from `scheduler` (DeliveryScheduler; not
+  // owned, it outlives the connection's use of it). Set before Start.
+  // Transports that deliver whole frames from a credit-bounded ring (RDMA)
+  // ignore it: their peer can never be more than the ring ahead.
+  virtual void SetDeliveryScheduler(DeliveryScheduler* scheduler) { (void)scheduler; }
+  // The scheduler's answer to RequestTurn: deliver what is held, read on.
+  // Does nothing on a closed or closing connection.
+  virtual void DeliverTurn() {}
 };
 
 }  // namespace rackhub::net

@@ -56,12 +56,18 @@ class TcpConnection final : public Connection {
   size_t backlog_bytes() const override { return budget_.bytes(); }
   bool Reserve(size_t bytes) override;
   void Unreserve(size_t bytes) override;
+  void SetDeliveryScheduler(DeliveryScheduler* scheduler) override {
+    reader_.set_scheduler(scheduler);
+  }
+  void DeliverTurn() override;
 
   // A fatal ERROR that is not written within this long closes anyway.
   static constexpr auto kFatalCloseGrace = std::chrono::seconds(2);
 
  private:
   void ReadMore();
+  // Delivers buffered frames (or asks the scheduler for a turn), reads on.
+  void Pump();
   void OnRead(const boost::system::error_code& ec, size_t bytes);
   void Enqueue(QueuedFrame frame);
   void WriteNext();
@@ -84,6 +90,7 @@ class TcpConnection final : public Connection {
   bool read_pending_ = false;
   bool resume_posted_ = false;
   std::string fatal_;     // the fatal error queued, for the close reason
+  std::string close_in_turn_;  // the stream ended: close when the turn comes
   SendBudget budget_;
   boost::asio::steady_timer fatal_timer_;
 

@@ -146,6 +146,10 @@ class MemoryConnection final : public Connection {
   size_t backlog_bytes() const override { return budget_.bytes(); }
   bool Reserve(size_t bytes) override;
   void Unreserve(size_t bytes) override;
+  void SetDeliveryScheduler(DeliveryScheduler* scheduler) override {
+    reader_.set_scheduler(scheduler);
+  }
+  void DeliverTurn() override;
 
   // Faults of the direction this end sends (this end -> peer), and of the one
   // it receives (peer -> this end; the same as the peer's faults()).
@@ -195,6 +199,7 @@ class MemoryConnection final : public Connection {
   FrameReader reader_;
   boost::asio::steady_timer timer_;  // FaultPlan::delay
   bool read_scheduled_ = false;
+  std::string close_in_turn_;  // the stream ended: close when the turn comes
 
   // Send side: frames not yet copied into the stream; the front one may be
   // partly copied (front_offset_ bytes).
