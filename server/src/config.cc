@@ -334,6 +334,7 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--rdma-device", "data.rdma_device"},
       {"--rdma-poll", "data.rdma_poll"},
       {"--straggler-timeout-ms", "data.straggler_timeout_ms"},
+      {"--hello-timeout-ms", "data.hello_timeout_ms"},
       {"--max-queued-bytes-per-connection", "data.max_queued_bytes_per_connection"},
       {"--scheduler", "data.scheduler"},
       {"--max-unauthenticated-connections", "data.max_unauthenticated_connections"},
@@ -607,6 +608,7 @@ options (flags override the config file):
       --rdma-poll events|busy       RDMA completion handling [events]
       --admin-listen HOST:PORT      admin gRPC address           [127.0.0.1:7701]
       --straggler-timeout-ms MS     fail a waiting iteration after MS [30000]
+      --hello-timeout-ms MS         close a connection without HELLO after MS [10000]
       --max-queued-bytes-per-connection SIZE  unwritten bytes per connection
                                     before it is closed (QUOTA_EXCEEDED) [64MiB]
       --scheduler fair|fifo         order of tenants' work on a lane  [fair]
