@@ -55,6 +55,7 @@ set(RACKHUB_ASAN_TESTS
   lane_fault_test           # transport faults: closes, resets, stalls at exact bytes
   client_test               # librackhub, its C ABI and worker processes against both hubs
   reply_queue_test          # queued replies outliving key/tenant deletion, bounded queues
+  hostile_clients_test      # pre-HELLO floods, descriptor exhaustion, foreign ids
   durability_test           # checkpoints written, damaged, skipped, restored; restarts
   admin_api_test)           # the admin gRPC API (rackhubd) and its refusals
 # TSan: the tests where lanes, admin calls and transports run concurrently.

@@ -18,6 +18,9 @@ PACKAGES=(
   # client/python/: the rackhub module (pybind11, built for /usr/bin/python3); its
   # tests and bench/torch/ also use python3-torch, bench/torch/ OpenBLAS.
   python3-dev pybind11-dev libopenblas0-pthread
+  # tests/run.sh's sanitizer and fuzzing stages: clang 14 with its runtimes
+  # (libFuzzer, ASan, UBSan) and llvm-symbolizer for readable reports.
+  clang libclang-rt-14-dev llvm
 )
 
 missing=()
