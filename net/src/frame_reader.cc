@@ -40,7 +40,8 @@ bool FrameReader::DeliverOrRequestTurn(Connection& conn, FrameHandler& handler) 
 }
 
 bool FrameReader::RequestTurnToClose(Connection& conn) {
-  if (scheduler_ == nullptr || turn_requested_) return false;
+  // A stopped reader has nothing left to order the close after.
+  if (scheduler_ == nullptr || turn_requested_ || stopped_) return false;
   turn_requested_ = true;
   scheduler_->RequestTurn(conn.shared_from_this(), 0);
   return true;

@@ -12,10 +12,10 @@ void FairScheduler::RequestTurn(std::shared_ptr<net::Connection> conn, size_t by
   const uint32_t weight = std::clamp<uint32_t>(weight_of_(tenant), 1, kMaxWeight);
   Flow& f = flows_[tenant];
   const uint64_t start = std::max(virtual_time_, f.finish);
-  f.finish = start + static_cast<uint64_t>(bytes) * (kMaxWeight / weight);
-  if (f.requests.empty()) ready_.emplace(start, arrivals_, tenant);
-  ++arrivals_;
-  f.requests.push_back({std::move(conn), start});
+  f.finish = start + std::min<uint64_t>(bytes, kMaxBytes) * kScale / weight;
+  const uint64_t arrival = arrivals_++;
+  if (f.requests.empty()) ready_.emplace(start, arrival, tenant);
+  f.requests.push_back({std::move(conn), start, arrival});
   ++queued_;
   PostStep();
 }
@@ -42,7 +42,7 @@ void FairScheduler::PostStep() {
 
 void FairScheduler::Step() {
   if (ready_.empty()) return;
-  const auto [start, arrival, tenant] = *ready_.begin();
+  const auto [start, unused_arrival, tenant] = *ready_.begin();
   ready_.erase(ready_.begin());
   Flow& f = flows_[tenant];
   Request r = std::move(f.requests.front());
@@ -50,9 +50,9 @@ void FairScheduler::Step() {
   --queued_;
   virtual_time_ = std::max(virtual_time_, start);
   if (!f.requests.empty()) {
-    ready_.emplace(f.requests.front().start, arrival, tenant);
-  } else if (f.finish <= virtual_time_) {
-    flows_.erase(tenant);  // nothing it could claim: forget it
+    ready_.emplace(f.requests.front().start, f.requests.front().arrival, tenant);
+  } else if (f.finish <= virtual_time_ || weight_of_(tenant) == 0) {
+    flows_.erase(tenant);  // nothing it could claim, or the tenant is gone
   }
   if (virtual_time_ >= kRebaseAt) Rebase();
   PostStep();  // the next turn, after the frames that arrive meanwhile

@@ -38,7 +38,9 @@ namespace rackhub::server {
 
 class FairScheduler final : public net::DeliveryScheduler {
  public:
-  // `weight_of(tenant_handle)`: the tenant's weight now, in [1, kMaxWeight].
+  // `weight_of(tenant_handle)`: the tenant's weight now, in [1, kMaxWeight];
+  // 0 for a tenant that no longer exists (its last requests are still
+  // granted, then it is forgotten).
   FairScheduler(LaneGate* gate, std::function<uint32_t(uint32_t)> weight_of);
 
   void RequestTurn(std::shared_ptr<net::Connection> conn, size_t bytes) override;
@@ -51,13 +53,16 @@ class FairScheduler final : public net::DeliveryScheduler {
   // Tenants with a turn waiting, and requests queued (tests, stats).
   size_t active_tenants() const { return ready_.size(); }
   size_t queued() const { return queued_; }
+  // Tenants it keeps a finish tag for (waiting, or ahead of V).
+  size_t tracked_tenants() const { return flows_.size(); }
 
   static constexpr uint32_t kMaxWeight = 1000;
 
  private:
   struct Request {
     std::shared_ptr<net::Connection> conn;
-    uint64_t start = 0;  // virtual start tag
+    uint64_t start = 0;    // virtual start tag
+    uint64_t arrival = 0;  // tie-break: the order asked
   };
   struct Flow {
     std::deque<Request> requests;  // start tags ascending
@@ -69,7 +74,13 @@ class FairScheduler final : public net::DeliveryScheduler {
   // Keeps tags small: subtracts V from every tag once V passes kRebaseAt.
   void Rebase();
 
-  // Virtual time is in bytes x kMaxWeight / weight: integral for any weight.
+  // Virtual time is in bytes x kScale / weight (truncated: an error below
+  // 2^-20 of a byte per request). Bytes per request are capped at kMaxBytes
+  // (a turn never holds more than one frame larger than the buffer, and a
+  // frame's payload is at most 4 GiB), so a cost fits in 2^56 and a tag,
+  // rebased at 2^52, in 2^57.
+  static constexpr uint64_t kScale = uint64_t{1} << 20;
+  static constexpr uint64_t kMaxBytes = uint64_t{1} << 36;
   static constexpr uint64_t kRebaseAt = uint64_t{1} << 52;
 
   LaneGate* gate_;

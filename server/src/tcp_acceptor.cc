@@ -60,9 +60,9 @@ class TcpAcceptor::HelloSession : public std::enable_shared_from_this<HelloSessi
  public:
   HelloSession(TcpAcceptor* acceptor, tcp::socket socket)
       : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {
-    ++acceptor_->unauthenticated_;
+    ++acceptor_->unauthenticated_workers_;
   }
-  ~HelloSession() { --acceptor_->unauthenticated_; }
+  ~HelloSession() { --acceptor_->unauthenticated_workers_; }
 
   void Start() {
     peer_ = PeerName(socket_);
@@ -70,8 +70,8 @@ class TcpAcceptor::HelloSession : public std::enable_shared_from_this<HelloSessi
     timer_.expires_after(std::chrono::milliseconds(timeout_ms));
     timer_.async_wait([self = shared_from_this(), timeout_ms](const boost::system::error_code& e) {
       if (!e && !self->done_) {
-        self->acceptor_->WarnLimited(fmt::format("data: {} sent no HELLO within {} ms; closing",
-                                                 self->peer_, timeout_ms));
+        self->acceptor_->WarnLimited("data: " + self->peer_ + " sent no HELLO within " +
+                                     std::to_string(timeout_ms) + " ms; closing");
         self->Fail(WireError::kMalformed, "hello: no HELLO within data.hello_timeout_ms");
       }
     });
@@ -116,8 +116,8 @@ class TcpAcceptor::HelloSession : public std::enable_shared_from_this<HelloSessi
     if (done_) return;
     done_ = true;
     timer_.cancel();
-    acceptor_->WarnLimited(fmt::format("data: refused connection from {}: {}: {}", peer_,
-                                       net::WireErrorName(code), text));
+    acceptor_->WarnLimited("data: refused connection from " + peer_ + ": " +
+                           std::string(net::WireErrorName(code)) + ": " + text);
     error_ = net::MakeErrorFrame(code, text, 0, header_.request_id, true);
     net::EncodeHeader(error_.header, error_header_);
     std::array<asio::const_buffer, 2> buffers = {asio::buffer(error_header_),
@@ -154,9 +154,9 @@ class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHell
  public:
   HubHelloSession(TcpAcceptor* acceptor, tcp::socket socket)
       : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {
-    ++acceptor_->unauthenticated_;
+    ++acceptor_->unauthenticated_hubs_;
   }
-  ~HubHelloSession() { --acceptor_->unauthenticated_; }
+  ~HubHelloSession() { --acceptor_->unauthenticated_hubs_; }
 
   void Start() {
     peer_ = PeerName(socket_);
@@ -204,7 +204,7 @@ class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHell
   void Close(const std::string& why) {
     timer_.cancel();
     if (!socket_.is_open()) return;
-    acceptor_->WarnLimited(fmt::format("rack link: refused a hub link from {}: {}", peer_, why));
+    acceptor_->WarnLimited("rack link: refused a hub link from " + peer_ + ": " + why);
     boost::system::error_code ignored;
     socket_.close(ignored);
   }
@@ -262,37 +262,33 @@ void TcpAcceptor::Stop() {
 void TcpAcceptor::WarnLimited(const std::string& line) {
   uint64_t held = 0;
   if (!warnings_.Allow(&held)) return;
-  if (held > 0) {
-    spdlog::warn("{} ({} similar warnings held back before this one)", line, held);
-  } else {
-    spdlog::warn("{}", line);
-  }
+  spdlog::warn(held > 0 ? line + " (" + std::to_string(held) +
+                              " similar warnings held back before this one)"
+                        : line);
 }
 
 void TcpAcceptor::AfterAcceptError(const boost::system::error_code& ec, const char* what,
-                                   void (TcpAcceptor::*again)()) {
+                                   asio::steady_timer& retry, void (TcpAcceptor::*again)()) {
   const bool exhausted = ec == asio::error::no_descriptors || ec.value() == ENFILE ||
                          ec == asio::error::no_buffer_space || ec == asio::error::no_memory;
-  WarnLimited(fmt::format("{}: accept failed: {}{}", what, ec.message(),
-                          exhausted ? " (RLIMIT_NOFILE / LimitNOFILE or memory); retrying in "
-                                      "100 ms"
-                                    : ""));
+  WarnLimited(std::string(what) + ": accept failed: " + ec.message() +
+              (exhausted ? " (RLIMIT_NOFILE / LimitNOFILE or memory); retrying in 100 ms" : ""));
   if (!exhausted) {
     (this->*again)();
     return;
   }
-  retry_timer_.expires_after(kAcceptRetryDelay);
-  retry_timer_.async_wait([this, again](const boost::system::error_code& e) {
+  retry.expires_after(kAcceptRetryDelay);
+  retry.async_wait([this, again](const boost::system::error_code& e) {
     if (!e && !stopping_) (this->*again)();
   });
 }
 
-bool TcpAcceptor::AdmitUnauthenticated(tcp::socket& socket, const char* what) {
+bool TcpAcceptor::AdmitUnauthenticated(tcp::socket& socket, const char* what, size_t waiting) {
   const uint32_t limit = plane_->config().data.max_unauthenticated_connections;
-  if (unauthenticated_ < limit) return true;
-  WarnLimited(fmt::format("{}: {} connections are waiting for their first frame "
-                          "(data.max_unauthenticated_connections); closed one from {}",
-                          what, unauthenticated_, PeerName(socket)));
+  if (waiting < limit) return true;
+  WarnLimited(std::string(what) + ": " + std::to_string(waiting) +
+              " connections are waiting for their first frame "
+              "(data.max_unauthenticated_connections); closed one from " + PeerName(socket));
   boost::system::error_code ignored;
   socket.close(ignored);
   return false;
@@ -302,9 +298,9 @@ void TcpAcceptor::AcceptWorkers() {
   workers_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
     if (ec) {
       if (ec == asio::error::operation_aborted || stopping_) return;
-      return AfterAcceptError(ec, "data", &TcpAcceptor::AcceptWorkers);
+      return AfterAcceptError(ec, "data", retry_workers_, &TcpAcceptor::AcceptWorkers);
     }
-    if (AdmitUnauthenticated(socket, "data")) {
+    if (AdmitUnauthenticated(socket, "data", unauthenticated_workers_)) {
       boost::system::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
       socket.set_option(asio::socket_base::keep_alive(true), ignored);
@@ -322,9 +318,9 @@ void TcpAcceptor::AcceptHubs() {
   hubs_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
     if (ec) {
       if (ec == asio::error::operation_aborted || stopping_) return;
-      return AfterAcceptError(ec, "rack link", &TcpAcceptor::AcceptHubs);
+      return AfterAcceptError(ec, "rack link", retry_hubs_, &TcpAcceptor::AcceptHubs);
     }
-    if (AdmitUnauthenticated(socket, "rack link")) {
+    if (AdmitUnauthenticated(socket, "rack link", unauthenticated_hubs_)) {
       boost::system::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
       std::make_shared<HubHelloSession>(this, std::move(socket))->Start();

@@ -49,10 +49,13 @@ class TcpAcceptor {
   // process is out of descriptors or memory (the listener stays readable:
   // retrying at once would spin).
   void AfterAcceptError(const boost::system::error_code& ec, const char* what,
-                        void (TcpAcceptor::*again)());
-  // True (and the session is counted until it ends) if another connection
-  // may wait for its HELLO; otherwise the socket is closed here.
-  bool AdmitUnauthenticated(boost::asio::ip::tcp::socket& socket, const char* what);
+                        boost::asio::steady_timer& retry, void (TcpAcceptor::*again)());
+  // True (and the session is counted in `waiting` until it ends) if another
+  // connection may wait for its first frame; otherwise the socket is closed
+  // here. Workers and hub links count separately: a flood of the data port
+  // does not shut other racks' hubs out.
+  bool AdmitUnauthenticated(boost::asio::ip::tcp::socket& socket, const char* what,
+                            size_t waiting);
   // A warning a remote peer can cause, through the acceptor's LogLimiter.
   void WarnLimited(const std::string& line);
   // Moves an accepted socket to lane `lane` and runs `adopt` there.
@@ -62,7 +65,8 @@ class TcpAcceptor {
   DataPlane* plane_;
   // Live HelloSessions and HubHelloSessions (acceptor thread; declared before
   // io_ because sessions still pending when io_ goes count themselves out).
-  size_t unauthenticated_ = 0;
+  size_t unauthenticated_workers_ = 0;
+  size_t unauthenticated_hubs_ = 0;
   boost::asio::io_context io_{1};
   boost::asio::ip::tcp::acceptor workers_{io_};
   std::unique_ptr<boost::asio::ip::tcp::acceptor> hubs_;
@@ -70,7 +74,8 @@ class TcpAcceptor {
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   // Acceptor thread only:
-  boost::asio::steady_timer retry_timer_{io_};
+  boost::asio::steady_timer retry_workers_{io_};  // one per listener
+  boost::asio::steady_timer retry_hubs_{io_};
   LogLimiter warnings_{20, std::chrono::seconds(10)};
 };
 

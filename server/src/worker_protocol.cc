@@ -56,7 +56,7 @@ WorkerProtocol::WorkerProtocol(const DataConfig& config, ChunkTable* table, Regi
   if (config.scheduler == "fair") {
     scheduler_ = std::make_unique<FairScheduler>(gate, [table](uint32_t handle) -> uint32_t {
           const LaneTenant* t = table->FindTenant(handle);
-          return t ? t->info.counters->weight.load(std::memory_order_relaxed) : 1;
+          return t ? t->info.counters->weight.load(std::memory_order_relaxed) : 0;
         });
   }
 }

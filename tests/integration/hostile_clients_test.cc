@@ -94,7 +94,17 @@ bool ClosedByHub(Worker& w, std::chrono::milliseconds timeout) {
   }
 }
 
-class HostileClientsTest : public RawHubTest {};
+class HostileClientsTest : public RawHubTest {
+ protected:
+  void TearDown() override {
+    // A failure here is about what the hub did: show its log.
+    if (HasFailure() && hub_) {
+      const std::string log = hub_->Log();
+      std::printf("---- rackhubd log (last 6000 bytes) ----\n%s\n",
+                  log.substr(log.size() > 6000 ? log.size() - 6000 : 0).c_str());
+    }
+  }
+};
 
 TEST_F(HostileClientsTest, ConnectionsBeforeHelloDoNotDisturbATrainingTenant) {
   if (!AllowFiles(4096)) GTEST_SKIP() << "RLIMIT_NOFILE's hard limit is below 4096";

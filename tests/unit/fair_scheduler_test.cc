@@ -120,6 +120,38 @@ TEST_F(FairSchedulerTest, TenantsShareByWeightNotByConnectionCount) {
   io_.run();
 }
 
+// Large weights keep their ratios (no rounding of 1000 / weight).
+TEST_F(FairSchedulerTest, LargeWeightsKeepTheirRatio) {
+  weights_[1] = 400;
+  weights_[2] = 1000;
+  Add(1, 32 * 1024)->Ask();
+  Add(2, 32 * 1024)->Ask();
+  RunGrants(7000);
+  auto bytes = BytesByTenant(100);
+  EXPECT_NEAR(static_cast<double>(bytes[2]) / bytes[1], 2.5, 0.02);
+  StopAll();
+  io_.run();
+}
+
+// A deleted tenant's connections still get the turns they asked for (and do
+// nothing); then the scheduler forgets the tenant.
+TEST_F(FairSchedulerTest, ADeletedTenantIsForgotten) {
+  auto a = Add(1, 1000);
+  auto gone = Add(2, 1 << 20);
+  a->busy = gone->busy = false;
+  a->Ask();
+  gone->Ask();
+  weights_[2] = 0;  // deleted meanwhile
+  gone->Close("tenant deleted");
+  io_.run();
+  EXPECT_FALSE(gone->waiting());
+  EXPECT_EQ(scheduler_.queued(), 0u);
+  EXPECT_EQ(scheduler_.active_tenants(), 0u);
+  // Tenant 1 keeps its finish tag (ahead of V: it would order its next
+  // request); the deleted tenant is gone.
+  EXPECT_EQ(scheduler_.tracked_tenants(), 1u);
+}
+
 TEST_F(FairSchedulerTest, BatchesOfDifferentSizesShareByBytes) {
   // Tenant 1 sends 1 MiB batches, tenant 2 4 KiB ones, one connection each
   // (so tenant 2 has one request queued at a time); equal weights.
