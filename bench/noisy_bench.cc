@@ -153,10 +153,12 @@ class Tenant {
   // Runs every worker until Stop(), `think` between steps; latencies of
   // rank 0 are recorded while `recording`.
   void Run(std::chrono::milliseconds think) {
-    stop_ = false;
+    stop_at_ = UINT64_MAX;
     for (auto& r : ranks_) {
       threads_.emplace_back([this, rank = r.get(), think, first = r == ranks_.front()] {
-        while (!stop_) {
+        // Until Stop() names an iteration every rank reaches (synchronous
+        // ranks are at most one apart): none leaves a peer's push waiting.
+        while (rank->iterations() < stop_at_.load()) {
           const double ms = rank->Step();
           if (first && ms >= 0 && recording) {
             std::lock_guard l(mu_);
@@ -168,7 +170,9 @@ class Tenant {
     }
   }
   void Stop() {
-    stop_ = true;
+    uint64_t last = 0;
+    for (auto& r : ranks_) last = std::max(last, r->iterations());
+    stop_at_ = last + 1;
     for (auto& t : threads_) t.join();
     threads_.clear();
   }
@@ -197,7 +201,7 @@ class Tenant {
   uint64_t bytes_ = 0;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<std::thread> threads_;
-  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> stop_at_{UINT64_MAX};
   std::mutex mu_;
   std::vector<double> latencies_;
 };
