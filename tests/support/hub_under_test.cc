@@ -211,7 +211,6 @@ class ProcessHub final : public HubUnderTest {
   std::string data_address() const override { return daemon_->data_address(); }
   std::string rdma_address() const override { return rdma_address_; }
   DaemonProcess* daemon() override { return daemon_.get(); }
-  int time_scale() const override { return rdma_address_.empty() ? 1 : 10; }
   std::unique_ptr<DataLink> Connect() override {
     if (rdma_address_.empty()) return std::make_unique<RawClient>(daemon_->data_address());
     return std::make_unique<ConnectionLink>(
