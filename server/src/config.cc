@@ -271,6 +271,9 @@ const std::map<std::string, Field>& Schema() {
         UnsignedField<uint32_t>(
             "data.max_unauthenticated_connections",
             [](Config& c) -> uint32_t& { return c.data.max_unauthenticated_connections; }, false),
+        BoolField("metrics.enabled", [](Config& c) -> bool& { return c.metrics.enabled; }),
+        EndpointField("metrics.listen",
+                      [](Config& c) -> net::Endpoint& { return c.metrics.listen; }),
         UnsignedField<uint32_t>(
             "lanes.count", [](Config& c) -> uint32_t& { return c.lanes.count; }, false),
         BoolField("lanes.pin", [](Config& c) -> bool& { return c.lanes.pin; }),
@@ -338,6 +341,7 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--max-queued-bytes-per-connection", "data.max_queued_bytes_per_connection"},
       {"--scheduler", "data.scheduler"},
       {"--max-unauthenticated-connections", "data.max_unauthenticated_connections"},
+      {"--metrics-listen", "metrics.listen"},
       {"--lanes", "lanes.count"},
       {"--pin-lanes", "lanes.pin"},
       {"--rack", "topology.rack"},
@@ -479,6 +483,13 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
                       " beyond loopback without authentication; set admin.token_file (and "
                       "preferably TLS) or listen on 127.0.0.1");
   }
+  if (c.metrics.enabled && !c.metrics.listen.IsLoopback() && c.admin.token_file.empty()) {
+    errors->push_back("metrics.listen: refusing to serve /metrics on " +
+                      c.metrics.listen.ToString() +
+                      " beyond loopback without authentication; set admin.token_file (scrapes "
+                      "then use HTTP basic auth with the token as password), listen on "
+                      "127.0.0.1, or set metrics.enabled = false");
+  }
   const auto& topo = c.topology;
   const size_t errors_before_secret = errors->size();
   CheckReadableFile("topology.secret_file", topo.secret_file, errors);
@@ -516,6 +527,13 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
     errors->push_back("data.listen: " + c.data.listen.ToString() +
                       " is the same address as admin.listen");
   }
+  for (const net::Endpoint* other : {&c.admin.listen, &c.data.listen}) {
+    if (c.metrics.enabled && c.metrics.listen.port != 0 &&
+        c.metrics.listen.port == other->port && c.metrics.listen.host == other->host) {
+      errors->push_back("metrics.listen: " + c.metrics.listen.ToString() + " is the same address as " +
+                        (other == &c.admin.listen ? "admin.listen" : "data.listen"));
+    }
+  }
 }
 
 ParseResult ParseCommandLine(int argc, const char* const* argv) {
@@ -550,6 +568,8 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
       if (take_value()) r.command_line.config_file = value;
     } else if (arg == "--no-pin-lanes") {
       overrides.emplace_back("lanes.pin", "false");
+    } else if (arg == "--no-metrics") {
+      overrides.emplace_back("metrics.enabled", "false");
     } else if (arg == "--in-memory") {
       overrides.emplace_back("state.in_memory", "true");
     } else if (const auto it = FlagFields().find(arg); it != FlagFields().end()) {
@@ -613,6 +633,8 @@ options (flags override the config file):
                                     before it is closed (QUOTA_EXCEEDED) [64MiB]
       --scheduler fair|fifo         order of tenants' work on a lane  [fair]
       --max-unauthenticated-connections N  connections waiting for HELLO [1024]
+      --metrics-listen HOST:PORT    Prometheus /metrics address   [127.0.0.1:7703]
+      --no-metrics                  do not serve /metrics
       --lanes N                     lanes (pinned threads); 0 = one per core [0]
       --no-pin-lanes                do not pin lane threads to cores
       --admin-token-file FILE       admin token; required beyond loopback
@@ -631,7 +653,8 @@ options (flags override the config file):
       --checkpoint-every-seconds N  checkpoint every tenant every N s; 0 = off [0]
       --checkpoint-keep N           newest checkpoints kept per tenant (>= 1) [3]
       --log-level LEVEL             trace|debug|info|warn|error|critical|off [info]
-      --ready-file FILE             write "admin ADDR" and "data ADDR" lines once listening
+      --ready-file FILE             write "admin ADDR", "data ADDR" (and "metrics
+                                    ADDR") lines once listening
       --version                     print the version and exit
   -h, --help                        this text
 )";

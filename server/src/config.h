@@ -56,6 +56,14 @@ struct DataConfig {
   uint32_t max_unauthenticated_connections = 1024;
 };
 
+// Prometheus /metrics (docs/metrics.md). Beyond loopback a scrape must
+// authenticate like the admin API: HTTP basic auth whose password is the
+// admin token or the read-only token (any user name).
+struct MetricsConfig {
+  bool enabled = true;
+  net::Endpoint listen{"127.0.0.1", 7703};
+};
+
 struct LaneConfig {
   uint32_t count = 0;  // 0: one per core available to the process
   bool pin = true;     // pin lane i to the i-th available core
@@ -111,6 +119,7 @@ struct Config {
   std::string ready_file;          // written once all listeners are bound
   AdminConfig admin;
   DataConfig data;
+  MetricsConfig metrics;
   LaneConfig lanes;
   TenantDefaults tenants;
   TopologyConfig topology;
