@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <toml++/toml.h>
@@ -405,6 +407,35 @@ void CheckReadableFile(const std::string& field, const std::string& path,
   }
 }
 
+// Two names of one file: the same text or the same file (hard links,
+// symlinks, "./x" and "x").
+bool SameFile(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  std::error_code ec;
+  return std::filesystem::equivalent(a, b, ec) && !ec;
+}
+
+// The config file from --config FILE and the FILE of --check-config /
+// --doctor: any of them, and all must name the same file.
+void ResolveConfigFile(const std::optional<std::string>& config_flag_file,
+                       const std::vector<std::pair<std::string, std::string>>& action_files,
+                       CommandLine* command_line, std::vector<std::string>* errors) {
+  if (config_flag_file) {
+    command_line->config_file = *config_flag_file;
+    command_line->config_option = "--config";
+  }
+  for (const auto& [option, file] : action_files) {
+    if (command_line->config_file.empty()) {
+      command_line->config_file = file;
+      command_line->config_option = option;
+    } else if (!SameFile(command_line->config_file, file)) {
+      errors->push_back(fmt::format("{}: '{}' is not the file {} names ('{}'); give the file once",
+                                    option, file, command_line->config_option,
+                                    command_line->config_file));
+    }
+  }
+}
+
 }  // namespace
 
 void ParseConfigText(const std::string& text, const std::string& source_name, Config* config,
@@ -540,6 +571,8 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
   ParseResult r;
   // Pass 1: find --config and the action flags; collect value flags.
   std::vector<std::pair<std::string, std::string>> overrides;  // field, value
+  std::optional<std::string> config_flag_file;                     // --config FILE
+  std::vector<std::pair<std::string, std::string>> action_files;   // --check-config FILE, ...
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
@@ -562,10 +595,20 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
       r.command_line.help = true;
     } else if (arg == "--version") {
       r.command_line.version = true;
-    } else if (arg == "--check-config") {
-      r.command_line.check_config = true;
+    } else if (arg == "--check-config" || arg == "--doctor") {
+      (arg == "--doctor" ? r.command_line.doctor : r.command_line.check_config) = true;
+      // Optional FILE: "=FILE", or the next argument unless it is an option.
+      if (!has_value && i + 1 < argc && argv[i + 1][0] != '-' && argv[i + 1][0] != '\0') {
+        value = argv[++i];
+        has_value = true;
+      }
+      if (has_value && value.empty()) {
+        r.errors.push_back(arg + ": '=' without a file name");
+      } else if (has_value) {
+        action_files.emplace_back(arg, value);
+      }
     } else if (arg == "--config" || arg == "-c") {
-      if (take_value()) r.command_line.config_file = value;
+      if (take_value()) config_flag_file = value;
     } else if (arg == "--no-pin-lanes") {
       overrides.emplace_back("lanes.pin", "false");
     } else if (arg == "--no-metrics") {
@@ -578,10 +621,16 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
       r.errors.push_back(arg + ": unknown option (see --help)");
     }
   }
+  if (r.command_line.check_config && r.command_line.doctor) {
+    r.errors.push_back("--doctor: cannot be combined with --check-config (--doctor checks the "
+                       "configuration too)");
+  }
+  ResolveConfigFile(config_flag_file, action_files, &r.command_line, &r.errors);
   if (!r.command_line.config_file.empty()) {
     std::ifstream f(r.command_line.config_file, std::ios::binary);
     if (!f) {
-      r.errors.push_back("--config: cannot read '" + r.command_line.config_file + "'");
+      r.errors.push_back(r.command_line.config_option + ": cannot read '" +
+                         r.command_line.config_file + "'");
     } else {
       std::stringstream ss;
       ss << f.rdbuf();
@@ -615,12 +664,20 @@ uint32_t EffectiveLaneCount(const Config& config) {
 
 std::string UsageText() {
   return R"(usage: rackhubd [options]
+       rackhubd --check-config [FILE] [options]
+       rackhubd --doctor [FILE] [options]
 
 rackhub aggregation daemon: a rack-scale parameter server.
 
 options (flags override the config file):
   -c, --config FILE                 TOML config file (see deploy/rackhubd.toml)
-      --check-config                validate the configuration and exit (0 = valid)
+      --check-config [FILE]         validate the configuration (FILE, the same as
+                                    --config FILE) and exit: 0 = valid, 78 = not
+      --doctor [FILE]               check this host for what breaks a start (config,
+                                    memlock, verbs devices and GIDs, ports, state
+                                    directory, lanes vs cores, NUMA), print a table
+                                    with a fix for each problem and exit: 0 = no FAIL,
+                                    1 = some FAIL, 78 = the configuration is invalid
       --data-listen HOST:PORT       data-plane address          [127.0.0.1:7700]
       --transport tcp|rdma|auto     data-plane transports (TCP always runs) [auto]
       --rdma-listen HOST:PORT       RDMA (rdma_cm) address [data host:7702]

@@ -130,7 +130,11 @@ struct Config {
 // What the command line asked for besides configuration values.
 struct CommandLine {
   std::string config_file;
-  bool check_config = false;
+  // The option that named config_file ("--config", or "--check-config" /
+  // "--doctor" for their positional FILE), for messages.
+  std::string config_option = "--config";
+  bool check_config = false;  // --check-config [FILE]: validate and exit
+  bool doctor = false;        // --doctor [FILE]: check the host (doctor.h) and exit
   bool help = false;
   bool version = false;
 };
@@ -150,7 +154,10 @@ void ParseConfigText(const std::string& text, const std::string& source_name, Co
                      std::vector<std::string>* errors);
 
 // Full start-up parse: reads --config FILE (if given), then applies flags,
-// then validates. argv[0] is skipped.
+// then validates. argv[0] is skipped. `--check-config FILE` and `--doctor
+// FILE` (or `=FILE`) name the config file like `--config FILE`: the argument
+// after them is their FILE unless it starts with '-'; naming two different
+// files is an error.
 ParseResult ParseCommandLine(int argc, const char* const* argv);
 
 // Cross-field checks (e.g. non-loopback admin listen requires a token).

@@ -406,6 +406,61 @@ TEST(ParseCommandLineTest, ActionFlags) {
   EXPECT_TRUE(ParseArgs({"--version"}).command_line.version);
 }
 
+// `--check-config FILE` and `--doctor FILE` (or "=FILE") name the config
+// file like --config FILE; both forms together must name one file.
+TEST(ParseCommandLineTest, ActionFlagsTakeTheConfigFile) {
+  TempFile file("[lanes]\ncount = 3\n");
+  for (const char* action : {"--check-config", "--doctor"}) {
+    SCOPED_TRACE(action);
+    ParseResult r = ParseArgs({action, file.path()});
+    ASSERT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+    EXPECT_EQ(r.command_line.config_file, file.path());
+    EXPECT_EQ(r.command_line.config_option, action);
+    EXPECT_EQ(r.config.lanes.count, 3u);
+    EXPECT_EQ(r.command_line.check_config, std::string(action) == "--check-config");
+    EXPECT_EQ(r.command_line.doctor, std::string(action) == "--doctor");
+
+    r = ParseArgs({std::string(action) + "=" + file.path(), "--lanes", "5"});
+    ASSERT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+    EXPECT_EQ(r.config.lanes.count, 5u);  // flags still override the file
+
+    // The same file twice (also spelled differently) is fine.
+    r = ParseArgs({action, file.path(), "--config",
+                   std::filesystem::path(file.path()).parent_path().string() + "/./" +
+                       std::filesystem::path(file.path()).filename().string()});
+    EXPECT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+    r = ParseArgs({"--config", file.path(), action, file.path()});
+    EXPECT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+
+    // The argument after the action is its FILE only when it is not an option.
+    r = ParseArgs({action, "--lanes", "2"});
+    ASSERT_TRUE(r.ok()) << ::testing::PrintToString(r.errors);
+    EXPECT_TRUE(r.command_line.config_file.empty());
+    EXPECT_EQ(r.config.lanes.count, 2u);
+  }
+}
+
+TEST(ParseCommandLineTest, ActionFileErrors) {
+  TempFile a("[lanes]\ncount = 3\n");
+  TempFile b("[lanes]\ncount = 4\n");
+  ParseResult r = ParseArgs({"--check-config", a.path(), "--config", b.path()});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(AnyStartsWith(r.errors, "--check-config: '" + a.path() + "' is not the file --config names ('" + b.path() + "')"))
+      << ::testing::PrintToString(r.errors);
+  r = ParseArgs({"--config", b.path(), "--doctor=" + a.path()});
+  EXPECT_TRUE(AnyStartsWith(r.errors, "--doctor: '" + a.path() + "' is not the file --config"))
+      << ::testing::PrintToString(r.errors);
+  r = ParseArgs({"--check-config", "/nonexistent/rackhubd.toml"});
+  ASSERT_EQ(r.errors.size(), 1u) << ::testing::PrintToString(r.errors);
+  EXPECT_EQ(r.errors[0], "--check-config: cannot read '/nonexistent/rackhubd.toml'");
+  r = ParseArgs({"--check-config="});
+  EXPECT_TRUE(AnyStartsWith(r.errors, "--check-config: '=' without a file name"))
+      << ::testing::PrintToString(r.errors);
+  r = ParseArgs({"--doctor", "--check-config"});
+  EXPECT_TRUE(AnyStartsWith(r.errors, "--doctor: cannot be combined with --check-config"))
+      << ::testing::PrintToString(r.errors);
+}
+
 TEST(ParseCommandLineTest, PinLanesFlags) {
   TempFile file("[lanes]\npin = true\n");
   ParseResult r = ParseArgs({"--config", file.path(), "--no-pin-lanes"});
