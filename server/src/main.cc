@@ -3,6 +3,7 @@
 
 #include "config.h"
 #include "daemon.h"
+#include "doctor.h"
 #include "rackhub/net/endpoint.h"
 
 #ifndef RACKHUB_VERSION
@@ -25,6 +26,9 @@ int main(int argc, char** argv) {
     return kExitConfigError;
   }
   const Config& c = parsed.config;
+  if (parsed.command_line.doctor) {
+    return RunDoctor(c, parsed.command_line.config_file, stdout) ? kExitOk : kExitRuntimeError;
+  }
   if (parsed.command_line.check_config) {
     std::printf("rackhubd: configuration OK: admin %s, data %s, %u lanes%s, admin auth %s, TLS %s\n",
                 c.admin.listen.ToString().c_str(), c.data.listen.ToString().c_str(),
