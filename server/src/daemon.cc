@@ -8,14 +8,11 @@
 #include <cstring>
 #include <fstream>
 
-#include <google/protobuf/stubs/logging.h>
-#include <spdlog/pattern_formatter.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "hub.h"
 #include "lanes.h"
-#include "rackhub/common/log_safe.h"
+#include "logging.h"
 
 #ifndef RACKHUB_VERSION
 #define RACKHUB_VERSION "0.0.0"
@@ -34,59 +31,6 @@ bool WriteReadyFile(const std::string& path, const std::string& admin, const std
     if (!f.good()) return false;
   }
   return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
-// The backstop behind SafeForLog at the sources: every log record becomes
-// exactly one line of at most kMaxLogMessageBytes (escaped), whatever text a
-// message carries, so no client string can forge a line or flood the log.
-class OneLineFormatter final : public spdlog::formatter {
- public:
-  static constexpr size_t kMaxLogMessageBytes = 8192;
-
-  explicit OneLineFormatter(std::string pattern)
-      : pattern_(std::move(pattern)),
-        inner_(std::make_unique<spdlog::pattern_formatter>(pattern_)) {}
-
-  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
-    const std::string_view text(msg.payload.data(), msg.payload.size());
-    bool plain = text.size() <= kMaxLogMessageBytes;
-    for (size_t i = 0; plain && i < text.size(); ++i) {
-      const auto c = static_cast<unsigned char>(text[i]);
-      plain = c >= 0x20 && c < 0x7f;
-    }
-    if (plain) return inner_->format(msg, dest);
-    const std::string safe = SafeForLog(text, kMaxLogMessageBytes);
-    spdlog::details::log_msg copy = msg;
-    copy.payload = spdlog::string_view_t(safe.data(), safe.size());
-    inner_->format(copy, dest);
-    msg.color_range_start = copy.color_range_start;  // mutable: read by the color sink
-    msg.color_range_end = copy.color_range_end;
-  }
-
-  std::unique_ptr<spdlog::formatter> clone() const override {
-    return std::make_unique<OneLineFormatter>(pattern_);
-  }
-
- private:
-  std::string pattern_;
-  std::unique_ptr<spdlog::pattern_formatter> inner_;
-};
-
-void SetUpLogging(const std::string& level) {
-  auto logger = spdlog::stderr_color_mt("rackhubd");
-  spdlog::set_default_logger(logger);
-  // Under systemd the journal adds timestamps; the pattern stays readable either way.
-  spdlog::set_formatter(std::make_unique<OneLineFormatter>("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v"));
-  spdlog::set_level(spdlog::level::from_str(level));
-  spdlog::flush_on(spdlog::level::info);
-  // libprotobuf's own messages go through this log at debug level, not raw
-  // to stderr: a peer's HELLO with a non-UTF-8 string made it print an ERROR
-  // line per connection, past this log's format (the refusal itself is
-  // logged by the acceptor). Found by fuzz/control/control_fuzz.
-  google::protobuf::SetLogHandler(
-      [](google::protobuf::LogLevel, const char*, int, const std::string& message) {
-        spdlog::debug("protobuf: {}", SafeForLog(message));
-      });
 }
 
 }  // namespace
