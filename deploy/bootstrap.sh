@@ -10,6 +10,9 @@ PACKAGES=(
   libsystemd-dev libssl-dev openssl
   # durable state: the registry database and checkpoint checksums
   libsqlite3-dev libxxhash-dev
+  # /metrics (prometheus-cpp's pull exposer) and the real Prometheus server
+  # the metrics test scrapes it with
+  prometheus-cpp-dev prometheus
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # bench/: the gloo all_reduce baseline and the suite's plots (Debian's

@@ -23,7 +23,7 @@ trap cleanup EXIT
 
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/admin.token"
 echo "== starting rackhubd (admin token in $work/admin.token)"
-"$build/bin/rackhubd" --admin-listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
+"$build/bin/rackhubd" --admin-listen 127.0.0.1:0 --data-listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
   --admin-token-file "$work/admin.token" --ready-file "$work/ready" \
   --state-dir "$work/state" 2> "$work/rackhubd.log" &
 hub_pid=$!

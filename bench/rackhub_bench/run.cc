@@ -134,6 +134,7 @@ bool Hub::Open(const BenchArgs& a, const std::string& dir,
       SelfDir() + "/rackhubd", "--admin-listen", listen_host + ":0", "--data-listen", listen_host + ":0",
       "--lanes", std::to_string(a.lanes), "--ready-file", ready, "--log-level", "warn",
       "--in-memory",  // a benchmark: no registry database
+      "--metrics-listen", listen_host + ":0",
       "--transport", a.w.transport == "tcp" ? "tcp" : a.w.transport, "--rdma-listen",
       a.w.rdma_hub.empty() ? "127.0.0.1:0" : a.w.rdma_hub};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());

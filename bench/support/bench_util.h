@@ -111,6 +111,8 @@ class HubProcess {
                                      admin.empty() ? "127.0.0.1:0" : admin,
                                      "--data-listen",
                                      data.empty() ? "127.0.0.1:0" : data,
+                                     "--metrics-listen",
+                                     "127.0.0.1:0",
                                      "--ready-file",
                                      ready,
                                      "--state-dir",

@@ -127,7 +127,8 @@ class Hub:
         self.log = open(os.path.join(work, "rackhubd.log"), "wb")
         cmd = [os.path.join(bindir, "rackhubd"), "--admin-listen", "127.0.0.1:0",
                "--data-listen", "127.0.0.1:0", "--admin-token-file", self.token,
-               "--ready-file", ready, "--no-pin-lanes", "--in-memory"]
+               "--ready-file", ready, "--no-pin-lanes", "--in-memory",
+               "--metrics-listen", "127.0.0.1:0"]
         if lanes:
             cmd += ["--lanes", str(lanes)]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)

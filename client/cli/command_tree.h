@@ -46,4 +46,7 @@ int Emit(const Invocation& inv, const Message& message, Human human) {
 // (checkpoint_commands.cc).
 void AddCheckpointCommands(CLI::App* checkpoint, Handlers* handlers);
 
+// top and stalls under the root `app` (monitor_commands.cc).
+void AddMonitorCommands(CLI::App* app, Handlers* handlers);
+
 }  // namespace rackhub::cli

@@ -548,6 +548,7 @@ Commands::Commands() : app_(kDescription, "rackhubctl") {
       AddCommand(&app_, "checkpoint", "checkpoints of a tenant: create, list, delete, restore"),
       &handlers_);
   AddStatsCommand(&app_, &handlers_);
+  AddMonitorCommands(&app_, &handlers_);
   help_ = app_.add_subcommand("help", "show this help, or a command's (e.g. help key create)");
   help_->add_option("COMMAND", help_words_, "command words")->type_name("");
   // Last: a footer set earlier would be inherited by the commands.

@@ -1,9 +1,9 @@
 // rackhubctl's commands as one CLI11 command tree: the global options, every
 // command (tenant create|get|list|update-quotas|delete, key
 // create|get|list|delete|set-optimizer, checkpoint create|list|delete|restore,
-// stats, help) with its positional arguments, options, validation and help
+// stats, top, stalls, help) with its positional arguments, options, validation and help
 // text, and one handler per command. The checkpoint commands live in
-// checkpoint_commands.cc; the helpers both files build commands with are in
+// checkpoint_commands.cc, top and stalls in monitor_commands.cc; the helpers both files build commands with are in
 // command_tree.h.
 //
 // Ownership: Commands owns the CLI11 app and the values its options are bound

@@ -53,7 +53,7 @@ World& TheWorld() {
   static World* w = [] {
     spdlog::set_level(spdlog::level::off);
     std::vector<const char*> argv = {"rackhubd", "--admin-listen", "127.0.0.1:0",
-                                     "--data-listen", "127.0.0.1:0", "--no-pin-lanes",
+                                     "--data-listen", "127.0.0.1:0", "--no-pin-lanes", "--no-metrics",
                                      "--in-memory", "--lanes", "2", "--transport", "tcp",
                                      "--straggler-timeout-ms", "200",
                                      "--checkpoint-every-seconds", "0"};

@@ -245,100 +245,13 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
   const AdminAuth* auth_;
 };
 
-class AdminServices::StatsServiceImpl final : public pb::StatsService::Service {
- public:
-  StatsServiceImpl(Registry* r, const AdminAuth* a, std::shared_ptr<DaemonIdentity> id)
-      : registry_(r), auth_(a), identity_(std::move(id)) {}
-
-  grpc::Status GetStats(grpc::ServerContext* ctx, const pb::GetStatsRequest* req,
-                        pb::GetStatsResponse* resp) override {
-    if (auto s = auth_->Check(ctx, false, "GetStats"); !s.ok()) return s;
-    std::vector<TenantInfo> tenants;
-    if (req->tenant().empty()) {
-      tenants = registry_->ListTenants();
-    } else {
-      TenantInfo t;
-      if (auto s = ToGrpc(registry_->GetTenant(req->tenant(), &t)); !s.ok()) return s;
-      tenants.push_back(std::move(t));
-    }
-    auto* d = resp->mutable_daemon();
-    for (const auto& t : tenants) {
-      auto* ts = resp->add_tenants();
-      const TenantCounters& c = *t.counters;
-      ts->set_name(t.name);
-      ts->set_keys(t.key_count);
-      ts->set_parameter_bytes(t.parameter_bytes);
-      ts->set_chunks(t.chunk_count);
-      ts->set_workers_connected(c.workers_connected.load(std::memory_order_relaxed));
-      ts->set_pushes(c.pushes.load(std::memory_order_relaxed));
-      ts->set_bytes_in(c.bytes_in.load(std::memory_order_relaxed));
-      ts->set_bytes_out(c.bytes_out.load(std::memory_order_relaxed));
-      ts->set_iterations_completed(c.iterations_completed.load(std::memory_order_relaxed));
-      ts->set_errors(c.errors.load(std::memory_order_relaxed));
-      ts->set_memory_bytes(t.memory_bytes);
-      ts->set_memory_bytes_allocated(c.memory_bytes_allocated.load(std::memory_order_relaxed));
-    }
-    // Daemon-wide figures always cover every tenant.
-    const auto all = req->tenant().empty() ? tenants : registry_->ListTenants();
-    for (const auto& t : all) {
-      const TenantCounters& c = *t.counters;
-      d->set_workers_connected(d->workers_connected() +
-                               c.workers_connected.load(std::memory_order_relaxed));
-      d->set_pushes(d->pushes() + c.pushes.load(std::memory_order_relaxed));
-      d->set_bytes_in(d->bytes_in() + c.bytes_in.load(std::memory_order_relaxed));
-      d->set_bytes_out(d->bytes_out() + c.bytes_out.load(std::memory_order_relaxed));
-      d->set_memory_bytes_allocated(d->memory_bytes_allocated() +
-                                    c.memory_bytes_allocated.load(std::memory_order_relaxed));
-    }
-    const auto totals = registry_->GetTotals();
-    d->set_version(identity_->version);
-    d->set_uptime_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                         std::chrono::steady_clock::now() - identity_->started)
-                         .count());
-    d->set_lanes(registry_->lanes());
-    d->set_tenants(totals.tenants);
-    d->set_keys(totals.keys);
-    d->set_parameter_bytes(totals.parameter_bytes);
-    d->set_memory_bytes(totals.memory_bytes);
-    {
-      std::lock_guard lock(addresses_mu_);
-      d->set_data_listen(identity_->data_listen);
-      d->set_admin_listen(identity_->admin_listen);
-    }
-    d->set_rack(identity_->rack);
-    d->set_racks(identity_->racks);
-    if (identity_->rack_links) {
-      for (const auto& l : identity_->rack_links()) {
-        auto* link = d->add_rack_links();
-        link->set_peer_rack(l.peer_rack);
-        link->set_bytes_out(l.bytes_out);
-        link->set_bytes_in(l.bytes_in);
-        link->set_chunk_bytes_out(l.chunk_bytes_out);
-      }
-    }
-    return grpc::Status::OK;
-  }
-
-  void SetListenAddresses(std::string admin, std::string data) {
-    std::lock_guard lock(addresses_mu_);
-    identity_->admin_listen = std::move(admin);
-    identity_->data_listen = std::move(data);
-  }
-
- private:
-  Registry* registry_;
-  const AdminAuth* auth_;
-  std::mutex addresses_mu_;
-  std::shared_ptr<DaemonIdentity> identity_;  // listen addresses GUARDED_BY(addresses_mu_)
-};
-
-AdminServices::AdminServices(Registry* registry, const AdminAuth* auth, DaemonIdentity identity,
-                             Checkpointer* checkpointer)
-    : identity_(std::make_shared<DaemonIdentity>(std::move(identity))) {
+AdminServices::AdminServices(Registry* registry, const AdminAuth* auth,
+                             std::shared_ptr<DaemonIdentity> identity, Checkpointer* checkpointer)
+    : identity_(std::move(identity)) {
   tenants_ = std::make_unique<TenantServiceImpl>(registry, auth, checkpointer);
   checkpoints_ = MakeCheckpointService(checkpointer, auth);
   keys_ = std::make_unique<KeyServiceImpl>(registry, auth);
-  stats_ = std::make_unique<StatsServiceImpl>(registry, auth, identity_);
+  stats_ = MakeStatsService(registry, auth, identity_);
 }
 
 AdminServices::~AdminServices() = default;
@@ -351,7 +264,9 @@ void AdminServices::RegisterWith(grpc::ServerBuilder* builder) {
 }
 
 void AdminServices::SetListenAddresses(std::string admin, std::string data) {
-  stats_->SetListenAddresses(std::move(admin), std::move(data));
+  std::lock_guard lock(identity_->addresses_mu);
+  identity_->admin_listen = std::move(admin);
+  identity_->data_listen = std::move(data);
 }
 
 }  // namespace rackhub::server

@@ -11,12 +11,14 @@
 #include <functional>
 #include <vector>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
 
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "registry.h"
+#include "stall_report.h"
 
 namespace rackhub::server {
 
@@ -43,15 +45,28 @@ struct RackLinkInfo {
   uint64_t chunk_bytes_out = 0;  // RACK_SUM + RACK_PARAMS frames only
 };
 
-// What StatsService reports about the daemon itself.
+// One lane thread as StatsService reports it.
+struct LaneInfo {
+  int cpu = -1;               // pinned core; -1: not pinned
+  double busy_seconds = 0;    // CPU time of its thread
+};
+
+// What StatsService reports about the daemon itself, and the hub parts it
+// asks (each function thread-safe).
 struct DaemonIdentity {
   std::string version;
-  std::string data_listen;
-  std::string admin_listen;
   std::chrono::steady_clock::time_point started;
   uint32_t rack = 0;
   uint32_t racks = 1;
-  std::function<std::vector<RackLinkInfo>()> rack_links;  // thread-safe
+  std::function<std::vector<RackLinkInfo>()> rack_links;
+  std::function<std::vector<LaneInfo>()> lanes;
+  // DataPlane::Stalls with a bounded wait.
+  std::function<std::vector<StallEntry>(uint32_t handle, std::chrono::nanoseconds min_wait,
+                                        std::vector<uint32_t>* unanswered)>
+      stalls;
+  std::mutex addresses_mu;
+  std::string data_listen;   // GUARDED_BY(addresses_mu): set once listening
+  std::string admin_listen;  // GUARDED_BY(addresses_mu)
 };
 
 class Checkpointer;
@@ -64,6 +79,9 @@ class Checkpointer;
 inline constexpr size_t kMaxLoggedMessageBytes = 2048;
 grpc::Status ToGrpc(const Status& s);
 void Audit(const char* method, const std::string& what, const grpc::Status& s);
+// StatsService (admin_stats_service.cc).
+std::unique_ptr<grpc::Service> MakeStatsService(Registry* registry, const AdminAuth* auth,
+                                                std::shared_ptr<DaemonIdentity> identity);
 // CheckpointService (admin_checkpoint_service.cc).
 std::unique_ptr<grpc::Service> MakeCheckpointService(Checkpointer* checkpointer,
                                                      const AdminAuth* auth);
@@ -71,8 +89,8 @@ std::unique_ptr<grpc::Service> MakeCheckpointService(Checkpointer* checkpointer,
 // Owns the service implementations; register them with a builder.
 class AdminServices {
  public:
-  AdminServices(Registry* registry, const AdminAuth* auth, DaemonIdentity identity,
-                Checkpointer* checkpointer);
+  AdminServices(Registry* registry, const AdminAuth* auth,
+                std::shared_ptr<DaemonIdentity> identity, Checkpointer* checkpointer);
   ~AdminServices();
   void RegisterWith(grpc::ServerBuilder* builder);
   // Set once listeners are bound (ports may be ephemeral).
@@ -81,10 +99,9 @@ class AdminServices {
  private:
   class TenantServiceImpl;
   class KeyServiceImpl;
-  class StatsServiceImpl;
   std::unique_ptr<TenantServiceImpl> tenants_;
   std::unique_ptr<KeyServiceImpl> keys_;
-  std::unique_ptr<StatsServiceImpl> stats_;
+  std::unique_ptr<grpc::Service> stats_;
   std::unique_ptr<grpc::Service> checkpoints_;
   std::shared_ptr<DaemonIdentity> identity_;
 };

@@ -250,6 +250,15 @@ Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
     return info;
   }
   last_iterations_[tenant.handle] = iterations;
+  if (tenant.counters) {
+    TenantCounters& c = *tenant.counters;
+    c.checkpoints.fetch_add(1, std::memory_order_relaxed);
+    c.last_checkpoint_us.store(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now() - start)
+                                   .count(),
+                               std::memory_order_relaxed);
+    c.last_checkpoint_bytes.store(info->bytes, std::memory_order_relaxed);
+  }
   const auto ms = [](auto d) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
   };

@@ -70,6 +70,7 @@ LaneTenant* ChunkTable::LoadTenant(uint32_t handle) {
   if (!registry_->GetTenantByHandle(handle, &info).ok()) return nullptr;
   LaneTenant& t = tenants_[handle];
   t.info = std::move(info);
+  t.metrics = &t.info.counters->lanes.ForLane(lane_);
   t.runtime = host_->TenantRuntimeFor(handle);
   return &t;
 }
@@ -78,6 +79,7 @@ void ChunkTable::EnsureTenant(const TenantInfo& info) {
   if (FindTenant(info.handle)) return;
   LaneTenant& t = tenants_[info.handle];
   t.info = info;
+  t.metrics = &t.info.counters->lanes.ForLane(lane_);
   t.runtime = host_->TenantRuntimeFor(info.handle);
 }
 
@@ -147,13 +149,14 @@ void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c,
   c.replies[1] = aggregation::SharedAlignedBuffer<std::byte>(wire_bytes);
 }
 
-void ChunkTable::MarkPending(LaneTenant& t, Chunk& c) {
-  c.first_contribution = std::chrono::steady_clock::now();
+void ChunkTable::MarkPending(LaneTenant& t, Chunk& c, std::chrono::steady_clock::time_point now) {
+  c.first_contribution = now;
   t.pending.insert(ChunkId(c.key_id, c.index_in_key));
 }
 
 void ChunkTable::Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
   t.pending.erase(ChunkId(c.key_id, c.index_in_key));
+  t.metrics->update_latency.Observe(std::chrono::steady_clock::now() - c.first_contribution);
   if (!t.armed.empty()) Capture(t, c);
   if (c.index_in_key == 0) {
     key.runtime->version.store(v, std::memory_order_relaxed);

@@ -111,6 +111,8 @@ struct LaneKey {
 
 struct LaneTenant {
   TenantInfo info;
+  // This lane's figures of the tenant (info.counters->lanes.ForLane).
+  TenantLaneMetrics* metrics = nullptr;
   std::map<uint32_t, std::shared_ptr<net::Connection>> conns;  // by member
   std::map<uint32_t, uint64_t> conn_seq;                      // by member
   std::unordered_map<uint32_t, LaneKey> keys;                 // by id
@@ -162,8 +164,9 @@ class ChunkTable {
   // schedule (and, for tenants spanning racks, its stages and home).
   Chunk& GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
 
-  // The first contribution of an update arrived.
-  void MarkPending(LaneTenant& t, Chunk& c);
+  // The first contribution of an update arrived (at `now`).
+  void MarkPending(LaneTenant& t, Chunk& c,
+                   std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
   // Version `v` of the chunk is done: bookkeeping (pending, the key's
   // version, the tenant's iteration counter).
   void Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v);

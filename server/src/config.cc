@@ -690,7 +690,7 @@ options (flags override the config file):
                                     before it is closed (QUOTA_EXCEEDED) [64MiB]
       --scheduler fair|fifo         order of tenants' work on a lane  [fair]
       --max-unauthenticated-connections N  connections waiting for HELLO [1024]
-      --metrics-listen HOST:PORT    Prometheus /metrics address   [127.0.0.1:7703]
+      --metrics-listen HOST:PORT    Prometheus /metrics address   [127.0.0.1:7704]
       --no-metrics                  do not serve /metrics
       --lanes N                     lanes (pinned threads); 0 = one per core [0]
       --no-pin-lanes                do not pin lane threads to cores

@@ -61,7 +61,7 @@ struct DataConfig {
 // admin token or the read-only token (any user name).
 struct MetricsConfig {
   bool enabled = true;
-  net::Endpoint listen{"127.0.0.1", 7703};
+  net::Endpoint listen{"127.0.0.1", 7704};
 };
 
 struct LaneConfig {

@@ -23,11 +23,13 @@ namespace {
 
 // Writes the ready file atomically (temp file + rename) so readers never see
 // a partial one.
-bool WriteReadyFile(const std::string& path, const std::string& admin, const std::string& data) {
+bool WriteReadyFile(const std::string& path, const std::string& admin, const std::string& data,
+                    const std::string& metrics) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << "admin " << admin << "\n" << "data " << data << "\n";
+    if (!metrics.empty()) f << "metrics " << metrics << "\n";
     if (!f.good()) return false;
   }
   return std::rename(tmp.c_str(), path.c_str()) == 0;
@@ -58,7 +60,7 @@ int RunDaemon(const Config& config) {
   const std::string& admin_address = hub.admin_address();
   const std::string& data_address = hub.data_address();
   if (!config.ready_file.empty() &&
-      !WriteReadyFile(config.ready_file, admin_address, data_address)) {
+      !WriteReadyFile(config.ready_file, admin_address, data_address, hub.metrics_address())) {
     spdlog::error("ready_file: cannot write '{}'", config.ready_file);
   }
   sd_notifyf(0, "READY=1\nSTATUS=serving: admin %s, data %s, %u lanes", admin_address.c_str(),

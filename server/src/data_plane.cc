@@ -50,6 +50,43 @@ void DataPlane::OnEveryLane(std::function<void(Lane&)> fn) {
   }
 }
 
+std::vector<StallEntry> DataPlane::Stalls(uint32_t handle, std::chrono::nanoseconds min_wait,
+                                          std::chrono::milliseconds timeout,
+                                          std::vector<uint32_t>* unanswered) {
+  // Shared with the posted work, which may run after this returned.
+  struct Gather {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<StallEntry> entries;  // GUARDED_BY(mu)
+    std::vector<bool> answered;       // GUARDED_BY(mu)
+  };
+  auto g = std::make_shared<Gather>();
+  g->answered.assign(lane_count(), false);
+  for (uint32_t i = 0; i < lane_count(); ++i) {
+    OnLane(i, [g, handle, min_wait](Lane& lane) {
+      std::vector<StallEntry> mine;
+      ReportStalls(lane.table(), handle, min_wait, &mine);
+      std::lock_guard lock(g->mu);
+      for (auto& e : mine) g->entries.push_back(std::move(e));
+      g->answered[lane.index()] = true;
+      g->cv.notify_all();
+    });
+  }
+  std::unique_lock lock(g->mu);
+  g->cv.wait_for(lock, timeout, [&] {
+    return std::all_of(g->answered.begin(), g->answered.end(), [](bool a) { return a; });
+  });
+  for (uint32_t i = 0; i < lane_count(); ++i) {
+    if (!g->answered[i]) unanswered->push_back(i);
+  }
+  std::vector<StallEntry> out = std::move(g->entries);
+  g->entries.clear();
+  lock.unlock();
+  std::stable_sort(out.begin(), out.end(),
+                   [](const StallEntry& a, const StallEntry& b) { return a.waiting > b.waiting; });
+  return out;
+}
+
 void DataPlane::StartHubLinks() {
   if (!config_.topology.multi_rack_exchange()) return;
   OnEveryLane([](Lane& lane) { lane.StartHubLinks(); });

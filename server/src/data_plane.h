@@ -28,6 +28,7 @@
 #include "lane_host.h"
 #include "lanes.h"
 #include "registry.h"
+#include "stall_report.h"
 
 namespace rackhub::server {
 
@@ -63,6 +64,13 @@ class DataPlane final : public RegistryObserver, public LaneHost {
     uint64_t chunk_bytes_out = 0;
   };
   std::vector<RackLinkStats> RackLinks() const;
+  // The updates of tenant `handle` (0: all) waiting for contributions for
+  // at least `min_wait` on every lane (stall_report.h), oldest first. A lane
+  // that does not answer within `timeout` (hung, or shutting down) is named
+  // in *unanswered instead of blocking the caller. Any thread but a lane's.
+  std::vector<StallEntry> Stalls(uint32_t handle, std::chrono::nanoseconds min_wait,
+                                 std::chrono::milliseconds timeout,
+                                 std::vector<uint32_t>* unanswered);
   // Whether key or tenant runtimes of `handle` exist, or of its key `key_id`
   // (tests: nothing of a deleted tenant or key stays behind).
   bool HasRuntimes(uint32_t handle, std::optional<uint32_t> key_id = std::nullopt) const;

@@ -12,6 +12,7 @@
 #include "checkpointer.h"
 #include "data_plane.h"
 #include "lanes.h"
+#include "metrics_exporter.h"
 #include "rdma_listener.h"
 #include "registry.h"
 #include "registry_store.h"
@@ -27,6 +28,8 @@ namespace {
 
 // In-flight admin calls get this long to finish at shutdown (they are short).
 constexpr auto kAdminShutdownGrace = std::chrono::seconds(1);
+// ListStalls waits this long for every lane (a hung lane is named instead).
+constexpr auto kStallsTimeout = std::chrono::milliseconds(1000);
 
 Status ReadSecretFile(const std::string& field, const std::string& path, std::string* out) {
   std::ifstream f(path, std::ios::binary);
@@ -160,24 +163,46 @@ Status Hub::Start() {
   if (rdma_) rdma_->Start(data_plane_.get());
   data_plane_->StartHubLinks();
   checkpointer_->Start();
-  return StartAdmin();
+  if (Status s = StartAdmin(); !s.ok()) return s;
+  if (config_.metrics.enabled) {
+    metrics_ = std::make_unique<MetricsExporter>(config_, registry_.get(), lanes_.get(),
+                                                 data_plane_.get(), admin_token, readonly_token);
+    if (Status s = metrics_->Start(); !s.ok()) return s;
+    metrics_address_ = metrics_->address();
+  }
+  return {};
 }
 
 Status Hub::StartAdmin() {
   Result<std::shared_ptr<grpc::ServerCredentials>> creds = AdminCredentials(config_.admin);
   if (!creds.ok()) return creds.status();
   DataPlane* plane = data_plane_.get();
-  services_ = std::make_unique<AdminServices>(
-      registry_.get(), auth_.get(),
-      DaemonIdentity{RACKHUB_VERSION, "", "", std::chrono::steady_clock::now(),
-                     config_.topology.rack, config_.topology.rack_count(), [plane] {
-                       std::vector<RackLinkInfo> out;
-                       for (const auto& l : plane->RackLinks()) {
-                         out.push_back({l.rack, l.bytes_out, l.bytes_in, l.chunk_bytes_out});
-                       }
-                       return out;
-                     }},
-      checkpointer_.get());
+  LaneSet* lanes = lanes_.get();
+  auto identity = std::make_shared<DaemonIdentity>();
+  identity->version = RACKHUB_VERSION;
+  identity->started = std::chrono::steady_clock::now();
+  identity->rack = config_.topology.rack;
+  identity->racks = config_.topology.rack_count();
+  identity->rack_links = [plane] {
+    std::vector<RackLinkInfo> out;
+    for (const auto& l : plane->RackLinks()) {
+      out.push_back({l.rack, l.bytes_out, l.bytes_in, l.chunk_bytes_out});
+    }
+    return out;
+  };
+  identity->lanes = [lanes] {
+    std::vector<LaneInfo> out;
+    const std::vector<int> cpus = lanes->PinnedCpus();
+    const std::vector<double> busy = lanes->BusySeconds();
+    for (size_t i = 0; i < cpus.size(); ++i) out.push_back({cpus[i], busy[i]});
+    return out;
+  };
+  identity->stalls = [plane](uint32_t handle, std::chrono::nanoseconds min_wait,
+                             std::vector<uint32_t>* unanswered) {
+    return plane->Stalls(handle, min_wait, kStallsTimeout, unanswered);
+  };
+  services_ = std::make_unique<AdminServices>(registry_.get(), auth_.get(), std::move(identity),
+                                              checkpointer_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -213,6 +238,7 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   if (stopped_) return;
   stopped_ = true;
   SetNotServing();
+  if (metrics_) metrics_->Stop();  // scrapes read everything below
   // No new connections; workers get a SHUTTING_DOWN error (nothing hangs),
   // then admin calls drain, then the tenants are checkpointed (the lanes
   // still run, nothing else touches them), then the lane threads stop.
@@ -229,6 +255,7 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   }
   if (lanes_) lanes_->Stop();
   admin_.reset();
+  metrics_.reset();
   services_.reset();
   checkpointer_.reset();
   rdma_.reset();

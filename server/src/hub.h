@@ -26,6 +26,7 @@ class AdminServices;
 class Checkpointer;
 class DataPlane;
 class LaneSet;
+class MetricsExporter;
 class RdmaListener;
 class Registry;
 class TcpAcceptor;
@@ -47,6 +48,8 @@ class Hub {
 
   const std::string& admin_address() const { return admin_address_; }
   const std::string& data_address() const { return data_address_; }
+  // HOST:PORT of /metrics; "" when metrics.enabled is false.
+  const std::string& metrics_address() const { return metrics_address_; }
   DataPlane& data_plane() { return *data_plane_; }
   Registry& registry() { return *registry_; }
   LaneSet& lanes() { return *lanes_; }
@@ -62,6 +65,7 @@ class Hub {
   uint32_t lane_count_ = 0;
   std::string admin_address_;
   std::string data_address_;
+  std::string metrics_address_;
   // Declared in start order; Stop tears down in reverse.
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<LaneSet> lanes_;
@@ -72,6 +76,7 @@ class Hub {
   std::unique_ptr<AdminAuth> auth_;
   std::unique_ptr<AdminServices> services_;
   std::unique_ptr<grpc::Server> admin_;
+  std::unique_ptr<MetricsExporter> metrics_;
   bool stopped_ = false;
 };
 

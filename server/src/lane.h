@@ -75,6 +75,8 @@ class Lane {
   // Closes what is still open without waiting for queued frames.
   void ForceClose();
   size_t connection_count() const { return table_.connection_count(); }
+  // Read-only inspection (stall_report.h). Lane thread only.
+  ChunkTable& table() { return table_; }
 
  private:
   void ArmStragglerCheck();

@@ -49,6 +49,9 @@ void LaneSet::Start(uint32_t count, bool pin) {
     lane->thread = std::thread([this, lane, i, cpu, &started] {
       const std::string name = "rackhub-lane" + std::to_string(i);
       pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+      if (pthread_getcpuclockid(pthread_self(), &lane->clock) == 0) {
+        lane->has_clock.store(true, std::memory_order_release);
+      }
       if (cpu >= 0) {
         cpu_set_t set;
         CPU_ZERO(&set);
@@ -94,6 +97,18 @@ bool LaneSet::AllLanesAlive(std::chrono::steady_clock::duration max_age) const {
     if (now - lane->last_tick_ns.load(std::memory_order_relaxed) > max_ns) return false;
   }
   return true;
+}
+
+std::vector<double> LaneSet::BusySeconds() const {
+  std::vector<double> out;
+  for (const auto& lane : lanes_) {
+    timespec ts{};
+    // After the thread ended clock_gettime fails (EINVAL): 0.
+    const bool ok = lane->has_clock.load(std::memory_order_acquire) &&
+                    clock_gettime(lane->clock, &ts) == 0;
+    out.push_back(ok ? static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9 : 0.0);
+  }
+  return out;
 }
 
 std::vector<int> LaneSet::PinnedCpus() const {

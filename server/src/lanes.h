@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include <time.h>
+
 #include "rackhub/net/asio.h"
 
 namespace rackhub::server {
@@ -44,6 +46,9 @@ class LaneSet {
   bool AllLanesAlive(std::chrono::steady_clock::duration max_age) const;
   // CPU each lane is pinned to (-1: not pinned).
   std::vector<int> PinnedCpus() const;
+  // CPU time each lane's thread has used (seconds; its busy time: an idle
+  // lane sleeps in epoll). 0 for a lane whose thread has not started or ended.
+  std::vector<double> BusySeconds() const;
 
  private:
   struct Lane {
@@ -51,6 +56,8 @@ class LaneSet {
     std::unique_ptr<boost::asio::steady_timer> heartbeat;
     std::atomic<int64_t> last_tick_ns{0};
     std::atomic<int> cpu{-1};
+    std::atomic<bool> has_clock{false};
+    clockid_t clock{};  // the thread's CPU clock, written before has_clock
     std::thread thread;
   };
   void Tick(Lane* lane);

@@ -89,7 +89,16 @@ Status TenantNotFound(const std::string& name) {
 }  // namespace
 
 Registry::Registry(uint32_t lanes, TenantDefaults defaults, const TopologyConfig& topology)
-    : lanes_(lanes), defaults_(defaults), memory_model_(MemoryModel::Of(topology)) {}
+    : lanes_(lanes),
+      racks_(topology.rack_count()),
+      defaults_(defaults),
+      memory_model_(MemoryModel::Of(topology)) {}
+
+std::shared_ptr<TenantCounters> Registry::NewCounters(const TenantInfo& info) const {
+  auto c = std::make_shared<TenantCounters>(lanes_, info.workers_per_rack * racks_);
+  c->weight.store(info.quotas.weight, std::memory_order_relaxed);
+  return c;
+}
 Registry::~Registry() = default;
 
 Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults defaults,
@@ -113,8 +122,7 @@ Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults 
       return FailedPrecondition(where + "tenant " + Quoted(info.name) + ": weight " +
                                 std::to_string(info.quotas.weight) + " is out of range");
     }
-    info.counters = std::make_shared<TenantCounters>();
-    info.counters->weight.store(info.quotas.weight, std::memory_order_relaxed);
+    info.counters = r.NewCounters(info);
     ChunkLayout layout(info.chunk_bytes, lanes);
     // Reserve the chunk indices used so far (deleted keys' included: never reused).
     if (row.next_chunk > 0) layout.Allocate(row.next_chunk * layout.chunk_elements());
@@ -217,8 +225,7 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
   info.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
-  info.counters = std::make_shared<TenantCounters>();
-  info.counters->weight.store(q.weight, std::memory_order_relaxed);
+  info.counters = NewCounters(info);
   std::string new_token = spec.token.empty() ? GenerateToken() : spec.token;
   const TokenHash hash = HashToken(new_token);
   if (store_) {

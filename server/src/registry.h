@@ -26,6 +26,7 @@
 
 #include "config.h"
 #include "key_memory.h"
+#include "tenant_metrics.h"
 #include "rackhub/aggregation/chunk_layout.h"
 #include "rackhub/aggregation/optimizer_config.h"
 #include "rackhub/common/status.h"
@@ -62,18 +63,28 @@ struct TenantSpec {
 
 // Live data-plane counters of a tenant; updated by lanes with relaxed atomics.
 struct TenantCounters {
+  TenantCounters(uint32_t lanes, uint32_t members) : lanes(lanes, members) {}
+
+  // What each lane recorded (pushes, bytes, errors, latencies), summed when
+  // read: tenant_metrics.h.
+  TenantLaneSlots lanes;
   std::atomic<uint32_t> workers_connected{0};
-  std::atomic<uint64_t> pushes{0};
-  std::atomic<uint64_t> bytes_in{0};
-  std::atomic<uint64_t> bytes_out{0};
+  // Updates of chunk 0 of every key (a key's iterations), workers lost (a
+  // connection closed without BYE) and iterations aborted for a straggler.
   std::atomic<uint64_t> iterations_completed{0};
-  std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> workers_lost{0};
+  std::atomic<uint64_t> stragglers{0};
   // Hub memory of the chunks the lanes have created so far (each chunk's
   // ChunkMemoryBytes; at most TenantInfo::memory_bytes).
   std::atomic<uint64_t> memory_bytes_allocated{0};
   // Quotas::weight as the lanes' schedulers read it (set by the registry on
   // create, load and UpdateQuotas).
   std::atomic<uint32_t> weight{1};
+  // Checkpoints written (Checkpointer): count, the newest one's duration
+  // (microseconds) and size on disk.
+  std::atomic<uint64_t> checkpoints{0};
+  std::atomic<uint64_t> last_checkpoint_us{0};
+  std::atomic<uint64_t> last_checkpoint_bytes{0};
 };
 
 struct TenantInfo {
@@ -216,12 +227,15 @@ class Registry {
  private:
   struct Tenant;
   Tenant* FindTenant(const std::string& name) const;  // REQUIRES: mu_ held
+  // A tenant's counters, one metrics block slot per lane and worker.
+  std::shared_ptr<TenantCounters> NewCounters(const TenantInfo& info) const;
 
   // The hub memory of a key of tenant `t` (key_memory.h).
   uint64_t KeyMemory(const TenantInfo& t, uint64_t elements, WireDType dtype,
                      aggregation::OptimizerType optimizer, uint32_t chunk_elements) const;
 
   const uint32_t lanes_;
+  const uint32_t racks_;  // the topology's (workers are rack * workers_per_rack + rank)
   const TenantDefaults defaults_;
   const MemoryModel memory_model_;
   mutable std::shared_mutex mu_;

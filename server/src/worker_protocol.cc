@@ -8,6 +8,7 @@
 
 #include "params_reply.h"
 #include "rack_exchange.h"
+#include "rackhub/common/log_safe.h"
 
 namespace rackhub::server {
 
@@ -31,6 +32,11 @@ constexpr size_t kTrimAfterBacklog = 1u << 20;
 constexpr auto kTrimDelay = std::chrono::milliseconds(500);
 
 std::string Num(uint64_t v) { return std::to_string(v); }
+
+void CountError(LaneTenant& t, WireError code) {
+  const auto slot = static_cast<uint32_t>(code);
+  t.metrics->errors[slot < kErrorCodeSlots ? slot : 0].Add(1);
+}
 
 }  // namespace
 
@@ -103,6 +109,7 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
   t->conns[member] = conn;
   t->conn_seq[member] = seq;
   if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
+  t->metrics->EnsureRank(member);
   spdlog::info("data: tenant '{}' rack {} rank {} connected on lane {} from {}", id.tenant, id.rack,
                id.rank, lane, id.peer);
   FrameHeader h;
@@ -114,18 +121,14 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
 
 Verdict WorkerProtocol::Refuse(net::Connection& conn, WireError code, const std::string& text,
                                uint64_t request_id) {
-  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) {
-    t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) CountError(*t, code);
   conn.SendError(code, text, request_id, false);
   return Verdict::kDiscard;
 }
 
 Verdict WorkerProtocol::Reject(net::Connection& conn, WireError code, const std::string& text,
                                uint64_t request_id) {
-  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) {
-    t->info.counters->errors.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) CountError(*t, code);
   spdlog::warn("data: tenant '{}' rank {} lane {} ({}): {}: {}; closing", conn.id().tenant,
                conn.id().rank, conn.id().lane, conn.id().peer, net::WireErrorName(code), text);
   conn.SendError(code, text, request_id, true);
@@ -342,15 +345,19 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     return;
   }
   const auto result = stage.Contribute(conn.id().rank, payload);
-  auto& counters = *t.info.counters;
-  counters.pushes.fetch_add(1, std::memory_order_relaxed);
-  counters.bytes_in.fetch_add(payload.size() + net::kHeaderBytes, std::memory_order_relaxed);
+  t.metrics->pushes.Add(1);
+  t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
   if (result != aggregation::ChunkState::AddResult::kAccepted &&
       result != aggregation::ChunkState::AddResult::kComplete) {
     Reject(conn, WireError::kInternal, "chunk: contribution refused", h.request_id);
     return;
   }
-  if (c.pushes.empty()) table_->MarkPending(t, c);
+  // How long the update's first contributor waited for this rank.
+  const auto now = std::chrono::steady_clock::now();
+  if (c.pushes.empty()) table_->MarkPending(t, c, now);
+  if (LatencyHistogram* late = t.metrics->rank(ChunkTable::Member(t, conn.id()))) {
+    late->Observe(now - c.first_contribution);
+  }
   c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id});
   if (result != aggregation::ChunkState::AddResult::kComplete) return;
   if (c.multi_rack()) {
@@ -376,8 +383,7 @@ void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHea
     Reject(conn, WireError::kInvalidArgument, "chunk: cannot be initialized now", h.request_id);
     return;
   }
-  t.info.counters->bytes_in.fetch_add(payload.size() + net::kHeaderBytes,
-                                      std::memory_order_relaxed);
+  t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
   host_->ChunkInitialized(t.info.handle, key->info.id, key->info.placement.chunk_count);
   SendParams(conn, c, 0, h.request_id);
   AnswerPulls(c, 0);
@@ -416,7 +422,7 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
 
 void WorkerProtocol::OnBytesSent(net::Connection& conn, size_t bytes) {
   if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) {
-    t->info.counters->bytes_out.fetch_add(bytes, std::memory_order_relaxed);
+    t->metrics->bytes_out.Add(bytes);
   }
 }
 
@@ -447,6 +453,8 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
   // for it (or a replacement) like for a rank that has not connected yet,
   // bounded by the straggler timeout.
   if (left) return;
+  // Every worker has a connection on lane 0: counted there once.
+  if (lane == 0) t->info.counters->workers_lost.fetch_add(1, std::memory_order_relaxed);
   const uint32_t handle = conn.id().tenant_handle;
   const std::string what =
       (table_->racks() > 1 ? "rack " + Num(conn.id().rack) + " " : std::string()) + "rank " +
@@ -471,7 +479,7 @@ void WorkerProtocol::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t bef
 
 void WorkerProtocol::RefuseIteration(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
                                      uint64_t current, const std::string& text) {
-  t.info.counters->errors.fetch_add(1, std::memory_order_relaxed);
+  CountError(t, WireError::kBadIteration);
   t.runtime->PushFailed(ChunkTable::Member(t, conn.id()), h.key, h.iteration);
   net::ErrorFrame e =
       net::MakeErrorFrame(WireError::kBadIteration, text, t.info.handle, h.request_id, false);
@@ -505,11 +513,14 @@ void WorkerProtocol::CheckStragglers() {
   const auto limit = std::chrono::milliseconds(config_.straggler_timeout_ms);
   for (auto& [handle, t] : table_->tenants()) {
     bool expired = false;
-    std::string missing;
+    std::string missing, where;
     for (uint64_t id : t.pending) {
       const Chunk& c = *t.chunks.at(id);
       if (now - c.first_contribution <= limit) continue;
       expired = true;
+      const auto key = t.keys.find(c.key_id);
+      where = "key " + QuoteForLog(key != t.keys.end() ? key->second.info.name : "?") +
+              " chunk " + Num(c.index_in_key) + " (update " + Num(c.current_version() + 1) + ")";
       if (c.multi_rack()) {
         missing = "of some rack";
         break;
@@ -524,10 +535,11 @@ void WorkerProtocol::CheckStragglers() {
     if (expired) {
       // Every lane fails its part of the iteration, then the tenant is
       // brought back to one version per key.
+      t.info.counters->stragglers.fetch_add(1, std::memory_order_relaxed);
       host_->AbortIteration(handle, "straggler: rank(s) " + missing + " did not push within " +
                                         Num(config_.straggler_timeout_ms) +
-                                        " ms (data.straggler_timeout_ms); partial sums were "
-                                        "discarded");
+                                        " ms (data.straggler_timeout_ms) to " + where +
+                                        "; partial sums were discarded");
     }
   }
 }

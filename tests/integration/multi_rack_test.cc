@@ -198,7 +198,7 @@ TEST(MultiRackTest, TopologyWithoutASecretIsAConfigError) {
   const std::vector<std::string> base = {BinPath("rackhubd"), "--in-memory",  "--lanes", "1",
                                          "--admin-listen",   "127.0.0.1:0", "--data-listen",
                                          "127.0.0.1:0",      "--racks",     racks,     "--rack",
-                                         "0"};
+                                         "0",                "--no-metrics"};
   for (const bool check_only : {true, false}) {
     auto argv = base;
     if (check_only) argv.push_back("--check-config");

@@ -155,7 +155,7 @@ TEST(RegistryStartUpTest, CorruptOrUnusableStateStopsTheDaemonWithExit78) {
   const std::string garbage(4096, 'g');
   WriteFile(db, garbage);
   CommandResult r = RunCommand({BinPath("rackhubd"), "--admin-listen", "127.0.0.1:0",
-                                "--data-listen", "127.0.0.1:0", "--state-dir", dir});
+                                "--data-listen", "127.0.0.1:0", "--no-metrics", "--state-dir", dir});
   EXPECT_EQ(r.exit_code, kExitConfigError) << Describe(r);
   EXPECT_NE(r.err.find("state.dir: " + db + ": file is not a database"), std::string::npos)
       << Describe(r);
@@ -177,7 +177,7 @@ TEST(RegistryStartUpTest, OneDaemonPerStateDirectory) {
   DaemonProcess first({"--lanes", "1"});
   ASSERT_TRUE(first.started());
   CommandResult r = RunCommand({BinPath("rackhubd"), "--admin-listen", "127.0.0.1:0",
-                                "--data-listen", "127.0.0.1:0", "--state-dir",
+                                "--data-listen", "127.0.0.1:0", "--no-metrics", "--state-dir",
                                 first.state_dir()});
   EXPECT_EQ(r.exit_code, kExitConfigError) << Describe(r);
   EXPECT_NE(r.err.find("state.dir: " + first.state_dir() + " is in use by another rackhubd (pid " +

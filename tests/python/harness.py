@@ -32,7 +32,8 @@ class Hub:
         self.log = open(os.path.join(self.dir, "rackhubd.log"), "wb")
         self.proc = subprocess.Popen(
             [os.path.join(self.bin, "rackhubd"), "--admin-listen", "127.0.0.1:0",
-             "--data-listen", "127.0.0.1:0", "--admin-token-file", self.admin_token,
+             "--data-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+             "--admin-token-file", self.admin_token,
              "--ready-file", ready, "--lanes", str(lanes), "--no-pin-lanes",
              "--state-dir", os.path.join(self.dir, "state")],
             stdout=self.log, stderr=subprocess.STDOUT)

@@ -28,7 +28,8 @@ def restart(hub):
     ready = os.path.join(hub.dir, "ready2")
     hub.proc = subprocess.Popen(
         [os.path.join(hub.bin, "rackhubd"), "--admin-listen", hub.admin,
-         "--data-listen", hub.data, "--admin-token-file", hub.admin_token,
+         "--data-listen", hub.data, "--metrics-listen", "127.0.0.1:0",
+         "--admin-token-file", hub.admin_token,
          "--ready-file", ready, "--lanes", "2", "--no-pin-lanes",
          "--state-dir", os.path.join(hub.dir, "state")],
         stdout=hub.log, stderr=subprocess.STDOUT)

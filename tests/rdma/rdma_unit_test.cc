@@ -67,7 +67,8 @@ TEST(RdmaStartUpTest, MissingDeviceFailsClearly) {
   using rackhub::testing::BinPath;
   using rackhub::testing::RunCommand;
   std::vector<std::string> argv = {BinPath("rackhubd"), "--transport", "rdma", "--admin-listen",
-                                   "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--in-memory"};
+                                   "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--in-memory",
+                                   "--metrics-listen", "127.0.0.1:0"};
   std::string expect = "no RDMA verbs device";
   if (DevicePresent()) {
     argv.insert(argv.end(), {"--rdma-device", "nonexistent0"});

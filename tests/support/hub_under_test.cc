@@ -87,7 +87,8 @@ class MemoryHub final : public HubUnderTest {
  public:
   static std::unique_ptr<MemoryHub> Start(std::vector<std::string> args, std::string* why) {
     std::vector<std::string> argv = {"rackhubd", "--admin-listen", "127.0.0.1:0",
-                                     "--data-listen", "127.0.0.1:0", "--no-pin-lanes"};
+                                     "--data-listen", "127.0.0.1:0", "--no-pin-lanes",
+                                     "--no-metrics"};
     if (!HasStateDir(args)) argv.push_back("--in-memory");
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<const char*> cargv;

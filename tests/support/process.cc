@@ -151,7 +151,8 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) {
     args_.insert(args_.end(), {"--state-dir", state_dir_});
   }
   args_.insert(args_.end(), extra_args.begin(), extra_args.end());
-  Launch({"--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"});
+  Launch({"--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--metrics-listen",
+          "127.0.0.1:0"});
 }
 
 bool DaemonProcess::Restart() {
@@ -163,7 +164,10 @@ bool DaemonProcess::Restart() {
     ADD_FAILURE() << "DaemonProcess::Restart: the first start never became ready";
     return false;
   }
-  Launch({"--admin-listen", admin_address_, "--data-listen", data_address_});
+  std::vector<std::string> ports = {"--admin-listen", admin_address_, "--data-listen",
+                                    data_address_};
+  if (!metrics_address_.empty()) ports.insert(ports.end(), {"--metrics-listen", metrics_address_});
+  Launch(ports);
   return started_;
 }
 
@@ -195,13 +199,15 @@ void DaemonProcess::Launch(const std::vector<std::string>& ports) {
       return;
     }
     const std::string text = ReadFile(ready);
-    // The ready file holds two lines: "admin HOST:PORT" and "data HOST:PORT".
+    // The ready file holds "admin HOST:PORT" and "data HOST:PORT" lines, and
+    // "metrics HOST:PORT" unless metrics are off.
     if (!text.empty() && text.back() == '\n') {
       std::istringstream in(text);
       std::string what, addr;
       while (in >> what >> addr) {
         if (what == "admin") admin_address_ = addr;
         if (what == "data") data_address_ = addr;
+        if (what == "metrics") metrics_address_ = addr;
       }
       started_ = !admin_address_.empty();
       if (started_) return;

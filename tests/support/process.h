@@ -52,6 +52,8 @@ class DaemonProcess {
   // "127.0.0.1:PORT" of the admin gRPC server and the data plane.
   const std::string& admin_address() const { return admin_address_; }
   const std::string& data_address() const { return data_address_; }
+  // "127.0.0.1:PORT" of /metrics ("" when started with --no-metrics).
+  const std::string& metrics_address() const { return metrics_address_; }
   // The daemon's stderr (its log) so far.
   std::string Log() const;
   // Sends `sig` and waits up to `timeout` for exit. Returns the exit status
@@ -80,6 +82,7 @@ class DaemonProcess {
   bool started_ = false;
   std::string admin_address_;
   std::string data_address_;
+  std::string metrics_address_;
 };
 
 

@@ -19,7 +19,7 @@ using namespace std::chrono_literals;
 
 std::unique_ptr<Hub> StartHub() {
   std::vector<const char*> argv = {"rackhubd", "--admin-listen", "127.0.0.1:0", "--data-listen",
-                                   "127.0.0.1:0", "--no-pin-lanes", "--in-memory", "--lanes", "2",
+                                   "127.0.0.1:0", "--no-pin-lanes", "--no-metrics", "--in-memory", "--lanes", "2",
                                    "--transport", "tcp"};
   const ParseResult parsed = ParseCommandLine(static_cast<int>(argv.size()), argv.data());
   EXPECT_TRUE(parsed.ok());

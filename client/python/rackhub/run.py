@@ -116,6 +116,7 @@ def _start_hub(a, work):
     ready = os.path.join(work, "ready")
     log = open(os.path.join(work, "rackhubd.log"), "wb")
     cmd = [rackhubd, "--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+           "--metrics-listen", "127.0.0.1:0",
            "--admin-token-file", token_file, "--ready-file", ready,
            "--state-dir", os.path.join(work, "state")]
     if a.lanes:
