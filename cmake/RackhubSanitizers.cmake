@@ -63,12 +63,14 @@ set(RACKHUB_ASAN_TESTS
   reply_queue_test          # queued replies outliving key/tenant deletion, bounded queues
   hostile_clients_test      # pre-HELLO floods, descriptor exhaustion, foreign ids
   durability_test           # checkpoints written, damaged, skipped, restored; restarts
+  metrics_test              # /metrics scrapes, ListStalls across lanes, rackhubctl top/stalls
   admin_api_test)           # the admin gRPC API (rackhubd) and its refusals
 # TSan: the tests where lanes, admin calls and transports run concurrently.
 set(RACKHUB_TSAN_TESTS
   lane_fault_test           # in-process hub: lane threads, admin gRPC threads, in-memory links
   data_plane_protocol_test  # in-process hub and rackhubd: key/tenant deletion while workers run
-  admin_api_test)           # admin mutations against rackhubd while its lanes serve
+  admin_api_test            # admin mutations against rackhubd while its lanes serve
+  metrics_test)             # scrapes and ListStalls reading the lanes while they train
 
 # Called by rackhub_add_test: the extra labels of test `name` with `labels`.
 function(rackhub_sanitizer_labels name labels out)
