@@ -10,6 +10,8 @@
 #   tsan     TSan build in build-tsan/ (GCC): the CTest label `tsan`
 #   fuzz     every libFuzzer target of fuzz/ for RACKHUB_FUZZ_SECONDS (20) each
 #   rdma     the RDMA tests on a real verbs device or in a Soft-RoCE VM
+#   systemd  the rackhubd unit and package under a real systemd, in a VM
+#            (tests/systemd/run.sh; uses build/ only)
 # With no arguments every stage runs. With ctest arguments only `release`
 # runs (a quick filtered run, as before) unless RACKHUB_STAGES names the
 # stages; the arguments go to every CTest stage chosen, e.g.
@@ -21,7 +23,7 @@ cd "$(dirname "$0")/.."
 if [ -n "${RACKHUB_STAGES:-}" ]; then
   stages=" $RACKHUB_STAGES "
 elif [ $# -eq 0 ]; then
-  stages=" release asan tsan fuzz rdma "
+  stages=" release asan tsan fuzz rdma systemd "
 else
   stages=" release "
 fi
@@ -87,6 +89,13 @@ rdma() {
   tests/rdma/run.sh build "$@"
 }
 
+# The .deb (or install tree) of build/ in a VM booted with systemd as PID 1:
+# start after READY, stop, config errors, watchdog restarts, hardening score
+# (SKIPPED, loudly, if the VM cannot boot).
+systemd_vm() {
+  tests/systemd/run.sh build
+}
+
 want release && stage release release
 if want asan || want fuzz; then
   stage asan-build asan_build
@@ -100,6 +109,7 @@ fi
 want tsan && stage tsan tsan
 if want fuzz && [[ " ${failed[*]} " != *" asan-build "* ]]; then stage fuzz fuzz; fi
 want rdma && stage rdma rdma "$@"
+want systemd && stage systemd systemd_vm
 
 echo "================ summary ================"
 printf '%s\n' "${summary[@]}"
