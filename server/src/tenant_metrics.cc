@@ -23,23 +23,6 @@ void LatencyHistogram::AddTo(Snapshot* s) const {
   s->sum_seconds += static_cast<double>(sum_ns_.Read()) * 1e-9;
 }
 
-void LatencyHistogram::Snapshot::Add(const Snapshot& other) {
-  for (int i = 0; i <= kBounds; ++i) counts[i] += other.counts[i];
-  count += other.count;
-  sum_seconds += other.sum_seconds;
-}
-
-double LatencyHistogram::Snapshot::Quantile(double q) const {
-  if (count == 0) return 0;
-  const double rank = q * static_cast<double>(count);
-  uint64_t seen = 0;
-  for (int i = 0; i < kBounds; ++i) {
-    seen += counts[i];
-    if (static_cast<double>(seen) >= rank) return BoundSeconds(i);
-  }
-  return BoundSeconds(kBounds - 1);
-}
-
 TenantLaneMetrics::TenantLaneMetrics(uint32_t members)
     : members_(members), lateness_(new std::atomic<LatencyHistogram*>[members]) {
   for (uint32_t m = 0; m < members; ++m) lateness_[m].store(nullptr, std::memory_order_relaxed);

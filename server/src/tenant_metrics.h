@@ -48,10 +48,6 @@ class LatencyHistogram {
     std::array<uint64_t, kBounds + 1> counts{};  // per bucket (not cumulative); last = +Inf
     uint64_t count = 0;
     double sum_seconds = 0;
-    void Add(const Snapshot& other);
-    // The q-quantile (0 < q < 1) as the upper bound of the bucket holding it
-    // (seconds); 0 without observations, +Inf bucket: the largest bound.
-    double Quantile(double q) const;
   };
   void AddTo(Snapshot* s) const;
 
@@ -81,7 +77,6 @@ struct TenantLaneMetrics {
   LatencyHistogram* rank(uint32_t member) {
     return member < members_ ? lateness_[member].load(std::memory_order_relaxed) : nullptr;
   }
-  uint32_t members() const { return members_; }
   const LatencyHistogram* rank_for_reading(uint32_t member) const {
     return lateness_[member].load(std::memory_order_acquire);
   }
