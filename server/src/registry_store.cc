@@ -272,7 +272,17 @@ Result<std::unique_ptr<RegistryStore>> RegistryStore::Open(const std::string& di
   if (ftruncate(lock_fd, 0) != 0 || pwrite(lock_fd, me.data(), me.size(), 0) < 0) {
     // The pid is only for the message above; the lock is what counts.
   }
-  const std::string path = (std::filesystem::path(dir) / kFileName).string();
+  // The database is opened without following symlinks (a planted
+  // registry.db symlink is refused), but the directory may be one: systemd's
+  // StateDirectory= with DynamicUser= makes /var/lib/rackhub a symlink to
+  // private/rackhub, and SQLite's NOFOLLOW refuses a symlink anywhere in the
+  // path. So the directory is resolved first.
+  const std::filesystem::path real_dir = std::filesystem::canonical(dir, ec);
+  if (ec) {
+    close(lock_fd);
+    return FailedPrecondition("state.dir: cannot resolve " + dir + ": " + ec.message());
+  }
+  const std::string path = (real_dir / kFileName).string();
   // An existing file must open for reading and writing; report why not here
   // (sqlite3 would only say "unable to open database file").
   if (access(path.c_str(), F_OK) == 0) {

@@ -390,6 +390,29 @@ TEST_F(RegistryStoreTest, GarbageFileIsRefusedAndKept) {
   EXPECT_EQ(ReadBytes(db_path_), garbage);  // never replaced
 }
 
+// systemd's StateDirectory= with DynamicUser= makes the state directory a
+// symlink (/var/lib/rackhub -> private/rackhub): it opens and persists. A
+// registry.db that is itself a symlink is still refused.
+TEST_F(RegistryStoreTest, StateDirectoryBehindASymlinkOpensAndASymlinkedDatabaseDoesNot) {
+  const std::string real = root_ + "/private/rackhub";
+  fs::create_directories(real);
+  fs::create_directory_symlink(real, dir_);
+  {
+    Result<std::unique_ptr<RegistryStore>> store = RegistryStore::Open(dir_);
+    ASSERT_TRUE(store.ok()) << store.status().message();
+  }
+  EXPECT_TRUE(fs::exists(real + "/registry.db"));
+  {
+    Result<std::unique_ptr<RegistryStore>> again = RegistryStore::Open(dir_);
+    ASSERT_TRUE(again.ok()) << again.status().message();
+  }
+  fs::remove(dir_);
+  fs::create_directories(dir_);
+  fs::create_symlink(real + "/registry.db", db_path_);
+  Result<std::unique_ptr<RegistryStore>> planted = RegistryStore::Open(dir_);
+  EXPECT_FALSE(planted.ok()) << "a registry.db symlink must not be followed";
+}
+
 TEST_F(RegistryStoreTest, FlippedByteInATablePageFailsTheIntegrityCheck) {
   Open();
   CreateTenant("flipflopflipflop");
