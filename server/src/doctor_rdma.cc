@@ -172,10 +172,15 @@ Row CheckVerbsDevices(const Config& config, const std::vector<VerbsDevice>& devi
     }
     row.detail.insert(row.detail.begin(),
                       fmt::format("data.transport = {}: {}: {}", transport, what, outcome));
+    bool unopened = false;
+    for (const auto& d : devices) unopened = unopened || !d.error.empty();
     if (devices.empty()) {
       row.fix =
           "load the NIC's RDMA driver and rdma-core (`ibv_devices` must list a device; Soft-RoCE "
           "on any Ethernet port: `rdma link add rxe0 type rxe netdev IFACE`)";
+    } else if (unopened) {
+      row.fix = "let the service's user open /dev/infiniband/uverbs* (`ls -l /dev/infiniband`; "
+                "a unit needs DeviceAllow=char-uverbs rw)";
     } else if (!wanted.empty()) {
       row.fix = "set data.rdma_device to one of the devices listed (or \"\" for any)";
     } else {
