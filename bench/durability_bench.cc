@@ -260,7 +260,7 @@ class Worker {
   void Note(const rc::Error& e) {
     std::string what = rc::ErrorCodeName(e.code);
     if (e.code == rc::ErrorCode::kServer)
-      what += std::string("/") + rackhub::net::WireErrorName(e.wire);
+      what += std::string("/") + rackhub::client::WireErrorName(e.wire);
     std::lock_guard l(mu_);
     ++notes_[what];
   }

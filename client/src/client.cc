@@ -20,6 +20,11 @@ const char* ErrorCodeName(ErrorCode code) {
   return "UNKNOWN";
 }
 
+const char* WireErrorName(WireError code) {
+  if (code == WireError::kNone) return "NONE";
+  return net::WireErrorName(static_cast<net::WireError>(code));  // "UNKNOWN" if not known
+}
+
 std::unique_ptr<Client> Client::Connect(const Options& options, Error* error) {
   auto impl = std::make_unique<Impl>(options);
   Error e = impl->Connect();

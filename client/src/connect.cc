@@ -16,7 +16,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr const char* kClientVersion = "librackhub 0.1.0";
 
-Error MakeError(ErrorCode code, std::string message, net::WireError wire = {}) {
+Error MakeError(ErrorCode code, std::string message, WireError wire = WireError::kNone) {
   Error e;
   e.code = code;
   e.wire = wire;
@@ -123,7 +123,7 @@ Error Client::Impl::CheckHelloReply(const std::string& where, const net::FrameHe
                               text;
     return MakeError(code == net::WireError::kUnauthenticated ? ErrorCode::kUnauthenticated
                                                               : ErrorCode::kConnectFailed,
-                     what, code);
+                     what, internal::ToClientWireError(code));
   }
   if (reply.opcode != net::Opcode::kWelcome) {
     return MakeError(ErrorCode::kConnectFailed, where + ": expected WELCOME, got " +

@@ -49,7 +49,7 @@ Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHead
   }
   Error e;
   e.code = ErrorCode::kServer;
-  e.wire = code;
+  e.wire = ToClientWireError(code);
   // BAD_ITERATION: the header carries the chunk's current version.
   if (code == net::WireError::kBadIteration) e.iteration = h.iteration;
   e.message = std::string("hub refused ") + OpKindName(op->kind) + " of key " +

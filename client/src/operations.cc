@@ -126,7 +126,7 @@ Error Client::Impl::AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, b
                         std::string(kind) + " of key '" + k.info.name +
                             "': the hub no longer has this key (or has it with another layout) "
                             "since the client reconnected: UNKNOWN_KEY");
-    e.wire = net::WireError::kUnknownKey;
+    e.wire = WireError::kUnknownKey;
     return e;
   }
   if (op->kind == OpKind::kPushPull && k.info.resync_needed && !k.busy) return k.resync_error;
@@ -323,7 +323,7 @@ Error Client::Impl::KeyAllowsSend(const Operation& op) {
                         std::string(internal::OpKindName(op.kind)) + " of key '" + k.info.name +
                             "': the hub no longer has this key (or has it with another layout) "
                             "since the client reconnected: UNKNOWN_KEY");
-    e.wire = net::WireError::kUnknownKey;
+    e.wire = WireError::kUnknownKey;
     return e;
   }
   if (op.kind == OpKind::kPushPull && k.info.resync_needed) return k.resync_error;
@@ -518,17 +518,17 @@ void Client::Impl::Finish(const OperationPtr& op) {
           if (op->kind == OpKind::kPull) k.resync_needed = false;
         }
         if (!result.ok() && op->kind == OpKind::kPushPull && result.code == ErrorCode::kServer &&
-            (result.wire == net::WireError::kWorkerLost ||
-             result.wire == net::WireError::kBadIteration)) {
+            (result.wire == WireError::kWorkerLost ||
+             result.wire == WireError::kBadIteration)) {
           // The key's chunks may be at another version than next_iteration:
           // the caller must Pull before pushing again.
           Error mark = MakeError(
               ErrorCode::kRolledBack,
               "key '" + k.name + "' needs a Pull before the next PushPull: its PushPull of " +
                   "iteration " + std::to_string(op->iteration) + " failed with " +
-                  net::WireErrorName(result.wire) + " (" + result.message + ")");
-          mark.iteration = result.wire == net::WireError::kBadIteration ? result.iteration
-                                                                          : k.next_iteration;
+                  WireErrorName(result.wire) + " (" + result.message + ")");
+          mark.iteration =
+              result.wire == WireError::kBadIteration ? result.iteration : k.next_iteration;
           MarkResync(it->second, std::move(mark));
         }
       }

@@ -6,6 +6,31 @@ namespace rackhub::client::internal {
 
 net::DType WireDType(DType dtype) { return static_cast<net::DType>(static_cast<uint8_t>(dtype)); }
 
+// client::WireError mirrors net::WireError number for number (client.h keeps
+// the wire header out of the public API); these keep the two in step.
+#define RACKHUB_SAME_WIRE_CODE(name)                   \
+  static_assert(static_cast<uint32_t>(WireError::name) == \
+                static_cast<uint32_t>(net::WireError::name))
+RACKHUB_SAME_WIRE_CODE(kMalformed);
+RACKHUB_SAME_WIRE_CODE(kUnauthenticated);
+RACKHUB_SAME_WIRE_CODE(kUnknownKey);
+RACKHUB_SAME_WIRE_CODE(kBadChunk);
+RACKHUB_SAME_WIRE_CODE(kBadDType);
+RACKHUB_SAME_WIRE_CODE(kBadIteration);
+RACKHUB_SAME_WIRE_CODE(kDuplicatePush);
+RACKHUB_SAME_WIRE_CODE(kNotReady);
+RACKHUB_SAME_WIRE_CODE(kWorkerLost);
+RACKHUB_SAME_WIRE_CODE(kQuotaExceeded);
+RACKHUB_SAME_WIRE_CODE(kInvalidArgument);
+RACKHUB_SAME_WIRE_CODE(kTenantGone);
+RACKHUB_SAME_WIRE_CODE(kShuttingDown);
+RACKHUB_SAME_WIRE_CODE(kInternal);
+#undef RACKHUB_SAME_WIRE_CODE
+
+WireError ToClientWireError(net::WireError code) {
+  return static_cast<WireError>(static_cast<uint32_t>(code));
+}
+
 admin::v1::DType ProtoDType(DType dtype) {
   switch (dtype) {
     case DType::kFp32: return admin::v1::FP32;

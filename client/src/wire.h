@@ -13,6 +13,8 @@
 namespace rackhub::client::internal {
 
 net::DType WireDType(DType dtype);
+// The public mirror of a wire error code (same number; client.h).
+WireError ToClientWireError(net::WireError code);
 admin::v1::DType ProtoDType(DType dtype);
 // Returns false for values this client does not know.
 bool FromProtoDType(int proto, DType* out);

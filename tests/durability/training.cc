@@ -44,7 +44,8 @@ bool PullKey(client::Client& c, TrainingKey& key, client::Error* error) {
 bool NeedsResync(const client::Error& e) {
   return e.code == client::ErrorCode::kRolledBack ||
          (e.code == client::ErrorCode::kServer &&
-          (e.wire == net::WireError::kWorkerLost || e.wire == net::WireError::kBadIteration));
+          (e.wire == client::WireError::kWorkerLost ||
+           e.wire == client::WireError::kBadIteration));
 }
 
 }  // namespace rackhub::testing

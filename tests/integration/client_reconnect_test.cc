@@ -360,7 +360,7 @@ TEST_F(ClientReconnectTest, LostPeerThenReplacement) {
   ::kill(peer, SIGKILL);
   const Error e = c0->Wait(pending);
   ASSERT_EQ(e.code, ErrorCode::kServer) << e.message;
-  EXPECT_EQ(e.wire, net::WireError::kWorkerLost) << e.message;
+  EXPECT_EQ(e.wire, WireError::kWorkerLost) << e.message;
   EXPECT_TRUE(c0->GetKeyInfo(key)->resync_needed);
   EXPECT_EQ(c0->Wait(c0->PushPull(key, grad, out)).code, ErrorCode::kRolledBack);
 

@@ -448,7 +448,7 @@ TEST_P(ClientTest, WrongTokenIsUnauthenticated) {
   auto c = Connect(ClientOptions("auth", token + "x"), &e);
   EXPECT_EQ(c, nullptr);
   EXPECT_EQ(e.code, ErrorCode::kUnauthenticated) << e.message;
-  EXPECT_EQ(e.wire, net::WireError::kUnauthenticated);
+  EXPECT_EQ(e.wire, client::WireError::kUnauthenticated);
   c = Connect(ClientOptions("nosuchtenant", token), &e);
   EXPECT_EQ(e.code, ErrorCode::kUnauthenticated) << e.message;
   c = Connect(ClientOptions("auth", token), &e);
@@ -577,7 +577,7 @@ TEST_P(ClientTest, DeclareQuotaAndContradictions) {
   ASSERT_TRUE(c->DeclareKey({"b", 100, DType::kFp16}, &b).ok());
   e = c->DeclareKey({"c", 100}, &x);
   EXPECT_EQ(e.code, ErrorCode::kServer) << e.message;
-  EXPECT_EQ(e.wire, net::WireError::kQuotaExceeded) << e.message;
+  EXPECT_EQ(e.wire, client::WireError::kQuotaExceeded) << e.message;
   EXPECT_EQ(c->FindKey("b"), b);
   EXPECT_FALSE(c->FindKey("c").has_value());
   // The client keeps working after refusals; a new client sees the keys in WELCOME.

@@ -323,7 +323,7 @@ TEST(RdmaDataPlaneTest, DisconnectFailsPendingRequestsWithoutHangingTheLane) {
   const auto e = rank1->Wait(ticket);
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_EQ(e.code, client::ErrorCode::kServer) << e.message;
-  EXPECT_EQ(e.wire, net::WireError::kWorkerLost) << e.message;
+  EXPECT_EQ(e.wire, client::WireError::kWorkerLost) << e.message;
   EXPECT_LT(took, 30s) << "failed only after the straggler timeout?";
   // The lanes still serve: a single-worker tenant trains on them.
   const std::string solo_token = hub.CreateTenant("solo", 1);

@@ -332,11 +332,11 @@ TEST(RdmaMultiRackTest, HubLinksOverRdmaGiveTheFlatBitsAndFailFastWhenAHubDies) 
       const client::Error e = rack0[i]->Wait(tickets[i]);
       const auto took = std::chrono::steady_clock::now() - since;
       std::cout << what << ": rank " << i << " got " << client::ErrorCodeName(e.code) << " "
-                << net::WireErrorName(e.wire) << " after "
+                << client::WireErrorName(e.wire) << " after "
                 << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                 << " ms: " << e.message << "\n";
       EXPECT_EQ(e.code, client::ErrorCode::kServer) << e.message;
-      EXPECT_EQ(e.wire, net::WireError::kWorkerLost) << e.message;
+      EXPECT_EQ(e.wire, client::WireError::kWorkerLost) << e.message;
       EXPECT_LT(took, 15s) << what << ": WORKER_LOST only after " << took.count() << " ns";
     }
   };

@@ -46,14 +46,14 @@ PyObject* g_worker_lost_type = nullptr;
   py::gil_scoped_acquire gil;
   PyObject* raw = g_error_type;
   if (e.code == rc::ErrorCode::kRolledBack) raw = g_rolled_back_type;
-  if (e.code == rc::ErrorCode::kServer && e.wire == rackhub::net::WireError::kWorkerLost) {
+  if (e.code == rc::ErrorCode::kServer && e.wire == rc::WireError::kWorkerLost) {
     raw = g_worker_lost_type;
   }
   py::object type = py::reinterpret_borrow<py::object>(raw);
   py::object exc = type(py::str(e.message));
   exc.attr("code") = py::str(rc::ErrorCodeName(e.code));
   exc.attr("wire") = e.code == rc::ErrorCode::kServer || e.code == rc::ErrorCode::kUnauthenticated
-                         ? py::object(py::str(rackhub::net::WireErrorName(e.wire)))
+                         ? py::object(py::str(rc::WireErrorName(e.wire)))
                          : py::object(py::none());
   exc.attr("iteration") = e.iteration;
   PyErr_SetObject(raw, exc.ptr());

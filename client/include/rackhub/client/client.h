@@ -21,6 +21,11 @@
 //  - The Client object must outlive every ticket it issued; the destructor
 //    calls Close().
 //
+// Installed as <rackhub/client/client.h> (docs/packaging.md): C++20, only
+// standard headers, linked against librackhub.so (CMake: find_package(rackhub)
+// and rackhub::client; pkg-config: rackhub). Nothing of the wire format
+// (rackhub/net/) is part of this API; WireError below mirrors its error codes.
+//
 // Errors (one page for all of them: docs/errors.md): every failure reaches the
 // caller as an Error. A request the hub refuses fails with kServer and the
 // hub's code and text. A ticket that is not done after Options::op_timeout
@@ -68,8 +73,6 @@
 #include <string>
 #include <vector>
 
-#include "rackhub/net/frame.h"
-
 namespace rackhub::client {
 
 // Data-plane transport of a client (docs/architecture.md, Transports).
@@ -112,9 +115,33 @@ enum class ErrorCode {
 };
 const char* ErrorCodeName(ErrorCode code);
 
+// The hub's error code of an ERROR frame: the same numbers as the wire's u32
+// code (docs/wire-protocol.md, Error codes; docs/errors.md says which are
+// fatal). kNone: no hub error.
+enum class WireError : uint32_t {
+  kNone = 0,
+  kMalformed = 1,         // bad magic/version/opcode/length/field
+  kUnauthenticated = 2,   // wrong tenant or token
+  kUnknownKey = 3,
+  kBadChunk = 4,          // chunk out of range or wrong payload size
+  kBadDType = 5,
+  kBadIteration = 6,      // stale or ahead of the hub
+  kDuplicatePush = 7,     // the rank already pushed this chunk this iteration
+  kNotReady = 8,          // INIT expected / key not initialized
+  kWorkerLost = 9,        // another worker of the tenant disconnected or timed out
+  kQuotaExceeded = 10,
+  kInvalidArgument = 11,  // e.g. a DECLARE that contradicts the existing key
+  kTenantGone = 12,       // the tenant or key was deleted
+  kShuttingDown = 13,
+  kInternal = 14,
+};
+// "WORKER_LOST", ...; "NONE" for kNone, "UNKNOWN" for a code this client does
+// not know.
+const char* WireErrorName(WireError code);
+
 struct Error {
   ErrorCode code = ErrorCode::kOk;
-  net::WireError wire = {};  // set for kServer (and kUnauthenticated from the hub)
+  WireError wire = WireError::kNone;  // set for kServer (and kUnauthenticated from the hub)
   std::string message;       // human readable; includes the hub's text if any
   // kRolledBack: the hub's version of the key (the iteration a Pull returns).
   // kServer/BAD_ITERATION: the chunk's version the hub reported.
