@@ -707,7 +707,7 @@ options (flags override the config file):
       --in-memory                   keep no state on disk; a restart starts empty
                                     (tests and benchmarks only)
       --checkpoint-every-iterations N  checkpoint a tenant every N updates; 0 = off [0]
-      --checkpoint-every-seconds N  checkpoint every tenant every N s; 0 = off [0]
+      --checkpoint-every-seconds N  checkpoint every tenant every N s; 0 = off [300]
       --checkpoint-keep N           newest checkpoints kept per tenant (>= 1) [3]
       --log-level LEVEL             trace|debug|info|warn|error|critical|off [info]
       --ready-file FILE             write "admin ADDR", "data ADDR" (and "metrics
