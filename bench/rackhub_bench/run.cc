@@ -148,7 +148,10 @@ bool Hub::Open(const BenchArgs& a, const std::string& dir,
   for (int i = 0; i < 400; ++i) {
     std::istringstream in(ReadAll(ready));
     std::string what, addr;
-    while (in >> what >> addr) (what == "admin" ? admin : data) = addr;
+    while (in >> what >> addr) {
+      if (what == "admin") admin = addr;
+      if (what == "data") data = addr;
+    }
     if (!admin.empty() && !data.empty()) return true;
     int status;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {

@@ -139,7 +139,10 @@ class HubProcess {
     while (Clock::now() < deadline) {
       std::istringstream in(ReadAll(ready));
       std::string what, addr, a, d;
-      while (in >> what >> addr) (what == "admin" ? a : d) = addr;
+      while (in >> what >> addr) {
+        if (what == "admin") a = addr;
+        if (what == "data") d = addr;
+      }
       if (!a.empty() && !d.empty()) {
         ready_at = Clock::now();
         admin = a;
