@@ -298,7 +298,7 @@ int RunTop(const Invocation& inv, const std::string& tenant, double interval, bo
     if (g_stop) break;
     Sample now = TakeSample(inv, tenant);
     const View v = Compare(before, now);
-    if (tty) inv.out << "\x1b[H\x1b[2J";  // home, clear
+    if (tty && !inv.connection.options().json) inv.out << "\x1b[H\x1b[2J";  // home, clear
     if (inv.connection.options().json) {
       PrintViewJson(inv.out, v);
     } else {
@@ -339,10 +339,12 @@ void PrintStalls(std::ostream& out, const admin::ListStallsResponse& r, uint32_t
   bool any_disconnected = false;
   for (const auto& s : r.stalls()) {
     any_disconnected |= !s.disconnected_ranks().empty();
+    // The cross-rack stage lists racks, not ranks.
+    const std::string racks = s.cross_rack() ? "racks " : "";
     table.AddRow({s.tenant(), s.key(), std::to_string(s.chunk()), std::to_string(s.update()),
-                  std::to_string(s.lane()), std::to_string(s.rack()),
-                  Fixed(s.waiting_ms() / 1000.0, 1) + " s", Ranks(s.pushed_ranks()),
-                  Ranks(s.missing_ranks(), &s.disconnected_ranks())});
+                  std::to_string(s.lane()), s.cross_rack() ? "all" : std::to_string(s.rack()),
+                  Fixed(s.waiting_ms() / 1000.0, 1) + " s", racks + Ranks(s.pushed_ranks()),
+                  racks + Ranks(s.missing_ranks(), &s.disconnected_ranks())});
   }
   table.Print(out);
   if (r.total() > static_cast<uint32_t>(r.stalls_size())) {

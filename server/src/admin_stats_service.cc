@@ -159,6 +159,7 @@ class StatsServiceImpl final : public pb::StatsService::Service {
       for (uint32_t r : e.pushed) s->add_pushed_ranks(r);
       for (uint32_t r : e.missing) s->add_missing_ranks(r);
       for (uint32_t r : e.disconnected) s->add_disconnected_ranks(r);
+      s->set_cross_rack(e.cross_rack);
     }
     for (uint32_t l : unanswered) resp->add_unanswered_lanes(l);
     return grpc::Status::OK;

@@ -150,8 +150,9 @@ void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c,
 }
 
 void ChunkTable::MarkPending(LaneTenant& t, Chunk& c, std::chrono::steady_clock::time_point now) {
-  c.first_contribution = now;
-  t.pending.insert(ChunkId(c.key_id, c.index_in_key));
+  // Several racks: the first of the update's contributions (a local push or
+  // another rack's sum) starts it; later stages do not restart the clock.
+  if (t.pending.insert(ChunkId(c.key_id, c.index_in_key)).second) c.first_contribution = now;
 }
 
 void ChunkTable::Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
@@ -173,6 +174,7 @@ void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& w
       auto wc = w.conn.lock();
       if (!wc || !wc->open()) continue;
       t.runtime->PushFailed(Member(t, wc->id()), c.key_id, c.current_version());
+      t.metrics->CountError(static_cast<uint32_t>(code));
       wc->SendError(code, why, w.request_id, false);
     }
     c.pushes.clear();

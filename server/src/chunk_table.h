@@ -164,7 +164,8 @@ class ChunkTable {
   // schedule (and, for tenants spanning racks, its stages and home).
   Chunk& GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
 
-  // The first contribution of an update arrived (at `now`).
+  // A contribution of an update arrived (at `now`); the first one marks the
+  // chunk pending and starts the update's clock (first_contribution).
   void MarkPending(LaneTenant& t, Chunk& c,
                    std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now());
   // Version `v` of the chunk is done: bookkeeping (pending, the key's

@@ -163,7 +163,13 @@ uint64_t DataPlane::WorkerLost(uint32_t handle, uint32_t member, const std::stri
 }
 
 void DataPlane::AbortIteration(uint32_t handle, const std::string& why) {
-  Recover(handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); });
+  // Lanes that find the same straggler at once abort once each; the one that
+  // started the recovery counts it.
+  if (!Recover(handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); })) return;
+  TenantInfo info;
+  if (registry_->GetTenantByHandle(handle, &info).ok()) {
+    info.counters->stragglers.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 // Phase 1 on every lane: `first`, then report the newest version of each key
@@ -171,7 +177,7 @@ void DataPlane::AbortIteration(uint32_t handle, const std::string& why) {
 // the tenant meanwhile: `recovering`), phase 2 on every lane: chunks below
 // their key's newest version finish the aborted iteration as a skipped step.
 // Once every lane has, the held PULLs are answered.
-void DataPlane::Recover(uint32_t handle, const std::string& why,
+bool DataPlane::Recover(uint32_t handle, const std::string& why,
                         std::function<void(Lane&)> first) {
   struct Job {
     std::mutex mu;
@@ -180,7 +186,7 @@ void DataPlane::Recover(uint32_t handle, const std::string& why,
   };
   const auto tenant = TenantRuntimeFor(handle);
   tenant->SetCause(why);
-  tenant->recovering.fetch_add(1);
+  const bool started = tenant->recovering.fetch_add(1) == 0;
   auto job = std::make_shared<Job>();
   job->remaining = lane_count();
   OnEveryLane([this, handle, first, job, tenant](Lane& lane) {
@@ -206,6 +212,7 @@ void DataPlane::Recover(uint32_t handle, const std::string& why,
       OnEveryLane([handle](Lane& l2) { l2.ReleaseParked(handle); });
     });
   });
+  return started;
 }
 
 bool DataPlane::HasRuntimes(uint32_t handle, std::optional<uint32_t> key_id) const {

@@ -105,7 +105,8 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // Recovery after an aborted iteration: `first` on every lane (fail the
   // pending updates), then every chunk aligned to its key's newest version,
   // then the held PULLs answered. Asynchronous; see docs/durability.md.
-  void Recover(uint32_t handle, const std::string& why, std::function<void(Lane&)> first);
+  // True when no other recovery of the tenant was running.
+  bool Recover(uint32_t handle, const std::string& why, std::function<void(Lane&)> first);
 
   const Config config_;
   Registry* registry_;

@@ -209,7 +209,8 @@ Status MetricsExporter::Start() {
     return Internal("metrics.listen: cannot listen on " + want.ToString() + " (" + e.what() +
                     "; address in use or not local?)");
   }
-  exposer_->RegisterCollectable(collector_);
+  // Authentication first: civetweb already listens, and /metrics must never
+  // be served without it.
   if (!want.IsLoopback()) {
     exposer_->RegisterAuth(
         [this](const std::string& /*user*/, const std::string& password) {
@@ -217,6 +218,7 @@ Status MetricsExporter::Start() {
         },
         "rackhub");
   }
+  exposer_->RegisterCollectable(collector_);
   const std::vector<int> ports = exposer_->GetListeningPorts();
   net::Endpoint bound = want;
   if (!ports.empty()) bound.port = static_cast<uint16_t>(ports.front());

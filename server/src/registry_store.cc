@@ -286,7 +286,7 @@ Result<std::unique_ptr<RegistryStore>> RegistryStore::Open(const std::string& di
   // An existing file must open for reading and writing; report why not here
   // (sqlite3 would only say "unable to open database file").
   if (access(path.c_str(), F_OK) == 0) {
-    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
       close(lock_fd);
       return FailedPrecondition("state.dir: " + path +

@@ -7,7 +7,7 @@ namespace {
 
 void ReportStage(ChunkTable& table, LaneTenant& t, const Chunk& c, uint32_t rack,
                  const aggregation::ChunkState& stage, std::chrono::nanoseconds waiting,
-                 std::vector<StallEntry>* out) {
+                 bool cross_rack, std::vector<StallEntry>* out) {
   if (stage.contributions() == 0) return;
   StallEntry e;
   e.tenant = t.info.name;
@@ -18,13 +18,16 @@ void ReportStage(ChunkTable& table, LaneTenant& t, const Chunk& c, uint32_t rack
   e.lane = table.lane();
   e.rack = rack;
   e.waiting = waiting;
+  e.cross_rack = cross_rack;
   for (uint32_t r = 0; r < stage.workers(); ++r) {
     if (stage.has_contributed(r)) {
       e.pushed.push_back(r);
       continue;
     }
     e.missing.push_back(r);
-    if (!t.conns.count(rack * t.info.workers_per_rack + r)) e.disconnected.push_back(r);
+    if (!cross_rack && !t.conns.count(rack * t.info.workers_per_rack + r)) {
+      e.disconnected.push_back(r);
+    }
   }
   out->push_back(std::move(e));
 }
@@ -43,11 +46,15 @@ void ReportStalls(ChunkTable& table, uint32_t handle, std::chrono::nanoseconds m
       const auto waiting = now - c.first_contribution;
       if (waiting < min_wait) continue;
       if (!c.multi_rack()) {
-        ReportStage(table, t, c, table.self_rack(), c.state, waiting, out);
+        ReportStage(table, t, c, table.self_rack(), c.state, waiting, false, out);
         continue;
       }
       for (uint32_t rack = 0; rack < c.stages.size(); ++rack) {
-        if (c.stages[rack]) ReportStage(table, t, c, rack, *c.stages[rack], waiting, out);
+        if (c.stages[rack]) ReportStage(table, t, c, rack, *c.stages[rack], waiting, false, out);
+      }
+      // At the chunk's home: the rack sums that have and have not arrived.
+      if (c.home == table.self_rack()) {
+        ReportStage(table, t, c, table.self_rack(), c.state, waiting, true, out);
       }
     }
   }

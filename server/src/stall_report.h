@@ -30,6 +30,9 @@ struct StallEntry {
   // Of `missing`: ranks without a connection to this lane (gone or not
   // started), as opposed to connected but late.
   std::vector<uint32_t> disconnected;
+  // The cross-rack stage at the chunk's home hub: `pushed` and `missing` are
+  // racks whose sums did and did not arrive (`rack` is this hub's).
+  bool cross_rack = false;
 };
 
 // Appends the stalls of tenant `handle` (0: every tenant) on this lane that

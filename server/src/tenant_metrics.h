@@ -68,6 +68,7 @@ struct TenantLaneMetrics {
   LaneCounter bytes_in;   // PUSH and INIT frames, headers included
   LaneCounter bytes_out;  // bytes the transports wrote to the tenant's workers
   std::array<LaneCounter, kErrorCodeSlots> errors;  // ERROR frames sent, by code
+  void CountError(uint32_t code) { errors[code < kErrorCodeSlots ? code : 0].Add(1); }
   // First contribution of an update to its replies being queued.
   LatencyHistogram update_latency;
 

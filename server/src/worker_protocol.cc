@@ -33,10 +33,7 @@ constexpr auto kTrimDelay = std::chrono::milliseconds(500);
 
 std::string Num(uint64_t v) { return std::to_string(v); }
 
-void CountError(LaneTenant& t, WireError code) {
-  const auto slot = static_cast<uint32_t>(code);
-  t.metrics->errors[slot < kErrorCodeSlots ? slot : 0].Add(1);
-}
+void CountError(LaneTenant& t, WireError code) { t.metrics->CountError(static_cast<uint32_t>(code)); }
 
 }  // namespace
 
@@ -345,16 +342,16 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     return;
   }
   const auto result = stage.Contribute(conn.id().rank, payload);
-  t.metrics->pushes.Add(1);
-  t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
   if (result != aggregation::ChunkState::AddResult::kAccepted &&
       result != aggregation::ChunkState::AddResult::kComplete) {
     Reject(conn, WireError::kInternal, "chunk: contribution refused", h.request_id);
     return;
   }
+  t.metrics->pushes.Add(1);
+  t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
   // How long the update's first contributor waited for this rank.
   const auto now = std::chrono::steady_clock::now();
-  if (c.pushes.empty()) table_->MarkPending(t, c, now);
+  table_->MarkPending(t, c, now);
   if (LatencyHistogram* late = t.metrics->rank(ChunkTable::Member(t, conn.id()))) {
     late->Observe(now - c.first_contribution);
   }
@@ -470,6 +467,7 @@ void WorkerProtocol::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t bef
   if (auto it = t->conns.find(member);
       it != t->conns.end() && t->conn_seq[member] < before_seq) {
     auto keep = it->second;
+    CountError(*t, WireError::kWorkerLost);
     keep->SendError(WireError::kWorkerLost,
                     "worker: another connection of this worker closed (" + why + ")", 0, true);
   }
@@ -512,6 +510,9 @@ void WorkerProtocol::CheckStragglers() {
   const auto now = std::chrono::steady_clock::now();
   const auto limit = std::chrono::milliseconds(config_.straggler_timeout_ms);
   for (auto& [handle, t] : table_->tenants()) {
+    // Already being recovered (another lane, or a lost worker): its pending
+    // updates are failed by that recovery; no second abort.
+    if (t.runtime->recovering.load(std::memory_order_acquire) > 0) continue;
     bool expired = false;
     std::string missing, where;
     for (uint64_t id : t.pending) {
@@ -535,7 +536,6 @@ void WorkerProtocol::CheckStragglers() {
     if (expired) {
       // Every lane fails its part of the iteration, then the tenant is
       // brought back to one version per key.
-      t.info.counters->stragglers.fetch_add(1, std::memory_order_relaxed);
       host_->AbortIteration(handle, "straggler: rank(s) " + missing + " did not push within " +
                                         Num(config_.straggler_timeout_ms) +
                                         " ms (data.straggler_timeout_ms) to " + where +
@@ -546,7 +546,10 @@ void WorkerProtocol::CheckStragglers() {
 
 void WorkerProtocol::CloseTenant(LaneTenant& t, WireError code, const std::string& text) {
   const auto conns = t.conns;  // closing edits the map
-  for (auto& [member, conn] : conns) conn->SendError(code, text, 0, true);
+  for (auto& [member, conn] : conns) {
+    CountError(t, code);
+    conn->SendError(code, text, 0, true);
+  }
 }
 
 void WorkerProtocol::TrimMemorySoon() {
