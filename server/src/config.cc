@@ -650,6 +650,17 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
   return r;
 }
 
+std::vector<int> AllowedCpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
 uint32_t EffectiveLaneCount(const Config& config) {
   if (config.lanes.count != 0) return config.lanes.count;
   cpu_set_t set;

@@ -166,6 +166,10 @@ void ValidateConfig(const Config& config, std::vector<std::string>* errors);
 // Lanes to run: config.lanes.count or the number of usable cores.
 uint32_t EffectiveLaneCount(const Config& config);
 
+// The CPUs this process may run on (sched_getaffinity), ascending; lane i is
+// pinned to the i-th of them, wrapping around (LaneSet::Start, --doctor).
+std::vector<int> AllowedCpus();
+
 std::string UsageText();
 
 }  // namespace rackhub::server

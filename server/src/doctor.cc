@@ -21,17 +21,6 @@
 namespace rackhub::server::doctor {
 namespace {
 
-std::vector<int> AllowedCpus() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
-
 // "0-3,8,10-11" (sysfs cpulist(5) format) -> {0,1,2,3,8,10,11}; nullopt
 // when it does not parse.
 std::optional<std::vector<int>> ParseCpuList(const std::string& text) {

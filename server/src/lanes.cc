@@ -8,6 +8,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "config.h"
+
 namespace rackhub::server {
 namespace {
 
@@ -15,17 +17,6 @@ int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-std::vector<int> AllowedCpus() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
 }
 
 }  // namespace
