@@ -44,6 +44,7 @@ stage() {  # stage NAME COMMAND...: runs it, times it, records a failure
   shift
   echo "================ stage $name ================"
   start=$(date +%s)
+  stage_marker=$(mktemp)
   set +e
   ( set -e; "$@" )
   rc=$?
@@ -51,6 +52,15 @@ stage() {  # stage NAME COMMAND...: runs it, times it, records a failure
   summary+=("$(printf '%-8s %5ss  %s' "$name" "$(( $(date +%s) - start ))" \
     "$([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)")")")
   [ $rc -eq 0 ] || failed+=("$name")
+  # Name the failed tests here too: a CI log is often read from its tail.
+  local dir log
+  for dir in build build-asan build-tsan; do
+    log=$dir/Testing/Temporary/LastTestsFailed.log
+    if [ $rc -ne 0 ] && [ -s "$log" ] && [ "$log" -nt "$stage_marker" ]; then
+      summary+=("         failed in $dir: $(cut -d: -f2- "$log" | tr '\n' ' ')")
+    fi
+  done
+  rm -f "$stage_marker"
 }
 
 release() {

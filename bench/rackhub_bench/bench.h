@@ -30,7 +30,10 @@ enum class WireType : uint8_t { kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 
 struct WorkerParams {
   std::string hub;         // data-plane HOST:PORT
-  std::string transport = "tcp";  // tcp | rdma | auto (client::Options::transport)
+  // shm | tcp | rdma | auto: auto = shared memory with a hub on this host,
+  // else RDMA when a device is present, else TCP (client::Options::transport
+  // and ::shm); tcp forces TCP.
+  std::string transport = "auto";
   std::string rdma_hub;    // the hub's RDMA HOST:PORT (rdma, auto)
   std::string tenant;
   std::string token_file;
@@ -110,6 +113,9 @@ class Hub {
             const std::vector<std::string>& extra_args = {});
 
   std::string admin, data, admin_token;
+  // CPU seconds (user + system) the hub started here has used so far; -1 for
+  // an adopted hub (--hub) or when /proc cannot tell.
+  double CpuSeconds() const;
   // Set before Open (hubs started here): the address it listens on and the
   // network namespace it runs in (empty: none). Beyond loopback, Open gives
   // it a generated admin token (--admin-token-file).
@@ -126,6 +132,15 @@ struct RunResult {
   std::vector<double> iteration_ms;  // per timed iteration, the slowest worker's time
   std::string digest;                // of the final parameters (all workers agree)
   uint64_t interhub_chunk_bytes = 0; // RACK_SUM + RACK_PARAMS bytes over all hub links
+  std::string transport;             // what worker 0's lanes used ("shm", "tcp", ...)
+  // CPU seconds (user + system) the hubs started here spent during the run
+  // (-1: not measured, e.g. --hub), and the gradient bytes they received.
+  double hub_cpu_seconds = -1;
+  uint64_t gradient_bytes = 0;
+  // Hub CPU-seconds per GB of gradient received (-1: not measured).
+  double HubCpuPerGb() const {
+    return hub_cpu_seconds < 0 || gradient_bytes == 0 ? -1 : hub_cpu_seconds / (gradient_bytes / 1e9);
+  }
 };
 
 // One benchmark run: creates tenant `tenant` on `hub`, runs the W worker

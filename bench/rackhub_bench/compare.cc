@@ -169,6 +169,9 @@ int Compare(const BenchArgs& a, const std::string& self) {
   }
 
   std::vector<double> rh_rounds, gl_rounds, rh_all, gl_all;
+  std::string transport;
+  double hub_cpu = 0;
+  uint64_t gradient_bytes = 0;
   std::string gloo_dtype, gloo_note;
   bool verified = a.w.verify, ok = true;
   {
@@ -184,6 +187,9 @@ int Compare(const BenchArgs& a, const std::string& self) {
         break;
       }
       verified = verified && r.verified;
+      transport = r.transport;
+      hub_cpu = r.hub_cpu_seconds < 0 || hub_cpu < 0 ? -1 : hub_cpu + r.hub_cpu_seconds;
+      gradient_bytes += r.gradient_bytes;
       rh_rounds.push_back(Percentile(r.iteration_ms, 0.5));
       rh_all.insert(rh_all.end(), r.iteration_ms.begin(), r.iteration_ms.end());
       std::fprintf(stderr, "rackhub-bench: round %u/%u: rackhub %.3f ms", round + 1, a.rounds,
@@ -226,6 +232,7 @@ int Compare(const BenchArgs& a, const std::string& self) {
   const bool have_gloo = gloo_error.empty() && !gl_rounds.empty();
   const double gloo_median = have_gloo ? Percentile(gl_rounds, 0.5) : 0;
   const double ratio = have_gloo ? median / gloo_median : 0;
+  const double cpu_per_gb = hub_cpu < 0 || gradient_bytes == 0 ? -1 : hub_cpu / (gradient_bytes / 1e9);
   auto list = [](const std::vector<double>& v) {
     std::string s = "[";
     char buf[32];
@@ -251,17 +258,22 @@ int Compare(const BenchArgs& a, const std::string& self) {
   if (a.json) {
     std::printf(
         "{\"compare\":\"gloo\",\"workers\":%u,\"bytes\":%llu,\"keys\":%u,\"iterations\":%u,"
-        "\"warmup\":%u,\"rounds\":%u,\"dtype\":\"%s\",\"optimizer\":\"%s\",\"median_ms\":%.3f,"
-        "\"p10_ms\":%.3f,\"p90_ms\":%.3f,\"gbps_per_worker\":%.3f,\"verified\":%s,"
-        "\"round_median_ms\":%s,\"gloo_median_ms\":%s,\"gloo_p10_ms\":%s,\"gloo_p90_ms\":%s,"
+        "\"warmup\":%u,\"rounds\":%u,\"dtype\":\"%s\",\"optimizer\":\"%s\",\"transport\":\"%s\","
+        "\"median_ms\":%.3f,\"p10_ms\":%.3f,\"p50_ms\":%.3f,\"p90_ms\":%.3f,\"p99_ms\":%.3f,"
+        "\"hub_cpu_s_per_gb\":%.4f,\"gbps_per_worker\":%.3f,\"verified\":%s,"
+        "\"round_median_ms\":%s,\"gloo_median_ms\":%s,\"gloo_p10_ms\":%s,\"gloo_p50_ms\":%s,"
+        "\"gloo_p90_ms\":%s,\"gloo_p99_ms\":%s,"
         "\"gloo_gbps_per_worker\":%s,\"gloo_round_median_ms\":%s,\"gloo_dtype\":%s,"
         "\"gloo_torch\":%s,\"gloo_note\":%s,\"gloo_error\":%s,\"ratio_to_gloo\":%s}\n",
         a.w.workers, static_cast<unsigned long long>(a.w.bytes), a.w.keys, a.w.iterations,
-        a.w.warmup, a.rounds, dtype, a.optimizer.c_str(), median, Percentile(rh_all, 0.1),
-        Percentile(rh_all, 0.9), gbps, verified ? "true" : "false", list(rh_rounds).c_str(),
-        number_or_null(gloo_median, "%.3f").c_str(),
+        a.w.warmup, a.rounds, dtype, a.optimizer.c_str(), transport.c_str(), median,
+        Percentile(rh_all, 0.1), Percentile(rh_all, 0.5), Percentile(rh_all, 0.9),
+        Percentile(rh_all, 0.99), cpu_per_gb, gbps, verified ? "true" : "false",
+        list(rh_rounds).c_str(), number_or_null(gloo_median, "%.3f").c_str(),
         number_or_null(Percentile(gl_all, 0.1), "%.3f").c_str(),
+        number_or_null(Percentile(gl_all, 0.5), "%.3f").c_str(),
         number_or_null(Percentile(gl_all, 0.9), "%.3f").c_str(),
+        number_or_null(Percentile(gl_all, 0.99), "%.3f").c_str(),
         number_or_null(static_cast<double>(a.w.bytes) / (gloo_median * 1e-3) / 1e9, "%.3f").c_str(),
         list(gl_rounds).c_str(), string_or_null(gloo_dtype).c_str(),
         string_or_null(gloo_torch).c_str(), string_or_null(gloo_note).c_str(),
@@ -291,7 +303,11 @@ int Compare(const BenchArgs& a, const std::string& self) {
       std::printf("  %-8s %14.3f %14s %8s\n", "median", median, "-", "-");
       std::printf("  gloo: unavailable: %s\n", gloo_error.c_str());
     }
-    std::printf("  rackhub per worker %.3f GB/s of model\n", gbps);
+    std::printf("  rackhub per worker %.3f GB/s of model over %s; all iterations p50 %.3f, p99 %.3f ms\n",
+                gbps, transport.c_str(), Percentile(rh_all, 0.5), Percentile(rh_all, 0.99));
+    if (cpu_per_gb >= 0) {
+      std::printf("  hub CPU            %.3f s per GB of gradient received\n", cpu_per_gb);
+    }
     std::printf("  verified: %s\n", verified ? "true" : (a.w.verify ? "false" : "skipped"));
   }
   if (!verified && a.w.verify) return 1;

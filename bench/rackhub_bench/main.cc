@@ -169,8 +169,8 @@ CommandLine Parse(int argc, char** argv) {
       ->type_name("FILE");
   number("--lanes", &a.lanes, "N", "lanes of the hub started here (0 = one per core)");
   app.add_option("--transport", a.w.transport, "data-plane transport of the workers")
-      ->type_name("tcp|rdma|auto")
-      ->check(OneOf({"tcp", "rdma", "auto"}))
+      ->type_name("auto|shm|tcp|rdma")
+      ->check(OneOf({"auto", "shm", "tcp", "rdma"}))
       ->capture_default_str();
   app.add_option("--rdma-hub", a.w.rdma_hub,
                  "the hub's RDMA (rdma_cm) address; a hub started here listens there\n"
@@ -337,13 +337,15 @@ int Coordinate(const BenchArgs& a, const std::string& self) {
   if (a.json) {
     std::printf(
         "{\"workers\":%u,\"bytes\":%llu,\"keys\":%u,\"iterations\":%u,\"dtype\":\"%s\","
-        "\"optimizer\":\"%s\",\"median_ms\":%.3f,\"p10_ms\":%.3f,\"p90_ms\":%.3f,"
+        "\"optimizer\":\"%s\",\"transport\":\"%s\",\"median_ms\":%.3f,\"p10_ms\":%.3f,"
+        "\"p50_ms\":%.3f,\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"hub_cpu_s_per_gb\":%.4f,"
         "\"gbps_per_worker\":%.3f,\"verified\":%s,\"racks\":%u,\"topology\":\"%s\","
         "\"digest\":\"%s\",\"interhub_bytes_per_iteration\":%.1f,"
         "\"interhub_bytes_analytic\":%llu}\n",
         a.w.workers, static_cast<unsigned long long>(a.w.bytes), a.w.keys, a.w.iterations,
-        dtype_name, a.optimizer.c_str(), median, Percentile(iteration_ms, 0.1),
-        Percentile(iteration_ms, 0.9), gbps, verified ? "true" : "false", a.racks,
+        dtype_name, a.optimizer.c_str(), r.transport.c_str(), median,
+        Percentile(iteration_ms, 0.1), median, Percentile(iteration_ms, 0.9),
+        Percentile(iteration_ms, 0.99), r.HubCpuPerGb(), gbps, verified ? "true" : "false", a.racks,
         a.topology.c_str(), r.digest.c_str(),
         static_cast<double>(r.interhub_chunk_bytes) / (a.w.iterations + a.w.warmup),
         static_cast<unsigned long long>(AnalyticInterhubBytes(a)));
@@ -352,8 +354,13 @@ int Coordinate(const BenchArgs& a, const std::string& self) {
                 a.w.workers, static_cast<double>(a.w.bytes) / (1 << 20), a.w.keys, dtype_name,
                 a.optimizer.c_str());
     std::printf("  iterations        %u (+%u warm-up)\n", a.w.iterations, a.w.warmup);
-    std::printf("  median iteration  %.3f ms   (p10 %.3f, p90 %.3f)\n", median,
-                Percentile(iteration_ms, 0.1), Percentile(iteration_ms, 0.9));
+    std::printf("  transport         %s\n", r.transport.c_str());
+    std::printf("  median iteration  %.3f ms   (p10 %.3f, p90 %.3f, p99 %.3f)\n", median,
+                Percentile(iteration_ms, 0.1), Percentile(iteration_ms, 0.9),
+                Percentile(iteration_ms, 0.99));
+    if (r.HubCpuPerGb() >= 0) {
+      std::printf("  hub CPU           %.3f s per GB of gradient received\n", r.HubCpuPerGb());
+    }
     std::printf("  per worker        %.3f GB/s of model (push %.1f MiB + pull %.1f MiB each)\n",
                 gbps, static_cast<double>(a.w.bytes) / (1 << 20),
                 static_cast<double>(a.w.bytes) / (1 << 20));

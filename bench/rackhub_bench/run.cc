@@ -117,6 +117,23 @@ Hub::~Hub() {
   }
 }
 
+double Hub::CpuSeconds() const {
+  if (pid_ <= 0) return -1;
+  // /proc/PID/stat: fields 14 and 15 are utime and stime in clock ticks
+  // (proc(5)); the command name (field 2) is in parentheses.
+  const std::string stat = ReadAll("/proc/" + std::to_string(pid_) + "/stat");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream in(stat.substr(close + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 bool Hub::Open(const BenchArgs& a, const std::string& dir,
                const std::vector<std::string>& extra_args) {
   if (!a.w.hub.empty()) {
@@ -135,7 +152,8 @@ bool Hub::Open(const BenchArgs& a, const std::string& dir,
       "--lanes", std::to_string(a.lanes), "--ready-file", ready, "--log-level", "warn",
       "--in-memory",  // a benchmark: no registry database
       "--metrics-listen", listen_host + ":0",
-      "--transport", a.w.transport == "tcp" ? "tcp" : a.w.transport, "--rdma-listen",
+      "--transport", a.w.transport == "rdma" || a.w.transport == "auto" ? a.w.transport : "tcp",
+      "--rdma-listen",
       a.w.rdma_hub.empty() ? "127.0.0.1:0" : a.w.rdma_hub};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   if (listen_host != "127.0.0.1") {  // beyond loopback the hub needs an admin token
@@ -291,6 +309,11 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
     return dir + "/" + tenant + "-worker-" + std::to_string(r) + ".json";
   };
   const uint32_t members = a.racks * a.w.workers;
+  double cpu_before = 0;
+  for (const Hub* h : hubs) {
+    const double s = h->CpuSeconds();
+    cpu_before = s < 0 || cpu_before < 0 ? -1 : cpu_before + s;
+  }
   std::vector<pid_t> pids;
   for (uint32_t r = 0; r < members; ++r) {
     const uint32_t rack = r / a.w.workers;
@@ -317,6 +340,15 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
       ok = false;
     }
   }
+  double cpu_after = 0;
+  for (const Hub* h : hubs) {
+    const double s = h->CpuSeconds();
+    cpu_after = s < 0 || cpu_after < 0 ? -1 : cpu_after + s;
+  }
+  if (cpu_before >= 0 && cpu_after >= 0) result.hub_cpu_seconds = cpu_after - cpu_before;
+  result.gradient_bytes = uint64_t{members} * (a.w.bytes / 4) *
+                          (a.w.dtype == WireType::kFp32 ? 4 : 2) *
+                          (a.w.iterations + a.w.warmup);
   // An iteration lasts from the moment the last worker started it (no
   // collective can finish earlier) until the last worker has its result:
   // the same as timing after a barrier, as the gloo benchmark does.
@@ -334,7 +366,11 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
     result.verified = result.verified && v;
     const auto d = json.find("\"digest\":\"");
     const std::string digest = d == std::string::npos ? "" : json.substr(d + 10, json.find('"', d + 10) - d - 10);
-    if (r == 0) result.digest = digest;
+    if (r == 0) {
+      result.digest = digest;
+      const auto t = json.find("\"transport\":\"");
+      if (t != std::string::npos) result.transport = json.substr(t + 13, json.find('"', t + 13) - t - 13);
+    }
     if (digest != result.digest) result.digest = "workers-disagree";
     for (size_t i = 0; i < start.size(); ++i) {
       last_start[i] = std::max(last_start[i], start[i]);

@@ -100,6 +100,9 @@ int RunWorker(const WorkerParams& p) {
                       : p.transport == "auto" ? client::Transport::kAuto
                                               : client::Transport::kTcp;
   options.rdma_hub = p.rdma_hub;
+  options.shm = p.transport == "shm"    ? client::Shm::kOn
+                : p.transport == "auto" ? client::Shm::kAuto
+                                        : client::Shm::kOff;
   // Soft-RoCE under emulation (the CI VM) is slow to connect.
   options.connect_timeout = std::chrono::seconds(60);
   client::Error error;
@@ -212,7 +215,8 @@ int RunWorker(const WorkerParams& p) {
   }
   c->Close();
   std::ofstream out(p.result_file, std::ios::trunc);
-  out << "{\"rank\":" << p.rank << ",\"verified\":" << (verified ? "true" : "false")
+  out << "{\"rank\":" << p.rank << ",\"transport\":\"" << c->transport() << "\""
+      << ",\"verified\":" << (verified ? "true" : "false")
       << ",\"mismatches\":" << mismatches << ",\"times_ms\":[";
   for (size_t i = 0; i < times_ms.size(); ++i) out << (i ? "," : "") << times_ms[i];
   // FNV-1a over the final parameters of every key: equal digests mean

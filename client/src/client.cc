@@ -42,6 +42,7 @@ uint32_t Client::workers() const { return impl_->workers(); }
 uint32_t Client::chunk_elements() const { return impl_->chunk_elements(); }
 uint32_t Client::straggler_timeout_ms() const { return impl_->straggler_timeout_ms(); }
 uint64_t Client::reconnects() const { return impl_->reconnects(); }
+const char* Client::transport() const { return impl_->transport(); }
 
 Error Client::DeclareKey(const KeyDecl& decl, KeyId* out) { return impl_->DeclareKey(decl, out); }
 std::optional<KeyId> Client::FindKey(const std::string& name) const {

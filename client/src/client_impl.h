@@ -143,14 +143,16 @@ class Client::Impl {
   asio::io_context& io() { return io_; }
   // HELLO payload of `lane`; the reply (WELCOME or ERROR) checked: "" and
   // *welcome_payload, or the error.
-  std::string HelloPayload(uint32_t lane) const;
+  // With `shm_probe`, HELLO only asks the hub for its shared-memory offer.
+  std::string HelloPayload(uint32_t lane, bool shm_probe = false) const;
   Error CheckHelloReply(const std::string& where, const net::FrameHeader& reply,
                         std::string body, std::string* welcome_payload) const;
   // Parses lane `lane`'s WELCOME (lane 0: adopts the layout, sets *lane_count).
   Error AcceptWelcome(uint32_t lane, const std::string& payload, uint32_t* lane_count);
   // Adopts the handshaken lanes (lane i at index i), starts reading on each
   // and starts the I/O thread.
-  void StartIo(std::vector<std::unique_ptr<internal::LaneLink>> lanes);
+  // `transport` names them for transport().
+  void StartIo(std::vector<std::unique_ptr<internal::LaneLink>> lanes, const char* transport);
 
   // ---- Called by lanes (I/O thread) ----
   // One reply of `op` arrived and was stored.
@@ -168,6 +170,7 @@ class Client::Impl {
   void LaneClosed();
   bool closing() const { return closing_io_; }
   uint64_t reconnects() const { return reconnects_.load(); }
+  const char* transport() const { return transport_.load(); }
   // A broken lane is reconnected (TCP, Options::reconnect).
   bool reconnect_enabled() const { return options_.reconnect && can_reconnect_; }
 
@@ -210,9 +213,14 @@ class Client::Impl {
   // Handshake of one lane (before the I/O thread runs).
   Error Handshake(asio::io_context& io, uint32_t lane, const tcp::endpoint& endpoint,
                   std::chrono::steady_clock::time_point deadline, tcp::socket* socket,
-                  std::string* welcome_payload, const std::atomic<bool>* cancel = nullptr);
-  // Connects every lane over RDMA (rdma_lane.cc).
+                  std::string* welcome_payload, const std::atomic<bool>* cancel = nullptr,
+                  bool shm_probe = false);
+  // Connects every lane over RDMA (connect_rdma.cc).
   Error ConnectRdma(std::chrono::steady_clock::time_point deadline);
+  // Connects every lane over shared memory after asking `target` (the hub's
+  // TCP port) for its offer (connect_shm.cc). kConnectFailed naming why when
+  // the hub is elsewhere or offers none.
+  Error ConnectShm(const tcp::endpoint& target, std::chrono::steady_clock::time_point deadline);
 
   struct KeyState {
     KeyInfo info;
@@ -241,7 +249,9 @@ class Client::Impl {
   bool closing_io_ = false;                             // I/O thread
   std::unique_ptr<asio::steady_timer> close_timer_;     // I/O thread
 
-  // Reconnect. can_reconnect_ and tcp_target_ are set by Connect (TCP only).
+  std::atomic<const char*> transport_{"tcp"};  // what the lanes use now
+  // Reconnect. can_reconnect_ and tcp_target_ are set by Connect (TCP, and
+  // shared memory: a reconnect dials TCP).
   bool can_reconnect_ = false;
   tcp::endpoint tcp_target_;
   bool reconnecting_ = false;                            // I/O thread

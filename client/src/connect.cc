@@ -58,7 +58,8 @@ boost::system::error_code RunUntil(asio::io_context& io, tcp::socket& socket,
 
 Error Client::Impl::Handshake(asio::io_context& io, uint32_t lane, const tcp::endpoint& endpoint,
                               Clock::time_point deadline, tcp::socket* socket,
-                              std::string* welcome_payload, const std::atomic<bool>* cancel) {
+                              std::string* welcome_payload, const std::atomic<bool>* cancel,
+                              bool shm_probe) {
   const std::string where = "hub " + options_.hub + " lane " + std::to_string(lane);
   const auto failed = [&](const char* step, const boost::system::error_code& ec) {
     const std::string why = ec == asio::error::timed_out
@@ -73,7 +74,7 @@ Error Client::Impl::Handshake(asio::io_context& io, uint32_t lane, const tcp::en
   if (ec) return failed("connect", ec);
   socket->set_option(tcp::no_delay(true), ec);
 
-  const std::string payload = HelloPayload(lane);
+  const std::string payload = HelloPayload(lane, shm_probe);
   net::FrameHeader h;
   h.opcode = net::Opcode::kHello;
   h.payload_bytes = static_cast<uint32_t>(payload.size());
@@ -100,7 +101,7 @@ Error Client::Impl::Handshake(asio::io_context& io, uint32_t lane, const tcp::en
   return CheckHelloReply(where, reply, std::move(body), welcome_payload);
 }
 
-std::string Client::Impl::HelloPayload(uint32_t lane) const {
+std::string Client::Impl::HelloPayload(uint32_t lane, bool shm_probe) const {
   data::v1::Hello hello;
   hello.set_tenant(options_.tenant);
   hello.set_token(options_.token);
@@ -108,6 +109,7 @@ std::string Client::Impl::HelloPayload(uint32_t lane) const {
   hello.set_rack(options_.rack);
   hello.set_lane(lane);
   hello.set_client_version(kClientVersion);
+  hello.set_shm_probe(shm_probe);
   return hello.SerializeAsString();
 }
 
@@ -183,6 +185,27 @@ Error Client::Impl::Connect() {
   if (internal::LaneConnector* connector = internal::ThreadLaneConnector()) {
     return connector->ConnectLanes(*this, deadline);
   }
+  if (options_.shm == Shm::kOn && options_.transport == Transport::kRdma) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "shm: on contradicts transport kRdma (choose one)");
+  }
+  tcp::resolver resolver(io_);
+  boost::system::error_code ec;
+  const auto results = resolver.resolve(endpoint->host, std::to_string(endpoint->port),
+                                        asio::ip::resolver_base::numeric_service, ec);
+  if (ec || results.empty()) {
+    return MakeError(ErrorCode::kConnectFailed,
+                     "hub " + options_.hub + ": cannot resolve: " + ec.message());
+  }
+  const tcp::endpoint target = *results.begin();
+  if (options_.shm == Shm::kOn ||
+      (options_.shm == Shm::kAuto && options_.transport != Transport::kRdma)) {
+    Error e = ConnectShm(target, deadline);
+    // auto: a hub elsewhere (or offering none) is reached over the network;
+    // anything else (auth, ...) is the answer.
+    if (e.ok() || options_.shm == Shm::kOn || e.code != ErrorCode::kConnectFailed) return e;
+    lanes_.clear();
+  }
   if (options_.transport != Transport::kTcp) {
     const bool want = options_.transport == Transport::kRdma ||
                       net::rdma::DevicePresent(options_.rdma_device);
@@ -197,16 +220,6 @@ Error Client::Impl::Connect() {
       lanes_.clear();
     }
   }
-
-  tcp::resolver resolver(io_);
-  boost::system::error_code ec;
-  const auto results = resolver.resolve(endpoint->host, std::to_string(endpoint->port),
-                                        asio::ip::resolver_base::numeric_service, ec);
-  if (ec || results.empty()) {
-    return MakeError(ErrorCode::kConnectFailed,
-                     "hub " + options_.hub + ": cannot resolve: " + ec.message());
-  }
-  const tcp::endpoint target = *results.begin();
 
   std::vector<tcp::socket> sockets;
   uint32_t lane_count = 1;
@@ -223,11 +236,13 @@ Error Client::Impl::Connect() {
   }
   can_reconnect_ = true;
   tcp_target_ = target;
-  StartIo(std::move(lanes));
+  StartIo(std::move(lanes), "tcp");
   return {};
 }
 
-void Client::Impl::StartIo(std::vector<std::unique_ptr<internal::LaneLink>> lanes) {
+void Client::Impl::StartIo(std::vector<std::unique_ptr<internal::LaneLink>> lanes,
+                           const char* transport) {
+  transport_ = transport;
   for (auto& lane : lanes) lanes_.push_back(std::move(lane));
   io_.restart();
   for (auto& lane : lanes_) lane->StartReading();

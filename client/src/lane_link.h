@@ -1,5 +1,6 @@
 // Private to librackhub: what the client needs of one lane connection,
-// whatever the transport (lane.h: TCP socket; rdma_lane.h: RDMA queue pair).
+// whatever the transport (lane.h: TCP socket; channel_lane.h: RDMA queue pair or
+// shared-memory rings).
 //
 // Thread: every member runs on the client's I/O thread.
 #pragma once

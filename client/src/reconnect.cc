@@ -215,6 +215,7 @@ void Client::Impl::AdoptReconnect(uint64_t generation, std::vector<int> fds,
   reconnecting_ = false;
   if (reconnect_timer_) reconnect_timer_->cancel();
   ++reconnects_;
+  transport_ = "tcp";
   for (auto& lane : lanes_) lane->StartReading();
 
   // Re-send what was pending (in ticket order); a PushPull on a key that

@@ -38,7 +38,7 @@ class ScopedLaneDialer::Connector final : public internal::LaneConnector {
       if (Error e = impl.AcceptWelcome(lane, welcome, &lane_count); !e.ok()) return e;
       lanes.push_back(std::move(link));
     }
-    impl.StartIo(std::move(lanes));
+    impl.StartIo(std::move(lanes), "memory");
     return {};
   }
 

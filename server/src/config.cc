@@ -265,6 +265,13 @@ const std::map<std::string, Field>& Schema() {
         UnsignedField<uint32_t>(
             "data.rdma_ring_bytes",
             [](Config& c) -> uint32_t& { return c.data.rdma_ring_bytes; }, true),
+        StringField("data.shm", [](Config& c) -> std::string& { return c.data.shm; },
+                    OneOf({"auto", "on", "off"})),
+        UnsignedField<uint32_t>(
+            "data.shm_ring_bytes", [](Config& c) -> uint32_t& { return c.data.shm_ring_bytes; },
+            true),
+        StringField("data.shm_poll", [](Config& c) -> std::string& { return c.data.shm_poll; },
+                    OneOf({"events", "busy"})),
         UnsignedField<uint64_t>(
             "data.max_queued_bytes_per_connection",
             [](Config& c) -> uint64_t& { return c.data.max_queued_bytes_per_connection; }, true),
@@ -338,6 +345,9 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--rdma-listen", "data.rdma_listen"},
       {"--rdma-device", "data.rdma_device"},
       {"--rdma-poll", "data.rdma_poll"},
+      {"--shm", "data.shm"},
+      {"--shm-ring-bytes", "data.shm_ring_bytes"},
+      {"--shm-poll", "data.shm_poll"},
       {"--straggler-timeout-ms", "data.straggler_timeout_ms"},
       {"--hello-timeout-ms", "data.hello_timeout_ms"},
       {"--max-queued-bytes-per-connection", "data.max_queued_bytes_per_connection"},
@@ -468,6 +478,9 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
     errors->push_back("data.hello_timeout_ms: must be in [100, 600000]");
   if (c.data.rdma_ring_bytes < (64u << 10) || c.data.rdma_ring_bytes > (1u << 30))
     errors->push_back("data.rdma_ring_bytes: must be in [64KiB, 1GiB]");
+  if (c.data.shm_ring_bytes < (64u << 10) || c.data.shm_ring_bytes > (1u << 30) ||
+      c.data.shm_ring_bytes % 4096 != 0)
+    errors->push_back("data.shm_ring_bytes: must be a multiple of 4096 in [64KiB, 1GiB]");
   if (c.data.rdma_port > 255) errors->push_back("data.rdma_port: must be in [0, 255]");
   if (c.data.max_queued_bytes_per_connection < (1ull << 20) ||
       c.data.max_queued_bytes_per_connection > (1ull << 40))

@@ -43,6 +43,13 @@ struct DataConfig {
   uint32_t rdma_gid_index = UINT32_MAX;  // set: fail if rdma_cm picks another GID
   std::string rdma_poll = "events";  // "events" | "busy" (busy-poll, back off to events)
   uint32_t rdma_ring_bytes = 4u << 20;   // receive ring (and staging ring) per connection
+  // Shared memory for workers on this host (net/shm/channel.h): "auto"
+  // (offered to every worker; a listener that cannot start is a warning),
+  // "on" (start-up fails without it), "off". Rings per connection and
+  // direction: shm_ring_bytes, raised to hold four of the tenant's chunks.
+  std::string shm = "auto";
+  uint32_t shm_ring_bytes = 4u << 20;
+  std::string shm_poll = "events";  // "events" | "busy" (poll 50 us before sleeping)
   // Bytes of frames waiting to be written to one connection (plus replies
   // held for it) before it is closed with QUOTA_EXCEEDED; reading it pauses
   // above half of this (docs/architecture.md, Bounded send queues).

@@ -16,6 +16,7 @@
 #include "rdma_listener.h"
 #include "registry.h"
 #include "registry_store.h"
+#include "shm_acceptor.h"
 #include "tcp_acceptor.h"
 #include "token.h"
 
@@ -159,6 +160,20 @@ Status Hub::Start() {
   tcp_ = std::make_unique<TcpAcceptor>(data_plane_.get());
   if (Status s = tcp_->Listen(); !s.ok()) return Internal(s.message());
   data_address_ = tcp_->address();
+  // Shared memory for workers on this host (data.shm), offered through the
+  // TCP port to authenticated workers.
+  if (config_.data.shm != "off") {
+    shm_ = std::make_unique<ShmAcceptor>(data_plane_.get());
+    if (Status s = shm_->Listen(); !s.ok()) {
+      if (config_.data.shm == "on") return Internal(s.message());
+      spdlog::warn("{}; workers on this host use TCP", s.message());
+      shm_.reset();
+    } else {
+      tcp_->OfferShm(shm_->socket_name());
+      shm_->Start();
+      spdlog::info("shared memory for local workers on @{}", shm_->socket_name());
+    }
+  }
   tcp_->Start();
   if (rdma_) rdma_->Start(data_plane_.get());
   data_plane_->StartHubLinks();
@@ -244,6 +259,7 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   // still run, nothing else touches them), then the lane threads stop.
   if (checkpointer_) checkpointer_->Stop();
   if (rdma_) rdma_->Stop();
+  if (shm_) shm_->Stop();
   if (tcp_) tcp_->Stop();
   if (data_plane_) data_plane_->Shutdown(grace);
   if (admin_) {
@@ -259,6 +275,7 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   services_.reset();
   checkpointer_.reset();
   rdma_.reset();
+  shm_.reset();
   tcp_.reset();
   data_plane_.reset();
 }

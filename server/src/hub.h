@@ -29,6 +29,7 @@ class LaneSet;
 class MetricsExporter;
 class RdmaListener;
 class Registry;
+class ShmAcceptor;
 class TcpAcceptor;
 
 class Hub {
@@ -72,6 +73,7 @@ class Hub {
   std::unique_ptr<DataPlane> data_plane_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<TcpAcceptor> tcp_;
+  std::unique_ptr<ShmAcceptor> shm_;
   std::unique_ptr<RdmaListener> rdma_;
   std::unique_ptr<AdminAuth> auth_;
   std::unique_ptr<AdminServices> services_;

@@ -8,6 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include "hello_check.h"
+#include "hello_session.h"
+#include "rackhub/net/shm/channel.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/tcp/connection.h"
 
@@ -53,100 +55,6 @@ Status ListenOn(tcp::acceptor& acceptor, const net::Endpoint& ep, const std::str
 }
 
 }  // namespace
-
-// Reads and checks one HELLO on the acceptor thread, then hands the socket
-// over (or answers a fatal ERROR and closes).
-class TcpAcceptor::HelloSession : public std::enable_shared_from_this<HelloSession> {
- public:
-  HelloSession(TcpAcceptor* acceptor, tcp::socket socket)
-      : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {
-    ++acceptor_->unauthenticated_workers_;
-  }
-  ~HelloSession() { --acceptor_->unauthenticated_workers_; }
-
-  void Start() {
-    peer_ = PeerName(socket_);
-    const uint32_t timeout_ms = acceptor_->plane_->config().data.hello_timeout_ms;
-    timer_.expires_after(std::chrono::milliseconds(timeout_ms));
-    timer_.async_wait([self = shared_from_this(), timeout_ms](const boost::system::error_code& e) {
-      if (!e && !self->done_) {
-        self->acceptor_->WarnLimited("data: " + self->peer_ + " sent no HELLO within " +
-                                     std::to_string(timeout_ms) + " ms; closing");
-        self->Fail(WireError::kMalformed, "hello: no HELLO within data.hello_timeout_ms");
-      }
-    });
-    asio::async_read(socket_, asio::buffer(header_buf_),
-                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
-                       self->OnHeader(e);
-                     });
-  }
-
- private:
-  void OnHeader(const boost::system::error_code& ec) {
-    if (ec || done_) return Finish();
-    header_ = net::DecodeHeader(header_buf_);
-    if (Status s = CheckHelloHeader(header_); !s.ok()) return Fail(WireError::kMalformed, s.message());
-    payload_.resize(header_.payload_bytes);
-    asio::async_read(socket_, asio::buffer(payload_),
-                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
-                       self->OnPayload(e);
-                     });
-  }
-
-  void OnPayload(const boost::system::error_code& ec) {
-    if (ec || done_) return Finish();
-    DataPlane* plane = acceptor_->plane_;
-    auto checked =
-        CheckHello(payload_, plane->registry(), plane->config().topology, plane->lane_count());
-    if (!checked.ok) return Fail(checked.code, checked.text);
-    done_ = true;
-    timer_.cancel();
-    net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
-                               checked.hello.lane(), peer_, checked.hello.rack(), false};
-    const uint64_t seq = plane->NextSeq();
-    acceptor_->MoveToLane(std::move(socket_), id.lane,
-                          [id = std::move(id), seq](Lane& lane, tcp::socket s) mutable {
-                            lane.AdoptWorker(std::make_shared<net::tcp::TcpConnection>(
-                                                 lane.worker_handler(), std::move(s), std::move(id)),
-                                             seq);
-                          });
-  }
-
-  void Fail(WireError code, const std::string& text) {
-    if (done_) return;
-    done_ = true;
-    timer_.cancel();
-    acceptor_->WarnLimited("data: refused connection from " + peer_ + ": " +
-                           std::string(net::WireErrorName(code)) + ": " + text);
-    error_ = net::MakeErrorFrame(code, text, 0, header_.request_id, true);
-    net::EncodeHeader(error_.header, error_header_);
-    std::array<asio::const_buffer, 2> buffers = {asio::buffer(error_header_),
-                                                 asio::buffer(error_.body)};
-    asio::async_write(socket_, buffers,
-                      [self = shared_from_this()](const boost::system::error_code&, size_t) {
-                        self->Finish();
-                      });
-  }
-
-  void Finish() {
-    done_ = true;
-    timer_.cancel();
-    boost::system::error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
-    socket_.close(ignored);
-  }
-
-  TcpAcceptor* acceptor_;
-  tcp::socket socket_;
-  asio::steady_timer timer_;
-  std::string peer_;
-  bool done_ = false;
-  std::array<std::byte, net::kHeaderBytes> header_buf_{};
-  FrameHeader header_{};
-  std::vector<std::byte> payload_;
-  net::ErrorFrame error_;
-  std::array<std::byte, net::kHeaderBytes> error_header_{};
-};
 
 // Reads and checks a HUB_HELLO on the acceptor thread, then hands the link
 // to the lane it names.
@@ -217,7 +125,31 @@ class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHell
   std::vector<std::byte> payload_;
 };
 
-TcpAcceptor::TcpAcceptor(DataPlane* plane) : plane_(plane) {}
+TcpAcceptor::TcpAcceptor(DataPlane* plane) : plane_(plane) {
+  hello_hooks_.plane = plane;
+  hello_hooks_.waiting = &unauthenticated_workers_;
+  hello_hooks_.warn = [this](const std::string& line) { WarnLimited(line); };
+  hello_hooks_.accepted = [this](HelloResult checked, tcp::socket socket, const std::string& peer) {
+    net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
+                               checked.hello.lane(), peer, checked.hello.rack(), false};
+    const uint64_t seq = plane_->NextSeq();
+    MoveToLane(std::move(socket), id.lane,
+               [id = std::move(id), seq](Lane& lane, tcp::socket s) mutable {
+                 lane.AdoptWorker(std::make_shared<net::tcp::TcpConnection>(
+                                      lane.worker_handler(), std::move(s), std::move(id)),
+                                  seq);
+               });
+  };
+  OfferShm("");
+}
+
+void TcpAcceptor::OfferShm(const std::string& socket_name) {
+  data::v1::Welcome offer;
+  offer.set_shm_socket(socket_name);
+  offer.set_boot_id(net::shm::BootId());
+  offer.set_server_version(RACKHUB_VERSION);
+  hello_hooks_.probe_reply = offer.SerializeAsString();
+}
 
 TcpAcceptor::~TcpAcceptor() { Stop(); }
 
@@ -308,7 +240,8 @@ void TcpAcceptor::AcceptWorkers() {
       setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleS, sizeof(int));
       setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalS, sizeof(int));
       setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(int));
-      std::make_shared<HelloSession>(this, std::move(socket))->Start();
+      const std::string peer = PeerName(socket);
+      std::make_shared<HelloSession<tcp::socket>>(std::move(socket), peer, &hello_hooks_)->Start();
     }
     if (!stopping_) AcceptWorkers();
   });

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "data_plane.h"
+#include "hello_session.h"
 #include "log_limiter.h"
 #include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
@@ -35,13 +36,15 @@ class TcpAcceptor {
   Status Listen();
   // "host:port" actually bound for workers (after Listen).
   const std::string& address() const { return address_; }
+  // The shared-memory offer answering HELLOs with shm_probe: the abstract
+  // socket of the ShmAcceptor ("" = none). Before Start.
+  void OfferShm(const std::string& socket_name);
   // Starts accepting on the acceptor thread.
   void Start();
   // Stops accepting and joins the thread. Idempotent.
   void Stop();
 
  private:
-  class HelloSession;
   class HubHelloSession;
   void AcceptWorkers();
   void AcceptHubs();
@@ -67,6 +70,7 @@ class TcpAcceptor {
   // io_ because sessions still pending when io_ goes count themselves out).
   size_t unauthenticated_workers_ = 0;
   size_t unauthenticated_hubs_ = 0;
+  HelloSession<boost::asio::ip::tcp::socket>::Hooks hello_hooks_;
   boost::asio::io_context io_{1};
   boost::asio::ip::tcp::acceptor workers_{io_};
   std::unique_ptr<boost::asio::ip::tcp::acceptor> hubs_;

@@ -82,6 +82,15 @@ enum class Transport {
   kAuto,  // RDMA when a verbs device is present and the hub accepts it, else TCP
 };
 
+// Shared memory with a hub on the same host (docs/architecture.md,
+// Transports): the client asks the hub over TCP for its offer and compares
+// the hub's boot id with its own.
+enum class Shm {
+  kAuto,  // use it when the hub is on this host and offers it (transport kTcp or kAuto)
+  kOn,    // required: Connect fails with kConnectFailed when it cannot be used
+  kOff,   // never
+};
+
 struct Options {
   std::string hub = "127.0.0.1:7700";  // HOST:PORT of the hub's data plane
   Transport transport = Transport::kTcp;
@@ -91,6 +100,8 @@ struct Options {
   std::string rdma_device;             // "" = whichever device routes to the hub
   uint32_t rdma_ring_bytes = 4u << 20; // registered receive ring per lane (and as much staging)
   bool rdma_busy_poll = false;         // busy-poll the completion queue instead of sleeping
+  Shm shm = Shm::kAuto;
+  bool shm_busy_poll = false;          // poll the ring 50 us before sleeping on the doorbell
   std::string tenant;
   std::string token;                   // the tenant's data-plane token
   uint32_t rank = 0;                   // worker rank in its rack
@@ -208,6 +219,9 @@ class Client {
   uint32_t straggler_timeout_ms() const;
   // Successful reconnects so far.
   uint64_t reconnects() const;
+  // The transport the lanes use now: "tcp", "rdma", "shm" (or "memory" in
+  // tests). A reconnect always dials TCP.
+  const char* transport() const;
 
   // Creates the key or returns the existing one of that name (every rank may
   // declare the same key). Blocks up to op_timeout. Quota refusals and

@@ -71,6 +71,7 @@
 #include "rackhub/net/asio.h"
 #include "rackhub/net/endpoint.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/outgoing_frame.h"
 
 struct rdma_cm_id;
 struct rdma_event_channel;
@@ -124,20 +125,8 @@ void EncodeDescriptor(const RingDescriptor& d, std::array<std::byte, kPrivateDat
 // descriptor.
 Result<RingDescriptor> DecodeDescriptor(const void* data, size_t bytes);
 
-// A frame to send: header plus either an owned or a borrowed payload. The
-// borrowed payload is copied into the staging ring when the frame is posted;
-// `release` runs and `owner` (if set: a reference keeping the borrowed bytes
-// alive and unchanged) is dropped once the frame no longer references it
-// (posted or dropped).
-struct OutgoingFrame {
-  std::array<std::byte, kHeaderBytes> header{};
-  std::string owned;
-  std::span<const std::byte> borrowed;
-  std::shared_ptr<const void> owner;
-  bool close_after = false;             // close once this frame was sent
-  std::function<bool()> still_wanted;   // false at posting time: drop it
-  std::function<void()> release;
-};
+// Frames to send (net/outgoing_frame.h).
+using net::OutgoingFrame;
 
 // "device rxe0 port 1 gid[1] ::ffff:10.0.2.15" for a bound or connected cm
 // id; *gid_index (if given) gets the GID table index rdma_cm chose, or -1.

@@ -1,0 +1,87 @@
+// Client::Impl::ConnectShm: every lane over shared memory with a hub on this
+// host (channel_lane.h, net/shm/channel.h). The hub's TCP port answers a
+// HELLO with shm_probe with its offer (an abstract Unix socket and its boot
+// id); each lane then sends HELLO on that socket and gets its rings.
+#include <utility>
+
+#include "channel_lane.h"
+#include "rackhub/data/v1/control.pb.h"
+#include "rackhub/net/shm/channel.h"
+#include "wire.h"
+
+namespace rackhub::client {
+
+namespace shm = net::shm;
+using Clock = std::chrono::steady_clock;
+using ShmLane = internal::ChannelLane<shm::Channel>;
+
+namespace {
+
+Error Fail(ErrorCode code, std::string message) {
+  Error e;
+  e.code = code;
+  e.message = std::move(message);
+  return e;
+}
+
+}  // namespace
+
+Error Client::Impl::ConnectShm(const tcp::endpoint& target, Clock::time_point deadline) {
+  std::string offer_payload;
+  {
+    tcp::socket probe(io_);
+    if (Error e = Handshake(io_, 0, target, deadline, &probe, &offer_payload, nullptr, true);
+        !e.ok()) {
+      return e;
+    }
+  }
+  data::v1::Welcome offer;
+  if (!offer.ParseFromString(offer_payload)) {
+    return Fail(ErrorCode::kConnectFailed,
+                "hub " + options_.hub + ": the shared-memory offer does not parse");
+  }
+  if (offer.shm_socket().empty()) {
+    return Fail(ErrorCode::kConnectFailed,
+                "hub " + options_.hub + " offers no shared memory (its data.shm is off)");
+  }
+  const std::string boot_id = shm::BootId();
+  if (boot_id.empty() || offer.boot_id() != boot_id) {
+    return Fail(ErrorCode::kConnectFailed,
+                "hub " + options_.hub + " runs on another host (boot id " + offer.boot_id() +
+                    ", ours " + (boot_id.empty() ? "unreadable" : boot_id) + ")");
+  }
+  const shm::PollMode poll = options_.shm_busy_poll ? shm::PollMode::kBusy : shm::PollMode::kEvents;
+  std::vector<std::unique_ptr<internal::LaneLink>> lanes;
+  uint32_t lane_count = 1;
+  for (uint32_t lane = 0; lane < lane_count; ++lane) {
+    const std::string where = "hub " + options_.hub + " (shm @" + offer.shm_socket() + ") lane " +
+                              std::to_string(lane);
+    Result<shm::ConnectReply> reply =
+        shm::Channel::Connect(offer.shm_socket(), HelloPayload(lane), poll, deadline);
+    if (!reply.ok()) {
+      // Another network namespace (abstract sockets are per namespace) looks
+      // the same as another host: kConnectFailed, so auto falls back to TCP.
+      return Fail(ErrorCode::kConnectFailed, where + ": " + reply.status().message());
+    }
+    std::string welcome;
+    if (!reply->channel) {  // the hub refused HELLO
+      return CheckHelloReply(where, reply->refusal, std::move(reply->refusal_body), &welcome);
+    }
+    auto link = std::make_unique<ShmLane>(this, lane, reply->channel, "shm");
+    Result<ShmLane::HandshakeReply> first = link->Handshake(io_, "", deadline);
+    if (!first.ok()) return Fail(ErrorCode::kConnectFailed, where + ": " + first.status().message());
+    if (Error e = CheckHelloReply(where, first->header, std::move(first->body), &welcome);
+        !e.ok()) {
+      return e;
+    }
+    if (Error e = AcceptWelcome(lane, welcome, &lane_count); !e.ok()) return e;
+    lanes.push_back(std::move(link));
+  }
+  // A broken lane reconnects over TCP (reconnect.cc).
+  can_reconnect_ = true;
+  tcp_target_ = target;
+  StartIo(std::move(lanes), "shm");
+  return {};
+}
+
+}  // namespace rackhub::client

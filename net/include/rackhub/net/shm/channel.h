@@ -1,0 +1,217 @@
+// One shared-memory connection between a worker and a hub on the same host
+// (docs/wire-protocol.md, section 10): the layer under the hub's
+// ChannelConnection<shm::Channel> and the client's shared-memory lane.
+//
+// Resources (owned, released by the destructor): the connected Unix socket
+// the set-up went over (kept open: its EOF is how each side learns that the
+// other died), one shared mapping of a sealed memfd (memfd_create(2),
+// F_SEAL_SHRINK | F_SEAL_GROW: the peer cannot truncate it under us), and two
+// eventfd doorbells (eventfd(2)): ours, which we sleep on, and the peer's.
+//
+// Region layout: a 4 KiB control page (magic, version, ring size and one
+// RingControl per direction, each field on its own cache line), then the
+// worker-to-hub ring, then the hub-to-worker ring, `ring_bytes` each. A ring
+// carries records: a 24-byte prefix (kind, record bytes), the 40-byte frame
+// header (net/frame.h) and the payload, padded to 64 bytes, so every payload
+// starts 64-byte aligned. A record never wraps: when it does not fit before the
+// end, the producer writes a PAD record to the end and starts at 0.
+//
+// Protocol. The producer writes records, then publishes `head` (bytes written,
+// monotonic; release store); the consumer hands each record over in place and
+// publishes `tail` (bytes consumed). A side that finds nothing to do sets its
+// `sleeping` (consumer) or `waiting` (producer, ring full) flag, looks once
+// more, and sleeps on its doorbell; the other side rings the doorbell only
+// when it clears such a flag (sequentially consistent: one of the two always
+// sees the other). So a busy connection makes no system call per frame.
+//
+// Trust. The peer can write anything anywhere in the region at any time.
+// Every value read from it (head, tail, prefixes, headers) is copied once,
+// then checked against the ring's bounds before use; a bad one is a protocol
+// violation (on_violation), never an access outside the mapping. A payload is
+// delivered in place: a peer that rewrites it while it is read only changes
+// its own data, as it could by sending other data.
+//
+// Threading: driven by one thread at a time, the io_context it is attached to
+// (doorbell and socket watched with posix::stream_descriptor). Detach() +
+// Attach() move it (the hub's acceptor checks HELLO, then the lane takes
+// over). Sending is allowed whenever the owning thread holds it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "rackhub/common/status.h"
+#include "rackhub/net/asio.h"
+#include "rackhub/net/frame.h"
+#include "rackhub/net/outgoing_frame.h"
+
+namespace rackhub::net::shm {
+
+namespace internal {
+struct RingControl;
+}
+
+// Ring size per direction, bounds; always a multiple of 4 KiB.
+inline constexpr uint32_t kDefaultRingBytes = 4u << 20;
+inline constexpr uint32_t kMinRingBytes = 64u * 1024;
+inline constexpr uint32_t kMaxRingBytes = 1u << 30;
+inline constexpr size_t kControlBytes = 4096;
+inline constexpr size_t kRecordAlign = 64;
+inline constexpr size_t kRecordPrefixBytes = kRecordAlign - kHeaderBytes;  // 24
+
+// Bytes of the record carrying a frame with `payload` bytes.
+constexpr size_t RecordBytes(size_t payload) {
+  return (kRecordPrefixBytes + kHeaderBytes + payload + kRecordAlign - 1) / kRecordAlign *
+         kRecordAlign;
+}
+// The ring size a hub uses for frames of up to `max_frame_payload` bytes when
+// configured with `configured` bytes: at least four such records.
+uint32_t RingBytesFor(uint32_t configured, size_t max_frame_payload);
+
+enum class Side { kHub, kClient };
+
+enum class PollMode {
+  kEvents,  // sleep on the doorbell as soon as there is nothing to do
+  kBusy,    // keep polling for a short window after the last frame first
+};
+
+// The set-up message's payload (the hub's answer to HELLO on the Unix socket,
+// in a WELCOME frame with the memfd and both doorbells attached).
+struct SetupMessage {
+  uint32_t magic = 0;
+  uint32_t version = 0;
+  uint32_t ring_bytes = 0;
+  uint32_t reserved = 0;
+};
+inline constexpr uint32_t kSetupMagic = 0x4d534852;  // "RHSM"
+inline constexpr uint32_t kSetupVersion = 1;
+
+// What a client's Connect got: a channel (the hub accepted HELLO; WELCOME
+// follows through the ring), or the hub's refusal (an ERROR frame).
+struct ConnectReply {
+  std::shared_ptr<class Channel> channel;
+  FrameHeader refusal{};
+  std::string refusal_body;
+};
+
+// The abstract Unix socket name for a hub ("rackhub-shm-<pid>-<random>"), as
+// offered in WELCOME; the socket is in the abstract namespace (unix(7)).
+std::string NewSocketName();
+// This host's boot id (/proc/sys/kernel/random/boot_id), "" if unreadable.
+std::string BootId();
+
+class Channel : public std::enable_shared_from_this<Channel> {
+ public:
+  struct Callbacks {
+    // A complete frame in the ring, valid during the call only.
+    std::function<void(const FrameHeader&, std::span<const std::byte>)> on_frame;
+    // The peer broke the ring protocol; the channel stops delivering. The
+    // owner normally answers with a fatal ERROR.
+    std::function<void(const std::string&)> on_violation;
+    // Called once, when the channel closed (locally or by the peer).
+    std::function<void(const std::string&)> on_closed;
+    std::function<void(size_t)> on_sent;  // bytes of frames copied into the ring
+  };
+
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Hub side, after HELLO on `socket_fd` (connected Unix socket, taken over)
+  // was accepted: creates the region and doorbells and sends the set-up
+  // message with their descriptors. INTERNAL when a resource cannot be made,
+  // UNAVAILABLE when the peer is gone.
+  static Result<std::shared_ptr<Channel>> Accept(int socket_fd, uint32_t ring_bytes,
+                                                 std::string peer, PollMode poll);
+  // Client side: connects to the hub's abstract socket `socket_name`, sends
+  // HELLO (`hello`, the encoded payload) and waits for the set-up message or
+  // an ERROR until `deadline`. UNAVAILABLE when the socket cannot be reached
+  // or times out, INVALID_ARGUMENT for a malformed set-up message.
+  static Result<ConnectReply> Connect(const std::string& socket_name, const std::string& hello,
+                                      PollMode poll,
+                                      std::chrono::steady_clock::time_point deadline);
+
+  void Attach(boost::asio::io_context& io, Callbacks callbacks);
+  void Detach();
+
+  void Send(OutgoingFrame frame);
+  // Drops the frames queued and not in the ring yet; returns their bytes
+  // (header + payload each).
+  size_t DropQueued();
+  // Closes the socket (the peer sees EOF and drains what is in its ring);
+  // queued frames are dropped. Idempotent.
+  void Close(const std::string& why);
+  // Backpressure: while paused, arriving frames stay in the ring (not
+  // consumed: the peer stops once it is full); resuming delivers them in
+  // order on a fresh stack of the attached io_context.
+  void PauseDelivery(bool on);
+
+  bool open() const { return !closed_; }
+  uint32_t ring_bytes() const { return ring_bytes_; }
+  const std::string& peer_address() const { return peer_; }
+
+  // Testing only (fault injection): the raw region, so that a test can play a
+  // client that writes garbage into it. Never used by production code.
+  std::span<std::byte> RegionForTesting() { return {base_, map_bytes_}; }
+
+ private:
+  using RingControl = internal::RingControl;
+  Channel(Side side, int socket_fd, std::byte* base, size_t map_bytes, uint32_t ring_bytes,
+          int my_bell, int peer_bell, std::string peer, PollMode poll);
+  RingControl* rx_control() const;
+  RingControl* tx_control() const;
+  std::byte* rx_ring() const;
+  std::byte* tx_ring() const;
+
+  void WatchBell();
+  void WatchSocket();
+  void OnBell();
+  void OnSocketReadable();
+  // Delivers what the ring holds (unless paused), pumps sends, then either
+  // schedules a busy poll or arms the sleep flags; `closing` skips the flags.
+  void Poll();
+  // Delivers ready frames; returns how many.
+  size_t DeliverReady();
+  void PumpSends();
+  bool TryWrite(OutgoingFrame& frame);
+  // Sets the flags that make the peer ring us; true if there is work after
+  // all (the flags are cleared again).
+  bool ArmSleep();
+  void RingPeer();
+  void Violation(const std::string& text);
+
+  const Side side_;
+  int socket_fd_;
+  std::byte* base_;
+  size_t map_bytes_;
+  uint32_t ring_bytes_;
+  int my_bell_;
+  int peer_bell_;
+  std::string peer_;
+  PollMode poll_;
+
+  boost::asio::io_context* io_ = nullptr;
+  std::unique_ptr<boost::asio::posix::stream_descriptor> bell_fd_;
+  std::unique_ptr<boost::asio::posix::stream_descriptor> socket_desc_;
+  uint64_t attach_gen_ = 0;  // handlers of an earlier Attach are ignored
+  Callbacks cb_;
+  bool poll_posted_ = false;
+  std::chrono::steady_clock::time_point last_activity_;
+
+  bool closed_ = false;
+  bool violated_ = false;
+  bool peer_gone_ = false;  // EOF seen: deliver what is left, then close
+  bool delivery_paused_ = false;
+  uint64_t rx_tail_ = 0;  // bytes consumed of the receive ring (ours)
+  uint64_t tx_head_ = 0;  // bytes written to the send ring (ours)
+  uint64_t tx_tail_seen_ = 0;  // the peer's tail when the ring was last found full
+  std::deque<OutgoingFrame> queue_;
+};
+
+}  // namespace rackhub::net::shm

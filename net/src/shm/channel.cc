@@ -1,0 +1,376 @@
+// The data path of a shared-memory Channel: the ring protocol, doorbells and
+// the watch on the peer's socket (see shm/channel.h); set-up and teardown
+// are in setup.cc.
+#include "rackhub/net/shm/channel.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "shm_internal.h"
+
+namespace rackhub::net::shm {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+using internal::Prefix;
+
+namespace {
+
+// Busy polling keeps looking this long after the last frame before sleeping.
+constexpr auto kBusyPollWindow = std::chrono::microseconds(50);
+// A fatal ERROR that cannot be written (the peer consumes nothing) closes the
+// connection after this long anyway.
+constexpr auto kFatalCloseGrace = std::chrono::milliseconds(2000);
+
+}  // namespace
+
+Channel::RingControl* Channel::rx_control() const {
+  return internal::Control(base_, side_ == Side::kHub ? 0 : 1);
+}
+Channel::RingControl* Channel::tx_control() const {
+  return internal::Control(base_, side_ == Side::kHub ? 1 : 0);
+}
+std::byte* Channel::rx_ring() const {
+  return base_ + kControlBytes + (side_ == Side::kHub ? 0 : size_t{ring_bytes_});
+}
+std::byte* Channel::tx_ring() const {
+  return base_ + kControlBytes + (side_ == Side::kHub ? size_t{ring_bytes_} : 0);
+}
+
+void Channel::Attach(asio::io_context& io, Callbacks callbacks) {
+  io_ = &io;
+  cb_ = std::move(callbacks);
+  ++attach_gen_;
+  if (closed_) return;
+  bell_fd_ = std::make_unique<asio::posix::stream_descriptor>(io, my_bell_);
+  socket_desc_ = std::make_unique<asio::posix::stream_descriptor>(io, socket_fd_);
+  WatchBell();
+  WatchSocket();
+  // Frames may have arrived before we watched.
+  poll_posted_ = true;
+  asio::post(io, [self = shared_from_this(), gen = attach_gen_] {
+    if (gen == self->attach_gen_) self->Poll();
+  });
+}
+
+void Channel::Detach() {
+  if (bell_fd_) bell_fd_->release();  // cancels the pending wait; the fd stays open
+  if (socket_desc_) socket_desc_->release();
+  bell_fd_.reset();
+  socket_desc_.reset();
+  io_ = nullptr;
+  cb_ = {};
+  poll_posted_ = false;
+  ++attach_gen_;
+}
+
+void Channel::WatchBell() {
+  if (!bell_fd_ || closed_) return;
+  bell_fd_->async_wait(asio::posix::stream_descriptor::wait_read,
+                       [self = shared_from_this(), gen = attach_gen_](boost::system::error_code ec) {
+                         if (ec || gen != self->attach_gen_) return;
+                         self->OnBell();
+                       });
+}
+
+void Channel::WatchSocket() {
+  if (!socket_desc_ || closed_ || peer_gone_) return;
+  socket_desc_->async_wait(asio::posix::stream_descriptor::wait_read,
+                           [self = shared_from_this(), gen = attach_gen_](boost::system::error_code ec) {
+                             if (ec || gen != self->attach_gen_) return;
+                             self->OnSocketReadable();
+                           });
+}
+
+void Channel::OnBell() {
+  uint64_t count = 0;
+  while (::read(my_bell_, &count, sizeof count) < 0 && errno == EINTR) {
+  }
+  const uint64_t gen = attach_gen_;
+  if (!poll_posted_) Poll();
+  if (gen == attach_gen_) WatchBell();
+}
+
+void Channel::OnSocketReadable() {
+  std::byte b{};
+  const ssize_t n = ::recv(socket_fd_, &b, 1, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return WatchSocket();
+  if (n > 0) {
+    return Violation("the peer sent data on the set-up socket after the set-up");
+  }
+  // EOF or reset: the peer closed or died. What it wrote before is still in
+  // the ring (the mapping outlives it): deliver that first, then close.
+  peer_gone_ = true;
+  if (!poll_posted_) Poll();
+}
+
+void Channel::Poll() {
+  poll_posted_ = false;
+  if (!io_ || closed_) return;
+  auto self = shared_from_this();  // callbacks may drop the owner's reference
+  const uint64_t gen = attach_gen_;
+  for (;;) {
+    const size_t delivered = DeliverReady();
+    if (closed_ || gen != attach_gen_) return;
+    PumpSends();
+    if (closed_ || gen != attach_gen_) return;
+    const auto now = Clock::now();
+    if (delivered > 0) last_activity_ = now;
+    if (peer_gone_) {
+      if (delivered == 0 || delivery_paused_ || violated_) {
+        Close("the peer closed the connection");
+        return;
+      }
+      continue;
+    }
+    if (poll_ == PollMode::kBusy && now - last_activity_ < kBusyPollWindow) {
+      poll_posted_ = true;
+      asio::post(*io_, [self, gen] {
+        if (gen == self->attach_gen_) self->Poll();
+        else self->poll_posted_ = false;
+      });
+      return;
+    }
+    if (!ArmSleep()) return;  // the doorbell wakes us
+  }
+}
+
+size_t Channel::DeliverReady() {
+  size_t delivered = 0;
+  const uint64_t gen = attach_gen_;
+  RingControl* c = rx_control();
+  while (!delivery_paused_ && !closed_ && !violated_ && gen == attach_gen_) {
+    const uint64_t head = internal::Head(c).load(std::memory_order_acquire);
+    if (head == rx_tail_) break;
+    const uint64_t ready = head - rx_tail_;
+    if (head < rx_tail_ || ready > ring_bytes_) {
+      Violation("ring head " + std::to_string(head) + " is not within a ring of the tail " +
+                std::to_string(rx_tail_));
+      break;
+    }
+    const size_t pos = rx_tail_ % ring_bytes_;
+    std::byte* at = rx_ring() + pos;
+    Prefix p;
+    std::memcpy(&p, at, sizeof p);
+    if (p.kind == internal::kPadKind) {
+      if (p.bytes != ring_bytes_ - pos || p.bytes > ready) {
+        Violation("a pad record of " + std::to_string(p.bytes) + " bytes at offset " +
+                  std::to_string(pos) + " does not end the ring");
+        break;
+      }
+    } else {
+      if (p.kind != internal::kFrameKind || p.bytes < kRecordAlign || p.bytes % kRecordAlign ||
+          p.bytes > ready || pos + p.bytes > ring_bytes_) {
+        Violation("a record of kind " + std::to_string(p.kind) + " and " +
+                  std::to_string(p.bytes) + " bytes at offset " + std::to_string(pos) +
+                  " is not a frame within the " + std::to_string(ready) + " bytes written");
+        break;
+      }
+      const FrameHeader h = DecodeHeader(
+          std::span<const std::byte, kHeaderBytes>(at + kRecordPrefixBytes, kHeaderBytes));
+      if (RecordBytes(h.payload_bytes) != p.bytes) {
+        Violation("a frame of " + std::to_string(h.payload_bytes) + " payload bytes in a record of " +
+                  std::to_string(p.bytes) + " bytes");
+        break;
+      }
+      // A copy: the callback may detach or close the channel, which clears cb_.
+      if (auto on_frame = cb_.on_frame) {
+        on_frame(h, std::span<const std::byte>(at + kRecordAlign, h.payload_bytes));
+      }
+      ++delivered;
+    }
+    // Consumed: the handler copied or used the payload during the call.
+    rx_tail_ += p.bytes;
+    internal::Tail(c).store(rx_tail_, std::memory_order_seq_cst);
+    if (internal::Waiting(c).load(std::memory_order_seq_cst) != 0 &&
+        internal::Waiting(c).exchange(0) != 0) {
+      RingPeer();  // the peer waits for room
+    }
+  }
+  return delivered;
+}
+
+void Channel::PauseDelivery(bool on) {
+  delivery_paused_ = on;
+  if (on || !io_ || poll_posted_ || closed_) return;
+  poll_posted_ = true;
+  asio::post(*io_, [self = shared_from_this(), gen = attach_gen_] {
+    if (gen == self->attach_gen_) self->Poll();
+    else self->poll_posted_ = false;
+  });
+}
+
+bool Channel::ArmSleep() {
+  bool work = false;
+  RingControl* rc = rx_control();
+  if (!delivery_paused_ && !violated_) {
+    internal::Sleeping(rc).store(1, std::memory_order_seq_cst);
+    if (internal::Head(rc).load(std::memory_order_seq_cst) != rx_tail_) {
+      internal::Sleeping(rc).store(0, std::memory_order_relaxed);
+      work = true;
+    }
+  }
+  if (!queue_.empty()) {
+    RingControl* tc = tx_control();
+    const uint64_t seen = internal::Tail(tc).load(std::memory_order_seq_cst);
+    internal::Waiting(tc).store(1, std::memory_order_seq_cst);
+    if (internal::Tail(tc).load(std::memory_order_seq_cst) != seen || seen != tx_tail_seen_) {
+      internal::Waiting(tc).store(0, std::memory_order_relaxed);
+      work = true;
+    }
+  }
+  return work;
+}
+
+void Channel::RingPeer() {
+  const uint64_t one = 1;
+  // EAGAIN: the counter is saturated, the peer is woken anyway.
+  while (::write(peer_bell_, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+
+void Channel::Violation(const std::string& text) {
+  if (violated_ || closed_) return;
+  violated_ = true;
+  if (cb_.on_violation) {
+    cb_.on_violation("shared-memory ring: " + text);
+  } else {
+    Close("shared-memory ring: " + text);
+  }
+}
+
+void Channel::Send(OutgoingFrame frame) {
+  if (closed_) {
+    if (frame.release) frame.release();
+    return;
+  }
+  const bool fatal = frame.close_after;
+  queue_.push_back(std::move(frame));
+  PumpSends();
+  if (closed_ || queue_.empty()) return;
+  // The ring is full: have the peer ring us when it consumes.
+  if (io_ && !poll_posted_ && ArmSleep()) {
+    poll_posted_ = true;
+    asio::post(*io_, [self = shared_from_this(), gen = attach_gen_] {
+      if (gen == self->attach_gen_) self->Poll();
+      else self->poll_posted_ = false;
+    });
+  }
+  if (fatal) {
+    // Do not wait forever for a peer that consumes nothing.
+    if (!io_) return Close("closing after a fatal error");
+    auto timer = std::make_shared<asio::steady_timer>(*io_, kFatalCloseGrace);
+    timer->async_wait([self = shared_from_this(), timer](boost::system::error_code ec) {
+      if (!ec) self->Close("closing after a fatal error (not sent within the grace period)");
+    });
+  }
+}
+
+void Channel::PumpSends() {
+  bool wrote = false;
+  while (!queue_.empty() && !closed_) {
+    OutgoingFrame& f = queue_.front();
+    if (f.still_wanted && !f.still_wanted()) {
+      if (f.release) f.release();
+      queue_.pop_front();
+      continue;
+    }
+    const size_t bytes = kHeaderBytes + f.payload().size();
+    const bool close_after = f.close_after;
+    if (!TryWrite(f)) break;
+    wrote = true;
+    queue_.pop_front();
+    if (closed_) return;
+    if (close_after) {
+      RingPeer();
+      // The peer drains its ring when it sees the socket close.
+      Close("closed after its last frame");
+      return;
+    }
+    if (auto on_sent = cb_.on_sent) on_sent(bytes);
+  }
+  if (!wrote || closed_) return;
+  RingControl* tc = tx_control();
+  if (internal::Sleeping(tc).load(std::memory_order_seq_cst) != 0 &&
+      internal::Sleeping(tc).exchange(0) != 0) {
+    RingPeer();
+  }
+}
+
+bool Channel::TryWrite(OutgoingFrame& f) {
+  const std::span<const std::byte> payload = f.payload();
+  const size_t rec = RecordBytes(payload.size());
+  if (rec > ring_bytes_) {
+    if (f.release) f.release();
+    f.release = nullptr;
+    Close("a frame of " + std::to_string(kHeaderBytes + payload.size()) +
+          " bytes does not fit the shared-memory ring (" + std::to_string(ring_bytes_) +
+          " bytes); raise data.shm_ring_bytes");
+    return true;
+  }
+  RingControl* c = tx_control();
+  const uint64_t tail = internal::Tail(c).load(std::memory_order_seq_cst);
+  if (tail > tx_head_ || tx_head_ - tail > ring_bytes_) {
+    Violation("ring tail " + std::to_string(tail) + " is not within a ring of the head " +
+              std::to_string(tx_head_));
+    return false;
+  }
+  const size_t pos = tx_head_ % ring_bytes_;
+  const size_t skip = pos + rec > ring_bytes_ ? ring_bytes_ - pos : 0;
+  if (tx_head_ + skip + rec - tail > ring_bytes_) {
+    tx_tail_seen_ = tail;
+    return false;  // full
+  }
+  std::byte* ring = tx_ring();
+  if (skip) {
+    const Prefix pad{internal::kPadKind, static_cast<uint32_t>(skip)};
+    std::memcpy(ring + pos, &pad, sizeof pad);
+  }
+  std::byte* dst = ring + (skip ? 0 : pos);
+  const Prefix p{internal::kFrameKind, static_cast<uint32_t>(rec)};
+  std::memcpy(dst, &p, sizeof p);
+  std::memcpy(dst + kRecordPrefixBytes, f.header.data(), kHeaderBytes);
+  if (!payload.empty()) std::memcpy(dst + kRecordAlign, payload.data(), payload.size());
+  f.owner.reset();  // copied: its owner may let it go
+  if (f.release) {
+    f.release();  // the caller's buffer is free again
+    f.release = nullptr;
+  }
+  tx_head_ += skip + rec;
+  internal::Head(c).store(tx_head_, std::memory_order_seq_cst);
+  return true;
+}
+
+size_t Channel::DropQueued() {
+  size_t bytes = 0;
+  while (!queue_.empty()) {
+    OutgoingFrame& f = queue_.back();
+    bytes += kHeaderBytes + f.payload().size();
+    if (f.release) f.release();
+    queue_.pop_back();
+  }
+  return bytes;
+}
+
+void Channel::Close(const std::string& why) {
+  if (closed_) return;
+  auto self = shared_from_this();
+  closed_ = true;
+  // The peer sees EOF on its socket, drains its ring and closes too.
+  ::shutdown(socket_fd_, SHUT_RDWR);
+  if (bell_fd_) bell_fd_->cancel();
+  if (socket_desc_) socket_desc_->cancel();
+  while (!queue_.empty()) {
+    if (queue_.front().release) queue_.front().release();
+    queue_.pop_front();
+  }
+  auto on_closed = std::move(cb_.on_closed);
+  cb_ = {};
+  if (on_closed) on_closed(why);
+}
+
+}  // namespace rackhub::net::shm

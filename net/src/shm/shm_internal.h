@@ -1,0 +1,51 @@
+// Private to net/src/shm: the layout of the shared region (shm/channel.h).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "rackhub/net/shm/channel.h"
+
+namespace rackhub::net::shm::internal {
+
+// One direction's shared counters, each on its own cache line (the producer
+// writes head and waiting, the consumer tail and sleeping).
+struct RingControl {
+  alignas(64) std::atomic<uint64_t> head;      // bytes written (producer)
+  alignas(64) std::atomic<uint64_t> tail;      // bytes consumed (consumer)
+  alignas(64) std::atomic<uint32_t> sleeping;  // consumer sleeps on its doorbell
+  alignas(64) std::atomic<uint32_t> waiting;   // producer sleeps for room
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(sizeof(RingControl) == 256);
+
+// The control page: identification, then ring 0 (worker to hub) and ring 1
+// (hub to worker) at 256 and 512.
+struct ControlHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t ring_bytes;
+  uint32_t reserved;
+};
+inline constexpr size_t kRingControlOffset = 256;
+
+inline RingControl* Control(std::byte* base, int ring) {
+  return reinterpret_cast<RingControl*>(base + kRingControlOffset + 256 * size_t(ring));
+}
+inline std::atomic<uint64_t>& Head(RingControl* c) { return c->head; }
+inline std::atomic<uint64_t>& Tail(RingControl* c) { return c->tail; }
+inline std::atomic<uint32_t>& Sleeping(RingControl* c) { return c->sleeping; }
+inline std::atomic<uint32_t>& Waiting(RingControl* c) { return c->waiting; }
+
+// A record's prefix (24 bytes, so the frame header ends 64-byte aligned).
+inline constexpr uint32_t kFrameKind = 0x46524543;  // "CERF"
+inline constexpr uint32_t kPadKind = 0x44444150;    // "PADD"
+struct Prefix {
+  uint32_t kind = 0;
+  uint32_t bytes = 0;  // the whole record, prefix included
+  uint8_t reserved[16] = {};
+};
+static_assert(sizeof(Prefix) == kRecordPrefixBytes);
+
+}  // namespace rackhub::net::shm::internal

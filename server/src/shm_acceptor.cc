@@ -1,0 +1,131 @@
+#include "shm_acceptor.h"
+
+#include <sys/socket.h>
+
+#include <spdlog/spdlog.h>
+
+#include "rackhub/net/channel_connection.h"
+#include "rackhub/net/shm/channel.h"
+
+namespace rackhub::server {
+
+namespace asio = boost::asio;
+using local = asio::local::stream_protocol;
+
+namespace {
+
+constexpr auto kAcceptRetryDelay = std::chrono::milliseconds(100);
+
+// "shm:pid 1234" from the peer's credentials (unix(7), SO_PEERCRED).
+std::string PeerName(local::socket& socket) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return "shm:?";
+  return "shm:pid " + std::to_string(cred.pid);
+}
+
+}  // namespace
+
+ShmAcceptor::ShmAcceptor(DataPlane* plane) : plane_(plane) {
+  hooks_.plane = plane;
+  hooks_.waiting = &unauthenticated_;
+  hooks_.warn = [this](const std::string& line) { WarnLimited(line); };
+  hooks_.accepted = [this](HelloResult checked, Socket socket, const std::string& peer) {
+    Adopt(std::move(checked), std::move(socket), peer);
+  };
+}
+
+ShmAcceptor::~ShmAcceptor() { Stop(); }
+
+Status ShmAcceptor::Listen() {
+  name_ = net::shm::NewSocketName();
+  try {
+    acceptor_.open(local());
+    acceptor_.bind(local::endpoint(std::string(1, '\0') + name_));
+    acceptor_.listen();
+  } catch (const std::exception& e) {
+    return Unavailable("data.shm: cannot listen on the abstract socket @" + name_ + ": " +
+                       e.what());
+  }
+  return {};
+}
+
+void ShmAcceptor::Start() {
+  Accept();
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "rackhub-shm");
+    auto guard = asio::make_work_guard(io_);
+    io_.run();
+  });
+}
+
+void ShmAcceptor::Stop() {
+  stopping_ = true;
+  if (!thread_.joinable()) return;
+  asio::post(io_, [this] {
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+  });
+  io_.stop();
+  thread_.join();
+}
+
+void ShmAcceptor::WarnLimited(const std::string& line) {
+  uint64_t held = 0;
+  if (!warnings_.Allow(&held)) return;
+  spdlog::warn(held > 0 ? line + " (" + std::to_string(held) +
+                              " similar warnings held back before this one)"
+                        : line);
+}
+
+void ShmAcceptor::Accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec, Socket socket) {
+    if (stopping_ || ec == asio::error::operation_aborted) return;
+    if (ec) {
+      WarnLimited("data (shm): accept failed: " + ec.message() + "; retrying in 100 ms");
+      retry_.expires_after(kAcceptRetryDelay);
+      retry_.async_wait([this](const boost::system::error_code& e) {
+        if (!e && !stopping_) Accept();
+      });
+      return;
+    }
+    const uint32_t limit = plane_->config().data.max_unauthenticated_connections;
+    if (unauthenticated_ >= limit) {
+      WarnLimited("data (shm): " + std::to_string(unauthenticated_) +
+                  " connections are waiting for their first frame "
+                  "(data.max_unauthenticated_connections); closed one");
+    } else {
+      const std::string peer = PeerName(socket);
+      std::make_shared<HelloSession<Socket>>(std::move(socket), peer, &hooks_)->Start();
+    }
+    Accept();
+  });
+}
+
+void ShmAcceptor::Adopt(HelloResult checked, Socket socket, const std::string& peer) {
+  const Config& config = plane_->config();
+  // Four of the tenant's chunk frames fit a ring whatever is configured.
+  const uint32_t ring = net::shm::RingBytesFor(config.data.shm_ring_bytes,
+                                               checked.tenant.chunk_bytes);
+  boost::system::error_code ec;
+  const int fd = socket.release(ec);
+  if (ec) return;
+  Result<std::shared_ptr<net::shm::Channel>> channel = net::shm::Channel::Accept(
+      fd, ring, peer,
+      config.data.shm_poll == "busy" ? net::shm::PollMode::kBusy : net::shm::PollMode::kEvents);
+  if (!channel.ok()) {
+    WarnLimited("data (shm): cannot set up shared memory for " + peer + ": " +
+                channel.status().message());
+    return;
+  }
+  net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
+                             checked.hello.lane(), peer, checked.hello.rack(), false};
+  const uint64_t seq = plane_->NextSeq();
+  plane_->OnLane(id.lane, [ch = *std::move(channel), id = std::move(id), seq](Lane& lane) mutable {
+    auto conn = std::make_shared<net::ChannelConnection<net::shm::Channel>>(
+        lane.worker_handler(), std::move(ch), std::move(id), &lane.io());
+    lane.AdoptWorker(std::move(conn), seq);
+  });
+}
+
+}  // namespace rackhub::server

@@ -1,0 +1,60 @@
+// ShmAcceptor: the shared-memory side of rackhubd's data plane, for workers
+// on this host (docs/architecture.md, Transports; net/shm/channel.h). On its
+// own thread it accepts on an abstract Unix socket (its name is offered to
+// authenticated workers through the TCP port, tcp_acceptor.h), checks HELLO
+// exactly as for TCP (hello_session.h), creates the connection's sealed
+// region and doorbells, sends their descriptors, and hands the channel to the
+// lane HELLO names (Lane::AdoptWorker with a ChannelConnection<shm::Channel>).
+// The only server file that knows shared memory.
+//
+// Ownership: owned by the hub; borrows the DataPlane (which outlives it).
+// Threading: Listen/Start/Stop from the main thread; sessions on the acceptor
+// thread; hand-overs on the lanes' threads.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "data_plane.h"
+#include "hello_session.h"
+#include "log_limiter.h"
+#include "rackhub/common/status.h"
+#include "rackhub/net/asio.h"
+
+namespace rackhub::server {
+
+class ShmAcceptor {
+ public:
+  using Socket = boost::asio::local::stream_protocol::socket;
+
+  explicit ShmAcceptor(DataPlane* plane);
+  ~ShmAcceptor();
+  ShmAcceptor(const ShmAcceptor&) = delete;
+  ShmAcceptor& operator=(const ShmAcceptor&) = delete;
+
+  // Binds a fresh abstract socket name; the error names data.shm.
+  Status Listen();
+  const std::string& socket_name() const { return name_; }
+  void Start();
+  // Stops accepting and joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  void Accept();
+  void Adopt(HelloResult checked, Socket socket, const std::string& peer);
+  void WarnLimited(const std::string& line);
+
+  DataPlane* plane_;
+  size_t unauthenticated_ = 0;  // declared before io_: sessions count out when it goes
+  HelloSession<Socket>::Hooks hooks_;
+  boost::asio::io_context io_{1};
+  boost::asio::local::stream_protocol::acceptor acceptor_{io_};
+  boost::asio::steady_timer retry_{io_};
+  std::string name_;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  LogLimiter warnings_{20, std::chrono::seconds(10)};
+};
+
+}  // namespace rackhub::server
