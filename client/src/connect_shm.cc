@@ -2,6 +2,10 @@
 // host (channel_lane.h, net/shm/channel.h). The hub's TCP port answers a
 // HELLO with shm_probe with its offer (an abstract Unix socket and its boot
 // id); each lane then sends HELLO on that socket and gets its rings.
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <cstring>
 #include <utility>
 
 #include "channel_lane.h"
@@ -24,9 +28,35 @@ Error Fail(ErrorCode code, std::string message) {
   return e;
 }
 
+// True when `address` is loopback or one of this host's interface addresses
+// (getifaddrs(3)): only then can the hub be on this host.
+bool IsLocalAddress(const asio::ip::address& address) {
+  if (address.is_loopback() || address.is_unspecified()) return true;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (i->ifa_addr->sa_family == AF_INET && address.is_v4()) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+      found = address.to_v4().to_bytes() ==
+              asio::ip::address_v4(ntohl(in->sin_addr.s_addr)).to_bytes();
+    } else if (i->ifa_addr->sa_family == AF_INET6 && address.is_v6()) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+      found = std::memcmp(address.to_v6().to_bytes().data(), in6->sin6_addr.s6_addr, 16) == 0;
+    }
+  }
+  freeifaddrs(list);
+  return found;
+}
+
 }  // namespace
 
 Error Client::Impl::ConnectShm(const tcp::endpoint& target, Clock::time_point deadline) {
+  if (!IsLocalAddress(target.address())) {
+    return Fail(ErrorCode::kConnectFailed, "hub " + options_.hub +
+                                               " is not at an address of this host: no shared memory");
+  }
   std::string offer_payload;
   {
     tcp::socket probe(io_);

@@ -114,6 +114,7 @@ TEST(ClientFakeHubTest, MisbehavingHubFailsTicketsWithoutHanging) {
     o.hub = hub.address();
     o.tenant = "t";
     o.op_timeout = 300ms;
+    o.shm = client::Shm::kOff;  // the fake hub answers one TCP connection, not a probe
     client::Error e;
     auto cl = Client::Connect(o, &e);
     ASSERT_NE(cl, nullptr) << e.message;

@@ -279,6 +279,7 @@ class ClientTest : public ::testing::TestWithParam<Transport> {
       o.rdma_hub = hub_->rdma_address();
       o.rdma_ring_bytes = kRdmaRingBytes;
     }
+    o.shm = GetParam() == Transport::kShm ? client::Shm::kOn : client::Shm::kOff;
     return o;
   }
   // A client of this process over the instance's transport.
@@ -298,6 +299,7 @@ class ClientTest : public ::testing::TestWithParam<Transport> {
       args.insert(args.end(), {"--transport", "rdma", "--rdma-hub", hub_->rdma_address(),
                                "--rdma-ring-bytes", std::to_string(kRdmaRingBytes)});
     }
+    if (GetParam() == Transport::kShm) args.insert(args.end(), {"--transport", "shm"});
     args.insert(args.end(), extra.begin(), extra.end());
     if (in_memory()) return std::make_unique<ThreadRank>(*hub_, args);
     args.insert(args.begin(), BinPath("rackhub-test-worker"));

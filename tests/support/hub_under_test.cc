@@ -18,6 +18,7 @@
 #include "rackhub/net/endpoint.h"
 #include "rackhub/net/rdma/channel.h"
 #include "rackhub/net/rdma/connection.h"
+#include "rackhub/net/shm/channel.h"
 #include "rackhub/net/testing/memory_connection.h"
 #include "raw_client.h"
 #include "rdma_env.h"
@@ -31,13 +32,14 @@ std::string TransportName(Transport t) {
   switch (t) {
     case Transport::kMemory: return "Memory";
     case Transport::kTcp: return "Tcp";
+    case Transport::kShm: return "Shm";
     case Transport::kRdma: return "Rdma";
   }
   return "?";
 }
 
 std::vector<Transport> AllTransports() {
-  return {Transport::kMemory, Transport::kTcp, Transport::kRdma};
+  return {Transport::kMemory, Transport::kTcp, Transport::kShm, Transport::kRdma};
 }
 
 std::string TransportParamName(const ::testing::TestParamInfo<Transport>& info) {
@@ -189,10 +191,11 @@ class MemoryHub final : public HubUnderTest {
   std::thread stopper_;
 };
 
-// A real rackhubd; TCP links, or RDMA links when `rdma_ip` is set.
+// A real rackhubd; TCP links, shared-memory links (`shm`), or RDMA links
+// when `rdma_ip` is set.
 class ProcessHub final : public HubUnderTest {
  public:
-  ProcessHub(std::vector<std::string> args, std::string rdma_ip) {
+  ProcessHub(std::vector<std::string> args, std::string rdma_ip, bool shm) : shm_(shm) {
     args.insert(args.begin(), "--no-pin-lanes");
     if (!HasStateDir(args)) args.insert(args.begin(), "--in-memory");
     if (!rdma_ip.empty()) {
@@ -206,13 +209,19 @@ class ProcessHub final : public HubUnderTest {
   bool started() const { return daemon_->started(); }
 
   Transport transport() const override {
-    return rdma_address_.empty() ? Transport::kTcp : Transport::kRdma;
+    return shm_ ? Transport::kShm : rdma_address_.empty() ? Transport::kTcp : Transport::kRdma;
   }
   const std::string& admin_address() const override { return daemon_->admin_address(); }
   std::string data_address() const override { return daemon_->data_address(); }
   std::string rdma_address() const override { return rdma_address_; }
   DaemonProcess* daemon() override { return daemon_.get(); }
   std::unique_ptr<DataLink> Connect() override {
+    if (shm_) {
+      return std::make_unique<ConnectionLink>(
+          client_.io(), [this](const FrameHeader& h, const std::string& payload,
+                               boost::asio::io_context& io,
+                               net::FrameHandler* handler) { return DialShm(h, payload, io, handler); });
+    }
     if (rdma_address_.empty()) return std::make_unique<RawClient>(daemon_->data_address());
     return std::make_unique<ConnectionLink>(
         client_.io(),
@@ -257,8 +266,80 @@ class ProcessHub final : public HubUnderTest {
     return made.get_future().get();
   }
 
+  // Shared memory: the hub's offer comes from its TCP port (a HELLO with
+  // shm_probe, with the test's credentials), then HELLO goes to the offered
+  // socket. A refusal at either step reaches the test as the ERROR frame it
+  // is, through an in-memory pair (as MemoryHub refuses).
+  std::shared_ptr<net::Connection> DialShm(const FrameHeader& h, const std::string& payload,
+                                           boost::asio::io_context& io,
+                                           net::FrameHandler* handler) {
+    data::v1::Hello probe;
+    probe.ParseFromString(payload);
+    probe.set_shm_probe(true);
+    std::optional<Frame> offer;
+    {
+      RawClient tcp(daemon_->data_address());
+      FrameHeader ph = h;
+      tcp.Send(ph, probe.SerializeAsString());
+      offer = tcp.Receive();
+    }
+    if (!offer) {
+      ADD_FAILURE() << "no answer to the shared-memory probe";
+      return nullptr;
+    }
+    if (offer->h.opcode == Opcode::kError) return Refused(*offer, io, handler);
+    data::v1::Welcome w;
+    if (!w.ParseFromString(offer->payload) || w.shm_socket().empty()) {
+      ADD_FAILURE() << "the hub offers no shared memory";
+      return nullptr;
+    }
+    Result<net::shm::ConnectReply> reply =
+        net::shm::Channel::Connect(w.shm_socket(), payload, net::shm::PollMode::kEvents,
+                                   std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    if (!reply.ok()) {
+      ADD_FAILURE() << "shared-memory connect: " << reply.status().message();
+      return nullptr;
+    }
+    if (!reply->channel) return Refused({reply->refusal, reply->refusal_body}, io, handler);
+    net::ConnectionIdentity id;
+    id.peer = "shm:@" + w.shm_socket();
+    std::promise<std::shared_ptr<net::Connection>> made;
+    boost::asio::post(io, [&] {
+      auto conn = std::make_shared<net::ChannelConnection<net::shm::Channel>>(
+          handler, reply->channel, id, &io);
+      conn->Start();
+      made.set_value(conn);
+    });
+    return made.get_future().get();
+  }
+
+  std::shared_ptr<net::Connection> Refused(const Frame& error, boost::asio::io_context& io,
+                                           net::FrameHandler* handler) {
+    WireError code{};
+    std::string text;
+    net::DecodeErrorBody(std::as_bytes(std::span(error.payload.data(), error.payload.size())),
+                         &code, &text);
+    net::ConnectionIdentity client_id;
+    client_id.peer = "hub (refused)";
+    auto pair = net::testing::MakeMemoryPair(refuser_io_.io(), &refuser_, {}, io, handler,
+                                             client_id);
+    boost::asio::post(refuser_io_.io(), [refusing = pair.a, code, text, rid = error.h.request_id] {
+      refusing->SendError(code, text, rid, true);
+      refusing->Start();
+    });
+    std::lock_guard lock(refused_mu_);
+    refused_.push_back(pair.a);
+    boost::asio::post(io, [client = pair.b] { client->Start(); });
+    return pair.b;
+  }
+
   IoThread client_;
+  IoThread refuser_io_;
+  Refuser refuser_;
+  std::mutex refused_mu_;
+  std::vector<std::shared_ptr<net::Connection>> refused_;  // GUARDED_BY(refused_mu_)
   std::string rdma_address_;
+  bool shm_ = false;
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
@@ -270,7 +351,7 @@ std::unique_ptr<HubUnderTest> HubUnderTest::Start(Transport transport,
   if (transport == Transport::kMemory) return MemoryHub::Start(std::move(args), why);
   std::string ip;
   if (transport == Transport::kRdma && !HaveRdma(&ip, why)) return nullptr;
-  auto hub = std::make_unique<ProcessHub>(std::move(args), ip);
+  auto hub = std::make_unique<ProcessHub>(std::move(args), ip, transport == Transport::kShm);
   if (!hub->started()) {
     *why = "rackhubd did not start";
     return nullptr;

@@ -5,6 +5,8 @@
 //            are in-memory connection pairs (net/testing) handed straight to
 //            the lane after the same HELLO checks as TCP and RDMA.
 //   kTcp:    a real rackhubd process; links are TCP sockets (RawClient).
+//   kShm:    a real rackhubd process; links are shared-memory channels
+//            (net/shm), dialed after asking the TCP port for the offer.
 //   kRdma:   a real rackhubd process with data.transport = rdma; links are
 //            RDMA connections on the host's verbs device (Soft-RoCE in the VM
 //            of tests/rdma/run.sh). Not available without a device: Start
@@ -27,7 +29,7 @@ namespace rackhub::testing {
 
 class DaemonProcess;
 
-enum class Transport { kMemory, kTcp, kRdma };
+enum class Transport { kMemory, kTcp, kShm, kRdma };
 std::string TransportName(Transport t);
 std::vector<Transport> AllTransports();
 // For INSTANTIATE_TEST_SUITE_P's name generator.

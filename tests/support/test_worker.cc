@@ -145,8 +145,10 @@ WorkerArgs Parse(const std::vector<std::string>& argv) {
                           ->type_name("K")
                           ->check(UnsignedUpTo(INT64_MAX));
   app.add_flag("--dump-all", w.dump_all, "write the parameters after every iteration");
-  app.add_option("--transport", transport, "data-plane transport")
-      ->check(CLI::IsMember({"tcp", "rdma", "auto"}))
+  app.add_option("--transport", transport,
+                 "data-plane transport (tcp: TCP only; shm: shared memory required; auto: "
+                 "shared memory with a hub on this host, else RDMA with a device, else TCP)")
+      ->check(CLI::IsMember({"tcp", "rdma", "shm", "auto"}))
       ->capture_default_str();
   app.add_option("--rdma-hub", options.rdma_hub, "the hub's RDMA listener")->type_name("HOST:PORT");
   app.add_option("--rdma-ring-bytes", options.rdma_ring_bytes, "registered ring per lane")
@@ -172,6 +174,9 @@ WorkerArgs Parse(const std::vector<std::string>& argv) {
   options.transport = transport == "rdma"   ? Transport::kRdma
                       : transport == "auto" ? Transport::kAuto
                                             : Transport::kTcp;
+  options.shm = transport == "shm"    ? client::Shm::kOn
+                : transport == "auto" ? client::Shm::kAuto
+                                      : client::Shm::kOff;
   options.connect_timeout = std::chrono::milliseconds(connect_ms);
   options.op_timeout = std::chrono::milliseconds(op_ms);
   if (hang->count() > 0) w.hang_at = static_cast<int64_t>(hang_at);
