@@ -15,19 +15,24 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "connection_link.h"
 #include "hub_under_test.h"
 #include "process.h"
 #include "raw_client.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "rackhub/data/v1/control.pb.h"
+#include "rackhub/net/channel_connection.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/shm/channel.h"
 
 namespace rackhub {
 namespace {
@@ -453,6 +458,93 @@ TEST_P(DataPlaneProtocolTest, OptimizerChangeAppliesFromItsIteration) {
       EXPECT_EQ(AsFloats(f->payload)[0], p) << "chunk " << chunk << " iteration " << it;
     }
   }
+}
+
+// Shared memory: the worker can write anything anywhere in its region. Every
+// kind of garbage (a head beyond the ring, an unknown record kind, a record
+// whose size disagrees with its frame, a record overrunning the ring, a pad
+// record in the middle, a bogus tail of the hub's own send ring) closes that
+// worker's connection only: the hub answers a fatal MALFORMED when it still
+// can, keeps running and serves another tenant.
+TEST_P(DataPlaneProtocolTest, GarbageInTheSharedRegionClosesOnlyThatConnection) {
+  if (GetParam() != Transport::kShm) GTEST_SKIP() << "shared-memory regions only";
+  const std::string token = CreateTenant("t", 1);
+  const pb::Key key = CreateKey("t", "k", 4);
+  namespace shm = net::shm;
+  struct Case {
+    const char* name;
+    std::function<void(shm::Channel&)> inject;
+  };
+  const auto record = [](uint32_t kind, uint32_t bytes, uint32_t payload_bytes) {
+    std::string r(64, '\0');
+    std::memcpy(r.data(), &kind, 4);
+    std::memcpy(r.data() + 4, &bytes, 4);
+    FrameHeader h;
+    h.opcode = Opcode::kHeartbeat;
+    h.payload_bytes = payload_bytes;
+    std::array<std::byte, net::kHeaderBytes> hb{};
+    net::EncodeHeader(h, hb);
+    std::memcpy(r.data() + shm::kRecordPrefixBytes, hb.data(), hb.size());
+    return r;
+  };
+  constexpr uint32_t kFrame = 0x46524543, kPad = 0x44444150;
+  const std::vector<Case> cases = {
+      {"head beyond the ring",
+       [](shm::Channel& c) { c.WriteRawForTesting({}, uint64_t{c.ring_bytes()} * 3); }},
+      {"unknown record kind",
+       [&](shm::Channel& c) {
+         const std::string r = record(0xdeadbeef, 64, 0);
+         c.WriteRawForTesting(std::as_bytes(std::span(r)), 64);
+       }},
+      {"record size disagrees with its frame",
+       [&](shm::Channel& c) {
+         const std::string r = record(kFrame, 64, 1u << 20);
+         c.WriteRawForTesting(std::as_bytes(std::span(r)), 64);
+       }},
+      {"record overruns the bytes written",
+       [&](shm::Channel& c) {
+         const std::string r = record(kFrame, c.ring_bytes(), 0);
+         c.WriteRawForTesting(std::as_bytes(std::span(r)), 64);
+       }},
+      {"pad record in the middle",
+       [&](shm::Channel& c) {
+         const std::string r = record(kPad, 128, 0);
+         c.WriteRawForTesting(std::as_bytes(std::span(r)), 128);
+       }},
+      {"bogus tail of the hub's send ring",
+       [](shm::Channel& c) {
+         // Ring 1 (hub to worker) control: tail at offset 512 + 64.
+         const uint64_t bogus = uint64_t{1} << 40;
+         std::memcpy(c.RegionForTesting().data() + 512 + 64, &bogus, sizeof bogus);
+       }},
+  };
+  uint64_t iteration = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto link = Connect();
+    const auto w = link->Hello("t", token, 0, 0);
+    ASSERT_NE(w.tenant_handle(), 0u);
+    auto* conn_link = dynamic_cast<testing::ConnectionLink*>(link.get());
+    ASSERT_NE(conn_link, nullptr);
+    conn_link->RunOnIo([&] {
+      auto* conn =
+          static_cast<net::ChannelConnection<shm::Channel>*>(conn_link->connection().get());
+      c.inject(conn->channel());
+    });
+    // The bogus tail shows when the hub next writes to us: ask for a reply.
+    FrameHeader push;
+    push.opcode = Opcode::kPush;
+    push.tenant = w.tenant_handle();
+    push.key = key.id();
+    push.dtype = net::DType::kFp32;
+    push.iteration = iteration;
+    push.request_id = 7;
+    link->Send(push, Floats({1, 2, 3, 4}));
+    EXPECT_TRUE(link->ClosedByPeer()) << "the hub kept the connection";
+    ExpectBystanderWorks();
+  }
+  ASSERT_EQ(kill(hub_->daemon()->pid(), 0), 0) << "the hub died";
+  EXPECT_NE(hub_->daemon()->Log().find("shared-memory ring"), std::string::npos);
 }
 
 TEST_P(DataPlaneProtocolTest, KilledWorkerFailsTheOthersAtOnce) {

@@ -37,8 +37,11 @@ class ConnectionLink final : public DataLink, private net::FrameHandler {
   void Send(FrameHeader h, const std::string& payload = "") override;
   std::optional<Frame> Receive(std::chrono::milliseconds timeout = kReceiveTimeout) override;
   bool ClosedByPeer(std::chrono::milliseconds timeout = kReceiveTimeout) override;
-  // The client end (null before HELLO), e.g. for fault injection.
+  // The client end (null before HELLO), e.g. for fault injection, which
+  // runs on io's thread through RunOnIo.
   std::shared_ptr<net::Connection> connection() const { return conn_; }
+  // Runs fn on io's thread and waits for it.
+  void RunOnIo(std::function<void()> fn);
 
  private:
   // net::FrameHandler, on io's thread.
@@ -47,8 +50,6 @@ class ConnectionLink final : public DataLink, private net::FrameHandler {
                    std::span<const std::byte> payload) override;
   void OnConnectionClosed(net::Connection& conn, const std::string& why) override;
   void OnBytesSent(net::Connection&, size_t) override {}
-  // Runs fn on io's thread and waits for it.
-  void RunOnIo(std::function<void()> fn);
 
   boost::asio::io_context& io_;
   Dialer dial_;

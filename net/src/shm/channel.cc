@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -22,6 +23,10 @@ namespace {
 
 // Busy polling keeps looking this long after the last frame before sleeping.
 constexpr auto kBusyPollWindow = std::chrono::microseconds(50);
+// One turn delivers at most this many frames, then yields the thread to the
+// other connections of the lane (a producer that keeps its ring full must not
+// hold the lane).
+constexpr size_t kFramesPerTurn = 128;
 // A fatal ERROR that cannot be written (the peer consumes nothing) closes the
 // connection after this long anyway.
 constexpr auto kFatalCloseGrace = std::chrono::milliseconds(2000);
@@ -105,6 +110,9 @@ void Channel::OnSocketReadable() {
   // EOF or reset: the peer closed or died. What it wrote before is still in
   // the ring (the mapping outlives it): deliver that first, then close.
   peer_gone_ = true;
+  // Only what was written before the EOF (a peer that lives on without its
+  // socket must not keep the lane busy).
+  gone_head_ = internal::Head(rx_control()).load(std::memory_order_acquire);
   if (!poll_posted_) Poll();
 }
 
@@ -117,9 +125,19 @@ void Channel::Poll() {
     const size_t delivered = DeliverReady();
     if (closed_ || gen != attach_gen_) return;
     PumpSends();
-    if (closed_ || gen != attach_gen_) return;
+    // After a violation nothing more is read or written: the owner's fatal
+    // ERROR (if it got into the ring) or the grace timer closes us.
+    if (closed_ || gen != attach_gen_ || violated_) return;
     const auto now = Clock::now();
     if (delivered > 0) last_activity_ = now;
+    if (delivered >= kFramesPerTurn && !peer_gone_) {
+      poll_posted_ = true;  // more may wait: after the others' turns
+      asio::post(*io_, [self, gen] {
+        if (gen == self->attach_gen_) self->Poll();
+        else self->poll_posted_ = false;
+      });
+      return;
+    }
     if (peer_gone_) {
       if (delivered == 0 || delivery_paused_ || violated_) {
         Close("the peer closed the connection");
@@ -143,8 +161,10 @@ size_t Channel::DeliverReady() {
   size_t delivered = 0;
   const uint64_t gen = attach_gen_;
   RingControl* c = rx_control();
-  while (!delivery_paused_ && !closed_ && !violated_ && gen == attach_gen_) {
-    const uint64_t head = internal::Head(c).load(std::memory_order_acquire);
+  while (!delivery_paused_ && !closed_ && !violated_ && gen == attach_gen_ &&
+         delivered < kFramesPerTurn) {
+    const uint64_t head =
+        peer_gone_ ? gone_head_ : internal::Head(c).load(std::memory_order_acquire);
     if (head == rx_tail_) break;
     const uint64_t ready = head - rx_tail_;
     if (head < rx_tail_ || ready > ring_bytes_) {
@@ -214,7 +234,7 @@ bool Channel::ArmSleep() {
       work = true;
     }
   }
-  if (!queue_.empty()) {
+  if (!queue_.empty() && !violated_) {
     RingControl* tc = tx_control();
     const uint64_t seen = internal::Tail(tc).load(std::memory_order_seq_cst);
     internal::Waiting(tc).store(1, std::memory_order_seq_cst);
@@ -343,6 +363,14 @@ bool Channel::TryWrite(OutgoingFrame& f) {
   tx_head_ += skip + rec;
   internal::Head(c).store(tx_head_, std::memory_order_seq_cst);
   return true;
+}
+
+void Channel::WriteRawForTesting(std::span<const std::byte> bytes, uint64_t head_advance) {
+  const size_t pos = tx_head_ % ring_bytes_;
+  std::memcpy(tx_ring() + pos, bytes.data(), std::min(bytes.size(), ring_bytes_ - pos));
+  tx_head_ += head_advance;
+  internal::Head(tx_control()).store(tx_head_, std::memory_order_seq_cst);
+  RingPeer();
 }
 
 size_t Channel::DropQueued() {

@@ -156,9 +156,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint32_t ring_bytes() const { return ring_bytes_; }
   const std::string& peer_address() const { return peer_; }
 
-  // Testing only (fault injection): the raw region, so that a test can play a
-  // client that writes garbage into it. Never used by production code.
+  // Testing only (fault injection), never used by production code: plays a
+  // peer that writes garbage. The raw region; and WriteRawForTesting copies
+  // `bytes` to the send position as they are, publishes head = position +
+  // `head_advance` and rings the peer.
   std::span<std::byte> RegionForTesting() { return {base_, map_bytes_}; }
+  void WriteRawForTesting(std::span<const std::byte> bytes, uint64_t head_advance);
 
  private:
   using RingControl = internal::RingControl;
@@ -207,6 +210,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool closed_ = false;
   bool violated_ = false;
   bool peer_gone_ = false;  // EOF seen: deliver what is left, then close
+  uint64_t gone_head_ = 0;  // the peer's head at EOF: delivered up to there
   bool delivery_paused_ = false;
   uint64_t rx_tail_ = 0;  // bytes consumed of the receive ring (ours)
   uint64_t tx_head_ = 0;  // bytes written to the send ring (ours)
