@@ -46,6 +46,9 @@ struct WorkerParams {
   uint32_t workers = 2;
   uint64_t bytes = 64ull << 20;  // fp32 model bytes over all keys
   uint32_t keys = 4;
+  // Model profile (profiles.cc): "even" = bytes split evenly over keys,
+  // "resnet50" = ResNet-50's 161 parameter tensors (sets keys and bytes).
+  std::string profile = "even";
   uint32_t iterations = 20;
   uint32_t warmup = 2;  // extra untimed (but verified) iterations first
   WireType dtype = WireType::kFp32;
@@ -57,6 +60,11 @@ struct WorkerParams {
   uint32_t racks = 1;
   uint32_t rack = 0;
 };
+
+// --profile: sets w->keys and w->bytes for a named profile; false if unknown.
+bool ApplyProfile(const std::string& profile, WorkerParams* w);
+// Elements of each key, in key order.
+std::vector<uint64_t> KeyElements(const WorkerParams& w);
 
 // Runs one worker; returns the process exit code.
 int RunWorker(const WorkerParams& params);

@@ -141,6 +141,13 @@ CommandLine Parse(int argc, char** argv) {
       ->transform(Bytes(UINT64_MAX))
       ->default_str("64MiB");
   number("--keys", &a.w.keys, "K", "keys the model is split into");
+  app.add_option("--profile", a.w.profile,
+                 "model profile: even = --bytes split evenly over --keys; resnet50 =\n"
+                 "ResNet-50's 161 parameter tensors (25.6 M fp32 parameters) as 161 keys\n"
+                 "(sets --keys and --bytes)")
+      ->type_name("even|resnet50")
+      ->check(OneOf({"even", "resnet50"}))
+      ->capture_default_str();
   number("--iterations", &a.w.iterations, "I", "timed iterations");
   number("--warmup", &a.w.warmup, "N", "untimed (still verified) iterations first");
   app.add_option("--dtype", dtype, "wire dtype")
@@ -244,6 +251,7 @@ CommandLine Parse(int argc, char** argv) {
   if (!app.remaining().empty()) Usage("unexpected argument '" + app.remaining().front() + "'");
   a.w.dtype = *ParseDType(dtype);
   a.w.racks = a.racks;
+  ApplyProfile(a.w.profile, &a.w);  // checked by OneOf
   if (both_netns->count() > 0) {
     if (hub_netns->count() == 0) a.hub_netns_prefix = netns_prefix;
     if (worker_netns->count() == 0) a.worker_netns_prefix = netns_prefix;
@@ -279,11 +287,9 @@ uint16_t FreePort() {
 uint64_t AnalyticInterhubBytes(const BenchArgs& a) {
   if (a.racks < 2 || a.topology != "hierarchical") return 0;
   const uint64_t chunk = (a.chunk_bytes ? a.chunk_bytes : 32 * 1024) / 4;  // in elements
-  const uint64_t total = a.w.bytes / 4;
   const uint64_t wire = a.w.dtype == WireType::kFp32 ? 4 : 2;
   uint64_t bytes = 0;
-  for (uint32_t k = 0; k < a.w.keys; ++k) {
-    uint64_t n = total / a.w.keys + (k + 1 == a.w.keys ? total % a.w.keys : 0);
+  for (uint64_t n : KeyElements(a.w)) {
     for (; n > 0; n -= std::min(n, chunk)) {
       const uint64_t e = std::min(n, chunk);
       bytes += (a.racks - 1) * (2 * 40 + e * (4 + wire));

@@ -110,9 +110,7 @@ int RunWorker(const WorkerParams& p) {
   if (!c) return Fail(p, "connect to " + p.hub, error);
 
   const agg::ElementType wire = static_cast<agg::ElementType>(p.dtype);
-  const uint64_t total = p.bytes / 4;
-  std::vector<uint64_t> sizes(p.keys, total / p.keys);
-  sizes.back() += total % p.keys;
+  const std::vector<uint64_t> sizes = KeyElements(p);
   std::vector<client::KeyId> ids(p.keys);
   for (uint32_t k = 0; k < p.keys; ++k) {
     client::KeyDecl decl;
