@@ -107,11 +107,28 @@ void ShmAcceptor::Adopt(HelloResult checked, Socket socket, const std::string& p
   // Four of the tenant's chunk frames fit a ring whatever is configured.
   const uint32_t ring = net::shm::RingBytesFor(config.data.shm_ring_bytes,
                                                checked.tenant.chunk_bytes);
+  // One publish arena per (tenant, lane), shared by the tenant's local
+  // workers there: a reply chunk is published once for all of them.
+  std::erase_if(arenas_, [](const auto& entry) { return entry.second.expired(); });
+  std::weak_ptr<net::shm::PublishArena>& weak =
+      arenas_[{checked.tenant.handle, checked.hello.lane()}];
+  std::shared_ptr<net::shm::PublishArena> arena = weak.lock();
+  if (!arena) {
+    Result<std::shared_ptr<net::shm::PublishArena>> made =
+        net::shm::PublishArena::Create(2 * size_t{ring});
+    if (made.ok()) {
+      arena = *std::move(made);
+      weak = arena;
+    } else {
+      WarnLimited("data (shm): no publish arena (replies are copied per worker): " +
+                  made.status().message());
+    }
+  }
   boost::system::error_code ec;
   const int fd = socket.release(ec);
   if (ec) return;
   Result<std::shared_ptr<net::shm::Channel>> channel = net::shm::Channel::Accept(
-      fd, ring, peer,
+      fd, ring, std::move(arena), peer,
       config.data.shm_poll == "busy" ? net::shm::PollMode::kBusy : net::shm::PollMode::kEvents);
   if (!channel.ok()) {
     WarnLimited("data (shm): cannot set up shared memory for " + peer + ": " +

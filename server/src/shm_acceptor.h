@@ -13,7 +13,10 @@
 #pragma once
 
 #include <atomic>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <thread>
 
 #include "data_plane.h"
@@ -21,6 +24,7 @@
 #include "log_limiter.h"
 #include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
+#include "rackhub/net/shm/arena.h"
 
 namespace rackhub::server {
 
@@ -52,6 +56,9 @@ class ShmAcceptor {
   boost::asio::local::stream_protocol::acceptor acceptor_{io_};
   boost::asio::steady_timer retry_{io_};
   std::string name_;
+  // Publish arenas by (tenant handle, lane), alive while a connection of
+  // theirs is (acceptor thread).
+  std::map<std::pair<uint32_t, uint32_t>, std::weak_ptr<net::shm::PublishArena>> arenas_;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   LogLimiter warnings_{20, std::chrono::seconds(10)};

@@ -10,6 +10,8 @@
 // bit-identical to the reference, and training moves on.
 //
 // WorkerKill9Loop: three worker processes (rackhub-durability-worker) train
+// over the client's default transport, shared memory with the local hub
+// (checked: every generation reports "transport shm"),
 // a 4 MiB key; one rank at random is killed with SIGKILL at a random point
 // (mostly while it pushes) and a replacement process starts after a random
 // delay; the survivors and the replacement continue with no admin action,
@@ -32,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -564,6 +567,16 @@ class WorkerSet {
     }
     return out;
   }
+  // The transports the workers of every generation connected over, e.g. "shm".
+  std::set<std::string> Transports() const {
+    std::set<std::string> out;
+    for (const auto& f : files_) {
+      for (const auto& l : ReadWorkerOut(f)) {
+        if (l.kind == "transport") out.insert(l.text.substr(l.text.find_first_not_of(' ')));
+      }
+    }
+    return out;
+  }
   size_t Resyncs() const {
     size_t n = 0;
     for (const auto& f : files_) {
@@ -616,6 +629,8 @@ TEST(DurabilityLoop, WorkerKill9Loop) {
     const std::string problems = workers.Problems();
     ASSERT_TRUE(problems.empty()) << problems;
   }
+  EXPECT_EQ(workers.Transports(), std::set<std::string>{"shm"})
+      << "workers on the hub's host should all have used shared memory";
   std::printf("worker kill loop: %llu trials, %zu resyncs, iteration %llu\n",
               static_cast<unsigned long long>(trials), workers.Resyncs(),
               static_cast<unsigned long long>(workers.MaxIteration()));

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
     line("error connect " + e.message);
     return 2;
   }
+  line(std::string("transport ") + c->transport());
   client::KeyDecl d;
   d.name = "w";
   d.elements = elements;

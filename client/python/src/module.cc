@@ -318,6 +318,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("chunk_elements", [](PyClient& s) { return s.c().chunk_elements(); })
       .def_property_readonly("tenant_handle", [](PyClient& s) { return s.c().tenant_handle(); })
       .def_property_readonly("reconnects", [](PyClient& s) { return s.c().reconnects(); })
+      .def_property_readonly("transport", [](PyClient& s) { return std::string(s.c().transport()); })
       .def_property_readonly("straggler_timeout_ms",
                              [](PyClient& s) { return s.c().straggler_timeout_ms(); })
       .def("declare_key", &PyClient::DeclareKey, py::arg("name"), py::arg("elements"),

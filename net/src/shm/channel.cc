@@ -27,6 +27,8 @@ constexpr auto kBusyPollWindow = std::chrono::microseconds(50);
 // other connections of the lane (a producer that keeps its ring full must not
 // hold the lane).
 constexpr size_t kFramesPerTurn = 128;
+// After a close, arena space the peer was referred to is reused this much later.
+constexpr auto kRefsGrace = std::chrono::milliseconds(1000);
 // A fatal ERROR that cannot be written (the peer consumes nothing) closes the
 // connection after this long anyway.
 constexpr auto kFatalCloseGrace = std::chrono::milliseconds(2000);
@@ -122,6 +124,9 @@ void Channel::Poll() {
   auto self = shared_from_this();  // callbacks may drop the owner's reference
   const uint64_t gen = attach_gen_;
   for (;;) {
+    if (!pending_refs_.empty()) {
+      ReleaseConsumed(internal::Tail(tx_control()).load(std::memory_order_acquire));
+    }
     const size_t delivered = DeliverReady();
     if (closed_ || gen != attach_gen_) return;
     PumpSends();
@@ -182,6 +187,27 @@ size_t Channel::DeliverReady() {
                   std::to_string(pos) + " does not end the ring");
         break;
       }
+    } else if (p.kind == internal::kRefKind && side_ == Side::kClient && arena_map_ != nullptr) {
+      if (p.bytes != internal::kRefRecordBytes || p.bytes > ready || pos + p.bytes > ring_bytes_) {
+        Violation("a reference record of " + std::to_string(p.bytes) + " bytes at offset " +
+                  std::to_string(pos));
+        break;
+      }
+      const FrameHeader h = DecodeHeader(
+          std::span<const std::byte, kHeaderBytes>(at + kRecordPrefixBytes, kHeaderBytes));
+      uint64_t offset = 0;
+      std::memcpy(&offset, at + kRecordAlign, sizeof offset);
+      if (offset > arena_bytes_ || h.payload_bytes > arena_bytes_ - offset) {
+        Violation("a reference to " + std::to_string(h.payload_bytes) + " bytes at offset " +
+                  std::to_string(offset) + " of a " + std::to_string(arena_bytes_) +
+                  "-byte arena");
+        break;
+      }
+      ++references_received_;
+      if (auto on_frame = cb_.on_frame) {
+        on_frame(h, std::span<const std::byte>(arena_map_ + offset, h.payload_bytes));
+      }
+      ++delivered;
     } else {
       if (p.kind != internal::kFrameKind || p.bytes < kRecordAlign || p.bytes % kRecordAlign ||
           p.bytes > ready || pos + p.bytes > ring_bytes_) {
@@ -321,6 +347,34 @@ void Channel::PumpSends() {
   }
 }
 
+bool Channel::HasRoom(size_t rec, uint64_t tail) const {
+  const size_t pos = tx_head_ % ring_bytes_;
+  const size_t skip = pos + rec > ring_bytes_ ? ring_bytes_ - pos : 0;
+  return tx_head_ + skip + rec - tail <= ring_bytes_;
+}
+
+void Channel::Append(uint32_t kind, size_t rec, const OutgoingFrame& f,
+                     std::span<const std::byte> payload, uint64_t offset) {
+  std::byte* ring = tx_ring();
+  const size_t pos = tx_head_ % ring_bytes_;
+  if (pos + rec > ring_bytes_) {  // a record never wraps: pad to the end
+    const Prefix pad{internal::kPadKind, static_cast<uint32_t>(ring_bytes_ - pos)};
+    std::memcpy(ring + pos, &pad, sizeof pad);
+    tx_head_ += ring_bytes_ - pos;
+  }
+  std::byte* dst = ring + tx_head_ % ring_bytes_;
+  const Prefix p{kind, static_cast<uint32_t>(rec)};
+  std::memcpy(dst, &p, sizeof p);
+  std::memcpy(dst + kRecordPrefixBytes, f.header.data(), kHeaderBytes);
+  if (kind == internal::kRefKind) {
+    std::memcpy(dst + kRecordAlign, &offset, sizeof offset);
+  } else if (!payload.empty()) {
+    std::memcpy(dst + kRecordAlign, payload.data(), payload.size());
+  }
+  tx_head_ += rec;
+  internal::Head(tx_control()).store(tx_head_, std::memory_order_seq_cst);
+}
+
 bool Channel::TryWrite(OutgoingFrame& f) {
   const std::span<const std::byte> payload = f.payload();
   const size_t rec = RecordBytes(payload.size());
@@ -332,37 +386,49 @@ bool Channel::TryWrite(OutgoingFrame& f) {
           " bytes); raise data.shm_ring_bytes");
     return true;
   }
-  RingControl* c = tx_control();
-  const uint64_t tail = internal::Tail(c).load(std::memory_order_seq_cst);
+  const uint64_t tail = internal::Tail(tx_control()).load(std::memory_order_seq_cst);
   if (tail > tx_head_ || tx_head_ - tail > ring_bytes_) {
     Violation("ring tail " + std::to_string(tail) + " is not within a ring of the head " +
               std::to_string(tx_head_));
     return false;
   }
-  const size_t pos = tx_head_ % ring_bytes_;
-  const size_t skip = pos + rec > ring_bytes_ ? ring_bytes_ - pos : 0;
-  if (tx_head_ + skip + rec - tail > ring_bytes_) {
-    tx_tail_seen_ = tail;
-    return false;  // full
+  if (!pending_refs_.empty()) ReleaseConsumed(tail);
+  bool written = false;
+  // A shared reply payload goes to the publish arena once for every local
+  // worker of the tenant; the ring carries a reference to it. A full arena
+  // (a worker of the tenant reads slowly) falls back to a copy.
+  if (arena_ && f.owner && payload.size() >= kPublishMinBytes) {
+    if (!HasRoom(internal::kRefRecordBytes, tail)) {
+      tx_tail_seen_ = tail;
+      return false;
+    }
+    if (const int64_t offset = arena_->Publish(payload, f.owner); offset >= 0) {
+      Append(internal::kRefKind, internal::kRefRecordBytes, f, {},
+             static_cast<uint64_t>(offset));
+      pending_refs_.emplace_back(tx_head_, static_cast<uint64_t>(offset));
+      written = true;
+    }
   }
-  std::byte* ring = tx_ring();
-  if (skip) {
-    const Prefix pad{internal::kPadKind, static_cast<uint32_t>(skip)};
-    std::memcpy(ring + pos, &pad, sizeof pad);
+  if (!written) {
+    if (!HasRoom(rec, tail)) {
+      tx_tail_seen_ = tail;
+      return false;  // full
+    }
+    Append(internal::kFrameKind, rec, f, payload, 0);
   }
-  std::byte* dst = ring + (skip ? 0 : pos);
-  const Prefix p{internal::kFrameKind, static_cast<uint32_t>(rec)};
-  std::memcpy(dst, &p, sizeof p);
-  std::memcpy(dst + kRecordPrefixBytes, f.header.data(), kHeaderBytes);
-  if (!payload.empty()) std::memcpy(dst + kRecordAlign, payload.data(), payload.size());
-  f.owner.reset();  // copied: its owner may let it go
+  f.owner.reset();  // copied (or held by the arena): its owner may let it go
   if (f.release) {
     f.release();  // the caller's buffer is free again
     f.release = nullptr;
   }
-  tx_head_ += skip + rec;
-  internal::Head(c).store(tx_head_, std::memory_order_seq_cst);
   return true;
+}
+
+void Channel::ReleaseConsumed(uint64_t tail, bool all) {
+  while (!pending_refs_.empty() && (all || pending_refs_.front().first <= tail)) {
+    arena_->Release(pending_refs_.front().second);
+    pending_refs_.pop_front();
+  }
 }
 
 void Channel::WriteRawForTesting(std::span<const std::byte> bytes, uint64_t head_advance) {
@@ -395,6 +461,18 @@ void Channel::Close(const std::string& why) {
   while (!queue_.empty()) {
     if (queue_.front().release) queue_.front().release();
     queue_.pop_front();
+  }
+  if (!pending_refs_.empty()) {
+    // The peer may still be copying replies it was sent (it drains its ring
+    // on EOF): their arena space is reused only a while later.
+    if (io_) {
+      auto timer = std::make_shared<asio::steady_timer>(*io_, kRefsGrace);
+      timer->async_wait([self, timer](boost::system::error_code) {
+        self->ReleaseConsumed(0, true);
+      });
+    } else {
+      ReleaseConsumed(0, true);
+    }
   }
   auto on_closed = std::move(cb_.on_closed);
   cb_ = {};

@@ -160,6 +160,8 @@ Channel::Channel(Side side, int socket_fd, std::byte* base, size_t map_bytes,
       poll_(poll) {}
 
 Channel::~Channel() {
+  if (arena_) ReleaseConsumed(0, true);
+  if (arena_map_) ::munmap(const_cast<std::byte*>(arena_map_), arena_bytes_);
   // The descriptors are ours, not the stream_descriptors'.
   if (bell_fd_) bell_fd_->release();
   if (socket_desc_) socket_desc_->release();
@@ -174,6 +176,7 @@ Channel::~Channel() {
 }
 
 Result<std::shared_ptr<Channel>> Channel::Accept(int socket_fd, uint32_t ring_bytes,
+                                                 std::shared_ptr<PublishArena> arena,
                                                  std::string peer, PollMode poll) {
   Fd socket(socket_fd);
   if (!ValidRingBytes(ring_bytes)) {
@@ -204,37 +207,46 @@ Result<std::shared_ptr<Channel>> Channel::Accept(int socket_fd, uint32_t ring_by
     return Internal(Errno("eventfd"));
   }
 
+  Fd arena_fd(arena ? arena->ReadOnlyDescriptor() : -1);
+  if (arena && arena_fd.get() < 0) {
+    ::munmap(map, bytes);
+    return Internal(Errno("a read-only descriptor of the publish arena"));
+  }
   // The set-up message: a WELCOME frame whose payload is a SetupMessage, with
-  // the memfd and both doorbells (hub's, worker's) attached.
+  // the memfd, both doorbells (hub's, worker's) and the arena attached.
   FrameHeader h;
   h.opcode = Opcode::kWelcome;
   h.payload_bytes = sizeof(SetupMessage);
   std::array<std::byte, kHeaderBytes + sizeof(SetupMessage)> out{};
   EncodeHeader(h, std::span<std::byte, kHeaderBytes>(out.data(), kHeaderBytes));
-  const SetupMessage setup{kSetupMagic, kSetupVersion, ring_bytes, 0};
+  const SetupMessage setup{kSetupMagic, kSetupVersion, ring_bytes,
+                           arena ? static_cast<uint32_t>(arena->bytes()) : 0};
   std::memcpy(out.data() + kHeaderBytes, &setup, sizeof setup);
   iovec iov{out.data(), out.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * 3)> control{};
+  const int fds[4] = {memfd.get(), hub_bell.get(), worker_bell.get(), arena_fd.get()};
+  const size_t nfds = arena ? 4 : 3;
+  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * 4)> control{};
   msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * 3);
-  const int fds[3] = {memfd.get(), hub_bell.get(), worker_bell.get()};
-  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+  std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
   // A fresh socket's buffer takes this small message at once.
   if (::sendmsg(socket.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL) !=
       static_cast<ssize_t>(out.size())) {
     ::munmap(map, bytes);
     return Unavailable(Errno("sending the shared-memory set-up to the worker"));
   }
-  return std::shared_ptr<Channel>(new Channel(Side::kHub, socket.release(), base, bytes,
-                                              ring_bytes, hub_bell.release(),
-                                              worker_bell.release(), std::move(peer), poll));
+  auto channel = std::shared_ptr<Channel>(new Channel(Side::kHub, socket.release(), base, bytes,
+                                                      ring_bytes, hub_bell.release(),
+                                                      worker_bell.release(), std::move(peer), poll));
+  channel->arena_ = std::move(arena);
+  return channel;
 }
 
 Result<ConnectReply> Channel::Connect(const std::string& socket_name, const std::string& hello,
@@ -259,7 +271,7 @@ Result<ConnectReply> Channel::Connect(const std::string& socket_name, const std:
   if (Status s = WriteAll(socket.get(), header.data(), header.size(), deadline); !s.ok()) return s;
   if (Status s = WriteAll(socket.get(), hello.data(), hello.size(), deadline); !s.ok()) return s;
 
-  std::array<int, 3> fds = {-1, -1, -1};
+  std::array<int, 4> fds = {-1, -1, -1, -1};
   const auto close_fds = [&] {
     for (int& fd : fds) {
       if (fd >= 0) ::close(fd);
@@ -300,7 +312,7 @@ Result<ConnectReply> Channel::Connect(const std::string& socket_name, const std:
     close_fds();
     return read;
   }
-  Fd memfd(fds[0]), hub_bell(fds[1]), worker_bell(fds[2]);
+  Fd memfd(fds[0]), hub_bell(fds[1]), worker_bell(fds[2]), arena_fd(fds[3]);
   if (setup.magic != kSetupMagic || setup.version != kSetupVersion ||
       !ValidRingBytes(setup.ring_bytes) || worker_bell.get() < 0) {
     return InvalidArgument("malformed shared-memory set-up (magic, version " +
@@ -322,6 +334,21 @@ Result<ConnectReply> Channel::Connect(const std::string& socket_name, const std:
     ::munmap(map, bytes);
     return InvalidArgument("the shared-memory region's control page does not match the set-up");
   }
+  void* arena_map = nullptr;
+  if (setup.arena_bytes > 0) {
+    struct stat ast{};
+    if (arena_fd.get() < 0 || ::fstat(arena_fd.get(), &ast) != 0 ||
+        static_cast<size_t>(ast.st_size) != setup.arena_bytes) {
+      ::munmap(map, bytes);
+      return InvalidArgument("the publish arena is missing or not of " +
+                             std::to_string(setup.arena_bytes) + " bytes");
+    }
+    arena_map = ::mmap(nullptr, setup.arena_bytes, PROT_READ, MAP_SHARED, arena_fd.get(), 0);
+    if (arena_map == MAP_FAILED) {
+      ::munmap(map, bytes);
+      return Unavailable(Errno("mmap of the publish arena"));
+    }
+  }
   const int flags = ::fcntl(socket.get(), F_GETFL);
   ::fcntl(socket.get(), F_SETFL, flags | O_NONBLOCK);
   ConnectReply accepted;
@@ -329,6 +356,8 @@ Result<ConnectReply> Channel::Connect(const std::string& socket_name, const std:
       new Channel(Side::kClient, socket.release(), static_cast<std::byte*>(map), bytes,
                   setup.ring_bytes, worker_bell.release(), hub_bell.release(),
                   "shm:@" + socket_name, poll));
+  accepted.channel->arena_map_ = static_cast<const std::byte*>(arena_map);
+  accepted.channel->arena_bytes_ = setup.arena_bytes;
   return accepted;
 }
 

@@ -41,6 +41,10 @@ inline std::atomic<uint32_t>& Waiting(RingControl* c) { return c->waiting; }
 // A record's prefix (24 bytes, so the frame header ends 64-byte aligned).
 inline constexpr uint32_t kFrameKind = 0x46524543;  // "CERF"
 inline constexpr uint32_t kPadKind = 0x44444150;    // "PADD"
+// A reply whose payload is in the publish arena: prefix, header, then the
+// u64 arena offset; 128 bytes in all.
+inline constexpr uint32_t kRefKind = 0x46455241;     // "AREF"
+inline constexpr uint32_t kRefRecordBytes = 128;
 struct Prefix {
   uint32_t kind = 0;
   uint32_t bytes = 0;  // the whole record, prefix included

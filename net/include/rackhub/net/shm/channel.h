@@ -50,6 +50,7 @@
 #include "rackhub/net/asio.h"
 #include "rackhub/net/frame.h"
 #include "rackhub/net/outgoing_frame.h"
+#include "rackhub/net/shm/arena.h"
 
 namespace rackhub::net::shm {
 
@@ -87,8 +88,11 @@ struct SetupMessage {
   uint32_t magic = 0;
   uint32_t version = 0;
   uint32_t ring_bytes = 0;
-  uint32_t reserved = 0;
+  uint32_t arena_bytes = 0;  // the tenant's publish arena on this lane (0: none)
 };
+// Replies of at least this many bytes with a shared payload go through the
+// publish arena (arena.h); smaller ones are copied into the ring.
+inline constexpr size_t kPublishMinBytes = 4096;
 inline constexpr uint32_t kSetupMagic = 0x4d534852;  // "RHSM"
 inline constexpr uint32_t kSetupVersion = 1;
 
@@ -127,7 +131,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // was accepted: creates the region and doorbells and sends the set-up
   // message with their descriptors. INTERNAL when a resource cannot be made,
   // UNAVAILABLE when the peer is gone.
+  // `arena` (may be null): the publish arena of the worker's tenant on this
+  // lane; the worker gets a read-only descriptor of it.
   static Result<std::shared_ptr<Channel>> Accept(int socket_fd, uint32_t ring_bytes,
+                                                 std::shared_ptr<PublishArena> arena,
                                                  std::string peer, PollMode poll);
   // Client side: connects to the hub's abstract socket `socket_name`, sends
   // HELLO (`hello`, the encoded payload) and waits for the set-up message or
@@ -162,6 +169,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // `head_advance` and rings the peer.
   std::span<std::byte> RegionForTesting() { return {base_, map_bytes_}; }
   void WriteRawForTesting(std::span<const std::byte> bytes, uint64_t head_advance);
+  // Replies received as references into the publish arena (client side).
+  uint64_t references_received() const { return references_received_; }
 
  private:
   using RingControl = internal::RingControl;
@@ -183,11 +192,20 @@ class Channel : public std::enable_shared_from_this<Channel> {
   size_t DeliverReady();
   void PumpSends();
   bool TryWrite(OutgoingFrame& frame);
+  // Whether a record of `rec` bytes (and the pad before it) fits now.
+  bool HasRoom(size_t rec, uint64_t tail) const;
+  // Writes a record (a frame with `payload`, or a reference to `offset` of
+  // the arena) at the send position and publishes it.
+  void Append(uint32_t kind, size_t rec, const OutgoingFrame& f,
+              std::span<const std::byte> payload, uint64_t offset);
   // Sets the flags that make the peer ring us; true if there is work after
   // all (the flags are cleared again).
   bool ArmSleep();
   void RingPeer();
   void Violation(const std::string& text);
+  // Hub: releases the arena references whose records the peer consumed
+  // (its tail passed them); all of them with `all`.
+  void ReleaseConsumed(uint64_t tail, bool all = false);
 
   const Side side_;
   int socket_fd_;
@@ -216,6 +234,14 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint64_t tx_head_ = 0;  // bytes written to the send ring (ours)
   uint64_t tx_tail_seen_ = 0;  // the peer's tail when the ring was last found full
   std::deque<OutgoingFrame> queue_;
+  // Publish arena: the hub's (shared with the tenant's other connections on
+  // this lane) and the references written and not consumed yet (ring
+  // position after the record, arena offset); the client's read-only mapping.
+  std::shared_ptr<PublishArena> arena_;
+  std::deque<std::pair<uint64_t, uint64_t>> pending_refs_;
+  const std::byte* arena_map_ = nullptr;
+  size_t arena_bytes_ = 0;
+  uint64_t references_received_ = 0;
 };
 
 }  // namespace rackhub::net::shm

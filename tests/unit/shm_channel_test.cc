@@ -1,0 +1,283 @@
+// net/shm on its own: real channels over an abstract Unix socket and sealed
+// memfds, both ends in this process (the hub end accepted here as the
+// ShmAcceptor does), driven by one io_context thread. Frames of every size
+// cross the ring in order, wrapping many times; a reply published to two
+// workers of a tenant is copied once into the arena and referenced by both;
+// a full arena falls back to copies; the arena is read-only for workers; a
+// closed worker is seen by the hub after its last frames.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rackhub/net/asio.h"
+#include "rackhub/net/shm/arena.h"
+#include "rackhub/net/shm/channel.h"
+
+namespace rackhub::net::shm {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Received frames of one end, readable from the test thread.
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<FrameHeader, std::string>> frames;
+  bool closed = false;
+  std::string why;
+
+  Channel::Callbacks Callbacks() {
+    Channel::Callbacks cb;
+    cb.on_frame = [this](const FrameHeader& h, std::span<const std::byte> p) {
+      std::lock_guard lock(mu);
+      frames.emplace_back(h, std::string(reinterpret_cast<const char*>(p.data()), p.size()));
+      cv.notify_all();
+    };
+    cb.on_violation = [this](const std::string& t) { Closed("violation: " + t); };
+    cb.on_closed = [this](const std::string& t) { Closed(t); };
+    return cb;
+  }
+  void Closed(const std::string& t) {
+    std::lock_guard lock(mu);
+    closed = true;
+    why = t;
+    cv.notify_all();
+  }
+  bool WaitFrames(size_t n, std::chrono::milliseconds timeout = 5s) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return frames.size() >= n; });
+  }
+  bool WaitClosed(std::chrono::milliseconds timeout = 5s) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return closed; });
+  }
+};
+
+class ShmChannelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    name_ = NewSocketName();
+    listener_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path + 1, name_.data(), name_.size());
+    ASSERT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&addr),
+                     static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name_.size())),
+              0);
+    ASSERT_EQ(::listen(listener_, 8), 0);
+    io_thread_ = std::thread([this] { io_.run(); });
+  }
+  void TearDown() override {
+    boost::asio::post(io_, [this] {
+      for (auto& c : channels_) {
+        c->Detach();
+        c->Close("test over");
+      }
+      channels_.clear();
+      guard_.reset();
+    });
+    io_thread_.join();
+    ::close(listener_);
+  }
+
+  // Connects a worker: returns {hub end, worker end}, both attached to io_.
+  std::pair<std::shared_ptr<Channel>, std::shared_ptr<Channel>> Pair(
+      uint32_t ring, std::shared_ptr<PublishArena> arena, Inbox* hub_in, Inbox* worker_in) {
+    auto hub = std::async(std::launch::async, [&] {
+      const int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      char hello[kHeaderBytes + 5];
+      size_t got = 0;
+      while (got < sizeof hello) {
+        const ssize_t n = ::read(fd, hello + got, sizeof hello - got);
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      return Channel::Accept(fd, ring, arena, "test worker", PollMode::kEvents);
+    });
+    Result<ConnectReply> worker =
+        Channel::Connect(name_, "hello", PollMode::kEvents, std::chrono::steady_clock::now() + 5s);
+    Result<std::shared_ptr<Channel>> hub_end = hub.get();
+    EXPECT_TRUE(worker.ok()) << worker.status().message();
+    EXPECT_TRUE(hub_end.ok()) << hub_end.status().message();
+    if (!worker.ok() || !hub_end.ok() || !worker->channel) return {};
+    std::shared_ptr<Channel> h = *hub_end, w = worker->channel;
+    Run([&] {
+      h->Attach(io_, hub_in->Callbacks());
+      w->Attach(io_, worker_in->Callbacks());
+      channels_.push_back(h);
+      channels_.push_back(w);
+    });
+    return {h, w};
+  }
+
+  void Run(std::function<void()> fn) {
+    std::promise<void> done;
+    boost::asio::post(io_, [&] {
+      fn();
+      done.set_value();
+    });
+    done.get_future().get();
+  }
+
+  static OutgoingFrame Frame(uint64_t request, std::string payload) {
+    FrameHeader h;
+    h.opcode = Opcode::kParams;
+    h.request_id = request;
+    h.payload_bytes = static_cast<uint32_t>(payload.size());
+    OutgoingFrame f;
+    EncodeHeader(h, f.header);
+    f.owned = std::move(payload);
+    return f;
+  }
+  // A reply sharing `data` (owner keeps it), as the lane sends parameters.
+  static OutgoingFrame Shared(uint64_t request, const std::shared_ptr<std::string>& data) {
+    FrameHeader h;
+    h.opcode = Opcode::kParams;
+    h.request_id = request;
+    h.payload_bytes = static_cast<uint32_t>(data->size());
+    OutgoingFrame f;
+    EncodeHeader(h, f.header);
+    f.borrowed = std::as_bytes(std::span(data->data(), data->size()));
+    f.owner = data;
+    return f;
+  }
+  static std::string Pattern(size_t n, uint32_t seed) {
+    std::string s(n, '\0');
+    for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + seed * 7919) >> 3);
+    return s;
+  }
+
+  std::string name_;
+  int listener_ = -1;
+  boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard_{
+      boost::asio::make_work_guard(io_)};
+  std::thread io_thread_;
+  std::vector<std::shared_ptr<Channel>> channels_;  // io thread
+};
+
+TEST_F(ShmChannelTest, FramesOfEverySizeCrossTheRingInOrderBothWays) {
+  Inbox hub_in, worker_in;
+  auto [hub, worker] = Pair(kMinRingBytes, nullptr, &hub_in, &worker_in);
+  ASSERT_TRUE(hub && worker);
+  // 64 KiB rings: 300 frames of up to ~15 KiB wrap each ring dozens of times
+  // and fill it (the producer then sleeps until the consumer makes room).
+  std::vector<std::string> sent;
+  for (uint32_t i = 0; i < 300; ++i) sent.push_back(Pattern((i * 977) % 15000, i));
+  Run([&] {
+    for (uint32_t i = 0; i < sent.size(); ++i) {
+      worker->Send(Frame(i, sent[i]));
+      hub->Send(Frame(i, sent[i]));
+    }
+  });
+  ASSERT_TRUE(hub_in.WaitFrames(sent.size()));
+  ASSERT_TRUE(worker_in.WaitFrames(sent.size()));
+  for (Inbox* in : {&hub_in, &worker_in}) {
+    std::lock_guard lock(in->mu);
+    for (uint32_t i = 0; i < sent.size(); ++i) {
+      EXPECT_EQ(in->frames[i].first.request_id, i);
+      ASSERT_EQ(in->frames[i].second, sent[i]) << "frame " << i;
+    }
+  }
+}
+
+TEST_F(ShmChannelTest, ASharedReplyIsPublishedOnceForBothWorkers) {
+  auto arena = PublishArena::Create(256 * 1024);
+  ASSERT_TRUE(arena.ok());
+  Inbox h1, w1, h2, w2;
+  auto [hub1, worker1] = Pair(kMinRingBytes, *arena, &h1, &w1);
+  auto [hub2, worker2] = Pair(kMinRingBytes, *arena, &h2, &w2);
+  ASSERT_TRUE(hub1 && hub2);
+  auto params = std::make_shared<std::string>(Pattern(32 * 1024, 1));
+  Run([&] {
+    hub1->Send(Shared(1, params));
+    hub2->Send(Shared(1, params));
+    EXPECT_EQ((*arena)->live(), 1u) << "the same bytes are published once";
+  });
+  ASSERT_TRUE(w1.WaitFrames(1));
+  ASSERT_TRUE(w2.WaitFrames(1));
+  EXPECT_EQ(w1.frames[0].second, *params);
+  EXPECT_EQ(w2.frames[0].second, *params);
+  Run([&] {
+    EXPECT_EQ(worker1->references_received(), 1u);
+    EXPECT_EQ(worker2->references_received(), 1u);
+  });
+  // Consumed by both: the next send releases the slot (and its owner).
+  const std::weak_ptr<std::string> weak = params;
+  params.reset();
+  Run([&] {
+    hub1->Send(Frame(2, "x"));
+    hub2->Send(Frame(2, "x"));
+  });
+  ASSERT_TRUE(w1.WaitFrames(2));
+  ASSERT_TRUE(w2.WaitFrames(2));
+  Run([&] {
+    hub1->Send(Frame(3, "y"));
+    hub2->Send(Frame(3, "y"));
+    EXPECT_EQ((*arena)->live(), 0u);
+  });
+  EXPECT_TRUE(weak.expired()) << "the arena still holds the parameters' owner";
+}
+
+TEST_F(ShmChannelTest, AFullArenaFallsBackToCopies) {
+  auto arena = PublishArena::Create(64 * 1024);
+  ASSERT_TRUE(arena.ok());
+  Inbox h, w;
+  auto [hub, worker] = Pair(1u << 20, *arena, &h, &w);
+  ASSERT_TRUE(hub);
+  std::vector<std::shared_ptr<std::string>> chunks;
+  for (uint32_t i = 0; i < 12; ++i) chunks.push_back(std::make_shared<std::string>(Pattern(16384, i)));
+  // The worker reads nothing yet: at most 4 chunks fit the arena.
+  Run([&] {
+    worker->PauseDelivery(true);
+    for (uint32_t i = 0; i < chunks.size(); ++i) hub->Send(Shared(i, chunks[i]));
+    EXPECT_EQ((*arena)->live(), 4u);
+    worker->PauseDelivery(false);
+  });
+  ASSERT_TRUE(w.WaitFrames(chunks.size()));
+  for (uint32_t i = 0; i < chunks.size(); ++i) EXPECT_EQ(w.frames[i].second, *chunks[i]);
+  Run([&] { EXPECT_EQ(worker->references_received(), 4u); });
+}
+
+TEST_F(ShmChannelTest, WorkersCannotWriteNorTruncateTheArena) {
+  auto arena = PublishArena::Create(64 * 1024);
+  ASSERT_TRUE(arena.ok());
+  const int ro = (*arena)->ReadOnlyDescriptor();
+  ASSERT_GE(ro, 0);
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0), MAP_FAILED);
+  EXPECT_EQ(::ftruncate(ro, 0), -1);
+  void* map = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, ro, 0);
+  EXPECT_NE(map, MAP_FAILED);
+  if (map != MAP_FAILED) ::munmap(map, 4096);
+  ::close(ro);
+}
+
+TEST_F(ShmChannelTest, TheHubSeesAClosedWorkerAfterItsLastFrames) {
+  Inbox h, w;
+  auto [hub, worker] = Pair(kMinRingBytes, nullptr, &h, &w);
+  ASSERT_TRUE(hub);
+  Run([&] {
+    worker->Send(Frame(1, "last words"));
+    worker->Close("bye");
+  });
+  ASSERT_TRUE(h.WaitClosed());
+  std::lock_guard lock(h.mu);
+  ASSERT_EQ(h.frames.size(), 1u) << "the frame written before the close is delivered first";
+  EXPECT_EQ(h.frames[0].second, "last words");
+  EXPECT_NE(h.why.find("closed"), std::string::npos) << h.why;
+}
+
+}  // namespace
+}  // namespace rackhub::net::shm
