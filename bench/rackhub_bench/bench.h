@@ -54,6 +54,9 @@ struct WorkerParams {
   WireType dtype = WireType::kFp32;
   aggregation::OptimizerConfig optimizer;  // normalized, as the hub holds it
   bool verify = true;
+  // Shared memory: poll 50 us before sleeping on a doorbell (workers and a
+  // hub started here: data.shm_poll = busy).
+  bool busy_poll = false;
   // Multi-rack runs: `workers` per rack, `racks` racks, this worker's rack.
   // Gradients are those of member rack * workers + rank; the reference sums
   // each rack in rank order, then the racks in rack order (as the hubs do).

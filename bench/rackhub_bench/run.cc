@@ -154,7 +154,8 @@ bool Hub::Open(const BenchArgs& a, const std::string& dir,
       "--metrics-listen", listen_host + ":0",
       "--transport", a.w.transport == "rdma" || a.w.transport == "auto" ? a.w.transport : "tcp",
       "--rdma-listen",
-      a.w.rdma_hub.empty() ? "127.0.0.1:0" : a.w.rdma_hub};
+      a.w.rdma_hub.empty() ? "127.0.0.1:0" : a.w.rdma_hub, "--shm-poll",
+      a.w.busy_poll ? "busy" : "events"};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   if (listen_host != "127.0.0.1") {  // beyond loopback the hub needs an admin token
     admin_token = RandomHex();
@@ -320,7 +321,7 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
     const Hub& to = *hubs[hierarchical ? rack : 0];
     const std::string netns =
         a.worker_netns_prefix.empty() ? "" : a.worker_netns_prefix + std::to_string(rack);
-    pids.push_back(Spawn(InNetns(netns, {self, "--worker-rank", std::to_string(r % a.w.workers), "--rack",
+    std::vector<std::string> argv = {self, "--worker-rank", std::to_string(r % a.w.workers), "--rack",
                           std::to_string(rack), "--racks", std::to_string(a.racks), "--hub",
                           to.data, "--tenant",
                           tenant, "--token-file", token_file, "--workers",
@@ -331,7 +332,9 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
                           "--dtype", std::to_string(static_cast<int>(a.w.dtype)), "--opt",
                           EncodeOptimizer(normalized), "--result", result_file(r), "--barrier-dir", barrier_dir,
                           a.w.verify ? "--verify" : "--no-verify", "--transport", a.w.transport,
-                          "--rdma-hub", a.w.rdma_hub})));
+                          "--rdma-hub", a.w.rdma_hub};
+    if (a.w.busy_poll) argv.push_back("--busy-poll");
+    pids.push_back(Spawn(InNetns(netns, std::move(argv))));
   }
   bool ok = true;
   for (pid_t pid : pids) {

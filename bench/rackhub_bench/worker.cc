@@ -100,6 +100,7 @@ int RunWorker(const WorkerParams& p) {
                       : p.transport == "auto" ? client::Transport::kAuto
                                               : client::Transport::kTcp;
   options.rdma_hub = p.rdma_hub;
+  options.shm_busy_poll = p.busy_poll;
   options.shm = p.transport == "shm"    ? client::Shm::kOn
                 : p.transport == "auto" ? client::Shm::kAuto
                                         : client::Shm::kOff;

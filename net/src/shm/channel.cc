@@ -57,9 +57,13 @@ void Channel::Attach(asio::io_context& io, Callbacks callbacks) {
   socket_desc_ = std::make_unique<asio::posix::stream_descriptor>(io, socket_fd_);
   WatchBell();
   WatchSocket();
-  // Frames may have arrived before we watched.
+  SchedulePoll();  // frames may have arrived before we watched
+}
+
+void Channel::SchedulePoll() {
+  if (!io_ || poll_posted_ || closed_) return;
   poll_posted_ = true;
-  asio::post(io, [self = shared_from_this(), gen = attach_gen_] {
+  asio::post(*io_, [self = shared_from_this(), gen = attach_gen_] {
     if (gen == self->attach_gen_) self->Poll();
   });
 }
@@ -136,11 +140,7 @@ void Channel::Poll() {
     const auto now = Clock::now();
     if (delivered > 0) last_activity_ = now;
     if (delivered >= kFramesPerTurn && !peer_gone_) {
-      poll_posted_ = true;  // more may wait: after the others' turns
-      asio::post(*io_, [self, gen] {
-        if (gen == self->attach_gen_) self->Poll();
-        else self->poll_posted_ = false;
-      });
+      SchedulePoll();  // more may wait: after the others' turns
       return;
     }
     if (peer_gone_) {
@@ -151,11 +151,7 @@ void Channel::Poll() {
       continue;
     }
     if (poll_ == PollMode::kBusy && now - last_activity_ < kBusyPollWindow) {
-      poll_posted_ = true;
-      asio::post(*io_, [self, gen] {
-        if (gen == self->attach_gen_) self->Poll();
-        else self->poll_posted_ = false;
-      });
+      SchedulePoll();
       return;
     }
     if (!ArmSleep()) return;  // the doorbell wakes us
@@ -242,12 +238,7 @@ size_t Channel::DeliverReady() {
 
 void Channel::PauseDelivery(bool on) {
   delivery_paused_ = on;
-  if (on || !io_ || poll_posted_ || closed_) return;
-  poll_posted_ = true;
-  asio::post(*io_, [self = shared_from_this(), gen = attach_gen_] {
-    if (gen == self->attach_gen_) self->Poll();
-    else self->poll_posted_ = false;
-  });
+  if (!on) SchedulePoll();
 }
 
 bool Channel::ArmSleep() {
@@ -299,13 +290,7 @@ void Channel::Send(OutgoingFrame frame) {
   PumpSends();
   if (closed_ || queue_.empty()) return;
   // The ring is full: have the peer ring us when it consumes.
-  if (io_ && !poll_posted_ && ArmSleep()) {
-    poll_posted_ = true;
-    asio::post(*io_, [self = shared_from_this(), gen = attach_gen_] {
-      if (gen == self->attach_gen_) self->Poll();
-      else self->poll_posted_ = false;
-    });
-  }
+  if (io_ && !poll_posted_ && ArmSleep()) SchedulePoll();
   if (fatal) {
     // Do not wait forever for a peer that consumes nothing.
     if (!io_) return Close("closing after a fatal error");

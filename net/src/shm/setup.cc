@@ -338,9 +338,10 @@ Result<ConnectReply> Channel::Connect(const std::string& socket_name, const std:
   if (setup.arena_bytes > 0) {
     struct stat ast{};
     if (arena_fd.get() < 0 || ::fstat(arena_fd.get(), &ast) != 0 ||
-        static_cast<size_t>(ast.st_size) != setup.arena_bytes) {
+        static_cast<size_t>(ast.st_size) != setup.arena_bytes ||
+        (::fcntl(arena_fd.get(), F_GET_SEALS) & F_SEAL_SHRINK) == 0) {
       ::munmap(map, bytes);
-      return InvalidArgument("the publish arena is missing or not of " +
+      return InvalidArgument("the publish arena is missing or not a sealed region of " +
                              std::to_string(setup.arena_bytes) + " bytes");
     }
     arena_map = ::mmap(nullptr, setup.arena_bytes, PROT_READ, MAP_SHARED, arena_fd.get(), 0);

@@ -188,6 +188,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // Delivers what the ring holds (unless paused), pumps sends, then either
   // schedules a busy poll or arms the sleep flags; `closing` skips the flags.
   void Poll();
+  // Posts Poll to the attached io_context unless one is pending.
+  void SchedulePoll();
   // Delivers ready frames; returns how many.
   size_t DeliverReady();
   void PumpSends();
