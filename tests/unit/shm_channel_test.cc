@@ -6,6 +6,7 @@
 // a full arena falls back to copies; the arena is read-only for workers; a
 // closed worker is seen by the hub after its last frames.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -258,6 +259,14 @@ TEST_F(ShmChannelTest, WorkersCannotWriteNorTruncateTheArena) {
   ASSERT_GE(ro, 0);
   EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0), MAP_FAILED);
   EXPECT_EQ(::ftruncate(ro, 0), -1);
+  // Reopened read-write through /proc, it is still sealed against writes.
+  const int rw = ::open(("/proc/self/fd/" + std::to_string(ro)).c_str(), O_RDWR | O_CLOEXEC);
+  if (rw >= 0) {
+    EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0), MAP_FAILED);
+    EXPECT_EQ(::write(rw, "x", 1), -1);
+    EXPECT_EQ(::ftruncate(rw, 0), -1);
+    ::close(rw);
+  }
   void* map = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, ro, 0);
   EXPECT_NE(map, MAP_FAILED);
   if (map != MAP_FAILED) ::munmap(map, 4096);

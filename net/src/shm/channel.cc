@@ -127,45 +127,46 @@ void Channel::Poll() {
   if (!io_ || closed_) return;
   auto self = shared_from_this();  // callbacks may drop the owner's reference
   const uint64_t gen = attach_gen_;
-  for (;;) {
-    if (!pending_refs_.empty()) {
-      ReleaseConsumed(internal::Tail(tx_control()).load(std::memory_order_acquire));
-    }
-    const size_t delivered = DeliverReady();
-    if (closed_ || gen != attach_gen_) return;
-    PumpSends();
-    // After a violation nothing more is read or written: the owner's fatal
-    // ERROR (if it got into the ring) or the grace timer closes us.
-    if (closed_ || gen != attach_gen_ || violated_) return;
-    const auto now = Clock::now();
-    if (delivered > 0) last_activity_ = now;
-    if (delivered >= kFramesPerTurn && !peer_gone_) {
-      SchedulePoll();  // more may wait: after the others' turns
-      return;
-    }
-    if (peer_gone_) {
-      if (delivered == 0 || delivery_paused_ || violated_) {
-        Close("the peer closed the connection");
-        return;
-      }
-      continue;
-    }
-    if (poll_ == PollMode::kBusy && now - last_activity_ < kBusyPollWindow) {
-      SchedulePoll();
-      return;
-    }
-    if (!ArmSleep()) return;  // the doorbell wakes us
+  if (!pending_refs_.empty()) {
+    const uint64_t tail = internal::Tail(tx_control()).load(std::memory_order_acquire);
+    if (tail <= tx_head_) ReleaseConsumed(tail);  // a bogus tail is caught by TryWrite
   }
+  // One turn: at most kFramesPerTurn records, then the lane's other
+  // connections run before this one looks again (a peer that keeps its
+  // ring full, or rewrites head, cannot hold the thread).
+  const size_t records = DeliverReady();
+  if (closed_ || gen != attach_gen_) return;
+  PumpSends();
+  // After a violation nothing more is read or written: the owner's fatal
+  // ERROR (if it got into the ring) or the grace timer closes us.
+  if (closed_ || gen != attach_gen_ || violated_) return;
+  const auto now = Clock::now();
+  if (records > 0) last_activity_ = now;
+  if (peer_gone_) {
+    if (records == 0 || delivery_paused_) {
+      Close("the peer closed the connection");
+    } else {
+      SchedulePoll();
+    }
+    return;
+  }
+  if (records >= kFramesPerTurn ||
+      (poll_ == PollMode::kBusy && now - last_activity_ < kBusyPollWindow)) {
+    SchedulePoll();
+    return;
+  }
+  if (ArmSleep()) SchedulePoll();  // work arrived meanwhile; otherwise the doorbell wakes us
 }
 
 size_t Channel::DeliverReady() {
-  size_t delivered = 0;
+  size_t records = 0;
   const uint64_t gen = attach_gen_;
   RingControl* c = rx_control();
+  // Read once per turn: what the peer writes meanwhile waits for the next.
+  const uint64_t head =
+      peer_gone_ ? gone_head_ : internal::Head(c).load(std::memory_order_acquire);
   while (!delivery_paused_ && !closed_ && !violated_ && gen == attach_gen_ &&
-         delivered < kFramesPerTurn) {
-    const uint64_t head =
-        peer_gone_ ? gone_head_ : internal::Head(c).load(std::memory_order_acquire);
+         records < kFramesPerTurn) {
     if (head == rx_tail_) break;
     const uint64_t ready = head - rx_tail_;
     if (head < rx_tail_ || ready > ring_bytes_) {
@@ -203,7 +204,6 @@ size_t Channel::DeliverReady() {
       if (auto on_frame = cb_.on_frame) {
         on_frame(h, std::span<const std::byte>(arena_map_ + offset, h.payload_bytes));
       }
-      ++delivered;
     } else {
       if (p.kind != internal::kFrameKind || p.bytes < kRecordAlign || p.bytes % kRecordAlign ||
           p.bytes > ready || pos + p.bytes > ring_bytes_) {
@@ -223,9 +223,9 @@ size_t Channel::DeliverReady() {
       if (auto on_frame = cb_.on_frame) {
         on_frame(h, std::span<const std::byte>(at + kRecordAlign, h.payload_bytes));
       }
-      ++delivered;
     }
     // Consumed: the handler copied or used the payload during the call.
+    ++records;  // pads count too
     rx_tail_ += p.bytes;
     internal::Tail(c).store(rx_tail_, std::memory_order_seq_cst);
     if (internal::Waiting(c).load(std::memory_order_seq_cst) != 0 &&
@@ -233,7 +233,7 @@ size_t Channel::DeliverReady() {
       RingPeer();  // the peer waits for room
     }
   }
-  return delivered;
+  return records;
 }
 
 void Channel::PauseDelivery(bool on) {
@@ -253,9 +253,15 @@ bool Channel::ArmSleep() {
   }
   if (!queue_.empty() && !violated_) {
     RingControl* tc = tx_control();
-    const uint64_t seen = internal::Tail(tc).load(std::memory_order_seq_cst);
+    // The smallest record the front frame can take (a reference if it may
+    // go to the arena).
+    const OutgoingFrame& f = queue_.front();
+    const size_t need = arena_ && f.owner && f.payload().size() >= kPublishMinBytes
+                            ? internal::kRefRecordBytes
+                            : RecordBytes(f.payload().size());
     internal::Waiting(tc).store(1, std::memory_order_seq_cst);
-    if (internal::Tail(tc).load(std::memory_order_seq_cst) != seen || seen != tx_tail_seen_) {
+    const uint64_t tail = internal::Tail(tc).load(std::memory_order_seq_cst);
+    if (tail <= tx_head_ && tx_head_ - tail <= ring_bytes_ && HasRoom(need, tail)) {
       internal::Waiting(tc).store(0, std::memory_order_relaxed);
       work = true;
     }
@@ -313,9 +319,9 @@ void Channel::PumpSends() {
     const size_t bytes = kHeaderBytes + f.payload().size();
     const bool close_after = f.close_after;
     if (!TryWrite(f)) break;
+    if (closed_) return;  // TryWrite closed us (and emptied the queue)
     wrote = true;
     queue_.pop_front();
-    if (closed_) return;
     if (close_after) {
       RingPeer();
       // The peer drains its ring when it sees the socket close.
@@ -384,7 +390,6 @@ bool Channel::TryWrite(OutgoingFrame& f) {
   // (a worker of the tenant reads slowly) falls back to a copy.
   if (arena_ && f.owner && payload.size() >= kPublishMinBytes) {
     if (!HasRoom(internal::kRefRecordBytes, tail)) {
-      tx_tail_seen_ = tail;
       return false;
     }
     if (const int64_t offset = arena_->Publish(payload, f.owner); offset >= 0) {
@@ -396,7 +401,6 @@ bool Channel::TryWrite(OutgoingFrame& f) {
   }
   if (!written) {
     if (!HasRoom(rec, tail)) {
-      tx_tail_seen_ = tail;
       return false;  // full
     }
     Append(internal::kFrameKind, rec, f, payload, 0);

@@ -339,7 +339,8 @@ Result<ConnectReply> Channel::Connect(const std::string& socket_name, const std:
     struct stat ast{};
     if (arena_fd.get() < 0 || ::fstat(arena_fd.get(), &ast) != 0 ||
         static_cast<size_t>(ast.st_size) != setup.arena_bytes ||
-        (::fcntl(arena_fd.get(), F_GET_SEALS) & F_SEAL_SHRINK) == 0) {
+        (::fcntl(arena_fd.get(), F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE)) !=
+            (F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE)) {
       ::munmap(map, bytes);
       return InvalidArgument("the publish arena is missing or not a sealed region of " +
                              std::to_string(setup.arena_bytes) + " bytes");

@@ -43,10 +43,11 @@ class ChannelConnection final : public Connection {
                     boost::asio::io_context* io)
       : handler_(handler), channel_(std::move(channel)), id_(std::move(id)), io_(io) {}
   ~ChannelConnection() override {
-    // The channel may outlive us briefly (its pending handlers hold it); make
-    // sure it calls nothing of ours.
-    channel_->Detach();
+    // Closed while still attached (the channel's grace timers run on the
+    // lane), then detached: it calls nothing of ours after this (its
+    // callbacks hold only a weak reference, expired here).
     channel_->Close("connection destroyed");
+    channel_->Detach();
   }
 
   const ConnectionIdentity& id() const override { return id_; }

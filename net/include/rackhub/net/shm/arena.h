@@ -55,6 +55,7 @@ class PublishArena {
   struct Slot {
     uint64_t start = 0;  // monotonic byte position of the slot (wrap skips included)
     uint64_t end = 0;
+    size_t size = 0;  // bytes copied
     const void* data = nullptr;
     std::shared_ptr<const void> owner;
     uint32_t refs = 0;

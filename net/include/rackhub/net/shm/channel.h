@@ -234,7 +234,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool delivery_paused_ = false;
   uint64_t rx_tail_ = 0;  // bytes consumed of the receive ring (ours)
   uint64_t tx_head_ = 0;  // bytes written to the send ring (ours)
-  uint64_t tx_tail_seen_ = 0;  // the peer's tail when the ring was last found full
   std::deque<OutgoingFrame> queue_;
   // Publish arena: the hub's (shared with the tenant's other connections on
   // this lane) and the references written and not consumed yet (ring
