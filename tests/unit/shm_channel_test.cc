@@ -171,7 +171,8 @@ class ShmChannelTest : public ::testing::Test {
 
 TEST_F(ShmChannelTest, FramesOfEverySizeCrossTheRingInOrderBothWays) {
   Inbox hub_in, worker_in;
-  auto [hub, worker] = Pair(kMinRingBytes, nullptr, &hub_in, &worker_in);
+  auto hub_worker = Pair(kMinRingBytes, nullptr, &hub_in, &worker_in);
+  std::shared_ptr<Channel> hub = hub_worker.first, worker = hub_worker.second;
   ASSERT_TRUE(hub && worker);
   // 64 KiB rings: 300 frames of up to ~15 KiB wrap each ring dozens of times
   // and fill it (the producer then sleeps until the consumer makes room).
@@ -198,8 +199,10 @@ TEST_F(ShmChannelTest, ASharedReplyIsPublishedOnceForBothWorkers) {
   auto arena = PublishArena::Create(256 * 1024);
   ASSERT_TRUE(arena.ok());
   Inbox h1, w1, h2, w2;
-  auto [hub1, worker1] = Pair(kMinRingBytes, *arena, &h1, &w1);
-  auto [hub2, worker2] = Pair(kMinRingBytes, *arena, &h2, &w2);
+  auto hub1_worker1 = Pair(kMinRingBytes, *arena, &h1, &w1);
+  std::shared_ptr<Channel> hub1 = hub1_worker1.first, worker1 = hub1_worker1.second;
+  auto hub2_worker2 = Pair(kMinRingBytes, *arena, &h2, &w2);
+  std::shared_ptr<Channel> hub2 = hub2_worker2.first, worker2 = hub2_worker2.second;
   ASSERT_TRUE(hub1 && hub2);
   auto params = std::make_shared<std::string>(Pattern(32 * 1024, 1));
   Run([&] {
@@ -236,7 +239,8 @@ TEST_F(ShmChannelTest, AFullArenaFallsBackToCopies) {
   auto arena = PublishArena::Create(64 * 1024);
   ASSERT_TRUE(arena.ok());
   Inbox h, w;
-  auto [hub, worker] = Pair(1u << 20, *arena, &h, &w);
+  auto hub_worker = Pair(1u << 20, *arena, &h, &w);
+  std::shared_ptr<Channel> hub = hub_worker.first, worker = hub_worker.second;
   ASSERT_TRUE(hub);
   std::vector<std::shared_ptr<std::string>> chunks;
   for (uint32_t i = 0; i < 12; ++i) chunks.push_back(std::make_shared<std::string>(Pattern(16384, i)));
@@ -275,7 +279,8 @@ TEST_F(ShmChannelTest, WorkersCannotWriteNorTruncateTheArena) {
 
 TEST_F(ShmChannelTest, TheHubSeesAClosedWorkerAfterItsLastFrames) {
   Inbox h, w;
-  auto [hub, worker] = Pair(kMinRingBytes, nullptr, &h, &w);
+  auto hub_worker = Pair(kMinRingBytes, nullptr, &h, &w);
+  std::shared_ptr<Channel> hub = hub_worker.first, worker = hub_worker.second;
   ASSERT_TRUE(hub);
   Run([&] {
     worker->Send(Frame(1, "last words"));
