@@ -422,7 +422,9 @@ void Channel::ReleaseConsumed(uint64_t tail, bool all) {
 
 void Channel::WriteRawForTesting(std::span<const std::byte> bytes, uint64_t head_advance) {
   const size_t pos = tx_head_ % ring_bytes_;
-  std::memcpy(tx_ring() + pos, bytes.data(), std::min(bytes.size(), ring_bytes_ - pos));
+  if (!bytes.empty()) {
+    std::memcpy(tx_ring() + pos, bytes.data(), std::min(bytes.size(), ring_bytes_ - pos));
+  }
   tx_head_ += head_advance;
   internal::Head(tx_control()).store(tx_head_, std::memory_order_seq_cst);
   RingPeer();
