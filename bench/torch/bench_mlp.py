@@ -161,6 +161,18 @@ class Hub:
         self.proc.wait()
 
 
+def collect(procs, what):
+    """Waits for rank processes; their RESULT lines, or exits naming `what`."""
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=900)
+        res = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("RESULT ")]
+        if p.returncode != 0 or not res:
+            sys.exit(f"{what}: a rank failed (exit {p.returncode}):\n{out}")
+        results.append(res[0])
+    return results
+
+
 def run_mode(a, mode, hub, rnd, env):
     extra = []
     tenant = None
@@ -177,13 +189,7 @@ def run_mode(a, mode, hub, rnd, env):
                str(a.threads)] + extra
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    results = []
-    for p in procs:
-        out, _ = p.communicate(timeout=900)
-        res = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("RESULT ")]
-        if p.returncode != 0 or not res:
-            sys.exit(f"{mode}: a rank failed (exit {p.returncode}):\n{out}")
-        results.append(res[0])
+    results = collect(procs, mode)
     if tenant:
         hub.delete(tenant)
     return results

@@ -27,7 +27,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mlp import Hub  # noqa: E402  (the same private hub)
+from bench_mlp import Hub, collect  # noqa: E402  (the same private hub and rank results)
 
 
 def resnet50_elements():
@@ -90,13 +90,7 @@ def run(a, hub, profile, rnd, env):
                "--hub", hub.data, "--tenant", tenant, "--token", token]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    results = []
-    for p in procs:
-        out, _ = p.communicate(timeout=900)
-        res = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("RESULT ")]
-        if p.returncode != 0 or not res:
-            sys.exit(f"{profile}: a rank failed (exit {p.returncode}):\n{out}")
-        results.append(res[0])
+    results = collect(procs, profile)
     hub.delete(tenant)
     return max(statistics.median(r["times"]) for r in results), results[0]
 
