@@ -58,6 +58,12 @@ stage() {  # stage NAME COMMAND...: runs it, times it, records a failure
     log=$dir/Testing/Temporary/LastTestsFailed.log
     if [ $rc -ne 0 ] && [ -s "$log" ] && [ "$log" -nt "$stage_marker" ]; then
       summary+=("         failed in $dir: $(cut -d: -f2- "$log" | tr '\n' ' ')")
+      # ... and the first assertions that failed (GoogleTest's "Failure"
+      # lines and the lines that follow them), from CTest's full log.
+      local details
+      details=$(grep -A4 -E ': Failure$|^\[  FAILED  \]' "$dir/Testing/Temporary/LastTest.log" \
+        2>/dev/null | cut -c1-200 | head -40 || true)
+      [ -z "$details" ] || summary+=("$(sed 's/^/           | /' <<<"$details")")
     fi
   done
   rm -f "$stage_marker"
