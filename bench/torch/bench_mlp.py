@@ -74,12 +74,12 @@ def rank_main(a):
         rh.init(rank=rank, size=world, hub=a.hub, tenant=a.tenant, token=a.token)
         net = model
         if a.mode == "rackhub":
-            opt = rh.DistributedOptimizer(model.named_parameters(),
-                                          optimizer=rh.SGD(lr=lr, momentum=mom))
+            opt = rh.DistributedOptimizer(rh.SGD(lr=lr, momentum=mom),
+                                          named_parameters=model.named_parameters())
         else:
             rh.broadcast_parameters(model)
-            opt = rh.DistributedOptimizer(model.named_parameters(), optimizer=torch.optim.SGD(
-                model.parameters(), lr=lr, momentum=mom))
+            opt = rh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=mom),
+                                          named_parameters=model.named_parameters())
     else:
         net = model
         opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=mom)

@@ -62,8 +62,8 @@ def rank_main(a):
         sizes = [sum(sizes)]
     params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
     rh.init(rank=a.rank, hub=a.hub, tenant=a.tenant, token=a.token)
-    opt = rh.DistributedOptimizer([(f"p{i}", p) for i, p in enumerate(params)],
-                                  optimizer=rh.SGD(lr=0.01))
+    opt = rh.DistributedOptimizer(rh.SGD(lr=0.01),
+                                  named_parameters=[(f"p{i}", p) for i, p in enumerate(params)])
     coeff = [float(i % 7 + 1) for i in range(len(params))]
     times = []
     for step in range(a.warmup + a.steps):

@@ -56,16 +56,18 @@ def main():
     rh.broadcast_parameters(model)
 
     if a.optimizer == "momentum":
-        opt = rh.DistributedOptimizer(model.named_parameters(),
-                                      optimizer=rh.SGD(lr=a.lr or 0.05, momentum=0.9))
+        opt = rh.DistributedOptimizer(rh.SGD(lr=a.lr or 0.05, momentum=0.9),
+                                      named_parameters=model.named_parameters())
     elif a.optimizer == "adam":
-        opt = rh.DistributedOptimizer(model.named_parameters(), optimizer=rh.Adam(lr=a.lr or 2e-3))
+        opt = rh.DistributedOptimizer(rh.Adam(lr=a.lr or 2e-3),
+                                      named_parameters=model.named_parameters())
     elif a.optimizer == "local-sgd":
-        opt = rh.DistributedOptimizer(model.named_parameters(), optimizer=torch.optim.SGD(
-            model.parameters(), lr=a.lr or 0.05, momentum=0.9))
+        opt = rh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr or 0.05,
+                                                      momentum=0.9),
+                                      named_parameters=model.named_parameters())
     else:
-        opt = rh.DistributedOptimizer(model.named_parameters(), optimizer=torch.optim.Adam(
-            model.parameters(), lr=a.lr or 2e-3))
+        opt = rh.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=a.lr or 2e-3),
+                                      named_parameters=model.named_parameters())
 
     label = teacher()
     x_test, y_test = batch(label, 999_999, 2048)
@@ -85,7 +87,7 @@ def main():
         window += loss.item()
         if step % a.log_every == 0 or step == a.steps:
             k = a.log_every if step % a.log_every == 0 else step % a.log_every
-            mean_loss = rh.allreduce(torch.tensor([window / k]), "loss").item()
+            mean_loss = rh.allreduce(torch.tensor([window / k]), name="loss").item()
             window = 0.0
             dt = time.perf_counter() - t0
             if rank == 0:

@@ -69,10 +69,10 @@ def main():
         rh.init(rank=0, size=1, hub=hub.data, tenant="rb", token=token, op_timeout=20)
         torch.manual_seed(1)
         model = torch.nn.Linear(4, 2)
-        opt = rh.DistributedOptimizer(model.named_parameters(), optimizer=rh.SGD(lr=0.1))
+        opt = rh.DistributedOptimizer(rh.SGD(lr=0.1), named_parameters=model.named_parameters())
         train_steps(model, opt, 3, seed=1)
         c = rh.client()
-        key = opt._slots[0].key
+        key = opt._rackhub.slots[0].key
         before = c.key_info(key)["next_iteration"]
         print(f"before the restart: next_iteration {before}")
         ok &= before == 3
@@ -90,7 +90,7 @@ def main():
         ok &= it < before
         # Model == hub's parameters of that version.
         buf = torch.empty(model.weight.numel())
-        c.wait(c.pull(opt._slots[0].key, buf.data_ptr(), buf.numel(), buf))
+        c.wait(c.pull(opt._rackhub.slots[0].key, buf.numpy()))
         same = torch.equal(buf.view_as(model.weight), model.weight.data)
         print(f"model weight equals the hub's: {same}")
         ok &= same
@@ -101,7 +101,7 @@ def main():
 
         # on_rollback="raise": the exception reaches the caller.
         model2 = torch.nn.Linear(4, 2)  # its own hooks: one optimizer per model
-        opt2 = rh.DistributedOptimizer(model2.named_parameters(), optimizer=rh.SGD(lr=0.1),
+        opt2 = rh.DistributedOptimizer(rh.SGD(lr=0.1), named_parameters=model2.named_parameters(),
                                        prefix="raise/", on_rollback="raise")
         train_steps(model2, opt2, 2, seed=4)
         restart(hub)
@@ -116,21 +116,21 @@ def main():
         ok &= raised is not None and raised.code == "ROLLED_BACK" and \
             isinstance(raised, rackhub.RackhubError)
         if raised is not None:
-            k2 = opt2._slots[0].key
+            k2 = opt2._rackhub.slots[0].key
             ok &= c.key_info(k2)["resync_needed"] and raised.iteration == \
                 c.key_info(k2)["next_iteration"]
             # The caller resyncs by hand (a pull of every key), then goes on.
             # Rolled back to 0 by a hub without a checkpoint: the from_client
             # keys have no values, rank 0 supplies them again first.
-            for s in opt2._slots:
+            for s in opt2._rackhub.slots:
                 try:
-                    c.wait(c.init(s.key, s.param.data.data_ptr(), s.param.numel(), s.param.data))
+                    c.wait(c.init(s.key, s.param.data.numpy()))
                 except rackhub.RackhubError as e:
                     if e.wire != "INVALID_ARGUMENT":
                         raise
-            for s in opt2._slots:
+            for s in opt2._rackhub.slots:
                 buf = torch.empty(s.param.numel())
-                c.wait(c.pull(s.key, buf.data_ptr(), buf.numel(), buf))
+                c.wait(c.pull(s.key, buf.numpy()))
                 with torch.no_grad():
                     s.param.data.copy_(buf.view_as(s.param))
             before2 = c.key_info(k2)["next_iteration"]

@@ -30,12 +30,12 @@ def run(sc, rank, size, hub):
         spec = (rh.SGD(lr=LR["momentum"], momentum=0.9) if kind in ("momentum", "kill")
                 else rh.Adam(lr=LR["adam"]))
         # kill: the survivors must see the failure (no automatic resync).
-        opt = rh.DistributedOptimizer(model.named_parameters(), optimizer=spec,
+        opt = rh.DistributedOptimizer(spec, named_parameters=model.named_parameters(),
                                       on_rollback="raise" if kind == "kill" else "resync")
     else:
         rh.broadcast_parameters(model)
         local = local_optimizer(kind, model.parameters())
-        opt = rh.DistributedOptimizer(model.named_parameters(), optimizer=local,
+        opt = rh.DistributedOptimizer(local, named_parameters=model.named_parameters(),
                                       reply="copy" if kind.endswith("-copy") else "swap")
     losses = []
     for step in range(sc["steps"]):

@@ -1,21 +1,21 @@
 // rackhub._core: the pybind11 binding of librackhub (client/include/rackhub/client/client.h).
 //
 // Python sees one class, Client, and one exception, RackhubError. Data calls
-// (push_pull, init, pull) take raw addresses of contiguous fp32 buffers plus
-// an element count, and a `keepalive` object: the Python layer
-// (rackhub/torch.py) passes data_ptr() of CPU tensors and the tensors
-// themselves as keepalive. The binding stores the keepalive next to the ticket
-// and drops it only once the ticket completed (the library no longer touches
-// the memory) or the client is closed, so a buffer can never be freed while
-// the I/O thread reads or writes it (zero-copy: fp32 keys are sent from and
-// received into the tensors' memory directly).
+// (push_pull, init, pull) take objects with the buffer protocol (numpy arrays,
+// `tensor.numpy()` of CPU tensors, memoryview, array.array('f')): C-contiguous
+// float32 (format 'f'); the output of push_pull and pull must be writable.
+// The binding keeps the buffer exports (Py_buffer views) next to the ticket
+// and releases them only once the ticket completed (the library no longer
+// touches the memory) or the client is closed, so a buffer can never be freed
+// or resized while the I/O thread reads or writes it (zero-copy: fp32 keys
+// are sent from and received into that memory directly).
 //
 // Threads: the library completes tickets on its own I/O thread. This binding
 // registers no callbacks, so that thread never touches Python. Every blocking
 // call (connect, declare_key, wait, close) releases the GIL; wait polls in
 // slices so that Ctrl-C (KeyboardInterrupt) is delivered while waiting.
 // A Client object may be used from several Python threads (the library is
-// thread-safe; the keepalive table has its own mutex).
+// thread-safe; the table of held buffers has its own mutex).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "rackhub/client/client.h"
 
@@ -101,11 +102,67 @@ const char* DTypeName(rc::DType d) {
   return "?";
 }
 
+// The buffer exports of one ticket's operands: held (with their Py_buffer
+// views, so the exporter can neither free nor resize the memory) until the
+// ticket completed. Created and destroyed with the GIL held.
+struct Held {
+  std::vector<std::unique_ptr<py::buffer_info>> views;
+
+  std::span<const float> Read(const py::buffer& b, const char* what) {
+    const py::buffer_info& i = View(b, false, what);
+    return {static_cast<const float*>(i.ptr), static_cast<size_t>(i.size)};
+  }
+  std::span<float> Write(const py::buffer& b, const char* what) {
+    const py::buffer_info& i = View(b, true, what);
+    return {static_cast<float*>(i.ptr), static_cast<size_t>(i.size)};
+  }
+
+ private:
+  const py::buffer_info& View(const py::buffer& b, bool writable, const char* what) {
+    auto info = std::make_unique<py::buffer_info>(b.request(writable));
+    if (info->format != py::format_descriptor<float>::format() || info->itemsize != 4) {
+      throw py::type_error(std::string(what) + ": a float32 buffer is needed (format 'f'), got "
+                           "format '" + info->format + "' of item size " +
+                           std::to_string(info->itemsize));
+    }
+    py::ssize_t expect = 4;
+    for (py::ssize_t d = info->ndim - 1; d >= 0; --d) {
+      if (info->shape[d] != 1 && info->strides[d] != expect) {
+        throw py::value_error(std::string(what) + ": the buffer is not C-contiguous "
+                              "(make it contiguous first)");
+      }
+      expect *= info->shape[d];
+    }
+    views.push_back(std::move(info));
+    return *views.back();
+  }
+};
+
+// The user's words for a transport (rackhub.torch.init's `transport`).
+void SetTransport(const std::string& t, rc::Options* o) {
+  if (t == "auto") {  // shared memory if the hub is on this host, else RDMA if any, else TCP
+    o->transport = rc::Transport::kAuto;
+    o->shm = rc::Shm::kAuto;
+  } else if (t == "tcp") {
+    o->transport = rc::Transport::kTcp;
+    o->shm = rc::Shm::kOff;
+  } else if (t == "shm") {
+    o->transport = rc::Transport::kTcp;
+    o->shm = rc::Shm::kOn;
+  } else if (t == "rdma") {
+    o->transport = rc::Transport::kRdma;
+    o->shm = rc::Shm::kOff;
+  } else {
+    throw py::value_error("transport: auto, tcp, shm or rdma, got '" + t + "'");
+  }
+}
+
 class PyClient {
  public:
   PyClient(const std::string& hub, const std::string& tenant, const std::string& token,
            uint32_t rank, uint32_t rack, double connect_timeout_s, double op_timeout_s,
-           bool reconnect) {
+           bool reconnect, const std::string& transport, const std::string& rdma_hub,
+           const std::string& rdma_device, bool busy_poll) {
     rc::Options o;
     o.hub = hub;
     o.tenant = tenant;
@@ -115,6 +172,11 @@ class PyClient {
     o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
     o.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(op_timeout_s * 1000));
     o.reconnect = reconnect;
+    SetTransport(transport, &o);
+    o.rdma_hub = rdma_hub;
+    o.rdma_device = rdma_device;
+    o.rdma_busy_poll = busy_poll;
+    o.shm_busy_poll = busy_poll;
     rc::Error err;
     {
       py::gil_scoped_release nogil;
@@ -131,12 +193,12 @@ class PyClient {
       py::gil_scoped_release nogil;
       client_->Close();  // pending tickets fail; the I/O thread stops touching buffers
     }
-    std::unordered_map<rc::Ticket, py::object> drop;
+    std::unordered_map<rc::Ticket, std::unique_ptr<Held>> drop;
     {
       std::lock_guard lock(mu_);
-      drop.swap(keepalive_);
+      drop.swap(held_);
     }
-    drop.clear();  // with the GIL held
+    drop.clear();  // releases the buffer views, with the GIL held
   }
 
   rc::Client& c() {
@@ -187,31 +249,34 @@ class PyClient {
 
   std::optional<uint32_t> FindKey(const std::string& name) { return c().FindKey(name); }
 
-  rc::Ticket PushPull(uint32_t key, uintptr_t grad, uint64_t grad_n, uintptr_t out, uint64_t out_n,
-                      py::object keepalive) {
+  rc::Ticket PushPull(uint32_t key, const py::buffer& grad, const py::buffer& out) {
     rc::Client& cl = c();
-    std::lock_guard lock(mu_);  // the ticket's keepalive is stored before anyone can Wait it
-    const rc::Ticket t =
-        cl.PushPull(key, std::span<const float>(reinterpret_cast<const float*>(grad), grad_n),
-                    std::span<float>(reinterpret_cast<float*>(out), out_n));
-    keepalive_.emplace(t, std::move(keepalive));
+    auto held = std::make_unique<Held>();
+    const std::span<const float> g = held->Read(grad, "grad");
+    const std::span<float> o = held->Write(out, "out");
+    std::lock_guard lock(mu_);  // the ticket's buffers are held before anyone can Wait it
+    const rc::Ticket t = cl.PushPull(key, g, o);
+    held_.emplace(t, std::move(held));
     return t;
   }
 
-  rc::Ticket Init(uint32_t key, uintptr_t values, uint64_t n, py::object keepalive) {
+  rc::Ticket Init(uint32_t key, const py::buffer& values) {
     rc::Client& cl = c();
+    auto held = std::make_unique<Held>();
+    const std::span<const float> v = held->Read(values, "values");
     std::lock_guard lock(mu_);
-    const rc::Ticket t =
-        cl.Init(key, std::span<const float>(reinterpret_cast<const float*>(values), n));
-    keepalive_.emplace(t, std::move(keepalive));
+    const rc::Ticket t = cl.Init(key, v);
+    held_.emplace(t, std::move(held));
     return t;
   }
 
-  rc::Ticket Pull(uint32_t key, uintptr_t out, uint64_t n, py::object keepalive) {
+  rc::Ticket Pull(uint32_t key, const py::buffer& out) {
     rc::Client& cl = c();
+    auto held = std::make_unique<Held>();
+    const std::span<float> o = held->Write(out, "out");
     std::lock_guard lock(mu_);
-    const rc::Ticket t = cl.Pull(key, std::span<float>(reinterpret_cast<float*>(out), n));
-    keepalive_.emplace(t, std::move(keepalive));
+    const rc::Ticket t = cl.Pull(key, o);
+    held_.emplace(t, std::move(held));
     return t;
   }
 
@@ -220,7 +285,7 @@ class PyClient {
   }
 
   // Waits for the ticket (GIL released, in slices so signals get through).
-  // Raises RackhubError on failure; the keepalive is dropped either way.
+  // Raises RackhubError on failure; the held buffers are released either way.
   void Wait(rc::Ticket t, std::optional<double> timeout_s) {
     rc::Client& cl = c();
     const auto slice = std::chrono::milliseconds(200);
@@ -250,7 +315,7 @@ class PyClient {
       if (deadline && std::chrono::steady_clock::now() >= *deadline) {
         err.message = "wait: ticket " + std::to_string(t) + " not done within " +
                       std::to_string(*timeout_s) + " s";
-        Raise(err);  // still pending: keep its keepalive
+        Raise(err);  // still pending: keep holding its buffers
       }
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
@@ -259,24 +324,24 @@ class PyClient {
   }
 
   void Release(rc::Ticket t) {
-    py::object drop;
+    std::unique_ptr<Held> drop;  // released after the lock, with the GIL held
     std::lock_guard lock(mu_);
-    auto it = keepalive_.find(t);
-    if (it != keepalive_.end()) {
+    auto it = held_.find(t);
+    if (it != held_.end()) {
       drop = std::move(it->second);
-      keepalive_.erase(it);
+      held_.erase(it);
     }
   }
 
   size_t Pending() {
     std::lock_guard lock(mu_);
-    return keepalive_.size();
+    return held_.size();
   }
 
  private:
   std::unique_ptr<rc::Client> client_;
   std::mutex mu_;
-  std::unordered_map<rc::Ticket, py::object> keepalive_;  // GUARDED_BY(mu_)
+  std::unordered_map<rc::Ticket, std::unique_ptr<Held>> held_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace
@@ -308,11 +373,16 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, const std::string&, const std::string&, uint32_t,
-                    uint32_t, double, double, bool>(),
+                    uint32_t, double, double, bool, const std::string&, const std::string&,
+                    const std::string&, bool>(),
            py::arg("hub"), py::arg("tenant"), py::arg("token"), py::arg("rank"),
            py::arg("rack") = 0, py::arg("connect_timeout") = 10.0,
            py::arg("op_timeout") = 120.0, py::arg("reconnect") = true,
-           "Connects every lane of the hub (blocking, GIL released).")
+           py::arg("transport") = "auto", py::arg("rdma_hub") = "",
+           py::arg("rdma_device") = "", py::arg("busy_poll") = false,
+           "Connects every lane of the hub (blocking, GIL released). transport: 'auto' (shared "
+           "memory when the hub is on this host, else RDMA when a device reaches it, else TCP), "
+           "'tcp', 'shm' (required) or 'rdma' (required).")
       .def_property_readonly("lanes", [](PyClient& s) { return s.c().lanes(); })
       .def_property_readonly("workers", [](PyClient& s) { return s.c().workers(); })
       .def_property_readonly("chunk_elements", [](PyClient& s) { return s.c().chunk_elements(); })
@@ -326,15 +396,12 @@ PYBIND11_MODULE(_core, m) {
            py::arg("init_from_client") = false)
       .def("find_key", &PyClient::FindKey, py::arg("name"))
       .def("key_info", &PyClient::KeyInfo, py::arg("key"))
-      .def("push_pull", &PyClient::PushPull, py::arg("key"), py::arg("grad_ptr"),
-           py::arg("grad_elements"), py::arg("out_ptr"), py::arg("out_elements"),
-           py::arg("keepalive"),
-           "Starts a PushPull from/into raw fp32 memory; returns a ticket. `keepalive` is held "
-           "until the ticket completes.")
-      .def("init", &PyClient::Init, py::arg("key"), py::arg("ptr"), py::arg("elements"),
-           py::arg("keepalive"))
-      .def("pull", &PyClient::Pull, py::arg("key"), py::arg("ptr"), py::arg("elements"),
-           py::arg("keepalive"))
+      .def("push_pull", &PyClient::PushPull, py::arg("key"), py::arg("grad"), py::arg("out"),
+           "Starts a PushPull: sends `grad`, receives the reply into `out` (C-contiguous float32 "
+           "buffers of the key's size, `out` writable); returns a ticket. Both are held until "
+           "the ticket completes.")
+      .def("init", &PyClient::Init, py::arg("key"), py::arg("values"))
+      .def("pull", &PyClient::Pull, py::arg("key"), py::arg("out"))
       .def("set_optimizer", &PyClient::SetOptimizer, py::arg("key"), py::arg("spec"),
            py::arg("from_iteration"))
       .def("wait", &PyClient::Wait, py::arg("ticket"), py::arg("timeout") = py::none(),

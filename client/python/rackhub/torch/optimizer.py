@@ -1,0 +1,464 @@
+"""DistributedOptimizer: data-parallel training through the hub (Horovod's
+and BytePS's interface).
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = rh.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+
+The returned object is an instance of a subclass of the optimizer's class
+(as Horovod does), so it IS a torch.optim.Optimizer: param_groups,
+state_dict, load_state_dict and LR schedulers work on it.
+
+Two modes:
+- Local optimizer (default, Horovod's meaning): the hub averages (op=Average)
+  or sums (op=Sum) the gradients in rank order, `.grad` takes the result and
+  the wrapped optimizer steps on every rank.
+- Hub-side optimizer (hub_optimizer=True, or a spec such as rh.SGD(lr=0.1)
+  in place of a torch optimizer): the hub keeps the master parameters and
+  the optimizer state and applies the update fused with the sum; every rank
+  receives the updated parameters. SGD (momentum, Nesterov, weight decay),
+  Adam, AdamW and Adagrad run there. A change of a group's `lr` (or another
+  hyperparameter: an LR scheduler, load_state_dict) reaches the hub exactly
+  from the next step (a SetOptimizer from the key's next iteration, sent on
+  the first push after the change). The hub's values are initialized from
+  rank 0's parameters when its keys are new; when they already hold values
+  (the tenant's keys from an earlier run of the job) every rank loads them:
+  the job resumes where the hub is.
+
+How a step works:
+- Every parameter is one key of the tenant, named `prefix + name`. A hook on
+  the parameter's AccumulateGrad node fires as soon as backward produced the
+  gradient (after backward_passes_per_step passes) and starts its PushPull at
+  once, so communication overlaps the rest of backward.
+- Zero-copy for contiguous fp32 CPU tensors: the PushPull sends from `.grad`
+  and receives into a spare tensor; step() then swaps storages
+  (reply="swap", default; reply="copy" copies into the existing storage, use
+  it if you keep references to `p.data` or `p.grad`). fp16/bf16/fp64
+  parameters are converted to fp32 for the wire and back; CUDA tensors are
+  staged through pinned host memory.
+- The reply never lands in the model while backward runs: step() waits for
+  every ticket first. Do not modify `.grad` between backward and step(). To
+  clip gradients in local mode: opt.synchronize(), clip, then
+  `with opt.skip_synchronize(): opt.step()`.
+- Failures raise rackhub.RackhubError from step()/synchronize(); nothing
+  waits forever. A step whose PushPull raised RolledBack (a restarted hub
+  reloaded an older checkpoint) or WorkerLost (another rank died) is, with
+  on_rollback="resync" (default), skipped after pulling the hub's values
+  (step() returns None, `skipped_steps` counts them); with "raise" the
+  exception propagates.
+
+Thread use: the training loop's thread (hooks run in autograd's thread for
+CPU backward, which is the caller's).
+"""
+import contextlib
+import logging
+import time
+
+import torch
+
+from . import _context
+from .._core import RackhubError, RolledBack, WorkerLost
+from .hub_specs import Average, Compression, HubOptimizer, reduction_of, spec_of_group, wire_dtype
+
+_log = logging.getLogger("rackhub.torch")
+
+
+def _np(t):
+    return t.detach().numpy()
+
+
+def _plain(t):
+    """True if the library can read/write `t`'s memory directly."""
+    return (t is not None and t.dtype == torch.float32 and t.device.type == "cpu"
+            and t.layout == torch.strided and t.is_contiguous())
+
+
+def _check_device(name, t):
+    if t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"parameter '{name}': tensors on {t.device} are not supported "
+                        f"(CPU, or CUDA staged through pinned host memory)")
+
+
+class _Slot:
+    """One parameter: its key, its pending ticket and the host tensors the
+    ticket reads and writes."""
+    __slots__ = ("name", "param", "key", "spec", "spare", "stage", "ticket", "sent", "passes")
+
+    def __init__(self, name, param, key, spec):
+        self.name = name
+        self.param = param
+        self.key = key
+        self.spec = spec        # the hub spec last sent for this key (hub-side mode)
+        pinned = param.device.type == "cuda"
+        self.spare = torch.empty(param.shape, dtype=torch.float32, pin_memory=pinned)
+        self.stage = None       # host fp32 copy of a gradient that is not plain
+        self.ticket = None
+        self.sent = None
+        self.passes = 0
+
+    def host_grad(self):
+        """The gradient as a contiguous fp32 CPU tensor (a staged copy if it
+        is not one already)."""
+        g = self.param.grad
+        if g is None:
+            return torch.zeros(self.param.shape, dtype=torch.float32)
+        if g.is_sparse:
+            g = g.to_dense()
+        if _plain(g):
+            return g
+        if self.stage is None:
+            self.stage = torch.empty(self.param.shape, dtype=torch.float32,
+                                     pin_memory=g.device.type == "cuda")
+        self.stage.copy_(g.detach().reshape(self.param.shape))
+        return self.stage
+
+
+class _Sync:
+    """The engine behind the optimizer: slots, hooks, pushes, waits."""
+
+    def __init__(self, opt, named, compression, passes, op, hub, prefix, reply, on_rollback):
+        ctx = _context.need()
+        if on_rollback not in ("resync", "raise"):
+            raise ValueError("on_rollback: 'resync' or 'raise'")
+        if reply not in ("swap", "copy"):
+            raise ValueError("reply: 'swap' or 'copy'")
+        if int(passes) < 1:
+            raise ValueError(f"backward_passes_per_step: {passes} is not >= 1")
+        self.ctx = ctx
+        self.c = ctx.client
+        self.opt = opt
+        self.hub = hub
+        self.reply = reply
+        self.on_rollback = on_rollback
+        self.passes = int(passes)
+        self.reduction = reduction_of(op)
+        self.dtype = wire_dtype(compression)
+        self.synchronized = False
+        self.skip_step = False
+        self.skipped_steps = 0
+        self.lost_streak = 0
+        group_of = self.groups()
+        if named is None:
+            named = [(f"param.{gi}.{pi}", p) for gi, g in enumerate(opt.param_groups)
+                     for pi, p in enumerate(g["params"])]
+        else:
+            named = list(named)
+            if named and not (isinstance(named[0], tuple) and len(named[0]) == 2):
+                raise TypeError("named_parameters: an iterable of (name, parameter), "
+                                "e.g. model.named_parameters()")
+        self.slots = []
+        seen = set()
+        for name, p in named:
+            if not p.requires_grad:
+                continue
+            if name in seen:
+                raise ValueError(f"named_parameters: duplicate name '{name}'")
+            seen.add(name)
+            if p not in group_of:
+                raise ValueError(f"named_parameters: '{name}' is not a parameter of the "
+                                 f"optimizer")
+            _check_device(name, p)
+            spec = spec_of_group(opt, group_of[p]) if hub else {"type": "sum-only"}
+            spec = dict(spec, reduction=self.reduction)
+            key = self.c.declare_key(prefix + name, p.numel(), self.dtype, spec, hub)
+            self.slots.append(_Slot(name, p, key, spec))
+        names = {id(s.param) for s in self.slots}
+        unnamed = [p for p in group_of if p.requires_grad and id(p) not in names]
+        if unnamed:
+            raise ValueError(f"named_parameters: {len(unnamed)} parameter(s) of the optimizer "
+                             f"have no name (pass every parameter the optimizer holds)")
+        if hub:
+            self.load_initial()
+        self.grad_accs = []
+        for slot in self.slots:
+            self.register_hook(slot)
+
+    def groups(self):
+        """parameter -> its param group, now (load_state_dict replaces the
+        group dicts)."""
+        ids = [id(g) for g in self.opt.param_groups]
+        if ids != getattr(self, "_group_ids", None):
+            self._group_ids = ids
+            self._group_of = {p: g for g in self.opt.param_groups for p in g["params"]}
+        return self._group_of
+
+    # -- set-up --------------------------------------------------------------
+
+    def load_initial(self):
+        """Rank 0 supplies the keys' initial values, the others pull them;
+        keys that already hold values are pulled by every rank (resume)."""
+        c = self.c
+        resumed = []
+        if self.ctx.rank == 0:
+            tickets = [(s, c.init(s.key, _np(self.host_param(s)))) for s in self.slots]
+            for s, t in tickets:
+                try:
+                    c.wait(t)
+                except RackhubError as e:
+                    if e.wire != "INVALID_ARGUMENT" or "already initialized" not in str(e):
+                        raise
+                    resumed.append(s)
+            if resumed:
+                _log.warning("rackhub: %d of %d key(s) already hold values on the hub (an "
+                             "earlier run of this job): training resumes from them",
+                             len(resumed), len(self.slots))
+        self.pull_into_params(self.slots if self.ctx.rank else resumed)
+
+    def host_param(self, s):
+        p = s.param.data
+        return p if _plain(p) else p.detach().to(device="cpu", dtype=torch.float32).contiguous()
+
+    def pull_into_params(self, slots):
+        c = self.c
+        tickets = []
+        for s in slots:
+            dst = s.param.data if _plain(s.param.data) else torch.empty(s.param.shape)
+            tickets.append((s, c.pull(s.key, _np(dst)), dst))
+        with torch.no_grad():
+            for s, t, dst in tickets:
+                c.wait(t)
+                if dst is not s.param.data:
+                    s.param.data.copy_(dst)
+
+    def register_hook(self, slot):
+        p = slot.param
+        # The AccumulateGrad node of p: its hook runs once backward has summed
+        # every contribution to p's gradient into p.grad. Keep a reference:
+        # autograd holds it only weakly.
+        with torch.enable_grad():
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+
+        def hook(*_):
+            slot.passes += 1
+            if slot.passes >= self.passes:
+                self.push(slot)
+
+        acc.register_hook(hook)
+        self.grad_accs.append(acc)
+
+    # -- data path -----------------------------------------------------------
+
+    def push(self, slot):
+        if slot.ticket is not None:
+            raise RuntimeError(
+                f"rackhub: gradient of '{slot.name}' produced again before step(); "
+                f"call step() after each backward (or set backward_passes_per_step)")
+        c = self.c
+        if self.hub:
+            group = self.groups()[slot.param]
+            spec = dict(spec_of_group(self.opt, group), reduction=self.reduction)
+            if spec != slot.spec:  # an LR scheduler or load_state_dict changed the group
+                c.set_optimizer(slot.key, spec, c.key_info(slot.key)["next_iteration"])
+                slot.spec = spec
+        g = slot.host_grad()
+        slot.sent = g
+        slot.ticket = c.push_pull(slot.key, _np(g), _np(slot.spare))
+
+    def synchronize(self):
+        if self.synchronized:
+            return
+        for s in self.slots:
+            if s.ticket is None:
+                self.push(s)
+        rolled = []
+        try:
+            for s in self.slots:
+                t, s.ticket = s.ticket, None
+                try:
+                    self.c.wait(t)
+                except (RolledBack, WorkerLost) as e:
+                    rolled.append((s, e))  # wait for the others first
+        finally:
+            for s in self.slots:
+                s.passes = 0
+                if s.ticket is not None:  # a wait raised: forget the rest
+                    s.ticket = None
+        if rolled:
+            for s in self.slots:
+                s.sent = None
+            if self.on_rollback == "raise":
+                raise rolled[0][1]
+            self.resync(rolled)
+            self.synchronized = True
+            return
+        self.lost_streak = 0
+        with torch.no_grad():
+            for s in self.slots:
+                self.take_reply(s)
+                s.sent = None
+        self.synchronized = True
+
+    def take_reply(self, s):
+        """The reply (in s.spare) becomes the parameter (hub-side) or the
+        gradient (local optimizer)."""
+        p = s.param
+        current = p.data if self.hub else p.grad
+        if self.reply == "swap" and _plain(p.data) and (current is None or _plain(current)):
+            if self.hub:
+                p.data = s.spare
+            else:
+                p.grad = s.spare
+            if current is not None and current.shape == p.shape:
+                s.spare = current
+            elif _plain(s.sent) and s.sent.shape == p.shape and s.sent is not p.grad \
+                    and s.sent is not s.stage:
+                s.spare = s.sent
+            else:
+                s.spare = torch.empty(p.shape, dtype=torch.float32)
+        elif current is None:
+            p.grad = s.spare.to(device=p.device, dtype=p.dtype, copy=True)
+        else:
+            current.copy_(s.spare.view(current.shape), non_blocking=True)
+
+    def resync(self, rolled):
+        """After RolledBack / WorkerLost: every key's values from the hub
+        (into the parameters in hub-side mode; sum-only keys are pulled into
+        scratch tensors, which clears their resync marks); the step is
+        skipped."""
+        c = self.c
+        first = rolled[0][1]
+        lost = any(isinstance(e, WorkerLost) for _, e in rolled)
+        _log.warning("rackhub: step skipped, resynchronizing %d key(s) with the hub after %s "
+                     "(%s); %d key(s) affected", len(self.slots), type(first).__name__,
+                     first, len(rolled))
+        if lost:
+            # Pushes fail with WORKER_LOST until the lost rank is back.
+            self.lost_streak += 1
+            time.sleep(min(0.05 * (2 ** min(self.lost_streak, 5)), 1.0))
+        if self.hub and self.ctx.rank == 0 and any(
+                isinstance(e, RolledBack) and e.iteration == 0 for _, e in rolled):
+            # A hub restarted without a checkpoint has the keys but maybe not
+            # their values (the ranks > 0 would wait for rank 0's INIT):
+            # supply them again; "already initialized" is fine.
+            for s in self.slots:
+                try:
+                    c.wait(c.init(s.key, _np(self.host_param(s))))
+                except RackhubError as e:
+                    if e.wire != "INVALID_ARGUMENT":
+                        raise
+        if self.hub:
+            self.pull_into_params(self.slots)
+        else:
+            scratch = [(torch.empty(s.param.shape), s) for s in self.slots]
+            for t in [c.pull(s.key, _np(buf)) for buf, s in scratch]:
+                c.wait(t)
+        self.skip_step = True
+        self.skipped_steps += 1
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Methods of the returned optimizer (copied into a subclass of the
+    wrapped optimizer's class by DistributedOptimizer())."""
+
+    def __init__(self, params, base, named_parameters, compression, backward_passes_per_step,
+                 op, hub, prefix, reply, on_rollback):
+        super(self.__class__, self).__init__(params)
+        for p, st in base.state.items():  # e.g. loaded from a checkpoint before wrapping
+            self.state[p] = st
+        self._rackhub = _Sync(self, named_parameters, compression, backward_passes_per_step, op,
+                              hub, prefix, reply, on_rollback)
+        self._rackhub_sync_next_step = True
+
+    @property
+    def hub_optimizer(self):
+        """True if the hub runs the optimizer (the parameters come from it)."""
+        return self._rackhub.hub
+
+    @property
+    def skipped_steps(self):
+        return self._rackhub.skipped_steps
+
+    @property
+    def transport(self):
+        return self._rackhub.c.transport
+
+    def synchronize(self):
+        """Pushes the gradients no hook pushed yet (parameters backward did
+        not reach) and waits for every reply. With a local optimizer `.grad`
+        then holds the reduced gradients. Raises RackhubError on failure."""
+        self._rackhub.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """`with opt.skip_synchronize(): opt.step()` after a manual
+        synchronize() (e.g. to clip the reduced gradients in between)."""
+        self._rackhub_sync_next_step = False
+        try:
+            yield
+        finally:
+            self._rackhub_sync_next_step = True
+
+    def step(self, closure=None):
+        """Waits for the hub and updates the model (hub-side: the hub's
+        parameters; local: the wrapped optimizer steps on the reduced
+        gradients). Returns None for a step skipped after a rollback."""
+        sync = self._rackhub
+        loss = None
+        if closure is not None and sync.hub:
+            with torch.enable_grad():
+                loss = closure()
+        if self._rackhub_sync_next_step:
+            sync.synchronize()
+        elif not sync.synchronized:
+            raise RuntimeError("rackhub: step() inside skip_synchronize() without a "
+                               "synchronize() before it")
+        try:
+            if sync.skip_step:
+                sync.skip_step = False
+                return None
+            if not sync.hub:
+                loss = super(self.__class__, self).step(closure)
+            return loss
+        finally:
+            sync.synchronized = False
+
+    def zero_grad(self, set_to_none=False):
+        if any(s.ticket is not None for s in self._rackhub.slots):
+            raise RuntimeError("rackhub: zero_grad() while gradients are being sent; "
+                               "call step() (or synchronize()) first")
+        super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    def set_learning_rate(self, lr):
+        """Sets every group's lr (hub-side: the hub uses it from the next step)."""
+        for g in self.param_groups:
+            g["lr"] = lr
+
+
+_METHODS = {k: v for k, v in _DistributedOptimizer.__dict__.items()
+            if k not in ("__dict__", "__weakref__", "__module__", "__qualname__")}
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, hub_optimizer=False, prefix="",
+                         reply="swap", on_rollback="resync"):
+    """Wraps `optimizer` for data-parallel training through the hub (see the
+    module docstring).
+
+    optimizer: a torch.optim.Optimizer, or a hub spec (rh.SGD(lr=...),
+      rh.Adam(...), rh.AdamW, rh.Adagrad, or a dict) which implies
+      hub_optimizer=True and needs named_parameters.
+    named_parameters: model.named_parameters() (same names on every rank;
+      they name the keys). Default: names by position in the param groups.
+    compression: rh.Compression.none (fp32 on the wire), .fp16 or .bf16.
+    backward_passes_per_step: gradients accumulate locally over this many
+      backward passes; the Nth pushes them.
+    op: rh.Average (mean over the ranks) or rh.Sum.
+    hub_optimizer: run the optimizer on the hub (SGD, Adam, AdamW, Adagrad).
+    prefix: prepended to the key names (several models on one tenant).
+    reply, on_rollback: see the module docstring.
+    """
+    if isinstance(optimizer, (dict, str)):
+        if named_parameters is None:
+            raise TypeError("named_parameters: needed with a hub spec "
+                            "(DistributedOptimizer(rh.SGD(...), model.named_parameters()))")
+        named_parameters = list(named_parameters)
+        spec = {"type": optimizer} if isinstance(optimizer, str) else optimizer
+        base = HubOptimizer([p for _, p in named_parameters if p.requires_grad], spec)
+        hub_optimizer = True
+    elif isinstance(optimizer, torch.optim.Optimizer):
+        base = optimizer
+    else:
+        raise TypeError("optimizer: a torch.optim.Optimizer or a hub spec (rackhub.torch.SGD/"
+                        f"Adam/AdamW/Adagrad), got {type(optimizer).__name__}")
+    cls = type(type(base).__name__, (type(base),), dict(_METHODS))
+    return cls(base.param_groups, base, named_parameters, compression, backward_passes_per_step,
+               op, bool(hub_optimizer), prefix, reply, on_rollback)
