@@ -8,7 +8,7 @@ random admin token, in a temporary directory) and stops it at the end. It
 creates a tenant with N workers through rackhubctl (or uses --tenant with
 --token-file if the tenant exists), then starts the ranks with:
 
-    RACKHUB_RANK, RACKHUB_LOCAL_RANK, RACKHUB_WORLD_SIZE, RACKHUB_HUB,
+    RACKHUB_RANK, RACKHUB_LOCAL_RANK, RACKHUB_LOCAL_SIZE, RACKHUB_WORLD_SIZE, RACKHUB_HUB,
     RACKHUB_TENANT, RACKHUB_TOKEN_FILE (a 0600 file; the token is not put in
     the environment), PYTHONUNBUFFERED=1, PYTHONPATH (so `import rackhub` works)
 
@@ -212,7 +212,7 @@ def main(argv=None):
         pumps = []
         for r in range(a.n):
             env = dict(os.environ)
-            env.update(RACKHUB_RANK=str(r), RACKHUB_LOCAL_RANK=str(r),
+            env.update(RACKHUB_RANK=str(r), RACKHUB_LOCAL_RANK=str(r), RACKHUB_LOCAL_SIZE=str(a.n),
                        RACKHUB_WORLD_SIZE=str(a.n), RACKHUB_HUB=hub, RACKHUB_TENANT=tenant,
                        RACKHUB_TOKEN_FILE=os.path.abspath(token_file), PYTHONUNBUFFERED="1")
             env.pop("RACKHUB_TOKEN", None)

@@ -160,7 +160,9 @@ class _Sync:
             spec = spec_of_group(opt, group_of[p]) if hub else {"type": "sum-only"}
             spec = dict(spec, reduction=self.reduction)
             key = self.c.declare_key(prefix + name, p.numel(), self.dtype, spec, hub)
-            self.slots.append(_Slot(name, p, key, spec))
+            # Hub-side: the first push of every key sends the group's spec
+            # (an existing key keeps the optimizer it was declared with).
+            self.slots.append(_Slot(name, p, key, None if hub else spec))
         names = {id(s.param) for s in self.slots}
         unnamed = [p for p in group_of if p.requires_grad and id(p) not in names]
         if unnamed:
