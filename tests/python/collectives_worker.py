@@ -221,6 +221,17 @@ def options(rank, size):
     check("local rank/size from host names",
           (hvd.local_rank(), hvd.local_size()) == (rank, size),
           f"{hvd.local_rank()} of {hvd.local_size()}")
+    hvd.shutdown()
+    # torchrun's variables in place of rackhub-run's.
+    host, port = os.environ.pop("RACKHUB_HUB").rsplit(":", 1)
+    for v in ("RACKHUB_RANK", "RACKHUB_WORLD_SIZE"):
+        os.environ.pop(v)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(size), MASTER_ADDR=host, RACKHUB_PORT=port)
+    hvd.init()
+    got = (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+    check("torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR",
+          got == (rank, size, rank, size), str(got))
 
 
 def main():
