@@ -328,46 +328,6 @@ const std::map<std::string, Field>& Schema() {
   return schema;
 }
 
-// Command-line flag -> config field. Flags that are not config fields
-// (--config, --check-config, ...) are handled in ParseCommandLine.
-const std::map<std::string, std::string>& FlagFields() {
-  static const std::map<std::string, std::string> flags = {
-      {"--log-level", "log_level"},
-      {"--ready-file", "ready_file"},
-      {"--admin-listen", "admin.listen"},
-      {"--admin-token-file", "admin.token_file"},
-      {"--admin-readonly-token-file", "admin.readonly_token_file"},
-      {"--admin-tls-cert", "admin.tls_cert_file"},
-      {"--admin-tls-key", "admin.tls_key_file"},
-      {"--admin-tls-client-ca", "admin.tls_client_ca_file"},
-      {"--data-listen", "data.listen"},
-      {"--transport", "data.transport"},
-      {"--rdma-listen", "data.rdma_listen"},
-      {"--rdma-device", "data.rdma_device"},
-      {"--rdma-poll", "data.rdma_poll"},
-      {"--shm", "data.shm"},
-      {"--shm-ring-bytes", "data.shm_ring_bytes"},
-      {"--shm-poll", "data.shm_poll"},
-      {"--straggler-timeout-ms", "data.straggler_timeout_ms"},
-      {"--hello-timeout-ms", "data.hello_timeout_ms"},
-      {"--max-queued-bytes-per-connection", "data.max_queued_bytes_per_connection"},
-      {"--scheduler", "data.scheduler"},
-      {"--max-unauthenticated-connections", "data.max_unauthenticated_connections"},
-      {"--metrics-listen", "metrics.listen"},
-      {"--lanes", "lanes.count"},
-      {"--pin-lanes", "lanes.pin"},
-      {"--rack", "topology.rack"},
-      {"--racks", "topology.racks"},
-      {"--topology-mode", "topology.mode"},
-      {"--hub-secret-file", "topology.secret_file"},
-      {"--state-dir", "state.dir"},
-      {"--checkpoint-every-iterations", "checkpoint.every_iterations"},
-      {"--checkpoint-every-seconds", "checkpoint.every_seconds"},
-      {"--checkpoint-keep", "checkpoint.keep"},
-  };
-  return flags;
-}
-
 std::string Where(const std::string& source, const toml::node& n) {
   const auto& begin = n.source().begin;
   if (begin.line == 0) return source;
@@ -414,35 +374,6 @@ void CheckReadableFile(const std::string& field, const std::string& path,
   }
   if (f.peek() == std::ifstream::traits_type::eof()) {
     errors->push_back(field + ": '" + path + "' is empty");
-  }
-}
-
-// Two names of one file: the same text or the same file (hard links,
-// symlinks, "./x" and "x").
-bool SameFile(const std::string& a, const std::string& b) {
-  if (a == b) return true;
-  std::error_code ec;
-  return std::filesystem::equivalent(a, b, ec) && !ec;
-}
-
-// The config file from --config FILE and the FILE of --check-config /
-// --doctor: any of them, and all must name the same file.
-void ResolveConfigFile(const std::optional<std::string>& config_flag_file,
-                       const std::vector<std::pair<std::string, std::string>>& action_files,
-                       CommandLine* command_line, std::vector<std::string>* errors) {
-  if (config_flag_file) {
-    command_line->config_file = *config_flag_file;
-    command_line->config_option = "--config";
-  }
-  for (const auto& [option, file] : action_files) {
-    if (command_line->config_file.empty()) {
-      command_line->config_file = file;
-      command_line->config_option = option;
-    } else if (!SameFile(command_line->config_file, file)) {
-      errors->push_back(fmt::format("{}: '{}' is not the file {} names ('{}'); give the file once",
-                                    option, file, command_line->config_option,
-                                    command_line->config_file));
-    }
   }
 }
 
@@ -580,87 +511,11 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
   }
 }
 
-ParseResult ParseCommandLine(int argc, const char* const* argv) {
-  ParseResult r;
-  // Pass 1: find --config and the action flags; collect value flags.
-  std::vector<std::pair<std::string, std::string>> overrides;  // field, value
-  std::optional<std::string> config_flag_file;                     // --config FILE
-  std::vector<std::pair<std::string, std::string>> action_files;   // --check-config FILE, ...
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto take_value = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= argc) {
-        r.errors.push_back(arg + ": missing value");
-        return false;
-      }
-      value = argv[++i];
-      return true;
-    };
-    if (arg == "--help" || arg == "-h") {
-      r.command_line.help = true;
-    } else if (arg == "--version") {
-      r.command_line.version = true;
-    } else if (arg == "--check-config" || arg == "--doctor") {
-      (arg == "--doctor" ? r.command_line.doctor : r.command_line.check_config) = true;
-      // Optional FILE: "=FILE", or the next argument unless it is an option.
-      if (!has_value && i + 1 < argc && argv[i + 1][0] != '-' && argv[i + 1][0] != '\0') {
-        value = argv[++i];
-        has_value = true;
-      }
-      if (has_value && value.empty()) {
-        r.errors.push_back(arg + ": '=' without a file name");
-      } else if (has_value) {
-        action_files.emplace_back(arg, value);
-      }
-    } else if (arg == "--config" || arg == "-c") {
-      if (take_value()) config_flag_file = value;
-    } else if (arg == "--no-pin-lanes") {
-      overrides.emplace_back("lanes.pin", "false");
-    } else if (arg == "--no-metrics") {
-      overrides.emplace_back("metrics.enabled", "false");
-    } else if (arg == "--in-memory") {
-      overrides.emplace_back("state.in_memory", "true");
-    } else if (const auto it = FlagFields().find(arg); it != FlagFields().end()) {
-      if (take_value()) overrides.emplace_back(it->second, value);
-    } else {
-      r.errors.push_back(arg + ": unknown option (see --help)");
-    }
-  }
-  if (r.command_line.check_config && r.command_line.doctor) {
-    r.errors.push_back("--doctor: cannot be combined with --check-config (--doctor checks the "
-                       "configuration too)");
-  }
-  ResolveConfigFile(config_flag_file, action_files, &r.command_line, &r.errors);
-  if (!r.command_line.config_file.empty()) {
-    std::ifstream f(r.command_line.config_file, std::ios::binary);
-    if (!f) {
-      r.errors.push_back(r.command_line.config_option + ": cannot read '" +
-                         r.command_line.config_file + "'");
-    } else {
-      std::stringstream ss;
-      ss << f.rdbuf();
-      ParseConfigText(ss.str(), r.command_line.config_file, &r.config, &r.errors);
-    }
-  }
-  for (const auto& [field, value] : overrides) {
-    const auto& schema = Schema();
-    if (Status s = schema.at(field).from_text(r.config, value); !s.ok()) {
-      std::string flag = field;
-      for (const auto& [f, name] : FlagFields())
-        if (name == field) flag = f;
-      r.errors.push_back(fmt::format("{} ({}): {}", flag, field, s.message()));
-    }
-  }
-  if (r.errors.empty()) ValidateConfig(r.config, &r.errors);
-  return r;
+Status SetConfigField(const std::string& field, const std::string& text, Config* config) {
+  const auto& schema = Schema();
+  const auto it = schema.find(field);
+  if (it == schema.end()) return InvalidArgument(field + ": unknown field");
+  return it->second.from_text(*config, text);
 }
 
 std::vector<int> AllowedCpus() {
@@ -684,61 +539,6 @@ uint32_t EffectiveLaneCount(const Config& config) {
   }
   const long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<uint32_t>(n) : 1;
-}
-
-std::string UsageText() {
-  return R"(usage: rackhubd [options]
-       rackhubd --check-config [FILE] [options]
-       rackhubd --doctor [FILE] [options]
-
-rackhub aggregation daemon: a rack-scale parameter server.
-
-options (flags override the config file):
-  -c, --config FILE                 TOML config file (see deploy/rackhubd.toml)
-      --check-config [FILE]         validate the configuration (FILE, the same as
-                                    --config FILE) and exit: 0 = valid, 78 = not
-      --doctor [FILE]               check this host for what breaks a start (config,
-                                    memlock, verbs devices and GIDs, ports, state
-                                    directory, lanes vs cores, NUMA), print a table
-                                    with a fix for each problem and exit: 0 = no FAIL,
-                                    1 = some FAIL, 78 = the configuration is invalid
-      --data-listen HOST:PORT       data-plane address          [127.0.0.1:7700]
-      --transport tcp|rdma|auto     data-plane transports (TCP always runs) [auto]
-      --rdma-listen HOST:PORT       RDMA (rdma_cm) address [data host:7702]
-      --rdma-device NAME            verbs device to use (multi-NIC hosts)
-      --rdma-poll events|busy       RDMA completion handling [events]
-      --admin-listen HOST:PORT      admin gRPC address           [127.0.0.1:7701]
-      --straggler-timeout-ms MS     fail a waiting iteration after MS [30000]
-      --hello-timeout-ms MS         close a connection without HELLO after MS [10000]
-      --max-queued-bytes-per-connection SIZE  unwritten bytes per connection
-                                    before it is closed (QUOTA_EXCEEDED) [64MiB]
-      --scheduler fair|fifo         order of tenants' work on a lane  [fair]
-      --max-unauthenticated-connections N  connections waiting for HELLO [1024]
-      --metrics-listen HOST:PORT    Prometheus /metrics address   [127.0.0.1:7704]
-      --no-metrics                  do not serve /metrics
-      --lanes N                     lanes (pinned threads); 0 = one per core [0]
-      --no-pin-lanes                do not pin lane threads to cores
-      --admin-token-file FILE       admin token; required beyond loopback
-      --admin-readonly-token-file FILE  token for read-only admin calls
-      --admin-tls-cert FILE         TLS certificate (PEM) for the admin API
-      --admin-tls-key FILE          TLS private key (PEM)
-      --admin-tls-client-ca FILE    require client certificates signed by this CA
-      --rack N                      this hub's rack index                 [0]
-      --racks D=I,D=I,...           every rack's data=interhub addresses (multi-rack)
-      --topology-mode MODE          hierarchical|flat                      [hierarchical]
-      --hub-secret-file FILE        secret shared by the hubs (required with --racks)
-      --state-dir DIR               registry database and checkpoints [/var/lib/rackhub]
-      --in-memory                   keep no state on disk; a restart starts empty
-                                    (tests and benchmarks only)
-      --checkpoint-every-iterations N  checkpoint a tenant every N updates; 0 = off [0]
-      --checkpoint-every-seconds N  checkpoint every tenant every N s; 0 = off [300]
-      --checkpoint-keep N           newest checkpoints kept per tenant (>= 1) [3]
-      --log-level LEVEL             trace|debug|info|warn|error|critical|off [info]
-      --ready-file FILE             write "admin ADDR", "data ADDR" (and "metrics
-                                    ADDR") lines once listening
-      --version                     print the version and exit
-  -h, --help                        this text
-)";
 }
 
 }  // namespace rackhub::server

@@ -160,11 +160,15 @@ struct ParseResult {
 void ParseConfigText(const std::string& text, const std::string& source_name, Config* config,
                      std::vector<std::string>* errors);
 
-// Full start-up parse: reads --config FILE (if given), then applies flags,
-// then validates. argv[0] is skipped. `--check-config FILE` and `--doctor
-// FILE` (or `=FILE`) name the config file like `--config FILE`: the argument
-// after them is their FILE unless it starts with '-'; naming two different
-// files is an error.
+// Sets one field (its dotted name, e.g. "lanes.count") from its text form,
+// as a flag gives it; INVALID_ARGUMENT says what is wrong with the text.
+Status SetConfigField(const std::string& field, const std::string& text, Config* config);
+
+// Full start-up parse (command_line.cc, with CLI11): reads --config FILE (if
+// given), then applies flags, then validates. argv[0] is skipped.
+// `--check-config FILE` and `--doctor FILE` (or `=FILE`) name the config file
+// like `--config FILE`: the argument after them is their FILE unless it
+// starts with '-'; naming two different files is an error.
 ParseResult ParseCommandLine(int argc, const char* const* argv);
 
 // Cross-field checks (e.g. non-loopback admin listen requires a token).
@@ -177,6 +181,7 @@ uint32_t EffectiveLaneCount(const Config& config);
 // pinned to the i-th of them, wrapping around (LaneSet::Start, --doctor).
 std::vector<int> AllowedCpus();
 
+// The --help text (command_line.cc).
 std::string UsageText();
 
 }  // namespace rackhub::server
