@@ -16,11 +16,14 @@ PACKAGES=(
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # bench/: the gloo all_reduce baseline and the suite's plots (Debian's
-  # /usr/bin/python3); nothing else, the tests included, needs them.
+  # /usr/bin/python3). python3-torch also serves client/python/ and the demo.
   python3-torch python3-matplotlib
   # client/python/: the rackhub module (pybind11, built for /usr/bin/python3); its
   # tests and bench/torch/ also use python3-torch, bench/torch/ OpenBLAS.
   python3-dev pybind11-dev libopenblas0-pthread
+  # deploy/demo.sh (with python3-torch) and its test: the digit images scikit-learn
+  # ships (sklearn.datasets.load_digits, no download).
+  python3-sklearn
   # tests/run.sh's sanitizer and fuzzing stages: clang 14 with its runtimes
   # (libFuzzer, ASan, UBSan) and llvm-symbolizer for readable reports.
   clang libclang-rt-14-dev llvm
