@@ -15,6 +15,7 @@
 //   --scenario soak: T tenants x N workers train flat out for M minutes:
 //     errors (must be 0), iterations per tenant against the fair share
 //     (mean), the hub's RSS every 10 s (flat?).
+// --transport auto|shm|tcp picks the workers' transport (auto: shared memory).
 // Results: bench/results/noisy-*.md.
 
 #include <grpcpp/grpcpp.h>
@@ -40,6 +41,9 @@ namespace rc = rackhub::client;
 using namespace rackhub::bench;
 
 constexpr int kPatterns = 5;  // gradients repeat every 5 iterations
+// --transport: shared memory (auto: when the hub offers it, i.e. always
+// here) or TCP for every worker.
+rc::Shm g_shm = rc::Shm::kAuto;
 
 std::string CreateTenant(const std::string& admin, const std::string& name, uint32_t workers,
                          uint32_t weight) {
@@ -78,6 +82,7 @@ class Rank {
     o.token = token;
     o.rank = rank;
     o.connect_timeout = std::chrono::seconds(30);
+    o.shm = g_shm;
     rc::Error e;
     client_ = rc::Client::Connect(o, &e);
     if (!client_) Die(tenant + " rank " + std::to_string(rank) + ": connect: " + e.message);
@@ -384,7 +389,12 @@ int main(int argc, char** argv) {
   app.add_option("--workers", o.workers, "workers per tenant (soak)")->check(CLI::Range(1, 64));
   app.add_option("--soak-bytes", o.soak_bytes, "each soak tenant's key");
   app.add_option("--minutes", o.minutes, "soak duration")->check(CLI::Range(0.1, 1440.0));
+  std::string transport = "auto";
+  app.add_option("--transport", transport, "the workers' transport: auto (shared memory on this "
+                 "host) | shm | tcp")->check(CLI::IsMember({"auto", "shm", "tcp"}));
   CLI11_PARSE(app, argc, argv);
+  g_shm = transport == "tcp" ? rc::Shm::kOff : transport == "shm" ? rc::Shm::kOn : rc::Shm::kAuto;
+  std::printf("workers' transport: %s\n", transport.c_str());
   const std::string bin = fs::read_symlink("/proc/self/exe").parent_path().string() + "/rackhubd";
   fs::create_directories(o.dir);
   if (o.scenario == "noisy") Noisy(bin, o);

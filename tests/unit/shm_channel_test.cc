@@ -4,7 +4,8 @@
 // cross the ring in order, wrapping many times; a reply published to two
 // workers of a tenant is copied once into the arena and referenced by both;
 // a full arena falls back to copies; the arena is read-only for workers; a
-// closed worker is seen by the hub after its last frames.
+// closed worker is seen by the hub after its last frames; in turns, one frame
+// is delivered per grant.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -38,9 +39,18 @@ struct Inbox {
   std::deque<std::pair<FrameHeader, std::string>> frames;
   bool closed = false;
   std::string why;
+  bool turns = false;        // deliver in turns (as the hub's lanes do)
+  std::vector<size_t> asked;  // the bytes of each turn asked for
 
   Channel::Callbacks Callbacks() {
     Channel::Callbacks cb;
+    if (turns) {
+      cb.request_turn = [this](size_t bytes) {
+        std::lock_guard lock(mu);
+        asked.push_back(bytes);
+        cv.notify_all();
+      };
+    }
     cb.on_frame = [this](const FrameHeader& h, std::span<const std::byte> p) {
       std::lock_guard lock(mu);
       frames.emplace_back(h, std::string(reinterpret_cast<const char*>(p.data()), p.size()));
@@ -59,6 +69,14 @@ struct Inbox {
   bool WaitFrames(size_t n, std::chrono::milliseconds timeout = 5s) {
     std::unique_lock lock(mu);
     return cv.wait_for(lock, timeout, [&] { return frames.size() >= n; });
+  }
+  bool WaitAsked(size_t n, std::chrono::milliseconds timeout = 5s) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return asked.size() >= n; });
+  }
+  size_t Frames() {
+    std::lock_guard lock(mu);
+    return frames.size();
   }
   bool WaitClosed(std::chrono::milliseconds timeout = 5s) {
     std::unique_lock lock(mu);
@@ -291,6 +309,53 @@ TEST_F(ShmChannelTest, TheHubSeesAClosedWorkerAfterItsLastFrames) {
   ASSERT_EQ(h.frames.size(), 1u) << "the frame written before the close is delivered first";
   EXPECT_EQ(h.frames[0].second, "last words");
   EXPECT_NE(h.why.find("closed"), std::string::npos) << h.why;
+}
+
+// The hub's lanes take frames in turns (the fair scheduler's order): the
+// channel asks before each frame, with its record's bytes, and delivers
+// exactly one per Grant(), pads (the ring wrapping) included for free; a
+// worker that closes meanwhile still has its frames delivered, then the
+// close is seen.
+TEST_F(ShmChannelTest, InTurnsOneFrameIsDeliveredPerGrant) {
+  Inbox h, w;
+  h.turns = true;
+  auto hub_worker = Pair(kMinRingBytes, nullptr, &h, &w);
+  std::shared_ptr<Channel> hub = hub_worker.first, worker = hub_worker.second;
+  ASSERT_TRUE(hub && worker);
+  // 5 frames of 20 KB (3 fit the 64 KiB ring: it wraps, the worker waits
+  // for room), then 2 of 100 bytes written just before the worker closes.
+  std::vector<std::string> payloads;
+  for (uint32_t i = 0; i < 7; ++i) payloads.push_back(Pattern(i < 5 ? 20000 : 100, i));
+  Run([&] {
+    for (uint64_t i = 0; i < 5; ++i) worker->Send(Frame(i, payloads[i]));
+  });
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    ASSERT_TRUE(h.WaitAsked(i + 1)) << "turn " << i << " asked";
+    std::this_thread::sleep_for(20ms);
+    ASSERT_EQ(h.Frames(), i) << "nothing is delivered before the grant";
+    {
+      std::lock_guard lock(h.mu);
+      EXPECT_EQ(h.asked[i], RecordBytes(payloads[i].size()));
+      EXPECT_FALSE(h.closed) << "closed with frames undelivered: " << h.why;
+    }
+    if (i == 4) {
+      Run([&] {
+        worker->Send(Frame(5, payloads[5]));
+        worker->Send(Frame(6, payloads[6]));
+        worker->Close("done");
+      });
+      std::this_thread::sleep_for(20ms);  // the hub sees the EOF while a turn is asked
+    }
+    Run([&] { hub->Grant(); });
+    ASSERT_TRUE(h.WaitFrames(i + 1));
+  }
+  ASSERT_TRUE(h.WaitClosed());
+  std::lock_guard lock(h.mu);
+  EXPECT_EQ(h.asked.size(), payloads.size()) << "one turn per frame, none for pads";
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    EXPECT_EQ(h.frames[i].first.request_id, i);
+    EXPECT_EQ(h.frames[i].second, payloads[i]);
+  }
 }
 
 }  // namespace

@@ -52,6 +52,7 @@ void Channel::Attach(asio::io_context& io, Callbacks callbacks) {
   io_ = &io;
   cb_ = std::move(callbacks);
   ++attach_gen_;
+  turn_asked_ = turn_granted_ = false;
   if (closed_) return;
   bell_fd_ = std::make_unique<asio::posix::stream_descriptor>(io, my_bell_);
   socket_desc_ = std::make_unique<asio::posix::stream_descriptor>(io, socket_fd_);
@@ -143,6 +144,7 @@ void Channel::Poll() {
   const auto now = Clock::now();
   if (records > 0) last_activity_ = now;
   if (peer_gone_) {
+    if (turn_asked_) return;  // the grant polls again
     if (records == 0 || delivery_paused_) {
       Close("the peer closed the connection");
     } else {
@@ -165,6 +167,7 @@ size_t Channel::DeliverReady() {
   // Read once per turn: what the peer writes meanwhile waits for the next.
   const uint64_t head =
       peer_gone_ ? gone_head_ : internal::Head(c).load(std::memory_order_acquire);
+  const bool turns = static_cast<bool>(cb_.request_turn);
   while (!delivery_paused_ && !closed_ && !violated_ && gen == attach_gen_ &&
          records < kFramesPerTurn) {
     if (head == rx_tail_) break;
@@ -178,6 +181,18 @@ size_t Channel::DeliverReady() {
     std::byte* at = rx_ring() + pos;
     Prefix p;
     std::memcpy(&p, at, sizeof p);
+    if (turns && p.kind != internal::kPadKind) {
+      // One frame per turn, in the lane's order; what the frame claims to
+      // be is checked below, when it is delivered.
+      if (!turn_granted_) {
+        if (!turn_asked_) {
+          turn_asked_ = true;
+          cb_.request_turn(std::min<uint64_t>(p.bytes, ready));
+        }
+        break;
+      }
+      turn_granted_ = false;
+    }
     if (p.kind == internal::kPadKind) {
       if (p.bytes != ring_bytes_ - pos || p.bytes > ready) {
         Violation("a pad record of " + std::to_string(p.bytes) + " bytes at offset " +
@@ -236,6 +251,12 @@ size_t Channel::DeliverReady() {
   return records;
 }
 
+void Channel::Grant() {
+  turn_asked_ = false;
+  turn_granted_ = true;
+  SchedulePoll();
+}
+
 void Channel::PauseDelivery(bool on) {
   delivery_paused_ = on;
   if (!on) SchedulePoll();
@@ -244,7 +265,7 @@ void Channel::PauseDelivery(bool on) {
 bool Channel::ArmSleep() {
   bool work = false;
   RingControl* rc = rx_control();
-  if (!delivery_paused_ && !violated_) {
+  if (!delivery_paused_ && !violated_ && !turn_asked_) {
     internal::Sleeping(rc).store(1, std::memory_order_seq_cst);
     if (internal::Head(rc).load(std::memory_order_seq_cst) != rx_tail_) {
       internal::Sleeping(rc).store(0, std::memory_order_relaxed);

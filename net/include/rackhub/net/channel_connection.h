@@ -20,6 +20,12 @@
 // on_closed, on_sent}, Attach(io, callbacks), Detach(), Send(OutgoingFrame),
 // DropQueued(), PauseDelivery(bool), Close(why), open().
 //
+// Turns (SetDeliveryScheduler): a channel that can deliver in turns
+// (Callbacks::request_turn and Grant(): shm::Channel) asks the lane's
+// scheduler before each frame, like a TCP connection, so shared-memory
+// tenants get the lane in proportion to their weights too. The RDMA channel
+// delivers as frames arrive (its peer is bounded by the credits of its ring).
+//
 // Thread safety: every member runs on the owning lane's thread only (the
 // channel's fds are watched by that lane's io_context).
 #pragma once
@@ -79,6 +85,14 @@ class ChannelConnection final : public Connection {
     channel_->Close(why);  // calls OnChannelClosed while attached
     OnChannelClosed(why);
   }
+  void SetDeliveryScheduler(DeliveryScheduler* scheduler) override {
+    if constexpr (kTakesTurns) scheduler_ = scheduler;
+  }
+  void DeliverTurn() override {
+    if constexpr (kTakesTurns) {
+      if (open_) channel_->Grant();
+    }
+  }
   void SetSendLimits(const SendLimits& limits) override { budget_.set_limits(limits); }
   size_t backlog_bytes() const override { return budget_.bytes(); }
   bool Reserve(size_t bytes) override {
@@ -96,6 +110,8 @@ class ChannelConnection final : public Connection {
   Channel& channel() { return *channel_; }
 
  private:
+  static constexpr bool kTakesTurns = requires(Channel& c) { c.Grant(); };
+
   void Queue(OutgoingFrame f, size_t bytes) {
     if (closing_) return;  // nothing goes out after a fatal ERROR
     const bool over = budget_.Add(bytes);
@@ -146,6 +162,7 @@ class ChannelConnection final : public Connection {
   bool closing_ = false;  // a fatal error is queued: deliver nothing more
   std::string fatal_;     // that error, for the close reason
   SendBudget budget_;
+  DeliveryScheduler* scheduler_ = nullptr;  // not owned; null: deliver as frames arrive
 };
 
 template <typename Channel>
@@ -166,6 +183,16 @@ void ChannelConnection<Channel>::Start() {
   cb.on_closed = [weak, self_of](const std::string& why) {
     if (auto self = weak.lock()) self_of(self)->OnChannelClosed(why);
   };
+  if constexpr (kTakesTurns) {
+    if (scheduler_ != nullptr) {
+      cb.request_turn = [weak, self_of](size_t bytes) {
+        if (auto self = weak.lock()) {
+          ChannelConnection* c = self_of(self);
+          if (c->open_) c->scheduler_->RequestTurn(std::move(self), bytes);
+        }
+      };
+    }
+  }
   cb.on_sent = [weak, self_of](size_t bytes) {
     if (auto self = weak.lock()) {
       ChannelConnection* c = self_of(self);

@@ -121,6 +121,10 @@ class Channel : public std::enable_shared_from_this<Channel> {
     // Called once, when the channel closed (locally or by the peer).
     std::function<void(const std::string&)> on_closed;
     std::function<void(size_t)> on_sent;  // bytes of frames copied into the ring
+    // Optional (the hub's lanes set it): delivery in turns. Before each
+    // frame the channel asks with the frame's record bytes and delivers
+    // nothing until Grant(); without it every turn delivers up to a batch.
+    std::function<void(size_t)> request_turn;
   };
 
   ~Channel();
@@ -158,6 +162,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // consumed: the peer stops once it is full); resuming delivers them in
   // order on a fresh stack of the attached io_context.
   void PauseDelivery(bool on);
+  // The answer to Callbacks::request_turn: deliver the next frame (on a
+  // fresh stack of the attached io_context), then ask again if more wait.
+  void Grant();
 
   bool open() const { return !closed_; }
   uint32_t ring_bytes() const { return ring_bytes_; }
@@ -232,6 +239,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool peer_gone_ = false;  // EOF seen: deliver what is left, then close
   uint64_t gone_head_ = 0;  // the peer's head at EOF: delivered up to there
   bool delivery_paused_ = false;
+  // Turns (Callbacks::request_turn set): asked and not granted yet; granted.
+  bool turn_asked_ = false;
+  bool turn_granted_ = false;
   uint64_t rx_tail_ = 0;  // bytes consumed of the receive ring (ours)
   uint64_t tx_head_ = 0;  // bytes written to the send ring (ours)
   std::deque<OutgoingFrame> queue_;
