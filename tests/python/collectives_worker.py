@@ -2,8 +2,8 @@
 collective and client option of rackhub.torch from Python, checked on every
 rank. Prints `CHECK ok|FAIL name detail` per check and `CHECKS n failed k`;
 exits 1 if any failed."""
-import math
 import os
+import time
 
 import numpy as np
 import torch
@@ -41,7 +41,10 @@ def values_of(seed):
     f = torch.randn(1000, generator=g)
     f[0] = -0.0
     f[1:2].view(torch.int32).fill_(0x7FC01234)  # a NaN with a payload
-    return {"w": f, "steps": torch.tensor([seed * 1_000_003, -5], dtype=torch.int64),
+    # "odd" first: 3 floats put the int64 tensor at a byte offset that is not
+    # a multiple of 8 (a BatchNorm's num_batches_tracked after odd weights).
+    return {"odd": torch.randn(3, generator=g), "w": f,
+            "steps": torch.tensor([seed * 1_000_003, -5], dtype=torch.int64),
             "half": torch.randn(3, 7, generator=g).to(torch.bfloat16),
             "mask": torch.rand(17, generator=g) > 0.5, "empty": torch.empty(0, 4)}
 
@@ -78,6 +81,19 @@ def collectives(rank, size):
     check("broadcast_ 2.4 MB", torch.equal(big, torch.arange(300_000, dtype=torch.float64) * 3))
     ok, detail = raises(lambda: hvd.broadcast(t, size), ValueError, "root_rank")
     check("broadcast bad root", ok, detail)
+    ok, detail = raises(lambda: hvd.broadcast(t, 0 if rank else 1), ValueError,
+                        "different roots")
+    check("broadcast roots disagree", ok, detail)
+    ok, detail = raises(lambda: hvd.broadcast_object(lambda: 0, root_rank=2), ValueError,
+                        "cannot pickle" if rank == 2 else "rank(s) [2] could not take part")
+    check("broadcast_object unpicklable on the root: every rank raises", ok, detail)
+    # A root 2.5 s late (the hub's straggler timeout is 1 s here): the others'
+    # aborted rounds are retried until it comes, as with Horovod.
+    if rank == 0:
+        time.sleep(2.5)
+    got = hvd.broadcast_object({"late": True} if rank == 0 else None, root_rank=0)
+    check("broadcast_object from a root later than the straggler timeout", got == {"late": True})
+    check("allreduce after it", hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [3.0, 3.0])
 
     # allreduce: mean, sum, dtypes, in place.
     x = torch.full((1000,), float(rank + 1))
@@ -188,6 +204,26 @@ def optimizers(rank):
     check("fp16 wire, hub-side Adam", all(torch.equal(every[0], every[r])
                                           for r in range(every.shape[0])) and moved > 1e-3,
           f"moved {moved:.3g}")
+    # One tenant, the same parameter names, three optimizers in turn (hub-side
+    # SGD, then local with op=Sum, then op=Average): each gets its own keys,
+    # and a dropped optimizer's hooks are gone.
+    lin = torch.nn.Linear(4, 1, bias=False)
+    torch.nn.init.constant_(lin.weight, 0.5)
+    x = torch.full((1, 4), float(rank + 1))
+    for mode, want in (("hub", None), ("sum", 6.0), ("average", 2.0)):
+        o = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                     named_parameters=lin.named_parameters(), prefix="reuse/",
+                                     op=hvd.Sum if mode == "sum" else hvd.Average,
+                                     hub_optimizer=mode == "hub")
+        o.zero_grad()
+        lin(x).sum().backward()  # gradient = x
+        o.synchronize()
+        if want is not None:
+            check(f"a later job's local optimizer with op={mode} gets its own keys",
+                  torch.equal(lin.weight.grad, torch.full((1, 4), want)), str(lin.weight.grad))
+        with o.skip_synchronize():
+            o.step()
+        del o
     if torch.cuda.is_available():
         mc = torch.nn.Linear(4, 2).cuda()
         optc = hvd.DistributedOptimizer(torch.optim.SGD(mc.parameters(), lr=0.1),
@@ -213,8 +249,11 @@ def options(rank, size):
     check("transport rdma without a device fails init", ok and not hvd.is_initialized(), detail)
     ok, detail = raises(lambda: hvd.init(transport="carrier-pigeon"), ValueError, "transport")
     check("unknown transport refused", ok, detail)
-    ok, detail = raises(lambda: hvd.init(rack=3, connect_timeout=5), rackhub.RackhubError, "rack")
-    check("rack 3 on a one-rack hub refused", ok, detail)
+    ok, detail = raises(lambda: hvd.init(rack=3, racks=4, connect_timeout=5),
+                        rackhub.RackhubError, "rack")
+    check("rack 3 on a one-rack hub refused", ok and not hvd.is_initialized(), detail)
+    ok, detail = raises(lambda: hvd.init(rack=3), ValueError, "rack")
+    check("rack 3 of 1 refused", ok, detail)
     for v in ("RACKHUB_LOCAL_RANK", "RACKHUB_LOCAL_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         os.environ.pop(v, None)
     hvd.init()  # collective: the ranks compare host names

@@ -254,7 +254,8 @@ size_t Channel::DeliverReady() {
 void Channel::Grant() {
   turn_asked_ = false;
   turn_granted_ = true;
-  SchedulePoll();
+  // The scheduler grants on a fresh stack: deliver now unless a poll is due.
+  if (!poll_posted_) Poll();
 }
 
 void Channel::PauseDelivery(bool on) {

@@ -24,6 +24,7 @@ class Context:
         self.size = size
         self.hub = hub
         self.tenant = tenant
+        self.op_timeout = 120.0
         self.local_rank = None
         self.local_size = None
         self.keys = {}  # (purpose, name, ...) -> key id of the helper keys of collectives
@@ -50,7 +51,7 @@ def _int_env(what, *names, default=None):
 
 
 def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=None, rack=None,
-         transport=None, connect_timeout=30.0, op_timeout=None, local_rank=None,
+         racks=None, transport=None, connect_timeout=30.0, op_timeout=None, local_rank=None,
          local_size=None, rdma_hub=None, rdma_device=None, busy_poll=False):
     """Connects this process to the hub as one rank of the tenant.
 
@@ -68,6 +69,9 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
       token       RACKHUB_TOKEN or the file RACKHUB_TOKEN_FILE (required)
       rack        RACKHUB_RACK (default 0): the rack of this worker (multi-rack
                   tenants: every rack's workers talk to their own rack's hub)
+      racks       RACKHUB_RACKS (default 1): the tenant's racks. With racks,
+                  `rank` is the rank within the rack; rank() and size() are
+                  global (rack * workers_per_rack + rank; racks * workers)
       transport   RACKHUB_TRANSPORT: auto (default: shared memory when the hub
                   is on this host, else RDMA when a device reaches it, else
                   TCP), tcp, shm or rdma (these two fail init when unusable)
@@ -109,6 +113,9 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
         raise ValueError("rackhub.torch.init: token: not given and neither RACKHUB_TOKEN "
                          "nor RACKHUB_TOKEN_FILE set")
     rack = int(rack) if rack is not None else _int_env("rack", "RACKHUB_RACK", default="0")
+    racks = int(racks) if racks is not None else _int_env("racks", "RACKHUB_RACKS", default="1")
+    if racks < 1 or not 0 <= rack < racks:
+        raise ValueError(f"rackhub.torch.init: rack: {rack} not in [0, racks={racks})")
     transport = transport or _env("RACKHUB_TRANSPORT", default="auto")
     if transport not in TRANSPORTS:
         raise ValueError(f"rackhub.torch.init: transport: one of {', '.join(TRANSPORTS)}, "
@@ -118,15 +125,16 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     rdma_hub = rdma_hub or _env("RACKHUB_RDMA_HUB", default="")
     c = _core.Client(hub, tenant, token, rank, rack, float(connect_timeout), float(op_timeout),
                      True, transport, rdma_hub, rdma_device or "", bool(busy_poll))
-    workers = c.workers
-    if size is not None and int(size) != workers:
+    workers = c.workers  # per rack
+    if size is not None and int(size) != workers * racks:
         c.close()
         raise ValueError(f"rackhub.torch.init: size: {size} given but tenant '{tenant}' has "
-                         f"{workers} workers")
+                         f"{workers} workers" + (f" in each of {racks} racks" if racks > 1 else ""))
     if not 0 <= rank < workers:
         c.close()
         raise ValueError(f"rackhub.torch.init: rank: {rank} not in [0, {workers})")
-    ctx = Context(c, rank, workers, hub, tenant)
+    ctx = Context(c, rack * workers + rank, racks * workers, hub, tenant)
+    ctx.op_timeout = float(op_timeout)
     _ctx = ctx
     try:
         if local_rank is None or local_size is None:

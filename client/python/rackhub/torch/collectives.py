@@ -11,15 +11,28 @@ bit for bit.
 
 Helper keys: the collectives use a few keys per tenant, named `__rackhub/...`
 and reused by every call and every later job on the tenant (no key is created
-per call): two channel keys (4 Ki and 256 Ki elements) and one key per
-(allreduce name or size, op, compression). They hold no state between calls.
+per call): two channel keys (4 Ki and 256 Ki elements), and for allreduce the
+same two sizes per (op, compression). A tensor larger than a key goes
+through it in rounds. They hold no state between calls.
+
+Failures: every rank checks what the others pass (sizes, roots, a pickling
+failure) in a first exchange and raises the same ValueError together. A
+round the hub aborts (a rank later than data.straggler_timeout_ms, or one
+that died) raises WorkerLost/RolledBack on the ranks; the helper key is
+pulled first, so the next collective works.
+
+Multi-rack tenants: ranks are global (rack * workers_per_rack + rank), see
+_context.init(racks=...).
 
 Thread use: the thread that runs the training loop.
 """
 import io
+import time
+import zlib
 
 import torch
 
+from .. import _core
 from . import _context
 from .hub_specs import Average, Compression, Sum, reduction_of, wire_dtype
 
@@ -40,28 +53,57 @@ def _key(ctx, purpose, name, elements, dtype="fp32", reduction="sum"):
     return ctx.keys[k]
 
 
+def _round(key, src, dst):
+    """One PushPull of a helper key. A round the hub aborted (WorkerLost: a
+    rank later than the straggler timeout, or dead; RolledBack) is retried
+    after pulling the key (which clears the client's resync mark) until the
+    context's op_timeout: a late rank then meets the others' retry, as
+    Horovod tolerates any lateness. The last error is raised after that."""
+    ctx = _context.need()
+    c = ctx.client
+    deadline = time.monotonic() + ctx.op_timeout
+    while True:
+        try:
+            c.wait(c.push_pull(key, _np(src), _np(dst)))
+            return
+        except (_core.WorkerLost, _core.RolledBack):
+            try:
+                c.wait(c.pull(key, _np(torch.empty_like(dst))))
+            except _core.RackhubError:
+                pass  # the original error says more
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _reduce(flat, purpose, dtype, reduction):
+    """Rank-order reduction of a flat fp32 tensor through the reused helper
+    keys of `purpose` (rounds of at most _LARGE elements)."""
+    ctx = _context.need()
+    out = torch.empty_like(flat)
+    off = 0
+    while off < flat.numel():
+        left = flat.numel() - off
+        size = _SMALL if left <= _SMALL else _LARGE
+        take = min(left, size)
+        src = torch.zeros(size, dtype=torch.float32)
+        src[:take] = flat[off:off + take]
+        dst = torch.empty(size, dtype=torch.float32)
+        _round(_key(ctx, purpose, "rounds", size, dtype, reduction), src, dst)
+        out[off:off + take] = dst[:take]
+        off += take
+    return out
+
+
 def _exchange(mine):
     """Every rank passes a uint8 tensor of the same length; returns the
     position-wise sum, which is the contributed bytes where exactly one rank
     wrote non-zero bytes (see the module docstring)."""
-    ctx = _context.need()
-    c = ctx.client
     n = mine.numel()
     padded = torch.zeros(n + (n & 1), dtype=torch.uint8)
     padded[:n] = mine
     halves = padded.view(torch.int16).to(torch.float32)
-    out = torch.empty_like(halves)
-    off = 0
-    while off < halves.numel():
-        left = halves.numel() - off
-        size = _SMALL if left <= _SMALL else _LARGE
-        take = min(left, size)
-        src = torch.zeros(size, dtype=torch.float32)
-        src[:take] = halves[off:off + take]
-        dst = torch.empty(size, dtype=torch.float32)
-        c.wait(c.push_pull(_key(ctx, "channel", "bytes", size), _np(src), _np(dst)))
-        out[off:off + take] = dst[:take]
-        off += take
+    out = _reduce(halves, "channel", "fp32", "sum")
     return out.to(torch.int16).view(torch.uint8)[:n]
 
 
@@ -72,13 +114,32 @@ def _gather_ints(values):
     k = len(values)
     mine = torch.zeros(ctx.size * k, dtype=torch.int64)
     mine[ctx.rank * k:(ctx.rank + 1) * k] = torch.tensor(values, dtype=torch.int64)
-    every = _exchange(mine.view(torch.uint8)).view(torch.int64)
+    every = _exchange(mine.view(torch.uint8)).view(torch.int64).clone()
     return [every[r * k:(r + 1) * k].tolist() for r in range(ctx.size)]
 
 
-def _check_root(ctx, root_rank, what):
-    if not isinstance(root_rank, int) or not 0 <= root_rank < ctx.size:
+_BAD = -1  # a rank's "I cannot take part" in the first exchange
+
+
+def _agree(what, root_rank, values, problem=None):
+    """The first exchange of a collective: every rank's root_rank, `values`
+    (ints) and whether it has a local `problem` (a message). Raises the same
+    ValueError on every rank when a rank has a problem or the roots differ;
+    returns every rank's values."""
+    ctx = _context.need()
+    root_ok = isinstance(root_rank, int) and 0 <= root_rank < ctx.size
+    every = _gather_ints([root_rank if root_ok else _BAD, _BAD if problem else 0] + list(values))
+    bad = [r for r, e in enumerate(every) if e[1] == _BAD]
+    if problem or bad:
+        raise ValueError(f"{what}: " + (problem or f"rank(s) {bad} could not take part "
+                                                   f"(their error says why)"))
+    if not root_ok:
         raise ValueError(f"{what}: root_rank: {root_rank!r} not in [0, {ctx.size})")
+    roots = {e[0] for e in every}
+    if len(roots) != 1:
+        raise ValueError(f"{what}: the ranks name different roots: "
+                         + ", ".join(f"rank {r}: {e[0]}" for r, e in enumerate(every)))
+    return [e[2:] for e in every]
 
 
 def _raw(t):
@@ -109,13 +170,14 @@ def broadcast_parameters(params, root_rank=0):
     names, shapes and dtypes (checked: a mismatch raises ValueError on every
     rank). Any dtype and device; copied in place."""
     ctx = _context.need()
-    _check_root(ctx, root_rank, "broadcast_parameters")
     items = [(n, t) for n, t in _tensors_of(params) if isinstance(t, torch.Tensor)]
     sizes = [t.numel() * t.element_size() for _, t in items]
     total = sum(sizes)
-    every = _gather_ints([total, len(items)])
+    layout = zlib.crc32(repr([(tuple(t.shape), str(t.dtype)) for _, t in items]).encode())
+    every = _agree("broadcast_parameters", root_rank, [total, len(items), layout])
     if any(e != every[root_rank] for e in every):
-        raise ValueError("broadcast_parameters: the ranks pass different tensors: "
+        raise ValueError("broadcast_parameters: the ranks pass different tensors (count, "
+                         "bytes, shapes or dtypes): "
                          + ", ".join(f"rank {r}: {e[1]} tensors of {e[0]} bytes"
                                      for r, e in enumerate(every)))
     buf = torch.zeros(total, dtype=torch.uint8)
@@ -130,8 +192,8 @@ def broadcast_parameters(params, root_rank=0):
     off = 0
     with torch.no_grad():
         for (_, t), n in zip(items, sizes):
-            if n:
-                t.copy_(got[off:off + n].view(t.dtype).view(t.shape))
+            if n:  # a copy first: a view as t.dtype needs an aligned offset
+                t.copy_(got[off:off + n].clone().view(t.dtype).view(t.shape))
             off += n
 
 
@@ -153,16 +215,21 @@ def _pickled(obj):
 
 
 def _unpickled(raw):
-    return torch.load(io.BytesIO(raw.numpy().tobytes()))
+    # Tensors land on the CPU (state_dict loaders move them to their device).
+    return torch.load(io.BytesIO(raw.numpy().tobytes()), map_location="cpu")
 
 
 def broadcast_object(obj, root_rank=0, name=None):
     """Returns root_rank's `obj` on every rank (pickled; tensors inside are
     carried too). The other ranks' `obj` is ignored."""
     ctx = _context.need()
-    _check_root(ctx, root_rank, "broadcast_object")
-    raw = _pickled(obj) if ctx.rank == root_rank else torch.empty(0, dtype=torch.uint8)
-    n = _gather_ints([raw.numel()])[root_rank][0]
+    raw, problem = torch.empty(0, dtype=torch.uint8), None
+    if ctx.rank == root_rank:
+        try:
+            raw = _pickled(obj)
+        except Exception as e:  # noqa: BLE001 - every rank raises it below
+            problem = f"rank {ctx.rank} cannot pickle the object: {type(e).__name__}: {e}"
+    n = _agree("broadcast_object", root_rank, [raw.numel()], problem)[root_rank][0]
     buf = torch.zeros(n, dtype=torch.uint8)
     if ctx.rank == root_rank:
         buf[:] = raw
@@ -185,8 +252,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """Averages (op=Average, the default) or sums (op=Sum) `tensor` over the
     ranks, in rank order (bitwise reproducible); returns a new tensor of the
     same dtype, shape and device. The sum is computed in fp32 (integer
-    tensors are exact while |sum| < 2**24). `name` (optional) names the
-    helper key; calls with the same name and size reuse it."""
+    tensors are exact while |sum| < 2**24). `name` is accepted for Horovod's
+    sake; every call goes through the same reused helper keys."""
     ctx = _context.need()
     if op is None:
         op = Average if average is None or average else Sum
@@ -194,10 +261,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         raise ValueError("allreduce: give op or average, not both")
     reduction = reduction_of(op)
     src = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().view(-1)
-    key = _key(ctx, "allreduce", name or "anonymous", src.numel(), wire_dtype(compression),
-               reduction)
-    out = torch.empty_like(src)
-    ctx.client.wait(ctx.client.push_pull(key, _np(src), _np(out)))
+    out = _reduce(src, "allreduce", wire_dtype(compression), reduction)
     return out.view(tensor.shape).to(device=tensor.device, dtype=tensor.dtype)
 
 
@@ -215,9 +279,9 @@ def allgather(tensor, name=None):
     t = tensor.detach()
     shape = list(t.shape) if t.dim() else [1]
     dt = str(t.dtype)
-    dcode = sum(ord(ch) << (8 * (i % 7)) for i, ch in enumerate(dt))  # equal dtypes, equal codes
-    every = _gather_ints([len(shape), dcode, t.numel() * t.element_size()] + shape[:1] +
-                         [_shape_code(shape[1:])])
+    every = _agree("allgather", 0, [len(shape), zlib.crc32(dt.encode()),
+                                    t.numel() * t.element_size(), shape[0],
+                                    zlib.crc32(repr(shape[1:]).encode())])
     if any(e[0] != every[0][0] or e[1] != every[0][1] or e[4] != every[0][4] for e in every):
         raise ValueError(f"allgather: the ranks' tensors differ beyond dimension 0 or in dtype "
                          f"(this rank: {tuple(t.shape)} {dt})")
@@ -232,18 +296,15 @@ def allgather(tensor, name=None):
     return out.to(tensor.device)
 
 
-def _shape_code(dims):
-    code = 0
-    for d in dims:
-        code = (code * 1_000_003 + d + 1) % (1 << 61)
-    return code
-
-
 def allgather_object(obj, name=None):
     """A list of every rank's `obj`, by rank (pickled)."""
     ctx = _context.need()
-    raw = _pickled(obj)
-    sizes = [e[0] for e in _gather_ints([raw.numel()])]
+    raw, problem = torch.empty(0, dtype=torch.uint8), None
+    try:
+        raw = _pickled(obj)
+    except Exception as e:  # noqa: BLE001 - every rank raises it below
+        problem = f"rank {ctx.rank} cannot pickle its object: {type(e).__name__}: {e}"
+    sizes = [e[0] for e in _agree("allgather_object", 0, [raw.numel()], problem)]
     buf = torch.zeros(sum(sizes), dtype=torch.uint8)
     off = sum(sizes[:ctx.rank])
     buf[off:off + raw.numel()] = raw

@@ -25,7 +25,9 @@ Two modes:
   the job resumes where the hub is.
 
 How a step works:
-- Every parameter is one key of the tenant, named `prefix + name`. A hook on
+- Every parameter is one key of the tenant, named `prefix + name` plus the
+  optimizer's type and the reduction (`fc.weight:sum-only:mean`,
+  `fc.weight:momentum:mean`). A hook on
   the parameter's AccumulateGrad node fires as soon as backward produced the
   gradient (after backward_passes_per_step passes) and starts its PushPull at
   once, so communication overlaps the rest of backward.
@@ -52,6 +54,7 @@ CPU backward, which is the caller's).
 import contextlib
 import logging
 import time
+import weakref
 
 import torch
 
@@ -78,16 +81,26 @@ def _check_device(name, t):
                         f"(CPU, or CUDA staged through pinned host memory)")
 
 
+def key_name(prefix, name, spec):
+    """A parameter's key: its name, the optimizer's type and the reduction
+    (a later job with another mode or op gets other keys instead of keys
+    that would do something else; one with the same resumes them)."""
+    return f"{prefix}{name}:{spec['type']}:{spec['reduction']}"
+
+
 class _Slot:
     """One parameter: its key, its pending ticket and the host tensors the
     ticket reads and writes."""
-    __slots__ = ("name", "param", "key", "spec", "spare", "stage", "ticket", "sent", "passes")
+    __slots__ = ("name", "param", "key", "key_type", "spec", "spec_ticket", "spare", "stage",
+                 "ticket", "sent", "passes")
 
-    def __init__(self, name, param, key, spec):
+    def __init__(self, name, param, key, spec, key_type):
         self.name = name
         self.param = param
         self.key = key
+        self.key_type = key_type  # the optimizer type in the key's name
         self.spec = spec        # the hub spec last sent for this key (hub-side mode)
+        self.spec_ticket = None  # its SetOptimizer, waited in synchronize()
         pinned = param.device.type == "cuda"
         self.spare = torch.empty(param.shape, dtype=torch.float32, pin_memory=pinned)
         self.stage = None       # host fp32 copy of a gradient that is not plain
@@ -125,7 +138,9 @@ class _Sync:
             raise ValueError(f"backward_passes_per_step: {passes} is not >= 1")
         self.ctx = ctx
         self.c = ctx.client
-        self.opt = opt
+        # Weak: the optimizer owns this engine; when the user drops the
+        # optimizer, the engine goes too and takes its hooks off the model.
+        self._opt = weakref.ref(opt)
         self.hub = hub
         self.reply = reply
         self.on_rollback = on_rollback
@@ -159,10 +174,11 @@ class _Sync:
             _check_device(name, p)
             spec = spec_of_group(opt, group_of[p]) if hub else {"type": "sum-only"}
             spec = dict(spec, reduction=self.reduction)
-            key = self.c.declare_key(prefix + name, p.numel(), self.dtype, spec, hub)
+            key = self.c.declare_key(key_name(prefix, name, spec), p.numel(), self.dtype, spec,
+                                     hub)
             # Hub-side: the first push of every key sends the group's spec
             # (an existing key keeps the optimizer it was declared with).
-            self.slots.append(_Slot(name, p, key, None if hub else spec))
+            self.slots.append(_Slot(name, p, key, None if hub else spec, spec["type"]))
         names = {id(s.param) for s in self.slots}
         unnamed = [p for p in group_of if p.requires_grad and id(p) not in names]
         if unnamed:
@@ -171,8 +187,13 @@ class _Sync:
         if hub:
             self.load_initial()
         self.grad_accs = []
+        self.hooks = []
         for slot in self.slots:
             self.register_hook(slot)
+
+    @property
+    def opt(self):
+        return self._opt()
 
     def groups(self):
         """parameter -> its param group, now (load_state_dict replaces the
@@ -213,7 +234,8 @@ class _Sync:
         c = self.c
         tickets = []
         for s in slots:
-            dst = s.param.data if _plain(s.param.data) else torch.empty(s.param.shape)
+            dst = s.param.data if _plain(s.param.data) else torch.empty(s.param.shape,
+                                                                          dtype=torch.float32)
             tickets.append((s, c.pull(s.key, _np(dst)), dst))
         with torch.no_grad():
             for s, t, dst in tickets:
@@ -228,14 +250,24 @@ class _Sync:
         # autograd holds it only weakly.
         with torch.enable_grad():
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        me = weakref.ref(self)  # the node must not keep this optimizer alive
 
         def hook(*_):
+            sync = me()
+            if sync is None:
+                return
             slot.passes += 1
-            if slot.passes >= self.passes:
-                self.push(slot)
+            if slot.passes >= sync.passes:
+                sync.push(slot)
 
-        acc.register_hook(hook)
+        self.hooks.append(acc.register_hook(hook))
         self.grad_accs.append(acc)
+
+    def __del__(self):
+        # A later DistributedOptimizer over the same parameters must not see
+        # this one's hooks.
+        for h in getattr(self, "hooks", []):
+            h.remove()
 
     # -- data path -----------------------------------------------------------
 
@@ -249,8 +281,14 @@ class _Sync:
             group = self.groups()[slot.param]
             spec = dict(spec_of_group(self.opt, group), reduction=self.reduction)
             if spec != slot.spec:  # an LR scheduler or load_state_dict changed the group
-                c.set_optimizer(slot.key, spec, c.key_info(slot.key)["next_iteration"])
+                if spec["type"] != slot.key_type:
+                    raise ValueError(f"parameter '{slot.name}': the optimizer's type changed "
+                                     f"from {slot.key_type} to {spec['type']}; the hub keeps "
+                                     f"a key's type (use a new DistributedOptimizer)")
+                slot.spec_ticket = c.set_optimizer(slot.key, spec,
+                                                   c.key_info(slot.key)["next_iteration"])
                 slot.spec = spec
+        self.synchronized = False
         g = slot.host_grad()
         slot.sent = g
         slot.ticket = c.push_pull(slot.key, _np(g), _np(slot.spare))
@@ -263,6 +301,10 @@ class _Sync:
                 self.push(s)
         rolled = []
         try:
+            for s in self.slots:
+                if s.spec_ticket is not None:  # a refused hyperparameter change raises here
+                    t, s.spec_ticket = s.spec_ticket, None
+                    self.c.wait(t)
             for s in self.slots:
                 t, s.ticket = s.ticket, None
                 try:
@@ -340,7 +382,7 @@ class _Sync:
         if self.hub:
             self.pull_into_params(self.slots)
         else:
-            scratch = [(torch.empty(s.param.shape), s) for s in self.slots]
+            scratch = [(torch.empty(s.param.shape, dtype=torch.float32), s) for s in self.slots]
             for t in [c.pull(s.key, _np(buf)) for buf, s in scratch]:
                 c.wait(t)
         self.skip_step = True
@@ -430,8 +472,9 @@ _METHODS = {k: v for k, v in _DistributedOptimizer.__dict__.items()
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=Average, hub_optimizer=False, prefix="",
-                         reply="swap", on_rollback="resync"):
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, *,
+                         hub_optimizer=False, prefix="", reply="swap", on_rollback="resync"):
     """Wraps `optimizer` for data-parallel training through the hub (see the
     module docstring).
 
@@ -444,10 +487,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     backward_passes_per_step: gradients accumulate locally over this many
       backward passes; the Nth pushes them.
     op: rh.Average (mean over the ranks) or rh.Sum.
-    hub_optimizer: run the optimizer on the hub (SGD, Adam, AdamW, Adagrad).
+    gradient_predivide_factor (1.0 only), num_groups, groups, sparse_as_dense:
+      Horovod's; accepted for its scripts. Every parameter is its own key
+      (no fusion groups to set) and sparse gradients are sent dense.
+    hub_optimizer (keyword): run the optimizer on the hub (SGD, Adam, AdamW,
+      Adagrad).
     prefix: prepended to the key names (several models on one tenant).
     reply, on_rollback: see the module docstring.
     """
+    if gradient_predivide_factor != 1.0:
+        raise ValueError("gradient_predivide_factor: only 1.0 (the hub sums in rank order, "
+                         "then scales once)")
     if isinstance(optimizer, (dict, str)):
         if named_parameters is None:
             raise TypeError("named_parameters: needed with a hub spec "

@@ -162,8 +162,8 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // consumed: the peer stops once it is full); resuming delivers them in
   // order on a fresh stack of the attached io_context.
   void PauseDelivery(bool on);
-  // The answer to Callbacks::request_turn: deliver the next frame (on a
-  // fresh stack of the attached io_context), then ask again if more wait.
+  // The answer to Callbacks::request_turn (the scheduler calls it on a fresh
+  // stack): delivers the next frame now, then asks again if more wait.
   void Grant();
 
   bool open() const { return !closed_; }
