@@ -1,0 +1,123 @@
+// RowShard: the rows of a row-sparse table key (an embedding table, rows x
+// dim) that one hub lane owns, a contiguous range of whole rows, with their
+// fp32 master values, the optimizer state and the contributions of the
+// iteration being formed (issue 16; docs/architecture.md, "Row-sparse
+// tables").
+//
+// One iteration: every one of `workers` ranks contributes (row ids, one
+// gradient row per id); then Update() sums each touched row over the ranks
+// in rank order and applies the optimizer to the touched rows only.
+//   - Row ids may come in any order. Duplicates inside one contribution are
+//     summed first, in the order given (the row's first occurrence is
+//     copied, the next ones added). An empty contribution is valid.
+//   - A row's sum starts from the lowest rank that touched it and adds the
+//     others in rank order (ranks that did not touch it add nothing, not
+//     +0.0): bitwise identical whatever the order contributions arrive in.
+//   - Reduction kMean scales by 1/workers (all workers, not only the ranks
+//     that touched the row), kSum by 1: as for dense keys.
+//   - Optimizers, on touched rows only ("lazy"): every type ApplyOptimizer
+//     knows (SGD, momentum, Nesterov, Adam, AdamW: per-element state, Adam's
+//     bias correction with the table's update count t, as torch's SparseAdam),
+//     except kAdaGrad, which is ROW-WISE here (as DLRM/FBGEMM): one
+//     accumulator per row, s += mean over the row of d*d (d = g + wd*p, summed
+//     left to right), p -= lr * d / (sqrt(s) + eps). Untouched rows keep their
+//     values and their state.
+// Rows start at +0.0 (WriteRows sets them, e.g. rank 0's initial values).
+//
+// Validation: Check*() return "" or a message naming the problem; the
+// mutating calls REQUIRE a checked input, so a bad contribution changes
+// nothing.
+//
+// Ownership and threads: owned by one lane and used by its thread only; no
+// locks. Movable, not copyable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "rackhub/aggregation/chunk_state.h"
+#include "rackhub/aggregation/kernels.h"
+#include "rackhub/aggregation/optimizer_config.h"
+
+namespace rackhub::aggregation {
+
+class RowShard {
+ public:
+  // Rows [first_row, first_row + row_count) of a table of `dim` columns.
+  // REQUIRES: row_count >= 1, dim >= 1, workers >= 1, `optimizer` normalized
+  // (NormalizeOptimizer returned "").
+  RowShard(uint64_t first_row, uint64_t row_count, uint32_t dim, uint32_t workers,
+           const OptimizerConfig& optimizer);
+  RowShard(RowShard&&) noexcept = default;
+  RowShard& operator=(RowShard&&) noexcept = default;
+
+  uint64_t first_row() const { return first_; }
+  uint64_t row_count() const { return count_; }
+  uint32_t dim() const { return dim_; }
+  uint64_t version() const { return version_; }  // updates applied
+  const OptimizerConfig& optimizer() const { return cfg_; }
+
+  // "" if every id is in this shard's range, else "row id X is not in [a, b)".
+  std::string CheckRows(std::span<const uint64_t> ids) const;
+  // "" if `rank` may contribute `ids` with `payload_bytes` bytes of rows of
+  // `type` (ids.size() * dim elements) now.
+  std::string CheckContribution(uint32_t rank, std::span<const uint64_t> ids,
+                                size_t payload_bytes, ElementType type) const;
+  // Keeps rank's rows for this iteration (duplicates summed). REQUIRES:
+  // CheckContribution(...) returned "".
+  void Contribute(uint32_t rank, std::span<const uint64_t> ids, const void* rows,
+                  ElementType type);
+  bool contributed(uint32_t rank) const { return pending_[rank].in; }
+  bool ready() const { return contributions_ == workers_; }
+
+  // REQUIRES: ready(). Sums and applies the optimizer to the touched rows,
+  // clears the contributions, version() + 1. Returns the touched row ids,
+  // ascending.
+  std::vector<uint64_t> Update();
+
+  // Rows `ids` (REQUIRES: CheckRows(ids) == "") converted to `type`, row
+  // after row, into `out` (ids.size() * dim elements).
+  void ReadRows(std::span<const uint64_t> ids, void* out, ElementType type) const;
+  // Sets rows `ids` (checked) to `rows` (ids.size() * dim elements of `type`);
+  // their optimizer state is kept.
+  void WriteRows(std::span<const uint64_t> ids, const void* rows, ElementType type);
+
+  // The row's fp32 values and optimizer state, for checkpoints and tests:
+  // slot 0/1 as ApplyOptimizer's state0/state1 (dim values per row), or the
+  // row-wise AdaGrad accumulator (one value per row) as slot 0.
+  std::span<const float> row(uint64_t id) const;
+  std::span<const float> state(int slot) const;
+  // Bytes of hub memory the shard holds now (values, state, contributions).
+  size_t memory_bytes() const;
+
+ private:
+  // One rank's contribution: its distinct rows in first-seen order.
+  struct Pending {
+    bool in = false;
+    std::vector<uint64_t> ids;
+    std::vector<float> rows;  // ids.size() * dim
+    std::unordered_map<uint64_t, uint32_t> index;  // id -> position in ids
+  };
+  float* RowPtr(uint64_t id) { return values_.data() + (id - first_) * dim_; }
+  void ApplyRow(uint64_t id, const float* sum, const OptimizerStep& step);
+
+  uint64_t first_ = 0;
+  uint64_t count_ = 0;
+  uint32_t dim_ = 0;
+  uint32_t workers_ = 0;
+  OptimizerConfig cfg_;
+  bool row_wise_ = false;  // kAdaGrad: one accumulator per row
+  uint64_t version_ = 0;
+  AlignedBuffer<float> values_;
+  AlignedBuffer<float> state0_;
+  AlignedBuffer<float> state1_;
+  std::vector<Pending> pending_;  // by rank
+  uint32_t contributions_ = 0;
+  std::vector<float> scratch_;    // 2 * dim: a row's sum and its new values
+};
+
+}  // namespace rackhub::aggregation

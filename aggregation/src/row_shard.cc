@@ -1,0 +1,171 @@
+#include "rackhub/aggregation/row_shard.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace rackhub::aggregation {
+
+RowShard::RowShard(uint64_t first_row, uint64_t row_count, uint32_t dim, uint32_t workers,
+                   const OptimizerConfig& optimizer)
+    : first_(first_row),
+      count_(row_count),
+      dim_(dim),
+      workers_(workers),
+      cfg_(optimizer),
+      row_wise_(optimizer.type == OptimizerType::kAdaGrad),
+      values_(row_count * dim),
+      pending_(workers),
+      scratch_(2 * static_cast<size_t>(dim)) {
+  if (row_wise_) {
+    state0_ = AlignedBuffer<float>(row_count);
+    std::fill_n(state0_.data(), row_count, static_cast<float>(cfg_.initial_accumulator));
+    return;
+  }
+  const int slots = OptimizerStateSlots(cfg_.type);
+  if (slots >= 1) state0_ = AlignedBuffer<float>(row_count * dim);
+  if (slots >= 2) state1_ = AlignedBuffer<float>(row_count * dim);
+}
+
+std::string RowShard::CheckRows(std::span<const uint64_t> ids) const {
+  for (const uint64_t id : ids) {
+    if (id < first_ || id - first_ >= count_) {
+      return "row id " + std::to_string(id) + " is not in [" + std::to_string(first_) + ", " +
+             std::to_string(first_ + count_) + ")";
+    }
+  }
+  return "";
+}
+
+std::string RowShard::CheckContribution(uint32_t rank, std::span<const uint64_t> ids,
+                                        size_t payload_bytes, ElementType type) const {
+  if (rank >= workers_) {
+    return "rank " + std::to_string(rank) + " is not in [0, " + std::to_string(workers_) + ")";
+  }
+  if (pending_[rank].in) {
+    return "rank " + std::to_string(rank) + " already contributed to update " +
+           std::to_string(version_ + 1);
+  }
+  const size_t want = ids.size() * dim_ * ElementBytes(type);
+  if (payload_bytes != want) {
+    return std::to_string(ids.size()) + " row ids need " + std::to_string(want) + " bytes of " +
+           ElementTypeName(type) + " rows of " + std::to_string(dim_) + ", got " +
+           std::to_string(payload_bytes);
+  }
+  return CheckRows(ids);
+}
+
+void RowShard::Contribute(uint32_t rank, std::span<const uint64_t> ids, const void* rows,
+                          ElementType type) {
+  Pending& p = pending_[rank];
+  p.in = true;
+  ++contributions_;
+  const size_t row_bytes = dim_ * ElementBytes(type);
+  const auto* src = static_cast<const std::byte*>(rows);
+  for (size_t i = 0; i < ids.size(); ++i, src += row_bytes) {
+    const auto [it, fresh] = p.index.try_emplace(ids[i], static_cast<uint32_t>(p.ids.size()));
+    if (fresh) {
+      p.ids.push_back(ids[i]);
+      p.rows.resize(p.rows.size() + dim_);
+      CopyIn(p.rows.data() + p.rows.size() - dim_, src, dim_, type);
+    } else {
+      AddIn(p.rows.data() + static_cast<size_t>(it->second) * dim_, src, dim_, type);
+    }
+  }
+}
+
+std::vector<uint64_t> RowShard::Update() {
+  std::vector<uint64_t> touched;
+  for (const Pending& p : pending_) touched.insert(touched.end(), p.ids.begin(), p.ids.end());
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  const OptimizerStep step{
+      cfg_.reduction == Reduction::kMean ? static_cast<float>(1.0 / workers_) : 1.0f,
+      version_ + 1};
+  float* sum = scratch_.data();
+  for (const uint64_t id : touched) {
+    bool first = true;
+    for (const Pending& p : pending_) {  // rank order
+      const auto it = p.index.find(id);
+      if (it == p.index.end()) continue;
+      const float* row = p.rows.data() + static_cast<size_t>(it->second) * dim_;
+      if (first) {
+        std::memcpy(sum, row, dim_ * sizeof(float));
+        first = false;
+      } else {
+        AddIn(sum, row, dim_, ElementType::kFp32);
+      }
+    }
+    ApplyRow(id, sum, step);
+  }
+  for (Pending& p : pending_) p = Pending{};
+  contributions_ = 0;
+  ++version_;
+  return touched;
+}
+
+void RowShard::ApplyRow(uint64_t id, const float* sum, const OptimizerStep& step) {
+  float* p = RowPtr(id);
+  const size_t r = id - first_;
+  if (!row_wise_) {
+    float* out = scratch_.data() + dim_;
+    float* s0 = state0_.empty() ? nullptr : state0_.data() + r * dim_;
+    float* s1 = state1_.empty() ? nullptr : state1_.data() + r * dim_;
+    ApplyOptimizer(cfg_, step, sum, p, out, s0, s1, dim_);
+    std::memcpy(p, out, dim_ * sizeof(float));
+    return;
+  }
+  // Row-wise AdaGrad, all in fp32 in index order (built with
+  // -ffp-contract=off: no fused multiply-add).
+  const float lr = static_cast<float>(cfg_.learning_rate);
+  const float wd = static_cast<float>(cfg_.weight_decay);
+  const float eps = static_cast<float>(cfg_.epsilon);
+  float* d = scratch_.data() + dim_;
+  float squares = 0.0f;
+  for (uint32_t j = 0; j < dim_; ++j) {
+    d[j] = sum[j] * step.grad_scale + wd * p[j];
+    squares += d[j] * d[j];
+  }
+  float& s = state0_.data()[r];
+  s = s + squares / static_cast<float>(dim_);
+  const float denom = std::sqrt(s) + eps;
+  for (uint32_t j = 0; j < dim_; ++j) p[j] = p[j] - lr * d[j] / denom;
+}
+
+void RowShard::ReadRows(std::span<const uint64_t> ids, void* out, ElementType type) const {
+  const size_t row_bytes = dim_ * ElementBytes(type);
+  auto* dst = static_cast<std::byte*>(out);
+  for (const uint64_t id : ids) {
+    CopyOut(dst, values_.data() + (id - first_) * dim_, dim_, type);
+    dst += row_bytes;
+  }
+}
+
+void RowShard::WriteRows(std::span<const uint64_t> ids, const void* rows, ElementType type) {
+  const size_t row_bytes = dim_ * ElementBytes(type);
+  const auto* src = static_cast<const std::byte*>(rows);
+  for (const uint64_t id : ids) {
+    CopyIn(RowPtr(id), src, dim_, type);
+    src += row_bytes;
+  }
+}
+
+std::span<const float> RowShard::row(uint64_t id) const {
+  return {values_.data() + (id - first_) * dim_, dim_};
+}
+
+std::span<const float> RowShard::state(int slot) const {
+  const AlignedBuffer<float>& b = slot == 0 ? state0_ : state1_;
+  return b.span();
+}
+
+size_t RowShard::memory_bytes() const {
+  size_t bytes = (values_.size() + state0_.size() + state1_.size()) * sizeof(float);
+  for (const Pending& p : pending_) {
+    bytes += p.rows.capacity() * sizeof(float) + p.ids.capacity() * sizeof(uint64_t) +
+             p.index.size() * (sizeof(uint64_t) + sizeof(uint32_t) + 2 * sizeof(void*));
+  }
+  return bytes;
+}
+
+}  // namespace rackhub::aggregation

@@ -1,0 +1,291 @@
+// RowShard (row-sparse tables, issue 16): every update is compared bit for
+// bit with a reference computed here from the same contributions: rows summed
+// in rank order (duplicates inside a push first, in push order), the
+// optimizer applied to the touched rows only (ApplyOptimizer on the reference
+// rows for the per-element optimizers; row-wise AdaGrad written out below),
+// untouched rows and their state left alone. Covers every arrival order,
+// empty pushes, all-rows pushes, duplicate ids, the first and last row of the
+// shard, fp16/bf16 rows, and bad contributions (which change nothing).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "rackhub/aggregation/row_shard.h"
+
+namespace rackhub::aggregation {
+namespace {
+
+constexpr uint64_t kFirst = 1000, kRows = 40;
+constexpr uint32_t kDim = 7;
+
+struct Push {
+  std::vector<uint64_t> ids;
+  std::vector<float> rows;  // ids.size() * kDim
+};
+
+// A push of `n` random ids of the shard (duplicates likely), always including
+// the first and last row when `ends`.
+Push RandomPush(std::mt19937& rng, size_t n, bool ends) {
+  Push p;
+  std::uniform_int_distribution<uint64_t> id(kFirst, kFirst + kRows - 1);
+  std::normal_distribution<float> val(0.0f, 1.0f);
+  for (size_t i = 0; i < n; ++i) p.ids.push_back(id(rng));
+  if (ends) {
+    p.ids.push_back(kFirst);
+    p.ids.push_back(kFirst + kRows - 1);
+    p.ids.push_back(kFirst);  // a duplicate of an end row
+  }
+  for (size_t i = 0; i < p.ids.size() * kDim; ++i) p.rows.push_back(val(rng));
+  return p;
+}
+
+// The reference: dense rows and state, updated row by row.
+struct Reference {
+  OptimizerConfig cfg;
+  uint32_t workers;
+  std::vector<float> values = std::vector<float>(kRows * kDim, 0.0f);
+  std::vector<float> s0 = std::vector<float>(kRows * kDim, 0.0f);
+  std::vector<float> s1 = std::vector<float>(kRows * kDim, 0.0f);
+  std::vector<float> row_acc = std::vector<float>(kRows, 0.0f);
+  uint64_t t = 0;
+
+  Reference(const OptimizerConfig& c, uint32_t w) : cfg(c), workers(w) {
+    std::fill(row_acc.begin(), row_acc.end(), static_cast<float>(c.initial_accumulator));
+  }
+
+  void Update(const std::vector<Push>& by_rank) {
+    ++t;
+    // Per rank: its distinct rows, duplicates summed in push order.
+    std::vector<std::map<uint64_t, std::vector<float>>> mine(by_rank.size());
+    for (size_t r = 0; r < by_rank.size(); ++r) {
+      for (size_t i = 0; i < by_rank[r].ids.size(); ++i) {
+        const float* row = by_rank[r].rows.data() + i * kDim;
+        auto [it, fresh] = mine[r].try_emplace(by_rank[r].ids[i], row, row + kDim);
+        if (!fresh) {
+          for (uint32_t j = 0; j < kDim; ++j) it->second[j] = it->second[j] + row[j];
+        }
+      }
+    }
+    std::map<uint64_t, std::vector<float>> sums;  // rank order
+    for (size_t r = 0; r < by_rank.size(); ++r) {
+      for (const auto& [id, row] : mine[r]) {
+        auto [it, fresh] = sums.try_emplace(id, row);
+        if (!fresh) {
+          for (uint32_t j = 0; j < kDim; ++j) it->second[j] = it->second[j] + row[j];
+        }
+      }
+    }
+    const float scale =
+        cfg.reduction == Reduction::kMean ? static_cast<float>(1.0 / workers) : 1.0f;
+    for (const auto& [id, sum] : sums) {
+      const size_t r = id - kFirst;
+      float* p = values.data() + r * kDim;
+      if (cfg.type == OptimizerType::kAdaGrad) {
+        const float lr = static_cast<float>(cfg.learning_rate);
+        const float wd = static_cast<float>(cfg.weight_decay);
+        const float eps = static_cast<float>(cfg.epsilon);
+        float d[kDim];
+        float squares = 0.0f;
+        for (uint32_t j = 0; j < kDim; ++j) {
+          const float g = sum[j] * scale;
+          const float decay = wd * p[j];
+          d[j] = g + decay;
+          const float sq = d[j] * d[j];
+          squares = squares + sq;
+        }
+        row_acc[r] = row_acc[r] + squares / static_cast<float>(kDim);
+        const float denom = std::sqrt(row_acc[r]) + eps;
+        for (uint32_t j = 0; j < kDim; ++j) {
+          const float step = lr * d[j];
+          p[j] = p[j] - step / denom;
+        }
+        continue;
+      }
+      float out[kDim];
+      ApplyOptimizer(cfg, OptimizerStep{scale, t}, sum.data(), p, out, s0.data() + r * kDim,
+                     s1.data() + r * kDim, kDim);
+      std::memcpy(p, out, sizeof out);
+    }
+  }
+};
+
+std::vector<float> Values(const RowShard& s) {
+  std::vector<float> out;
+  for (uint64_t id = kFirst; id < kFirst + kRows; ++id) {
+    const auto row = s.row(id);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void Contribute(RowShard& s, uint32_t rank, const Push& p) {
+  ASSERT_EQ(s.CheckContribution(rank, p.ids, p.rows.size() * sizeof(float), ElementType::kFp32),
+            "");
+  s.Contribute(rank, p.ids, p.rows.data(), ElementType::kFp32);
+}
+
+OptimizerConfig Config(OptimizerType type, Reduction reduction = Reduction::kMean) {
+  OptimizerConfig c;
+  c.type = type;
+  c.learning_rate = 0.05;
+  c.reduction = reduction;
+  if (type == OptimizerType::kMomentum) c.momentum = 0.9;
+  if (type == OptimizerType::kSgd || type == OptimizerType::kAdaGrad) c.weight_decay = 0.01;
+  if (type == OptimizerType::kAdaGrad) c.initial_accumulator = 0.1;
+  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  return c;
+}
+
+TEST(RowShardTest, RankOrderSumsWhateverTheArrivalOrder) {
+  const OptimizerConfig cfg = Config(OptimizerType::kSgd, Reduction::kSum);
+  std::mt19937 rng(7);
+  std::vector<Push> pushes = {RandomPush(rng, 30, true), RandomPush(rng, 12, false),
+                              RandomPush(rng, 25, true)};
+  Reference ref(cfg, 3);
+  ref.Update(pushes);
+  std::vector<uint32_t> order = {0, 1, 2};
+  do {
+    RowShard s(kFirst, kRows, kDim, 3, cfg);
+    for (const uint32_t r : order) Contribute(s, r, pushes[r]);
+    ASSERT_TRUE(s.ready());
+    const std::vector<uint64_t> touched = s.Update();
+    EXPECT_TRUE(std::is_sorted(touched.begin(), touched.end()));
+    EXPECT_EQ(touched.front(), kFirst);
+    EXPECT_EQ(touched.back(), kFirst + kRows - 1);
+    EXPECT_TRUE(SameBits(Values(s), ref.values))
+        << "arrival order " << order[0] << order[1] << order[2];
+    EXPECT_EQ(s.version(), 1u);
+  } while (std::next_permutation(order.begin(), order.end()));
+}
+
+class RowShardOptimizerTest : public ::testing::TestWithParam<OptimizerType> {};
+
+TEST_P(RowShardOptimizerTest, EveryIterationMatchesTheReferenceBitForBit) {
+  const OptimizerConfig cfg = Config(GetParam());
+  constexpr uint32_t kWorkers = 3;
+  RowShard s(kFirst, kRows, kDim, kWorkers, cfg);
+  Reference ref(cfg, kWorkers);
+  // Start from non-zero rows (as rank 0's initial values would be).
+  std::vector<uint64_t> all(kRows);
+  std::iota(all.begin(), all.end(), kFirst);
+  std::vector<float> init(kRows * kDim);
+  for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(static_cast<float>(i)) * 0.5f;
+  s.WriteRows(all, init.data(), ElementType::kFp32);
+  ref.values = init;
+  std::mt19937 rng(11);
+  for (int it = 0; it < 6; ++it) {
+    std::vector<Push> pushes;
+    for (uint32_t r = 0; r < kWorkers; ++r) {
+      if (it == 2 && r == 1) {
+        pushes.push_back(Push{});  // an empty push
+      } else if (it == 3 && r == 0) {
+        Push p;  // every row, in descending order
+        for (uint64_t id = kFirst + kRows; id-- > kFirst;) p.ids.push_back(id);
+        std::normal_distribution<float> val;
+        for (size_t i = 0; i < p.ids.size() * kDim; ++i) p.rows.push_back(val(rng));
+        pushes.push_back(p);
+      } else {
+        pushes.push_back(RandomPush(rng, 8, it % 2 == 0));
+      }
+    }
+    if (it == 4) pushes = {Push{}, Push{}, Push{}};  // nobody touched anything
+    const std::vector<float> before_state0(s.state(0).begin(), s.state(0).end());
+    for (uint32_t r = kWorkers; r-- > 0;) Contribute(s, r, pushes[r]);  // reverse arrival
+    const std::vector<uint64_t> touched = s.Update();
+    ref.Update(pushes);
+    ASSERT_TRUE(SameBits(Values(s), ref.values)) << "iteration " << it;
+    // Untouched rows keep their optimizer state (lazy).
+    const auto st = s.state(0);
+    const size_t per_row = cfg.type == OptimizerType::kAdaGrad ? 1 : kDim;
+    for (uint64_t id = kFirst; id < kFirst + kRows && !st.empty(); ++id) {
+      if (std::binary_search(touched.begin(), touched.end(), id)) continue;
+      const size_t at = (id - kFirst) * per_row;
+      ASSERT_EQ(std::memcmp(st.data() + at, before_state0.data() + at, per_row * sizeof(float)),
+                0)
+          << "the state of untouched row " << id << " changed at iteration " << it;
+    }
+    if (it == 4) {
+      EXPECT_TRUE(touched.empty());
+    }
+  }
+  EXPECT_EQ(s.version(), 6u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, RowShardOptimizerTest,
+                         ::testing::Values(OptimizerType::kSgd, OptimizerType::kMomentum,
+                                           OptimizerType::kAdam, OptimizerType::kAdaGrad),
+                         [](const auto& info) { return OptimizerTypeName(info.param); });
+
+TEST(RowShardTest, HalfPrecisionRowsAreWidenedBeforeTheSum) {
+  const OptimizerConfig cfg = Config(OptimizerType::kSgd, Reduction::kSum);
+  for (const ElementType type : {ElementType::kFp16, ElementType::kBf16}) {
+    SCOPED_TRACE(ElementTypeName(type));
+    RowShard s(kFirst, kRows, kDim, 2, cfg);
+    Reference ref(cfg, 2);
+    std::mt19937 rng(3);
+    std::vector<Push> pushes = {RandomPush(rng, 10, true), RandomPush(rng, 10, false)};
+    for (uint32_t r = 0; r < 2; ++r) {
+      std::vector<uint16_t> wire(pushes[r].rows.size());
+      for (size_t i = 0; i < wire.size(); ++i) {
+        wire[i] = type == ElementType::kFp16 ? FloatToFp16(pushes[r].rows[i])
+                                             : FloatToBf16(pushes[r].rows[i]);
+        pushes[r].rows[i] =  // what the hub sees
+            type == ElementType::kFp16 ? Fp16ToFloat(wire[i]) : Bf16ToFloat(wire[i]);
+      }
+      ASSERT_EQ(s.CheckContribution(r, pushes[r].ids, wire.size() * 2, type), "");
+      s.Contribute(r, pushes[r].ids, wire.data(), type);
+    }
+    s.Update();
+    ref.Update(pushes);
+    EXPECT_TRUE(SameBits(Values(s), ref.values));
+    // Rows go back in the wire type, rounded to nearest even.
+    const std::vector<uint64_t> ids = {kFirst + kRows - 1, kFirst};
+    std::vector<uint16_t> out(ids.size() * kDim);
+    s.ReadRows(ids, out.data(), type);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      for (uint32_t j = 0; j < kDim; ++j) {
+        const float v = s.row(ids[k])[j];
+        EXPECT_EQ(out[k * kDim + j], type == ElementType::kFp16 ? FloatToFp16(v) : FloatToBf16(v));
+      }
+    }
+  }
+}
+
+TEST(RowShardTest, BadContributionsAreRefusedAndChangeNothing) {
+  const OptimizerConfig cfg = Config(OptimizerType::kAdam);
+  RowShard s(kFirst, kRows, kDim, 2, cfg);
+  const std::vector<float> row(kDim, 1.0f);
+  const std::vector<uint64_t> below = {kFirst - 1}, above = {kFirst + kRows}, ok = {kFirst};
+  EXPECT_EQ(s.CheckContribution(0, below, kDim * 4, ElementType::kFp32),
+            "row id 999 is not in [1000, 1040)");
+  EXPECT_EQ(s.CheckContribution(0, above, kDim * 4, ElementType::kFp32),
+            "row id 1040 is not in [1000, 1040)");
+  EXPECT_EQ(s.CheckContribution(0, ok, kDim * 4 - 4, ElementType::kFp32),
+            "1 row ids need 28 bytes of fp32 rows of 7, got 24");
+  EXPECT_EQ(s.CheckContribution(2, ok, kDim * 4, ElementType::kFp32), "rank 2 is not in [0, 2)");
+  EXPECT_FALSE(s.contributed(0));
+  Contribute(s, 0, Push{ok, row});
+  EXPECT_EQ(s.CheckContribution(0, ok, kDim * 4, ElementType::kFp32),
+            "rank 0 already contributed to update 1");
+  EXPECT_FALSE(s.ready());
+  Contribute(s, 1, Push{});
+  ASSERT_TRUE(s.ready());
+  EXPECT_EQ(s.Update(), ok);
+  EXPECT_NE(s.row(kFirst)[0], 0.0f);
+  EXPECT_EQ(s.row(kFirst + 1)[0], 0.0f) << "untouched";
+  EXPECT_EQ(s.CheckRows(above), "row id 1040 is not in [1000, 1040)");
+  EXPECT_GT(s.memory_bytes(), 3 * kRows * kDim * sizeof(float) - 1);
+}
+
+}  // namespace
+}  // namespace rackhub::aggregation
