@@ -514,7 +514,7 @@ void WorkerProtocol::CheckStragglers() {
     // updates are failed by that recovery; no second abort.
     if (t.runtime->recovering.load(std::memory_order_acquire) > 0) continue;
     bool expired = false;
-    std::string missing, where;
+    std::string missing, absent, where;
     for (uint64_t id : t.pending) {
       const Chunk& c = *t.chunks.at(id);
       if (now - c.first_contribution <= limit) continue;
@@ -530,6 +530,11 @@ void WorkerProtocol::CheckStragglers() {
         if (c.state.has_contributed(r)) continue;
         if (!missing.empty()) missing += ',';
         missing += Num(r);
+        // Late or gone? Clients retry a round only for a connected rank.
+        const auto conn = t.conns.find(r);
+        if (conn == t.conns.end() || !conn->second->open()) {
+          absent += (absent.empty() ? "" : ",") + Num(r);
+        }
       }
       break;
     }
@@ -539,7 +544,10 @@ void WorkerProtocol::CheckStragglers() {
       host_->AbortIteration(handle, "straggler: rank(s) " + missing + " did not push within " +
                                         Num(config_.straggler_timeout_ms) +
                                         " ms (data.straggler_timeout_ms) to " + where +
-                                        "; partial sums were discarded");
+                                        "; partial sums were discarded" +
+                                        (absent.empty() ? std::string()
+                                                        : "; rank(s) " + absent +
+                                                              " not connected"));
     }
   }
 }

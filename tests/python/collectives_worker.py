@@ -285,6 +285,18 @@ def main():
     optimizers(rank)
     hvd.shutdown()
     options(rank, size)
+    # Rank 2 has left (shutdown() said BYE) and exits: the others' next
+    # collective fails after the hub's straggler timeout (1 s here), which
+    # names rank 2 as not connected, not after op_timeout (120 s) of retries.
+    if rank == 2:
+        print(f"CHECKS {count} failed {len(failed)} {failed}", flush=True)
+        os._exit(1 if failed else 0)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    ok, detail = raises(lambda: hvd.allreduce(torch.ones(3)), rackhub.RackhubError, "")
+    waited = time.monotonic() - t0
+    check("a rank that left fails the next collective", ok and waited < 10,
+          f"after {waited:.2f} s: {detail}")
     hvd.shutdown()
     print(f"CHECKS {count} failed {len(failed)} {failed}", flush=True)
     return 1 if failed else 0

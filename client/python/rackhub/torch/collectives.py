@@ -53,12 +53,22 @@ def _key(ctx, purpose, name, elements, dtype="fp32", reduction="sum"):
     return ctx.keys[k]
 
 
+def _late_only(e):
+    """True if the hub aborted the round because a connected rank was late
+    (straggler timeout) or the key's version moved (RolledBack), not because
+    a rank died ("worker lost") or is not connected (it left)."""
+    text = str(e)
+    return isinstance(e, _core.RolledBack) or (
+        "straggler" in text and "worker lost" not in text and "not connected" not in text)
+
+
 def _round(key, src, dst):
-    """One PushPull of a helper key. A round the hub aborted (WorkerLost: a
-    rank later than the straggler timeout, or dead; RolledBack) is retried
-    after pulling the key (which clears the client's resync mark) until the
-    context's op_timeout: a late rank then meets the others' retry, as
-    Horovod tolerates any lateness. The last error is raised after that."""
+    """One PushPull of a helper key. A round the hub aborted because a rank
+    was later than the straggler timeout (or RolledBack) is retried after
+    pulling the key (which clears the client's resync mark) until the
+    context's op_timeout: the late rank then meets the others' retry, as
+    Horovod tolerates any lateness. A rank that died fails the collective at
+    once (WorkerLost), the key pulled first so later rounds work."""
     ctx = _context.need()
     c = ctx.client
     deadline = time.monotonic() + ctx.op_timeout
@@ -66,12 +76,12 @@ def _round(key, src, dst):
         try:
             c.wait(c.push_pull(key, _np(src), _np(dst)))
             return
-        except (_core.WorkerLost, _core.RolledBack):
+        except (_core.WorkerLost, _core.RolledBack) as e:
             try:
                 c.wait(c.pull(key, _np(torch.empty_like(dst))))
             except _core.RackhubError:
                 pass  # the original error says more
-            if time.monotonic() >= deadline:
+            if not _late_only(e) or time.monotonic() >= deadline:
                 raise
             time.sleep(0.05)
 
