@@ -120,15 +120,15 @@ ok "pkg-config consumers (C ABI, C++ API) ran against the hub"
 pydir=$usr/lib/python3/dist-packages
 token=$(create_tenant "$usr/bin" python-consumer)
 PYTHONPATH=$pydir /usr/bin/python3 - "$data" "$token" "$pydir" <<'PY' || fail "the installed Python package failed"
-import ctypes, sys
+import array, sys
 hub, token, pydir = sys.argv[1:]
 import rackhub
 assert rackhub.__file__.startswith(pydir), f"imported {rackhub.__file__}, not from {pydir}"
 c = rackhub.Client(hub, "python-consumer", token, 0, op_timeout=20.0)
 key = c.declare_key("consumer-py", 4, optimizer={"type": "sgd", "lr": 0.5})
-grad = (ctypes.c_float * 4)(2, -2, 4, 0)
-out = (ctypes.c_float * 4)()
-c.wait(c.push_pull(key, ctypes.addressof(grad), 4, ctypes.addressof(out), 4, (grad, out)))
+grad = array.array("f", [2, -2, 4, 0])  # any buffer of float32
+out = array.array("f", [0] * 4)
+c.wait(c.push_pull(key, grad, out))
 assert list(out) == [-1.0, 1.0, -2.0, 0.0], list(out)
 c.close()
 print("python: ok")
