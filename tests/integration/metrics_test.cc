@@ -198,23 +198,34 @@ TEST_F(MetricsTest, RealPrometheusReportsTheIterationRate) {
   });
 
   const std::string dir = MakeTempDir();
-  const int port = FreeTcpPort();
   WriteFile(dir + "/prometheus.yml",
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: rackhub\n    static_configs:\n"
             "      - targets: ['" + hub_->metrics_address() + "']\n");
-  const std::string web = "127.0.0.1:" + std::to_string(port);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int fd = open((dir + "/prometheus.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    const std::string config = "--config.file=" + dir + "/prometheus.yml";
-    const std::string storage = "--storage.tsdb.path=" + dir + "/data";
-    const std::string listen = "--web.listen-address=" + web;
-    execl(kPrometheus, kPrometheus, config.c_str(), storage.c_str(), listen.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
+  // A free port can be taken before Prometheus binds it (the bench's own
+  // connections use ephemeral ports): Prometheus then exits; try another.
+  std::string web;
+  pid_t pid = -1;
+  for (int attempt = 0; attempt < 5 && pid < 0; ++attempt) {
+    web = "127.0.0.1:" + std::to_string(FreeTcpPort());
+    pid = fork();
+    if (pid == 0) {
+      const int fd = open((dir + "/prometheus.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      const std::string config = "--config.file=" + dir + "/prometheus.yml";
+      const std::string storage = "--storage.tsdb.path=" + dir + "/data";
+      const std::string listen = "--web.listen-address=" + web;
+      execl(kPrometheus, kPrometheus, config.c_str(), storage.c_str(), listen.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (int i = 0; i < 30 && pid > 0; ++i) {  // 3 s: listening, or gone
+      std::this_thread::sleep_for(100ms);
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) pid = -1;
+      else if (HttpGet(web, "/-/ready").status == 200) break;
+    }
   }
   ASSERT_GT(pid, 0);
   double rate = -1;
