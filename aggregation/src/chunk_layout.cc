@@ -44,4 +44,32 @@ std::vector<ChunkSpan> ChunkLayout::Chunks(const KeyPlacement& placement,
   return out;
 }
 
+uint64_t ChunkLayout::TableRowsPerChunk(uint64_t rows, uint32_t lanes) {
+  return rows / lanes + (rows % lanes != 0 ? 1 : 0);
+}
+
+uint64_t ChunkLayout::TableChunkCount(uint64_t rows, uint32_t lanes) {
+  const uint64_t per = TableRowsPerChunk(rows, lanes);
+  return per == 0 ? 0 : rows / per + (rows % per != 0 ? 1 : 0);
+}
+
+KeyPlacement ChunkLayout::AllocateTable(uint64_t rows) {
+  KeyPlacement p{next_chunk_, TableChunkCount(rows, lanes_)};
+  next_chunk_ += p.chunk_count;
+  return p;
+}
+
+std::vector<ChunkSpan> ChunkLayout::TableChunks(const KeyPlacement& placement, uint64_t rows,
+                                                uint32_t dim) const {
+  std::vector<ChunkSpan> out;
+  const uint64_t per = TableRowsPerChunk(rows, lanes_);
+  for (uint64_t i = 0; i < placement.chunk_count; ++i) {
+    const uint64_t first = i * per;
+    const uint64_t n = rows - first < per ? rows - first : per;
+    const uint64_t g = placement.first_chunk + i;
+    out.push_back(ChunkSpan{g, LaneOf(g), first * dim, static_cast<uint32_t>(n * dim)});
+  }
+  return out;
+}
+
 }  // namespace rackhub::aggregation

@@ -6,6 +6,20 @@
 
 namespace rackhub::aggregation {
 
+void TableInitValues(uint64_t seed, float scale, uint64_t first_row, uint64_t rows,
+                     uint32_t dim, float* out) {
+  uint64_t n = seed + first_row * dim;
+  const uint64_t total = rows * dim;
+  for (uint64_t i = 0; i < total; ++i, ++n) {
+    uint64_t z = n + 0x9E3779B97F4A7C15ull;  // SplitMix64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const double u = static_cast<double>(z >> 40) * (1.0 / 8388608.0) - 1.0;  // exact
+    out[i] = static_cast<float>(u) * scale;
+  }
+}
+
 RowShard::RowShard(uint64_t first_row, uint64_t row_count, uint32_t dim, uint32_t workers,
                    const OptimizerConfig& optimizer)
     : first_(first_row),
@@ -74,7 +88,25 @@ void RowShard::Contribute(uint32_t rank, std::span<const uint64_t> ids, const vo
   }
 }
 
+void RowShard::Discard() {
+  for (Pending& p : pending_) p = Pending{};
+  contributions_ = 0;
+}
+
+void RowShard::InitRandom(uint64_t seed, float scale) {
+  TableInitValues(seed, scale, first_, count_, dim_, values_.data());
+}
+
+void RowShard::SetOptimizer(const OptimizerConfig& optimizer, uint64_t from_update) {
+  next_cfg_ = optimizer;
+  next_from_ = std::max<uint64_t>(from_update, version_ + 1);
+}
+
 std::vector<uint64_t> RowShard::Update() {
+  if (next_from_ != 0 && version_ + 1 >= next_from_) {
+    cfg_ = next_cfg_;
+    next_from_ = 0;
+  }
   std::vector<uint64_t> touched;
   for (const Pending& p : pending_) touched.insert(touched.end(), p.ids.begin(), p.ids.end());
   std::sort(touched.begin(), touched.end());

@@ -50,6 +50,17 @@ std::optional<KeyId> Client::FindKey(const std::string& name) const {
 }
 std::optional<KeyInfo> Client::GetKeyInfo(KeyId key) const { return impl_->GetKeyInfo(key); }
 
+Ticket Client::PushPullRows(KeyId key, std::span<const uint64_t> ids,
+                            std::span<const float> grads, std::span<const uint64_t> want,
+                            std::span<float> out, Callback done) {
+  return impl_->PushPullRows(key, ids, grads, want, out, std::move(done));
+}
+
+Ticket Client::PullRows(KeyId key, std::span<const uint64_t> ids, std::span<float> out,
+                        Callback done) {
+  return impl_->PullRows(key, ids, out, std::move(done));
+}
+
 Ticket Client::PushPull(KeyId key, std::span<const float> grad, std::span<float> out,
                         Callback done) {
   return impl_->PushPull(key, grad, out, std::move(done));

@@ -32,7 +32,7 @@ using tcp = asio::ip::tcp;
 
 namespace internal {
 
-enum class OpKind { kPushPull, kInit, kPull, kSetOptimizer, kDeclare };
+enum class OpKind { kPushPull, kInit, kPull, kSetOptimizer, kDeclare, kPushPullRows, kPullRows };
 const char* OpKindName(OpKind kind);
 
 // One ticket: a request split into one frame per chunk (or per lane).
@@ -53,6 +53,15 @@ struct Operation {
   std::shared_ptr<std::vector<uint16_t>> narrowed;
   std::string control;               // protobuf payload (DECLARE, SET_OPTIMIZER)
   Callback callback;
+  // PushPullRows / PullRows: one request per chunk (row range) of the table,
+  // built by the issuing thread: its payload, and for each row its reply
+  // carries, the row's place in `out`.
+  struct RowPart {
+    std::string payload;
+    std::vector<uint32_t> places;
+  };
+  std::vector<RowPart> row_parts;
+  uint32_t dim = 0;
 
   // I/O thread.
   size_t remaining = 0;      // replies still expected
@@ -127,6 +136,9 @@ class Client::Impl {
   Ticket Pull(KeyId key, std::span<float> out, Callback done);
   Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration,
                       Callback done);
+  Ticket PushPullRows(KeyId key, std::span<const uint64_t> ids, std::span<const float> grads,
+                      std::span<const uint64_t> want, std::span<float> out, Callback done);
+  Ticket PullRows(KeyId key, std::span<const uint64_t> ids, std::span<float> out, Callback done);
   Error Wait(Ticket ticket, std::optional<std::chrono::milliseconds> timeout);
   void Close();
 
@@ -189,6 +201,11 @@ class Client::Impl {
   // I/O thread.
   void Start(const internal::OperationPtr& op);
   void StartChunks(const internal::OperationPtr& op, net::Opcode opcode);
+  void StartRows(const internal::OperationPtr& op, net::Opcode opcode);
+  // Issues a PushPullRows / PullRows (caller thread): checks, builds the
+  // per-chunk payloads (rows.cc).
+  Ticket IssueRows(internal::OperationPtr op, std::span<const uint64_t> ids,
+                   std::span<const float> grads, std::span<const uint64_t> want);
   void MaybeFinish(const internal::OperationPtr& op);
   void Finish(const internal::OperationPtr& op);
   void FailAll(ErrorCode code, const std::string& message);

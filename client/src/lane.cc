@@ -132,7 +132,8 @@ void Lane::OnHeader() {
     ReadPayloadInto(scratch_.data(), scratch_.size(), false, PendingRequest{});
     return;
   }
-  if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo) {
+  if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo &&
+      op != net::Opcode::kRows) {
     Broken(std::string("unexpected ") + net::OpcodeName(op) + " frame from the hub");
     return;
   }
@@ -183,6 +184,7 @@ void Lane::OnHeader() {
     Broken(what() + " names key " + std::to_string(header_.key));
     return;
   }
+  // ROWS: read whole, then checked and scattered by StoreRows (OnReply).
   scratch_.resize(header_.payload_bytes);
   ReadPayloadInto(scratch_.data(), scratch_.size(), false, std::move(request));
 }
@@ -213,6 +215,12 @@ void Lane::OnReply(const PendingRequest& request) {
   if (header_.opcode == net::Opcode::kParams && op->dtype != DType::kFp32 &&
       header_.payload_bytes > 0 && (op->kind == OpKind::kPushPull || op->kind == OpKind::kPull)) {
     WidenToFloats(op->dtype, scratch_.data(), op->out.data() + request.offset, request.elements);
+  }
+  if (header_.opcode == net::Opcode::kRows) {
+    if (const Status s = StoreRows(header_, scratch_, request); !s.ok()) {
+      Broken(s.message());
+      return;
+    }
   }
   if (header_.opcode == net::Opcode::kKeyInfo) {
     data::v1::KeyEntry entry;

@@ -75,7 +75,9 @@ Status DeliverReply(Client::Impl* owner, const net::FrameHeader& h,
   if (op != request.expect) {
     return Unavailable(what() + ": expected " + net::OpcodeName(request.expect));
   }
-  if (op == net::Opcode::kParams) {
+  if (op == net::Opcode::kRows) {
+    if (Status s = StoreRows(h, payload, request); !s.ok()) return s;
+  } else if (op == net::Opcode::kParams) {
     if (h.key != o->key || h.chunk != request.chunk) {
       return Unavailable(what() + " names key " + std::to_string(h.key) + " chunk " +
                          std::to_string(h.chunk) + ", expected chunk " +
@@ -123,7 +125,8 @@ Status RouteFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
   const net::Opcode op = h.opcode;
   if (op == net::Opcode::kError) return HandleErrorFrame(owner, lane, h, payload, pending);
   if (op == net::Opcode::kHeartbeat) return Status::Ok();
-  if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo) {
+  if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo &&
+      op != net::Opcode::kRows) {
     return Unavailable(std::string("unexpected ") + net::OpcodeName(op) + " frame from the hub");
   }
   const auto it = pending->find(h.request_id);

@@ -47,6 +47,12 @@ Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHead
 // HandleErrorFrame, a PARAMS / ACK / KEY_INFO completes the request it
 // answers (taken out of `pending`), HEARTBEAT is ignored. UNAVAILABLE with the
 // reason when the frame breaks the protocol (the lane is then broken).
+// A ROWS reply of a PushPullRows / PullRows: checks it against `request`
+// and scatters its rows into the operation's `out` (rows.cc). UNAVAILABLE
+// when it breaks the protocol.
+Status StoreRows(const net::FrameHeader& h, std::span<const std::byte> payload,
+                 const PendingRequest& request);
+
 Status RouteFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
                   std::span<const std::byte> payload,
                   std::unordered_map<uint64_t, PendingRequest>* pending);

@@ -46,6 +46,8 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kPull: return "Pull";
     case OpKind::kSetOptimizer: return "SetOptimizer";
     case OpKind::kDeclare: return "DeclareKey";
+    case OpKind::kPushPullRows: return "PushPullRows";
+    case OpKind::kPullRows: return "PullRows";
   }
   return "?";
 }
@@ -129,7 +131,10 @@ Error Client::Impl::AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, b
     e.wire = WireError::kUnknownKey;
     return e;
   }
-  if (op->kind == OpKind::kPushPull && k.info.resync_needed && !k.busy) return k.resync_error;
+  if ((op->kind == OpKind::kPushPull || op->kind == OpKind::kPushPullRows) &&
+      k.info.resync_needed && !k.busy) {
+    return k.resync_error;
+  }
   if (k.busy) {
     return MakeError(ErrorCode::kInvalidArgument,
                      std::string(kind) + " of key '" + k.info.name +
@@ -239,10 +244,16 @@ Error Client::Impl::DeclareKey(const KeyDecl& decl, KeyId* out) {
   d.set_name(decl.name);
   d.set_elements(decl.elements);
   d.set_dtype(internal::ProtoDType(decl.dtype));
-  d.set_init(decl.init == Init::kFromClient ? admin::v1::FROM_CLIENT : admin::v1::ZEROS);
+  d.set_init(decl.init == Init::kFromClient ? admin::v1::FROM_CLIENT
+             : decl.init == Init::kRandom   ? admin::v1::RANDOM
+                                            : admin::v1::ZEROS);
+  d.set_rows(decl.rows);
+  d.set_dim(decl.dim);
+  d.set_init_scale(decl.init_scale);
+  d.set_init_seed(decl.init_seed);
   Error e;
   if (decl.name.empty()) e = MakeError(ErrorCode::kInvalidArgument, "DeclareKey: empty name");
-  if (e.ok() && decl.elements == 0) {
+  if (e.ok() && decl.rows == 0 && decl.elements == 0) {
     e = MakeError(ErrorCode::kInvalidArgument, "DeclareKey '" + decl.name + "': 0 elements");
   }
   if (e.ok() && decl.optimizer) {
@@ -311,9 +322,7 @@ void Client::Impl::MarkResync(KeyState& k, Error error) {
 }
 
 Error Client::Impl::KeyAllowsSend(const Operation& op) {
-  if (op.kind != OpKind::kPushPull && op.kind != OpKind::kPull && op.kind != OpKind::kInit) {
-    return {};
-  }
+  if (op.kind == OpKind::kSetOptimizer || op.kind == OpKind::kDeclare) return {};
   std::lock_guard lock(mu_);
   const auto it = keys_.find(op.key);
   if (it == keys_.end()) return {};
@@ -326,7 +335,10 @@ Error Client::Impl::KeyAllowsSend(const Operation& op) {
     e.wire = WireError::kUnknownKey;
     return e;
   }
-  if (op.kind == OpKind::kPushPull && k.info.resync_needed) return k.resync_error;
+  if ((op.kind == OpKind::kPushPull || op.kind == OpKind::kPushPullRows) &&
+      k.info.resync_needed) {
+    return k.resync_error;
+  }
   return {};
 }
 
@@ -401,6 +413,8 @@ void Client::Impl::Send(const OperationPtr& op) {
     case OpKind::kPushPull: StartChunks(op, net::Opcode::kPush); return;
     case OpKind::kInit: StartChunks(op, net::Opcode::kInit); return;
     case OpKind::kPull: StartChunks(op, net::Opcode::kPull); return;
+    case OpKind::kPushPullRows: StartRows(op, net::Opcode::kPushRows); return;
+    case OpKind::kPullRows: StartRows(op, net::Opcode::kPullRows); return;
     case OpKind::kSetOptimizer:
     case OpKind::kDeclare: {
       const bool every_lane = op->kind == OpKind::kSetOptimizer;
@@ -513,11 +527,15 @@ void Client::Impl::Finish(const OperationPtr& op) {
         it->second.busy = false;
         if (result.ok() && op->min_reply_iteration != UINT64_MAX) {
           k.version = op->min_reply_iteration;
-          k.next_iteration =
-              op->kind == OpKind::kPushPull ? op->iteration + 1 : op->min_reply_iteration;
-          if (op->kind == OpKind::kPull) k.resync_needed = false;
+          const bool push = op->kind == OpKind::kPushPull || op->kind == OpKind::kPushPullRows;
+          k.next_iteration = push ? op->iteration + 1 : op->min_reply_iteration;
+          if (op->kind == OpKind::kPull || op->kind == OpKind::kPullRows) {
+            k.resync_needed = false;
+          }
         }
-        if (!result.ok() && op->kind == OpKind::kPushPull && result.code == ErrorCode::kServer &&
+        if (!result.ok() &&
+            (op->kind == OpKind::kPushPull || op->kind == OpKind::kPushPullRows) &&
+            result.code == ErrorCode::kServer &&
             (result.wire == WireError::kWorkerLost ||
              result.wire == WireError::kBadIteration)) {
           // The key's chunks may be at another version than next_iteration:

@@ -153,6 +153,56 @@ int rackhub_declare_key(rackhub_client* c, const char* name, uint64_t elements, 
   return status;
 }
 
+int rackhub_declare_table(rackhub_client* c, const char* name, uint64_t rows, uint32_t dim,
+                          int dtype, const rackhub_optimizer* optimizer, int init,
+                          float init_scale, uint64_t init_seed, uint32_t* key_out) {
+  if (!c) return RACKHUB_INVALID_ARGUMENT;
+  if (!name) return Invalid(c, "rackhub_declare_table: name is NULL");
+  if (dtype < RACKHUB_FP32 || dtype > RACKHUB_BF16) {
+    return Invalid(c, "rackhub_declare_table: dtype must be RACKHUB_FP32, _FP16 or _BF16");
+  }
+  if (init != RACKHUB_INIT_ZEROS && init != RACKHUB_INIT_RANDOM) {
+    return Invalid(c, "rackhub_declare_table: init must be RACKHUB_INIT_ZEROS or _RANDOM");
+  }
+  rackhub::client::KeyDecl decl;
+  decl.name = name;
+  decl.rows = rows;
+  decl.dim = dim;
+  decl.dtype = static_cast<rackhub::client::DType>(dtype);
+  decl.init = static_cast<rackhub::client::Init>(init);
+  decl.init_scale = init_scale;
+  decl.init_seed = init_seed;
+  rackhub::client::OptimizerSpec spec;
+  if (ToSpec(optimizer, &spec)) decl.optimizer = spec;
+  rackhub::client::KeyId id = 0;
+  const int status = Record(c, c->client->DeclareKey(decl, &id));
+  if (status == RACKHUB_OK && key_out) *key_out = id;
+  return status;
+}
+
+int rackhub_push_pull_rows(rackhub_client* c, uint32_t key, const uint64_t* ids, uint64_t n_ids,
+                           const float* grads, const uint64_t* want, uint64_t n_want,
+                           float* out) {
+  if (!c) return RACKHUB_INVALID_ARGUMENT;
+  if ((n_ids > 0 && (!ids || !grads)) || (n_want > 0 && (!want || !out))) {
+    return Invalid(c, "rackhub_push_pull_rows: NULL buffer");
+  }
+  const auto info = c->client->GetKeyInfo(key);
+  const uint64_t dim = info ? info->dim : 0;
+  return Record(c, c->client->Wait(c->client->PushPullRows(
+                       key, {ids, n_ids}, {grads, n_ids * dim}, {want, n_want},
+                       {out, n_want * dim})));
+}
+
+int rackhub_pull_rows(rackhub_client* c, uint32_t key, const uint64_t* ids, uint64_t n_ids,
+                      float* out) {
+  if (!c) return RACKHUB_INVALID_ARGUMENT;
+  if (n_ids > 0 && (!ids || !out)) return Invalid(c, "rackhub_pull_rows: NULL buffer");
+  const auto info = c->client->GetKeyInfo(key);
+  const uint64_t dim = info ? info->dim : 0;
+  return Record(c, c->client->Wait(c->client->PullRows(key, {ids, n_ids}, {out, n_ids * dim})));
+}
+
 int rackhub_find_key(rackhub_client* c, const char* name, uint32_t* key_out) {
   if (!c) return RACKHUB_INVALID_ARGUMENT;
   if (!name) return Invalid(c, "rackhub_find_key: name is NULL");

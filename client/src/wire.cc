@@ -95,13 +95,26 @@ Result<KeyInfo> ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elemen
     return InvalidArgument(
         fmt::format("key '{}': unknown dtype {}", entry.name(), static_cast<int>(entry.dtype())));
   }
-  k.init = entry.init() == admin::v1::FROM_CLIENT ? Init::kFromClient : Init::kZeros;
+  k.init = entry.init() == admin::v1::FROM_CLIENT ? Init::kFromClient
+           : entry.init() == admin::v1::RANDOM    ? Init::kRandom
+                                                  : Init::kZeros;
+  k.rows = entry.rows();
+  k.dim = entry.dim();
   k.first_chunk = entry.first_chunk();
   k.chunk_count = entry.chunk_count();
   k.version = entry.version();
   k.next_iteration = entry.version();
   if (k.elements == 0) return InvalidArgument(fmt::format("key '{}': 0 elements", entry.name()));
   if (chunk_elements == 0) return InvalidArgument("chunk_elements: 0");
+  if (k.rows > 0) {  // a table: whole rows per chunk (checked against the lanes when used)
+    if (k.dim == 0 || k.elements / k.dim != k.rows || k.elements % k.dim != 0 ||
+        k.chunk_count == 0 || k.chunk_count > k.rows) {
+      return InvalidArgument(fmt::format("key '{}': a table of {} x {} with {} elements in {} "
+                                         "chunks is inconsistent",
+                                         entry.name(), k.rows, k.dim, k.elements, k.chunk_count));
+    }
+    return k;
+  }
   // Not (elements + chunk_elements - 1) / chunk_elements: that wraps for
   // elements near 2^64 and accepted e.g. 2^64-1 elements in 0 chunks (found
   // by fuzz/control).

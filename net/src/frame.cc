@@ -24,7 +24,8 @@ T Get(const std::byte* base, size_t offset) {
 
 bool IsDataOpcode(Opcode op) {
   return op == Opcode::kPush || op == Opcode::kParams || op == Opcode::kInit ||
-         op == Opcode::kRackSum || op == Opcode::kRackParams;
+         op == Opcode::kRackSum || op == Opcode::kRackParams || op == Opcode::kPushRows ||
+         op == Opcode::kRows || op == Opcode::kPullRows;
 }
 
 }  // namespace
@@ -78,6 +79,9 @@ const char* OpcodeName(Opcode op) {
     case Opcode::kKeyBind: return "KEY_BIND";
     case Opcode::kRackSum: return "RACK_SUM";
     case Opcode::kRackParams: return "RACK_PARAMS";
+    case Opcode::kPushRows: return "PUSH_ROWS";
+    case Opcode::kRows: return "ROWS";
+    case Opcode::kPullRows: return "PULL_ROWS";
   }
   return "UNKNOWN";
 }
@@ -143,6 +147,50 @@ Status CheckHeader(const FrameHeader& h) {
                                        h.payload_bytes, kMaxControlPayload));
   }
   return Status::Ok();
+}
+
+std::string ParseRowsPayload(Opcode op, std::span<const std::byte> payload, uint32_t dim,
+                             DType dtype, RowsPayload* out) {
+  if (payload.size() < kRowsPrefixBytes) {
+    return fmt::format("payload_bytes: {} is shorter than the 8-byte row counts", payload.size());
+  }
+  uint32_t count = 0, want = 0;
+  std::memcpy(&count, payload.data(), 4);
+  std::memcpy(&want, payload.data() + 4, 4);
+  const bool push = op == Opcode::kPushRows;
+  if (!push && want != 0) return "want: PULL_ROWS lists its row ids in `count`; want must be 0";
+  const uint64_t ids = uint64_t{count} + want;
+  const uint64_t row_bytes = push ? uint64_t{count} * dim * DTypeBytes(dtype) : 0;
+  const uint64_t expect = kRowsPrefixBytes + ids * 8 + row_bytes;
+  if (payload.size() != expect) {
+    return fmt::format(
+        "payload_bytes: {} row ids{} need {} bytes, got {}", ids,
+        push ? fmt::format(" and {} rows of {} {} elements", count, dim, DTypeName(dtype)) : "",
+        expect, payload.size());
+  }
+  const std::byte* p = payload.data() + kRowsPrefixBytes;
+  out->ids.resize(count);
+  std::memcpy(out->ids.data(), p, size_t{count} * 8);
+  p += size_t{count} * 8;
+  out->want.resize(want);
+  std::memcpy(out->want.data(), p, size_t{want} * 8);
+  p += size_t{want} * 8;
+  out->rows = row_bytes ? p : nullptr;
+  out->row_bytes = row_bytes;
+  return "";
+}
+
+std::string EncodeRowsRequest(std::span<const uint64_t> ids, std::span<const uint64_t> want) {
+  std::string out(kRowsPrefixBytes + (ids.size() + want.size()) * 8, '\0');
+  const uint32_t count = static_cast<uint32_t>(ids.size());
+  const uint32_t w = static_cast<uint32_t>(want.size());
+  std::memcpy(out.data(), &count, 4);
+  std::memcpy(out.data() + 4, &w, 4);
+  if (!ids.empty()) std::memcpy(out.data() + kRowsPrefixBytes, ids.data(), ids.size() * 8);
+  if (!want.empty()) {
+    std::memcpy(out.data() + kRowsPrefixBytes + ids.size() * 8, want.data(), want.size() * 8);
+  }
+  return out;
 }
 
 std::string EncodeErrorBody(WireError code, std::string_view text) {

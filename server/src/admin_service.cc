@@ -182,8 +182,13 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
       case pb::INIT_UNSPECIFIED:
       case pb::ZEROS: spec.init = InitMode::kZeros; break;
       case pb::FROM_CLIENT: spec.init = InitMode::kFromClient; break;
+      case pb::RANDOM: spec.init = InitMode::kRandom; break;
       default: return Invalid("init: unknown init mode " + std::to_string(req->init()));
     }
+    spec.rows = req->rows();
+    spec.dim = req->dim();
+    spec.init_scale = req->init_scale();
+    spec.init_seed = req->init_seed();
     const Result<ProtoOptimizer> opt =
         OptimizerArg("optimizer", req->has_optimizer(), req->optimizer());
     if (!opt.ok()) return ToGrpc(opt.status());

@@ -95,7 +95,9 @@ LaneKey* ChunkTable::FindKey(LaneTenant& t, uint32_t key_id) {
 
 Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
   auto& slot = t.chunks[ChunkId(key.info.id, chunk)];
-  if (!slot) {
+  if (!slot && key.info.table()) {
+    slot = NewTableChunk(t, key, chunk);
+  } else if (!slot) {
     const uint64_t first = uint64_t{chunk} * key.info.chunk_elements;
     const uint32_t n = static_cast<uint32_t>(
         std::min<uint64_t>(key.info.chunk_elements, key.info.elements - first));
@@ -120,6 +122,26 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
     }
   }
   return *slot;
+}
+
+std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
+  const KeyInfo& k = key.info;
+  const uint64_t per = k.rows_per_chunk(lanes_);
+  const uint64_t first = uint64_t{chunk} * per;
+  const uint64_t n = std::min<uint64_t>(per, k.rows - first);
+  const OptimizerSchedule& sched = k.schedule;
+  auto c = std::make_unique<Chunk>(Chunk{
+      aggregation::ChunkState(1, 1, SumOnly(), aggregation::ElementType::kFp32), k.id, chunk,
+      static_cast<net::DType>(static_cast<uint8_t>(k.dtype))});
+  c->rows = std::make_unique<aggregation::RowShard>(first, n, k.dim, t.info.workers_per_rack,
+                                                    sched.base);
+  if (k.init == InitMode::kRandom) c->rows->InitRandom(k.init_seed, k.init_scale);
+  if (sched.from_update != 0) c->rows->SetOptimizer(sched.latest, sched.from_update);
+  if (const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire)) {
+    c->rows->set_version(floor);  // the key's other chunks were aligned or restored there
+  }
+  c->charge = MemoryCharge(t.info.counters, TableMemoryBytes(n, k.dim, 1, sched.base.type));
+  return c;
 }
 
 // A tenant spans R racks with W workers each. Chunk g (tenant-wide index)
@@ -178,6 +200,7 @@ void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& w
       wc->SendError(code, why, w.request_id, false);
     }
     c.pushes.clear();
+    if (c.rows) c.rows->Discard();
     c.state.DiscardPending();
     for (auto& stage : c.stages) {
       if (stage) stage->DiscardPending();
@@ -204,8 +227,13 @@ void ChunkTable::Align(LaneTenant& t, const std::map<uint32_t, uint64_t>& versio
   for (auto& [id, c] : t.chunks) {
     if (c->multi_rack()) continue;  // cross-rack recovery: not yet (docs/durability.md)
     const auto it = versions.find(c->key_id);
-    if (it == versions.end() || c->state.version() >= it->second) continue;
-    if (!c->state.SkipTo(it->second)) continue;  // an update is pending: cannot happen here
+    if (it == versions.end() || c->current_version() >= it->second) continue;
+    if (c->rows) {
+      if (c->rows->pending()) continue;  // cannot happen here
+      c->rows->set_version(it->second);  // untouched rows, as a step without pushes
+    } else if (!c->state.SkipTo(it->second)) {
+      continue;  // an update is pending: cannot happen here
+    }
     ++skipped;
     if (!t.armed.empty()) Capture(t, *c);
     if (c->index_in_key == 0) {
@@ -223,7 +251,31 @@ void ChunkTable::Align(LaneTenant& t, const std::map<uint32_t, uint64_t>& versio
 
 namespace {
 
+// A table's row range as a checkpoint chunk of rows x dim elements; the
+// row-wise AdaGrad accumulator (one per row) is repeated over its row (the
+// file keeps per-element state slots).
+CheckpointChunk CopyTableChunk(const Chunk& c) {
+  const aggregation::RowShard& r = *c.rows;
+  const auto values = r.values();
+  CheckpointChunk out{c.key_id, c.index_in_key, {values.begin(), values.end()}, {}};
+  const int slots = aggregation::OptimizerStateSlots(r.optimizer().type);
+  for (int slot = 0; slot < slots; ++slot) {
+    const auto st = r.state(slot);
+    if (r.optimizer().type == aggregation::OptimizerType::kAdaGrad) {
+      std::vector<float> wide(r.row_count() * r.dim());
+      for (uint64_t i = 0; i < r.row_count(); ++i) {
+        std::fill_n(wide.begin() + i * r.dim(), r.dim(), st[i]);
+      }
+      out.state.push_back(std::move(wide));
+    } else {
+      out.state.emplace_back(st.begin(), st.end());
+    }
+  }
+  return out;
+}
+
 CheckpointChunk CopyChunk(const Chunk& c) {
+  if (c.rows) return CopyTableChunk(c);
   const aggregation::ChunkState& s = c.state;
   const auto params = s.params(s.version());
   CheckpointChunk out{c.key_id, c.index_in_key, {params.begin(), params.end()}, {}};
@@ -246,7 +298,7 @@ void ChunkTable::Snapshot(LaneTenant& t, const std::shared_ptr<SnapshotJob>& job
     for (uint32_t i = 0; i < key->info.placement.chunk_count; ++i) {
       if (OwnerLane(key->info, i) != lane_) continue;
       Chunk& c = GetChunk(t, *key, i);
-      const uint64_t v = c.state.version();
+      const uint64_t v = c.current_version();
       if (v == target) {
         job->Add(CopyChunk(c));
       } else if (v < target) {
@@ -271,15 +323,38 @@ void ChunkTable::Capture(LaneTenant& t, Chunk& c) {
     t.armed.erase(it);
     return;
   }
-  if (c.state.version() < target->second) return;  // not there yet: stays armed
+  if (c.current_version() < target->second) return;  // not there yet: stays armed
   t.armed.erase(it);
-  if (c.state.version() == target->second) {
+  if (c.current_version() == target->second) {
     job->Add(CopyChunk(c));
   } else {
     job->Fail("chunk " + std::to_string(c.index_in_key) + " of key id " +
                   std::to_string(c.key_id) + " went past the checkpoint's version",
               /*moved_on=*/true);
   }
+}
+
+bool ChunkTable::RestoreTableChunk(aggregation::RowShard& r, uint64_t version,
+                                   const CheckpointChunk& cc) {
+  const size_t n = r.row_count() * r.dim();
+  const bool row_wise = r.optimizer().type == aggregation::OptimizerType::kAdaGrad;
+  const int slots = aggregation::OptimizerStateSlots(r.optimizer().type);
+  if (cc.params.size() != n || cc.state.size() != static_cast<size_t>(slots)) return false;
+  for (const auto& st : cc.state) {
+    if (st.size() != n) return false;
+  }
+  r.Discard();
+  std::copy(cc.params.begin(), cc.params.end(), r.mutable_values().begin());
+  for (int slot = 0; slot < slots; ++slot) {
+    auto dst = r.mutable_state(slot);
+    if (row_wise) {
+      for (uint64_t i = 0; i < r.row_count(); ++i) dst[i] = cc.state[slot][i * r.dim()];
+    } else {
+      std::copy(cc.state[slot].begin(), cc.state[slot].end(), dst.begin());
+    }
+  }
+  r.set_version(version);
+  return true;
 }
 
 uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
@@ -296,7 +371,7 @@ uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
     std::vector<std::span<const float>> state(cc.state.begin(), cc.state.end());
     const uint64_t v = versions[cc.key_id];
     c.state.DiscardPending();
-    if (!c.state.Restore(v, cc.params, state)) {
+    if (c.rows ? !RestoreTableChunk(*c.rows, v, cc) : !c.state.Restore(v, cc.params, state)) {
       ++failed;
       spdlog::error("checkpoint: tenant '{}' key '{}' chunk {}: sizes or optimizer state slots "
                     "do not match the key; left as it was",
@@ -347,7 +422,12 @@ void ChunkTable::ApplyOptimizer(uint32_t handle, uint32_t key_id,
     it->second.info.schedule.Apply(optimizer, from_update);
   }
   for (auto& [id, chunk] : t->chunks) {
-    if (chunk->key_id == key_id) chunk->state.SetOptimizer(optimizer, from_update);
+    if (chunk->key_id != key_id) continue;
+    if (chunk->rows) {
+      chunk->rows->SetOptimizer(optimizer, from_update);
+    } else {
+      chunk->state.SetOptimizer(optimizer, from_update);
+    }
   }
 }
 

@@ -25,6 +25,7 @@
 #include "key_memory.h"
 #include "lane_host.h"
 #include "rackhub/aggregation/chunk_state.h"
+#include "rackhub/aggregation/row_shard.h"
 #include "rackhub/net/frame.h"
 #include "rackhub/net/transport.h"
 #include "registry.h"
@@ -39,6 +40,8 @@ struct Waiter {
   // A held PULL: its reply's bytes, reserved in conn's backlog
   // (net::Connection::Reserve) until it is answered or dropped.
   size_t reserved = 0;
+  // A PUSH_ROWS: the rows its reply carries (docs/wire-protocol.md).
+  std::vector<uint64_t> want;
 };
 
 // Counts a chunk's hub memory (key_memory.h) in its tenant's
@@ -75,12 +78,18 @@ struct Chunk {
   uint64_t version = 0;
   std::array<aggregation::SharedAlignedBuffer<std::byte>, 2> replies;
   MemoryCharge charge;  // this chunk in its tenant's memory_bytes_allocated
+  // A row-sparse table's row range: everything lives here (`state` is an
+  // unused placeholder); single rack only.
+  std::unique_ptr<aggregation::RowShard> rows;
 
+  bool table() const { return rows != nullptr; }
   bool multi_rack() const { return !stages.empty(); }
   // The stage a worker of `rack` contributes to.
   aggregation::ChunkState& Stage(uint32_t rack) { return stages.empty() ? state : *stages[rack]; }
   // The newest version workers can be answered with.
-  uint64_t current_version() const { return multi_rack() ? version : state.version(); }
+  uint64_t current_version() const {
+    return rows ? rows->version() : multi_rack() ? version : state.version();
+  }
   // Parameters of `v` in the key's wire dtype, and the reference a queued
   // reply holds to keep them alive and unchanged (see params_reply.h).
   std::span<const std::byte> reply_bytes(uint64_t v) const {
@@ -101,6 +110,7 @@ struct Chunk {
 struct ParkedPull {
   std::weak_ptr<net::Connection> conn;
   net::FrameHeader header;
+  std::vector<uint64_t> ids;  // PULL_ROWS: the rows asked for
   size_t reserved = 0;  // its reply's bytes, reserved in conn's backlog
 };
 
@@ -200,6 +210,10 @@ class ChunkTable {
 
  private:
   void InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t global_index);
+  // A row-sparse table's row range `chunk` (rows, init, optimizer schedule).
+  std::unique_ptr<Chunk> NewTableChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
+  static bool RestoreTableChunk(aggregation::RowShard& r, uint64_t version,
+                                const CheckpointChunk& cc);
 
   const uint32_t lane_;
   const uint32_t lanes_;

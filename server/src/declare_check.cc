@@ -31,7 +31,17 @@ DeclareCheck CheckDeclare(std::span<const std::byte> payload, const std::string&
     case pb::BF16: spec.dtype = WireDType::kBf16; break;
     default: return fail(WireError::kInvalidArgument, "dtype: unknown dtype");
   }
-  spec.init = decl.init() == pb::FROM_CLIENT ? InitMode::kFromClient : InitMode::kZeros;
+  switch (decl.init()) {
+    case pb::INIT_UNSPECIFIED:
+    case pb::ZEROS: spec.init = InitMode::kZeros; break;
+    case pb::FROM_CLIENT: spec.init = InitMode::kFromClient; break;
+    case pb::RANDOM: spec.init = InitMode::kRandom; break;
+    default: return fail(WireError::kInvalidArgument, "init: unknown init mode");
+  }
+  spec.rows = decl.rows();
+  spec.dim = decl.dim();
+  spec.init_scale = decl.init_scale();
+  spec.init_seed = decl.init_seed();
   spec.use_tenant_optimizer = !decl.has_optimizer();
   if (decl.has_optimizer()) {
     Result<ProtoOptimizer> opt = OptimizerFromProto(decl.optimizer());

@@ -59,4 +59,12 @@ uint64_t KeyMemoryBytes(uint64_t elements, uint32_t chunk_elements, uint32_t wor
   return total;
 }
 
+uint64_t TableMemoryBytes(uint64_t rows, uint32_t dim, uint64_t chunks, OptimizerType optimizer) {
+  const uint64_t elements = rows * dim;
+  const uint64_t state = optimizer == OptimizerType::kAdaGrad
+                             ? rows
+                             : elements * static_cast<uint64_t>(OptimizerStateSlots(optimizer));
+  return (elements + state) * sizeof(float) + chunks * kChunkBookkeepingBytes;
+}
+
 }  // namespace rackhub::server

@@ -42,4 +42,12 @@ uint64_t KeyMemoryBytes(uint64_t elements, uint32_t chunk_elements, uint32_t wor
                         aggregation::OptimizerType optimizer, aggregation::ElementType wire,
                         const MemoryModel& model);
 
+// A row-sparse table of rows x dim cut into `chunks` row ranges: fp32 rows,
+// the optimizer state (per element; row-wise AdaGrad: one value per row) and
+// bookkeeping per chunk. One iteration's contributions are not counted: they
+// are bounded by the frames that carry them (kMaxDataPayload per rank and
+// chunk) and freed by the update (docs/architecture.md, Row-sparse tables).
+uint64_t TableMemoryBytes(uint64_t rows, uint32_t dim, uint64_t chunks,
+                          aggregation::OptimizerType optimizer);
+
 }  // namespace rackhub::server

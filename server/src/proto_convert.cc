@@ -62,6 +62,14 @@ void TenantToProto(const TenantInfo& in, pb::Tenant* out) {
   out->set_memory_bytes(in.memory_bytes);
 }
 
+pb::InitMode InitModeToProto(InitMode mode) {
+  switch (mode) {
+    case InitMode::kFromClient: return pb::FROM_CLIENT;
+    case InitMode::kRandom: return pb::RANDOM;
+    default: return pb::ZEROS;
+  }
+}
+
 void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& chunks,
                 pb::Key* out) {
   out->set_tenant(in.tenant);
@@ -70,8 +78,15 @@ void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& ch
   out->set_elements(in.elements);
   out->set_dtype(static_cast<pb::DType>(in.dtype));
   OptimizerToProto(in.optimizer, out->mutable_optimizer());
-  out->set_init(in.init == InitMode::kFromClient ? pb::FROM_CLIENT : pb::ZEROS);
+  out->set_init(InitModeToProto(in.init));
   out->set_ready(in.ready);
+  out->set_rows(in.rows);
+  out->set_dim(in.dim);
+  out->set_init_scale(in.init_scale);
+  out->set_init_seed(in.init_seed);
+  if (in.table()) {
+    out->set_rows_per_chunk(in.dim ? in.chunk_elements / in.dim : 0);
+  }
   out->set_first_chunk(in.placement.first_chunk);
   out->set_chunk_count(in.placement.chunk_count);
   out->set_chunk_elements(in.chunk_elements);

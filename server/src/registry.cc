@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <mutex>
 
@@ -18,6 +19,7 @@ using aggregation::OptimizerConfig;
 // Largest key: 2^34 fp32 elements (64 GiB) keeps every byte count far from
 // overflow and is beyond any single hub's memory.
 constexpr uint64_t kMaxKeyElements = 1ull << 34;
+constexpr uint32_t kMaxTableDim = 65536;  // columns of a row-sparse table
 constexpr uint32_t kMaxWorkersPerRack = 65536;
 
 struct Registry::Tenant {
@@ -138,8 +140,10 @@ Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults 
     KeyInfo& key = row.key;
     const bool valid = (key.dtype == WireDType::kFp32 || key.dtype == WireDType::kFp16 ||
                         key.dtype == WireDType::kBf16) &&
-                       (key.init == InitMode::kZeros || key.init == InitMode::kFromClient) &&
-                       key.chunk_elements > 0 && key.elements > 0 && key.id > 0;
+                       (key.init == InitMode::kZeros || key.init == InitMode::kFromClient ||
+                        (key.init == InitMode::kRandom && key.table())) &&
+                       key.chunk_elements > 0 && key.elements > 0 && key.id > 0 &&
+                       (!key.table() || (key.dim > 0 && key.elements == key.rows * key.dim));
     if (!t || !valid) {
       return FailedPrecondition(where + "key " + Quoted(key.name) + " (tenant handle " +
                                 std::to_string(row.tenant_handle) + ", id " +
@@ -148,8 +152,7 @@ Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults 
     key.tenant = t->info.name;
     // Values of FROM_CLIENT keys come back only from a checkpoint.
     key.ready = key.init == InitMode::kZeros;
-    key.memory_bytes =
-        r.KeyMemory(t->info, key.elements, key.dtype, key.optimizer.type, key.chunk_elements);
+    key.memory_bytes = r.KeyMemory(t->info, key);
     t->info.key_count++;
     t->info.parameter_bytes += key.parameter_bytes();
     t->info.memory_bytes += key.memory_bytes;
@@ -342,7 +345,20 @@ Status Registry::DeclareKey(const KeySpec& spec, KeyInfo* out, bool* created) {
     const auto it = t->keys.find(spec.name);
     if (it != t->keys.end()) {
       const KeyInfo& k = it->second;
-      if (k.elements != spec.elements || k.dtype != spec.dtype) {
+      if (k.table() || spec.rows > 0) {
+        if (k.rows != spec.rows || k.dim != spec.dim || k.dtype != spec.dtype) {
+          return InvalidArgument(
+              "name: key " + Quoted(spec.name) + " already exists as " +
+              (k.table() ? "a " + std::to_string(k.rows) + " x " + std::to_string(k.dim) +
+                               " table"
+                         : "a dense key of " + std::to_string(k.elements) + " elements") +
+              " of " + WireDTypeName(k.dtype) + ", not " +
+              (spec.rows > 0 ? "a " + std::to_string(spec.rows) + " x " +
+                                   std::to_string(spec.dim) + " table"
+                             : "a dense key of " + std::to_string(spec.elements) + " elements") +
+              " of " + WireDTypeName(spec.dtype));
+        }
+      } else if (k.elements != spec.elements || k.dtype != spec.dtype) {
         return InvalidArgument("name: key " + Quoted(spec.name) + " already exists with " +
                                std::to_string(k.elements) + " " + WireDTypeName(k.dtype) +
                                " elements, not " + std::to_string(spec.elements) + " " +
@@ -375,15 +391,22 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
     return InvalidArgument("name: " + Quoted(spec.name) +
                            " is not a valid key name (1-128 of A-Z a-z 0-9 _ . : / -)");
   }
-  if (spec.elements == 0 || spec.elements > kMaxKeyElements) {
+  uint64_t elements = spec.elements;
+  if (spec.rows > 0 || spec.dim > 0) {
+    if (Status s = CheckTableSpec(spec, &elements); !s.ok()) return s;
+  } else if (spec.elements == 0 || spec.elements > kMaxKeyElements) {
     return InvalidArgument("elements: must be in [1, " + std::to_string(kMaxKeyElements) +
                            "], got " + std::to_string(spec.elements));
+  } else if (spec.init == InitMode::kRandom) {
+    return InvalidArgument("init: RANDOM is for row-sparse tables (rows and dim); dense keys "
+                           "start at zeros or from the client");
   }
   if (spec.dtype != WireDType::kFp32 && spec.dtype != WireDType::kFp16 &&
       spec.dtype != WireDType::kBf16) {
     return InvalidArgument("dtype: unknown wire dtype");
   }
-  if (spec.init != InitMode::kZeros && spec.init != InitMode::kFromClient) {
+  if (spec.init != InitMode::kZeros && spec.init != InitMode::kFromClient &&
+      spec.init != InitMode::kRandom) {
     return InvalidArgument("init: unknown init mode");
   }
   OptimizerConfig opt = spec.optimizer;
@@ -404,26 +427,30 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
                              std::to_string(t->info.key_count) + " of " +
                              std::to_string(t->info.quotas.max_keys) + " keys");
   }
-  const uint64_t bytes = spec.elements * aggregation::kMasterElementBytes;
+  const uint64_t bytes = elements * aggregation::kMasterElementBytes;
   const uint32_t chunk_elements = t->layout.chunk_elements();
-  const uint64_t memory = KeyMemory(t->info, spec.elements, spec.dtype, opt.type, chunk_elements);
+  const uint64_t memory =
+      spec.rows > 0
+          ? TableMemoryBytes(spec.rows, spec.dim, ChunkLayout::TableChunkCount(spec.rows, lanes_),
+                             opt.type)
+          : KeyMemory(t->info, spec.elements, spec.dtype, opt.type, chunk_elements);
   const uint64_t quota = t->info.quotas.max_parameter_bytes;
   if (t->info.memory_bytes + memory > quota) {
     // Name what the memory is for: the quota counts all of it, not only the
     // parameters (docs/architecture.md, Memory a key holds).
     const int slots = aggregation::OptimizerStateSlots(opt.type);
     const uint32_t w = t->info.workers_per_rack;
-    std::string what = "fp32 parameters x2 (double buffer)";
+    std::string what = spec.rows > 0 ? "fp32 rows" : "fp32 parameters x2 (double buffer)";
     if (spec.dtype != WireDType::kFp32) {
       what += std::string(", their ") + WireDTypeName(spec.dtype) + " copies";
     }
     what += ", " + std::to_string(slots) + " " + aggregation::OptimizerTypeName(opt.type) +
             " state slot" + (slots == 1 ? "" : "s") + ", an accumulator";
-    if (w > 1) {
+ if (w > 1 && spec.rows == 0) {
       what += " and up to " + std::to_string(w - 1) + " parked contribution" +
               (w == 2 ? "" : "s");
     }
-    what += " per chunk";
+    what += spec.rows > 0 ? "" : " per chunk";
     const uint64_t left = quota > t->info.memory_bytes ? quota - t->info.memory_bytes : 0;
     char ratio[32];
     std::snprintf(ratio, sizeof ratio, "%.1fx", static_cast<double>(memory) / bytes);
@@ -437,14 +464,22 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   key.tenant = spec.tenant;
   key.name = spec.name;
   key.id = t->next_key_id;
-  key.elements = spec.elements;
+  key.elements = elements;
+  key.rows = spec.rows;
+  key.dim = spec.dim;
+  key.init_scale = spec.init_scale;
+  key.init_seed = spec.init_seed;
   key.dtype = spec.dtype;
   key.optimizer = opt;
   key.schedule.base = key.schedule.latest = opt;
   key.init = spec.init;
   key.ready = spec.init == InitMode::kZeros;
-  key.placement = {t->layout.next_chunk(), t->layout.ChunksFor(spec.elements)};
-  key.chunk_elements = chunk_elements;
+  key.placement = {t->layout.next_chunk(),
+                   key.table() ? ChunkLayout::TableChunkCount(key.rows, lanes_)
+                               : t->layout.ChunksFor(elements)};
+  // A table's chunks are its row ranges (ChunkLayout::TableChunks).
+  key.chunk_elements = key.table() ? static_cast<uint32_t>(key.rows_per_chunk(lanes_) * key.dim)
+                                   : chunk_elements;
   key.memory_bytes = memory;
   if (store_) {
     if (Status s = store_->InsertKey(t->info.handle, key, key.id + 1,
@@ -454,7 +489,11 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
     }
   }
   t->next_key_id = key.id + 1;
-  t->layout.Allocate(spec.elements);  // == key.placement
+  if (key.table()) {
+    t->layout.AllocateTable(key.rows);  // == key.placement
+  } else {
+    t->layout.Allocate(elements);  // == key.placement
+  }
   t->info.key_count++;
   t->info.parameter_bytes += bytes;
   t->info.memory_bytes += memory;
@@ -554,6 +593,10 @@ Status Registry::Authenticate(const std::string& tenant, const std::string& toke
 }
 
 std::vector<aggregation::ChunkSpan> Registry::ChunksOf(const KeyInfo& key) const {
+  if (key.table()) {
+    ChunkLayout layout(aggregation::kDefaultChunkBytes, lanes_);
+    return layout.TableChunks(key.placement, key.rows, key.dim);
+  }
   ChunkLayout layout(key.chunk_elements * aggregation::kMasterElementBytes, lanes_);
   return layout.Chunks(key.placement, key.elements);
 }
@@ -575,6 +618,53 @@ uint64_t Registry::KeyMemory(const TenantInfo& t, uint64_t elements, WireDType d
   return KeyMemoryBytes(elements, chunk_elements, t.workers_per_rack, optimizer,
                         static_cast<aggregation::ElementType>(static_cast<uint8_t>(dtype)),
                         memory_model_);
+}
+
+uint64_t Registry::KeyMemory(const TenantInfo& t, const KeyInfo& key) const {
+  if (key.table()) {
+    return TableMemoryBytes(key.rows, key.dim, key.placement.chunk_count, key.optimizer.type);
+  }
+  return KeyMemory(t, key.elements, key.dtype, key.optimizer.type, key.chunk_elements);
+}
+
+Status Registry::CheckTableSpec(const KeySpec& spec, uint64_t* elements) const {
+  if (spec.rows == 0 || spec.dim == 0 || spec.dim > kMaxTableDim) {
+    return InvalidArgument("rows, dim: a row-sparse table needs rows >= 1 and dim in [1, " +
+                           std::to_string(kMaxTableDim) + "], got " + std::to_string(spec.rows) +
+                           " x " + std::to_string(spec.dim));
+  }
+  if (spec.rows > kMaxKeyElements / spec.dim) {
+    return InvalidArgument("rows: " + std::to_string(spec.rows) + " x " +
+                           std::to_string(spec.dim) + " exceeds " +
+                           std::to_string(kMaxKeyElements) + " elements");
+  }
+  const uint64_t per = ChunkLayout::TableRowsPerChunk(spec.rows, lanes_);
+  if (per * spec.dim > UINT32_MAX) {
+    return InvalidArgument("rows: " + std::to_string(per) + " rows x " +
+                           std::to_string(spec.dim) + " per lane exceed " +
+                           std::to_string(UINT32_MAX) + " elements; the hub has " +
+                           std::to_string(lanes_) + " lanes");
+  }
+  if (spec.elements != 0 && spec.elements != spec.rows * spec.dim) {
+    return InvalidArgument("elements: " + std::to_string(spec.elements) +
+                           " is not rows x dim = " + std::to_string(spec.rows * spec.dim) +
+                           " (leave it 0 for a table)");
+  }
+  if (spec.init == InitMode::kFromClient) {
+    return InvalidArgument("init: FROM_CLIENT is not available for row-sparse tables; use ZEROS "
+                           "or RANDOM (seeded on the hub)");
+  }
+  if (spec.init == InitMode::kRandom &&
+      !(std::isfinite(spec.init_scale) && spec.init_scale > 0)) {
+    return InvalidArgument("init_scale: RANDOM needs a finite scale > 0, got " +
+                           std::to_string(spec.init_scale));
+  }
+  if (racks_ > 1) {
+    return InvalidArgument("rows: row-sparse tables are single-rack only; this hub's topology "
+                           "has " + std::to_string(racks_) + " racks");
+  }
+  *elements = spec.rows * spec.dim;
+  return Status::Ok();
 }
 
 }  // namespace rackhub::server

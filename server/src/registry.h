@@ -34,7 +34,9 @@
 namespace rackhub::server {
 
 enum class WireDType : uint8_t { kFp32 = 1, kFp16 = 2, kBf16 = 3 };
-enum class InitMode : uint8_t { kZeros = 1, kFromClient = 2 };
+// kRandom: row-sparse tables only, aggregation::TableInitValues(init_seed,
+// init_scale, ...).
+enum class InitMode : uint8_t { kZeros = 1, kFromClient = 2, kRandom = 3 };
 
 const char* WireDTypeName(WireDType dtype);  // "fp32", "fp16", "bf16"
 uint32_t WireDTypeBytes(WireDType dtype);
@@ -110,6 +112,12 @@ struct KeySpec {
   bool use_tenant_optimizer = true;  // false: `optimizer` below
   aggregation::OptimizerConfig optimizer;
   InitMode init = InitMode::kZeros;
+  // A row-sparse table (embedding table) of rows x dim when rows > 0;
+  // `elements` is then 0 or rows * dim. init kZeros or kRandom.
+  uint64_t rows = 0;
+  uint32_t dim = 0;
+  float init_scale = 0;
+  uint64_t init_seed = 0;
 };
 
 // The optimizer of a key over time: `base` until update `from_update` - 1,
@@ -139,6 +147,16 @@ struct KeyInfo {
   aggregation::KeyPlacement placement;
   uint32_t chunk_elements = 0;
   uint64_t memory_bytes = 0;  // hub memory its chunks hold at most (key_memory.h)
+  // Row-sparse table: rows x dim (elements == rows * dim); 0 for dense keys.
+  uint64_t rows = 0;
+  uint32_t dim = 0;
+  float init_scale = 0;
+  uint64_t init_seed = 0;
+  bool table() const { return rows > 0; }
+  // Rows per chunk of a table (chunk c holds rows [c * per, ...)).
+  uint64_t rows_per_chunk(uint32_t lanes) const {
+    return aggregation::ChunkLayout::TableRowsPerChunk(rows, lanes);
+  }
   uint64_t parameter_bytes() const { return elements * aggregation::kMasterElementBytes; }
 };
 
@@ -233,6 +251,10 @@ class Registry {
   // The hub memory of a key of tenant `t` (key_memory.h).
   uint64_t KeyMemory(const TenantInfo& t, uint64_t elements, WireDType dtype,
                      aggregation::OptimizerType optimizer, uint32_t chunk_elements) const;
+  // The same for a key (dense or table).
+  uint64_t KeyMemory(const TenantInfo& t, const KeyInfo& key) const;
+  // Checks a table's shape and init (spec.rows > 0); fills *elements.
+  Status CheckTableSpec(const KeySpec& spec, uint64_t* elements) const;
 
   const uint32_t lanes_;
   const uint32_t racks_;  // the topology's (workers are rack * workers_per_rack + rank)

@@ -203,8 +203,18 @@ Status MigrateV1ToV2(sqlite3* db) {
   return Exec(db, "ALTER TABLE tenants ADD COLUMN weight INTEGER NOT NULL DEFAULT 1;");
 }
 
+// v3: row-sparse tables (rows x dim, RANDOM init's scale and seed); existing
+// keys are dense (rows 0).
+Status MigrateV2ToV3(sqlite3* db) {
+  return Exec(db,
+              "ALTER TABLE keys ADD COLUMN rows INTEGER NOT NULL DEFAULT 0;\n"
+              "ALTER TABLE keys ADD COLUMN dim INTEGER NOT NULL DEFAULT 0;\n"
+              "ALTER TABLE keys ADD COLUMN init_scale REAL NOT NULL DEFAULT 0;\n"
+              "ALTER TABLE keys ADD COLUMN init_seed INTEGER NOT NULL DEFAULT 0;");
+}
+
 using Migration = Status (*)(sqlite3*);
-constexpr Migration kMigrations[] = {&MigrateV0ToV1, &MigrateV1ToV2};
+constexpr Migration kMigrations[] = {&MigrateV0ToV1, &MigrateV1ToV2, &MigrateV2ToV3};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == RegistryStore::kSchemaVersion,
               "one migration per schema version");
 
@@ -425,7 +435,8 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
   {
     Statement st(db_,
                  "SELECT tenant_handle, id, name, elements, dtype, init_mode, first_chunk, "
-                 "chunk_count, chunk_elements, opt_from_update" +
+                 "chunk_count, chunk_elements, opt_from_update, rows, dim, init_scale, "
+                 "init_seed" +
                      OptimizerColumns("opt") + OptimizerColumns("base_opt") +
                      " FROM keys ORDER BY tenant_handle, id");
     int rc;
@@ -441,9 +452,13 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
       k.key.placement.chunk_count = st.ColU64(7);
       k.key.chunk_elements = st.ColU32(8);
       k.key.schedule.from_update = st.ColU64(9);
-      k.key.optimizer = ReadOptimizer(st, 10);
+      k.key.rows = st.ColU64(10);
+      k.key.dim = st.ColU32(11);
+      k.key.init_scale = static_cast<float>(st.ColReal(12));
+      k.key.init_seed = st.ColU64(13);
+      k.key.optimizer = ReadOptimizer(st, 14);
       k.key.schedule.latest = k.key.optimizer;
-      k.key.schedule.base = ReadOptimizer(st, 10 + kOptimizerColumns);
+      k.key.schedule.base = ReadOptimizer(st, 14 + kOptimizerColumns);
       c.keys.push_back(std::move(k));
     }
     if (rc != SQLITE_DONE) return err("keys");
@@ -508,9 +523,10 @@ Status RegistryStore::InsertKey(uint32_t handle, const KeyInfo& k, uint32_t next
       db_, "state.dir: " + path_ + ": ", "create key '" + k.name + "'", [&]() -> Status {
         Statement st(db_,
                      "INSERT INTO keys (tenant_handle, id, name, elements, dtype, init_mode, "
-                     "first_chunk, chunk_count, chunk_elements, opt_from_update" +
+                     "first_chunk, chunk_count, chunk_elements, opt_from_update, rows, dim, "
+                     "init_scale, init_seed" +
                          OptimizerColumns("opt") + OptimizerColumns("base_opt") + ") VALUES (" +
-                         Placeholders(10 + 2 * kOptimizerColumns) + ")");
+                         Placeholders(14 + 2 * kOptimizerColumns) + ")");
         st.Int(handle)
             .Int(k.id)
             .Text(k.name)
@@ -520,7 +536,11 @@ Status RegistryStore::InsertKey(uint32_t handle, const KeyInfo& k, uint32_t next
             .U64(k.placement.first_chunk)
             .U64(k.placement.chunk_count)
             .Int(k.chunk_elements)
-            .U64(k.schedule.from_update);
+            .U64(k.schedule.from_update)
+            .U64(k.rows)
+            .Int(k.dim)
+            .Real(k.init_scale)
+            .U64(k.init_seed);
         BindOptimizer(st, k.optimizer);
         BindOptimizer(st, k.schedule.base);
         if (Status s = st.Run("insert key"); !s.ok()) return s;

@@ -33,9 +33,11 @@ void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
   e->set_dtype(static_cast<pb::DType>(k.dtype));
   e->set_first_chunk(k.placement.first_chunk);
   e->set_chunk_count(k.placement.chunk_count);
-  e->set_init(k.init == InitMode::kFromClient ? pb::FROM_CLIENT : pb::ZEROS);
+  e->set_init(InitModeToProto(k.init));
   OptimizerToProto(k.optimizer, e->mutable_optimizer());
   e->set_version(version);
+  e->set_rows(k.rows);
+  e->set_dim(k.dim);
 }
 
 }  // namespace

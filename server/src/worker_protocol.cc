@@ -142,6 +142,8 @@ Verdict WorkerProtocol::AcceptHeader(net::Connection& conn, const FrameHeader& h
     case Opcode::kPull:
     case Opcode::kDeclare:
     case Opcode::kSetOptimizer:
+    case Opcode::kPushRows:
+    case Opcode::kPullRows:
       break;
     default:
       return Reject(conn, WireError::kMalformed,
@@ -184,6 +186,24 @@ Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
                   "chunk: " + Num(h.chunk) + " of key '" + k.name + "' lives on lane " +
                       Num(owner) + ", not lane " + Num(table_->lane()),
                   rid);
+  }
+  const bool row_frame = h.opcode == Opcode::kPushRows || h.opcode == Opcode::kPullRows;
+  if (row_frame != k.table()) {
+    return Refuse(conn, WireError::kInvalidArgument,
+                  std::string("key: '") + k.name + "' is " +
+                      (k.table() ? "a row-sparse table: use PUSH_ROWS / PULL_ROWS, not "
+                                 : "dense: row frames are for tables, not ") +
+                      net::OpcodeName(h.opcode),
+                  rid);
+  }
+  if (row_frame) {
+    if (h.dtype != static_cast<net::DType>(static_cast<uint8_t>(k.dtype))) {
+      return Reject(conn, WireError::kBadDType,
+                    std::string("dtype: table '") + k.name + "' is " + WireDTypeName(k.dtype) +
+                        ", the frame says " + net::DTypeName(h.dtype),
+                    rid);
+    }
+    return CheckRowsFrame(conn, t, *key, table_->GetChunk(t, *key, h.chunk), h);
   }
   if (h.opcode == Opcode::kPull) {
     if (h.payload_bytes != 0) {
@@ -303,6 +323,8 @@ void WorkerProtocol::HandleFrame(net::Connection& conn, const FrameHeader& h,
     case Opcode::kPull: OnPull(conn, *t, h); break;
     case Opcode::kDeclare: OnDeclare(conn, *t, h, payload); break;
     case Opcode::kSetOptimizer: OnSetOptimizer(conn, *t, h, payload); break;
+    case Opcode::kPushRows: OnPushRows(conn, *t, h, payload); break;
+    case Opcode::kPullRows: OnPullRows(conn, *t, h, payload); break;
     default: break;  // AcceptHeader let nothing else through
   }
 }
@@ -405,7 +427,7 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
       return;
     }
     if (!conn.Reserve(reply_bytes)) return;
-    t.parked.push_back(ParkedPull{conn.weak_from_this(), h, reply_bytes});
+    t.parked.push_back(ParkedPull{conn.weak_from_this(), h, {}, reply_bytes});
     return;
   }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
@@ -502,6 +524,10 @@ void WorkerProtocol::ReleaseParked(uint32_t handle) {
       conn->SendError(WireError::kUnknownKey, "key: was deleted", p.header.request_id, false);
       continue;
     }
+    if (p.header.opcode == Opcode::kPullRows) {
+      ReleaseParkedRows(*conn, *t, p);
+      continue;
+    }
     OnPull(*conn, *t, p.header);
   }
 }
@@ -526,8 +552,9 @@ void WorkerProtocol::CheckStragglers() {
         missing = "of some rack";
         break;
       }
-      for (uint32_t r = 0; r < c.state.workers(); ++r) {
-        if (c.state.has_contributed(r)) continue;
+      const uint32_t workers = c.table() ? t.info.workers_per_rack : c.state.workers();
+      for (uint32_t r = 0; r < workers; ++r) {
+        if (c.table() ? c.rows->contributed(r) : c.state.has_contributed(r)) continue;
         if (!missing.empty()) missing += ',';
         missing += Num(r);
         // Late or gone? Clients retry a round only for a connected rank.

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -90,6 +91,14 @@ class WorkerProtocol final : public net::FrameHandler {
                     const net::FrameHeader& h);
   Verdict CheckPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
                     aggregation::ChunkState& stage, const net::FrameHeader& h);
+  // PUSH_ROWS / PULL_ROWS of a table's chunk (table_protocol.cc).
+  Verdict CheckRowsFrame(net::Connection& conn, LaneTenant& t, const LaneKey& key, Chunk& c,
+                         const net::FrameHeader& h);
+  // Parses and checks a row request's payload: "" or the refusal's text.
+  // `contributor`: the rank whose new contribution it is (PUSH_ROWS).
+  std::string CheckRowsPayload(const Chunk& c, const KeyInfo& k, const net::FrameHeader& h,
+                               std::span<const std::byte> payload,
+                               std::optional<uint32_t> contributor, net::RowsPayload* rows);
 
   // One per opcode (AcceptHeader has vetted the header).
   void OnPush(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
@@ -102,6 +111,12 @@ class WorkerProtocol final : public net::FrameHandler {
   void OnSetOptimizer(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                       std::span<const std::byte> payload);
   void OnHeartbeat(net::Connection& conn, const net::FrameHeader& h);
+  void OnPushRows(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+                  std::span<const std::byte> payload);
+  void OnPullRows(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+                  std::span<const std::byte> payload);
+  // A PULL_ROWS held during a recovery, answered now.
+  void ReleaseParkedRows(net::Connection& conn, LaneTenant& t, const ParkedPull& p);
 
   std::string WelcomePayload(const LaneTenant& t);
 

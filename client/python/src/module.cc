@@ -116,16 +116,38 @@ struct Held {
     const py::buffer_info& i = View(b, true, what);
     return {static_cast<float*>(i.ptr), static_cast<size_t>(i.size)};
   }
+  // Row ids: a C-contiguous int64 or uint64 buffer (numpy, torch .numpy());
+  // negative int64 ids are refused naming the first.
+  std::span<const uint64_t> Ids(const py::buffer& b, const char* what) {
+    const py::buffer_info& i = View(b, false, what, true);
+    const auto* p = static_cast<const uint64_t*>(i.ptr);
+    const bool is_signed = i.format == "q" || i.format == "l";
+    for (py::ssize_t k = 0; is_signed && k < i.size; ++k) {
+      if (static_cast<int64_t>(p[k]) < 0) {
+        throw py::value_error(std::string(what) + "[" + std::to_string(k) + "] = " +
+                              std::to_string(static_cast<int64_t>(p[k])) +
+                              " is negative; row ids are >= 0");
+      }
+    }
+    return {p, static_cast<size_t>(i.size)};
+  }
 
  private:
-  const py::buffer_info& View(const py::buffer& b, bool writable, const char* what) {
+  const py::buffer_info& View(const py::buffer& b, bool writable, const char* what,
+                              bool ids = false) {
     auto info = std::make_unique<py::buffer_info>(b.request(writable));
-    if (info->format != py::format_descriptor<float>::format() || info->itemsize != 4) {
-      throw py::type_error(std::string(what) + ": a float32 buffer is needed (format 'f'), got "
-                           "format '" + info->format + "' of item size " +
+    const bool ok = ids ? (info->itemsize == 8 && (info->format == "q" || info->format == "l" ||
+                                                   info->format == "Q" || info->format == "L"))
+                        : (info->format == py::format_descriptor<float>::format() &&
+                           info->itemsize == 4);
+    if (!ok) {
+      throw py::type_error(std::string(what) +
+                           (ids ? ": an int64 or uint64 buffer of row ids is needed"
+                                : ": a float32 buffer is needed (format 'f')") +
+                           ", got format '" + info->format + "' of item size " +
                            std::to_string(info->itemsize));
     }
-    py::ssize_t expect = 4;
+    py::ssize_t expect = info->itemsize;
     for (py::ssize_t d = info->ndim - 1; d >= 0; --d) {
       if (info->shape[d] != 1 && info->strides[d] != expect) {
         throw py::value_error(std::string(what) + ": the buffer is not C-contiguous "
@@ -238,7 +260,11 @@ class PyClient {
     d["name"] = info->name;
     d["elements"] = info->elements;
     d["dtype"] = DTypeName(info->dtype);
-    d["init"] = info->init == rc::Init::kFromClient ? "client" : "zeros";
+    d["init"] = info->init == rc::Init::kFromClient ? "client"
+                : info->init == rc::Init::kRandom   ? "random"
+                                                    : "zeros";
+    d["rows"] = info->rows;
+    d["dim"] = info->dim;
     d["first_chunk"] = info->first_chunk;
     d["chunk_count"] = info->chunk_count;
     d["version"] = info->version;
@@ -278,6 +304,60 @@ class PyClient {
     const rc::Ticket t = cl.Pull(key, o);
     held_.emplace(t, std::move(held));
     return t;
+  }
+
+  rc::Ticket PushPullRows(uint32_t key, const py::buffer& ids, const py::buffer& grads,
+                          const py::buffer& want, const py::buffer& out) {
+    rc::Client& cl = c();
+    auto held = std::make_unique<Held>();
+    const auto i = held->Ids(ids, "ids");
+    const auto g = held->Read(grads, "grads");
+    const auto w = held->Ids(want, "want");
+    const auto o = held->Write(out, "out");
+    std::lock_guard lock(mu_);
+    const rc::Ticket t = cl.PushPullRows(key, i, g, w, o);
+    held_.emplace(t, std::move(held));
+    return t;
+  }
+
+  rc::Ticket PullRows(uint32_t key, const py::buffer& ids, const py::buffer& out) {
+    rc::Client& cl = c();
+    auto held = std::make_unique<Held>();
+    const auto i = held->Ids(ids, "ids");
+    const auto o = held->Write(out, "out");
+    std::lock_guard lock(mu_);
+    const rc::Ticket t = cl.PullRows(key, i, o);
+    held_.emplace(t, std::move(held));
+    return t;
+  }
+
+  uint32_t DeclareTable(const std::string& name, uint64_t rows, uint32_t dim,
+                        const std::string& dtype, std::optional<py::dict> optimizer,
+                        const std::string& init, float init_scale, uint64_t seed) {
+    rc::KeyDecl d;
+    d.name = name;
+    d.rows = rows;
+    d.dim = dim;
+    d.dtype = DTypeFromString(dtype);
+    if (optimizer) d.optimizer = SpecFromDict(*optimizer);
+    if (init == "zeros") {
+      d.init = rc::Init::kZeros;
+    } else if (init == "random") {
+      d.init = rc::Init::kRandom;
+    } else {
+      throw py::value_error("init: 'zeros' or 'random', got '" + init + "'");
+    }
+    d.init_scale = init_scale;
+    d.init_seed = seed;
+    rc::KeyId id = 0;
+    rc::Error err;
+    rc::Client& cl = c();
+    {
+      py::gil_scoped_release nogil;
+      err = cl.DeclareKey(d, &id);
+    }
+    if (!err.ok()) Raise(err);
+    return id;
   }
 
   rc::Ticket SetOptimizer(uint32_t key, const py::dict& spec, uint64_t from_iteration) {
@@ -371,6 +451,23 @@ PYBIND11_MODULE(_core, m) {
       g_error_type, nullptr);
   m.attr("WorkerLost") = py::handle(g_worker_lost_type);
 
+  m.def(
+      "table_init",
+      [](uint64_t first_row, uint64_t rows, uint32_t dim, uint64_t seed, float scale,
+         const py::buffer& out) {
+        Held held;
+        const std::span<float> o = held.Write(out, "out");
+        if (o.size() != rows * dim) {
+          throw py::value_error("out: " + std::to_string(o.size()) + " floats, rows x dim = " +
+                                std::to_string(rows * dim));
+        }
+        rc::TableInitValues(seed, scale, first_row, rows, dim, o.data());
+      },
+      py::arg("first_row"), py::arg("rows"), py::arg("dim"), py::arg("seed"), py::arg("scale"),
+      py::arg("out"),
+      "Fills `out` (float32, rows * dim) with the initial values the hub gives rows "
+      "[first_row, first_row + rows) of a table declared with init='random', bit for bit.");
+
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, const std::string&, const std::string&, uint32_t,
                     uint32_t, double, double, bool, const std::string&, const std::string&,
@@ -402,6 +499,18 @@ PYBIND11_MODULE(_core, m) {
            "the ticket completes.")
       .def("init", &PyClient::Init, py::arg("key"), py::arg("values"))
       .def("pull", &PyClient::Pull, py::arg("key"), py::arg("out"))
+      .def("declare_table", &PyClient::DeclareTable, py::arg("name"), py::arg("rows"),
+           py::arg("dim"), py::arg("dtype") = "fp32", py::arg("optimizer") = py::none(),
+           py::arg("init") = "zeros", py::arg("init_scale") = 0.0f, py::arg("seed") = 0,
+           "Declares (or finds) a row-sparse table of rows x dim; init 'zeros' or 'random' "
+           "(uniform in [-init_scale, init_scale), seeded). Returns its key id.")
+      .def("push_pull_rows", &PyClient::PushPullRows, py::arg("key"), py::arg("ids"),
+           py::arg("grads"), py::arg("want"), py::arg("out"),
+           "Contributes rows `ids` (int64/uint64 buffer, duplicates summed) with `grads` "
+           "(float32, len(ids) * dim) to the table's next iteration; `out` (float32, "
+           "len(want) * dim) receives the rows `want` after the update. Returns a ticket.")
+      .def("pull_rows", &PyClient::PullRows, py::arg("key"), py::arg("ids"), py::arg("out"),
+           "The current rows `ids` into `out` (float32, len(ids) * dim). Returns a ticket.")
       .def("set_optimizer", &PyClient::SetOptimizer, py::arg("key"), py::arg("spec"),
            py::arg("from_iteration"))
       .def("wait", &PyClient::Wait, py::arg("ticket"), py::arg("timeout") = py::none(),

@@ -60,6 +60,17 @@ class ChunkLayout {
   // The chunks of a placed key, in order.
   std::vector<ChunkSpan> Chunks(const KeyPlacement& placement, uint64_t elements) const;
 
+  // Row-sparse tables (rows x dim) are cut by whole rows, not by chunk size:
+  // TableRowsPerChunk = ceil(rows / lanes) rows per chunk, TableChunkCount =
+  // ceil(rows / that) chunks (at most `lanes`, so a lane owns at most one
+  // range of each table). Chunk c holds rows [c * per, min(rows, (c + 1) *
+  // per)); its ChunkSpan counts elements (first_element = first row * dim).
+  static uint64_t TableRowsPerChunk(uint64_t rows, uint32_t lanes);
+  static uint64_t TableChunkCount(uint64_t rows, uint32_t lanes);
+  KeyPlacement AllocateTable(uint64_t rows);
+  std::vector<ChunkSpan> TableChunks(const KeyPlacement& placement, uint64_t rows,
+                                     uint32_t dim) const;
+
  private:
   uint32_t chunk_bytes_;
   uint32_t lanes_;

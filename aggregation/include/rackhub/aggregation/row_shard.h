@@ -22,7 +22,8 @@
 //     accumulator per row, s += mean over the row of d*d (d = g + wd*p, summed
 //     left to right), p -= lr * d / (sqrt(s) + eps). Untouched rows keep their
 //     values and their state.
-// Rows start at +0.0 (WriteRows sets them, e.g. rank 0's initial values).
+// Rows start at +0.0, or at TableInitValues (InitRandom); WriteRows sets
+// them (checkpoint restore).
 //
 // Validation: Check*() return "" or a message naming the problem; the
 // mutating calls REQUIRE a checked input, so a bad contribution changes
@@ -44,6 +45,14 @@
 #include "rackhub/aggregation/optimizer_config.h"
 
 namespace rackhub::aggregation {
+
+// The initial value of row `row`, column `col` of a table initialized with
+// (seed, scale): x = SplitMix64(seed + row * dim + col) (mod 2^64); u = (x >>
+// 40) in [0, 2^24); value = float(u * 2^-23 - 1) * scale (one fp32
+// rounding), uniform in [-scale, scale). Layout-independent. Fills `out` with
+// rows [first_row, first_row + rows) of `dim` columns.
+void TableInitValues(uint64_t seed, float scale, uint64_t first_row, uint64_t rows,
+                     uint32_t dim, float* out);
 
 class RowShard {
  public:
@@ -74,6 +83,22 @@ class RowShard {
   bool contributed(uint32_t rank) const { return pending_[rank].in; }
   bool ready() const { return contributions_ == workers_; }
 
+  // Drops this iteration's contributions (an update aborted for a straggler
+  // or a lost worker); values, state and version() are unchanged.
+  void Discard();
+  bool pending() const { return contributions_ > 0; }
+  // Sets every row to TableInitValues(seed, scale, ...) of its row.
+  void InitRandom(uint64_t seed, float scale);
+  // New hyperparameters (same type) from update `from_update` (1-based; 0:
+  // the next update) on, as ChunkState::SetOptimizer.
+  void SetOptimizer(const OptimizerConfig& optimizer, uint64_t from_update);
+  // Restore / a skipped step: the update count (Adam's t follows it).
+  void set_version(uint64_t v) { version_ = v; }
+  // Mutable fp32 values (rows x dim) and optimizer state (as state()), for
+  // checkpoint restore. REQUIRES: no contribution pending.
+  std::span<float> mutable_values() { return values_.span(); }
+  std::span<float> mutable_state(int slot) { return (slot == 0 ? state0_ : state1_).span(); }
+
   // REQUIRES: ready(). Sums and applies the optimizer to the touched rows,
   // clears the contributions, version() + 1. Returns the touched row ids,
   // ascending.
@@ -90,6 +115,7 @@ class RowShard {
   // slot 0/1 as ApplyOptimizer's state0/state1 (dim values per row), or the
   // row-wise AdaGrad accumulator (one value per row) as slot 0.
   std::span<const float> row(uint64_t id) const;
+  std::span<const float> values() const { return values_.span(); }  // rows x dim
   std::span<const float> state(int slot) const;
   // Bytes of hub memory the shard holds now (values, state, contributions).
   size_t memory_bytes() const;
@@ -111,6 +137,8 @@ class RowShard {
   uint32_t workers_ = 0;
   OptimizerConfig cfg_;
   bool row_wise_ = false;  // kAdaGrad: one accumulator per row
+  OptimizerConfig next_cfg_;  // SetOptimizer's, from update next_from_
+  uint64_t next_from_ = 0;    // 0: none pending
   uint64_t version_ = 0;
   AlignedBuffer<float> values_;
   AlignedBuffer<float> state0_;

@@ -164,7 +164,9 @@ struct Error {
 
 // Wire dtype of a key (the hub keeps an fp32 master copy).
 enum class DType : uint8_t { kFp32 = 1, kFp16 = 2, kBf16 = 3 };
-enum class Init : uint8_t { kZeros = 1, kFromClient = 2 };
+// kRandom: row-sparse tables only: row r, column c starts at
+// TableInitValues(init_seed, init_scale, ...) (uniform in [-scale, scale)).
+enum class Init : uint8_t { kZeros = 1, kFromClient = 2, kRandom = 3 };
 
 struct OptimizerSpec {
   // sgd | momentum | nesterov | adam | adamw | adagrad | sum-only.
@@ -185,6 +187,13 @@ struct KeyDecl {
   DType dtype = DType::kFp32;
   std::optional<OptimizerSpec> optimizer = std::nullopt;  // unset: the tenant's default
   Init init = Init::kZeros;
+  // A row-sparse table (an embedding table) of rows x dim when rows > 0
+  // (elements then 0 or rows * dim): PushPullRows / PullRows instead of
+  // PushPull / Pull. init kZeros or kRandom (with init_scale > 0).
+  uint64_t rows = 0;
+  uint32_t dim = 0;
+  float init_scale = 0;
+  uint64_t init_seed = 0;
 };
 
 struct KeyInfo {
@@ -198,6 +207,8 @@ struct KeyInfo {
   uint64_t version = 0;          // updates applied, as the hub last reported it
   uint64_t next_iteration = 0;   // the iteration the next PushPull contributes to
   bool resync_needed = false;    // PushPull fails with kRolledBack until a Pull
+  uint64_t rows = 0;             // row-sparse table: rows x dim; 0 for dense keys
+  uint32_t dim = 0;
 };
 
 class Client {
@@ -243,6 +254,25 @@ class Client {
   // Resynchronizes the key's next iteration with the hub and clears its
   // "resync needed" mark.
   Ticket Pull(KeyId key, std::span<float> out, Callback done = nullptr);
+  // Row-sparse tables (docs/architecture.md, Row-sparse tables).
+  // Contributes rows `ids` (any order; duplicates are summed in the order
+  // given; may be empty) with `grads` (ids.size() * dim values, row after
+  // row) to the table's next iteration, and receives into `out`
+  // (want.size() * dim) the rows `want` after the update: the hub sums each
+  // touched row over every worker in rank order and applies the optimizer to
+  // touched rows only. Every rank contributes to every iteration (an empty
+  // push when its batch touches no row). Ids are checked here before anything
+  // is sent (kInvalidArgument: out of range, sizes); nothing is changed then.
+  // Buffers are copied when the call returns (unlike PushPull) except `out`,
+  // which is borrowed. Same iteration and resync rules as PushPull.
+  Ticket PushPullRows(KeyId key, std::span<const uint64_t> ids, std::span<const float> grads,
+                      std::span<const uint64_t> want, std::span<float> out,
+                      Callback done = nullptr);
+  // The current rows `ids` into `out` (ids.size() * dim); contributes
+  // nothing. Resynchronizes the table's next iteration like Pull.
+  Ticket PullRows(KeyId key, std::span<const uint64_t> ids, std::span<float> out,
+                  Callback done = nullptr);
+
   // New hyperparameters (same type) taking effect at update `from_iteration`.
   Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration,
                       Callback done = nullptr);
@@ -266,6 +296,12 @@ class Client {
   explicit Client(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The initial values of rows [first_row, first_row + rows) of a table
+// declared with Init::kRandom (init_seed, init_scale), bit for bit as the hub
+// makes them, into `out` (rows * dim): for single-process references.
+void TableInitValues(uint64_t seed, float scale, uint64_t first_row, uint64_t rows, uint32_t dim,
+                     float* out);
 
 // Element conversions used on the wire (round to nearest, ties to even; NaN
 // stays NaN; exposed for tests and bindings).

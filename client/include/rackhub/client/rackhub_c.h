@@ -42,6 +42,7 @@ extern "C" {
 #define RACKHUB_BF16 3
 #define RACKHUB_INIT_ZEROS 1
 #define RACKHUB_INIT_FROM_CLIENT 2
+#define RACKHUB_INIT_RANDOM 3 /* tables only */
 
 typedef struct rackhub_client rackhub_client; /* opaque */
 
@@ -123,6 +124,23 @@ int rackhub_connect_ex(const rackhub_options* options, uint32_t flags, rackhub_c
 uint64_t rackhub_last_error_iteration(rackhub_client* client);
 /* Successful reconnects of `client` so far. */
 uint64_t rackhub_reconnects(const rackhub_client* client);
+
+/* ---- Added in librackhub 0.3 (row-sparse tables, docs/architecture.md) ----
+ *
+ * A table of rows x dim (an embedding table); init RACKHUB_INIT_ZEROS or
+ * RACKHUB_INIT_RANDOM (uniform in [-init_scale, init_scale), seeded). */
+int rackhub_declare_table(rackhub_client* client, const char* name, uint64_t rows, uint32_t dim,
+                          int dtype, const rackhub_optimizer* optimizer, int init,
+                          float init_scale, uint64_t init_seed, uint32_t* key_out);
+/* Blocking PushPullRows: contributes rows `ids` (n_ids, any order, duplicates
+ * summed) with grads (n_ids * dim floats) to the table's next iteration and
+ * receives the updated rows `want` (n_want) into out (n_want * dim). */
+int rackhub_push_pull_rows(rackhub_client* client, uint32_t key, const uint64_t* ids,
+                           uint64_t n_ids, const float* grads, const uint64_t* want,
+                           uint64_t n_want, float* out);
+/* Blocking PullRows: the current rows `ids` into out (n_ids * dim). */
+int rackhub_pull_rows(rackhub_client* client, uint32_t key, const uint64_t* ids, uint64_t n_ids,
+                      float* out);
 
 /* Sends BYE, fails pending operations with RACKHUB_CLOSED and frees the
  * client. NULL is allowed. */

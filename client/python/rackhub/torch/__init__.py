@@ -24,6 +24,11 @@ optimizer) the optimizer runs on the hub instead: it keeps the master
 parameters and the optimizer state, and every rank receives the updated
 parameters (rackhub.torch.optimizer's docstring).
 
+Embedding tables: DistributedOptimizer(..., embeddings=[emb, ...]) with
+nn.Embedding/nn.EmbeddingBag(sparse=True) modules makes their weights
+row-sparse hub keys (rackhub.torch.embedding's docstring); table_init_()
+writes a table's initial values into a local tensor.
+
 Everything here is collective (every rank calls it, in the same order)
 except the getters (rank(), size(), local_rank(), local_size(), ...).
 Failures raise rackhub.RackhubError (RolledBack, WorkerLost: subclasses).
@@ -35,6 +40,7 @@ from .collectives import (allgather, allgather_object, allreduce, allreduce_, br
                           broadcast_, broadcast_object, broadcast_optimizer_state,
                           broadcast_parameters)
 from .hub_specs import SGD, Adagrad, Adam, AdamW, Adasum, Average, Compression, Sum
+from .embedding import table_init_
 from .optimizer import DistributedOptimizer
 
 __all__ = [
@@ -43,4 +49,5 @@ __all__ = [
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "broadcast",
     "broadcast_", "allreduce", "allreduce_", "allgather", "allgather_object",
     "SGD", "Adam", "AdamW", "Adagrad", "RackhubError", "RolledBack", "WorkerLost",
+    "table_init_",
 ]

@@ -48,6 +48,10 @@ How a step works:
   (step() returns None, `skipped_steps` counts them); with "raise" the
   exception propagates.
 
+Embedding tables (embeddings=[nn.Embedding(..., sparse=True), ...]) are
+row-sparse keys whose optimizer runs on the hub; their sparse gradients are
+pushed at step() and the updated rows come back (embedding.py's docstring).
+
 Thread use: the training loop's thread (hooks run in autograd's thread for
 CPU backward, which is the caller's).
 """
@@ -60,6 +64,7 @@ import torch
 
 from . import _context
 from .._core import RackhubError, RolledBack, WorkerLost
+from .embedding import DEFAULT_INIT, Tables, table_spec_of_group, tables_of
 from .hub_specs import Average, Compression, HubOptimizer, reduction_of, spec_of_group, wire_dtype
 
 _log = logging.getLogger("rackhub.torch")
@@ -128,7 +133,8 @@ class _Slot:
 class _Sync:
     """The engine behind the optimizer: slots, hooks, pushes, waits."""
 
-    def __init__(self, opt, named, compression, passes, op, hub, prefix, reply, on_rollback):
+    def __init__(self, opt, named, compression, passes, op, hub, prefix, reply, on_rollback,
+                 embeddings=None, embedding_init=DEFAULT_INIT):
         ctx = _context.need()
         if on_rollback not in ("resync", "raise"):
             raise ValueError("on_rollback: 'resync' or 'raise'")
@@ -160,10 +166,17 @@ class _Sync:
             if named and not (isinstance(named[0], tuple) and len(named[0]) == 2):
                 raise TypeError("named_parameters: an iterable of (name, parameter), "
                                 "e.g. model.named_parameters()")
+        # Embedding tables (embedding.py): row-sparse keys, not dense slots.
+        self.tables = None
+        if embeddings is not None:
+            pairs = tables_of(embeddings, {id(p): n for n, p in named})
+            self.tables = Tables(self.c, opt, group_of, pairs, prefix, self.reduction,
+                                 self.dtype, embedding_init)
+        table_ids = self.tables.weights() if self.tables else set()
         self.slots = []
         seen = set()
         for name, p in named:
-            if not p.requires_grad:
+            if not p.requires_grad or id(p) in table_ids:
                 continue
             if name in seen:
                 raise ValueError(f"named_parameters: duplicate name '{name}'")
@@ -179,7 +192,7 @@ class _Sync:
             # Hub-side: the first push of every key sends the group's spec
             # (an existing key keeps the optimizer it was declared with).
             self.slots.append(_Slot(name, p, key, None if hub else spec, spec["type"]))
-        names = {id(s.param) for s in self.slots}
+        names = {id(s.param) for s in self.slots} | table_ids
         unnamed = [p for p in group_of if p.requires_grad and id(p) not in names]
         if unnamed:
             raise ValueError(f"named_parameters: {len(unnamed)} parameter(s) of the optimizer "
@@ -268,6 +281,8 @@ class _Sync:
         # this one's hooks.
         for h in getattr(self, "hooks", []):
             h.remove()
+        if getattr(self, "tables", None) is not None:
+            self.tables.remove_hooks()
 
     # -- data path -----------------------------------------------------------
 
@@ -299,6 +314,13 @@ class _Sync:
         for s in self.slots:
             if s.ticket is None:
                 self.push(s)
+        tables = self.tables
+        if tables is not None:
+            try:  # every table's push in flight at once, with the dense ones
+                tables.push_all(self.table_spec)
+            except BaseException:
+                tables.wait_all(Exception)
+                raise
         rolled = []
         try:
             for s in self.slots:
@@ -316,9 +338,13 @@ class _Sync:
                 s.passes = 0
                 if s.ticket is not None:  # a wait raised: forget the rest
                     s.ticket = None
+            if tables is not None:  # waited even when a dense wait raised
+                rolled += tables.wait_all((RolledBack, WorkerLost))
         if rolled:
             for s in self.slots:
                 s.sent = None
+            if tables is not None:
+                tables.drop_step()
             if self.on_rollback == "raise":
                 raise rolled[0][1]
             self.resync(rolled)
@@ -329,7 +355,14 @@ class _Sync:
             for s in self.slots:
                 self.take_reply(s)
                 s.sent = None
+        if tables is not None:
+            tables.take_replies()
         self.synchronized = True
+
+    def table_spec(self, t):
+        """The hub spec of table `t`'s param group now."""
+        return dict(table_spec_of_group(self.opt, self.groups()[t.weight]),
+                    reduction=self.reduction)
 
     def take_reply(self, s):
         """The reply (in s.spare) becomes the parameter (hub-side) or the
@@ -394,12 +427,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     wrapped optimizer's class by DistributedOptimizer())."""
 
     def __init__(self, params, base, named_parameters, compression, backward_passes_per_step,
-                 op, hub, prefix, reply, on_rollback):
+                 op, hub, prefix, reply, on_rollback, embeddings, embedding_init):
         super(self.__class__, self).__init__(params)
         for p, st in base.state.items():  # e.g. loaded from a checkpoint before wrapping
             self.state[p] = st
         self._rackhub = _Sync(self, named_parameters, compression, backward_passes_per_step, op,
-                              hub, prefix, reply, on_rollback)
+                              hub, prefix, reply, on_rollback, embeddings, embedding_init)
         self._rackhub_sync_next_step = True
 
     @property
@@ -461,6 +494,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                "call step() (or synchronize()) first")
         super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
+    def _tables(self):
+        if self._rackhub.tables is None:
+            raise RuntimeError("rackhub: this optimizer has no embeddings (embeddings=...)")
+        return self._rackhub.tables
+
+    def prefetch(self, module, ids):
+        """Asks the next step's reply for the rows `ids` of the table of
+        `module` (its nn.Embedding/EmbeddingBag or its name): the next batch's
+        forward then pulls nothing. May be called several times per step."""
+        self._tables().prefetch(module, ids)
+
+    def pull_tables(self, modules=None):
+        """Makes every row of the tables' local weights (or of `modules`')
+        the hub's current value (e.g. before saving or comparing them)."""
+        self._tables().pull_tables(modules)
+
+    def table_init_of(self, module):
+        """(mode, scale, seed) the table of `module` was declared with:
+        table_init_(w, seed, scale) reproduces its initial values."""
+        return self._tables().table(module).init
+
+    def table_stats(self):
+        """{name: rows pulled by forward pre-hooks so far} (0 when every
+        batch's rows came with prefetch)."""
+        return {t.name: t.pulled_rows for t in self._tables().tables}
+
     def set_learning_rate(self, lr):
         """Sets every group's lr (hub-side: the hub uses it from the next step)."""
         for g in self.param_groups:
@@ -474,7 +533,8 @@ _METHODS = {k: v for k, v in _DistributedOptimizer.__dict__.items()
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, *,
-                         hub_optimizer=False, prefix="", reply="swap", on_rollback="resync"):
+                         hub_optimizer=False, prefix="", reply="swap", on_rollback="resync",
+                         embeddings=None, embedding_init=DEFAULT_INIT):
     """Wraps `optimizer` for data-parallel training through the hub (see the
     module docstring).
 
@@ -489,11 +549,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     op: rh.Average (mean over the ranks) or rh.Sum.
     gradient_predivide_factor (1.0 only), num_groups, groups, sparse_as_dense:
       Horovod's; accepted for its scripts. Every parameter is its own key
-      (no fusion groups to set) and sparse gradients are sent dense.
+      (no fusion groups to set) and sparse gradients are sent dense (except
+      those of embeddings=, which go to row-sparse tables).
     hub_optimizer (keyword): run the optimizer on the hub (SGD, Adam, AdamW,
       Adagrad).
     prefix: prepended to the key names (several models on one tenant).
     reply, on_rollback: see the module docstring.
+    embeddings (keyword): nn.Embedding / nn.EmbeddingBag modules built with
+      sparse=True (a list, or a dict name -> module) whose weights become
+      row-sparse table keys with the optimizer running on the hub;
+      embedding_init: their initial values (rackhub.torch.embedding's
+      docstring).
     """
     if gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor: only 1.0 (the hub sums in rank order, "
@@ -513,4 +579,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                         f"Adam/AdamW/Adagrad), got {type(optimizer).__name__}")
     cls = type(type(base).__name__, (type(base),), dict(_METHODS))
     return cls(base.param_groups, base, named_parameters, compression, backward_passes_per_step,
-               op, bool(hub_optimizer), prefix, reply, on_rollback)
+               op, bool(hub_optimizer), prefix, reply, on_rollback, embeddings, embedding_init)

@@ -48,6 +48,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "rackhub/common/status.h"
 
@@ -81,8 +82,13 @@ enum class Opcode : uint8_t {
   kKeyBind = 15,     // payload: KeyBind; names (tenant, key) before its first chunk
   kRackSum = 16,     // fp32 rack sum of one chunk for `iteration`, to the chunk's home hub
   kRackParams = 17,  // the home hub's new parameters of one chunk (key dtype)
+  // Row-sparse tables (docs/wire-protocol.md, section 6b). `chunk` is the
+  // table's row range; payloads start with a RowsPrefix.
+  kPushRows = 18,  // rows pushed for `iteration` + the row ids wanted back
+  kRows = 19,      // the hub's rows (key dtype) answering PUSH_ROWS / PULL_ROWS
+  kPullRows = 20,  // row ids wanted now, no contribution
 };
-inline constexpr uint8_t kMaxOpcode = 17;
+inline constexpr uint8_t kMaxOpcode = 20;
 
 enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }
@@ -125,6 +131,26 @@ struct FrameHeader {
   uint64_t iteration = 0;
   uint64_t request_id = 0;
 };
+
+// Row-sparse payloads: a u32 `count` and a u32 `want` (little-endian), then
+//   PUSH_ROWS: count u64 row ids, want u64 row ids, count rows of dim elements
+//              of the header's dtype;
+//   PULL_ROWS: count u64 row ids (want 0);
+//   ROWS:      count rows (want 0), in the order the request asked for them.
+inline constexpr size_t kRowsPrefixBytes = 8;
+struct RowsPayload {
+  std::vector<uint64_t> ids;   // PUSH_ROWS: pushed; PULL_ROWS: wanted
+  std::vector<uint64_t> want;  // PUSH_ROWS only
+  const std::byte* rows = nullptr;  // inside the parsed payload; null if none
+  size_t row_bytes = 0;             // bytes of `rows`
+};
+// Parses a PUSH_ROWS or PULL_ROWS payload of rows of `dim` elements of
+// `dtype`: "" or what is wrong with it (sizes, counts).
+std::string ParseRowsPayload(Opcode op, std::span<const std::byte> payload, uint32_t dim,
+                             DType dtype, RowsPayload* out);
+// Builds a PUSH_ROWS (rows != empty or ids empty) or PULL_ROWS payload
+// prefix + ids (+ want); the rows follow separately.
+std::string EncodeRowsRequest(std::span<const uint64_t> ids, std::span<const uint64_t> want);
 
 // Serializes `h` into exactly kHeaderBytes bytes.
 void EncodeHeader(const FrameHeader& h, std::span<std::byte, kHeaderBytes> out);

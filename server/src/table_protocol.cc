@@ -1,0 +1,206 @@
+// WorkerProtocol, part 3: row-sparse tables (issue 16; docs/wire-protocol.md
+// section 6b): PUSH_ROWS (a rank's gradient rows for an iteration plus the
+// rows it wants back) and PULL_ROWS, answered with ROWS. A table's chunk is
+// a range of whole rows held by an aggregation::RowShard; the math (rank
+// order sums, duplicates, lazy optimizers) lives there.
+#include <cstring>
+#include <optional>
+
+#include "worker_protocol.h"
+
+namespace rackhub::server {
+
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+using Verdict = net::FrameHandler::Verdict;
+
+namespace {
+
+std::string Num(uint64_t v) { return std::to_string(v); }
+
+// Row PULLs held per tenant and lane during a recovery, at most.
+constexpr size_t kMaxParkedRowPulls = 65536;
+
+aggregation::ElementType ElementTypeOf(net::DType d) {
+  return static_cast<aggregation::ElementType>(static_cast<uint8_t>(d));
+}
+
+// The ROWS frame answering `request_id`: rows `ids` of the shard at its
+// current version, in the chunk's wire dtype.
+void SendRows(net::Connection& conn, const LaneTenant& t, const Chunk& c,
+              const std::vector<uint64_t>& ids, uint64_t request_id) {
+  const aggregation::RowShard& r = *c.rows;
+  FrameHeader h;
+  h.opcode = Opcode::kRows;
+  h.tenant = t.info.handle;
+  h.key = c.key_id;
+  h.chunk = c.index_in_key;
+  h.dtype = c.dtype;
+  h.iteration = r.version();
+  h.request_id = request_id;
+  std::string payload(net::kRowsPrefixBytes + ids.size() * r.dim() * net::DTypeBytes(c.dtype),
+                      '\0');
+  const uint32_t count = static_cast<uint32_t>(ids.size());
+  std::memcpy(payload.data(), &count, 4);
+  r.ReadRows(ids, payload.data() + net::kRowsPrefixBytes, ElementTypeOf(c.dtype));
+  conn.SendOwned(h, std::move(payload));
+}
+
+}  // namespace
+
+Verdict WorkerProtocol::CheckRowsFrame(net::Connection& conn, LaneTenant& t, const LaneKey& key,
+                                       Chunk& c, const FrameHeader& h) {
+  const uint64_t rid = h.request_id;
+  const KeyInfo& k = key.info;
+  if (h.payload_bytes < net::kRowsPrefixBytes) {
+    return Reject(conn, WireError::kMalformed,
+                  "payload_bytes: " + Num(h.payload_bytes) + " is shorter than the row counts",
+                  rid);
+  }
+  if (h.opcode == Opcode::kPullRows) return Verdict::kAccept;
+  const uint32_t rank = conn.id().rank;
+  const uint32_t member = ChunkTable::Member(t, conn.id());
+  const aggregation::RowShard& r = *c.rows;
+  if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+    t.runtime->PushFailed(member, h.key, h.iteration);
+    return Refuse(conn, WireError::kWorkerLost,
+                  "recovering: the tenant's iteration in progress was aborted (" +
+                      t.runtime->cause() + "); Pull the table and push the next iteration",
+                  rid);
+  }
+  if (h.iteration != r.version()) {
+    RefuseIteration(conn, t, h, r.version(),
+                    "iteration: " + Num(h.iteration) + " for rows " + Num(r.first_row()) + ".." +
+                        Num(r.first_row() + r.row_count()) + " of table '" + k.name +
+                        "', the hub expects " + Num(r.version()) +
+                        (h.iteration < r.version() ? " (stale)" : " (ahead)") +
+                        "; Pull the table to resynchronize");
+    return Verdict::kDiscard;
+  }
+  if (r.contributed(rank) && !t.runtime->PushFailedAt(member, h.key, h.iteration)) {
+    return Reject(conn, WireError::kDuplicatePush,
+                  "iteration: rank " + Num(rank) + " already pushed rows of chunk " +
+                      Num(h.chunk) + " of table '" + k.name + "' for iteration " +
+                      Num(h.iteration),
+                  rid);
+  }
+  return Verdict::kAccept;
+}
+
+// Non-fatal: a bad row request changes nothing and the connection stays.
+std::string WorkerProtocol::CheckRowsPayload(const Chunk& c, const KeyInfo& k,
+                                             const FrameHeader& h,
+                                             std::span<const std::byte> payload,
+                                             std::optional<uint32_t> contributor,
+                                             net::RowsPayload* rows) {
+  const aggregation::RowShard& r = *c.rows;
+  std::string e = net::ParseRowsPayload(h.opcode, payload, r.dim(), c.dtype, rows);
+  const std::vector<uint64_t>& asked = h.opcode == Opcode::kPushRows ? rows->want : rows->ids;
+  if (e.empty() && contributor) {
+    e = r.CheckContribution(*contributor, rows->ids, rows->row_bytes, ElementTypeOf(c.dtype));
+  } else if (e.empty() && h.opcode == Opcode::kPushRows) {
+    e = r.CheckRows(rows->ids);
+  }
+  if (e.empty()) e = r.CheckRows(asked);
+  const uint64_t reply =
+      net::kRowsPrefixBytes + uint64_t{asked.size()} * r.dim() * net::DTypeBytes(c.dtype);
+  if (e.empty() && reply > net::kMaxDataPayload) {
+    e = "want: " + Num(asked.size()) + " rows of " + Num(r.dim()) + " " +
+        net::DTypeName(c.dtype) + " make a reply of " + Num(reply) + " bytes, above " +
+        Num(net::kMaxDataPayload) + "; ask for fewer rows at once";
+  }
+  if (e.empty()) return "";
+  return std::string(net::OpcodeName(h.opcode)) + " for chunk " + Num(h.chunk) + " of table '" +
+         k.name + "': " + e;
+}
+
+void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                                std::span<const std::byte> payload) {
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  aggregation::RowShard& r = *c.rows;
+  const uint32_t rank = conn.id().rank;
+  const uint32_t member = ChunkTable::Member(t, conn.id());
+  const bool again = r.contributed(rank);
+  if (h.iteration != r.version() || (again && !t.runtime->PushFailedAt(member, h.key, h.iteration)) ||
+      t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+    RefuseIteration(conn, t, h, r.version(),
+                    "iteration: " + Num(h.iteration) +
+                        " is no longer current (the iteration was aborted while this push "
+                        "was read); Pull the table to resynchronize");
+    return;
+  }
+  net::RowsPayload rows;
+  const std::string e = CheckRowsPayload(c, key->info, h, payload,
+                                         again ? std::nullopt : std::optional(rank), &rows);
+  if (!e.empty()) {
+    t.runtime->PushFailed(member, h.key, h.iteration);
+    Refuse(conn, WireError::kInvalidArgument, e, h.request_id);
+    return;
+  }
+  if (again) {
+    // A retry after a failed PushPullRows whose earlier push here is counted:
+    // that one stays, this one gets the result (with the rows it wants now).
+    c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, std::move(rows.want)});
+    return;
+  }
+  r.Contribute(rank, rows.ids, rows.rows, ElementTypeOf(c.dtype));
+  t.metrics->pushes.Add(1);
+  t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
+  const auto now = std::chrono::steady_clock::now();
+  table_->MarkPending(t, c, now);
+  if (LatencyHistogram* late = t.metrics->rank(member)) late->Observe(now - c.first_contribution);
+  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, std::move(rows.want)});
+  if (!r.ready()) return;
+  r.Update();
+  table_->Completed(t, *key, c, r.version());
+  std::vector<Waiter> waiters;
+  waiters.swap(c.pushes);
+  for (const Waiter& w : waiters) {
+    const auto wc = w.conn.lock();
+    if (wc && wc->open()) SendRows(*wc, t, c, w.want, w.request_id);
+  }
+}
+
+void WorkerProtocol::OnPullRows(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                                std::span<const std::byte> payload) {
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  net::RowsPayload rows;
+  if (std::string e = CheckRowsPayload(c, key->info, h, payload, std::nullopt, &rows);
+      !e.empty()) {
+    Refuse(conn, WireError::kInvalidArgument, e, h.request_id);
+    return;
+  }
+  if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+    // Answered at the recovered version (ReleaseParked), as a dense PULL.
+    if (t.parked.size() >= kMaxParkedRowPulls) {
+      Refuse(conn, WireError::kWorkerLost, "recovering: too many PULLs held; retry", h.request_id);
+      return;
+    }
+    t.parked.push_back(ParkedPull{conn.weak_from_this(), h, std::move(rows.ids), 0});
+    return;
+  }
+  SendRows(conn, t, c, rows.ids, h.request_id);
+}
+
+void WorkerProtocol::ReleaseParkedRows(net::Connection& conn, LaneTenant& t, const ParkedPull& p) {
+  LaneKey* key = table_->FindKey(t, p.header.key);
+  if (!key) {
+    conn.SendError(WireError::kUnknownKey, "key: was deleted", p.header.request_id, false);
+    return;
+  }
+  Chunk& c = table_->GetChunk(t, *key, p.header.chunk);
+  SendRows(conn, t, c, p.ids, p.header.request_id);
+}
+
+}  // namespace rackhub::server
