@@ -41,7 +41,7 @@ const std::vector<std::pair<std::string, admin::GradientReduction>> kReductions 
 const std::vector<std::pair<std::string, admin::DType>> kDTypes = {
     {"fp32", admin::FP32}, {"fp16", admin::FP16}, {"bf16", admin::BF16}};
 const std::vector<std::pair<std::string, admin::InitMode>> kInitModes = {
-    {"zeros", admin::ZEROS}, {"client", admin::FROM_CLIENT}};
+    {"zeros", admin::ZEROS}, {"client", admin::FROM_CLIENT}, {"random", admin::RANDOM}};
 
 const std::vector<std::string> kOptimizerOptions = {
     "--optimizer", "--lr",      "--momentum",            "--weight-decay", "--beta1",
@@ -322,26 +322,44 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
   {
     struct Args {
       KeyRef key;
-      uint64_t elements = 0;
+      uint64_t elements = 0, rows = 0, seed = 0;
+      uint32_t dim = 0;
+      double init_scale = 0;
       std::string dtype, init;
       OptimizerArgs optimizer;
     };
     auto a = std::make_shared<Args>();
     CLI::App* c = AddCommand(
-        key, "create", "create a key of N elements",
+        key, "create", "create a key of N elements, or a row-sparse table of R rows x D",
         "--dtype is the wire type. --init zeros makes the key ready at once; --init client\n"
         "waits for rank 0 to send the initial values. Without optimizer options the key\n"
-        "uses the tenant's default optimizer.");
+        "uses the tenant's default optimizer. --rows R --dim D make a row-sparse table\n"
+        "(an embedding table: workers push and pull rows by id); its --init is zeros or\n"
+        "random (uniform in [-S, S) with --init-scale S, seeded by --seed).");
     AddKeyRef(c, &a->key);
-    c->add_option("--elements", a->elements, "number of elements")
+    CLI::Option* elements = c->add_option("--elements", a->elements, "number of elements")
+                                ->type_name("N")
+                                ->check(U64Validator());
+    CLI::Option* rows = c->add_option("--rows", a->rows, "table: number of rows")
+                            ->type_name("R")
+                            ->check(U64Validator());
+    CLI::Option* dim = c->add_option("--dim", a->dim, "table: elements per row")
+                           ->type_name("D")
+                           ->check(CLI::Range(1u, 65536u));
+    c->add_option("--init-scale", a->init_scale, "table, --init random: values in [-S, S)")
+        ->type_name("S")
+        ->check(CLI::PositiveNumber);
+    c->add_option("--seed", a->seed, "table, --init random: seed (default 0)")
         ->type_name("N")
-        ->check(U64Validator())
-        ->required();
+        ->check(U64Validator());
+    rows->needs(dim);
+    dim->needs(rows);
+    elements->excludes(rows);
     c->add_option("--dtype", a->dtype, "wire type (default fp32)")
         ->type_name("fp32|fp16|bf16")
         ->check(OneOfValidator(Names(kDTypes)));
     c->add_option("--init", a->init, "initial values (default zeros)")
-        ->type_name("zeros|client")
+        ->type_name("zeros|client|random")
         ->check(OneOfValidator(Names(kInitModes)));
     AddOptimizerOptions(c, &a->optimizer, /*create=*/true);
     (*handlers)[c] = [a](const Invocation& inv) {
@@ -349,6 +367,10 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
       request.set_tenant(a->key.tenant);
       request.set_name(a->key.name);
       request.set_elements(a->elements);
+      request.set_rows(a->rows);
+      request.set_dim(a->dim);
+      request.set_init_scale(static_cast<float>(a->init_scale));
+      request.set_init_seed(a->seed);
       if (Given(inv.command, "--dtype")) request.set_dtype(*Choice(a->dtype, kDTypes));
       if (Given(inv.command, "--init")) request.set_init(*Choice(a->init, kInitModes));
       if (AnyGiven(inv.command, kOptimizerOptions)) {

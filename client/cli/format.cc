@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <sstream>
 #include <stdexcept>
 
 namespace rackhub::cli {
@@ -137,6 +138,7 @@ std::string InitModeName(admin::InitMode init) {
   switch (init) {
     case admin::ZEROS: return "zeros";
     case admin::FROM_CLIENT: return "client";
+    case admin::RANDOM: return "random";
     case admin::INIT_UNSPECIFIED: return "unspecified";
     default: return "unknown(" + std::to_string(static_cast<int>(init)) + ")";
   }
@@ -258,9 +260,22 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
   block.Add("name", k.name());
   block.Add("id", std::to_string(k.id()));
   block.Add("elements", std::to_string(k.elements()));
+  if (k.rows() > 0) {
+    block.Add("table", std::to_string(k.rows()) + " rows x " + std::to_string(k.dim()) + ", " +
+                           std::to_string(k.rows_per_chunk()) + " rows per chunk");
+  }
   block.Add("dtype", DTypeName(k.dtype()));
-  block.Add("optimizer", DescribeOptimizer(k.optimizer()));
-  block.Add("init", InitModeName(k.init()));
+  block.Add("optimizer", DescribeOptimizer(k.optimizer()) +
+                             (k.rows() > 0 && k.optimizer().type() == admin::ADAGRAD
+                                  ? " (row-wise on tables)"
+                                  : ""));
+  if (k.init() == admin::RANDOM) {
+    std::ostringstream init;
+    init << "random (scale " << k.init_scale() << ", seed " << k.init_seed() << ")";
+    block.Add("init", init.str());
+  } else {
+    block.Add("init", InitModeName(k.init()));
+  }
   block.Add("ready", YesNo(k.ready()));
   block.Add("parameter bytes", BytesWithHuman(k.parameter_bytes()));
   block.Add("memory bytes", BytesWithHuman(k.memory_bytes()));
@@ -270,6 +285,16 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
   block.Print(out);
   if (!chunks || k.chunks().empty()) return;
   out << "\nchunk layout:\n";
+  if (k.rows() > 0 && k.dim() > 0) {  // a table: row ranges
+    Table table({{"CHUNK", true}, {"LANE", true}, {"FIRST-ROW", true}, {"ROWS", true}});
+    for (const auto& c : k.chunks()) {
+      table.AddRow({std::to_string(c.index()), std::to_string(c.lane()),
+                    std::to_string(c.first_element() / k.dim()),
+                    std::to_string(c.elements() / k.dim())});
+    }
+    table.Print(out, "  ");
+    return;
+  }
   Table table({{"CHUNK", true}, {"LANE", true}, {"FIRST-ELEMENT", true}, {"ELEMENTS", true}});
   for (const auto& c : k.chunks()) {
     table.AddRow({std::to_string(c.index()), std::to_string(c.lane()),

@@ -14,6 +14,7 @@ const char* const kFooter =
   tenant update-quotas NAME [--max-param-bytes SIZE] [--max-keys N] [--max-workers N]
   tenant delete NAME      delete a tenant and all its keys
   key create TENANT NAME --elements N [--dtype fp32|fp16|bf16] [--init zeros|client]
+  key create TENANT NAME --rows R --dim D [--init zeros|random --init-scale S --seed N]
              [optimizer options]
   key get TENANT NAME     show a key and its chunk layout
   key list TENANT         list the keys of a tenant

@@ -151,7 +151,7 @@ Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults 
     }
     key.tenant = t->info.name;
     // Values of FROM_CLIENT keys come back only from a checkpoint.
-    key.ready = key.init == InitMode::kZeros;
+    key.ready = key.init != InitMode::kFromClient;
     key.memory_bytes = r.KeyMemory(t->info, key);
     t->info.key_count++;
     t->info.parameter_bytes += key.parameter_bytes();
@@ -396,7 +396,8 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
     if (Status s = CheckTableSpec(spec, &elements); !s.ok()) return s;
   } else if (spec.elements == 0 || spec.elements > kMaxKeyElements) {
     return InvalidArgument("elements: must be in [1, " + std::to_string(kMaxKeyElements) +
-                           "], got " + std::to_string(spec.elements));
+                           "], got " + std::to_string(spec.elements) +
+                           " (a row-sparse table gives rows and dim instead)");
   } else if (spec.init == InitMode::kRandom) {
     return InvalidArgument("init: RANDOM is for row-sparse tables (rows and dim); dense keys "
                            "start at zeros or from the client");
@@ -473,7 +474,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   key.optimizer = opt;
   key.schedule.base = key.schedule.latest = opt;
   key.init = spec.init;
-  key.ready = spec.init == InitMode::kZeros;
+  key.ready = spec.init != InitMode::kFromClient;
   key.placement = {t->layout.next_chunk(),
                    key.table() ? ChunkLayout::TableChunkCount(key.rows, lanes_)
                                : t->layout.ChunksFor(elements)};

@@ -1,9 +1,6 @@
 // RowShard (row-sparse tables, issue 16): every update is compared bit for
-// bit with a reference computed here from the same contributions: rows summed
-// in rank order (duplicates inside a push first, in push order), the
-// optimizer applied to the touched rows only (ApplyOptimizer on the reference
-// rows for the per-element optimizers; row-wise AdaGrad written out below),
-// untouched rows and their state left alone. Covers every arrival order,
+// bit with the reference model (tests/support/table_reference.h) fed the same
+// contributions. Covers every arrival order,
 // empty pushes, all-rows pushes, duplicate ids, the first and last row of the
 // shard, fp16/bf16 rows, and bad contributions (which change nothing).
 #include <gtest/gtest.h>
@@ -17,6 +14,7 @@
 #include <vector>
 
 #include "rackhub/aggregation/row_shard.h"
+#include "table_reference.h"
 
 namespace rackhub::aggregation {
 namespace {
@@ -24,10 +22,7 @@ namespace {
 constexpr uint64_t kFirst = 1000, kRows = 40;
 constexpr uint32_t kDim = 7;
 
-struct Push {
-  std::vector<uint64_t> ids;
-  std::vector<float> rows;  // ids.size() * kDim
-};
+using Push = testing::TablePush;
 
 // A push of `n` random ids of the shard (duplicates likely), always including
 // the first and last row when `ends`.
@@ -45,74 +40,10 @@ Push RandomPush(std::mt19937& rng, size_t n, bool ends) {
   return p;
 }
 
-// The reference: dense rows and state, updated row by row.
-struct Reference {
-  OptimizerConfig cfg;
-  uint32_t workers;
-  std::vector<float> values = std::vector<float>(kRows * kDim, 0.0f);
-  std::vector<float> s0 = std::vector<float>(kRows * kDim, 0.0f);
-  std::vector<float> s1 = std::vector<float>(kRows * kDim, 0.0f);
-  std::vector<float> row_acc = std::vector<float>(kRows, 0.0f);
-  uint64_t t = 0;
-
-  Reference(const OptimizerConfig& c, uint32_t w) : cfg(c), workers(w) {
-    std::fill(row_acc.begin(), row_acc.end(), static_cast<float>(c.initial_accumulator));
-  }
-
-  void Update(const std::vector<Push>& by_rank) {
-    ++t;
-    // Per rank: its distinct rows, duplicates summed in push order.
-    std::vector<std::map<uint64_t, std::vector<float>>> mine(by_rank.size());
-    for (size_t r = 0; r < by_rank.size(); ++r) {
-      for (size_t i = 0; i < by_rank[r].ids.size(); ++i) {
-        const float* row = by_rank[r].rows.data() + i * kDim;
-        auto [it, fresh] = mine[r].try_emplace(by_rank[r].ids[i], row, row + kDim);
-        if (!fresh) {
-          for (uint32_t j = 0; j < kDim; ++j) it->second[j] = it->second[j] + row[j];
-        }
-      }
-    }
-    std::map<uint64_t, std::vector<float>> sums;  // rank order
-    for (size_t r = 0; r < by_rank.size(); ++r) {
-      for (const auto& [id, row] : mine[r]) {
-        auto [it, fresh] = sums.try_emplace(id, row);
-        if (!fresh) {
-          for (uint32_t j = 0; j < kDim; ++j) it->second[j] = it->second[j] + row[j];
-        }
-      }
-    }
-    const float scale =
-        cfg.reduction == Reduction::kMean ? static_cast<float>(1.0 / workers) : 1.0f;
-    for (const auto& [id, sum] : sums) {
-      const size_t r = id - kFirst;
-      float* p = values.data() + r * kDim;
-      if (cfg.type == OptimizerType::kAdaGrad) {
-        const float lr = static_cast<float>(cfg.learning_rate);
-        const float wd = static_cast<float>(cfg.weight_decay);
-        const float eps = static_cast<float>(cfg.epsilon);
-        float d[kDim];
-        float squares = 0.0f;
-        for (uint32_t j = 0; j < kDim; ++j) {
-          const float g = sum[j] * scale;
-          const float decay = wd * p[j];
-          d[j] = g + decay;
-          const float sq = d[j] * d[j];
-          squares = squares + sq;
-        }
-        row_acc[r] = row_acc[r] + squares / static_cast<float>(kDim);
-        const float denom = std::sqrt(row_acc[r]) + eps;
-        for (uint32_t j = 0; j < kDim; ++j) {
-          const float step = lr * d[j];
-          p[j] = p[j] - step / denom;
-        }
-        continue;
-      }
-      float out[kDim];
-      ApplyOptimizer(cfg, OptimizerStep{scale, t}, sum.data(), p, out, s0.data() + r * kDim,
-                     s1.data() + r * kDim, kDim);
-      std::memcpy(p, out, sizeof out);
-    }
-  }
+// The reference (tests/support/table_reference.h) of this shard's rows.
+struct Reference : testing::TableReference {
+  Reference(const OptimizerConfig& c, uint32_t w)
+      : testing::TableReference(c, w, kFirst, kRows, kDim) {}
 };
 
 std::vector<float> Values(const RowShard& s) {
