@@ -18,6 +18,11 @@
 // and every rank of every generation saw the same parameters at every
 // iteration (every chunk of the key at one version).
 //
+// WorkerKill9LoopTable: the same with a row-sparse table (rackhub-durability-
+// worker --table-rows): every rank pushes rows of the table each step and
+// asks for all of them back; every rank of every generation saw the same
+// table at every iteration.
+//
 // Trials: RACKHUB_KILL_TRIALS (default 20; tests/durability/kill_loops.sh
 // runs 100). RACKHUB_KILL_SEED fixes the random points (default: time; the
 // seed is printed).
@@ -503,19 +508,20 @@ std::vector<WorkerLine> ReadWorkerOut(const std::string& path) {
 
 class WorkerSet {
  public:
-  WorkerSet(std::string dir, std::string hub, uint64_t elements)
-      : dir_(std::move(dir)), hub_(std::move(hub)), elements_(elements) {}
+  // `what`: the worker's key option, e.g. {"--elements", "1048576"}.
+  WorkerSet(std::string dir, std::string hub, std::vector<std::string> what)
+      : dir_(std::move(dir)), hub_(std::move(hub)), what_(std::move(what)) {}
 
   void Start(uint32_t rank) {
     const std::string out = dir_ + "/rank" + std::to_string(rank) + "-" +
                             std::to_string(files_.size()) + ".out";
     files_.push_back(out);
     current_[rank] = out;
-    procs_[rank] = std::make_unique<ChildProcess>(
-        std::vector<std::string>{BinPath("rackhub-durability-worker"), "--hub", hub_, "--tenant",
-                                 "wk", "--token", kToken, "--rank", std::to_string(rank), "--out",
-                                 out, "--elements", std::to_string(elements_)},
-        out + ".log");
+    std::vector<std::string> argv{BinPath("rackhub-durability-worker"), "--hub", hub_, "--tenant",
+                                  "wk", "--token", kToken, "--rank", std::to_string(rank), "--out",
+                                  out};
+    argv.insert(argv.end(), what_.begin(), what_.end());
+    procs_[rank] = std::make_unique<ChildProcess>(argv, out + ".log");
   }
   void Kill(uint32_t rank) {
     procs_[rank]->Kill(SIGKILL);
@@ -592,22 +598,21 @@ class WorkerSet {
   }
 
   const std::string dir_, hub_;
-  const uint64_t elements_;
+  const std::vector<std::string> what_;
   std::vector<std::string> files_;
   std::map<uint32_t, std::string> current_;
   std::map<uint32_t, std::unique_ptr<ChildProcess>> procs_;
 };
 
-TEST(DurabilityLoop, WorkerKill9Loop) {
+void WorkerKill9Loop(const std::vector<std::string>& what) {
   const uint64_t trials = EnvOr("RACKHUB_KILL_TRIALS", 20);
-  const uint64_t elements = EnvOr("RACKHUB_KILL_ELEMENTS", uint64_t{1} << 20);
   auto rng = Rng();
   DaemonProcess hub({"--lanes", "2", "--straggler-timeout-ms", "15000",
                      "--checkpoint-every-iterations", "0", "--checkpoint-every-seconds", "0"});
   ASSERT_TRUE(hub.started());
   Admin admin(hub.admin_address());
   admin.CreateTenant("wk", 3, 0);
-  WorkerSet workers(MakeTempDir(), hub.data_address(), elements);
+  WorkerSet workers(MakeTempDir(), hub.data_address(), what);
   for (uint32_t r = 0; r < 3; ++r) workers.Start(r);
 
   for (uint64_t trial = 0; trial < trials; ++trial) {
@@ -631,9 +636,18 @@ TEST(DurabilityLoop, WorkerKill9Loop) {
   }
   EXPECT_EQ(workers.Transports(), std::set<std::string>{"shm"})
       << "workers on the hub's host should all have used shared memory";
-  std::printf("worker kill loop: %llu trials, %zu resyncs, iteration %llu\n",
-              static_cast<unsigned long long>(trials), workers.Resyncs(),
+  std::printf("worker kill loop (%s): %llu trials, %zu resyncs, iteration %llu\n",
+              what.front().c_str(), static_cast<unsigned long long>(trials), workers.Resyncs(),
               static_cast<unsigned long long>(workers.MaxIteration()));
+}
+
+TEST(DurabilityLoop, WorkerKill9Loop) {
+  WorkerKill9Loop(
+      {"--elements", std::to_string(EnvOr("RACKHUB_KILL_ELEMENTS", uint64_t{1} << 20))});
+}
+
+TEST(DurabilityLoop, WorkerKill9LoopTable) {
+  WorkerKill9Loop({"--table-rows", std::to_string(EnvOr("RACKHUB_KILL_ROWS", uint64_t{20000}))});
 }
 
 }  // namespace

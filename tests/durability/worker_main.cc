@@ -1,7 +1,10 @@
 // rackhub-durability-worker: one rank of the worker-kill loop
 // (kill_loop_test.cc, WorkerKill9Loop). Connects, declares key "w"
-// (--elements, Adam), Pulls, then trains with Gradient() until killed or
-// until --iterations, recovering as docs/durability.md tells a trainer to.
+// (--elements, Adam) or, with --table-rows R, a row-sparse table "t" of R x
+// 16 (row-wise AdaGrad; each step pushes 64 rows picked from the iteration
+// and rank, their gradients from Gradient() over the whole table, and asks
+// for every row back), Pulls, then trains until killed or until
+// --iterations, recovering as docs/durability.md tells a trainer to.
 // Writes one line per event to --out, flushed at once:
 //   pull V HASH          after a Pull: the key's iteration and params hash
 //   iter V HASH          after a PushPull: the new iteration and params hash
@@ -10,7 +13,9 @@
 // Exit codes: 0 reached --iterations, 2 connect failed, 3 declare failed,
 // 4 an operation failed without recovery, 64 usage.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -20,20 +25,82 @@ namespace {
 
 using namespace rackhub;
 
+constexpr uint32_t kTableDim = 16;
+constexpr uint64_t kRowsPerStep = 64;
+
+template <typename Line>
+int TrainTable(client::Client& c, uint32_t rank, uint64_t rows, uint64_t iterations,
+               const Line& line) {
+  client::KeyDecl d;
+  d.name = "t";
+  d.rows = rows;
+  d.dim = kTableDim;
+  d.init = client::Init::kRandom;
+  d.init_scale = 0.05f;
+  d.init_seed = 11;
+  client::OptimizerSpec adagrad;
+  adagrad.type = "adagrad";
+  adagrad.learning_rate = 0.05;
+  d.optimizer = adagrad;
+  client::KeyId key = 0;
+  if (client::Error e = c.DeclareKey(d, &key); !e.ok()) {
+    line("error declare " + e.message);
+    return 3;
+  }
+  std::vector<uint64_t> all(rows);
+  for (uint64_t i = 0; i < rows; ++i) all[i] = i;
+  std::vector<float> table(rows * kTableDim), out(rows * kTableDim), dense(rows * kTableDim);
+  uint64_t iteration = 0;
+  const auto pull = [&] {
+    if (client::Error e = c.Wait(c.PullRows(key, all, table)); !e.ok()) {
+      line("error pull " + e.message);
+      std::exit(4);
+    }
+    iteration = c.GetKeyInfo(key)->next_iteration;
+    line("pull " + std::to_string(iteration) + " " + testing::HashFloats(table));
+  };
+  pull();
+  while (iteration < iterations) {
+    testing::Gradient(7, iteration, rank, table, dense);
+    std::vector<uint64_t> ids;
+    std::vector<float> grads;
+    for (uint64_t i = 0; i < kRowsPerStep; ++i) {
+      const uint64_t id = (i * 2654435761u + iteration * 40503u + rank * 977u) % rows;
+      ids.push_back(id);
+      grads.insert(grads.end(), dense.begin() + id * kTableDim,
+                   dense.begin() + (id + 1) * kTableDim);
+    }
+    const client::Error e = c.Wait(c.PushPullRows(key, ids, grads, all, out));
+    if (e.ok()) {
+      table.swap(out);
+      ++iteration;
+      line("iter " + std::to_string(iteration) + " " + testing::HashFloats(table));
+    } else if (testing::NeedsResync(e)) {
+      line(std::string("resync ") + client::ErrorCodeName(e.code) + " " + e.message);
+      pull();
+    } else {
+      line(std::string("error push ") + client::ErrorCodeName(e.code) + " " + e.message);
+      return 4;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app("rackhub-durability-worker");
   client::Options o;
   std::string out_path;
-  uint64_t elements = 0, iterations = UINT64_MAX;
+  uint64_t elements = 0, iterations = UINT64_MAX, table_rows = 0;
   uint32_t op_timeout_ms = 30000;
   app.add_option("--hub", o.hub)->required();
   app.add_option("--tenant", o.tenant)->required();
   app.add_option("--token", o.token)->required();
   app.add_option("--rank", o.rank)->required();
   app.add_option("--out", out_path)->required();
-  app.add_option("--elements", elements)->required()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28));
+  app.add_option("--elements", elements)->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28));
+  app.add_option("--table-rows", table_rows)->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
   app.add_option("--iterations", iterations);
   app.add_option("--op-timeout-ms", op_timeout_ms);
   try {
@@ -59,6 +126,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   line(std::string("transport ") + c->transport());
+  if (table_rows > 0) return TrainTable(*c, o.rank, table_rows, iterations, line);
+  if (elements == 0) {
+    line("error usage: --elements or --table-rows");
+    return 64;
+  }
   client::KeyDecl d;
   d.name = "w";
   d.elements = elements;
