@@ -447,10 +447,10 @@ TEST_F(RegistryStoreTest, NewerSchemaVersionIsRefused) {
   Open();
   CreateTenant("alpha");
   registry_.reset();
-  RawExec(db_path_, "PRAGMA user_version = 3");
-  ExpectRefused("schema version 3 is newer than this rackhubd understands (2)");
+  RawExec(db_path_, "PRAGMA user_version = 4");
+  ExpectRefused("schema version 4 is newer than this rackhubd understands (3)");
   // Still there, untouched.
-  RawExec(db_path_, "PRAGMA user_version = 2");
+  RawExec(db_path_, "PRAGMA user_version = 3");
   Open();
   EXPECT_EQ(registry_->ListTenants().size(), 1u);
 }
@@ -484,7 +484,10 @@ TEST_F(RegistryStoreTest, Version1DatabaseGainsTheWeightColumn) {
   CreateTenant("beta");
   registry_.reset();
   // What a v1 rackhubd left: no weight column, user_version 1.
-  RawExec(db_path_, "ALTER TABLE tenants DROP COLUMN weight; PRAGMA user_version = 1;");
+  RawExec(db_path_,
+          "ALTER TABLE tenants DROP COLUMN weight; ALTER TABLE keys DROP COLUMN rows; "
+          "ALTER TABLE keys DROP COLUMN dim; ALTER TABLE keys DROP COLUMN init_scale; "
+          "ALTER TABLE keys DROP COLUMN init_seed; PRAGMA user_version = 1;");
   Open();
   auto tenants = registry_->ListTenants();
   ASSERT_EQ(tenants.size(), 2u);
@@ -502,6 +505,95 @@ TEST_F(RegistryStoreTest, Version1DatabaseGainsTheWeightColumn) {
   ASSERT_TRUE(registry_->GetTenant("beta", &beta).ok());
   EXPECT_EQ(beta.quotas.weight, 7u);
   EXPECT_EQ(beta.counters->weight.load(), 7u);
+}
+
+// Version 2 (before row-sparse tables): the migration to v3 adds the table
+// columns; existing keys read back as dense keys. A table key created then
+// survives a reopen with its shape, init, layout and memory.
+TEST_F(RegistryStoreTest, Version2DatabaseGainsTableColumns) {
+  Open();
+  CreateTenant("alpha");
+  const KeyInfo dense = CreateKey("alpha", "w", 1000);
+  registry_.reset();
+  RawExec(db_path_,
+          "ALTER TABLE keys DROP COLUMN rows; ALTER TABLE keys DROP COLUMN dim; "
+          "ALTER TABLE keys DROP COLUMN init_scale; ALTER TABLE keys DROP COLUMN init_seed; "
+          "PRAGMA user_version = 2;");
+  Open();
+  KeyInfo got;
+  ASSERT_TRUE(registry_->GetKey("alpha", "w", &got).ok());
+  EXPECT_FALSE(got.table());
+  EXPECT_EQ(got.elements, dense.elements);
+  EXPECT_EQ(got.placement.chunk_count, dense.placement.chunk_count);
+
+  KeySpec t;
+  t.tenant = "alpha";
+  t.name = "emb";
+  t.rows = 1000;
+  t.dim = 8;
+  t.init = InitMode::kRandom;
+  t.init_scale = 0.25f;
+  t.init_seed = 77;
+  KeyInfo table;
+  ASSERT_TRUE(registry_->CreateKey(t, &table).ok());
+  EXPECT_EQ(table.elements, 8000u);
+  EXPECT_EQ(table.placement.chunk_count, 3u);  // 334 rows per lane
+  EXPECT_EQ(table.chunk_elements, 334u * 8);
+  EXPECT_TRUE(table.ready);
+  registry_.reset();
+  Open();
+  ASSERT_TRUE(registry_->GetKey("alpha", "emb", &got).ok());
+  EXPECT_EQ(got.rows, 1000u);
+  EXPECT_EQ(got.dim, 8u);
+  EXPECT_EQ(got.init, InitMode::kRandom);
+  EXPECT_EQ(got.init_scale, 0.25f);
+  EXPECT_EQ(got.init_seed, 77u);
+  EXPECT_EQ(got.placement.first_chunk, table.placement.first_chunk);
+  EXPECT_EQ(got.placement.chunk_count, 3u);
+  EXPECT_EQ(got.memory_bytes, table.memory_bytes);
+  EXPECT_TRUE(got.ready);
+  const auto chunks = registry_->ChunksOf(got);
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[2].first_element, 668u * 8);
+  EXPECT_EQ(chunks[2].elements, 332u * 8);
+  // A key after the table continues the index space.
+  const KeyInfo next = CreateKey("alpha", "b", 10);
+  EXPECT_EQ(next.placement.first_chunk, table.placement.first_chunk + 3);
+}
+
+// Table shapes and inits that cannot work are refused and change nothing.
+TEST_F(RegistryStoreTest, BadTablesAreRefused) {
+  Open();
+  CreateTenant("alpha");
+  const std::string before = DumpRows(db_path_);
+  const auto refuse = [&](KeySpec spec, const std::string& words) {
+    spec.tenant = "alpha";
+    spec.name = "emb";
+    KeyInfo out;
+    const Status s = registry_->CreateKey(spec, &out);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << words;
+    EXPECT_TRUE(Contains(s.message(), words)) << s.message();
+  };
+  KeySpec k;
+  k.rows = 10;
+  refuse(k, "rows, dim: a row-sparse table needs rows >= 1 and dim in [1, 65536], got 10 x 0");
+  k.dim = 70000;
+  refuse(k, "got 10 x 70000");
+  k.dim = 4;
+  k.elements = 41;
+  refuse(k, "elements: 41 is not rows x dim = 40");
+  k.elements = 0;
+  k.init = InitMode::kFromClient;
+  refuse(k, "FROM_CLIENT is not available for row-sparse tables");
+  k.init = InitMode::kRandom;
+  refuse(k, "init_scale: RANDOM needs a finite scale > 0");
+  k.rows = 1ull << 33;
+  refuse(k, "exceeds 17179869184 elements");
+  KeySpec dense;
+  dense.elements = 5;
+  dense.init = InitMode::kRandom;
+  refuse(dense, "RANDOM is for row-sparse tables");
+  EXPECT_EQ(DumpRows(db_path_), before);
 }
 
 // A weight out of [1, 1000] is refused and changes nothing, on disk too.
