@@ -10,8 +10,9 @@
 //     kMaxDataPayload, control frames within kMaxControlPayload;
 //   - the payload is decoded the way its receiver does, per opcode: ERROR
 //     bodies (DecodeErrorBody, and the ErrorFrame round trip), the protobuf
-//     control payloads, and the element payloads of data frames widened to
-//     fp32 by the kernels the lanes and the client use.
+//     control payloads, the element payloads of data frames widened to
+//     fp32 by the kernels the lanes and the client use, and the row requests
+//     of tables (ParseRowsPayload; a parsed one re-encodes to its bytes).
 // Nothing here may crash, leak, read out of bounds or hit UB (ASan+UBSan).
 #include <algorithm>
 #include <array>
@@ -60,6 +61,23 @@ void DecodeElements(const net::FrameHeader& h, std::span<const std::byte> payloa
   agg::AddIn(acc.data(), payload.data(), n, type);
 }
 
+// A row request as the lane parses it, for a table of 1..64 columns (taken
+// from the key field): a parsed request re-encodes to the same bytes.
+void DecodeRows(const net::FrameHeader& h, std::span<const std::byte> payload) {
+  const uint32_t dim = 1 + h.key % 64;
+  net::RowsPayload rows;
+  const std::string e = net::ParseRowsPayload(h.opcode, payload, dim, h.dtype, &rows);
+  if (!e.empty()) return;
+  const std::string prefix = net::EncodeRowsRequest(rows.ids, rows.want);
+  Check(prefix.size() + rows.row_bytes == payload.size(), "row request sizes add up");
+  Check(std::memcmp(prefix.data(), payload.data(), prefix.size()) == 0,
+        "row request round trip");
+  Check(rows.row_bytes == rows.ids.size() * dim * net::DTypeBytes(h.dtype) ||
+            h.opcode == net::Opcode::kPullRows,
+        "PUSH_ROWS carries one row per id");
+  if (rows.rows) DecodeElements(h, {rows.rows, rows.row_bytes});
+}
+
 void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload) {
   switch (h.opcode) {
     case net::Opcode::kError: {
@@ -90,6 +108,13 @@ void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload
     case net::Opcode::kInit:
     case net::Opcode::kRackSum:
     case net::Opcode::kRackParams: DecodeElements(h, payload); break;
+    case net::Opcode::kPushRows:
+    case net::Opcode::kPullRows: DecodeRows(h, payload); break;
+    case net::Opcode::kRows:
+      if (payload.size() >= net::kRowsPrefixBytes) {
+        DecodeElements(h, payload.subspan(net::kRowsPrefixBytes));
+      }
+      break;
     case net::Opcode::kPull:
     case net::Opcode::kHeartbeat:
     case net::Opcode::kBye:
