@@ -60,9 +60,8 @@ KeyPlacement ChunkLayout::AllocateTable(uint64_t rows) {
 }
 
 std::vector<ChunkSpan> ChunkLayout::TableChunks(const KeyPlacement& placement, uint64_t rows,
-                                                uint32_t dim) const {
+                                                uint32_t dim, uint64_t per) const {
   std::vector<ChunkSpan> out;
-  const uint64_t per = TableRowsPerChunk(rows, lanes_);
   for (uint64_t i = 0; i < placement.chunk_count; ++i) {
     const uint64_t first = i * per;
     const uint64_t n = rows - first < per ? rows - first : per;

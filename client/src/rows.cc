@@ -28,10 +28,6 @@ Error Invalid(std::string message) {
   return e;
 }
 
-uint64_t RowsPerChunk(uint64_t rows, uint32_t lanes) {
-  return rows / lanes + (rows % lanes != 0 ? 1 : 0);
-}
-
 }  // namespace
 
 void TableInitValues(uint64_t seed, float scale, uint64_t first_row, uint64_t rows, uint32_t dim,
@@ -79,11 +75,6 @@ Ticket Client::Impl::IssueRows(OperationPtr op, std::span<const uint64_t> ids,
   const uint32_t dim = info.dim;
   const auto label = [&] { return std::string(kind) + " of key '" + info.name + "': "; };
   if (e.ok() && info.rows == 0) e = Invalid(label() + "the key is dense (use PushPull / Pull)");
-  if (e.ok() && info.chunk_count != (info.rows + RowsPerChunk(info.rows, lane_count_) - 1) /
-                                        RowsPerChunk(info.rows, lane_count_)) {
-    e = Invalid(label() + "the hub's layout of the table (" + std::to_string(info.chunk_count) +
-                " chunks) does not match " + std::to_string(lane_count_) + " lanes");
-  }
   if (e.ok() && grads.size() != ids.size() * dim) {
     e = Invalid(label() + std::to_string(ids.size()) + " row ids need " +
                 std::to_string(ids.size() * dim) + " gradient values, got " +
@@ -107,7 +98,7 @@ Ticket Client::Impl::IssueRows(OperationPtr op, std::span<const uint64_t> ids,
 
   // One request per chunk, every chunk (each row range must hear from every
   // rank every iteration; a PullRows resynchronizes every chunk's version).
-  const uint64_t per = RowsPerChunk(info.rows, lane_count_);
+  const uint64_t per = info.rows_per_chunk;  // checked by ToKeyInfo
   const size_t chunks = info.chunk_count;
   const uint32_t elem = net::DTypeBytes(internal::WireDType(info.dtype));
   std::vector<std::vector<uint64_t>> chunk_ids(chunks), chunk_want(chunks);

@@ -100,6 +100,7 @@ Result<KeyInfo> ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elemen
                                                   : Init::kZeros;
   k.rows = entry.rows();
   k.dim = entry.dim();
+  k.rows_per_chunk = entry.rows_per_chunk();
   k.first_chunk = entry.first_chunk();
   k.chunk_count = entry.chunk_count();
   k.version = entry.version();
@@ -107,11 +108,13 @@ Result<KeyInfo> ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elemen
   if (k.elements == 0) return InvalidArgument(fmt::format("key '{}': 0 elements", entry.name()));
   if (chunk_elements == 0) return InvalidArgument("chunk_elements: 0");
   if (k.rows > 0) {  // a table: whole rows per chunk (checked against the lanes when used)
-    if (k.dim == 0 || k.elements / k.dim != k.rows || k.elements % k.dim != 0 ||
-        k.chunk_count == 0 || k.chunk_count > k.rows) {
+    const uint64_t per = k.rows_per_chunk;
+    if (k.dim == 0 || k.elements / k.dim != k.rows || k.elements % k.dim != 0 || per == 0 ||
+        per > k.rows || k.chunk_count != k.rows / per + (k.rows % per != 0)) {
       return InvalidArgument(fmt::format("key '{}': a table of {} x {} with {} elements in {} "
-                                         "chunks is inconsistent",
-                                         entry.name(), k.rows, k.dim, k.elements, k.chunk_count));
+                                         "chunks of {} rows is inconsistent",
+                                         entry.name(), k.rows, k.dim, k.elements, k.chunk_count,
+                                         per));
     }
     return k;
   }

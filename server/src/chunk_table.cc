@@ -126,7 +126,7 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
 
 std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
   const KeyInfo& k = key.info;
-  const uint64_t per = k.rows_per_chunk(lanes_);
+  const uint64_t per = k.rows_per_chunk();
   const uint64_t first = uint64_t{chunk} * per;
   const uint64_t n = std::min<uint64_t>(per, k.rows - first);
   const OptimizerSchedule& sched = k.schedule;

@@ -85,7 +85,7 @@ void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& ch
   out->set_init_scale(in.init_scale);
   out->set_init_seed(in.init_seed);
   if (in.table()) {
-    out->set_rows_per_chunk(in.dim ? in.chunk_elements / in.dim : 0);
+    out->set_rows_per_chunk(in.rows_per_chunk());
   }
   out->set_first_chunk(in.placement.first_chunk);
   out->set_chunk_count(in.placement.chunk_count);

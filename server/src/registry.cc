@@ -143,7 +143,11 @@ Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults 
                        (key.init == InitMode::kZeros || key.init == InitMode::kFromClient ||
                         (key.init == InitMode::kRandom && key.table())) &&
                        key.chunk_elements > 0 && key.elements > 0 && key.id > 0 &&
-                       (!key.table() || (key.dim > 0 && key.elements == key.rows * key.dim));
+                       (!key.table() ||
+                        (key.dim > 0 && key.elements == key.rows * key.dim &&
+                         key.chunk_elements % key.dim == 0 &&
+                         key.placement.chunk_count ==
+                             (key.rows + key.rows_per_chunk() - 1) / key.rows_per_chunk()));
     if (!t || !valid) {
       return FailedPrecondition(where + "key " + Quoted(key.name) + " (tenant handle " +
                                 std::to_string(row.tenant_handle) + ", id " +
@@ -479,8 +483,10 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
                    key.table() ? ChunkLayout::TableChunkCount(key.rows, lanes_)
                                : t->layout.ChunksFor(elements)};
   // A table's chunks are its row ranges (ChunkLayout::TableChunks).
-  key.chunk_elements = key.table() ? static_cast<uint32_t>(key.rows_per_chunk(lanes_) * key.dim)
-                                   : chunk_elements;
+  key.chunk_elements =
+      key.table()
+          ? static_cast<uint32_t>(ChunkLayout::TableRowsPerChunk(key.rows, lanes_) * key.dim)
+          : chunk_elements;
   key.memory_bytes = memory;
   if (store_) {
     if (Status s = store_->InsertKey(t->info.handle, key, key.id + 1,
@@ -596,7 +602,7 @@ Status Registry::Authenticate(const std::string& tenant, const std::string& toke
 std::vector<aggregation::ChunkSpan> Registry::ChunksOf(const KeyInfo& key) const {
   if (key.table()) {
     ChunkLayout layout(aggregation::kDefaultChunkBytes, lanes_);
-    return layout.TableChunks(key.placement, key.rows, key.dim);
+    return layout.TableChunks(key.placement, key.rows, key.dim, key.rows_per_chunk());
   }
   ChunkLayout layout(key.chunk_elements * aggregation::kMasterElementBytes, lanes_);
   return layout.Chunks(key.placement, key.elements);

@@ -153,10 +153,9 @@ struct KeyInfo {
   float init_scale = 0;
   uint64_t init_seed = 0;
   bool table() const { return rows > 0; }
-  // Rows per chunk of a table (chunk c holds rows [c * per, ...)).
-  uint64_t rows_per_chunk(uint32_t lanes) const {
-    return aggregation::ChunkLayout::TableRowsPerChunk(rows, lanes);
-  }
+  // Rows per chunk of a table (chunk c holds rows [c * per, ...)), fixed
+  // when it was created (chunk_elements = per * dim).
+  uint64_t rows_per_chunk() const { return dim ? chunk_elements / dim : 0; }
   uint64_t parameter_bytes() const { return elements * aggregation::kMasterElementBytes; }
 };
 

@@ -38,6 +38,7 @@ void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
   e->set_version(version);
   e->set_rows(k.rows);
   e->set_dim(k.dim);
+  e->set_rows_per_chunk(k.rows_per_chunk());
 }
 
 }  // namespace

@@ -408,6 +408,63 @@ TEST_F(DurabilityTest, TableCheckpointSurvivesKillNine) {
   EXPECT_EQ(step(5), at6);
 }
 
+// A table's row ranges are fixed when it is created: a hub restarted with
+// another lane count (2 -> 3) serves the same ranges (two of them now, on
+// lanes 0 and 1) from its checkpoint, and training goes on.
+TEST_F(DurabilityTest, TableKeepsItsRowRangesWhenTheLaneCountChanges) {
+  constexpr uint64_t kRows = 1001;
+  constexpr uint32_t kDim = 4;
+  std::vector<uint64_t> all(kRows);
+  for (uint64_t i = 0; i < kRows; ++i) all[i] = i;
+  std::vector<float> before(kRows * kDim);
+  {
+    auto c0 = Connect(0), c1 = Connect(1);
+    ASSERT_TRUE(c0 && c1);
+    client::KeyDecl d;
+    d.name = "emb";
+    d.rows = kRows;
+    d.dim = kDim;
+    d.init = client::Init::kRandom;
+    d.init_scale = 1.0f;
+    client::KeyId k = 0;
+    ASSERT_TRUE(c0->DeclareKey(d, &k).ok());
+    ASSERT_TRUE(c1->DeclareKey(d, &k).ok());
+    EXPECT_EQ(c0->GetKeyInfo(k)->rows_per_chunk, 501u);
+    const std::vector<uint64_t> ids = {0, 500, 501, 1000};
+    std::vector<float> g(ids.size() * kDim, 0.5f), out0(kRows * kDim), out1(kRows * kDim);
+    const auto t0 = c0->PushPullRows(k, ids, g, all, out0);
+    const auto t1 = c1->PushPullRows(k, ids, g, all, out1);
+    ASSERT_TRUE(c0->Wait(t0).ok() && c1->Wait(t1).ok());
+    before = out0;
+    c0->Close();
+    c1->Close();
+  }
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0);  // checkpoints every tenant on the way out
+  const std::string state = daemon_->state_dir();
+  daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
+      "--lanes", "3", "--state-dir", state, "--checkpoint-every-iterations", "0",
+      "--checkpoint-every-seconds", "0"});
+  ASSERT_TRUE(daemon_->started());
+  auto c0 = Connect(0), c1 = Connect(1);
+  ASSERT_TRUE(c0 && c1);
+  const auto k = c0->FindKey("emb");
+  ASSERT_TRUE(k.has_value());
+  const client::KeyInfo info = *c0->GetKeyInfo(*k);
+  EXPECT_EQ(info.rows_per_chunk, 501u);
+  EXPECT_EQ(info.chunk_count, 2u);
+  EXPECT_EQ(info.next_iteration, 1u);
+  std::vector<float> out(kRows * kDim);
+  ASSERT_TRUE(c1->Wait(c1->PullRows(*k, all, out)).ok());
+  EXPECT_EQ(out, before);
+  const std::vector<uint64_t> ids = {1000};
+  std::vector<float> g(kDim, 0.5f), o0(kDim), o1(kDim);
+  const auto t0 = c0->PushPullRows(*k, ids, g, ids, o0);
+  const auto t1 = c1->PushPullRows(*k, ids, g, ids, o1);
+  ASSERT_TRUE(c0->Wait(t0).ok() && c1->Wait(t1).ok());
+  EXPECT_EQ(o0, o1);
+  EXPECT_NE(o0[0], before[1000 * kDim]);
+}
+
 // Checkpoints taken while both ranks train flat out (no pause between
 // steps): every one succeeds, and its parameters are exactly those the
 // workers received at the checkpoint's iteration (one consistent version

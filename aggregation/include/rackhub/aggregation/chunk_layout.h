@@ -65,11 +65,13 @@ class ChunkLayout {
   // ceil(rows / that) chunks (at most `lanes`, so a lane owns at most one
   // range of each table). Chunk c holds rows [c * per, min(rows, (c + 1) *
   // per)); its ChunkSpan counts elements (first_element = first row * dim).
+  // `per` is fixed when the table is created (a hub restarted with another
+  // lane count keeps it: TableChunks takes it, not the lanes).
   static uint64_t TableRowsPerChunk(uint64_t rows, uint32_t lanes);
   static uint64_t TableChunkCount(uint64_t rows, uint32_t lanes);
   KeyPlacement AllocateTable(uint64_t rows);
-  std::vector<ChunkSpan> TableChunks(const KeyPlacement& placement, uint64_t rows,
-                                     uint32_t dim) const;
+  std::vector<ChunkSpan> TableChunks(const KeyPlacement& placement, uint64_t rows, uint32_t dim,
+                                     uint64_t rows_per_chunk) const;
 
  private:
   uint32_t chunk_bytes_;

@@ -209,6 +209,7 @@ struct KeyInfo {
   bool resync_needed = false;    // PushPull fails with kRolledBack until a Pull
   uint64_t rows = 0;             // row-sparse table: rows x dim; 0 for dense keys
   uint32_t dim = 0;
+  uint64_t rows_per_chunk = 0;   // table: chunk c holds rows [c * rows_per_chunk, ...)
 };
 
 class Client {
