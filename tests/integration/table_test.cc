@@ -25,6 +25,7 @@
 #include "process.h"
 #include "rackhub/aggregation/optimizer_config.h"
 #include "rackhub/client/client.h"
+#include "rackhub/client/rackhub_c.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/frame.h"
 #include "table_reference.h"
@@ -467,6 +468,59 @@ TEST_P(TableTest, QuotaCountsTheTablesMemory) {
   decl.optimizer = TableOpt{"sgd", 0.1}.Spec();  // 640 KB fits
   e = c->DeclareKey(decl, &id);
   EXPECT_TRUE(e.ok()) << e.message;
+}
+
+// The C ABI over TCP (the functions of rackhub_c.h for tables): the same
+// results as the reference, and its argument checks.
+TEST_P(TableTest, CApi) {
+  if (GetParam() != Transport::kTcp) GTEST_SKIP() << "the C ABI dials TCP only";
+  const std::string token = CreateTenant("capi", 1);
+  const std::string hub = hub_->data_address();
+  rackhub_options o{};
+  o.hub = hub.c_str();
+  o.tenant = "capi";
+  o.token = token.c_str();
+  rackhub_client* c = nullptr;
+  char err[256] = "";
+  ASSERT_EQ(rackhub_connect(&o, &c, err, sizeof err), RACKHUB_OK) << err;
+  rackhub_optimizer sgd{};
+  sgd.type = "sgd";
+  sgd.learning_rate = 0.5;
+  uint32_t key = 0;
+  ASSERT_EQ(rackhub_declare_table(c, "emb", kRows, kDim, RACKHUB_FP32, &sgd, RACKHUB_INIT_RANDOM,
+                                  0.25f, 5, &key),
+            RACKHUB_OK)
+      << rackhub_last_error(c);
+  EXPECT_EQ(rackhub_declare_table(c, "x", kRows, kDim, RACKHUB_FP32, &sgd,
+                                  RACKHUB_INIT_FROM_CLIENT, 0, 0, &key),
+            RACKHUB_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rackhub_last_error(c)).find("RACKHUB_INIT_ZEROS or _RANDOM"),
+            std::string::npos);
+  TableReference ref(TableOpt{"sgd", 0.5}.Config(), 1, 0, kRows, kDim);
+  client::TableInitValues(5, 0.25f, 0, kRows, kDim, ref.values.data());
+  const std::vector<uint64_t> ids = {49, 0, 49}, want = {49, 16, 17};
+  std::vector<float> g(ids.size() * kDim);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.125f * static_cast<float>(i % 7);
+  std::vector<float> out(want.size() * kDim);
+  ASSERT_EQ(rackhub_push_pull_rows(c, key, ids.data(), ids.size(), g.data(), want.data(),
+                                   want.size(), out.data()),
+            RACKHUB_OK)
+      << rackhub_last_error(c);
+  ref.Update({{ids, g}});
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (uint32_t j = 0; j < kDim; ++j) {
+      EXPECT_TRUE(SameBits(out[i * kDim + j], ref.Row(want[i])[j])) << i << "," << j;
+    }
+  }
+  std::vector<float> one(kDim);
+  const uint64_t bad = kRows;
+  EXPECT_EQ(rackhub_pull_rows(c, key, &bad, 1, one.data()), RACKHUB_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rackhub_last_error(c)).find("out of range"), std::string::npos);
+  EXPECT_EQ(rackhub_pull_rows(c, key, &bad, 1, nullptr), RACKHUB_INVALID_ARGUMENT);
+  const uint64_t row = 0;
+  ASSERT_EQ(rackhub_pull_rows(c, key, &row, 1, one.data()), RACKHUB_OK);
+  for (uint32_t j = 0; j < kDim; ++j) EXPECT_TRUE(SameBits(one[j], ref.Row(0)[j]));
+  rackhub_close(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TableTest, ::testing::ValuesIn(testing::AllTransports()),

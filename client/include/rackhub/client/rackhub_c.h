@@ -125,7 +125,7 @@ uint64_t rackhub_last_error_iteration(rackhub_client* client);
 /* Successful reconnects of `client` so far. */
 uint64_t rackhub_reconnects(const rackhub_client* client);
 
-/* ---- Added in librackhub 0.3 (row-sparse tables, docs/architecture.md) ----
+/* ---- Row-sparse tables (added after 0.2; docs/architecture.md) ----
  *
  * A table of rows x dim (an embedding table); init RACKHUB_INIT_ZEROS or
  * RACKHUB_INIT_RANDOM (uniform in [-init_scale, init_scale), seeded). */
