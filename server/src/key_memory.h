@@ -44,9 +44,10 @@ uint64_t KeyMemoryBytes(uint64_t elements, uint32_t chunk_elements, uint32_t wor
 
 // A row-sparse table of rows x dim cut into `chunks` row ranges: fp32 rows,
 // the optimizer state (per element; row-wise AdaGrad: one value per row) and
-// bookkeeping per chunk. One iteration's contributions are not counted: they
-// are bounded by the frames that carry them (kMaxDataPayload per rank and
-// chunk) and freed by the update (docs/architecture.md, Row-sparse tables).
+// bookkeeping per chunk. One iteration's contributions are not counted: a
+// rank keeps at most one row per distinct id of the range (duplicates are
+// summed on arrival), so they are bounded by workers x the range, and freed
+// by the update or an abort (docs/architecture.md, Row-sparse tables).
 uint64_t TableMemoryBytes(uint64_t rows, uint32_t dim, uint64_t chunks,
                           aggregation::OptimizerType optimizer);
 

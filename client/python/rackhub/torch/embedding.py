@@ -41,9 +41,11 @@ Contract:
   step's reply for those rows (no extra round trip). opt.pull_tables() makes
   the whole local weight current (e.g. before saving it).
 - step(): every table pushes every step, an empty push when this rank's
-  batch touched none of its rows (the ids and rows of the sparse gradient as
-  they are, uncoalesced: the hub sums duplicates in order, then the ranks in
-  rank order, scales by 1/workers with op=Average). All tables' pushes are
+  batch touched none of its rows: the sparse gradient's unique ids and rows
+  (embedding_coalesce=True, default: torch's coalesce() sums duplicates in
+  their order, bit for bit what the hub would do; False sends them as they
+  are and the hub sums them in order), then the hub sums the ranks' rows in
+  rank order and scales by 1/workers with op=Average. All tables' pushes are
   in flight at once; then the replies (updated rows) go into the weights.
 """
 import logging
@@ -216,8 +218,10 @@ class _Table:
 class Tables:
     """The tables of one DistributedOptimizer (used by optimizer._Sync)."""
 
-    def __init__(self, client, opt, group_of, pairs, prefix, reduction, dtype, embedding_init):
+    def __init__(self, client, opt, group_of, pairs, prefix, reduction, dtype, embedding_init,
+                 coalesce=True):
         self.c = client
+        self.coalesce = bool(coalesce)
         self.tables = []
         by_module = {}
         for i, (name, m) in enumerate(pairs):
@@ -295,6 +299,8 @@ class Tables:
             if g is None:
                 ids, rows = _empty_ids(), torch.empty(0)
             elif g.is_sparse:
+                if self.coalesce and not g.is_coalesced():
+                    g = g.coalesce()  # duplicates summed in order (a stable sort), as the hub would
                 ids = g._indices()[0].contiguous()
                 rows = g._values().detach().to(torch.float32).contiguous()
             else:

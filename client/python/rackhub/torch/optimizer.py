@@ -134,7 +134,7 @@ class _Sync:
     """The engine behind the optimizer: slots, hooks, pushes, waits."""
 
     def __init__(self, opt, named, compression, passes, op, hub, prefix, reply, on_rollback,
-                 embeddings=None, embedding_init=DEFAULT_INIT):
+                 embeddings=None, embedding_init=DEFAULT_INIT, embedding_coalesce=True):
         ctx = _context.need()
         if on_rollback not in ("resync", "raise"):
             raise ValueError("on_rollback: 'resync' or 'raise'")
@@ -171,7 +171,7 @@ class _Sync:
         if embeddings is not None:
             pairs = tables_of(embeddings, {id(p): n for n, p in named})
             self.tables = Tables(self.c, opt, group_of, pairs, prefix, self.reduction,
-                                 self.dtype, embedding_init)
+                                 self.dtype, embedding_init, embedding_coalesce)
         table_ids = self.tables.weights() if self.tables else set()
         self.slots = []
         seen = set()
@@ -427,12 +427,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     wrapped optimizer's class by DistributedOptimizer())."""
 
     def __init__(self, params, base, named_parameters, compression, backward_passes_per_step,
-                 op, hub, prefix, reply, on_rollback, embeddings, embedding_init):
+                 op, hub, prefix, reply, on_rollback, embeddings, embedding_init,
+                 embedding_coalesce):
         super(self.__class__, self).__init__(params)
         for p, st in base.state.items():  # e.g. loaded from a checkpoint before wrapping
             self.state[p] = st
         self._rackhub = _Sync(self, named_parameters, compression, backward_passes_per_step, op,
-                              hub, prefix, reply, on_rollback, embeddings, embedding_init)
+                              hub, prefix, reply, on_rollback, embeddings, embedding_init,
+                              embedding_coalesce)
         self._rackhub_sync_next_step = True
 
     @property
@@ -534,7 +536,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, *,
                          hub_optimizer=False, prefix="", reply="swap", on_rollback="resync",
-                         embeddings=None, embedding_init=DEFAULT_INIT):
+                         embeddings=None, embedding_init=DEFAULT_INIT, embedding_coalesce=True):
     """Wraps `optimizer` for data-parallel training through the hub (see the
     module docstring).
 
@@ -558,7 +560,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     embeddings (keyword): nn.Embedding / nn.EmbeddingBag modules built with
       sparse=True (a list, or a dict name -> module) whose weights become
       row-sparse table keys with the optimizer running on the hub;
-      embedding_init: their initial values (rackhub.torch.embedding's
+      embedding_init, embedding_coalesce: their initial values and whether
+      duplicate ids are summed before the push (rackhub.torch.embedding's
       docstring).
     """
     if gradient_predivide_factor != 1.0:
@@ -579,4 +582,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                         f"Adam/AdamW/Adagrad), got {type(optimizer).__name__}")
     cls = type(type(base).__name__, (type(base),), dict(_METHODS))
     return cls(base.param_groups, base, named_parameters, compression, backward_passes_per_step,
-               op, bool(hub_optimizer), prefix, reply, on_rollback, embeddings, embedding_init)
+               op, bool(hub_optimizer), prefix, reply, on_rollback, embeddings, embedding_init,
+               embedding_coalesce)
