@@ -164,6 +164,14 @@ void FrameSeeds() {
   Write(t, "rack-sum", Frame(net::Opcode::kRackSum, Floats(8, 4), net::DType::kFp32));
   Write(t, "rack-params", Frame(net::Opcode::kRackParams, Floats(8, 2), net::DType::kBf16));
   Write(t, "pull", Frame(net::Opcode::kPull, ""));
+  // Table rows (key 1: frame_fuzz reads them as rows of 2 columns).
+  const std::vector<uint64_t> ids = {3, 1, 3}, want = {2};
+  Write(t, "push-rows", Frame(net::Opcode::kPushRows,
+                              net::EncodeRowsRequest(ids, want) + Floats(6, 4), net::DType::kFp32));
+  Write(t, "pull-rows",
+        Frame(net::Opcode::kPullRows, net::EncodeRowsRequest(want, {}), net::DType::kBf16));
+  Write(t, "rows", Frame(net::Opcode::kRows, std::string("\x02\0\0\0\0\0\0\0", 8) + Floats(4, 2),
+                         net::DType::kFp16));
   Write(t, "heartbeat", Frame(net::Opcode::kHeartbeat, ""));
   Write(t, "bye", Frame(net::Opcode::kBye, ""));
   Write(t, "ack", Frame(net::Opcode::kAck, ""));
