@@ -360,7 +360,7 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   if (again) {
     // The rank pushes again after a failed PushPull whose earlier push of
     // this chunk is already counted: that one stays, this one gets the result.
-    c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id});
+    c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
     return;
   }
   const auto result = stage.Contribute(conn.id().rank, payload);
@@ -377,7 +377,7 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   if (LatencyHistogram* late = t.metrics->rank(ChunkTable::Member(t, conn.id()))) {
     late->Observe(now - c.first_contribution);
   }
-  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id});
+  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
   if (result != aggregation::ChunkState::AddResult::kComplete) return;
   if (c.multi_rack()) {
     stage.Update();  // the rack's sum (sum-only stage)
@@ -433,7 +433,7 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   if (!c.multi_rack() && !c.state.initialized()) {
     if (!conn.Reserve(reply_bytes)) return;
-    c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id, reply_bytes});
+    c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id, reply_bytes, {}});
     return;
   }
   SendParams(conn, c, c.current_version(), h.request_id);
