@@ -8,13 +8,17 @@ namespace rackhub::aggregation {
 
 void TableInitValues(uint64_t seed, float scale, uint64_t first_row, uint64_t rows,
                      uint32_t dim, float* out) {
-  uint64_t n = seed + first_row * dim;
-  const uint64_t total = rows * dim;
-  for (uint64_t i = 0; i < total; ++i, ++n) {
-    uint64_t z = n + 0x9E3779B97F4A7C15ull;  // SplitMix64
+  const auto mix = [](uint64_t z) {  // SplitMix64's output function
+    z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    return z ^ (z >> 31);
+  };
+  // The seed is mixed first, so seeds s and s + 1 are unrelated streams.
+  uint64_t n = mix(seed) + first_row * dim;
+  const uint64_t total = rows * dim;
+  for (uint64_t i = 0; i < total; ++i, ++n) {
+    const uint64_t z = mix(n);
     const double u = static_cast<double>(z >> 40) * (1.0 / 8388608.0) - 1.0;  // exact
     out[i] = static_cast<float>(u) * scale;
   }

@@ -267,6 +267,9 @@ class Client::Impl {
   std::unique_ptr<asio::steady_timer> close_timer_;     // I/O thread
 
   std::atomic<const char*> transport_{"tcp"};  // what the lanes use now
+  // The largest frame payload the lanes carry now: kMaxDataPayload, or less
+  // over shared memory (a frame is one record of the ring).
+  std::atomic<uint64_t> max_frame_payload_{net::kMaxDataPayload};
   // Reconnect. can_reconnect_ and tcp_target_ are set by Connect (TCP, and
   // shared memory: a reconnect dials TCP).
   bool can_reconnect_ = false;

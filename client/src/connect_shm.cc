@@ -97,6 +97,10 @@ Error Client::Impl::ConnectShm(const tcp::endpoint& target, Clock::time_point de
     if (!reply->channel) {  // the hub refused HELLO
       return CheckHelloReply(where, reply->refusal, std::move(reply->refusal_body), &welcome);
     }
+    // A frame must fit the ring as one record (row frames of tables are the
+    // ones that can be larger: IssueRows checks against this).
+    max_frame_payload_ = std::min<uint64_t>(max_frame_payload_.load(),
+                                            reply->channel->ring_bytes() - shm::kRecordAlign);
     auto link = std::make_unique<ShmLane>(this, lane, reply->channel, "shm");
     Result<ShmLane::HandshakeReply> first = link->Handshake(io_, "", deadline);
     if (!first.ok()) return Fail(ErrorCode::kConnectFailed, where + ": " + first.status().message());

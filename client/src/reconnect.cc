@@ -216,6 +216,7 @@ void Client::Impl::AdoptReconnect(uint64_t generation, std::vector<int> fds,
   if (reconnect_timer_) reconnect_timer_->cancel();
   ++reconnects_;
   transport_ = "tcp";
+  max_frame_payload_ = net::kMaxDataPayload;
   for (auto& lane : lanes_) lane->StartReading();
 
   // Re-send what was pending (in ticket order); a PushPull on a key that

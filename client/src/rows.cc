@@ -119,13 +119,19 @@ Ticket Client::Impl::IssueRows(OperationPtr op, std::span<const uint64_t> ids,
     const size_t row_bytes = size_t{dim} * elem;
     const uint64_t reply = net::kRowsPrefixBytes + uint64_t{chunk_want[c].size()} * row_bytes;
     const uint64_t request = part.payload.size() + uint64_t{chunk_ids[c].size()} * row_bytes;
-    if (std::max(reply, request) > net::kMaxDataPayload) {
-      return CompleteNow(std::move(op),
-                         Invalid(label() + "chunk " + std::to_string(c) + " would carry " +
-                                 std::to_string(std::max(reply, request)) +
-                                 " bytes in one frame, above " +
-                                 std::to_string(net::kMaxDataPayload) +
-                                 "; split the call into smaller batches of rows"));
+    const uint64_t limit = max_frame_payload_.load();
+    if (std::max(reply, request) > limit) {
+      const bool shm = limit < net::kMaxDataPayload;
+      return CompleteNow(
+          std::move(op),
+          Invalid(label() + "chunk " + std::to_string(c) + " (lane " +
+                  std::to_string((info.first_chunk + c) % lane_count_) + ") would carry " +
+                  std::to_string(std::max(reply, request)) + " bytes in one frame, above " +
+                  std::to_string(limit) +
+                  (shm ? " (the shared-memory ring's record; raise the hub's "
+                         "data.shm_ring_bytes)"
+                       : "") +
+                  "; split the call into smaller batches of rows"));
     }
     if (!push) continue;
     const size_t head = part.payload.size();

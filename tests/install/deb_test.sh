@@ -64,7 +64,8 @@ for f in ./usr/bin/rackhubd ./usr/bin/rackhubctl ./usr/bin/rackhub-run \
     ./usr/share/man/man8/rackhubd.8 ./usr/share/man/man1/rackhubctl.1 \
     ./usr/lib/python3/dist-packages/rackhub/__init__.py \
     ./usr/lib/python3/dist-packages/rackhub/torch/__init__.py \
-    ./usr/lib/python3/dist-packages/rackhub/torch/optimizer.py; do
+    ./usr/lib/python3/dist-packages/rackhub/torch/optimizer.py \
+    ./usr/lib/python3/dist-packages/rackhub/torch/embedding.py; do
   grep -qx "$f" "$work/content" || fail "the .deb lacks $f"
 done
 grep -q '/librackhub\.so\.0\.1\.0$' "$work/content" || fail "the .deb lacks librackhub.so.0.1.0"

@@ -107,9 +107,12 @@ class TableTest : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
     std::string why;
+    // Small shared-memory rings (64 KiB with 1 KiB chunks): row frames larger
+    // than half a ring are tested below.
     hub_ = HubUnderTest::Start(GetParam(),
                                {"--lanes", std::to_string(kLanes), "--straggler-timeout-ms",
-                                std::to_string(1500 * HubUnderTest::TimeScale(GetParam()))},
+                                std::to_string(1500 * HubUnderTest::TimeScale(GetParam())),
+                                "--shm-ring-bytes", "65536"},
                                &why);
     if (!hub_ && GetParam() == Transport::kRdma) GTEST_SKIP() << why;
     ASSERT_TRUE(hub_) << why;
@@ -468,6 +471,60 @@ TEST_P(TableTest, QuotaCountsTheTablesMemory) {
   decl.optimizer = TableOpt{"sgd", 0.1}.Spec();  // 640 KB fits
   e = c->DeclareKey(decl, &id);
   EXPECT_TRUE(e.ok()) << e.message;
+}
+
+// Row frames of 39-59 KiB, larger than half a 64 KiB shared-memory ring
+// (a record never wraps: the pad goes ahead alone), at every ring position,
+// bit for bit; a frame larger than the whole ring is refused by the client
+// with a clear error over shared memory (and fine over the other transports).
+TEST_P(TableTest, RowFramesLargerThanHalfTheShmRing) {
+  constexpr uint64_t kBigRows = 3000;  // 1000 rows per range
+  constexpr uint32_t kBigDim = 16;     // 64 bytes per row
+  const std::string token = CreateTenant("ring", 1, {"--chunk-bytes", "1024"});
+  auto c = Connect("ring", token, 0);
+  ASSERT_NE(c, nullptr);
+  client::KeyDecl decl;
+  decl.name = "emb";
+  decl.rows = kBigRows;
+  decl.dim = kBigDim;
+  decl.optimizer = TableOpt{"sum-only", 0, 0, 0, 0, 0, 0, 0, true}.Spec();
+  client::KeyId key = 0;
+  ASSERT_TRUE(c->DeclareKey(decl, &key).ok());
+  std::mt19937 rng(7);
+  for (int it = 0; it < 12; ++it) {
+    // 500..750 rows of range 0, pushed and wanted: 80 bytes a row, 39-59 KiB.
+    const size_t n = 500 + rng() % 251;
+    std::vector<uint64_t> ids(n);
+    for (size_t i = 0; i < n; ++i) ids[i] = (i * 7 + it) % 1000;
+    std::vector<float> g(n * kBigDim), out(n * kBigDim);
+    for (float& v : g) v = static_cast<float>(rng() % 1000) / 8.0f;
+    const client::Error e = c->Wait(c->PushPullRows(key, ids, g, ids, out));
+    ASSERT_TRUE(e.ok()) << "iteration " << it << " (" << n << " rows): " << e.message;
+    TableReference ref(TableOpt{"sum-only", 0, 0, 0, 0, 0, 0, 0, true}.Config(), 1, 0, kBigRows,
+                       kBigDim);
+    ref.Update({{ids, g}});
+    for (size_t i = 0; i < n; ++i) {
+      for (uint32_t j = 0; j < kBigDim; ++j) {
+        ASSERT_TRUE(SameBits(out[i * kBigDim + j], ref.Row(ids[i])[j])) << it << " " << i;
+      }
+    }
+  }
+  // 1000 rows of range 0: 78 KiB in one frame.
+  std::vector<uint64_t> ids(1000);
+  for (uint64_t i = 0; i < 1000; ++i) ids[i] = i;
+  std::vector<float> g(ids.size() * kBigDim, 1.0f), out(ids.size() * kBigDim);
+  const client::Error e = c->Wait(c->PushPullRows(key, ids, g, ids, out));
+  if (GetParam() == Transport::kShm) {
+    EXPECT_EQ(e.code, ErrorCode::kInvalidArgument) << e.message;
+    EXPECT_NE(e.message.find("raise the hub's data.shm_ring_bytes"), std::string::npos)
+        << e.message;
+    EXPECT_STREQ(c->transport(), "shm");  // nothing broke
+    std::vector<float> two(2 * kBigDim);
+    const client::Error again = c->Wait(c->PullRows(key, std::vector<uint64_t>{0, 999}, two));
+    EXPECT_TRUE(again.ok()) << again.message;
+  } else {
+    EXPECT_TRUE(e.ok()) << e.message;
+  }
 }
 
 // The C ABI over TCP (the functions of rackhub_c.h for tables): the same

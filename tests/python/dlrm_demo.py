@@ -123,8 +123,9 @@ def train_distributed(args, data):
     rh.allreduce(torch.zeros(1), name="done")  # every rank finished its last step
     if rank == 0:
         print(f"{world} workers through rackhub: {dm.EPOCHS} epochs in {secs:.1f} s; rows "
-              f"pulled by forward pre-hooks on rank 0: {pulled}"
-              f"{' (prefetch off)' if args.no_prefetch else ''}", flush=True)
+              f"pulled by forward pre-hooks on rank 0: {pulled} "
+              f"{'(prefetch off)' if args.no_prefetch else '(first batch, held-out AUCs)'}",
+              flush=True)
         opt.pull_tables()  # every row, to compare with the reference
         weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     rh.shutdown()
@@ -170,7 +171,7 @@ def main():
         print(f"one process (mirroring {args.ranks} ranks): {dm.EPOCHS} epochs in {secs:.1f} s; "
               f"held-out AUC {curves[-1][1]:.4f} (Bayes-optimal {bayes:.4f})")
         return 0
-    import rackhub.torch as rh  # noqa: F401 (fails here if the binding is missing)
+    __import__("rackhub.torch")  # fails here, before any work, if the binding is missing
     curves, weights, world = train_distributed(args, data)
     if curves is None:
         return 0

@@ -12,13 +12,18 @@ Scenarios (a tenant each): "sgd-sum-prefetch" (op=Sum, each step's reply
 brings the next batch's rows), "sgd-sum-pull" (the same without prefetch:
 the forward pre-hooks pull; must give the same bits), "sgd-sum-uncoalesced"
 (embedding_coalesce=False: duplicate ids go to the hub as they are; the
-same bits again), "adagrad-mean" (op=Average, row-wise AdaGrad). In every one: an nn.Embedding (3 ids per
-sample, duplicates) and an nn.EmbeddingBag(mode="sum", 2 ids per sample);
-at step 2 rank 1's batch is empty and at step 4 rank 0 does not call the bag
+same bits again), "adagrad-mean" (op=Average, row-wise AdaGrad). In every
+one: an nn.Embedding (300 samples x 3 ids per rank and step over 37 rows,
+rows 0 and 1 ~150 times each, so the order of the sums shows: summing them
+in torch's coalesce() order fails this test) and an
+nn.EmbeddingBag(mode="sum", 2 ids per sample); at step 2 rank 1's batch is
+empty and at step 4 rank 0 does not call the bag
 at all (empty pushes); at step 3 the learning rate changes
 (set_learning_rate: the tables' SetOptimizer). Rank 0 also checks: a
 sparse=False embedding is refused with a ValueError naming it, the tables'
-key names, and that a table's initial rows equal table_init_'s.
+key names, that a table's initial rows equal table_init_'s, and the
+translation of torch optimizers to table optimizers (SparseAdam -> adam,
+SGD momentum, Adagrad row-wise; RMSprop and Adagrad's lr_decay refused).
 
     test_embedding.py        (RACKHUB_BIN_DIR: rackhubd/rackhubctl; PYTHONPATH: build/python)
 """
@@ -33,7 +38,7 @@ import torch  # noqa: E402
 
 import dlrm_model as dm  # noqa: E402
 
-WORLD, STEPS, BATCH = 2, 6, 5
+WORLD, STEPS, BATCH = 2, 6, 300
 ROWS_E, ROWS_B, DIM = 37, 23, 4
 LR, LR2 = 0.1, 0.05          # LR2 from step 3 on
 # name: (optimizer, op, prefetch, embedding_coalesce)
@@ -61,14 +66,16 @@ def data(rank, step):
     """(ids n x 3, bag ids n x 2, y n, skip_bag) of one rank's batch."""
     g = torch.Generator().manual_seed(1000 * step + rank)
     n = 0 if (step == 2 and rank == 1) else BATCH
-    return (torch.randint(0, ROWS_E, (n, 3), generator=g),
+    ids = torch.randint(0, ROWS_E, (n, 3), generator=g)
+    ids[:, 0] = ids[:, 0] % 2  # rows 0 and 1 several times per batch: the order of sums shows
+    return (ids,
             torch.randint(0, ROWS_B, (n, 2), generator=g), torch.randn(n, generator=g),
             step == 4 and rank == 0)
 
 
 def loss_of(model, batch):
     ids, bag_ids, y, skip = batch
-    return 0.5 * ((model(ids, bag_ids, skip) - y) ** 2).sum()
+    return 0.5 * ((model(ids, bag_ids, skip) - y) ** 2).sum() / BATCH  # 0 for an empty batch
 
 
 def make_optimizer(kind, params):
@@ -100,6 +107,7 @@ def worker(argv):
         except ValueError as e:
             checks.append(("sparse=False refused", "sparse=False" in str(e)
                            and "dense_emb.weight" in str(e), str(e)))
+        checks += spec_checks(rh)
     opt = rh.DistributedOptimizer(make_optimizer(kind, model.parameters()),
                                   named_parameters=model.named_parameters(),
                                   op=rh.Sum if op == "sum" else rh.Average,
@@ -137,6 +145,25 @@ def worker(argv):
         print(f"{'ok  ' if good else 'FAIL'} rank {rank}: {what} {detail if not good else ''}")
     rh.shutdown()
     return 0 if all(g for _, g, _ in checks) else 1
+
+
+def spec_checks(rh):
+    """The tables' hub optimizers translated from torch's (no hub needed)."""
+    from rackhub.torch.embedding import table_spec_of_group
+    w = [torch.nn.Parameter(torch.zeros(3, DIM))]
+    out = []
+    for opt, want in ((torch.optim.SparseAdam(w, lr=0.01), {"type": "adam", "lr": 0.01}),
+                      (torch.optim.SGD(w, lr=0.1, momentum=0.9), {"type": "momentum"}),
+                      (torch.optim.Adagrad(w, lr=0.1), {"type": "adagrad", "eps": 1e-10}),
+                      (torch.optim.RMSprop(w), "RMSprop"),
+                      (torch.optim.Adagrad(w, lr_decay=0.1), "lr_decay")):
+        try:
+            got = table_spec_of_group(opt, opt.param_groups[0])
+            good = isinstance(want, dict) and all(got.get(k) == v for k, v in want.items())
+        except ValueError as e:
+            got, good = str(e), isinstance(want, str) and want in str(e)
+        out.append((f"table optimizer of {type(opt).__name__}: {got}", good, ""))
+    return out
 
 
 # -- single-process reference -------------------------------------------------

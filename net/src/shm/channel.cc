@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "shm_internal.h"
 
@@ -352,6 +353,7 @@ void Channel::PumpSends() {
     }
     if (auto on_sent = cb_.on_sent) on_sent(bytes);
   }
+  if (std::exchange(pad_written_, false)) wrote = true;  // the reader must pass the pad
   if (!wrote || closed_) return;
   RingControl* tc = tx_control();
   if (internal::Sleeping(tc).load(std::memory_order_seq_cst) != 0 &&
@@ -364,6 +366,18 @@ bool Channel::HasRoom(size_t rec, uint64_t tail) const {
   const size_t pos = tx_head_ % ring_bytes_;
   const size_t skip = pos + rec > ring_bytes_ ? ring_bytes_ - pos : 0;
   return tx_head_ + skip + rec - tail <= ring_bytes_;
+}
+
+void Channel::PadAhead(size_t rec, uint64_t tail) {
+  const size_t pos = tx_head_ % ring_bytes_;
+  if (pos == 0 || pos + rec <= ring_bytes_) return;  // no pad needed
+  const size_t skip = ring_bytes_ - pos;
+  if (tx_head_ + skip - tail > ring_bytes_) return;  // not even the pad fits yet
+  const Prefix pad{internal::kPadKind, static_cast<uint32_t>(skip)};
+  std::memcpy(tx_ring() + pos, &pad, sizeof pad);
+  tx_head_ += skip;
+  internal::Head(tx_control()).store(tx_head_, std::memory_order_seq_cst);
+  pad_written_ = true;
 }
 
 void Channel::Append(uint32_t kind, size_t rec, const OutgoingFrame& f,
@@ -423,6 +437,7 @@ bool Channel::TryWrite(OutgoingFrame& f) {
   }
   if (!written) {
     if (!HasRoom(rec, tail)) {
+      PadAhead(rec, tail);
       return false;  // full
     }
     Append(internal::kFrameKind, rec, f, payload, 0);

@@ -47,7 +47,8 @@
 namespace rackhub::aggregation {
 
 // The initial value of row `row`, column `col` of a table initialized with
-// (seed, scale): x = SplitMix64(seed + row * dim + col) (mod 2^64); u = (x >>
+// (seed, scale): x = M(M(seed) + row * dim + col) (mod 2^64), M SplitMix64's
+// output function (so neighbouring seeds give unrelated values); u = (x >>
 // 40) in [0, 2^24); value = float(u * 2^-23 - 1) * scale (one fp32
 // rounding), uniform in [-scale, scale). Layout-independent. Fills `out` with
 // rows [first_row, first_row + rows) of `dim` columns.

@@ -42,9 +42,10 @@ Contract:
   the whole local weight current (e.g. before saving it).
 - step(): every table pushes every step, an empty push when this rank's
   batch touched none of its rows: the sparse gradient's unique ids and rows
-  (embedding_coalesce=True, default: torch's coalesce() sums duplicates in
-  their order, bit for bit what the hub would do; False sends them as they
-  are and the hub sums them in order), then the hub sums the ranks' rows in
+  (embedding_coalesce=True, default: duplicates summed here in the order
+  given with index_add_, bit for bit what the hub does with them (up to the
+  sign of a zero sum); False sends them as they are and the hub sums them
+  in order), then the hub sums the ranks' rows in
   rank order and scales by 1/workers with op=Average. All tables' pushes are
   in flight at once; then the replies (updated rows) go into the weights.
 """
@@ -167,6 +168,16 @@ def tables_of(embeddings, named):
 
 def _empty_ids():
     return torch.empty(0, dtype=torch.int64)
+
+
+def _sum_duplicates(ids, rows):
+    """(unique sorted ids, their rows) with each id's rows summed in the
+    order given, as the hub sums a push's duplicates (index_add_ adds in
+    index order; torch's coalesce() does not keep that order)."""
+    u, inv = torch.unique(ids, return_inverse=True)
+    if u.numel() == ids.numel():
+        return ids, rows
+    return u, torch.zeros(u.numel(), rows.shape[1]).index_add_(0, inv, rows)
 
 
 class _Table:
@@ -299,10 +310,10 @@ class Tables:
             if g is None:
                 ids, rows = _empty_ids(), torch.empty(0)
             elif g.is_sparse:
-                if self.coalesce and not g.is_coalesced():
-                    g = g.coalesce()  # duplicates summed in order (a stable sort), as the hub would
                 ids = g._indices()[0].contiguous()
-                rows = g._values().detach().to(torch.float32).contiguous()
+                rows = g._values().detach().to(torch.float32).reshape(-1, t.dim).contiguous()
+                if self.coalesce and not g.is_coalesced():
+                    ids, rows = _sum_duplicates(ids, rows)
             else:
                 raise RuntimeError(f"rackhub: table '{t.name}' has a dense gradient (was "
                                    f"sparse set to False?); tables need sparse gradients")

@@ -203,6 +203,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool TryWrite(OutgoingFrame& frame);
   // Whether a record of `rec` bytes (and the pad before it) fits now.
   bool HasRoom(size_t rec, uint64_t tail) const;
+  // A record that does not fit before the ring's end (records never wrap)
+  // and not yet at all: writes the pad to the end now, if it fits, so the
+  // record starts at offset 0 once the reader drains. Without it a record
+  // over half the ring could wait forever at some positions (the pad and
+  // the record never fit together). Sets pad_written_.
+  void PadAhead(size_t rec, uint64_t tail);
   // Writes a record (a frame with `payload`, or a reference to `offset` of
   // the arena) at the send position and publishes it.
   void Append(uint32_t kind, size_t rec, const OutgoingFrame& f,
@@ -220,6 +226,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   int socket_fd_;
   std::byte* base_;
   size_t map_bytes_;
+  bool pad_written_ = false;  // PadAhead wrote a pad: the peer may need a ring
   uint32_t ring_bytes_;
   int my_bell_;
   int peer_bell_;
