@@ -363,6 +363,11 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
         ->check(OneOfValidator(Names(kInitModes)));
     AddOptimizerOptions(c, &a->optimizer, /*create=*/true);
     (*handlers)[c] = [a](const Invocation& inv) {
+      // (Not a CLI11 callback: AddOptimizerOptions owns this command's.)
+      if (!AnyGiven(inv.command, {"--elements", "--rows"})) {
+        throw UsageError("key create: give --elements N (a dense key) or --rows R --dim D (a "
+                         "row-sparse table)");
+      }
       admin::CreateKeyRequest request;
       request.set_tenant(a->key.tenant);
       request.set_name(a->key.name);
