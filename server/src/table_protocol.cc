@@ -183,11 +183,16 @@ void WorkerProtocol::OnPullRows(net::Connection& conn, LaneTenant& t, const Fram
   }
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // Answered at the recovered version (ReleaseParked), as a dense PULL.
+    // Its reply's bytes are reserved on the connection meanwhile, so held
+    // pulls count against the connection's limit like queued replies.
     if (t.parked.size() >= kMaxParkedRowPulls) {
       Refuse(conn, WireError::kWorkerLost, "recovering: too many PULLs held; retry", h.request_id);
       return;
     }
-    t.parked.push_back(ParkedPull{conn.weak_from_this(), h, std::move(rows.ids), 0});
+    const size_t reply_bytes = net::kHeaderBytes + net::kRowsPrefixBytes +
+                               rows.ids.size() * c.rows->dim() * net::DTypeBytes(c.dtype);
+    if (!conn.Reserve(reply_bytes)) return;
+    t.parked.push_back(ParkedPull{conn.weak_from_this(), h, std::move(rows.ids), reply_bytes});
     return;
   }
   SendRows(conn, t, c, rows.ids, h.request_id);
