@@ -64,7 +64,8 @@ set(RACKHUB_ASAN_TESTS
   hostile_clients_test      # pre-HELLO floods, descriptor exhaustion, foreign ids
   durability_test           # checkpoints written, damaged, skipped, restored; restarts
   metrics_test              # /metrics scrapes, ListStalls across lanes, rackhubctl top/stalls
-  admin_api_test)           # the admin gRPC API (rackhubd) and its refusals
+  admin_api_test            # the admin gRPC API (rackhubd) and its refusals
+  table_test)               # row-sparse tables: every request, refusal and optimizer
 # TSan: the tests where lanes, admin calls and transports run concurrently.
 set(RACKHUB_TSAN_TESTS
   lane_fault_test           # in-process hub: lane threads, admin gRPC threads, in-memory links

@@ -169,11 +169,13 @@ std::string ParseRowsPayload(Opcode op, std::span<const std::byte> payload, uint
         expect, payload.size());
   }
   const std::byte* p = payload.data() + kRowsPrefixBytes;
+  // (memcpy only when there is something: an empty vector's data() may be
+  // null, which memcpy must not get even for 0 bytes.)
   out->ids.resize(count);
-  std::memcpy(out->ids.data(), p, size_t{count} * 8);
+  if (count > 0) std::memcpy(out->ids.data(), p, size_t{count} * 8);
   p += size_t{count} * 8;
   out->want.resize(want);
-  std::memcpy(out->want.data(), p, size_t{want} * 8);
+  if (want > 0) std::memcpy(out->want.data(), p, size_t{want} * 8);
   p += size_t{want} * 8;
   out->rows = row_bytes ? p : nullptr;
   out->row_bytes = row_bytes;
