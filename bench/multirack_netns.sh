@@ -40,6 +40,9 @@ usage: bench/multirack_netns.sh [options]
   --lanes N          lanes per hub (0 = one per core)                      [0]
   --prefix P         namespace name prefix                                 [rh-]
   --json FILE        also write every run's rackhub-bench JSON (one a line)
+  --etcd             run etcd in rack 0's namespace; the hubs keep their
+                     registry there and find each other through it (no
+                     per-hub setup: docs/cluster.md)
   -h, --help
 EOF
 }
@@ -47,7 +50,7 @@ EOF
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build="$here/../build"
 racks=2 workers=4 bytes=16MiB iterations=5 rounds=3 rates="1gbit" dtype=fp32 lanes=0
-prefix=rh- json_out=""
+prefix=rh- json_out="" use_etcd=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -61,6 +64,7 @@ while [ $# -gt 0 ]; do
     --lanes) lanes=$2; shift 2 ;;
     --prefix) prefix=$2; shift 2 ;;
     --json) json_out=$2; shift 2 ;;
+    --etcd) use_etcd=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "multirack_netns.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -192,6 +196,23 @@ rack_addrs=$(IFS=,; echo "${addrs[*]}")
 tmp=$(mktemp -d)
 created_tmp=$tmp
 trap 'cleanup; rm -rf "$created_tmp"' EXIT
+
+etcd_args=()
+if [ "$use_etcd" = 1 ]; then
+  [ -x /usr/bin/etcd ] || { echo "multirack_netns.sh: --etcd needs Debian's etcd-server" >&2; exit 2; }
+  # One member in rack 0 (ended with the namespace by cleanup).
+  ip netns exec "$(rack_ns 0)" /usr/bin/etcd --name bench --data-dir "$tmp/etcd" \
+    --listen-client-urls http://10.77.0.2:2379 --advertise-client-urls http://10.77.0.2:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster bench=http://127.0.0.1:2380 --log-level error >"$tmp/etcd.log" 2>&1 &
+  for _ in $(seq 1 100); do
+    ip netns exec "$(rack_ns 0)" "$python" -c 'import socket; socket.create_connection(("10.77.0.2", 2379), 0.2)' \
+      2>/dev/null && break
+    sleep 0.1
+  done
+  etcd_args=(--etcd 10.77.0.2:2379)
+  echo "  etcd at 10.77.0.2:2379 (rack 0's namespace): the tenant is created once"
+fi
 runs="$tmp/runs.txt"
 : >"$runs"
 
@@ -207,7 +228,7 @@ for rate in $rates; do
       ip netns exec "$(rack_ns 0)" "$bench" --racks "$racks" --workers "$workers" \
         --bytes "$bytes" --iterations "$iterations" --dtype "$dtype" --lanes "$lanes" \
         --topology "$topo" --rack-addrs "$rack_addrs" --netns-prefix "${prefix}rack" \
-        --json >"$tmp/out.json" &
+        "${etcd_args[@]}" --json >"$tmp/out.json" &
       if ! wait $!; then
         echo "multirack_netns.sh: rackhub-bench failed ($topo, rate $rate, round $round)" >&2
         exit 1

@@ -10,6 +10,9 @@ PACKAGES=(
   libsystemd-dev libssl-dev openssl
   # durable state: the registry database and checkpoint checksums
   libsqlite3-dev libxxhash-dev
+  # clusters of hubs: the registry in etcd (tests start their own etcd on
+  # loopback; the packaged service is not needed)
+  etcd-server etcd-client
   # /metrics (prometheus-cpp's pull exposer) and the real Prometheus server
   # the metrics test scrapes it with
   prometheus-cpp-dev prometheus

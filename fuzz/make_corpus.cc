@@ -175,6 +175,19 @@ void FrameSeeds() {
   Write(t, "heartbeat", Frame(net::Opcode::kHeartbeat, ""));
   Write(t, "bye", Frame(net::Opcode::kBye, ""));
   Write(t, "ack", Frame(net::Opcode::kAck, ""));
+  // A sparse (top-k) PUSH: 3 entries of a chunk of 65 elements (chunk 64).
+  {
+    const uint32_t count = 3, idx[3] = {0, 7, 64};
+    std::string sparse(reinterpret_cast<const char*>(&count), 4);
+    sparse.append(reinterpret_cast<const char*>(idx), sizeof idx);
+    std::string f = Frame(net::Opcode::kPush, sparse + Floats(3, 4), net::DType::kFp32, 1, 1, 64);
+    f[6] = static_cast<char>(net::kFlagSparse);
+    Write(t, "push-sparse", f);
+    std::string v = Frame(net::Opcode::kParams, Floats(4, 4) + std::string(16, '\x01'),
+                          net::DType::kFp32);
+    v[6] = static_cast<char>(net::kFlagVersions);
+    Write(t, "params-versions", v);
+  }
 }
 
 void StreamSeeds() {

@@ -111,31 +111,137 @@ ChunkState::AddResult ChunkState::Contribute(uint32_t rank, std::span<const std:
 }
 
 // Folds `payload` of `rank` (== next_rank_) and the parked contributions that
-// follow it in rank order into the accumulator, in one pass.
+// follow it in rank order into the accumulator.
 void ChunkState::FoldInOrder(const std::byte* payload, uint32_t rank) {
-  inputs_.clear();
-  inputs_.push_back(payload);
   ++next_rank_;
+  FoldRun(payload, rank == 0);
+}
+
+// Folds `dense` (null: none; the rank just before next_rank_) and then the
+// parked contributions from next_rank_ on while they are there, in rank
+// order: runs of dense ones in one pass each (SumInto / AccumulateInto, the
+// bits of adding them one by one), sparse ones entry by entry. `first`:
+// the accumulator holds nothing of this update yet.
+void ChunkState::FoldRun(const std::byte* dense, bool first) {
+  inputs_.clear();
+  if (dense) inputs_.push_back(dense);
+  auto flush = [&] {
+    if (inputs_.empty()) return;
+    if (first) {
+      SumInto(accumulator_.data(), inputs_, elements_, wire_type_);
+    } else {
+      AccumulateInto(accumulator_.data(), inputs_, elements_, wire_type_);
+    }
+    first = false;
+    inputs_.clear();
+  };
   while (next_rank_ < workers_ && spare_of_rank_[next_rank_] != kNoSpare) {
     const uint32_t slot = spare_of_rank_[next_rank_];
-    inputs_.push_back(spares_[slot].data());
     spare_of_rank_[next_rank_] = kNoSpare;
-    free_spares_.push_back(slot);  // read below, before any reuse
+    if (slot == kSparseSpare) {
+      flush();
+      std::vector<std::byte>& bytes = sparse_spares_[next_rank_];
+      const uint32_t count = sparse_count_[next_rank_];
+      FoldSparse(SparseView{count, bytes.data(), bytes.data() + size_t{count} * 4}, first);
+      first = false;
+      bytes.clear();  // keeps its capacity for the next early arrival
+    } else {
+      inputs_.push_back(spares_[slot].data());
+      free_spares_.push_back(slot);  // read by flush(), before any reuse
+    }
     ++next_rank_;
   }
-  if (rank == 0) {
-    SumInto(accumulator_.data(), inputs_, elements_, wire_type_);
-  } else {
-    AccumulateInto(accumulator_.data(), inputs_, elements_, wire_type_);
+  flush();
+}
+
+bool ChunkState::SparseValid(const SparseView& sparse) const {
+  if (sparse.count > elements_) return false;
+  if (sparse.count > 0 && (sparse.indices == nullptr || sparse.values == nullptr)) return false;
+  uint32_t prev = 0;
+  for (uint32_t j = 0; j < sparse.count; ++j) {
+    uint32_t i;
+    std::memcpy(&i, sparse.indices + size_t{j} * 4, 4);
+    if (i >= elements_ || (j > 0 && i <= prev)) return false;
+    prev = i;
   }
+  return true;
+}
+
+void ChunkState::FoldSparse(const SparseView& sparse, bool first) {
+  float* acc = accumulator_.data();
+  if (first) std::memset(acc, 0, size_t{elements_} * sizeof(float));
+  const size_t vb = ElementBytes(wire_type_);
+  for (uint32_t j = 0; j < sparse.count; ++j) {
+    uint32_t i;
+    std::memcpy(&i, sparse.indices + size_t{j} * 4, 4);
+    float v;
+    CopyIn(&v, sparse.values + j * vb, 1, wire_type_);
+    if (first) {
+      acc[i] = v;
+    } else {
+      acc[i] += v;
+    }
+  }
+}
+
+bool ChunkState::ApplyAlone(std::span<const std::byte> payload) {
+  if (contributions_ != 0 || payload.size() != wire_bytes()) return false;
+  const void* in[1] = {payload.data()};
+  SumInto(accumulator_.data(), in, elements_, wire_type_);
+  const OptimizerStep step = BeginUpdate();
+  ApplyOptimizer(optimizer_, step, accumulator_.data(), param_buffer(version_),
+                 writable_params(version_ + 1), state_[0].data(), state_[1].data(), elements_);
+  FinishUpdate();
+  return true;
+}
+
+bool ChunkState::ApplyAloneSparse(const SparseView& sparse) {
+  if (contributions_ != 0 || !SparseValid(sparse)) return false;
+  FoldSparse(sparse, true);
+  const OptimizerStep step = BeginUpdate();
+  ApplyOptimizer(optimizer_, step, accumulator_.data(), param_buffer(version_),
+                 writable_params(version_ + 1), state_[0].data(), state_[1].data(), elements_);
+  FinishUpdate();
+  return true;
+}
+
+ChunkState::AddResult ChunkState::ContributeSparse(uint32_t rank, const SparseView& sparse) {
+  if (rank >= workers_) return AddResult::kBadRank;
+  if (!SparseValid(sparse)) return AddResult::kBadSparse;
+  if (contributed_[rank]) return AddResult::kDuplicate;
+  if (rank == next_rank_) {
+    FoldSparse(sparse, rank == 0);
+    ++next_rank_;
+    FoldRun(nullptr, false);
+  } else {
+    if (sparse_spares_.empty()) {
+      sparse_spares_.resize(workers_);
+      sparse_count_.assign(workers_, 0);
+    }
+    const size_t vb = ElementBytes(wire_type_);
+    std::vector<std::byte>& bytes = sparse_spares_[rank];
+    bytes.resize(size_t{sparse.count} * (4 + vb));
+    if (sparse.count > 0) {
+      std::memcpy(bytes.data(), sparse.indices, size_t{sparse.count} * 4);
+      std::memcpy(bytes.data() + size_t{sparse.count} * 4, sparse.values,
+                  size_t{sparse.count} * vb);
+    }
+    sparse_count_[rank] = sparse.count;
+    spare_of_rank_[rank] = kSparseSpare;
+  }
+  contributed_[rank] = 1;
+  ++contributions_;
+  return contributions_ == workers_ ? AddResult::kComplete : AddResult::kAccepted;
 }
 
 void ChunkState::ClearContributions() {
   for (uint32_t r = 0; r < workers_; ++r) {
-    if (spare_of_rank_[r] != kNoSpare) {
+    if (spare_of_rank_[r] == kSparseSpare) {
+      sparse_spares_[r].clear();
+    } else if (spare_of_rank_[r] != kNoSpare) {
       free_spares_.push_back(spare_of_rank_[r]);
-      spare_of_rank_[r] = kNoSpare;
     }
+    spare_of_rank_[r] = kNoSpare;
   }
   std::fill(contributed_.begin(), contributed_.end(), 0);
   contributions_ = 0;

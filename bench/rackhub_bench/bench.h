@@ -106,6 +106,10 @@ struct BenchArgs {
   // 127.0.0.1, with a generated admin token and hub secret. Empty: loopback.
   std::string hub_netns_prefix, worker_netns_prefix;
   std::vector<std::string> rack_addrs;
+  // --etcd H:P,..: the hubs share one registry in etcd and find each other
+  // there (registry.backend = "etcd", topology.racks_from = "etcd"); the
+  // tenant is created once, on hub 0 (docs/cluster.md).
+  std::string etcd;
   uint32_t chunk_bytes = 0;  // tenant chunk size; 0 = the hub's default (32 KiB)
 };
 
@@ -120,8 +124,11 @@ class Hub {
   ~Hub();
   // Starts or adopts the hub; `dir` holds its ready file and log. False
   // (with a message on stderr) when it cannot.
+  // `wait` false: only starts it; WaitReady then waits (hubs that find each
+  // other through etcd are ready only once all of them run).
   bool Open(const BenchArgs& a, const std::string& dir,
-            const std::vector<std::string>& extra_args = {});
+            const std::vector<std::string>& extra_args = {}, bool wait = true);
+  bool WaitReady();
 
   std::string admin, data, admin_token;
   // CPU seconds (user + system) the hub started here has used so far; -1 for
@@ -135,6 +142,7 @@ class Hub {
 
  private:
   pid_t pid_ = -1;
+  std::string dir_;
 };
 
 struct RunResult {

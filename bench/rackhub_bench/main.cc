@@ -189,6 +189,10 @@ CommandLine Parse(int argc, char** argv) {
       ->type_name("SIZE")
       ->transform(Bytes(UINT32_MAX));
   number("--racks", &a.racks, "R", "racks of --workers workers each");
+  app.add_option("--etcd", a.etcd,
+                 "the hubs started here keep their registry in etcd at these endpoints and\n"
+                 "find each other there; the tenant is created once (docs/cluster.md)")
+      ->type_name("H:P,..");
   app.add_option("--topology", a.topology,
                  "hierarchical (one hub per rack, hubs exchange rack sums) or flat (one hub\n"
                  "for every rack)")
@@ -318,20 +322,34 @@ int Coordinate(const BenchArgs& a, const std::string& self) {
     // loopback too).
     const std::string secret_file = dir + "/hub.secret";
     if (a.racks > 1) std::ofstream(secret_file) << RandomHex() << "\n";
+    // With etcd, each run gets its own key prefix (runs never see each
+    // other's tenants).
+    const std::string prefix = "/rackhub-bench-" + RandomHex() + "/";
     for (uint32_t i = 0; i < hub_count && ok; ++i) {
       std::vector<std::string> extra;
-      if (a.racks > 1) {
-        extra = {"--racks",         racks,      "--rack",           std::to_string(i),
-                 "--topology-mode", a.topology, "--hub-secret-file", secret_file};
+      if (!a.etcd.empty()) {
+        extra = {"--registry", "etcd", "--etcd-endpoints", a.etcd, "--etcd-prefix", prefix};
+      }
+      if (a.racks > 1 && !a.etcd.empty() && a.topology == "hierarchical") {
+        const std::string host = a.rack_addrs.empty() ? "127.0.0.1" : a.rack_addrs[i];
+        extra.insert(extra.end(),
+                     {"--racks-from", "etcd", "--rack-count", std::to_string(hub_count), "--rack",
+                      std::to_string(i), "--interhub", host + ":" + std::to_string(FreePort()),
+                      "--topology-mode", a.topology, "--hub-secret-file", secret_file});
+      } else if (a.racks > 1) {
+        extra.insert(extra.end(), {"--racks",         racks,      "--rack",           std::to_string(i),
+                 "--topology-mode", a.topology, "--hub-secret-file", secret_file});
       }
       const std::string hub_dir = dir + "/hub" + std::to_string(i);
       std::filesystem::create_directories(hub_dir);
       hubs.push_back(std::make_unique<Hub>());
       if (!a.rack_addrs.empty()) hubs.back()->listen_host = a.rack_addrs[i];
       if (!a.hub_netns_prefix.empty()) hubs.back()->netns = a.hub_netns_prefix + std::to_string(i);
-      ok = hubs.back()->Open(a, hub_dir, extra);
+      ok = hubs.back()->Open(a, hub_dir, extra, a.etcd.empty());
       view.push_back(hubs.back().get());
     }
+    // Hubs that find each other through etcd are ready together.
+    for (auto& h : hubs) ok = ok && h->WaitReady();
     if (ok) r = RunPushPull(a, self, view, dir, "bench-" + std::to_string(getpid()));
   }
   std::error_code ec;

@@ -135,7 +135,7 @@ double Hub::CpuSeconds() const {
 }
 
 bool Hub::Open(const BenchArgs& a, const std::string& dir,
-               const std::vector<std::string>& extra_args) {
+               const std::vector<std::string>& extra_args, bool wait) {
   if (!a.w.hub.empty()) {
     admin = a.admin;
     data = a.w.hub;
@@ -164,7 +164,15 @@ bool Hub::Open(const BenchArgs& a, const std::string& dir,
   }
   pid_ = Spawn(InNetns(netns, argv), log);
   if (pid_ < 0) return false;
-  for (int i = 0; i < 400; ++i) {
+  dir_ = dir;
+  return !wait || WaitReady();
+}
+
+bool Hub::WaitReady() {
+  if (pid_ <= 0 && !admin.empty() && !data.empty()) return true;  // adopted (--hub)
+  const std::string ready = dir_ + "/ready";
+  const std::string log = dir_ + "/rackhubd.log";
+  for (int i = 0; i < 1200 && pid_ > 0; ++i) {
     std::istringstream in(ReadAll(ready));
     std::string what, addr;
     while (in >> what >> addr) {
@@ -270,8 +278,9 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
                  s.error_message().c_str());
     return result;
   }
-  // A tenant spanning racks exists on every rack's hub, with the same token.
-  for (size_t h = 1; h < hubs.size(); ++h) {
+  // A tenant spanning racks exists on every rack's hub, with the same token
+  // (with etcd: created once, every hub has it).
+  for (size_t h = 1; h < hubs.size() && a.etcd.empty(); ++h) {
     auto other = pb::TenantService::NewStub(
         grpc::CreateChannel(hubs[h]->admin, grpc::InsecureChannelCredentials()));
     pb::CreateTenantRequest same = req;

@@ -166,10 +166,31 @@ admin::Quotas ToQuotas(const CLI::App& command, const QuotaArgs& q) {
 
 // ---- Tenant commands -----------------------------------------------------
 
+// --consistency sync|bounded:S|async.
+void SetConsistency(const std::string& text, admin::CreateTenantRequest* r) {
+  if (text == "sync") {
+    r->set_consistency(admin::SYNC);
+    return;
+  }
+  if (text == "async") {
+    r->set_consistency(admin::ASYNC);
+    return;
+  }
+  const std::string num = text.rfind("bounded:", 0) == 0 ? text.substr(8) : std::string();
+  const bool digits = !num.empty() && num.size() <= 7 &&
+                      num.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits) {
+    throw UsageError("--consistency: '" + text +
+                     "' is not sync, async or bounded:S (S a whole number of iterations)");
+  }
+  r->set_consistency(admin::BOUNDED);
+  r->set_staleness(static_cast<uint32_t>(std::stoul(num)));
+}
+
 void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* handlers) {
   {
     struct Args {
-      std::string name, token_file;
+      std::string name, token_file, consistency;
       uint32_t workers = 0, chunk_bytes = 0;
       OptimizerArgs optimizer;
       QuotaArgs quotas;
@@ -193,11 +214,15 @@ void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* han
                   "use the token in FILE (32-128 of A-Z a-z 0-9 _ -) instead of minting one:\n"
                   "the same tenant on every rack's hub shares one token")
         ->type_name("FILE");
+    c->add_option("--consistency", a->consistency,
+                  "how workers wait for each other (default sync; docs/consistency.md)")
+        ->type_name("sync|bounded:S|async");
     AddOptimizerOptions(c, &a->optimizer, /*create=*/true);
     AddQuotaOptions(c, &a->quotas);
     (*handlers)[c] = [a](const Invocation& inv) {
       admin::CreateTenantRequest request;
       request.set_name(a->name);
+      if (Given(inv.command, "--consistency")) SetConsistency(a->consistency, &request);
       request.set_workers_per_rack(a->workers);
       if (Given(inv.command, "--chunk-bytes")) request.set_chunk_bytes(a->chunk_bytes);
       if (AnyGiven(inv.command, kOptimizerOptions)) {
@@ -318,6 +343,34 @@ admin::Key GetKey(const Invocation& inv, const KeyRef& key, admin::KeyService::S
   return response;
 }
 
+// --compression none|fp16|bf16|topk:R (fp16/bf16 are the wire dtype).
+void SetCompression(const std::string& text, bool dtype_given, admin::CreateKeyRequest* r) {
+  const auto bad = [&](const std::string& why) {
+    return UsageError("--compression: '" + text + "' " + why +
+                      " (none, fp16, bf16 or topk:R with 0 < R <= 1)");
+  };
+  if (text == "none") return;
+  if (text == "fp16" || text == "bf16") {
+    const admin::DType d = text == "fp16" ? admin::FP16 : admin::BF16;
+    if (dtype_given && r->dtype() != d) throw bad("contradicts --dtype");
+    r->set_dtype(d);
+    return;
+  }
+  if (text.rfind("topk:", 0) != 0) throw bad("is not a compression");
+  const std::string num = text.substr(5);
+  size_t used = 0;
+  double ratio = 0;
+  try {
+    ratio = std::stod(num, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (num.empty() || used != num.size() || !(ratio > 0 && ratio <= 1)) {
+    throw bad("needs a ratio R in (0, 1]");
+  }
+  r->set_topk_ratio(static_cast<float>(ratio));
+}
+
 void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers) {
   {
     struct Args {
@@ -325,7 +378,7 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
       uint64_t elements = 0, rows = 0, seed = 0;
       uint32_t dim = 0;
       double init_scale = 0;
-      std::string dtype, init;
+      std::string dtype, init, compression;
       OptimizerArgs optimizer;
     };
     auto a = std::make_shared<Args>();
@@ -358,6 +411,10 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
     c->add_option("--dtype", a->dtype, "wire type (default fp32)")
         ->type_name("fp32|fp16|bf16")
         ->check(OneOfValidator(Names(kDTypes)));
+    c->add_option("--compression", a->compression,
+                  "pushes: none (default), fp16/bf16 (the wire type), topk:R (the R largest "
+                  "share of each chunk's gradient, 0 < R <= 1; docs/compression.md)")
+        ->type_name("none|fp16|bf16|topk:R");
     c->add_option("--init", a->init, "initial values (default zeros)")
         ->type_name("zeros|client|random")
         ->check(OneOfValidator(Names(kInitModes)));
@@ -377,6 +434,9 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
       request.set_init_scale(static_cast<float>(a->init_scale));
       request.set_init_seed(a->seed);
       if (Given(inv.command, "--dtype")) request.set_dtype(*Choice(a->dtype, kDTypes));
+      if (Given(inv.command, "--compression")) {
+        SetCompression(a->compression, Given(inv.command, "--dtype"), &request);
+      }
       if (Given(inv.command, "--init")) request.set_init(*Choice(a->init, kInitModes));
       if (AnyGiven(inv.command, kOptimizerOptions)) {
         *request.mutable_optimizer() = ApplyOptimizerOptions(inv.command, a->optimizer, {});

@@ -142,7 +142,9 @@ int ExitCodeFor(const grpc::Status& status) {
 std::string DescribeRpcError(const RpcError& error, double timeout_seconds) {
   const grpc::StatusCode code = error.status().error_code();
   std::string message = error.status().error_message();
-  if (code == grpc::StatusCode::UNAVAILABLE) {
+  // "rackhubd: ...": the daemon answered and something behind it (etcd) is
+  // unavailable; anything else: the daemon itself could not be reached.
+  if (code == grpc::StatusCode::UNAVAILABLE && message.rfind("rackhubd: ", 0) != 0) {
     message = "cannot reach rackhubd admin API at " + error.admin() +
               (message.empty() ? "" : " (" + message + ")");
   } else if (code == grpc::StatusCode::DEADLINE_EXCEEDED && !IsDaemonDeadline(error.status())) {

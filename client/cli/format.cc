@@ -218,6 +218,10 @@ void PrintTenant(std::ostream& out, const admin::Tenant& t) {
   block.Add("max keys", QuotaValue(t.quotas().max_keys(), false));
   block.Add("max workers", QuotaValue(t.quotas().max_workers(), false));
   block.Add("weight", std::to_string(t.quotas().weight()));
+  block.Add("consistency", t.consistency() == admin::BOUNDED
+                               ? "bounded:" + std::to_string(t.staleness())
+                           : t.consistency() == admin::ASYNC ? std::string("async")
+                                                             : std::string("sync"));
   block.Add("keys", std::to_string(t.key_count()));
   block.Add("parameter bytes", BytesWithHuman(t.parameter_bytes()));
   // What the quota counts: parameters x2, optimizer state, accumulators, ...
@@ -265,6 +269,11 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
                            std::to_string(k.rows_per_chunk()) + " rows per chunk");
   }
   block.Add("dtype", DTypeName(k.dtype()));
+  if (k.topk_ratio() > 0) {
+    std::ostringstream ratio;  // a float: its shortest decimal, not the double's
+    ratio << "topk:" << k.topk_ratio();
+    block.Add("compression", ratio.str());
+  }
   block.Add("optimizer", DescribeOptimizer(k.optimizer()) +
                              (k.rows() > 0 && k.optimizer().type() == admin::ADAGRAD
                                   ? " (row-wise on tables)"

@@ -62,6 +62,19 @@ struct Operation {
   };
   std::vector<RowPart> row_parts;
   uint32_t dim = 0;
+  // PushPull of a top-k key (compress.cc): the key's residual (error
+  // feedback; null without) and every chunk's payload, built by the issuing
+  // thread into the key's reused buffer: sparse (kFlagSparse) or, where
+  // that is not smaller, the chunk dense.
+  float topk_ratio = 0;
+  std::shared_ptr<std::vector<float>> residual;
+  struct PackedChunk {
+    size_t offset = 0;
+    size_t bytes = 0;
+    bool sparse = false;
+  };
+  std::shared_ptr<std::vector<std::byte>> packed;
+  std::vector<PackedChunk> packed_chunks;
 
   // I/O thread.
   size_t remaining = 0;      // replies still expected
@@ -70,6 +83,9 @@ struct Operation {
   bool finished = false;     // completion delivered
   Error error;
   uint64_t min_reply_iteration = UINT64_MAX;
+  // Bounded/async tenants: the replies' VersionsSuffix, minimum over chunks.
+  uint64_t min_updates = UINT64_MAX;
+  uint64_t min_slowest = UINT64_MAX;
   std::optional<KeyInfo> declared;  // KEY_INFO of a DECLARE
   std::unique_ptr<asio::steady_timer> timer;
   bool started = false;      // Start ran: it is (re)sent by a reconnect
@@ -169,6 +185,8 @@ class Client::Impl {
   // ---- Called by lanes (I/O thread) ----
   // One reply of `op` arrived and was stored.
   void ReplyArrived(const internal::OperationPtr& op, uint64_t iteration);
+  // A PARAMS reply's VersionsSuffix (bounded/async tenants), before ReplyArrived.
+  void VersionsArrived(const internal::OperationPtr& op, const net::VersionsSuffix& v);
   void FailOp(const internal::OperationPtr& op, Error error);
   // Drops one io_ref of `op` and completes it if that was the last thing.
   void ReleaseIo(const internal::OperationPtr& op);
@@ -245,6 +263,11 @@ class Client::Impl {
     bool gone = false;  // not in the hub's key table after a reconnect
     Error resync_error; // what a PushPull gets while info.resync_needed
     std::shared_ptr<std::vector<uint16_t>> staging = std::make_shared<std::vector<uint16_t>>();
+    // Top-k keys: error feedback on (as declared here), the residual
+    // (allocated by the first PushPull), the packed payloads.
+    bool error_feedback = true;
+    std::shared_ptr<std::vector<float>> residual;
+    std::shared_ptr<std::vector<std::byte>> packed = std::make_shared<std::vector<std::byte>>();
   };
   void ImportKey(const KeyInfo& info);  // REQUIRES: mu_ held
   // Marks the key "resync needed" (REQUIRES: mu_ held).

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+#include "compress.h"
 #include "convert.h"
 #include "wire.h"
 
@@ -166,7 +167,15 @@ void Lane::OnHeader() {
       ReadHeader();
       return;
     }
-    if (header_.dtype != WireDType(o.dtype) || header_.payload_bytes != want) {
+    const size_t suffix = (header_.flags & net::kFlagVersions) ? net::kVersionsSuffixBytes : 0;
+    const bool sparse = (header_.flags & net::kFlagSparse) != 0;
+    if (sparse && header_.payload_bytes <= want) {
+      // Read whole, then checked and scattered by StoreSparseParams (OnReply).
+      scratch_.resize(header_.payload_bytes);
+      ReadPayloadInto(scratch_.data(), scratch_.size(), false, std::move(request));
+      return;
+    }
+    if (sparse || header_.dtype != WireDType(o.dtype) || header_.payload_bytes != want + suffix) {
       Broken(what() + ": " + std::to_string(header_.payload_bytes) + " bytes of " +
              net::DTypeName(header_.dtype) + ", expected " + std::to_string(want) + " bytes of " +
              net::DTypeName(WireDType(o.dtype)));
@@ -174,7 +183,7 @@ void Lane::OnHeader() {
     }
     const bool store =
         !o.failed && (o.kind == OpKind::kPushPull || o.kind == OpKind::kPull);
-    if (store && o.dtype == DType::kFp32) {
+    if (store && o.dtype == DType::kFp32 && suffix == 0) {
       // fp32: straight into the caller's buffer at the chunk's offset.
       float* dest = request.op->out.data() + request.offset;
       ReadPayloadInto(dest, want, true, std::move(request));
@@ -212,9 +221,24 @@ void Lane::ReadPayloadInto(void* dest, size_t bytes, bool direct, PendingRequest
 void Lane::OnReply(const PendingRequest& request) {
   const OperationPtr& op = request.op;
   if (op->failed || op->finished) return;  // late reply of a failed ticket: dropped
-  if (header_.opcode == net::Opcode::kParams && op->dtype != DType::kFp32 &&
-      header_.payload_bytes > 0 && (op->kind == OpKind::kPushPull || op->kind == OpKind::kPull)) {
-    WidenToFloats(op->dtype, scratch_.data(), op->out.data() + request.offset, request.elements);
+  if (header_.opcode == net::Opcode::kParams && (header_.flags & net::kFlagSparse)) {
+    if (const Status st = StoreSparseParams(header_, scratch_, request); !st.ok()) {
+      Broken(st.message());
+      return;
+    }
+  } else if (header_.opcode == net::Opcode::kParams && header_.payload_bytes > 0 &&
+             (op->kind == OpKind::kPushPull || op->kind == OpKind::kPull)) {
+    // (fp32 without a suffix was read straight into `out`.)
+    float* dest = op->out.data() + request.offset;
+    if (op->dtype != DType::kFp32) {
+      WidenToFloats(op->dtype, scratch_.data(), dest, request.elements);
+    } else if (header_.flags & net::kFlagVersions) {
+      std::memcpy(dest, scratch_.data(), size_t{request.elements} * 4);
+    }
+  }
+  if (header_.opcode == net::Opcode::kParams && (header_.flags & net::kFlagVersions)) {
+    const size_t want = size_t{request.elements} * net::DTypeBytes(WireDType(op->dtype));
+    owner_->VersionsArrived(op, ReadVersions(std::span<const std::byte>(scratch_).subspan(want)));
   }
   if (header_.opcode == net::Opcode::kRows) {
     if (const Status s = StoreRows(header_, scratch_, request); !s.ok()) {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "client_impl.h"
+#include "compress.h"
 #include "convert.h"
 #include "lane_link.h"
 #include "rackhub/data/v1/control.pb.h"
@@ -85,12 +86,19 @@ Status DeliverReply(Client::Impl* owner, const net::FrameHeader& h,
     }
     const size_t want = size_t{request.elements} * net::DTypeBytes(WireDType(o->dtype));
     const bool bare_ack = h.payload_bytes == 0 && o->kind == OpKind::kInit;
-    if (!bare_ack && (h.dtype != WireDType(o->dtype) || h.payload_bytes != want)) {
+    const size_t suffix = (h.flags & net::kFlagVersions) ? net::kVersionsSuffixBytes : 0;
+    if (h.flags & net::kFlagSparse) {
+      if (Status st = StoreSparseParams(h, payload, request); !st.ok()) return st;
+      owner->ReplyArrived(o, h.iteration);
+      return Status::Ok();
+    }
+    if (!bare_ack && (h.dtype != WireDType(o->dtype) || h.payload_bytes != want + suffix)) {
       return Unavailable(what() + ": " + std::to_string(h.payload_bytes) + " bytes of " +
                          net::DTypeName(h.dtype) + ", expected " + std::to_string(want) +
                          " bytes of " + net::DTypeName(WireDType(o->dtype)));
     }
     if (o->failed || o->finished) return Status::Ok();  // late reply of a failed ticket: dropped
+    if (suffix) owner->VersionsArrived(o, ReadVersions(payload.subspan(want)));
     const bool store = !bare_ack && (o->kind == OpKind::kPushPull || o->kind == OpKind::kPull);
     if (store) {
       float* dest = o->out.data() + request.offset;

@@ -6,6 +6,7 @@
 
 #include "client_impl.h"
 #include "lane_link.h"
+#include "compress.h"
 #include "convert.h"
 #include "lane.h"
 #include "rackhub/data/v1/control.pb.h"
@@ -94,8 +95,10 @@ Ticket Client::Impl::CompleteNow(OperationPtr op, Error error) {
 }
 
 void Client::Impl::Post(OperationPtr op) {
-  if ((op->kind == OpKind::kPushPull || op->kind == OpKind::kInit) &&
-      op->dtype != DType::kFp32) {
+  if (op->kind == OpKind::kPushPull && op->topk_ratio > 0) {
+    internal::PackTopK(*op, chunk_elements_);  // on the calling thread, like narrowing
+  } else if ((op->kind == OpKind::kPushPull || op->kind == OpKind::kInit) &&
+             op->dtype != DType::kFp32) {
     op->narrowed->resize(op->in.size());
     internal::NarrowFloats(op->dtype, op->in.data(), op->narrowed->data(), op->in.size());
   }
@@ -146,6 +149,14 @@ Error Client::Impl::AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, b
   op->elements = k.info.elements;
   op->first_chunk = k.info.first_chunk;
   op->iteration = k.info.next_iteration;
+  if (op->kind == OpKind::kPushPull && k.info.topk_ratio > 0) {
+    op->topk_ratio = k.info.topk_ratio;
+    op->packed = k.packed;
+    if (k.error_feedback) {
+      if (!k.residual) k.residual = std::make_shared<std::vector<float>>(k.info.elements, 0.0f);
+      op->residual = k.residual;
+    }
+  }
   return {};
 }
 
@@ -251,8 +262,14 @@ Error Client::Impl::DeclareKey(const KeyDecl& decl, KeyId* out) {
   d.set_dim(decl.dim);
   d.set_init_scale(decl.init_scale);
   d.set_init_seed(decl.init_seed);
+  d.set_topk_ratio(decl.topk_ratio);
   Error e;
   if (decl.name.empty()) e = MakeError(ErrorCode::kInvalidArgument, "DeclareKey: empty name");
+  if (e.ok() && !(decl.topk_ratio >= 0.0f && decl.topk_ratio <= 1.0f)) {
+    e = MakeError(ErrorCode::kInvalidArgument,
+                  "DeclareKey '" + decl.name + "': topk_ratio must be in (0, 1] or 0 (dense), got " +
+                      std::to_string(decl.topk_ratio));
+  }
   if (e.ok() && decl.rows == 0 && decl.elements == 0) {
     e = MakeError(ErrorCode::kInvalidArgument, "DeclareKey '" + decl.name + "': 0 elements");
   }
@@ -279,6 +296,10 @@ Error Client::Impl::DeclareKey(const KeyDecl& decl, KeyId* out) {
   if (e.ok()) {
     if (!op->declared) return MakeError(ErrorCode::kConnectionLost, "DeclareKey: no KEY_INFO");
     if (out) *out = op->declared->id;
+    std::lock_guard lock(mu_);
+    if (const auto it = keys_.find(op->declared->id); it != keys_.end()) {
+      it->second.error_feedback = decl.error_feedback;
+    }
   }
   return e;
 }
@@ -408,6 +429,7 @@ void Client::Impl::Start(const OperationPtr& op) {
 void Client::Impl::Send(const OperationPtr& op) {
   op->remaining = 0;
   op->min_reply_iteration = UINT64_MAX;
+  op->min_updates = op->min_slowest = UINT64_MAX;
   op->declared.reset();
   switch (op->kind) {
     case OpKind::kPushPull: StartChunks(op, net::Opcode::kPush); return;
@@ -468,7 +490,15 @@ void Client::Impl::StartChunks(const OperationPtr& op, net::Opcode opcode) {
     OutFrame f;
     net::EncodeHeader(h, f.header);
     f.op = op;
-    if (with_payload) {
+    if (with_payload && !op->packed_chunks.empty()) {
+      // Top-k: the payload PackTopK built (the op holds the buffer).
+      const Operation::PackedChunk& p = op->packed_chunks[c];
+      if (p.sparse) h.flags = net::kFlagSparse;
+      h.payload_bytes = static_cast<uint32_t>(p.bytes);
+      net::EncodeHeader(h, f.header);
+      f.payload = op->packed->data() + p.offset;
+      f.bytes = p.bytes;
+    } else if (with_payload) {
       f.payload = borrow ? static_cast<const void*>(op->in.data() + offset)
                          : static_cast<const void*>(op->narrowed->data() + offset);
       f.bytes = h.payload_bytes;
@@ -477,6 +507,11 @@ void Client::Impl::StartChunks(const OperationPtr& op, net::Opcode opcode) {
     }
     lane.Send(std::move(f));
   }
+}
+
+void Client::Impl::VersionsArrived(const OperationPtr& op, const net::VersionsSuffix& v) {
+  op->min_updates = std::min(op->min_updates, v.updates);
+  op->min_slowest = std::min(op->min_slowest, v.slowest);
 }
 
 void Client::Impl::ReplyArrived(const OperationPtr& op, uint64_t iteration) {
@@ -525,6 +560,10 @@ void Client::Impl::Finish(const OperationPtr& op) {
       if (it != keys_.end()) {
         KeyInfo& k = it->second.info;
         it->second.busy = false;
+        if (result.ok() && op->min_updates != UINT64_MAX) {
+          k.updates = op->min_updates;
+          k.slowest_iteration = op->min_slowest;
+        }
         if (result.ok() && op->min_reply_iteration != UINT64_MAX) {
           k.version = op->min_reply_iteration;
           const bool push = op->kind == OpKind::kPushPull || op->kind == OpKind::kPushPullRows;

@@ -1,5 +1,7 @@
 #include "wire.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 
 namespace rackhub::client::internal {
@@ -86,6 +88,13 @@ Result<admin::v1::Optimizer> ToProtoOptimizer(const OptimizerSpec& spec) {
   return out;
 }
 
+net::VersionsSuffix ReadVersions(std::span<const std::byte> bytes) {
+  net::VersionsSuffix v;
+  std::memcpy(&v.updates, bytes.data(), 8);
+  std::memcpy(&v.slowest, bytes.data() + 8, 8);
+  return v;
+}
+
 Result<KeyInfo> ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elements) {
   KeyInfo k;
   k.id = entry.id();
@@ -101,6 +110,7 @@ Result<KeyInfo> ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elemen
   k.rows = entry.rows();
   k.dim = entry.dim();
   k.rows_per_chunk = entry.rows_per_chunk();
+  k.topk_ratio = entry.topk_ratio();
   k.first_chunk = entry.first_chunk();
   k.chunk_count = entry.chunk_count();
   k.version = entry.version();

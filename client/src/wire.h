@@ -13,6 +13,9 @@
 namespace rackhub::client::internal {
 
 net::DType WireDType(DType dtype);
+// The VersionsSuffix at the end of a PARAMS payload (kFlagVersions); `bytes`
+// holds at least net::kVersionsSuffixBytes.
+net::VersionsSuffix ReadVersions(std::span<const std::byte> bytes);
 // The public mirror of a wire error code (same number; client.h).
 WireError ToClientWireError(net::WireError code);
 admin::v1::DType ProtoDType(DType dtype);

@@ -12,7 +12,10 @@
 //     bodies (DecodeErrorBody, and the ErrorFrame round trip), the protobuf
 //     control payloads, the element payloads of data frames widened to
 //     fp32 by the kernels the lanes and the client use, and the row requests
-//     of tables (ParseRowsPayload; a parsed one re-encodes to its bytes).
+//     of tables (ParseRowsPayload; a parsed one re-encodes to its bytes),
+//     sparse (top-k) PUSH payloads (ParseSparsePayload; an accepted one is
+//     in range and ascending, and is summed and applied by a ChunkState as
+//     the lanes do) and the versions suffix of PARAMS.
 // Nothing here may crash, leak, read out of bounds or hit UB (ASan+UBSan).
 #include <algorithm>
 #include <array>
@@ -25,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "rackhub/aggregation/chunk_state.h"
 #include "rackhub/aggregation/kernels.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/frame.h"
@@ -78,6 +82,38 @@ void DecodeRows(const net::FrameHeader& h, std::span<const std::byte> payload) {
   if (rows.rows) DecodeElements(h, {rows.rows, rows.row_bytes});
 }
 
+// A sparse PUSH as the lane parses it, for a chunk of 1..4096 elements
+// (from the chunk field) and the ratio 1/(1 + key % 8): an accepted payload
+// lists in-range ascending indices and feeds a ChunkState (rank 1 parked
+// behind rank 0, then applied alone).
+void DecodeSparse(const net::FrameHeader& h, std::span<const std::byte> payload) {
+  const uint32_t elements = 1 + h.chunk % 4096;
+  const uint32_t max_count = std::max<uint32_t>(1, elements / (1 + h.key % 8));
+  net::SparsePayload sp;
+  const std::string e = net::ParseSparsePayload(payload, elements, max_count, h.dtype, &sp);
+  if (!e.empty()) return;
+  Check(sp.count <= max_count, "no more entries than allowed");
+  Check(payload.size() == net::SparsePayloadBytes(sp.count, h.dtype), "sparse sizes add up");
+  uint32_t prev = 0;
+  for (uint32_t j = 0; j < sp.count; ++j) {
+    uint32_t i;
+    std::memcpy(&i, sp.indices + size_t{j} * 4, 4);
+    Check(i < elements && (j == 0 || i > prev), "accepted indices are in range and ascending");
+    prev = i;
+  }
+  agg::OptimizerConfig sum;
+  sum.type = agg::OptimizerType::kSumOnly;
+  agg::NormalizeOptimizer(&sum);
+  const auto type = static_cast<agg::ElementType>(h.dtype);
+  agg::ChunkState c(elements, 2, sum, type);
+  c.MarkInitialized();
+  const agg::ChunkState::SparseView view{sp.count, sp.indices, sp.values};
+  Check(c.ContributeSparse(1, view) == agg::ChunkState::AddResult::kAccepted, "rank 1 parked");
+  Check(c.ContributeSparse(0, view) == agg::ChunkState::AddResult::kComplete, "rank 0 folds");
+  c.Update();
+  Check(c.ApplyAloneSparse(view), "applied alone");
+}
+
 void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload) {
   switch (h.opcode) {
     case net::Opcode::kError: {
@@ -104,7 +140,19 @@ void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload
     case net::Opcode::kHubHello: ParseAndReserialize<dpb::HubHello>(payload); break;
     case net::Opcode::kKeyBind: ParseAndReserialize<dpb::KeyBind>(payload); break;
     case net::Opcode::kPush:
+      if (h.flags & net::kFlagSparse) {
+        DecodeSparse(h, payload);
+      } else {
+        DecodeElements(h, payload);
+      }
+      break;
     case net::Opcode::kParams:
+      if ((h.flags & net::kFlagVersions) && payload.size() >= net::kVersionsSuffixBytes) {
+        DecodeElements(h, payload.first(payload.size() - net::kVersionsSuffixBytes));
+        break;
+      }
+      DecodeElements(h, payload);
+      break;
     case net::Opcode::kInit:
     case net::Opcode::kRackSum:
     case net::Opcode::kRackParams: DecodeElements(h, payload); break;

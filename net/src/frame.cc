@@ -182,6 +182,45 @@ std::string ParseRowsPayload(Opcode op, std::span<const std::byte> payload, uint
   return "";
 }
 
+std::string ParseSparsePayload(std::span<const std::byte> payload, uint32_t elements,
+                               uint32_t max_count, DType dtype, SparsePayload* out) {
+  if (payload.size() < kSparsePrefixBytes) {
+    return fmt::format("payload_bytes: {} is shorter than the 4-byte entry count",
+                       payload.size());
+  }
+  uint32_t count = 0;
+  std::memcpy(&count, payload.data(), 4);
+  if (count > max_count) {
+    return fmt::format("count: {} entries, the chunk's top-k allows at most {} of its {} elements",
+                       count, max_count, elements);
+  }
+  const uint64_t expect = SparsePayloadBytes(count, dtype);
+  if (payload.size() != expect) {
+    return fmt::format("payload_bytes: {} sparse entries of {} need {} bytes, got {}", count,
+                       DTypeName(dtype), expect, payload.size());
+  }
+  const std::byte* idx = payload.data() + kSparsePrefixBytes;
+  uint32_t prev = 0;
+  for (uint32_t j = 0; j < count; ++j) {
+    uint32_t i;
+    std::memcpy(&i, idx + size_t{j} * 4, 4);
+    if (i >= elements) {
+      return fmt::format("indices: entry {} is index {}, out of range for a chunk of {} elements",
+                         j, i, elements);
+    }
+    if (j > 0 && i <= prev) {
+      return fmt::format("indices: entry {} is index {} after {}; indices must be strictly "
+                         "ascending",
+                         j, i, prev);
+    }
+    prev = i;
+  }
+  out->count = count;
+  out->indices = count ? idx : nullptr;
+  out->values = count ? idx + size_t{count} * 4 : nullptr;
+  return "";
+}
+
 std::string EncodeRowsRequest(std::span<const uint64_t> ids, std::span<const uint64_t> want) {
   std::string out(kRowsPrefixBytes + (ids.size() + want.size()) * 8, '\0');
   const uint32_t count = static_cast<uint32_t>(ids.size());

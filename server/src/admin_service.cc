@@ -35,8 +35,12 @@ grpc::Status ToGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
   // Client text in messages is escaped where it is quoted (QuoteForLog); this
   // bounds whatever reaches a client.
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                      SafeForLog(s.message(), kMaxLoggedMessageBytes));
+  // UNAVAILABLE from the daemon itself (etcd cannot be reached) starts with
+  // kDaemonUnavailablePrefix, so clients do not take it for "the daemon
+  // cannot be reached".
+  std::string message = SafeForLog(s.message(), kMaxLoggedMessageBytes);
+  if (s.code() == StatusCode::kUnavailable) message = kDaemonUnavailablePrefix + message;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), message);
 }
 
 void Audit(const char* method, const std::string& what, const grpc::Status& s) {
@@ -103,6 +107,14 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
     spec.quotas.max_workers = req->quotas().max_workers();
     spec.quotas.weight = req->quotas().weight();
     spec.token = req->token();
+    switch (req->consistency()) {
+      case pb::CONSISTENCY_UNSPECIFIED:
+      case pb::SYNC: spec.consistency = Consistency::kSync; break;
+      case pb::BOUNDED: spec.consistency = Consistency::kBounded; break;
+      case pb::ASYNC: spec.consistency = Consistency::kAsync; break;
+      default: return Invalid("consistency: unknown mode " + std::to_string(req->consistency()));
+    }
+    spec.staleness = req->staleness();
     TenantInfo info;
     std::string token;
     const auto status = ToGrpc(registry_->CreateTenant(spec, &info, &token));
@@ -189,6 +201,7 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
     spec.dim = req->dim();
     spec.init_scale = req->init_scale();
     spec.init_seed = req->init_seed();
+    spec.topk_ratio = req->topk_ratio();
     const Result<ProtoOptimizer> opt =
         OptimizerArg("optimizer", req->has_optimizer(), req->optimizer());
     if (!opt.ok()) return ToGrpc(opt.status());

@@ -77,6 +77,9 @@ class Checkpointer;
 // with QuoteForLog (rackhub/common/log_safe.h); the reason is passed through
 // SafeForLog again and cut at kMaxLoggedMessageBytes.
 inline constexpr size_t kMaxLoggedMessageBytes = 2048;
+// The start of an UNAVAILABLE message the daemon sends itself (rackhubctl
+// tells it from a daemon it cannot reach).
+inline constexpr const char* kDaemonUnavailablePrefix = "rackhubd: ";
 grpc::Status ToGrpc(const Status& s);
 void Audit(const char* method, const std::string& what, const grpc::Status& s);
 // StatsService (admin_stats_service.cc).

@@ -169,6 +169,16 @@ void Checkpointer::WaitRecovered(uint32_t handle, std::chrono::steady_clock::tim
   }
 }
 
+// A checkpoint is every key at one version; the chunks of a bounded or
+// async tenant move one contribution at a time, each at its own pace, so
+// there is no such version to save or restore (docs/consistency.md).
+Status Checkpointer::CheckSync(const TenantInfo& tenant) {
+  if (tenant.consistency == Consistency::kSync) return Status::Ok();
+  return FailedPrecondition("consistency: tenant '" + tenant.name + "' is " +
+                            ConsistencyName(tenant.consistency, tenant.staleness) +
+                            "; checkpoints are for sync tenants (docs/consistency.md)");
+}
+
 Result<CheckpointInfo> Checkpointer::Create(const std::string& tenant,
                                             std::chrono::milliseconds timeout) {
   if (!enabled()) {
@@ -183,6 +193,7 @@ Result<CheckpointInfo> Checkpointer::Create(const std::string& tenant,
 
 Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
                                                   std::chrono::milliseconds timeout) {
+  if (Status s = CheckSync(tenant); !s.ok()) return s;
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
   const uint64_t iterations = TenantIteration(tenant);
@@ -288,6 +299,7 @@ Result<CheckpointInfo> Checkpointer::Restore(const std::string& tenant, uint64_t
   if (!enabled()) return FailedPrecondition(why_disabled_);
   TenantInfo info;
   if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
+  if (Status s = CheckSync(info); !s.ok()) return s;
   std::lock_guard lock(mu_);
   const std::string dir = TenantDir(info.name, info.handle);
   Result<CheckpointImage> image = NotFound("");
@@ -360,6 +372,7 @@ void Checkpointer::CheckpointAll() {
   if (!enabled()) return;
   std::lock_guard lock(mu_);
   for (const TenantInfo& t : registry_->ListTenants()) {
+    if (t.consistency != Consistency::kSync) continue;  // not checkpointed (CheckSync)
     const uint64_t now = TenantIteration(t);
     const auto it = last_iterations_.find(t.handle);
     if (now == (it == last_iterations_.end() ? 0 : it->second)) {

@@ -74,6 +74,7 @@ class Checkpointer {
 
  private:
   std::string TenantDir(const std::string& tenant, uint32_t handle) const;
+  static Status CheckSync(const TenantInfo& tenant);
   Result<CheckpointInfo> CreateLocked(const TenantInfo& tenant, std::chrono::milliseconds timeout);
   // Loads `image` into the lanes (blocking); FROM_CLIENT keys become ready.
   void Install(const TenantInfo& tenant, const CheckpointImage& image);

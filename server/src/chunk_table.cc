@@ -114,6 +114,14 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
     slot->charge = MemoryCharge(
         t.info.counters, ChunkMemoryBytes(n, t.info.workers_per_rack, sched.base.type,
                                           ElementTypeOf(key.info.dtype), memory_model_));
+    slot->sparse_replies = key.info.topk_ratio > 0;
+    if (t.info.consistency != Consistency::kSync) {
+      slot->unsynced = std::make_unique<UnsyncedClocks>(t.info.workers_per_rack);
+      for (uint32_t m = 0; m < t.info.workers_per_rack; ++m) {
+        const auto it = t.conns.find(m);
+        slot->unsynced->gone[m] = it == t.conns.end() || !it->second->open();
+      }
+    }
     if (racks_ > 1) {
       InitMultiRackChunk(t, key, *slot, key.info.placement.first_chunk + chunk);
     } else if (const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire)) {
@@ -200,6 +208,10 @@ void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& w
       wc->SendError(code, why, w.request_id, false);
     }
     c.pushes.clear();
+    if (c.unsynced) {
+      c.unsynced->held.clear();
+      c.unsynced->held_since.clear();
+    }
     if (c.rows) c.rows->Discard();
     c.state.DiscardPending();
     for (auto& stage : c.stages) {

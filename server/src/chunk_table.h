@@ -10,6 +10,7 @@
 // time a lane sees a tenant or key.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -60,6 +61,28 @@ class MemoryCharge {
   uint64_t bytes_ = 0;
 };
 
+// A chunk of a bounded or async tenant (docs/consistency.md): each member's
+// iteration count on this chunk (contributions applied), the members not
+// connected to this lane (not waited for: a member counts as the slowest
+// only while connected; one that connects again is brought forward to the
+// slowest of the others), and, parallel to Chunk::pushes (the replies held
+// back by the bound), the iteration count each held rank reached.
+struct UnsyncedClocks {
+  explicit UnsyncedClocks(uint32_t members) : clock(members, 0), gone(members, 0) {}
+  std::vector<uint64_t> clock;  // by member
+  std::vector<uint8_t> gone;    // by member
+  std::vector<uint64_t> held;   // parallel to Chunk::pushes
+  std::vector<std::chrono::steady_clock::time_point> held_since;  // likewise
+  // The smallest clock of the members not gone (UINT64_MAX if all are).
+  uint64_t Slowest() const {
+    uint64_t m = UINT64_MAX;
+    for (size_t i = 0; i < clock.size(); ++i) {
+      if (!gone[i]) m = std::min(m, clock[i]);
+    }
+    return m;
+  }
+};
+
 struct Chunk {
   // One rack: the whole update. Several racks, at the chunk's home hub:
   // the cross-rack stage, one fp32 rack sum per rack, then the optimizer.
@@ -81,6 +104,10 @@ struct Chunk {
   // A row-sparse table's row range: everything lives here (`state` is an
   // unused placeholder); single rack only.
   std::unique_ptr<aggregation::RowShard> rows;
+  // A top-k key: its sum-only replies may be sparse (params_reply.h).
+  bool sparse_replies = false;
+  // Bounded/async tenants only (null in sync tenants).
+  std::unique_ptr<UnsyncedClocks> unsynced;
 
   bool table() const { return rows != nullptr; }
   bool multi_rack() const { return !stages.empty(); }

@@ -55,6 +55,16 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--racks", "topology.racks"},
       {"--topology-mode", "topology.mode"},
       {"--hub-secret-file", "topology.secret_file"},
+      {"--racks-from", "topology.racks_from"},
+      {"--rack-count", "topology.rack_count"},
+      {"--interhub", "topology.interhub"},
+      {"--discover-timeout-s", "topology.discover_timeout_s"},
+      {"--advertise-data", "topology.advertise_data"},
+      {"--registry", "registry.backend"},
+      {"--etcd-endpoints", "registry.etcd_endpoints"},
+      {"--etcd-prefix", "registry.etcd_prefix"},
+      {"--etcd-timeout-ms", "registry.etcd_timeout_ms"},
+      {"--lease-ttl-s", "registry.lease_ttl_s"},
       {"--state-dir", "state.dir"},
       {"--checkpoint-every-iterations", "checkpoint.every_iterations"},
       {"--checkpoint-every-seconds", "checkpoint.every_seconds"},
@@ -220,6 +230,16 @@ options (flags override the config file):
       --racks D=I,D=I,...           every rack's data=interhub addresses (multi-rack)
       --topology-mode MODE          hierarchical|flat                      [hierarchical]
       --hub-secret-file FILE        secret shared by the hubs (required with --racks)
+      --racks-from config|etcd      rack addresses from --racks or from etcd [config]
+      --rack-count N                racks to wait for (--racks-from etcd)
+      --interhub HOST:PORT          this hub's interhub address (--racks-from etcd)
+      --advertise-data HOST:PORT    address workers use (--racks-from etcd) [data]
+      --discover-timeout-s N        wait N s for the other racks (--racks-from etcd) [120]
+      --registry sqlite|etcd        where tenants and keys live          [sqlite]
+      --etcd-endpoints H:P,H:P      etcd members (--registry etcd)
+      --etcd-prefix PREFIX          prefix of rackhub's etcd keys     [/rackhub/]
+      --etcd-timeout-ms MS          deadline of each etcd call            [3000]
+      --lease-ttl-s N               a dead hub leaves the cluster after N s  [5]
       --state-dir DIR               registry database and checkpoints [/var/lib/rackhub]
       --in-memory                   keep no state on disk; a restart starts empty
                                     (tests and benchmarks only)

@@ -308,6 +308,41 @@ const std::map<std::string, Field>& Schema() {
         UnsignedField<uint32_t>(
             "tenants.max_tenants", [](Config& c) -> uint32_t& { return c.tenants.max_tenants; },
             false),
+        StringField("topology.racks_from",
+                    [](Config& c) -> std::string& { return c.topology.racks_from; },
+                    OneOf({"config", "etcd"})),
+        UnsignedField<uint32_t>(
+            "topology.rack_count", [](Config& c) -> uint32_t& { return c.topology.discover_racks; },
+            false),
+        EndpointField("topology.interhub",
+                      [](Config& c) -> net::Endpoint& { return c.topology.interhub; }),
+        EndpointField("topology.advertise_data",
+                      [](Config& c) -> net::Endpoint& { return c.topology.advertise_data; }),
+        UnsignedField<uint32_t>(
+            "topology.discover_timeout_s",
+            [](Config& c) -> uint32_t& { return c.topology.discover_timeout_s; }, false),
+        StringField("registry.backend", [](Config& c) -> std::string& { return c.registry.backend; },
+                    OneOf({"sqlite", "etcd"})),
+        StringField("registry.etcd_endpoints",
+                    [](Config& c) -> std::string& { return c.registry.etcd_endpoints; }),
+        StringField("registry.etcd_prefix",
+                    [](Config& c) -> std::string& { return c.registry.etcd_prefix; }),
+        UnsignedField<uint32_t>(
+            "registry.etcd_timeout_ms",
+            [](Config& c) -> uint32_t& { return c.registry.etcd_timeout_ms; }, false),
+        StringField("registry.etcd_ca_file",
+                    [](Config& c) -> std::string& { return c.registry.etcd_ca_file; }),
+        StringField("registry.etcd_cert_file",
+                    [](Config& c) -> std::string& { return c.registry.etcd_cert_file; }),
+        StringField("registry.etcd_key_file",
+                    [](Config& c) -> std::string& { return c.registry.etcd_key_file; }),
+        StringField("registry.etcd_user",
+                    [](Config& c) -> std::string& { return c.registry.etcd_user; }),
+        StringField("registry.etcd_password_file",
+                    [](Config& c) -> std::string& { return c.registry.etcd_password_file; }),
+        UnsignedField<uint32_t>(
+            "registry.lease_ttl_s", [](Config& c) -> uint32_t& { return c.registry.lease_ttl_s; },
+            false),
         StringField("state.dir", [](Config& c) -> std::string& { return c.state.dir; }),
         BoolField("state.in_memory", [](Config& c) -> bool& { return c.state.in_memory; }),
         UnsignedField<uint64_t>(
@@ -394,6 +429,91 @@ void ParseConfigText(const std::string& text, const std::string& source_name, Co
   WalkTable(table, "", source_name, config, errors);
 }
 
+std::vector<std::string> EtcdEndpoints(const RegistryConfig& registry) {
+  std::vector<std::string> out;
+  const std::string& text = registry.etcd_endpoints;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos
+                                                                : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// registry.* and topology.racks_from (docs/cluster.md).
+static void CheckRegistry(const Config& c, std::vector<std::string>* errors) {
+  const RegistryConfig& r = c.registry;
+  const TopologyConfig& topo = c.topology;
+  if (r.backend == "etcd") {
+    if (r.etcd_endpoints.empty()) {
+      errors->push_back("registry.etcd_endpoints: required with registry.backend = \"etcd\" "
+                        "(HOST:PORT,HOST:PORT,...)");
+    } else {
+      for (const std::string& item : EtcdEndpoints(r)) {
+        if (Result<net::Endpoint> e = net::ParseEndpoint(item); !e.ok() || e->port == 0) {
+          errors->push_back("registry.etcd_endpoints: '" + item + "' is not HOST:PORT");
+        }
+      }
+    }
+    if (r.etcd_prefix.empty() || r.etcd_prefix.back() != '/') {
+      errors->push_back("registry.etcd_prefix: '" + r.etcd_prefix + "' must end with '/'");
+    }
+    if (r.etcd_timeout_ms < 100 || r.etcd_timeout_ms > 600000) {
+      errors->push_back("registry.etcd_timeout_ms: must be in [100, 600000]");
+    }
+    if (r.lease_ttl_s < 2 || r.lease_ttl_s > 3600) {
+      errors->push_back("registry.lease_ttl_s: must be in [2, 3600]");
+    }
+    if (r.etcd_cert_file.empty() != r.etcd_key_file.empty()) {
+      errors->push_back("registry.etcd_cert_file: a client certificate needs both "
+                        "registry.etcd_cert_file and registry.etcd_key_file");
+    }
+    if (r.etcd_user.empty() != r.etcd_password_file.empty()) {
+      errors->push_back("registry.etcd_user: etcd auth needs both registry.etcd_user and "
+                        "registry.etcd_password_file");
+    }
+    CheckReadableFile("registry.etcd_ca_file", r.etcd_ca_file, errors);
+    CheckReadableFile("registry.etcd_cert_file", r.etcd_cert_file, errors);
+    CheckReadableFile("registry.etcd_key_file", r.etcd_key_file, errors);
+    CheckReadableFile("registry.etcd_password_file", r.etcd_password_file, errors);
+  }
+  if (topo.racks_from != "etcd") return;
+  if (r.backend != "etcd") {
+    errors->push_back("topology.racks_from: \"etcd\" needs registry.backend = \"etcd\"");
+  }
+  if (!topo.racks.empty()) {
+    errors->push_back("topology.racks: give either topology.racks or topology.racks_from = "
+                      "\"etcd\", not both");
+  }
+  if (topo.discover_racks == 0 || topo.discover_racks > 256) {
+    errors->push_back("topology.rack_count: must be in [1, 256] with topology.racks_from = "
+                      "\"etcd\"");
+  } else if (topo.rack >= topo.discover_racks) {
+    errors->push_back("topology.rack: " + std::to_string(topo.rack) + " is not below " +
+                      "topology.rack_count " + std::to_string(topo.discover_racks));
+  }
+  if (topo.discover_racks > 1 && topo.interhub.port == 0) {
+    errors->push_back("topology.interhub: this hub's interhub HOST:PORT (with a fixed port) is "
+                      "required with topology.racks_from = \"etcd\"");
+  }
+  if (topo.discover_racks > 1 && topo.mode == "hierarchical" && topo.secret_file.empty()) {
+    errors->push_back("topology.secret_file: required with " + std::to_string(topo.discover_racks) +
+                      " racks: the hubs authenticate their links with a shared secret");
+  }
+  const net::Endpoint& data = topo.advertise_data.port ? topo.advertise_data : c.data.listen;
+  for (const net::Endpoint* e : {&data, &topo.interhub}) {
+    if (e->port != 0 && (e->host == "0.0.0.0" || e->host == "::")) {
+      errors->push_back(std::string(e == &data ? "topology.advertise_data"
+                                               : "topology.interhub") +
+                        ": " + e->ToString() + " is not an address other hosts can reach; "
+                        "give this hub's routable address");
+    }
+  }
+}
+
 void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
   if (c.lanes.count > kMaxLanes) {
     errors->push_back("lanes.count: " + std::to_string(c.lanes.count) + " is more than " +
@@ -465,6 +585,7 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
                       "then use HTTP basic auth with the token as password), listen on "
                       "127.0.0.1, or set metrics.enabled = false");
   }
+  CheckRegistry(c, errors);
   const auto& topo = c.topology;
   const size_t errors_before_secret = errors->size();
   CheckReadableFile("topology.secret_file", topo.secret_file, errors);
@@ -493,7 +614,7 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
                           " needs a fixed interhub port (its peers connect to it)");
       }
     }
-  } else if (topo.rack != 0) {
+  } else if (topo.rack != 0 && topo.racks_from != "etcd") {
     errors->push_back("topology.rack: " + std::to_string(topo.rack) +
                       " without topology.racks (a single-rack hub is rack 0)");
   }

@@ -92,6 +92,14 @@ struct TopologyConfig {
   // (for comparison), the others are not involved.
   std::string mode = "hierarchical";
   std::string secret_file;          // shared by the hubs; required with racks > 1 (hierarchical)
+  // "config": `racks` as given. "etcd" (registry.backend = "etcd"): every hub
+  // registers its addresses in etcd under a lease and start-up waits for
+  // `rack_count` racks (docs/cluster.md); `racks` is then filled from etcd.
+  std::string racks_from = "config";
+  uint32_t discover_racks = 0;       // racks_from = "etcd": how many racks
+  net::Endpoint interhub;            // racks_from = "etcd": this hub's interhub address
+  net::Endpoint advertise_data;      // racks_from = "etcd": workers' address of this hub (default data.listen)
+  uint32_t discover_timeout_s = 120; // racks_from = "etcd": wait for the other racks this long
   uint32_t rack_count() const { return racks.empty() ? 1 : static_cast<uint32_t>(racks.size()); }
   bool multi_rack_exchange() const { return racks.size() > 1 && mode == "hierarchical"; }
 };
@@ -121,6 +129,24 @@ struct CheckpointConfig {
   bool on_shutdown = true;        // checkpoint every tenant on SIGTERM before exiting
 };
 
+// Where the registry lives (registry_backend.h, docs/cluster.md): "sqlite"
+// (state.dir, one hub) or "etcd" (shared by the hubs of a cluster).
+struct RegistryConfig {
+  std::string backend = "sqlite";
+  std::string etcd_endpoints;            // "HOST:PORT,HOST:PORT,..."
+  std::string etcd_prefix = "/rackhub/";  // every key rackhubd writes starts with it
+  uint32_t etcd_timeout_ms = 3000;        // per etcd call
+  std::string etcd_ca_file;               // PEM: TLS to etcd when set
+  std::string etcd_cert_file;             // PEM client certificate (with etcd_key_file)
+  std::string etcd_key_file;
+  std::string etcd_user;                  // etcd auth (with etcd_password_file)
+  std::string etcd_password_file;
+  uint32_t lease_ttl_s = 5;               // membership: a dead hub is noticed after this
+};
+
+// The items of registry.etcd_endpoints ("a:1,b:2" -> {"a:1", "b:2"}).
+std::vector<std::string> EtcdEndpoints(const RegistryConfig& registry);
+
 struct Config {
   std::string log_level = "info";  // trace, debug, info, warn, error, critical, off
   std::string ready_file;          // written once all listeners are bound
@@ -132,6 +158,7 @@ struct Config {
   TopologyConfig topology;
   StateConfig state;
   CheckpointConfig checkpoint;
+  RegistryConfig registry;
 };
 
 // What the command line asked for besides configuration values.

@@ -17,6 +17,7 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
       lane_threads_(lanes),
       hub_connector_(std::move(hub_connector)),
       drained_(lanes->size(), false) {
+  blocking_ = std::make_unique<boost::asio::thread_pool>(2);
   for (uint32_t r = 0; r < config.topology.rack_count(); ++r) {
     link_counters_.push_back(std::make_unique<LinkCounters>());
   }
@@ -36,11 +37,26 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
 DataPlane::~DataPlane() {
   registry_->SetObserver(nullptr);
   Shutdown(std::chrono::milliseconds(0));
+  blocking_->join();  // its tasks may still report to the lanes
+}
+
+void DataPlane::RunBlocking(std::function<void()> fn) {
+  boost::asio::post(*blocking_, std::move(fn));
 }
 
 void DataPlane::OnLane(uint32_t i, std::function<void(Lane&)> fn) {
   Lane* lane = lanes_[i].get();
   lane_threads_->Post(i, [lane, fn = std::move(fn)] { fn(*lane); });
+}
+
+void DataPlane::RackLost(uint32_t rack) {
+  const std::string why = "rack link: the hub of rack " + std::to_string(rack) +
+                          " left the cluster (its etcd lease is gone)";
+  OnEveryLane([why](Lane& lane) {
+    for (auto& [handle, t] : lane.table().tenants()) {
+      lane.table().FailPending(t, net::WireError::kWorkerLost, why);
+    }
+  });
 }
 
 void DataPlane::OnEveryLane(std::function<void(Lane&)> fn) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <boost/asio/thread_pool.hpp>
 #include <tbb/concurrent_hash_map.h>
 
 #include "config.h"
@@ -52,6 +53,10 @@ class DataPlane final : public RegistryObserver, public LaneHost {
 
   // Starts every lane's links to the other racks' hubs (hierarchical topology).
   void StartHubLinks();
+  // Another rack's hub left the cluster (cluster_membership.h): every
+  // pending update fails with WORKER_LOST naming the rack, as when its link
+  // breaks; the links reconnect when it is back. Any thread.
+  void RackLost(uint32_t rack);
   // Every lane tells its workers SHUTTING_DOWN and closes its hub links; waits
   // up to `grace` for the last frames to go out, then closes what is left and
   // waits for every lane's timers and posted work to finish. Idempotent.
@@ -88,6 +93,7 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) override;
   void CountRackChunkBytes(uint32_t rack, uint64_t out) override;
   void LaneDrained(uint32_t lane) override;
+  void RunBlocking(std::function<void()> fn) override;
 
   // RegistryObserver.
   void OnTenantDeleted(uint32_t handle) override;
@@ -113,6 +119,8 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   LaneSet* lane_threads_;
   std::unique_ptr<net::Connector> hub_connector_;
   std::vector<std::unique_ptr<Lane>> lanes_;
+  // RunBlocking's threads; after lanes_: joined before the lanes go.
+  std::unique_ptr<boost::asio::thread_pool> blocking_;
   std::atomic<uint64_t> seq_{0};
   std::string hub_secret_;
   struct LinkCounters {

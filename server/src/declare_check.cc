@@ -42,6 +42,7 @@ DeclareCheck CheckDeclare(std::span<const std::byte> payload, const std::string&
   spec.dim = decl.dim();
   spec.init_scale = decl.init_scale();
   spec.init_seed = decl.init_seed();
+  spec.topk_ratio = decl.topk_ratio();
   spec.use_tenant_optimizer = !decl.has_optimizer();
   if (decl.has_optimizer()) {
     Result<ProtoOptimizer> opt = OptimizerFromProto(decl.optimizer());

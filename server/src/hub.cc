@@ -15,6 +15,8 @@
 #include "metrics_exporter.h"
 #include "rdma_listener.h"
 #include "registry.h"
+#include "cluster_membership.h"
+#include "etcd_registry_store.h"
 #include "registry_store.h"
 #include "shm_acceptor.h"
 #include "tcp_acceptor.h"
@@ -105,6 +107,10 @@ Status Hub::Start() {
     }
   }
   auth_ = std::make_unique<AdminAuth>(admin_token, readonly_token);
+  lane_count_ = EffectiveLaneCount(config_);
+  if (config_.topology.racks_from == "etcd") {
+    if (Status s = DiscoverRacks(); !s.ok()) return s;
+  }
   if (config_.topology.multi_rack_exchange()) {
     // Hub links need the shared secret (config validation checked it once).
     const TopologyConfig& topo = config_.topology;
@@ -116,23 +122,7 @@ Status Hub::Start() {
     if (!secret.ok()) return secret.status();
   }
 
-  lane_count_ = EffectiveLaneCount(config_);
-  if (config_.state.in_memory) {
-    registry_ = std::make_unique<Registry>(lane_count_, config_.tenants, config_.topology);
-    spdlog::warn("state.in_memory: tenants and keys are not stored; a restart starts empty");
-  } else {
-    // A bad registry database stops start-up (FAILED_PRECONDITION: exit 78);
-    // never start empty in its place.
-    Result<std::unique_ptr<RegistryStore>> store = RegistryStore::Open(config_.state.dir);
-    if (!store.ok()) return store.status();
-    const std::string path = (*store)->path();
-    Result<std::unique_ptr<Registry>> registry =
-        Registry::Open(lane_count_, config_.tenants, *std::move(store), config_.topology);
-    if (!registry.ok()) return registry.status();
-    registry_ = *std::move(registry);
-    const Registry::Totals totals = registry_->GetTotals();
-    spdlog::info("registry {}: {} tenants, {} keys", path, totals.tenants, totals.keys);
-  }
+  if (Status s = OpenRegistry(); !s.ok()) return s;
   lanes_ = std::make_unique<LaneSet>();
   lanes_->Start(lane_count_, config_.lanes.pin);
   {
@@ -177,6 +167,12 @@ Status Hub::Start() {
   tcp_->Start();
   if (rdma_) rdma_->Start(data_plane_.get());
   data_plane_->StartHubLinks();
+  if (membership_) {
+    DataPlane* plane = data_plane_.get();
+    membership_->Start(
+        config_.topology.rack_count(), [plane](uint32_t rack) { plane->RackLost(rack); },
+        [](uint32_t) {});  // the links reconnect on their own
+  }
   checkpointer_->Start();
   if (Status s = StartAdmin(); !s.ok()) return s;
   if (config_.metrics.enabled) {
@@ -186,6 +182,91 @@ Status Hub::Start() {
     metrics_address_ = metrics_->address();
   }
   return {};
+}
+
+namespace {
+
+Result<EtcdOptions> EtcdOptionsOf(const Config& config) {
+  const RegistryConfig& r = config.registry;
+  EtcdOptions o;
+  o.endpoints = EtcdEndpoints(r);
+  o.ca_file = r.etcd_ca_file;
+  o.cert_file = r.etcd_cert_file;
+  o.key_file = r.etcd_key_file;
+  o.user = r.etcd_user;
+  if (!r.etcd_password_file.empty()) {
+    if (Status s = ReadSecretFile("registry.etcd_password_file", r.etcd_password_file,
+                                  &o.password);
+        !s.ok()) {
+      return s;
+    }
+  }
+  o.timeout = std::chrono::milliseconds(r.etcd_timeout_ms);
+  return o;
+}
+
+}  // namespace
+
+Status Hub::DiscoverRacks() {
+  Result<EtcdOptions> options = EtcdOptionsOf(config_);
+  if (!options.ok()) return options.status();
+  TopologyConfig& topo = config_.topology;
+  ClusterMembership::Self self;
+  self.rack = topo.rack;
+  self.data = topo.advertise_data.port ? topo.advertise_data : config_.data.listen;
+  self.interhub = topo.interhub;
+  self.lanes = lane_count_;
+  Result<std::unique_ptr<ClusterMembership>> m = ClusterMembership::Join(
+      *options, config_.registry.etcd_prefix, self, config_.registry.lease_ttl_s);
+  if (!m.ok()) return m.status();
+  membership_ = *std::move(m);
+  spdlog::info("cluster: waiting for {} racks in etcd (up to {} s)", topo.discover_racks,
+               topo.discover_timeout_s);
+  Result<std::vector<RackAddress>> racks = membership_->WaitForRacks(
+      topo.discover_racks, std::chrono::seconds(topo.discover_timeout_s));
+  if (!racks.ok()) return racks.status();
+  if (topo.discover_racks > 1) topo.racks = *std::move(racks);
+  for (size_t r = 0; r < topo.racks.size(); ++r) {
+    spdlog::info("cluster: rack {}: data {}, interhub {}", r, topo.racks[r].data.ToString(),
+                 topo.racks[r].interhub.ToString());
+  }
+  return Status::Ok();
+}
+
+Status Hub::OpenRegistry() {
+  if (config_.registry.backend == "etcd") {
+    // Shared by the hubs of a cluster; etcd unreachable stops start-up.
+    Result<EtcdOptions> options = EtcdOptionsOf(config_);
+    if (!options.ok()) return options.status();
+    Result<std::unique_ptr<EtcdRegistryStore>> store =
+        EtcdRegistryStore::Open(*options, config_.registry.etcd_prefix);
+    if (!store.ok()) return store.status();
+    const std::string where = (*store)->where();
+    Result<std::unique_ptr<Registry>> registry =
+        Registry::Open(lane_count_, config_.tenants, *std::move(store), config_.topology);
+    if (!registry.ok()) return registry.status();
+    registry_ = *std::move(registry);
+    const Registry::Totals totals = registry_->GetTotals();
+    spdlog::info("{}: {} tenants, {} keys", where, totals.tenants, totals.keys);
+    return Status::Ok();
+  }
+  if (config_.state.in_memory) {
+    registry_ = std::make_unique<Registry>(lane_count_, config_.tenants, config_.topology);
+    spdlog::warn("state.in_memory: tenants and keys are not stored; a restart starts empty");
+    return Status::Ok();
+  }
+  // A bad registry database stops start-up (FAILED_PRECONDITION: exit 78);
+  // never start empty in its place.
+  Result<std::unique_ptr<RegistryStore>> store = RegistryStore::Open(config_.state.dir);
+  if (!store.ok()) return store.status();
+  const std::string path = (*store)->path();
+  Result<std::unique_ptr<Registry>> registry =
+      Registry::Open(lane_count_, config_.tenants, *std::move(store), config_.topology);
+  if (!registry.ok()) return registry.status();
+  registry_ = *std::move(registry);
+  const Registry::Totals totals = registry_->GetTotals();
+  spdlog::info("registry {}: {} tenants, {} keys", path, totals.tenants, totals.keys);
+  return Status::Ok();
 }
 
 Status Hub::StartAdmin() {
@@ -253,6 +334,9 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   if (stopped_) return;
   stopped_ = true;
   SetNotServing();
+  // Leave the cluster first: the other hubs fail this rack's pending work
+  // now instead of after the lease's TTL.
+  membership_.reset();
   if (metrics_) metrics_->Stop();  // scrapes read everything below
   // No new connections; workers get a SHUTTING_DOWN error (nothing hangs),
   // then admin calls drain, then the tenants are checkpointed (the lanes

@@ -21,6 +21,8 @@ class Server;
 
 namespace rackhub::server {
 
+class ClusterMembership;
+
 class AdminAuth;
 class AdminServices;
 class Checkpointer;
@@ -62,7 +64,12 @@ class Hub {
  private:
   Status StartAdmin();
 
-  const Config config_;
+  Status OpenRegistry();
+  // topology.racks_from = "etcd": registers this hub and fills
+  // config_.topology.racks from etcd.
+  Status DiscoverRacks();
+
+  Config config_;  // changed only by Start (racks from etcd), before any use
   uint32_t lane_count_ = 0;
   std::string admin_address_;
   std::string data_address_;
@@ -79,6 +86,8 @@ class Hub {
   std::unique_ptr<AdminServices> services_;
   std::unique_ptr<grpc::Server> admin_;
   std::unique_ptr<MetricsExporter> metrics_;
+  // After data_plane_: its threads call into the data plane, so it goes first.
+  std::unique_ptr<ClusterMembership> membership_;
   bool stopped_ = false;
 };
 

@@ -12,7 +12,7 @@ namespace {
 
 // A ChunkState held by unique_ptr (multi-rack stages): the object and its
 // allocator header.
-constexpr uint64_t kChunkStateObjectBytes = 512;
+constexpr uint64_t kChunkStateObjectBytes = 640;
 static_assert(sizeof(ChunkState) + 32 <= kChunkStateObjectBytes);
 
 // A std::vector<std::byte> of `bytes` (reply buffers): the block and its header.

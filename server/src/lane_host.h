@@ -109,6 +109,11 @@ class LaneHost {
 
   // Shutdown: the lane has closed its last connection.
   virtual void LaneDrained(uint32_t lane) = 0;
+
+  // Runs `fn` on a thread that may block (a registry write to etcd), never
+  // on a lane. `fn` must hold a LaneGate-wrapped handler for whatever it
+  // reports back to a lane. Any thread.
+  virtual void RunBlocking(std::function<void()> fn) = 0;
 };
 
 }  // namespace rackhub::server

@@ -39,6 +39,15 @@ int main(int argc, char** argv) {
                     : (c.admin.tls_client_ca_file.empty() ? "on" : "on, client certificates"));
     std::printf("rackhubd: state: %s\n",
                 c.state.in_memory ? "in memory (nothing is stored)" : c.state.dir.c_str());
+    if (c.registry.backend == "etcd") {
+      std::printf("rackhubd: registry: etcd at %s, prefix %s\n", c.registry.etcd_endpoints.c_str(),
+                  c.registry.etcd_prefix.c_str());
+    }
+    if (c.topology.racks_from == "etcd") {
+      std::printf("rackhubd: topology: rack %u of %u from etcd, %s, hub links on %s\n",
+                  c.topology.rack, c.topology.discover_racks, c.topology.mode.c_str(),
+                  c.topology.interhub.ToString().c_str());
+    }
     if (!c.topology.racks.empty()) {
       std::printf("rackhubd: topology: rack %u of %u, %s, hub links on %s\n", c.topology.rack,
                   c.topology.rack_count(), c.topology.mode.c_str(),

@@ -1,5 +1,10 @@
 #include "params_reply.h"
 
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
 namespace rackhub::server {
 
 void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id) {
@@ -16,11 +21,104 @@ void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_
   conn.SendShared(r, bytes, c.reply_owner(version));
 }
 
+void SendVersionedParams(net::Connection& conn, const Chunk& c, uint64_t clock,
+                         uint64_t request_id) {
+  const uint64_t v = c.state.version();
+  const auto bytes = c.state.wire_params(v);
+  net::VersionsSuffix suffix;
+  suffix.updates = v;
+  suffix.slowest = c.unsynced ? c.unsynced->Slowest() : v;
+  if (suffix.slowest == UINT64_MAX) suffix.slowest = clock;
+  std::string payload(bytes.size() + net::kVersionsSuffixBytes, '\0');
+  if (!bytes.empty()) std::memcpy(payload.data(), bytes.data(), bytes.size());
+  std::memcpy(payload.data() + bytes.size(), &suffix.updates, 8);
+  std::memcpy(payload.data() + bytes.size() + 8, &suffix.slowest, 8);
+  net::FrameHeader r;
+  r.opcode = net::Opcode::kParams;
+  r.flags = net::kFlagVersions;
+  r.tenant = conn.id().tenant_handle;
+  r.key = c.key_id;
+  r.chunk = c.index_in_key;
+  r.dtype = c.dtype;
+  r.iteration = clock;
+  r.request_id = request_id;
+  r.payload_bytes = static_cast<uint32_t>(payload.size());
+  conn.SendOwned(r, std::move(payload));
+}
+
+namespace {
+
+// The sparse form of `dense` (elements of type Word: the wire dtype's
+// bits), or null when it is not smaller: one pass counts the entries whose
+// bits are not +0.0, a second writes them (fixed-size loads: this runs over
+// every element of every update of the key).
+template <typename Word>
+std::shared_ptr<const std::string> SparseOf(std::span<const std::byte> dense, net::DType dtype) {
+  const size_t n = dense.size() / sizeof(Word);
+  const auto word = [&](size_t i) {
+    Word w;
+    std::memcpy(&w, dense.data() + i * sizeof(Word), sizeof(Word));
+    return w;
+  };
+  size_t count = 0;
+  for (size_t i = 0; i < n; ++i) count += word(i) != 0;
+  if (net::SparsePayloadBytes(static_cast<uint32_t>(count), dtype) >= dense.size()) {
+    return nullptr;
+  }
+  auto out = std::make_shared<std::string>(
+      net::SparsePayloadBytes(static_cast<uint32_t>(count), dtype), '\0');
+  char* p = out->data();
+  const auto c32 = static_cast<uint32_t>(count);
+  std::memcpy(p, &c32, 4);
+  char* idx = p + 4;
+  char* values = idx + count * 4;
+  for (size_t i = 0; i < n; ++i) {
+    const Word w = word(i);
+    if (w == 0) continue;
+    const auto i32 = static_cast<uint32_t>(i);
+    std::memcpy(idx, &i32, 4);
+    std::memcpy(values, &w, sizeof(Word));
+    idx += 4;
+    values += sizeof(Word);
+  }
+  return out;
+}
+
+// The sparse form of version v's reply, or null when the chunk's replies
+// are dense (not a sum-only top-k chunk, or the sparse form is not smaller).
+std::shared_ptr<const std::string> SparseReply(const Chunk& c, uint64_t v) {
+  if (!c.sparse_replies || c.multi_rack() ||
+      c.state.optimizer().type != aggregation::OptimizerType::kSumOnly) {
+    return nullptr;
+  }
+  const std::span<const std::byte> dense = c.state.wire_params(v);
+  return net::DTypeBytes(c.dtype) == 4 ? SparseOf<uint32_t>(dense, c.dtype)
+                                       : SparseOf<uint16_t>(dense, c.dtype);
+}
+
+}  // namespace
+
 void AnswerPushes(Chunk& c, uint64_t version) {
+  const std::shared_ptr<const std::string> sparse =
+      c.pushes.empty() ? nullptr : SparseReply(c, version);
   for (const Waiter& w : c.pushes) {
-    if (auto wc = w.conn.lock(); wc && wc->open()) {
+    auto wc = w.conn.lock();
+    if (!wc || !wc->open()) continue;
+    if (!sparse) {
       SendParams(*wc, c, version, w.request_id);
+      continue;
     }
+    net::FrameHeader r;
+    r.opcode = net::Opcode::kParams;
+    r.flags = net::kFlagSparse;
+    r.tenant = wc->id().tenant_handle;
+    r.key = c.key_id;
+    r.chunk = c.index_in_key;
+    r.dtype = c.dtype;
+    r.iteration = version;
+    r.request_id = w.request_id;
+    r.payload_bytes = static_cast<uint32_t>(sparse->size());
+    wc->SendShared(r, std::as_bytes(std::span<const char>(*sparse)), sparse);
   }
   c.pushes.clear();
 }

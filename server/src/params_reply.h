@@ -38,7 +38,22 @@ namespace rackhub::server {
 // Queues PARAMS of `version` (version() or version() - 1 of the chunk).
 void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id);
 
-// Answers every push waiting for the chunk's update `version`.
+// Bounded/async tenants (docs/consistency.md): PARAMS of the chunk's
+// current version whose header iteration is the worker's own iteration
+// count `clock`, with the VersionsSuffix (updates applied, the slowest
+// live worker's count) after the parameters, flag kFlagVersions. A copy,
+// not a reference: the suffix follows the parameters in one payload, and
+// with updates applied one contribution at a time the buffers turn over
+// too fast for references to pay.
+void SendVersionedParams(net::Connection& conn, const Chunk& c, uint64_t clock,
+                         uint64_t request_id);
+
+// Answers every push waiting for the chunk's update `version`. For a top-k
+// key whose optimizer is sum-only (the reply is the reduced gradient, zero
+// outside the entries the ranks sent), the replies are sparse when that is
+// smaller: flag kFlagSparse, the payload of a sparse PUSH listing every
+// entry whose bits are not +0.0 (docs/compression.md); one payload shared by
+// every reply of the update.
 void AnswerPushes(Chunk& c, uint64_t version);
 
 // Answers every PULL held for the chunk's initial values with `version`,

@@ -60,6 +60,16 @@ void TenantToProto(const TenantInfo& in, pb::Tenant* out) {
   out->set_chunk_count(in.chunk_count);
   out->set_created_unix_ms(in.created_unix_ms);
   out->set_memory_bytes(in.memory_bytes);
+  out->set_consistency(ConsistencyToProto(in.consistency));
+  out->set_staleness(in.staleness);
+}
+
+pb::Consistency ConsistencyToProto(Consistency c) {
+  switch (c) {
+    case Consistency::kBounded: return pb::BOUNDED;
+    case Consistency::kAsync: return pb::ASYNC;
+    default: return pb::SYNC;
+  }
 }
 
 pb::InitMode InitModeToProto(InitMode mode) {
@@ -84,6 +94,7 @@ void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& ch
   out->set_dim(in.dim);
   out->set_init_scale(in.init_scale);
   out->set_init_seed(in.init_seed);
+  out->set_topk_ratio(in.topk_ratio);
   if (in.table()) {
     out->set_rows_per_chunk(in.rows_per_chunk());
   }

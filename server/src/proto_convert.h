@@ -25,6 +25,7 @@ Result<ProtoOptimizer> OptimizerFromProto(const admin::v1::Optimizer& in);
 
 void OptimizerToProto(const aggregation::OptimizerConfig& in, admin::v1::Optimizer* out);
 admin::v1::InitMode InitModeToProto(InitMode mode);
+admin::v1::Consistency ConsistencyToProto(Consistency c);
 void TenantToProto(const TenantInfo& in, admin::v1::Tenant* out);
 // `chunks` may be empty (list calls leave the layout out).
 void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& chunks,

@@ -8,7 +8,8 @@
 
 #include "rackhub/common/log_safe.h"
 #include "rackhub/common/size.h"
-#include "registry_store.h"
+#include "registry_backend.h"
+#include "registry_internal.h"
 #include "token.h"
 
 namespace rackhub::server {
@@ -21,18 +22,6 @@ using aggregation::OptimizerConfig;
 constexpr uint64_t kMaxKeyElements = 1ull << 34;
 constexpr uint32_t kMaxTableDim = 65536;  // columns of a row-sparse table
 constexpr uint32_t kMaxWorkersPerRack = 65536;
-
-struct Registry::Tenant {
-  TenantInfo info;
-  TokenHash token;
-  ChunkLayout layout;
-  std::map<std::string, KeyInfo> keys;  // by name
-  std::map<uint32_t, std::string> key_names;  // by id
-  uint32_t next_key_id = 1;
-
-  Tenant(TenantInfo i, TokenHash t, ChunkLayout l)
-      : info(std::move(i)), token(t), layout(std::move(l)) {}
-};
 
 void OptimizerSchedule::Apply(const aggregation::OptimizerConfig& config, uint64_t from) {
   if (config == latest && from == from_update) return;
@@ -101,70 +90,27 @@ std::shared_ptr<TenantCounters> Registry::NewCounters(const TenantInfo& info) co
   c->weight.store(info.quotas.weight, std::memory_order_relaxed);
   return c;
 }
-Registry::~Registry() = default;
+Registry::~Registry() {
+  // The store's watch thread calls Reconcile: stop it before the maps go.
+  store_.reset();
+}
 
 Result<std::unique_ptr<Registry>> Registry::Open(uint32_t lanes, TenantDefaults defaults,
-                                                 std::unique_ptr<RegistryStore> store,
+                                                 std::unique_ptr<RegistryBackend> store,
                                                  const TopologyConfig& topology) {
-  Result<RegistryStore::Contents> contents = store->Load();
+  Result<RegistryContents> contents = store->Load();
   if (!contents.ok()) return contents.status();
-  const std::string where = "state.dir: " + store->path() + ": ";
   auto registry = std::make_unique<Registry>(lanes, defaults, topology);
-  Registry& r = *registry;
-  r.next_handle_ = std::max<uint32_t>(contents->next_handle, 1);
-  for (RegistryStore::TenantRow& row : contents->tenants) {
-    TenantInfo& info = row.info;
-    if (!ChunkLayout::IsValidChunkBytes(info.chunk_bytes) || info.handle == 0 ||
-        !IsValidTenantName(info.name)) {
-      return FailedPrecondition(where + "tenant " + Quoted(info.name) + " (handle " +
-                                std::to_string(info.handle) + ") is invalid (chunk_bytes " +
-                                std::to_string(info.chunk_bytes) + ")");
-    }
-    if (info.quotas.weight == 0 || info.quotas.weight > Quotas::kMaxWeight) {
-      return FailedPrecondition(where + "tenant " + Quoted(info.name) + ": weight " +
-                                std::to_string(info.quotas.weight) + " is out of range");
-    }
-    info.counters = r.NewCounters(info);
-    ChunkLayout layout(info.chunk_bytes, lanes);
-    // Reserve the chunk indices used so far (deleted keys' included: never reused).
-    if (row.next_chunk > 0) layout.Allocate(row.next_chunk * layout.chunk_elements());
-    auto tenant = std::make_unique<Tenant>(info, row.token, std::move(layout));
-    tenant->next_key_id = std::max<uint32_t>(row.next_key_id, 1);
-    tenant->info.chunk_count = tenant->layout.next_chunk();
-    r.next_handle_ = std::max(r.next_handle_, info.handle + 1);
-    r.by_handle_.emplace(info.handle, tenant.get());
-    r.tenants_.emplace(info.name, std::move(tenant));
+  {
+    std::unique_lock lock(registry->mu_);
+    if (Status s = registry->Apply(*contents, true, store->where() + ": "); !s.ok()) return s;
+    registry->store_ = std::move(store);
   }
-  for (RegistryStore::KeyRow& row : contents->keys) {
-    Tenant* t = r.FindTenantByHandle(row.tenant_handle);
-    KeyInfo& key = row.key;
-    const bool valid = (key.dtype == WireDType::kFp32 || key.dtype == WireDType::kFp16 ||
-                        key.dtype == WireDType::kBf16) &&
-                       (key.init == InitMode::kZeros || key.init == InitMode::kFromClient ||
-                        (key.init == InitMode::kRandom && key.table())) &&
-                       key.chunk_elements > 0 && key.elements > 0 && key.id > 0 &&
-                       (!key.table() ||
-                        (key.dim > 0 && key.elements == key.rows * key.dim &&
-                         key.chunk_elements % key.dim == 0 &&
-                         key.placement.chunk_count ==
-                             (key.rows + key.rows_per_chunk() - 1) / key.rows_per_chunk()));
-    if (!t || !valid) {
-      return FailedPrecondition(where + "key " + Quoted(key.name) + " (tenant handle " +
-                                std::to_string(row.tenant_handle) + ", id " +
-                                std::to_string(key.id) + ") is invalid");
-    }
-    key.tenant = t->info.name;
-    // Values of FROM_CLIENT keys come back only from a checkpoint.
-    key.ready = key.init != InitMode::kFromClient;
-    key.memory_bytes = r.KeyMemory(t->info, key);
-    t->info.key_count++;
-    t->info.parameter_bytes += key.parameter_bytes();
-    t->info.memory_bytes += key.memory_bytes;
-    t->next_key_id = std::max(t->next_key_id, key.id + 1);
-    t->key_names.emplace(key.id, key.name);
-    t->keys.emplace(key.name, std::move(key));
+  if (registry->store_->shared()) {
+    Registry* r = registry.get();
+    registry->store_->Watch([r](const RegistryContents& c) { r->Reconcile(c); },
+                            contents->revision);
   }
-  r.store_ = std::move(store);
   return registry;
 }
 
@@ -205,6 +151,23 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
                              " exceeds quotas.max_workers " + std::to_string(q.max_workers));
   }
 
+  if (spec.consistency != Consistency::kSync && spec.consistency != Consistency::kBounded &&
+      spec.consistency != Consistency::kAsync) {
+    return InvalidArgument("consistency: unknown mode");
+  }
+  if (spec.consistency == Consistency::kBounded && spec.staleness > kMaxStaleness) {
+    return InvalidArgument("staleness: " + std::to_string(spec.staleness) + " must be in [0, " +
+                           std::to_string(kMaxStaleness) + "] (bounded:S)");
+  }
+  if (spec.consistency != Consistency::kBounded && spec.staleness != 0) {
+    return InvalidArgument("staleness: only a bounded tenant has a staleness bound");
+  }
+  if (spec.consistency != Consistency::kSync && racks_ > 1) {
+    return InvalidArgument("consistency: " + ConsistencyName(spec.consistency, spec.staleness) +
+                           " is for single-rack hubs; tenants spanning racks are sync "
+                           "(docs/consistency.md)");
+  }
+
   if (!spec.token.empty()) {
     bool ok = spec.token.size() >= 32 && spec.token.size() <= 128;
     for (char c : spec.token) {
@@ -214,6 +177,9 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
     if (!ok) return InvalidArgument("token: must be 32-128 of A-Z a-z 0-9 _ -");
   }
 
+  std::string new_token = spec.token.empty() ? GenerateToken() : spec.token;
+  const TokenHash hash = HashToken(new_token);
+  return Retrying([&](int64_t* revision) -> Status {
   std::unique_lock lock(mu_);
   if (tenants_.count(spec.name)) {
     return AlreadyExists("name: tenant " + Quoted(spec.name) + " already exists");
@@ -229,22 +195,32 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
   info.chunk_bytes = chunk_bytes;
   info.default_optimizer = opt;
   info.quotas = q;
+  info.consistency = spec.consistency;
+  info.staleness = spec.staleness;
   info.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   info.counters = NewCounters(info);
-  std::string new_token = spec.token.empty() ? GenerateToken() : spec.token;
-  const TokenHash hash = HashToken(new_token);
   if (store_) {
-    if (Status s = store_->InsertTenant({info, hash, 1, 0}, info.handle + 1); !s.ok()) return s;
+    if (Status s = store_->InsertTenant({info, hash, 1, 0, 0}, info.handle + 1, revision);
+        !s.ok()) {
+      return s;
+    }
+    if (store_->shared()) {
+      lock.unlock();
+      if (Status s = AwaitRevision(*revision); !s.ok()) return s;
+      *token = new_token;
+      return GetTenant(spec.name, out);
+    }
   }
   next_handle_ = info.handle + 1;
-  *token = std::move(new_token);
+  *token = new_token;
   auto tenant = std::make_unique<Tenant>(info, hash, ChunkLayout(chunk_bytes, lanes_));
   *out = tenant->info;
   by_handle_.emplace(info.handle, tenant.get());
   tenants_.emplace(spec.name, std::move(tenant));
   return Status::Ok();
+  });
 }
 
 Status Registry::GetTenant(const std::string& name, TenantInfo* out) const {
@@ -263,6 +239,7 @@ std::vector<TenantInfo> Registry::ListTenants() const {
 }
 
 Status Registry::UpdateQuotas(const std::string& name, const Quotas& quotas, TenantInfo* out) {
+  return Retrying([&](int64_t* revision) -> Status {
   std::unique_lock lock(mu_);
   Tenant* t = FindTenant(name);
   if (!t) return TenantNotFound(name);
@@ -292,26 +269,40 @@ Status Registry::UpdateQuotas(const std::string& name, const Quotas& quotas, Ten
                               std::to_string(t->info.workers_per_rack));
   }
   if (store_) {
-    if (Status s = store_->UpdateQuotas(t->info.handle, q); !s.ok()) return s;
+    StoredTenant row = t->Row();
+    row.info.quotas = q;
+    if (Status s = store_->UpdateQuotas(row, revision); !s.ok()) return s;
+    if (store_->shared()) {
+      lock.unlock();
+      if (Status s = AwaitRevision(*revision); !s.ok()) return s;
+      return GetTenant(name, out);
+    }
   }
   t->info.quotas = q;
   t->info.counters->weight.store(q.weight, std::memory_order_relaxed);
   *out = t->info;
   return Status::Ok();
+  });
 }
 
 Status Registry::DeleteTenant(const std::string& name) {
-  std::unique_lock lock(mu_);
-  Tenant* t = FindTenant(name);
-  if (!t) return TenantNotFound(name);
-  const uint32_t handle = t->info.handle;
-  if (store_) {
-    if (Status s = store_->DeleteTenant(handle); !s.ok()) return s;
-  }
-  by_handle_.erase(handle);
-  tenants_.erase(name);
-  if (observer_) observer_->OnTenantDeleted(handle);
-  return Status::Ok();
+  return Retrying([&](int64_t* revision) -> Status {
+    std::unique_lock lock(mu_);
+    Tenant* t = FindTenant(name);
+    if (!t) return TenantNotFound(name);
+    const uint32_t handle = t->info.handle;
+    if (store_) {
+      if (Status s = store_->DeleteTenant(t->Row(), revision); !s.ok()) return s;
+      if (store_->shared()) {
+        lock.unlock();
+        return AwaitRevision(*revision);
+      }
+    }
+    by_handle_.erase(handle);
+    tenants_.erase(name);
+    if (observer_) observer_->OnTenantDeleted(handle);
+    return Status::Ok();
+  });
 }
 
 Registry::Tenant* Registry::FindTenantByHandle(uint32_t handle) const {
@@ -367,6 +358,12 @@ Status Registry::DeclareKey(const KeySpec& spec, KeyInfo* out, bool* created) {
                                std::to_string(k.elements) + " " + WireDTypeName(k.dtype) +
                                " elements, not " + std::to_string(spec.elements) + " " +
                                WireDTypeName(spec.dtype));
+      } else if (k.topk_ratio != spec.topk_ratio) {
+        auto comp = [](float r) {
+          return r > 0 ? "top-k ratio " + std::to_string(r) : std::string("dense pushes");
+        };
+        return InvalidArgument("topk_ratio: key " + Quoted(spec.name) + " already exists with " +
+                               comp(k.topk_ratio) + ", not " + comp(spec.topk_ratio));
       }
       *out = k;
       return Status::Ok();
@@ -414,14 +411,29 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
       spec.init != InitMode::kRandom) {
     return InvalidArgument("init: unknown init mode");
   }
-  OptimizerConfig opt = spec.optimizer;
+  if (!(spec.topk_ratio >= 0.0f && spec.topk_ratio <= 1.0f)) {
+    return InvalidArgument("topk_ratio: must be in (0, 1] (or 0 for dense pushes), got " +
+                           std::to_string(spec.topk_ratio));
+  }
+  if (spec.topk_ratio > 0 && spec.rows > 0) {
+    return InvalidArgument("topk_ratio: top-k compression is for dense keys; a row-sparse "
+                           "table's pushes are sparse already");
+  }
+  OptimizerConfig checked_opt = spec.optimizer;
   if (!spec.use_tenant_optimizer) {
-    if (auto s = CheckOptimizer("optimizer", &opt); !s.ok()) return s;
+    if (auto s = CheckOptimizer("optimizer", &checked_opt); !s.ok()) return s;
   }
 
+  return Retrying([&](int64_t* revision) -> Status {
+  OptimizerConfig opt = checked_opt;
   std::unique_lock lock(mu_);
   Tenant* t = FindTenant(spec.tenant);
   if (!t) return TenantNotFound(spec.tenant);
+  if (spec.rows > 0 && t->info.consistency != Consistency::kSync) {
+    return InvalidArgument("rows: row-sparse tables need a sync tenant; tenant " +
+                           Quoted(spec.tenant) + " is " +
+                           ConsistencyName(t->info.consistency, t->info.staleness));
+  }
   if (spec.use_tenant_optimizer) opt = t->info.default_optimizer;
   if (t->keys.count(spec.name)) {
     return AlreadyExists("name: key " + Quoted(spec.name) + " already exists in tenant " +
@@ -474,6 +486,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   key.dim = spec.dim;
   key.init_scale = spec.init_scale;
   key.init_seed = spec.init_seed;
+  key.topk_ratio = spec.topk_ratio;
   key.dtype = spec.dtype;
   key.optimizer = opt;
   key.schedule.base = key.schedule.latest = opt;
@@ -489,10 +502,14 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
           : chunk_elements;
   key.memory_bytes = memory;
   if (store_) {
-    if (Status s = store_->InsertKey(t->info.handle, key, key.id + 1,
-                                     key.placement.first_chunk + key.placement.chunk_count);
-        !s.ok()) {
-      return s;
+    StoredTenant row = t->Row();
+    row.next_key_id = key.id + 1;
+    row.next_chunk = key.placement.first_chunk + key.placement.chunk_count;
+    if (Status s = store_->InsertKey(row, key, revision); !s.ok()) return s;
+    if (store_->shared()) {
+      lock.unlock();
+      if (Status s = AwaitRevision(*revision); !s.ok()) return s;
+      return GetKey(spec.tenant, spec.name, out);
     }
   }
   t->next_key_id = key.id + 1;
@@ -509,6 +526,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   t->key_names.emplace(key.id, key.name);
   *out = key;
   return Status::Ok();
+  });
 }
 
 Status Registry::GetKey(const std::string& tenant, const std::string& name, KeyInfo* out) const {
@@ -535,6 +553,7 @@ Status Registry::ListKeys(const std::string& tenant, std::vector<KeyInfo>* out) 
 }
 
 Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
+  return Retrying([&](int64_t* revision) -> Status {
   std::unique_lock lock(mu_);
   Tenant* t = FindTenant(tenant);
   if (!t) return TenantNotFound(tenant);
@@ -544,7 +563,14 @@ Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
   }
   const uint32_t key_id = it->second.id;
   if (store_) {
-    if (Status s = store_->DeleteKey(t->info.handle, key_id); !s.ok()) return s;
+    if (Status s = store_->DeleteKey(t->Row(), it->second, t->key_revisions[key_id], revision);
+        !s.ok()) {
+      return s;
+    }
+    if (store_->shared()) {
+      lock.unlock();
+      return AwaitRevision(*revision);
+    }
   }
   t->info.key_count--;
   t->info.parameter_bytes -= it->second.parameter_bytes();
@@ -553,11 +579,15 @@ Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
   t->keys.erase(it);
   if (observer_) observer_->OnKeyDeleted(t->info.handle, key_id);
   return Status::Ok();
+  });
 }
 
 Status Registry::SetOptimizer(const std::string& tenant, const std::string& name,
                               OptimizerConfig optimizer, bool keep_type, KeyInfo* out,
                               uint64_t from_update) {
+  const OptimizerConfig asked = optimizer;
+  return Retrying([&](int64_t* revision) -> Status {
+  OptimizerConfig optimizer = asked;
   std::unique_lock lock(mu_);
   Tenant* t = FindTenant(tenant);
   if (!t) return TenantNotFound(tenant);
@@ -579,13 +609,22 @@ Status Registry::SetOptimizer(const std::string& tenant, const std::string& name
   updated.schedule.Apply(optimizer, from_update);
   updated.optimizer = optimizer;
   if (store_) {
-    if (Status s = store_->UpdateOptimizer(t->info.handle, updated); !s.ok()) return s;
+    if (Status s = store_->UpdateOptimizer(t->Row(), updated, t->key_revisions[key.id], revision);
+        !s.ok()) {
+      return s;
+    }
+    if (store_->shared()) {
+      lock.unlock();
+      if (Status s = AwaitRevision(*revision); !s.ok()) return s;
+      return GetKey(tenant, name, out);
+    }
   }
   key.schedule = updated.schedule;
   key.optimizer = optimizer;
   *out = key;
   if (observer_) observer_->OnOptimizerChanged(t->info.handle, key.id, optimizer, from_update);
   return Status::Ok();
+  });
 }
 
 Status Registry::Authenticate(const std::string& tenant, const std::string& token,
@@ -606,6 +645,15 @@ std::vector<aggregation::ChunkSpan> Registry::ChunksOf(const KeyInfo& key) const
   }
   ChunkLayout layout(key.chunk_elements * aggregation::kMasterElementBytes, lanes_);
   return layout.Chunks(key.placement, key.elements);
+}
+
+std::string ConsistencyName(Consistency c, uint32_t staleness) {
+  switch (c) {
+    case Consistency::kSync: return "sync";
+    case Consistency::kBounded: return "bounded:" + std::to_string(staleness);
+    case Consistency::kAsync: return "async";
+  }
+  return "unknown";
 }
 
 Registry::Totals Registry::GetTotals() const {

@@ -6,20 +6,33 @@
 // the data path never takes it per chunk: lanes receive snapshots of what they
 // need when keys change.
 //
-// Durability (docs/durability.md): with a RegistryStore (Registry::Open),
-// every mutation is first committed to the store in one transaction and only
-// then applied in memory and replied; a failed write fails the call (INTERNAL)
-// and changes nothing. Refused requests never touch the store. Without a
-// store (the constructor; state.in_memory) everything lives in memory only.
-// MarkKeyReady is not stored: FROM_CLIENT keys load as not ready.
+// Durability (docs/durability.md): with a backend (Registry::Open), every
+// mutation is first committed to the store in one transaction and only then
+// applied in memory and replied; a failed write fails the call (INTERNAL, or
+// UNAVAILABLE when etcd cannot be reached) and changes nothing. Refused
+// requests never touch the store. Without a store (the constructor;
+// state.in_memory) everything lives in memory only. MarkKeyReady is not
+// stored: FROM_CLIENT keys load as not ready.
+//
+// A shared backend (etcd, docs/cluster.md): a write is a compare-and-swap
+// against the revisions this registry last saw; when another hub wrote first
+// the call waits until this hub has seen that change and tries again (for up
+// to 10 s, then UNAVAILABLE). The in-memory state changes only through Reconcile, called by the
+// backend's watch with the store's whole contents after every change, this
+// hub's own included; a mutation returns once its change was applied here.
+// Reconcile tells the observer what changed (tenants or keys deleted,
+// optimizers set), whichever hub made the change.
 //
 // A failed call changes nothing.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -54,6 +67,17 @@ struct Quotas {
   static constexpr uint32_t kMaxWeight = 1000;  // FairScheduler::kMaxWeight
 };
 
+// How a tenant's workers wait for each other (docs/consistency.md).
+//   kSync: every update sums every worker's contribution in rank order.
+//   kBounded: each contribution is applied to the parameters as it arrives;
+//     a worker's reply is held while it would be more than `staleness`
+//     iterations ahead of the slowest live worker.
+//   kAsync: applied as it arrives, never held.
+enum class Consistency : uint8_t { kSync = 0, kBounded = 1, kAsync = 2 };
+inline constexpr uint32_t kMaxStaleness = 1000000;
+// "sync", "bounded:2", "async".
+std::string ConsistencyName(Consistency c, uint32_t staleness);
+
 struct TenantSpec {
   std::string name;
   uint32_t workers_per_rack = 0;
@@ -61,6 +85,8 @@ struct TenantSpec {
   aggregation::OptimizerConfig default_optimizer;
   Quotas quotas;  // zero fields: daemon defaults
   std::string token;  // empty: mint one
+  Consistency consistency = Consistency::kSync;
+  uint32_t staleness = 0;  // kBounded: s (<= kMaxStaleness)
 };
 
 // Live data-plane counters of a tenant; updated by lanes with relaxed atomics.
@@ -101,6 +127,8 @@ struct TenantInfo {
   uint64_t memory_bytes = 0;     // hub memory every key holds at most (the quota's use)
   uint64_t chunk_count = 0;
   int64_t created_unix_ms = 0;
+  Consistency consistency = Consistency::kSync;
+  uint32_t staleness = 0;
   std::shared_ptr<TenantCounters> counters;
 };
 
@@ -118,6 +146,8 @@ struct KeySpec {
   uint32_t dim = 0;
   float init_scale = 0;
   uint64_t init_seed = 0;
+  // Top-k sparsified pushes: (0, 1], 0 = dense. Dense keys only.
+  float topk_ratio = 0;
 };
 
 // The optimizer of a key over time: `base` until update `from_update` - 1,
@@ -152,6 +182,7 @@ struct KeyInfo {
   uint32_t dim = 0;
   float init_scale = 0;
   uint64_t init_seed = 0;
+  float topk_ratio = 0;  // > 0: pushes may be sparse (top-k), docs/compression.md
   bool table() const { return rows > 0; }
   // Rows per chunk of a table (chunk c holds rows [c * per, ...)), fixed
   // when it was created (chunk_elements = per * dim).
@@ -172,7 +203,8 @@ class RegistryObserver {
                                   uint64_t from_update) = 0;
 };
 
-class RegistryStore;
+class RegistryBackend;
+struct RegistryContents;
 
 class Registry {
  public:
@@ -180,19 +212,22 @@ class Registry {
   // `topology` shapes what a key's chunks hold (key_memory.h).
   Registry(uint32_t lanes, TenantDefaults defaults, const TopologyConfig& topology = {});
   // A durable registry over `store` (not null), loaded with everything the
-  // store holds. FAILED_PRECONDITION naming the file if the stored state is
+  // store holds (a shared store then keeps it current through its watch). FAILED_PRECONDITION naming the file if the stored state is
   // unusable (e.g. a row with an invalid chunk size). Tenants whose keys hold
   // more than their quota (stored by an older version, which counted fp32
   // parameters only) load as they are: new keys are refused until the quota
   // is raised.
   static Result<std::unique_ptr<Registry>> Open(uint32_t lanes, TenantDefaults defaults,
-                                                std::unique_ptr<RegistryStore> store,
+                                                std::unique_ptr<RegistryBackend> store,
                                                 const TopologyConfig& topology = {});
   ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
   uint32_t lanes() const { return lanes_; }
+  // Whether the backend is shared with other hubs (etcd): writes then take
+  // network round trips (callers on a lane thread hand them off).
+  bool shared() const;
 
   // On success fills *out and *token (the only time the token is visible).
   Status CreateTenant(const TenantSpec& spec, TenantInfo* out, std::string* token);
@@ -261,13 +296,31 @@ class Registry {
   const MemoryModel memory_model_;
   mutable std::shared_mutex mu_;
   Tenant* FindTenantByHandle(uint32_t handle) const;  // REQUIRES: mu_ held
+  // Makes the in-memory state equal to `contents` (registry_reconcile.cc),
+  // telling the observer what was deleted or changed. `strict` (loading at
+  // start-up): an unusable row fails with FAILED_PRECONDITION naming
+  // `where`; otherwise it is logged and skipped. REQUIRES: mu_ held exclusively.
+  Status Apply(const RegistryContents& contents, bool strict,
+               const std::string& where);
+  // Reconcile with the lock taken; the backend's watch callback.
+  void Reconcile(const RegistryContents& contents);
+  // A shared store: waits until Reconcile applied `revision`, re-reading
+  // the store if the watch does not bring it soon. REQUIRES: mu_ not held.
+  Status AwaitRevision(int64_t revision);
+  // Runs `attempt` until it is not refused for a conflict (shared stores;
+  // registry_reconcile.cc).
+  Status Retrying(const std::function<Status(int64_t* revision)>& attempt);
 
   RegistryObserver* observer_ = nullptr;
   // Null: in-memory. Written with mu_ held exclusively, before the maps change.
-  std::unique_ptr<RegistryStore> store_;                    // GUARDED_BY(mu_)
+  std::unique_ptr<RegistryBackend> store_;                  // GUARDED_BY(mu_)
   std::map<std::string, std::unique_ptr<Tenant>> tenants_;  // GUARDED_BY(mu_)
   std::map<uint32_t, Tenant*> by_handle_;                   // GUARDED_BY(mu_)
   uint32_t next_handle_ = 1;                                // GUARDED_BY(mu_)
+  // The newest store revision Reconcile applied (shared stores).
+  mutable std::mutex revision_mu_;
+  mutable std::condition_variable revision_cv_;
+  int64_t applied_revision_ = 0;  // GUARDED_BY(revision_mu_)
 };
 
 // Name rules, shared with the data plane's HELLO validation.

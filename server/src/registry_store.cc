@@ -213,8 +213,18 @@ Status MigrateV2ToV3(sqlite3* db) {
               "ALTER TABLE keys ADD COLUMN init_seed INTEGER NOT NULL DEFAULT 0;");
 }
 
+// v4: tenants' consistency mode and staleness bound (existing tenants are
+// sync: 0), keys' top-k ratio (existing keys are dense: 0).
+Status MigrateV3ToV4(sqlite3* db) {
+  return Exec(db,
+              "ALTER TABLE tenants ADD COLUMN consistency INTEGER NOT NULL DEFAULT 0;\n"
+              "ALTER TABLE tenants ADD COLUMN staleness INTEGER NOT NULL DEFAULT 0;\n"
+              "ALTER TABLE keys ADD COLUMN topk_ratio REAL NOT NULL DEFAULT 0;");
+}
+
 using Migration = Status (*)(sqlite3*);
-constexpr Migration kMigrations[] = {&MigrateV0ToV1, &MigrateV1ToV2, &MigrateV2ToV3};
+constexpr Migration kMigrations[] = {&MigrateV0ToV1, &MigrateV1ToV2, &MigrateV2ToV3,
+                                     &MigrateV3ToV4};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == RegistryStore::kSchemaVersion,
               "one migration per schema version");
 
@@ -406,7 +416,7 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
     Statement st(db_,
                  "SELECT handle, name, workers_per_rack, chunk_bytes, max_parameter_bytes, "
                  "max_keys, max_workers, token_salt, token_sha256, created_unix_ms, next_key_id, "
-                 "next_chunk, weight" +
+                 "next_chunk, weight, consistency, staleness" +
                      OptimizerColumns("default_opt") + " FROM tenants ORDER BY handle");
     int rc;
     while ((rc = st.Step()) == SQLITE_ROW) {
@@ -427,7 +437,9 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
       t.next_key_id = st.ColU32(10);
       t.next_chunk = st.ColU64(11);
       t.info.quotas.weight = st.ColU32(12);
-      t.info.default_optimizer = ReadOptimizer(st, 13);
+      t.info.consistency = static_cast<Consistency>(st.ColInt(13));
+      t.info.staleness = st.ColU32(14);
+      t.info.default_optimizer = ReadOptimizer(st, 15);
       c.tenants.push_back(std::move(t));
     }
     if (rc != SQLITE_DONE) return err("tenants");
@@ -436,7 +448,7 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
     Statement st(db_,
                  "SELECT tenant_handle, id, name, elements, dtype, init_mode, first_chunk, "
                  "chunk_count, chunk_elements, opt_from_update, rows, dim, init_scale, "
-                 "init_seed" +
+                 "init_seed, topk_ratio" +
                      OptimizerColumns("opt") + OptimizerColumns("base_opt") +
                      " FROM keys ORDER BY tenant_handle, id");
     int rc;
@@ -456,9 +468,10 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
       k.key.dim = st.ColU32(11);
       k.key.init_scale = static_cast<float>(st.ColReal(12));
       k.key.init_seed = st.ColU64(13);
-      k.key.optimizer = ReadOptimizer(st, 14);
+      k.key.topk_ratio = static_cast<float>(st.ColReal(14));
+      k.key.optimizer = ReadOptimizer(st, 15);
       k.key.schedule.latest = k.key.optimizer;
-      k.key.schedule.base = ReadOptimizer(st, 14 + kOptimizerColumns);
+      k.key.schedule.base = ReadOptimizer(st, 15 + kOptimizerColumns);
       c.keys.push_back(std::move(k));
     }
     if (rc != SQLITE_DONE) return err("keys");
@@ -466,15 +479,16 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
   return c;
 }
 
-Status RegistryStore::InsertTenant(const TenantRow& t, uint32_t next_handle) {
+Status RegistryStore::InsertTenant(const TenantRow& t, uint32_t next_handle, int64_t* revision) {
+  *revision = 0;
   return Transaction(
       db_, "state.dir: " + path_ + ": ", "create tenant '" + t.info.name + "'", [&]() -> Status {
         Statement st(db_,
                      "INSERT INTO tenants (handle, name, workers_per_rack, chunk_bytes, "
                      "max_parameter_bytes, max_keys, max_workers, token_salt, token_sha256, "
-                     "created_unix_ms, next_key_id, next_chunk, weight" +
+                     "created_unix_ms, next_key_id, next_chunk, weight, consistency, staleness" +
                          OptimizerColumns("default_opt") + ") VALUES (" +
-                         Placeholders(13 + kOptimizerColumns) + ")");
+                         Placeholders(15 + kOptimizerColumns) + ")");
         st.Int(t.info.handle)
             .Text(t.info.name)
             .Int(t.info.workers_per_rack)
@@ -487,7 +501,9 @@ Status RegistryStore::InsertTenant(const TenantRow& t, uint32_t next_handle) {
             .Int(t.info.created_unix_ms)
             .Int(t.next_key_id)
             .U64(t.next_chunk)
-            .Int(t.info.quotas.weight);
+            .Int(t.info.quotas.weight)
+            .Int(static_cast<int>(t.info.consistency))
+            .Int(t.info.staleness);
         BindOptimizer(st, t.info.default_optimizer);
         if (Status s = st.Run("insert tenant"); !s.ok()) return s;
         Statement meta(db_, "UPDATE meta SET value = ? WHERE name = 'next_tenant_handle'");
@@ -496,7 +512,10 @@ Status RegistryStore::InsertTenant(const TenantRow& t, uint32_t next_handle) {
       });
 }
 
-Status RegistryStore::UpdateQuotas(uint32_t handle, const Quotas& q) {
+Status RegistryStore::UpdateQuotas(const TenantRow& tenant, int64_t* revision) {
+  *revision = 0;
+  const Quotas& q = tenant.info.quotas;
+  const uint32_t handle = tenant.info.handle;
   return Transaction(db_, "state.dir: " + path_ + ": ", "update quotas", [&]() -> Status {
     Statement st(db_,
                  "UPDATE tenants SET max_parameter_bytes = ?, max_keys = ?, max_workers = ?, "
@@ -506,7 +525,9 @@ Status RegistryStore::UpdateQuotas(uint32_t handle, const Quotas& q) {
   });
 }
 
-Status RegistryStore::DeleteTenant(uint32_t handle) {
+Status RegistryStore::DeleteTenant(const TenantRow& tenant, int64_t* revision) {
+  *revision = 0;
+  const uint32_t handle = tenant.info.handle;
   return Transaction(db_, "state.dir: " + path_ + ": ", "delete tenant", [&]() -> Status {
     Statement keys(db_, "DELETE FROM keys WHERE tenant_handle = ?");
     keys.Int(handle);
@@ -517,16 +538,19 @@ Status RegistryStore::DeleteTenant(uint32_t handle) {
   });
 }
 
-Status RegistryStore::InsertKey(uint32_t handle, const KeyInfo& k, uint32_t next_key_id,
-                                uint64_t next_chunk) {
+Status RegistryStore::InsertKey(const TenantRow& tenant, const KeyInfo& k, int64_t* revision) {
+  *revision = 0;
+  const uint32_t handle = tenant.info.handle;
+  const uint32_t next_key_id = tenant.next_key_id;
+  const uint64_t next_chunk = tenant.next_chunk;
   return Transaction(
       db_, "state.dir: " + path_ + ": ", "create key '" + k.name + "'", [&]() -> Status {
         Statement st(db_,
                      "INSERT INTO keys (tenant_handle, id, name, elements, dtype, init_mode, "
                      "first_chunk, chunk_count, chunk_elements, opt_from_update, rows, dim, "
-                     "init_scale, init_seed" +
+                     "init_scale, init_seed, topk_ratio" +
                          OptimizerColumns("opt") + OptimizerColumns("base_opt") + ") VALUES (" +
-                         Placeholders(14 + 2 * kOptimizerColumns) + ")");
+                         Placeholders(15 + 2 * kOptimizerColumns) + ")");
         st.Int(handle)
             .Int(k.id)
             .Text(k.name)
@@ -540,7 +564,8 @@ Status RegistryStore::InsertKey(uint32_t handle, const KeyInfo& k, uint32_t next
             .U64(k.rows)
             .Int(k.dim)
             .Real(k.init_scale)
-            .U64(k.init_seed);
+            .U64(k.init_seed)
+            .Real(k.topk_ratio);
         BindOptimizer(st, k.optimizer);
         BindOptimizer(st, k.schedule.base);
         if (Status s = st.Run("insert key"); !s.ok()) return s;
@@ -550,7 +575,11 @@ Status RegistryStore::InsertKey(uint32_t handle, const KeyInfo& k, uint32_t next
       });
 }
 
-Status RegistryStore::DeleteKey(uint32_t handle, uint32_t key_id) {
+Status RegistryStore::DeleteKey(const TenantRow& tenant, const KeyInfo& key, int64_t,
+                                int64_t* revision) {
+  *revision = 0;
+  const uint32_t handle = tenant.info.handle;
+  const uint32_t key_id = key.id;
   return Transaction(db_, "state.dir: " + path_ + ": ", "delete key", [&]() -> Status {
     Statement st(db_, "DELETE FROM keys WHERE tenant_handle = ? AND id = ?");
     st.Int(handle).Int(key_id);
@@ -558,7 +587,10 @@ Status RegistryStore::DeleteKey(uint32_t handle, uint32_t key_id) {
   });
 }
 
-Status RegistryStore::UpdateOptimizer(uint32_t handle, const KeyInfo& k) {
+Status RegistryStore::UpdateOptimizer(const TenantRow& tenant, const KeyInfo& k, int64_t,
+                                      int64_t* revision) {
+  *revision = 0;
+  const uint32_t handle = tenant.info.handle;
   return Transaction(
       db_, "state.dir: " + path_ + ": ", "set optimizer of key '" + k.name + "'", [&]() -> Status {
         std::string set;

@@ -1,4 +1,4 @@
-// RegistryStore: the durable copy of the registry (tenants, keys, layouts,
+// RegistryStore: the SQLite RegistryBackend (registry_backend.h), the durable copy of the registry (tenants, keys, layouts,
 // token hashes, quotas, optimizer schedules) in one SQLite database,
 // <state.dir>/registry.db (docs/durability.md, "The state directory and the
 // registry database").
@@ -30,17 +30,18 @@
 
 #include "rackhub/common/status.h"
 #include "registry.h"
+#include "registry_backend.h"
 #include "token.h"
 
 struct sqlite3;
 
 namespace rackhub::server {
 
-class RegistryStore {
+class RegistryStore final : public RegistryBackend {
  public:
   // The schema version this build writes; files with a larger user_version
   // are refused, smaller ones are migrated.
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
   // PRAGMA application_id of a rackhub registry ("RHKR").
   static constexpr int32_t kApplicationId = 0x52484b52;
   static constexpr const char* kFileName = "registry.db";
@@ -59,34 +60,19 @@ class RegistryStore {
 
   const std::string& path() const { return path_; }
 
-  // One tenant row. key_count / parameter_bytes / chunk_count / counters of
-  // `info` are not stored (they follow from the keys).
-  struct TenantRow {
-    TenantInfo info;
-    TokenHash token;
-    uint32_t next_key_id = 1;  // ids are never reused
-    uint64_t next_chunk = 0;   // the layout's next free chunk index
-  };
-  struct KeyRow {
-    uint32_t tenant_handle = 0;
-    KeyInfo key;  // `ready` is not stored
-  };
-  struct Contents {
-    uint32_t next_handle = 1;        // tenant handles are never reused
-    std::vector<TenantRow> tenants;  // by handle
-    std::vector<KeyRow> keys;        // by tenant handle, then id
-  };
-  Result<Contents> Load();
+  std::string where() const override { return "state.dir: " + path_; }
+  Result<Contents> Load() override;
 
   // Each is one transaction. INTERNAL with the SQLite message on failure
-  // (nothing written).
-  Status InsertTenant(const TenantRow& tenant, uint32_t next_handle);
-  Status UpdateQuotas(uint32_t handle, const Quotas& quotas);
-  Status DeleteTenant(uint32_t handle);  // and its keys
-  Status InsertKey(uint32_t handle, const KeyInfo& key, uint32_t next_key_id, uint64_t next_chunk);
-  Status DeleteKey(uint32_t handle, uint32_t key_id);
-  // Stores key.optimizer and key.schedule.
-  Status UpdateOptimizer(uint32_t handle, const KeyInfo& key);
+  // (nothing written). *revision is always 0 (SQLite is not shared).
+  Status InsertTenant(const TenantRow& tenant, uint32_t next_handle, int64_t* revision) override;
+  Status UpdateQuotas(const TenantRow& tenant, int64_t* revision) override;
+  Status DeleteTenant(const TenantRow& tenant, int64_t* revision) override;
+  Status InsertKey(const TenantRow& tenant, const KeyInfo& key, int64_t* revision) override;
+  Status DeleteKey(const TenantRow& tenant, const KeyInfo& key, int64_t key_revision,
+                   int64_t* revision) override;
+  Status UpdateOptimizer(const TenantRow& tenant, const KeyInfo& key, int64_t key_revision,
+                         int64_t* revision) override;
 
  private:
   explicit RegistryStore(std::string path) : path_(std::move(path)) {}

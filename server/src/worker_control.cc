@@ -39,6 +39,7 @@ void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
   e->set_rows(k.rows);
   e->set_dim(k.dim);
   e->set_rows_per_chunk(k.rows_per_chunk());
+  e->set_topk_ratio(k.topk_ratio);
 }
 
 }  // namespace
@@ -52,6 +53,8 @@ std::string WorkerProtocol::WelcomePayload(const LaneTenant& t) {
   w.set_epoch(1);
   w.set_server_version(RACKHUB_VERSION);
   w.set_straggler_timeout_ms(config_.straggler_timeout_ms);
+  w.set_consistency(ConsistencyToProto(t.info.consistency));
+  w.set_staleness(t.info.staleness);
   std::vector<KeyInfo> keys;
   if (registry_->ListKeys(t.info.name, &keys).ok()) {
     for (const auto& k : keys) {
@@ -74,25 +77,50 @@ void WorkerProtocol::OnDeclare(net::Connection& conn, LaneTenant& t, const Frame
     return;
   }
   const KeySpec& spec = checked.spec;
+  KeyInfo known;
+  if (registry_->shared() && !registry_->GetKey(spec.tenant, spec.name, &known).ok()) {
+    // A new key in a registry shared through etcd: a transaction and its
+    // watch, milliseconds to seconds; never on the lane (its other tenants
+    // would wait). The answer comes back through the gate.
+    auto done = gate_->Wrap([this, conn = conn.shared_from_this(), handle = t.info.handle,
+                             request_id = h.request_id](const Status& s, const KeyInfo& info,
+                                                        bool created) {
+      if (conn->open()) AnswerDeclare(*conn, handle, request_id, s, info, created);
+    });
+    LaneGate* gate = gate_;
+    Registry* registry = registry_;
+    host_->RunBlocking([gate, registry, spec, done]() mutable {
+      KeyInfo info;
+      bool created = false;
+      const Status s = registry->DeclareKey(spec, &info, &created);
+      gate->Post([done, s, info, created]() mutable { done(s, info, created); });
+    });
+    return;
+  }
   KeyInfo info;
   bool created = false;
   const Status s = registry_->DeclareKey(spec, &info, &created);
+  AnswerDeclare(conn, t.info.handle, h.request_id, s, info, created);
+}
+
+void WorkerProtocol::AnswerDeclare(net::Connection& conn, uint32_t handle, uint64_t request_id,
+                                   const Status& s, const KeyInfo& info, bool created) {
   if (!s.ok()) {
-    conn.SendError(WireErrorOf(s), s.message(), h.request_id, false);
+    conn.SendError(WireErrorOf(s), s.message(), request_id, false);
     return;
   }
   if (created) {
-    spdlog::info("data: tenant '{}' rank {} declared key '{}' ({} elements)", t.info.name,
+    spdlog::info("data: tenant '{}' rank {} declared key '{}' ({} elements)", info.tenant,
                  conn.id().rank, info.name, info.elements);
   }
   dpb::KeyEntry entry;
-  const auto rt = host_->KeyRuntimeFor(t.info.handle, info.id);
+  const auto rt = host_->KeyRuntimeFor(handle, info.id);
   FillKeyEntry(info, rt->version.load(std::memory_order_relaxed), &entry);
   FrameHeader r;
   r.opcode = Opcode::kKeyInfo;
-  r.tenant = t.info.handle;
+  r.tenant = handle;
   r.key = info.id;
-  r.request_id = h.request_id;
+  r.request_id = request_id;
   conn.SendOwned(r, entry.SerializeAsString());
 }
 
@@ -106,29 +134,52 @@ void WorkerProtocol::OnSetOptimizer(net::Connection& conn, LaneTenant& t, const 
   }
   KeyInfo info;
   Status s = registry_->GetKeyById(t.info.handle, h.key, &info);
-  if (s.ok()) {
-    Result<ProtoOptimizer> opt = OptimizerFromProto(update.optimizer());
-    if (!opt.ok()) {
-      s = InvalidArgument("optimizer." + opt.status().message());
-    } else {
-      // The registry tells every lane (this one included) through the observer.
-      s = registry_->SetOptimizer(t.info.name, info.name, opt->config, opt->unspecified_type,
-                                  &info, h.iteration + 1);
-    }
-  }
+  Result<ProtoOptimizer> opt = OptimizerFromProto(update.optimizer());
+  if (s.ok() && !opt.ok()) s = InvalidArgument("optimizer." + opt.status().message());
   if (!s.ok()) {
     conn.SendError(WireErrorOf(s), s.message(), h.request_id, false);
     return;
   }
-  // Apply here at once too, so the ACK means "this lane has it".
-  table_->ApplyOptimizer(t.info.handle, info.id, info.optimizer, h.iteration + 1);
-  FrameHeader r;
-  r.opcode = Opcode::kAck;
-  r.tenant = t.info.handle;
-  r.key = info.id;
-  r.iteration = h.iteration;
-  r.request_id = h.request_id;
-  conn.SendOwned(r, {});
+  const uint32_t handle = t.info.handle;
+  const std::string tenant = t.info.name;
+  const FrameHeader request = h;
+  // The registry tells every lane (this one included) through the observer;
+  // with a shared registry (etcd) the write leaves the lane (OnDeclare).
+  auto set = [registry = registry_, tenant, name = info.name, config = opt->config,
+              keep_type = opt->unspecified_type, from = h.iteration + 1](KeyInfo* out) {
+    return registry->SetOptimizer(tenant, name, config, keep_type, out, from);
+  };
+  auto answer = [this, handle, request](net::Connection& c, const Status& st,
+                                         const KeyInfo& key) {
+    if (!st.ok()) {
+      c.SendError(WireErrorOf(st), st.message(), request.request_id, false);
+      return;
+    }
+    // Apply here at once too, so the ACK means "this lane has it".
+    table_->ApplyOptimizer(handle, key.id, key.optimizer, request.iteration + 1);
+    FrameHeader r;
+    r.opcode = Opcode::kAck;
+    r.tenant = handle;
+    r.key = key.id;
+    r.iteration = request.iteration;
+    r.request_id = request.request_id;
+    c.SendOwned(r, {});
+  };
+  if (registry_->shared()) {
+    auto done = gate_->Wrap([answer, conn = conn.shared_from_this()](const Status& st,
+                                                                     const KeyInfo& key) {
+      if (conn->open()) answer(*conn, st, key);
+    });
+    LaneGate* gate = gate_;
+    host_->RunBlocking([gate, set, done]() mutable {
+      KeyInfo key;
+      const Status st = set(&key);
+      gate->Post([done, st, key]() mutable { done(st, key); });
+    });
+    return;
+  }
+  s = set(&info);
+  answer(conn, s, info);
 }
 
 }  // namespace rackhub::server

@@ -8,6 +8,7 @@
 
 #include "params_reply.h"
 #include "rack_exchange.h"
+#include "rackhub/aggregation/topk.h"
 #include "rackhub/common/log_safe.h"
 
 namespace rackhub::server {
@@ -107,6 +108,7 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
   t->conn_seq[member] = seq;
   if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
   t->metrics->EnsureRank(member);
+  if (t->info.consistency != Consistency::kSync) UnsyncedMemberBack(*t, member);
   spdlog::info("data: tenant '{}' rack {} rank {} connected on lane {} from {}", id.tenant, id.rack,
                id.rank, lane, id.peer);
   FrameHeader h;
@@ -221,13 +223,29 @@ Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   aggregation::ChunkState& stage = c.Stage(conn.id().rack);
   const size_t want = stage.wire_bytes();
-  if (h.payload_bytes != want) {
+  if (h.opcode == Opcode::kPush && (h.flags & net::kFlagSparse)) {
+    // Its contents are checked once read (OnPush); none of it is fatal.
+    if (k.topk_ratio <= 0) {
+      return Refuse(conn, WireError::kInvalidArgument,
+                    "flags: key '" + k.name + "' was not declared with top-k compression "
+                    "(topk_ratio 0): push its chunks dense",
+                    rid);
+    }
+    if (h.payload_bytes > want) {
+      return Refuse(conn, WireError::kInvalidArgument,
+                    "payload_bytes: a sparse PUSH of " + Num(h.payload_bytes) + " bytes for chunk " +
+                        Num(h.chunk) + " of key '" + k.name + "' is larger than the chunk dense (" +
+                        Num(want) + " bytes): push it dense",
+                    rid);
+    }
+  } else if (h.payload_bytes != want) {
     return Reject(conn, WireError::kBadChunk,
                   "payload_bytes: chunk " + Num(h.chunk) + " of key '" + k.name + "' needs " +
                       Num(want) + " bytes, got " + Num(h.payload_bytes),
                   rid);
   }
   if (h.opcode == Opcode::kInit) return CheckInit(conn, k, c, h);
+  if (c.unsynced) return CheckUnsyncedPush(conn, t, k, c, h);
   return CheckPush(conn, t, k, stage, h);
 }
 
@@ -346,6 +364,24 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   aggregation::ChunkState& stage = c.Stage(conn.id().rack);
+  net::SparsePayload sparse;
+  const bool is_sparse = (h.flags & net::kFlagSparse) != 0;
+  if (is_sparse) {
+    const uint32_t n = stage.elements();
+    const std::string bad = net::ParseSparsePayload(
+        payload, n, aggregation::TopKCount(key->info.topk_ratio, n), h.dtype, &sparse);
+    if (!bad.empty()) {
+      Refuse(conn, WireError::kInvalidArgument,
+             "sparse PUSH of chunk " + Num(h.chunk) + " of key '" + key->info.name + "': " + bad +
+                 "; nothing was applied",
+             h.request_id);
+      return;
+    }
+  }
+  if (c.unsynced) {
+    OnUnsyncedPush(conn, t, *key, c, h, payload, is_sparse ? &sparse : nullptr);
+    return;
+  }
   const bool again = stage.has_contributed(conn.id().rank);
   if (h.iteration != stage.version() ||
       (again && !t.runtime->PushFailedAt(ChunkTable::Member(t, conn.id()), h.key, h.iteration)) ||
@@ -363,7 +399,10 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
     return;
   }
-  const auto result = stage.Contribute(conn.id().rank, payload);
+  const auto result =
+      is_sparse ? stage.ContributeSparse(conn.id().rank, {sparse.count, sparse.indices,
+                                                          sparse.values})
+                : stage.Contribute(conn.id().rank, payload);
   if (result != aggregation::ChunkState::AddResult::kAccepted &&
       result != aggregation::ChunkState::AddResult::kComplete) {
     Reject(conn, WireError::kInternal, "chunk: contribution refused", h.request_id);
@@ -431,6 +470,11 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
     return;
   }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  if (c.unsynced && c.state.initialized()) {
+    SendVersionedParams(conn, c, c.unsynced->clock[ChunkTable::Member(t, conn.id())],
+                        h.request_id);
+    return;
+  }
   if (!c.multi_rack() && !c.state.initialized()) {
     if (!conn.Reserve(reply_bytes)) return;
     c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id, reply_bytes, {}});
@@ -466,6 +510,13 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
               left ? "left" : "disconnected", why);
   if (gate_->closed()) {
     if (table_->connection_count() == 0) host_->LaneDrained(lane);
+    return;
+  }
+  if (t->info.consistency != Consistency::kSync) {
+    // Nothing to abort: the member stops counting as the slowest here
+    // (docs/consistency.md, Lost workers).
+    if (!left && lane == 0) t->info.counters->workers_lost.fetch_add(1, std::memory_order_relaxed);
+    UnsyncedMemberGone(*t, member);
     return;
   }
   // A clean leave aborts nothing: an update still missing this rank waits
@@ -536,6 +587,10 @@ void WorkerProtocol::CheckStragglers() {
   const auto now = std::chrono::steady_clock::now();
   const auto limit = std::chrono::milliseconds(config_.straggler_timeout_ms);
   for (auto& [handle, t] : table_->tenants()) {
+    if (t.info.consistency != Consistency::kSync) {
+      CheckHeldReplies(t, now);
+      continue;
+    }
     // Already being recovered (another lane, or a lost worker): its pending
     // updates are failed by that recovery; no second abort.
     if (t.runtime->recovering.load(std::memory_order_acquire) > 0) continue;

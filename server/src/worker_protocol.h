@@ -91,6 +91,25 @@ class WorkerProtocol final : public net::FrameHandler {
                     const net::FrameHeader& h);
   Verdict CheckPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
                     aggregation::ChunkState& stage, const net::FrameHeader& h);
+  // Bounded/async tenants (unsynced_protocol.cc, docs/consistency.md): a
+  // PUSH's iteration is the worker's own count on the chunk (or the one
+  // before, a retry of an applied push: answered, not applied again).
+  Verdict CheckUnsyncedPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k, Chunk& c,
+                            const net::FrameHeader& h);
+  // Applies the contribution at once, then answers it unless the bound
+  // holds it back (`sparse`: the parsed sparse payload, else dense).
+  void OnUnsyncedPush(net::Connection& conn, LaneTenant& t, LaneKey& key, Chunk& c,
+                      const net::FrameHeader& h, std::span<const std::byte> payload,
+                      const net::SparsePayload* sparse);
+  // Answers the held replies the bound now allows (and drops those of
+  // closed connections).
+  void ReleaseHeld(LaneTenant& t, Chunk& c);
+  // A member's connection to this lane closed / was adopted.
+  void UnsyncedMemberGone(LaneTenant& t, uint32_t member);
+  void UnsyncedMemberBack(LaneTenant& t, uint32_t member);
+  // Fails held replies older than the straggler timeout, naming the ranks
+  // they wait for.
+  void CheckHeldReplies(LaneTenant& t, std::chrono::steady_clock::time_point now);
   // PUSH_ROWS / PULL_ROWS of a table's chunk (table_protocol.cc).
   Verdict CheckRowsFrame(net::Connection& conn, LaneTenant& t, const LaneKey& key, Chunk& c,
                          const net::FrameHeader& h);
@@ -108,6 +127,9 @@ class WorkerProtocol final : public net::FrameHandler {
   void OnPull(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
   void OnDeclare(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                  std::span<const std::byte> payload);
+  // The KEY_INFO (or ERROR) answering a DECLARE (worker_control.cc).
+  void AnswerDeclare(net::Connection& conn, uint32_t handle, uint64_t request_id,
+                     const Status& s, const KeyInfo& info, bool created);
   void OnSetOptimizer(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                       std::span<const std::byte> payload);
   void OnHeartbeat(net::Connection& conn, const net::FrameHeader& h);

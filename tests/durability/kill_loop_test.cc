@@ -93,9 +93,14 @@ struct Admin {
         tenants(pb::TenantService::NewStub(channel)),
         checkpoints(pb::CheckpointService::NewStub(channel)) {}
 
-  pb::Tenant CreateTenant(const std::string& name, uint32_t workers, uint32_t chunk_bytes) {
+  pb::Tenant CreateTenant(const std::string& name, uint32_t workers, uint32_t chunk_bytes,
+                          int64_t bounded = -1) {
     grpc::ClientContext ctx;
     pb::CreateTenantRequest req;
+    if (bounded >= 0) {
+      req.set_consistency(pb::BOUNDED);
+      req.set_staleness(static_cast<uint32_t>(bounded));
+    }
     req.set_name(name);
     req.set_workers_per_rack(workers);
     req.set_chunk_bytes(chunk_bytes);
@@ -482,10 +487,11 @@ TEST(DurabilityLoop, HubKill9Loop) {
 // --- worker kill loop -------------------------------------------------------
 
 struct WorkerLine {
-  std::string kind;  // pull | iter | resync | error
+  std::string kind;  // pull | iter | bound | resync | error
   uint64_t iteration = 0;
   std::string hash;
   std::string text;
+  uint64_t updates = 0, slowest = 0;  // bound
 };
 
 std::vector<WorkerLine> ReadWorkerOut(const std::string& path) {
@@ -498,6 +504,8 @@ std::vector<WorkerLine> ReadWorkerOut(const std::string& path) {
     ls >> w.kind;
     if (w.kind == "pull" || w.kind == "iter") {
       ls >> w.iteration >> w.hash;
+    } else if (w.kind == "bound") {
+      ls >> w.iteration >> w.updates >> w.slowest;
     } else {
       std::getline(ls, w.text);
     }
@@ -509,8 +517,8 @@ std::vector<WorkerLine> ReadWorkerOut(const std::string& path) {
 class WorkerSet {
  public:
   // `what`: the worker's key option, e.g. {"--elements", "1048576"}.
-  WorkerSet(std::string dir, std::string hub, std::vector<std::string> what)
-      : dir_(std::move(dir)), hub_(std::move(hub)), what_(std::move(what)) {}
+  WorkerSet(std::string dir, std::string hub, std::vector<std::string> what, int64_t bound = -1)
+      : dir_(std::move(dir)), hub_(std::move(hub)), what_(std::move(what)), bound_(bound) {}
 
   void Start(uint32_t rank) {
     const std::string out = dir_ + "/rank" + std::to_string(rank) + "-" +
@@ -533,7 +541,7 @@ class WorkerSet {
     uint64_t m = 0;
     for (const auto& f : files_) {
       for (const auto& l : ReadWorkerOut(f)) {
-        if (l.kind == "iter") m = std::max(m, l.iteration);
+        if (l.kind == "iter" || l.kind == "bound") m = std::max(m, l.iteration);
       }
     }
     return m;
@@ -544,7 +552,7 @@ class WorkerSet {
     for (const auto& [rank, f] : current_) {
       uint64_t mine = 0;
       for (const auto& l : ReadWorkerOut(f)) {
-        if (l.kind == "iter") mine = std::max(mine, l.iteration);
+        if (l.kind == "iter" || l.kind == "bound") mine = std::max(mine, l.iteration);
       }
       m = std::min(m, mine);
     }
@@ -563,7 +571,13 @@ class WorkerSet {
     for (const auto& f : files_) {
       for (const auto& l : ReadWorkerOut(f)) {
         if (l.kind == "error") out += f + ": error " + l.text + "\n";
+        if (l.kind == "bound" && bound_ >= 0 &&
+            l.iteration > l.slowest + static_cast<uint64_t>(bound_)) {
+          out += f + ": iteration " + std::to_string(l.iteration) + " released with the slowest at " +
+                 std::to_string(l.slowest) + ", beyond bounded:" + std::to_string(bound_) + "\n";
+        }
         if (l.kind != "pull" && l.kind != "iter") continue;
+        if (bound_ >= 0) continue;  // workers see different parameters there
         auto [it, fresh] = hashes.try_emplace(l.iteration, l.hash, f);
         if (!fresh && it->second.first != l.hash) {
           out += "iteration " + std::to_string(l.iteration) + ": " + f + " has " + l.hash +
@@ -599,20 +613,29 @@ class WorkerSet {
 
   const std::string dir_, hub_;
   const std::vector<std::string> what_;
+  const int64_t bound_;  // bounded:S tenant (-1: sync)
   std::vector<std::string> files_;
   std::map<uint32_t, std::string> current_;
   std::map<uint32_t, std::unique_ptr<ChildProcess>> procs_;
 };
 
-void WorkerKill9Loop(const std::vector<std::string>& what) {
-  const uint64_t trials = EnvOr("RACKHUB_KILL_TRIALS", 20);
+// `bound` >= 0: a bounded:S tenant (every reply's versions keep the bound;
+// parameters are not compared between workers).
+void WorkerKill9Loop(const std::vector<std::string>& what, int64_t bound = -1,
+                     uint64_t default_trials = 20) {
+  const uint64_t trials = EnvOr("RACKHUB_KILL_TRIALS", default_trials);
   auto rng = Rng();
   DaemonProcess hub({"--lanes", "2", "--straggler-timeout-ms", "15000",
                      "--checkpoint-every-iterations", "0", "--checkpoint-every-seconds", "0"});
   ASSERT_TRUE(hub.started());
   Admin admin(hub.admin_address());
-  admin.CreateTenant("wk", 3, 0);
-  WorkerSet workers(MakeTempDir(), hub.data_address(), what);
+  admin.CreateTenant("wk", 3, 0, bound);
+  std::vector<std::string> args = what;
+  if (bound >= 0) {
+    args.push_back("--bounded");
+    args.push_back(std::to_string(bound));
+  }
+  WorkerSet workers(MakeTempDir(), hub.data_address(), args, bound);
   for (uint32_t r = 0; r < 3; ++r) workers.Start(r);
 
   for (uint64_t trial = 0; trial < trials; ++trial) {
@@ -644,6 +667,21 @@ void WorkerKill9Loop(const std::vector<std::string>& what) {
 TEST(DurabilityLoop, WorkerKill9Loop) {
   WorkerKill9Loop(
       {"--elements", std::to_string(EnvOr("RACKHUB_KILL_ELEMENTS", uint64_t{1} << 20))});
+}
+
+// A top-k key (ratio 0.01, error feedback): the hub's rank-order sums keep
+// every worker on the same parameters through kills and replacements.
+TEST(DurabilityLoop, WorkerKill9LoopTopK) {
+  WorkerKill9Loop({"--elements", std::to_string(EnvOr("RACKHUB_KILL_ELEMENTS", uint64_t{1} << 20)),
+                   "--topk", "0.01"},
+                  -1, 10);
+}
+
+// A bounded:2 tenant: no hang, no error, every reply within the bound, and
+// the survivors and the replacement keep training.
+TEST(DurabilityLoop, WorkerKill9LoopBounded) {
+  WorkerKill9Loop({"--elements", std::to_string(EnvOr("RACKHUB_KILL_ELEMENTS", uint64_t{1} << 20))},
+                  2, 10);
 }
 
 TEST(DurabilityLoop, WorkerKill9LoopTable) {

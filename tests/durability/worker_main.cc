@@ -9,6 +9,12 @@
 //   pull V HASH          after a Pull: the key's iteration and params hash
 //   iter V HASH          after a PushPull: the new iteration and params hash
 //   resync CODE MESSAGE  a PushPull needed a Pull (kRolledBack, WORKER_LOST, ...)
+//   bound V UPDATES SLOWEST  (--bounded) after a PushPull: the worker's
+//                        iteration, the updates applied and the slowest live
+//                        worker's iteration the hub reported
+// --topk R declares "w" with top-k compression (error feedback on);
+// --bounded S says the tenant is bounded:S (lines "bound" instead of "iter":
+// parameters differ between workers there).
 //   error WHAT MESSAGE   anything else (then exit 4)
 // Exit codes: 0 reached --iterations, 2 connect failed, 3 declare failed,
 // 4 an operation failed without recovery, 64 usage.
@@ -93,6 +99,8 @@ int main(int argc, char** argv) {
   client::Options o;
   std::string out_path;
   uint64_t elements = 0, iterations = UINT64_MAX, table_rows = 0;
+  float topk = 0;
+  int64_t bounded = -1;
   uint32_t op_timeout_ms = 30000;
   app.add_option("--hub", o.hub)->required();
   app.add_option("--tenant", o.tenant)->required();
@@ -102,6 +110,8 @@ int main(int argc, char** argv) {
   app.add_option("--elements", elements)->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28));
   app.add_option("--table-rows", table_rows)->check(CLI::Range(uint64_t{1}, uint64_t{1} << 22));
   app.add_option("--iterations", iterations);
+  app.add_option("--topk", topk)->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--bounded", bounded)->check(CLI::Range(int64_t{0}, int64_t{1000}));
   app.add_option("--op-timeout-ms", op_timeout_ms);
   try {
     app.parse(argc, argv);
@@ -134,6 +144,7 @@ int main(int argc, char** argv) {
   client::KeyDecl d;
   d.name = "w";
   d.elements = elements;
+  d.topk_ratio = topk;
   client::OptimizerSpec adam;
   adam.type = "adam";
   adam.learning_rate = 0.001;
@@ -161,7 +172,14 @@ int main(int argc, char** argv) {
     if (e.ok()) {
       key.params.swap(key.out);
       ++key.iteration;
-      line("iter " + std::to_string(key.iteration) + " " + testing::HashFloats(key.params));
+      if (bounded >= 0) {
+        const client::KeyInfo k = *c->GetKeyInfo(key.id);
+        key.iteration = k.next_iteration;
+        line("bound " + std::to_string(k.next_iteration) + " " + std::to_string(k.updates) + " " +
+             std::to_string(k.slowest_iteration));
+      } else {
+        line("iter " + std::to_string(key.iteration) + " " + testing::HashFloats(key.params));
+      }
     } else if (testing::NeedsResync(e)) {
       line(std::string("resync ") + client::ErrorCodeName(e.code) + " " + e.message);
       pull();

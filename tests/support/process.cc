@@ -132,7 +132,7 @@ CommandResult RunCommand(const std::vector<std::string>& argv, const std::string
   return result;
 }
 
-DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) {
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_args, bool wait_ready) {
   dir_ = MakeTempDir();
   args_ = {"--ready-file", dir_ + "/ready"};
   bool has_state_dir = false;
@@ -152,7 +152,8 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) {
   }
   args_.insert(args_.end(), extra_args.begin(), extra_args.end());
   Launch({"--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--metrics-listen",
-          "127.0.0.1:0"});
+          "127.0.0.1:0"},
+         wait_ready);
 }
 
 bool DaemonProcess::Restart() {
@@ -171,7 +172,7 @@ bool DaemonProcess::Restart() {
   return started_;
 }
 
-void DaemonProcess::Launch(const std::vector<std::string>& ports) {
+void DaemonProcess::Launch(const std::vector<std::string>& ports, bool wait) {
   started_ = false;
   const std::string ready = dir_ + "/ready";
   std::remove(ready.c_str());
@@ -190,13 +191,20 @@ void DaemonProcess::Launch(const std::vector<std::string>& ports) {
     execv(args[0], args.data());
     _exit(127);
   }
+  if (wait) WaitReady();
+}
+
+bool DaemonProcess::WaitReady() {
+  if (started_) return true;
+  if (pid_ <= 0) return false;
+  const std::string ready = dir_ + "/ready";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       ADD_FAILURE() << "rackhubd exited early with " << ExitCodeOf(status) << ":\n" << Log();
       pid_ = -1;
-      return;
+      return false;
     }
     const std::string text = ReadFile(ready);
     // The ready file holds "admin HOST:PORT" and "data HOST:PORT" lines, and
@@ -210,11 +218,12 @@ void DaemonProcess::Launch(const std::vector<std::string>& ports) {
         if (what == "metrics") metrics_address_ = addr;
       }
       started_ = !admin_address_.empty();
-      if (started_) return;
+      if (started_) return true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ADD_FAILURE() << "rackhubd did not become ready in 20 s:\n" << Log();
+  return false;
 }
 
 std::string DaemonProcess::Log() const { return ReadFile(dir_ + "/rackhubd.log"); }

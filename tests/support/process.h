@@ -42,7 +42,10 @@ class DaemonProcess {
   // (--state-dir is left out when `extra_args` has one; pass --in-memory when
   // the test does not need durable state). Fails the current test (and
   // leaves started() false) if the daemon does not become ready in 20 s.
-  explicit DaemonProcess(std::vector<std::string> extra_args = {});
+  // `wait_ready` false: only starts it; call WaitReady (hubs that find each
+  // other through etcd become ready together).
+  explicit DaemonProcess(std::vector<std::string> extra_args = {}, bool wait_ready = true);
+  bool WaitReady();
   ~DaemonProcess();
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
@@ -71,8 +74,8 @@ class DaemonProcess {
 
  private:
   // Starts the process with argv_ (plus `ports` if not empty) and waits for
-  // the ready file.
-  void Launch(const std::vector<std::string>& ports);
+  // the ready file (unless `wait` is false).
+  void Launch(const std::vector<std::string>& ports, bool wait = true);
 
   std::string dir_;
   std::string state_dir_;

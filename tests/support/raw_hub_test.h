@@ -98,7 +98,10 @@ class Worker {
   void QueueRaw(const std::string& bytes) { out_ += bytes; }
   void Send(FrameHeader h, const std::string& payload = "") {
     Queue(h, payload);
-    ASSERT_TRUE(Flush(std::chrono::seconds(10))) << "the hub took nothing for 10 s";
+    errno = 0;
+    ASSERT_TRUE(Flush(std::chrono::seconds(10)))
+        << (errno != 0 && errno != EAGAIN ? std::string("send failed: ") + strerror(errno)
+                                          : std::string("the hub took nothing for 10 s"));
   }
   std::optional<Frame> Receive(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     std::string hdr;

@@ -130,6 +130,8 @@ WorkerArgs Parse(const std::vector<std::string>& argv) {
   app.add_option("--tenant", options.tenant, "tenant name")->required();
   app.add_option("--token", options.token, "the tenant's data-plane token");
   app.add_option("--rank", options.rank, "worker rank")->check(UnsignedUpTo(UINT32_MAX));
+  app.add_option("--rack", options.rack, "the worker's rack (multi-rack tenants)")
+      ->check(UnsignedUpTo(UINT32_MAX));
   app.add_option("--out", w.out_path, "event file")->type_name("FILE")->required();
   app.add_option("--key", keys, "a key (repeatable)")
       ->type_name("NAME,ELEMENTS,DTYPE,INIT[,OPT...]")
@@ -225,7 +227,8 @@ int Run(WorkerArgs& w, const WorkerHooks& hooks) {
   for (auto& k : keys) {
     if (k.decl.init != Init::kFromClient) continue;
     Error r;
-    if (options.rank == 0) {
+    // One worker initializes: rank 0 (of rack 0 when the tenant spans racks).
+    if (options.rank == 0 && options.rack == 0) {
       std::vector<float> values(k.decl.elements);
       for (uint64_t i = 0; i < values.size(); ++i) values[i] = InitialValue(i);
       r = client->Wait(client->Init(k.id, values));

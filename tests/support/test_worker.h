@@ -16,7 +16,7 @@
 //   error K CODE WIRE MS MSG    iteration K failed after MS milliseconds
 //   done
 // HEX is the fp32 bit pattern of each element (8 hex digits).
-// Arguments: --hub H --tenant T --token X --rank R --out FILE
+// Arguments: --hub H --tenant T --token X --rank R [--rack K] --out FILE
 //   --key NAME,ELEMENTS,DTYPE,INIT,OPT... [--key ...] --iterations N
 //   [--set-optimizer NAME,FROM,OPT...] [--sleep-max-ms M] [--hang-at K]
 //   [--dump-all] [--transport tcp|rdma|auto] [--rdma-hub HOST:PORT]

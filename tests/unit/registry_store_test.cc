@@ -447,10 +447,10 @@ TEST_F(RegistryStoreTest, NewerSchemaVersionIsRefused) {
   Open();
   CreateTenant("alpha");
   registry_.reset();
-  RawExec(db_path_, "PRAGMA user_version = 4");
-  ExpectRefused("schema version 4 is newer than this rackhubd understands (3)");
+  RawExec(db_path_, "PRAGMA user_version = 5");
+  ExpectRefused("schema version 5 is newer than this rackhubd understands (4)");
   // Still there, untouched.
-  RawExec(db_path_, "PRAGMA user_version = 3");
+  RawExec(db_path_, "PRAGMA user_version = 4");
   Open();
   EXPECT_EQ(registry_->ListTenants().size(), 1u);
 }
@@ -485,6 +485,8 @@ TEST_F(RegistryStoreTest, Version1DatabaseGainsTheWeightColumn) {
   registry_.reset();
   // What a v1 rackhubd left: no weight column, user_version 1.
   RawExec(db_path_,
+          "ALTER TABLE tenants DROP COLUMN consistency; ALTER TABLE tenants DROP COLUMN staleness; "
+          "ALTER TABLE keys DROP COLUMN topk_ratio; "
           "ALTER TABLE tenants DROP COLUMN weight; ALTER TABLE keys DROP COLUMN rows; "
           "ALTER TABLE keys DROP COLUMN dim; ALTER TABLE keys DROP COLUMN init_scale; "
           "ALTER TABLE keys DROP COLUMN init_seed; PRAGMA user_version = 1;");
@@ -516,6 +518,8 @@ TEST_F(RegistryStoreTest, Version2DatabaseGainsTableColumns) {
   const KeyInfo dense = CreateKey("alpha", "w", 1000);
   registry_.reset();
   RawExec(db_path_,
+          "ALTER TABLE tenants DROP COLUMN consistency; ALTER TABLE tenants DROP COLUMN staleness; "
+          "ALTER TABLE keys DROP COLUMN topk_ratio; "
           "ALTER TABLE keys DROP COLUMN rows; ALTER TABLE keys DROP COLUMN dim; "
           "ALTER TABLE keys DROP COLUMN init_scale; ALTER TABLE keys DROP COLUMN init_seed; "
           "PRAGMA user_version = 2;");
@@ -620,6 +624,70 @@ TEST_F(RegistryStoreTest, WeightIsValidatedAndStored) {
   Open();
   ASSERT_TRUE(registry_->GetTenant("heavy", &info).ok());
   EXPECT_EQ(info.quotas.weight, 5u);
+}
+
+// Version 3 (before consistency modes and top-k): the migration to v4 makes
+// existing tenants sync and existing keys dense; a bounded tenant and a
+// top-k key created then survive a reopen.
+TEST_F(RegistryStoreTest, Version3DatabaseGainsConsistencyAndTopK) {
+  Open();
+  CreateTenant("alpha");
+  CreateKey("alpha", "w", 1000);
+  registry_.reset();
+  RawExec(db_path_,
+          "ALTER TABLE tenants DROP COLUMN consistency; ALTER TABLE tenants DROP COLUMN staleness; "
+          "ALTER TABLE keys DROP COLUMN topk_ratio; "
+          "PRAGMA user_version = 3;");
+  Open();
+  TenantInfo alpha;
+  ASSERT_TRUE(registry_->GetTenant("alpha", &alpha).ok());
+  EXPECT_EQ(alpha.consistency, Consistency::kSync);
+  EXPECT_EQ(alpha.staleness, 0u);
+  KeyInfo w;
+  ASSERT_TRUE(registry_->GetKey("alpha", "w", &w).ok());
+  EXPECT_EQ(w.topk_ratio, 0.0f);
+
+  TenantSpec b;
+  b.name = "beta";
+  b.workers_per_rack = 2;
+  b.consistency = Consistency::kBounded;
+  b.staleness = 3;
+  TenantInfo info;
+  std::string token;
+  ASSERT_TRUE(registry_->CreateTenant(b, &info, &token).ok());
+  KeySpec k;
+  k.tenant = "beta";
+  k.name = "g";
+  k.elements = 5000;
+  k.topk_ratio = 0.01f;
+  KeyInfo g;
+  ASSERT_TRUE(registry_->CreateKey(k, &g).ok());
+  // Refused: a staleness without bounded, a ratio out of range, top-k on a
+  // table, a table in a bounded tenant.
+  TenantSpec bad = b;
+  bad.name = "gamma";
+  bad.consistency = Consistency::kAsync;
+  EXPECT_NE(registry_->CreateTenant(bad, &info, &token).message().find(
+                "only a bounded tenant has a staleness bound"),
+            std::string::npos);
+  k.name = "h";
+  k.topk_ratio = 1.5f;
+  EXPECT_NE(registry_->CreateKey(k, &g).message().find("topk_ratio: must be in (0, 1]"),
+            std::string::npos);
+  k.topk_ratio = 0;
+  k.elements = 0;
+  k.rows = 10;
+  k.dim = 4;
+  EXPECT_NE(registry_->CreateKey(k, &g).message().find("row-sparse tables need a sync tenant"),
+            std::string::npos);
+  registry_.reset();
+  Open();
+  TenantInfo beta;
+  ASSERT_TRUE(registry_->GetTenant("beta", &beta).ok());
+  EXPECT_EQ(beta.consistency, Consistency::kBounded);
+  EXPECT_EQ(beta.staleness, 3u);
+  ASSERT_TRUE(registry_->GetKey("beta", "g", &g).ok());
+  EXPECT_EQ(g.topk_ratio, 0.01f);
 }
 
 TEST_F(RegistryStoreTest, ForeignDatabaseIsRefused) {

@@ -234,13 +234,20 @@ class PyClient {
   }
 
   uint32_t DeclareKey(const std::string& name, uint64_t elements, const std::string& dtype,
-                      std::optional<py::dict> optimizer, bool init_from_client) {
+                      std::optional<py::dict> optimizer, bool init_from_client, float topk_ratio,
+                      bool error_feedback) {
     rc::KeyDecl d;
     d.name = name;
     d.elements = elements;
     d.dtype = DTypeFromString(dtype);
     if (optimizer) d.optimizer = SpecFromDict(*optimizer);
     d.init = init_from_client ? rc::Init::kFromClient : rc::Init::kZeros;
+    if (!(topk_ratio >= 0.0f && topk_ratio <= 1.0f)) {  // NaN too
+      throw py::value_error("topk_ratio: in (0, 1], or 0 for dense pushes, got " +
+                            std::to_string(topk_ratio));
+    }
+    d.topk_ratio = topk_ratio;
+    d.error_feedback = error_feedback;
     rc::KeyId id = 0;
     rc::Error err;
     rc::Client& cl = c();
@@ -270,6 +277,9 @@ class PyClient {
     d["version"] = info->version;
     d["next_iteration"] = info->next_iteration;
     d["resync_needed"] = info->resync_needed;
+    d["topk_ratio"] = info->topk_ratio;
+    d["updates"] = info->updates;
+    d["slowest_iteration"] = info->slowest_iteration;
     return d;
   }
 
@@ -490,9 +500,17 @@ PYBIND11_MODULE(_core, m) {
                              [](PyClient& s) { return s.c().straggler_timeout_ms(); })
       .def("declare_key", &PyClient::DeclareKey, py::arg("name"), py::arg("elements"),
            py::arg("dtype") = "fp32", py::arg("optimizer") = py::none(),
-           py::arg("init_from_client") = false)
+           py::arg("init_from_client") = false, py::arg("topk_ratio") = 0.0f,
+           py::arg("error_feedback") = true,
+           "Declares (or finds) a dense key; returns its id. topk_ratio in (0, 1]: each chunk's "
+           "push carries its ceil(ratio * elements) largest-magnitude entries; with "
+           "error_feedback the rest is kept on this worker and added to the next push "
+           "(docs/compression.md). 0 = dense.")
       .def("find_key", &PyClient::FindKey, py::arg("name"))
-      .def("key_info", &PyClient::KeyInfo, py::arg("key"))
+      .def("key_info", &PyClient::KeyInfo, py::arg("key"),
+           "A dict of the key's fields, or None for an unknown id. topk_ratio: 0 for dense "
+           "pushes; updates, slowest_iteration: bounded/async tenants, as the last "
+           "push_pull/pull reported (0 in sync tenants).")
       .def("push_pull", &PyClient::PushPull, py::arg("key"), py::arg("grad"), py::arg("out"),
            "Starts a PushPull: sends `grad`, receives the reply into `out` (C-contiguous float32 "
            "buffers of the key's size, `out` writable); returns a ticket. Both are held until "

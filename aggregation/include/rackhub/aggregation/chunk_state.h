@@ -123,6 +123,16 @@ class ChunkState {
     kDuplicate,  // this rank already contributed to the update being formed
     kBadRank,    // rank >= workers()
     kBadSize,    // payload is not elements() * ElementBytes(wire_type()) bytes
+    kBadSparse,  // sparse: indices not strictly ascending / out of range, sizes
+  };
+
+  // A sparse (top-k) contribution as it sits in a payload: `count` u32
+  // little-endian indices, strictly ascending and < elements(), then `count`
+  // values of wire_type(); any alignment (docs/compression.md).
+  struct SparseView {
+    uint32_t count = 0;
+    const std::byte* indices = nullptr;
+    const std::byte* values = nullptr;
   };
 
   // `elements` of this chunk (<= chunk size), `workers` contributions per
@@ -169,6 +179,23 @@ class ChunkState {
   // afterwards) and folded in once all lower ranks are in. Checks, in order:
   // kBadRank, kBadSize, kDuplicate; a rejected call changes nothing.
   AddResult Contribute(uint32_t rank, std::span<const std::byte> payload);
+  // The same for a sparse contribution: entries not listed are zero. Summed
+  // in rank order with the others (dense or sparse): rank 0's values are
+  // written into a zeroed accumulator, later ranks' added to the listed
+  // entries only, so with every index listed the bits equal Contribute()'s.
+  // A sparse contribution that arrives early is copied (its own bytes, at
+  // most the payload) until the lower ranks are in. Checks: kBadRank,
+  // kBadSparse (count > elements(), indices), kDuplicate.
+  AddResult ContributeSparse(uint32_t rank, const SparseView& sparse);
+
+  // Bounded/async consistency (docs/consistency.md): applies one
+  // contribution (dense payload, or sparse when `sparse` is set) as an
+  // update of its own: the optimizer step sees it as the whole sum (scaled
+  // by 1 / mean divisor under Reduction::kMean), version() + 1. Returns
+  // false, changing nothing, while a rank-order update is being formed or
+  // when the payload is malformed (size, indices).
+  bool ApplyAlone(std::span<const std::byte> payload);
+  bool ApplyAloneSparse(const SparseView& sparse);
   bool has_contributed(uint32_t rank) const {
     return rank < workers_ && contributed_[rank] != 0;
   }
@@ -250,6 +277,11 @@ class ChunkState {
 
  private:
   static constexpr uint32_t kNoSpare = UINT32_MAX;
+  static constexpr uint32_t kSparseSpare = UINT32_MAX - 1;  // in sparse_spares_[rank]
+  bool SparseValid(const SparseView& sparse) const;
+  // Rank order: rank 0 assigns (into zeros), later ranks add.
+  void FoldSparse(const SparseView& sparse, bool first);
+  void FoldRun(const std::byte* dense, bool first);
 
   void EnsureOptimizerState();
   void FoldInOrder(const std::byte* payload, uint32_t rank);
@@ -294,6 +326,9 @@ class ChunkState {
   uint32_t contributions_ = 0;
   uint32_t next_rank_ = 0;
   std::vector<AlignedBuffer<std::byte>> spares_;
+  // Sparse contributions that arrived early, by rank: indices then values.
+  std::vector<std::vector<std::byte>> sparse_spares_;
+  std::vector<uint32_t> sparse_count_;
   std::vector<uint32_t> free_spares_;
   // Input pointers handed to the multi-input kernels (reused, no allocation
   // on the data path once grown to workers_ entries).

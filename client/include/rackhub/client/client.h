@@ -194,6 +194,13 @@ struct KeyDecl {
   uint32_t dim = 0;
   float init_scale = 0;
   uint64_t init_seed = 0;
+  // Top-k sparsification (docs/compression.md), dense keys only: in (0, 1],
+  // 0 = dense pushes. Each chunk's push carries its ceil(ratio * elements)
+  // largest-magnitude entries (sent dense when that is not smaller). With
+  // error_feedback the entries not sent are kept in a residual on this
+  // worker and added to the next PushPull's gradient.
+  float topk_ratio = 0;
+  bool error_feedback = true;
 };
 
 struct KeyInfo {
@@ -210,6 +217,13 @@ struct KeyInfo {
   uint64_t rows = 0;             // row-sparse table: rows x dim; 0 for dense keys
   uint32_t dim = 0;
   uint64_t rows_per_chunk = 0;   // table: chunk c holds rows [c * rows_per_chunk, ...)
+  float topk_ratio = 0;          // > 0: pushes are top-k sparsified
+  // Bounded/async tenants (docs/consistency.md), as the last PushPull/Pull
+  // reported (the minimum over the key's chunks; 0 in sync tenants):
+  // updates applied (every worker's contributions), and the iteration count
+  // of the slowest live worker when the replies were released.
+  uint64_t updates = 0;
+  uint64_t slowest_iteration = 0;
 };
 
 class Client {

@@ -29,6 +29,12 @@ nn.Embedding/nn.EmbeddingBag(sparse=True) modules makes their weights
 row-sparse hub keys (rackhub.torch.embedding's docstring); table_init_()
 writes a table's initial values into a local tensor.
 
+Compression: DistributedOptimizer(..., compression="topk:0.01") (or
+Compression.topk(0.01)) pushes each chunk's largest 1 % of gradient entries
+and keeps the rest on the worker for the next step (error feedback;
+"topk:0.01:noef" drops it); "fp16"/"bf16" halve the push. The reply stays
+dense (hub_specs.Compression's docstring).
+
 Everything here is collective (every rank calls it, in the same order)
 except the getters (rank(), size(), local_rank(), local_size(), ...).
 Failures raise rackhub.RackhubError (RolledBack, WorkerLost: subclasses).

@@ -37,6 +37,10 @@ How a step works:
   it if you keep references to `p.data` or `p.grad`). fp16/bf16/fp64
   parameters are converted to fp32 for the wire and back; CUDA tensors are
   staged through pinned host memory.
+- compression=Compression.topk(ratio) (or "topk:RATIO"): the keys are
+  declared with that top-k ratio and the library sends each chunk's largest
+  entries only, keeping the rest in a residual on this worker (error
+  feedback; "topk:RATIO:noef" drops it); the reply is dense as always.
 - The reply never lands in the model while backward runs: step() waits for
   every ticket first. Do not modify `.grad` between backward and step(). To
   clip gradients in local mode: opt.synchronize(), clip, then
@@ -65,7 +69,8 @@ import torch
 from . import _context
 from .._core import RackhubError, RolledBack, WorkerLost
 from .embedding import DEFAULT_INIT, Tables, table_spec_of_group, tables_of
-from .hub_specs import Average, Compression, HubOptimizer, reduction_of, spec_of_group, wire_dtype
+from .hub_specs import (Average, Compression, HubOptimizer, compression_of, reduction_of,
+                        spec_of_group)
 
 _log = logging.getLogger("rackhub.torch")
 
@@ -86,11 +91,15 @@ def _check_device(name, t):
                         f"(CPU, or CUDA staged through pinned host memory)")
 
 
-def key_name(prefix, name, spec):
-    """A parameter's key: its name, the optimizer's type and the reduction
-    (a later job with another mode or op gets other keys instead of keys
-    that would do something else; one with the same resumes them)."""
-    return f"{prefix}{name}:{spec['type']}:{spec['reduction']}"
+def key_name(prefix, name, spec, topk_ratio=0.0):
+    """A parameter's key: its name, the optimizer's type, the reduction and,
+    for top-k compression, the ratio (`fc.weight:sum-only:mean:topk0.01`):
+    a later job with another mode, op or top-k ratio gets other keys instead
+    of keys that would do something else; one with the same resumes them.
+    Error feedback is not in the name: it lives on the worker, the hub's key
+    is the same either way."""
+    topk = f":topk{topk_ratio!r}" if topk_ratio else ""
+    return f"{prefix}{name}:{spec['type']}:{spec['reduction']}{topk}"
 
 
 class _Slot:
@@ -152,7 +161,8 @@ class _Sync:
         self.on_rollback = on_rollback
         self.passes = int(passes)
         self.reduction = reduction_of(op)
-        self.dtype = wire_dtype(compression)
+        self.compression = compression_of(compression)
+        self.dtype = self.compression.wire  # top-k: fp32 values (tables: fp32 rows)
         self.synchronized = False
         self.skip_step = False
         self.skipped_steps = 0
@@ -187,8 +197,10 @@ class _Sync:
             _check_device(name, p)
             spec = spec_of_group(opt, group_of[p]) if hub else {"type": "sum-only"}
             spec = dict(spec, reduction=self.reduction)
-            key = self.c.declare_key(key_name(prefix, name, spec), p.numel(), self.dtype, spec,
-                                     hub)
+            comp = self.compression
+            key = self.c.declare_key(key_name(prefix, name, spec, comp.topk_ratio), p.numel(),
+                                     self.dtype, spec, hub, topk_ratio=comp.topk_ratio,
+                                     error_feedback=comp.error_feedback)
             # Hub-side: the first push of every key sends the group's spec
             # (an existing key keeps the optimizer it was declared with).
             self.slots.append(_Slot(name, p, key, None if hub else spec, spec["type"]))
@@ -545,7 +557,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       hub_optimizer=True and needs named_parameters.
     named_parameters: model.named_parameters() (same names on every rank;
       they name the keys). Default: names by position in the param groups.
-    compression: rh.Compression.none (fp32 on the wire), .fp16 or .bf16.
+    compression: rh.Compression.none (fp32 on the wire), .fp16, .bf16, or
+      .topk(ratio, error_feedback=True) (each chunk's largest ceil(ratio * n)
+      gradient entries, the rest kept on this worker for the next step;
+      embedding tables then go fp32); or the strings "none", "fp16", "bf16",
+      "topk:RATIO", "topk:RATIO:noef". Anything else: ValueError.
     backward_passes_per_step: gradients accumulate locally over this many
       backward passes; the Nth pushes them.
     op: rh.Average (mean over the ranks) or rh.Sum.
@@ -567,6 +583,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor: only 1.0 (the hub sums in rank order, "
                          "then scales once)")
+    compression = compression_of(compression)  # a bad one raises before anything is set up
     if isinstance(optimizer, (dict, str)):
         if named_parameters is None:
             raise TypeError("named_parameters: needed with a hub spec "

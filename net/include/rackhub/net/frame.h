@@ -96,6 +96,11 @@ const char* DTypeName(DType d);
 
 enum Flags : uint8_t {
   kFlagFatal = 1,  // ERROR: the server closes the connection after this frame
+  // PUSH: the payload is a sparse (top-k) gradient, see SparsePayload.
+  kFlagSparse = 2,
+  // PARAMS of a tenant that is not sync (docs/consistency.md): the payload
+  // ends with a 16-byte VersionsSuffix after the parameters.
+  kFlagVersions = 4,
 };
 
 // Error codes carried in ERROR frames (and surfaced by the client).
@@ -151,6 +156,32 @@ std::string ParseRowsPayload(Opcode op, std::span<const std::byte> payload, uint
 // Builds a PUSH_ROWS (rows != empty or ids empty) or PULL_ROWS payload
 // prefix + ids (+ want); the rows follow separately.
 std::string EncodeRowsRequest(std::span<const uint64_t> ids, std::span<const uint64_t> want);
+
+// Sparse PUSH payload (flag kFlagSparse; docs/wire-protocol.md section 6c):
+//   u32 count, count u32 indices (strictly ascending, < the chunk's
+//   elements), count values of the header's dtype. Entries not listed are 0.
+inline constexpr size_t kSparsePrefixBytes = 4;
+inline constexpr size_t SparsePayloadBytes(uint32_t count, DType dtype) {
+  return kSparsePrefixBytes + size_t{count} * (4 + DTypeBytes(dtype));
+}
+struct SparsePayload {
+  uint32_t count = 0;
+  const std::byte* indices = nullptr;  // inside the parsed payload
+  const std::byte* values = nullptr;
+};
+// Parses and checks a sparse PUSH payload of a chunk of `elements` with at
+// most `max_count` entries: "" or what is wrong ("indices: ...").
+std::string ParseSparsePayload(std::span<const std::byte> payload, uint32_t elements,
+                               uint32_t max_count, DType dtype, SparsePayload* out);
+
+// What ends a PARAMS payload with kFlagVersions: u64 `updates` (updates
+// applied to the chunk, every worker's), u64 `slowest` (the iteration count
+// of the slowest live worker of the chunk when the reply was released).
+inline constexpr size_t kVersionsSuffixBytes = 16;
+struct VersionsSuffix {
+  uint64_t updates = 0;
+  uint64_t slowest = 0;
+};
 
 // Serializes `h` into exactly kHeaderBytes bytes.
 void EncodeHeader(const FrameHeader& h, std::span<std::byte, kHeaderBytes> out);
