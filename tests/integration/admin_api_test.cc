@@ -513,8 +513,10 @@ TEST_F(AdminApiTest, HealthAndReflectionAreServed) {
       grpc::Status st;
       call->Finish(&st, reinterpret_cast<void*>(9));
       cq.Next(&tag, &ok);
+      const std::string log = daemon_.Log();
       FAIL() << "reflection stream ended without a reply: " << st.error_code() << " "
-             << st.error_message();
+             << st.error_message() << "\nrackhubd log (end):\n"
+             << log.substr(log.size() > 6000 ? log.size() - 6000 : 0);
     }
   }
   call->WritesDone(reinterpret_cast<void*>(4));
