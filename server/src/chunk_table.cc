@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "params_reply.h"
+#include "rackhub/aggregation/kernels.h"
 
 namespace rackhub::server {
 
@@ -161,22 +162,43 @@ std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, ui
 void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c,
                                     uint64_t global_index) {
   c.home = exchange_ ? static_cast<uint32_t>((global_index / lanes_) % racks_) : self_rack_;
+  const bool from_client = key.info.init == InitMode::kFromClient;
   const uint32_t n = c.state.elements();
   c.stages.resize(racks_);
   for (uint32_t r = 0; r < racks_; ++r) {
     if (exchange_ && r != self_rack_) continue;  // that rack's workers use their own hub
     c.stages[r] = std::make_unique<aggregation::ChunkState>(n, t.info.workers_per_rack,
                                                             SumOnly(), ElementTypeOf(key.info.dtype));
-    c.stages[r]->MarkInitialized();
+    // A from_client key's stages wait for its initial values
+    // (SetInitialMultiRack): a push before them is NOT_READY, as on one hub.
+    if (!from_client) c.stages[r]->MarkInitialized();
   }
   const OptimizerSchedule& sched = key.info.schedule;
   c.state = aggregation::ChunkState(n, racks_, sched.base, aggregation::ElementType::kFp32);
   if (sched.from_update != 0) c.state.SetOptimizer(sched.latest, sched.from_update);
   c.state.set_mean_divisor(racks_ * t.info.workers_per_rack);
-  c.state.MarkInitialized();
+  if (!from_client) c.state.MarkInitialized();
   const size_t wire_bytes = size_t{n} * WireDTypeBytes(key.info.dtype);
   c.replies[0] = aggregation::SharedAlignedBuffer<std::byte>(wire_bytes);  // version 0: zeros
   c.replies[1] = aggregation::SharedAlignedBuffer<std::byte>(wire_bytes);
+}
+
+bool ChunkTable::SetInitialMultiRack(const LaneKey& key, Chunk& c,
+                                     std::span<const std::byte> payload) {
+  const uint32_t n = c.state.elements();
+  const auto type = ElementTypeOf(key.info.dtype);
+  if (!c.multi_rack() || c.state.initialized() || payload.size() != c.replies[0].size()) {
+    return false;
+  }
+  std::vector<float> values(n);
+  aggregation::CopyIn(values.data(), payload.data(), n, type);
+  if (!c.state.SetInitial(std::span<const float>(values))) return false;
+  for (auto& stage : c.stages) {
+    if (stage) stage->MarkInitialized();
+  }
+  c.replies[0].PrepareOverwrite();
+  aggregation::CopyOut(c.replies[0].data(), c.state.params(0).data(), n, type);
+  return true;
 }
 
 void ChunkTable::MarkPending(LaneTenant& t, Chunk& c, std::chrono::steady_clock::time_point now) {

@@ -201,6 +201,14 @@ class ChunkTable {
   // schedule (and, for tenants spanning racks, its stages and home).
   Chunk& GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
 
+  // Several racks, a `from_client` key: the chunk's initial values arrived
+  // (`payload`, the key's wire dtype: rank 0's INIT on this hub or another
+  // hub's INIT frame). The home stage, the rack stages served here and the
+  // version-0 reply get them, as one hub's INIT would (fp32 master, reply
+  // converted back). False if the chunk already has values or the size is
+  // wrong (nothing changed).
+  bool SetInitialMultiRack(const LaneKey& key, Chunk& c, std::span<const std::byte> payload);
+
   // A contribution of an update arrived (at `now`); the first one marks the
   // chunk pending and starts the update's clock (first_contribution).
   void MarkPending(LaneTenant& t, Chunk& c,

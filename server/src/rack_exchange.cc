@@ -109,6 +109,39 @@ void RackExchange::FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c) {
   AnswerPushes(c, v);
 }
 
+void RackExchange::OnInitialized(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t from_rack) {
+  if (!table_->exchange()) return;  // flat: one hub has every rack's stages
+  if (c.home != topology_.rack) {
+    SendInit(c.home, t, key, c);
+    return;
+  }
+  for (uint32_t r = 0; r < table_->racks(); ++r) {
+    if (r != topology_.rack && r != from_rack) SendInit(r, t, key, c);
+  }
+}
+
+void RackExchange::SendInit(uint32_t rack, LaneTenant& t, LaneKey& key, Chunk& c) {
+  FrameHeader h;
+  h.opcode = Opcode::kInit;
+  h.tenant = t.info.handle;
+  h.key = c.key_id;
+  h.chunk = c.index_in_key;
+  h.dtype = c.dtype;
+  h.iteration = 0;
+  SendToPeer(rack, t, key, h, c.reply_bytes(0), c.reply_owner(0));
+}
+
+void RackExchange::OfferInitialValues(uint32_t rack) {
+  for (auto& [handle, t] : table_->tenants()) {
+    for (auto& [id, c] : t.chunks) {
+      if (!c->multi_rack() || !c->state.initialized() || c->version != 0) continue;
+      if (c->home != topology_.rack && c->home != rack) continue;
+      LaneKey* key = table_->FindKey(t, c->key_id);
+      if (key && key->info.init == InitMode::kFromClient) SendInit(rack, t, *key, *c);
+    }
+  }
+}
+
 void RackExchange::SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const FrameHeader& h,
                               std::span<const std::byte> payload,
                               std::shared_ptr<const void> owner) {
@@ -205,6 +238,8 @@ void RackExchange::OnConnected(uint32_t rack, std::shared_ptr<net::Connection> c
   spdlog::info("rack link: lane {} connected to rack {}'s hub at {} ({})", table_->lane(), rack,
                conn->id().peer, host_->hub_connector().name());
   conn->Start();
+  // Initial values first: frames queued meanwhile may be sums needing them.
+  OfferInitialValues(rack);
   FlushQueue(rack);
 }
 

@@ -11,7 +11,9 @@
 // Links go through the LaneHost's net::Connector (TCP or RDMA); accepted
 // links arrive from the acceptors through Lane::AdoptHubLink. Before a key's
 // first frame on a link, a KEY_BIND names it (tenant and key by name, with
-// the layout, checked by the receiver). Frames naming a key this hub's
+// the layout, checked by the receiver). A `from_client` chunk's initial
+// values travel as INIT frames: from rack 0's hub to the home, from the home
+// to every other rack. Frames naming a key this hub's
 // workers have not declared yet are parked and retried.
 //
 // Ownership: the Lane owns it; borrows the lane's ChunkTable and gate.
@@ -55,6 +57,13 @@ class RackExchange final : public net::FrameHandler {
   // A rack's local sum of chunk `c` for `iteration` is complete (called by
   // the worker protocol).
   void OnRackSum(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rack, uint64_t iteration);
+
+  // A `from_client` chunk got its initial values here (from a worker of
+  // `from_rack`, or another hub's INIT frame from `from_rack`). Not the home:
+  // they go to the home; the home: to every rack but itself and `from_rack`.
+  // Each hub link carries a chunk's INIT before any RACK_SUM of it, and a rack
+  // gets values only from the home, so the home has them before any sum.
+  void OnInitialized(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t from_rack);
 
   // net::FrameHandler for hub links.
   Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;
@@ -111,6 +120,11 @@ class RackExchange final : public net::FrameHandler {
   void RetryConnect(uint32_t rack, const std::string& why);
   // Sends what queued up while the link to `rack` was down.
   void FlushQueue(uint32_t rack);
+  // After (re)connecting to `rack`: INIT frames a broken link may have lost
+  // (chunks still at version 0 that `rack` should have values from this hub;
+  // duplicates are ignored by the receiver).
+  void OfferInitialValues(uint32_t rack);
+  void SendInit(uint32_t rack, LaneTenant& t, LaneKey& key, Chunk& c);
   // Called kPeerWaitLimit after frames were queued for a link that is down.
   void GiveUp(uint32_t rack, uint64_t generation);
   // Resolves a KEY_BIND: true when bound; false when the tenant or key does
@@ -120,6 +134,8 @@ class RackExchange final : public net::FrameHandler {
   // The tenant and key a peer's frame names, binding late if needed.
   LaneKey* PeerKey(uint32_t peer, const net::FrameHeader& h, LaneTenant** tenant);
   Verdict CheckData(net::Connection& conn, const net::FrameHeader& h);
+  Verdict CheckInit(net::Connection& conn, const LaneKey& key, const Chunk& c,
+                    const net::FrameHeader& h);
   void OnKeyBind(net::Connection& conn, const net::FrameHeader& h,
                  std::span<const std::byte> payload);
   void OnPeerError(net::Connection& conn, const net::FrameHeader& h,

@@ -1,5 +1,5 @@
-// RackExchange, part 2: frames arriving on hub links (KEY_BIND, RACK_SUM,
-// RACK_PARAMS, ERROR), late key binding and parked frames.
+// RackExchange, part 2: frames arriving on hub links (KEY_BIND, INIT,
+// RACK_SUM, RACK_PARAMS, ERROR), late key binding and parked frames.
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -36,6 +36,7 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
     case Opcode::kError:  // an answer on a link we opened
     case Opcode::kKeyBind:
       return Verdict::kAccept;
+    case Opcode::kInit:
     case Opcode::kRackSum:
     case Opcode::kRackParams: {
       LaneTenant* t = nullptr;
@@ -79,6 +80,14 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
     return Reject(conn, WireError::kBadChunk, "chunk: not one of this lane's", rid);
   }
   Chunk& c = table_->GetChunk(*t, *key, h.chunk);
+  if (h.opcode == Opcode::kInit) return CheckInit(conn, *key, c, h);
+  if (!c.state.initialized()) {
+    // Cannot happen between well-behaved hubs (OnInitialized's ordering).
+    SendPeerError(conn, h.tenant,
+                  "chunk: " + Num(h.chunk) + " of key '" + key->info.name +
+                      "' has no initial values on rack " + Num(topology_.rack) + "'s hub yet");
+    return Verdict::kDiscard;
+  }
   const bool sum = h.opcode == Opcode::kRackSum;
   const size_t want = size_t{c.state.elements()} * (sum ? 4u : WireDTypeBytes(key->info.dtype));
   if (h.payload_bytes != want) {
@@ -99,6 +108,28 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
     return Verdict::kDiscard;
   }
   return Verdict::kAccept;
+}
+
+Verdict RackExchange::CheckInit(net::Connection& conn, const LaneKey& key, const Chunk& c,
+                                const FrameHeader& h) {
+  const uint32_t peer = conn.id().rack;
+  if (key.info.init != InitMode::kFromClient) {
+    return Reject(conn, WireError::kInvalidArgument,
+                  "INIT of key '" + key.info.name + "', which starts at zeros", h.request_id);
+  }
+  const size_t want = size_t{c.state.elements()} * WireDTypeBytes(key.info.dtype);
+  if (h.payload_bytes != want || h.iteration != 0) {
+    return Reject(conn, WireError::kBadChunk,
+                  "INIT: payload_bytes " + Num(h.payload_bytes) + " (expected " + Num(want) +
+                      "), iteration " + Num(h.iteration) + " (expected 0)",
+                  h.request_id);
+  }
+  if (c.home != topology_.rack && peer != c.home) {
+    return Reject(conn, WireError::kInvalidArgument,
+                  "INIT from a hub that is not the chunk's home", h.request_id);
+  }
+  // Already here (a resend after a reconnect): nothing to do.
+  return c.state.initialized() ? Verdict::kDiscard : Verdict::kAccept;
 }
 
 void RackExchange::SendPeerError(net::Connection& conn, uint32_t peer_tenant,
@@ -222,6 +253,13 @@ void RackExchange::OnData(uint32_t peer, const FrameHeader& h,
   LaneKey& key = *PeerKey(peer, h, &tp);
   LaneTenant& t = *tp;
   Chunk& c = table_->GetChunk(t, key, h.chunk);
+  if (h.opcode == Opcode::kInit) {
+    if (!table_->SetInitialMultiRack(key, c, payload)) return;  // a duplicate
+    host_->ChunkInitialized(t.info.handle, key.info.id, key.info.placement.chunk_count);
+    AnswerPulls(c, 0);
+    if (c.home == topology_.rack) OnInitialized(t, key, c, peer);  // pass them on
+    return;
+  }
   if (h.opcode == Opcode::kRackSum) {
     if (c.state.contributions() == 0) table_->MarkPending(t, c);
     if (c.state.Contribute(peer, payload) == aggregation::ChunkState::AddResult::kComplete) {

@@ -252,14 +252,14 @@ Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
 Verdict WorkerProtocol::CheckInit(net::Connection& conn, const KeyInfo& k, Chunk& c,
                                   const FrameHeader& h) {
   const uint64_t rid = h.request_id;
-  if (table_->racks() > 1) {
-    return Refuse(conn, WireError::kInvalidArgument,
-                  "key: INIT is not supported for tenants spanning racks yet; create keys "
-                  "with init = zeros",
-                  rid);
-  }
   if (conn.id().rank != 0) {
     return Reject(conn, WireError::kInvalidArgument, "rank: only rank 0 may INIT a key", rid);
+  }
+  if (conn.id().rack != 0) {  // a tenant spanning racks: rank 0 of rack 0 initializes
+    return Reject(conn, WireError::kInvalidArgument,
+                  "rank: only rank 0 of rack 0 may INIT a key of a tenant spanning racks "
+                  "(this is rank 0 of rack " + Num(conn.id().rack) + "; Pull the values instead)",
+                  rid);
   }
   // Not fatal: rank 0 re-running against an existing key can Pull instead.
   if (k.init != InitMode::kFromClient) {
@@ -437,7 +437,9 @@ void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHea
     return;
   }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
-  if (c.state.initialized() || !c.state.SetInitial(payload)) {
+  const bool set = c.multi_rack() ? table_->SetInitialMultiRack(*key, c, payload)
+                                  : !c.state.initialized() && c.state.SetInitial(payload);
+  if (!set) {
     Reject(conn, WireError::kInvalidArgument, "chunk: cannot be initialized now", h.request_id);
     return;
   }
@@ -445,6 +447,8 @@ void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHea
   host_->ChunkInitialized(t.info.handle, key->info.id, key->info.placement.chunk_count);
   SendParams(conn, c, 0, h.request_id);
   AnswerPulls(c, 0);
+  // Several racks: the values go to the chunk's home, which passes them on.
+  if (c.multi_rack()) exchange_->OnInitialized(t, *key, c, conn.id().rack);
 }
 
 void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
@@ -475,7 +479,7 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
                         h.request_id);
     return;
   }
-  if (!c.multi_rack() && !c.state.initialized()) {
+  if (!c.state.initialized()) {  // a from_client chunk before its INIT
     if (!conn.Reserve(reply_bytes)) return;
     c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id, reply_bytes, {}});
     return;

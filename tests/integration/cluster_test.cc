@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -144,7 +145,8 @@ struct Worker {
     process = std::make_unique<ChildProcess>(argv, out + ".log");
   }
   int Wait() { return process->Wait(120s); }
-  // "iter K NAME" -> "HEX..." for every iteration.
+  // "iter K NAME" -> "HEX..." for every iteration, "init NAME" -> "HEX..."
+  // for the initial values of each from_client key.
   std::map<std::string, std::string> Iterations() const {
     std::map<std::string, std::string> m;
     std::istringstream in(ReadFile(out));
@@ -152,8 +154,13 @@ struct Worker {
       std::istringstream l(line);
       std::string what, k, name;
       l >> what >> k >> name;
-      if (what != "iter") continue;
       std::string rest;
+      if (what == "init") {  // "init NAME HEX...": a from_client key's values
+        std::getline(l, rest);
+        m["init " + k] = name + rest;
+        continue;
+      }
+      if (what != "iter") continue;
       std::getline(l, rest);
       m["iter " + k + " " + name] = rest;
     }
@@ -231,10 +238,15 @@ TEST(ClusterTest, OneCreateServesEveryHubAndKeysGetOneLayoutAndTheSameBits) {
     EXPECT_EQ(Field(g.out, "workers per rack"), "2") << g.out;
   }
   // Each rack's workers declare the keys in another order, all at once.
+  // p and q start from rank 0 of rack 0's values (from_client): every hub
+  // gets them through the chunks' homes.
   const std::vector<std::vector<std::string>> orders = {
-      {"a,3000,fp32,zeros", "b,5000,fp32,zeros", "c,700,fp32,zeros", "i,2500,fp16,zeros"},
-      {"c,700,fp32,zeros", "i,2500,fp16,zeros", "b,5000,fp32,zeros", "a,3000,fp32,zeros"},
-      {"i,2500,fp16,zeros", "b,5000,fp32,zeros", "c,700,fp32,zeros", "a,3000,fp32,zeros"}};
+      {"a,3000,fp32,zeros", "p,4100,fp32,client", "b,5000,fp32,zeros", "c,700,fp32,zeros",
+       "i,2500,fp16,zeros", "q,3300,fp16,client"},
+      {"c,700,fp32,zeros", "q,3300,fp16,client", "i,2500,fp16,zeros", "b,5000,fp32,zeros",
+       "a,3000,fp32,zeros", "p,4100,fp32,client"},
+      {"q,3300,fp16,client", "i,2500,fp16,zeros", "b,5000,fp32,zeros", "p,4100,fp32,client",
+       "c,700,fp32,zeros", "a,3000,fp32,zeros"}};
   constexpr int kIterations = 5;
   std::vector<std::unique_ptr<Worker>> workers;
   for (uint32_t rack = 0; rack < 3; ++rack) {
@@ -252,7 +264,7 @@ TEST(ClusterTest, OneCreateServesEveryHubAndKeysGetOneLayoutAndTheSameBits) {
   ASSERT_TRUE(all_done) << cluster.hub(0).Log() << cluster.hub(1).Log() << cluster.hub(2).Log();
   // One layout on every hub.
   const auto layout = Layout(cluster.hub(0).admin_address(), "job");
-  EXPECT_EQ(layout.size(), 4u);
+  EXPECT_EQ(layout.size(), 6u);
   for (int r : {1, 2}) EXPECT_EQ(Layout(cluster.hub(r).admin_address(), "job"), layout);
   std::set<uint64_t> chunks;
   for (const auto& [name, l] : layout) {
@@ -265,7 +277,28 @@ TEST(ClusterTest, OneCreateServesEveryHubAndKeysGetOneLayoutAndTheSameBits) {
   }
   // Every worker saw the same parameters at every iteration...
   const auto seen = workers[0]->Iterations();
-  EXPECT_EQ(seen.size(), 4u * kIterations);
+  EXPECT_EQ(seen.size(), 6u * kIterations + 2);
+  ASSERT_EQ(seen.count("init p"), 1u);
+  ASSERT_EQ(seen.count("init q"), 1u);
+  // The values rank 0 of rack 0 supplied (rackhub-test-worker's
+  // InitialValue(i)): exact for the fp32 key, fp16-rounded for q.
+  for (const char* k : {"init p", "init q"}) {
+    std::istringstream in(seen.at(k));
+    uint32_t bits = 0;
+    uint64_t i = 0;
+    for (; in >> std::hex >> bits; ++i) {
+      float v;
+      std::memcpy(&v, &bits, 4);
+      const float want = static_cast<float>(static_cast<int64_t>(i % 17) - 8) * 0.125f +
+                         0.003f * static_cast<float>(i % 5);
+      if (k[5] == 'p') {
+        ASSERT_EQ(v, want) << k << " element " << i;
+      } else {
+        ASSERT_NEAR(v, want, 1e-3) << k << " element " << i;
+      }
+    }
+    EXPECT_EQ(i, k[5] == 'p' ? 4100u : 3300u) << k;
+  }
   for (auto& w : workers) EXPECT_EQ(w->Iterations(), seen);
 
   // ... and the same as one flat hub serving all three racks (no etcd).
@@ -565,6 +598,134 @@ TEST(ClusterTest, HubLinkCutsNeverHangOrChangeTheBits) {
       EXPECT_NE(line.find("rack"), std::string::npos) << line;
     }
   }
+}
+
+// from_client keys while the hub links are cut every few milliseconds from
+// the moment the workers start: rack 0's INIT frames to the chunks' homes and
+// the homes' to the other rack may be lost in a cut; the hub that has the
+// values offers them again on every reconnect, and a home never gets a rack
+// sum before the values. So every worker gets rank 0's values, nothing
+// hangs, and a worker finishes bit for bit as the undisturbed run or stops
+// on WORKER_LOST naming the rack.
+TEST(ClusterTest, FromClientValuesReachEveryRackThroughHubLinkCuts) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.started());
+  Cluster cluster(etcd.endpoints(), 2);
+  ASSERT_TRUE(cluster.started());
+  // u has 12 chunks of 1024 floats (homes alternate between the racks).
+  const std::vector<std::string> keys = {"u,12000,fp32,client", "z,1500,fp32,zeros",
+                                         "h,3000,fp16,client"};
+  constexpr int kIterations = 8;
+  std::map<std::string, std::string> clean;
+  for (int round = 0; round < 5; ++round) {
+    const std::string token = CreateJob(cluster.hub(round % 2).admin_address(), 1);
+    Worker w0(cluster.hub(0).data_address(), token, 0, 0, keys, kIterations);
+    Worker w1(cluster.hub(1).data_address(), token, 1, 0, keys, kIterations);
+    int cuts = 0;
+    if (round > 0) {  // round 0 is the undisturbed run
+      const auto until = std::chrono::steady_clock::now() + 1500ms;
+      while (std::chrono::steady_clock::now() < until) {
+        for (int r = 0; r < 2; ++r) {
+          const int killed = KillConnections(cluster.interhub_port(r));
+          if (killed < 0) GTEST_SKIP() << "ss -K cannot destroy sockets here";
+          cuts += killed;
+        }
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    for (Worker* w : {&w0, &w1}) {
+      const int code = w->Wait();
+      ASSERT_NE(code, -1) << "round " << round << ": a worker hangs:\n"
+                          << w->Text() << cluster.hub(0).Log() << cluster.hub(1).Log();
+      const auto seen = w->Iterations();
+      ASSERT_EQ(seen.count("init u"), 1u) << "round " << round << ":\n" << w->Text();
+      ASSERT_EQ(seen.count("init h"), 1u) << "round " << round << ":\n" << w->Text();
+      if (round == 0) {
+        ASSERT_EQ(code, 0) << w->Text();
+        if (clean.empty()) clean = seen;
+        EXPECT_EQ(seen, clean) << "the two racks' workers saw different values";
+        continue;
+      }
+      for (const auto& [what, bits] : seen) {
+        EXPECT_EQ(bits, clean.at(what)) << "round " << round << ": " << what;
+      }
+      if (code != 0) {
+        EXPECT_EQ(code, 4) << w->Text();
+        const std::string text = ReadFile(w->out);
+        const auto at = text.find("\nerror ");
+        ASSERT_NE(at, std::string::npos) << text;
+        const std::string line = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+        EXPECT_NE(line.find("WORKER_LOST"), std::string::npos) << line;
+        EXPECT_NE(line.find("rack"), std::string::npos) << line;
+      }
+    }
+    if (round > 0) EXPECT_GT(cuts, 0) << "round " << round;
+    ASSERT_EQ(Ctl(cluster.hub(0).admin_address(), {"tenant", "delete", "job"}).exit_code, 0);
+  }
+}
+
+// INIT of a tenant spanning racks is rank 0 of rack 0's: rank 0 of another
+// rack is refused by name (fatal), and a push before the values arrived is
+// NOT_READY (fatal), as on one hub.
+TEST(ClusterTest, OnlyRankZeroOfRackZeroInitializesAcrossRacks) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.started());
+  Cluster cluster(etcd.endpoints(), 2);
+  ASSERT_TRUE(cluster.started());
+  const std::string token = CreateJob(cluster.hub(0).admin_address(), 2);
+  pb::Key key;
+  {
+    grpc::ClientContext ctx;
+    pb::CreateKeyRequest req;
+    req.set_tenant("job");
+    req.set_name("k");
+    req.set_elements(64);
+    req.set_init(pb::FROM_CLIENT);
+    const grpc::Status st = Keys(cluster.hub(0).admin_address())->CreateKey(&ctx, req, &key);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  const std::string admin = cluster.hub(1).admin_address();
+  const auto declared = [&] { return Layout(admin, "job").count("k") == 1; };
+  for (int i = 0; i < 100 && !declared(); ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(declared());
+  // HELLO on rack 1's hub as `rank` of rack 1; the tenant's handle there.
+  const auto join = [&](RawClient& raw, uint32_t rank) {
+    data::v1::Hello hello;
+    hello.set_tenant("job");
+    hello.set_token(token);
+    hello.set_rank(rank);
+    hello.set_rack(1);
+    hello.set_lane(0);
+    net::FrameHeader h;
+    h.opcode = net::Opcode::kHello;
+    raw.Send(h, hello.SerializeAsString());
+    const auto f = raw.Receive();
+    data::v1::Welcome w;
+    EXPECT_TRUE(f && f->h.opcode == net::Opcode::kWelcome) << testing::Describe(f);
+    if (f) w.ParseFromString(f->payload);
+    return w.tenant_handle();
+  };
+  const std::string values(64 * 4, '\0');
+  RawClient rank1(cluster.hub(1).data_address());
+  net::FrameHeader push;
+  push.opcode = net::Opcode::kPush;
+  push.tenant = join(rank1, 1);
+  push.key = key.id();
+  push.dtype = net::DType::kFp32;
+  push.request_id = 3;
+  rank1.Send(push, values);
+  testing::ExpectError(rank1.Receive(), net::WireError::kNotReady, "no initial values yet", true);
+
+  RawClient rank0(cluster.hub(1).data_address());
+  net::FrameHeader init;
+  init.opcode = net::Opcode::kInit;
+  init.tenant = join(rank0, 0);
+  init.key = key.id();
+  init.dtype = net::DType::kFp32;
+  init.request_id = 7;
+  rank0.Send(init, values);
+  testing::ExpectError(rank0.Receive(), net::WireError::kInvalidArgument,
+                       "only rank 0 of rack 0 may INIT", true);
 }
 
 // etcd members killed (-9) and restarted while two hubs create keys at
