@@ -14,7 +14,8 @@
 // the layout, checked by the receiver). A `from_client` chunk's initial
 // values travel as INIT frames: from rack 0's hub to the home, from the home
 // to every other rack. Frames naming a key this hub's
-// workers have not declared yet are parked and retried.
+// workers have not declared yet are parked and retried; a link's later
+// frames wait behind them, so each link's frames are handled in order.
 //
 // Ownership: the Lane owns it; borrows the lane's ChunkTable and gate.
 // Threading: lane thread only.
@@ -142,6 +143,8 @@ class RackExchange final : public net::FrameHandler {
                    std::span<const std::byte> payload);
   void OnData(uint32_t peer, const net::FrameHeader& h, std::span<const std::byte> payload);
   void Park(net::Connection& conn, const net::FrameHeader& h, std::span<const std::byte> payload);
+  // Whether frames of `conn` are parked (its later frames then park too).
+  bool HasParked(const net::Connection& conn) const;
   void RetryParked();
   // ERROR to a peer about its tenant `peer_tenant` (so it can fail the
   // updates waiting on it).

@@ -1,6 +1,8 @@
 // RackExchange, part 2: frames arriving on hub links (KEY_BIND, INIT,
 // RACK_SUM, RACK_PARAMS, ERROR), late key binding and parked frames.
+#include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 #include <spdlog/spdlog.h>
 
@@ -40,8 +42,9 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
     case Opcode::kRackSum:
     case Opcode::kRackParams: {
       LaneTenant* t = nullptr;
-      // Not bound yet: accept, HandleFrame parks it until the key exists.
-      if (!PeerKey(conn.id().rack, h, &t)) return Verdict::kAccept;
+      // Not bound yet, or behind parked frames of this link: accept,
+      // HandleFrame parks it (checked when it is its turn).
+      if (HasParked(conn) || !PeerKey(conn.id().rack, h, &t)) return Verdict::kAccept;
       return CheckData(conn, h);
     }
     default:
@@ -175,8 +178,13 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
     default: break;
   }
   LaneTenant* t = nullptr;
-  if (!PeerKey(peer, h, &t)) return Park(conn, h, payload);
+  if (HasParked(conn) || !PeerKey(peer, h, &t)) return Park(conn, h, payload);
   OnData(peer, h, payload);
+}
+
+bool RackExchange::HasParked(const net::Connection& conn) const {
+  return std::any_of(parked_.begin(), parked_.end(),
+                     [&](const Parked& p) { return p.conn.lock().get() == &conn; });
 }
 
 void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
@@ -221,9 +229,17 @@ void RackExchange::RetryParked() {
   parked_timer_armed_ = false;
   auto parked = std::move(parked_);
   parked_.clear();
+  // A link's frames are handled in the order they came (a chunk's INIT
+  // before its RACK_SUM): once one of a link's frames stays parked, its
+  // later ones wait behind it.
+  std::unordered_set<const net::Connection*> blocked;
   for (auto& p : parked) {
     auto conn = p.conn.lock();
     if (!conn || !conn->open()) continue;
+    if (blocked.count(conn.get())) {
+      parked_.push_back(std::move(p));
+      continue;
+    }
     LaneTenant* t = nullptr;
     if (!PeerKey(conn->id().rack, p.header, &t)) {
       if (std::chrono::steady_clock::now() - p.since > kPeerWaitLimit) {
@@ -232,6 +248,7 @@ void RackExchange::RetryParked() {
                       "key: id " + Num(p.header.key) + " was never declared on rack " +
                           Num(topology_.rack) + "'s hub");
       } else {
+        blocked.insert(conn.get());
         parked_.push_back(std::move(p));
       }
       continue;

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <thread>
 #include <vector>
 #include <string>
 
@@ -364,6 +365,119 @@ TEST(MultiRackTest, ForgedHubHelloCannotBindKeysOrInjectRackSums) {
     }
   }
   EXPECT_EQ(answered, 8);
+}
+
+// A hub handles each link's frames in the order they were sent, also when
+// the first ones wait for a key it does not have yet. Rack 1's hub (played
+// here by the test, with the real secret) sends a KEY_BIND and the INIT of
+// from_client key f before rack 0's hub has f: both wait. f is created, and
+// at once rack 1's RACK_SUM follows; it must not overtake the parked INIT
+// (a sum for a chunk without values would be refused). Then rack 0's two
+// workers pull rank 0's values and push zeros: the step is exact.
+TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
+  const std::string interhub0 = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string racks = "127.0.0.1:0=" + interhub0 + ",127.0.0.1:0=127.0.0.1:" +
+                            std::to_string(FreePort());
+  const std::string secret(48, 's');
+  DaemonProcess hub0({"--lanes", "1", "--racks", racks, "--rack", "0", "--hub-secret-file",
+                      SecretFile(secret)});
+  ASSERT_TRUE(hub0.started());
+  const std::string token(40, 'k');
+  CreateTenantAndKey(hub0.admin_address(), token, 2048);  // w: chunks 0 and 1
+  auto keys = pb::KeyService::NewStub(
+      grpc::CreateChannel(hub0.admin_address(), grpc::InsecureChannelCredentials()));
+  pb::Key w;
+  {
+    grpc::ClientContext ctx;
+    pb::GetKeyRequest req;
+    req.set_tenant("t");
+    req.set_name("w");
+    ASSERT_TRUE(keys->GetKey(&ctx, req, &w).ok());
+  }
+  // f will be the next key: id w + 1, chunk 2 of the tenant (home: rack 0).
+  const uint32_t f_id = w.id() + 1;
+  const auto floats = [](float v) {
+    std::string s(1024 * 4, '\0');
+    for (size_t i = 0; i < 1024; ++i) std::memcpy(s.data() + i * 4, &v, 4);
+    return s;
+  };
+  RawClient rack1(interhub0);
+  data::v1::HubHello hello;
+  hello.set_rack(1);
+  hello.set_lane(0);
+  hello.set_racks(2);
+  hello.set_lanes(1);
+  hello.set_secret(secret);
+  net::FrameHeader hh;
+  hh.opcode = net::Opcode::kHubHello;
+  data::v1::KeyBind bind;
+  bind.set_tenant("t");
+  bind.set_key("f");
+  bind.set_key_id(f_id);
+  bind.set_elements(1024);
+  bind.set_dtype(pb::FP32);
+  bind.set_first_chunk(2);
+  bind.set_chunk_elements(1024);
+  bind.set_workers_per_rack(2);
+  net::FrameHeader kb;
+  kb.opcode = net::Opcode::kKeyBind;
+  kb.tenant = 5;  // rack 1's handle of the tenant
+  kb.key = f_id;
+  net::FrameHeader init = kb;
+  init.opcode = net::Opcode::kInit;
+  init.chunk = 0;
+  init.dtype = net::DType::kFp32;
+  init.iteration = 0;
+  rack1.SendRaw(Frame(hh, hello.SerializeAsString()) + Frame(kb, bind.SerializeAsString()) +
+                Frame(init, floats(1.0f)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // parked, retried
+  {
+    grpc::ClientContext ctx;
+    pb::CreateKeyRequest req;
+    req.set_tenant("t");
+    req.set_name("f");
+    req.set_elements(1024);
+    req.set_init(pb::FROM_CLIENT);
+    pb::Key f;
+    const grpc::Status st = keys->CreateKey(&ctx, req, &f);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    ASSERT_EQ(f.id(), f_id);
+    ASSERT_EQ(f.first_chunk(), 2u);
+  }
+  net::FrameHeader sum = init;
+  sum.opcode = net::Opcode::kRackSum;
+  rack1.SendRaw(Frame(sum, floats(-5.0f)));
+  const auto refused = rack1.Receive(std::chrono::milliseconds(500));
+  EXPECT_FALSE(refused.has_value()) << "rack 0's hub refused a frame: "
+                                    << testing::Describe(refused);
+
+  RawClient w0(hub0.data_address()), w1(hub0.data_address());
+  const uint32_t handle = w0.Hello("t", token, 0, 0).tenant_handle();
+  ASSERT_NE(handle, 0u);
+  ASSERT_NE(w1.Hello("t", token, 1, 0).tenant_handle(), 0u);
+  net::FrameHeader pull;
+  pull.opcode = net::Opcode::kPull;
+  pull.tenant = handle;
+  pull.key = f_id;
+  pull.dtype = net::DType::kFp32;
+  w0.Send(pull);
+  const auto values = w0.Receive();
+  ASSERT_TRUE(values && values->h.opcode == net::Opcode::kParams) << testing::Describe(values);
+  EXPECT_EQ(values->h.iteration, 0u);
+  EXPECT_TRUE(values->payload == floats(1.0f)) << "the INIT's values";
+  for (RawClient* c : {&w0, &w1}) {
+    net::FrameHeader push = pull;
+    push.opcode = net::Opcode::kPush;
+    push.iteration = 0;
+    c->Send(push, floats(0.0f));
+  }
+  // SGD, lr 1: 1 - (-5 + 0) / (2 racks x 2 workers) = 2.25, exactly.
+  for (RawClient* c : {&w0, &w1}) {
+    const auto f = c->Receive(std::chrono::seconds(10));
+    ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams) << testing::Describe(f);
+    EXPECT_EQ(f->h.iteration, 1u);
+    EXPECT_TRUE(f->payload == floats(2.25f)) << "rack 1's sum and rank 0's values";
+  }
 }
 
 }  // namespace
