@@ -22,7 +22,7 @@ def require_torch():
 
 
 class Hub:
-    def __init__(self, lanes=2):
+    def __init__(self, lanes=2, extra=()):
         self.bin = os.environ.get("RACKHUB_BIN_DIR") or sys.exit("RACKHUB_BIN_DIR not set")
         self.dir = tempfile.mkdtemp(prefix="rackhub-pytest.")
         self.admin_token = os.path.join(self.dir, "admin.token")
@@ -35,7 +35,7 @@ class Hub:
              "--data-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
              "--admin-token-file", self.admin_token,
              "--ready-file", ready, "--lanes", str(lanes), "--no-pin-lanes",
-             "--state-dir", os.path.join(self.dir, "state")],
+             "--state-dir", os.path.join(self.dir, "state")] + list(extra),
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         addrs = {}
@@ -55,11 +55,14 @@ class Hub:
         with open(os.path.join(self.dir, "rackhubd.log"), errors="replace") as f:
             return f.read()
 
-    def create_tenant(self, name, workers):
+    def create_tenant(self, name, workers, token_file=None):
+        """Creates the tenant (with the data-plane token in `token_file` when
+        given: a tenant spanning racks has one token on every hub)."""
+        more = ["--tenant-token-file", token_file] if token_file else []
         r = subprocess.run(
             [os.path.join(self.bin, "rackhubctl"), "--admin", self.admin, "--token-file",
-             self.admin_token, "--json", "tenant", "create", name, "--workers", str(workers)],
-            capture_output=True, text=True, check=True)
+             self.admin_token, "--json", "tenant", "create", name, "--workers", str(workers)]
+            + more, capture_output=True, text=True, check=True)
         return json.loads(r.stdout)["token"]
 
     def stop(self):

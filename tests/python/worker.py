@@ -1,6 +1,8 @@
 """One rank of the Python tests: runs scenarios (JSON list in argv[1]) one
 after the other in this process (torch is imported once), each on its own
 tenant, and saves the final parameters of each to OUT_DIR/NAME.rank.pt.
+Usage: worker.py SCENARIOS RANK SIZE HUB [RACK RACKS] (with racks, RANK is
+within the rack and the files are named by global rank).
 
 Scenario fields: name, kind (momentum | adam | sumonly-adam | sumonly-sgd-copy
 | kill), tenant, token, steps, seed, out; kill: victim, kill_step.
@@ -20,9 +22,10 @@ from common import data, local_optimizer, loss_of, make_model, LR
 torch.set_num_threads(1)  # deterministic gradients, identical in the reference
 
 
-def run(sc, rank, size, hub):
+def run(sc, rank, size, hub, rack=0, racks=1):
     rh.init(rank=rank, size=size, hub=hub, tenant=sc["tenant"], token=sc["token"],
-            op_timeout=60)
+            op_timeout=60, rack=rack, racks=racks)
+    rank = rh.rank()  # global: rack * workers per rack + rank in the rack
     # Different initial values per rank: the broadcast must make them rank 0's.
     model = make_model(sc["seed"] + rank)
     kind = sc["kind"]
@@ -71,8 +74,10 @@ def run(sc, rank, size, hub):
 def main():
     scenarios = json.loads(open(sys.argv[1]).read())
     rank, size, hub = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    # Tenants spanning racks: RACK RACKS follow (rank is then within the rack).
+    rack, racks = (int(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 6 else (0, 1)
     for sc in scenarios:
-        run(sc, rank, size, hub)
+        run(sc, rank, size, hub, rack, racks)
 
 
 if __name__ == "__main__":
