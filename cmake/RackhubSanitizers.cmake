@@ -67,14 +67,16 @@ set(RACKHUB_ASAN_TESTS
   admin_api_test            # the admin gRPC API (rackhubd) and its refusals
   table_test                # row-sparse tables: every request, refusal and optimizer
   compression_consistency_test  # sparse pushes (and refusals), bounded/async holds
-  cluster_test)             # the etcd client, registry watch and membership against a real etcd
+  cluster_test              # the etcd client, registry watch and membership against a real etcd
+  cluster_training_test)    # hub links of a cluster: initial values, cuts, lost leases
 # TSan: the tests where lanes, admin calls and transports run concurrently.
 set(RACKHUB_TSAN_TESTS
   lane_fault_test           # in-process hub: lane threads, admin gRPC threads, in-memory links
   data_plane_protocol_test  # in-process hub and rackhubd: key/tenant deletion while workers run
   admin_api_test            # admin mutations against rackhubd while its lanes serve
   metrics_test              # scrapes and ListStalls reading the lanes while they train
-  cluster_test)             # etcd watch, lease and admin threads of hubs sharing a registry
+  cluster_test              # etcd watch, lease and admin threads of hubs sharing a registry
+  cluster_training_test)    # the same hubs training: lanes, hub links, membership watch
 
 # Called by rackhub_add_test: the extra labels of test `name` with `labels`.
 function(rackhub_sanitizer_labels name labels out)
