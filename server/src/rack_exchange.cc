@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "params_reply.h"
+#include "proto_convert.h"
 #include "rackhub/aggregation/kernels.h"
 #include "rackhub/data/v1/control.pb.h"
 
@@ -131,13 +132,23 @@ void RackExchange::SendInit(uint32_t rack, LaneTenant& t, LaneKey& key, Chunk& c
   SendToPeer(rack, t, key, h, c.reply_bytes(0), c.reply_owner(0));
 }
 
-void RackExchange::OfferInitialValues(uint32_t rack) {
+void RackExchange::OfferInitialValues(uint32_t rack, std::optional<uint32_t> tenant) {
   for (auto& [handle, t] : table_->tenants()) {
+    if (tenant && handle != *tenant) continue;
+    size_t offered = 0;
     for (auto& [id, c] : t.chunks) {
       if (!c->multi_rack() || !c->state.initialized() || c->version != 0) continue;
       if (c->home != topology_.rack && c->home != rack) continue;
       LaneKey* key = table_->FindKey(t, c->key_id);
-      if (key && key->info.init == InitMode::kFromClient) SendInit(rack, t, *key, *c);
+      if (key && key->info.init == InitMode::kFromClient) {
+        SendInit(rack, t, *key, *c);
+        ++offered;
+      }
+    }
+    if (offered > 0) {
+      spdlog::info("rack link: lane {} offered rack {} the initial values of {} chunk(s) of "
+                   "tenant '{}' again",
+                   table_->lane(), rack, offered, t.info.name);
     }
   }
 }
@@ -176,6 +187,7 @@ void RackExchange::SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key) {
   bind.set_first_chunk(key.info.placement.first_chunk);
   bind.set_chunk_elements(key.info.chunk_elements);
   bind.set_workers_per_rack(t.info.workers_per_rack);
+  bind.set_init(InitModeToProto(key.info.init));
   FrameHeader b;
   b.opcode = Opcode::kKeyBind;
   b.tenant = t.info.handle;

@@ -14,8 +14,9 @@
 // the layout, checked by the receiver). A `from_client` chunk's initial
 // values travel as INIT frames: from rack 0's hub to the home, from the home
 // to every other rack. Frames naming a key this hub's
-// workers have not declared yet are parked and retried; a link's later
-// frames wait behind them, so each link's frames are handled in order.
+// workers have not declared yet are parked and retried; the link's later
+// frames of that key wait behind them, so a key's frames are handled in the
+// order they were sent.
 //
 // Ownership: the Lane owns it; borrows the lane's ChunkTable and gate.
 // Threading: lane thread only.
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -121,10 +123,11 @@ class RackExchange final : public net::FrameHandler {
   void RetryConnect(uint32_t rack, const std::string& why);
   // Sends what queued up while the link to `rack` was down.
   void FlushQueue(uint32_t rack);
-  // After (re)connecting to `rack`: INIT frames a broken link may have lost
-  // (chunks still at version 0 that `rack` should have values from this hub;
-  // duplicates are ignored by the receiver).
-  void OfferInitialValues(uint32_t rack);
+  // After (re)connecting to `rack`, or an ERROR from it: INIT frames a
+  // broken link may have lost or it may have dropped (chunks of `tenant`, or
+  // of every tenant, still at version 0 that `rack` should have values from
+  // this hub; duplicates are ignored by the receiver).
+  void OfferInitialValues(uint32_t rack, std::optional<uint32_t> tenant = std::nullopt);
   void SendInit(uint32_t rack, LaneTenant& t, LaneKey& key, Chunk& c);
   // Called kPeerWaitLimit after frames were queued for a link that is down.
   void GiveUp(uint32_t rack, uint64_t generation);
@@ -143,8 +146,9 @@ class RackExchange final : public net::FrameHandler {
                    std::span<const std::byte> payload);
   void OnData(uint32_t peer, const net::FrameHeader& h, std::span<const std::byte> payload);
   void Park(net::Connection& conn, const net::FrameHeader& h, std::span<const std::byte> payload);
-  // Whether frames of `conn` are parked (its later frames then park too).
-  bool HasParked(const net::Connection& conn) const;
+  // Whether frames of `h`'s tenant and key from `conn` are parked (its
+  // later ones then park behind them).
+  bool HasParked(const net::Connection& conn, const net::FrameHeader& h) const;
   void RetryParked();
   // ERROR to a peer about its tenant `peer_tenant` (so it can fail the
   // updates waiting on it).

@@ -2,11 +2,13 @@
 // RACK_SUM, RACK_PARAMS, ERROR), late key binding and parked frames.
 #include <algorithm>
 #include <cstring>
-#include <unordered_set>
+#include <set>
+#include <tuple>
 
 #include <spdlog/spdlog.h>
 
 #include "params_reply.h"
+#include "proto_convert.h"
 #include "rack_exchange.h"
 #include "rackhub/common/log_safe.h"
 #include "rackhub/data/v1/control.pb.h"
@@ -42,9 +44,9 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
     case Opcode::kRackSum:
     case Opcode::kRackParams: {
       LaneTenant* t = nullptr;
-      // Not bound yet, or behind parked frames of this link: accept,
-      // HandleFrame parks it (checked when it is its turn).
-      if (HasParked(conn) || !PeerKey(conn.id().rack, h, &t)) return Verdict::kAccept;
+      // Not bound yet, or behind parked frames of its key on this link:
+      // accept, HandleFrame parks it (checked when it is its turn).
+      if (HasParked(conn, h) || !PeerKey(conn.id().rack, h, &t)) return Verdict::kAccept;
       return CheckData(conn, h);
     }
     default:
@@ -155,12 +157,13 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
       key.placement.first_chunk != bind.first_chunk() ||
       static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
       key.chunk_elements != bind.chunk_elements() ||
-      tenant.workers_per_rack != bind.workers_per_rack()) {
+      tenant.workers_per_rack != bind.workers_per_rack() ||
+      InitModeToProto(key.init) != bind.init()) {
     return FailedPrecondition("key " + QuoteForLog(bind.key()) + " of tenant " +
                               QuoteForLog(bind.tenant()) +
-                              " is laid out differently on the two racks (create the tenant "
-                              "with the same settings and its keys in the same order on every "
-                              "hub)");
+                              " is laid out or initialized differently on the two racks "
+                              "(create the tenant with the same settings and its keys with the "
+                              "same init and in the same order on every hub)");
   }
   peer_tenants_[{peer, peer_tenant}] = tenant.handle;
   pending_binds_.erase({peer, peer_tenant, bind.key_id()});
@@ -178,13 +181,17 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
     default: break;
   }
   LaneTenant* t = nullptr;
-  if (HasParked(conn) || !PeerKey(peer, h, &t)) return Park(conn, h, payload);
+  if (HasParked(conn, h) || !PeerKey(peer, h, &t)) return Park(conn, h, payload);
+  // Checked again: AcceptHeader may have let it through unchecked (parked
+  // or unbound then), and the checks are cheap next to the payload.
+  if (CheckData(conn, h) != Verdict::kAccept) return;
   OnData(peer, h, payload);
 }
 
-bool RackExchange::HasParked(const net::Connection& conn) const {
-  return std::any_of(parked_.begin(), parked_.end(),
-                     [&](const Parked& p) { return p.conn.lock().get() == &conn; });
+bool RackExchange::HasParked(const net::Connection& conn, const FrameHeader& h) const {
+  return std::any_of(parked_.begin(), parked_.end(), [&](const Parked& p) {
+    return p.header.tenant == h.tenant && p.header.key == h.key && p.conn.lock().get() == &conn;
+  });
 }
 
 void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
@@ -197,6 +204,9 @@ void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
   spdlog::error("rack link: rack {}'s hub refused: {}: {}", peer, net::WireErrorName(code), text);
   if (LaneTenant* t = table_->FindTenant(h.tenant)) {
     table_->FailPending(*t, WireError::kInvalidArgument, "rack " + Num(peer) + ": " + text);
+    // Initial values it may have dropped (parked too long for a key it did
+    // not have yet) go again; it ignores those it has.
+    OfferInitialValues(peer, t->info.handle);
   }
 }
 
@@ -229,14 +239,15 @@ void RackExchange::RetryParked() {
   parked_timer_armed_ = false;
   auto parked = std::move(parked_);
   parked_.clear();
-  // A link's frames are handled in the order they came (a chunk's INIT
-  // before its RACK_SUM): once one of a link's frames stays parked, its
-  // later ones wait behind it.
-  std::unordered_set<const net::Connection*> blocked;
+  // A key's frames on a link are handled in the order they came (a chunk's
+  // INIT before its RACK_SUM): once one stays parked, the later ones of that
+  // key on that link wait behind it. Other keys and tenants do not wait.
+  std::set<std::tuple<const net::Connection*, uint32_t, uint32_t>> blocked;
   for (auto& p : parked) {
     auto conn = p.conn.lock();
     if (!conn || !conn->open()) continue;
-    if (blocked.count(conn.get())) {
+    const auto id = std::make_tuple(conn.get(), p.header.tenant, p.header.key);
+    if (blocked.count(id)) {
       parked_.push_back(std::move(p));
       continue;
     }
@@ -248,7 +259,7 @@ void RackExchange::RetryParked() {
                       "key: id " + Num(p.header.key) + " was never declared on rack " +
                           Num(topology_.rack) + "'s hub");
       } else {
-        blocked.insert(conn.get());
+        blocked.insert(id);
         parked_.push_back(std::move(p));
       }
       continue;

@@ -255,6 +255,7 @@ std::unique_ptr<RawClient> ForgeRackSum(const std::string& interhub, const std::
   bind.set_first_chunk(0);
   bind.set_chunk_elements(1024);
   bind.set_workers_per_rack(2);
+  bind.set_init(pb::ZEROS);
   net::FrameHeader kb;
   kb.opcode = net::Opcode::kKeyBind;
   kb.tenant = 77;
@@ -373,7 +374,9 @@ TEST(MultiRackTest, ForgedHubHelloCannotBindKeysOrInjectRackSums) {
 // from_client key f before rack 0's hub has f: both wait. f is created, and
 // at once rack 1's RACK_SUM follows; it must not overtake the parked INIT
 // (a sum for a chunk without values would be refused). Then rack 0's two
-// workers pull rank 0's values and push zeros: the step is exact.
+// workers pull rank 0's values and push zeros: the step is exact. (The old
+// order bug showed only when the sum came within the 10 ms between retries
+// of the parked INIT: this test caught it in about 1 of 3 runs.)
 TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
   const std::string interhub0 = "127.0.0.1:" + std::to_string(FreePort());
   const std::string racks = "127.0.0.1:0=" + interhub0 + ",127.0.0.1:0=127.0.0.1:" +
@@ -419,6 +422,7 @@ TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
   bind.set_first_chunk(2);
   bind.set_chunk_elements(1024);
   bind.set_workers_per_rack(2);
+  bind.set_init(pb::FROM_CLIENT);
   net::FrameHeader kb;
   kb.opcode = net::Opcode::kKeyBind;
   kb.tenant = 5;  // rack 1's handle of the tenant
@@ -478,6 +482,18 @@ TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
     EXPECT_EQ(f->h.iteration, 1u);
     EXPECT_TRUE(f->payload == floats(2.25f)) << "rack 1's sum and rank 0's values";
   }
+  // A KEY_BIND that disagrees on how the key starts (w starts at zeros here)
+  // is refused by name, like another layout; the link stays up.
+  data::v1::KeyBind wrong = bind;
+  wrong.set_key("w");
+  wrong.set_key_id(w.id());
+  wrong.set_elements(2048);
+  wrong.set_first_chunk(0);
+  net::FrameHeader wb = kb;
+  wb.key = w.id();
+  rack1.SendRaw(Frame(wb, wrong.SerializeAsString()));
+  ExpectError(rack1.Receive(), net::WireError::kInvalidArgument,
+              "is laid out or initialized differently on the two racks", false);
 }
 
 }  // namespace
