@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <set>
@@ -328,10 +329,12 @@ TEST(ClusterTrainingTest, FromClientValuesReachEveryRackThroughHubLinkCuts) {
     }
     ASSERT_EQ(Ctl(cluster.hub(0).admin_address(), {"tenant", "delete", "job"}).exit_code, 0);
   }
-  // Values went again over links that came back (or after a peer's ERROR).
+  // Whether a cut met initial values in flight depends on timing (without
+  // the re-offer this test failed 1 run in 3); multi_rack_test's
+  // InitialValuesAreOfferedAgainAfterAReconnectOrAnError forces it.
   const std::string logs = cluster.hub(0).Log() + cluster.hub(1).Log();
-  EXPECT_NE(logs.find("the initial values of"), std::string::npos)
-      << "no INIT was offered again: the cuts never met initial values in flight";
+  std::cout << "initial values offered again after a cut: "
+            << (logs.find("the initial values of") != std::string::npos ? "yes" : "no") << "\n";
 }
 
 // INIT of a tenant spanning racks is rank 0 of rack 0's: rank 0 of another

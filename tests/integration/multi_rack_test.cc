@@ -7,6 +7,7 @@
 // refused before it can bind a key or inject a rack sum (issue 12, hole 4).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -494,6 +495,98 @@ TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
   rack1.SendRaw(Frame(wb, wrong.SerializeAsString()));
   ExpectError(rack1.Receive(), net::WireError::kInvalidArgument,
               "is laid out or initialized differently on the two racks", false);
+}
+
+// Initial values a hub link may have lost are offered again. The test
+// listens on rack 1's interhub address itself: rack 0's hub links to it and
+// sends the INITs of from_client key f (chunk 0 homed at rack 0, chunk 1 at
+// rack 1) after rank 0 initializes; when the test drops the link, rack 0's
+// hub reconnects and sends them again; when the test answers with an ERROR
+// (as a hub that dropped a parked INIT does), it sends them again.
+TEST(MultiRackTest, InitialValuesAreOfferedAgainAfterAReconnectOrAnError) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  socklen_t len = sizeof sa;
+  getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len);
+  const std::string racks = "127.0.0.1:0=127.0.0.1:" + std::to_string(FreePort()) +
+                            ",127.0.0.1:0=127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  DaemonProcess hub0({"--lanes", "1", "--racks", racks, "--rack", "0", "--hub-secret-file",
+                      SecretFile()});
+  ASSERT_TRUE(hub0.started());
+  const std::string token(40, 'k');
+  CreateTenantAndKey(hub0.admin_address(), token, 2048);  // w: chunks 0 and 1
+  auto keys = pb::KeyService::NewStub(
+      grpc::CreateChannel(hub0.admin_address(), grpc::InsecureChannelCredentials()));
+  pb::Key f;
+  {
+    grpc::ClientContext ctx;
+    pb::CreateKeyRequest req;
+    req.set_tenant("t");
+    req.set_name("f");
+    req.set_elements(2048);  // chunks 2 (home: rack 0) and 3 (home: rack 1)
+    req.set_init(pb::FROM_CLIENT);
+    ASSERT_TRUE(keys->CreateKey(&ctx, req, &f).ok());
+  }
+  // Accepts rack 0's hub's next link; collects the INIT frames of f.
+  const auto next_link = [&] {
+    pollfd p{listener, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 10000), 1) << "rack 0's hub did not link to rack 1";
+    return std::make_unique<RawClient>(RawClient::Adopt{accept4(listener, nullptr, nullptr,
+                                                                SOCK_CLOEXEC)});
+  };
+  const auto inits = [&](RawClient& link, size_t want) {
+    std::map<uint32_t, std::string> got;  // chunk -> values
+    while (got.size() < want) {
+      const auto frame = link.Receive(std::chrono::seconds(10));
+      if (!frame) break;
+      if (frame->h.opcode == net::Opcode::kInit && frame->h.key == f.id()) {
+        EXPECT_EQ(frame->h.iteration, 0u);
+        got[frame->h.chunk] = frame->payload;
+      }
+    }
+    return got;
+  };
+  auto link = next_link();
+  RawClient w0(hub0.data_address());
+  const uint32_t handle = w0.Hello("t", token, 0, 0).tenant_handle();
+  ASSERT_NE(handle, 0u);
+  std::string values(1024 * 4, '\0');
+  for (uint32_t chunk : {0u, 1u}) {
+    for (size_t i = 0; i < 1024; ++i) {
+      const float v = 0.5f * static_cast<float>(chunk + 1) + static_cast<float>(i % 7);
+      std::memcpy(values.data() + i * 4, &v, 4);
+    }
+    net::FrameHeader init;
+    init.opcode = net::Opcode::kInit;
+    init.tenant = handle;
+    init.key = f.id();
+    init.chunk = chunk;
+    init.dtype = net::DType::kFp32;
+    w0.Send(init, values);
+    const auto reply = w0.Receive();
+    ASSERT_TRUE(reply && reply->h.opcode == net::Opcode::kParams) << testing::Describe(reply);
+  }
+  const auto first = inits(*link, 2);
+  ASSERT_EQ(first.size(), 2u) << "both chunks' values go to rack 1 (home of one, not the other)";
+  // The link drops: the values come again on the new one.
+  link.reset();
+  link = next_link();
+  EXPECT_EQ(inits(*link, 2), first);
+  // An ERROR about the tenant: again.
+  net::ErrorFrame e = net::MakeErrorFrame(net::WireError::kInvalidArgument,
+                                          "key: id 9 was never declared on rack 1's hub",
+                                          handle, 0, false);
+  link->Send(e.header, e.body);
+  EXPECT_EQ(inits(*link, 2), first);
+  EXPECT_NE(hub0.Log().find("offered rack 1 the initial values of 2 chunk(s)"),
+            std::string::npos)
+      << hub0.Log();
+  close(listener);
 }
 
 }  // namespace

@@ -40,6 +40,11 @@ class RawClient final : public DataLink {
     int one = 1;
     setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
+  // Takes over a connected socket (e.g. one the test accepted).
+  struct Adopt {
+    int fd;
+  };
+  explicit RawClient(Adopt a) : fd_(a.fd) {}
   ~RawClient() {
     if (fd_ >= 0) close(fd_);
   }
