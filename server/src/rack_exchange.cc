@@ -304,6 +304,7 @@ void RackExchange::CloseAll(const std::string& why) {
 }
 
 void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& why) {
+  unchecked_.erase(&conn);
   const uint32_t peer = conn.id().rack;
   PeerLink& link = links_[peer];
   const bool outgoing = link.out.get() == &conn;

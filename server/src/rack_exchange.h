@@ -174,6 +174,9 @@ class RackExchange final : public net::FrameHandler {
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> pending_binds_;
   std::vector<Parked> parked_;
   bool parked_timer_armed_ = false;
+  // Links whose frame in progress AcceptHeader let through without
+  // CheckData (HandleFrame checks it then; one frame at a time per link).
+  std::unordered_set<const net::Connection*> unchecked_;
 };
 
 }  // namespace rackhub::server

@@ -46,7 +46,10 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
       LaneTenant* t = nullptr;
       // Not bound yet, or behind parked frames of its key on this link:
       // accept, HandleFrame parks it (checked when it is its turn).
-      if (HasParked(conn, h) || !PeerKey(conn.id().rack, h, &t)) return Verdict::kAccept;
+      if (HasParked(conn, h) || !PeerKey(conn.id().rack, h, &t)) {
+        unchecked_.insert(&conn);
+        return Verdict::kAccept;
+      }
       return CheckData(conn, h);
     }
     default:
@@ -180,11 +183,11 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
     case Opcode::kKeyBind: return OnKeyBind(conn, h, payload);
     default: break;
   }
+  // Let through unchecked by AcceptHeader (parked or unbound then)?
+  const bool unchecked = unchecked_.erase(&conn) > 0;
   LaneTenant* t = nullptr;
   if (HasParked(conn, h) || !PeerKey(peer, h, &t)) return Park(conn, h, payload);
-  // Checked again: AcceptHeader may have let it through unchecked (parked
-  // or unbound then), and the checks are cheap next to the payload.
-  if (CheckData(conn, h) != Verdict::kAccept) return;
+  if (unchecked && CheckData(conn, h) != Verdict::kAccept) return;
   OnData(peer, h, payload);
 }
 

@@ -229,6 +229,35 @@ std::string Frame(net::FrameHeader h, const std::string& payload) {
   return std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload;
 }
 
+// The HUB_HELLO frame rack 1's hub (lane 0 of 1, 2 racks) opens a link with.
+std::string Rack1Hello(const std::string& secret) {
+  data::v1::HubHello hello;
+  hello.set_rack(1);
+  hello.set_lane(0);
+  hello.set_racks(2);
+  hello.set_lanes(1);
+  hello.set_secret(secret);
+  net::FrameHeader hh;
+  hh.opcode = net::Opcode::kHubHello;
+  return Frame(hh, hello.SerializeAsString());
+}
+
+// A KEY_BIND of tenant "t" (2 workers per rack, chunks of 1024 fp32).
+data::v1::KeyBind BindOfT(const std::string& key, uint32_t key_id, uint64_t elements,
+                          uint64_t first_chunk, pb::InitMode init) {
+  data::v1::KeyBind bind;
+  bind.set_tenant("t");
+  bind.set_key(key);
+  bind.set_key_id(key_id);
+  bind.set_elements(elements);
+  bind.set_dtype(pb::FP32);
+  bind.set_first_chunk(first_chunk);
+  bind.set_chunk_elements(1024);
+  bind.set_workers_per_rack(2);
+  bind.set_init(init);
+  return bind;
+}
+
 // A local process speaks for rack 1 on rack 0's interhub port: HUB_HELLO
 // with `secret`, then in the same write a KEY_BIND of the victim's key and a
 // RACK_SUM of -5 for chunk 0 (whose home is rack 0), iteration 0. The hub must
@@ -239,24 +268,7 @@ std::unique_ptr<RawClient> ForgeRackSum(const std::string& interhub, const std::
                                         uint32_t key_id) {
   auto owned = std::make_unique<RawClient>(interhub);
   RawClient& forger = *owned;
-  data::v1::HubHello hello;
-  hello.set_rack(1);
-  hello.set_lane(0);
-  hello.set_racks(2);
-  hello.set_lanes(1);
-  hello.set_secret(secret);
-  net::FrameHeader hh;
-  hh.opcode = net::Opcode::kHubHello;
-  data::v1::KeyBind bind;
-  bind.set_tenant("t");
-  bind.set_key("w");
-  bind.set_key_id(key_id);
-  bind.set_elements(2048);
-  bind.set_dtype(pb::FP32);
-  bind.set_first_chunk(0);
-  bind.set_chunk_elements(1024);
-  bind.set_workers_per_rack(2);
-  bind.set_init(pb::ZEROS);
+  const data::v1::KeyBind bind = BindOfT("w", key_id, 2048, 0, pb::ZEROS);
   net::FrameHeader kb;
   kb.opcode = net::Opcode::kKeyBind;
   kb.tenant = 77;
@@ -273,7 +285,7 @@ std::unique_ptr<RawClient> ForgeRackSum(const std::string& interhub, const std::
     const float v = -5.0f;
     std::memcpy(minus_five.data() + i * 4, &v, 4);
   }
-  forger.SendRaw(Frame(hh, hello.SerializeAsString()) + Frame(kb, bind.SerializeAsString()) +
+  forger.SendRaw(Rack1Hello(secret) + Frame(kb, bind.SerializeAsString()) +
                  Frame(sum, minus_five));
   const auto reply = forger.Receive(std::chrono::seconds(5));
   EXPECT_FALSE(reply.has_value()) << "a refused hub link gets no frame: "
@@ -406,24 +418,7 @@ TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
     return s;
   };
   RawClient rack1(interhub0);
-  data::v1::HubHello hello;
-  hello.set_rack(1);
-  hello.set_lane(0);
-  hello.set_racks(2);
-  hello.set_lanes(1);
-  hello.set_secret(secret);
-  net::FrameHeader hh;
-  hh.opcode = net::Opcode::kHubHello;
-  data::v1::KeyBind bind;
-  bind.set_tenant("t");
-  bind.set_key("f");
-  bind.set_key_id(f_id);
-  bind.set_elements(1024);
-  bind.set_dtype(pb::FP32);
-  bind.set_first_chunk(2);
-  bind.set_chunk_elements(1024);
-  bind.set_workers_per_rack(2);
-  bind.set_init(pb::FROM_CLIENT);
+  const data::v1::KeyBind bind = BindOfT("f", f_id, 1024, 2, pb::FROM_CLIENT);
   net::FrameHeader kb;
   kb.opcode = net::Opcode::kKeyBind;
   kb.tenant = 5;  // rack 1's handle of the tenant
@@ -433,7 +428,7 @@ TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
   init.chunk = 0;
   init.dtype = net::DType::kFp32;
   init.iteration = 0;
-  rack1.SendRaw(Frame(hh, hello.SerializeAsString()) + Frame(kb, bind.SerializeAsString()) +
+  rack1.SendRaw(Rack1Hello(secret) + Frame(kb, bind.SerializeAsString()) +
                 Frame(init, floats(1.0f)));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // parked, retried
   {
@@ -485,11 +480,7 @@ TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
   }
   // A KEY_BIND that disagrees on how the key starts (w starts at zeros here)
   // is refused by name, like another layout; the link stays up.
-  data::v1::KeyBind wrong = bind;
-  wrong.set_key("w");
-  wrong.set_key_id(w.id());
-  wrong.set_elements(2048);
-  wrong.set_first_chunk(0);
+  const data::v1::KeyBind wrong = BindOfT("w", w.id(), 2048, 0, pb::FROM_CLIENT);
   net::FrameHeader wb = kb;
   wb.key = w.id();
   rack1.SendRaw(Frame(wb, wrong.SerializeAsString()));
