@@ -274,6 +274,9 @@ class Client::Impl {
   void MarkResync(KeyState& k, Error error);
 
   const Options options_;
+  // This client's session (Hello.session, docs/durability.md "Worker
+  // generations"): random, non-zero, the same on every lane and reconnect.
+  const uint64_t session_;
   // Welcome, fixed after Connect.
   std::atomic<uint32_t> tenant_handle_{0};  // may change on a reconnect
   uint32_t lane_count_ = 0;

@@ -110,6 +110,7 @@ std::string Client::Impl::HelloPayload(uint32_t lane, bool shm_probe) const {
   hello.set_lane(lane);
   hello.set_client_version(kClientVersion);
   hello.set_shm_probe(shm_probe);
+  hello.set_session(session_);
   return hello.SerializeAsString();
 }
 

@@ -2,6 +2,7 @@
 // thread, completing tickets, failure propagation and Close.
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "client_impl.h"
@@ -55,7 +56,20 @@ const char* OpKindName(OpKind kind) {
 
 }  // namespace internal
 
-Client::Impl::Impl(const Options& options) : options_(options) {}
+namespace {
+
+// A random non-zero session id from the OS's generator: two processes (or
+// two clients of one process) never share one in practice (2^-64).
+uint64_t NewSession() {
+  std::random_device rd;
+  uint64_t s = 0;
+  while (s == 0) s = (uint64_t{rd()} << 32) ^ rd();
+  return s;
+}
+
+}  // namespace
+
+Client::Impl::Impl(const Options& options) : options_(options), session_(NewSession()) {}
 
 Client::Impl::~Impl() { Close(); }
 

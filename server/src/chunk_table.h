@@ -108,9 +108,17 @@ struct Chunk {
   bool sparse_replies = false;
   // Bounded/async tenants only (null in sync tenants).
   std::unique_ptr<UnsyncedClocks> unsynced;
+  // By member: the generation whose contribution to this chunk was counted
+  // last (docs/durability.md, "Worker generations"). An update completes
+  // only if each of its contributors' generations is still live.
+  std::vector<std::shared_ptr<const WorkerGeneration>> contributors;
 
   bool table() const { return rows != nullptr; }
   bool multi_rack() const { return !stages.empty(); }
+  void NoteContributor(uint32_t member, std::shared_ptr<const WorkerGeneration> g) {
+    if (contributors.size() <= member) contributors.resize(member + 1);
+    contributors[member] = std::move(g);
+  }
   // The stage a worker of `rack` contributes to.
   aggregation::ChunkState& Stage(uint32_t rack) { return stages.empty() ? state : *stages[rack]; }
   // The newest version workers can be answered with.
@@ -152,6 +160,8 @@ struct LaneTenant {
   TenantLaneMetrics* metrics = nullptr;
   std::map<uint32_t, std::shared_ptr<net::Connection>> conns;  // by member
   std::map<uint32_t, uint64_t> conn_seq;                      // by member
+  // By member: the generation of conns[member] (TenantRuntime::Enter).
+  std::map<uint32_t, std::shared_ptr<WorkerGeneration>> gens;
   std::unordered_map<uint32_t, LaneKey> keys;                 // by id
   std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks;  // by ChunkId
   std::unordered_set<uint64_t> pending;  // chunks with some contributions

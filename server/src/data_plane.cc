@@ -178,10 +178,11 @@ uint64_t DataPlane::WorkerLost(uint32_t handle, uint32_t member, const std::stri
   return before;
 }
 
-void DataPlane::AbortIteration(uint32_t handle, const std::string& why) {
+void DataPlane::AbortIteration(uint32_t handle, const std::string& why, bool straggler) {
   // Lanes that find the same straggler at once abort once each; the one that
   // started the recovery counts it.
   if (!Recover(handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); })) return;
+  if (!straggler) return;
   TenantInfo info;
   if (registry_->GetTenantByHandle(handle, &info).ok()) {
     info.counters->stragglers.fetch_add(1, std::memory_order_relaxed);
@@ -229,6 +230,14 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
     });
   });
   return started;
+}
+
+void DataPlane::GenerationEnded(uint32_t handle, uint32_t member,
+                                std::shared_ptr<const WorkerGeneration> g, const std::string& why,
+                                bool close) {
+  OnEveryLane([handle, member, g, why, close](Lane& lane) {
+    lane.OnGenerationEnded(handle, member, *g, why, close);
+  });
 }
 
 bool DataPlane::HasRuntimes(uint32_t handle, std::optional<uint32_t> key_id) const {

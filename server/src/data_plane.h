@@ -86,7 +86,9 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   std::shared_ptr<TenantRuntime> TenantRuntimeFor(uint32_t handle) override;
   uint64_t WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
                       uint32_t from_lane) override;
-  void AbortIteration(uint32_t handle, const std::string& why) override;
+  void AbortIteration(uint32_t handle, const std::string& why, bool straggler) override;
+  void GenerationEnded(uint32_t handle, uint32_t member, std::shared_ptr<const WorkerGeneration> g,
+                       const std::string& why, bool close) override;
   uint64_t NextSeq() override { return seq_.fetch_add(1) + 1; }
   const std::string& hub_secret() const override { return hub_secret_; }
   net::Connector& hub_connector() override { return *hub_connector_; }

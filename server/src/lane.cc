@@ -76,6 +76,11 @@ uint32_t Lane::Restore(uint32_t handle, const CheckpointImage& image,
   return t ? table_.Restore(*t, image, keys) : 0;
 }
 
+void Lane::OnGenerationEnded(uint32_t handle, uint32_t member, const WorkerGeneration& g,
+                             const std::string& why, bool close) {
+  workers_.OnGenerationEnded(handle, member, g, why, close);
+}
+
 void Lane::FailPending(uint32_t handle, const std::string& why) {
   if (LaneTenant* t = table_.FindTenant(handle)) table_.FailPending(*t, WireError::kWorkerLost, why);
 }

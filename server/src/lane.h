@@ -63,6 +63,9 @@ class Lane {
                    const std::unordered_set<uint32_t>& keys);
   // Fails the tenant's pending updates with WORKER_LOST `why`.
   void FailPending(uint32_t handle, const std::string& why);
+  // LaneHost::GenerationEnded, on this lane.
+  void OnGenerationEnded(uint32_t handle, uint32_t member, const WorkerGeneration& g,
+                         const std::string& why, bool close);
   void OnKeyDeleted(uint32_t handle, uint32_t key_id);
   void OnOptimizerChanged(uint32_t handle, uint32_t key_id,
                           const aggregation::OptimizerConfig& optimizer, uint64_t from_update);

@@ -30,6 +30,22 @@ struct KeyRuntime {
   std::atomic<uint64_t> floor{0};
 };
 
+// One process of a rank: the connections, on every lane, of one client
+// session (Hello.session), reconnects included (docs/durability.md, "Worker
+// generations"). Created by TenantRuntime::Enter on a lane adopting a
+// connection; shared by the lanes' connection records and the chunks its
+// contributions are pending in. `ended` is set once, by the lane that sees
+// the generation end (a lost connection, a BYE, or a new session of the same
+// rank) and read by every lane on each contribution.
+struct WorkerGeneration {
+  uint64_t session = 0;
+  uint64_t number = 0;  // 1 for a rank's first process, +1 per new session
+  std::atomic<bool> ended{false};
+  // Sets `ended`; true for the one call that did.
+  bool End() { return !ended.exchange(true, std::memory_order_acq_rel); }
+  bool live() const { return !ended.load(std::memory_order_acquire); }
+};
+
 // Tenant-wide facts shared by the lanes.
 struct TenantRuntime {
 
@@ -56,21 +72,55 @@ struct TenantRuntime {
   // chunks the hub keeps the first contribution and answers the new push
   // with the chunk's result (instead of a fatal DUPLICATE_PUSH). Not on the
   // per-chunk path: consulted only when a rank pushes a chunk twice.
-  void PushFailed(uint32_t member, uint32_t key, uint64_t iteration) {
+  // Only the same session (process) may claim it: a replacement of the rank
+  // never inherits its predecessor's failed pushes.
+  void PushFailed(uint32_t member, uint64_t session, uint32_t key, uint64_t iteration) {
     std::lock_guard lock(mu_);
-    failed_[{member, key}] = iteration;
+    failed_[{member, key}] = {iteration, session};
   }
-  bool PushFailedAt(uint32_t member, uint32_t key, uint64_t iteration) const {
+  bool PushFailedAt(uint32_t member, uint64_t session, uint32_t key, uint64_t iteration) const {
     std::lock_guard lock(mu_);
     const auto it = failed_.find({member, key});
-    return it != failed_.end() && it->second == iteration;
+    return it != failed_.end() && it->second.first == iteration && it->second.second == session;
+  }
+
+  // The generation of a connection of `member` whose HELLO named `session`
+  // (docs/durability.md, "Worker generations"): the member's current one
+  // while it lives and names the same session (another lane, or a reconnect,
+  // of the same process); after it ended, a new one with the same number for
+  // the same session (the process reconnecting after a lost connection);
+  // for another session, the next number. In that last case the member's
+  // previous generation, if still live, is returned in *replaced (not yet
+  // ended: the caller ends it and tells every lane). Session 0 (a client
+  // naming none: raw test clients) cannot be told from another process: each
+  // such connection is a generation of its own (as before generations), and
+  // replaces nothing. Not on the per-chunk path: called when a lane adopts a
+  // connection.
+  std::shared_ptr<WorkerGeneration> Enter(uint32_t member, uint64_t session,
+                                          std::shared_ptr<WorkerGeneration>* replaced) {
+    std::lock_guard lock(mu_);
+    if (session == 0) {
+      auto own = std::make_shared<WorkerGeneration>();
+      own->number = 0;
+      return own;
+    }
+    std::shared_ptr<WorkerGeneration>& cur = generations_[member];
+    if (cur && cur->session == session && cur->live()) return cur;
+    auto next = std::make_shared<WorkerGeneration>();
+    next->session = session;
+    next->number = !cur ? 1 : cur->session == session ? cur->number : cur->number + 1;
+    if (cur && cur->live()) *replaced = cur;
+    cur = next;
+    return next;
   }
 
  private:
   mutable std::mutex mu_;
   std::string cause_;  // GUARDED_BY(mu_)
-  // (member, key) -> the iteration of its newest failed push.
-  std::map<std::pair<uint32_t, uint32_t>, uint64_t> failed_;  // GUARDED_BY(mu_)
+  // (member, key) -> the iteration and session of its newest failed push.
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>> failed_;  // GUARDED_BY(mu_)
+  // member -> its newest generation.
+  std::map<uint32_t, std::shared_ptr<WorkerGeneration>> generations_;  // GUARDED_BY(mu_)
 };
 
 class LaneHost {
@@ -91,11 +141,20 @@ class LaneHost {
   // first.
   virtual uint64_t WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
                               uint32_t from_lane) = 0;
-  // The tenant's iteration in progress is aborted (a straggler): every lane
-  // fails its pending updates with WORKER_LOST `why`; then every chunk of
-  // every key is brought to its key's newest version as a skipped step
-  // (docs/durability.md, Recovery), and held PULLs are answered.
-  virtual void AbortIteration(uint32_t handle, const std::string& why) = 0;
+  // The tenant's iteration in progress is aborted (a straggler, or a
+  // contribution of a generation that ended): every lane fails its pending
+  // updates with WORKER_LOST `why`; then every chunk of every key is brought
+  // to its key's newest version as a skipped step (docs/durability.md,
+  // Recovery), and held PULLs are answered. `straggler`: counted in the
+  // tenant's stragglers.
+  virtual void AbortIteration(uint32_t handle, const std::string& why, bool straggler) = 0;
+  // Generation `g` of member `member` ended without a lost connection (a BYE,
+  // or a new session of the rank): every lane aborts the tenant's iteration
+  // if one of its pending updates holds a contribution of `g`, and, with
+  // `close`, closes its connections of `g` (WorkerProtocol::OnGenerationEnded).
+  virtual void GenerationEnded(uint32_t handle, uint32_t member,
+                               std::shared_ptr<const WorkerGeneration> g, const std::string& why,
+                               bool close) = 0;
   // Sequence number for a newly adopted worker connection.
   virtual uint64_t NextSeq() = 0;
 

@@ -378,6 +378,7 @@ void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const s
   id.tenant = tenant.name;
   id.rank = hello.rank();
   id.lane = hello.lane();
+  id.session = hello.session();
   id.peer = "rdma:" + p.peer;
   id.rack = hello.rack();
   p.timer->cancel();

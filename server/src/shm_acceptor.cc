@@ -136,7 +136,8 @@ void ShmAcceptor::Adopt(HelloResult checked, Socket socket, const std::string& p
     return;
   }
   net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
-                             checked.hello.lane(), peer, checked.hello.rack(), false};
+                             checked.hello.lane(), peer, checked.hello.rack(), false,
+                             checked.hello.session()};
   const uint64_t seq = plane_->NextSeq();
   plane_->OnLane(id.lane, [ch = *std::move(channel), id = std::move(id), seq](Lane& lane) mutable {
     auto conn = std::make_shared<net::ChannelConnection<net::shm::Channel>>(

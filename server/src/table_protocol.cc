@@ -63,7 +63,7 @@ Verdict WorkerProtocol::CheckRowsFrame(net::Connection& conn, LaneTenant& t, con
   const uint32_t member = ChunkTable::Member(t, conn.id());
   const aggregation::RowShard& r = *c.rows;
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
-    t.runtime->PushFailed(member, h.key, h.iteration);
+    t.runtime->PushFailed(member, conn.id().session, h.key, h.iteration);
     return Refuse(conn, WireError::kWorkerLost,
                   "recovering: the tenant's iteration in progress was aborted (" +
                       t.runtime->cause() + "); Pull the table and push the next iteration",
@@ -78,7 +78,8 @@ Verdict WorkerProtocol::CheckRowsFrame(net::Connection& conn, LaneTenant& t, con
                         "; Pull the table to resynchronize");
     return Verdict::kDiscard;
   }
-  if (r.contributed(rank) && !t.runtime->PushFailedAt(member, h.key, h.iteration)) {
+  if (r.contributed(rank) &&
+      !t.runtime->PushFailedAt(member, conn.id().session, h.key, h.iteration)) {
     return Reject(conn, WireError::kDuplicatePush,
                   "iteration: rank " + Num(rank) + " already pushed rows of chunk " +
                       Num(h.chunk) + " of table '" + k.name + "' for iteration " +
@@ -122,12 +123,19 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
     Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
     return;
   }
+  const auto* gen = GenerationOf(t, conn);
+  if (!gen || !(*gen)->live()) {  // ended while the payload was read
+    RefuseEnded(conn, t, h);
+    return;
+  }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   aggregation::RowShard& r = *c.rows;
   const uint32_t rank = conn.id().rank;
   const uint32_t member = ChunkTable::Member(t, conn.id());
+  const uint64_t session = conn.id().session;
   const bool again = r.contributed(rank);
-  if (h.iteration != r.version() || (again && !t.runtime->PushFailedAt(member, h.key, h.iteration)) ||
+  if (h.iteration != r.version() ||
+      (again && !t.runtime->PushFailedAt(member, session, h.key, h.iteration)) ||
       t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     RefuseIteration(conn, t, h, r.version(),
                     "iteration: " + Num(h.iteration) +
@@ -139,7 +147,7 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
   const std::string e = CheckRowsPayload(c, key->info, h, payload,
                                          again ? std::nullopt : std::optional(rank), &rows);
   if (!e.empty()) {
-    t.runtime->PushFailed(member, h.key, h.iteration);
+    t.runtime->PushFailed(member, conn.id().session, h.key, h.iteration);
     Refuse(conn, WireError::kInvalidArgument, e, h.request_id);
     return;
   }
@@ -150,6 +158,7 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
     return;
   }
   r.Contribute(rank, rows.ids, rows.rows, ElementTypeOf(c.dtype));
+  c.NoteContributor(member, *gen);
   t.metrics->pushes.Add(1);
   t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
   const auto now = std::chrono::steady_clock::now();
@@ -157,6 +166,7 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
   if (LatencyHistogram* late = t.metrics->rank(member)) late->Observe(now - c.first_contribution);
   c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, std::move(rows.want)});
   if (!r.ready()) return;
+  if (!ContributorsLive(t, c, conn.id().rack, t.info.workers_per_rack)) return;
   r.Update();
   table_->Completed(t, *key, c, r.version());
   std::vector<Waiter> waiters;

@@ -131,7 +131,8 @@ TcpAcceptor::TcpAcceptor(DataPlane* plane) : plane_(plane) {
   hello_hooks_.warn = [this](const std::string& line) { WarnLimited(line); };
   hello_hooks_.accepted = [this](HelloResult checked, tcp::socket socket, const std::string& peer) {
     net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
-                               checked.hello.lane(), peer, checked.hello.rack(), false};
+                               checked.hello.lane(), peer, checked.hello.rack(), false,
+                             checked.hello.session()};
     const uint64_t seq = plane_->NextSeq();
     MoveToLane(std::move(socket), id.lane,
                [id = std::move(id), seq](Lane& lane, tcp::socket s) mutable {

@@ -44,8 +44,9 @@ void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
 
 }  // namespace
 
-std::string WorkerProtocol::WelcomePayload(const LaneTenant& t) {
+std::string WorkerProtocol::WelcomePayload(const LaneTenant& t, uint64_t generation) {
   dpb::Welcome w;
+  w.set_generation(generation);
   w.set_tenant_handle(t.info.handle);
   w.set_chunk_elements(t.info.chunk_bytes / aggregation::kMasterElementBytes);
   w.set_lanes(table_->lanes());

@@ -104,17 +104,29 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
   }
   conn->SetSendLimits(WorkerSendLimits(config_, t->info.chunk_bytes));
   if (scheduler_) conn->SetDeliveryScheduler(scheduler_.get());
+  // Its process's generation (docs/durability.md, "Worker generations"). A
+  // new session of the rank ends the one before, which must not contribute
+  // any more (it is normally over already: its connection here closed).
+  std::shared_ptr<WorkerGeneration> replaced;
+  const std::shared_ptr<WorkerGeneration> gen = t->runtime->Enter(member, id.session, &replaced);
   t->conns[member] = conn;
   t->conn_seq[member] = seq;
+  t->gens[member] = gen;
+  if (replaced) {
+    EndGeneration(*t, member, replaced,
+                  "rank " + Num(id.rank) + " generation " + Num(replaced->number) +
+                      " was replaced by a new process (generation " + Num(gen->number) + ")",
+                  true);
+  }
   if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
   t->metrics->EnsureRank(member);
   if (t->info.consistency != Consistency::kSync) UnsyncedMemberBack(*t, member);
-  spdlog::info("data: tenant '{}' rack {} rank {} connected on lane {} from {}", id.tenant, id.rack,
-               id.rank, lane, id.peer);
+  spdlog::info("data: tenant '{}' rack {} rank {} (generation {}) connected on lane {} from {}",
+               id.tenant, id.rack, id.rank, gen->number, lane, id.peer);
   FrameHeader h;
   h.opcode = Opcode::kWelcome;
   h.tenant = id.tenant_handle;
-  conn->SendOwned(h, WelcomePayload(*t));
+  conn->SendOwned(h, WelcomePayload(*t, gen->number));
   conn->Start();
 }
 
@@ -162,6 +174,12 @@ Verdict WorkerProtocol::AcceptHeader(net::Connection& conn, const FrameHeader& h
   LaneTenant* t = table_->FindTenant(h.tenant);
   if (!t) return Reject(conn, WireError::kTenantGone, "tenant: was deleted", h.request_id);
   if (h.opcode == Opcode::kDeclare || h.opcode == Opcode::kSetOptimizer) return Verdict::kAccept;
+  if (h.opcode == Opcode::kPush || h.opcode == Opcode::kInit || h.opcode == Opcode::kPushRows) {
+    // A generation that ended contributes nothing more (checked again when
+    // the payload is in: it may end meanwhile).
+    const auto* gen = GenerationOf(*t, conn);
+    if (!gen || !(*gen)->live()) return RefuseEnded(conn, *t, h);
+  }
   return CheckChunkFrame(conn, *t, h);
 }
 
@@ -285,7 +303,7 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // Not fatal: the tenant is being brought back to one version per key
     // after an aborted iteration (milliseconds). Pull, then push again.
-    t.runtime->PushFailed(member, h.key, h.iteration);
+    t.runtime->PushFailed(member, conn.id().session, h.key, h.iteration);
     return Refuse(conn, WireError::kWorkerLost,
                   "recovering: the tenant's iteration in progress was aborted (" +
                       t.runtime->cause() + "); Pull the key and push the next iteration",
@@ -306,7 +324,8 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
                         "; Pull the key to resynchronize");
     return Verdict::kDiscard;
   }
-  if (stage.has_contributed(rank) && !t.runtime->PushFailedAt(member, h.key, h.iteration)) {
+  if (stage.has_contributed(rank) &&
+      !t.runtime->PushFailedAt(member, conn.id().session, h.key, h.iteration)) {
     return Reject(conn, WireError::kDuplicatePush,
                   "iteration: rank " + Num(rank) + " already pushed chunk " + Num(h.chunk) +
                       " of key '" + k.name + "' for iteration " + Num(h.iteration),
@@ -319,8 +338,18 @@ void WorkerProtocol::HandleFrame(net::Connection& conn, const FrameHeader& h,
                                  std::span<const std::byte> payload) {
   if (h.opcode == Opcode::kBye) {
     // A clean leave (docs/durability.md, Job lifecycle): not a lost worker.
+    // Its generation ends: a contribution it left in an unfinished update
+    // is discarded (the replacement contributes instead), and its frames
+    // still arriving on other lanes are not counted.
     if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) {
-      t->leaving.insert(ChunkTable::Member(*t, conn.id()));
+      const uint32_t member = ChunkTable::Member(*t, conn.id());
+      t->leaving.insert(member);
+      if (const auto* gen = GenerationOf(*t, conn)) {
+        EndGeneration(*t, member, *gen,
+                      "rank " + Num(conn.id().rank) + " generation " + Num((*gen)->number) +
+                          " left (BYE)",
+                      false);
+      }
     }
     auto keep = conn.shared_from_this();
     keep->Close("said BYE");
@@ -362,6 +391,11 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
     return;
   }
+  const auto* gen = GenerationOf(t, conn);
+  if (!gen || !(*gen)->live()) {  // ended while the payload was read
+    RefuseEnded(conn, t, h);
+    return;
+  }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   aggregation::ChunkState& stage = c.Stage(conn.id().rack);
   net::SparsePayload sparse;
@@ -382,9 +416,10 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     OnUnsyncedPush(conn, t, *key, c, h, payload, is_sparse ? &sparse : nullptr);
     return;
   }
+  const uint32_t member = ChunkTable::Member(t, conn.id());
   const bool again = stage.has_contributed(conn.id().rank);
   if (h.iteration != stage.version() ||
-      (again && !t.runtime->PushFailedAt(ChunkTable::Member(t, conn.id()), h.key, h.iteration)) ||
+      (again && !t.runtime->PushFailedAt(member, conn.id().session, h.key, h.iteration)) ||
       t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // State moved while the payload was read (a recovery meanwhile).
     RefuseIteration(conn, t, h, stage.version(),
@@ -408,16 +443,16 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     Reject(conn, WireError::kInternal, "chunk: contribution refused", h.request_id);
     return;
   }
+  c.NoteContributor(member, *gen);
   t.metrics->pushes.Add(1);
   t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
   // How long the update's first contributor waited for this rank.
   const auto now = std::chrono::steady_clock::now();
   table_->MarkPending(t, c, now);
-  if (LatencyHistogram* late = t.metrics->rank(ChunkTable::Member(t, conn.id()))) {
-    late->Observe(now - c.first_contribution);
-  }
+  if (LatencyHistogram* late = t.metrics->rank(member)) late->Observe(now - c.first_contribution);
   c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
   if (result != aggregation::ChunkState::AddResult::kComplete) return;
+  if (!ContributorsLive(t, c, conn.id().rack, stage.workers())) return;
   if (c.multi_rack()) {
     stage.Update();  // the rack's sum (sum-only stage)
     exchange_->OnRackSum(t, *key, c, conn.id().rack, h.iteration);
@@ -501,6 +536,11 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
   if (it == t->conns.end() || it->second.get() != &conn) return;  // a refused duplicate
   auto keep = it->second;
   t->conns.erase(it);
+  std::shared_ptr<WorkerGeneration> gen;
+  if (auto g = t->gens.find(member); g != t->gens.end()) {
+    gen = std::move(g->second);
+    t->gens.erase(g);
+  }
   // Its queue goes with the connection, soon after this returns.
   if (conn.backlog_bytes() >= kTrimAfterBacklog) TrimMemorySoon();
   const uint32_t lane = table_->lane();
@@ -525,10 +565,13 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
   }
   // A clean leave aborts nothing: an update still missing this rank waits
   // for it (or a replacement) like for a rank that has not connected yet,
-  // bounded by the straggler timeout.
+  // bounded by the straggler timeout. (Its contributions to unfinished
+  // updates were dealt with when its generation ended at the BYE.)
   if (left) return;
-  // Every worker has a connection on lane 0: counted there once.
-  if (lane == 0) t->info.counters->workers_lost.fetch_add(1, std::memory_order_relaxed);
+  // A connection of a generation that ended already (lost on another lane,
+  // said BYE there, or replaced) is no new loss: that end was handled.
+  if (gen && !gen->End()) return;
+  t->info.counters->workers_lost.fetch_add(1, std::memory_order_relaxed);
   const uint32_t handle = conn.id().tenant_handle;
   const std::string what =
       (table_->racks() > 1 ? "rack " + Num(conn.id().rack) + " " : std::string()) + "rank " +
@@ -552,10 +595,89 @@ void WorkerProtocol::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t bef
                       "worker lost: " + why + "; this iteration's partial sums were discarded");
 }
 
+const std::shared_ptr<WorkerGeneration>* WorkerProtocol::GenerationOf(LaneTenant& t,
+                                                                     const net::Connection& conn) {
+  const uint32_t member = ChunkTable::Member(t, conn.id());
+  const auto c = t.conns.find(member);
+  if (c == t.conns.end() || c->second.get() != &conn) return nullptr;
+  const auto g = t.gens.find(member);
+  return g == t.gens.end() ? nullptr : &g->second;
+}
+
+Verdict WorkerProtocol::RefuseEnded(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
+  const auto* gen = GenerationOf(t, conn);
+  return Refuse(conn, WireError::kWorkerLost,
+                "worker: generation " + (gen ? Num((*gen)->number) : std::string("?")) +
+                    " of rank " + Num(conn.id().rank) +
+                    " has ended (this process was replaced, lost a connection or said BYE); "
+                    "its " + net::OpcodeName(h.opcode) + " was not counted",
+                h.request_id);
+}
+
+void WorkerProtocol::EndGeneration(LaneTenant& t, uint32_t member,
+                                   const std::shared_ptr<WorkerGeneration>& g,
+                                   const std::string& why, bool close) {
+  if (!g->End()) return;
+  spdlog::info("data: tenant '{}': {}", t.info.name, why);
+  host_->GenerationEnded(t.info.handle, member, g, why, close);
+}
+
+void WorkerProtocol::OnGenerationEnded(uint32_t handle, uint32_t member,
+                                       const WorkerGeneration& g, const std::string& why,
+                                       bool close) {
+  LaneTenant* t = table_->FindTenant(handle);
+  if (!t) return;
+  if (close) {
+    if (auto it = t->gens.find(member); it != t->gens.end() && it->second.get() == &g) {
+      auto keep = t->conns.at(member);
+      CountError(*t, WireError::kWorkerLost);
+      keep->SendError(WireError::kWorkerLost, "worker: " + why, 0, true);
+    }
+  }
+  if (t->info.consistency != Consistency::kSync) return;  // nothing is pending
+  const uint32_t workers = t->info.workers_per_rack;
+  const uint32_t rack = member / workers, rank = member % workers;
+  for (uint64_t id : t->pending) {
+    const auto it = t->chunks.find(id);
+    if (it == t->chunks.end()) continue;
+    Chunk& c = *it->second;
+    if (member >= c.contributors.size() || c.contributors[member].get() != &g) continue;
+    const bool counted =
+        c.rows ? c.rows->contributed(rank)
+               : (!c.multi_rack() || c.stages[rack]) && c.Stage(rack).has_contributed(rank);
+    if (!counted) continue;
+    // The update can never complete with the right contributions: the
+    // whole iteration is aborted and realigned (the ranks Pull and push).
+    host_->AbortIteration(handle,
+                          why + "; its contribution to an unfinished update was discarded",
+                          false);
+    return;
+  }
+}
+
+bool WorkerProtocol::ContributorsLive(LaneTenant& t, Chunk& c, uint32_t rack, uint32_t workers) {
+  for (uint32_t r = 0; r < workers; ++r) {
+    const uint32_t member = rack * t.info.workers_per_rack + r;
+    if (member >= c.contributors.size() || !c.contributors[member] ||
+        c.contributors[member]->live()) {
+      continue;
+    }
+    const std::string why = "worker: rank " + Num(r) + " generation " +
+                            Num(c.contributors[member]->number) +
+                            " ended while its contribution to chunk " + Num(c.index_in_key) +
+                            " of key id " + Num(c.key_id) + " was pending; the partial sums "
+                            "were discarded";
+    host_->AbortIteration(t.info.handle, why, false);
+    table_->FailPending(t, WireError::kWorkerLost, why);  // at once: this update never applies
+    return false;
+  }
+  return true;
+}
+
 void WorkerProtocol::RefuseIteration(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
                                      uint64_t current, const std::string& text) {
   CountError(t, WireError::kBadIteration);
-  t.runtime->PushFailed(ChunkTable::Member(t, conn.id()), h.key, h.iteration);
+  t.runtime->PushFailed(ChunkTable::Member(t, conn.id()), conn.id().session, h.key, h.iteration);
   net::ErrorFrame e =
       net::MakeErrorFrame(WireError::kBadIteration, text, t.info.handle, h.request_id, false);
   e.header.key = h.key;
@@ -633,7 +755,8 @@ void WorkerProtocol::CheckStragglers() {
                                         "; partial sums were discarded" +
                                         (absent.empty() ? std::string()
                                                         : "; rank(s) " + absent +
-                                                              " not connected"));
+                                                              " not connected"),
+                            true);
     }
   }
 }

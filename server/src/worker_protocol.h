@@ -56,6 +56,11 @@ class WorkerProtocol final : public net::FrameHandler {
   // tenant's pending updates.
   void OnWorkerLost(uint32_t handle, uint32_t member, uint64_t before_seq,
                     const std::string& why);
+  // LaneHost::GenerationEnded on this lane: aborts the tenant's iteration if
+  // a pending update here holds a contribution of `g`; with `close`, closes
+  // this lane's connection of `g`.
+  void OnGenerationEnded(uint32_t handle, uint32_t member, const WorkerGeneration& g,
+                         const std::string& why, bool close);
   // Aborts the tenant's iteration (LaneHost::AbortIteration) when an update's
   // first contribution is older than the straggler timeout.
   void CheckStragglers();
@@ -140,7 +145,23 @@ class WorkerProtocol final : public net::FrameHandler {
   // A PULL_ROWS held during a recovery, answered now.
   void ReleaseParkedRows(net::Connection& conn, LaneTenant& t, const ParkedPull& p);
 
-  std::string WelcomePayload(const LaneTenant& t);
+  std::string WelcomePayload(const LaneTenant& t, uint64_t generation);
+
+  // Worker generations (docs/durability.md): the generation of `conn` if it
+  // is this lane's adopted connection of its member, else null.
+  const std::shared_ptr<WorkerGeneration>* GenerationOf(LaneTenant& t,
+                                                        const net::Connection& conn);
+  // Non-fatal WORKER_LOST for a contribution of a connection whose
+  // generation ended (or that is not adopted here): nothing is counted.
+  Verdict RefuseEnded(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
+  // Ends `g` of `member` if still live and tells every lane (LaneHost::
+  // GenerationEnded) with `why`; `close`: its connections are closed.
+  void EndGeneration(LaneTenant& t, uint32_t member, const std::shared_ptr<WorkerGeneration>& g,
+                     const std::string& why, bool close);
+  // Before an update of `c` completes: true if every contribution to it
+  // belongs to a live generation. Otherwise the update is never applied:
+  // the tenant's iteration is aborted (its waiters get WORKER_LOST).
+  bool ContributorsLive(LaneTenant& t, Chunk& c, uint32_t rack, uint32_t workers);
 
   const DataConfig config_;
   ChunkTable* table_;

@@ -30,6 +30,9 @@ struct ConnectionIdentity {
   std::string peer;  // transport address for logs ("ip:port")
   uint32_t rack = 0;  // the worker's rack, or the peer hub's rack
   bool hub = false;   // a link to another rack's hub, not a worker
+  // The worker's client session (its HELLO's `session`: one per client
+  // process, the same on every lane and reconnect; 0 if it named none).
+  uint64_t session = 0;
 };
 
 class Connection;
