@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The full kill loops of issue 11 / docs/durability.md: the hub killed with
 # SIGKILL at 100 random points (half of them during checkpoint writes), and
-# one of three workers of a 4M-element key killed at 100 random points, each
+# one of three workers of a 4M-element key killed at 100 random points, and
+# the worker replacement loops of issue 26 (rank 1 killed, fresh processes
+# checked value by value, over shared memory and TCP) 100 times each, each
 # followed by the checks of tests/durability/kill_loop_test.cc. CI runs the
-# same test with 20 trials of each (ctest -R durability_loop_test).
+# same test with 20 trials of each (ctest -R durability_loop_test) and 5 of
+# the replacement loops (ctest -R worker_replacement_loop_test).
 #
 # Usage: tests/durability/kill_loops.sh [BUILD_DIR] [TRIALS]
 #   BUILD_DIR defaults to build/, TRIALS to 100. RACKHUB_KILL_SEED=N replays

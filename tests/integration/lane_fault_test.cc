@@ -375,5 +375,203 @@ TEST_F(LaneFaultTest, ShutdownWithWorkInFlightIsPromptAndClean) {
   EXPECT_TRUE(twin->ClosedByPeer(1s));
 }
 
+// --- worker generations (issue 26) ------------------------------------------
+//
+// A client process names itself in HELLO (`session`); the hub gives each new
+// session of a rank a new generation and never counts a contribution of one
+// that ended (a lost connection, a BYE, a new session of the rank adopted).
+// Here a PUSH of rank 1's old session (A) is held by the network until its
+// replacement (session B, rank 1) was welcomed: it must be refused or its
+// connection closed, and chunk 0 must complete with exactly rank 0's and
+// session B's gradients.
+
+constexpr uint64_t kSessionRank0 = 0x5e5510000000000aULL;
+constexpr uint64_t kSessionA = 0x5e551000000000a1ULL;
+constexpr uint64_t kSessionB = 0x5e551000000000b1ULL;
+// Each process's gradient values are its own: integers salt * 256 + (0..100),
+// so sums are exact and two processes' values differ at every element.
+constexpr uint32_t kSaltRank0 = 3, kSaltA = 40, kSaltB = 500;
+
+std::string SessionGradient(uint32_t salt, uint32_t first, uint32_t n) {
+  std::vector<float> g(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    g[i] = static_cast<float>(salt * 256 + (first + i) * 7 % 101);
+  }
+  return std::string(reinterpret_cast<const char*>(g.data()), n * sizeof(float));
+}
+
+class WorkerGenerationTest : public LaneFaultTest {
+ protected:
+  // Session A's PUSH of chunk 0, iteration 0.
+  static constexpr uint64_t kOldPushRequest = 77;
+  static net::FrameHeader OldPush(const Worker& a, uint32_t key) {
+    net::FrameHeader h = Push(a, key, 0, 0);
+    h.request_id = kOldPushRequest;
+    return h;
+  }
+  // HELLO of `rank` on `lane` naming `session`; the WELCOME's tenant handle,
+  // 0 (with *reply saying what came instead) if not welcomed.
+  uint32_t HelloAs(DataLink& link, const std::string& tenant, const std::string& token,
+                   uint32_t rank, uint32_t lane, uint64_t session, std::optional<Frame>* reply) {
+    data::v1::Hello hello;
+    hello.set_tenant(tenant);
+    hello.set_token(token);
+    hello.set_rank(rank);
+    hello.set_lane(lane);
+    hello.set_session(session);
+    net::FrameHeader h;
+    h.opcode = net::Opcode::kHello;
+    link.Send(h, hello.SerializeAsString());
+    *reply = link.Receive();
+    data::v1::Welcome w;
+    if (!*reply || (*reply)->h.opcode != net::Opcode::kWelcome ||
+        !w.ParseFromString((*reply)->payload)) {
+      return 0;
+    }
+    return w.tenant_handle();
+  }
+  // Rank `rank` of the process `session`, one link per lane; fails the test
+  // (naming `who`) unless every HELLO is welcomed.
+  Worker JoinAs(const std::string& who, const std::string& tenant, const std::string& token,
+                uint32_t rank, uint64_t session) {
+    Worker w;
+    for (uint32_t lane = 0; lane < 2; ++lane) {
+      w.lanes.push_back(hub_->Connect());
+      std::optional<Frame> reply;
+      w.handle = HelloAs(*w.lanes.back(), tenant, token, rank, lane, session, &reply);
+      EXPECT_NE(w.handle, 0u) << who << " (rank " << rank << ", session " << std::hex << session
+                              << std::dec << ") was not welcomed on lane " << lane << ": "
+                              << testing::Describe(reply);
+    }
+    return w;
+  }
+
+  // After rank 1's old session's frames were released: its lane-0 link got
+  // an ERROR for the PUSH (request `push_rid`) or was closed by the hub;
+  // never PARAMS, and never a HEARTBEAT reply (request 4242, sent behind the
+  // PUSH) without a refusal before it (the PUSH taken silently).
+  static void ExpectOldPushRefusedOrClosed(DataLink& old_lane0, uint64_t push_rid) {
+    bool refused = false;
+    while (const auto f = old_lane0.Receive()) {
+      EXPECT_NE(f->h.opcode, net::Opcode::kParams)
+          << "the old session's PUSH was answered: " << testing::Describe(f);
+      if (f->h.opcode == net::Opcode::kError && f->h.request_id == push_rid) refused = true;
+      if (f->h.opcode == net::Opcode::kHeartbeat && f->h.request_id == 4242) {
+        EXPECT_TRUE(refused) << "the hub took the old session's PUSH (its HEARTBEAT behind it "
+                                "was answered) without refusing it";
+        return;
+      }
+    }
+    EXPECT_TRUE(old_lane0.ClosedByPeer(0ms))
+        << "the old session's link got neither a refusal of its PUSH nor a close in 5 s";
+  }
+
+  // Rank 0 (salt kSaltRank0) and rank 1's new session B (salt kSaltB) Pull
+  // every chunk (version 0, zeros: nothing was completed), then push
+  // iteration 0: every element of every chunk either receives is
+  // -0.5 * (g0 + gB) (SGD lr 0.5 from zeros; exact), never with session A's
+  // gradient in place of B's.
+  void ExpectNewGenerationStep(Worker& r0, Worker& b, uint32_t key) {
+    const std::vector<std::pair<Worker*, const char*>> ranks = {{&r0, "rank 0"},
+                                                                {&b, "rank 1 (session B)"}};
+    for (const auto& [w, who] : ranks) {
+      for (uint32_t c = 0; c < 3; ++c) {
+        net::FrameHeader pull;
+        pull.opcode = net::Opcode::kPull;
+        pull.tenant = w->handle;
+        pull.key = key;
+        pull.chunk = c;
+        pull.request_id = 100 + c;
+        w->lanes[LaneOf(c)]->Send(pull);
+      }
+      for (uint32_t got = 0; got < 3; ++got) {
+        const uint32_t lane = got < 2 ? 0 : 1;
+        const auto f = w->lanes[lane]->Receive();
+        ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams)
+            << who << ": Pull on lane " << lane << ": " << testing::Describe(f);
+        EXPECT_EQ(f->h.iteration, 0u) << who << " chunk " << f->h.chunk;
+      }
+    }
+    for (uint32_t c = 0; c < 3; ++c) {
+      r0.lanes[LaneOf(c)]->Send(Push(r0, key, c, 0),
+                                SessionGradient(kSaltRank0, First(c), Size(c)));
+      b.lanes[LaneOf(c)]->Send(Push(b, key, c, 0), SessionGradient(kSaltB, First(c), Size(c)));
+    }
+    for (const auto& [w, who] : ranks) {
+      for (uint32_t got = 0; got < 3; ++got) {
+        const uint32_t lane = got < 2 ? 0 : 1;
+        const auto f = w->lanes[lane]->Receive();
+        ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams)
+            << who << ": push of iteration 0 on lane " << lane << ": " << testing::Describe(f);
+        EXPECT_EQ(f->h.iteration, 1u) << who << " chunk " << f->h.chunk;
+        const uint32_t c = f->h.chunk;
+        ASSERT_LT(c, 3u);
+        ASSERT_EQ(f->payload.size(), Size(c) * sizeof(float)) << who << " chunk " << c;
+        std::vector<float> got_values(Size(c));
+        std::memcpy(got_values.data(), f->payload.data(), f->payload.size());
+        const std::string g0 = SessionGradient(kSaltRank0, First(c), Size(c));
+        const std::string gb = SessionGradient(kSaltB, First(c), Size(c));
+        const std::string ga = SessionGradient(kSaltA, First(c), Size(c));
+        int reported = 0;
+        for (uint32_t i = 0; i < Size(c) && reported < 3; ++i) {
+          const auto at = [i](const std::string& g) {
+            float v;
+            std::memcpy(&v, g.data() + i * sizeof(float), sizeof v);
+            return v;
+          };
+          const float want = -0.5f * (at(g0) + at(gb));
+          if (got_values[i] == want) continue;
+          ++reported;
+          ADD_FAILURE() << who << " chunk " << c << " element " << First(c) + i << ": expected "
+                        << want << " (rank 0 + session B), got " << got_values[i]
+                        << (got_values[i] == -0.5f * (at(g0) + at(ga))
+                                ? ": session A's gradient was counted in place of session B's"
+                                : "");
+        }
+      }
+    }
+  }
+};
+
+// Session A leaves (BYE) while its lane-0 link is slow: its BYE on lane 1 is
+// read, its PUSH of chunk 0 (a HEARTBEAT behind it) and its BYE on lane 0 are
+// held by the network. Session B is welcomed as rank 1 on lane 1; then A's
+// PUSH arrives. The BYE ended A's generation: its PUSH is refused, not
+// counted (before issue 26 it was taken silently, and chunk 0 completed with
+// A's gradient in place of B's).
+TEST_F(WorkerGenerationTest, PushHeldBehindAByeIsNotCountedForTheReplacement) {
+  uint32_t key = 0;
+  const std::string token = MakeTenant("gen-bye", 2, &key);
+  Worker r0 = JoinAs("rank 0", "gen-bye", token, 0, kSessionRank0);
+  Worker a = JoinAs("rank 1 (session A)", "gen-bye", token, 1, kSessionA);
+  auto from_a = a.conn(0)->faults();
+  from_a.Stall(true);
+  a.lanes[0]->Send(OldPush(a, key), SessionGradient(kSaltA, First(0), Size(0)));
+  net::FrameHeader hb;
+  hb.opcode = net::Opcode::kHeartbeat;
+  hb.tenant = a.handle;
+  hb.request_id = 4242;
+  a.lanes[0]->Send(hb);
+  net::FrameHeader bye;
+  bye.opcode = net::Opcode::kBye;
+  bye.tenant = a.handle;
+  a.lanes[0]->Send(bye);
+  a.lanes[1]->Send(bye);
+  ASSERT_TRUE(a.lanes[1]->ClosedByPeer()) << "session A's BYE on lane 1 did not close it";
+  Worker b;
+  b.lanes.push_back(nullptr);  // lane 0: once A's link there is gone
+  b.lanes.push_back(hub_->Connect());
+  std::optional<Frame> reply;
+  b.handle = HelloAs(*b.lanes[1], "gen-bye", token, 1, 1, kSessionB, &reply);
+  ASSERT_NE(b.handle, 0u) << "session B was not welcomed on lane 1: " << testing::Describe(reply);
+  from_a.Stall(false);
+  ExpectOldPushRefusedOrClosed(*a.lanes[0], kOldPushRequest);
+  ASSERT_TRUE(a.lanes[0]->ClosedByPeer()) << "session A's BYE on lane 0 did not close it";
+  b.lanes[0] = hub_->Connect();
+  ASSERT_NE(HelloAs(*b.lanes[0], "gen-bye", token, 1, 0, kSessionB, &reply), 0u)
+      << "session B was not welcomed on lane 0: " << testing::Describe(reply);
+  ExpectNewGenerationStep(r0, b, key);
+}
+
 }  // namespace
 }  // namespace rackhub

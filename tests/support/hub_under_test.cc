@@ -168,8 +168,11 @@ class MemoryHub final : public HubUnderTest {
       boost::asio::post(io, [client = pair.b] { client->Start(); });
       return pair.b;
     }
+    // As the TCP and shared-memory acceptors do: the worker's session
+    // (docs/durability.md, worker generations) comes from its HELLO.
     net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
-                               checked.hello.lane(), "in-memory", checked.hello.rack(), false};
+                               checked.hello.lane(), "in-memory", checked.hello.rack(), false,
+                               checked.hello.session()};
     const uint32_t lane_index = id.lane;
     server::Lane& lane = plane.lane(lane_index);
     auto pair = net::testing::MakeMemoryPair(lane.io(), lane.worker_handler(), id, io, handler,
