@@ -628,10 +628,12 @@ void WorkerProtocol::OnGenerationEnded(uint32_t handle, uint32_t member,
   LaneTenant* t = table_->FindTenant(handle);
   if (!t) return;
   if (close) {
+    // Fatal INVALID_ARGUMENT, as for a duplicate rank: a replaced process
+    // must not reconnect (it would replace its replacement in turn).
     if (auto it = t->gens.find(member); it != t->gens.end() && it->second.get() == &g) {
       auto keep = t->conns.at(member);
-      CountError(*t, WireError::kWorkerLost);
-      keep->SendError(WireError::kWorkerLost, "worker: " + why, 0, true);
+      CountError(*t, WireError::kInvalidArgument);
+      keep->SendError(WireError::kInvalidArgument, "rank: " + why, 0, true);
     }
   }
   if (t->info.consistency != Consistency::kSync) return;  // nothing is pending

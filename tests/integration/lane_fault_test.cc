@@ -573,5 +573,45 @@ TEST_F(WorkerGenerationTest, PushHeldBehindAByeIsNotCountedForTheReplacement) {
   ExpectNewGenerationStep(r0, b, key);
 }
 
+// Session A of rank 1 is connected on lane 0 only (say its lane-1 connect
+// is still on the way) and has pushed chunk 0 when session B of rank 1 is
+// welcomed on lane 1: B replaces A. A's connection is closed with a fatal
+// INVALID_ARGUMENT naming the replacement (a client does not reconnect after
+// it), A's contribution to chunk 0 is discarded with the aborted iteration,
+// and the step of rank 0 and B has exactly their contributions.
+TEST_F(WorkerGenerationTest, NewSessionReplacesAnOldOneStillConnectedElsewhere) {
+  uint32_t key = 0;
+  const std::string token = MakeTenant("gen-replace", 2, &key);
+  Worker r0 = JoinAs("rank 0", "gen-replace", token, 0, kSessionRank0);
+  Worker a;
+  a.lanes.push_back(hub_->Connect());
+  std::optional<Frame> reply;
+  a.handle = HelloAs(*a.lanes[0], "gen-replace", token, 1, 0, kSessionA, &reply);
+  ASSERT_NE(a.handle, 0u) << "session A was not welcomed on lane 0: " << testing::Describe(reply);
+  a.lanes[0]->Send(OldPush(a, key), SessionGradient(kSaltA, First(0), Size(0)));
+  SyncWithLane(a, 0);  // A's push of chunk 0 is counted (rank 0 has not pushed it)
+
+  Worker b;
+  b.lanes.push_back(nullptr);  // lane 0: once A's connection there is closed
+  b.lanes.push_back(hub_->Connect());
+  b.handle = HelloAs(*b.lanes[1], "gen-replace", token, 1, 1, kSessionB, &reply);
+  ASSERT_NE(b.handle, 0u) << "session B was not welcomed on lane 1: " << testing::Describe(reply);
+
+  const auto f = a.lanes[0]->Receive();
+  ASSERT_TRUE(f && f->h.opcode == net::Opcode::kError)
+      << "session A got no ERROR when B replaced it: " << testing::Describe(f);
+  net::WireError code{};
+  std::string text;
+  ASSERT_TRUE(net::DecodeErrorBody(std::as_bytes(std::span(f->payload)), &code, &text));
+  EXPECT_EQ(code, net::WireError::kInvalidArgument) << text;
+  EXPECT_NE(text.find("replaced by a new process (generation 2)"), std::string::npos) << text;
+  EXPECT_TRUE(a.lanes[0]->ClosedByPeer()) << "session A's connection stayed open";
+
+  b.lanes[0] = hub_->Connect();
+  ASSERT_NE(HelloAs(*b.lanes[0], "gen-replace", token, 1, 0, kSessionB, &reply), 0u)
+      << "session B was not welcomed on lane 0: " << testing::Describe(reply);
+  ExpectNewGenerationStep(r0, b, key);
+}
+
 }  // namespace
 }  // namespace rackhub
