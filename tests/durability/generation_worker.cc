@@ -29,6 +29,8 @@
 // Exit codes: 0 as above, 2 connect failed, 3 declare failed, 4 an operation
 // failed, 64 usage.
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -80,6 +82,9 @@ int main(int argc, char** argv) {
   app.add_option("--out", out_path)->required();
   app.add_option("--rounds", rounds);
   app.add_option("--op-timeout-ms", op_timeout_ms);
+  std::string go_file;
+  app.add_option("--go-file", go_file,
+                 "after connecting and declaring, print 'ready' and wait until this file exists");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -126,6 +131,12 @@ int main(int argc, char** argv) {
     line("error declare " + failure(st));
     rackhub_close(c);
     return 3;
+  }
+  if (!go_file.empty()) {
+    // The test starts every rank's first push together (an op timeout then
+    // measures an iteration, not how long the other processes took to start).
+    line("ready");
+    while (access(go_file.c_str(), F_OK) != 0) usleep(2000);
   }
   std::vector<float> grad(elements), reply(elements);
   const auto fill = [&](uint64_t step) {

@@ -721,10 +721,12 @@ TEST(DurabilityLoop, WorkerKill9LoopTable) {
 
 // A first-generation survivor whose next push waits for the killed rank (the
 // hub holds it for a replacement, up to the straggler timeout) gives up after
-// this and leaves; an iteration takes milliseconds (about 100 ms for 4M
-// elements on a loaded 2-core host). Fresh processes wait as long as the
-// issue's stalled trainers did.
-constexpr std::chrono::milliseconds kFirstGenerationOpTimeout{3000};
+// this and leaves. The first generation starts pushing only once all three
+// are connected (--go-file), so this bounds one iteration, which takes
+// milliseconds (about 100-300 ms for 4M elements over TCP on a loaded 2-core
+// host): far below it even under a CPU hog. Fresh processes wait as long as
+// the stalled trainers did.
+constexpr std::chrono::milliseconds kFirstGenerationOpTimeout{10000};
 constexpr std::chrono::milliseconds kFreshOpTimeout{30000};
 
 // Where a trial's time went (ms).
@@ -789,19 +791,23 @@ class ReplacementTrial {
   ReplacementTrial(const std::string& hub, std::string tenant, uint64_t elements, std::string dir)
       : hub_(hub), tenant_(std::move(tenant)), elements_(elements), dir_(std::move(dir)) {}
 
+  // `go_file`: the worker waits for it after connecting ("" starts at once).
   GenerationWorker& Start(uint32_t rank, uint32_t salt, uint32_t rounds,
-                          std::chrono::milliseconds op_timeout) {
+                          std::chrono::milliseconds op_timeout, const std::string& go_file = "") {
     auto w = std::make_unique<GenerationWorker>();
     w->rank = rank;
     w->salt = salt;
     w->out = dir_ + "/salt" + std::to_string(salt) + "-rank" + std::to_string(rank) + ".out";
-    w->proc = std::make_unique<ChildProcess>(
-        std::vector<std::string>{
-            BinPath("rackhub-generation-worker"), "--hub", hub_, "--tenant", tenant_, "--token",
-            kToken, "--rank", std::to_string(rank), "--salt", std::to_string(salt), "--elements",
-            std::to_string(elements_), "--rounds", std::to_string(rounds), "--op-timeout-ms",
-            std::to_string(op_timeout.count()), "--out", w->out},
-        w->out + ".log");
+    std::vector<std::string> args = {
+        BinPath("rackhub-generation-worker"), "--hub", hub_, "--tenant", tenant_, "--token",
+        kToken, "--rank", std::to_string(rank), "--salt", std::to_string(salt), "--elements",
+        std::to_string(elements_), "--rounds", std::to_string(rounds), "--op-timeout-ms",
+        std::to_string(op_timeout.count()), "--out", w->out};
+    if (!go_file.empty()) {
+      args.push_back("--go-file");
+      args.push_back(go_file);
+    }
+    w->proc = std::make_unique<ChildProcess>(std::move(args), w->out + ".log");
     workers_.push_back(std::move(w));
     return *workers_.back();
   }
@@ -893,8 +899,9 @@ std::string RunReplacementTrial(Admin& admin, const std::string& hub, const std:
   // The first generation iterates; rank 1 is killed after 5 to 9 iterations,
   // at a random point within an iteration.
   std::vector<GenerationWorker*> first;
+  const std::string go = dir + "/go";
   for (uint32_t r = 0; r < 3; ++r) {
-    first.push_back(&trial.Start(r, salt(), 0, kFirstGenerationOpTimeout));
+    first.push_back(&trial.Start(r, salt(), 0, kFirstGenerationOpTimeout, go));
   }
   const auto min_steps = [&] {
     uint64_t m = UINT64_MAX;
@@ -908,6 +915,17 @@ std::string RunReplacementTrial(Admin& admin, const std::string& hub, const std:
     return false;
   };
   const uint64_t target = 5 + rng() % 5;
+  const auto all_ready = [&] {
+    for (GenerationWorker* w : first) {
+      if (w->LinesStarting("ready").empty()) return false;
+    }
+    return true;
+  };
+  if (!WaitUntil([&] { return all_ready() || any_exited(); }, std::chrono::seconds(60)) ||
+      any_exited()) {
+    return fail("the first generation did not connect:\n" + trial.Describe(first));
+  }
+  if (!std::ofstream(go).good()) return fail("cannot create " + go);
   if (!WaitUntil([&] { return min_steps() >= 1 || any_exited(); }, std::chrono::seconds(60)) ||
       any_exited()) {
     return fail("the first generation did not start iterating:\n" + trial.Describe(first));
