@@ -752,6 +752,11 @@ void TopK(const std::string& bin, const Options& o) {
     std::printf("\nreply bytes, hub counter vs frame layout from the nonzeros received: largest "
                 "difference %.1f B per worker and step\n",
                 max_reply_diff);
+    // Means over steps: equal up to rounding (printed as 0.0) or a failure.
+    if (!(max_reply_diff < 0.05)) {
+      std::fflush(stdout);
+      Die("the hub's reply bytes differ from the frame layout of the nonzeros received");
+    }
   }
   std::printf("\nchecks: every call succeeded, all workers' replies bit-identical after every "
               "step, %s: yes; load average at the end %s\n",

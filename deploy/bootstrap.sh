@@ -30,6 +30,9 @@ PACKAGES=(
   # tests/run.sh's sanitizer and fuzzing stages: clang 14 with its runtimes
   # (libFuzzer, ASan, UBSan) and llvm-symbolizer for readable reports.
   clang libclang-rt-14-dev llvm
+  # tests/run.sh: ccache for repeated builds (used when present, never
+  # required); tests/stress.sh: stress-ng, the CPU hog of the flake hunt.
+  ccache stress-ng
 )
 
 missing=()

@@ -24,8 +24,10 @@ start_hub() {
   admin_token=$work/admin.token
   head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$admin_token"
   rm -f "$ready"
+  # Every port from the kernel: install_test and deb_test run at once under
+  # `ctest -j` (the default metrics port 7704 made one of them fail).
   "$bin/rackhubd" --in-memory --admin-listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
-    --transport tcp --lanes 2 --no-pin-lanes --admin-token-file "$admin_token" \
+    --metrics-listen 127.0.0.1:0 --transport tcp --lanes 2 --no-pin-lanes --admin-token-file "$admin_token" \
     --ready-file "$ready" > "$work/rackhubd.log" 2>&1 &
   hub_pid=$!
   for _ in $(seq 200); do

@@ -11,6 +11,7 @@
 #include <regex>
 #include <thread>
 
+#include "etcd_cluster.h"  // FreeLoopbackPort
 #include "http_get.h"
 #include "raw_hub_test.h"
 
@@ -86,17 +87,9 @@ std::string UrlEncode(const std::string& s) {
   return out;
 }
 
-int FreeTcpPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  socklen_t len = sizeof sa;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
+// Prometheus' own web port (it cannot report a port 0): reserved, outside the
+// kernel's ephemeral range (tests/support/etcd_cluster.h).
+int FreeTcpPort() { return FreeLoopbackPort(); }
 
 class MetricsTest : public RawHubTest {};
 

@@ -25,6 +25,7 @@
 #include <vector>
 #include <string>
 
+#include "etcd_cluster.h"  // FreeLoopbackPort
 #include "process.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "raw_client.h"
@@ -93,17 +94,9 @@ TEST(MultiRackTest, HierarchicalEqualsFlatBitForBitWithAnalyticLinkBytes) {
   }
 }
 
-uint16_t FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
+// Hub-link ports the other hub must know beforehand: reserved, outside the
+// kernel's ephemeral range (tests/support/etcd_cluster.h).
+uint16_t FreePort() { return testing::FreeLoopbackPort(); }
 
 // A fresh hub secret file (what every hub of a topology must share).
 std::string SecretFile(const std::string& secret = std::string(48, 's')) {

@@ -30,10 +30,36 @@ RACKS, PER_RACK = 2, 2
 TOL = {"momentum": 1e-6, "adam": 1e-6, "sumonly-adam": 0.0}
 
 
+_port_locks = []  # open until exit: the ports stay reserved
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A hub-link port (the other hubs must know it beforehand): below the
+    kernel's ephemeral range, which it never assigns by itself, reserved among
+    concurrently running tests by an flock on /tmp/rackhub-test-ports/<port>
+    (the same scheme as tests/support/etcd_cluster.cc), and free right now."""
+    import fcntl
+    import random
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low_ephemeral = int(f.read().split()[0])
+    os.makedirs("/tmp/rackhub-test-ports", mode=0o1777, exist_ok=True)
+    for _ in range(2000):
+        port = random.randint(10000, low_ephemeral - 1)
+        fd = os.open(f"/tmp/rackhub-test-ports/{port}", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            os.close(fd)
+            continue
+        _port_locks.append(fd)
+        return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def reference(kind, seed):

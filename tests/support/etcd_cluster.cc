@@ -4,13 +4,17 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <random>
 #include <thread>
 
 #include "etcd/rpc.grpc.pb.h"
@@ -22,16 +26,50 @@ namespace {
 constexpr const char* kEtcd = "/usr/bin/etcd";
 }
 
+// Ports for programs that cannot take port 0 and report the bound port (etcd;
+// rackhubd's hub-link addresses, which the other hubs must know beforehand).
+// A port the kernel assigned and this process closed again could be handed
+// to anyone else before the program binds it (bind(0) and outgoing connects
+// of the tests running in parallel under `ctest -j`), so the port is taken
+// from below the kernel's ephemeral range (/proc/sys/net/ipv4/
+// ip_local_port_range), which the kernel never assigns by itself, and
+// reserved among concurrently running tests by an flock on
+// /tmp/rackhub-test-ports/<port> held until this process exits. It must also
+// bind right now (no other program holds it).
 uint16_t FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
+  int ephemeral_low = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &ephemeral_low) != 1) ephemeral_low = 32768;
+    std::fclose(f);
+  }
+  const int low = 10000, high = ephemeral_low - 1;  // [low, high] is never assigned by the kernel
+  const char* dir = "/tmp/rackhub-test-ports";
+  mkdir(dir, 01777);
+  std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  for (int attempt = 0; high > low && attempt < 2000; ++attempt) {
+    const int port = std::uniform_int_distribution<int>(low, high)(rng);
+    const std::string lock = std::string(dir) + "/" + std::to_string(port);
+    const int lock_fd = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (lock_fd < 0) continue;
+    if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {  // another test process has it
+      close(lock_fd);
+      continue;
+    }
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+    close(fd);
+    if (!free) {
+      close(lock_fd);
+      continue;
+    }
+    return static_cast<uint16_t>(port);  // lock_fd stays open: reserved until exit
+  }
+  ADD_FAILURE() << "no free loopback port below the ephemeral range (" << ephemeral_low << ")";
+  return 0;
 }
 
 EtcdCluster::EtcdCluster(int members, std::vector<std::string> extra) : extra_(std::move(extra)) {

@@ -15,7 +15,10 @@
 
 namespace rackhub::testing {
 
-// A loopback TCP port free at the time of the call.
+// A loopback TCP port free at the time of the call, below the kernel's
+// ephemeral range and reserved for this process among concurrently running
+// tests (so `ctest -j` cannot hand it to another test): for programs that
+// cannot listen on port 0 and report the port (etcd, hub-link addresses).
 uint16_t FreeLoopbackPort();
 
 class EtcdCluster {

@@ -361,15 +361,46 @@ INSTANTIATE_TEST_SUITE_P(
 // Zero elements with null arrays (an empty std::vector's data()), as an
 // empty payload reaches them: no memcpy/memset of null (UBSan in the
 // sanitizer build; found by fuzz/frame/frame_fuzz).
+// n = 0 on every kernel path: null pointers are accepted (never dereferenced;
+// in build-asan UBSan's null checks would also fire), and with real buffers
+// nothing is read into or written out of them (sentinels unchanged).
 TEST(KernelsTest, ZeroElementsMayBeNull) {
-  for (ElementType t : {ElementType::kFp32, ElementType::kFp16, ElementType::kBf16}) {
-    CopyIn(nullptr, nullptr, 0, t);
-    AddIn(nullptr, nullptr, 0, t);
-    CopyOut(nullptr, nullptr, 0, t);
-    SumInto(nullptr, {}, 0, t);
-    const void* const in[1] = {nullptr};
-    SumInto(nullptr, in, 0, t);
+  int paths = 0;
+  for (KernelPath p : kAllKernelPaths) {
+    if (!ForceKernelPath(p)) continue;
+    ++paths;
+    ConvertFp16ToFp32(nullptr, nullptr, 0);
+    ConvertFp32ToFp16(nullptr, nullptr, 0);
+    ConvertBf16ToFp32(nullptr, nullptr, 0);
+    ConvertFp32ToBf16(nullptr, nullptr, 0);
+    for (ElementType t : {ElementType::kFp32, ElementType::kFp16, ElementType::kBf16}) {
+      CopyIn(nullptr, nullptr, 0, t);
+      AddIn(nullptr, nullptr, 0, t);
+      CopyOut(nullptr, nullptr, 0, t);
+      SumInto(nullptr, {}, 0, t);
+      AccumulateInto(nullptr, {}, 0, t);
+      const void* const null_in[1] = {nullptr};
+      SumInto(nullptr, null_in, 0, t);
+      AccumulateInto(nullptr, null_in, 0, t);
+
+      float acc[2] = {7.0f, -3.0f};
+      unsigned char wire[8];
+      std::memset(wire, 0x5a, sizeof wire);
+      const void* const in[2] = {wire, wire};
+      CopyIn(acc, wire, 0, t);
+      AddIn(acc, wire, 0, t);
+      SumInto(acc, in, 0, t);
+      AccumulateInto(acc, in, 0, t);
+      EXPECT_EQ(std::bit_cast<uint32_t>(acc[0]), std::bit_cast<uint32_t>(7.0f))
+          << KernelPathName(p) << " " << ElementTypeName(t);
+      EXPECT_EQ(std::bit_cast<uint32_t>(acc[1]), std::bit_cast<uint32_t>(-3.0f))
+          << KernelPathName(p) << " " << ElementTypeName(t);
+      CopyOut(wire, acc, 0, t);
+      for (unsigned char b : wire) EXPECT_EQ(b, 0x5a) << KernelPathName(p) << " " << ElementTypeName(t);
+    }
   }
+  ResetKernelPath();
+  EXPECT_GE(paths, 1) << "not even the portable kernel path could be forced";
 }
 
 TEST(KernelsTest, SgdExactSmallCase) {
