@@ -327,11 +327,38 @@ TEST_F(LaneFaultTest, PushStalledMidFrameIsAStraggler) {
     p.max_write_bytes = 0;
     p.delay = {};
   });
-  // Rank 0 pushes iteration 0 again; with rank 1's late push that completes it.
-  r0.lanes[0]->Send(Push(r0, key, 0, 0), Gradient(0, 0, 0, 1024));
+  // Both follow the trainer contract: after an error, Pull (held until the
+  // tenant's recovery has finished: an event, not a delay) and push the
+  // iteration again. Rank 0 does so now; rank 1's late push is counted if it
+  // was read after the recovery, else refused (its payload may finish while
+  // the recovery still runs, as under a CPU hog) and rank 1 retries. Either
+  // way iteration 0 completes with both pushes, without a reconnect.
+  const auto pull_and_push = [&](Worker& w, uint32_t rank) {
+    net::FrameHeader pull;
+    pull.opcode = net::Opcode::kPull;
+    pull.tenant = w.handle;
+    pull.key = key;
+    pull.chunk = 0;
+    pull.request_id = 500;
+    w.lanes[0]->Send(pull);
+    const auto p = w.lanes[0]->Receive();
+    ASSERT_TRUE(p && p->h.opcode == net::Opcode::kParams && p->h.request_id == 500)
+        << "rank " << rank << "'s Pull: " << testing::Describe(p);
+    EXPECT_EQ(p->h.iteration, 0u);
+    w.lanes[0]->Send(Push(w, key, 0, 0), Gradient(rank, 0, 0, 1024));
+  };
+  pull_and_push(r0, 0);
+  const auto r1_reply = r1.lanes[0]->Receive();
+  ASSERT_TRUE(r1_reply) << "rank 1 got no answer to its late push";
+  if (r1_reply->h.opcode != net::Opcode::kParams) {
+    ASSERT_EQ(r1_reply->h.opcode, net::Opcode::kError) << testing::Describe(r1_reply);
+    pull_and_push(r1, 1);
+  }
   for (Worker* w : {&r0, &r1}) {
-    const auto f = w->lanes[0]->Receive();
-    ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams);
+    const auto f = w == &r1 && r1_reply->h.opcode == net::Opcode::kParams
+                       ? r1_reply
+                       : w->lanes[0]->Receive();
+    ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams) << testing::Describe(f);
     EXPECT_EQ(f->h.iteration, 1u);
   }
 }
