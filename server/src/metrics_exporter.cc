@@ -1,7 +1,13 @@
 #include "metrics_exporter.h"
 
+#include <future>
 #include <limits>
 #include <stdexcept>
+#include <thread>
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <openssl/crypto.h>
 #include <prometheus/collectable.h>
@@ -229,8 +235,46 @@ Status MetricsExporter::Start() {
 }
 
 void MetricsExporter::Stop() {
-  if (exposer_) exposer_->RemoveCollectable(collector_);
-  exposer_.reset();
+  if (!exposer_) return;
+  exposer_->RemoveCollectable(collector_);
+  // civetweb's listener sleeps in poll() for up to 2 s between looks at its
+  // stop flag, and mg_stop waits for it: every daemon stop took 2 s. A
+  // connection to the listening port wakes it; one made before mg_stop set
+  // the flag is served as a scrape and the listener sleeps again, so poke
+  // until the exposer is gone (each poke is a loopback connect, refused at
+  // once after the port closed).
+  std::promise<void> stopped;
+  std::future<void> done = stopped.get_future();
+  std::thread stopper([this, &stopped] {
+    exposer_.reset();
+    stopped.set_value();
+  });
+  while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    WakeListener();
+  }
+  stopper.join();
+}
+
+void MetricsExporter::WakeListener() const {
+  // The bound address; an unspecified host is reached through loopback.
+  const size_t colon = address_.rfind(':');
+  if (colon == std::string::npos) return;
+  std::string host = address_.substr(0, colon);
+  const std::string port = address_.substr(colon + 1);
+  if (!host.empty() && host.front() == '[') host = host.substr(1, host.size() - 2);
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) return;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    (void)connect(fd, found->ai_addr, found->ai_addrlen);
+    close(fd);
+  }
+  freeaddrinfo(found);
 }
 
 }  // namespace rackhub::server

@@ -43,7 +43,8 @@ class MetricsExporter {
   // Binds metrics.listen and starts serving. INTERNAL naming the field when
   // the address cannot be bound.
   Status Start();
-  // Stops serving; in-flight scrapes finish first. Idempotent.
+  // Stops serving; in-flight scrapes finish first. Idempotent. Returns
+  // within milliseconds (the listener is woken, not waited for).
   void Stop();
   // HOST:PORT actually bound (the port is chosen when metrics.listen has 0).
   const std::string& address() const { return address_; }
@@ -51,6 +52,8 @@ class MetricsExporter {
   class Collector;
 
  private:
+  void WakeListener() const;
+
   const Config config_;
   const std::string admin_token_;
   const std::string readonly_token_;

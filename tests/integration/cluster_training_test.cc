@@ -329,12 +329,10 @@ TEST(ClusterTrainingTest, FromClientValuesReachEveryRackThroughHubLinkCuts) {
     }
     ASSERT_EQ(Ctl(cluster.hub(0).admin_address(), {"tenant", "delete", "job"}).exit_code, 0);
   }
-  // Whether a cut met initial values in flight depends on timing (without
-  // the re-offer this test failed 1 run in 3); multi_rack_test's
-  // InitialValuesAreOfferedAgainAfterAReconnectOrAnError forces it.
-  const std::string logs = cluster.hub(0).Log() + cluster.hub(1).Log();
-  std::cout << "initial values offered again after a cut: "
-            << (logs.find("the initial values of") != std::string::npos ? "yes" : "no") << "\n";
+  // Whether a cut met initial values in flight depends on timing, so this
+  // test does not check the re-offer of initial values; multi_rack_test's
+  // InitialValuesAreOfferedAgainAfterAReconnectOrAnError forces that case
+  // and checks it.
 }
 
 // INIT of a tenant spanning racks is rank 0 of rack 0's: rank 0 of another

@@ -3,7 +3,6 @@ collective and client option of rackhub.torch from Python, checked on every
 rank. Prints `CHECK ok|FAIL name detail` per check and `CHECKS n failed k`;
 exits 1 if any failed."""
 import os
-import time
 
 import numpy as np
 import torch
@@ -87,14 +86,6 @@ def collectives(rank, size):
     ok, detail = raises(lambda: hvd.broadcast_object(lambda: 0, root_rank=2), ValueError,
                         "cannot pickle" if rank == 2 else "rank(s) [2] could not take part")
     check("broadcast_object unpicklable on the root: every rank raises", ok, detail)
-    # A root 2.5 s late (the hub's straggler timeout is 1 s here): the others'
-    # aborted rounds are retried until it comes, as with Horovod.
-    if rank == 0:
-        time.sleep(2.5)
-    got = hvd.broadcast_object({"late": True} if rank == 0 else None, root_rank=0)
-    check("broadcast_object from a root later than the straggler timeout", got == {"late": True})
-    check("allreduce after it", hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [3.0, 3.0])
-
     # allreduce: mean, sum, dtypes, in place.
     x = torch.full((1000,), float(rank + 1))
     check("allreduce Average", torch.equal(hvd.allreduce(x, name="x"),
@@ -285,18 +276,6 @@ def main():
     optimizers(rank)
     hvd.shutdown()
     options(rank, size)
-    # Rank 2 has left (shutdown() said BYE) and exits: the others' next
-    # collective fails after the hub's straggler timeout (1 s here), which
-    # names rank 2 as not connected, not after op_timeout (120 s) of retries.
-    if rank == 2:
-        print(f"CHECKS {count} failed {len(failed)} {failed}", flush=True)
-        os._exit(1 if failed else 0)
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    ok, detail = raises(lambda: hvd.allreduce(torch.ones(3)), rackhub.RackhubError, "")
-    waited = time.monotonic() - t0
-    check("a rank that left fails the next collective", ok and waited < 10,
-          f"after {waited:.2f} s: {detail}")
     hvd.shutdown()
     print(f"CHECKS {count} failed {len(failed)} {failed}", flush=True)
     return 1 if failed else 0

@@ -10,7 +10,9 @@ creates a tenant with N workers through rackhubctl (or uses --tenant with
 
     RACKHUB_RANK, RACKHUB_LOCAL_RANK, RACKHUB_LOCAL_SIZE, RACKHUB_WORLD_SIZE, RACKHUB_HUB,
     RACKHUB_TENANT, RACKHUB_TOKEN_FILE (a 0600 file; the token is not put in
-    the environment), PYTHONUNBUFFERED=1, PYTHONPATH (so `import rackhub` works)
+    the environment), PYTHONUNBUFFERED=1, PYTHONPATH (so `import rackhub` works),
+    and RACKHUB_HUB_METRICS (http://HOST:PORT/metrics of the hub it started;
+    not set with --hub)
 
 which rackhub.torch.init() reads. Every output line of a rank is prefixed
 with `[rank]` (stderr lines with `[rank!]`) and written whole, so the ranks
@@ -136,8 +138,8 @@ def _start_hub(a, work):
                         addrs[parts[0]] = parts[1]
         except FileNotFoundError:
             pass
-        if "admin" in addrs and "data" in addrs:
-            return proc, addrs["admin"], addrs["data"], token_file
+        if "admin" in addrs and "data" in addrs and "metrics" in addrs:
+            return proc, addrs["admin"], addrs["data"], addrs["metrics"], token_file
         time.sleep(0.05)
     proc.kill()
     proc.wait()
@@ -183,11 +185,12 @@ def main(argv=None):
     ranks = []
     admin = a.admin
     admin_token = a.admin_token_file
+    metrics = None
     try:
         if a.hub:
             hub = a.hub
         else:
-            hub_proc, admin, hub, admin_token = _start_hub(a, work)
+            hub_proc, admin, hub, metrics, admin_token = _start_hub(a, work)
         tenant = a.tenant or f"rackhub-run-{os.getpid()}"
         if a.token_file:
             token_file = a.token_file
@@ -216,6 +219,9 @@ def main(argv=None):
                        RACKHUB_WORLD_SIZE=str(a.n), RACKHUB_HUB=hub, RACKHUB_TENANT=tenant,
                        RACKHUB_TOKEN_FILE=os.path.abspath(token_file), PYTHONUNBUFFERED="1")
             env.pop("RACKHUB_TOKEN", None)
+            env.pop("RACKHUB_HUB_METRICS", None)
+            if metrics:
+                env["RACKHUB_HUB_METRICS"] = f"http://{metrics}/metrics"
             pp = env.get("PYTHONPATH")
             env["PYTHONPATH"] = pkg_dir + (os.pathsep + pp if pp else "")
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
