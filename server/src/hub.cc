@@ -1,16 +1,17 @@
 #include "hub.h"
 
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 #include "admin_service.h"
 #include "checkpointer.h"
 #include "data_plane.h"
+#include "health_service.h"
 #include "lanes.h"
 #include "metrics_exporter.h"
 #include "rdma_listener.h"
@@ -299,7 +300,9 @@ Status Hub::StartAdmin() {
   };
   services_ = std::make_unique<AdminServices>(registry_.get(), auth_.get(), std::move(identity),
                                               checkpointer_.get());
-  grpc::EnableDefaultHealthCheckService(true);
+  health_ = std::make_unique<HealthService>(std::set<std::string>{
+      "rackhub.admin.v1.TenantService", "rackhub.admin.v1.KeyService",
+      "rackhub.admin.v1.StatsService", "rackhub.admin.v1.CheckpointService"});
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int admin_port = 0;
@@ -309,6 +312,7 @@ Status Hub::StartAdmin() {
   // then start and silently split the calls. Make a busy port an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   services_->RegisterWith(&builder);
+  builder.RegisterService(health_.get());
   admin_ = builder.BuildAndStart();
   if (!admin_ || admin_port == 0) {
     return Internal("admin.listen: cannot listen on " + config_.admin.listen.ToString() +
@@ -318,7 +322,7 @@ Status Hub::StartAdmin() {
   admin_bound.port = static_cast<uint16_t>(admin_port);
   admin_address_ = admin_bound.ToString();
   services_->SetListenAddresses(admin_address_, data_address_);
-  admin_->GetHealthCheckService()->SetServingStatus(true);
+  health_->SetServing(true);
   spdlog::info("admin API on {} ({}{}), data plane on {}", admin_address_,
                config_.admin.tls_cert_file.empty() ? "plaintext" : "TLS",
                config_.admin.token_file.empty() ? ", no admin token: loopback only" : ", token auth",
@@ -327,7 +331,7 @@ Status Hub::StartAdmin() {
 }
 
 void Hub::SetNotServing() {
-  if (admin_) admin_->GetHealthCheckService()->SetServingStatus(false);
+  if (health_) health_->SetServing(false);
 }
 
 void Hub::Stop(std::chrono::milliseconds grace) {
@@ -347,6 +351,7 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   if (tcp_) tcp_->Stop();
   if (data_plane_) data_plane_->Shutdown(grace);
   if (admin_) {
+    health_->Shutdown();  // its watchers would hold the admin server's Shutdown
     admin_->Shutdown(std::chrono::system_clock::now() + kAdminShutdownGrace);
     admin_->Wait();
   }
@@ -355,6 +360,7 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   }
   if (lanes_) lanes_->Stop();
   admin_.reset();
+  health_.reset();
   metrics_.reset();
   services_.reset();
   checkpointer_.reset();

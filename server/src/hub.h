@@ -27,6 +27,7 @@ class AdminAuth;
 class AdminServices;
 class Checkpointer;
 class DataPlane;
+class HealthService;
 class LaneSet;
 class MetricsExporter;
 class RdmaListener;
@@ -84,6 +85,7 @@ class Hub {
   std::unique_ptr<RdmaListener> rdma_;
   std::unique_ptr<AdminAuth> auth_;
   std::unique_ptr<AdminServices> services_;
+  std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> admin_;
   std::unique_ptr<MetricsExporter> metrics_;
   // After data_plane_: its threads call into the data plane, so it goes first.

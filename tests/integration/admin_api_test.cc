@@ -7,13 +7,13 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include <condition_variable>
+#include <csignal>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "process.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 
 namespace rackhub {
@@ -456,36 +456,42 @@ TEST_F(AdminApiTest, ClientNamesAreEscapedAndTruncatedInLogsAndErrors) {
 
 TEST_F(AdminApiTest, HealthAndReflectionAreServed) {
   ASSERT_TRUE(daemon_.started());
-  // grpc.health.v1.Health/Check with an empty request (service "") answers
-  // SERVING = field 1 varint 1: bytes 08 01.
-  grpc::GenericStub generic(client_.channel_);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::ByteBuffer request, response;
-  grpc::Slice empty("", 0);
-  request = grpc::ByteBuffer(&empty, 1);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status s) {
-                      std::lock_guard l(mu);
-                      status = s;
-                      done = true;
-                      cv.notify_one();
-                    });
-  std::unique_lock l(mu);
-  cv.wait(l, [&] { return done; });
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
-  std::string bytes;
-  for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  // grpc.health.v1.Health (synchronous stubs of proto/grpc/health/v1).
+  namespace health = grpc::health::v1;
+  auto stub = health::Health::NewStub(client_.channel_);
+  for (const char* service : {"", "rackhub.admin.v1.TenantService",
+                              "rackhub.admin.v1.CheckpointService"}) {
+    health::HealthCheckRequest req;
+    req.set_service(service);
+    health::HealthCheckResponse resp;
+    const grpc::Status s = stub->Check(client_.Ctx().get(), req, &resp);
+    ASSERT_TRUE(s.ok()) << service << ": " << s.error_message();
+    EXPECT_EQ(resp.status(), health::HealthCheckResponse::SERVING) << service;
+  }
+  {
+    health::HealthCheckRequest req;
+    req.set_service("no.such.Service");
+    health::HealthCheckResponse resp;
+    const grpc::Status s = stub->Check(client_.Ctx().get(), req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+    EXPECT_NE(s.error_message().find("no.such.Service"), std::string::npos) << s.error_message();
+  }
+  {
+    // Watch of an unknown name: SERVICE_UNKNOWN at once, the stream stays open.
+    health::HealthCheckRequest req;
+    req.set_service("no.such.Service");
+    grpc::ClientContext ctx;
+    auto reader = stub->Watch(&ctx, req);
+    health::HealthCheckResponse resp;
+    ASSERT_TRUE(reader->Read(&resp));
+    EXPECT_EQ(resp.status(), health::HealthCheckResponse::SERVICE_UNKNOWN);
+    ctx.TryCancel();
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
 
   // Server reflection: ServerReflectionRequest{list_services: ""} is field 7,
   // an empty string: bytes 3a 00. The reply lists our services by name.
+  grpc::GenericStub generic(client_.channel_);
   grpc::CompletionQueue cq;
   grpc::ClientContext rctx;
   rctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -524,13 +530,35 @@ TEST_F(AdminApiTest, HealthAndReflectionAreServed) {
   grpc::Status finish;
   call->Finish(&finish, reinterpret_cast<void*>(5));
   step(5);
-  slices.clear();
+  std::vector<grpc::Slice> slices;
   ASSERT_TRUE(reflection_response.Dump(&slices).ok());
-  bytes.clear();
+  std::string bytes;
   for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   EXPECT_NE(bytes.find("rackhub.admin.v1.TenantService"), std::string::npos);
   EXPECT_NE(bytes.find("rackhub.admin.v1.KeyService"), std::string::npos);
   EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+}
+
+// A Watch sees SERVING, then NOT_SERVING when rackhubd is told to stop, and
+// its stream ends: a watcher never holds the daemon's shutdown.
+TEST_F(AdminApiTest, HealthWatchEndsWithNotServingWhenTheDaemonStops) {
+  ASSERT_TRUE(daemon_.started());
+  namespace health = grpc::health::v1;
+  auto stub = health::Health::NewStub(client_.channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Watch(&ctx, health::HealthCheckRequest());
+  health::HealthCheckResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), health::HealthCheckResponse::SERVING);
+  std::thread stopper([this] { EXPECT_EQ(daemon_.Stop(SIGTERM), 0); });
+  std::vector<int> seen;
+  while (reader->Read(&resp)) seen.push_back(resp.status());
+  const grpc::Status end = reader->Finish();
+  stopper.join();
+  ASSERT_FALSE(seen.empty()) << "the stream ended without NOT_SERVING: " << end.error_message();
+  EXPECT_EQ(seen.back(), health::HealthCheckResponse::NOT_SERVING);
+  EXPECT_NE(end.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << end.error_message();
 }
 
 // --- Admin authentication ---------------------------------------------------

@@ -53,7 +53,6 @@ using testing::EtcdCluster;
 using testing::Field;
 using testing::FreeLoopbackPort;
 using testing::KillConnections;
-using testing::Keys;
 using testing::Layout;
 using testing::MakeTempDir;
 using testing::RawClient;
@@ -110,30 +109,29 @@ TEST(ClusterTest, ConcurrentCreatesThroughTwoHubsNeverShareChunks) {
       EXPECT_NE(r.err.find("already exists"), std::string::npos) << r.err;
     }
   }
-  // 2 x 12 key creates at once, half of them the same names on both hubs.
-  std::vector<grpc::Status> statuses(24);
+  // 2 x 12 key creates at once, half of them the same names on both hubs:
+  // 24 rackhubctl processes (the hubs are under test, not a client's threads).
+  std::vector<CommandResult> creates(24);
   {
     std::vector<std::thread> threads;
     for (int i = 0; i < 24; ++i) {
       threads.emplace_back([&, i] {
         const int hub = i % 2;
-        grpc::ClientContext ctx;
-        pb::CreateKeyRequest req;
-        req.set_tenant("job");
-        req.set_name(i < 12 ? "shared" + std::to_string(i / 2) : "own" + std::to_string(i));
-        req.set_elements(1000 + 1000 * (i % 5));
-        pb::Key k;
-        statuses[i] = Keys(cluster.hub(hub).admin_address())->CreateKey(&ctx, req, &k);
+        const std::string name = i < 12 ? "shared" + std::to_string(i / 2)
+                                        : "own" + std::to_string(i);
+        creates[i] = Ctl(cluster.hub(hub).admin_address(),
+                         {"key", "create", "job", name, "--elements",
+                          std::to_string(1000 + 1000 * (i % 5))});
       });
     }
     for (auto& t : threads) t.join();
   }
   int created = 0, existed = 0;
-  for (const auto& s : statuses) {
-    if (s.ok()) {
+  for (const auto& r : creates) {
+    if (r.exit_code == 0) {
       ++created;
     } else {
-      EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+      EXPECT_NE(r.err.find("already exists"), std::string::npos) << Describe(r);
       ++existed;
     }
   }
@@ -269,28 +267,25 @@ TEST(ClusterTest, EtcdMemberKillLoopNeverSplitsTheRegistry) {
   for (int round = 0; round < 6; ++round) {
     const int victim = std::rand() % 3;
     etcd.Stop(victim);
-    std::vector<grpc::Status> statuses(8);
+    // 8 rackhubctl processes at once through both hubs.
+    std::vector<CommandResult> creates(8);
     std::vector<std::thread> threads;
     for (int i = 0; i < 8; ++i) {
       threads.emplace_back([&, i] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + 30s);
-        pb::CreateKeyRequest req;
-        req.set_tenant("job");
-        req.set_name("r" + std::to_string(round) + "k" + std::to_string(i));
-        req.set_elements(1000 + 700 * i);
-        pb::Key k;
-        statuses[i] = Keys(cluster.hub(i % 2).admin_address())->CreateKey(&ctx, req, &k);
+        creates[i] = Ctl(cluster.hub(i % 2).admin_address(),
+                         {"key", "create", "job",
+                          "r" + std::to_string(round) + "k" + std::to_string(i), "--elements",
+                          std::to_string(1000 + 700 * i)});
       });
     }
     for (auto& t : threads) t.join();
     for (int i = 0; i < 8; ++i) {
       const std::string name = "r" + std::to_string(round) + "k" + std::to_string(i);
-      if (statuses[i].ok()) {
+      if (creates[i].exit_code == 0) {
         acknowledged.insert(name);
       } else {
-        EXPECT_EQ(statuses[i].error_code(), grpc::StatusCode::UNAVAILABLE)
-            << name << ": " << statuses[i].error_message();
+        EXPECT_NE(creates[i].err.find("UNAVAILABLE"), std::string::npos)
+            << name << ": " << Describe(creates[i]);
       }
     }
     ASSERT_TRUE(etcd.Start(victim));
