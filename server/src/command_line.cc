@@ -15,6 +15,10 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
+#include <cstdlib>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -102,6 +106,40 @@ void ResolveConfigFile(const std::optional<std::string>& config_flag_file,
   }
 }
 
+
+// state.dir when neither the config file nor --state-dir sets it: the
+// system directory (/var/lib/rackhub, what the systemd unit provides) when
+// this user can write it or create it, else a per-user one, as etcd or
+// Prometheus run for a normal user: $XDG_STATE_HOME/rackhub, or
+// ~/.local/state/rackhub. Without a home the system directory stays and
+// its error names the flags that fix it.
+bool CanWriteOrCreate(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec)) return access(dir.c_str(), W_OK | X_OK) == 0;
+  for (std::filesystem::path p = dir.parent_path(); !p.empty(); p = p.parent_path()) {
+    if (std::filesystem::exists(p, ec)) return access(p.c_str(), W_OK | X_OK) == 0;
+    if (p == p.root_path()) break;
+  }
+  return false;
+}
+
+void ChooseStateDir(Config* config, std::vector<std::string>* notices) {
+  const std::string system_dir = kSystemStateDir;
+  config->state.dir = system_dir;
+  if (config->state.in_memory || CanWriteOrCreate(system_dir)) return;
+  std::string base;
+  if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg != nullptr && xdg[0] == '/') {
+    base = xdg;
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && home[0] == '/') {
+    base = std::string(home) + "/.local/state";
+  } else {
+    return;
+  }
+  config->state.dir = base + "/rackhub";
+  notices->push_back("state.dir: not set and " + system_dir +
+                     " is not writable by this user: using the per-user " + config->state.dir +
+                     " (set --state-dir DIR, or --in-memory to keep no state)");
+}
 }  // namespace
 
 ParseResult ParseCommandLine(int argc, const char* const* argv) {
@@ -166,6 +204,9 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
   const std::optional<std::string> config_flag_file =
       config->count() > 0 ? std::optional(config_file) : std::nullopt;
   ResolveConfigFile(config_flag_file, action_files, &r.command_line, &r.errors);
+  // "Not set" until the file or a flag sets it: then ChooseStateDir picks
+  // the system or the per-user default.
+  r.config.state.dir.clear();
   if (!r.command_line.config_file.empty()) {
     std::ifstream f(r.command_line.config_file, std::ios::binary);
     if (!f) {
@@ -185,6 +226,7 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
       r.errors.push_back(fmt::format("{} ({}): {}", flag, field, s.message()));
     }
   }
+  if (r.config.state.dir.empty()) ChooseStateDir(&r.config, &r.notices);
   if (r.errors.empty()) ValidateConfig(r.config, &r.errors);
   return r;
 }
@@ -240,7 +282,8 @@ options (flags override the config file):
       --etcd-prefix PREFIX          prefix of rackhub's etcd keys     [/rackhub/]
       --etcd-timeout-ms MS          deadline of each etcd call            [3000]
       --lease-ttl-s N               a dead hub leaves the cluster after N s  [5]
-      --state-dir DIR               registry database and checkpoints [/var/lib/rackhub]
+      --state-dir DIR               registry database and checkpoints [/var/lib/rackhub;
+                                    for a user who cannot write it ~/.local/state/rackhub]
       --in-memory                   keep no state on disk; a restart starts empty
                                     (tests and benchmarks only)
       --checkpoint-every-iterations N  checkpoint a tenant every N updates; 0 = off [0]

@@ -113,11 +113,15 @@ struct TenantDefaults {
   uint32_t max_tenants = 1024;
 };
 
+// The state directory the systemd unit provides (and a root daemon uses
+// unless told otherwise).
+inline constexpr const char* kSystemStateDir = "/var/lib/rackhub";
+
 // Durable state (docs/durability.md): the registry database and the
 // tenants' checkpoints live under `dir`. `in_memory`: nothing is written and
 // a restart starts empty (tests and benchmarks only; must be asked for).
 struct StateConfig {
-  std::string dir = "/var/lib/rackhub";  // registry.db, checkpoints/<tenant>/
+  std::string dir = kSystemStateDir;  // registry.db, checkpoints/<tenant>/
   bool in_memory = false;
 };
 
@@ -179,6 +183,9 @@ struct ParseResult {
   Config config;
   CommandLine command_line;
   std::vector<std::string> errors;
+  // Choices made for the user that the daemon logs at start (e.g. the
+  // per-user state directory).
+  std::vector<std::string> notices;
   bool ok() const { return errors.empty(); }
 };
 

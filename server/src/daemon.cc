@@ -37,7 +37,7 @@ bool WriteReadyFile(const std::string& path, const std::string& admin, const std
 
 }  // namespace
 
-int RunDaemon(const Config& config) {
+int RunDaemon(const Config& config, const std::vector<std::string>& notices) {
   // Block the stop signals before any thread starts: every thread inherits the
   // mask and only the main thread takes them, with sigtimedwait below.
   sigset_t stop_signals;
@@ -50,6 +50,7 @@ int RunDaemon(const Config& config) {
 
   SetUpLogging(config.log_level);
   spdlog::info("rackhubd {} starting", RACKHUB_VERSION);
+  for (const std::string& notice : notices) spdlog::info("{}", notice);
 
   Hub hub(config);
   if (Status s = hub.Start(); !s.ok()) {

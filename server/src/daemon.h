@@ -13,7 +13,8 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitRuntimeError = 1;  // e.g. cannot bind a listen address
 inline constexpr int kExitConfigError = 78;  // EX_CONFIG: systemd should not restart
 
-// REQUIRES: config passed ValidateConfig. Returns the process exit code.
-int RunDaemon(const Config& config);
+// REQUIRES: config passed ValidateConfig. `notices` are logged once logging
+// is set up (ParseResult::notices). Returns the process exit code.
+int RunDaemon(const Config& config, const std::vector<std::string>& notices = {});
 
 }  // namespace rackhub::server

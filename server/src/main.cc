@@ -55,5 +55,5 @@ int main(int argc, char** argv) {
     }
     return kExitOk;
   }
-  return RunDaemon(c);
+  return RunDaemon(c, parsed.notices);
 }

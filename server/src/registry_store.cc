@@ -262,14 +262,16 @@ Result<std::unique_ptr<RegistryStore>> RegistryStore::Open(const std::string& di
     const std::filesystem::path p(dir);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
     if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-      return FailedPrecondition("state.dir: cannot create " + dir + ": " + std::strerror(errno));
+      return FailedPrecondition("state.dir: cannot create " + dir + ": " + std::strerror(errno) +
+                                " (set --state-dir DIR, or --in-memory to keep no state)");
     }
   } else if (!std::filesystem::is_directory(st)) {
     return FailedPrecondition("state.dir: " + dir + " is not a directory");
   }
   // The database and its -wal/-shm files are created in the directory.
   if (access(dir.c_str(), R_OK | W_OK | X_OK) != 0) {
-    return FailedPrecondition("state.dir: " + dir + " is not writable: " + std::strerror(errno));
+    return FailedPrecondition("state.dir: " + dir + " is not writable: " + std::strerror(errno) +
+                              " (set --state-dir DIR, or --in-memory to keep no state)");
   }
   // One daemon per state directory: a second one would write the same
   // database and checkpoints. The lock goes with the process (also on kill -9).

@@ -10,11 +10,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "process.h"
 
@@ -159,6 +161,70 @@ TEST(JournalLogTest, OtherStderrKeepsTheUsualForm) {
   EXPECT_NE(run.log.find(" warning state.in_memory: tenants and keys are not stored"),
             std::string::npos)
       << run.log;
+}
+
+
+// rackhubd as a normal user, as a newcomer first runs it: without a state
+// directory in the config or on the command line and without write access
+// to /var/lib/rackhub, it uses a per-user one and says so; with no home to
+// put it in, the error names the flags that fix it.
+TEST(StateDirTest, AUserWhoCannotWriteTheSystemDirectoryGetsAPerUserOne) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run rackhubd as user nobody (setpriv)";
+  const std::string home = testing::MakeTempDir();
+  ASSERT_EQ(chown(home.c_str(), 65534, 65534), 0) << std::strerror(errno);
+  const std::vector<std::string> as_nobody = {"/usr/bin/setpriv", "--reuid=65534",
+                                              "--regid=65534", "--clear-groups", "/usr/bin/env",
+                                              "-i"};
+  auto command = [&](std::vector<std::string> env, std::vector<std::string> args) {
+    std::vector<std::string> argv = as_nobody;
+    argv.insert(argv.end(), env.begin(), env.end());
+    argv.push_back(BinPath("rackhubd"));
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  };
+  // --check-config shows the choice.
+  auto r = RunCommand(command({"HOME=" + home}, {"--check-config"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("state: " + home + "/.local/state/rackhub\n"), std::string::npos) << r.out;
+  r = RunCommand(command({"HOME=" + home, "XDG_STATE_HOME=" + home + "/xdg"}, {"--check-config"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("state: " + home + "/xdg/rackhub\n"), std::string::npos) << r.out;
+  // An explicit directory is used as given (and not replaced when unusable).
+  r = RunCommand(command({"HOME=" + home}, {"--check-config", "--state-dir", "/var/lib/rackhub"}));
+  EXPECT_NE(r.out.find("state: /var/lib/rackhub\n"), std::string::npos) << r.out;
+
+  // The daemon starts, logs the choice and keeps its registry there.
+  const std::string ready = home + "/ready";
+  const std::string log_path = home + "/rackhubd.log";
+  testing::ChildProcess daemon(
+      command({"HOME=" + home}, {"--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+                                 "--no-metrics", "--lanes", "1", "--ready-file", ready}),
+      log_path);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(ready) && daemon.running() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(std::filesystem::exists(ready)) << testing::ReadFile(log_path);
+  daemon.Kill(SIGTERM);
+  EXPECT_EQ(daemon.Wait(std::chrono::seconds(30)), 0) << testing::ReadFile(log_path);
+  const std::string log = testing::ReadFile(log_path);
+  EXPECT_NE(log.find("state.dir: not set and /var/lib/rackhub is not writable by this user: "
+                     "using the per-user " + home + "/.local/state/rackhub (set --state-dir DIR, "
+                     "or --in-memory to keep no state)"),
+            std::string::npos)
+      << log;
+  EXPECT_TRUE(std::filesystem::exists(home + "/.local/state/rackhub/registry.db")) << log;
+
+  // No home: the system directory stays, and its error says what to do.
+  r = RunCommand(command({}, {"--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
+                              "--no-metrics", "--lanes", "1"}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("state.dir: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/var/lib/rackhub"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(set --state-dir DIR, or --in-memory to keep no state)"),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace

@@ -226,7 +226,7 @@ echo RACKHUB_SECURITY_END
 score=$(sed -n 's/.*Overall exposure level for rackhubd.service: \([0-9.]*\).*/\1/p' /tmp/security.txt)
 [ -n "$score" ] || fail "no overall exposure level in the systemd-analyze output"
 awk -v s="$score" -v m="$max_exposure" 'BEGIN { exit !(s <= m) }' \
-  || fail "overall exposure $score is above $max_exposure (README.md states the unit's score: update the unit or the README)"
+  || fail "overall exposure $score is above $max_exposure (README.md and docs/running.md state the unit's score: update the unit or them)"
 ok "overall exposure $score (at most $max_exposure): $(grep -o 'Overall exposure level.*' /tmp/security.txt)"
 if [ ${#failed_checks[@]} -gt 0 ]; then
   say "FAILED checks: ${failed_checks[*]} (see FAIL above)"
