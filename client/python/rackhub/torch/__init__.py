@@ -40,13 +40,13 @@ except the getters (rank(), size(), local_rank(), local_size(), ...).
 Failures raise rackhub.RackhubError (RolledBack, WorkerLost: subclasses).
 """
 from .._core import RackhubError, RolledBack, WorkerLost
-from ._context import (client, init, is_initialized, local_rank, local_size, rank, shutdown,
-                       size)
+from ._context import client, is_initialized, local_rank, local_size, rank, shutdown, size
 from .collectives import (allgather, allgather_object, allreduce, allreduce_, broadcast,
                           broadcast_, broadcast_object, broadcast_optimizer_state,
                           broadcast_parameters)
 from .hub_specs import SGD, Adagrad, Adam, AdamW, Adasum, Average, Compression, Sum
 from .embedding import table_init_
+from .lifecycle import init
 from .optimizer import DistributedOptimizer
 
 __all__ = [

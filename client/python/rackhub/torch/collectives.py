@@ -22,7 +22,7 @@ that died) raises WorkerLost/RolledBack on the ranks; the helper key is
 pulled first, so the next collective works.
 
 Multi-rack tenants: ranks are global (rack * workers_per_rack + rank), see
-_context.init(racks=...).
+lifecycle.init(racks=...).
 
 Thread use: the thread that runs the training loop.
 """
