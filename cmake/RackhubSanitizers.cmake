@@ -32,11 +32,14 @@ endif()
 
 if(RACKHUB_SANITIZE)
   if(RACKHUB_SANITIZE STREQUAL "address,undefined")
-    # Every UBSan check, vptr included. vptr's false positives at the
-    # boundary with Debian's uninstrumented libraries (objects whose type
-    # information lives only in the library) are listed by type in
-    # tests/sanitizers/ubsan.supp, which tests/run.sh passes.
-    set(_rackhub_san -fsanitize=address,undefined
+    # Every UBSan check but vptr. vptr's check reads the process's memory
+    # map to look at an object; with every descriptor in use (EMFILE, which
+    # hostile_clients_test causes on purpose) it cannot, and reports any
+    # virtual call as "invalid vptr" (seen: boost::system::error_category of
+    # Asio's accept error, error_code.hpp:417, "<memory cannot be printed>").
+    # A UBSan suppression by that header (vptr:*/boost/system/error_code.hpp)
+    # did not silence it with GCC 12's runtime, so vptr stays off here.
+    set(_rackhub_san -fsanitize=address,undefined -fno-sanitize=vptr
       -fno-sanitize-recover=undefined)
   elseif(RACKHUB_SANITIZE STREQUAL "thread")
     set(_rackhub_san -fsanitize=thread)
