@@ -65,10 +65,9 @@ if [ $full = 1 ]; then
 fi
 # Sanitizer reports fail the process that has them (tests and the rackhubd
 # they start); TSan's known reports from uninstrumented libraries are
-# suppressed with a comment per entry, as are UBSan vptr reports on types of
-# uninstrumented libraries (tests/sanitizers/).
+# suppressed with a comment per entry (tests/sanitizers/).
 export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1"
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$repo/tests/sanitizers/ubsan.supp"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$repo/tests/sanitizers/tsan.supp"
 
 work=$(mktemp -d /tmp/rackhub-run.XXXXXX)
