@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "element_type.h"
 #include "params_reply.h"
 #include "rackhub/aggregation/kernels.h"
 
@@ -10,10 +11,6 @@ namespace rackhub::server {
 using net::WireError;
 
 namespace {
-
-aggregation::ElementType ElementTypeOf(WireDType d) {
-  return static_cast<aggregation::ElementType>(static_cast<uint8_t>(d));
-}
 
 aggregation::OptimizerConfig SumOnly() {
   aggregation::OptimizerConfig c;

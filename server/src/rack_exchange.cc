@@ -8,6 +8,7 @@
 #include "params_reply.h"
 #include "proto_convert.h"
 #include "rackhub/aggregation/kernels.h"
+#include "rackhub/common/number.h"
 #include "rackhub/data/v1/control.pb.h"
 
 namespace rackhub::server {
@@ -25,8 +26,6 @@ namespace {
 std::span<const std::byte> Bytes(std::span<const float> f) {
   return {reinterpret_cast<const std::byte*>(f.data()), f.size() * sizeof(float)};
 }
-
-std::string Num(uint64_t v) { return std::to_string(v); }
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include "proto_convert.h"
 #include "rack_exchange.h"
 #include "rackhub/common/log_safe.h"
+#include "rackhub/common/number.h"
 #include "rackhub/data/v1/control.pb.h"
 
 namespace rackhub::server {
@@ -22,8 +23,6 @@ using net::WireError;
 using Verdict = net::FrameHandler::Verdict;
 
 namespace {
-
-std::string Num(uint64_t v) { return std::to_string(v); }
 
 }  // namespace
 

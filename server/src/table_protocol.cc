@@ -6,6 +6,8 @@
 #include <cstring>
 #include <optional>
 
+#include "element_type.h"
+#include "rackhub/common/number.h"
 #include "worker_protocol.h"
 
 namespace rackhub::server {
@@ -17,14 +19,8 @@ using Verdict = net::FrameHandler::Verdict;
 
 namespace {
 
-std::string Num(uint64_t v) { return std::to_string(v); }
-
 // Row PULLs held per tenant and lane during a recovery, at most.
 constexpr size_t kMaxParkedRowPulls = 65536;
-
-aggregation::ElementType ElementTypeOf(net::DType d) {
-  return static_cast<aggregation::ElementType>(static_cast<uint8_t>(d));
-}
 
 // The ROWS frame answering `request_id`: rows `ids` of the shard at its
 // current version, in the chunk's wire dtype.

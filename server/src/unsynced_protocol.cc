@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "params_reply.h"
+#include "rackhub/common/number.h"
 #include "worker_protocol.h"
 
 namespace rackhub::server {
@@ -18,8 +19,6 @@ using net::WireError;
 using Verdict = net::FrameHandler::Verdict;
 
 namespace {
-
-std::string Num(uint64_t v) { return std::to_string(v); }
 
 // The largest iteration count a reply may carry when the slowest member
 // is at `slowest`.

@@ -10,6 +10,7 @@
 #include "rack_exchange.h"
 #include "rackhub/aggregation/topk.h"
 #include "rackhub/common/log_safe.h"
+#include "rackhub/common/number.h"
 
 namespace rackhub::server {
 
@@ -31,8 +32,6 @@ constexpr size_t kMaxParkedPulls = 65536;
 // A connection closing with at least this much queued is a big release.
 constexpr size_t kTrimAfterBacklog = 1u << 20;
 constexpr auto kTrimDelay = std::chrono::milliseconds(500);
-
-std::string Num(uint64_t v) { return std::to_string(v); }
 
 void CountError(LaneTenant& t, WireError code) { t.metrics->CountError(static_cast<uint32_t>(code)); }
 

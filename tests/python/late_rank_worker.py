@@ -30,14 +30,18 @@ def check(name, cond, detail=""):
     print(f"CHECK {'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
 
 
+def metric(name):
+    """This tenant's value of the hub's metric `name` (0 before it has one)."""
+    text = urllib.request.urlopen(os.environ["RACKHUB_HUB_METRICS"], timeout=30).read().decode()
+    tenant = os.environ["RACKHUB_TENANT"]
+    m = re.search(r'^' + name + r'\{tenant="' + re.escape(tenant) + r'"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 def stragglers():
     """The hub's count of iterations of this tenant aborted by the straggler
     timeout."""
-    text = urllib.request.urlopen(os.environ["RACKHUB_HUB_METRICS"], timeout=30).read().decode()
-    tenant = os.environ["RACKHUB_TENANT"]
-    m = re.search(r'^rackhub_stragglers_total\{tenant="' + re.escape(tenant) + r'"\} (\S+)$',
-                  text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return metric("rackhub_stragglers_total")
 
 
 def wait_for(what, cond, timeout=120):
@@ -56,6 +60,11 @@ def main():
     hvd.init(op_timeout=op_timeout)
     rank, size = hvd.rank(), hvd.size()
     check("3 ranks", size == 3, str(size))
+    # Every rank connected before the first collective: a rank that has not
+    # connected yet (still importing torch on a loaded machine) would be
+    # "not connected" to the hub, which fails a collective at once, as for a
+    # rank that left (checked below).
+    wait_for("all 3 ranks connected", lambda: metric("rackhub_workers_connected") == size)
     before = stragglers()
     # A root later than the straggler timeout: ranks 1 and 2 start the
     # broadcast, the hub aborts their round after 1 s; rank 0 comes only
