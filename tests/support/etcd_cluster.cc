@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -140,8 +141,14 @@ void EtcdCluster::Launch(int i, bool fresh) {
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
   const std::string log = dir_ + "/m" + std::to_string(i) + ".log";
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
+    // A test process that dies without running its destructors (a
+    // sanitizer's abort, a crash) must not leave etcd behind: it dies with
+    // the thread that started it (the test's main thread).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
