@@ -9,27 +9,7 @@ import torch
 
 import rackhub
 import rackhub.torch as hvd
-
-failed = []
-count = 0
-
-
-def check(name, cond, detail=""):
-    global count
-    count += 1
-    if not cond:
-        failed.append(name)
-    print(f"CHECK {'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
-
-
-def raises(fn, exc, text):
-    try:
-        fn()
-    except exc as e:
-        return text in str(e), f"{type(e).__name__}: {e}"
-    except Exception as e:  # noqa: BLE001 - report what was raised instead
-        return False, f"{type(e).__name__}: {e}"
-    return False, "nothing raised"
+from checks import check, raises, summary
 
 
 def values_of(seed):
@@ -277,8 +257,7 @@ def main():
     hvd.shutdown()
     options(rank, size)
     hvd.shutdown()
-    print(f"CHECKS {count} failed {len(failed)} {failed}", flush=True)
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -17,17 +17,7 @@ import torch
 
 import rackhub
 import rackhub.torch as hvd
-
-failed = []
-count = 0
-
-
-def check(name, cond, detail=""):
-    global count
-    count += 1
-    if not cond:
-        failed.append(name)
-    print(f"CHECK {'ok  ' if cond else 'FAIL'} {name} {detail}", flush=True)
+from checks import check, summary
 
 
 def metric(name):
@@ -84,8 +74,7 @@ def main():
     # not connected, naming it, instead of retrying until op_timeout.
     if rank == 2:
         hvd.shutdown()
-        print(f"CHECKS {count} failed {len(failed)} {failed}", flush=True)
-        return 1 if failed else 0
+        return summary()
     ok, detail = False, "nothing raised"
     t0 = time.monotonic()
     try:
@@ -97,8 +86,7 @@ def main():
           ok and waited < op_timeout,
           f"after {waited:.2f} s: {detail}")
     hvd.shutdown()
-    print(f"CHECKS {count} failed {len(failed)} {failed}", flush=True)
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":
