@@ -52,8 +52,12 @@ if(RACKHUB_SANITIZE)
     # Authenticate call, a call's status message, copied on gRPC threads).
     # Executables export nothing here, so every library call stays in the
     # library's own uninstrumented code, which called_from_lib covers.
-    string(APPEND CMAKE_EXE_LINKER_FLAGS
-      " -Wl,--version-script=${CMAKE_CURRENT_LIST_DIR}/executable-exports.map")
+    # GCC only: its TSan runtime is a shared library; clang links the
+    # runtime into the executable, whose interceptors must stay exported.
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+      string(APPEND CMAKE_EXE_LINKER_FLAGS
+        " -Wl,--version-script=${CMAKE_CURRENT_LIST_DIR}/executable-exports.map")
+    endif()
   else()
     message(FATAL_ERROR "RACKHUB_SANITIZE: '${RACKHUB_SANITIZE}' is not one of "
       "'address,undefined', 'thread'")

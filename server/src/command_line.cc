@@ -21,6 +21,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include "config.h"
 
@@ -123,9 +124,19 @@ bool CanWriteOrCreate(const std::filesystem::path& dir) {
   return false;
 }
 
+// True if the config file's text has state.dir (ParseConfigText reports
+// the file's errors).
+bool SetsStateDir(const std::string& text) {
+  try {
+    const toml::table table = toml::parse(text);
+    return table["state"]["dir"].node() != nullptr;
+  } catch (const toml::parse_error&) {
+    return false;
+  }
+}
+
 void ChooseStateDir(Config* config, std::vector<std::string>* notices) {
   const std::string system_dir = kSystemStateDir;
-  config->state.dir = system_dir;
   if (config->state.in_memory || CanWriteOrCreate(system_dir)) return;
   std::string base;
   if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg != nullptr && xdg[0] == '/') {
@@ -204,9 +215,7 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
   const std::optional<std::string> config_flag_file =
       config->count() > 0 ? std::optional(config_file) : std::nullopt;
   ResolveConfigFile(config_flag_file, action_files, &r.command_line, &r.errors);
-  // "Not set" until the file or a flag sets it: then ChooseStateDir picks
-  // the system or the per-user default.
-  r.config.state.dir.clear();
+  bool state_dir_given = overrides.count("state.dir") > 0;
   if (!r.command_line.config_file.empty()) {
     std::ifstream f(r.command_line.config_file, std::ios::binary);
     if (!f) {
@@ -216,6 +225,7 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
       std::stringstream ss;
       ss << f.rdbuf();
       ParseConfigText(ss.str(), r.command_line.config_file, &r.config, &r.errors);
+      state_dir_given = state_dir_given || SetsStateDir(ss.str());
     }
   }
   for (const auto& [field, value] : overrides) {
@@ -226,7 +236,8 @@ ParseResult ParseCommandLine(int argc, const char* const* argv) {
       r.errors.push_back(fmt::format("{} ({}): {}", flag, field, s.message()));
     }
   }
-  if (r.config.state.dir.empty()) ChooseStateDir(&r.config, &r.notices);
+  // Given (even as "", which validation refuses) means used as given.
+  if (!state_dir_given) ChooseStateDir(&r.config, &r.notices);
   if (r.errors.empty()) ValidateConfig(r.config, &r.errors);
   return r;
 }

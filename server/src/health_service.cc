@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "rackhub/common/log_safe.h"
+
 namespace rackhub::server {
 
 using grpc::health::v1::HealthCheckRequest;
@@ -37,8 +39,8 @@ grpc::Status HealthService::Check(grpc::ServerContext* /*context*/,
                                   const HealthCheckRequest* request,
                                   HealthCheckResponse* response) {
   if (!request->service().empty() && services_.count(request->service()) == 0) {
-    return {grpc::StatusCode::NOT_FOUND, "unknown service '" + request->service().substr(0, 128) +
-                                             "' (known: \"\" and the rackhub.admin.v1 services)"};
+    return {grpc::StatusCode::NOT_FOUND, "unknown service " + QuoteForLog(request->service(), 128) +
+                                             " (known: \"\" and the rackhub.admin.v1 services)"};
   }
   std::lock_guard lock(mu_);
   response->set_status(serving_ ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING);
@@ -70,7 +72,8 @@ grpc::Status HealthService::Watch(grpc::ServerContext* context, const HealthChec
       lock.lock();
       if (!written || last) break;
     }
-    changed_.wait_for(lock, kCancelPoll);
+    // A change made while the lock was released for Write is seen here.
+    changed_.wait_for(lock, kCancelPoll, [&] { return sent != version_; });
     ended = context->IsCancelled();
   }
   --watchers_;

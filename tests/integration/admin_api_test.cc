@@ -481,6 +481,7 @@ TEST_F(AdminApiTest, HealthAndReflectionAreServed) {
     health::HealthCheckRequest req;
     req.set_service("no.such.Service");
     grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     auto reader = stub->Watch(&ctx, req);
     health::HealthCheckResponse resp;
     ASSERT_TRUE(reader->Read(&resp));
@@ -558,7 +559,9 @@ TEST_F(AdminApiTest, HealthWatchEndsWithNotServingWhenTheDaemonStops) {
   stopper.join();
   ASSERT_FALSE(seen.empty()) << "the stream ended without NOT_SERVING: " << end.error_message();
   EXPECT_EQ(seen.back(), health::HealthCheckResponse::NOT_SERVING);
-  EXPECT_NE(end.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << end.error_message();
+  // OK only when the service ended the stream itself; the admin server's
+  // shutdown grace would cancel it instead.
+  EXPECT_TRUE(end.ok()) << end.error_code() << ": " << end.error_message();
 }
 
 // --- Admin authentication ---------------------------------------------------

@@ -131,7 +131,7 @@ TEST(ClusterTest, ConcurrentCreatesThroughTwoHubsNeverShareChunks) {
     if (r.exit_code == 0) {
       ++created;
     } else {
-      EXPECT_NE(r.err.find("already exists"), std::string::npos) << Describe(r);
+      EXPECT_NE(r.err.find("ALREADY_EXISTS"), std::string::npos) << Describe(r);
       ++existed;
     }
   }
@@ -273,7 +273,7 @@ TEST(ClusterTest, EtcdMemberKillLoopNeverSplitsTheRegistry) {
     for (int i = 0; i < 8; ++i) {
       threads.emplace_back([&, i] {
         creates[i] = Ctl(cluster.hub(i % 2).admin_address(),
-                         {"key", "create", "job",
+                         {"--timeout", "30", "key", "create", "job",
                           "r" + std::to_string(round) + "k" + std::to_string(i), "--elements",
                           std::to_string(1000 + 700 * i)});
       });

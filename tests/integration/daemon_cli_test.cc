@@ -164,12 +164,40 @@ TEST(JournalLogTest, OtherStderrKeepsTheUsualForm) {
 }
 
 
+// A state directory given empty is an error, never replaced by a default
+// (a script's unset variable must not land in the system's registry).
+TEST(StateDirTest, AnEmptyStateDirIsAConfigurationError) {
+  for (const auto& args : {std::vector<std::string>{"--state-dir="},
+                           std::vector<std::string>{"--state-dir", ""}}) {
+    std::vector<std::string> argv = {BinPath("rackhubd"), "--check-config"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, kExitConfigError) << r.out;
+    EXPECT_TRUE(r.err.find("--state-dir: missing value") != std::string::npos ||
+                r.err.find("state.dir: is empty") != std::string::npos)
+        << r.err;
+  }
+  testing::CommandResult r;
+  const std::string dir = testing::MakeTempDir();
+  testing::WriteFile(dir + "/empty.toml", "[state]\ndir = \"\"\n");
+  r = RunCommand({BinPath("rackhubd"), "--check-config", dir + "/empty.toml"});
+  EXPECT_EQ(r.exit_code, kExitConfigError) << r.out;
+  EXPECT_NE(r.err.find("state.dir: is empty"), std::string::npos) << r.err;
+  // Given in the file, it is used as given.
+  testing::WriteFile(dir + "/given.toml", "[state]\ndir = \"" + dir + "/s\"\n");
+  r = RunCommand({BinPath("rackhubd"), "--check-config", dir + "/given.toml"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("state: " + dir + "/s\n"), std::string::npos) << r.out;
+}
+
 // rackhubd as a normal user, as a newcomer first runs it: without a state
 // directory in the config or on the command line and without write access
 // to /var/lib/rackhub, it uses a per-user one and says so; with no home to
 // put it in, the error names the flags that fix it.
 TEST(StateDirTest, AUserWhoCannotWriteTheSystemDirectoryGetsAPerUserOne) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to run rackhubd as user nobody (setpriv)";
+  ASSERT_EQ(access("/usr/bin/setpriv", X_OK), 0)
+      << "/usr/bin/setpriv (util-linux, essential in Debian) is missing";
   const std::string home = testing::MakeTempDir();
   ASSERT_EQ(chown(home.c_str(), 65534, 65534), 0) << std::strerror(errno);
   const std::vector<std::string> as_nobody = {"/usr/bin/setpriv", "--reuid=65534",

@@ -144,15 +144,15 @@ TEST(DaemonLifecycleTest, HelloWithInvalidUtf8IsRefusedInTheDaemonsLog) {
 TEST(DaemonLifecycleTest, BusyPortsFailStartupWithTheFieldNamed) {
   DaemonProcess first;
   ASSERT_TRUE(first.started());
-  auto r = RunCommand({BinPath("rackhubd"), "--admin-listen", "127.0.0.1:0", "--data-listen",
-                       first.data_address()},
+  auto r = RunCommand({BinPath("rackhubd"), "--in-memory", "--admin-listen", "127.0.0.1:0",
+                       "--data-listen", first.data_address()},
                       "", std::chrono::seconds(10));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("data.listen: cannot listen on " + first.data_address()),
             std::string::npos)
       << r.err;
-  r = RunCommand({BinPath("rackhubd"), "--admin-listen", first.admin_address(), "--data-listen",
-                  "127.0.0.1:0"},
+  r = RunCommand({BinPath("rackhubd"), "--in-memory", "--admin-listen", first.admin_address(),
+                  "--data-listen", "127.0.0.1:0"},
                  "", std::chrono::seconds(10));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("admin.listen: cannot listen on " + first.admin_address()),

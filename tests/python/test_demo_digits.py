@@ -15,7 +15,7 @@ import sys
 import time
 
 SKIP = 77        # CTest SKIP_RETURN_CODE
-THRESHOLD = 95.0  # held-out accuracy in %, both runs (the README's claim)
+THRESHOLD = 95.0  # held-out accuracy in %, both runs (docs/demos.md's claim)
 WORKERS = 3
 
 

@@ -19,7 +19,8 @@
 #   security  `systemd-analyze security rackhubd`, printed between the lines
 #             RACKHUB_SECURITY_BEGIN and RACKHUB_SECURITY_END; its overall
 #             exposure must not exceed RACKHUB_MAX_EXPOSURE (default below,
-#             the figure README.md states)
+#             the bound; README.md and docs/running.md state the measured
+#             score, 2.2)
 # Every check prints what it verified ("ok: ...") or why it failed
 # ("FAIL: ..."). Exit status: 0 every check passed; 1 a check failed (the
 # first failure ends the run, with rackhubd's journal); 2 usage error.

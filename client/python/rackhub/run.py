@@ -12,7 +12,7 @@ creates a tenant with N workers through rackhubctl (or uses --tenant with
     RACKHUB_TENANT, RACKHUB_TOKEN_FILE (a 0600 file; the token is not put in
     the environment), PYTHONUNBUFFERED=1, PYTHONPATH (so `import rackhub` works),
     and RACKHUB_HUB_METRICS (http://HOST:PORT/metrics of the hub it started;
-    not set with --hub)
+    not set with --hub or when that hub's metrics are off)
 
 which rackhub.torch.init() reads. Every output line of a rank is prefixed
 with `[rank]` (stderr lines with `[rank!]`) and written whole, so the ranks
@@ -138,8 +138,10 @@ def _start_hub(a, work):
                         addrs[parts[0]] = parts[1]
         except FileNotFoundError:
             pass
-        if "admin" in addrs and "data" in addrs and "metrics" in addrs:
-            return proc, addrs["admin"], addrs["data"], addrs["metrics"], token_file
+        if "admin" in addrs and "data" in addrs:
+            # The ready file is written whole: a metrics line is there unless
+            # metrics are off (--hub-arg=--no-metrics).
+            return proc, addrs["admin"], addrs["data"], addrs.get("metrics"), token_file
         time.sleep(0.05)
     proc.kill()
     proc.wait()
