@@ -11,7 +11,9 @@
 // Watch sends the current status at once and again on every change (an
 // unknown name gets SERVICE_UNKNOWN) until the caller cancels or the daemon
 // stops; at most kMaxWatchers at once (each holds a gRPC thread), beyond that
-// RESOURCE_EXHAUSTED.
+// RESOURCE_EXHAUSTED. Like gRPC's own health service it needs no admin token
+// (probes and load balancers call it), so a peer that can reach the admin
+// port can hold watcher slots until its connections end; Check is unaffected.
 //
 // Ownership: the Hub owns it and registers it with the admin server; it must
 // outlive that server. Threading: SetServing and Shutdown from any thread;
