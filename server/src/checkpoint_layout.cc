@@ -282,6 +282,19 @@ std::string DecodeAndPlan(std::string_view manifest, const Header& header, Check
   }
   if (std::string e = DecodeManifest(manifest, image); !e.empty()) return e;
   if (std::string e = CheckKeys(image->keys); !e.empty()) return "manifest: " + e;
+  // Bounded before planning: every record takes at least its header in the
+  // file (whose size the caller checked against header.file_bytes), so a
+  // manifest cannot make the plan larger than the file.
+  uint64_t chunks = 0;
+  for (const CheckpointKey& k : image->keys) chunks += k.chunk_count;
+  const uint64_t room = header.file_bytes > header.data_offset
+                            ? (header.file_bytes - header.data_offset) / kRecordHeaderBytes
+                            : 0;
+  if (chunks != header.record_count || chunks > room) {
+    return "manifest describes " + std::to_string(chunks) + " chunks, header says " +
+           std::to_string(header.record_count) + " in a file of " +
+           std::to_string(header.file_bytes) + " bytes";
+  }
   *plan = PlanRecords(image->keys, header.data_offset);
   const uint64_t end = RecordsEnd(*plan, header.data_offset);
   if (plan->size() != header.record_count || end != header.file_bytes) {
