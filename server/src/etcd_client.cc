@@ -21,6 +21,25 @@ bool TokenExpired(const grpc::Status& s) {
          s.error_message().find("invalid auth token") != std::string::npos;
 }
 
+// True when etcd did not answer in time or could not be reached. Besides
+// the gRPC codes, etcd's server passes Go's context errors through with
+// code UNKNOWN when the request's deadline (ours, propagated) expires on
+// the server before our side notices, e.g. while a cluster without
+// quorum waits for a leader; that is the same "no answer in time".
+bool NoAnswer(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+      return true;
+    case grpc::StatusCode::UNKNOWN:
+      return s.error_message() == "context deadline exceeded" ||
+             s.error_message() == "context canceled";
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 Result<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOptions& options,
@@ -111,13 +130,9 @@ Status EtcdClient::Authenticate() {
       current_ = e;
       return Status::Ok();
     }
-    if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      break;
-    }
+    if (!NoAnswer(last)) break;
   }
-  if (last.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (NoAnswer(last)) {
     return Unavailable(options_.field + ": cannot reach etcd at " + endpoints() + ": " +
                        last.error_message());
   }
@@ -156,17 +171,18 @@ Status EtcdClient::Call(const char* what,
     if (last.error_code() != grpc::StatusCode::UNAVAILABLE) break;
   }
   const std::string detail = std::string(what) + " failed: " + last.error_message();
+  if (NoAnswer(last)) {
+    return Unavailable(options_.field + ": etcd at " + endpoints() + " did not answer (" +
+                       detail + ")");
+  }
   switch (last.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-    case grpc::StatusCode::CANCELLED:
-      return Unavailable(options_.field + ": etcd at " + endpoints() + " did not answer (" +
-                         detail + ")");
     case grpc::StatusCode::UNAUTHENTICATED:
     case grpc::StatusCode::PERMISSION_DENIED:
       return PermissionDenied(options_.field + ": etcd refused the call (" + detail + ")");
     default:
-      return Internal(options_.field + ": etcd at " + endpoints() + ": " + detail);
+      return Internal(options_.field + ": etcd at " + endpoints() + ": " + detail +
+                      " (gRPC code " + std::to_string(static_cast<int>(last.error_code())) +
+                      ")");
   }
 }
 
