@@ -28,7 +28,6 @@
 namespace rackhub::client {
 
 namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
 
 namespace internal {
 
@@ -44,14 +43,14 @@ struct Operation {
   DType dtype = DType::kFp32;
   uint64_t elements = 0;
   uint64_t first_chunk = 0;
-  uint64_t iteration = 0;            // PUSH iteration / SET_OPTIMIZER from_iteration
-  std::span<const float> in;         // PushPull gradient / Init values (borrowed)
-  std::span<float> out;              // PushPull / Pull destination (borrowed)
+  uint64_t iteration = 0;     // PUSH iteration / SET_OPTIMIZER from_iteration
+  std::span<const float> in;  // PushPull gradient / Init values (borrowed)
+  std::span<float> out;       // PushPull / Pull destination (borrowed)
   // `in` converted for fp16/bf16 keys: the key's staging buffer, reused by
   // every operation of the key (one at a time), so no allocation and no
   // page faults per push.
   std::shared_ptr<std::vector<uint16_t>> narrowed;
-  std::string control;               // protobuf payload (DECLARE, SET_OPTIMIZER)
+  std::string control;  // protobuf payload (DECLARE, SET_OPTIMIZER)
   Callback callback;
   // PushPullRows / PullRows: one request per chunk (row range) of the table,
   // built by the issuing thread: its payload, and for each row its reply
@@ -77,10 +76,10 @@ struct Operation {
   std::vector<PackedChunk> packed_chunks;
 
   // I/O thread.
-  size_t remaining = 0;      // replies still expected
-  int io_refs = 0;           // transfers in flight that read or write `in`/`out`
-  bool failed = false;       // error holds why; the rest of the replies are ignored
-  bool finished = false;     // completion delivered
+  size_t remaining = 0;   // replies still expected
+  int io_refs = 0;        // transfers in flight that read or write `in`/`out`
+  bool failed = false;    // error holds why; the rest of the replies are ignored
+  bool finished = false;  // completion delivered
   Error error;
   uint64_t min_reply_iteration = UINT64_MAX;
   // Bounded/async tenants: the replies' VersionsSuffix, minimum over chunks.
@@ -88,7 +87,7 @@ struct Operation {
   uint64_t min_slowest = UINT64_MAX;
   std::optional<KeyInfo> declared;  // KEY_INFO of a DECLARE
   std::unique_ptr<asio::steady_timer> timer;
-  bool started = false;      // Start ran: it is (re)sent by a reconnect
+  bool started = false;  // Start ran: it is (re)sent by a reconnect
 
   // Completion as seen by waiters.
   std::mutex mu;
@@ -107,32 +106,33 @@ struct PendingRequest {
   uint32_t elements = 0;  // elements of the chunk
 };
 
-// A frame in a lane's write queue: header plus an optional borrowed payload.
+// A frame in a lane's write queue: header plus an optional payload borrowed
+// from `op` (the caller's buffer, or a buffer the operation or its key holds).
+// payload_bytes is set from `bytes` when the frame is sent.
 struct OutFrame {
-  std::array<std::byte, net::kHeaderBytes> header{};
+  net::FrameHeader header;
   const void* payload = nullptr;
   size_t bytes = 0;
-  OperationPtr op;           // null for BYE
-  bool borrows_user = false; // payload points into the caller's buffer (holds io_refs)
+  OperationPtr op;        // null for BYE
+  bool holds_io = false;  // set by the lane: the payload holds an io_ref of op
 };
 
 class Lane;
-class LaneLink;
+class Dialer;
+struct DialedLane;
 
-// Test seam, set only by rackhub_client_testing (rackhub/client/testing.h):
-// while a LaneConnector is installed on a thread, Client::Connect called on
-// that thread (after its argument checks) hands the whole connect to it
-// instead of dialing TCP or RDMA. The connector handshakes every lane and
-// calls Impl::StartIo. Null in production; the slot is per thread, so
-// concurrent connects elsewhere are unaffected.
-class LaneConnector {
- public:
-  virtual ~LaneConnector() = default;
-  virtual Error ConnectLanes(Client::Impl& impl,
-                             std::chrono::steady_clock::time_point deadline) = 0;
+// Every lane of one dial attempt, handshaken (connect.cc), and what they are.
+struct DialedLanes {
+  std::vector<DialedLane> lanes;
+  const char* transport = "tcp";
+  uint64_t max_payload = 0;  // the smallest of the lanes'
 };
-// The calling thread's slot (connect.cc).
-LaneConnector*& ThreadLaneConnector();
+
+// Lets transports release io_refs (Impl::HoldIo) for as long as the client's
+// state lives: Close clears `impl` once the I/O thread is gone.
+struct IoGate {
+  Client::Impl* impl = nullptr;
+};
 
 }  // namespace internal
 
@@ -150,8 +150,7 @@ class Client::Impl {
   Ticket PushPull(KeyId key, std::span<const float> grad, std::span<float> out, Callback done);
   Ticket InitKey(KeyId key, std::span<const float> values, Callback done);
   Ticket Pull(KeyId key, std::span<float> out, Callback done);
-  Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration,
-                      Callback done);
+  Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration, Callback done);
   Ticket PushPullRows(KeyId key, std::span<const uint64_t> ids, std::span<const float> grads,
                       std::span<const uint64_t> want, std::span<float> out, Callback done);
   Ticket PullRows(KeyId key, std::span<const uint64_t> ids, std::span<float> out, Callback done);
@@ -164,24 +163,6 @@ class Client::Impl {
   uint32_t chunk_elements() const { return chunk_elements_; }
   uint32_t straggler_timeout_ms() const { return straggler_timeout_ms_; }
 
-  // ---- Connect steps (connect.cc), also used by internal::LaneConnector ----
-  // All of them run on the connecting thread, before the I/O thread starts.
-  // The client's io_context: handshakes run it on the connecting thread; then
-  // the I/O thread runs it.
-  asio::io_context& io() { return io_; }
-  // HELLO payload of `lane`; the reply (WELCOME or ERROR) checked: "" and
-  // *welcome_payload, or the error.
-  // With `shm_probe`, HELLO only asks the hub for its shared-memory offer.
-  std::string HelloPayload(uint32_t lane, bool shm_probe = false) const;
-  Error CheckHelloReply(const std::string& where, const net::FrameHeader& reply,
-                        std::string body, std::string* welcome_payload) const;
-  // Parses lane `lane`'s WELCOME (lane 0: adopts the layout, sets *lane_count).
-  Error AcceptWelcome(uint32_t lane, const std::string& payload, uint32_t* lane_count);
-  // Adopts the handshaken lanes (lane i at index i), starts reading on each
-  // and starts the I/O thread.
-  // `transport` names them for transport().
-  void StartIo(std::vector<std::unique_ptr<internal::LaneLink>> lanes, const char* transport);
-
   // ---- Called by lanes (I/O thread) ----
   // One reply of `op` arrived and was stored.
   void ReplyArrived(const internal::OperationPtr& op, uint64_t iteration);
@@ -190,6 +171,10 @@ class Client::Impl {
   void FailOp(const internal::OperationPtr& op, Error error);
   // Drops one io_ref of `op` and completes it if that was the last thing.
   void ReleaseIo(const internal::OperationPtr& op);
+  // What a transport holds while it needs a frame's payload: keeps `op` (and
+  // so its buffers) alive, and with `io_ref` releases one io_ref of it when
+  // dropped (on the I/O thread, or after Close: then it does nothing).
+  std::shared_ptr<const void> HoldIo(const internal::OperationPtr& op, bool io_ref);
   // A lane broke: fails everything, the client becomes unusable.
   // `reconnectable`: the break may be healed by reconnecting (EOF, reset,
   // SHUTTING_DOWN, ...); false for fatal errors the client caused itself.
@@ -201,20 +186,20 @@ class Client::Impl {
   bool closing() const { return closing_io_; }
   uint64_t reconnects() const { return reconnects_.load(); }
   const char* transport() const { return transport_.load(); }
-  // A broken lane is reconnected (TCP, Options::reconnect).
+  // A broken lane is reconnected (Options::reconnect).
   bool reconnect_enabled() const { return options_.reconnect && can_reconnect_; }
 
  private:
   enum class State { kOpen, kBroken, kClosed };
 
   // Issue helpers (caller threads).
-  Error UsableLocked() const;  // REQUIRES: mu_ held
-  Ticket Register(const internal::OperationPtr& op);  // REQUIRES: mu_ held
+  Error UsableLocked() const;                                  // REQUIRES: mu_ held
+  Ticket Register(const internal::OperationPtr& op);           // REQUIRES: mu_ held
   Ticket CompleteNow(internal::OperationPtr op, Error error);  // REQUIRES: mu_ not held
   void Post(internal::OperationPtr op);
   // Takes the key's data-op slot; returns the failure if it cannot.
-  Error AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, bool check_in,
-                   bool check_out, internal::Operation* op);  // REQUIRES: mu_ held
+  Error AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, bool check_in, bool check_out,
+                   internal::Operation* op);  // REQUIRES: mu_ held
 
   // I/O thread.
   void Start(const internal::OperationPtr& op);
@@ -234,34 +219,40 @@ class Client::Impl {
   Error KeyAllowsSend(const internal::Operation& op);
   // The final failure: every lane aborted, every ticket kConnectionLost.
   void Broken(const std::string& message);
+  // Connect steps (connect.cc), on the connecting thread or (DialAll) the
+  // reconnect thread.
+  // HELLO payload of `lane`; with `shm_probe`, HELLO only asks the hub for
+  // its shared-memory offer.
+  std::string HelloPayload(uint32_t lane, bool shm_probe = false) const;
+  // The hub's answer to HELLO checked: OK and *welcome_payload, or the error.
+  Error CheckHelloReply(const std::string& where, const net::FrameHeader& reply, std::string body,
+                        std::string* welcome_payload) const;
+  // Parses lane `lane`'s WELCOME (lane 0: adopts the layout).
+  Error AcceptWelcome(uint32_t lane, const std::string& payload);
+  // Dials every lane over the transport the options choose (the test
+  // dialer if one was installed at Connect; else shared memory, RDMA, TCP,
+  // falling back as Options say), each answer checked with CheckHelloReply.
+  Error DialAll(std::chrono::steady_clock::time_point deadline, const std::atomic<bool>* cancel,
+                internal::DialedLanes* out);
+  Error DialLanes(internal::Dialer& dialer, std::chrono::steady_clock::time_point deadline,
+                  const std::atomic<bool>* cancel, internal::DialedLanes* out);
+  // Makes the lanes of `dialed` (lane i at index i) on io_ and starts them
+  // (the I/O thread, or the connecting thread before it runs).
+  std::vector<std::unique_ptr<internal::Lane>> AdoptLanes(internal::DialedLanes dialed);
   // Reconnect (reconnect.cc). The loop runs on reconnect_thread_; Adopt and
   // GiveUp on the I/O thread.
   void ReconnectLoop(uint64_t generation);
-  Error DialLanes(asio::io_context& io, std::vector<tcp::socket>* sockets,
-                  std::vector<std::string>* welcomes);
-  void AdoptReconnect(uint64_t generation, std::vector<int> fds, std::vector<std::string> welcomes);
+  void AdoptReconnect(uint64_t generation, std::shared_ptr<internal::DialedLanes> dialed);
   void GiveUpReconnect(const std::string& why);
   void StopReconnectThread();
   void CloseOnIo();
   std::vector<internal::OperationPtr> UnfinishedOps();
 
-  // Handshake of one lane (before the I/O thread runs).
-  Error Handshake(asio::io_context& io, uint32_t lane, const tcp::endpoint& endpoint,
-                  std::chrono::steady_clock::time_point deadline, tcp::socket* socket,
-                  std::string* welcome_payload, const std::atomic<bool>* cancel = nullptr,
-                  bool shm_probe = false);
-  // Connects every lane over RDMA (connect_rdma.cc).
-  Error ConnectRdma(std::chrono::steady_clock::time_point deadline);
-  // Connects every lane over shared memory after asking `target` (the hub's
-  // TCP port) for its offer (connect_shm.cc). kConnectFailed naming why when
-  // the hub is elsewhere or offers none.
-  Error ConnectShm(const tcp::endpoint& target, std::chrono::steady_clock::time_point deadline);
-
   struct KeyState {
     KeyInfo info;
-    bool busy = false;  // a PushPull/Init/Pull is pending
-    bool gone = false;  // not in the hub's key table after a reconnect
-    Error resync_error; // what a PushPull gets while info.resync_needed
+    bool busy = false;   // a PushPull/Init/Pull is pending
+    bool gone = false;   // not in the hub's key table after a reconnect
+    Error resync_error;  // what a PushPull gets while info.resync_needed
     std::shared_ptr<std::vector<uint16_t>> staging = std::make_shared<std::vector<uint16_t>>();
     // Top-k keys: error feedback on (as declared here), the residual
     // (allocated by the first PushPull), the packed payloads.
@@ -280,49 +271,51 @@ class Client::Impl {
   // Welcome, fixed after Connect.
   std::atomic<uint32_t> tenant_handle_{0};  // may change on a reconnect
   uint32_t lane_count_ = 0;
-  std::atomic<uint32_t> workers_{0};                // may change on a reconnect
+  std::atomic<uint32_t> workers_{0};  // may change on a reconnect
   uint32_t chunk_elements_ = 0;
   std::atomic<uint32_t> straggler_timeout_ms_{0};  // may change on a reconnect
 
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::thread thread_;
-  std::vector<std::unique_ptr<internal::LaneLink>> lanes_;  // I/O thread after Connect
+  std::shared_ptr<internal::IoGate> io_gate_ = std::make_shared<internal::IoGate>();
+  std::vector<std::unique_ptr<internal::Lane>> lanes_;  // I/O thread after Connect
   std::atomic<uint64_t> next_request_id_{1};
-  bool closing_io_ = false;                             // I/O thread
-  std::unique_ptr<asio::steady_timer> close_timer_;     // I/O thread
+  bool closing_io_ = false;                          // I/O thread
+  std::unique_ptr<asio::steady_timer> close_timer_;  // I/O thread
 
   std::atomic<const char*> transport_{"tcp"};  // what the lanes use now
   // The largest frame payload the lanes carry now: kMaxDataPayload, or less
   // over shared memory (a frame is one record of the ring).
   std::atomic<uint64_t> max_frame_payload_{net::kMaxDataPayload};
-  // Reconnect. can_reconnect_ and tcp_target_ are set by Connect (TCP, and
-  // shared memory: a reconnect dials TCP).
+  // The test dialer installed at Connect (internal::ThreadTestDialer), used
+  // by reconnects too; null in production.
+  std::shared_ptr<internal::Dialer> test_dialer_;
+  // Reconnect: set by Connect once every lane is up.
   bool can_reconnect_ = false;
-  tcp::endpoint tcp_target_;
   bool reconnecting_ = false;                            // I/O thread
   uint64_t reconnect_generation_ = 0;                    // I/O thread
   std::string break_reason_;                             // I/O thread
   std::chrono::steady_clock::time_point break_time_;     // I/O thread
   std::unique_ptr<asio::steady_timer> reconnect_timer_;  // I/O thread
   // Lanes replaced by a reconnect; their aborted handlers may still run.
-  std::vector<std::unique_ptr<internal::LaneLink>> retired_lanes_;  // I/O thread
+  std::vector<std::unique_ptr<internal::Lane>> retired_lanes_;  // I/O thread
   std::thread reconnect_thread_;  // started and joined on the I/O thread, or by Close
   std::mutex reconnect_mu_;
   std::condition_variable reconnect_cv_;
-  bool reconnect_cancel_ = false;    // GUARDED_BY(reconnect_mu_)
+  bool reconnect_cancel_ = false;             // GUARDED_BY(reconnect_mu_)
   std::atomic<bool> reconnect_abort_{false};  // aborts the reconnect thread's handshakes
-  std::string reconnect_error_;      // GUARDED_BY(reconnect_mu_): last attempt's failure
+  std::string reconnect_error_;               // GUARDED_BY(reconnect_mu_): last attempt's failure
   std::atomic<uint64_t> reconnects_{0};
 
   mutable std::mutex mu_;
-  State state_ = State::kOpen;                               // GUARDED_BY(mu_)
-  Error broken_;                                             // GUARDED_BY(mu_)
-  std::unordered_map<KeyId, KeyState> keys_;                 // GUARDED_BY(mu_)
-  std::unordered_map<std::string, KeyId> names_;             // GUARDED_BY(mu_)
+  State state_ = State::kOpen;                                  // GUARDED_BY(mu_)
+  Error broken_;                                                // GUARDED_BY(mu_)
+  std::unordered_map<KeyId, KeyState> keys_;                    // GUARDED_BY(mu_)
+  std::unordered_map<std::string, KeyId> names_;                // GUARDED_BY(mu_)
   std::unordered_map<Ticket, internal::OperationPtr> tickets_;  // GUARDED_BY(mu_)
-  Ticket next_ticket_ = 1;                                   // GUARDED_BY(mu_)
-  std::mutex close_mu_;  // serializes Close()
+  Ticket next_ticket_ = 1;                                      // GUARDED_BY(mu_)
+  std::mutex close_mu_;                                         // serializes Close()
 };
 
 }  // namespace rackhub::client

@@ -1,12 +1,15 @@
-// Client::Impl::Connect: the HELLO/WELCOME handshake of every lane, run on
-// the caller's thread (the I/O thread starts once every lane is connected).
+// Client::Impl::Connect: dialing every lane (dialer.h) over the transport the
+// options choose, on the caller's thread, and adopting the lanes (lane.h);
+// the I/O thread starts once every lane is connected. The reconnect loop
+// (reconnect.cc) dials through the same DialAll.
 #include <algorithm>
 #include <utility>
 
 #include "client_impl.h"
+#include "dialer.h"
+#include "lane.h"
 #include "rackhub/net/endpoint.h"
 #include "rackhub/net/rdma/device.h"
-#include "lane.h"
 #include "wire.h"
 
 namespace rackhub::client {
@@ -24,82 +27,7 @@ Error MakeError(ErrorCode code, std::string message, WireError wire = WireError:
   return e;
 }
 
-// Runs one asynchronous operation on `io` (not yet run by any other thread)
-// until it completes or `deadline` passes; on timeout closes `socket` (which
-// aborts the operation) and returns timed_out.
-// `cancel` (may be null) is polled every 50 ms: once true, the operation is
-// aborted as on timeout.
-template <typename StartFn>
-boost::system::error_code RunUntil(asio::io_context& io, tcp::socket& socket,
-                                   Clock::time_point deadline, const std::atomic<bool>* cancel,
-                                   StartFn start) {
-  bool done = false;
-  boost::system::error_code result;
-  io.restart();
-  start([&](const boost::system::error_code& ec, auto&&...) {
-    result = ec;
-    done = true;
-  });
-  while (!done) {
-    const bool cancelled = cancel != nullptr && cancel->load();
-    if (Clock::now() >= deadline || cancelled) {
-      boost::system::error_code ignored;
-      socket.close(ignored);
-      while (!done) io.run_one();  // the aborted handler
-      return cancelled ? asio::error::operation_aborted : asio::error::timed_out;
-    }
-    io.run_one_until(cancel ? std::min(deadline, Clock::now() + std::chrono::milliseconds(50))
-                            : deadline);
-  }
-  return result;
-}
-
 }  // namespace
-
-Error Client::Impl::Handshake(asio::io_context& io, uint32_t lane, const tcp::endpoint& endpoint,
-                              Clock::time_point deadline, tcp::socket* socket,
-                              std::string* welcome_payload, const std::atomic<bool>* cancel,
-                              bool shm_probe) {
-  const std::string where = "hub " + options_.hub + " lane " + std::to_string(lane);
-  const auto failed = [&](const char* step, const boost::system::error_code& ec) {
-    const std::string why = ec == asio::error::timed_out
-                                ? "timed out (connect_timeout " +
-                                      std::to_string(options_.connect_timeout.count()) + " ms)"
-                                : ec == asio::error::eof ? "the hub closed the connection"
-                                                         : ec.message();
-    return MakeError(ErrorCode::kConnectFailed, where + ": " + step + ": " + why);
-  };
-  auto ec = RunUntil(io, *socket, deadline, cancel,
-                     [&](auto handler) { socket->async_connect(endpoint, handler); });
-  if (ec) return failed("connect", ec);
-  socket->set_option(tcp::no_delay(true), ec);
-
-  const std::string payload = HelloPayload(lane, shm_probe);
-  net::FrameHeader h;
-  h.opcode = net::Opcode::kHello;
-  h.payload_bytes = static_cast<uint32_t>(payload.size());
-  std::array<std::byte, net::kHeaderBytes> header{};
-  net::EncodeHeader(h, header);
-  const std::array<asio::const_buffer, 2> out = {asio::buffer(header), asio::buffer(payload)};
-  ec = RunUntil(io, *socket, deadline, cancel,
-                [&](auto handler) { asio::async_write(*socket, out, handler); });
-  if (ec) return failed("sending HELLO", ec);
-
-  ec = RunUntil(io, *socket, deadline, cancel,
-                [&](auto handler) { asio::async_read(*socket, asio::buffer(header), handler); });
-  if (ec) return failed("reading WELCOME", ec);
-  const net::FrameHeader reply = net::DecodeHeader(header);
-  if (const Status bad = net::CheckHeader(reply); !bad.ok()) {
-    return MakeError(ErrorCode::kConnectFailed,
-                     where + ": invalid reply to HELLO: " + bad.message());
-  }
-  std::string body(reply.payload_bytes, '\0');
-  ec = RunUntil(io, *socket, deadline, cancel, [&](auto handler) {
-    asio::async_read(*socket, asio::buffer(body), handler);
-  });
-  if (ec) return failed("reading WELCOME", ec);
-  return CheckHelloReply(where, reply, std::move(body), welcome_payload);
-}
 
 std::string Client::Impl::HelloPayload(uint32_t lane, bool shm_probe) const {
   data::v1::Hello hello;
@@ -122,22 +50,21 @@ Error Client::Impl::CheckHelloReply(const std::string& where, const net::FrameHe
     if (!net::DecodeErrorBody(std::as_bytes(std::span(body)), &code, &text)) {
       return MakeError(ErrorCode::kConnectFailed, where + ": ERROR frame too short");
     }
-    const std::string what = where + ": hub refused HELLO: " + net::WireErrorName(code) + ": " +
-                              text;
+    const std::string what =
+        where + ": hub refused HELLO: " + net::WireErrorName(code) + ": " + text;
     return MakeError(code == net::WireError::kUnauthenticated ? ErrorCode::kUnauthenticated
                                                               : ErrorCode::kConnectFailed,
                      what, internal::ToClientWireError(code));
   }
   if (reply.opcode != net::Opcode::kWelcome) {
-    return MakeError(ErrorCode::kConnectFailed, where + ": expected WELCOME, got " +
-                                                    net::OpcodeName(reply.opcode));
+    return MakeError(ErrorCode::kConnectFailed,
+                     where + ": expected WELCOME, got " + net::OpcodeName(reply.opcode));
   }
   *welcome_payload = std::move(body);
   return {};
 }
 
-Error Client::Impl::AcceptWelcome(uint32_t lane, const std::string& payload,
-                                  uint32_t* lane_count) {
+Error Client::Impl::AcceptWelcome(uint32_t lane, const std::string& payload) {
   data::v1::Welcome welcome;
   if (!welcome.ParseFromString(payload)) {
     return MakeError(ErrorCode::kConnectFailed, "hub " + options_.hub + " lane " +
@@ -147,12 +74,11 @@ Error Client::Impl::AcceptWelcome(uint32_t lane, const std::string& payload,
   if (lane == 0) {
     if (welcome.lanes() == 0 || welcome.chunk_elements() == 0 || welcome.lanes() > 4096) {
       return MakeError(ErrorCode::kConnectFailed,
-                       "hub " + options_.hub + ": WELCOME with " +
-                           std::to_string(welcome.lanes()) + " lanes and chunk_elements " +
-                           std::to_string(welcome.chunk_elements()));
+                       "hub " + options_.hub + ": WELCOME with " + std::to_string(welcome.lanes()) +
+                           " lanes and chunk_elements " + std::to_string(welcome.chunk_elements()));
     }
     tenant_handle_ = welcome.tenant_handle();
-    lane_count_ = *lane_count = welcome.lanes();
+    lane_count_ = welcome.lanes();
     workers_ = welcome.workers();
     chunk_elements_ = welcome.chunk_elements();
     straggler_timeout_ms_ = welcome.straggler_timeout_ms();
@@ -174,6 +100,84 @@ Error Client::Impl::AcceptWelcome(uint32_t lane, const std::string& payload,
   return {};
 }
 
+Error Client::Impl::DialLanes(internal::Dialer& dialer, Clock::time_point deadline,
+                              const std::atomic<bool>* cancel, internal::DialedLanes* out) {
+  out->transport = dialer.transport();
+  out->max_payload = net::kMaxDataPayload;
+  uint32_t lane_count = 1;
+  for (uint32_t lane = 0; lane < lane_count; ++lane) {
+    Result<internal::DialedLane> dialed = dialer.Dial(lane, HelloPayload(lane), deadline, cancel);
+    if (!dialed.ok()) return MakeError(ErrorCode::kConnectFailed, dialed.status().message());
+    std::string welcome;
+    if (Error e = CheckHelloReply(dialed->where, dialed->reply, dialed->body, &welcome); !e.ok()) {
+      return e;
+    }
+    if (!dialed->adopt) {
+      return MakeError(ErrorCode::kConnectFailed, dialed->where + ": no connection to adopt");
+    }
+    if (lane == 0) {
+      data::v1::Welcome w;
+      if (!w.ParseFromString(welcome) || w.lanes() == 0 || w.lanes() > 4096) {
+        return MakeError(ErrorCode::kConnectFailed,
+                         "hub " + options_.hub + ": lane 0: unusable WELCOME");
+      }
+      lane_count = w.lanes();
+    }
+    dialed->body = std::move(welcome);
+    out->max_payload = std::min(out->max_payload, dialed->max_payload);
+    out->lanes.push_back(*std::move(dialed));
+  }
+  return {};
+}
+
+Error Client::Impl::DialAll(Clock::time_point deadline, const std::atomic<bool>* cancel,
+                            internal::DialedLanes* out) {
+  *out = internal::DialedLanes{};
+  if (test_dialer_) return DialLanes(*test_dialer_, deadline, cancel, out);
+  const Result<net::Endpoint> hub = net::ParseEndpoint(options_.hub);
+  if (!hub.ok()) return MakeError(ErrorCode::kInvalidArgument, hub.status().message());
+  // auto: what cannot be reached one way (kConnectFailed) is tried the next;
+  // anything else (auth, ...) is the answer.
+  const auto fall_back = [](const Error& e) { return e.code == ErrorCode::kConnectFailed; };
+  if (options_.shm == Shm::kOn ||
+      (options_.shm == Shm::kAuto && options_.transport != Transport::kRdma)) {
+    auto shm = internal::MakeShmDialer(*hub, options_.hub, options_.connect_timeout,
+                                       HelloPayload(0, /*shm_probe=*/true), options_.shm_busy_poll);
+    Error e = DialLanes(*shm, deadline, cancel, out);
+    if (e.ok() || options_.shm == Shm::kOn || !fall_back(e)) return e;
+    *out = internal::DialedLanes{};
+  }
+  if (options_.transport != Transport::kTcp &&
+      (options_.transport == Transport::kRdma || net::rdma::DevicePresent(options_.rdma_device))) {
+    internal::RdmaDialOptions ro;
+    if (!options_.rdma_hub.empty()) ro.hub = *net::ParseEndpoint(options_.rdma_hub);
+    ro.device = options_.rdma_device;
+    ro.ring_bytes = options_.rdma_ring_bytes;
+    ro.busy_poll = options_.rdma_busy_poll;
+    auto rdma = internal::MakeRdmaDialer(*hub, ro);
+    Error e = DialLanes(*rdma, deadline, cancel, out);
+    if (e.ok() || options_.transport == Transport::kRdma || !fall_back(e)) return e;
+    *out = internal::DialedLanes{};
+  }
+  auto tcp = internal::MakeTcpDialer(*hub, options_.hub, options_.connect_timeout);
+  return DialLanes(*tcp, deadline, cancel, out);
+}
+
+std::vector<std::unique_ptr<internal::Lane>> Client::Impl::AdoptLanes(
+    internal::DialedLanes dialed) {
+  std::vector<std::unique_ptr<internal::Lane>> lanes;
+  for (uint32_t i = 0; i < dialed.lanes.size(); ++i) {
+    auto lane = std::make_unique<internal::Lane>(this, i);
+    std::shared_ptr<net::Connection> conn = dialed.lanes[i].adopt(io_, lane.get());
+    if (!conn) return {};
+    lane->Start(std::move(conn));
+    lanes.push_back(std::move(lane));
+  }
+  transport_ = dialed.transport;
+  max_frame_payload_ = dialed.max_payload;
+  return lanes;
+}
+
 Error Client::Impl::Connect() {
   const Result<net::Endpoint> endpoint = net::ParseEndpoint(options_.hub);
   if (!endpoint.ok() || endpoint->port == 0) {
@@ -182,80 +186,43 @@ Error Client::Impl::Connect() {
                          (endpoint.ok() ? std::string("port 0") : endpoint.status().message()));
   }
   if (options_.tenant.empty()) return MakeError(ErrorCode::kInvalidArgument, "tenant is empty");
-  const auto deadline = Clock::now() + options_.connect_timeout;
-  if (internal::LaneConnector* connector = internal::ThreadLaneConnector()) {
-    return connector->ConnectLanes(*this, deadline);
-  }
-  if (options_.shm == Shm::kOn && options_.transport == Transport::kRdma) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     "shm: on contradicts transport kRdma (choose one)");
-  }
-  tcp::resolver resolver(io_);
-  boost::system::error_code ec;
-  const auto results = resolver.resolve(endpoint->host, std::to_string(endpoint->port),
-                                        asio::ip::resolver_base::numeric_service, ec);
-  if (ec || results.empty()) {
-    return MakeError(ErrorCode::kConnectFailed,
-                     "hub " + options_.hub + ": cannot resolve: " + ec.message());
-  }
-  const tcp::endpoint target = *results.begin();
-  if (options_.shm == Shm::kOn ||
-      (options_.shm == Shm::kAuto && options_.transport != Transport::kRdma)) {
-    Error e = ConnectShm(target, deadline);
-    // auto: a hub elsewhere (or offering none) is reached over the network;
-    // anything else (auth, ...) is the answer.
-    if (e.ok() || options_.shm == Shm::kOn || e.code != ErrorCode::kConnectFailed) return e;
-    lanes_.clear();
-  }
-  if (options_.transport != Transport::kTcp) {
-    const bool want = options_.transport == Transport::kRdma ||
-                      net::rdma::DevicePresent(options_.rdma_device);
-    if (want) {
-      Error e = ConnectRdma(deadline);
-      // auto: a hub without RDMA (or a host whose device cannot reach it)
-      // falls back to TCP; anything else (auth, ...) is the answer.
-      if (e.ok() || options_.transport == Transport::kRdma ||
-          e.code != ErrorCode::kConnectFailed) {
-        return e;
+  test_dialer_ = internal::ThreadTestDialer();
+  if (!test_dialer_) {
+    if (options_.shm == Shm::kOn && options_.transport == Transport::kRdma) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "shm: on contradicts transport kRdma (choose one)");
+    }
+    if (!options_.rdma_hub.empty()) {
+      const Result<net::Endpoint> ep = net::ParseEndpoint(options_.rdma_hub);
+      if (!ep.ok() || ep->port == 0) {
+        return MakeError(ErrorCode::kInvalidArgument,
+                         "rdma_hub '" + options_.rdma_hub +
+                             "': " + (ep.ok() ? std::string("port 0") : ep.status().message()));
       }
-      lanes_.clear();
     }
   }
-
-  std::vector<tcp::socket> sockets;
-  uint32_t lane_count = 1;
-  for (uint32_t lane = 0; lane < lane_count; ++lane) {
-    tcp::socket socket(io_);
-    std::string payload;
-    if (Error e = Handshake(io_, lane, target, deadline, &socket, &payload); !e.ok()) return e;
-    if (Error e = AcceptWelcome(lane, payload, &lane_count); !e.ok()) return e;
-    sockets.push_back(std::move(socket));
+  const auto deadline = Clock::now() + options_.connect_timeout;
+  internal::DialedLanes dialed;
+  if (Error e = DialAll(deadline, nullptr, &dialed); !e.ok()) return e;
+  for (uint32_t lane = 0; lane < dialed.lanes.size(); ++lane) {
+    if (Error e = AcceptWelcome(lane, dialed.lanes[lane].body); !e.ok()) return e;
   }
-  std::vector<std::unique_ptr<internal::LaneLink>> lanes;
-  for (uint32_t lane = 0; lane < lane_count; ++lane) {
-    lanes.push_back(std::make_unique<internal::Lane>(this, lane, std::move(sockets[lane])));
+  io_.restart();
+  lanes_ = AdoptLanes(std::move(dialed));
+  if (lanes_.empty()) {
+    return MakeError(ErrorCode::kConnectFailed, "hub " + options_.hub + ": adopting a lane failed");
   }
   can_reconnect_ = true;
-  tcp_target_ = target;
-  StartIo(std::move(lanes), "tcp");
-  return {};
-}
-
-void Client::Impl::StartIo(std::vector<std::unique_ptr<internal::LaneLink>> lanes,
-                           const char* transport) {
-  transport_ = transport;
-  for (auto& lane : lanes) lanes_.push_back(std::move(lane));
-  io_.restart();
-  for (auto& lane : lanes_) lane->StartReading();
   work_.emplace(asio::make_work_guard(io_));
   thread_ = std::thread([this] { io_.run(); });
+  return {};
 }
 
 namespace internal {
 
-LaneConnector*& ThreadLaneConnector() {
-  thread_local LaneConnector* connector = nullptr;
-  return connector;
+std::shared_ptr<Dialer>& ThreadTestDialer() {
+  thread_local std::shared_ptr<Dialer> dialer;
+  return dialer;
 }
 
 }  // namespace internal

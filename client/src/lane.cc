@@ -5,278 +5,302 @@
 
 #include "compress.h"
 #include "convert.h"
+#include "rackhub/data/v1/control.pb.h"
 #include "wire.h"
 
 namespace rackhub::client::internal {
 
-// Frames per gather write (two buffers each; IOV_MAX is 1024).
-constexpr size_t kMaxFramesPerWrite = 64;
+Lane::Lane(Client::Impl* owner, uint32_t index) : owner_(owner), index_(index) {}
 
-Lane::Lane(Client::Impl* owner, uint32_t index, tcp::socket socket)
-    : owner_(owner), index_(index), socket_(std::move(socket)) {}
+Lane::~Lane() {
+  // The connection calls nothing of ours after Close (it is closed already
+  // unless the client is being destroyed with the lane open).
+  if (conn_ && conn_->open()) {
+    open_ = false;
+    conn_->Close("client lane destroyed");
+  }
+}
 
-void Lane::StartReading() { ReadHeader(); }
+void Lane::Start(std::shared_ptr<net::Connection> conn) {
+  conn_ = std::move(conn);
+  conn_->Start();
+  Pump();
+}
 
 void Lane::Expect(uint64_t request_id, PendingRequest request) {
   pending_.emplace(request_id, std::move(request));
 }
 
+void Lane::Release(OutFrame& frame) {
+  if (frame.holds_io && frame.op) owner_->ReleaseIo(frame.op);
+  frame.holds_io = false;
+  frame.op.reset();
+}
+
 void Lane::Send(OutFrame frame) {
-  if (!open_ || closing_) {
-    Release(frame);
-    return;
+  if (!open_ || closing_ || (frame.op && frame.op->failed)) return;
+  if (frame.op && frame.bytes > 0) {
+    ++frame.op->io_refs;
+    frame.holds_io = true;
   }
   queue_.push_back(std::move(frame));
-  WriteNext();
+  Pump();
 }
 
 void Lane::SendByeAndClose() {
   if (!open_ || closing_) return;
   OutFrame bye;
-  net::FrameHeader h;
-  h.opcode = net::Opcode::kBye;
-  h.tenant = owner_->tenant_handle();
-  net::EncodeHeader(h, bye.header);
+  bye.header.opcode = net::Opcode::kBye;
+  bye.header.tenant = owner_->tenant_handle();
   queue_.push_back(std::move(bye));
   closing_ = true;
-  WriteNext();
+  Pump();
+}
+
+void Lane::Pump() {
+  if (!conn_) return;  // Start hands over what was queued before it
+  while (open_ && !queue_.empty() && handed_bytes_ - sent_bytes_ < kSendWindowBytes) {
+    OutFrame f = std::move(queue_.front());
+    queue_.pop_front();
+    // Frames of operations that already failed are not sent (their caller
+    // may reuse the buffers as soon as the ticket completes).
+    if (f.op && f.op->failed) {
+      Release(f);
+      continue;
+    }
+    const bool bye = f.header.opcode == net::Opcode::kBye;
+    net::FrameHeader h = f.header;
+    h.payload_bytes = static_cast<uint32_t>(f.bytes);
+    handed_bytes_ += net::kHeaderBytes + f.bytes;
+    if (f.bytes == 0) {
+      Release(f);
+      conn_->SendOwned(h, std::string());
+    } else {
+      // The payload is held until the connection is done with it; then
+      // (written, copied into a ring, or dropped by a close) the io_ref goes.
+      std::shared_ptr<const void> hold = owner_->HoldIo(f.op, f.holds_io);
+      f.holds_io = false;
+      conn_->SendShared(h, std::span(static_cast<const std::byte*>(f.payload), f.bytes),
+                        std::move(hold));
+    }
+    if (bye) {
+      bye_handed_ = true;
+      break;
+    }
+  }
+}
+
+void Lane::OnBytesSent(net::Connection& conn, size_t bytes) {
+  sent_bytes_ += bytes;
+  if (bye_handed_ && sent_bytes_ >= handed_bytes_ && conn.open()) {
+    conn.Close("the client closed the lane after BYE");
+    return;
+  }
+  Pump();
 }
 
 void Lane::Abort() {
   if (!open_) return;
   open_ = false;
-  boost::system::error_code ignored;
-  socket_.close(ignored);
-  // The frames being written (if any) are released by the write's handler.
-  const size_t keep = in_flight_;
-  while (queue_.size() > keep) {
-    Release(queue_.back());
-    queue_.pop_back();
-  }
-  pending_.clear();  // their operations are failed by the owner
+  Shut();
+  if (conn_) conn_->Close("the client aborted the lane");
   owner_->LaneClosed();
 }
 
-void Lane::CloseSocket() {
-  if (!open_) return;
-  open_ = false;
-  boost::system::error_code ignored;
-  socket_.shutdown(tcp::socket::shutdown_both, ignored);
-  socket_.close(ignored);
-  pending_.clear();
-  owner_->LaneClosed();
-}
-
-void Lane::Release(OutFrame& frame) {
-  if (frame.borrows_user && frame.op) owner_->ReleaseIo(frame.op);
-  frame.borrows_user = false;
-  frame.op.reset();
-}
-
-void Lane::WriteNext() {
-  if (in_flight_ > 0) return;
-  // Frames of operations that already failed are not sent (their caller may
-  // reuse the buffers as soon as the ticket completes).
-  while (!queue_.empty() && queue_.front().op && queue_.front().op->failed) {
+void Lane::Shut() {
+  while (!queue_.empty()) {
     Release(queue_.front());
     queue_.pop_front();
   }
-  if (queue_.empty() || !open_) {
-    if (closing_) CloseSocket();
-    return;
-  }
-  // One gather write for a run of sendable frames: header + payload each.
-  std::vector<asio::const_buffer> buffers;
-  while (in_flight_ < queue_.size() && in_flight_ < kMaxFramesPerWrite) {
-    const OutFrame& f = queue_[in_flight_];
-    if (f.op && f.op->failed) break;
-    buffers.push_back(asio::buffer(f.header));
-    if (f.bytes > 0) buffers.emplace_back(f.payload, f.bytes);
-    ++in_flight_;
-  }
-  asio::async_write(socket_, buffers, [this](const boost::system::error_code& ec, size_t) {
-    for (size_t i = 0; i < in_flight_; ++i) {
-      OutFrame done = std::move(queue_.front());
-      queue_.pop_front();
-      Release(done);
-    }
-    in_flight_ = 0;
-    if (ec) {
-      IoFailed(ec, "sending a frame");
-      return;
-    }
-    WriteNext();
-  });
+  DropCurrent();
+  pending_.clear();  // their operations are failed by the owner
 }
 
-void Lane::ReadHeader() {
-  if (!open_) return;
-  asio::async_read(socket_, asio::buffer(header_bytes_),
-                   [this](const boost::system::error_code& ec, size_t) {
-                     if (ec) {
-                       IoFailed(ec, "reading a frame header");
-                       return;
-                     }
-                     OnHeader();
-                   });
+void Lane::DropCurrent() {
+  if (!dest_.empty()) {
+    dest_ = {};
+    owner_->ReleaseIo(current_.op);
+  }
+  current_ = PendingRequest{};
 }
 
-void Lane::OnHeader() {
-  header_ = net::DecodeHeader(header_bytes_);
-  if (const Status bad = net::CheckHeader(header_); !bad.ok()) {
-    Broken("invalid frame header from the hub: " + bad.message());
+void Lane::OnConnectionClosed(net::Connection&, const std::string& why) {
+  if (!open_) return;  // we closed it
+  if (closing_ || owner_->closing()) {
+    open_ = false;
+    Shut();
+    owner_->LaneClosed();
     return;
   }
-  const net::Opcode op = header_.opcode;
-  if (op == net::Opcode::kError || op == net::Opcode::kHeartbeat) {
-    scratch_.resize(header_.payload_bytes);
-    ReadPayloadInto(scratch_.data(), scratch_.size(), false, PendingRequest{});
-    return;
-  }
-  if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo &&
-      op != net::Opcode::kRows) {
-    Broken(std::string("unexpected ") + net::OpcodeName(op) + " frame from the hub");
-    return;
-  }
-  const auto it = pending_.find(header_.request_id);
-  if (it == pending_.end()) {
-    Broken(std::string(net::OpcodeName(op)) + " answers unknown request id " +
-           std::to_string(header_.request_id));
-    return;
-  }
-  PendingRequest request = std::move(it->second);
-  pending_.erase(it);
-  const Operation& o = *request.op;
-  const auto what = [&] {
-    return std::string(net::OpcodeName(op)) + " for request " + std::to_string(header_.request_id) +
-           " (" + OpKindName(o.kind) + " of key " + std::to_string(o.key) + ")";
-  };
-  if (op != request.expect) {
-    Broken(what() + ": expected " + net::OpcodeName(request.expect));
-    return;
-  }
-  if (op == net::Opcode::kParams) {
-    if (header_.key != o.key || header_.chunk != request.chunk) {
-      Broken(what() + " names key " + std::to_string(header_.key) + " chunk " +
-             std::to_string(header_.chunk) + ", expected chunk " + std::to_string(request.chunk));
-      return;
-    }
-    const size_t want = size_t{request.elements} * net::DTypeBytes(WireDType(o.dtype));
-    if (header_.payload_bytes == 0 && o.kind == OpKind::kInit) {  // bare acknowledgement
-      OnReply(request);
-      ReadHeader();
-      return;
-    }
-    const size_t suffix = (header_.flags & net::kFlagVersions) ? net::kVersionsSuffixBytes : 0;
-    const bool sparse = (header_.flags & net::kFlagSparse) != 0;
-    if (sparse && header_.payload_bytes <= want) {
-      // Read whole, then checked and scattered by StoreSparseParams (OnReply).
-      scratch_.resize(header_.payload_bytes);
-      ReadPayloadInto(scratch_.data(), scratch_.size(), false, std::move(request));
-      return;
-    }
-    if (sparse || header_.dtype != WireDType(o.dtype) || header_.payload_bytes != want + suffix) {
-      Broken(what() + ": " + std::to_string(header_.payload_bytes) + " bytes of " +
-             net::DTypeName(header_.dtype) + ", expected " + std::to_string(want) + " bytes of " +
-             net::DTypeName(WireDType(o.dtype)));
-      return;
-    }
-    const bool store =
-        !o.failed && (o.kind == OpKind::kPushPull || o.kind == OpKind::kPull);
-    if (store && o.dtype == DType::kFp32 && suffix == 0) {
-      // fp32: straight into the caller's buffer at the chunk's offset.
-      float* dest = request.op->out.data() + request.offset;
-      ReadPayloadInto(dest, want, true, std::move(request));
-      return;
-    }
-  } else if (header_.key != o.key && o.kind != OpKind::kDeclare) {
-    Broken(what() + " names key " + std::to_string(header_.key));
-    return;
-  }
-  // ROWS: read whole, then checked and scattered by StoreRows (OnReply).
-  scratch_.resize(header_.payload_bytes);
-  ReadPayloadInto(scratch_.data(), scratch_.size(), false, std::move(request));
-}
-
-void Lane::ReadPayloadInto(void* dest, size_t bytes, bool direct, PendingRequest request) {
-  if (direct) ++request.op->io_refs;
-  asio::async_read(
-      socket_, asio::buffer(dest, bytes),
-      [this, direct, request = std::move(request)](const boost::system::error_code& ec, size_t) {
-        if (ec) {
-          if (direct) owner_->ReleaseIo(request.op);
-          IoFailed(ec, "reading a frame payload");
-          return;
-        }
-        switch (header_.opcode) {
-          case net::Opcode::kError: OnError(); break;
-          case net::Opcode::kHeartbeat: break;
-          default: OnReply(request); break;
-        }
-        if (direct) owner_->ReleaseIo(request.op);
-        ReadHeader();
-      });
-}
-
-void Lane::OnReply(const PendingRequest& request) {
-  const OperationPtr& op = request.op;
-  if (op->failed || op->finished) return;  // late reply of a failed ticket: dropped
-  if (header_.opcode == net::Opcode::kParams && (header_.flags & net::kFlagSparse)) {
-    if (const Status st = StoreSparseParams(header_, scratch_, request); !st.ok()) {
-      Broken(st.message());
-      return;
-    }
-  } else if (header_.opcode == net::Opcode::kParams && header_.payload_bytes > 0 &&
-             (op->kind == OpKind::kPushPull || op->kind == OpKind::kPull)) {
-    // (fp32 without a suffix was read straight into `out`.)
-    float* dest = op->out.data() + request.offset;
-    if (op->dtype != DType::kFp32) {
-      WidenToFloats(op->dtype, scratch_.data(), dest, request.elements);
-    } else if (header_.flags & net::kFlagVersions) {
-      std::memcpy(dest, scratch_.data(), size_t{request.elements} * 4);
-    }
-  }
-  if (header_.opcode == net::Opcode::kParams && (header_.flags & net::kFlagVersions)) {
-    const size_t want = size_t{request.elements} * net::DTypeBytes(WireDType(op->dtype));
-    owner_->VersionsArrived(op, ReadVersions(std::span<const std::byte>(scratch_).subspan(want)));
-  }
-  if (header_.opcode == net::Opcode::kRows) {
-    if (const Status s = StoreRows(header_, scratch_, request); !s.ok()) {
-      Broken(s.message());
-      return;
-    }
-  }
-  if (header_.opcode == net::Opcode::kKeyInfo) {
-    data::v1::KeyEntry entry;
-    if (!entry.ParseFromArray(scratch_.data(), static_cast<int>(scratch_.size()))) {
-      Broken("KEY_INFO payload is not a KeyEntry");
-      return;
-    }
-    Result<KeyInfo> info = ToKeyInfo(entry, owner_->chunk_elements());
-    if (!info.ok()) {
-      Broken("KEY_INFO: " + info.status().message());
-      return;
-    }
-    op->declared = *std::move(info);
-  }
-  owner_->ReplyArrived(op, header_.iteration);
-}
-
-void Lane::OnError() {
-  if (const Status s = HandleErrorFrame(owner_, index_, header_, scratch_, &pending_); !s.ok()) {
-    Broken(s.message(), s.code() != StatusCode::kFailedPrecondition);
-  }
+  Broken(why == "peer closed the connection" ? "the hub closed the connection" : why);
 }
 
 void Lane::Broken(const std::string& reason, bool reconnectable) {
   owner_->ConnectionLost("lane " + std::to_string(index_) + ": " + reason, reconnectable);
+  Abort();  // if the client did not abort every lane already
 }
 
-void Lane::IoFailed(const boost::system::error_code& ec, const char* what) {
-  if (!open_ || closing_ || owner_->closing()) return;  // we closed it ourselves
-  const std::string why = ec == asio::error::eof ? std::string("the hub closed the connection")
-                                                 : ec.message();
-  Broken(why + " while " + what);
+net::FrameHandler::Verdict Lane::AcceptHeader(net::Connection&, const net::FrameHeader& h) {
+  if (!open_) return Verdict::kReject;
+  const net::Opcode op = h.opcode;
+  if (op == net::Opcode::kError || op == net::Opcode::kHeartbeat) return Verdict::kAccept;
+  const auto reject = [&](const std::string& why) {
+    Broken(why);
+    return Verdict::kReject;
+  };
+  if (op != net::Opcode::kParams && op != net::Opcode::kAck && op != net::Opcode::kKeyInfo &&
+      op != net::Opcode::kRows) {
+    return reject(std::string("unexpected ") + net::OpcodeName(op) + " frame from the hub");
+  }
+  const auto it = pending_.find(h.request_id);
+  if (it == pending_.end()) {
+    return reject(std::string(net::OpcodeName(op)) + " answers unknown request id " +
+                  std::to_string(h.request_id));
+  }
+  current_ = std::move(it->second);
+  pending_.erase(it);
+  const Operation& o = *current_.op;
+  const auto what = [&] {
+    return std::string(net::OpcodeName(op)) + " for request " + std::to_string(h.request_id) +
+           " (" + OpKindName(o.kind) + " of key " + std::to_string(o.key) + ")";
+  };
+  if (op != current_.expect)
+    return reject(what() + ": expected " + net::OpcodeName(current_.expect));
+  if (op == net::Opcode::kRows) return Verdict::kAccept;  // checked whole by StoreRows
+  if (op != net::Opcode::kParams) {
+    if (h.key != o.key && o.kind != OpKind::kDeclare) {
+      return reject(what() + " names key " + std::to_string(h.key));
+    }
+    return Verdict::kAccept;
+  }
+  if (h.key != o.key || h.chunk != current_.chunk) {
+    return reject(what() + " names key " + std::to_string(h.key) + " chunk " +
+                  std::to_string(h.chunk) + ", expected chunk " + std::to_string(current_.chunk));
+  }
+  const size_t want = size_t{current_.elements} * net::DTypeBytes(WireDType(o.dtype));
+  if (h.payload_bytes == 0 && o.kind == OpKind::kInit) return Verdict::kAccept;  // bare ack
+  const size_t suffix = (h.flags & net::kFlagVersions) ? net::kVersionsSuffixBytes : 0;
+  const bool sparse = (h.flags & net::kFlagSparse) != 0;
+  if (sparse && h.payload_bytes <= want) return Verdict::kAccept;  // StoreSparseParams checks
+  if (sparse || h.dtype != WireDType(o.dtype) || h.payload_bytes != want + suffix) {
+    return reject(what() + ": " + std::to_string(h.payload_bytes) + " bytes of " +
+                  net::DTypeName(h.dtype) + ", expected " + std::to_string(want) + " bytes of " +
+                  net::DTypeName(WireDType(o.dtype)));
+  }
+  const bool store =
+      !o.failed && !o.finished && (o.kind == OpKind::kPushPull || o.kind == OpKind::kPull);
+  if (store && o.dtype == DType::kFp32 && suffix == 0 && want > 0) {
+    // fp32: straight into the caller's buffer at the chunk's offset.
+    dest_ = std::as_writable_bytes(current_.op->out.subspan(current_.offset, current_.elements));
+    ++current_.op->io_refs;
+  }
+  return Verdict::kAccept;
+}
+
+std::span<std::byte> Lane::PayloadDestination(net::Connection&, const net::FrameHeader&) {
+  return dest_;
+}
+
+void Lane::HandleFrame(net::Connection&, const net::FrameHeader& h,
+                       std::span<const std::byte> payload) {
+  if (!open_) return;
+  if (h.opcode == net::Opcode::kHeartbeat) return;
+  if (h.opcode == net::Opcode::kError) {
+    if (const Status s = HandleErrorFrame(owner_, index_, h, payload, &pending_); !s.ok()) {
+      Broken(s.message(), s.code() != StatusCode::kFailedPrecondition);
+    }
+    return;
+  }
+  const PendingRequest request = std::exchange(current_, PendingRequest{});
+  const bool held = !std::exchange(dest_, {}).empty();
+  const Status s = StoreReply(h, payload, request);
+  if (held) owner_->ReleaseIo(request.op);
+  if (!s.ok()) Broken(s.message());
+}
+
+Status Lane::StoreReply(const net::FrameHeader& h, std::span<const std::byte> payload,
+                        const PendingRequest& request) {
+  const OperationPtr& op = request.op;
+  if (op->failed || op->finished) return Status::Ok();  // late reply of a failed ticket: dropped
+  if (h.opcode == net::Opcode::kParams) {
+    const size_t want = size_t{request.elements} * net::DTypeBytes(WireDType(op->dtype));
+    const bool data = op->kind == OpKind::kPushPull || op->kind == OpKind::kPull;
+    if (h.flags & net::kFlagSparse) {
+      if (Status st = StoreSparseParams(h, payload, request); !st.ok()) return st;
+    } else if (h.payload_bytes > 0 && data) {
+      float* dest = op->out.data() + request.offset;
+      if (op->dtype != DType::kFp32) {
+        WidenToFloats(op->dtype, payload.data(), dest, request.elements);
+      } else if (payload.data() != reinterpret_cast<const std::byte*>(dest)) {
+        std::memcpy(dest, payload.data(), want);  // from a ring, or before a suffix
+      }
+    }
+    if ((h.flags & net::kFlagVersions) && !(h.flags & net::kFlagSparse) &&
+        payload.size() >= want + net::kVersionsSuffixBytes) {
+      owner_->VersionsArrived(op, ReadVersions(payload.subspan(want)));
+    }
+  } else if (h.opcode == net::Opcode::kRows) {
+    if (Status s = StoreRows(h, payload, request); !s.ok()) return s;
+  } else if (h.opcode == net::Opcode::kKeyInfo) {
+    data::v1::KeyEntry entry;
+    if (!entry.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+      return Unavailable("KEY_INFO payload is not a KeyEntry");
+    }
+    Result<KeyInfo> info = ToKeyInfo(entry, owner_->chunk_elements());
+    if (!info.ok()) return Unavailable("KEY_INFO: " + info.status().message());
+    op->declared = *std::move(info);
+  }
+  owner_->ReplyArrived(op, h.iteration);
+  return Status::Ok();
+}
+
+Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
+                        std::span<const std::byte> payload,
+                        std::unordered_map<uint64_t, PendingRequest>* pending) {
+  net::WireError code{};
+  std::string text;
+  if (!net::DecodeErrorBody(payload, &code, &text)) {
+    return Unavailable("ERROR frame with a payload shorter than 4 bytes");
+  }
+  const std::string what = std::string(net::WireErrorName(code)) + ": " + text;
+  if (h.flags & net::kFlagFatal) {
+    std::string why = "the hub sent a fatal ERROR and closes the connection: " + what;
+    switch (code) {
+      // Caused by this client itself: reconnecting would not help.
+      case net::WireError::kMalformed:
+      case net::WireError::kUnauthenticated:
+      case net::WireError::kTenantGone:
+      case net::WireError::kBadChunk:
+      case net::WireError::kBadDType:
+      case net::WireError::kDuplicatePush:
+      case net::WireError::kNotReady:
+      case net::WireError::kInvalidArgument:
+        return FailedPrecondition(std::move(why));
+      default:
+        return Unavailable(std::move(why));
+    }
+  }
+  const auto it = pending->find(h.request_id);
+  if (it == pending->end()) return Status::Ok();  // unsolicited, not fatal: nothing waits for it
+  const OperationPtr op = std::move(it->second.op);
+  const uint32_t chunk = it->second.chunk;
+  pending->erase(it);
+  if (code == net::WireError::kShuttingDown && owner->reconnect_enabled()) {
+    // The hub is stopping (maybe restarting): the fatal SHUTTING_DOWN that
+    // follows breaks the lane, the client reconnects and re-sends the
+    // operation (or fails it with kRolledBack / kConnectionLost then).
+    return Status::Ok();
+  }
+  Error e;
+  e.code = ErrorCode::kServer;
+  e.wire = ToClientWireError(code);
+  // BAD_ITERATION: the header carries the chunk's current version.
+  if (code == net::WireError::kBadIteration) e.iteration = h.iteration;
+  e.message = std::string("hub refused ") + OpKindName(op->kind) + " of key " +
+              std::to_string(op->key) + " (lane " + std::to_string(lane) + ", chunk " +
+              std::to_string(chunk) + "): " + what;
+  owner->FailOp(op, std::move(e));
+  return Status::Ok();
 }
 
 }  // namespace rackhub::client::internal

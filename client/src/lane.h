@@ -1,65 +1,119 @@
-// Private to librackhub: one lane connection of a client (one TCP socket to
-// one hub lane), with its write queue and its receive loop.
+// Private to librackhub: one lane of a client, over any transport. The lane
+// is the frame handler (net/transport.h) of its lane's net::Connection, which
+// a Dialer made (dialer.h: TCP, shared memory, RDMA, or the in-memory test
+// transport): it routes each reply to the request it answers, with one set of
+// checks for every transport, and keeps the lane's write queue.
 //
+// Replies land straight in the caller's buffer: an fp32 PARAMS reply's
+// payload is named as the connection's destination (PayloadDestination), so
+// byte-stream transports receive it in place; ring transports hand it over in
+// their ring and the lane copies it once. Requests are handed to the
+// connection while less than kSendWindowBytes of them are unsent; the rest
+// wait in the lane's queue, where frames of operations that failed meanwhile
+// are dropped unsent. A frame's payload (the caller's gradient, or the key's
+// staging buffer) is held through an io_ref of its operation until the
+// connection no longer needs it, so a ticket never completes while a
+// transport still reads or writes its buffers.
+//
+// Ownership: the client owns its lanes (also retired ones, whose aborted
+// connections may still report); each lane owns its connection.
 // Thread: every member runs on the client's I/O thread.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
-#include <vector>
 
 #include "client_impl.h"
-#include "lane_link.h"
+#include "rackhub/common/status.h"
+#include "rackhub/net/transport.h"
 
 namespace rackhub::client::internal {
 
-class Lane final : public LaneLink {
+class Lane final : public net::FrameHandler {
  public:
-  Lane(Client::Impl* owner, uint32_t index, tcp::socket socket);
+  // Requests handed to the connection and not yet sent, at most (one more
+  // frame may go over it): enough to keep a link busy in both directions.
+  static constexpr uint64_t kSendWindowBytes = 8u << 20;
+
+  Lane(Client::Impl* owner, uint32_t index);
+  ~Lane() override;
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
-  uint32_t index() const override { return index_; }
-  bool open() const override { return open_; }
+  // Takes the lane's handshaken connection (built on the client's
+  // io_context with this lane as its handler) and starts it.
+  void Start(std::shared_ptr<net::Connection> conn);
 
-  void StartReading() override;
+  uint32_t index() const { return index_; }
+  bool open() const { return open_; }
   // Registers the request a frame carries, so its reply can be routed.
-  void Expect(uint64_t request_id, PendingRequest request) override;
-  // Queues a frame (gather write: header + payload, no copy of the payload).
-  void Send(OutFrame frame) override;
-  // Queues BYE and closes the socket once the queue is flushed.
-  void SendByeAndClose() override;
-  // Closes the socket at once; queued frames are dropped (their io_refs
-  // released). Handlers in flight complete with operation_aborted.
-  void Abort() override;
+  void Expect(uint64_t request_id, PendingRequest request);
+  // Queues a frame. Its io_ref (OutFrame::holds_io) is released once the
+  // connection no longer needs the payload, or at once if it is dropped.
+  void Send(OutFrame frame);
+  // Queues BYE and closes once everything handed over was sent.
+  void SendByeAndClose();
+  // Closes at once; queued frames are dropped (their io_refs released).
+  void Abort();
+
+  // net::FrameHandler.
+  Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;
+  std::span<std::byte> PayloadDestination(net::Connection& conn,
+                                          const net::FrameHeader& h) override;
+  void HandleFrame(net::Connection& conn, const net::FrameHeader& h,
+                   std::span<const std::byte> payload) override;
+  void OnConnectionClosed(net::Connection& conn, const std::string& why) override;
+  void OnBytesSent(net::Connection& conn, size_t bytes) override;
 
  private:
-  void WriteNext();
-  void ReadHeader();
-  void OnHeader();
-  void ReadPayloadInto(void* dest, size_t bytes, bool direct, PendingRequest request);
-  void OnReply(const PendingRequest& request);
-  void OnError();
+  // Hands queued frames to the connection while the window allows.
+  void Pump();
+  // The reply to `request` in `payload` (the destination, when one was
+  // named): stored where it belongs and counted.
+  Status StoreReply(const net::FrameHeader& h, std::span<const std::byte> payload,
+                    const PendingRequest& request);
+  // The lane breaks the client's connection (ConnectionLost), then is
+  // closed. `reconnectable` as in ConnectionLost.
   void Broken(const std::string& reason, bool reconnectable = true);
-  void IoFailed(const boost::system::error_code& ec, const char* what);
-  void CloseSocket();
+  // The lane is closed: drops what it holds.
+  void Shut();
   void Release(OutFrame& frame);
+  // Drops the reply being received (its destination's io_ref).
+  void DropCurrent();
 
   Client::Impl* const owner_;
   const uint32_t index_;
-  tcp::socket socket_;
+  std::shared_ptr<net::Connection> conn_;
   bool open_ = true;
-  bool closing_ = false;
-  // The first in_flight_ frames of queue_ are being written (one gather
-  // write for up to kMaxFramesPerWrite frames).
-  size_t in_flight_ = 0;
+  bool closing_ = false;     // BYE queued: nothing more is sent
+  bool bye_handed_ = false;  // BYE is with the connection: close once sent
   std::deque<OutFrame> queue_;
+  uint64_t handed_bytes_ = 0;  // frame bytes handed to the connection
+  uint64_t sent_bytes_ = 0;    // of those, reported sent
   std::unordered_map<uint64_t, PendingRequest> pending_;
-  std::array<std::byte, net::kHeaderBytes> header_bytes_{};
-  net::FrameHeader header_;
-  std::vector<std::byte> scratch_;  // payloads not read straight into the caller's buffer
+  // The reply between AcceptHeader and HandleFrame, and its destination in
+  // the caller's buffer (holding an io_ref of its operation) if it has one.
+  PendingRequest current_;
+  std::span<std::byte> dest_;
 };
+
+// An ERROR frame from the hub on lane `lane`: a fatal or malformed one
+// returns UNAVAILABLE with the reason the lane is broken (FAILED_PRECONDITION
+// for a fatal error the client caused itself, which a reconnect would not
+// heal); otherwise the request it answers (if any, taken out of `pending`)
+// fails with kServer and OK is returned.
+Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
+                        std::span<const std::byte> payload,
+                        std::unordered_map<uint64_t, PendingRequest>* pending);
+
+// A ROWS reply of a PushPullRows / PullRows: checks it against `request`
+// and scatters its rows into the operation's `out` (rows.cc). UNAVAILABLE
+// when it breaks the protocol.
+Status StoreRows(const net::FrameHeader& h, std::span<const std::byte> payload,
+                 const PendingRequest& request);
 
 }  // namespace rackhub::client::internal

@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "client_impl.h"
-#include "lane_link.h"
 #include "compress.h"
 #include "convert.h"
 #include "lane.h"
@@ -15,7 +14,7 @@
 
 namespace rackhub::client {
 
-using internal::LaneLink;
+using internal::Lane;
 using internal::OpKind;
 using internal::Operation;
 using internal::OperationPtr;
@@ -69,7 +68,9 @@ uint64_t NewSession() {
 
 }  // namespace
 
-Client::Impl::Impl(const Options& options) : options_(options), session_(NewSession()) {}
+Client::Impl::Impl(const Options& options) : options_(options), session_(NewSession()) {
+  io_gate_->impl = this;
+}
 
 Client::Impl::~Impl() { Close(); }
 
@@ -468,7 +469,7 @@ void Client::Impl::Send(const OperationPtr& op) {
                           PendingRequest{op, every_lane ? net::Opcode::kAck : net::Opcode::kKeyInfo,
                                          0, 0, 0});
         OutFrame f;
-        net::EncodeHeader(h, f.header);
+        f.header = h;
         f.payload = op->control.data();
         f.bytes = op->control.size();
         f.op = op;
@@ -489,7 +490,7 @@ void Client::Impl::StartChunks(const OperationPtr& op, net::Opcode opcode) {
   for (uint64_t c = 0; c < chunks; ++c) {
     const uint64_t offset = c * ce;
     const auto n = static_cast<uint32_t>(std::min(ce, op->elements - offset));
-    LaneLink& lane = *lanes_[(op->first_chunk + c) % lanes_.size()];
+    Lane& lane = *lanes_[(op->first_chunk + c) % lanes_.size()];
     net::FrameHeader h;
     h.opcode = opcode;
     h.dtype = with_payload ? internal::WireDType(op->dtype) : net::DType::kNone;
@@ -502,23 +503,20 @@ void Client::Impl::StartChunks(const OperationPtr& op, net::Opcode opcode) {
     lane.Expect(h.request_id, PendingRequest{op, net::Opcode::kParams, static_cast<uint32_t>(c),
                                              offset, n});
     OutFrame f;
-    net::EncodeHeader(h, f.header);
     f.op = op;
     if (with_payload && !op->packed_chunks.empty()) {
       // Top-k: the payload PackTopK built (the op holds the buffer).
       const Operation::PackedChunk& p = op->packed_chunks[c];
       if (p.sparse) h.flags = net::kFlagSparse;
       h.payload_bytes = static_cast<uint32_t>(p.bytes);
-      net::EncodeHeader(h, f.header);
       f.payload = op->packed->data() + p.offset;
       f.bytes = p.bytes;
     } else if (with_payload) {
       f.payload = borrow ? static_cast<const void*>(op->in.data() + offset)
                          : static_cast<const void*>(op->narrowed->data() + offset);
       f.bytes = h.payload_bytes;
-      f.borrows_user = borrow;
-      if (borrow) ++op->io_refs;
     }
+    f.header = h;
     lane.Send(std::move(f));
   }
 }
@@ -533,6 +531,13 @@ void Client::Impl::ReplyArrived(const OperationPtr& op, uint64_t iteration) {
   op->min_reply_iteration = std::min(op->min_reply_iteration, iteration);
   if (op->remaining > 0) --op->remaining;
   MaybeFinish(op);
+}
+
+std::shared_ptr<const void> Client::Impl::HoldIo(const OperationPtr& op, bool io_ref) {
+  if (!io_ref) return op;
+  return std::shared_ptr<const void>(op.get(), [gate = io_gate_, op](const void*) {
+    if (gate->impl != nullptr) gate->impl->ReleaseIo(op);
+  });
 }
 
 void Client::Impl::ReleaseIo(const OperationPtr& op) {
@@ -720,7 +725,9 @@ void Client::Impl::Close() {
     thread_.join();
   }
   StopReconnectThread();
-  // The I/O thread is gone: nothing touches the callers' buffers any more.
+  // The I/O thread is gone: nothing touches the callers' buffers any more,
+  // and what transports still hold must not count io_refs any more.
+  io_gate_->impl = nullptr;
   for (const auto& op : UnfinishedOps()) {
     if (!op->failed) {
       op->failed = true;

@@ -1,24 +1,24 @@
-// Client::Impl: reconnecting every lane after a break (TCP lanes; see
-// client.h, "Reconnect"). The dialing runs on reconnect_thread_ with its own
-// io_context and blocking handshakes (the same Handshake as Connect); the
-// handshaken sockets are handed to the I/O thread as file descriptors, where
-// AdoptReconnect compares the new WELCOME with what the client knew, marks the
-// keys whose version moved ("resync needed") and re-sends the pending tickets.
+// Client::Impl: reconnecting every lane after a break (client.h,
+// "Reconnect"), over whatever transport the options choose, as Connect does.
+// The dialing runs on reconnect_thread_ (the same DialAll as Connect, its
+// handshakes blocking there); the handshaken lanes are handed to the I/O
+// thread, where AdoptReconnect compares the new WELCOME with what the client
+// knew, marks the keys whose version moved ("resync needed"), adopts the
+// lanes and re-sends the pending tickets.
 #include <algorithm>
-#include <unistd.h>
 #include <unordered_map>
 #include <utility>
 
 #include "client_impl.h"
+#include "dialer.h"
 #include "lane.h"
-#include "lane_link.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "wire.h"
 
 namespace rackhub::client {
 
-using internal::OpKind;
 using internal::OperationPtr;
+using internal::OpKind;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -37,32 +37,6 @@ Error MakeError(ErrorCode code, std::string message) {
 
 }  // namespace
 
-Error Client::Impl::DialLanes(asio::io_context& io, std::vector<tcp::socket>* sockets,
-                              std::vector<std::string>* welcomes) {
-  const auto deadline = Clock::now() + std::min<Clock::duration>(options_.connect_timeout,
-                                                                  kMaxAttempt);
-  uint32_t lane_count = 1;
-  for (uint32_t lane = 0; lane < lane_count; ++lane) {
-    tcp::socket socket(io);
-    std::string payload;
-    if (Error e = Handshake(io, lane, tcp_target_, deadline, &socket, &payload, &reconnect_abort_);
-        !e.ok()) {
-      return e;
-    }
-    if (lane == 0) {
-      data::v1::Welcome welcome;
-      if (!welcome.ParseFromString(payload) || welcome.lanes() == 0 || welcome.lanes() > 4096) {
-        return MakeError(ErrorCode::kConnectFailed,
-                         "hub " + options_.hub + ": lane 0: unusable WELCOME");
-      }
-      lane_count = welcome.lanes();
-    }
-    sockets->push_back(std::move(socket));
-    welcomes->push_back(std::move(payload));
-  }
-  return {};
-}
-
 void Client::Impl::ReconnectLoop(uint64_t generation) {
   auto backoff = std::chrono::duration_cast<Clock::duration>(kFirstBackoff);
   for (;;) {
@@ -70,16 +44,13 @@ void Client::Impl::ReconnectLoop(uint64_t generation) {
       std::lock_guard lock(reconnect_mu_);
       if (reconnect_cancel_) return;
     }
-    asio::io_context io;
-    std::vector<tcp::socket> sockets;
-    std::vector<std::string> welcomes;
-    const Error e = DialLanes(io, &sockets, &welcomes);
+    const auto deadline =
+        Clock::now() + std::min<Clock::duration>(options_.connect_timeout, kMaxAttempt);
+    auto dialed = std::make_shared<internal::DialedLanes>();
+    const Error e = DialAll(deadline, &reconnect_abort_, dialed.get());
     if (e.ok()) {
-      std::vector<int> fds;
-      for (auto& s : sockets) fds.push_back(s.release());
-      asio::post(io_, [this, generation, fds = std::move(fds),
-                       welcomes = std::move(welcomes)]() mutable {
-        AdoptReconnect(generation, std::move(fds), std::move(welcomes));
+      asio::post(io_, [this, generation, dialed = std::move(dialed)]() mutable {
+        AdoptReconnect(generation, std::move(dialed));
       });
       return;
     }
@@ -121,27 +92,21 @@ void Client::Impl::GiveUpReconnect(const std::string& why) {
   }
   reconnect_abort_ = true;
   reconnect_cv_.notify_all();
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
-                                                                        break_time_);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - break_time_);
   Broken("connection to the hub lost: " + break_reason_ + "; reconnecting failed (" + why +
          ", gave up after " + std::to_string(ms.count()) + " ms)" +
          (last.empty() ? std::string() : ": " + last));
 }
 
-void Client::Impl::AdoptReconnect(uint64_t generation, std::vector<int> fds,
-                                  std::vector<std::string> welcomes) {
-  if (!reconnecting_ || generation != reconnect_generation_ || closing_io_) {
-    for (int fd : fds) ::close(fd);
-    return;
-  }
+void Client::Impl::AdoptReconnect(uint64_t generation,
+                                  std::shared_ptr<internal::DialedLanes> dialed) {
+  // Dropping `dialed` without adopting closes its links.
+  if (!reconnecting_ || generation != reconnect_generation_ || closing_io_) return;
   StopReconnectThread();  // it returned right after posting this
-  const auto fail = [&](const std::string& why) {
-    for (int fd : fds) ::close(fd);
-    GiveUpReconnect(why);
-  };
-  std::vector<data::v1::Welcome> parsed(welcomes.size());
-  for (size_t i = 0; i < welcomes.size(); ++i) {
-    if (!parsed[i].ParseFromString(welcomes[i])) return fail("a WELCOME does not parse");
+  const auto fail = [&](const std::string& why) { GiveUpReconnect(why); };
+  std::vector<data::v1::Welcome> parsed(dialed->lanes.size());
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    if (!parsed[i].ParseFromString(dialed->lanes[i].body)) return fail("a WELCOME does not parse");
   }
   const data::v1::Welcome& w0 = parsed[0];
   if (w0.lanes() != lane_count_ || w0.chunk_elements() != chunk_elements_) {
@@ -178,13 +143,13 @@ void Client::Impl::AdoptReconnect(uint64_t generation, std::vector<int> fds,
       const uint64_t was = k.info.next_iteration;
       k.info.version = hub_version;
       if (hub_version != was) {
-        Error e = MakeError(
-            ErrorCode::kRolledBack,
-            hub_version < was
-                ? "hub restarted: key '" + k.info.name + "' rolled back to iteration " +
-                      std::to_string(hub_version) + " (was " + std::to_string(was) + ")"
-                : "hub reconnected: key '" + k.info.name + "' is at iteration " +
-                      std::to_string(hub_version) + " (was " + std::to_string(was) + ")");
+        Error e =
+            MakeError(ErrorCode::kRolledBack,
+                      hub_version < was
+                          ? "hub restarted: key '" + k.info.name + "' rolled back to iteration " +
+                                std::to_string(hub_version) + " (was " + std::to_string(was) + ")"
+                          : "hub reconnected: key '" + k.info.name + "' is at iteration " +
+                                std::to_string(hub_version) + " (was " + std::to_string(was) + ")");
         e.iteration = hub_version;
         k.info.next_iteration = hub_version;
         MarkResync(k, std::move(e));
@@ -197,27 +162,13 @@ void Client::Impl::AdoptReconnect(uint64_t generation, std::vector<int> fds,
 
   // The new lanes replace the old ones (kept: their aborted handlers may
   // still be queued).
-  std::vector<std::unique_ptr<internal::LaneLink>> lanes;
-  for (uint32_t i = 0; i < fds.size(); ++i) {
-    tcp::socket socket(io_);
-    boost::system::error_code ec;
-    socket.assign(tcp_target_.protocol(), fds[i], ec);
-    if (ec) {
-      for (uint32_t j = i; j < fds.size(); ++j) ::close(fds[j]);
-      GiveUpReconnect("adopting a reconnected socket: " + ec.message());
-      return;
-    }
-    socket.set_option(tcp::no_delay(true), ec);
-    lanes.push_back(std::make_unique<internal::Lane>(this, i, std::move(socket)));
-  }
+  std::vector<std::unique_ptr<internal::Lane>> lanes = AdoptLanes(std::move(*dialed));
+  if (lanes.empty()) return fail("adopting a reconnected lane failed");
   for (auto& lane : lanes_) retired_lanes_.push_back(std::move(lane));
   lanes_ = std::move(lanes);
   reconnecting_ = false;
   if (reconnect_timer_) reconnect_timer_->cancel();
   ++reconnects_;
-  transport_ = "tcp";
-  max_frame_payload_ = net::kMaxDataPayload;
-  for (auto& lane : lanes_) lane->StartReading();
 
   // Re-send what was pending (in ticket order); a PushPull on a key that
   // moved fails with kRolledBack instead.

@@ -7,7 +7,7 @@
 
 #include "client_impl.h"
 #include "convert.h"
-#include "lane_link.h"
+#include "lane.h"
 #include "rackhub/aggregation/row_shard.h"
 #include "wire.h"
 
@@ -167,7 +167,7 @@ void Client::Impl::StartRows(const OperationPtr& op, net::Opcode opcode) {
   op->remaining = op->row_parts.size();
   for (size_t c = 0; c < op->row_parts.size(); ++c) {
     const Operation::RowPart& part = op->row_parts[c];
-    internal::LaneLink& lane = *lanes_[(op->first_chunk + c) % lanes_.size()];
+    internal::Lane& lane = *lanes_[(op->first_chunk + c) % lanes_.size()];
     net::FrameHeader h;
     h.opcode = opcode;
     h.dtype = internal::WireDType(op->dtype);
@@ -180,7 +180,7 @@ void Client::Impl::StartRows(const OperationPtr& op, net::Opcode opcode) {
     lane.Expect(h.request_id,
                 PendingRequest{op, net::Opcode::kRows, static_cast<uint32_t>(c), 0, 0});
     OutFrame f;
-    net::EncodeHeader(h, f.header);
+    f.header = h;
     f.op = op;
     f.payload = part.payload.data();
     f.bytes = part.payload.size();

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace rackhub::net {
 
 std::span<std::byte> FrameReader::WritableSpan(size_t min) {
+  writing_direct_ = direct_ && dest_filled_ < dest_.size();
+  if (writing_direct_) return dest_.subspan(dest_filled_);
   min = std::max<size_t>(min, 1);
   if (buf_.empty()) buf_.resize(std::max(initial_bytes_, min));
   if (rstart_ == rend_) rstart_ = rend_ = 0;
@@ -23,6 +26,7 @@ std::span<std::byte> FrameReader::WritableSpan(size_t min) {
 }
 
 bool FrameReader::deliverable() const {
+  if (direct_) return dest_filled_ == dest_.size();
   const size_t avail = rend_ - rstart_;
   if (skip_ > 0) return avail > 0;
   return avail >= (have_header_ ? header_.payload_bytes : kHeaderBytes);
@@ -49,6 +53,12 @@ bool FrameReader::RequestTurnToClose(Connection& conn) {
 
 void FrameReader::Parse(Connection& conn, FrameHandler& handler) {
   while (!stopped_ && !paused_) {
+    if (direct_) {
+      if (dest_filled_ < dest_.size()) return;
+      direct_ = false;
+      handler.HandleFrame(conn, header_, std::exchange(dest_, {}));
+      continue;
+    }
     const size_t avail = rend_ - rstart_;
     if (skip_ > 0) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(skip_, avail));
@@ -77,6 +87,19 @@ void FrameReader::Parse(Connection& conn, FrameHandler& handler) {
       if (verdict == FrameHandler::Verdict::kDiscard) {
         skip_ = header_.payload_bytes;
         continue;
+      }
+      if (header_.payload_bytes > 0) {
+        const std::span<std::byte> dest = handler.PayloadDestination(conn, header_);
+        if (dest.size() == header_.payload_bytes) {
+          // What already arrived is copied once; the rest is read into place.
+          const size_t n = std::min<size_t>(rend_ - rstart_, dest.size());
+          std::memcpy(dest.data(), buf_.data() + rstart_, n);
+          rstart_ += n;
+          dest_ = dest;
+          dest_filled_ = n;
+          direct_ = true;
+          continue;
+        }
       }
       have_header_ = true;
       continue;

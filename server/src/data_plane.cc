@@ -114,6 +114,7 @@ void DataPlane::Shutdown(std::chrono::milliseconds grace) {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  stopping_ = true;
   for (uint32_t i = 0; i < lane_count(); ++i) {
     OnLane(i, [](Lane& lane) { lane.BeginShutdown(); });
   }

@@ -95,6 +95,7 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) override;
   void CountRackChunkBytes(uint32_t rack, uint64_t out) override;
   void LaneDrained(uint32_t lane) override;
+  bool stopping() const override { return stopping_.load(); }
   void RunBlocking(std::function<void()> fn) override;
 
   // RegistryObserver.
@@ -142,6 +143,7 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   std::condition_variable drained_cv_;
   std::vector<bool> drained_;  // GUARDED_BY(shutdown_mu_), by lane
   bool shut_down_ = false;     // GUARDED_BY(shutdown_mu_)
+  std::atomic<bool> stopping_{false};  // set by Shutdown before any lane hears
 };
 
 }  // namespace rackhub::server

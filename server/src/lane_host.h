@@ -168,6 +168,11 @@ class LaneHost {
 
   // Shutdown: the lane has closed its last connection.
   virtual void LaneDrained(uint32_t lane) = 0;
+  // True from the moment the hub begins to shut down, before every lane has
+  // heard (lanes close one after another, and a worker that got SHUTTING_DOWN
+  // on one lane closes its others at once): a connection lost meanwhile is
+  // part of the shutdown, not a lost worker. Any thread.
+  virtual bool stopping() const = 0;
 
   // Runs `fn` on a thread that may block (a registry write to etcd), never
   // on a lane. `fn` must hold a LaneGate-wrapped handler for whatever it

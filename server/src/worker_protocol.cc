@@ -551,8 +551,10 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
   spdlog::log(over_limit ? spdlog::level::warn : spdlog::level::info,
               "data: tenant '{}' rank {} lane {} {}: {}", conn.id().tenant, conn.id().rank, lane,
               left ? "left" : "disconnected", why);
-  if (gate_->closed()) {
-    if (table_->connection_count() == 0) host_->LaneDrained(lane);
+  if (gate_->closed() || host_->stopping()) {
+    // (A lane that has not closed its gate yet reports itself drained when
+    // it does.)
+    if (gate_->closed() && table_->connection_count() == 0) host_->LaneDrained(lane);
     return;
   }
   if (t->info.consistency != Consistency::kSync) {

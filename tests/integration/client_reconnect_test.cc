@@ -1,7 +1,10 @@
 // The client survives a hub restart and a lost peer (client.h, "Reconnect"
 // and "Resynchronization"; docs/errors.md): real rackhubd processes (killed
 // with SIGKILL and restarted on the same ports and state directory), clients
-// in this process.
+// in this process, over TCP and over shared memory (a reconnect dials the
+// same transport again: a fresh shared-memory offer from the restarted hub).
+// Nothing here waits for time: where a test needs the hub to hold a push
+// before it acts, it waits for the hub's rackhub_pushes_total to count it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "http_get.h"
 #include "process.h"
 #include "rackhub/client/client.h"
 #include "rackhub/client/rackhub_c.h"
@@ -32,20 +36,42 @@ using testing::WriteFile;
 constexpr char kTenant[] = "rc";
 constexpr char kToken[] = "reconnect-test-token-0123456789abcdef";
 constexpr uint64_t kElements = 5000;  // 5 chunks of 1024 over 2 lanes
+constexpr double kChunks = 5;
 
 std::string Describe(const CommandResult& r) {
   return "exit=" + std::to_string(r.exit_code) + "\n" + r.out + r.err;
 }
 
-class ClientReconnectTest : public ::testing::Test {
+// The sum of every sample of `name` on the hub's /metrics, or -1 when the
+// hub does not answer.
+double MetricSum(const std::string& address, const std::string& name) {
+  const testing::HttpResponse r = testing::HttpGet(address, "/metrics");
+  if (r.status != 200) return -1;
+  double sum = 0;
+  size_t at = 0;
+  while (at < r.body.size()) {
+    const size_t end = std::min(r.body.find('\n', at), r.body.size());
+    const std::string line = r.body.substr(at, end - at);
+    at = end + 1;
+    if (line.rfind(name, 0) != 0) continue;
+    const char next = line.size() > name.size() ? line[name.size()] : '\0';
+    if (next != '{' && next != ' ') continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+// The parameter: the transport the clients use (and reconnect over).
+enum class Link { kTcp, kShm };
+
+class ClientReconnectTest : public ::testing::TestWithParam<Link> {
  protected:
   void SetUp() override {
     // No periodic checkpoints: a hub killed with SIGKILL comes back with
     // every key at version 0 (a rollback to 0); a graceful stop still writes
     // one (checkpoint.on_shutdown).
-    daemon_ = std::make_unique<DaemonProcess>(
-        std::vector<std::string>{"--lanes", "2", "--checkpoint-every-iterations", "0",
-                                 "--checkpoint-every-seconds", "0"});
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
+        "--lanes", "2", "--checkpoint-every-iterations", "0", "--checkpoint-every-seconds", "0"});
     ASSERT_TRUE(daemon_->started());
     token_file_ = MakeTempDir() + "/token";
     WriteFile(token_file_, kToken);
@@ -55,17 +81,16 @@ class ClientReconnectTest : public ::testing::Test {
   // Creates the tenant with the fixed token unless the (durable) registry
   // brought it back.
   void CreateTenant() {
-    const CommandResult r =
-        RunCommand({BinPath("rackhubctl"), "--admin", daemon_->admin_address(), "tenant",
-                    "create", kTenant, "--workers", "2", "--chunk-bytes", "4KiB",
-                    "--tenant-token-file", token_file_});
+    const CommandResult r = RunCommand(
+        {BinPath("rackhubctl"), "--admin", daemon_->admin_address(), "tenant", "create", kTenant,
+         "--workers", "2", "--chunk-bytes", "4KiB", "--tenant-token-file", token_file_});
     if (r.exit_code != 0) {
       ASSERT_NE(r.err.find("exist"), std::string::npos) << Describe(r);
     }
   }
 
-  std::unique_ptr<Client> Connect(uint32_t rank, std::chrono::milliseconds op_timeout =
-                                                     std::chrono::seconds(20),
+  std::unique_ptr<Client> Connect(uint32_t rank,
+                                  std::chrono::milliseconds op_timeout = std::chrono::seconds(20),
                                   bool reconnect = true) {
     Options o;
     o.hub = daemon_->data_address();
@@ -74,10 +99,21 @@ class ClientReconnectTest : public ::testing::Test {
     o.rank = rank;
     o.op_timeout = op_timeout;
     o.reconnect = reconnect;
+    o.shm = shm() ? Shm::kOn : Shm::kOff;
     Error e;
     auto c = Client::Connect(o, &e);
     EXPECT_TRUE(c) << e.message;
+    if (c) EXPECT_STREQ(c->transport(), shm() ? "shm" : "tcp");
     return c;
+  }
+  bool shm() const { return GetParam() == Link::kShm; }
+
+  // Waits until the hub has counted `chunks` PUSH frames in all (its lanes
+  // publish their counters as they go).
+  bool HubCountedPushes(double chunks) {
+    return WaitFor(
+        [&] { return MetricSum(daemon_->metrics_address(), "rackhub_pushes_total") >= chunks; },
+        std::chrono::seconds(30));
   }
 
   static KeyId Declare(Client& c) {
@@ -124,7 +160,7 @@ class ClientReconnectTest : public ::testing::Test {
 // PushPull completes with kRolledBack (the hub came back at an older version);
 // idle rank 1 reconnects too and its next PushPull reports kRolledBack at
 // once. After a Pull both continue from the hub's version.
-TEST_F(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
+TEST_P(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
   auto c0 = Connect(0);
   auto c1 = Connect(1);
   ASSERT_TRUE(c0 && c1);
@@ -135,9 +171,8 @@ TEST_F(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
 
   std::vector<float> grad(kElements, 1.0f), out(kElements, -7.0f);
   const Ticket pending = c0->PushPull(key, grad, out);  // waits for rank 1
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(HubCountedPushes(7 * kChunks)) << "the hub never held rank 0's push";
   EXPECT_EQ(daemon_->Kill(), 128 + 9);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // clients see the refusal
   ASSERT_TRUE(daemon_->Restart());
   CreateTenant();
 
@@ -151,6 +186,7 @@ TEST_F(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
   EXPECT_EQ(e.message, "hub restarted: key 'w' rolled back to iteration " +
                            std::to_string(e.iteration) + " (was 3)");
   EXPECT_GE(c0->reconnects(), 1u);
+  EXPECT_STREQ(c0->transport(), shm() ? "shm" : "tcp") << "a reconnect keeps the transport";
   // Still marked: the next PushPull fails at once, nothing sent.
   EXPECT_EQ(c0->Wait(c0->PushPull(key, grad, out)).code, ErrorCode::kRolledBack);
 
@@ -177,23 +213,22 @@ TEST_F(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
 // reconnect; the hub wrote a checkpoint on its way down (checkpoint.on_shutdown)
 // and resumed from it, so the iteration completes once rank 1 pushes too,
 // with the values of a run that never stopped.
-TEST_F(ClientReconnectTest, GracefulRestartLosesNothing) {
+TEST_P(ClientReconnectTest, GracefulRestartLosesNothing) {
   auto c0 = Connect(0);
   auto c1 = Connect(1);
   ASSERT_TRUE(c0 && c1);
   const KeyId key = Declare(*c0);
   ASSERT_EQ(Declare(*c1), key);
   const std::vector<float> after1 = Step(*c0, *c1, key, 1.0f);
-  std::vector<float> grad(kElements, 1.0f), grad1(kElements, 3.0f), out(kElements),
-      out1(kElements);
+  std::vector<float> grad(kElements, 1.0f), grad1(kElements, 3.0f), out(kElements), out1(kElements);
   const Ticket pending = c0->PushPull(key, grad, out);  // iteration 1, waits for rank 1
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(HubCountedPushes(3 * kChunks)) << "the hub never held rank 0's push";
   EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
   ASSERT_TRUE(daemon_->Restart());
   ASSERT_TRUE(WaitFor([&] { return c1->reconnects() >= 1; }, std::chrono::seconds(10)));
   const Ticket t1 = c1->PushPull(key, grad1, out1);
   const Error e = c0->Wait(pending);
-  ASSERT_TRUE(e.ok()) << e.message;
+  ASSERT_TRUE(e.ok()) << e.message << daemon_->Log();
   ASSERT_TRUE(c1->Wait(t1).ok());
   EXPECT_EQ(out, out1);
   // SGD lr 0.1 on the mean: iteration 1's mean gradient is 2.
@@ -206,7 +241,7 @@ TEST_F(ClientReconnectTest, GracefulRestartLosesNothing) {
 
 // The hub never comes back: the pending ticket fails with kConnectionLost
 // within its op_timeout (no hang), and the client is unusable afterwards.
-TEST_F(ClientReconnectTest, HubNeverBackFailsWithinOpTimeout) {
+TEST_P(ClientReconnectTest, HubNeverBackFailsWithinOpTimeout) {
   auto c0 = Connect(0, std::chrono::milliseconds(2000));
   auto c1 = Connect(1, std::chrono::milliseconds(2000));
   ASSERT_TRUE(c0 && c1);
@@ -214,7 +249,7 @@ TEST_F(ClientReconnectTest, HubNeverBackFailsWithinOpTimeout) {
   std::vector<float> grad(kElements, 1.0f), out(kElements);
   const auto start = Clock::now();
   const Ticket pending = c0->PushPull(key, grad, out);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(HubCountedPushes(kChunks)) << "the hub never held rank 0's push";
   daemon_->Kill();
   const Error e = c0->Wait(pending);
   const auto took = Clock::now() - start;
@@ -229,14 +264,14 @@ TEST_F(ClientReconnectTest, HubNeverBackFailsWithinOpTimeout) {
 }
 
 // Options::reconnect = false: a broken connection is kConnectionLost at once.
-TEST_F(ClientReconnectTest, ReconnectDisabledFailsAtOnce) {
+TEST_P(ClientReconnectTest, ReconnectDisabledFailsAtOnce) {
   auto c0 = Connect(0, std::chrono::seconds(20), /*reconnect=*/false);
   auto c1 = Connect(1);
   ASSERT_TRUE(c0 && c1);
   const KeyId key = Declare(*c0);
   std::vector<float> grad(kElements, 1.0f), out(kElements);
   const Ticket pending = c0->PushPull(key, grad, out);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(HubCountedPushes(kChunks)) << "the hub never held rank 0's push";
   const auto start = Clock::now();
   daemon_->Kill();
   const Error e = c0->Wait(pending);
@@ -247,7 +282,7 @@ TEST_F(ClientReconnectTest, ReconnectDisabledFailsAtOnce) {
 
 // A restart while idle, the hub back at the same version (nothing had been
 // pushed): no rollback, the loop goes on.
-TEST_F(ClientReconnectTest, RestartAtSameVersionContinues) {
+TEST_P(ClientReconnectTest, RestartAtSameVersionContinues) {
   auto c0 = Connect(0);
   auto c1 = Connect(1);
   ASSERT_TRUE(c0 && c1);
@@ -265,7 +300,7 @@ TEST_F(ClientReconnectTest, RestartAtSameVersionContinues) {
 
 // The C ABI: RACKHUB_ROLLED_BACK with the iteration, rackhub_reconnects, and
 // RACKHUB_CONNECT_NO_RECONNECT.
-TEST_F(ClientReconnectTest, CApiRolledBackAndNoReconnect) {
+TEST_P(ClientReconnectTest, CApiRolledBackAndNoReconnect) {
   rackhub_options o{};
   const std::string hub = daemon_->data_address();
   o.hub = hub.c_str();
@@ -321,7 +356,7 @@ TEST_F(ClientReconnectTest, CApiRolledBackAndNoReconnect) {
 // gets kServer/WORKER_LOST and the key needs a Pull; its next push waits for
 // a replacement rank 1 (bounded by the straggler timeout); the replacement
 // connects, pulls, pushes, and both continue at the same iteration.
-TEST_F(ClientReconnectTest, LostPeerThenReplacement) {
+TEST_P(ClientReconnectTest, LostPeerThenReplacement) {
   // The peer: a child process (forked before this process starts threads)
   // that pushes two iterations as rank 1, then hangs until killed.
   const pid_t peer = fork();
@@ -356,7 +391,7 @@ TEST_F(ClientReconnectTest, LostPeerThenReplacement) {
     ASSERT_TRUE(e.ok()) << e.message;
   }
   const Ticket pending = c0->PushPull(key, grad, out);  // the peer never pushes this one
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(HubCountedPushes(5 * kChunks)) << "the hub never held rank 0's push";
   ::kill(peer, SIGKILL);
   const Error e = c0->Wait(pending);
   ASSERT_EQ(e.code, ErrorCode::kServer) << e.message;
@@ -371,7 +406,7 @@ TEST_F(ClientReconnectTest, LostPeerThenReplacement) {
   EXPECT_EQ(it0, 2u) << "the aborted iteration 2 is pushed again";
   // The survivor goes on at once; its push waits for the replacement.
   const Ticket waiting = c0->PushPull(key, grad, out);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(HubCountedPushes(6 * kChunks)) << "the hub never held rank 0's push";
   auto c1b = Connect(1);
   ASSERT_TRUE(c1b);
   ASSERT_EQ(Declare(*c1b), key);
@@ -389,6 +424,11 @@ TEST_F(ClientReconnectTest, LostPeerThenReplacement) {
   EXPECT_EQ(c0->GetKeyInfo(key)->next_iteration, it0 + 2);
   EXPECT_EQ(c1b->GetKeyInfo(key)->next_iteration, it0 + 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, ClientReconnectTest, ::testing::Values(Link::kTcp, Link::kShm),
+                         [](const ::testing::TestParamInfo<Link>& info) {
+                           return std::string(info.param == Link::kShm ? "Shm" : "Tcp");
+                         });
 
 }  // namespace
 }  // namespace rackhub::client

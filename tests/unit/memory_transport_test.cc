@@ -3,15 +3,15 @@
 // short read and write, two threads, discarded payloads, malformed headers.
 // Faults: memory_transport_faults_test.cc.
 
+#include <gtest/gtest.h>
+
 #include <array>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
-#include "rackhub/net/frame_reader.h"
-#include <gtest/gtest.h>
-
 #include "memory_transport_test_util.h"
+#include "rackhub/net/frame_reader.h"
 
 namespace rackhub::net::testing {
 namespace {
@@ -77,6 +77,61 @@ TEST(FrameReaderTest, SmallBufferGrowsAndCompactsAcrossEveryChunking) {
   }
 }
 
+// A handler that names a destination for every odd frame's payload: those
+// payloads arrive in the destination (HandleFrame's span is the destination
+// itself), the others in the reader's buffer, all intact and in order,
+// whatever the chunking; the reader's buffer never grows for a payload that
+// goes to a destination.
+class DestinationRecorder : public Recorder {
+ public:
+  std::vector<std::vector<std::byte>> destinations;
+  size_t in_place = 0;  // HandleFrame calls whose payload was a destination
+  std::span<std::byte> PayloadDestination(Connection&, const FrameHeader& h) override {
+    if (headers.size() % 2 == 1) return {};
+    destinations.emplace_back(h.payload_bytes);
+    return destinations.back();
+  }
+  void HandleFrame(Connection& c, const FrameHeader& h, std::span<const std::byte> p) override {
+    if (!destinations.empty() && p.data() == destinations.back().data()) {
+      EXPECT_EQ(p.size(), destinations.back().size());
+      ++in_place;
+    }
+    Recorder::HandleFrame(c, h, p);
+  }
+};
+
+TEST(FrameReaderTest, PayloadsLandInTheHandlersDestinationAcrossEveryChunking) {
+  std::vector<Frame> want = Mix(24);
+  // One payload far larger than the reader's buffer.
+  want[5].payload.assign(70000, 'x');
+  want[5].h.payload_bytes = 70000;
+  const std::string stream = Encode(want);
+  size_t expect_in_place = 0;
+  for (size_t i = 1; i < want.size(); i += 2) expect_in_place += want[i].payload.empty() ? 0 : 1;
+  for (size_t chunk : {1, 3, 39, 40, 41, 97, 1000, 100000}) {
+    SCOPED_TRACE(chunk);
+    StubConnection conn;
+    DestinationRecorder rec;
+    rec.destinations.reserve(want.size());  // spans stay valid
+    FrameReader reader(2048);
+    for (size_t at = 0; at < stream.size();) {
+      const std::span<std::byte> room = reader.WritableSpan();
+      ASSERT_FALSE(room.empty());
+      const size_t n = std::min({chunk, room.size(), stream.size() - at});
+      std::memcpy(room.data(), stream.data() + at, n);
+      reader.Commit(n);
+      reader.Parse(conn, rec);
+      at += n;
+    }
+    ExpectFrames(rec.frames, want);
+    EXPECT_EQ(rec.in_place, expect_in_place);
+    EXPECT_FALSE(reader.inside_frame());
+    EXPECT_EQ(reader.buffered(), 0u);
+    EXPECT_LT(reader.capacity(), 70000u) << "the large payload went to its destination";
+    EXPECT_TRUE(conn.errors.empty());
+  }
+}
+
 // --- MemoryConnection: data ------------------------------------------------
 
 TEST(MemoryTransportTest, ShortReadsAndWritesOfEverySize) {
@@ -135,8 +190,8 @@ TEST(MemoryTransportTest, SharedPayloadIsReadWhenWrittenAndHeldUntilThen) {
   second = "new!";  // the peer is not reading: still referenced, not copied
   h.p.b->incoming_faults().StopReading(false);
   h.Run();
-  ExpectFrames(h.rb.frames, {MakeFrame(Opcode::kHello, 1, "FIRST"),
-                             MakeFrame(Opcode::kHello, 2, "new!")});
+  ExpectFrames(h.rb.frames,
+               {MakeFrame(Opcode::kHello, 1, "FIRST"), MakeFrame(Opcode::kHello, 2, "new!")});
   EXPECT_EQ(owner.use_count(), 1);  // written: let go
   h.CloseCleanly();
 }
@@ -185,10 +240,12 @@ TEST(MemoryTransportTest, TwoIoContextsOnTwoThreadsEcho) {
 }
 
 TEST(MemoryTransportTest, DiscardSkipsExactlyThePayload) {
-  const std::vector<Frame> all = {
-      MakeFrame(Opcode::kPush, 1, Pattern(400, 1), DType::kFp32), MakeFrame(Opcode::kHello, 2, Pattern(13, 2)),
-      MakeFrame(Opcode::kPush, 3, "", DType::kFp32), MakeFrame(Opcode::kPush, 4, Pattern(8, 4), DType::kFp32),
-      MakeFrame(Opcode::kHello, 5, ""), MakeFrame(Opcode::kKeyInfo, 6, Pattern(77, 6))};
+  const std::vector<Frame> all = {MakeFrame(Opcode::kPush, 1, Pattern(400, 1), DType::kFp32),
+                                  MakeFrame(Opcode::kHello, 2, Pattern(13, 2)),
+                                  MakeFrame(Opcode::kPush, 3, "", DType::kFp32),
+                                  MakeFrame(Opcode::kPush, 4, Pattern(8, 4), DType::kFp32),
+                                  MakeFrame(Opcode::kHello, 5, ""),
+                                  MakeFrame(Opcode::kKeyInfo, 6, Pattern(77, 6))};
   for (size_t r : {0, 1, 5, 39, 40, 41, 64, 1000}) {
     FaultPlan plan;
     plan.max_read_bytes = r;
@@ -244,7 +301,6 @@ TEST(MemoryTransportTest, InvalidHeaderGetsFatalMalformed) {
     EXPECT_EQ(h.ra.closes, std::vector<std::string>{"peer closed the connection"});
   }
 }
-
 
 }  // namespace
 }  // namespace rackhub::net::testing

@@ -2,11 +2,12 @@
 // librackhub.so): a Client whose lane connections are made by the caller, over
 // any net::Connection (typically the in-memory transport of
 // rackhub/net/testing/memory_connection.h against a hub running in the same
-// process). Everything above the lanes (tickets, chunking, timeouts, errors)
-// is the production client; each lane is an adapter that routes replies with
-// the same checks as the TCP lane. Difference from TCP: outgoing payloads are
-// copied when handed to the lane (the caller's buffer is released at once),
-// not written from the caller's buffer.
+// process). Everything is the production client, lanes included: the
+// caller's connection is the lane's transport, joined to the client's I/O
+// thread by an adapter that only hops threads (replies go through the lane's
+// header checks and land in the caller's buffer as over TCP). Outgoing
+// payloads are copied when the lane hands them over. Reconnects dial through
+// the same `dial`.
 //
 // How a lane is made: for lane L, the client builds its HELLO and calls
 // `dial(hello_header, hello_payload, io, handler)`. The dialer delivers that
@@ -22,7 +23,8 @@
 //  - The connection's callbacks run on `io`'s thread; the adapter hands
 //    frames over to the client's own I/O thread. Destroying (or closing) the
 //    Client closes its connections on `io`'s thread and waits for that.
-//  - `dial` is called on the connecting thread, once per lane, in lane order.
+//  - `dial` is called on the connecting thread (and on the client's
+//    reconnect thread), once per lane, in lane order.
 //  - The returned Client is an ordinary Client (client.h).
 #pragma once
 
@@ -63,7 +65,7 @@ class ScopedLaneDialer {
   class Connector;
 
  private:
-  std::unique_ptr<Connector> connector_;
+  std::shared_ptr<Connector> connector_;  // shared with the clients it connected
 };
 
 }  // namespace rackhub::client::testing

@@ -14,7 +14,11 @@
 //     payload_bytes, kReject stops the reader (the handler sent a fatal
 //     ERROR: nothing more is delivered);
 //   - hands an accepted payload to handler.HandleFrame in place, as a span
-//     into the receive buffer (no copy), valid only during the call;
+//     into the receive buffer (no copy), valid only during the call; or, when
+//     handler.PayloadDestination names a buffer, receives the payload into
+//     that buffer instead (bytes already buffered are copied there once;
+//     WritableSpan then returns the rest of the destination, so the
+//     connection's reads land in it directly) and hands that buffer over;
 //   - returns at a frame boundary once paused (Pause).
 // The buffer starts at `initial_bytes` (allocated on first use), is compacted
 // when the frame being received does not fit behind the unconsumed bytes, and
@@ -51,7 +55,13 @@ class FrameReader {
   // Valid until the next call of any member.
   std::span<std::byte> WritableSpan(size_t min = 1);
   // `n` bytes were written at the start of the last WritableSpan().
-  void Commit(size_t n) { rend_ += n; }
+  void Commit(size_t n) {
+    if (writing_direct_) {
+      dest_filled_ += n;
+    } else {
+      rend_ += n;
+    }
+  }
   // Delivers every complete frame (and skips discarded payload) buffered so
   // far, until the buffer holds no complete frame or the reader is stopped.
   void Parse(Connection& conn, FrameHandler& handler);
@@ -82,7 +92,7 @@ class FrameReader {
   // True if the stream stopped now would cut a frame: a header or payload is
   // partly received, or a discarded payload is partly skipped. An EOF here is
   // "inside a frame".
-  bool inside_frame() const { return have_header_ || skip_ > 0 || rstart_ != rend_; }
+  bool inside_frame() const { return have_header_ || direct_ || skip_ > 0 || rstart_ != rend_; }
   // True if Parse would deliver or discard something now: a whole header, a
   // whole accepted payload, or bytes of a discarded one are buffered.
   bool deliverable() const;
@@ -98,6 +108,12 @@ class FrameReader {
   size_t rstart_ = 0;
   size_t rend_ = 0;
   bool have_header_ = false;  // header_ is parsed and accepted, its payload pending
+  // The accepted payload goes to the handler's destination: dest_filled_ of
+  // dest_'s bytes have arrived.
+  bool direct_ = false;
+  std::span<std::byte> dest_;
+  size_t dest_filled_ = 0;
+  bool writing_direct_ = false;  // the last WritableSpan was dest_'s rest
   FrameHeader header_{};
   uint64_t skip_ = 0;  // payload bytes of a discarded frame still to drop
   bool stopped_ = false;

@@ -27,7 +27,7 @@ struct ConnectionIdentity {
   std::string tenant;
   uint32_t rank = 0;
   uint32_t lane = 0;
-  std::string peer;  // transport address for logs ("ip:port")
+  std::string peer;   // transport address for logs ("ip:port")
   uint32_t rack = 0;  // the worker's rack, or the peer hub's rack
   bool hub = false;   // a link to another rack's hub, not a worker
   // The worker's client session (its HELLO's `session`: one per client
@@ -84,6 +84,20 @@ class FrameHandler {
   // Called with every header (already checked by CheckHeader) before its
   // payload is received, so nothing is allocated for a frame that is refused.
   virtual Verdict AcceptHeader(Connection& conn, const FrameHeader& h) = 0;
+  // Where an accepted frame's payload should land, asked right after
+  // AcceptHeader returned kAccept: a span of exactly h.payload_bytes that
+  // stays valid until HandleFrame or OnConnectionClosed, or empty (the
+  // default) for the transport's own buffer. Byte-stream transports (TCP,
+  // in-memory) then receive the payload straight into it and HandleFrame's
+  // payload is that span; transports that receive whole frames into a ring
+  // (RDMA, shared memory) do not ask, and the handler copies from the ring.
+  // Either way HandleFrame sees the complete payload; a handler compares
+  // payload.data() with its destination to know whether it must copy.
+  virtual std::span<std::byte> PayloadDestination(Connection& conn, const FrameHeader& h) {
+    (void)conn;
+    (void)h;
+    return {};
+  }
   // The payload is valid only during the call.
   virtual void HandleFrame(Connection& conn, const FrameHeader& h,
                            std::span<const std::byte> payload) = 0;
