@@ -7,11 +7,12 @@ namespace {
 
 bool Finite(double v) { return std::isfinite(v); }
 
-std::string MustBeZero(const char* field, double v, OptimizerType t) {
+Status MustBeZero(const char* field, double v, OptimizerType t) {
   if (v != 0) {
-    return std::string(field) + ": not used by " + OptimizerTypeName(t) + " (must be 0)";
+    return InvalidArgument(std::string(field) + ": not used by " + OptimizerTypeName(t) +
+                           " (must be 0)");
   }
-  return "";
+  return Status::Ok();
 }
 
 }  // namespace
@@ -40,55 +41,59 @@ int OptimizerStateSlots(OptimizerType type) {
   }
 }
 
-std::string NormalizeOptimizer(OptimizerConfig* c) {
-  const double fields[] = {c->learning_rate, c->momentum,  c->weight_decay,       c->beta1,
-                           c->beta2,         c->epsilon,   c->initial_accumulator};
+Status NormalizeOptimizer(OptimizerConfig* c) {
+  const double fields[] = {c->learning_rate, c->momentum, c->weight_decay,       c->beta1,
+                           c->beta2,         c->epsilon,  c->initial_accumulator};
   const char* names[] = {"learning_rate", "momentum", "weight_decay",       "beta1",
                          "beta2",         "epsilon",  "initial_accumulator"};
   for (int i = 0; i < 7; ++i) {
-    if (!Finite(fields[i])) return std::string(names[i]) + ": must be a finite number";
+    if (!Finite(fields[i])) {
+      return InvalidArgument(std::string(names[i]) + ": must be a finite number");
+    }
   }
   if (c->reduction != Reduction::kMean && c->reduction != Reduction::kSum) {
-    return "reduction: must be mean or sum";
+    return InvalidArgument("reduction: must be mean or sum");
   }
   const OptimizerType t = c->type;
   if (t == OptimizerType::kSumOnly) {
     for (int i = 0; i < 7; ++i) {
-      if (auto e = MustBeZero(names[i], fields[i], t); !e.empty()) return e;
+      if (Status s = MustBeZero(names[i], fields[i], t); !s.ok()) return s;
     }
-    return "";
+    return Status::Ok();
   }
-  if (!(c->learning_rate > 0)) return "learning_rate: must be > 0";
-  if (c->weight_decay < 0) return "weight_decay: must be >= 0";
+  if (!(c->learning_rate > 0)) return InvalidArgument("learning_rate: must be > 0");
+  if (c->weight_decay < 0) return InvalidArgument("weight_decay: must be >= 0");
   const bool adam = t == OptimizerType::kAdam || t == OptimizerType::kAdamW;
   const bool uses_momentum = t == OptimizerType::kMomentum || t == OptimizerType::kNesterov;
   if (uses_momentum) {
-    if (!(c->momentum > 0 && c->momentum < 1)) return "momentum: must be in (0, 1)";
-  } else if (auto e = MustBeZero("momentum", c->momentum, t); !e.empty()) {
-    return e;
+    if (!(c->momentum > 0 && c->momentum < 1)) {
+      return InvalidArgument("momentum: must be in (0, 1)");
+    }
+  } else if (Status s = MustBeZero("momentum", c->momentum, t); !s.ok()) {
+    return s;
   }
   if (adam) {
     if (c->beta1 == 0) c->beta1 = 0.9;
     if (c->beta2 == 0) c->beta2 = 0.999;
     if (c->epsilon == 0) c->epsilon = 1e-8;
-    if (!(c->beta1 > 0 && c->beta1 < 1)) return "beta1: must be in [0, 1)";
-    if (!(c->beta2 > 0 && c->beta2 < 1)) return "beta2: must be in [0, 1)";
+    if (!(c->beta1 > 0 && c->beta1 < 1)) return InvalidArgument("beta1: must be in [0, 1)");
+    if (!(c->beta2 > 0 && c->beta2 < 1)) return InvalidArgument("beta2: must be in [0, 1)");
   } else {
-    if (auto e = MustBeZero("beta1", c->beta1, t); !e.empty()) return e;
-    if (auto e = MustBeZero("beta2", c->beta2, t); !e.empty()) return e;
+    if (Status s = MustBeZero("beta1", c->beta1, t); !s.ok()) return s;
+    if (Status s = MustBeZero("beta2", c->beta2, t); !s.ok()) return s;
   }
   if (t == OptimizerType::kAdaGrad) {
     if (c->epsilon == 0) c->epsilon = 1e-10;
-    if (c->initial_accumulator < 0) return "initial_accumulator: must be >= 0";
-  } else if (auto e = MustBeZero("initial_accumulator", c->initial_accumulator, t); !e.empty()) {
-    return e;
+    if (c->initial_accumulator < 0) return InvalidArgument("initial_accumulator: must be >= 0");
+  } else if (Status s = MustBeZero("initial_accumulator", c->initial_accumulator, t); !s.ok()) {
+    return s;
   }
   if (adam || t == OptimizerType::kAdaGrad) {
-    if (!(c->epsilon > 0)) return "epsilon: must be > 0";
-  } else if (auto e = MustBeZero("epsilon", c->epsilon, t); !e.empty()) {
-    return e;
+    if (!(c->epsilon > 0)) return InvalidArgument("epsilon: must be > 0");
+  } else if (Status s = MustBeZero("epsilon", c->epsilon, t); !s.ok()) {
+    return s;
   }
-  return "";
+  return Status::Ok();
 }
 
 }  // namespace rackhub::aggregation

@@ -45,30 +45,31 @@ RowShard::RowShard(uint64_t first_row, uint64_t row_count, uint32_t dim, uint32_
   if (slots >= 2) state1_ = AlignedBuffer<float>(row_count * dim);
 }
 
-std::string RowShard::CheckRows(std::span<const uint64_t> ids) const {
+Status RowShard::CheckRows(std::span<const uint64_t> ids) const {
   for (const uint64_t id : ids) {
     if (id < first_ || id - first_ >= count_) {
-      return "row id " + std::to_string(id) + " is not in [" + std::to_string(first_) + ", " +
-             std::to_string(first_ + count_) + ")";
+      return InvalidArgument("row id " + std::to_string(id) + " is not in [" +
+                             std::to_string(first_) + ", " + std::to_string(first_ + count_) + ")");
     }
   }
-  return "";
+  return Status::Ok();
 }
 
-std::string RowShard::CheckContribution(uint32_t rank, std::span<const uint64_t> ids,
-                                        size_t payload_bytes, ElementType type) const {
+Status RowShard::CheckContribution(uint32_t rank, std::span<const uint64_t> ids,
+                                   size_t payload_bytes, ElementType type) const {
   if (rank >= workers_) {
-    return "rank " + std::to_string(rank) + " is not in [0, " + std::to_string(workers_) + ")";
+    return InvalidArgument("rank " + std::to_string(rank) + " is not in [0, " +
+                           std::to_string(workers_) + ")");
   }
   if (pending_[rank].in) {
-    return "rank " + std::to_string(rank) + " already contributed to update " +
-           std::to_string(version_ + 1);
+    return InvalidArgument("rank " + std::to_string(rank) + " already contributed to update " +
+                           std::to_string(version_ + 1));
   }
   const size_t want = ids.size() * dim_ * ElementBytes(type);
   if (payload_bytes != want) {
-    return std::to_string(ids.size()) + " row ids need " + std::to_string(want) + " bytes of " +
-           ElementTypeName(type) + " rows of " + std::to_string(dim_) + ", got " +
-           std::to_string(payload_bytes);
+    return InvalidArgument(std::to_string(ids.size()) + " row ids need " + std::to_string(want) +
+                           " bytes of " + ElementTypeName(type) + " rows of " +
+                           std::to_string(dim_) + ", got " + std::to_string(payload_bytes));
   }
   return CheckRows(ids);
 }

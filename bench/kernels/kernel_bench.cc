@@ -153,7 +153,7 @@ OptimizerConfig BenchConfig(OptimizerType type) {
   c.learning_rate = type == OptimizerType::kSumOnly ? 0.0 : 1e-3;
   if (type == OptimizerType::kMomentum || type == OptimizerType::kNesterov) c.momentum = 0.9;
   if (type == OptimizerType::kAdaGrad) c.initial_accumulator = 0.1;
-  if (NormalizeOptimizer(&c) != "") std::abort();
+  if (!NormalizeOptimizer(&c).ok()) std::abort();
   return c;
 }
 

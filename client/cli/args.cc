@@ -88,12 +88,10 @@ Result<uint32_t> ParseSize32(std::string_view text) {
   return static_cast<uint32_t>(*value);
 }
 
-double ParseSeconds(std::string_view option, std::string_view text) {
-  const Result<double> value = ParseSeconds(text);
-  if (!value.ok()) {
-    throw UsageError(value.status().WithContext(fmt::format("--{}", option)).message());
-  }
-  return *value;
+Result<double> ParseSeconds(std::string_view option, std::string_view text) {
+  Result<double> value = ParseSeconds(text);
+  if (!value.ok()) return value.status().WithContext(fmt::format("--{}", option));
+  return value;
 }
 
 CLI::Validator U64Validator() { return MakeValidator<uint64_t>(&ParseU64, false); }

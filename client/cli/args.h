@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -23,14 +22,6 @@
 #include "rackhub/common/status.h"
 
 namespace rackhub::cli {
-
-// A mistake in the command line (unknown command or option, missing or
-// malformed value) found after CLI11's parse. The message names the problem,
-// without a "rackhubctl:" prefix and without the --help hint.
-class UsageError : public std::runtime_error {
- public:
-  explicit UsageError(const std::string& message) : std::runtime_error(message) {}
-};
 
 // The options a command line gave (the global ones and the selected
 // command's), by name without "--", as text after CLI11's validation and
@@ -61,9 +52,9 @@ Result<double> ParseSeconds(std::string_view text);
 // Bytes (rackhub/common/size.h syntax) that fit in 32 bits.
 Result<uint32_t> ParseSize32(std::string_view text);
 
-// Throwing form of ParseSeconds for ReadConnectionOptions (connection.cc):
-// UsageError "--<option>: ..." on a bad value.
-double ParseSeconds(std::string_view option, std::string_view text);
+// ParseSeconds for the value of --<option>: the error starts with
+// "--<option>: ".
+Result<double> ParseSeconds(std::string_view option, std::string_view text);
 
 // CLI11 validators over the parsers above. CLI11 reports a failure as
 // "--option: <the parser's message>". The size validators also rewrite the

@@ -123,7 +123,10 @@ void AddCreate(CLI::App* checkpoint, Handlers* handlers) {
     const uint32_t wait_ms = a->timeout_ms == 0 ? kDefaultSnapshotWaitMs : a->timeout_ms;
     context.set_deadline(context.deadline() + std::chrono::milliseconds(wait_ms));
     admin::Checkpoint response;
-    Check(stub->CreateCheckpoint(&context, request, &response), inv.connection);
+    if (Status s = Check(stub->CreateCheckpoint(&context, request, &response), inv.connection);
+        !s.ok()) {
+      return s;
+    }
     return Emit(inv, response, [&] {
       inv.out << "created checkpoint " << response.sequence() << " of tenant '" << response.tenant()
               << "'\n";
@@ -147,7 +150,10 @@ void AddList(CLI::App* checkpoint, Handlers* handlers) {
     grpc::ClientContext context;
     inv.connection.Prepare(&context);
     admin::ListCheckpointsResponse response;
-    Check(stub->ListCheckpoints(&context, request, &response), inv.connection);
+    if (Status s = Check(stub->ListCheckpoints(&context, request, &response), inv.connection);
+        !s.ok()) {
+      return s;
+    }
     return Emit(inv, response, [&] { PrintCheckpointList(inv.out, request.tenant(), response); });
   };
 }
@@ -172,7 +178,10 @@ void AddDelete(CLI::App* checkpoint, Handlers* handlers) {
     grpc::ClientContext context;
     inv.connection.Prepare(&context);
     admin::DeleteCheckpointResponse response;
-    Check(stub->DeleteCheckpoint(&context, request, &response), inv.connection);
+    if (Status s = Check(stub->DeleteCheckpoint(&context, request, &response), inv.connection);
+        !s.ok()) {
+      return s;
+    }
     return Emit(inv, response, [&] {
       inv.out << "deleted checkpoint " << request.sequence() << " of tenant '" << request.tenant()
               << "'\n";
@@ -205,7 +214,10 @@ void AddRestore(CLI::App* checkpoint, Handlers* handlers) {
     grpc::ClientContext context;
     inv.connection.Prepare(&context);
     admin::Checkpoint response;
-    Check(stub->RestoreCheckpoint(&context, request, &response), inv.connection);
+    if (Status s = Check(stub->RestoreCheckpoint(&context, request, &response), inv.connection);
+        !s.ok()) {
+      return s;
+    }
     return Emit(inv, response, [&] {
       inv.out << "restored tenant '" << response.tenant() << "' to checkpoint "
               << response.sequence() << "; its workers resume from these iterations\n";

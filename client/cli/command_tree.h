@@ -16,7 +16,7 @@
 
 namespace rackhub::cli {
 
-using Handler = std::function<int(const Invocation&)>;
+using Handler = std::function<Status(const Invocation&)>;
 using Handlers = std::map<const CLI::App*, Handler>;
 
 // A command under `parent`: `summary` (one line) is listed in the parent's
@@ -31,15 +31,12 @@ CLI::Option* AddArgument(CLI::App* command, const std::string& name, std::string
 // Whether `option` ("--lr", or a positional's name) was given to `command`.
 bool Given(const CLI::App& command, const std::string& option);
 
-// Emits `message` as JSON (--json) or through `human`; returns kExitOk.
+// Emits `message` as JSON (--json, PrintJson's Status) or through `human`.
 template <typename Message, typename Human>
-int Emit(const Invocation& inv, const Message& message, Human human) {
-  if (inv.connection.options().json) {
-    PrintJson(inv.out, message);
-  } else {
-    human();
-  }
-  return kExitOk;
+Status Emit(const Invocation& inv, const Message& message, Human human) {
+  if (inv.connection.options().json) return PrintJson(inv.out, message);
+  human();
+  return Status::Ok();
 }
 
 // checkpoint create|list|delete|restore under `checkpoint`

@@ -167,24 +167,25 @@ admin::Quotas ToQuotas(const CLI::App& command, const QuotaArgs& q) {
 // ---- Tenant commands -----------------------------------------------------
 
 // --consistency sync|bounded:S|async.
-void SetConsistency(const std::string& text, admin::CreateTenantRequest* r) {
+Status SetConsistency(const std::string& text, admin::CreateTenantRequest* r) {
   if (text == "sync") {
     r->set_consistency(admin::SYNC);
-    return;
+    return Status::Ok();
   }
   if (text == "async") {
     r->set_consistency(admin::ASYNC);
-    return;
+    return Status::Ok();
   }
   const std::string num = text.rfind("bounded:", 0) == 0 ? text.substr(8) : std::string();
   const bool digits = !num.empty() && num.size() <= 7 &&
                       num.find_first_not_of("0123456789") == std::string::npos;
   if (!digits) {
-    throw UsageError("--consistency: '" + text +
-                     "' is not sync, async or bounded:S (S a whole number of iterations)");
+    return InvalidArgument("--consistency: '" + text +
+                           "' is not sync, async or bounded:S (S a whole number of iterations)");
   }
   r->set_consistency(admin::BOUNDED);
   r->set_staleness(static_cast<uint32_t>(std::stoul(num)));
+  return Status::Ok();
 }
 
 void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* handlers) {
@@ -222,7 +223,9 @@ void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* han
     (*handlers)[c] = [a](const Invocation& inv) {
       admin::CreateTenantRequest request;
       request.set_name(a->name);
-      if (Given(inv.command, "--consistency")) SetConsistency(a->consistency, &request);
+      if (Given(inv.command, "--consistency")) {
+        if (Status s = SetConsistency(a->consistency, &request); !s.ok()) return s;
+      }
       request.set_workers_per_rack(a->workers);
       if (Given(inv.command, "--chunk-bytes")) request.set_chunk_bytes(a->chunk_bytes);
       if (AnyGiven(inv.command, kOptimizerOptions)) {
@@ -230,13 +233,18 @@ void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* han
       }
       *request.mutable_quotas() = ToQuotas(inv.command, a->quotas);
       if (Given(inv.command, "--tenant-token-file")) {
-        request.set_token(Trim(ReadLocalFile("tenant-token-file", a->token_file)));
+        const Result<std::string> token = ReadLocalFile("tenant-token-file", a->token_file);
+        if (!token.ok()) return token.status();
+        request.set_token(Trim(*token));
       }
       auto stub = admin::TenantService::NewStub(inv.connection.channel());
       grpc::ClientContext context;
       inv.connection.Prepare(&context);
       admin::CreateTenantResponse response;
-      Check(stub->CreateTenant(&context, request, &response), inv.connection);
+      if (Status s = Check(stub->CreateTenant(&context, request, &response), inv.connection);
+          !s.ok()) {
+        return s;
+      }
       return Emit(inv, response, [&] {
         inv.out << "created tenant '" << response.tenant().name() << "'\n";
         PrintTenant(inv.out, response.tenant());
@@ -257,7 +265,9 @@ void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* han
       grpc::ClientContext context;
       inv.connection.Prepare(&context);
       admin::Tenant response;
-      Check(stub->GetTenant(&context, request, &response), inv.connection);
+      if (Status s = Check(stub->GetTenant(&context, request, &response), inv.connection); !s.ok()) {
+        return s;
+      }
       return Emit(inv, response, [&] { PrintTenant(inv.out, response); });
     };
   }
@@ -268,7 +278,11 @@ void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* han
       grpc::ClientContext context;
       inv.connection.Prepare(&context);
       admin::ListTenantsResponse response;
-      Check(stub->ListTenants(&context, admin::ListTenantsRequest(), &response), inv.connection);
+      if (Status s = Check(stub->ListTenants(&context, admin::ListTenantsRequest(), &response),
+                           inv.connection);
+          !s.ok()) {
+        return s;
+      }
       return Emit(inv, response, [&] { PrintTenantList(inv.out, response); });
     };
   }
@@ -296,7 +310,10 @@ void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* han
       grpc::ClientContext context;
       inv.connection.Prepare(&context);
       admin::Tenant response;
-      Check(stub->UpdateQuotas(&context, request, &response), inv.connection);
+      if (Status s = Check(stub->UpdateQuotas(&context, request, &response), inv.connection);
+          !s.ok()) {
+        return s;
+      }
       return Emit(inv, response, [&] {
         inv.out << "updated the quotas of tenant '" << response.name() << "'\n";
         PrintTenant(inv.out, response);
@@ -314,9 +331,11 @@ void AddTenantCommands(CLI::App* tenant, std::map<const CLI::App*, Handler>* han
       grpc::ClientContext context;
       inv.connection.Prepare(&context);
       admin::DeleteTenantResponse response;
-      Check(stub->DeleteTenant(&context, request, &response), inv.connection);
-      return Emit(inv, response,
-                  [&] { inv.out << "deleted tenant '" << request.name() << "'\n"; });
+      if (Status s = Check(stub->DeleteTenant(&context, request, &response), inv.connection);
+          !s.ok()) {
+        return s;
+      }
+      return Emit(inv, response, [&] { inv.out << "deleted tenant '" << request.name() << "'\n"; });
     };
   }
 }
@@ -332,31 +351,33 @@ void AddKeyRef(CLI::App* command, KeyRef* key) {
   AddArgument(command, "NAME", &key->name, "key name");
 }
 
-admin::Key GetKey(const Invocation& inv, const KeyRef& key, admin::KeyService::Stub* stub) {
+Result<admin::Key> GetKey(const Invocation& inv, const KeyRef& key, admin::KeyService::Stub* stub) {
   admin::GetKeyRequest request;
   request.set_tenant(key.tenant);
   request.set_name(key.name);
   grpc::ClientContext context;
   inv.connection.Prepare(&context);
   admin::Key response;
-  Check(stub->GetKey(&context, request, &response), inv.connection);
+  if (Status s = Check(stub->GetKey(&context, request, &response), inv.connection); !s.ok()) {
+    return s;
+  }
   return response;
 }
 
 // --compression none|fp16|bf16|topk:R (fp16/bf16 are the wire dtype).
-void SetCompression(const std::string& text, bool dtype_given, admin::CreateKeyRequest* r) {
+Status SetCompression(const std::string& text, bool dtype_given, admin::CreateKeyRequest* r) {
   const auto bad = [&](const std::string& why) {
-    return UsageError("--compression: '" + text + "' " + why +
-                      " (none, fp16, bf16 or topk:R with 0 < R <= 1)");
+    return InvalidArgument("--compression: '" + text + "' " + why +
+                           " (none, fp16, bf16 or topk:R with 0 < R <= 1)");
   };
-  if (text == "none") return;
+  if (text == "none") return Status::Ok();
   if (text == "fp16" || text == "bf16") {
     const admin::DType d = text == "fp16" ? admin::FP16 : admin::BF16;
-    if (dtype_given && r->dtype() != d) throw bad("contradicts --dtype");
+    if (dtype_given && r->dtype() != d) return bad("contradicts --dtype");
     r->set_dtype(d);
-    return;
+    return Status::Ok();
   }
-  if (text.rfind("topk:", 0) != 0) throw bad("is not a compression");
+  if (text.rfind("topk:", 0) != 0) return bad("is not a compression");
   const std::string num = text.substr(5);
   size_t used = 0;
   double ratio = 0;
@@ -366,9 +387,10 @@ void SetCompression(const std::string& text, bool dtype_given, admin::CreateKeyR
     used = 0;
   }
   if (num.empty() || used != num.size() || !(ratio > 0 && ratio <= 1)) {
-    throw bad("needs a ratio R in (0, 1]");
+    return bad("needs a ratio R in (0, 1]");
   }
   r->set_topk_ratio(static_cast<float>(ratio));
+  return Status::Ok();
 }
 
 void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers) {
@@ -422,8 +444,9 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
     (*handlers)[c] = [a](const Invocation& inv) {
       // (Not a CLI11 callback: AddOptimizerOptions owns this command's.)
       if (!AnyGiven(inv.command, {"--elements", "--rows"})) {
-        throw UsageError("key create: give --elements N (a dense key) or --rows R --dim D (a "
-                         "row-sparse table)");
+        return InvalidArgument(
+            "key create: give --elements N (a dense key) or --rows R --dim D (a row-sparse "
+            "table)");
       }
       admin::CreateKeyRequest request;
       request.set_tenant(a->key.tenant);
@@ -435,7 +458,10 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
       request.set_init_seed(a->seed);
       if (Given(inv.command, "--dtype")) request.set_dtype(*Choice(a->dtype, kDTypes));
       if (Given(inv.command, "--compression")) {
-        SetCompression(a->compression, Given(inv.command, "--dtype"), &request);
+        if (Status s = SetCompression(a->compression, Given(inv.command, "--dtype"), &request);
+            !s.ok()) {
+          return s;
+        }
       }
       if (Given(inv.command, "--init")) request.set_init(*Choice(a->init, kInitModes));
       if (AnyGiven(inv.command, kOptimizerOptions)) {
@@ -445,7 +471,9 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
       grpc::ClientContext context;
       inv.connection.Prepare(&context);
       admin::Key response;
-      Check(stub->CreateKey(&context, request, &response), inv.connection);
+      if (Status s = Check(stub->CreateKey(&context, request, &response), inv.connection); !s.ok()) {
+        return s;
+      }
       return Emit(inv, response, [&] {
         inv.out << "created key '" << response.name() << "' in tenant '" << response.tenant()
                 << "'\n";
@@ -460,8 +488,9 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
     AddKeyRef(c, k.get());
     (*handlers)[c] = [k](const Invocation& inv) {
       auto stub = admin::KeyService::NewStub(inv.connection.channel());
-      const admin::Key response = GetKey(inv, *k, stub.get());
-      return Emit(inv, response, [&] { PrintKey(inv.out, response, /*chunks=*/true); });
+      const Result<admin::Key> response = GetKey(inv, *k, stub.get());
+      if (!response.ok()) return response.status();
+      return Emit(inv, *response, [&] { PrintKey(inv.out, *response, /*chunks=*/true); });
     };
   }
   {
@@ -475,7 +504,9 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
       grpc::ClientContext context;
       inv.connection.Prepare(&context);
       admin::ListKeysResponse response;
-      Check(stub->ListKeys(&context, request, &response), inv.connection);
+      if (Status s = Check(stub->ListKeys(&context, request, &response), inv.connection); !s.ok()) {
+        return s;
+      }
       return Emit(inv, response, [&] { PrintKeyList(inv.out, request.tenant(), response); });
     };
   }
@@ -491,7 +522,9 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
       grpc::ClientContext context;
       inv.connection.Prepare(&context);
       admin::DeleteKeyResponse response;
-      Check(stub->DeleteKey(&context, request, &response), inv.connection);
+      if (Status s = Check(stub->DeleteKey(&context, request, &response), inv.connection); !s.ok()) {
+        return s;
+      }
       return Emit(inv, response, [&] {
         inv.out << "deleted key '" << request.name() << "' from tenant '" << request.tenant()
                 << "'\n";
@@ -521,8 +554,9 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
     (*handlers)[c] = [a](const Invocation& inv) {
       const admin::Optimizer given = ApplyOptimizerOptions(inv.command, a->optimizer, {});
       auto stub = admin::KeyService::NewStub(inv.connection.channel());
-      const admin::Key current = GetKey(inv, a->key, stub.get());
-      admin::Optimizer base = current.optimizer();
+      const Result<admin::Key> current = GetKey(inv, a->key, stub.get());
+      if (!current.ok()) return current.status();
+      admin::Optimizer base = current->optimizer();
       if (Given(inv.command, "--optimizer") && given.type() != base.type()) {
         base = admin::Optimizer();
       }
@@ -533,7 +567,10 @@ void AddKeyCommands(CLI::App* key, std::map<const CLI::App*, Handler>* handlers)
       grpc::ClientContext context;
       inv.connection.Prepare(&context);
       admin::Key response;
-      Check(stub->SetOptimizer(&context, request, &response), inv.connection);
+      if (Status s = Check(stub->SetOptimizer(&context, request, &response), inv.connection);
+          !s.ok()) {
+        return s;
+      }
       return Emit(inv, response, [&] {
         inv.out << "updated the optimizer of key '" << response.name() << "' in tenant '"
                 << response.tenant() << "'\n";
@@ -556,7 +593,9 @@ void AddStatsCommand(CLI::App* app, std::map<const CLI::App*, Handler>* handlers
     grpc::ClientContext context;
     inv.connection.Prepare(&context);
     admin::GetStatsResponse response;
-    Check(stub->GetStats(&context, request, &response), inv.connection);
+    if (Status s = Check(stub->GetStats(&context, request, &response), inv.connection); !s.ok()) {
+      return s;
+    }
     return Emit(inv, response, [&] { PrintStats(inv.out, response); });
   };
 }
@@ -659,7 +698,7 @@ std::string Commands::SelectedName() const {
 
 bool Commands::HelpSelected() const { return &Selected() == help_; }
 
-void Commands::CheckComplete() const {
+Status Commands::CheckComplete() const {
   const CLI::App& selected = Selected();
   const std::string name = SelectedName();
   const bool group = !Children(selected).empty();
@@ -670,32 +709,33 @@ void Commands::CheckComplete() const {
     const std::string& first = extras.front();
     if (first.size() > 1 && first[0] == '-') {
       const std::string option = first.substr(0, first.find('='));
-      if (!KnownOption(app_, option)) throw UsageError("unknown option " + option);
+      if (!KnownOption(app_, option)) return InvalidArgument("unknown option " + option);
       if (name.empty()) {
-        throw UsageError(fmt::format("option {} belongs after its command's words", option));
+        return InvalidArgument(fmt::format("option {} belongs after its command's words", option));
       }
       if (selected.get_option_no_throw(option) != nullptr) {
-        throw UsageError(
+        return InvalidArgument(
             fmt::format("option {} belongs after the command words '{}'", option, name));
       }
-      throw UsageError(fmt::format("option {} does not apply to '{}'", option, name));
+      return InvalidArgument(fmt::format("option {} does not apply to '{}'", option, name));
     }
     if (name.empty()) {
-      throw UsageError(
+      return InvalidArgument(
           fmt::format("unknown command '{}' (expected one of: {})", first, ChildNames(app_)));
     }
     if (group) {
-      throw UsageError(fmt::format("unknown command '{} {}' (expected one of: {})", name, first,
-                                   ChildNames(selected)));
+      return InvalidArgument(fmt::format("unknown command '{} {}' (expected one of: {})", name,
+                                         first, ChildNames(selected)));
     }
-    throw UsageError(fmt::format("{}: unexpected argument '{}'", name, first));
+    return InvalidArgument(fmt::format("{}: unexpected argument '{}'", name, first));
   }
   if (name.empty()) {
-    throw UsageError(fmt::format("no command given (expected one of: {})", ChildNames(app_)));
+    return InvalidArgument(fmt::format("no command given (expected one of: {})", ChildNames(app_)));
   }
   if (group) {
-    throw UsageError(fmt::format("'{}' needs a subcommand: {}", name, ChildNames(selected)));
+    return InvalidArgument(fmt::format("'{}' needs a subcommand: {}", name, ChildNames(selected)));
   }
+  return Status::Ok();
 }
 
 std::string Commands::Describe(const CLI::ParseError& error) const {
@@ -717,7 +757,7 @@ std::string Commands::Describe(const CLI::ParseError& error) const {
   return message;
 }
 
-std::string Commands::HelpText() const {
+Result<std::string> Commands::HelpText() const {
   if (!HelpSelected()) return app_.help();
   const CLI::App* app = &app_;
   std::string path = app_.get_name();
@@ -727,7 +767,7 @@ std::string Commands::HelpText() const {
       if (sub->get_name() == word) next = sub;
     }
     if (next == nullptr) {
-      throw UsageError(fmt::format("help: unknown command '{}'", word));
+      return InvalidArgument(fmt::format("help: unknown command '{}'", word));
     }
     app = next;
     path += " " + word;
@@ -735,7 +775,7 @@ std::string Commands::HelpText() const {
   return app->get_formatter()->make_help(app, path, CLI::AppFormatMode::Normal);
 }
 
-int Commands::Run(Connection& connection, const CommandLine& cl, std::ostream& out) const {
+Status Commands::Run(Connection& connection, const CommandLine& cl, std::ostream& out) const {
   const CLI::App& command = Selected();
   return handlers_.at(&command)(Invocation{command, cl, connection, out});
 }

@@ -20,6 +20,7 @@
 
 #include "args.h"
 #include "connection.h"
+#include "rackhub/common/status.h"
 
 namespace rackhub::cli {
 
@@ -39,27 +40,27 @@ class Commands {
 
   CLI::App& app() { return app_; }
 
-  // After app().parse(), whether it threw or not: throws UsageError for what
+  // After app().parse(), whether it threw or not: INVALID_ARGUMENT for what
   // CLI11 leaves to the caller, with a message naming the culprit: arguments
   // no command took (unknown command, unexpected argument, unknown option or
   // one of another command), no command, or a command group without its
   // subcommand ("tenant", "checkpoint").
-  void CheckComplete() const;
+  Status CheckComplete() const;
   // A CLI11 parse error as one line, naming the command when the error's own
   // text does not name the option.
   std::string Describe(const CLI::ParseError& error) const;
 
   // The help text --help asked for (the selected command's, else the
-  // overview), or the one `help [COMMAND...]` names. Throws UsageError for an
+  // overview), or the one `help [COMMAND...]` names. INVALID_ARGUMENT for an
   // unknown command after `help`.
-  std::string HelpText() const;
+  Result<std::string> HelpText() const;
   // Whether the selected command is `help` (it needs no daemon).
   bool HelpSelected() const;
 
   // Runs the selected command. REQUIRES: CheckComplete() passed and
-  // !HelpSelected(). Returns the exit code; throws RpcError / UsageError /
-  // LocalError.
-  int Run(Connection& connection, const CommandLine& cl, std::ostream& out) const;
+  // !HelpSelected(). OK, or the failure main() reports (connection.h,
+  // "Failures").
+  Status Run(Connection& connection, const CommandLine& cl, std::ostream& out) const;
 
  private:
   // The selected command: the deepest selected subcommand (the root if none).
@@ -70,7 +71,7 @@ class Commands {
   CLI::App app_;
   CLI::App* help_ = nullptr;
   std::vector<std::string> help_words_;  // positional arguments of `help`
-  std::map<const CLI::App*, std::function<int(const Invocation&)>> handlers_;
+  std::map<const CLI::App*, std::function<Status(const Invocation&)>> handlers_;
 };
 
 }  // namespace rackhub::cli

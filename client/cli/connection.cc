@@ -12,15 +12,20 @@
 
 namespace rackhub::cli {
 
-std::string ReadLocalFile(const std::string& option, const std::string& path) {
+Result<std::string> ReadLocalFile(const std::string& option, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    throw LocalError("cannot read --" + option + " file '" + path + "': " + std::strerror(errno));
+    const int error = errno;
+    std::string message =
+        "cannot read --" + option + " file '" + path + "': " + std::strerror(error);
+    if (error == ENOENT) return NotFound(std::move(message));
+    if (error == EACCES || error == EPERM) return PermissionDenied(std::move(message));
+    return FailedPrecondition(std::move(message));
   }
   std::stringstream ss;
   ss << in.rdbuf();
   if (in.bad()) {
-    throw LocalError("cannot read --" + option + " file '" + path + "': read error");
+    return FailedPrecondition("cannot read --" + option + " file '" + path + "': read error");
   }
   return ss.str();
 }
@@ -33,35 +38,48 @@ std::string Trim(const std::string& text) {
   return text.substr(first, last - first + 1);
 }
 
-ConnectionOptions ReadConnectionOptions(const CommandLine& cl) {
+Result<ConnectionOptions> ReadConnectionOptions(const CommandLine& cl) {
   ConnectionOptions o;
   if (auto admin = cl.Get("admin")) {
     const Result<net::Endpoint> endpoint = net::ParseEndpoint(*admin);
-    if (!endpoint.ok()) throw UsageError("--admin: " + endpoint.status().message());
-    if (endpoint->port == 0) throw UsageError("--admin: port 0 is not a daemon's address");
+    if (!endpoint.ok()) return InvalidArgument("--admin: " + endpoint.status().message());
+    if (endpoint->port == 0) return InvalidArgument("--admin: port 0 is not a daemon's address");
     o.admin = endpoint->ToString();
   }
-  if (auto timeout = cl.Get("timeout")) o.timeout_seconds = ParseSeconds("timeout", *timeout);
+  if (auto timeout = cl.Get("timeout")) {
+    const Result<double> seconds = ParseSeconds("timeout", *timeout);
+    if (!seconds.ok()) return seconds.status();
+    o.timeout_seconds = *seconds;
+  }
   o.json = cl.Has("json");
 
   // Check the combination of TLS options before touching any file.
   if (cl.Has("tls-cert") != cl.Has("tls-key")) {
-    throw UsageError("--tls-cert and --tls-key must be given together");
+    return InvalidArgument("--tls-cert and --tls-key must be given together");
   }
   o.tls = cl.Has("tls-ca") || cl.Has("tls-cert") || cl.Has("tls-server-name");
   if (auto path = cl.Get("token-file")) {
-    const std::string token = Trim(ReadLocalFile("token-file", *path));
-    if (token.empty()) throw LocalError("--token-file file '" + *path + "' is empty");
+    const Result<std::string> file = ReadLocalFile("token-file", *path);
+    if (!file.ok()) return file.status();
+    const std::string token = Trim(*file);
+    // The file's content, not the command line, is wrong: no --help hint.
+    if (token.empty()) return FailedPrecondition("--token-file file '" + *path + "' is empty");
     if (token.find_first_of("\r\n") != std::string::npos) {
-      throw LocalError("--token-file file '" + *path + "' holds more than one line");
+      return FailedPrecondition("--token-file file '" + *path + "' holds more than one line");
     }
     o.token = token;
   }
-  if (auto path = cl.Get("tls-ca")) o.tls_ca_pem = ReadLocalFile("tls-ca", *path);
-  if (auto path = cl.Get("tls-cert")) o.tls_cert_pem = ReadLocalFile("tls-cert", *path);
-  if (auto path = cl.Get("tls-key")) o.tls_key_pem = ReadLocalFile("tls-key", *path);
+  const std::pair<const char*, std::string*> pem_files[] = {
+      {"tls-ca", &o.tls_ca_pem}, {"tls-cert", &o.tls_cert_pem}, {"tls-key", &o.tls_key_pem}};
+  for (const auto& [option, pem] : pem_files) {
+    const auto path = cl.Get(option);
+    if (!path) continue;
+    Result<std::string> file = ReadLocalFile(option, *path);
+    if (!file.ok()) return file.status();
+    *pem = *std::move(file);
+  }
   if (auto name = cl.Get("tls-server-name")) {
-    if (name->empty()) throw UsageError("--tls-server-name: empty name");
+    if (name->empty()) return InvalidArgument("--tls-server-name: empty name");
     o.tls_server_name = *name;
   }
   return o;
@@ -139,16 +157,17 @@ int ExitCodeFor(const grpc::Status& status) {
   return IsDaemonDeadline(status) ? kExitRejected : ExitCodeFor(status.error_code());
 }
 
-std::string DescribeRpcError(const RpcError& error, double timeout_seconds) {
-  const grpc::StatusCode code = error.status().error_code();
-  std::string message = error.status().error_message();
+std::string DescribeRpcError(const grpc::Status& status, const std::string& admin,
+                             double timeout_seconds) {
+  const grpc::StatusCode code = status.error_code();
+  std::string message = status.error_message();
   // "rackhubd: ...": the daemon answered and something behind it (etcd) is
   // unavailable; anything else: the daemon itself could not be reached.
   if (code == grpc::StatusCode::UNAVAILABLE && message.rfind("rackhubd: ", 0) != 0) {
-    message = "cannot reach rackhubd admin API at " + error.admin() +
+    message = "cannot reach rackhubd admin API at " + admin +
               (message.empty() ? "" : " (" + message + ")");
-  } else if (code == grpc::StatusCode::DEADLINE_EXCEEDED && !IsDaemonDeadline(error.status())) {
-    message = "no answer from rackhubd admin API at " + error.admin() + " within " +
+  } else if (code == grpc::StatusCode::DEADLINE_EXCEEDED && !IsDaemonDeadline(status)) {
+    message = "no answer from rackhubd admin API at " + admin + " within " +
               FormatNumber(timeout_seconds) + " s (--timeout)" +
               (message.empty() ? "" : " (" + message + ")");
   } else if (message.empty()) {
@@ -157,8 +176,11 @@ std::string DescribeRpcError(const RpcError& error, double timeout_seconds) {
   return std::string("rackhubctl: ") + StatusCodeName(code) + ": " + message;
 }
 
-void Check(const grpc::Status& status, const Connection& connection) {
-  if (!status.ok()) throw RpcError(status, connection.options().admin);
+Status Check(const grpc::Status& status, Connection& connection) {
+  if (status.ok()) return Status::Ok();
+  connection.failed_call_ = status;
+  // StatusCode values equal gRPC's (status.h), also the ones it does not name.
+  return Status(static_cast<StatusCode>(status.error_code()), status.error_message());
 }
 
 }  // namespace rackhub::cli

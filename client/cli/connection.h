@@ -1,6 +1,18 @@
 // rackhubctl's link to the daemon's admin API: the channel (plaintext or TLS),
 // the admin token and per-call deadlines, and the mapping of gRPC errors to
 // messages and exit codes.
+//
+// Failures: every function of rackhubctl that can fail returns a Status (or
+// Result<T>); nothing below main() throws except CLI11 during parse().
+// main() prints the one failure and picks the exit code:
+//  - a failed call (Check below; the Connection remembers it, failed_call()):
+//    DescribeRpcError's line, exit code ExitCodeFor;
+//  - INVALID_ARGUMENT: a command-line mistake, printed with a hint to use
+//    --help, exit 2;
+//  - INTERNAL: a bug of rackhubctl ("internal error: ..."), exit 1;
+//  - any other code: a local problem that is the caller's to fix (e.g. an
+//    unreadable --token-file), printed as is, exit 2.
+// Messages name the problem without the "rackhubctl: " prefix.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -10,6 +22,7 @@
 #include <string>
 
 #include "args.h"
+#include "rackhub/common/status.h"
 
 namespace rackhub::cli {
 
@@ -19,13 +32,6 @@ inline constexpr int kExitRejected = 1;     // the daemon refused the request
 inline constexpr int kExitUsage = 2;        // bad command line or unreadable local file
 inline constexpr int kExitUnreachable = 3;  // UNAVAILABLE / DEADLINE_EXCEEDED
 inline constexpr int kExitAuth = 4;         // UNAUTHENTICATED / PERMISSION_DENIED
-
-// A local problem that is not a command-line mistake but is the caller's to
-// fix (e.g. an unreadable --token-file). Printed as is, exit 2, no --help hint.
-class LocalError : public std::runtime_error {
- public:
-  explicit LocalError(const std::string& message) : std::runtime_error(message) {}
-};
 
 // Settings from the global options.
 struct ConnectionOptions {
@@ -40,9 +46,10 @@ struct ConnectionOptions {
   bool json = false;
 };
 
-// Reads the global options of `cl` (and the files they name). Throws
-// UsageError for malformed values and LocalError for unreadable files.
-ConnectionOptions ReadConnectionOptions(const CommandLine& cl);
+// Reads the global options of `cl` (and the files they name):
+// INVALID_ARGUMENT for malformed values, ReadLocalFile's errors and
+// FAILED_PRECONDITION for a --token-file that does not hold one token.
+Result<ConnectionOptions> ReadConnectionOptions(const CommandLine& cl);
 
 class Connection {
  public:
@@ -54,24 +61,17 @@ class Connection {
   // Prepares `context` for one call: deadline and authorization metadata.
   void Prepare(grpc::ClientContext* context) const;
 
+  // The call that failed (Check), so main() reports it as the daemon's
+  // answer rather than as a local problem: a daemon's INVALID_ARGUMENT is a
+  // refusal (exit 1), not a command-line mistake (exit 2).
+  const std::optional<grpc::Status>& failed_call() const { return failed_call_; }
+
  private:
+  friend Status Check(const grpc::Status& status, Connection& connection);
+
   ConnectionOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
-};
-
-// Thrown by commands when a call fails; main() reports it.
-class RpcError : public std::runtime_error {
- public:
-  RpcError(grpc::Status status, std::string admin)
-      : std::runtime_error(status.error_message()),
-        status_(std::move(status)),
-        admin_(std::move(admin)) {}
-  const grpc::Status& status() const { return status_; }
-  const std::string& admin() const { return admin_; }
-
- private:
-  grpc::Status status_;
-  std::string admin_;
+  std::optional<grpc::Status> failed_call_;
 };
 
 // "NOT_FOUND" etc.
@@ -84,15 +84,19 @@ int ExitCodeFor(const grpc::Status& status);
 // Whether `status` is a DEADLINE_EXCEEDED carrying the daemon's own message
 // rather than gRPC's "Deadline Exceeded" for the call's --timeout.
 bool IsDaemonDeadline(const grpc::Status& status);
-// The stderr line (without trailing newline) for a failed call, e.g.
+// The stderr line (without trailing newline) for a call to `admin` that
+// failed with `status`, e.g.
 // "rackhubctl: NOT_FOUND: name: tenant 'x' does not exist".
-std::string DescribeRpcError(const RpcError& error, double timeout_seconds);
+std::string DescribeRpcError(const grpc::Status& status, const std::string& admin,
+                             double timeout_seconds);
 
-// Throws RpcError when `status` is not OK.
-void Check(const grpc::Status& status, const Connection& connection);
+// OK when `status` is; else the same code and message as a Status, and
+// `connection` remembers the call as failed (failed_call()).
+Status Check(const grpc::Status& status, Connection& connection);
 
-// Reads a file named by --<option>; LocalError (exit 2) if it cannot.
-std::string ReadLocalFile(const std::string& option, const std::string& path);
+// Reads a file named by --<option>: NOT_FOUND, PERMISSION_DENIED or
+// FAILED_PRECONDITION "cannot read --<option> file '<path>': ..." if it cannot.
+Result<std::string> ReadLocalFile(const std::string& option, const std::string& path);
 // `text` without surrounding whitespace.
 std::string Trim(const std::string& text);
 

@@ -383,19 +383,18 @@ void PrintStats(std::ostream& out, const admin::GetStatsResponse& response) {
   table.Print(out, "  ");
 }
 
-void PrintJson(std::ostream& out, const google::protobuf::Message& message) {
+Status PrintJson(std::ostream& out, const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.preserve_proto_field_names = true;
   options.always_print_primitive_fields = true;
   std::string json;
   const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
-  if (!status.ok()) {
-    throw std::runtime_error("cannot render the response as JSON: " + status.ToString());
-  }
+  if (!status.ok()) return Internal("cannot render the response as JSON: " + status.ToString());
   // add_whitespace output already ends with a newline; keep exactly one.
   while (!json.empty() && json.back() == '\n') json.pop_back();
   out << json << '\n';
+  return Status::Ok();
 }
 
 }  // namespace rackhub::cli

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "rackhub/admin/v1/admin.pb.h"
+#include "rackhub/common/status.h"
 
 namespace rackhub::cli {
 
@@ -72,7 +73,7 @@ void PrintKeyList(std::ostream& out, const std::string& tenant,
 void PrintStats(std::ostream& out, const admin::GetStatsResponse& response);
 
 // One JSON document (proto field names, every field printed) and a newline.
-// Throws std::runtime_error if the message cannot be converted.
-void PrintJson(std::ostream& out, const google::protobuf::Message& message);
+// INTERNAL if the message cannot be converted (nothing is printed then).
+Status PrintJson(std::ostream& out, const google::protobuf::Message& message);
 
 }  // namespace rackhub::cli

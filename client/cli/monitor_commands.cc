@@ -34,16 +34,18 @@ struct Sample {
   std::chrono::steady_clock::time_point at;
 };
 
-Sample TakeSample(const Invocation& inv, const std::string& tenant) {
+Result<Sample> TakeSample(const Invocation& inv, const std::string& tenant) {
   admin::GetStatsRequest request;
   request.set_tenant(tenant);
   auto stub = admin::StatsService::NewStub(inv.connection.channel());
   grpc::ClientContext context;
   inv.connection.Prepare(&context);
-  Sample s;
-  Check(stub->GetStats(&context, request, &s.stats), inv.connection);
-  s.at = std::chrono::steady_clock::now();
-  return s;
+  Sample sample;
+  if (Status s = Check(stub->GetStats(&context, request, &sample.stats), inv.connection); !s.ok()) {
+    return s;
+  }
+  sample.at = std::chrono::steady_clock::now();
+  return sample;
 }
 
 // Per-bucket counts of `now` minus `before` (counters restart with the
@@ -270,18 +272,22 @@ class RawTerminal {
   bool active_ = false;
 };
 
-int RunTop(const Invocation& inv, const std::string& tenant, double interval, bool once) {
+Status RunTop(const Invocation& inv, const std::string& tenant, double interval, bool once) {
   const auto step = std::chrono::milliseconds(static_cast<int64_t>(interval * 1000));
-  Sample before = TakeSample(inv, tenant);
+  Result<Sample> first = TakeSample(inv, tenant);
+  if (!first.ok()) return first.status();
+  Sample before = *std::move(first);
   if (once) {
     std::this_thread::sleep_for(step);
-    const View v = Compare(before, TakeSample(inv, tenant));
+    const Result<Sample> after = TakeSample(inv, tenant);
+    if (!after.ok()) return after.status();
+    const View v = Compare(before, *after);
     if (inv.connection.options().json) {
       PrintViewJson(inv.out, v);
     } else {
       PrintView(inv.out, v, inv.connection.options().admin);
     }
-    return kExitOk;
+    return Status::Ok();
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -296,7 +302,9 @@ int RunTop(const Invocation& inv, const std::string& tenant, double interval, bo
       }
     }
     if (g_stop) break;
-    Sample now = TakeSample(inv, tenant);
+    Result<Sample> sampled = TakeSample(inv, tenant);
+    if (!sampled.ok()) return sampled.status();  // ~RawTerminal restores the terminal
+    Sample now = *std::move(sampled);
     const View v = Compare(before, now);
     if (tty && !inv.connection.options().json) inv.out << "\x1b[H\x1b[2J";  // home, clear
     if (inv.connection.options().json) {
@@ -308,7 +316,7 @@ int RunTop(const Invocation& inv, const std::string& tenant, double interval, bo
     inv.out.flush();
     before = std::move(now);
   }
-  return kExitOk;
+  return Status::Ok();
 }
 
 // ---- stalls ------------------------------------------------------------------
@@ -375,11 +383,13 @@ void AddMonitorCommands(CLI::App* app, Handlers* handlers) {
       ->check(SecondsValidator());
   t->add_flag("--once", top->once, "print one view and exit (for scripts)");
   (*handlers)[t] = [top](const Invocation& inv) {
-    const double interval = ParseSeconds("interval", top->interval);
-    if (interval < 0.1 || interval > 3600) {
-      throw UsageError("--interval: must be between 0.1 and 3600 seconds, got " + top->interval);
+    const Result<double> interval = ParseSeconds("interval", top->interval);
+    if (!interval.ok()) return interval.status();
+    if (*interval < 0.1 || *interval > 3600) {
+      return InvalidArgument("--interval: must be between 0.1 and 3600 seconds, got " +
+                             top->interval);
     }
-    return RunTop(inv, top->tenant, interval, top->once);
+    return RunTop(inv, top->tenant, *interval, top->once);
   };
 
   struct StallsArgs {
@@ -402,17 +412,20 @@ void AddMonitorCommands(CLI::App* app, Handlers* handlers) {
       ->type_name("N")
       ->check(U32Validator());
   (*handlers)[s] = [st](const Invocation& inv) {
-    const double min_wait = ParseSeconds("min-wait", st->min_wait);
+    const Result<double> min_wait = ParseSeconds("min-wait", st->min_wait);
+    if (!min_wait.ok()) return min_wait.status();
     admin::ListStallsRequest request;
     request.set_tenant(st->tenant);
-    const auto ms = static_cast<uint32_t>(std::clamp(min_wait * 1000.0, 1.0, 4e9));
+    const auto ms = static_cast<uint32_t>(std::clamp(*min_wait * 1000.0, 1.0, 4e9));
     request.set_min_wait_ms(ms);
     request.set_max_stalls(st->max);
     auto stub = admin::StatsService::NewStub(inv.connection.channel());
     grpc::ClientContext context;
     inv.connection.Prepare(&context);
     admin::ListStallsResponse response;
-    Check(stub->ListStalls(&context, request, &response), inv.connection);
+    if (Status s = Check(stub->ListStalls(&context, request, &response), inv.connection); !s.ok()) {
+      return s;
+    }
     return Emit(inv, response, [&] { PrintStalls(inv.out, response, ms); });
   };
 }

@@ -222,27 +222,26 @@ Result<Opened> OpenAndReadManifest(const std::string& path) {
   struct stat st;
   if (::fstat(o.fd->get(), &st) != 0) return Internal(Errno(path + ": fstat"));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (std::string e = checkpoint_layout::CheckSizeForHeader(size); !e.empty()) {
-    return Damaged(path, e);
+  if (Status s = checkpoint_layout::CheckSizeForHeader(size); !s.ok()) {
+    return s.WithContext(path);
   }
   std::byte h[kHeaderBytes];
   if (::pread(o.fd->get(), h, kHeaderBytes, 0) != static_cast<ssize_t>(kHeaderBytes)) {
     return Internal(Errno(path + ": read header"));
   }
-  if (std::string e = checkpoint_layout::DecodeHeader(h, &o.header); !e.empty()) {
-    return Damaged(path, e);
+  if (Status s = checkpoint_layout::DecodeHeader(h, &o.header); !s.ok()) {
+    return s.WithContext(path);
   }
-  if (std::string e = checkpoint_layout::CheckSizeAgainstHeader(size, o.header); !e.empty()) {
-    return Damaged(path, e);
+  if (Status s = checkpoint_layout::CheckSizeAgainstHeader(size, o.header); !s.ok()) {
+    return s.WithContext(path);
   }
   std::string manifest(o.header.manifest_bytes, '\0');
   if (::pread(o.fd->get(), manifest.data(), manifest.size(), kHeaderBytes) !=
       static_cast<ssize_t>(manifest.size())) {
     return Internal(Errno(path + ": read manifest"));
   }
-  if (std::string e = checkpoint_layout::DecodeAndPlan(manifest, o.header, &o.image, &o.plan);
-      !e.empty()) {
-    return Damaged(path, e);
+  if (Status s = checkpoint_layout::DecodeAndPlan(manifest, o.header, &o.image, &o.plan); !s.ok()) {
+    return s.WithContext(path);
   }
   return o;
 }
@@ -258,9 +257,7 @@ Result<CheckpointInfo> WriteCheckpoint(const std::string& tenant_dir, const Chec
                                        uint32_t keep) {
   const std::string final_path = PathOf(tenant_dir, image.sequence);
   if (keep == 0) return InvalidArgument(final_path + ": keep must be at least 1");
-  if (std::string e = checkpoint_layout::CheckImage(image); !e.empty()) {
-    return InvalidArgument(final_path + ": " + e);
-  }
+  if (Status s = checkpoint_layout::CheckImage(image); !s.ok()) return s.WithContext(final_path);
   if (Status s = MakeDirs(tenant_dir); !s.ok()) return s;
   for (uint64_t seq : ScanDir(tenant_dir, kTmpSuffix)) {
     ::unlink((tenant_dir + "/" + CheckpointFileName(seq) + ".tmp").c_str());  // stray, from a crash
@@ -389,11 +386,10 @@ Result<CheckpointImage> ReadCheckpoint(const std::string& path) {
       const Record& r = plan[i];
       const CheckpointKey& k = image.keys[r.key_index];
       const std::byte* h = &headers[(i - first) * kRecordHeaderBytes];
-      const std::string where = path + ": chunk " + std::to_string(r.chunk) + " of " +
-                                checkpoint_layout::KeyLabel(k) + " (record at byte " +
-                                std::to_string(r.offset) + "): ";
-      if (std::string e = checkpoint_layout::CheckRecordHeader(h, r, k); !e.empty()) {
-        error.Set(i, FailedPrecondition(where + e));
+      if (Status s = checkpoint_layout::CheckRecordHeader(h, r, k); !s.ok()) {
+        error.Set(i, s.WithContext(path + ": chunk " + std::to_string(r.chunk) + " of " +
+                                   checkpoint_layout::KeyLabel(k) + " (record at byte " +
+                                   std::to_string(r.offset) + ")"));
         return;
       }
       if (!checkpoint_layout::PayloadMatches(h, image.chunks[i])) {

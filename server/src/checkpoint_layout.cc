@@ -86,14 +86,15 @@ void EncodeHeader(const Header& header, std::byte* out) {
   Put64(out + 56, XXH3_64bits(out, 56));
 }
 
-std::string DecodeHeader(const std::byte* in, Header* header) {
-  if (std::memcmp(in, kMagic, 8) != 0) return "not a checkpoint file (bad magic)";
+Status DecodeHeader(const std::byte* in, Header* header) {
+  if (std::memcmp(in, kMagic, 8) != 0)
+    return FailedPrecondition("not a checkpoint file (bad magic)");
   const uint32_t version = Get32(in + 8);
   if (version != kCheckpointFormatVersion) {
-    return "format version " + std::to_string(version) + ", this rackhubd reads " +
-           std::to_string(kCheckpointFormatVersion);
+    return FailedPrecondition("format version " + std::to_string(version) +
+                              ", this rackhubd reads " + std::to_string(kCheckpointFormatVersion));
   }
-  if (Get64(in + 56) != XXH3_64bits(in, 56)) return "header checksum mismatch";
+  if (Get64(in + 56) != XXH3_64bits(in, 56)) return FailedPrecondition("header checksum mismatch");
   Header& h = *header;
   h.manifest_bytes = Get64(in + 16);
   h.manifest_hash = Get64(in + 24);
@@ -103,31 +104,32 @@ std::string DecodeHeader(const std::byte* in, Header* header) {
   if (Get32(in + 12) != kHeaderBytes || h.manifest_bytes > kMaxManifestBytes ||
       h.data_offset % kAlign != 0 || h.data_offset < kHeaderBytes + h.manifest_bytes ||
       h.data_offset > h.file_bytes) {
-    return "inconsistent header (manifest " + std::to_string(h.manifest_bytes) +
-           " bytes, data at " + std::to_string(h.data_offset) + ", file " +
-           std::to_string(h.file_bytes) + " bytes)";
+    return FailedPrecondition("inconsistent header (manifest " + std::to_string(h.manifest_bytes) +
+                              " bytes, data at " + std::to_string(h.data_offset) + ", file " +
+                              std::to_string(h.file_bytes) + " bytes)");
   }
-  return "";
+  return Status::Ok();
 }
 
-std::string CheckSizeForHeader(uint64_t size) {
-  if (size == 0) return "empty file (0 bytes)";
+Status CheckSizeForHeader(uint64_t size) {
+  if (size == 0) return FailedPrecondition("empty file (0 bytes)");
   if (size < kHeaderBytes) {
-    return "truncated at byte " + std::to_string(size) + " of the " + std::to_string(kHeaderBytes) +
-           "-byte header";
+    return FailedPrecondition("truncated at byte " + std::to_string(size) + " of the " +
+                              std::to_string(kHeaderBytes) + "-byte header");
   }
-  return "";
+  return Status::Ok();
 }
 
-std::string CheckSizeAgainstHeader(uint64_t size, const Header& header) {
+Status CheckSizeAgainstHeader(uint64_t size, const Header& header) {
   if (size < header.file_bytes) {
-    return "truncated at byte " + std::to_string(size) + " of " + std::to_string(header.file_bytes);
+    return FailedPrecondition("truncated at byte " + std::to_string(size) + " of " +
+                              std::to_string(header.file_bytes));
   }
   if (size > header.file_bytes) {
-    return std::to_string(size - header.file_bytes) + " unexpected bytes after byte " +
-           std::to_string(header.file_bytes);
+    return FailedPrecondition(std::to_string(size - header.file_bytes) +
+                              " unexpected bytes after byte " + std::to_string(header.file_bytes));
   }
-  return "";
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------
@@ -152,18 +154,18 @@ std::string EncodeManifest(const CheckpointImage& image) {
   return std::move(w.bytes());
 }
 
-std::string DecodeManifest(std::string_view bytes, CheckpointImage* image) {
+Status DecodeManifest(std::string_view bytes, CheckpointImage* image) {
   ManifestReader r(bytes);
   uint64_t created = 0;
   uint32_t key_count = 0;
   if (!r.Str(&image->tenant) || !r.U64(&image->sequence) || !r.U64(&created) ||
       !r.U32(&key_count)) {
-    return "manifest: ends inside its preamble";
+    return FailedPrecondition("manifest: ends inside its preamble");
   }
   image->created_unix_ms = static_cast<int64_t>(created);
   if (key_count > bytes.size() / 40) {
-    return "manifest: key count " + std::to_string(key_count) + " does not fit in " +
-           std::to_string(bytes.size()) + " bytes";
+    return FailedPrecondition("manifest: key count " + std::to_string(key_count) +
+                              " does not fit in " + std::to_string(bytes.size()) + " bytes");
   }
   image->keys.resize(key_count);
   for (uint32_t i = 0; i < key_count; ++i) {
@@ -171,71 +173,78 @@ std::string DecodeManifest(std::string_view bytes, CheckpointImage* image) {
     if (!r.U32(&k.id) || !r.Str(&k.name) || !r.U64(&k.elements) || !r.U32(&k.chunk_count) ||
         !r.U32(&k.chunk_elements) || !r.U64(&k.version) || !r.Str(&k.optimizer) ||
         !r.U32(&k.state_slots)) {
-      return "manifest: ends inside key " + std::to_string(i) + " of " + std::to_string(key_count);
+      return FailedPrecondition("manifest: ends inside key " + std::to_string(i) + " of " +
+                                std::to_string(key_count));
     }
   }
-  if (!r.done()) return "manifest: trailing bytes after the last key";
-  return "";
+  if (!r.done()) return FailedPrecondition("manifest: trailing bytes after the last key");
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------
 // Records.
 
-std::string CheckKeys(const std::vector<CheckpointKey>& keys) {
+Status CheckKeys(const std::vector<CheckpointKey>& keys) {
   for (size_t i = 0; i < keys.size(); ++i) {
     const CheckpointKey& k = keys[i];
     if (i > 0 && keys[i - 1].id >= k.id) {
-      return KeyLabel(k) + ": key ids are not strictly increasing (" +
-             std::to_string(keys[i - 1].id) + " then " + std::to_string(k.id) + ")";
+      return InvalidArgument(KeyLabel(k) + ": key ids are not strictly increasing (" +
+                             std::to_string(keys[i - 1].id) + " then " + std::to_string(k.id) +
+                             ")");
     }
     if (k.state_slots > kMaxStateSlots) {
-      return KeyLabel(k) + ": " + std::to_string(k.state_slots) + " state slots, at most 2";
+      return InvalidArgument(KeyLabel(k) + ": " + std::to_string(k.state_slots) +
+                             " state slots, at most 2");
     }
-    if (k.elements > 0 && k.chunk_elements == 0) return KeyLabel(k) + ": chunk_elements is 0";
+    if (k.elements > 0 && k.chunk_elements == 0)
+      return InvalidArgument(KeyLabel(k) + ": chunk_elements is 0");
     const uint64_t want =
         k.elements == 0 ? 0 : (k.elements + k.chunk_elements - 1) / k.chunk_elements;
     if (want != k.chunk_count) {
-      return KeyLabel(k) + ": chunk_count " + std::to_string(k.chunk_count) + ", but " +
-             std::to_string(k.elements) + " elements in chunks of " +
-             std::to_string(k.chunk_elements) + " make " + std::to_string(want);
+      return InvalidArgument(KeyLabel(k) + ": chunk_count " + std::to_string(k.chunk_count) +
+                             ", but " + std::to_string(k.elements) + " elements in chunks of " +
+                             std::to_string(k.chunk_elements) + " make " + std::to_string(want));
     }
   }
-  return "";
+  return Status::Ok();
 }
 
-std::string CheckImage(const CheckpointImage& image) {
-  if (std::string e = CheckKeys(image.keys); !e.empty()) return e;
+Status CheckImage(const CheckpointImage& image) {
+  if (Status s = CheckKeys(image.keys); !s.ok()) return s;
   size_t pos = 0;
   for (const CheckpointKey& k : image.keys) {
     for (uint32_t c = 0; c < k.chunk_count; ++c, ++pos) {
       const std::string where = "chunk " + std::to_string(c) + " of " + KeyLabel(k) + ": ";
-      if (pos >= image.chunks.size()) return where + "missing (chunks end early)";
+      if (pos >= image.chunks.size()) return InvalidArgument(where + "missing (chunks end early)");
       const CheckpointChunk& ch = image.chunks[pos];
       if (ch.key_id != k.id || ch.chunk != c) {
-        return where + "expected at position " + std::to_string(pos) + ", found key " +
-               std::to_string(ch.key_id) + " chunk " + std::to_string(ch.chunk);
+        return InvalidArgument(where + "expected at position " + std::to_string(pos) +
+                               ", found key " + std::to_string(ch.key_id) + " chunk " +
+                               std::to_string(ch.chunk));
       }
       const uint64_t n =
           std::min<uint64_t>(k.chunk_elements, k.elements - uint64_t{c} * k.chunk_elements);
       if (ch.params.size() != n) {
-        return where + std::to_string(ch.params.size()) + " params, expected " + std::to_string(n);
+        return InvalidArgument(where + std::to_string(ch.params.size()) + " params, expected " +
+                               std::to_string(n));
       }
       if (ch.state.size() != k.state_slots) {
-        return where + std::to_string(ch.state.size()) + " state slots, the key has " +
-               std::to_string(k.state_slots);
+        return InvalidArgument(where + std::to_string(ch.state.size()) +
+                               " state slots, the key has " + std::to_string(k.state_slots));
       }
       for (const auto& s : ch.state) {
         if (s.size() != n) {
-          return where + "a state slot of " + std::to_string(s.size()) + " elements, expected " +
-                 std::to_string(n);
+          return InvalidArgument(where + "a state slot of " + std::to_string(s.size()) +
+                                 " elements, expected " + std::to_string(n));
         }
       }
     }
   }
   if (pos != image.chunks.size()) {
-    return std::to_string(image.chunks.size() - pos) + " chunks beyond those of the keys";
+    return InvalidArgument(std::to_string(image.chunks.size() - pos) +
+                           " chunks beyond those of the keys");
   }
-  return "";
+  return Status::Ok();
 }
 
 std::vector<Record> PlanRecords(const std::vector<CheckpointKey>& keys, uint64_t data_offset) {
@@ -275,13 +284,16 @@ FilePlan PlanFile(const CheckpointImage& image) {
   return f;
 }
 
-std::string DecodeAndPlan(std::string_view manifest, const Header& header, CheckpointImage* image,
-                          std::vector<Record>* plan) {
+Status DecodeAndPlan(std::string_view manifest, const Header& header, CheckpointImage* image,
+                     std::vector<Record>* plan) {
   if (XXH3_64bits(manifest.data(), manifest.size()) != header.manifest_hash) {
-    return "manifest checksum mismatch";
+    return FailedPrecondition("manifest checksum mismatch");
   }
-  if (std::string e = DecodeManifest(manifest, image); !e.empty()) return e;
-  if (std::string e = CheckKeys(image->keys); !e.empty()) return "manifest: " + e;
+  if (Status s = DecodeManifest(manifest, image); !s.ok()) return s;
+  // Keys read from a file: damaged, not an invalid argument.
+  if (Status s = CheckKeys(image->keys); !s.ok()) {
+    return FailedPrecondition("manifest: " + s.message());
+  }
   // Bounded before planning: every record takes at least its header in the
   // file (whose size the caller checked against header.file_bytes), so a
   // manifest cannot make the plan larger than the file.
@@ -291,18 +303,19 @@ std::string DecodeAndPlan(std::string_view manifest, const Header& header, Check
                             ? (header.file_bytes - header.data_offset) / kRecordHeaderBytes
                             : 0;
   if (chunks != header.record_count || chunks > room) {
-    return "manifest describes " + std::to_string(chunks) + " chunks, header says " +
-           std::to_string(header.record_count) + " in a file of " +
-           std::to_string(header.file_bytes) + " bytes";
+    return FailedPrecondition("manifest describes " + std::to_string(chunks) +
+                              " chunks, header says " + std::to_string(header.record_count) +
+                              " in a file of " + std::to_string(header.file_bytes) + " bytes");
   }
   *plan = PlanRecords(image->keys, header.data_offset);
   const uint64_t end = RecordsEnd(*plan, header.data_offset);
   if (plan->size() != header.record_count || end != header.file_bytes) {
-    return "manifest describes " + std::to_string(plan->size()) + " chunks ending at byte " +
-           std::to_string(end) + ", header says " + std::to_string(header.record_count) +
-           " ending at byte " + std::to_string(header.file_bytes);
+    return FailedPrecondition("manifest describes " + std::to_string(plan->size()) +
+                              " chunks ending at byte " + std::to_string(end) + ", header says " +
+                              std::to_string(header.record_count) + " ending at byte " +
+                              std::to_string(header.file_bytes));
   }
-  return "";
+  return Status::Ok();
 }
 
 uint64_t PayloadHash(const CheckpointChunk& c) {
@@ -327,17 +340,18 @@ void EncodeRecordHeader(const Record& r, const CheckpointKey& k, uint64_t payloa
   Put64(h + 56, XXH3_64bits(h, 56));
 }
 
-std::string CheckRecordHeader(const std::byte* h, const Record& r, const CheckpointKey& k) {
-  if (std::memcmp(h, kRecordMagic, 8) != 0) return "bad record magic";
-  if (Get64(h + 56) != XXH3_64bits(h, 56)) return "record header checksum mismatch";
+Status CheckRecordHeader(const std::byte* h, const Record& r, const CheckpointKey& k) {
+  if (std::memcmp(h, kRecordMagic, 8) != 0) return FailedPrecondition("bad record magic");
+  if (Get64(h + 56) != XXH3_64bits(h, 56))
+    return FailedPrecondition("record header checksum mismatch");
   if (Get32(h + 8) != k.id || Get32(h + 12) != r.chunk || Get32(h + 16) != r.elements ||
       Get32(h + 20) != r.slots || Get64(h + 24) != r.payload || Get64(h + 40) != k.version) {
-    return "record holds key id " + std::to_string(Get32(h + 8)) + " chunk " +
-           std::to_string(Get32(h + 12)) + " (" + std::to_string(Get32(h + 16)) + " elements, " +
-           std::to_string(Get32(h + 20)) + " slots, version " + std::to_string(Get64(h + 40)) +
-           "), not what the manifest says";
+    return FailedPrecondition("record holds key id " + std::to_string(Get32(h + 8)) + " chunk " +
+                              std::to_string(Get32(h + 12)) + " (" + std::to_string(Get32(h + 16)) +
+                              " elements, " + std::to_string(Get32(h + 20)) + " slots, version " +
+                              std::to_string(Get64(h + 40)) + "), not what the manifest says");
   }
-  return "";
+  return Status::Ok();
 }
 
 bool PayloadMatches(const std::byte* h, const CheckpointChunk& c) {

@@ -13,9 +13,11 @@
 // (PayloadHash, EncodeRecordHeader, CheckRecordHeader, PayloadMatches) run
 // concurrently from TBB tasks on different records.
 //
-// Errors: the Check*/Decode* functions return "" when all is well, else what
-// is wrong, as text the caller puts after "<path>: " (a damaged file) or
-// "<final path>: " (an image that cannot be written).
+// Errors: the Check*/Decode* functions return OK when all is well, else a
+// Status saying what is wrong, whose message the caller puts after
+// "<path>: " (Status::WithContext): FAILED_PRECONDITION for bytes read from a
+// file (a damaged file), INVALID_ARGUMENT for keys or an image given to be
+// written (CheckKeys, CheckImage).
 //
 // File layout (format version 1, little-endian, documented in
 // docs/durability.md "Checkpoint file format"):
@@ -56,6 +58,7 @@
 #include <vector>
 
 #include "checkpoint_file.h"
+#include "rackhub/common/status.h"
 
 namespace rackhub::server::checkpoint_layout {
 
@@ -92,13 +95,13 @@ void EncodeHeader(const Header& header, std::byte* out);
 // Decodes and checks in[0..63] (kHeaderBytes bytes): magic, format version,
 // header checksum, then the fields' consistency (header size, manifest size
 // bound, data offset alignment and range).
-std::string DecodeHeader(const std::byte* in, Header* header);
+Status DecodeHeader(const std::byte* in, Header* header);
 
 // A file of `size` bytes against the header it must hold: CheckSizeForHeader
 // before the header is read (empty, shorter than the header),
 // CheckSizeAgainstHeader after (truncated, or bytes beyond file_bytes).
-std::string CheckSizeForHeader(uint64_t size);
-std::string CheckSizeAgainstHeader(uint64_t size, const Header& header);
+Status CheckSizeForHeader(uint64_t size);
+Status CheckSizeAgainstHeader(uint64_t size, const Header& header);
 
 // ---------------------------------------------------------------------------
 // Manifest: u32/u64/i64 little-endian, str = u32 length + bytes.
@@ -106,7 +109,7 @@ std::string CheckSizeAgainstHeader(uint64_t size, const Header& header);
 std::string EncodeManifest(const CheckpointImage& image);
 
 // Fills everything but `chunks` of *image.
-std::string DecodeManifest(std::string_view bytes, CheckpointImage* image);
+Status DecodeManifest(std::string_view bytes, CheckpointImage* image);
 
 // ---------------------------------------------------------------------------
 // Records: where each chunk goes, computed from the keys alone (the writer and
@@ -125,13 +128,13 @@ struct Record {
 
 // The keys' consistency: ids strictly increasing, at most kMaxStateSlots
 // slots, chunk_count == ceil(elements / chunk_elements).
-std::string CheckKeys(const std::vector<CheckpointKey>& keys);
+Status CheckKeys(const std::vector<CheckpointKey>& keys);
 
 // An image is writable: CheckKeys, and image.chunks holds every chunk of
 // every key exactly once, in order, each of the right size and slot count.
-std::string CheckImage(const CheckpointImage& image);
+Status CheckImage(const CheckpointImage& image);
 
-// REQUIRES: CheckKeys(keys) == "".
+// REQUIRES: CheckKeys(keys) is OK.
 std::vector<Record> PlanRecords(const std::vector<CheckpointKey>& keys, uint64_t data_offset);
 
 // The end of the last record (data_offset if there is none): the file's size.
@@ -144,15 +147,15 @@ struct FilePlan {
   std::vector<Record> records;  // records[i] holds image.chunks[i]
 };
 
-// REQUIRES: CheckImage(image) == "".
+// REQUIRES: CheckImage(image) is OK.
 FilePlan PlanFile(const CheckpointImage& image);
 
 // Checks a manifest read at kHeaderBytes against its header (checksum), then
 // decodes it into *image (without chunks), checks the keys (CheckKeys) and
 // plans the records, which must be header.record_count records ending at
 // header.file_bytes.
-std::string DecodeAndPlan(std::string_view manifest, const Header& header, CheckpointImage* image,
-                          std::vector<Record>* plan);
+Status DecodeAndPlan(std::string_view manifest, const Header& header, CheckpointImage* image,
+                     std::vector<Record>* plan);
 
 // XXH3_64bits of a chunk's payload: params, then each state slot.
 uint64_t PayloadHash(const CheckpointChunk& c);
@@ -164,7 +167,7 @@ void EncodeRecordHeader(const Record& r, const CheckpointKey& k, uint64_t payloa
 // Checks a record header read from the file against the plan: magic, header
 // checksum, then identity (key id, chunk, elements, slots, payload bytes,
 // version). The payload checksum is PayloadMatches'.
-std::string CheckRecordHeader(const std::byte* h, const Record& r, const CheckpointKey& k);
+Status CheckRecordHeader(const std::byte* h, const Record& r, const CheckpointKey& k);
 
 // Whether the payload checksum in record header h matches chunk c as read.
 bool PayloadMatches(const std::byte* h, const CheckpointChunk& c);

@@ -62,7 +62,7 @@ RdmaListener::~RdmaListener() {
   if (channel_) rdma_destroy_event_channel(channel_);
 }
 
-std::string RdmaListener::Listen() {
+Status RdmaListener::Listen() {
   net::Endpoint ep = config_.data.rdma_listen;
   if (ep.host.empty()) {
     ep.host = config_.data.listen.host;
@@ -77,60 +77,61 @@ std::string RdmaListener::Listen() {
   const rdma::MemlockStatus memlock = rdma::CurrentMemlock();
   memlock_limit_ = memlock.cap_ipc_lock ? UINT64_MAX : memlock.limit;
   const uint64_t planned = per_connection_bytes_ * (lanes_->size() + 2 * hub_links);
-  if (auto e = rdma::CheckMemlock(
+  if (Status s = rdma::CheckMemlock(
           planned, memlock,
           "data.transport: RDMA with one worker on each of " + std::to_string(lanes_->size()) +
               " lanes" +
               (hub_links ? " and " + std::to_string(2 * hub_links) + " hub links" : std::string()) +
               " (" + std::to_string(per_connection_bytes_ >> 10) +
               " KiB per connection, data.rdma_ring_bytes x 2)");
-      !e.empty()) {
-    return e;
+      !s.ok()) {
+    return s;
   }
   if (!(channel_ = rdma_create_event_channel())) {
-    return "data.rdma_listen " + ep.ToString() + ": " + Errno("rdma_create_event_channel");
+    return Unavailable("data.rdma_listen " + ep.ToString() + ": " +
+                       Errno("rdma_create_event_channel"));
   }
   const int flags = fcntl(channel_->fd, F_GETFL);
   fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK);
   if (rdma_create_id(channel_, &listen_id_, this, RDMA_PS_TCP) != 0) {
-    return "data.rdma_listen " + ep.ToString() + ": " + Errno("rdma_create_id");
+    return Unavailable("data.rdma_listen " + ep.ToString() + ": " + Errno("rdma_create_id"));
   }
-  if (auto e = BindAndListen(listen_id_, ep, "data.rdma_listen"); !e.empty()) return e;
+  if (Status s = BindAndListen(listen_id_, ep, "data.rdma_listen"); !s.ok()) return s;
   device_ = rdma::DescribeCmId(listen_id_);
   net::Endpoint bound = ep;
   bound.port = ntohs(rdma_get_src_port(listen_id_));
   address_ = bound.ToString();
   bound_ = bound;
-  return "";
+  return Status::Ok();
 }
 
-std::string RdmaListener::ListenForHubs() {
+Status RdmaListener::ListenForHubs() {
   const auto& topo = config_.topology;
-  if (!topo.multi_rack_exchange()) return "";
+  if (!topo.multi_rack_exchange()) return Status::Ok();
   // This rack's interhub address, on the same event channel (so the same
   // thread and code accept hub links), unless it is the workers' address.
   const net::Endpoint& interhub = topo.racks[topo.rack].interhub;
   if (interhub.host != bound_.host || interhub.port != bound_.port) {
     if (rdma_create_id(channel_, &hub_listen_id_, this, RDMA_PS_TCP) != 0) {
-      return "topology.racks: " + Errno("rdma_create_id");
+      return Unavailable("topology.racks: " + Errno("rdma_create_id"));
     }
-    if (auto e = BindAndListen(hub_listen_id_, interhub,
-                               "topology.racks[" + std::to_string(topo.rack) + "].interhub");
-        !e.empty()) {
+    if (Status s = BindAndListen(hub_listen_id_, interhub,
+                                 "topology.racks[" + std::to_string(topo.rack) + "].interhub");
+        !s.ok()) {
       rdma_destroy_id(hub_listen_id_);
       hub_listen_id_ = nullptr;
-      return e;
+      return s;
     }
   }
   hub_links_ = true;
   // The outgoing hub links' channels (HubConnector, one per lane and peer
   // rack) are not accepted here: count them up front.
   registered_->fetch_add(per_connection_bytes_ * lanes_->size() * (topo.rack_count() - 1));
-  return "";
+  return Status::Ok();
 }
 
-std::string RdmaListener::BindAndListen(rdma_cm_id* id, const net::Endpoint& ep,
-                                        const std::string& field) {
+Status RdmaListener::BindAndListen(rdma_cm_id* id, const net::Endpoint& ep,
+                                   const std::string& field) {
   const std::string where = field + " " + ep.ToString();
   rdma_addrinfo hints{};
   rdma_addrinfo* ai = nullptr;
@@ -138,34 +139,39 @@ std::string RdmaListener::BindAndListen(rdma_cm_id* id, const net::Endpoint& ep,
   hints.ai_port_space = RDMA_PS_TCP;
   const std::string port = std::to_string(ep.port);
   if (rdma_getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &ai) != 0 || !ai) {
-    return where + ": cannot resolve '" + ep.host + "'";
+    return InvalidArgument(where + ": cannot resolve '" + ep.host + "'");
   }
   // rdma_bind_addr(3): binding to a local IP also binds the id to the verbs
   // device that owns it; a wildcard address leaves it unbound.
   const int rc = rdma_bind_addr(id, ai->ai_src_addr);
   rdma_freeaddrinfo(ai);
-  if (rc != 0) return where + ": " + Errno("rdma_bind_addr") + " (no RDMA device on that address?)";
+  if (rc != 0) {
+    return Unavailable(where + ": " + Errno("rdma_bind_addr") +
+                       " (no RDMA device on that address?)");
+  }
   int gid_index = -1;
   const std::string device = rdma::DescribeCmId(id, &gid_index);
   if (id->verbs) {
     const std::string name = ibv_get_device_name(id->verbs->device);
     if (!config_.data.rdma_device.empty() && name != config_.data.rdma_device) {
-      return "data.rdma_device: " + ep.host + " belongs to device " + name + ", not " +
-             config_.data.rdma_device + "; pick the IP of that device in " + field;
+      return InvalidArgument("data.rdma_device: " + ep.host + " belongs to device " + name +
+                             ", not " + config_.data.rdma_device +
+                             "; pick the IP of that device in " + field);
     }
     if (config_.data.rdma_port != 0 && id->port_num != config_.data.rdma_port) {
-      return "data.rdma_port: " + ep.host + " (" + field + ") is on port " +
-             std::to_string(id->port_num) + " of " + name + ", not port " +
-             std::to_string(config_.data.rdma_port);
+      return InvalidArgument("data.rdma_port: " + ep.host + " (" + field + ") is on port " +
+                             std::to_string(id->port_num) + " of " + name + ", not port " +
+                             std::to_string(config_.data.rdma_port));
     }
     if (config_.data.rdma_gid_index != UINT32_MAX &&
         gid_index != static_cast<int>(config_.data.rdma_gid_index)) {
-      return "data.rdma_gid_index: rdma_cm uses GID index " + std::to_string(gid_index) + " for " +
-             ep.host + " (" + device + "), not " + std::to_string(config_.data.rdma_gid_index);
+      return InvalidArgument("data.rdma_gid_index: rdma_cm uses GID index " +
+                             std::to_string(gid_index) + " for " + ep.host + " (" + device +
+                             "), not " + std::to_string(config_.data.rdma_gid_index));
     }
   }
-  if (rdma_listen(id, kListenBacklog) != 0) return where + ": " + Errno("rdma_listen");
-  return "";
+  if (rdma_listen(id, kListenBacklog) != 0) return Unavailable(where + ": " + Errno("rdma_listen"));
+  return Status::Ok();
 }
 
 std::unique_ptr<net::Connector> RdmaListener::HubConnector() const {
@@ -196,12 +202,12 @@ std::unique_ptr<RdmaListener> RdmaListener::ListenConfigured(const Config& confi
     return nullptr;
   }
   auto listener = std::make_unique<RdmaListener>(config, registry, lanes);
-  if (auto error = listener->Listen(); !error.empty()) {
+  if (Status s = listener->Listen(); !s.ok()) {
     if (required) {
-      spdlog::critical("data.transport = rdma: {}", error);
+      spdlog::critical("data.transport = rdma: {}", s.message());
       *fatal = true;
     } else {
-      spdlog::warn("data.transport = auto: RDMA not started: {}; TCP data plane only", error);
+      spdlog::warn("data.transport = auto: RDMA not started: {}; TCP data plane only", s.message());
     }
     return nullptr;
   }
@@ -211,17 +217,17 @@ std::unique_ptr<RdmaListener> RdmaListener::ListenConfigured(const Config& confi
   const auto& topo = config.topology;
   if (!topo.multi_rack_exchange()) return listener;
   const std::string& interhub = topo.racks[topo.rack].interhub.ToString();
-  if (auto error = listener->ListenForHubs(); !error.empty()) {
+  if (Status s = listener->ListenForHubs(); !s.ok()) {
     if (required) {
       spdlog::critical("data.transport = rdma: hub links: {} (with data.transport = rdma the "
                        "hubs link over RDMA at their interhub addresses; put them on the RDMA "
                        "interface, or use data.transport = auto on every hub)",
-                       error);
+                       s.message());
       *fatal = true;
       return nullptr;
     }
     spdlog::warn("data.transport = auto: hub links over TCP: no rdma_cm listener on {}: {}",
-                 interhub, error);
+                 interhub, s.message());
     return listener;
   }
   spdlog::info("rack exchange: hub links over RDMA (rdma_cm on {}; the other racks' hubs are "
@@ -298,7 +304,8 @@ void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, si
   }
   if (registered_->load() + per_connection_bytes_ > memlock_limit_) {
     return refuse(rdma::CheckMemlock(registered_->load() + per_connection_bytes_,
-                                     rdma::CurrentMemlock(), "another RDMA connection"));
+                                     rdma::CurrentMemlock(), "another RDMA connection")
+                      .message());
   }
   Result<std::shared_ptr<rdma::Channel>> accepted = rdma::Channel::Accept(id, peer, options_);
   if (!accepted.ok()) {

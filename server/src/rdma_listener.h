@@ -44,6 +44,7 @@
 
 #include "config.h"
 #include "lanes.h"
+#include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
 #include "rackhub/net/connector.h"
 #include "rackhub/net/rdma/channel.h"
@@ -72,13 +73,16 @@ class RdmaListener {
 
   // Binds and listens (rdma_bind_addr(3), rdma_listen(3)) on
   // data.rdma_listen; checks the device, GID and locked-memory limit (hub
-  // links included). "" on success, else why not.
-  std::string Listen();
+  // links included). INVALID_ARGUMENT for a setting that does not match the
+  // device (data.rdma_device/port/gid_index, an unresolvable host),
+  // RESOURCE_EXHAUSTED for too low a locked-memory limit, UNAVAILABLE when
+  // rdma_cm fails.
+  Status Listen();
   // After Listen, in a hierarchical topology: listens on this rack's interhub
-  // address too, for hub links. "" on success (then hub_links() is true),
-  // else why not (ListenConfigured: fatal with "rdma", TCP hub links with
+  // address too, for hub links. OK (then hub_links() is true), else why not
+  // as Listen's (ListenConfigured: fatal with "rdma", TCP hub links with
   // "auto").
-  std::string ListenForHubs();
+  Status ListenForHubs();
   // True when hub links go over RDMA: use HubConnector for outgoing links.
   bool hub_links() const { return hub_links_; }
   // "host:port" actually bound for workers, and the device description, once
@@ -104,7 +108,7 @@ class RdmaListener {
   void OnHello(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
   void OnHubHello(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
   // Binds and listens `id` on `ep`; the error names `field`.
-  std::string BindAndListen(rdma_cm_id* id, const net::Endpoint& ep, const std::string& field);
+  Status BindAndListen(rdma_cm_id* id, const net::Endpoint& ep, const std::string& field);
   void Refuse(uint64_t key, net::WireError code, const std::string& text);
   void Drop(uint64_t key);
 

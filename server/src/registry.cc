@@ -67,8 +67,9 @@ namespace {
 std::string Quoted(const std::string& s) { return QuoteForLog(s); }
 
 Status CheckOptimizer(const char* field, OptimizerConfig* opt) {
-  if (auto e = aggregation::NormalizeOptimizer(opt); !e.empty()) {
-    return InvalidArgument(std::string(field) + "." + e);
+  // "<field>.<optimizer field>: ...", not WithContext's "<field>: ...".
+  if (Status s = aggregation::NormalizeOptimizer(opt); !s.ok()) {
+    return InvalidArgument(std::string(field) + "." + s.message());
   }
   return Status::Ok();
 }

@@ -86,30 +86,35 @@ Verdict WorkerProtocol::CheckRowsFrame(net::Connection& conn, LaneTenant& t, con
 }
 
 // Non-fatal: a bad row request changes nothing and the connection stays.
-std::string WorkerProtocol::CheckRowsPayload(const Chunk& c, const KeyInfo& k,
-                                             const FrameHeader& h,
-                                             std::span<const std::byte> payload,
-                                             std::optional<uint32_t> contributor,
-                                             net::RowsPayload* rows) {
+Status WorkerProtocol::CheckRowsPayload(const Chunk& c, const KeyInfo& k, const FrameHeader& h,
+                                        std::span<const std::byte> payload,
+                                        std::optional<uint32_t> contributor,
+                                        net::RowsPayload* rows) {
   const aggregation::RowShard& r = *c.rows;
-  std::string e = net::ParseRowsPayload(h.opcode, payload, r.dim(), c.dtype, rows);
-  const std::vector<uint64_t>& asked = h.opcode == Opcode::kPushRows ? rows->want : rows->ids;
-  if (e.empty() && contributor) {
-    e = r.CheckContribution(*contributor, rows->ids, rows->row_bytes, ElementTypeOf(c.dtype));
-  } else if (e.empty() && h.opcode == Opcode::kPushRows) {
-    e = r.CheckRows(rows->ids);
+  Status s;
+  // ParseRowsPayload (frame.h) still answers "" or the error's text.
+  if (std::string e = net::ParseRowsPayload(h.opcode, payload, r.dim(), c.dtype, rows);
+      !e.empty()) {
+    s = InvalidArgument(std::move(e));
   }
-  if (e.empty()) e = r.CheckRows(asked);
+  const std::vector<uint64_t>& asked = h.opcode == Opcode::kPushRows ? rows->want : rows->ids;
+  if (s.ok() && contributor) {
+    s = r.CheckContribution(*contributor, rows->ids, rows->row_bytes, ElementTypeOf(c.dtype));
+  } else if (s.ok() && h.opcode == Opcode::kPushRows) {
+    s = r.CheckRows(rows->ids);
+  }
+  if (s.ok()) s = r.CheckRows(asked);
   const uint64_t reply =
       net::kRowsPrefixBytes + uint64_t{asked.size()} * r.dim() * net::DTypeBytes(c.dtype);
-  if (e.empty() && reply > net::kMaxDataPayload) {
-    e = "want: " + Num(asked.size()) + " rows of " + Num(r.dim()) + " " +
-        net::DTypeName(c.dtype) + " make a reply of " + Num(reply) + " bytes, above " +
-        Num(net::kMaxDataPayload) + "; ask for fewer rows at once";
+  if (s.ok() && reply > net::kMaxDataPayload) {
+    s = InvalidArgument("want: " + Num(asked.size()) + " rows of " + Num(r.dim()) + " " +
+                        net::DTypeName(c.dtype) + " make a reply of " + Num(reply) +
+                        " bytes, above " + Num(net::kMaxDataPayload) +
+                        "; ask for fewer rows at once");
   }
-  if (e.empty()) return "";
-  return std::string(net::OpcodeName(h.opcode)) + " for chunk " + Num(h.chunk) + " of table '" +
-         k.name + "': " + e;
+  if (s.ok()) return s;
+  return s.WithContext(std::string(net::OpcodeName(h.opcode)) + " for chunk " + Num(h.chunk) +
+                       " of table '" + k.name + "'");
 }
 
 void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
@@ -140,11 +145,11 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
     return;
   }
   net::RowsPayload rows;
-  const std::string e = CheckRowsPayload(c, key->info, h, payload,
-                                         again ? std::nullopt : std::optional(rank), &rows);
-  if (!e.empty()) {
+  if (Status s = CheckRowsPayload(c, key->info, h, payload,
+                                  again ? std::nullopt : std::optional(rank), &rows);
+      !s.ok()) {
     t.runtime->PushFailed(member, conn.id().session, h.key, h.iteration);
-    Refuse(conn, WireError::kInvalidArgument, e, h.request_id);
+    Refuse(conn, WireError::kInvalidArgument, s.message(), h.request_id);
     return;
   }
   if (again) {
@@ -182,9 +187,8 @@ void WorkerProtocol::OnPullRows(net::Connection& conn, LaneTenant& t, const Fram
   }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   net::RowsPayload rows;
-  if (std::string e = CheckRowsPayload(c, key->info, h, payload, std::nullopt, &rows);
-      !e.empty()) {
-    Refuse(conn, WireError::kInvalidArgument, e, h.request_id);
+  if (Status s = CheckRowsPayload(c, key->info, h, payload, std::nullopt, &rows); !s.ok()) {
+    Refuse(conn, WireError::kInvalidArgument, s.message(), h.request_id);
     return;
   }
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {

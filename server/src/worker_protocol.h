@@ -21,6 +21,7 @@
 #include "fair_scheduler.h"
 #include "lane_gate.h"
 #include "lane_host.h"
+#include "rackhub/common/status.h"
 #include "rackhub/net/frame.h"
 #include "rackhub/net/transport.h"
 #include "registry.h"
@@ -118,11 +119,12 @@ class WorkerProtocol final : public net::FrameHandler {
   // PUSH_ROWS / PULL_ROWS of a table's chunk (table_protocol.cc).
   Verdict CheckRowsFrame(net::Connection& conn, LaneTenant& t, const LaneKey& key, Chunk& c,
                          const net::FrameHeader& h);
-  // Parses and checks a row request's payload: "" or the refusal's text.
-  // `contributor`: the rank whose new contribution it is (PUSH_ROWS).
-  std::string CheckRowsPayload(const Chunk& c, const KeyInfo& k, const net::FrameHeader& h,
-                               std::span<const std::byte> payload,
-                               std::optional<uint32_t> contributor, net::RowsPayload* rows);
+  // Parses and checks a row request's payload: OK, or INVALID_ARGUMENT with
+  // the refusal's text. `contributor`: the rank whose new contribution it is
+  // (PUSH_ROWS).
+  Status CheckRowsPayload(const Chunk& c, const KeyInfo& k, const net::FrameHeader& h,
+                          std::span<const std::byte> payload, std::optional<uint32_t> contributor,
+                          net::RowsPayload* rows);
 
   // One per opcode (AcceptHeader has vetted the header).
   void OnPush(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,

@@ -98,7 +98,7 @@ struct TableOpt {
     c.epsilon = eps;
     c.initial_accumulator = acc;
     c.reduction = sum ? aggregation::Reduction::kSum : aggregation::Reduction::kMean;
-    EXPECT_EQ(aggregation::NormalizeOptimizer(&c), "") << type;
+    EXPECT_TRUE(aggregation::NormalizeOptimizer(&c).ok()) << type;
     return c;
   }
 };

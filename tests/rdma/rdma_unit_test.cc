@@ -43,16 +43,19 @@ TEST(RdmaTransportTest, Names) {
 TEST(RdmaMemlockTest, NamesTheLimitAndTheFix) {
   MemlockStatus s;
   s.limit = 8u << 20;
-  EXPECT_EQ(CheckMemlock(8u << 20, s, "x"), "");
-  const std::string e = CheckMemlock(9u << 20, s, "transport rdma");
+  EXPECT_TRUE(CheckMemlock(8u << 20, s, "x").ok());
+  const Status over = CheckMemlock(9u << 20, s, "transport rdma");
+  EXPECT_EQ(over.code(), StatusCode::kResourceExhausted) << over.ToString();
+  const std::string& e = over.message();
+  EXPECT_EQ(e.rfind("transport rdma registers ", 0), 0u) << e;
   EXPECT_NE(e.find("RLIMIT_MEMLOCK"), std::string::npos) << e;
   EXPECT_NE(e.find("LimitMEMLOCK=infinity"), std::string::npos) << e;
   EXPECT_NE(e.find("8192 KiB"), std::string::npos) << e;
   s.cap_ipc_lock = true;
-  EXPECT_EQ(CheckMemlock(1ull << 40, s, "x"), "");
+  EXPECT_TRUE(CheckMemlock(1ull << 40, s, "x").ok());
   s.cap_ipc_lock = false;
   s.limit = UINT64_MAX;
-  EXPECT_EQ(CheckMemlock(1ull << 40, s, "x"), "");
+  EXPECT_TRUE(CheckMemlock(1ull << 40, s, "x").ok());
 }
 
 TEST(RdmaChannelTest, RegisteredBytesCoversBothRings) {

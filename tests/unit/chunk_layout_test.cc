@@ -151,24 +151,25 @@ OptimizerConfig Make(OptimizerType type, double lr = 0.01) {
   return c;
 }
 
-// The error names the field first: "<field>: <reason>".
+// The error is INVALID_ARGUMENT and names the field first: "<field>: <reason>".
 void ExpectField(OptimizerConfig c, const std::string& field) {
-  const std::string e = NormalizeOptimizer(&c);
-  EXPECT_EQ(e.rfind(field + ": ", 0), 0u) << "expected error for " << field << ", got '" << e
-                                          << "'";
+  const Status s = NormalizeOptimizer(&c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(s.message().rfind(field + ": ", 0), 0u)
+      << "expected error for " << field << ", got '" << s.ToString() << "'";
 }
 
 TEST(NormalizeOptimizerTest, PlainSgdIsValidAndUnchanged) {
   OptimizerConfig c = Make(OptimizerType::kSgd, 0.1);
   const OptimizerConfig before = c;
-  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  EXPECT_TRUE(NormalizeOptimizer(&c).ok());
   EXPECT_EQ(c, before);
 }
 
 TEST(NormalizeOptimizerTest, AdamDefaultsAreFilled) {
   for (OptimizerType t : {OptimizerType::kAdam, OptimizerType::kAdamW}) {
     OptimizerConfig c = Make(t, 1e-3);
-    EXPECT_EQ(NormalizeOptimizer(&c), "");
+    EXPECT_TRUE(NormalizeOptimizer(&c).ok());
     EXPECT_DOUBLE_EQ(c.beta1, 0.9);
     EXPECT_DOUBLE_EQ(c.beta2, 0.999);
     EXPECT_DOUBLE_EQ(c.epsilon, 1e-8);
@@ -182,7 +183,7 @@ TEST(NormalizeOptimizerTest, AdamExplicitValuesAreKept) {
   c.beta2 = 0.99;
   c.epsilon = 1e-6;
   c.weight_decay = 0.01;
-  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  EXPECT_TRUE(NormalizeOptimizer(&c).ok());
   EXPECT_DOUBLE_EQ(c.beta1, 0.8);
   EXPECT_DOUBLE_EQ(c.beta2, 0.99);
   EXPECT_DOUBLE_EQ(c.epsilon, 1e-6);
@@ -192,7 +193,7 @@ TEST(NormalizeOptimizerTest, AdamExplicitValuesAreKept) {
 TEST(NormalizeOptimizerTest, AdaGradEpsilonDefault) {
   OptimizerConfig c = Make(OptimizerType::kAdaGrad);
   c.initial_accumulator = 0.1;
-  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  EXPECT_TRUE(NormalizeOptimizer(&c).ok());
   EXPECT_DOUBLE_EQ(c.epsilon, 1e-10);
   EXPECT_DOUBLE_EQ(c.initial_accumulator, 0.1);
   EXPECT_DOUBLE_EQ(c.beta1, 0);
@@ -202,14 +203,14 @@ TEST(NormalizeOptimizerTest, MomentumAndNesterovAcceptValidMomentum) {
   for (OptimizerType t : {OptimizerType::kMomentum, OptimizerType::kNesterov}) {
     OptimizerConfig c = Make(t);
     c.momentum = 0.9;
-    EXPECT_EQ(NormalizeOptimizer(&c), "") << OptimizerTypeName(t);
+    EXPECT_TRUE(NormalizeOptimizer(&c).ok()) << OptimizerTypeName(t);
   }
 }
 
 TEST(NormalizeOptimizerTest, SumOnlyWithAllZeroIsValid) {
   OptimizerConfig c = Make(OptimizerType::kSumOnly, 0);
   c.reduction = Reduction::kSum;
-  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  EXPECT_TRUE(NormalizeOptimizer(&c).ok());
 }
 
 TEST(NormalizeOptimizerTest, LearningRateMustBePositive) {
@@ -321,7 +322,7 @@ TEST(NormalizeOptimizerTest, FailureDoesNotReportLaterFields) {
   c.weight_decay = -1;
   c.momentum = 0.5;
   OptimizerConfig copy = c;
-  EXPECT_EQ(NormalizeOptimizer(&copy).rfind("learning_rate: ", 0), 0u);
+  EXPECT_EQ(NormalizeOptimizer(&copy).message().rfind("learning_rate: ", 0), 0u);
 }
 
 TEST(OptimizerTypeTest, NamesAndStateSlots) {

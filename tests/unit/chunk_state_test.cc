@@ -32,7 +32,7 @@ OptimizerConfig Config(OptimizerType type, double lr, double momentum = 0,
   c.learning_rate = lr;
   c.momentum = momentum;
   c.reduction = reduction;
-  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  EXPECT_TRUE(NormalizeOptimizer(&c).ok());
   return c;
 }
 
@@ -425,7 +425,7 @@ TEST(ChunkStateTest, AdaGradStateStartsAtInitialAccumulator) {
   c.learning_rate = 0.5;
   c.initial_accumulator = 3.0;
   c.reduction = Reduction::kSum;
-  ASSERT_EQ(NormalizeOptimizer(&c), "");
+  ASSERT_TRUE(NormalizeOptimizer(&c).ok());
   ChunkState cs(1, 1, c, ElementType::kFp32);
   cs.MarkInitialized();
   cs.Contribute(0, Wire({1.0f}, ElementType::kFp32));
@@ -458,7 +458,7 @@ OptimizerConfig AnyConfig(OptimizerType type) {
   if (type == OptimizerType::kMomentum || type == OptimizerType::kNesterov) c.momentum = 0.9;
   if (type != OptimizerType::kSumOnly) c.weight_decay = 0.01;
   if (type == OptimizerType::kAdaGrad) c.initial_accumulator = 0.1;
-  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  EXPECT_TRUE(NormalizeOptimizer(&c).ok());
   return c;
 }
 
@@ -660,7 +660,7 @@ TEST(ChunkStateTest, MemoryBytesBoundsWhatAChunkAllocates) {
           opt.learning_rate = type == OptimizerType::kSumOnly ? 0 : 0.1;
           if (type == OptimizerType::kMomentum) opt.momentum = 0.9;
           if (type == OptimizerType::kSumOnly) opt.reduction = Reduction::kSum;
-          ASSERT_EQ(NormalizeOptimizer(&opt), "");
+          ASSERT_TRUE(NormalizeOptimizer(&opt).ok());
           const std::vector<std::byte> grad(size_t{elements} * ElementBytes(wire), std::byte{0});
           const uint64_t before = HeapInUse();
           auto state = std::make_unique<ChunkState>(elements, workers, opt, wire);

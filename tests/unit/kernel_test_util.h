@@ -37,7 +37,7 @@ inline OptimizerConfig Make(OptimizerType type, double lr, double mu, double wd)
   c.weight_decay = wd;
   if (type == OptimizerType::kAdaGrad) c.initial_accumulator = 0.1;
   if (type == OptimizerType::kSumOnly) c = OptimizerConfig{OptimizerType::kSumOnly, 0};
-  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  EXPECT_TRUE(NormalizeOptimizer(&c).ok());
   return c;
 }
 

@@ -60,8 +60,8 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 void Contribute(RowShard& s, uint32_t rank, const Push& p) {
-  ASSERT_EQ(s.CheckContribution(rank, p.ids, p.rows.size() * sizeof(float), ElementType::kFp32),
-            "");
+  ASSERT_TRUE(
+      s.CheckContribution(rank, p.ids, p.rows.size() * sizeof(float), ElementType::kFp32).ok());
   s.Contribute(rank, p.ids, p.rows.data(), ElementType::kFp32);
 }
 
@@ -73,7 +73,7 @@ OptimizerConfig Config(OptimizerType type, Reduction reduction = Reduction::kMea
   if (type == OptimizerType::kMomentum) c.momentum = 0.9;
   if (type == OptimizerType::kSgd || type == OptimizerType::kAdaGrad) c.weight_decay = 0.01;
   if (type == OptimizerType::kAdaGrad) c.initial_accumulator = 0.1;
-  EXPECT_EQ(NormalizeOptimizer(&c), "");
+  EXPECT_TRUE(NormalizeOptimizer(&c).ok());
   return c;
 }
 
@@ -173,7 +173,7 @@ TEST(RowShardTest, HalfPrecisionRowsAreWidenedBeforeTheSum) {
         pushes[r].rows[i] =  // what the hub sees
             type == ElementType::kFp16 ? Fp16ToFloat(wire[i]) : Bf16ToFloat(wire[i]);
       }
-      ASSERT_EQ(s.CheckContribution(r, pushes[r].ids, wire.size() * 2, type), "");
+      ASSERT_TRUE(s.CheckContribution(r, pushes[r].ids, wire.size() * 2, type).ok());
       s.Contribute(r, pushes[r].ids, wire.data(), type);
     }
     s.Update();
@@ -197,24 +197,25 @@ TEST(RowShardTest, BadContributionsAreRefusedAndChangeNothing) {
   RowShard s(kFirst, kRows, kDim, 2, cfg);
   const std::vector<float> row(kDim, 1.0f);
   const std::vector<uint64_t> below = {kFirst - 1}, above = {kFirst + kRows}, ok = {kFirst};
-  EXPECT_EQ(s.CheckContribution(0, below, kDim * 4, ElementType::kFp32),
-            "row id 999 is not in [1000, 1040)");
-  EXPECT_EQ(s.CheckContribution(0, above, kDim * 4, ElementType::kFp32),
-            "row id 1040 is not in [1000, 1040)");
-  EXPECT_EQ(s.CheckContribution(0, ok, kDim * 4 - 4, ElementType::kFp32),
-            "1 row ids need 28 bytes of fp32 rows of 7, got 24");
-  EXPECT_EQ(s.CheckContribution(2, ok, kDim * 4, ElementType::kFp32), "rank 2 is not in [0, 2)");
+  EXPECT_EQ(s.CheckContribution(0, below, kDim * 4, ElementType::kFp32).ToString(),
+            "INVALID_ARGUMENT: row id 999 is not in [1000, 1040)");
+  EXPECT_EQ(s.CheckContribution(0, above, kDim * 4, ElementType::kFp32).ToString(),
+            "INVALID_ARGUMENT: row id 1040 is not in [1000, 1040)");
+  EXPECT_EQ(s.CheckContribution(0, ok, kDim * 4 - 4, ElementType::kFp32).ToString(),
+            "INVALID_ARGUMENT: 1 row ids need 28 bytes of fp32 rows of 7, got 24");
+  EXPECT_EQ(s.CheckContribution(2, ok, kDim * 4, ElementType::kFp32).ToString(),
+            "INVALID_ARGUMENT: rank 2 is not in [0, 2)");
   EXPECT_FALSE(s.contributed(0));
   Contribute(s, 0, Push{ok, row});
-  EXPECT_EQ(s.CheckContribution(0, ok, kDim * 4, ElementType::kFp32),
-            "rank 0 already contributed to update 1");
+  EXPECT_EQ(s.CheckContribution(0, ok, kDim * 4, ElementType::kFp32).ToString(),
+            "INVALID_ARGUMENT: rank 0 already contributed to update 1");
   EXPECT_FALSE(s.ready());
   Contribute(s, 1, Push{});
   ASSERT_TRUE(s.ready());
   EXPECT_EQ(s.Update(), ok);
   EXPECT_NE(s.row(kFirst)[0], 0.0f);
   EXPECT_EQ(s.row(kFirst + 1)[0], 0.0f) << "untouched";
-  EXPECT_EQ(s.CheckRows(above), "row id 1040 is not in [1000, 1040)");
+  EXPECT_EQ(s.CheckRows(above).ToString(), "INVALID_ARGUMENT: row id 1040 is not in [1000, 1040)");
   EXPECT_GT(s.memory_bytes(), 3 * kRows * kDim * sizeof(float) - 1);
 }
 

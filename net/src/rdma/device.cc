@@ -74,13 +74,16 @@ MemlockStatus CurrentMemlock() {
   return s;
 }
 
-std::string CheckMemlock(uint64_t planned, const MemlockStatus& status, const std::string& what) {
-  if (status.cap_ipc_lock || status.limit == UINT64_MAX || planned <= status.limit) return "";
+Status CheckMemlock(uint64_t planned, const MemlockStatus& status, const std::string& what) {
+  if (status.cap_ipc_lock || status.limit == UINT64_MAX || planned <= status.limit) {
+    return Status::Ok();
+  }
   const auto kib = [](uint64_t b) { return std::to_string((b + 1023) / 1024) + " KiB"; };
-  return what + " registers " + kib(planned) + " of RDMA memory but the locked-memory limit " +
-         "(RLIMIT_MEMLOCK, `ulimit -l`) is " + kib(status.limit) +
-         "; raise it: LimitMEMLOCK=infinity in the systemd unit, `ulimit -l unlimited` in a "
-         "shell, or memlock in /etc/security/limits.conf (or give the process CAP_IPC_LOCK)";
+  return ResourceExhausted(
+      what + " registers " + kib(planned) + " of RDMA memory but the locked-memory limit " +
+      "(RLIMIT_MEMLOCK, `ulimit -l`) is " + kib(status.limit) +
+      "; raise it: LimitMEMLOCK=infinity in the systemd unit, `ulimit -l unlimited` in a "
+      "shell, or memlock in /etc/security/limits.conf (or give the process CAP_IPC_LOCK)");
 }
 
 }  // namespace rackhub::net::rdma

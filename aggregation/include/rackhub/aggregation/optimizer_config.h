@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "rackhub/common/status.h"
+
 namespace rackhub::aggregation {
 
 enum class OptimizerType : uint8_t {
@@ -40,9 +42,9 @@ struct OptimizerConfig {
 };
 
 // Fills defaults for zero fields (Adam betas 0.9/0.999, epsilon 1e-8, AdaGrad
-// epsilon 1e-10) and checks every field against the type. Returns "" when
-// valid, else "<field>: <reason>" naming the first bad field.
-std::string NormalizeOptimizer(OptimizerConfig* config);
+// epsilon 1e-10) and checks every field against the type: INVALID_ARGUMENT
+// "<field>: <reason>" naming the first bad field.
+Status NormalizeOptimizer(OptimizerConfig* config);
 
 const char* OptimizerTypeName(OptimizerType type);  // "sgd", "adam", ...
 // Number of fp32 state values per parameter the optimizer keeps (0, 1 or 2).

@@ -25,7 +25,7 @@
 // Rows start at +0.0, or at TableInitValues (InitRandom); WriteRows sets
 // them (checkpoint restore).
 //
-// Validation: Check*() return "" or a message naming the problem; the
+// Validation: Check*() return OK or INVALID_ARGUMENT naming the problem; the
 // mutating calls REQUIRE a checked input, so a bad contribution changes
 // nothing.
 //
@@ -43,6 +43,7 @@
 #include "rackhub/aggregation/chunk_state.h"
 #include "rackhub/aggregation/kernels.h"
 #include "rackhub/aggregation/optimizer_config.h"
+#include "rackhub/common/status.h"
 
 namespace rackhub::aggregation {
 
@@ -59,7 +60,7 @@ class RowShard {
  public:
   // Rows [first_row, first_row + row_count) of a table of `dim` columns.
   // REQUIRES: row_count >= 1, dim >= 1, workers >= 1, `optimizer` normalized
-  // (NormalizeOptimizer returned "").
+  // (NormalizeOptimizer returned OK).
   RowShard(uint64_t first_row, uint64_t row_count, uint32_t dim, uint32_t workers,
            const OptimizerConfig& optimizer);
   RowShard(RowShard&&) noexcept = default;
@@ -71,16 +72,16 @@ class RowShard {
   uint64_t version() const { return version_; }  // updates applied
   const OptimizerConfig& optimizer() const { return cfg_; }
 
-  // "" if every id is in this shard's range, else "row id X is not in [a, b)".
-  std::string CheckRows(std::span<const uint64_t> ids) const;
-  // "" if `rank` may contribute `ids` with `payload_bytes` bytes of rows of
-  // `type` (ids.size() * dim elements) now.
-  std::string CheckContribution(uint32_t rank, std::span<const uint64_t> ids,
-                                size_t payload_bytes, ElementType type) const;
+  // OK if every id is in this shard's range, else INVALID_ARGUMENT "row id X
+  // is not in [a, b)".
+  Status CheckRows(std::span<const uint64_t> ids) const;
+  // OK if `rank` may contribute `ids` with `payload_bytes` bytes of rows of
+  // `type` (ids.size() * dim elements) now, else INVALID_ARGUMENT saying why.
+  Status CheckContribution(uint32_t rank, std::span<const uint64_t> ids, size_t payload_bytes,
+                           ElementType type) const;
   // Keeps rank's rows for this iteration (duplicates summed). REQUIRES:
-  // CheckContribution(...) returned "".
-  void Contribute(uint32_t rank, std::span<const uint64_t> ids, const void* rows,
-                  ElementType type);
+  // CheckContribution(...) returned OK.
+  void Contribute(uint32_t rank, std::span<const uint64_t> ids, const void* rows, ElementType type);
   bool contributed(uint32_t rank) const { return pending_[rank].in; }
   bool ready() const { return contributions_ == workers_; }
 
@@ -105,7 +106,7 @@ class RowShard {
   // ascending.
   std::vector<uint64_t> Update();
 
-  // Rows `ids` (REQUIRES: CheckRows(ids) == "") converted to `type`, row
+  // Rows `ids` (REQUIRES: CheckRows(ids) is OK) converted to `type`, row
   // after row, into `out` (ids.size() * dim elements).
   void ReadRows(std::span<const uint64_t> ids, void* out, ElementType type) const;
   // Sets rows `ids` (checked) to `rows` (ids.size() * dim elements of `type`);

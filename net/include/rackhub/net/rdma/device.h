@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "rackhub/common/status.h"
+
 namespace rackhub::net::rdma {
 
 // Data-plane transport as chosen in configs and client options.
@@ -34,8 +36,9 @@ struct MemlockStatus {
   bool cap_ipc_lock = false;
 };
 MemlockStatus CurrentMemlock();
-// "" if `planned` bytes may be registered under `status`, else an error naming
-// the limit and how to raise it (`LimitMEMLOCK=infinity`, `ulimit -l`).
-std::string CheckMemlock(uint64_t planned, const MemlockStatus& status, const std::string& what);
+// OK if `planned` bytes may be registered under `status`, else
+// RESOURCE_EXHAUSTED "<what> registers ..." naming the limit and how to raise
+// it (`LimitMEMLOCK=infinity`, `ulimit -l`).
+Status CheckMemlock(uint64_t planned, const MemlockStatus& status, const std::string& what);
 
 }  // namespace rackhub::net::rdma
