@@ -31,7 +31,7 @@
 // hub's code and text. A ticket that is not done after Options::op_timeout
 // fails with kTimeout. Nothing blocks forever.
 //
-// Reconnect (TCP lanes; Options::reconnect, default on): when a lane breaks
+// Reconnect (every transport; Options::reconnect, default on): when a lane breaks
 // (EOF, reset, a fatal ERROR other than MALFORMED / UNAUTHENTICATED /
 // TENANT_GONE / the client-caused BAD_CHUNK, BAD_DTYPE, DUPLICATE_PUSH,
 // NOT_READY, INVALID_ARGUMENT, garbage from the hub, e.g. a hub restart) the
@@ -41,8 +41,8 @@
 // op_timeout after the break; op_timeout 0: until Close). Pending tickets
 // stay pending and are re-sent on the new connection. Only if the reconnect
 // fails do they fail with kConnectionLost; then every later call fails at once
-// and the client must be recreated. RDMA lanes do not reconnect (a broken RDMA
-// lane is kConnectionLost at once).
+// and the client must be recreated. A reconnect chooses the transport as
+// Connect does (shared memory asks the hub for a fresh offer).
 //
 // Resynchronization (the training-loop contract). After a reconnect the hub
 // may be at another version of a key than the client (a restarted hub reloads
