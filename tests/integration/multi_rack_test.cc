@@ -427,7 +427,8 @@ TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
   // The hub counts a link frame's bytes as it handles it (the INIT: parks
   // it, to be retried): both are in before f exists.
   ASSERT_TRUE(testing::WaitUntil("rack 0's hub to handle the KEY_BIND and the INIT", [&] {
-    for (const auto& l : testing::HubStats(hub0.admin_address()).daemon().rack_links()) {
+    const auto stats = testing::HubStats(hub0.admin_address());
+    for (const auto& l : stats.daemon().rack_links()) {
       if (l.peer_rack() == 1 && l.bytes_in() >= link_frames.size()) return true;
     }
     return false;
