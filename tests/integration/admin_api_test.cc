@@ -15,6 +15,7 @@
 #include "process.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
+#include "wait.h"
 
 namespace rackhub {
 namespace {
@@ -415,13 +416,8 @@ TEST_F(AdminApiTest, ClientNamesAreEscapedAndTruncatedInLogsAndErrors) {
               grpc::StatusCode::NOT_FOUND, "tenant: 'x\\x0a2030");
 
   // Every log line is one record: none starts with the forged text.
-  const auto wait_for_log = [&](const std::string& needle) {
-    for (int i = 0; i < 100 && daemon_.Log().find(needle) == std::string::npos; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return daemon_.Log();
-  };
-  std::string log = wait_for_log("DeleteTenant 'x\\x0a");
+  EXPECT_TRUE(testing::WaitForLog(daemon_, "DeleteTenant 'x\\x0a"));
+  std::string log = daemon_.Log();
   EXPECT_NE(log.find("admin: CreateTenant 'a\\x0a2030-01-01T00:00:00.000 info admin: "
                      "DeleteTenant 'prod'' refused: name: "),
             std::string::npos)
@@ -448,7 +444,9 @@ TEST_F(AdminApiTest, ClientNamesAreEscapedAndTruncatedInLogsAndErrors) {
     s = client_.CreateKey("t", huge, 10);
     ExpectError(s, grpc::StatusCode::INVALID_ARGUMENT, "name: 'nnnn");
     EXPECT_LT(s.error_message().size(), 512u);
-    log = wait_for_log(std::string(128, 'n') + "...(1048576 bytes)' refused");
+    EXPECT_TRUE(
+        testing::WaitForLog(daemon_, std::string(128, 'n') + "...(1048576 bytes)' refused"));
+    log = daemon_.Log();
     const size_t grown = daemon_.Log().size() - before;
     EXPECT_LT(grown, 4096u) << "two refused calls with a 1 MiB name grew the log by " << grown;
   }

@@ -37,6 +37,7 @@
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "raw_client.h"
+#include "wait.h"
 
 namespace rackhub {
 namespace {
@@ -58,6 +59,8 @@ using testing::MakeTempDir;
 using testing::RawClient;
 using testing::ReadFile;
 using testing::RunCommand;
+using testing::WaitForLog;
+using testing::WaitUntil;
 using testing::Worker;
 using testing::WriteFile;
 using namespace std::chrono_literals;
@@ -289,10 +292,13 @@ TEST(ClusterTest, EtcdMemberKillLoopNeverSplitsTheRegistry) {
       }
     }
     ASSERT_TRUE(etcd.Start(victim));
-    const auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (!etcd.Writable(victim, 500ms) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(100ms);
-    }
+    // The next round stops a member again: only once this one has rejoined,
+    // or two could be down at once.
+    ASSERT_TRUE(WaitUntil(
+        "etcd member " + std::to_string(victim) + " to take writes again",
+        [&] { return etcd.Writable(victim, 500ms); }, 30s, 100ms))
+        << "round " << round << "\n"
+        << etcd.Logs();
   }
   EXPECT_GE(acknowledged.size(), 24u) << "with 2 of 3 members up most creates succeed";
   // Both hubs converge on one registry (their watches catch up).
@@ -450,7 +456,7 @@ TEST(ClusterTest, ARackClaimedTwiceOrNeverStartedIsAClearError) {
   first.insert(first.end(), {"--rack", "0", "--interhub",
                              "127.0.0.1:" + std::to_string(FreeLoopbackPort())});
   DaemonProcess holder(first, false);  // waits for rack 1 meanwhile (SIGTERM ends the wait)
-  std::this_thread::sleep_for(500ms);
+  ASSERT_TRUE(WaitForLog(holder, "cluster: rack 0 registered in etcd"));
   auto second = base;
   second.insert(second.end(), {"--rack", "0", "--interhub",
                                "127.0.0.1:" + std::to_string(FreeLoopbackPort())});

@@ -34,6 +34,7 @@
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "raw_client.h"
+#include "wait.h"
 
 namespace rackhub {
 namespace {
@@ -49,13 +50,15 @@ using testing::DaemonProcess;
 using testing::EtcdCluster;
 using testing::Field;
 using testing::FreeLoopbackPort;
-using testing::KillConnections;
 using testing::Keys;
+using testing::KillConnections;
 using testing::Layout;
 using testing::MakeTempDir;
 using testing::RawClient;
 using testing::ReadFile;
 using testing::RunCommand;
+using testing::WaitForLog;
+using testing::WaitUntil;
 using testing::Worker;
 using testing::WriteFile;
 using namespace std::chrono_literals;
@@ -226,9 +229,13 @@ TEST(ClusterTrainingTest, HubLinkCutsNeverHangOrChangeTheBits) {
   const std::string token = CreateJob(cluster.hub(0).admin_address(), 1);
   Worker w0(cluster.hub(0).data_address(), token, 0, 0, keys, kIterations, 30);
   Worker w1(cluster.hub(1).data_address(), token, 1, 0, keys, kIterations, 30);
+  // The cuts are to meet training, however long the workers take to start.
+  ASSERT_TRUE(WaitUntil("both workers' first iteration",
+                        [&] { return !w0.Iterations().empty() && !w1.Iterations().empty(); }))
+      << w0.Text() << w1.Text();
   int cuts = 0;
   for (int i = 0; i < 8; ++i) {
-    std::this_thread::sleep_for(300ms);
+    if (i > 0) std::this_thread::sleep_for(300ms);  // the cuts' pace, not a settle
     for (int r = 0; r < 2; ++r) {
       const int killed = KillConnections(cluster.interhub_port(r));
       if (killed < 0) GTEST_SKIP() << "ss -K cannot destroy sockets here (needs CAP_NET_ADMIN)";
@@ -236,7 +243,7 @@ TEST(ClusterTrainingTest, HubLinkCutsNeverHangOrChangeTheBits) {
     }
   }
   EXPECT_GT(cuts, 0);
-  EXPECT_NE(cluster.hub(0).Log().find("lost its"), std::string::npos) << cluster.hub(0).Log();
+  EXPECT_TRUE(WaitForLog(cluster.hub(0), "lost its"));
   for (Worker* w : {&w0, &w1}) {
     const int code = w->Wait();
     ASSERT_NE(code, -1) << "a worker hangs after the cuts:\n" << w->Text();
@@ -356,9 +363,8 @@ TEST(ClusterTrainingTest, OnlyRankZeroOfRackZeroInitializesAcrossRacks) {
     ASSERT_TRUE(st.ok()) << st.error_message();
   }
   const std::string admin = cluster.hub(1).admin_address();
-  const auto declared = [&] { return Layout(admin, "job").count("k") == 1; };
-  for (int i = 0; i < 100 && !declared(); ++i) std::this_thread::sleep_for(50ms);
-  ASSERT_TRUE(declared());
+  ASSERT_TRUE(WaitUntil("key k on rack 1's hub (through etcd)",
+                        [&] { return Layout(admin, "job").count("k") == 1; }));
   // HELLO on rack 1's hub as `rank` of rack 1; the tenant's handle there.
   const auto join = [&](RawClient& raw, uint32_t rank) {
     data::v1::Hello hello;

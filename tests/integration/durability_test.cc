@@ -30,6 +30,7 @@
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "rackhub/client/client.h"
 #include "training.h"
+#include "wait.h"
 
 namespace rackhub::testing {
 namespace {
@@ -40,6 +41,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kToken[] = "durability-test-token-0123456789abcdef";
 constexpr uint64_t kElements = 5000;  // 5 chunks of 1024 over 2 lanes
+constexpr uint64_t kChunks = 5;       // a PushPull is kChunks pushes at the hub
 
 class DurabilityTest : public ::testing::Test {
  protected:
@@ -145,8 +147,9 @@ class DurabilityTest : public ::testing::Test {
 };
 
 // Job 1 finishes and closes (BYE) rank by rank: nobody is failed. Job 2 on
-// the same tenant has rank 1 start half a second late: rank 0's first push
-// waits for it and both continue from where job 1 stopped.
+// the same tenant has rank 1 start late, once rank 0's first push is in at
+// the hub: that push waits for it and both continue from where job 1
+// stopped.
 TEST_F(DurabilityTest, CleanCloseIsNotALossAndALateRankIsFine) {
   {
     auto c0 = Connect(0), c1 = Connect(1);
@@ -154,7 +157,9 @@ TEST_F(DurabilityTest, CleanCloseIsNotALossAndALateRankIsFine) {
     TrainingKey k0 = Declare(*c0), k1 = Declare(*c1);
     for (int i = 0; i < 3; ++i) Step(*c0, k0, *c1, k1);
     c0->Close();
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Rank 1 closes only once the hub has seen rank 0 leave on both lanes.
+    ASSERT_TRUE(WaitForLog(*daemon_, "tenant 'job' rank 0 lane 0 left"));
+    ASSERT_TRUE(WaitForLog(*daemon_, "tenant 'job' rank 0 lane 1 left"));
     c1->Close();
   }
   auto c0 = Connect(0);
@@ -164,8 +169,11 @@ TEST_F(DurabilityTest, CleanCloseIsNotALossAndALateRankIsFine) {
   ASSERT_TRUE(PullKey(*c0, k0, &e)) << e.message;
   EXPECT_EQ(k0.iteration, 3u);
   Gradient(k0.seed, k0.iteration, 0, k0.params, k0.grad);
+  const uint64_t pushed = TenantStatsOf(daemon_->admin_address(), "job").pushes();
   const client::Ticket pending = c0->PushPull(k0.id, k0.grad, k0.out);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(WaitForPushes(daemon_->admin_address(), "job", pushed + kChunks));
+  EXPECT_EQ(c0->WaitFor(pending, std::chrono::milliseconds(0)).code, client::ErrorCode::kTimeout)
+      << "rank 0's push waits for rank 1";
   auto c1 = Connect(1);
   ASSERT_TRUE(c1);
   TrainingKey k1 = Declare(*c1);
@@ -191,10 +199,16 @@ TEST_F(DurabilityTest, ALeavingRankIsWaitedForNotFailed) {
   TrainingKey k0 = Declare(*c0), k1 = Declare(*c1);
   Step(*c0, k0, *c1, k1);
   Gradient(k0.seed, k0.iteration, 0, k0.params, k0.grad);
+  const uint64_t pushed = TenantStatsOf(daemon_->admin_address(), "job").pushes();
   const client::Ticket pending = c0->PushPull(k0.id, k0.grad, k0.out);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Rank 0's push is in (every chunk) before rank 1 leaves, and the hub has
+  // handled that leave on both lanes before the push is checked: still
+  // pending. (Were it failed, the reply would come later still; the Wait at
+  // the end would then see the error instead of the replacement's result.)
+  ASSERT_TRUE(WaitForPushes(daemon_->admin_address(), "job", pushed + kChunks));
   c1->Close();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(WaitForLog(*daemon_, "tenant 'job' rank 1 lane 0 left"));
+  ASSERT_TRUE(WaitForLog(*daemon_, "tenant 'job' rank 1 lane 1 left"));
   const client::Error still = c0->WaitFor(pending, std::chrono::milliseconds(0));
   EXPECT_EQ(still.code, client::ErrorCode::kTimeout) << still.message;
   client::Error e;

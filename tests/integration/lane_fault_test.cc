@@ -282,12 +282,16 @@ TEST_F(LaneFaultTest, StalledAndSlowReadersHoldOnlyTheirOwnReplies) {
   }
   EXPECT_TRUE(Step(b, bkey, 0).size() == kElements * sizeof(float));
   EXPECT_FALSE(ranks[1].lanes[0]->Receive(200ms).has_value()) << "a stalled link delivered";
+  const uint64_t delivered = to_rank1.delivered_bytes();
   to_rank1.Update([](FaultPlan& p) {  // now the worker itself does not read
     p.stall = false;
     p.stop_reading = true;
   });
-  std::this_thread::sleep_for(50ms);
+  // The hub works on meanwhile (both lanes answer the bystander), and still
+  // nothing reaches the worker that does not read.
+  EXPECT_TRUE(Step(b, bkey, 1).size() == kElements * sizeof(float));
   EXPECT_FALSE(ranks[1].lanes[0]->Receive(100ms).has_value());
+  EXPECT_EQ(to_rank1.delivered_bytes(), delivered) << "a worker that does not read took bytes";
   to_rank1.StopReading(false);
   std::string mine(kElements * sizeof(float), '\0');
   for (uint32_t got = 0; got < 3; ++got) {
@@ -385,7 +389,9 @@ TEST_F(LaneFaultTest, ShutdownWithWorkInFlightIsPromptAndClean) {
   h.set_rank(0);
   h.set_lane(0);
   twin->Send(hello, h.SerializeAsString());
-  std::this_thread::sleep_for(50ms);
+  // The twin's hand-over was posted to lane 0 before this HEARTBEAT: once
+  // it is answered, the twin waits on the lane's reconnect timer.
+  SyncWithLane(r0, 0);
   const auto start = std::chrono::steady_clock::now();
   hub_->BeginShutdown();
   ExpectError(r0.lanes[0]->Receive(), net::WireError::kShuttingDown, "shutting down", false);

@@ -29,6 +29,7 @@
 #include "process.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "raw_client.h"
+#include "wait.h"
 
 namespace rackhub {
 namespace {
@@ -421,9 +422,17 @@ TEST(MultiRackTest, ALinksFramesKeepTheirOrderWhileTheyWaitForAKey) {
   init.chunk = 0;
   init.dtype = net::DType::kFp32;
   init.iteration = 0;
-  rack1.SendRaw(Rack1Hello(secret) + Frame(kb, bind.SerializeAsString()) +
-                Frame(init, floats(1.0f)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // parked, retried
+  const std::string link_frames = Frame(kb, bind.SerializeAsString()) + Frame(init, floats(1.0f));
+  rack1.SendRaw(Rack1Hello(secret) + link_frames);
+  // The hub counts a link frame's bytes as it handles it (the INIT: parks
+  // it, to be retried): both are in before f exists.
+  ASSERT_TRUE(testing::WaitUntil("rack 0's hub to handle the KEY_BIND and the INIT", [&] {
+    const auto stats = testing::HubStats(hub0.admin_address());
+    for (const auto& l : stats.daemon().rack_links()) {
+      if (l.peer_rack() == 1 && l.bytes_in() >= link_frames.size()) return true;
+    }
+    return false;
+  })) << hub0.Log();
   {
     grpc::ClientContext ctx;
     pb::CreateKeyRequest req;

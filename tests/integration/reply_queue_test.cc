@@ -12,6 +12,8 @@
 //    gets a fatal QUOTA_EXCEEDED and is closed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -88,9 +90,8 @@ class ReplyQueueTest : public RawHubTest {
       h.key = other.id();
       h.chunk = c;
       o.Send(h, Floats(std::vector<float>(kElements, -12345.0f)));
-      ASSERT_TRUE(o.Receive().has_value());
+      ASSERT_TRUE(o.Receive().has_value());  // its chunk is allocated by now
     }
-    std::this_thread::sleep_for(100ms);
 
     // Now read everything: the PULLs' replies (version 0: zeros), then the
     // push's (version 1: exactly -g).
@@ -164,16 +165,27 @@ TEST_F(ReplyQueueTest, UnreadPullFloodIsBoundedAndHarmless) {
     pull.request_id = static_cast<uint64_t>(i) + 1;
     w->Queue(pull);
   }
+  // The hub's memory is sampled from the flood's start until the bystander
+  // has trained and the flooder flushed again: its peak, whenever the hub
+  // reaches it (no guess of when the hub has taken what it will take).
+  std::atomic<bool> flooding{true};
+  std::atomic<uint64_t> sampled{0};
+  std::thread sampler([&] {
+    while (flooding) {
+      sampled = std::max<uint64_t>(sampled, RssBytes(hub_->pid()));
+      std::this_thread::sleep_for(10ms);
+    }
+  });
   // Whatever the hub takes within 5 s (all of it, if it reads on).
   w->Flush(5s);
-  std::this_thread::sleep_for(1s);
-  uint64_t peak = RssBytes(hub_->pid());
 
   // A bystander trains meanwhile, bit for bit as alone.
   const auto during = Train("bystander", 6);
   EXPECT_EQ(during, reference) << "the bystander's training changed under the flood";
   w->Flush(1s);
-  peak = std::max(peak, RssBytes(hub_->pid()));
+  flooding = false;
+  sampler.join();
+  const uint64_t peak = std::max<uint64_t>(sampled, RssBytes(hub_->pid()));
   std::printf("hub RSS: %.1f MiB before the flood, %.1f MiB during it; %zu bytes of PULLs unsent\n",
               static_cast<double>(baseline) / kMiB, static_cast<double>(peak) / kMiB,
               w->unsent());

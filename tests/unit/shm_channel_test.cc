@@ -344,7 +344,9 @@ TEST_F(ShmChannelTest, InTurnsOneFrameIsDeliveredPerGrant) {
         worker->Send(Frame(6, payloads[6]));
         worker->Close("done");
       });
-      std::this_thread::sleep_for(20ms);  // the hub sees the EOF while a turn is asked
+      // A chance for the hub to see the EOF while a turn is asked (the path
+      // under test); seen after the grant, the same checks hold.
+      std::this_thread::sleep_for(20ms);
     }
     Run([&] { hub->Grant(); });
     ASSERT_TRUE(h.WaitFrames(i + 1));
