@@ -101,19 +101,21 @@ void PackTopK(Operation& op, uint32_t chunk_elements) {
 Status StoreSparseParams(const net::FrameHeader& h, std::span<const std::byte> payload,
                          const PendingRequest& request) {
   const Operation& o = *request.op;
-  net::SparsePayload sp;
-  const std::string bad =
+  Result<net::SparsePayload> parsed =
       h.dtype != WireDType(o.dtype)
-          ? std::string("dtype ") + net::DTypeName(h.dtype) + ", the key's is " +
-                net::DTypeName(WireDType(o.dtype))
-          : net::ParseSparsePayload(payload, request.elements, request.elements, h.dtype, &sp);
-  if (!bad.empty()) {
+          ? Result<net::SparsePayload>(InvalidArgument(
+                std::string("dtype ") + net::DTypeName(h.dtype) + ", the key's is " +
+                net::DTypeName(WireDType(o.dtype))))
+          : net::ParseSparsePayload(payload, request.elements, request.elements, h.dtype);
+  if (!parsed.ok()) {
+    const std::string& bad = parsed.status().message();
     return Unavailable("sparse PARAMS for request " + std::to_string(h.request_id) + " (chunk " +
                        std::to_string(request.chunk) + " of key " + std::to_string(o.key) +
                        "): " + bad);
   }
   if (o.failed || o.finished) return Status::Ok();  // late reply of a failed ticket: dropped
   if (o.kind != OpKind::kPushPull && o.kind != OpKind::kPull) return Status::Ok();
+  const net::SparsePayload& sp = *parsed;
   float* dest = o.out.data() + request.offset;
   std::memset(dest, 0, size_t{request.elements} * sizeof(float));
   const size_t vb = net::DTypeBytes(h.dtype);

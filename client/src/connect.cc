@@ -45,11 +45,10 @@ std::string Client::Impl::HelloPayload(uint32_t lane, bool shm_probe) const {
 Error Client::Impl::CheckHelloReply(const std::string& where, const net::FrameHeader& reply,
                                     std::string body, std::string* welcome_payload) const {
   if (reply.opcode == net::Opcode::kError) {
-    net::WireError code{};
-    std::string text;
-    if (!net::DecodeErrorBody(std::as_bytes(std::span(body)), &code, &text)) {
-      return MakeError(ErrorCode::kConnectFailed, where + ": ERROR frame too short");
-    }
+    const Result<net::ErrorBody> error = net::DecodeErrorBody(std::as_bytes(std::span(body)));
+    if (!error.ok()) return MakeError(ErrorCode::kConnectFailed, where + ": ERROR frame too short");
+    const net::WireError code = error->code;
+    const std::string& text = error->text;
     const std::string what =
         where + ": hub refused HELLO: " + net::WireErrorName(code) + ": " + text;
     return MakeError(code == net::WireError::kUnauthenticated ? ErrorCode::kUnauthenticated

@@ -257,11 +257,10 @@ Status Lane::StoreReply(const net::FrameHeader& h, std::span<const std::byte> pa
 Status HandleErrorFrame(Client::Impl* owner, uint32_t lane, const net::FrameHeader& h,
                         std::span<const std::byte> payload,
                         std::unordered_map<uint64_t, PendingRequest>* pending) {
-  net::WireError code{};
-  std::string text;
-  if (!net::DecodeErrorBody(payload, &code, &text)) {
-    return Unavailable("ERROR frame with a payload shorter than 4 bytes");
-  }
+  const Result<net::ErrorBody> error = net::DecodeErrorBody(payload);
+  if (!error.ok()) return Unavailable("ERROR frame with a payload shorter than 4 bytes");
+  const net::WireError code = error->code;
+  const std::string& text = error->text;
   const std::string what = std::string(net::WireErrorName(code)) + ": " + text;
   if (h.flags & net::kFlagFatal) {
     std::string why = "the hub sent a fatal ERROR and closes the connection: " + what;

@@ -38,6 +38,7 @@ namespace {
 namespace net = rackhub::net;
 namespace dpb = rackhub::data::v1;
 namespace agg = rackhub::aggregation;
+using rackhub::Result;
 
 void Check(bool ok, const char* what) {
   if (!ok) {
@@ -69,9 +70,9 @@ void DecodeElements(const net::FrameHeader& h, std::span<const std::byte> payloa
 // from the key field): a parsed request re-encodes to the same bytes.
 void DecodeRows(const net::FrameHeader& h, std::span<const std::byte> payload) {
   const uint32_t dim = 1 + h.key % 64;
-  net::RowsPayload rows;
-  const std::string e = net::ParseRowsPayload(h.opcode, payload, dim, h.dtype, &rows);
-  if (!e.empty()) return;
+  Result<net::RowsPayload> parsed = net::ParseRowsPayload(h.opcode, payload, dim, h.dtype);
+  if (!parsed.ok()) return;
+  const net::RowsPayload& rows = *parsed;
   const std::string prefix = net::EncodeRowsRequest(rows.ids, rows.want);
   Check(prefix.size() + rows.row_bytes == payload.size(), "row request sizes add up");
   Check(std::memcmp(prefix.data(), payload.data(), prefix.size()) == 0,
@@ -89,9 +90,9 @@ void DecodeRows(const net::FrameHeader& h, std::span<const std::byte> payload) {
 void DecodeSparse(const net::FrameHeader& h, std::span<const std::byte> payload) {
   const uint32_t elements = 1 + h.chunk % 4096;
   const uint32_t max_count = std::max<uint32_t>(1, elements / (1 + h.key % 8));
-  net::SparsePayload sp;
-  const std::string e = net::ParseSparsePayload(payload, elements, max_count, h.dtype, &sp);
-  if (!e.empty()) return;
+  Result<net::SparsePayload> parsed = net::ParseSparsePayload(payload, elements, max_count, h.dtype);
+  if (!parsed.ok()) return;
+  const net::SparsePayload& sp = *parsed;
   Check(sp.count <= max_count, "no more entries than allowed");
   Check(payload.size() == net::SparsePayloadBytes(sp.count, h.dtype), "sparse sizes add up");
   uint32_t prev = 0;
@@ -117,11 +118,12 @@ void DecodeSparse(const net::FrameHeader& h, std::span<const std::byte> payload)
 void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload) {
   switch (h.opcode) {
     case net::Opcode::kError: {
-      net::WireError code{};
-      std::string text;
-      const bool ok = net::DecodeErrorBody(payload, &code, &text);
+      const Result<net::ErrorBody> body = net::DecodeErrorBody(payload);
+      const bool ok = body.ok();
       Check(ok == (payload.size() >= 4), "ERROR bodies of 4+ bytes decode");
       if (ok) {
+        const net::WireError code = body->code;
+        const std::string& text = body->text;
         Check(text.size() == payload.size() - 4, "ERROR text is the rest of the body");
         const net::ErrorFrame f = net::MakeErrorFrame(code, text, h.tenant, h.request_id, true);
         Check(f.body.size() == payload.size() &&

@@ -87,10 +87,9 @@ void Link::HandleFrame(net::Connection&, const FrameHeader& h,
   std::lock_guard lock(mu_);
   switch (h.opcode) {
     case Opcode::kError: {
-      net::WireError code{};
-      std::string text;
-      Require(net::DecodeErrorBody(payload, &code, &text), "an ERROR body decodes");
-      Require(!text.empty(), "an ERROR says why");
+      const Result<net::ErrorBody> body = net::DecodeErrorBody(payload);
+      Require(body.ok(), "an ERROR body decodes");
+      Require(!body->text.empty(), "an ERROR says why");
       break;
     }
     case Opcode::kKeyInfo: {

@@ -149,25 +149,30 @@ Status CheckHeader(const FrameHeader& h) {
   return Status::Ok();
 }
 
-std::string ParseRowsPayload(Opcode op, std::span<const std::byte> payload, uint32_t dim,
-                             DType dtype, RowsPayload* out) {
+Result<RowsPayload> ParseRowsPayload(Opcode op, std::span<const std::byte> payload,
+                                     uint32_t dim, DType dtype) {
   if (payload.size() < kRowsPrefixBytes) {
-    return fmt::format("payload_bytes: {} is shorter than the 8-byte row counts", payload.size());
+    return InvalidArgument(
+        fmt::format("payload_bytes: {} is shorter than the 8-byte row counts", payload.size()));
   }
   uint32_t count = 0, want = 0;
   std::memcpy(&count, payload.data(), 4);
   std::memcpy(&want, payload.data() + 4, 4);
   const bool push = op == Opcode::kPushRows;
-  if (!push && want != 0) return "want: PULL_ROWS lists its row ids in `count`; want must be 0";
+  if (!push && want != 0) {
+    return InvalidArgument("want: PULL_ROWS lists its row ids in `count`; want must be 0");
+  }
   const uint64_t ids = uint64_t{count} + want;
   const uint64_t row_bytes = push ? uint64_t{count} * dim * DTypeBytes(dtype) : 0;
   const uint64_t expect = kRowsPrefixBytes + ids * 8 + row_bytes;
   if (payload.size() != expect) {
-    return fmt::format(
+    return InvalidArgument(fmt::format(
         "payload_bytes: {} row ids{} need {} bytes, got {}", ids,
         push ? fmt::format(" and {} rows of {} {} elements", count, dim, DTypeName(dtype)) : "",
-        expect, payload.size());
+        expect, payload.size()));
   }
+  RowsPayload parsed;
+  RowsPayload* out = &parsed;
   const std::byte* p = payload.data() + kRowsPrefixBytes;
   // (memcpy only when there is something: an empty vector's data() may be
   // null, which memcpy must not get even for 0 bytes.)
@@ -179,25 +184,26 @@ std::string ParseRowsPayload(Opcode op, std::span<const std::byte> payload, uint
   p += size_t{want} * 8;
   out->rows = row_bytes ? p : nullptr;
   out->row_bytes = row_bytes;
-  return "";
+  return parsed;
 }
 
-std::string ParseSparsePayload(std::span<const std::byte> payload, uint32_t elements,
-                               uint32_t max_count, DType dtype, SparsePayload* out) {
+Result<SparsePayload> ParseSparsePayload(std::span<const std::byte> payload, uint32_t elements,
+                                         uint32_t max_count, DType dtype) {
   if (payload.size() < kSparsePrefixBytes) {
-    return fmt::format("payload_bytes: {} is shorter than the 4-byte entry count",
-                       payload.size());
+    return InvalidArgument(fmt::format("payload_bytes: {} is shorter than the 4-byte entry count",
+                                       payload.size()));
   }
   uint32_t count = 0;
   std::memcpy(&count, payload.data(), 4);
   if (count > max_count) {
-    return fmt::format("count: {} entries, the chunk's top-k allows at most {} of its {} elements",
-                       count, max_count, elements);
+    return InvalidArgument(
+        fmt::format("count: {} entries, the chunk's top-k allows at most {} of its {} elements",
+                    count, max_count, elements));
   }
   const uint64_t expect = SparsePayloadBytes(count, dtype);
   if (payload.size() != expect) {
-    return fmt::format("payload_bytes: {} sparse entries of {} need {} bytes, got {}", count,
-                       DTypeName(dtype), expect, payload.size());
+    return InvalidArgument(fmt::format("payload_bytes: {} sparse entries of {} need {} bytes, got {}",
+                                       count, DTypeName(dtype), expect, payload.size()));
   }
   const std::byte* idx = payload.data() + kSparsePrefixBytes;
   uint32_t prev = 0;
@@ -205,20 +211,22 @@ std::string ParseSparsePayload(std::span<const std::byte> payload, uint32_t elem
     uint32_t i;
     std::memcpy(&i, idx + size_t{j} * 4, 4);
     if (i >= elements) {
-      return fmt::format("indices: entry {} is index {}, out of range for a chunk of {} elements",
-                         j, i, elements);
+      return InvalidArgument(
+          fmt::format("indices: entry {} is index {}, out of range for a chunk of {} elements", j,
+                      i, elements));
     }
     if (j > 0 && i <= prev) {
-      return fmt::format("indices: entry {} is index {} after {}; indices must be strictly "
-                         "ascending",
-                         j, i, prev);
+      return InvalidArgument(
+          fmt::format("indices: entry {} is index {} after {}; indices must be strictly ascending",
+                      j, i, prev));
     }
     prev = i;
   }
-  out->count = count;
-  out->indices = count ? idx : nullptr;
-  out->values = count ? idx + size_t{count} * 4 : nullptr;
-  return "";
+  SparsePayload out;
+  out.count = count;
+  out.indices = count ? idx : nullptr;
+  out.values = count ? idx + size_t{count} * 4 : nullptr;
+  return out;
 }
 
 std::string EncodeRowsRequest(std::span<const uint64_t> ids, std::span<const uint64_t> want) {
@@ -254,13 +262,17 @@ ErrorFrame MakeErrorFrame(WireError code, std::string_view text, uint32_t tenant
   return f;
 }
 
-bool DecodeErrorBody(std::span<const std::byte> body, WireError* code, std::string* text) {
-  if (body.size() < 4) return false;
+Result<ErrorBody> DecodeErrorBody(std::span<const std::byte> body) {
+  if (body.size() < 4) {
+    return InvalidArgument(fmt::format("ERROR payload of {} bytes, shorter than its 4-byte code",
+                                       body.size()));
+  }
   uint32_t c;
   std::memcpy(&c, body.data(), 4);
-  *code = static_cast<WireError>(c);
-  text->assign(reinterpret_cast<const char*>(body.data()) + 4, body.size() - 4);
-  return true;
+  ErrorBody e;
+  e.code = static_cast<WireError>(c);
+  e.text.assign(reinterpret_cast<const char*>(body.data()) + 4, body.size() - 4);
+  return e;
 }
 
 }  // namespace rackhub::net

@@ -72,10 +72,14 @@ Result<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOptions& optio
   }
   for (const std::string& endpoint : options.endpoints) {
     grpc::ChannelArguments args;
-    // A member that comes back is used again within a second.
+    // A member that comes back is used again within 2 s. gRPC also
+    // takes the minimum backoff as the least time one connection attempt
+    // gets: at 100 ms a loaded host's etcd missed it at start-up
+    // ("connection attempt timed out before receiving SETTINGS frame"), so
+    // an attempt gets 2 s (a member that is down refuses at once anyway).
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     args.SetMaxReceiveMessageSize(256 << 20);
     auto channel = grpc::CreateCustomChannel(endpoint, creds, args);
     c->kv_.push_back(pb::KV::NewStub(channel));

@@ -199,10 +199,9 @@ bool RackExchange::HasParked(const net::Connection& conn, const FrameHeader& h) 
 void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
                                std::span<const std::byte> payload) {
   const uint32_t peer = conn.id().rack;
-  WireError code{};
-  std::string text;
-  net::DecodeErrorBody(payload, &code, &text);
-  text = SafeForLog(text, 512);  // another hub's words: escaped before logs and replies
+  const Result<net::ErrorBody> body = net::DecodeErrorBody(payload);
+  const WireError code = body.ok() ? body->code : WireError{};
+  const std::string text = SafeForLog(body.ok() ? body->text : body.status().message(), 512);  // another hub's words: escaped before logs and replies
   spdlog::error("rack link: rack {}'s hub refused: {}: {}", peer, net::WireErrorName(code), text);
   if (LaneTenant* t = table_->FindTenant(h.tenant)) {
     table_->FailPending(*t, WireError::kInvalidArgument, "rack " + Num(peer) + ": " + text);

@@ -92,10 +92,11 @@ Status WorkerProtocol::CheckRowsPayload(const Chunk& c, const KeyInfo& k, const 
                                         net::RowsPayload* rows) {
   const aggregation::RowShard& r = *c.rows;
   Status s;
-  // ParseRowsPayload (frame.h) still answers "" or the error's text.
-  if (std::string e = net::ParseRowsPayload(h.opcode, payload, r.dim(), c.dtype, rows);
-      !e.empty()) {
-    s = InvalidArgument(std::move(e));
+  if (Result<net::RowsPayload> parsed = net::ParseRowsPayload(h.opcode, payload, r.dim(), c.dtype);
+      parsed.ok()) {
+    *rows = *std::move(parsed);
+  } else {
+    s = parsed.status();
   }
   const std::vector<uint64_t>& asked = h.opcode == Opcode::kPushRows ? rows->want : rows->ids;
   if (s.ok() && contributor) {

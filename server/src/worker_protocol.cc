@@ -401,15 +401,16 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   const bool is_sparse = (h.flags & net::kFlagSparse) != 0;
   if (is_sparse) {
     const uint32_t n = stage.elements();
-    const std::string bad = net::ParseSparsePayload(
-        payload, n, aggregation::TopKCount(key->info.topk_ratio, n), h.dtype, &sparse);
-    if (!bad.empty()) {
+    Result<net::SparsePayload> parsed = net::ParseSparsePayload(
+        payload, n, aggregation::TopKCount(key->info.topk_ratio, n), h.dtype);
+    if (!parsed.ok()) {
       Refuse(conn, WireError::kInvalidArgument,
-             "sparse PUSH of chunk " + Num(h.chunk) + " of key '" + key->info.name + "': " + bad +
-                 "; nothing was applied",
+             "sparse PUSH of chunk " + Num(h.chunk) + " of key '" + key->info.name +
+                 "': " + parsed.status().message() + "; nothing was applied",
              h.request_id);
       return;
     }
+    sparse = *parsed;
   }
   if (c.unsynced) {
     OnUnsyncedPush(conn, t, *key, c, h, payload, is_sparse ? &sparse : nullptr);

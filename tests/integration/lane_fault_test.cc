@@ -633,9 +633,10 @@ TEST_F(WorkerGenerationTest, NewSessionReplacesAnOldOneStillConnectedElsewhere) 
   const auto f = a.lanes[0]->Receive();
   ASSERT_TRUE(f && f->h.opcode == net::Opcode::kError)
       << "session A got no ERROR when B replaced it: " << testing::Describe(f);
-  net::WireError code{};
-  std::string text;
-  ASSERT_TRUE(net::DecodeErrorBody(std::as_bytes(std::span(f->payload)), &code, &text));
+  const Result<net::ErrorBody> body = net::DecodeErrorBody(std::as_bytes(std::span(f->payload)));
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  const net::WireError code = body->code;
+  const std::string& text = body->text;
   EXPECT_EQ(code, net::WireError::kInvalidArgument) << text;
   EXPECT_NE(text.find("replaced by a new process (generation 2)"), std::string::npos) << text;
   EXPECT_TRUE(a.lanes[0]->ClosedByPeer()) << "session A's connection stayed open";

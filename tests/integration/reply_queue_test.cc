@@ -105,11 +105,11 @@ class ReplyQueueTest : public RawHubTest {
       const auto f = w.Receive(2s);
       if (!f) break;
       if (f->h.opcode == Opcode::kError) {
-        WireError code{};
-        std::string text;
-        net::DecodeErrorBody(std::as_bytes(std::span(f->payload.data(), f->payload.size())),
-                             &code, &text);
-        EXPECT_EQ(code, tenant_deleted ? WireError::kTenantGone : WireError::kUnknownKey) << text;
+        const net::ErrorBody e =
+            net::DecodeErrorBody(std::as_bytes(std::span(f->payload.data(), f->payload.size())))
+                .value_or(net::ErrorBody{WireError{}, "(no ERROR body)"});
+        EXPECT_EQ(e.code, tenant_deleted ? WireError::kTenantGone : WireError::kUnknownKey)
+            << e.text;
         continue;
       }
       ASSERT_EQ(f->h.opcode, Opcode::kParams) << testing::Describe(f);
@@ -253,10 +253,11 @@ TEST_F(ReplyQueueTest, RepliesPastTheLimitCloseTheConnection) {
     const auto f = hoarder.Receive(5s);
     if (!f) break;
     if (f->h.opcode == Opcode::kError) {
-      WireError code{};
-      std::string text;
-      net::DecodeErrorBody(std::as_bytes(std::span(f->payload.data(), f->payload.size())), &code,
-                           &text);
+      const net::ErrorBody e =
+          net::DecodeErrorBody(std::as_bytes(std::span(f->payload.data(), f->payload.size())))
+              .value_or(net::ErrorBody{WireError{}, "(no ERROR body)"});
+      const WireError code = e.code;
+      const std::string& text = e.text;
       EXPECT_EQ(code, WireError::kQuotaExceeded) << text;
       EXPECT_NE(text.find("data.max_queued_bytes_per_connection"), std::string::npos) << text;
       EXPECT_TRUE(f->h.flags & net::kFlagFatal);

@@ -400,7 +400,10 @@ struct RawHubLink {
       if (h.opcode != net::Opcode::kError) return;
       ++errors;
       fatal = (h.flags & net::kFlagFatal) != 0;
-      net::DecodeErrorBody(payload, &error_code, &error_text);
+      if (Result<net::ErrorBody> e = net::DecodeErrorBody(payload); e.ok()) {
+        error_code = e->code;
+        error_text = e->text;
+      }
     };
     cb.on_closed = [this](const std::string&) { closed = true; };
     channel->Attach(io, std::move(cb));

@@ -72,11 +72,10 @@ inline std::string Describe(const std::optional<Frame>& f) {
                     std::to_string(f->h.iteration) + " request " +
                     std::to_string(f->h.request_id);
   if (f->h.opcode == Opcode::kError) {
-    WireError code{};
-    std::string text;
-    net::DecodeErrorBody(std::as_bytes(std::span(f->payload.data(), f->payload.size())), &code,
-                         &text);
-    out += std::string(" ") + net::WireErrorName(code) + ": " + text;
+    const Result<net::ErrorBody> e =
+        net::DecodeErrorBody(std::as_bytes(std::span(f->payload.data(), f->payload.size())));
+    out += e.ok() ? std::string(" ") + net::WireErrorName(e->code) + ": " + e->text
+                  : " " + e.status().ToString();
   }
   return out;
 }
@@ -87,12 +86,11 @@ inline void ExpectError(const std::optional<Frame>& f, WireError code, const std
                  bool fatal = true) {
   ASSERT_TRUE(f.has_value()) << "expected an ERROR frame, got nothing";
   ASSERT_EQ(f->h.opcode, Opcode::kError) << "opcode " << static_cast<int>(f->h.opcode);
-  WireError got{};
-  std::string message;
-  ASSERT_TRUE(net::DecodeErrorBody(
-      std::span<const std::byte>(reinterpret_cast<const std::byte*>(f->payload.data()),
-                                 f->payload.size()),
-      &got, &message));
+  const Result<net::ErrorBody> body = net::DecodeErrorBody(std::span<const std::byte>(
+      reinterpret_cast<const std::byte*>(f->payload.data()), f->payload.size()));
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  const WireError got = body->code;
+  const std::string& message = body->text;
   EXPECT_EQ(got, code) << message;
   EXPECT_NE(message.find(text), std::string::npos) << "message: " << message;
   EXPECT_EQ((f->h.flags & net::kFlagFatal) != 0, fatal) << message;

@@ -318,10 +318,11 @@ class ProcessHub final : public HubUnderTest {
 
   std::shared_ptr<net::Connection> Refused(const Frame& error, boost::asio::io_context& io,
                                            net::FrameHandler* handler) {
-    WireError code{};
-    std::string text;
-    net::DecodeErrorBody(std::as_bytes(std::span(error.payload.data(), error.payload.size())),
-                         &code, &text);
+    const net::ErrorBody body =
+        net::DecodeErrorBody(std::as_bytes(std::span(error.payload.data(), error.payload.size())))
+            .value_or(net::ErrorBody{WireError::kInternal, "the hub refused HELLO"});
+    const WireError code = body.code;
+    const std::string& text = body.text;
     net::ConnectionIdentity client_id;
     client_id.peer = "hub (refused)";
     auto pair = net::testing::MakeMemoryPair(refuser_io_.io(), &refuser_, {}, io, handler,

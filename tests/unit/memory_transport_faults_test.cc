@@ -108,9 +108,10 @@ TEST(MemoryTransportTest, FatalErrorClosesOnlyAfterTheErrorFrameIsOut) {
   EXPECT_EQ(e.h.opcode, Opcode::kError);
   EXPECT_EQ(e.h.flags, kFlagFatal);
   EXPECT_EQ(e.h.request_id, 7u);
-  WireError code{};
-  std::string text;
-  ASSERT_TRUE(DecodeErrorBody(Bytes(e.payload), &code, &text));
+  const Result<ErrorBody> body = DecodeErrorBody(Bytes(e.payload));
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  const WireError code = body->code;
+  const std::string& text = body->text;
   EXPECT_EQ(code, WireError::kBadChunk);
   EXPECT_EQ(text, "chunk 9");
   EXPECT_EQ(h.rb.closes, std::vector<std::string>{"closed after a fatal error"});
@@ -285,9 +286,10 @@ TEST(MemoryTransportTest, BacklogPastMaxBytesFailsTheConnection) {
   const Frame& last = h.ra.frames.back();
   ASSERT_EQ(last.h.opcode, Opcode::kError);
   EXPECT_TRUE(last.h.flags & kFlagFatal);
-  WireError code{};
-  std::string text;
-  ASSERT_TRUE(DecodeErrorBody(Bytes(last.payload), &code, &text));
+  const Result<ErrorBody> body = DecodeErrorBody(Bytes(last.payload));
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  const WireError code = body->code;
+  const std::string& text = body->text;
   EXPECT_EQ(code, WireError::kQuotaExceeded);
   EXPECT_NE(text.find("more than test.limit (2000 bytes)"), std::string::npos) << text;
   for (size_t i = 0; i + 1 < h.ra.frames.size(); ++i) {

@@ -292,9 +292,10 @@ TEST(MemoryTransportTest, InvalidHeaderGetsFatalMalformed) {
     EXPECT_EQ(e.h.opcode, Opcode::kError);
     EXPECT_EQ(e.h.flags, kFlagFatal);
     EXPECT_EQ(e.h.request_id, 42u);
-    WireError code{};
-    std::string text;
-    ASSERT_TRUE(DecodeErrorBody(Bytes(e.payload), &code, &text));
+    const Result<ErrorBody> body = DecodeErrorBody(Bytes(e.payload));
+    ASSERT_TRUE(body.ok()) << body.status().ToString();
+    const WireError code = body->code;
+    const std::string& text = body->text;
     EXPECT_EQ(code, WireError::kMalformed);
     EXPECT_EQ(text.rfind(c.field, 0), 0u) << text;
     EXPECT_EQ(h.rb.closes, std::vector<std::string>{"closed after a fatal error"});

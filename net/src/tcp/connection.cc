@@ -184,9 +184,12 @@ void TcpConnection::WriteNext() {
   }
   asio::async_write(socket_, buffers,
                     [self = self()](const boost::system::error_code& ec, size_t n) {
-                      if (!self->open_) return;
-                      if (ec) {
-                        self->Close("write failed: " + ec.message());
+                      if (!self->open_ || ec) {
+                        // The write is over either way: its frames (and the
+                        // owners of their payloads) go now, not with the
+                        // connection, whose owner may keep it long after.
+                        for (; self->in_flight_ > 0; --self->in_flight_) self->out_.pop_front();
+                        if (self->open_) self->Close("write failed: " + ec.message());
                         return;
                       }
                       self->handler_->OnBytesSent(*self, n);

@@ -150,9 +150,9 @@ struct RowsPayload {
   size_t row_bytes = 0;             // bytes of `rows`
 };
 // Parses a PUSH_ROWS or PULL_ROWS payload of rows of `dim` elements of
-// `dtype`: "" or what is wrong with it (sizes, counts).
-std::string ParseRowsPayload(Opcode op, std::span<const std::byte> payload, uint32_t dim,
-                             DType dtype, RowsPayload* out);
+// `dtype`, or INVALID_ARGUMENT naming what is wrong with it (sizes, counts).
+Result<RowsPayload> ParseRowsPayload(Opcode op, std::span<const std::byte> payload,
+                                     uint32_t dim, DType dtype);
 // Builds a PUSH_ROWS (rows != empty or ids empty) or PULL_ROWS payload
 // prefix + ids (+ want); the rows follow separately.
 std::string EncodeRowsRequest(std::span<const uint64_t> ids, std::span<const uint64_t> want);
@@ -170,9 +170,10 @@ struct SparsePayload {
   const std::byte* values = nullptr;
 };
 // Parses and checks a sparse PUSH payload of a chunk of `elements` with at
-// most `max_count` entries: "" or what is wrong ("indices: ...").
-std::string ParseSparsePayload(std::span<const std::byte> payload, uint32_t elements,
-                               uint32_t max_count, DType dtype, SparsePayload* out);
+// most `max_count` entries, or INVALID_ARGUMENT naming what is wrong
+// ("indices: ...").
+Result<SparsePayload> ParseSparsePayload(std::span<const std::byte> payload, uint32_t elements,
+                                         uint32_t max_count, DType dtype);
 
 // What ends a PARAMS payload with kFlagVersions: u64 `updates` (updates
 // applied to the chunk, every worker's), u64 `slowest` (the iteration count
@@ -205,7 +206,11 @@ ErrorFrame MakeErrorFrame(WireError code, std::string_view text, uint32_t tenant
 
 // ERROR payload: u32 code (LE) followed by the text.
 std::string EncodeErrorBody(WireError code, std::string_view text);
-// Returns false if `body` is shorter than 4 bytes.
-bool DecodeErrorBody(std::span<const std::byte> body, WireError* code, std::string* text);
+struct ErrorBody {
+  WireError code{};
+  std::string text;
+};
+// INVALID_ARGUMENT if `body` is shorter than 4 bytes.
+Result<ErrorBody> DecodeErrorBody(std::span<const std::byte> body);
 
 }  // namespace rackhub::net
