@@ -1,5 +1,5 @@
 // rackhub-checkpoint-bench: how fast checkpoint files are written and read
-// (server/src/checkpoint_file.h) compared with what the disk itself does in
+// (server/state/checkpoint_file.h) compared with what the disk itself does in
 // the same directory: a plain sequential write loop + fdatasync, and a plain
 // sequential read of a file whose pages were dropped from the page cache.
 //

@@ -63,7 +63,7 @@ def chunk_elements(model_bytes, keys=4, chunk_bytes=CHUNK_BYTES):
 
 def exchange_bytes(e, racks, lanes, d):
     """Per hub: bytes it sends and receives on its hub links per iteration
-    (server/src/rack_exchange.cc): chunk g has its home at rack (g / lanes) % R;
+    (server/lanes/rack_exchange.cc): chunk g has its home at rack (g / lanes) % R;
     a non-home hub sends the fp32 rack sum (RACK_SUM, 40 + 4n) to the home;
     the home sends the new parameters in the wire dtype (RACK_PARAMS, 40 + d n)
     to each of the R-1 other hubs."""

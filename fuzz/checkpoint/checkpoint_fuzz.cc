@@ -1,4 +1,4 @@
-// checkpoint_fuzz: the checkpoint loader (server/src/checkpoint_file.h) on a
+// checkpoint_fuzz: the checkpoint loader (server/state/checkpoint_file.h) on a
 // file written from the input: ReadCheckpoint, ListCheckpoints and
 // LoadNewestValid, as rackhubd runs them at start-up and on
 // `rackhubctl checkpoint list|restore`.

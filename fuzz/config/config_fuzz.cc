@@ -1,4 +1,4 @@
-// config_fuzz: rackhubd's TOML configuration (server/src/config.h): the text
+// config_fuzz: rackhubd's TOML configuration (server/config/config.h): the text
 // of a config file through ParseConfigText, then ValidateConfig and
 // EffectiveLaneCount, as `rackhubd --config FILE` does at start-up.
 // Input: the file's text.

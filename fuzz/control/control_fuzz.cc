@@ -4,14 +4,14 @@
 // Input: byte 0 picks the message, byte 1 the receiver's setting (topology,
 // lane count, chunk size); the rest is the payload.
 //
-//   HELLO          server/src/hello_check.h CheckHelloHeader + CheckHello
+//   HELLO          server/transports/hello_check.h CheckHelloHeader + CheckHello
 //   HUB_HELLO      CheckHubHelloHeader + CheckHubHello (hub secret, racks, lanes)
-//   DECLARE        server/src/declare_check.h CheckDeclare, then
+//   DECLARE        server/lanes/declare_check.h CheckDeclare, then
 //                  Registry::DeclareKey as WorkerProtocol::OnDeclare does
 //   SET_OPTIMIZER  OptimizerFromProto + Registry::SetOptimizer (OnSetOptimizer)
-//   WELCOME        the client's checks (client/src/connect.cc AcceptWelcome:
+//   WELCOME        the client's checks (client/api/connect.cc AcceptWelcome:
 //                  lanes, chunk size, every key through ToKeyInfo)
-//   KEY_INFO       the client's ToKeyInfo (client/src/wire.h)
+//   KEY_INFO       the client's ToKeyInfo (client/api/wire.h)
 //
 // Contract checked: nothing crashes, leaks or hits UB; an accepted HELLO
 // names a tenant whose token it carries and a rank, rack and lane in range;
@@ -32,7 +32,7 @@
 #include "proto_convert.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "registry.h"
-#include "wire.h"  // client/src: ToKeyInfo
+#include "wire.h"  // client/api: ToKeyInfo
 
 namespace {
 

@@ -1,4 +1,4 @@
-// hub_lane_fuzz: a stateful target. One real in-process hub (server/src/hub.h:
+// hub_lane_fuzz: a stateful target. One real in-process hub (server/daemon/hub.h:
 // two lanes, in-memory state, no disk) runs for the whole fuzzing process;
 // each input is a fresh tenant whose workers connect over the in-memory
 // transport (net/testing/memory_connection.h, after the same HELLO checks as

@@ -1,7 +1,7 @@
 // Test support: one hub under test, whatever transport its workers use, so a
 // suite runs the same scenarios over every transport (INSTANTIATE over
 // AllTransports()):
-//   kMemory: a Hub running in this process (server/src/hub.h); worker links
+//   kMemory: a Hub running in this process (server/daemon/hub.h); worker links
 //            are in-memory connection pairs (net/testing) handed straight to
 //            the lane after the same HELLO checks as TCP and RDMA.
 //   kTcp:    a real rackhubd process; links are TCP sockets (RawClient).

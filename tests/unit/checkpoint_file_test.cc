@@ -1,4 +1,4 @@
-// Unit tests for checkpoint files (server/src/checkpoint_file.h): bit-exact
+// Unit tests for checkpoint files (server/state/checkpoint_file.h): bit-exact
 // round trips, retention, every kind of damage refused with a precise
 // message and skipped by LoadNewestValid, and crash safety under SIGKILL.
 

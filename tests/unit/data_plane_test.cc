@@ -1,4 +1,4 @@
-// Tests of the DataPlane's hub-wide state (server/src/data_plane.h) on a hub
+// Tests of the DataPlane's hub-wide state (server/lanes/data_plane.h) on a hub
 // running in this process: what it keeps per tenant goes with the tenant.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// FairScheduler (server/src/fair_scheduler.h): the order in which a lane
+// FairScheduler (server/lanes/fair_scheduler.h): the order in which a lane
 // grants its worker connections' turns. Connections here are stand-ins that
 // record their turns and ask again at once (a worker that always has frames
 // waiting), driven by a real LaneGate on an io_context, as on a lane.

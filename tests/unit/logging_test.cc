@@ -1,4 +1,4 @@
-// Unit tests for rackhubd's log set-up (server/src/logging.cc): the spdlog
+// Unit tests for rackhubd's log set-up (server/daemon/logging.cc): the spdlog
 // level -> journal priority mapping, when stderr counts as the journal's
 // stream, and the two line formats.
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// Unit tests for the durable registry (server/src/registry_store.cc and
+// Unit tests for the durable registry (server/state/registry_store.cc and
 // Registry::Open): every entity survives a reopen identical, refused requests
 // and failed writes leave the database as it was, and a database that is
 // corrupt, unreadable or from a newer schema is refused with a message naming

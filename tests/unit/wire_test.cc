@@ -1,4 +1,4 @@
-// Unit tests for the client's wire conversions (client/src/wire.h): what a
+// Unit tests for the client's wire conversions (client/api/wire.h): what a
 // KEY_INFO / WELCOME key entry from a hub must satisfy to be accepted.
 #include <gtest/gtest.h>
 
