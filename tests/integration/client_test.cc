@@ -41,6 +41,7 @@
 #include "rackhub/net/frame.h"
 #include "rackhub/net/transport.h"
 #include "test_worker.h"
+#include "wait.h"
 #include "worker_ranks.h"
 
 namespace rackhub {
@@ -508,13 +509,15 @@ TEST_P(ClientTest, KilledWorkerFailsTheOthersPromptly) {
     if (r == 2) a.insert(a.end(), {"--hang-at", "2"});
     procs.push_back(SpawnWorker("kill", token, r, a));
   }
-  // Wait until rank 2 stops before iteration 2; give the others time to push it.
+  // Wait until rank 2 stops before iteration 2 and the others' pushes of it
+  // are at the hub: iterations 0 and 1 of all three ranks and iteration 2 of
+  // ranks 0 and 1, 4 chunks each.
   const auto deadline = std::chrono::steady_clock::now() + Scaled(30s);
   while (ReadFile(OutPath(2)).find("hanging") == std::string::npos) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << ReadFile(OutPath(2)) << WorkerLog(2);
     std::this_thread::sleep_for(10ms);
   }
-  std::this_thread::sleep_for(Scaled(300ms));
+  ASSERT_TRUE(testing::WaitForPushes(hub_->admin_address(), "kill", (3 * 2 + 2) * 4));
   const auto killed_at = std::chrono::steady_clock::now();
   procs[2]->Kill();
   for (uint32_t r = 0; r < 2; ++r) {
@@ -586,9 +589,12 @@ TEST_P(ClientTest, DeclareQuotaAndContradictions) {
   std::vector<float> g(100, 0.5f), out(100);
   EXPECT_TRUE(c->Wait(c->PushPull(a, g, out)).ok());
   c->Close();
-  // The hub drops rank 0's old connections asynchronously after BYE; until
-  // then the same rank is refused as a duplicate.
-  std::this_thread::sleep_for(Scaled(200ms));
+  // The hub drops rank 0's old connections asynchronously after BYE (a
+  // HELLO of the same rank that comes first waits up to 1 s on the lane):
+  // wait until it counts the worker gone.
+  ASSERT_TRUE(testing::WaitUntil("rank 0 of 'quota' gone from the hub", [&] {
+    return testing::TenantStatsOf(hub_->admin_address(), "quota").workers_connected() == 0;
+  }));
   auto c2 = Connect(ClientOptions("quota", token), &e);
   ASSERT_NE(c2, nullptr) << e.message;
   ASSERT_EQ(c2->FindKey("a"), a);
