@@ -1,5 +1,6 @@
 #include "lane.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -59,7 +60,10 @@ void Lane::SendByeAndClose() {
 
 void Lane::Pump() {
   if (!conn_) return;  // Start hands over what was queued before it
-  while (open_ && !queue_.empty() && handed_bytes_ - sent_bytes_ < kSendWindowBytes) {
+  // (The connection may report bytes the lane did not hand over, e.g. a
+  // fatal ERROR of its own: never more than handed.)
+  while (open_ && !queue_.empty() &&
+         handed_bytes_ - std::min(sent_bytes_, handed_bytes_) < kSendWindowBytes) {
     OutFrame f = std::move(queue_.front());
     queue_.pop_front();
     // Frames of operations that already failed are not sent (their caller

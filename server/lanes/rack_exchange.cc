@@ -213,9 +213,9 @@ void RackExchange::Connect(uint32_t rack) {
   id.peer = topology_.racks[rack].interhub.ToString();
   host_->hub_connector().Connect(
       *io_, topology_.racks[rack].interhub, this, id,
-      gate_->Wrap([this, rack](std::shared_ptr<net::Connection> conn, const std::string& error) {
-        if (!conn) return RetryConnect(rack, error);
-        OnConnected(rack, std::move(conn));
+      gate_->Wrap([this, rack](Result<std::shared_ptr<net::Connection>> conn) {
+        if (!conn.ok()) return RetryConnect(rack, conn.status().message());
+        OnConnected(rack, *std::move(conn));
       }));
 }
 

@@ -38,10 +38,14 @@ TEST(RdmaConnectorTest, FailureCallsDoneOnceOnTheIoThread) {
   id.hub = true;
   id.lane = 1;
   connector->Connect(io, kNowhere, nullptr, id,
-                     [&](std::shared_ptr<net::Connection> conn, const std::string& why) {
+                     [&](Result<std::shared_ptr<net::Connection>> conn) {
                        ++calls;
-                       got = std::move(conn);
-                       error = why;
+                       if (conn.ok()) {
+                         got = *std::move(conn);
+                       } else {
+                         EXPECT_EQ(conn.status().code(), StatusCode::kUnavailable);
+                         error = conn.status().message();
+                       }
                        ran_on = std::this_thread::get_id();
                      });
   EXPECT_EQ(calls, 0) << "done ran inside Connect";
@@ -66,7 +70,7 @@ TEST(RdmaConnectorTest, DestroyedWithConnectsInFlightCallsNothing) {
       net::ConnectionIdentity id;
       id.lane = lane;
       connector->Connect(io, kNowhere, nullptr, id,
-                         [calls](std::shared_ptr<net::Connection>, const std::string&) {
+                         [calls](Result<std::shared_ptr<net::Connection>>) {
                            ++*calls;
                          });
     }

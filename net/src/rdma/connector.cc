@@ -65,7 +65,8 @@ class RdmaConnector final : public Connector {
         --shared_->helpers;
       }
       asio::post(io, [job, why = std::string(e.what())] {
-        job->done(nullptr, "rdma " + job->to.ToString() + ": cannot start a connect thread: " + why);
+        job->done(Unavailable("rdma " + job->to.ToString() + ": cannot start a connect thread: " +
+                              why));
       });
     }
   }
@@ -121,12 +122,11 @@ class RdmaConnector final : public Connector {
     }
     if (abandoned) return Abandon(job);
     Done done = std::move(job.done);
-    if (!job.channel) return done(nullptr, job.error);
+    if (!job.channel) return done(Unavailable(job.error));
     // The channel is connected and not attached yet: RdmaConnection::Start
     // attaches it to this thread.
-    done(std::make_shared<rdma::RdmaConnection>(job.handler, std::move(job.channel),
-                                                std::move(job.id), job.io),
-         "");
+    done(std::shared_ptr<Connection>(std::make_shared<rdma::RdmaConnection>(
+        job.handler, std::move(job.channel), std::move(job.id), job.io)));
   }
 
   static void Abandon(Job& job) {

@@ -24,17 +24,16 @@ class TcpConnector final : public Connector {
         to.host, std::to_string(to.port),
         [socket, resolver, handler, id = std::move(id), done = std::move(done)](
             const boost::system::error_code& ec, tcp::resolver::results_type results) mutable {
-          if (ec) return done(nullptr, "resolve: " + ec.message());
+          if (ec) return done(Unavailable("resolve: " + ec.message()));
           asio::async_connect(
               *socket, results,
               [socket, handler, id = std::move(id), done = std::move(done)](
                   const boost::system::error_code& cec, const tcp::endpoint&) mutable {
-                if (cec) return done(nullptr, "connect: " + cec.message());
+                if (cec) return done(Unavailable("connect: " + cec.message()));
                 boost::system::error_code ignored;
                 socket->set_option(tcp::no_delay(true), ignored);
-                done(std::make_shared<net::tcp::TcpConnection>(handler, std::move(*socket),
-                                                          std::move(id)),
-                     "");
+                done(std::shared_ptr<Connection>(std::make_shared<net::tcp::TcpConnection>(
+                    handler, std::move(*socket), std::move(id))));
               });
         });
   }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
 #include "rackhub/net/endpoint.h"
 #include "rackhub/net/transport.h"
@@ -24,8 +25,8 @@ namespace rackhub::net {
 
 class Connector {
  public:
-  // `conn` is null on failure and `error` says why ("" on success).
-  using Done = std::function<void(std::shared_ptr<Connection> conn, const std::string& error)>;
+  // The connection, or UNAVAILABLE saying why there is none.
+  using Done = std::function<void(Result<std::shared_ptr<Connection>> conn)>;
 
   virtual ~Connector() = default;
   // "tcp" or "rdma", for logs.
