@@ -135,5 +135,4 @@ void Client::Impl::Close() {
   }
 }
 
-
 }  // namespace rackhub::client
