@@ -2,9 +2,10 @@
 // command (tenant create|get|list|update-quotas|delete, key
 // create|get|list|delete|set-optimizer, checkpoint create|list|delete|restore,
 // stats, top, stalls, help) with its positional arguments, options, validation and help
-// text, and one handler per command. The checkpoint commands live in
-// checkpoint_commands.cc, top and stalls in monitor_commands.cc; the helpers both files build commands with are in
-// command_tree.h.
+// text, and one handler per command. The tenant commands live in
+// tenant_commands.cc, the key commands in key_commands.cc, the checkpoint
+// commands in checkpoint_commands.cc, top and stalls in monitor_commands.cc;
+// the helpers these files build commands with are in command_tree.h.
 //
 // Ownership: Commands owns the CLI11 app and the values its options are bound
 // to; CLI11 holds pointers into it, so it is neither copied nor moved.

@@ -1,6 +1,6 @@
-// Registry internals shared by registry.cc (the API) and
-// registry_reconcile.cc (applying a store's contents): one tenant's state.
-// Guarded by Registry::mu_.
+// Registry internals shared by registry.cc (tenants), registry_keys.cc (keys)
+// and registry_reconcile.cc (applying a store's contents): one tenant's state
+// (guarded by Registry::mu_) and the API's message helpers.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,9 @@
 #include <utility>
 
 #include "rackhub/aggregation/chunk_layout.h"
+#include "rackhub/aggregation/optimizer_config.h"
+#include "rackhub/common/log_safe.h"
+#include "rackhub/common/status.h"
 #include "registry.h"
 #include "registry_backend.h"
 #include "token.h"
@@ -33,5 +36,20 @@ struct Registry::Tenant {
   Tenant(TenantInfo i, TokenHash t, aggregation::ChunkLayout l)
       : info(std::move(i)), token(t), layout(std::move(l)) {}
 };
+
+// Names in messages come from clients: escaped and truncated (log_safe.h).
+inline std::string Quoted(const std::string& s) { return QuoteForLog(s); }
+
+inline Status CheckOptimizer(const char* field, aggregation::OptimizerConfig* opt) {
+  // "<field>.<optimizer field>: ...", not WithContext's "<field>: ...".
+  if (Status s = aggregation::NormalizeOptimizer(opt); !s.ok()) {
+    return InvalidArgument(std::string(field) + "." + s.message());
+  }
+  return Status::Ok();
+}
+
+inline Status TenantNotFound(const std::string& name) {
+  return NotFound("tenant: " + Quoted(name) + " does not exist");
+}
 
 }  // namespace rackhub::server

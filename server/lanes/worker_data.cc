@@ -1,0 +1,198 @@
+// WorkerProtocol: the data frames of a worker connection: PUSH (a synced
+// tenant's contribution; bounded/async ones go on in unsynced_protocol.cc),
+// INIT, PULL and HEARTBEAT, and the PULLs held during a recovery
+// (ReleaseParked). Header checks and adoption: worker_protocol.cc.
+#include <spdlog/spdlog.h>
+
+#include "params_reply.h"
+#include "rack_exchange.h"
+#include "rackhub/aggregation/topk.h"
+#include "rackhub/common/log_safe.h"
+#include "rackhub/common/number.h"
+#include "worker_protocol.h"
+
+namespace rackhub::server {
+
+using net::FrameHeader;
+using net::Opcode;
+using net::WireError;
+
+namespace {
+
+// PULLs held per tenant and lane during a recovery, at most (each also
+// reserves its reply's bytes on its connection: Connection::Reserve).
+constexpr size_t kMaxParkedPulls = 65536;
+
+}  // namespace
+
+void WorkerProtocol::OnHeartbeat(net::Connection& conn, const FrameHeader& h) {
+  FrameHeader r;
+  r.opcode = Opcode::kHeartbeat;
+  r.tenant = conn.id().tenant_handle;
+  r.request_id = h.request_id;
+  conn.SendOwned(r, {});
+}
+
+void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                            std::span<const std::byte> payload) {
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  const auto* gen = GenerationOf(t, conn);
+  if (!gen || !(*gen)->live()) {  // ended while the payload was read
+    RefuseEnded(conn, t, h);
+    return;
+  }
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  aggregation::ChunkState& stage = c.Stage(conn.id().rack);
+  net::SparsePayload sparse;
+  const bool is_sparse = (h.flags & net::kFlagSparse) != 0;
+  if (is_sparse) {
+    const uint32_t n = stage.elements();
+    Result<net::SparsePayload> parsed = net::ParseSparsePayload(
+        payload, n, aggregation::TopKCount(key->info.topk_ratio, n), h.dtype);
+    if (!parsed.ok()) {
+      Refuse(conn, WireError::kInvalidArgument,
+             "sparse PUSH of chunk " + Num(h.chunk) + " of key '" + key->info.name +
+                 "': " + parsed.status().message() + "; nothing was applied",
+             h.request_id);
+      return;
+    }
+    sparse = *parsed;
+  }
+  if (c.unsynced) {
+    OnUnsyncedPush(conn, t, *key, c, h, payload, is_sparse ? &sparse : nullptr);
+    return;
+  }
+  const uint32_t member = ChunkTable::Member(t, conn.id());
+  const bool again = stage.has_contributed(conn.id().rank);
+  if (h.iteration != stage.version() ||
+      (again && !t.runtime->PushFailedAt(member, conn.id().session, h.key, h.iteration)) ||
+      t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+    // State moved while the payload was read (a recovery meanwhile).
+    RefuseIteration(conn, t, h, stage.version(),
+                    "iteration: " + Num(h.iteration) +
+                        " is no longer current (the iteration was aborted while this push "
+                        "was read); Pull the key to resynchronize");
+    return;
+  }
+  if (again) {
+    // The rank pushes again after a failed PushPull whose earlier push of
+    // this chunk is already counted: that one stays, this one gets the result.
+    c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
+    return;
+  }
+  const auto result =
+      is_sparse ? stage.ContributeSparse(conn.id().rank, {sparse.count, sparse.indices,
+                                                          sparse.values})
+                : stage.Contribute(conn.id().rank, payload);
+  if (result != aggregation::ChunkState::AddResult::kAccepted &&
+      result != aggregation::ChunkState::AddResult::kComplete) {
+    Reject(conn, WireError::kInternal, "chunk: contribution refused", h.request_id);
+    return;
+  }
+  c.NoteContributor(member, *gen);
+  t.metrics->pushes.Add(1);
+  t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
+  // How long the update's first contributor waited for this rank.
+  const auto now = std::chrono::steady_clock::now();
+  table_->MarkPending(t, c, now);
+  if (LatencyHistogram* late = t.metrics->rank(member)) late->Observe(now - c.first_contribution);
+  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
+  if (result != aggregation::ChunkState::AddResult::kComplete) return;
+  if (!ContributorsLive(t, c, conn.id().rack, stage.workers())) return;
+  if (c.multi_rack()) {
+    stage.Update();  // the rack's sum (sum-only stage)
+    exchange_->OnRackSum(t, *key, c, conn.id().rack, h.iteration);
+    return;
+  }
+  c.state.Update();
+  const uint64_t v = c.state.version();
+  table_->Completed(t, *key, c, v);
+  AnswerPushes(c, v);
+}
+
+void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                            std::span<const std::byte> payload) {
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  const bool set = c.multi_rack() ? table_->SetInitialMultiRack(*key, c, payload)
+                                  : !c.state.initialized() && c.state.SetInitial(payload);
+  if (!set) {
+    Reject(conn, WireError::kInvalidArgument, "chunk: cannot be initialized now", h.request_id);
+    return;
+  }
+  t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
+  host_->ChunkInitialized(t.info.handle, key->info.id, key->info.placement.chunk_count);
+  SendParams(conn, c, 0, h.request_id);
+  AnswerPulls(c, 0);
+  // Several racks: the values go to the chunk's home, which passes them on.
+  if (c.multi_rack()) exchange_->OnInitialized(t, *key, c, conn.id().rack);
+}
+
+void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) {
+    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+    return;
+  }
+  // A PULL held for later reserves its reply's bytes on the connection now,
+  // so held PULLs pause reading and count against the connection's limit
+  // like queued replies (a refused reservation means the connection is
+  // failing: QUOTA_EXCEEDED).
+  const size_t reply_bytes =
+      net::kHeaderBytes + size_t{key->info.chunk_elements} * WireDTypeBytes(key->info.dtype);
+  if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+    // Answered once every chunk is at its key's version again (ReleaseParked).
+    if (t.parked.size() >= kMaxParkedPulls) {
+      Refuse(conn, WireError::kWorkerLost, "recovering: too many PULLs held; retry", h.request_id);
+      return;
+    }
+    if (!conn.Reserve(reply_bytes)) return;
+    t.parked.push_back(ParkedPull{conn.weak_from_this(), h, {}, reply_bytes});
+    return;
+  }
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  if (c.unsynced && c.state.initialized()) {
+    SendVersionedParams(conn, c, c.unsynced->clock[ChunkTable::Member(t, conn.id())],
+                        h.request_id);
+    return;
+  }
+  if (!c.state.initialized()) {  // a from_client chunk before its INIT
+    if (!conn.Reserve(reply_bytes)) return;
+    c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id, reply_bytes, {}});
+    return;
+  }
+  SendParams(conn, c, c.current_version(), h.request_id);
+}
+
+void WorkerProtocol::ReleaseParked(uint32_t handle) {
+  LaneTenant* t = table_->FindTenant(handle);
+  if (!t || t->parked.empty()) return;
+  std::vector<ParkedPull> parked;
+  parked.swap(t->parked);
+  for (const ParkedPull& p : parked) {
+    const auto conn = p.conn.lock();
+    if (!conn || !conn->open()) continue;
+    conn->Unreserve(p.reserved);
+    // Re-checked as if it arrived now (the key may be gone; a new recovery
+    // holds it again).
+    if (!table_->FindKey(*t, p.header.key)) {
+      conn->SendError(WireError::kUnknownKey, "key: was deleted", p.header.request_id, false);
+      continue;
+    }
+    if (p.header.opcode == Opcode::kPullRows) {
+      ReleaseParkedRows(*conn, *t, p);
+      continue;
+    }
+    OnPull(*conn, *t, p.header);
+  }
+}
+
+}  // namespace rackhub::server

@@ -1,0 +1,399 @@
+// Registry: keys: declaring and creating keys (dense and row-sparse tables)
+// inside a tenant's quotas, looking them up, deleting them, changing their
+// optimizer, and the chunks and memory a key takes. Tenants, tokens and
+// totals: registry.cc.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+
+#include "rackhub/common/log_safe.h"
+#include "rackhub/common/size.h"
+#include "registry.h"
+#include "registry_backend.h"
+#include "registry_internal.h"
+
+namespace rackhub::server {
+
+using aggregation::ChunkLayout;
+using aggregation::OptimizerConfig;
+
+// Largest key: 2^34 fp32 elements (64 GiB) keeps every byte count far from
+// overflow and is beyond any single hub's memory.
+constexpr uint64_t kMaxKeyElements = 1ull << 34;
+constexpr uint32_t kMaxTableDim = 65536;  // columns of a row-sparse table
+
+Status Registry::GetKeyById(uint32_t handle, uint32_t key_id, KeyInfo* out) const {
+  std::shared_lock lock(mu_);
+  const Tenant* t = FindTenantByHandle(handle);
+  if (!t) return NotFound("tenant: handle " + std::to_string(handle) + " does not exist");
+  const auto it = t->key_names.find(key_id);
+  if (it == t->key_names.end()) {
+    return NotFound("key: id " + std::to_string(key_id) + " does not exist in tenant " +
+                    Quoted(t->info.name));
+  }
+  *out = t->keys.at(it->second);
+  return Status::Ok();
+}
+
+Status Registry::DeclareKey(const KeySpec& spec, KeyInfo* out, bool* created) {
+  *created = false;
+  {
+    std::shared_lock lock(mu_);
+    const Tenant* t = FindTenant(spec.tenant);
+    if (!t) return TenantNotFound(spec.tenant);
+    const auto it = t->keys.find(spec.name);
+    if (it != t->keys.end()) {
+      const KeyInfo& k = it->second;
+      if (k.table() || spec.rows > 0) {
+        if (k.rows != spec.rows || k.dim != spec.dim || k.dtype != spec.dtype) {
+          return InvalidArgument(
+              "name: key " + Quoted(spec.name) + " already exists as " +
+              (k.table() ? "a " + std::to_string(k.rows) + " x " + std::to_string(k.dim) +
+                               " table"
+                         : "a dense key of " + std::to_string(k.elements) + " elements") +
+              " of " + WireDTypeName(k.dtype) + ", not " +
+              (spec.rows > 0 ? "a " + std::to_string(spec.rows) + " x " +
+                                   std::to_string(spec.dim) + " table"
+                             : "a dense key of " + std::to_string(spec.elements) + " elements") +
+              " of " + WireDTypeName(spec.dtype));
+        }
+      } else if (k.elements != spec.elements || k.dtype != spec.dtype) {
+        return InvalidArgument("name: key " + Quoted(spec.name) + " already exists with " +
+                               std::to_string(k.elements) + " " + WireDTypeName(k.dtype) +
+                               " elements, not " + std::to_string(spec.elements) + " " +
+                               WireDTypeName(spec.dtype));
+      } else if (k.topk_ratio != spec.topk_ratio) {
+        auto comp = [](float r) {
+          return r > 0 ? "top-k ratio " + std::to_string(r) : std::string("dense pushes");
+        };
+        return InvalidArgument("topk_ratio: key " + Quoted(spec.name) + " already exists with " +
+                               comp(k.topk_ratio) + ", not " + comp(spec.topk_ratio));
+      }
+      *out = k;
+      return Status::Ok();
+    }
+  }
+  Status s = CreateKey(spec, out);
+  if (s.code() == StatusCode::kAlreadyExists) {
+    // Another rank declared it between the two locks: return that one.
+    bool ignored;
+    return DeclareKey(spec, out, &ignored);
+  }
+  *created = s.ok();
+  return s;
+}
+
+void Registry::MarkKeyReady(uint32_t handle, uint32_t key_id) {
+  std::unique_lock lock(mu_);
+  Tenant* t = FindTenantByHandle(handle);
+  if (!t) return;
+  const auto it = t->key_names.find(key_id);
+  if (it != t->key_names.end()) t->keys.at(it->second).ready = true;
+}
+
+Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
+  if (!IsValidKeyName(spec.name)) {
+    return InvalidArgument("name: " + Quoted(spec.name) +
+                           " is not a valid key name (1-128 of A-Z a-z 0-9 _ . : / -)");
+  }
+  uint64_t elements = spec.elements;
+  if (spec.rows > 0 || spec.dim > 0) {
+    if (Status s = CheckTableSpec(spec, &elements); !s.ok()) return s;
+  } else if (spec.elements == 0 || spec.elements > kMaxKeyElements) {
+    return InvalidArgument("elements: must be in [1, " + std::to_string(kMaxKeyElements) +
+                           "], got " + std::to_string(spec.elements) +
+                           " (a row-sparse table gives rows and dim instead)");
+  } else if (spec.init == InitMode::kRandom) {
+    return InvalidArgument("init: RANDOM is for row-sparse tables (rows and dim); dense keys "
+                           "start at zeros or from the client");
+  }
+  if (spec.dtype != WireDType::kFp32 && spec.dtype != WireDType::kFp16 &&
+      spec.dtype != WireDType::kBf16) {
+    return InvalidArgument("dtype: unknown wire dtype");
+  }
+  if (spec.init != InitMode::kZeros && spec.init != InitMode::kFromClient &&
+      spec.init != InitMode::kRandom) {
+    return InvalidArgument("init: unknown init mode");
+  }
+  if (!(spec.topk_ratio >= 0.0f && spec.topk_ratio <= 1.0f)) {
+    return InvalidArgument("topk_ratio: must be in (0, 1] (or 0 for dense pushes), got " +
+                           std::to_string(spec.topk_ratio));
+  }
+  if (spec.topk_ratio > 0 && spec.rows > 0) {
+    return InvalidArgument("topk_ratio: top-k compression is for dense keys; a row-sparse "
+                           "table's pushes are sparse already");
+  }
+  OptimizerConfig checked_opt = spec.optimizer;
+  if (!spec.use_tenant_optimizer) {
+    if (auto s = CheckOptimizer("optimizer", &checked_opt); !s.ok()) return s;
+  }
+
+  return Retrying([&](int64_t* revision) -> Status {
+  OptimizerConfig opt = checked_opt;
+  std::unique_lock lock(mu_);
+  Tenant* t = FindTenant(spec.tenant);
+  if (!t) return TenantNotFound(spec.tenant);
+  if (spec.rows > 0 && t->info.consistency != Consistency::kSync) {
+    return InvalidArgument("rows: row-sparse tables need a sync tenant; tenant " +
+                           Quoted(spec.tenant) + " is " +
+                           ConsistencyName(t->info.consistency, t->info.staleness));
+  }
+  if (spec.use_tenant_optimizer) opt = t->info.default_optimizer;
+  if (t->keys.count(spec.name)) {
+    return AlreadyExists("name: key " + Quoted(spec.name) + " already exists in tenant " +
+                         Quoted(spec.tenant));
+  }
+  if (t->info.key_count + 1 > t->info.quotas.max_keys) {
+    return ResourceExhausted("quotas.max_keys: tenant " + Quoted(spec.tenant) + " already has " +
+                             std::to_string(t->info.key_count) + " of " +
+                             std::to_string(t->info.quotas.max_keys) + " keys");
+  }
+  const uint64_t bytes = elements * aggregation::kMasterElementBytes;
+  const uint32_t chunk_elements = t->layout.chunk_elements();
+  const uint64_t memory =
+      spec.rows > 0
+          ? TableMemoryBytes(spec.rows, spec.dim, ChunkLayout::TableChunkCount(spec.rows, lanes_),
+                             opt.type)
+          : KeyMemory(t->info, spec.elements, spec.dtype, opt.type, chunk_elements);
+  const uint64_t quota = t->info.quotas.max_parameter_bytes;
+  if (t->info.memory_bytes + memory > quota) {
+    // Name what the memory is for: the quota counts all of it, not only the
+    // parameters (docs/architecture.md, Memory a key holds).
+    const int slots = aggregation::OptimizerStateSlots(opt.type);
+    const uint32_t w = t->info.workers_per_rack;
+    std::string what = spec.rows > 0 ? "fp32 rows" : "fp32 parameters x2 (double buffer)";
+    if (spec.dtype != WireDType::kFp32) {
+      what += std::string(", their ") + WireDTypeName(spec.dtype) + " copies";
+    }
+    what += ", " + std::to_string(slots) + " " + aggregation::OptimizerTypeName(opt.type) +
+            " state slot" + (slots == 1 ? "" : "s") + ", an accumulator";
+ if (w > 1 && spec.rows == 0) {
+      what += " and up to " + std::to_string(w - 1) + " parked contribution" +
+              (w == 2 ? "" : "s");
+    }
+    what += spec.rows > 0 ? "" : " per chunk";
+    const uint64_t left = quota > t->info.memory_bytes ? quota - t->info.memory_bytes : 0;
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.1fx", static_cast<double>(memory) / bytes);
+    return ResourceExhausted("quotas.max_parameter_bytes: key " + Quoted(spec.name) + " needs " +
+                             FormatSize(memory) + " of hub memory for " + FormatSize(bytes) +
+                             " of parameters (" + ratio + ": " + what + ") but tenant " +
+                             Quoted(spec.tenant) + " has " + FormatSize(left) + " left of its " +
+                             FormatSize(quota) + " quota");
+  }
+  KeyInfo key;
+  key.tenant = spec.tenant;
+  key.name = spec.name;
+  key.id = t->next_key_id;
+  key.elements = elements;
+  key.rows = spec.rows;
+  key.dim = spec.dim;
+  key.init_scale = spec.init_scale;
+  key.init_seed = spec.init_seed;
+  key.topk_ratio = spec.topk_ratio;
+  key.dtype = spec.dtype;
+  key.optimizer = opt;
+  key.schedule.base = key.schedule.latest = opt;
+  key.init = spec.init;
+  key.ready = spec.init != InitMode::kFromClient;
+  key.placement = {t->layout.next_chunk(),
+                   key.table() ? ChunkLayout::TableChunkCount(key.rows, lanes_)
+                               : t->layout.ChunksFor(elements)};
+  // A table's chunks are its row ranges (ChunkLayout::TableChunks).
+  key.chunk_elements =
+      key.table()
+          ? static_cast<uint32_t>(ChunkLayout::TableRowsPerChunk(key.rows, lanes_) * key.dim)
+          : chunk_elements;
+  key.memory_bytes = memory;
+  if (store_) {
+    StoredTenant row = t->Row();
+    row.next_key_id = key.id + 1;
+    row.next_chunk = key.placement.first_chunk + key.placement.chunk_count;
+    if (Status s = store_->InsertKey(row, key, revision); !s.ok()) return s;
+    if (store_->shared()) {
+      lock.unlock();
+      if (Status s = AwaitRevision(*revision); !s.ok()) return s;
+      return GetKey(spec.tenant, spec.name, out);
+    }
+  }
+  t->next_key_id = key.id + 1;
+  if (key.table()) {
+    t->layout.AllocateTable(key.rows);  // == key.placement
+  } else {
+    t->layout.Allocate(elements);  // == key.placement
+  }
+  t->info.key_count++;
+  t->info.parameter_bytes += bytes;
+  t->info.memory_bytes += memory;
+  t->info.chunk_count = t->layout.next_chunk();
+  t->keys.emplace(key.name, key);
+  t->key_names.emplace(key.id, key.name);
+  *out = key;
+  return Status::Ok();
+  });
+}
+
+Status Registry::GetKey(const std::string& tenant, const std::string& name, KeyInfo* out) const {
+  std::shared_lock lock(mu_);
+  const Tenant* t = FindTenant(tenant);
+  if (!t) return TenantNotFound(tenant);
+  const auto it = t->keys.find(name);
+  if (it == t->keys.end()) {
+    return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
+  }
+  *out = it->second;
+  return Status::Ok();
+}
+
+Status Registry::ListKeys(const std::string& tenant, std::vector<KeyInfo>* out) const {
+  std::shared_lock lock(mu_);
+  const Tenant* t = FindTenant(tenant);
+  if (!t) return TenantNotFound(tenant);
+  out->clear();
+  for (const auto& [name, key] : t->keys) out->push_back(key);
+  std::sort(out->begin(), out->end(),
+            [](const KeyInfo& a, const KeyInfo& b) { return a.id < b.id; });
+  return Status::Ok();
+}
+
+Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
+  return Retrying([&](int64_t* revision) -> Status {
+  std::unique_lock lock(mu_);
+  Tenant* t = FindTenant(tenant);
+  if (!t) return TenantNotFound(tenant);
+  const auto it = t->keys.find(name);
+  if (it == t->keys.end()) {
+    return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
+  }
+  const uint32_t key_id = it->second.id;
+  if (store_) {
+    if (Status s = store_->DeleteKey(t->Row(), it->second, t->key_revisions[key_id], revision);
+        !s.ok()) {
+      return s;
+    }
+    if (store_->shared()) {
+      lock.unlock();
+      return AwaitRevision(*revision);
+    }
+  }
+  t->info.key_count--;
+  t->info.parameter_bytes -= it->second.parameter_bytes();
+  t->info.memory_bytes -= it->second.memory_bytes;
+  t->key_names.erase(key_id);
+  t->keys.erase(it);
+  if (observer_) observer_->OnKeyDeleted(t->info.handle, key_id);
+  return Status::Ok();
+  });
+}
+
+Status Registry::SetOptimizer(const std::string& tenant, const std::string& name,
+                              OptimizerConfig optimizer, bool keep_type, KeyInfo* out,
+                              uint64_t from_update) {
+  const OptimizerConfig asked = optimizer;
+  return Retrying([&](int64_t* revision) -> Status {
+  OptimizerConfig optimizer = asked;
+  std::unique_lock lock(mu_);
+  Tenant* t = FindTenant(tenant);
+  if (!t) return TenantNotFound(tenant);
+  const auto it = t->keys.find(name);
+  if (it == t->keys.end()) {
+    return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
+  }
+  KeyInfo& key = it->second;
+  if (keep_type) optimizer.type = key.optimizer.type;
+  if (optimizer.type != key.optimizer.type) {
+    return InvalidArgument(std::string("optimizer.type: cannot change ") +
+                           aggregation::OptimizerTypeName(key.optimizer.type) + " to " +
+                           aggregation::OptimizerTypeName(optimizer.type) +
+                           " on an existing key (its optimizer state would be lost); delete and "
+                           "recreate the key");
+  }
+  if (auto s = CheckOptimizer("optimizer", &optimizer); !s.ok()) return s;
+  KeyInfo updated = key;
+  updated.schedule.Apply(optimizer, from_update);
+  updated.optimizer = optimizer;
+  if (store_) {
+    if (Status s = store_->UpdateOptimizer(t->Row(), updated, t->key_revisions[key.id], revision);
+        !s.ok()) {
+      return s;
+    }
+    if (store_->shared()) {
+      lock.unlock();
+      if (Status s = AwaitRevision(*revision); !s.ok()) return s;
+      return GetKey(tenant, name, out);
+    }
+  }
+  key.schedule = updated.schedule;
+  key.optimizer = optimizer;
+  *out = key;
+  if (observer_) observer_->OnOptimizerChanged(t->info.handle, key.id, optimizer, from_update);
+  return Status::Ok();
+  });
+}
+
+std::vector<aggregation::ChunkSpan> Registry::ChunksOf(const KeyInfo& key) const {
+  if (key.table()) {
+    ChunkLayout layout(aggregation::kDefaultChunkBytes, lanes_);
+    return layout.TableChunks(key.placement, key.rows, key.dim, key.rows_per_chunk());
+  }
+  ChunkLayout layout(key.chunk_elements * aggregation::kMasterElementBytes, lanes_);
+  return layout.Chunks(key.placement, key.elements);
+}
+
+uint64_t Registry::KeyMemory(const TenantInfo& t, uint64_t elements, WireDType dtype,
+                             aggregation::OptimizerType optimizer, uint32_t chunk_elements) const {
+  return KeyMemoryBytes(elements, chunk_elements, t.workers_per_rack, optimizer,
+                        static_cast<aggregation::ElementType>(static_cast<uint8_t>(dtype)),
+                        memory_model_);
+}
+
+uint64_t Registry::KeyMemory(const TenantInfo& t, const KeyInfo& key) const {
+  if (key.table()) {
+    return TableMemoryBytes(key.rows, key.dim, key.placement.chunk_count, key.optimizer.type);
+  }
+  return KeyMemory(t, key.elements, key.dtype, key.optimizer.type, key.chunk_elements);
+}
+
+Status Registry::CheckTableSpec(const KeySpec& spec, uint64_t* elements) const {
+  if (spec.rows == 0 || spec.dim == 0 || spec.dim > kMaxTableDim) {
+    return InvalidArgument("rows, dim: a row-sparse table needs rows >= 1 and dim in [1, " +
+                           std::to_string(kMaxTableDim) + "], got " + std::to_string(spec.rows) +
+                           " x " + std::to_string(spec.dim));
+  }
+  if (spec.rows > kMaxKeyElements / spec.dim) {
+    return InvalidArgument("rows: " + std::to_string(spec.rows) + " x " +
+                           std::to_string(spec.dim) + " exceeds " +
+                           std::to_string(kMaxKeyElements) + " elements");
+  }
+  const uint64_t per = ChunkLayout::TableRowsPerChunk(spec.rows, lanes_);
+  if (per * spec.dim > UINT32_MAX) {
+    return InvalidArgument("rows: " + std::to_string(per) + " rows x " +
+                           std::to_string(spec.dim) + " per lane exceed " +
+                           std::to_string(UINT32_MAX) + " elements; the hub has " +
+                           std::to_string(lanes_) + " lanes");
+  }
+  if (spec.elements != 0 && spec.elements != spec.rows * spec.dim) {
+    return InvalidArgument("elements: " + std::to_string(spec.elements) +
+                           " is not rows x dim = " + std::to_string(spec.rows * spec.dim) +
+                           " (leave it 0 for a table)");
+  }
+  if (spec.init == InitMode::kFromClient) {
+    return InvalidArgument("init: FROM_CLIENT is not available for row-sparse tables; use ZEROS "
+                           "or RANDOM (seeded on the hub)");
+  }
+  if (spec.init == InitMode::kRandom &&
+      !(std::isfinite(spec.init_scale) && spec.init_scale > 0)) {
+    return InvalidArgument("init_scale: RANDOM needs a finite scale > 0, got " +
+                           std::to_string(spec.init_scale));
+  }
+  if (racks_ > 1) {
+    return InvalidArgument("rows: row-sparse tables are single-rack only; this hub's topology "
+                           "has " + std::to_string(racks_) + " racks");
+  }
+  *elements = spec.rows * spec.dim;
+  return Status::Ok();
+}
+
+}  // namespace rackhub::server
