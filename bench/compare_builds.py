@@ -8,7 +8,7 @@ and the ratio B/A. Every run verifies its parameters bit for bit (rackhub-bench
 exits 1 otherwise, which fails this script).
 
 Usage:
-  bench/compare_builds.py BUILD_A BUILD_B [--rounds N] [--markdown]
+  bench/compare_builds.py BUILD_A BUILD_B [--rounds N] [--only NAME_PART]
 e.g. bench/compare_builds.py /tmp/before/build build --rounds 5
 """
 import argparse
@@ -48,11 +48,12 @@ def main():
     ap.add_argument("build_a")
     ap.add_argument("build_b")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--only", help="run only the cases whose name contains this")
     a = ap.parse_args()
-    times = {(name, b): [] for name, _, _ in CASES for b in ("a", "b")}
+    cases = [c for c in CASES if not a.only or a.only in c[0]]
+    times = {(name, b): [] for name, _, _ in cases for b in ("a", "b")}
     for r in range(a.rounds):
-        for name, args, figure in CASES:
+        for name, args, figure in cases:
             for which, build in (("a", a.build_a), ("b", a.build_b)):
                 times[(name, which)].append(run(build, args, figure))
         print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
@@ -60,7 +61,7 @@ def main():
           f"A = {a.build_a}, B = {a.build_b}")
     print("| case | A (ms) | B (ms) | B / A |")
     print("|---|---|---|---|")
-    for name, _, _ in CASES:
+    for name, _, _ in cases:
         ma = statistics.median(times[(name, "a")])
         mb = statistics.median(times[(name, "b")])
         print(f"| {name} | {ma:.3f} | {mb:.3f} | {mb / ma:.3f} |")
