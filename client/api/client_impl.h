@@ -29,6 +29,16 @@ namespace rackhub::client {
 
 namespace asio = boost::asio;
 
+// An Error with `code`, `message` and the hub's `wire` code (if any): the
+// one way the client's files make one.
+inline Error MakeError(ErrorCode code, std::string message, WireError wire = WireError::kNone) {
+  Error e;
+  e.code = code;
+  e.wire = wire;
+  e.message = std::move(message);
+  return e;
+}
+
 namespace internal {
 
 enum class OpKind { kPushPull, kInit, kPull, kSetOptimizer, kDeclare, kPushPullRows, kPullRows };

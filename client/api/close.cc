@@ -19,12 +19,6 @@ namespace {
 // Close(): how long BYE frames get to flush.
 constexpr auto kCloseFlush = std::chrono::seconds(1);
 
-Error MakeError(ErrorCode code, std::string message) {
-  Error e;
-  e.code = code;
-  e.message = std::move(message);
-  return e;
-}
 
 }  // namespace
 

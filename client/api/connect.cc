@@ -19,13 +19,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr const char* kClientVersion = "librackhub 0.1.0";
 
-Error MakeError(ErrorCode code, std::string message, WireError wire = WireError::kNone) {
-  Error e;
-  e.code = code;
-  e.wire = wire;
-  e.message = std::move(message);
-  return e;
-}
 
 }  // namespace
 

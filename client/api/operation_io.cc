@@ -29,12 +29,6 @@ namespace {
 // down (so the ticket can complete without the buffer being touched later).
 constexpr auto kTransferGrace = std::chrono::seconds(2);
 
-Error MakeError(ErrorCode code, std::string message) {
-  Error e;
-  e.code = code;
-  e.message = std::move(message);
-  return e;
-}
 
 }  // namespace
 

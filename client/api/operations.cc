@@ -23,17 +23,6 @@ using internal::OperationPtr;
 using internal::OutFrame;
 using internal::PendingRequest;
 
-namespace {
-
-Error MakeError(ErrorCode code, std::string message) {
-  Error e;
-  e.code = code;
-  e.message = std::move(message);
-  return e;
-}
-
-}  // namespace
-
 namespace internal {
 const char* OpKindName(OpKind kind) {
   switch (kind) {

@@ -28,12 +28,6 @@ constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
 // One attempt's handshakes (all lanes) get at most this long.
 constexpr auto kMaxAttempt = std::chrono::milliseconds(5000);
 
-Error MakeError(ErrorCode code, std::string message) {
-  Error e;
-  e.code = code;
-  e.message = std::move(message);
-  return e;
-}
 
 }  // namespace
 
