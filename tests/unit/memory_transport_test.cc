@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "memory_transport_test_util.h"
@@ -50,6 +51,23 @@ std::string Encode(const std::vector<Frame>& v) {
   return out;
 }
 
+// Feeds `stream` to `reader` as a connection would, at most `chunk` bytes
+// per receive, parsing after each; `after(at)` sees how far it got.
+void FeedInChunks(FrameReader& reader, Connection& conn, FrameHandler& handler,
+                  const std::string& stream, size_t chunk,
+                  const std::function<void(size_t)>& after = {}) {
+  for (size_t at = 0; at < stream.size();) {
+    const std::span<std::byte> room = reader.WritableSpan();
+    ASSERT_FALSE(room.empty());
+    const size_t n = std::min({chunk, room.size(), stream.size() - at});
+    std::memcpy(room.data(), stream.data() + at, n);
+    reader.Commit(n);
+    reader.Parse(conn, handler);
+    at += n;
+    if (after) after(at);
+  }
+}
+
 TEST(FrameReaderTest, SmallBufferGrowsAndCompactsAcrossEveryChunking) {
   const std::vector<Frame> want = Mix(24);
   const std::string stream = Encode(want);
@@ -57,18 +75,9 @@ TEST(FrameReaderTest, SmallBufferGrowsAndCompactsAcrossEveryChunking) {
     StubConnection conn;
     Recorder rec;
     FrameReader reader(16);
-    for (size_t at = 0; at < stream.size();) {
-      const std::span<std::byte> room = reader.WritableSpan();
-      ASSERT_FALSE(room.empty());
-      const size_t n = std::min({chunk, room.size(), stream.size() - at});
-      std::memcpy(room.data(), stream.data() + at, n);
-      reader.Commit(n);
-      reader.Parse(conn, rec);
-      at += n;
-      if (at == 10) {
-        EXPECT_TRUE(reader.inside_frame());
-      }
-    }
+    FeedInChunks(reader, conn, rec, stream, chunk, [&](size_t at) {
+      if (at == 10) EXPECT_TRUE(reader.inside_frame());
+    });
     ExpectFrames(rec.frames, want);
     EXPECT_FALSE(reader.inside_frame()) << chunk;
     EXPECT_EQ(reader.buffered(), 0u);
@@ -114,15 +123,7 @@ TEST(FrameReaderTest, PayloadsLandInTheHandlersDestinationAcrossEveryChunking) {
     DestinationRecorder rec;
     rec.destinations.reserve(want.size());  // spans stay valid
     FrameReader reader(2048);
-    for (size_t at = 0; at < stream.size();) {
-      const std::span<std::byte> room = reader.WritableSpan();
-      ASSERT_FALSE(room.empty());
-      const size_t n = std::min({chunk, room.size(), stream.size() - at});
-      std::memcpy(room.data(), stream.data() + at, n);
-      reader.Commit(n);
-      reader.Parse(conn, rec);
-      at += n;
-    }
+    FeedInChunks(reader, conn, rec, stream, chunk);
     ExpectFrames(rec.frames, want);
     EXPECT_EQ(rec.in_place, expect_in_place);
     EXPECT_FALSE(reader.inside_frame());
