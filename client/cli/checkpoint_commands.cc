@@ -88,8 +88,38 @@ void PrintCheckpointList(std::ostream& out, const std::string& tenant,
 
 // ---- Commands --------------------------------------------------------------
 
-std::unique_ptr<admin::CheckpointService::Stub> Stub(const Invocation& inv) {
-  return admin::CheckpointService::NewStub(inv.connection.channel());
+using CheckpointStub = admin::CheckpointService::Stub;
+
+// TENANT [SEQUENCE]: the checkpoint a command is about.
+struct CheckpointRef {
+  std::string tenant;
+  uint64_t sequence = 0;
+};
+
+// A request for `ref.tenant` (and its sequence, if given).
+template <typename Request>
+Request ForCheckpoint(const Invocation& inv, const CheckpointRef& ref) {
+  Request request;
+  request.set_tenant(ref.tenant);
+  if (Given(inv.command, "SEQUENCE")) request.set_sequence(ref.sequence);
+  return request;
+}
+
+CLI::Option* AddCheckpointRef(CLI::App* command, CheckpointRef* ref, const std::string& sequence) {
+  AddArgument(command, "TENANT", &ref->tenant, "tenant name");
+  return command
+      ->add_option("SEQUENCE", ref->sequence, "the checkpoint's sequence number " + sequence)
+      ->type_name("")
+      ->check(PositiveU64Validator());
+}
+
+// Shows a Checkpoint the daemon returned: `headline`, then the checkpoint.
+template <typename Headline>
+auto ShowCheckpoint(Headline headline) {
+  return [headline](std::ostream& out, const admin::Checkpoint& checkpoint) {
+    headline(out, checkpoint);
+    PrintCheckpoint(out, checkpoint);
+  };
 }
 
 void AddCreate(CLI::App* checkpoint, Handlers* handlers) {
@@ -97,8 +127,7 @@ void AddCreate(CLI::App* checkpoint, Handlers* handlers) {
     std::string tenant;
     uint32_t timeout_ms = 0;
   };
-  auto a = std::make_shared<Args>();
-  CLI::App* c = AddCommand(
+  const auto c = DefineCommand<Args>(
       checkpoint, "create", "checkpoint a tenant now (training goes on); prints the new file",
       "Writes the tenant's parameters and optimizer state, every chunk of a key at one\n"
       "iteration, and prints the new checkpoint: sequence, path on the hub's host, size\n"
@@ -106,124 +135,77 @@ void AddCreate(CLI::App* checkpoint, Handlers* handlers) {
       "the daemon's checkpoint.keep are deleted. --timeout-ms bounds the wait for every\n"
       "chunk to reach one iteration per key (DEADLINE_EXCEEDED if a worker stalls); the\n"
       "call's own deadline is --timeout plus that wait.");
-  AddArgument(c, "TENANT", &a->tenant, "tenant name");
-  c->add_option("--timeout-ms", a->timeout_ms,
-                "wait at most N ms for the chunks (default 10000; at most 3600000)")
+  AddArgument(c.app, "TENANT", &c.args->tenant, "tenant name");
+  c.app
+      ->add_option("--timeout-ms", c.args->timeout_ms,
+                   "wait at most N ms for the chunks (default 10000; at most 3600000)")
       ->type_name("N")
       ->check(U32Validator());
-  (*handlers)[c] = [a](const Invocation& inv) {
+  Handle(handlers, c, [](const Invocation& inv, const Args& a) {
     admin::CreateCheckpointRequest request;
-    request.set_tenant(a->tenant);
-    if (Given(inv.command, "--timeout-ms")) request.set_timeout_ms(a->timeout_ms);
-    auto stub = Stub(inv);
-    grpc::ClientContext context;
-    inv.connection.Prepare(&context);
+    request.set_tenant(a.tenant);
+    if (Given(inv.command, "--timeout-ms")) request.set_timeout_ms(a.timeout_ms);
     // The daemon may wait for the chunks before it writes: --timeout is for
     // the rest of the call.
-    const uint32_t wait_ms = a->timeout_ms == 0 ? kDefaultSnapshotWaitMs : a->timeout_ms;
-    context.set_deadline(context.deadline() + std::chrono::milliseconds(wait_ms));
-    admin::Checkpoint response;
-    if (Status s = Check(stub->CreateCheckpoint(&context, request, &response), inv.connection);
-        !s.ok()) {
-      return s;
-    }
-    return Emit(inv, response, [&] {
-      inv.out << "created checkpoint " << response.sequence() << " of tenant '" << response.tenant()
-              << "'\n";
-      PrintCheckpoint(inv.out, response);
-    });
-  };
+    const uint32_t wait_ms = a.timeout_ms == 0 ? kDefaultSnapshotWaitMs : a.timeout_ms;
+    return CallAndShow(inv, &CheckpointStub::CreateCheckpoint, request,
+                       ShowCheckpoint([](std::ostream& out, const admin::Checkpoint& r) {
+                         out << "created checkpoint " << r.sequence() << " of tenant '"
+                             << r.tenant() << "'\n";
+                       }),
+                       std::chrono::milliseconds(wait_ms));
+  });
 }
 
 void AddList(CLI::App* checkpoint, Handlers* handlers) {
-  auto tenant = std::make_shared<std::string>();
-  CLI::App* c = AddCommand(
+  const auto c = DefineCommand<std::string>(
       checkpoint, "list", "list a tenant's checkpoints, newest first; damaged files say why",
       "Columns: sequence, creation time, size on disk, each key's iteration (a summary\n"
       "for more than 4 keys; --json has them all) and PROBLEM: why a damaged file cannot\n"
       "be loaded (it is listed, never restored).");
-  AddArgument(c, "TENANT", tenant.get(), "tenant name");
-  (*handlers)[c] = [tenant](const Invocation& inv) {
+  AddArgument(c.app, "TENANT", c.args.get(), "tenant name");
+  Handle(handlers, c, [](const Invocation& inv, const std::string& tenant) {
     admin::ListCheckpointsRequest request;
-    request.set_tenant(*tenant);
-    auto stub = Stub(inv);
-    grpc::ClientContext context;
-    inv.connection.Prepare(&context);
-    admin::ListCheckpointsResponse response;
-    if (Status s = Check(stub->ListCheckpoints(&context, request, &response), inv.connection);
-        !s.ok()) {
-      return s;
-    }
-    return Emit(inv, response, [&] { PrintCheckpointList(inv.out, request.tenant(), response); });
-  };
+    request.set_tenant(tenant);
+    return CallAndShow(
+        inv, &CheckpointStub::ListCheckpoints, request,
+        [&tenant](std::ostream& out, const admin::ListCheckpointsResponse& response) {
+          PrintCheckpointList(out, tenant, response);
+        });
+  });
 }
 
 void AddDelete(CLI::App* checkpoint, Handlers* handlers) {
-  struct Args {
-    std::string tenant;
-    uint64_t sequence = 0;
-  };
-  auto a = std::make_shared<Args>();
-  CLI::App* c = AddCommand(checkpoint, "delete", "delete one checkpoint file of a tenant");
-  AddArgument(c, "TENANT", &a->tenant, "tenant name");
-  c->add_option("SEQUENCE", a->sequence, "the checkpoint's sequence number (see list)")
-      ->type_name("")
-      ->check(PositiveU64Validator())
-      ->required();
-  (*handlers)[c] = [a](const Invocation& inv) {
-    admin::DeleteCheckpointRequest request;
-    request.set_tenant(a->tenant);
-    request.set_sequence(a->sequence);
-    auto stub = Stub(inv);
-    grpc::ClientContext context;
-    inv.connection.Prepare(&context);
-    admin::DeleteCheckpointResponse response;
-    if (Status s = Check(stub->DeleteCheckpoint(&context, request, &response), inv.connection);
-        !s.ok()) {
-      return s;
-    }
-    return Emit(inv, response, [&] {
-      inv.out << "deleted checkpoint " << request.sequence() << " of tenant '" << request.tenant()
-              << "'\n";
-    });
-  };
+  const auto c =
+      DefineCommand<CheckpointRef>(checkpoint, "delete", "delete one checkpoint file of a tenant");
+  AddCheckpointRef(c.app, c.args.get(), "(see list)")->required();
+  Handle(handlers, c, [](const Invocation& inv, const CheckpointRef& ref) {
+    return CallAndShow(inv, &CheckpointStub::DeleteCheckpoint,
+                       ForCheckpoint<admin::DeleteCheckpointRequest>(inv, ref),
+                       [&ref](std::ostream& out, const admin::DeleteCheckpointResponse&) {
+                         out << "deleted checkpoint " << ref.sequence << " of tenant '"
+                             << ref.tenant << "'\n";
+                       });
+  });
 }
 
 void AddRestore(CLI::App* checkpoint, Handlers* handlers) {
-  struct Args {
-    std::string tenant;
-    uint64_t sequence = 0;
-  };
-  auto a = std::make_shared<Args>();
-  CLI::App* c =
-      AddCommand(checkpoint, "restore",
-                 "put the running tenant back to a checkpoint (default: the newest valid one)",
-                 "The tenant's pending updates fail (WORKER_LOST); its workers' next pushes get\n"
-                 "BAD_ITERATION carrying the restored iteration, and they pull and continue from\n"
-                 "there. Without SEQUENCE the newest checkpoint that verifies is used (damaged\n"
-                 "ones are skipped); a given SEQUENCE must exist and verify.");
-  AddArgument(c, "TENANT", &a->tenant, "tenant name");
-  c->add_option("SEQUENCE", a->sequence, "the checkpoint's sequence number (default: newest)")
-      ->type_name("")
-      ->check(PositiveU64Validator());
-  (*handlers)[c] = [a](const Invocation& inv) {
-    admin::RestoreCheckpointRequest request;
-    request.set_tenant(a->tenant);
-    if (Given(inv.command, "SEQUENCE")) request.set_sequence(a->sequence);
-    auto stub = Stub(inv);
-    grpc::ClientContext context;
-    inv.connection.Prepare(&context);
-    admin::Checkpoint response;
-    if (Status s = Check(stub->RestoreCheckpoint(&context, request, &response), inv.connection);
-        !s.ok()) {
-      return s;
-    }
-    return Emit(inv, response, [&] {
-      inv.out << "restored tenant '" << response.tenant() << "' to checkpoint "
-              << response.sequence() << "; its workers resume from these iterations\n";
-      PrintCheckpoint(inv.out, response);
-    });
-  };
+  const auto c = DefineCommand<CheckpointRef>(
+      checkpoint, "restore",
+      "put the running tenant back to a checkpoint (default: the newest valid one)",
+      "The tenant's pending updates fail (WORKER_LOST); its workers' next pushes get\n"
+      "BAD_ITERATION carrying the restored iteration, and they pull and continue from\n"
+      "there. Without SEQUENCE the newest checkpoint that verifies is used (damaged\n"
+      "ones are skipped); a given SEQUENCE must exist and verify.");
+  AddCheckpointRef(c.app, c.args.get(), "(default: newest)");
+  Handle(handlers, c, [](const Invocation& inv, const CheckpointRef& ref) {
+    return CallAndShow(inv, &CheckpointStub::RestoreCheckpoint,
+                       ForCheckpoint<admin::RestoreCheckpointRequest>(inv, ref),
+                       ShowCheckpoint([](std::ostream& out, const admin::Checkpoint& r) {
+                         out << "restored tenant '" << r.tenant() << "' to checkpoint "
+                             << r.sequence() << "; its workers resume from these iterations\n";
+                       }));
+  });
 }
 
 }  // namespace

@@ -30,6 +30,15 @@ CLI::Option* AddArgument(CLI::App* command, const std::string& name, std::string
   return command->add_option(name, *value, what)->type_name("")->required();
 }
 
+CLI::Option* AddTenantFilter(CLI::App* command, std::string* tenant) {
+  return command->add_option("TENANT", *tenant, "only this tenant (default: all)")->type_name("");
+}
+
+CLI::Option* AddSecondsOption(CLI::App* command, const std::string& name, std::string* value,
+                              const std::string& what) {
+  return command->add_option(name, *value, what)->type_name("SECONDS")->check(SecondsValidator());
+}
+
 bool Given(const CLI::App& command, const std::string& option) {
   return command.count(option) > 0;
 }
@@ -38,22 +47,15 @@ namespace {
 
 // ---- Stats ---------------------------------------------------------------
 
-void AddStatsCommand(CLI::App* app, std::map<const CLI::App*, Handler>* handlers) {
-  auto tenant = std::make_shared<std::string>();
-  CLI::App* c = AddCommand(app, "stats", "daemon counters and per-tenant counters");
-  c->add_option("TENANT", *tenant, "only this tenant (default: all)")->type_name("");
-  (*handlers)[c] = [tenant](const Invocation& inv) {
+void AddStatsCommand(CLI::App* app, Handlers* handlers) {
+  const auto c =
+      DefineCommand<std::string>(app, "stats", "daemon counters and per-tenant counters");
+  AddTenantFilter(c.app, c.args.get());
+  Handle(handlers, c, [](const Invocation& inv, const std::string& tenant) {
     admin::GetStatsRequest request;
-    if (Given(inv.command, "TENANT")) request.set_tenant(*tenant);
-    auto stub = admin::StatsService::NewStub(inv.connection.channel());
-    grpc::ClientContext context;
-    inv.connection.Prepare(&context);
-    admin::GetStatsResponse response;
-    if (Status s = Check(stub->GetStats(&context, request, &response), inv.connection); !s.ok()) {
-      return s;
-    }
-    return Emit(inv, response, [&] { PrintStats(inv.out, response); });
-  };
+    if (Given(inv.command, "TENANT")) request.set_tenant(tenant);
+    return CallAndShow(inv, &admin::StatsService::Stub::GetStats, request, PrintStats);
+  });
 }
 
 // The named subcommands of `app`.

@@ -28,6 +28,15 @@ std::string ShortOptimizer(const admin::Optimizer& o) {
   return out;
 }
 
+template <typename Enum>
+std::string NameOf(const NameTable<Enum>& table, Enum value) {
+  for (const auto& [name, v] : table) {
+    if (v == value) return name;
+  }
+  const int number = static_cast<int>(value);
+  return number == 0 ? "unspecified" : "unknown(" + std::to_string(number) + ")";
+}
+
 }  // namespace
 
 std::string HumanBytes(uint64_t bytes) {
@@ -101,48 +110,25 @@ std::string FormatUnixMs(int64_t ms) {
   return buf;
 }
 
-std::string DTypeName(admin::DType dtype) {
-  switch (dtype) {
-    case admin::FP32: return "fp32";
-    case admin::FP16: return "fp16";
-    case admin::BF16: return "bf16";
-    case admin::DTYPE_UNSPECIFIED: return "unspecified";
-    default: return "unknown(" + std::to_string(static_cast<int>(dtype)) + ")";
-  }
-}
+const NameTable<admin::DType> kDTypeNames = {
+    {"fp32", admin::FP32}, {"fp16", admin::FP16}, {"bf16", admin::BF16}};
+const NameTable<admin::OptimizerType> kOptimizerTypeNames = {
+    {"sgd", admin::SGD},          {"momentum", admin::MOMENTUM}, {"nesterov", admin::NESTEROV},
+    {"adam", admin::ADAM},        {"adamw", admin::ADAMW},       {"adagrad", admin::ADAGRAD},
+    {"sum-only", admin::SUM_ONLY}};
+const NameTable<admin::GradientReduction> kReductionNames = {{"mean", admin::MEAN},
+                                                             {"sum", admin::SUM}};
+const NameTable<admin::InitMode> kInitModeNames = {
+    {"zeros", admin::ZEROS}, {"client", admin::FROM_CLIENT}, {"random", admin::RANDOM}};
 
+std::string DTypeName(admin::DType dtype) { return NameOf(kDTypeNames, dtype); }
 std::string OptimizerTypeName(admin::OptimizerType type) {
-  switch (type) {
-    case admin::SGD: return "sgd";
-    case admin::MOMENTUM: return "momentum";
-    case admin::NESTEROV: return "nesterov";
-    case admin::ADAM: return "adam";
-    case admin::ADAMW: return "adamw";
-    case admin::ADAGRAD: return "adagrad";
-    case admin::SUM_ONLY: return "sum-only";
-    case admin::OPTIMIZER_UNSPECIFIED: return "unspecified";
-    default: return "unknown(" + std::to_string(static_cast<int>(type)) + ")";
-  }
+  return NameOf(kOptimizerTypeNames, type);
 }
-
 std::string ReductionName(admin::GradientReduction reduction) {
-  switch (reduction) {
-    case admin::MEAN: return "mean";
-    case admin::SUM: return "sum";
-    case admin::REDUCTION_UNSPECIFIED: return "unspecified";
-    default: return "unknown(" + std::to_string(static_cast<int>(reduction)) + ")";
-  }
+  return NameOf(kReductionNames, reduction);
 }
-
-std::string InitModeName(admin::InitMode init) {
-  switch (init) {
-    case admin::ZEROS: return "zeros";
-    case admin::FROM_CLIENT: return "client";
-    case admin::RANDOM: return "random";
-    case admin::INIT_UNSPECIFIED: return "unspecified";
-    default: return "unknown(" + std::to_string(static_cast<int>(init)) + ")";
-  }
-}
+std::string InitModeName(admin::InitMode init) { return NameOf(kInitModeNames, init); }
 
 std::string DescribeOptimizer(const admin::Optimizer& o) {
   std::string out = OptimizerTypeName(o.type());
@@ -294,20 +280,16 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
   block.Print(out);
   if (!chunks || k.chunks().empty()) return;
   out << "\nchunk layout:\n";
-  if (k.rows() > 0 && k.dim() > 0) {  // a table: row ranges
-    Table table({{"CHUNK", true}, {"LANE", true}, {"FIRST-ROW", true}, {"ROWS", true}});
-    for (const auto& c : k.chunks()) {
-      table.AddRow({std::to_string(c.index()), std::to_string(c.lane()),
-                    std::to_string(c.first_element() / k.dim()),
-                    std::to_string(c.elements() / k.dim())});
-    }
-    table.Print(out, "  ");
-    return;
-  }
-  Table table({{"CHUNK", true}, {"LANE", true}, {"FIRST-ELEMENT", true}, {"ELEMENTS", true}});
+  // A table's chunks are row ranges, a dense key's element ranges.
+  const bool rows = k.rows() > 0 && k.dim() > 0;
+  const uint64_t unit = rows ? k.dim() : 1;
+  Table table({{"CHUNK", true},
+               {"LANE", true},
+               {rows ? "FIRST-ROW" : "FIRST-ELEMENT", true},
+               {rows ? "ROWS" : "ELEMENTS", true}});
   for (const auto& c : k.chunks()) {
     table.AddRow({std::to_string(c.index()), std::to_string(c.lane()),
-                  std::to_string(c.first_element()), std::to_string(c.elements())});
+                  std::to_string(c.first_element() / unit), std::to_string(c.elements() / unit)});
   }
   table.Print(out, "  ");
 }

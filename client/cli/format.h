@@ -28,7 +28,19 @@ std::string HumanDuration(int64_t ms);
 // "2024-05-01 12:00:00 UTC" for a Unix time in ms ("-" for 0).
 std::string FormatUnixMs(int64_t ms);
 
-// Lowercase names, spelled as the command line accepts them.
+// The lowercase names of an enum's values, spelled as the command line
+// accepts them: the one table both parsing (Choice, OneOfValidator over
+// Names) and printing (the *Name functions below) use. The UNSPECIFIED value
+// (0) has no entry.
+template <typename Enum>
+using NameTable = std::vector<std::pair<std::string, Enum>>;
+extern const NameTable<admin::DType> kDTypeNames;
+extern const NameTable<admin::OptimizerType> kOptimizerTypeNames;
+extern const NameTable<admin::GradientReduction> kReductionNames;
+extern const NameTable<admin::InitMode> kInitModeNames;
+
+// A value's name from its table: "unspecified" for 0, "unknown(N)" for a
+// value the table does not know.
 std::string DTypeName(admin::DType dtype);
 std::string OptimizerTypeName(admin::OptimizerType type);
 std::string ReductionName(admin::GradientReduction reduction);

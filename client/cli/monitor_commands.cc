@@ -27,6 +27,8 @@
 namespace rackhub::cli {
 namespace {
 
+using StatsStub = admin::StatsService::Stub;
+
 // ---- Sampling --------------------------------------------------------------
 
 struct Sample {
@@ -37,15 +39,9 @@ struct Sample {
 Result<Sample> TakeSample(const Invocation& inv, const std::string& tenant) {
   admin::GetStatsRequest request;
   request.set_tenant(tenant);
-  auto stub = admin::StatsService::NewStub(inv.connection.channel());
-  grpc::ClientContext context;
-  inv.connection.Prepare(&context);
-  Sample sample;
-  if (Status s = Check(stub->GetStats(&context, request, &sample.stats), inv.connection); !s.ok()) {
-    return s;
-  }
-  sample.at = std::chrono::steady_clock::now();
-  return sample;
+  Result<admin::GetStatsResponse> stats = Call(inv, &StatsStub::GetStats, request);
+  if (!stats.ok()) return stats.status();
+  return Sample{*std::move(stats), std::chrono::steady_clock::now()};
 }
 
 // Per-bucket counts of `now` minus `before` (counters restart with the
@@ -369,65 +365,55 @@ void AddMonitorCommands(CLI::App* app, Handlers* handlers) {
     std::string interval = "1";
     bool once = false;
   };
-  auto top = std::make_shared<TopArgs>();
-  CLI::App* t = AddCommand(
+  const auto top = DefineCommand<TopArgs>(
       app, "top", "live view: per-tenant rates and latencies, per-lane busy share",
       "Refreshes every --interval: per tenant iterations/s, GB/s in and out, p50/p99 of the\n"
       "update latency (first contribution to reply) and the rank the others waited for most\n"
       "(p99 of its lateness), errors; per lane the share of time its thread was busy. Figures\n"
       "cover the last interval. q (or Ctrl-C) quits. --once samples two intervals apart,\n"
       "prints once and exits; with --json as one JSON object.");
-  t->add_option("TENANT", top->tenant, "only this tenant (default: all)")->type_name("");
-  t->add_option("--interval", top->interval, "seconds between refreshes [1]")
-      ->type_name("SECONDS")
-      ->check(SecondsValidator());
-  t->add_flag("--once", top->once, "print one view and exit (for scripts)");
-  (*handlers)[t] = [top](const Invocation& inv) {
-    const Result<double> interval = ParseSeconds("interval", top->interval);
+  AddTenantFilter(top.app, &top.args->tenant);
+  AddSecondsOption(top.app, "--interval", &top.args->interval, "seconds between refreshes [1]");
+  top.app->add_flag("--once", top.args->once, "print one view and exit (for scripts)");
+  Handle(handlers, top, [](const Invocation& inv, const TopArgs& a) {
+    const Result<double> interval = ParseSeconds("interval", a.interval);
     if (!interval.ok()) return interval.status();
     if (*interval < 0.1 || *interval > 3600) {
-      return InvalidArgument("--interval: must be between 0.1 and 3600 seconds, got " +
-                             top->interval);
+      return InvalidArgument("--interval: must be between 0.1 and 3600 seconds, got " + a.interval);
     }
-    return RunTop(inv, top->tenant, *interval, top->once);
-  };
+    return RunTop(inv, a.tenant, *interval, a.once);
+  });
 
   struct StallsArgs {
     std::string tenant;
     std::string min_wait = "1";
     uint32_t max = 0;
   };
-  auto st = std::make_shared<StallsArgs>();
-  CLI::App* s = AddCommand(
+  const auto stalls = DefineCommand<StallsArgs>(
       app, "stalls", "updates waiting for workers: which ranks pushed, which are missing",
       "Lists every chunk update that has waited at least --min-wait since its first\n"
       "contribution, longest first, with the ranks that have pushed and those still\n"
       "missing (* = not connected to that lane). A rank missing from many rows is the one\n"
       "holding the job back.");
-  s->add_option("TENANT", st->tenant, "only this tenant (default: all)")->type_name("");
-  s->add_option("--min-wait", st->min_wait, "list updates waiting at least this long [1]")
-      ->type_name("SECONDS")
-      ->check(SecondsValidator());
-  s->add_option("--max", st->max, "at most this many rows [1000]")
+  AddTenantFilter(stalls.app, &stalls.args->tenant);
+  AddSecondsOption(stalls.app, "--min-wait", &stalls.args->min_wait,
+                   "list updates waiting at least this long [1]");
+  stalls.app->add_option("--max", stalls.args->max, "at most this many rows [1000]")
       ->type_name("N")
       ->check(U32Validator());
-  (*handlers)[s] = [st](const Invocation& inv) {
-    const Result<double> min_wait = ParseSeconds("min-wait", st->min_wait);
+  Handle(handlers, stalls, [](const Invocation& inv, const StallsArgs& a) {
+    const Result<double> min_wait = ParseSeconds("min-wait", a.min_wait);
     if (!min_wait.ok()) return min_wait.status();
     admin::ListStallsRequest request;
-    request.set_tenant(st->tenant);
+    request.set_tenant(a.tenant);
     const auto ms = static_cast<uint32_t>(std::clamp(*min_wait * 1000.0, 1.0, 4e9));
     request.set_min_wait_ms(ms);
-    request.set_max_stalls(st->max);
-    auto stub = admin::StatsService::NewStub(inv.connection.channel());
-    grpc::ClientContext context;
-    inv.connection.Prepare(&context);
-    admin::ListStallsResponse response;
-    if (Status s = Check(stub->ListStalls(&context, request, &response), inv.connection); !s.ok()) {
-      return s;
-    }
-    return Emit(inv, response, [&] { PrintStalls(inv.out, response, ms); });
-  };
+    request.set_max_stalls(a.max);
+    return CallAndShow(inv, &StatsStub::ListStalls, request,
+                       [ms](std::ostream& out, const admin::ListStallsResponse& response) {
+                         PrintStalls(out, response, ms);
+                       });
+  });
 }
 
 }  // namespace rackhub::cli

@@ -16,13 +16,6 @@
 namespace rackhub::cli {
 namespace {
 
-const std::vector<std::pair<std::string, admin::OptimizerType>> kOptimizerTypes = {
-    {"sgd", admin::SGD},   {"momentum", admin::MOMENTUM}, {"nesterov", admin::NESTEROV},
-    {"adam", admin::ADAM}, {"adamw", admin::ADAMW},       {"adagrad", admin::ADAGRAD},
-    {"sum-only", admin::SUM_ONLY}};
-const std::vector<std::pair<std::string, admin::GradientReduction>> kReductions = {
-    {"mean", admin::MEAN}, {"sum", admin::SUM}};
-
 constexpr const char* kOptimizerGroup = "Optimizer options";
 constexpr const char* kQuotaGroup = "Quota options";
 
@@ -42,11 +35,8 @@ bool AnyGiven(const CLI::App& command, const std::vector<std::string>& options) 
 // `create`: the optimizer is given in full, so hyperparameters without a type
 // (which would be ambiguous) are refused while parsing.
 void AddOptimizerOptions(CLI::App* command, OptimizerArgs* a, bool create) {
-  command
-      ->add_option("--optimizer", a->type,
-                   "sgd, momentum, nesterov, adam, adamw, adagrad or sum-only")
-      ->type_name("TYPE")
-      ->check(OneOfValidator(Names(kOptimizerTypes)))
+  AddChoiceOption(command, "--optimizer", &a->type, JoinChoices(Names(kOptimizerTypeNames)),
+                  kOptimizerTypeNames, "TYPE")
       ->group(kOptimizerGroup);
   const auto decimal = [&](const char* name, double* value, const char* what) {
     command->add_option(name, *value, what)
@@ -61,11 +51,8 @@ void AddOptimizerOptions(CLI::App* command, OptimizerArgs* a, bool create) {
   decimal("--beta2", &a->beta2, "adam, adamw: in [0, 1) (default 0.999)");
   decimal("--epsilon", &a->epsilon, "adam, adamw, adagrad (default 1e-8; adagrad 1e-10)");
   decimal("--initial-accumulator", &a->initial_accumulator, "adagrad: >= 0");
-  command
-      ->add_option("--reduction", a->reduction,
-                   "how the workers' gradients are combined (default mean)")
-      ->type_name("mean|sum")
-      ->check(OneOfValidator(Names(kReductions)))
+  AddChoiceOption(command, "--reduction", &a->reduction,
+                  "how the workers' gradients are combined (default mean)", kReductionNames)
       ->group(kOptimizerGroup);
   if (create) {
     command->callback([command] {
@@ -83,7 +70,7 @@ void AddOptimizerOptions(CLI::App* command, OptimizerArgs* a, bool create) {
 // Overlays the optimizer options given to `command` on `base`.
 admin::Optimizer ApplyOptimizerOptions(const CLI::App& command, const OptimizerArgs& a,
                                        admin::Optimizer base) {
-  if (Given(command, "--optimizer")) base.set_type(*Choice(a.type, kOptimizerTypes));
+  if (Given(command, "--optimizer")) base.set_type(*Choice(a.type, kOptimizerTypeNames));
   if (Given(command, "--lr")) base.set_learning_rate(a.lr);
   if (Given(command, "--momentum")) base.set_momentum(a.momentum);
   if (Given(command, "--weight-decay")) base.set_weight_decay(a.weight_decay);
@@ -91,7 +78,7 @@ admin::Optimizer ApplyOptimizerOptions(const CLI::App& command, const OptimizerA
   if (Given(command, "--beta2")) base.set_beta2(a.beta2);
   if (Given(command, "--epsilon")) base.set_epsilon(a.epsilon);
   if (Given(command, "--initial-accumulator")) base.set_initial_accumulator(a.initial_accumulator);
-  if (Given(command, "--reduction")) base.set_reduction(*Choice(a.reduction, kReductions));
+  if (Given(command, "--reduction")) base.set_reduction(*Choice(a.reduction, kReductionNames));
   return base;
 }
 
