@@ -147,6 +147,14 @@ struct IoGate {
 }  // namespace internal
 
 class Client::Impl {
+  // Impl's own files name the operation types without internal::.
+  using Lane = internal::Lane;
+  using OpKind = internal::OpKind;
+  using Operation = internal::Operation;
+  using OperationPtr = internal::OperationPtr;
+  using OutFrame = internal::OutFrame;
+  using PendingRequest = internal::PendingRequest;
+
  public:
   explicit Impl(const Options& options);
   ~Impl();
@@ -203,13 +211,24 @@ class Client::Impl {
   enum class State { kOpen, kBroken, kClosed };
 
   // Issue helpers (caller threads).
-  Error UsableLocked() const;                                  // REQUIRES: mu_ held
-  Ticket Register(const internal::OperationPtr& op);           // REQUIRES: mu_ held
-  Ticket CompleteNow(internal::OperationPtr op, Error error);  // REQUIRES: mu_ not held
-  void Post(internal::OperationPtr op);
-  // Takes the key's data-op slot; returns the failure if it cannot.
-  Error AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, bool check_in, bool check_out,
-                   internal::Operation* op);  // REQUIRES: mu_ held
+  // A new operation of `kind` on `key`, completed through `done` (if set).
+  static OperationPtr NewOperation(OpKind kind, KeyId key, Callback done);
+  // Issues `op` (REQUIRES: mu_ not held): registers its ticket if the client
+  // is usable and the key admits it (AdmitLocked) and posts it to the I/O
+  // thread; otherwise completes the ticket at once with the failure.
+  Ticket Issue(OperationPtr op);
+  Error UsableLocked() const;                        // REQUIRES: mu_ held
+  Ticket Register(const OperationPtr& op);           // REQUIRES: mu_ held
+  Ticket CompleteNow(OperationPtr op, Error error);  // REQUIRES: mu_ not held
+  void Post(OperationPtr op);
+  // Whether `op`'s key admits it now: the key is known; for a data
+  // operation (PushPull, Init, Pull, rows) its buffers match the key
+  // (PushPull, Init: `in`; PushPull, Pull: `out`) and the key's data-op slot
+  // is free, which it then takes. Returns the failure if not.
+  Error AdmitLocked(Operation* op);  // REQUIRES: mu_ held
+  // The failure of a `kind` operation on key `name`, which the hub no
+  // longer has since the client reconnected.
+  static Error KeyGone(OpKind kind, const std::string& name);
 
   // I/O thread.
   void Start(const internal::OperationPtr& op);

@@ -11,14 +11,10 @@
 
 namespace rackhub::client {
 
-using internal::Lane;
-using internal::OperationPtr;
-
 namespace {
 
 // Close(): how long BYE frames get to flush.
 constexpr auto kCloseFlush = std::chrono::seconds(1);
-
 
 }  // namespace
 

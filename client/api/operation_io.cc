@@ -15,20 +15,12 @@
 
 namespace rackhub::client {
 
-using internal::Lane;
-using internal::OpKind;
-using internal::Operation;
-using internal::OperationPtr;
-using internal::OutFrame;
-using internal::PendingRequest;
-
 namespace {
 
 // After a ticket failed while a transfer still reads or writes the caller's
 // buffer, the transfer gets this long to end before the connection is torn
 // down (so the ticket can complete without the buffer being touched later).
 constexpr auto kTransferGrace = std::chrono::seconds(2);
-
 
 }  // namespace
 
@@ -239,7 +231,7 @@ void Client::Impl::Finish(const OperationPtr& op) {
   if (op->callback) op->callback(result);
 }
 
-std::vector<OperationPtr> Client::Impl::UnfinishedOps() {
+std::vector<internal::OperationPtr> Client::Impl::UnfinishedOps() {
   std::vector<OperationPtr> ops;
   std::lock_guard lock(mu_);
   for (const auto& [ticket, op] : tickets_) {

@@ -16,13 +16,6 @@
 
 namespace rackhub::client {
 
-using internal::Lane;
-using internal::OpKind;
-using internal::Operation;
-using internal::OperationPtr;
-using internal::OutFrame;
-using internal::PendingRequest;
-
 namespace internal {
 const char* OpKindName(OpKind kind) {
   switch (kind) {
@@ -104,39 +97,65 @@ void Client::Impl::Post(OperationPtr op) {
   asio::post(io_, [this, op = std::move(op)] { Start(op); });
 }
 
-Error Client::Impl::AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, bool check_in,
-                               bool check_out, Operation* op) {
-  const auto it = keys_.find(key);
+internal::OperationPtr Client::Impl::NewOperation(OpKind kind, KeyId key, Callback done) {
+  auto op = std::make_shared<Operation>();
+  op->kind = kind;
+  op->key = key;
+  op->callback = std::move(done);
+  return op;
+}
+
+Ticket Client::Impl::Issue(OperationPtr op) {
+  Error e;
+  {
+    std::lock_guard lock(mu_);
+    e = UsableLocked();
+    if (e.ok()) e = AdmitLocked(op.get());
+    if (e.ok()) Register(op);
+  }
+  if (!e.ok()) return CompleteNow(std::move(op), std::move(e));
+  const Ticket t = op->ticket;
+  Post(std::move(op));
+  return t;
+}
+
+Error Client::Impl::KeyGone(OpKind kind, const std::string& name) {
+  return MakeError(ErrorCode::kServer,
+                   std::string(internal::OpKindName(kind)) + " of key '" + name +
+                       "': the hub no longer has this key (or has it with another layout) "
+                       "since the client reconnected: UNKNOWN_KEY",
+                   WireError::kUnknownKey);
+}
+
+Error Client::Impl::AdmitLocked(Operation* op) {
+  const auto it = keys_.find(op->key);
+  if (op->kind == OpKind::kSetOptimizer) {  // any known key; it takes no slot
+    if (it != keys_.end()) return {};
+    return MakeError(ErrorCode::kInvalidArgument, "unknown key id " + std::to_string(op->key));
+  }
   if (it == keys_.end()) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     "unknown key id " + std::to_string(key) + " (declare it first)");
+                     "unknown key id " + std::to_string(op->key) + " (declare it first)");
   }
   KeyState& k = it->second;
   const char* kind = internal::OpKindName(op->kind);
-  if (check_in && in_size != k.info.elements) {
+  const bool push = op->kind == OpKind::kPushPull || op->kind == OpKind::kPushPullRows;
+  const bool check_in = op->kind == OpKind::kPushPull || op->kind == OpKind::kInit;
+  const bool check_out = op->kind == OpKind::kPushPull || op->kind == OpKind::kPull;
+  if (check_in && op->in.size() != k.info.elements) {
     return MakeError(ErrorCode::kInvalidArgument,
                      std::string(kind) + " of key '" + k.info.name + "': input has " +
-                         std::to_string(in_size) + " elements, the key has " +
+                         std::to_string(op->in.size()) + " elements, the key has " +
                          std::to_string(k.info.elements));
   }
-  if (check_out && out_size != k.info.elements) {
+  if (check_out && op->out.size() != k.info.elements) {
     return MakeError(ErrorCode::kInvalidArgument,
                      std::string(kind) + " of key '" + k.info.name + "': output has " +
-                         std::to_string(out_size) + " elements, the key has " +
+                         std::to_string(op->out.size()) + " elements, the key has " +
                          std::to_string(k.info.elements));
   }
-  if (k.gone) {
-    Error e = MakeError(ErrorCode::kServer,
-                        std::string(kind) + " of key '" + k.info.name +
-                            "': the hub no longer has this key (or has it with another layout) "
-                            "since the client reconnected: UNKNOWN_KEY");
-    e.wire = WireError::kUnknownKey;
-    return e;
-  }
-  if ((op->kind == OpKind::kPushPull || op->kind == OpKind::kPushPullRows) &&
-      k.info.resync_needed && !k.busy) {
-    return k.resync_error;
-  }
+  if (k.gone) return KeyGone(op->kind, k.info.name);
+  if (push && k.info.resync_needed && !k.busy) return k.resync_error;
   if (k.busy) {
     return MakeError(ErrorCode::kInvalidArgument,
                      std::string(kind) + " of key '" + k.info.name +
@@ -161,95 +180,41 @@ Error Client::Impl::AcquireKey(KeyId key, uint64_t in_size, uint64_t out_size, b
 
 Ticket Client::Impl::PushPull(KeyId key, std::span<const float> grad, std::span<float> out,
                               Callback done) {
-  auto op = std::make_shared<Operation>();
-  op->kind = OpKind::kPushPull;
-  op->key = key;
+  OperationPtr op = NewOperation(OpKind::kPushPull, key, std::move(done));
   op->in = grad;
   op->out = out;
-  op->callback = std::move(done);
-  Error e;
-  {
-    std::lock_guard lock(mu_);
-    e = UsableLocked();
-    if (e.ok()) e = AcquireKey(key, grad.size(), out.size(), true, true, op.get());
-    if (e.ok()) Register(op);
-  }
-  if (!e.ok()) return CompleteNow(std::move(op), std::move(e));
-  const Ticket t = op->ticket;
-  Post(std::move(op));
-  return t;
+  return Issue(std::move(op));
 }
 
 Ticket Client::Impl::InitKey(KeyId key, std::span<const float> values, Callback done) {
-  auto op = std::make_shared<Operation>();
-  op->kind = OpKind::kInit;
-  op->key = key;
+  OperationPtr op = NewOperation(OpKind::kInit, key, std::move(done));
   op->in = values;
-  op->callback = std::move(done);
-  Error e;
-  {
-    std::lock_guard lock(mu_);
-    e = UsableLocked();
-    if (e.ok()) e = AcquireKey(key, values.size(), 0, true, false, op.get());
-    if (e.ok()) Register(op);
-  }
-  if (!e.ok()) return CompleteNow(std::move(op), std::move(e));
-  const Ticket t = op->ticket;
-  Post(std::move(op));
-  return t;
+  return Issue(std::move(op));
 }
 
 Ticket Client::Impl::Pull(KeyId key, std::span<float> out, Callback done) {
-  auto op = std::make_shared<Operation>();
-  op->kind = OpKind::kPull;
-  op->key = key;
+  OperationPtr op = NewOperation(OpKind::kPull, key, std::move(done));
   op->out = out;
-  op->callback = std::move(done);
-  Error e;
-  {
-    std::lock_guard lock(mu_);
-    e = UsableLocked();
-    if (e.ok()) e = AcquireKey(key, 0, out.size(), false, true, op.get());
-    if (e.ok()) Register(op);
-  }
-  if (!e.ok()) return CompleteNow(std::move(op), std::move(e));
-  const Ticket t = op->ticket;
-  Post(std::move(op));
-  return t;
+  return Issue(std::move(op));
 }
 
 Ticket Client::Impl::SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration,
                                   Callback done) {
-  auto op = std::make_shared<Operation>();
-  op->kind = OpKind::kSetOptimizer;
-  op->key = key;
+  OperationPtr op = NewOperation(OpKind::kSetOptimizer, key, std::move(done));
   op->iteration = from_iteration;
-  op->callback = std::move(done);
+  Result<admin::v1::Optimizer> proto = internal::ToProtoOptimizer(spec);
+  if (!proto.ok()) {
+    return CompleteNow(std::move(op), MakeError(ErrorCode::kInvalidArgument,
+                                                "SetOptimizer: " + proto.status().message()));
+  }
   data::v1::OptimizerUpdate update;
-  Error e;
-  if (Result<admin::v1::Optimizer> proto = internal::ToProtoOptimizer(spec); proto.ok()) {
-    *update.mutable_optimizer() = *std::move(proto);
-  } else {
-    e = MakeError(ErrorCode::kInvalidArgument, "SetOptimizer: " + proto.status().message());
-  }
+  *update.mutable_optimizer() = *std::move(proto);
   update.SerializeToString(&op->control);
-  if (e.ok()) {
-    std::lock_guard lock(mu_);
-    e = UsableLocked();
-    if (e.ok() && keys_.find(key) == keys_.end()) {
-      e = MakeError(ErrorCode::kInvalidArgument, "unknown key id " + std::to_string(key));
-    }
-    if (e.ok()) Register(op);
-  }
-  if (!e.ok()) return CompleteNow(std::move(op), std::move(e));
-  const Ticket t = op->ticket;
-  Post(std::move(op));
-  return t;
+  return Issue(std::move(op));
 }
 
 Error Client::Impl::DeclareKey(const KeyDecl& decl, KeyId* out) {
-  auto op = std::make_shared<Operation>();
-  op->kind = OpKind::kDeclare;
+  OperationPtr op = NewOperation(OpKind::kDeclare, 0, nullptr);
   data::v1::KeyDeclaration d;
   d.set_name(decl.name);
   d.set_elements(decl.elements);
@@ -347,14 +312,7 @@ Error Client::Impl::KeyAllowsSend(const Operation& op) {
   const auto it = keys_.find(op.key);
   if (it == keys_.end()) return {};
   const KeyState& k = it->second;
-  if (k.gone) {
-    Error e = MakeError(ErrorCode::kServer,
-                        std::string(internal::OpKindName(op.kind)) + " of key '" + k.info.name +
-                            "': the hub no longer has this key (or has it with another layout) "
-                            "since the client reconnected: UNKNOWN_KEY");
-    e.wire = WireError::kUnknownKey;
-    return e;
-  }
+  if (k.gone) return KeyGone(op.kind, k.info.name);
   if ((op.kind == OpKind::kPushPull || op.kind == OpKind::kPushPullRows) &&
       k.info.resync_needed) {
     return k.resync_error;

@@ -17,8 +17,6 @@
 
 namespace rackhub::client {
 
-using internal::OperationPtr;
-using internal::OpKind;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -27,7 +25,6 @@ constexpr auto kFirstBackoff = std::chrono::milliseconds(50);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
 // One attempt's handshakes (all lanes) get at most this long.
 constexpr auto kMaxAttempt = std::chrono::milliseconds(5000);
-
 
 }  // namespace
 

@@ -13,19 +13,10 @@
 
 namespace rackhub::client {
 
-using internal::OpKind;
-using internal::Operation;
-using internal::OperationPtr;
-using internal::OutFrame;
-using internal::PendingRequest;
-
 namespace {
 
 Error Invalid(std::string message) {
-  Error e;
-  e.code = ErrorCode::kInvalidArgument;
-  e.message = std::move(message);
-  return e;
+  return MakeError(ErrorCode::kInvalidArgument, std::move(message));
 }
 
 }  // namespace
@@ -38,21 +29,15 @@ void TableInitValues(uint64_t seed, float scale, uint64_t first_row, uint64_t ro
 Ticket Client::Impl::PushPullRows(KeyId key, std::span<const uint64_t> ids,
                                   std::span<const float> grads, std::span<const uint64_t> want,
                                   std::span<float> out, Callback done) {
-  auto op = std::make_shared<Operation>();
-  op->kind = OpKind::kPushPullRows;
-  op->key = key;
+  OperationPtr op = NewOperation(OpKind::kPushPullRows, key, std::move(done));
   op->out = out;
-  op->callback = std::move(done);
   return IssueRows(std::move(op), ids, grads, want);
 }
 
 Ticket Client::Impl::PullRows(KeyId key, std::span<const uint64_t> ids, std::span<float> out,
                               Callback done) {
-  auto op = std::make_shared<Operation>();
-  op->kind = OpKind::kPullRows;
-  op->key = key;
+  OperationPtr op = NewOperation(OpKind::kPullRows, key, std::move(done));
   op->out = out;
-  op->callback = std::move(done);
   return IssueRows(std::move(op), {}, {}, ids);
 }
 
@@ -150,17 +135,7 @@ Ticket Client::Impl::IssueRows(OperationPtr op, std::span<const uint64_t> ids,
   op->dim = dim;
   op->dtype = info.dtype;
   op->first_chunk = info.first_chunk;
-  {
-    std::lock_guard lock(mu_);
-    e = UsableLocked();
-    // The key's data-op slot and iteration (no element-count checks).
-    if (e.ok()) e = AcquireKey(op->key, 0, 0, false, false, op.get());
-    if (e.ok()) Register(op);
-  }
-  if (!e.ok()) return CompleteNow(std::move(op), std::move(e));
-  const Ticket t = op->ticket;
-  asio::post(io_, [this, op = std::move(op)] { Start(op); });
-  return t;
+  return Issue(std::move(op));  // takes the key's data-op slot and iteration
 }
 
 void Client::Impl::StartRows(const OperationPtr& op, net::Opcode opcode) {
