@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "rackhub/client/client.h"
 
@@ -32,10 +33,10 @@ int Record(rackhub_client* c, const Error& e) {
   return static_cast<int>(e.code);
 }
 
-int Invalid(rackhub_client* c, const char* what) {
+int Invalid(rackhub_client* c, std::string what) {
   Error e;
   e.code = ErrorCode::kInvalidArgument;
-  e.message = what;
+  e.message = std::move(what);
   return Record(c, e);
 }
 
@@ -51,6 +52,40 @@ bool ToSpec(const rackhub_optimizer* o, rackhub::client::OptimizerSpec* spec) {
   spec->initial_accumulator = o->initial_accumulator;
   spec->sum_reduction = o->sum_reduction != 0;
   return true;
+}
+
+// The init mode a declare function accepts besides RACKHUB_INIT_ZEROS, and
+// its name in the error message.
+struct OtherInit {
+  int value;
+  const char* name;
+};
+
+// What rackhub_declare_key and rackhub_declare_table check and do alike:
+// `decl` comes with what is their own (elements, or rows, dim and the random
+// init's scale and seed); the name, dtype, init and optimizer are checked and
+// added here, then the key is declared. `function` names the caller in
+// messages.
+int Declare(rackhub_client* c, const std::string& function, const char* name, int dtype, int init,
+            OtherInit other_init, const rackhub_optimizer* optimizer, rackhub::client::KeyDecl decl,
+            uint32_t* key_out) {
+  if (!c) return RACKHUB_INVALID_ARGUMENT;
+  if (!name) return Invalid(c, function + ": name is NULL");
+  if (dtype < RACKHUB_FP32 || dtype > RACKHUB_BF16) {
+    return Invalid(c, function + ": dtype must be RACKHUB_FP32, _FP16 or _BF16");
+  }
+  if (init != RACKHUB_INIT_ZEROS && init != other_init.value) {
+    return Invalid(c, function + ": init must be RACKHUB_INIT_ZEROS or " + other_init.name);
+  }
+  decl.name = name;
+  decl.dtype = static_cast<rackhub::client::DType>(dtype);
+  decl.init = static_cast<rackhub::client::Init>(init);
+  rackhub::client::OptimizerSpec spec;
+  if (ToSpec(optimizer, &spec)) decl.optimizer = spec;
+  rackhub::client::KeyId id = 0;
+  const int status = Record(c, c->client->DeclareKey(decl, &id));
+  if (status == RACKHUB_OK && key_out) *key_out = id;
+  return status;
 }
 
 }  // namespace
@@ -132,52 +167,22 @@ uint32_t rackhub_chunk_elements(const rackhub_client* c) {
 
 int rackhub_declare_key(rackhub_client* c, const char* name, uint64_t elements, int dtype,
                         const rackhub_optimizer* optimizer, int init, uint32_t* key_out) {
-  if (!c) return RACKHUB_INVALID_ARGUMENT;
-  if (!name) return Invalid(c, "rackhub_declare_key: name is NULL");
-  if (dtype < RACKHUB_FP32 || dtype > RACKHUB_BF16) {
-    return Invalid(c, "rackhub_declare_key: dtype must be RACKHUB_FP32, _FP16 or _BF16");
-  }
-  if (init != RACKHUB_INIT_ZEROS && init != RACKHUB_INIT_FROM_CLIENT) {
-    return Invalid(c, "rackhub_declare_key: init must be RACKHUB_INIT_ZEROS or _FROM_CLIENT");
-  }
   rackhub::client::KeyDecl decl;
-  decl.name = name;
   decl.elements = elements;
-  decl.dtype = static_cast<rackhub::client::DType>(dtype);
-  decl.init = static_cast<rackhub::client::Init>(init);
-  rackhub::client::OptimizerSpec spec;
-  if (ToSpec(optimizer, &spec)) decl.optimizer = spec;
-  rackhub::client::KeyId id = 0;
-  const int status = Record(c, c->client->DeclareKey(decl, &id));
-  if (status == RACKHUB_OK && key_out) *key_out = id;
-  return status;
+  return Declare(c, "rackhub_declare_key", name, dtype, init,
+                 {RACKHUB_INIT_FROM_CLIENT, "_FROM_CLIENT"}, optimizer, std::move(decl), key_out);
 }
 
 int rackhub_declare_table(rackhub_client* c, const char* name, uint64_t rows, uint32_t dim,
-                          int dtype, const rackhub_optimizer* optimizer, int init,
-                          float init_scale, uint64_t init_seed, uint32_t* key_out) {
-  if (!c) return RACKHUB_INVALID_ARGUMENT;
-  if (!name) return Invalid(c, "rackhub_declare_table: name is NULL");
-  if (dtype < RACKHUB_FP32 || dtype > RACKHUB_BF16) {
-    return Invalid(c, "rackhub_declare_table: dtype must be RACKHUB_FP32, _FP16 or _BF16");
-  }
-  if (init != RACKHUB_INIT_ZEROS && init != RACKHUB_INIT_RANDOM) {
-    return Invalid(c, "rackhub_declare_table: init must be RACKHUB_INIT_ZEROS or _RANDOM");
-  }
+                          int dtype, const rackhub_optimizer* optimizer, int init, float init_scale,
+                          uint64_t init_seed, uint32_t* key_out) {
   rackhub::client::KeyDecl decl;
-  decl.name = name;
   decl.rows = rows;
   decl.dim = dim;
-  decl.dtype = static_cast<rackhub::client::DType>(dtype);
-  decl.init = static_cast<rackhub::client::Init>(init);
   decl.init_scale = init_scale;
   decl.init_seed = init_seed;
-  rackhub::client::OptimizerSpec spec;
-  if (ToSpec(optimizer, &spec)) decl.optimizer = spec;
-  rackhub::client::KeyId id = 0;
-  const int status = Record(c, c->client->DeclareKey(decl, &id));
-  if (status == RACKHUB_OK && key_out) *key_out = id;
-  return status;
+  return Declare(c, "rackhub_declare_table", name, dtype, init, {RACKHUB_INIT_RANDOM, "_RANDOM"},
+                 optimizer, std::move(decl), key_out);
 }
 
 int rackhub_push_pull_rows(rackhub_client* c, uint32_t key, const uint64_t* ids, uint64_t n_ids,
