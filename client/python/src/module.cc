@@ -248,15 +248,7 @@ class PyClient {
     }
     d.topk_ratio = topk_ratio;
     d.error_feedback = error_feedback;
-    rc::KeyId id = 0;
-    rc::Error err;
-    rc::Client& cl = c();
-    {
-      py::gil_scoped_release nogil;
-      err = cl.DeclareKey(d, &id);
-    }
-    if (!err.ok()) Raise(err);
-    return id;
+    return Declare(d);
   }
 
   py::object KeyInfo(uint32_t key) {
@@ -290,30 +282,21 @@ class PyClient {
     auto held = std::make_unique<Held>();
     const std::span<const float> g = held->Read(grad, "grad");
     const std::span<float> o = held->Write(out, "out");
-    std::lock_guard lock(mu_);  // the ticket's buffers are held before anyone can Wait it
-    const rc::Ticket t = cl.PushPull(key, g, o);
-    held_.emplace(t, std::move(held));
-    return t;
+    return Issue(std::move(held), [&] { return cl.PushPull(key, g, o); });
   }
 
   rc::Ticket Init(uint32_t key, const py::buffer& values) {
     rc::Client& cl = c();
     auto held = std::make_unique<Held>();
     const std::span<const float> v = held->Read(values, "values");
-    std::lock_guard lock(mu_);
-    const rc::Ticket t = cl.Init(key, v);
-    held_.emplace(t, std::move(held));
-    return t;
+    return Issue(std::move(held), [&] { return cl.Init(key, v); });
   }
 
   rc::Ticket Pull(uint32_t key, const py::buffer& out) {
     rc::Client& cl = c();
     auto held = std::make_unique<Held>();
     const std::span<float> o = held->Write(out, "out");
-    std::lock_guard lock(mu_);
-    const rc::Ticket t = cl.Pull(key, o);
-    held_.emplace(t, std::move(held));
-    return t;
+    return Issue(std::move(held), [&] { return cl.Pull(key, o); });
   }
 
   rc::Ticket PushPullRows(uint32_t key, const py::buffer& ids, const py::buffer& grads,
@@ -324,10 +307,7 @@ class PyClient {
     const auto g = held->Read(grads, "grads");
     const auto w = held->Ids(want, "want");
     const auto o = held->Write(out, "out");
-    std::lock_guard lock(mu_);
-    const rc::Ticket t = cl.PushPullRows(key, i, g, w, o);
-    held_.emplace(t, std::move(held));
-    return t;
+    return Issue(std::move(held), [&] { return cl.PushPullRows(key, i, g, w, o); });
   }
 
   rc::Ticket PullRows(uint32_t key, const py::buffer& ids, const py::buffer& out) {
@@ -335,10 +315,7 @@ class PyClient {
     auto held = std::make_unique<Held>();
     const auto i = held->Ids(ids, "ids");
     const auto o = held->Write(out, "out");
-    std::lock_guard lock(mu_);
-    const rc::Ticket t = cl.PullRows(key, i, o);
-    held_.emplace(t, std::move(held));
-    return t;
+    return Issue(std::move(held), [&] { return cl.PullRows(key, i, o); });
   }
 
   uint32_t DeclareTable(const std::string& name, uint64_t rows, uint32_t dim,
@@ -359,15 +336,7 @@ class PyClient {
     }
     d.init_scale = init_scale;
     d.init_seed = seed;
-    rc::KeyId id = 0;
-    rc::Error err;
-    rc::Client& cl = c();
-    {
-      py::gil_scoped_release nogil;
-      err = cl.DeclareKey(d, &id);
-    }
-    if (!err.ok()) Raise(err);
-    return id;
+    return Declare(d);
   }
 
   rc::Ticket SetOptimizer(uint32_t key, const py::dict& spec, uint64_t from_iteration) {
@@ -429,6 +398,30 @@ class PyClient {
   }
 
  private:
+  // Declares the key `d` (GIL released); raises RackhubError on failure.
+  uint32_t Declare(const rc::KeyDecl& d) {
+    rc::KeyId id = 0;
+    rc::Error err;
+    rc::Client& cl = c();
+    {
+      py::gil_scoped_release nogil;
+      err = cl.DeclareKey(d, &id);
+    }
+    if (!err.ok()) Raise(err);
+    return id;
+  }
+
+  // Issues a ticket (`issue()`) and keeps its buffer exports `held` until it
+  // completes. mu_ is held around both, so the buffers are held before anyone
+  // can Wait the ticket.
+  template <typename IssueTicket>
+  rc::Ticket Issue(std::unique_ptr<Held> held, IssueTicket issue) {
+    std::lock_guard lock(mu_);
+    const rc::Ticket t = issue();
+    held_.emplace(t, std::move(held));
+    return t;
+  }
+
   std::unique_ptr<rc::Client> client_;
   std::mutex mu_;
   std::unordered_map<rc::Ticket, std::unique_ptr<Held>> held_;  // GUARDED_BY(mu_)

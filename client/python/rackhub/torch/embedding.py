@@ -53,7 +53,7 @@ import logging
 
 import torch
 
-from .hub_specs import HubOptimizer, spec_of_group
+from .hub_specs import HubOptimizer, spec_of_group, torch_optimizer_name
 
 _log = logging.getLogger("rackhub.torch")
 
@@ -88,11 +88,7 @@ def table_spec_of_group(optimizer, group):
     `group` of `optimizer`. Raises ValueError naming what the hub cannot do."""
     if isinstance(optimizer, HubOptimizer):
         return spec_of_group(optimizer, group)
-    name = type(optimizer).__name__
-    for base in type(optimizer).__mro__:
-        if base.__module__.startswith("torch.optim"):
-            name = base.__name__
-            break
+    name = torch_optimizer_name(optimizer)
 
     def refuse(setting):
         raise ValueError(f"embeddings: the hub's table optimizer for {name} has no {setting}")

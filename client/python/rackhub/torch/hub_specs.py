@@ -184,17 +184,22 @@ class HubOptimizer(torch.optim.Optimizer):
         return closure() if closure is not None else None
 
 
+def torch_optimizer_name(optimizer):
+    """The name of the torch.optim class `optimizer` is or derives from (a
+    subclass of torch.optim.Adam is "Adam"); else its own class's name."""
+    for base in type(optimizer).__mro__:
+        if base.__module__.startswith("torch.optim"):
+            return base.__name__
+    return type(optimizer).__name__
+
+
 def spec_of_group(optimizer, group):
     """The hub spec equal to `group` of `optimizer` (the reduction is added
     by the caller). Raises ValueError naming what the hub cannot do."""
     if isinstance(optimizer, HubOptimizer):
         spec = {k: group[k] for k in _SPEC_FIELDS if k in group and k != "reduction"}
         return {k: v for k, v in spec.items() if not (k != "type" and v == 0)}
-    name = type(optimizer).__name__
-    for base in type(optimizer).__mro__:
-        if base.__module__.startswith("torch.optim"):
-            name = base.__name__
-            break
+    name = torch_optimizer_name(optimizer)
 
     def refuse(setting):
         raise ValueError(f"hub_optimizer: the hub's {name} has no {setting}; run it locally "
