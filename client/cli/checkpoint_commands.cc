@@ -49,19 +49,13 @@ void PrintCheckpoint(std::ostream& out, const admin::Checkpoint& c) {
   if (!c.problem().empty()) block.Add("problem", c.problem());
   block.Add("keys", std::to_string(c.keys_size()));
   block.Print(out);
-  if (c.keys().empty()) return;
-  out << "\nkey iterations:\n";
   Table table({{"KEY"}, {"ITERATION", true}});
   for (const auto& k : c.keys()) table.AddRow({k.key(), std::to_string(k.iteration())});
-  table.Print(out, "  ");
+  PrintSection(out, "key iterations", table);
 }
 
 void PrintCheckpointList(std::ostream& out, const std::string& tenant,
                          const admin::ListCheckpointsResponse& response) {
-  if (response.checkpoints().empty()) {
-    out << "no checkpoints of tenant '" << tenant << "'\n";
-    return;
-  }
   Table table({{"SEQUENCE", true}, {"CREATED"}, {"SIZE", true}, {"KEYS@ITERATION"}, {"PROBLEM"}});
   std::string damaged;  // "3, 2"
   int damaged_count = 0;
@@ -75,7 +69,7 @@ void PrintCheckpointList(std::ostream& out, const std::string& tenant,
                   BytesWithHuman(c.bytes()), bad ? "-" : KeysAtIterations(c),
                   bad ? "DAMAGED: " + c.problem() : "-"});
   }
-  table.Print(out);
+  table.Print(out, "", "no checkpoints of tenant '" + tenant + "'");
   if (damaged_count > 0) {
     const bool one = damaged_count == 1;
     out << "\n"

@@ -165,7 +165,11 @@ void Table::AddRow(std::vector<std::string> cells) {
   rows_.push_back(std::move(cells));
 }
 
-void Table::Print(std::ostream& out, const std::string& indent) const {
+void Table::Print(std::ostream& out, const std::string& indent, const std::string& none) const {
+  if (empty() && !none.empty()) {
+    out << indent << none << '\n';
+    return;
+  }
   std::vector<size_t> widths(columns_.size());
   for (size_t c = 0; c < columns_.size(); ++c) {
     widths[c] = columns_[c].header.size();
@@ -193,6 +197,12 @@ void Table::Print(std::ostream& out, const std::string& indent) const {
   for (const auto& row : rows_) print_row(row, false);
 }
 
+void PrintSection(std::ostream& out, const std::string& title, const Table& table) {
+  if (table.empty()) return;
+  out << "\n" << title << ":\n";
+  table.Print(out, "  ");
+}
+
 void PrintTenant(std::ostream& out, const admin::Tenant& t) {
   FieldBlock block;
   block.Add("name", t.name());
@@ -218,10 +228,6 @@ void PrintTenant(std::ostream& out, const admin::Tenant& t) {
 }
 
 void PrintTenantList(std::ostream& out, const admin::ListTenantsResponse& response) {
-  if (response.tenants().empty()) {
-    out << "no tenants\n";
-    return;
-  }
   Table table({{"NAME"},
                {"HANDLE", true},
                {"WORKERS", true},
@@ -241,7 +247,7 @@ void PrintTenantList(std::ostream& out, const admin::ListTenantsResponse& respon
                       : BytesWithHuman(t.quotas().max_parameter_bytes()),
                   ShortOptimizer(t.default_optimizer())});
   }
-  table.Print(out);
+  table.Print(out, "", "no tenants");
 }
 
 void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
@@ -278,8 +284,7 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
   block.Add("chunks", std::to_string(k.chunk_count()) + " (first index " +
                           std::to_string(k.first_chunk()) + ")");
   block.Print(out);
-  if (!chunks || k.chunks().empty()) return;
-  out << "\nchunk layout:\n";
+  if (!chunks) return;
   // A table's chunks are row ranges, a dense key's element ranges.
   const bool rows = k.rows() > 0 && k.dim() > 0;
   const uint64_t unit = rows ? k.dim() : 1;
@@ -291,15 +296,11 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
     table.AddRow({std::to_string(c.index()), std::to_string(c.lane()),
                   std::to_string(c.first_element() / unit), std::to_string(c.elements() / unit)});
   }
-  table.Print(out, "  ");
+  PrintSection(out, "chunk layout", table);
 }
 
 void PrintKeyList(std::ostream& out, const std::string& tenant,
                   const admin::ListKeysResponse& response) {
-  if (response.keys().empty()) {
-    out << "no keys in tenant '" << tenant << "'\n";
-    return;
-  }
   Table table({{"NAME"},
                {"ID", true},
                {"ELEMENTS", true},
@@ -315,7 +316,7 @@ void PrintKeyList(std::ostream& out, const std::string& tenant,
                   std::to_string(k.chunk_count()), BytesWithHuman(k.parameter_bytes()),
                   ShortOptimizer(k.optimizer())});
   }
-  table.Print(out);
+  table.Print(out, "", "no keys in tenant '" + tenant + "'");
 }
 
 void PrintStats(std::ostream& out, const admin::GetStatsResponse& response) {
@@ -338,10 +339,6 @@ void PrintStats(std::ostream& out, const admin::GetStatsResponse& response) {
   out << "daemon:\n";
   block.Print(out, "  ");
   out << "\ntenants:\n";
-  if (response.tenants().empty()) {
-    out << "  (none)\n";
-    return;
-  }
   Table table({{"NAME"},
                {"KEYS", true},
                {"PARAMETER-BYTES", true},
@@ -362,7 +359,7 @@ void PrintStats(std::ostream& out, const admin::GetStatsResponse& response) {
                   BytesWithHuman(t.bytes_in()), BytesWithHuman(t.bytes_out()),
                   std::to_string(t.errors())});
   }
-  table.Print(out, "  ");
+  table.Print(out, "  ", "(none)");
 }
 
 Status PrintJson(std::ostream& out, const google::protobuf::Message& message) {

@@ -68,12 +68,20 @@ class Table {
   };
   explicit Table(std::vector<Column> columns);
   void AddRow(std::vector<std::string> cells);
-  void Print(std::ostream& out, const std::string& indent = "") const;
+  bool empty() const { return rows_.empty(); }
+  // Every line starts with `indent`. A table without rows prints the line
+  // `none` instead ("no tenants"), if one is given.
+  void Print(std::ostream& out, const std::string& indent = "", const std::string& none = "") const;
 
  private:
   std::vector<Column> columns_;
   std::vector<std::vector<std::string>> rows_;
 };
+
+// The titled part of a rendering that follows its FieldBlock, e.g. key get's
+// chunk layout: a blank line, "<title>:" and `table` indented by two spaces;
+// nothing if the table has no rows.
+void PrintSection(std::ostream& out, const std::string& title, const Table& table);
 
 // Human renderings of the admin API's messages.
 void PrintTenant(std::ostream& out, const admin::Tenant& tenant);

@@ -172,11 +172,7 @@ void PrintView(std::ostream& out, const View& v, const std::string& admin) {
                     Fixed(t.gb_in_per_s, 3), Fixed(t.gb_out_per_s, 3), Ms(t.p50), Ms(t.p99),
                     slowest, std::to_string(t.errors)});
   }
-  if (v.tenants.empty()) {
-    out << "no tenants\n";
-  } else {
-    tenants.Print(out);
-  }
+  tenants.Print(out, "", "no tenants");
   out << "\n";
   Table lanes({{"LANE", true}, {"CPU", true}, {"BUSY %", true}});
   for (const auto& l : v.lanes) {
