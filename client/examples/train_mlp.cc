@@ -27,11 +27,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -89,25 +91,18 @@ Flags ParseFlags(int argc, char** argv) {
   app.add_option("--token-file", f.token_file, "file holding the tenant's data-plane token")
       ->type_name("FILE")
       ->required();
-  app.add_option("--rank", f.rank, "this worker's rank, below --workers")
-      ->type_name("R")
-      ->check(UnsignedUpTo(UINT32_MAX))
-      ->required();
-  app.add_option("--workers", f.workers, "workers of the tenant (per rack)")
-      ->type_name("W")
-      ->check(UnsignedUpTo(UINT32_MAX))
-      ->required();
-  app.add_option("--epochs", f.epochs, "passes over the training set")
-      ->type_name("N")
-      ->check(UnsignedUpTo(INT32_MAX))
-      ->capture_default_str();
-  app.add_option("--batch", f.batch, "minibatch per worker")
-      ->type_name("N")
-      ->check(UnsignedUpTo(INT32_MAX))
-      ->capture_default_str();
-  app.add_option("--seed", f.seed, "data and initial weights (the same on every rank)")
-      ->type_name("N")
-      ->check(UnsignedUpTo(UINT64_MAX))
+  // A whole-number option, at most what its variable holds.
+  const auto whole = [&app](const char* name, auto& value, const char* type, const char* what) {
+    using T = std::remove_reference_t<decltype(value)>;
+    return app.add_option(name, value, what)
+        ->type_name(type)
+        ->check(UnsignedUpTo(std::numeric_limits<T>::max()));
+  };
+  whole("--rank", f.rank, "R", "this worker's rank, below --workers")->required();
+  whole("--workers", f.workers, "W", "workers of the tenant (per rack)")->required();
+  whole("--epochs", f.epochs, "N", "passes over the training set")->capture_default_str();
+  whole("--batch", f.batch, "N", "minibatch per worker")->capture_default_str();
+  whole("--seed", f.seed, "N", "data and initial weights (the same on every rank)")
       ->capture_default_str();
   app.add_option("--optimizer", f.optimizer, "the keys' optimizer on the hub")
       ->type_name("momentum|adam|sgd")
