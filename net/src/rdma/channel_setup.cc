@@ -113,7 +113,10 @@ Result<RingDescriptor> DecodeDescriptor(const void* data, size_t bytes) {
 }
 
 Channel::Channel(const ChannelOptions& options)
-    : options_(options), rx_(nullptr, FreeAligned), tx_(nullptr, FreeAligned) {}
+    : FrameChannel("rdma ring"),
+      options_(options),
+      rx_(nullptr, FreeAligned),
+      tx_(nullptr, FreeAligned) {}
 
 Channel::~Channel() {
   if (cq_fd_) cq_fd_->release();
