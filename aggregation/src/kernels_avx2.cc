@@ -1,7 +1,7 @@
 // AVX2 kernel path: 256-bit vectors, F16C conversions (round to nearest
 // even). Only reached through the dispatcher (kernels.cc) on CPUs with AVX2
-// and F16C. The ISA is enabled per function by the pragma below, after all
-// includes, so nothing outside this file is compiled for AVX2.
+// and F16C. The ISA is enabled per function by RACKHUB_KERNEL_TARGET_BEGIN
+// below, after all includes, so nothing outside this file is compiled for AVX2.
 #include <immintrin.h>
 
 #include <cmath>
@@ -9,19 +9,15 @@
 
 #include "kernels_internal.h"
 
-// clang ignores `#pragma GCC target`; its own pragma does the same.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
+RACKHUB_KERNEL_TARGET_BEGIN("avx2,f16c")
+#include "kernels_simd.h"
 
 namespace rackhub::aggregation::internal {
 namespace {
 
-struct Avx2 {
+struct Avx2 : VectorArith {
   using F = __m256;
+  static constexpr KernelPath kPath = KernelPath::kAvx2;
   static constexpr size_t kLanes = 8;
   static F Set1(float x) { return _mm256_set1_ps(x); }
   static F Load(const float* p) { return _mm256_loadu_ps(p); }
@@ -58,32 +54,12 @@ struct Avx2 {
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
   }
-  static F Add(F a, F b) { return _mm256_add_ps(a, b); }
-  static F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
-  static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static F Div(F a, F b) { return _mm256_div_ps(a, b); }
   static F Sqrt(F a) { return _mm256_sqrt_ps(a); }
 };
 
 }  // namespace
-}  // namespace rackhub::aggregation::internal
+RACKHUB_KERNEL_TARGET_END()
 
-#define RACKHUB_SIMD_TRAITS
-#include "kernels_simd.h"
-#undef RACKHUB_SIMD_TRAITS
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-namespace rackhub::aggregation::internal {
-
-const KernelTable& Avx2Kernels() {
-  static constexpr KernelTable kTable{KernelPath::kAvx2, SumImpl<Avx2>, NarrowImpl<Avx2>,
-                                      FusedImpl<Avx2>};
-  return kTable;
-}
+const KernelTable& Avx2Kernels() { return kSimdKernels<Avx2>; }
 
 }  // namespace rackhub::aggregation::internal

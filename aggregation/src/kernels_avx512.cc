@@ -1,7 +1,7 @@
 // AVX-512 kernel path: 512-bit vectors (AVX-512F/BW/VL), vcvtph2ps/vcvtps2ph
 // conversions (round to nearest even). Only reached through the dispatcher
 // (kernels.cc) on CPUs with AVX-512F/BW/VL, AVX2 and F16C. The ISA is enabled
-// per function by the pragma below, after all includes, so nothing outside
+// per function by RACKHUB_KERNEL_TARGET_BEGIN below, after all includes, so nothing outside
 // this file is compiled for AVX-512. bf16 narrowing uses integer rounding, not
 // vcvtneps2bf16 (AVX512_BF16 flushes subnormal inputs to zero).
 // GCC 12 false positive in its own headers (_mm512_undefined_*, GCC PR105593).
@@ -17,19 +17,15 @@
 
 #include "kernels_internal.h"
 
-// clang ignores `#pragma GCC target`; its own pragma does the same.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c")
-#endif
+RACKHUB_KERNEL_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx2,f16c")
+#include "kernels_simd.h"
 
 namespace rackhub::aggregation::internal {
 namespace {
 
-struct Avx512 {
+struct Avx512 : VectorArith {
   using F = __m512;
+  static constexpr KernelPath kPath = KernelPath::kAvx512;
   static constexpr size_t kLanes = 16;
   static F Set1(float x) { return _mm512_set1_ps(x); }
   static F Load(const float* p) { return _mm512_loadu_ps(p); }
@@ -63,32 +59,12 @@ struct Avx512 {
     const __m512i r = _mm512_mask_blend_epi32(is_nan, rounded, nan);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));  // lanes <= 0xffff
   }
-  static F Add(F a, F b) { return _mm512_add_ps(a, b); }
-  static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F Div(F a, F b) { return _mm512_div_ps(a, b); }
   static F Sqrt(F a) { return _mm512_sqrt_ps(a); }
 };
 
 }  // namespace
-}  // namespace rackhub::aggregation::internal
+RACKHUB_KERNEL_TARGET_END()
 
-#define RACKHUB_SIMD_TRAITS
-#include "kernels_simd.h"
-#undef RACKHUB_SIMD_TRAITS
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-namespace rackhub::aggregation::internal {
-
-const KernelTable& Avx512Kernels() {
-  static constexpr KernelTable kTable{KernelPath::kAvx512, SumImpl<Avx512>, NarrowImpl<Avx512>,
-                                      FusedImpl<Avx512>};
-  return kTable;
-}
+const KernelTable& Avx512Kernels() { return kSimdKernels<Avx512>; }
 
 }  // namespace rackhub::aggregation::internal

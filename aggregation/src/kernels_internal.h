@@ -1,7 +1,8 @@
 // Private to rackhub_aggregation: the table of kernel entry points one kernel
-// path (portable / AVX2 / AVX-512) provides, and the per-call optimizer
-// scalars every path receives already rounded to float, so that all paths
-// compute with the very same constants.
+// path (portable / AVX2 / AVX-512) provides, the per-call optimizer scalars
+// every path receives already rounded to float, so that all paths compute
+// with the very same constants, and the two macros that compile a region of a
+// SIMD path's source for its ISA.
 #pragma once
 
 #include <cstddef>
@@ -48,6 +49,22 @@ struct KernelTable {
   void (*fused)(const OptParams& p, Inputs in, size_t k, ElementType type, const float* p_old,
                 float* p_new, float* state0, float* state1, size_t n, bool stream);
 };
+
+// Everything between RACKHUB_KERNEL_TARGET_BEGIN("avx2,f16c") and
+// RACKHUB_KERNEL_TARGET_END() is compiled for that ISA, function by function
+// (GCC's `#pragma GCC target`; clang ignores it and takes its own
+// `#pragma clang attribute`). Only the SIMD path sources use them, after all
+// their includes but kernels_simd.h.
+#define RACKHUB_KERNEL_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define RACKHUB_KERNEL_TARGET_BEGIN(isa) \
+  RACKHUB_KERNEL_PRAGMA(clang attribute push(__attribute__((target(isa))), apply_to = function))
+#define RACKHUB_KERNEL_TARGET_END() RACKHUB_KERNEL_PRAGMA(clang attribute pop)
+#else
+#define RACKHUB_KERNEL_TARGET_BEGIN(isa) \
+  RACKHUB_KERNEL_PRAGMA(GCC push_options) RACKHUB_KERNEL_PRAGMA(GCC target(isa))
+#define RACKHUB_KERNEL_TARGET_END() RACKHUB_KERNEL_PRAGMA(GCC pop_options)
+#endif
 
 const KernelTable& PortableKernels();
 // Defined in kernels_avx2.cc / kernels_avx512.cc; call only when the CPU

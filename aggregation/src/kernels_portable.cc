@@ -66,6 +66,9 @@ void SgdLoop(float gs, float lr, float wd, const float* __restrict sum,
   }
 }
 
+// Momentum and Nesterov share the loop: both update the velocity alike and
+// differ in the step they take with it.
+template <bool kNesterov>
 void MomentumLoop(float gs, float lr, float wd, float mu, const float* __restrict sum,
                   const float* __restrict p_old, float* __restrict p_new,
                   float* __restrict vel, size_t n) {
@@ -74,19 +77,11 @@ void MomentumLoop(float gs, float lr, float wd, float mu, const float* __restric
     const float d = sum[i] * gs + wd * p;
     const float v = mu * vel[i] + d;
     vel[i] = v;
-    p_new[i] = p - lr * v;
-  }
-}
-
-void NesterovLoop(float gs, float lr, float wd, float mu, const float* __restrict sum,
-                  const float* __restrict p_old, float* __restrict p_new,
-                  float* __restrict vel, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float p = p_old[i];
-    const float d = sum[i] * gs + wd * p;
-    const float v = mu * vel[i] + d;
-    vel[i] = v;
-    p_new[i] = p - lr * (d + mu * v);
+    if constexpr (kNesterov) {
+      p_new[i] = p - lr * (d + mu * v);
+    } else {
+      p_new[i] = p - lr * v;
+    }
   }
 }
 
@@ -180,10 +175,10 @@ void Optimize(const OptParams& o, const float* sum, const float* p_old, float* p
   switch (o.kind) {
     case OptKind::kSgd: SgdLoop(o.gs, o.lr, o.wd, sum, p_old, p_new, n); return;
     case OptKind::kMomentum:
-      MomentumLoop(o.gs, o.lr, o.wd, o.mu, sum, p_old, p_new, state0, n);
+      MomentumLoop<false>(o.gs, o.lr, o.wd, o.mu, sum, p_old, p_new, state0, n);
       return;
     case OptKind::kNesterov:
-      NesterovLoop(o.gs, o.lr, o.wd, o.mu, sum, p_old, p_new, state0, n);
+      MomentumLoop<true>(o.gs, o.lr, o.wd, o.mu, sum, p_old, p_new, state0, n);
       return;
     case OptKind::kAdam:
       AdamLoop(o.gs, o.wd, o.keep, o.b1, o.omb1, o.b2, o.omb2, o.step_size, o.inv_bc2, o.eps,

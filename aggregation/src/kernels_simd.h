@@ -1,30 +1,56 @@
 // Private to rackhub_aggregation: the loops of the SIMD kernel paths, written
 // once over a vector-traits type V and included by kernels_avx2.cc and
-// kernels_avx512.cc AFTER their `#pragma GCC target`, so that every function
-// here is compiled for that ISA (and has internal linkage: no AVX code can be
-// picked by the linker for a baseline caller).
+// kernels_avx512.cc right AFTER their RACKHUB_KERNEL_TARGET_BEGIN, so that
+// every function here is compiled for that ISA (and has internal linkage: no
+// AVX code can be picked by the linker for a baseline caller). A path's
+// source then only defines its traits and names its table, kSimdKernels<V>.
 //
-// V provides: F (vector of kLanes floats), Set1, Load/Store/Stream (float*,
-// any alignment except Stream: kLanes*4-byte aligned), LoadFp32/LoadFp16/
-// LoadBf16 (wire bytes, any alignment, widened to fp32), StoreFp16/StoreBf16
-// (narrowed, round to nearest even), Add, Sub, Mul, Div, Sqrt (IEEE, exactly
-// rounded) and Fence (after streaming stores). Scalar (below) is the one-lane
-// V the tails use. Per element, every path performs the same IEEE operations
-// in the same order as the portable loops, so the bits are identical.
+// V provides: F (vector of kLanes floats), kPath, Set1, Load/Store/Stream
+// (float*, any alignment except Stream: kLanes*4-byte aligned),
+// LoadFp32/LoadFp16/LoadBf16 (wire bytes, any alignment, widened to fp32),
+// StoreFp16/StoreBf16 (narrowed, round to nearest even), Add, Sub, Mul, Div,
+// Sqrt (IEEE, exactly rounded) and Fence (after streaming stores).
+// VectorArith (below) is what needs no ISA-specific code, the four IEEE
+// operators. Scalar (below) is the one-lane V the tails use. Per element, every path performs the same IEEE
+// operations in the same order as the portable loops, so the bits are
+// identical.
 #pragma once
 
 // Every header this file needs (<cmath>, <cstring>, kernels_internal.h) must
-// be included by the includer BEFORE its target pragma, so that library inline
-// functions are compiled for the baseline ISA (their out-of-line copies are
-// shared with other translation units).
-#ifndef RACKHUB_SIMD_TRAITS
-#error "include kernels_simd.h only from a kernel path source, after its traits"
+// be included by the includer BEFORE its target region, so that library
+// inline functions are compiled for the baseline ISA (their out-of-line copies
+// are shared with other translation units).
+#ifndef RACKHUB_KERNEL_TARGET_BEGIN
+#error "include kernels_simd.h only from a kernel path source, inside its target region"
 #endif
 
 namespace rackhub::aggregation::internal {
 namespace {
 
-struct Scalar {
+// The arithmetic of V: IEEE add, subtract, multiply and divide are the
+// operators of float and of the GCC/clang vector types (the AVX intrinsics
+// _mm256_add_ps, _mm512_mul_ps, ... are defined as these very operators), so
+// they are written once for every path.
+struct VectorArith {
+  template <class F>
+  static F Add(F a, F b) {
+    return a + b;
+  }
+  template <class F>
+  static F Sub(F a, F b) {
+    return a - b;
+  }
+  template <class F>
+  static F Mul(F a, F b) {
+    return a * b;
+  }
+  template <class F>
+  static F Div(F a, F b) {
+    return a / b;
+  }
+};
+
+struct Scalar : VectorArith {
   using F = float;
   static constexpr size_t kLanes = 1;
   static F Set1(float x) { return x; }
@@ -40,10 +66,6 @@ struct Scalar {
   static F LoadBf16(const unsigned char* p) { return Bf16ToFloat(LoadU16(p)); }
   static void StoreFp16(unsigned char* p, F v) { StoreU16(p, FloatToFp16(v)); }
   static void StoreBf16(unsigned char* p, F v) { StoreU16(p, FloatToBf16(v)); }
-  static F Add(F a, F b) { return a + b; }
-  static F Sub(F a, F b) { return a - b; }
-  static F Mul(F a, F b) { return a * b; }
-  static F Div(F a, F b) { return a / b; }
   static F Sqrt(F a) { return std::sqrt(a); }
 
  private:
@@ -54,6 +76,17 @@ struct Scalar {
   }
   static void StoreU16(unsigned char* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
 };
+
+// Runs Loop::Run<K>(args...) with K == k when k is one of kCounts (that loop
+// is compiled for exactly k inputs: unrolled, the input pointers in
+// registers), else Loop::Run<0> (k read at run time).
+template <class Loop, int... kCounts, class... Args>
+void RunForInputCount(size_t k, const Args&... args) {
+  auto run = &Loop::template Run<0>;
+  (void)((k == static_cast<size_t>(kCounts) && (run = &Loop::template Run<kCounts>, true)) ||
+         ...);
+  run(args...);
+}
 
 template <class V, ElementType E>
 inline typename V::F LoadIn(const unsigned char* p) {
@@ -110,45 +143,39 @@ struct InputPointers<0> {
   Inputs get() const { return p; }
 };
 
-template <class V, ElementType E, bool kStream, int K, bool kAcc>
-void SumLoop(float* dst, Inputs inputs, size_t k, size_t n) {
-  constexpr size_t L = V::kLanes;
-  constexpr int U = 4;
-  const InputPointers<K> ptrs(inputs, k);
-  const unsigned char* const* in = ptrs.get();
-  size_t i = 0;
-  for (; i + U * L <= n; i += U * L) {
-    typename V::F s[U];
-    SumVectors<V, E, U, K, kAcc>(s, dst, in, k, i);
-    for (int u = 0; u < U; ++u) Put<V, kStream>(dst + i + u * L, s[u]);
+// The sum loop for K inputs (K == 0: k of them, read at run time).
+template <class V, ElementType E, bool kStream, bool kAcc>
+struct SumLoop {
+  template <int K>
+  static void Run(float* dst, Inputs inputs, size_t k, size_t n) {
+    constexpr size_t L = V::kLanes;
+    constexpr int U = 4;
+    const InputPointers<K> ptrs(inputs, k);
+    const unsigned char* const* in = ptrs.get();
+    size_t i = 0;
+    for (; i + U * L <= n; i += U * L) {
+      typename V::F s[U];
+      SumVectors<V, E, U, K, kAcc>(s, dst, in, k, i);
+      for (int u = 0; u < U; ++u) Put<V, kStream>(dst + i + u * L, s[u]);
+    }
+    for (; i + L <= n; i += L) {
+      typename V::F s[1];
+      SumVectors<V, E, 1, K, kAcc>(s, dst, in, k, i);
+      Put<V, kStream>(dst + i, s[0]);
+    }
+    for (; i < n; ++i) {
+      float s[1];
+      SumVectors<Scalar, E, 1, K, kAcc>(s, dst, in, k, i);
+      dst[i] = s[0];
+    }
+    if constexpr (kStream) V::Fence();
   }
-  for (; i + L <= n; i += L) {
-    typename V::F s[1];
-    SumVectors<V, E, 1, K, kAcc>(s, dst, in, k, i);
-    Put<V, kStream>(dst + i, s[0]);
-  }
-  for (; i < n; ++i) {
-    float s[1];
-    SumVectors<Scalar, E, 1, K, kAcc>(s, dst, in, k, i);
-    dst[i] = s[0];
-  }
-  if constexpr (kStream) V::Fence();
-}
+};
 
 // Fixed input counts 1..8 (the common worker counts per hub), else runtime k.
 template <class V, ElementType E, bool kStream, bool kAcc>
 void SumByCount(float* dst, Inputs in, size_t k, size_t n) {
-  switch (k) {
-    case 1: return SumLoop<V, E, kStream, 1, kAcc>(dst, in, k, n);
-    case 2: return SumLoop<V, E, kStream, 2, kAcc>(dst, in, k, n);
-    case 3: return SumLoop<V, E, kStream, 3, kAcc>(dst, in, k, n);
-    case 4: return SumLoop<V, E, kStream, 4, kAcc>(dst, in, k, n);
-    case 5: return SumLoop<V, E, kStream, 5, kAcc>(dst, in, k, n);
-    case 6: return SumLoop<V, E, kStream, 6, kAcc>(dst, in, k, n);
-    case 7: return SumLoop<V, E, kStream, 7, kAcc>(dst, in, k, n);
-    case 8: return SumLoop<V, E, kStream, 8, kAcc>(dst, in, k, n);
-    default: return SumLoop<V, E, kStream, 0, kAcc>(dst, in, k, n);
-  }
+  RunForInputCount<SumLoop<V, E, kStream, kAcc>, 1, 2, 3, 4, 5, 6, 7, 8>(k, dst, in, k, n);
 }
 
 template <class V, ElementType E>
@@ -236,47 +263,46 @@ inline typename V::F Step(const Consts<V>& c, typename V::F s, const float* p_ol
   }
 }
 
-template <class V, ElementType E, OptKind K, bool kStream, int N>
-void FusedLoop(const OptParams& o, Inputs inputs, size_t k, const float* p_old, float* p_new,
-               float* st0, float* st1, size_t n) {
-  constexpr size_t L = V::kLanes;
-  constexpr int U = 2;
-  const Consts<V> c(o);
-  const InputPointers<N> ptrs(inputs, k);
-  const unsigned char* const* in = ptrs.get();
-  size_t i = 0;
-  for (; i + U * L <= n; i += U * L) {
-    typename V::F s[U];
-    SumVectors<V, E, U, N, false>(s, nullptr, in, k, i);
-    for (int u = 0; u < U; ++u) {
-      Put<V, kStream>(p_new + i + u * L, Step<V, K>(c, s[u], p_old, st0, st1, i + u * L));
+// The fused loop for N inputs (N == 0: k of them, read at run time).
+template <class V, ElementType E, OptKind K, bool kStream>
+struct FusedLoop {
+  template <int N>
+  static void Run(const OptParams& o, Inputs inputs, size_t k, const float* p_old, float* p_new,
+                  float* st0, float* st1, size_t n) {
+    constexpr size_t L = V::kLanes;
+    constexpr int U = 2;
+    const Consts<V> c(o);
+    const InputPointers<N> ptrs(inputs, k);
+    const unsigned char* const* in = ptrs.get();
+    size_t i = 0;
+    for (; i + U * L <= n; i += U * L) {
+      typename V::F s[U];
+      SumVectors<V, E, U, N, false>(s, nullptr, in, k, i);
+      for (int u = 0; u < U; ++u) {
+        Put<V, kStream>(p_new + i + u * L, Step<V, K>(c, s[u], p_old, st0, st1, i + u * L));
+      }
     }
+    for (; i + L <= n; i += L) {
+      typename V::F s[1];
+      SumVectors<V, E, 1, N, false>(s, nullptr, in, k, i);
+      Put<V, kStream>(p_new + i, Step<V, K>(c, s[0], p_old, st0, st1, i));
+    }
+    const Consts<Scalar> cs(o);
+    for (; i < n; ++i) {
+      float s[1];
+      SumVectors<Scalar, E, 1, N, false>(s, nullptr, in, k, i);
+      p_new[i] = Step<Scalar, K>(cs, s[0], p_old, st0, st1, i);
+    }
+    if constexpr (kStream) V::Fence();
   }
-  for (; i + L <= n; i += L) {
-    typename V::F s[1];
-    SumVectors<V, E, 1, N, false>(s, nullptr, in, k, i);
-    Put<V, kStream>(p_new + i, Step<V, K>(c, s[0], p_old, st0, st1, i));
-  }
-  const Consts<Scalar> cs(o);
-  for (; i < n; ++i) {
-    float s[1];
-    SumVectors<Scalar, E, 1, N, false>(s, nullptr, in, k, i);
-    p_new[i] = Step<Scalar, K>(cs, s[0], p_old, st0, st1, i);
-  }
-  if constexpr (kStream) V::Fence();
-}
+};
 
 // Fixed input counts 1, 2, 4, 8 (ApplyOptimizer is 1), else runtime k.
 template <class V, ElementType E, OptKind K, bool kStream>
 void FusedByCount(const OptParams& o, Inputs in, size_t k, const float* p_old, float* p_new,
                   float* st0, float* st1, size_t n) {
-  switch (k) {
-    case 1: return FusedLoop<V, E, K, kStream, 1>(o, in, k, p_old, p_new, st0, st1, n);
-    case 2: return FusedLoop<V, E, K, kStream, 2>(o, in, k, p_old, p_new, st0, st1, n);
-    case 4: return FusedLoop<V, E, K, kStream, 4>(o, in, k, p_old, p_new, st0, st1, n);
-    case 8: return FusedLoop<V, E, K, kStream, 8>(o, in, k, p_old, p_new, st0, st1, n);
-    default: return FusedLoop<V, E, K, kStream, 0>(o, in, k, p_old, p_new, st0, st1, n);
-  }
+  RunForInputCount<FusedLoop<V, E, K, kStream>, 1, 2, 4, 8>(k, o, in, k, p_old, p_new, st0, st1,
+                                                          n);
 }
 
 template <class V, ElementType E, bool kStream>
@@ -320,6 +346,10 @@ void FusedImpl(const OptParams& o, Inputs in, size_t k, ElementType type, const 
     FusedByType<V, false>(o, in, k, type, p_old, p_new, st0, st1, n);
   }
 }
+
+// The table of the path with traits V.
+template <class V>
+constexpr KernelTable kSimdKernels{V::kPath, SumImpl<V>, NarrowImpl<V>, FusedImpl<V>};
 
 }  // namespace
 }  // namespace rackhub::aggregation::internal

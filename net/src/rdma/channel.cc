@@ -30,9 +30,6 @@ constexpr uint32_t kCqEventAckBatch = 64;
 // Busy polling keeps spinning this long after the last completion, then
 // backs off to completion events.
 constexpr auto kBusyPollWindow = std::chrono::microseconds(200);
-// A fatal ERROR that cannot be posted (the peer grants no credit) closes the
-// connection after this long anyway.
-constexpr auto kFatalCloseGrace = std::chrono::milliseconds(2000);
 
 uint32_t SlotsFor(size_t bytes) {
   return static_cast<uint32_t>((bytes + kSlotBytes - 1) / kSlotBytes);
@@ -41,12 +38,10 @@ uint32_t SlotsFor(size_t bytes) {
 }  // namespace
 
 void Channel::Attach(asio::io_context& io, Callbacks callbacks) {
-  io_ = &io;
-  cb_ = std::move(callbacks);
-  ++attach_gen_;
+  SetAttached(io, std::move(callbacks));
   cq_fd_ = std::make_unique<asio::posix::stream_descriptor>(io, comp_->fd);
   cm_fd_ = std::make_unique<asio::posix::stream_descriptor>(io, cm_channel_->fd);
-  auto self = shared_from_this();
+  auto keep = shared_from_this();
   std::vector<ibv_wc> backlog;
   backlog.swap(backlog_);
   for (size_t i = 0; i < backlog.size(); ++i) {
@@ -63,32 +58,22 @@ void Channel::Attach(asio::io_context& io, Callbacks callbacks) {
   WatchCm();
 }
 
-void Channel::Detach() {
+// Completions not yet handled are kept for the next Attach.
+void Channel::OnDetach() {
   if (cq_fd_) cq_fd_->release();  // cancels the pending wait; the fd stays open
   if (cm_fd_) cm_fd_->release();
   cq_fd_.reset();
   cm_fd_.reset();
-  io_ = nullptr;
-  cb_ = {};
-  ++attach_gen_;
 }
 
 void Channel::WatchCq() {
   if (!cq_fd_ || closed_) return;
-  cq_fd_->async_wait(asio::posix::stream_descriptor::wait_read,
-                     [self = shared_from_this(), gen = attach_gen_](boost::system::error_code ec) {
-                       if (ec || gen != self->attach_gen_) return;
-                       self->OnCqReadable();
-                     });
+  WatchReadable(*cq_fd_, &Channel::OnCqReadable);
 }
 
 void Channel::WatchCm() {
   if (!cm_fd_) return;
-  cm_fd_->async_wait(asio::posix::stream_descriptor::wait_read,
-                     [self = shared_from_this(), gen = attach_gen_](boost::system::error_code ec) {
-                       if (ec || gen != self->attach_gen_) return;
-                       self->OnCmReadable();
-                     });
+  WatchReadable(*cm_fd_, &Channel::OnCmReadable);
 }
 
 void Channel::OnCqReadable() {
@@ -124,7 +109,7 @@ void Channel::PollRound() {
   if (!io_ || closed_) return;
   if (Clock::now() - last_activity_ < kBusyPollWindow) {
     busy_scheduled_ = true;
-    asio::post(*io_, [self = shared_from_this(), gen = attach_gen_] {
+    asio::post(*io_, [self = self(), gen = attach_gen_] {
       if (gen == self->attach_gen_) self->PollRound();
       else self->busy_scheduled_ = false;
     });
@@ -134,7 +119,7 @@ void Channel::PollRound() {
 }
 
 size_t Channel::Drain() {
-  auto self = shared_from_this();  // callbacks may drop the owner's reference
+  auto keep = shared_from_this();  // callbacks may drop the owner's reference
   asio::io_context* io = io_;
   size_t total = 0;
   ibv_wc wc[kPollBatch];
@@ -199,16 +184,6 @@ void Channel::Handle(const ibv_wc& wc) {
   if (rec.close_after) Close("closed after a fatal error");
 }
 
-void Channel::Violation(const std::string& text) {
-  if (violated_ || closed_) return;
-  violated_ = true;
-  if (cb_.on_violation) {
-    cb_.on_violation("rdma ring: " + text);
-  } else {
-    Close("rdma ring: " + text);
-  }
-}
-
 void Channel::OnFrameWritten(uint32_t slot) {
   if (violated_) return;
   if (slot >= slots_) {
@@ -255,7 +230,7 @@ void Channel::PauseDelivery(bool on) {
   delivery_paused_ = on;
   if (on || held_.empty() || deliver_posted_ || !io_) return;
   deliver_posted_ = true;
-  asio::post(*io_, [self = shared_from_this(), gen = attach_gen_] {
+  asio::post(*io_, [self = self(), gen = attach_gen_] {
     self->deliver_posted_ = false;
     if (gen == self->attach_gen_) self->DeliverHeld();
   });
@@ -303,34 +278,9 @@ void Channel::MaybeReportCredit() {
   credit_in_flight_ = true;
 }
 
-void Channel::Send(OutgoingFrame frame) {
-  if (closed_) {
-    if (frame.release) frame.release();
-    return;
-  }
-  const bool fatal = frame.close_after;
-  queue_.push_back(std::move(frame));
-  PumpSends();
-  if (fatal && !closed_ && !queue_.empty()) {
-    // The fatal ERROR waits for credit; do not wait forever for a peer that
-    // grants none.
-    if (!io_) return Close("closing after a fatal error");
-    auto timer = std::make_shared<asio::steady_timer>(*io_, kFatalCloseGrace);
-    timer->async_wait([self = shared_from_this(), timer](boost::system::error_code ec) {
-      if (!ec) self->Close("closing after a fatal error (not sent within the grace period)");
-    });
-  }
-}
-
 void Channel::PumpSends() {
-  while (!queue_.empty() && !closed_) {
-    OutgoingFrame& f = queue_.front();
-    if (f.still_wanted && !f.still_wanted()) {
-      if (f.release) f.release();
-      queue_.pop_front();
-      continue;
-    }
-    if (!TryPost(f)) break;
+  while (OutgoingFrame* f = NextToSend()) {
+    if (!TryPost(*f)) break;
     queue_.pop_front();
   }
 }
@@ -390,7 +340,7 @@ bool Channel::TryPost(OutgoingFrame& f) {
 }
 
 void Channel::OnCmReadable() {
-  auto self = shared_from_this();
+  auto keep = shared_from_this();
   const uint64_t gen = attach_gen_;
   rdma_cm_event* ev = nullptr;
   while (rdma_get_cm_event(cm_channel_, &ev) == 0) {
@@ -414,32 +364,11 @@ void Channel::OnCmReadable() {
   if (gen == attach_gen_) WatchCm();
 }
 
-size_t Channel::DropQueued() {
-  size_t bytes = 0;
-  while (!queue_.empty()) {
-    OutgoingFrame& f = queue_.back();
-    bytes += kHeaderBytes + (f.owned.empty() ? f.borrowed.size() : f.owned.size());
-    if (f.release) f.release();
-    queue_.pop_back();
-  }
-  return bytes;
-}
-
-void Channel::Close(const std::string& why) {
-  if (closed_) return;
-  auto self = shared_from_this();
-  closed_ = true;
+void Channel::OnClose() {
   held_.clear();
   // rdma_disconnect(3): moves the QP to the error state (outstanding work
   // requests flush) and tells the peer (its DISCONNECTED event).
   if (id_) rdma_disconnect(id_);
-  while (!queue_.empty()) {
-    if (queue_.front().release) queue_.front().release();
-    queue_.pop_front();
-  }
-  auto on_closed = std::move(cb_.on_closed);
-  cb_ = {};
-  if (on_closed) on_closed(why);
 }
 
 }  // namespace rackhub::net::rdma

@@ -56,6 +56,20 @@ Result<rdma_cm_event*> NextEvent(rdma_event_channel* ch, Clock::time_point deadl
   }
 }
 
+// The rdma_connect(3) / rdma_accept(3) parameters of either side: `ring` (our
+// receive ring) in the private data, encoded into `*pd`, which must outlive
+// the call they are passed to.
+rdma_conn_param ConnParam(const RingDescriptor& ring,
+                          std::array<std::byte, kPrivateDataBytes>* pd) {
+  EncodeDescriptor(ring, pd);
+  rdma_conn_param param{};
+  param.private_data = pd->data();
+  param.private_data_len = static_cast<uint8_t>(pd->size());
+  param.retry_count = kRetryCount;
+  param.rnr_retry_count = kRnrRetryInfinite;
+  return param;
+}
+
 }  // namespace
 
 const char* PollModeName(PollMode mode) { return mode == PollMode::kBusy ? "busy" : "events"; }
@@ -99,7 +113,10 @@ Result<RingDescriptor> DecodeDescriptor(const void* data, size_t bytes) {
 }
 
 Channel::Channel(const ChannelOptions& options)
-    : options_(options), rx_(nullptr, FreeAligned), tx_(nullptr, FreeAligned) {}
+    : FrameChannel("rdma ring"),
+      options_(options),
+      rx_(nullptr, FreeAligned),
+      tx_(nullptr, FreeAligned) {}
 
 Channel::~Channel() {
   if (cq_fd_) cq_fd_->release();
@@ -265,13 +282,8 @@ Result<std::shared_ptr<Channel>> Channel::Connect(const Endpoint& hub, uint32_t 
     return fail_status("creating verbs resources", s);
 
   std::array<std::byte, kPrivateDataBytes> pd{};
-  EncodeDescriptor({reinterpret_cast<uint64_t>(ch->rx_.get()), ch->rx_mr_->rkey, ch->slots_, lane},
-                   &pd);
-  rdma_conn_param param{};
-  param.private_data = pd.data();
-  param.private_data_len = static_cast<uint8_t>(pd.size());
-  param.retry_count = kRetryCount;
-  param.rnr_retry_count = kRnrRetryInfinite;
+  rdma_conn_param param = ConnParam(
+      {reinterpret_cast<uint64_t>(ch->rx_.get()), ch->rx_mr_->rkey, ch->slots_, lane}, &pd);
   if (rdma_connect(ch->id_, &param) != 0)
     return fail(StatusCode::kUnavailable, "rdma_connect", std::strerror(errno));
   if (Status s = expect(RDMA_CM_EVENT_ESTABLISHED, &ch->peer_); !s.ok())
@@ -297,13 +309,8 @@ Result<std::shared_ptr<Channel>> Channel::Accept(rdma_cm_id* id, const RingDescr
   ch->id_ = id;
   if (Status s = ch->CreateResources(id); !s.ok()) return fail(std::move(s));
   std::array<std::byte, kPrivateDataBytes> pd{};
-  EncodeDescriptor({reinterpret_cast<uint64_t>(ch->rx_.get()), ch->rx_mr_->rkey, ch->slots_, 0},
-                   &pd);
-  rdma_conn_param param{};
-  param.private_data = pd.data();
-  param.private_data_len = static_cast<uint8_t>(pd.size());
-  param.retry_count = kRetryCount;
-  param.rnr_retry_count = kRnrRetryInfinite;
+  rdma_conn_param param = ConnParam(
+      {reinterpret_cast<uint64_t>(ch->rx_.get()), ch->rx_mr_->rkey, ch->slots_, 0}, &pd);
   if (rdma_accept(id, &param) != 0) return fail(Internal(Errno("rdma_accept")));
   return ch;
 }

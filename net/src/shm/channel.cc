@@ -30,9 +30,6 @@ constexpr auto kBusyPollWindow = std::chrono::microseconds(50);
 constexpr size_t kFramesPerTurn = 128;
 // After a close, arena space the peer was referred to is reused this much later.
 constexpr auto kRefsGrace = std::chrono::milliseconds(1000);
-// A fatal ERROR that cannot be written (the peer consumes nothing) closes the
-// connection after this long anyway.
-constexpr auto kFatalCloseGrace = std::chrono::milliseconds(2000);
 
 }  // namespace
 
@@ -50,9 +47,8 @@ std::byte* Channel::tx_ring() const {
 }
 
 void Channel::Attach(asio::io_context& io, Callbacks callbacks) {
-  io_ = &io;
-  cb_ = std::move(callbacks);
-  ++attach_gen_;
+  request_turn_ = std::move(callbacks.request_turn);
+  SetAttached(io, std::move(callbacks));
   turn_asked_ = turn_granted_ = false;
   if (closed_) return;
   bell_fd_ = std::make_unique<asio::posix::stream_descriptor>(io, my_bell_);
@@ -65,38 +61,28 @@ void Channel::Attach(asio::io_context& io, Callbacks callbacks) {
 void Channel::SchedulePoll() {
   if (!io_ || poll_posted_ || closed_) return;
   poll_posted_ = true;
-  asio::post(*io_, [self = shared_from_this(), gen = attach_gen_] {
+  asio::post(*io_, [self = self(), gen = attach_gen_] {
     if (gen == self->attach_gen_) self->Poll();
   });
 }
 
-void Channel::Detach() {
+void Channel::OnDetach() {
   if (bell_fd_) bell_fd_->release();  // cancels the pending wait; the fd stays open
   if (socket_desc_) socket_desc_->release();
   bell_fd_.reset();
   socket_desc_.reset();
-  io_ = nullptr;
-  cb_ = {};
+  request_turn_ = nullptr;
   poll_posted_ = false;
-  ++attach_gen_;
 }
 
 void Channel::WatchBell() {
   if (!bell_fd_ || closed_) return;
-  bell_fd_->async_wait(asio::posix::stream_descriptor::wait_read,
-                       [self = shared_from_this(), gen = attach_gen_](boost::system::error_code ec) {
-                         if (ec || gen != self->attach_gen_) return;
-                         self->OnBell();
-                       });
+  WatchReadable(*bell_fd_, &Channel::OnBell);
 }
 
 void Channel::WatchSocket() {
   if (!socket_desc_ || closed_ || peer_gone_) return;
-  socket_desc_->async_wait(asio::posix::stream_descriptor::wait_read,
-                           [self = shared_from_this(), gen = attach_gen_](boost::system::error_code ec) {
-                             if (ec || gen != self->attach_gen_) return;
-                             self->OnSocketReadable();
-                           });
+  WatchReadable(*socket_desc_, &Channel::OnSocketReadable);
 }
 
 void Channel::OnBell() {
@@ -127,7 +113,7 @@ void Channel::OnSocketReadable() {
 void Channel::Poll() {
   poll_posted_ = false;
   if (!io_ || closed_) return;
-  auto self = shared_from_this();  // callbacks may drop the owner's reference
+  auto keep = shared_from_this();  // callbacks may drop the owner's reference
   const uint64_t gen = attach_gen_;
   if (!pending_refs_.empty()) {
     const uint64_t tail = internal::Tail(tx_control()).load(std::memory_order_acquire);
@@ -168,7 +154,7 @@ size_t Channel::DeliverReady() {
   // Read once per turn: what the peer writes meanwhile waits for the next.
   const uint64_t head =
       peer_gone_ ? gone_head_ : internal::Head(c).load(std::memory_order_acquire);
-  const bool turns = static_cast<bool>(cb_.request_turn);
+  const bool turns = static_cast<bool>(request_turn_);
   while (!delivery_paused_ && !closed_ && !violated_ && gen == attach_gen_ &&
          records < kFramesPerTurn) {
     if (head == rx_tail_) break;
@@ -188,7 +174,7 @@ size_t Channel::DeliverReady() {
       if (!turn_granted_) {
         if (!turn_asked_) {
           turn_asked_ = true;
-          cb_.request_turn(std::min<uint64_t>(p.bytes, ready));
+          request_turn_(std::min<uint64_t>(p.bytes, ready));
         }
         break;
       }
@@ -299,46 +285,14 @@ void Channel::RingPeer() {
   }
 }
 
-void Channel::Violation(const std::string& text) {
-  if (violated_ || closed_) return;
-  violated_ = true;
-  if (cb_.on_violation) {
-    cb_.on_violation("shared-memory ring: " + text);
-  } else {
-    Close("shared-memory ring: " + text);
-  }
-}
-
-void Channel::Send(OutgoingFrame frame) {
-  if (closed_) {
-    if (frame.release) frame.release();
-    return;
-  }
-  const bool fatal = frame.close_after;
-  queue_.push_back(std::move(frame));
-  PumpSends();
-  if (closed_ || queue_.empty()) return;
-  // The ring is full: have the peer ring us when it consumes.
+void Channel::WaitForRoom() {
   if (io_ && !poll_posted_ && ArmSleep()) SchedulePoll();
-  if (fatal) {
-    // Do not wait forever for a peer that consumes nothing.
-    if (!io_) return Close("closing after a fatal error");
-    auto timer = std::make_shared<asio::steady_timer>(*io_, kFatalCloseGrace);
-    timer->async_wait([self = shared_from_this(), timer](boost::system::error_code ec) {
-      if (!ec) self->Close("closing after a fatal error (not sent within the grace period)");
-    });
-  }
 }
 
 void Channel::PumpSends() {
   bool wrote = false;
-  while (!queue_.empty() && !closed_) {
-    OutgoingFrame& f = queue_.front();
-    if (f.still_wanted && !f.still_wanted()) {
-      if (f.release) f.release();
-      queue_.pop_front();
-      continue;
-    }
+  while (OutgoingFrame* next = NextToSend()) {
+    OutgoingFrame& f = *next;
     const size_t bytes = kHeaderBytes + f.payload().size();
     const bool close_after = f.close_after;
     if (!TryWrite(f)) break;
@@ -467,44 +421,23 @@ void Channel::WriteRawForTesting(std::span<const std::byte> bytes, uint64_t head
   RingPeer();
 }
 
-size_t Channel::DropQueued() {
-  size_t bytes = 0;
-  while (!queue_.empty()) {
-    OutgoingFrame& f = queue_.back();
-    bytes += kHeaderBytes + f.payload().size();
-    if (f.release) f.release();
-    queue_.pop_back();
-  }
-  return bytes;
-}
-
-void Channel::Close(const std::string& why) {
-  if (closed_) return;
-  auto self = shared_from_this();
-  closed_ = true;
+void Channel::OnClose() {
   // The peer sees EOF on its socket, drains its ring and closes too.
   ::shutdown(socket_fd_, SHUT_RDWR);
   if (bell_fd_) bell_fd_->cancel();
   if (socket_desc_) socket_desc_->cancel();
-  while (!queue_.empty()) {
-    if (queue_.front().release) queue_.front().release();
-    queue_.pop_front();
-  }
   if (!pending_refs_.empty()) {
     // The peer may still be copying replies it was sent (it drains its ring
     // on EOF): their arena space is reused only a while later.
     if (io_) {
       auto timer = std::make_shared<asio::steady_timer>(*io_, kRefsGrace);
-      timer->async_wait([self, timer](boost::system::error_code) {
+      timer->async_wait([self = self(), timer](boost::system::error_code) {
         self->ReleaseConsumed(0, true);
       });
     } else {
       ReleaseConsumed(0, true);
     }
   }
-  auto on_closed = std::move(cb_.on_closed);
-  cb_ = {};
-  if (on_closed) on_closed(why);
 }
 
 }  // namespace rackhub::net::shm

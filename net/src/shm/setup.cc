@@ -149,7 +149,8 @@ std::string BootId() {
 
 Channel::Channel(Side side, int socket_fd, std::byte* base, size_t map_bytes,
                  uint32_t ring_bytes, int my_bell, int peer_bell, std::string peer, PollMode poll)
-    : side_(side),
+    : FrameChannel("shared-memory ring"),
+      side_(side),
       socket_fd_(socket_fd),
       base_(base),
       map_bytes_(map_bytes),

@@ -9,9 +9,8 @@ namespace asio = boost::asio;
 
 TcpConnection::TcpConnection(FrameHandler* handler, asio::ip::tcp::socket socket,
                              ConnectionIdentity id)
-    : handler_(handler),
+    : StreamConnection(handler, std::move(id), socket.get_executor()),
       socket_(std::move(socket)),
-      id_(std::move(id)),
       fatal_timer_(socket_.get_executor()) {}
 
 namespace {
@@ -27,10 +26,7 @@ void TcpConnection::Start() {
 }
 
 void TcpConnection::ReadMore() {
-  if (!open_ || !started_ || closing_ || reader_.stopped() || reader_.paused() ||
-      reader_.awaiting_turn() || read_pending_) {
-    return;
-  }
+  if (!CanRead() || read_pending_) return;
   // The reader makes room for the frame being received (compacts, grows only
   // for a frame larger than its buffer); one recv takes all the room it has.
   const std::span<std::byte> room = reader_.WritableSpan();
@@ -49,121 +45,26 @@ void TcpConnection::OnRead(const boost::system::error_code& ec, size_t bytes) {
     std::string why = clean ? "peer closed the connection"
                             : (ec == asio::error::eof ? "peer closed the connection inside a frame"
                                                       : ec.message());
-    // In its turn, like a frame (the scheduler's order), else now.
-    if (reader_.RequestTurnToClose(*this)) {
-      close_in_turn_ = std::move(why);
-    } else {
-      Close(why);
-    }
+    EndOfStream(std::move(why));
     return;
   }
-  reader_.Commit(bytes);
-  Pump();
+  Received(bytes);
 }
 
-void TcpConnection::Pump() {
-  if (reader_.DeliverOrRequestTurn(*this, *handler_)) ReadMore();
-}
-
-void TcpConnection::DeliverTurn() {
-  reader_.TurnGranted();
-  if (!close_in_turn_.empty()) return Close(close_in_turn_);
-  if (!open_ || closing_) return;
-  reader_.Parse(*this, *handler_);
-  ReadMore();
-}
-
-void TcpConnection::SendShared(const FrameHeader& header, std::span<const std::byte> payload,
-                               std::shared_ptr<const void> owner) {
-  Enqueue(QueuedFrame::Shared(header, payload, std::move(owner)));
-}
-
-void TcpConnection::SendOwned(const FrameHeader& header, std::string payload) {
-  Enqueue(QueuedFrame::Owned(header, std::move(payload)));
-}
-
-void TcpConnection::SendError(WireError code, const std::string& text, uint64_t request_id,
-                               bool fatal) {
-  if (!open_ || closing_) return;
-  QueuedFrame f = QueuedFrame::Error(code, text, id_.tenant_handle, request_id, fatal);
-  if (fatal) {
-    QueueFatal(std::move(f), std::string(WireErrorName(code)) + ": " + text);
-    return;
-  }
-  Enqueue(std::move(f));
-}
-
-void TcpConnection::QueueFatal(QueuedFrame frame, const std::string& reason) {
-  closing_ = true;
-  fatal_ = reason;
-  reader_.Stop();
-  const size_t n = frame.size();
-  out_.push_back(std::move(frame));
-  budget_.Add(n);  // the last frame: never fails the connection again
-  WriteNext();
-}
-
-void TcpConnection::Enqueue(QueuedFrame frame) {
-  // Nothing goes out after a fatal ERROR: do not hold it either.
-  if (!open_ || closing_) return;
-  const size_t n = frame.size();
-  out_.push_back(std::move(frame));
-  Counted(budget_.Add(n));
-  WriteNext();
-}
-
-bool TcpConnection::Reserve(size_t bytes) {
-  if (!open_ || closing_) return false;
-  if (budget_.WouldExceed(bytes)) {
-    budget_.Add(bytes);  // for the error text
-    FailOverLimit();
-    return false;
-  }
-  Counted(budget_.Add(bytes));
-  return true;
-}
-
-void TcpConnection::Unreserve(size_t bytes) { Uncounted(bytes); }
-
-void TcpConnection::Counted(bool over) {
-  if (over && !closing_) {
-    FailOverLimit();
-    return;
-  }
-  if (budget_.paused()) reader_.Pause(true);
-}
-
-void TcpConnection::Uncounted(size_t bytes) {
-  if (!budget_.Remove(bytes) || !open_) return;
-  // Resume on a fresh stack: this may run inside the lane's handling of
-  // another connection's frame, which must not see this one's frames now.
-  reader_.Pause(false);
-  if (resume_posted_) return;
-  resume_posted_ = true;
-  asio::post(socket_.get_executor(), [self = self()] {
-    self->resume_posted_ = false;
-    if (!self->open_ || self->closing_ || self->reader_.paused()) return;
-    self->Pump();  // frames already buffered
-  });
-}
-
-// Past the limit: what is not being written yet goes now (with its memory),
-// a fatal QUOTA_EXCEEDED follows the frames in flight, and the connection
-// closes once that is out, or after kFatalCloseGrace for a peer that does
-// not read at all.
-void TcpConnection::FailOverLimit() {
-  const std::string text = budget_.OverLimitText();
+// Past the limit: the frames in flight stay (and stay counted), the rest goes
+// now (with its memory, and the reservations are void too); the connection
+// closes once the fatal ERROR that follows is out, or after kFatalCloseGrace
+// for a peer that does not read at all.
+size_t TcpConnection::DropUnsent() {
   while (out_.size() > in_flight_) out_.pop_back();
   size_t in_flight_bytes = 0;
   for (const QueuedFrame& f : out_) in_flight_bytes += f.size();
-  budget_.Remove(budget_.bytes() - in_flight_bytes);  // reservations are void too
-  QueueFatal(QueuedFrame::Error(WireError::kQuotaExceeded, text, id_.tenant_handle, 0, true),
-             std::string(WireErrorName(WireError::kQuotaExceeded)) + ": " + text);
   fatal_timer_.expires_after(kFatalCloseGrace);
   fatal_timer_.async_wait([self = self()](const boost::system::error_code& ec) {
     if (!ec) self->Close("closed: the peer did not take the fatal error within 2 s (" +
-                         self->fatal_ + ")");
+                         self->fatal_error() + ")");
   });
+  return backlog_bytes() - in_flight_bytes;
 }
 
 void TcpConnection::WriteNext() {
@@ -202,7 +103,7 @@ void TcpConnection::WriteNext() {
                       }
                       self->in_flight_ = 0;
                       if (close_after) {
-                        self->Close("closed after a fatal error (" + self->fatal_ + ")");
+                        self->Close("closed after a fatal error (" + self->fatal_error() + ")");
                         return;
                       }
                       self->Uncounted(written);

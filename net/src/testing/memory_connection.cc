@@ -37,11 +37,11 @@ struct Pipe {
   asio::io_context* sender_io = nullptr;
   asio::io_context* receiver_io = nullptr;
 
-  // Posts Pump() to an end on its own thread (nothing if it is gone).
+  // Posts Wake() to an end on its own thread (nothing if it is gone).
   static void Wake(const std::weak_ptr<MemoryConnection>& end, asio::io_context* io) {
     if (io == nullptr) return;
     asio::post(*io, [end] {
-      if (auto c = end.lock()) c->Pump();
+      if (auto c = end.lock()) c->Wake();
     });
   }
   void WakeSender() { Wake(sender, sender_io); }
@@ -104,9 +104,8 @@ MemoryPair MakeMemoryPair(asio::io_context& io_a, FrameHandler* handler_a, Conne
 MemoryConnection::MemoryConnection(asio::io_context& io, FrameHandler* handler,
                                    ConnectionIdentity id, std::shared_ptr<detail::Pipe> in,
                                    std::shared_ptr<detail::Pipe> out)
-    : io_(io),
-      handler_(handler),
-      id_(std::move(id)),
+    : StreamConnection(handler, std::move(id), io.get_executor()),
+      io_(io),
       in_(std::move(in)),
       out_(std::move(out)),
       timer_(io),
@@ -119,77 +118,24 @@ MemoryConnection::~MemoryConnection() {
 void MemoryConnection::Start() {
   if (started_) return;
   started_ = true;
-  ScheduleRead();
+  ReadMore();
 }
 
-void MemoryConnection::SendShared(const FrameHeader& header, std::span<const std::byte> payload,
-                                  std::shared_ptr<const void> owner) {
-  Enqueue(QueuedFrame::Shared(header, payload, std::move(owner)));
-}
-
-void MemoryConnection::SendOwned(const FrameHeader& header, std::string payload) {
-  Enqueue(QueuedFrame::Owned(header, std::move(payload)));
-}
-
-void MemoryConnection::SendError(WireError code, const std::string& text, uint64_t request_id,
-                                 bool fatal) {
-  if (!open_ || closing_) return;
-  if (fatal) {
-    closing_ = true;
-    reader_.Stop();
-  }
-  Enqueue(QueuedFrame::Error(code, text, id_.tenant_handle, request_id, fatal));
-}
-
-bool MemoryConnection::Reserve(size_t bytes) {
-  if (!open_ || closing_) return false;
-  if (budget_.WouldExceed(bytes)) {
-    budget_.Add(bytes);  // for the error text
-    FailOverLimit();
-    return false;
-  }
-  Counted(budget_.Add(bytes));
-  return true;
-}
-
-void MemoryConnection::Unreserve(size_t bytes) { Uncounted(bytes); }
-
-void MemoryConnection::Counted(bool over) {
-  if (over && !closing_) {
-    FailOverLimit();
-    return;
-  }
-  if (budget_.paused()) reader_.Pause(true);
-}
-
-void MemoryConnection::Uncounted(size_t bytes) {
-  if (!budget_.Remove(bytes) || !open_) return;
-  reader_.Pause(false);
-  if (resume_posted_) return;
-  resume_posted_ = true;
-  // On a fresh stack, as TCP does.
-  asio::post(io_, [self = self()] {
-    self->resume_posted_ = false;
-    if (!self->open_ || self->closing_ || self->reader_.paused()) return;
-    if (self->reader_.DeliverOrRequestTurn(*self, *self->handler_)) self->ScheduleRead();
-  });
-}
-
-void MemoryConnection::FailOverLimit() {
-  const std::string text = budget_.OverLimitText();
-  // Frames not started yet go; a partly written front frame is finished.
+// Past the limit: frames not started yet go; a partly written front frame is
+// finished; the whole backlog is void (reservations too). The end closes once
+// the fatal ERROR that follows was taken, or 2 s later.
+size_t MemoryConnection::DropUnsent() {
   size_t dropped = 0;
   while (queue_.size() > (front_offset_ > 0 ? 1u : 0u)) {
     dropped += queue_.back().size();
     queue_.pop_back();
   }
   queued_bytes_.fetch_sub(dropped, std::memory_order_acq_rel);
-  budget_.Remove(budget_.bytes());  // reservations are void too
-  SendError(WireError::kQuotaExceeded, text, 0, true);
   fatal_timer_.expires_after(std::chrono::seconds(2));
   fatal_timer_.async_wait([self = self()](const boost::system::error_code& ec) {
     if (!ec) self->Close("closed: the peer did not take the fatal error within 2 s");
   });
+  return backlog_bytes();
 }
 
 void MemoryConnection::Close(const std::string& why) {
@@ -218,12 +164,12 @@ void MemoryConnection::Shutdown() {
   out_->WakeReceiver();  // the peer reads the end of the stream
 }
 
-void MemoryConnection::Enqueue(QueuedFrame frame) {
-  if (!open_) return;
-  const size_t n = frame.size();
-  queued_bytes_.fetch_add(n, std::memory_order_acq_rel);
+void MemoryConnection::Push(QueuedFrame frame) {
+  queued_bytes_.fetch_add(frame.size(), std::memory_order_acq_rel);
   queue_.push_back(std::move(frame));
-  Counted(budget_.Add(n));
+}
+
+void MemoryConnection::Flush() {
   // The writer drains later on this thread, never inside the Send call.
   if (write_posted_ || step_bytes_ > 0) return;
   write_posted_ = true;
@@ -233,7 +179,7 @@ void MemoryConnection::Enqueue(QueuedFrame frame) {
   });
 }
 
-void MemoryConnection::Pump() {
+void MemoryConnection::Wake() {
   if (!open_) return;
   bool reset;
   {
@@ -246,7 +192,7 @@ void MemoryConnection::Pump() {
   }
   FinishWrite();
   WriteNext();
-  ScheduleRead();
+  ReadMore();
 }
 
 void MemoryConnection::WriteNext() {
@@ -256,7 +202,7 @@ void MemoryConnection::WriteNext() {
     lock.unlock();
     // The peer is gone. This end's read side reports how, unless it no longer
     // reads (a fatal error is pending, delivery was refused, or paused).
-    if (closing_ || reader_.stopped() || reader_.paused()) Close("write failed: broken pipe");
+    if (closing() || reader_.stopped() || reader_.paused()) Close("write failed: broken pipe");
     return;
   }
   size_t budget = out_->plan.max_write_bytes > 0 ? out_->plan.max_write_bytes
@@ -310,7 +256,7 @@ void MemoryConnection::FinishWrite() {
     gone = out_->reader_gone || out_->reset;
   }
   if (!done) {
-    if (gone && (closing_ || reader_.stopped() || reader_.paused())) {
+    if (gone && (closing() || reader_.stopped() || reader_.paused())) {
       Close("write failed: broken pipe");
     }
     return;
@@ -328,11 +274,8 @@ void MemoryConnection::FinishWrite() {
   Uncounted(n);
 }
 
-void MemoryConnection::ScheduleRead() {
-  if (!open_ || !started_ || closing_ || reader_.stopped() || reader_.paused() ||
-      reader_.awaiting_turn() || read_scheduled_) {
-    return;
-  }
+void MemoryConnection::ReadMore() {
+  if (!CanRead() || read_scheduled_) return;
   std::chrono::steady_clock::duration delay;
   {
     std::lock_guard lock(in_->mu);
@@ -354,7 +297,7 @@ void MemoryConnection::ScheduleRead() {
 }
 
 void MemoryConnection::ReadStep() {
-  if (!open_ || !started_ || closing_ || reader_.stopped()) return;
+  if (!open_ || !started_ || closing() || reader_.stopped()) return;
   // Bytes of ours the peer took before it sent (or closed) what is read now
   // are reported first, as a TCP write completes before the peer answers.
   FinishWrite();
@@ -406,26 +349,12 @@ void MemoryConnection::ReadStep() {
   if (event == Event::kEof) {
     std::string why = reader_.inside_frame() ? "peer closed the connection inside a frame"
                                              : "peer closed the connection";
-    // In its turn, like a frame (the scheduler's order), else now; as TCP.
-    if (reader_.RequestTurnToClose(*this)) {
-      close_in_turn_ = std::move(why);
-    } else {
-      Close(why);
-    }
+    EndOfStream(std::move(why));
     return;
   }
   in_->WakeSender();  // its write step may be complete
-  reader_.Commit(n);
   // The next step finds out whether anything is left (or the stream ended).
-  if (reader_.DeliverOrRequestTurn(*this, *handler_)) ScheduleRead();
-}
-
-void MemoryConnection::DeliverTurn() {
-  reader_.TurnGranted();
-  if (!close_in_turn_.empty()) return Close(close_in_turn_);
-  if (!open_ || closing_) return;
-  reader_.Parse(*this, *handler_);
-  ScheduleRead();
+  Received(n);
 }
 
 }  // namespace rackhub::net::testing

@@ -9,8 +9,8 @@
 // Replies: SendShared/SendOwned hand the frame to the channel, which copies
 // the payload once into its ring; a shared payload's owner is held until then.
 //
-// Bounded (SendLimits): the backlog is the bytes of frames handed to the
-// channel and not yet reported sent; above pause_bytes the channel holds
+// Bounded (SendLimits, BoundedConnection): the backlog is the bytes of frames
+// handed to the channel and not yet reported sent; above pause_bytes the channel holds
 // arriving frames in its ring without consuming them (the peer stops once the
 // ring is full); past max_bytes the frames not posted yet are dropped and a
 // fatal QUOTA_EXCEEDED ERROR is sent (closed once out, or after the channel's
@@ -34,20 +34,21 @@
 #include <string>
 
 #include "rackhub/net/asio.h"
+#include "rackhub/net/bounded_connection.h"
 #include "rackhub/net/outgoing_frame.h"
-#include "rackhub/net/send_budget.h"
+#include "rackhub/net/queued_frame.h"
 #include "rackhub/net/transport.h"
 
 namespace rackhub::net {
 
 template <typename Channel>
-class ChannelConnection final : public Connection {
+class ChannelConnection final : public BoundedConnection {
  public:
   // `channel` is connected and detached; `io` is the lane's io_context (the
   // caller runs on its thread). `handler` must outlive the connection.
   ChannelConnection(FrameHandler* handler, std::shared_ptr<Channel> channel, ConnectionIdentity id,
                     boost::asio::io_context* io)
-      : handler_(handler), channel_(std::move(channel)), id_(std::move(id)), io_(io) {}
+      : BoundedConnection(std::move(id)), handler_(handler), channel_(std::move(channel)), io_(io) {}
   ~ChannelConnection() override {
     // Closed while still attached (the channel's grace timers run on the
     // lane), then detached: it calls nothing of ours after this (its
@@ -56,30 +57,8 @@ class ChannelConnection final : public Connection {
     channel_->Detach();
   }
 
-  const ConnectionIdentity& id() const override { return id_; }
   bool open() const override { return open_; }
   void Start() override;
-  void SendShared(const FrameHeader& header, std::span<const std::byte> payload,
-                  std::shared_ptr<const void> owner) override {
-    if (!open_) return;
-    OutgoingFrame f;
-    EncodeHeader(header, f.header);
-    f.borrowed = payload;
-    f.owner = std::move(owner);  // held until copied into the ring
-    Queue(std::move(f), kHeaderBytes + payload.size());
-  }
-  void SendOwned(const FrameHeader& header, std::string payload) override {
-    if (!open_) return;
-    OutgoingFrame f;
-    FrameHeader h = header;
-    h.payload_bytes = static_cast<uint32_t>(payload.size());
-    EncodeHeader(h, f.header);
-    const size_t bytes = kHeaderBytes + payload.size();
-    f.owned = std::move(payload);
-    Queue(std::move(f), bytes);
-  }
-  void SendError(WireError code, const std::string& text, uint64_t request_id,
-                 bool fatal) override;
   void Close(const std::string& why) override {
     if (!open_) return;
     channel_->Close(why);  // calls OnChannelClosed while attached
@@ -93,49 +72,29 @@ class ChannelConnection final : public Connection {
       if (open_) channel_->Grant();
     }
   }
-  void SetSendLimits(const SendLimits& limits) override { budget_.set_limits(limits); }
-  size_t backlog_bytes() const override { return budget_.bytes(); }
-  bool Reserve(size_t bytes) override {
-    if (!open_ || closing_) return false;
-    if (budget_.WouldExceed(bytes)) {
-      budget_.Add(bytes);  // for the error text
-      FailOverLimit();
-      return false;
-    }
-    Counted(budget_.Add(bytes));
-    return true;
-  }
-  void Unreserve(size_t bytes) override { Uncounted(bytes); }
 
   Channel& channel() { return *channel_; }
 
  private:
   static constexpr bool kTakesTurns = requires(Channel& c) { c.Grant(); };
 
-  void Queue(OutgoingFrame f, size_t bytes) {
-    if (closing_) return;  // nothing goes out after a fatal ERROR
-    const bool over = budget_.Add(bytes);
+  // The channel copies the payload into its ring when it posts the frame; a
+  // shared payload's owner is held until then.
+  void Push(QueuedFrame q) override {
+    OutgoingFrame f;
+    f.header = q.header;
+    f.owned = std::move(q.owned);
+    f.borrowed = q.payload;
+    f.owner = std::move(q.owner);
+    f.close_after = q.close_after;
     channel_->Send(std::move(f));
-    Counted(over);
   }
-  void Counted(bool over) {
-    if (!open_) return;
-    if (over && !closing_) {
-      FailOverLimit();
-      return;
-    }
-    if (budget_.paused()) channel_->PauseDelivery(true);
-  }
-  void Uncounted(size_t bytes) {
-    if (budget_.Remove(bytes) && open_) channel_->PauseDelivery(false);  // delivers on a fresh stack
-  }
-  void FailOverLimit() {
-    const std::string text = budget_.OverLimitText();
-    budget_.Remove(channel_->DropQueued());
-    SendError(WireError::kQuotaExceeded, text, 0, true);
-  }
+  void PauseIntake() override { channel_->PauseDelivery(true); }
+  void ResumeIntake() override { channel_->PauseDelivery(false); }  // delivers on a fresh stack
+  // The channel's own grace timer closes after a fatal ERROR it cannot send.
+  size_t DropUnsent() override { return channel_->DropQueued(); }
   void OnFrame(const FrameHeader& h, std::span<const std::byte> payload) {
-    if (!open_ || closing_) return;
+    if (!open_ || closing()) return;
     if (Status valid = CheckHeader(h); !valid.ok()) {
       SendError(WireError::kMalformed, valid.message(), h.request_id, true);
       return;
@@ -149,19 +108,16 @@ class ChannelConnection final : public Connection {
     open_ = false;
     auto keep = shared_from_this();
     if (started_) {
-      handler_->OnConnectionClosed(*this, fatal_.empty() ? why : why + " (" + fatal_ + ")");
+      const std::string& fatal = fatal_error();
+      handler_->OnConnectionClosed(*this, fatal.empty() ? why : why + " (" + fatal + ")");
     }
   }
 
   FrameHandler* handler_;
   std::shared_ptr<Channel> channel_;
-  ConnectionIdentity id_;
   boost::asio::io_context* io_;
   bool open_ = true;
   bool started_ = false;
-  bool closing_ = false;  // a fatal error is queued: deliver nothing more
-  std::string fatal_;     // that error, for the close reason
-  SendBudget budget_;
   DeliveryScheduler* scheduler_ = nullptr;  // not owned; null: deliver as frames arrive
 };
 
@@ -206,24 +162,6 @@ void ChannelConnection<Channel>::Start() {
     return;
   }
   channel_->Attach(*io_, std::move(cb));
-}
-
-template <typename Channel>
-void ChannelConnection<Channel>::SendError(WireError code, const std::string& text,
-                                           uint64_t request_id, bool fatal) {
-  if (!open_ || closing_) return;
-  ErrorFrame e = MakeErrorFrame(code, text, id_.tenant_handle, request_id, fatal);
-  OutgoingFrame f;
-  f.owned = std::move(e.body);
-  EncodeHeader(e.header, f.header);
-  f.close_after = fatal;
-  if (fatal) {
-    closing_ = true;
-    fatal_ = std::string(WireErrorName(code)) + ": " + text;
-  }
-  const bool over = budget_.Add(kHeaderBytes + f.owned.size());
-  channel_->Send(std::move(f));
-  if (!fatal) Counted(over);
 }
 
 }  // namespace rackhub::net

@@ -71,6 +71,7 @@
 #include "rackhub/net/asio.h"
 #include "rackhub/net/endpoint.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/frame_channel.h"
 #include "rackhub/net/outgoing_frame.h"
 
 struct rdma_cm_id;
@@ -132,20 +133,11 @@ using net::OutgoingFrame;
 // id; *gid_index (if given) gets the GID table index rdma_cm chose, or -1.
 std::string DescribeCmId(rdma_cm_id* id, int* gid_index = nullptr);
 
-class Channel : public std::enable_shared_from_this<Channel> {
+// Callbacks, Detach, Send, DropQueued, Close, open(): FrameChannel
+// (net/frame_channel.h). Close disconnects (rdma_disconnect(3)).
+class Channel final : public FrameChannel {
  public:
-  struct Callbacks {
-    // A complete frame in the ring, valid during the call only.
-    std::function<void(const FrameHeader&, std::span<const std::byte>)> on_frame;
-    // The peer broke the ring protocol; the channel stops delivering. The
-    // owner normally answers with a fatal ERROR.
-    std::function<void(const std::string&)> on_violation;
-    // Called once, when the channel closed (locally or by the peer).
-    std::function<void(const std::string&)> on_closed;
-    std::function<void(size_t)> on_sent;  // bytes of frames that completed
-  };
-
-  ~Channel();
+  ~Channel() override;
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
@@ -168,24 +160,15 @@ class Channel : public std::enable_shared_from_this<Channel> {
   static uint64_t RegisteredBytes(const ChannelOptions& options);
 
   // Starts watching the completion and cm fds on `io` (the calling thread must
-  // be the one running `io`, or `io` must not be running yet).
+  // be the one running `io`, or `io` must not be running yet). Completions
+  // polled while detached are handled first.
   void Attach(boost::asio::io_context& io, Callbacks callbacks);
-  // Stops watching; completions not yet handled are kept for the next Attach.
-  void Detach();
-
-  void Send(OutgoingFrame frame);
-  // Drops the frames queued and not posted yet; returns their bytes
-  // (header + payload each).
-  size_t DropQueued();
-  // Disconnects (rdma_disconnect(3)); queued frames are dropped. Idempotent.
-  void Close(const std::string& why);
   // Backpressure: while paused, frames that arrive are held in the ring
   // (not delivered, not consumed, so no credit goes back and the peer stops
   // once the ring is full); resuming delivers them, in order, on a fresh
   // stack of the attached io_context.
   void PauseDelivery(bool on);
 
-  bool open() const { return !closed_; }
   const RingDescriptor& peer() const { return peer_; }
   std::string peer_address() const;  // "ip:port" of the other end
   // "device rxe0 port 1 gid[1] ::ffff:10.0.2.15" for logs.
@@ -214,6 +197,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
     bool credit;
   };
   explicit Channel(const ChannelOptions& options);
+  std::shared_ptr<Channel> self() { return std::static_pointer_cast<Channel>(shared_from_this()); }
   Status CreateResources(rdma_cm_id* id);
   void WatchCq();
   void WatchCm();
@@ -231,8 +215,9 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void Deliver(uint32_t slot, uint32_t consume, const FrameHeader& h);
   void DeliverHeld();
   void OnCredit(uint32_t value);
-  void Violation(const std::string& text);
-  void PumpSends();
+  void PumpSends() override;
+  void OnDetach() override;
+  void OnClose() override;
   bool TryPost(OutgoingFrame& frame);
   void MaybeReportCredit();
   bool PostRecv(size_t count);
@@ -253,17 +238,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint32_t cq_events_unacked_ = 0;
   RingDescriptor peer_;
 
-  boost::asio::io_context* io_ = nullptr;
   std::unique_ptr<boost::asio::posix::stream_descriptor> cq_fd_;
   std::unique_ptr<boost::asio::posix::stream_descriptor> cm_fd_;
-  uint64_t attach_gen_ = 0;  // handlers of an earlier Attach are ignored
-  Callbacks cb_;
   std::vector<ibv_wc> backlog_;  // polled while detaching, handled on Attach
   bool busy_scheduled_ = false;
   std::chrono::steady_clock::time_point last_activity_;
 
-  bool closed_ = false;
-  bool violated_ = false;
   // Receive side.
   uint32_t rx_next_ = 0;       // slot the next frame should start at
   uint64_t rx_consumed_ = 0;   // slots consumed (including skipped tails)
@@ -284,7 +264,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
   uint64_t stage_tail_ = 0;      // staging slots free again
   uint32_t sq_outstanding_ = 0;
   std::deque<SentRecord> sent_;
-  std::deque<OutgoingFrame> queue_;
   std::function<void()> release_hook_;
   uint32_t fault_rkey_xor_ = 0;
   uint64_t fault_offset_add_ = 0;

@@ -49,6 +49,7 @@
 #include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/frame_channel.h"
 #include "rackhub/net/outgoing_frame.h"
 #include "rackhub/net/shm/arena.h"
 
@@ -110,24 +111,19 @@ std::string NewSocketName();
 // This host's boot id (/proc/sys/kernel/random/boot_id), "" if unreadable.
 std::string BootId();
 
-class Channel : public std::enable_shared_from_this<Channel> {
+// Detach, Send, DropQueued, Close, open(): FrameChannel
+// (net/frame_channel.h). Close shuts the socket down (the peer sees EOF and
+// drains what is in its ring).
+class Channel final : public FrameChannel {
  public:
-  struct Callbacks {
-    // A complete frame in the ring, valid during the call only.
-    std::function<void(const FrameHeader&, std::span<const std::byte>)> on_frame;
-    // The peer broke the ring protocol; the channel stops delivering. The
-    // owner normally answers with a fatal ERROR.
-    std::function<void(const std::string&)> on_violation;
-    // Called once, when the channel closed (locally or by the peer).
-    std::function<void(const std::string&)> on_closed;
-    std::function<void(size_t)> on_sent;  // bytes of frames copied into the ring
+  struct Callbacks : FrameChannel::Callbacks {
     // Optional (the hub's lanes set it): delivery in turns. Before each
     // frame the channel asks with the frame's record bytes and delivers
     // nothing until Grant(); without it every turn delivers up to a batch.
     std::function<void(size_t)> request_turn;
   };
 
-  ~Channel();
+  ~Channel() override;
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
@@ -149,15 +145,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
                                       std::chrono::steady_clock::time_point deadline);
 
   void Attach(boost::asio::io_context& io, Callbacks callbacks);
-  void Detach();
-
-  void Send(OutgoingFrame frame);
-  // Drops the frames queued and not in the ring yet; returns their bytes
-  // (header + payload each).
-  size_t DropQueued();
-  // Closes the socket (the peer sees EOF and drains what is in its ring);
-  // queued frames are dropped. Idempotent.
-  void Close(const std::string& why);
   // Backpressure: while paused, arriving frames stay in the ring (not
   // consumed: the peer stops once it is full); resuming delivers them in
   // order on a fresh stack of the attached io_context.
@@ -166,7 +153,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // stack): delivers the next frame now, then asks again if more wait.
   void Grant();
 
-  bool open() const { return !closed_; }
   uint32_t ring_bytes() const { return ring_bytes_; }
   const std::string& peer_address() const { return peer_; }
 
@@ -183,6 +169,7 @@ class Channel : public std::enable_shared_from_this<Channel> {
   using RingControl = internal::RingControl;
   Channel(Side side, int socket_fd, std::byte* base, size_t map_bytes, uint32_t ring_bytes,
           int my_bell, int peer_bell, std::string peer, PollMode poll);
+  std::shared_ptr<Channel> self() { return std::static_pointer_cast<Channel>(shared_from_this()); }
   RingControl* rx_control() const;
   RingControl* tx_control() const;
   std::byte* rx_ring() const;
@@ -199,7 +186,11 @@ class Channel : public std::enable_shared_from_this<Channel> {
   void SchedulePoll();
   // Delivers ready frames; returns how many.
   size_t DeliverReady();
-  void PumpSends();
+  void PumpSends() override;
+  // The ring is full: have the peer ring us when it consumes.
+  void WaitForRoom() override;
+  void OnDetach() override;
+  void OnClose() override;
   bool TryWrite(OutgoingFrame& frame);
   // Whether a record of `rec` bytes (and the pad before it) fits now.
   bool HasRoom(size_t rec, uint64_t tail) const;
@@ -217,7 +208,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
   // all (the flags are cleared again).
   bool ArmSleep();
   void RingPeer();
-  void Violation(const std::string& text);
   // Hub: releases the arena references whose records the peer consumed
   // (its tail passed them); all of them with `all`.
   void ReleaseConsumed(uint64_t tail, bool all = false);
@@ -233,16 +223,12 @@ class Channel : public std::enable_shared_from_this<Channel> {
   std::string peer_;
   PollMode poll_;
 
-  boost::asio::io_context* io_ = nullptr;
   std::unique_ptr<boost::asio::posix::stream_descriptor> bell_fd_;
   std::unique_ptr<boost::asio::posix::stream_descriptor> socket_desc_;
-  uint64_t attach_gen_ = 0;  // handlers of an earlier Attach are ignored
-  Callbacks cb_;
+  std::function<void(size_t)> request_turn_;  // Callbacks::request_turn
   bool poll_posted_ = false;
   std::chrono::steady_clock::time_point last_activity_;
 
-  bool closed_ = false;
-  bool violated_ = false;
   bool peer_gone_ = false;  // EOF seen: deliver what is left, then close
   uint64_t gone_head_ = 0;  // the peer's head at EOF: delivered up to there
   bool delivery_paused_ = false;
@@ -251,7 +237,6 @@ class Channel : public std::enable_shared_from_this<Channel> {
   bool turn_granted_ = false;
   uint64_t rx_tail_ = 0;  // bytes consumed of the receive ring (ours)
   uint64_t tx_head_ = 0;  // bytes written to the send ring (ours)
-  std::deque<OutgoingFrame> queue_;
   // Publish arena: the hub's (shared with the tenant's other connections on
   // this lane) and the references written and not consumed yet (ring
   // position after the record, arena offset); the client's read-only mapping.

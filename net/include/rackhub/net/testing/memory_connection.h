@@ -68,8 +68,7 @@
 #include "rackhub/net/asio.h"
 #include "rackhub/net/frame.h"
 #include "rackhub/net/queued_frame.h"
-#include "rackhub/net/frame_reader.h"
-#include "rackhub/net/send_budget.h"
+#include "rackhub/net/stream_connection.h"
 #include "rackhub/net/transport.h"
 
 namespace rackhub::net::testing {
@@ -129,27 +128,14 @@ MemoryPair MakeMemoryPair(boost::asio::io_context& io_a, FrameHandler* handler_a
                           FrameHandler* handler_b, ConnectionIdentity id_b,
                           FaultPlan faults_a_to_b = {}, FaultPlan faults_b_to_a = {});
 
-class MemoryConnection final : public Connection {
+// The send-backlog bookkeeping is BoundedConnection's, the receive side
+// StreamConnection's (as TcpConnection's); this class moves the bytes.
+class MemoryConnection final : public StreamConnection {
  public:
   ~MemoryConnection() override;
 
-  const ConnectionIdentity& id() const override { return id_; }
-  bool open() const override { return open_; }
   void Start() override;
-  void SendShared(const FrameHeader& header, std::span<const std::byte> payload,
-                  std::shared_ptr<const void> owner) override;
-  void SendOwned(const FrameHeader& header, std::string payload) override;
-  void SendError(WireError code, const std::string& text, uint64_t request_id,
-                 bool fatal) override;
   void Close(const std::string& why) override;
-  void SetSendLimits(const SendLimits& limits) override { budget_.set_limits(limits); }
-  size_t backlog_bytes() const override { return budget_.bytes(); }
-  bool Reserve(size_t bytes) override;
-  void Unreserve(size_t bytes) override;
-  void SetDeliveryScheduler(DeliveryScheduler* scheduler) override {
-    reader_.set_scheduler(scheduler);
-  }
-  void DeliverTurn() override;
 
   // Faults of the direction this end sends (this end -> peer), and of the one
   // it receives (peer -> this end; the same as the peer's faults()).
@@ -172,34 +158,26 @@ class MemoryConnection final : public Connection {
     return std::static_pointer_cast<MemoryConnection>(shared_from_this());
   }
 
-  void Enqueue(QueuedFrame frame);
-  void Counted(bool over);
-  void Uncounted(size_t bytes);
-  void FailOverLimit();
+  void Push(QueuedFrame frame) override;
+  void Flush() override;
+  size_t DropUnsent() override;
   // Everything an end does when woken by the peer or a fault change: notice a
   // reset, finish a write step the peer has taken, write, read.
-  void Pump();
+  void Wake();
   void WriteNext();
   void FinishWrite();
-  void ScheduleRead();
+  void ReadMore() override;  // schedules a read step
   void ReadStep();
   // Marks both streams closed by this end and wakes the peer.
   void Shutdown();
 
   boost::asio::io_context& io_;
-  FrameHandler* handler_;
-  ConnectionIdentity id_;
   std::shared_ptr<detail::Pipe> in_;   // peer -> this end
   std::shared_ptr<detail::Pipe> out_;  // this end -> peer
-  bool open_ = true;
-  bool started_ = false;
-  bool closing_ = false;  // a fatal error is queued: read nothing more
 
   // Receive side.
-  FrameReader reader_;
   boost::asio::steady_timer timer_;  // FaultPlan::delay
   bool read_scheduled_ = false;
-  std::string close_in_turn_;  // the stream ended: close when the turn comes
 
   // Send side: frames not yet copied into the stream; the front one may be
   // partly copied (front_offset_ bytes).
@@ -210,9 +188,7 @@ class MemoryConnection final : public Connection {
   uint64_t step_end_ = 0;     // stream position the step ends at
   bool step_close_after_ = false;
   std::atomic<size_t> queued_bytes_{0};
-  SendBudget budget_;  // bytes leave it when the peer took them
   boost::asio::steady_timer fatal_timer_;
-  bool resume_posted_ = false;
 };
 
 }  // namespace rackhub::net::testing
