@@ -76,7 +76,9 @@ TEST(FrameReaderTest, SmallBufferGrowsAndCompactsAcrossEveryChunking) {
     Recorder rec;
     FrameReader reader(16);
     FeedInChunks(reader, conn, rec, stream, chunk, [&](size_t at) {
-      if (at == 10) EXPECT_TRUE(reader.inside_frame());
+      if (at == 10) {
+        EXPECT_TRUE(reader.inside_frame());
+      }
     });
     ExpectFrames(rec.frames, want);
     EXPECT_FALSE(reader.inside_frame()) << chunk;

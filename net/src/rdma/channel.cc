@@ -281,6 +281,9 @@ void Channel::MaybeReportCredit() {
 void Channel::PumpSends() {
   while (OutgoingFrame* f = NextToSend()) {
     if (!TryPost(*f)) break;
+    // A frame that cannot fit, or a failed post, closed the channel, and
+    // closing emptied the queue: nothing is left to pop.
+    if (closed_) return;
     queue_.pop_front();
   }
 }
@@ -293,7 +296,7 @@ bool Channel::TryPost(OutgoingFrame& f) {
   const size_t total = kHeaderBytes + payload.size();
   const uint32_t n = SlotsFor(total);
   if (n > peer_.slots || n > slots_) {
-    if (f.release) f.release();
+    // Close releases every queued frame's buffer, this one's too.
     Close("a frame of " + std::to_string(total) + " bytes does not fit the RDMA ring (" +
           std::to_string(uint64_t{std::min(peer_.slots, slots_)} * kSlotBytes) +
           " bytes); raise the RDMA ring size");
