@@ -80,6 +80,26 @@ pb::InitMode InitModeToProto(InitMode mode) {
   }
 }
 
+std::optional<WireDType> WireDTypeFromProto(pb::DType dtype) {
+  switch (dtype) {
+    case pb::DTYPE_UNSPECIFIED:
+    case pb::FP32: return WireDType::kFp32;
+    case pb::FP16: return WireDType::kFp16;
+    case pb::BF16: return WireDType::kBf16;
+    default: return std::nullopt;
+  }
+}
+
+std::optional<InitMode> InitModeFromProto(pb::InitMode mode) {
+  switch (mode) {
+    case pb::INIT_UNSPECIFIED:
+    case pb::ZEROS: return InitMode::kZeros;
+    case pb::FROM_CLIENT: return InitMode::kFromClient;
+    case pb::RANDOM: return InitMode::kRandom;
+    default: return std::nullopt;
+  }
+}
+
 void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& chunks,
                 pb::Key* out) {
   out->set_tenant(in.tenant);
