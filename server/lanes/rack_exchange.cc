@@ -10,26 +10,18 @@
 #include "rackhub/aggregation/kernels.h"
 #include "rackhub/common/number.h"
 #include "rackhub/data/v1/control.pb.h"
+#include "wire_names.h"
 
 namespace rackhub::server {
 
 namespace pb = rackhub::admin::v1;
 namespace dpb = rackhub::data::v1;
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
-using Verdict = net::FrameHandler::Verdict;
 
 namespace {
-
 
 std::span<const std::byte> Bytes(std::span<const float> f) {
   return {reinterpret_cast<const std::byte*>(f.data()), f.size() * sizeof(float)};
 }
-
-}  // namespace
-
-namespace {
 
 // What a hub link may hold (docs/architecture.md, Bounded send queues). A
 // peer hub makes this hub queue only small ERRORs (answers to its frames,

@@ -8,14 +8,10 @@
 
 #include "element_type.h"
 #include "rackhub/common/number.h"
+#include "wire_names.h"
 #include "worker_protocol.h"
 
 namespace rackhub::server {
-
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
-using Verdict = net::FrameHandler::Verdict;
 
 namespace {
 

@@ -9,13 +9,10 @@
 #include "rackhub/aggregation/topk.h"
 #include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
+#include "wire_names.h"
 #include "worker_protocol.h"
 
 namespace rackhub::server {
-
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
 
 namespace {
 

@@ -12,13 +12,9 @@
 #include "rackhub/aggregation/topk.h"
 #include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
+#include "wire_names.h"
 
 namespace rackhub::server {
-
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
-using Verdict = net::FrameHandler::Verdict;
 
 namespace {
 
