@@ -23,13 +23,7 @@ constexpr size_t kMaxParkedRowPulls = 65536;
 void SendRows(net::Connection& conn, const LaneTenant& t, const Chunk& c,
               const std::vector<uint64_t>& ids, uint64_t request_id) {
   const aggregation::RowShard& r = *c.rows;
-  FrameHeader h;
-  h.opcode = Opcode::kRows;
-  h.tenant = t.info.handle;
-  h.key = c.key_id;
-  h.chunk = c.index_in_key;
-  h.dtype = c.dtype;
-  h.iteration = r.version();
+  FrameHeader h = c.Header(Opcode::kRows, t.info.handle, r.version());
   h.request_id = request_id;
   std::string payload(net::kRowsPrefixBytes + ids.size() * r.dim() * net::DTypeBytes(c.dtype),
                       '\0');
