@@ -1,6 +1,7 @@
 #include "admin_service.h"
 
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -181,27 +182,13 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
     if (auto s = auth_->Check(ctx, true, "CreateKey"); !s.ok()) return s;
     KeySpec spec;
     spec.tenant = req->tenant();
-    spec.name = req->name();
-    spec.elements = req->elements();
-    switch (req->dtype()) {
-      case pb::DTYPE_UNSPECIFIED:
-      case pb::FP32: spec.dtype = WireDType::kFp32; break;
-      case pb::FP16: spec.dtype = WireDType::kFp16; break;
-      case pb::BF16: spec.dtype = WireDType::kBf16; break;
-      default: return Invalid("dtype: unknown dtype " + std::to_string(req->dtype()));
-    }
-    switch (req->init()) {
-      case pb::INIT_UNSPECIFIED:
-      case pb::ZEROS: spec.init = InitMode::kZeros; break;
-      case pb::FROM_CLIENT: spec.init = InitMode::kFromClient; break;
-      case pb::RANDOM: spec.init = InitMode::kRandom; break;
-      default: return Invalid("init: unknown init mode " + std::to_string(req->init()));
-    }
-    spec.rows = req->rows();
-    spec.dim = req->dim();
-    spec.init_scale = req->init_scale();
-    spec.init_seed = req->init_seed();
-    spec.topk_ratio = req->topk_ratio();
+    KeyShapeFromProto(*req, &spec);
+    const std::optional<WireDType> dtype = WireDTypeFromProto(req->dtype());
+    if (!dtype) return Invalid("dtype: unknown dtype " + std::to_string(req->dtype()));
+    spec.dtype = *dtype;
+    const std::optional<InitMode> init = InitModeFromProto(req->init());
+    if (!init) return Invalid("init: unknown init mode " + std::to_string(req->init()));
+    spec.init = *init;
     const Result<ProtoOptimizer> opt =
         OptimizerArg("optimizer", req->has_optimizer(), req->optimizer());
     if (!opt.ok()) return ToGrpc(opt.status());

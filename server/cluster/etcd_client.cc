@@ -194,51 +194,31 @@ Result<pb::RangeResponse> EtcdClient::Range(const std::string& key, const std::s
   pb::RangeRequest req;
   req.set_key(key);
   req.set_range_end(range_end);
-  pb::RangeResponse resp;
-  Status s = Call("range", [&](int e, grpc::ClientContext* ctx) {
-    return kv_[e]->Range(ctx, req, &resp);
-  });
-  if (!s.ok()) return s;
-  return resp;
+  return Unary("range", kv_, &pb::KV::Stub::Range, req);
 }
 
 Result<pb::TxnResponse> EtcdClient::Txn(const pb::TxnRequest& request) {
-  pb::TxnResponse resp;
-  Status s = Call("txn", [&](int e, grpc::ClientContext* ctx) {
-    return kv_[e]->Txn(ctx, request, &resp);
-  });
-  if (!s.ok()) return s;
-  return resp;
+  return Unary("txn", kv_, &pb::KV::Stub::Txn, request);
 }
 
 Result<pb::PutResponse> EtcdClient::Put(const pb::PutRequest& request) {
-  pb::PutResponse resp;
-  Status s = Call("put", [&](int e, grpc::ClientContext* ctx) {
-    return kv_[e]->Put(ctx, request, &resp);
-  });
-  if (!s.ok()) return s;
-  return resp;
+  return Unary("put", kv_, &pb::KV::Stub::Put, request);
 }
 
 Result<int64_t> EtcdClient::LeaseGrant(int64_t ttl_seconds) {
   pb::LeaseGrantRequest req;
   req.set_ttl(ttl_seconds);
-  pb::LeaseGrantResponse resp;
-  Status s = Call("lease grant", [&](int e, grpc::ClientContext* ctx) {
-    return lease_[e]->LeaseGrant(ctx, req, &resp);
-  });
-  if (!s.ok()) return s;
-  if (!resp.error().empty()) return Internal(options_.field + ": lease grant: " + resp.error());
-  return resp.id();
+  Result<pb::LeaseGrantResponse> resp =
+      Unary("lease grant", lease_, &pb::Lease::Stub::LeaseGrant, req);
+  if (!resp.ok()) return resp.status();
+  if (!resp->error().empty()) return Internal(options_.field + ": lease grant: " + resp->error());
+  return resp->id();
 }
 
 Status EtcdClient::LeaseRevoke(int64_t id) {
   pb::LeaseRevokeRequest req;
   req.set_id(id);
-  pb::LeaseRevokeResponse resp;
-  return Call("lease revoke", [&](int e, grpc::ClientContext* ctx) {
-    return lease_[e]->LeaseRevoke(ctx, req, &resp);
-  });
+  return Unary("lease revoke", lease_, &pb::Lease::Stub::LeaseRevoke, req).status();
 }
 
 Status EtcdClient::LeaseKeepAlive(int64_t id) {

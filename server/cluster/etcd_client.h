@@ -83,6 +83,20 @@ class EtcdClient {
   Status Call(const char* what, const std::function<grpc::Status(int endpoint,
                                                                  grpc::ClientContext*)>& call,
               bool deadline = true);
+  // One unary RPC through Call: `rpc` of the `stubs` (kv_, lease_) of the
+  // endpoint Call picks; the response, or Call's error naming `what`.
+  template <typename Stub, typename Request, typename Response>
+  Result<Response> Unary(const char* what, const std::vector<std::unique_ptr<Stub>>& stubs,
+                         grpc::Status (Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                   Response*),
+                         const Request& request) {
+    Response response;
+    Status s = Call(what, [&](int e, grpc::ClientContext* ctx) {
+      return ((*stubs[e]).*rpc)(ctx, request, &response);
+    });
+    if (!s.ok()) return s;
+    return response;
+  }
 
   EtcdOptions options_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "proto_convert.h"
 #include "rackhub/cluster/v1/records.pb.h"
 
 namespace rackhub::server {
@@ -21,26 +22,14 @@ constexpr auto kRetry = std::chrono::milliseconds(500);
 
 void ToRecord(const OptimizerConfig& o, rec::Optimizer* r) {
   r->set_type(static_cast<uint32_t>(o.type));
-  r->set_learning_rate(o.learning_rate);
-  r->set_momentum(o.momentum);
-  r->set_weight_decay(o.weight_decay);
-  r->set_beta1(o.beta1);
-  r->set_beta2(o.beta2);
-  r->set_epsilon(o.epsilon);
-  r->set_initial_accumulator(o.initial_accumulator);
+  HyperparametersToProto(o, r);
   r->set_reduction(static_cast<uint32_t>(o.reduction));
 }
 
 OptimizerConfig FromRecord(const rec::Optimizer& r) {
   OptimizerConfig o;
   o.type = static_cast<OptimizerType>(r.type());
-  o.learning_rate = r.learning_rate();
-  o.momentum = r.momentum();
-  o.weight_decay = r.weight_decay();
-  o.beta1 = r.beta1();
-  o.beta2 = r.beta2();
-  o.epsilon = r.epsilon();
-  o.initial_accumulator = r.initial_accumulator();
+  HyperparametersFromProto(r, &o);
   o.reduction = static_cast<Reduction>(r.reduction());
   return o;
 }

@@ -60,6 +60,23 @@ bool StateDirUsable(const std::string& dir) {
   }();
 }
 
+// The row `check` about a file in state.dir, skipped and saying why, when
+// there is no state directory to look in (state.in_memory: `in_memory`
+// says what that means for the file) or it is not usable; else nullopt.
+std::optional<Row> SkipWithoutStateDir(const Config& config, const char* check,
+                                       const char* in_memory) {
+  Row row{check, Verdict::kSkip, {}, ""};
+  if (config.state.in_memory) {
+    row.detail.push_back(std::string("state.in_memory = true: ") + in_memory);
+    return row;
+  }
+  if (!StateDirUsable(config.state.dir)) {
+    row.detail.push_back("state.dir " + config.state.dir + " is not a usable directory (state dir)");
+    return row;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Row CheckTcpPort(const std::string& check, const std::string& field, const net::Endpoint& endpoint,
@@ -240,17 +257,8 @@ std::optional<long> StateLockHolder(const Config& config) {
 }
 
 Row CheckStateLock(const Config& config, std::optional<long> lock_holder) {
+  if (auto skip = SkipWithoutStateDir(config, "state lock", "no state directory")) return *skip;
   Row row{"state lock", Verdict::kPass, {}, ""};
-  if (config.state.in_memory) {
-    row.verdict = Verdict::kSkip;
-    row.detail.push_back("state.in_memory = true: no state directory");
-    return row;
-  }
-  if (!StateDirUsable(config.state.dir)) {
-    row.verdict = Verdict::kSkip;
-    row.detail.push_back("state.dir " + config.state.dir + " is not a usable directory (state dir)");
-    return row;
-  }
   const std::string path = Path(config.state.dir, RegistryStore::kLockFileName);
   if (access(path.c_str(), F_OK) != 0) {
     row.detail.push_back(path + ": none (no rackhubd has used this state directory)");
@@ -282,17 +290,8 @@ Row CheckStateLock(const Config& config, std::optional<long> lock_holder) {
 }
 
 Row CheckRegistryFile(const Config& config) {
+  if (auto skip = SkipWithoutStateDir(config, "registry db", "no registry file")) return *skip;
   Row row{"registry db", Verdict::kPass, {}, ""};
-  if (config.state.in_memory) {
-    row.verdict = Verdict::kSkip;
-    row.detail.push_back("state.in_memory = true: no registry file");
-    return row;
-  }
-  if (!StateDirUsable(config.state.dir)) {
-    row.verdict = Verdict::kSkip;
-    row.detail.push_back("state.dir " + config.state.dir + " is not a usable directory (state dir)");
-    return row;
-  }
   const std::string path = Path(config.state.dir, RegistryStore::kFileName);
   struct stat st {};
   if (lstat(path.c_str(), &st) != 0) {

@@ -235,6 +235,13 @@ Status Hub::DiscoverRacks() {
 }
 
 Status Hub::OpenRegistry() {
+  if (config_.state.in_memory && config_.registry.backend != "etcd") {
+    registry_ = std::make_unique<Registry>(lane_count_, config_.tenants, config_.topology);
+    spdlog::warn("state.in_memory: tenants and keys are not stored; a restart starts empty");
+    return Status::Ok();
+  }
+  std::unique_ptr<RegistryBackend> backend;
+  std::string where;  // the store, for the log line
   if (config_.registry.backend == "etcd") {
     // Shared by the hubs of a cluster; etcd unreachable stops start-up.
     Result<EtcdOptions> options = EtcdOptionsOf(config_);
@@ -242,31 +249,22 @@ Status Hub::OpenRegistry() {
     Result<std::unique_ptr<EtcdRegistryStore>> store =
         EtcdRegistryStore::Open(*options, config_.registry.etcd_prefix);
     if (!store.ok()) return store.status();
-    const std::string where = (*store)->where();
-    Result<std::unique_ptr<Registry>> registry =
-        Registry::Open(lane_count_, config_.tenants, *std::move(store), config_.topology);
-    if (!registry.ok()) return registry.status();
-    registry_ = *std::move(registry);
-    const Registry::Totals totals = registry_->GetTotals();
-    spdlog::info("{}: {} tenants, {} keys", where, totals.tenants, totals.keys);
-    return Status::Ok();
+    where = (*store)->where();
+    backend = *std::move(store);
+  } else {
+    // A bad registry database stops start-up (FAILED_PRECONDITION: exit 78);
+    // never start empty in its place.
+    Result<std::unique_ptr<RegistryStore>> store = RegistryStore::Open(config_.state.dir);
+    if (!store.ok()) return store.status();
+    where = "registry " + (*store)->path();
+    backend = *std::move(store);
   }
-  if (config_.state.in_memory) {
-    registry_ = std::make_unique<Registry>(lane_count_, config_.tenants, config_.topology);
-    spdlog::warn("state.in_memory: tenants and keys are not stored; a restart starts empty");
-    return Status::Ok();
-  }
-  // A bad registry database stops start-up (FAILED_PRECONDITION: exit 78);
-  // never start empty in its place.
-  Result<std::unique_ptr<RegistryStore>> store = RegistryStore::Open(config_.state.dir);
-  if (!store.ok()) return store.status();
-  const std::string path = (*store)->path();
   Result<std::unique_ptr<Registry>> registry =
-      Registry::Open(lane_count_, config_.tenants, *std::move(store), config_.topology);
+      Registry::Open(lane_count_, config_.tenants, std::move(backend), config_.topology);
   if (!registry.ok()) return registry.status();
   registry_ = *std::move(registry);
   const Registry::Totals totals = registry_->GetTotals();
-  spdlog::info("registry {}: {} tenants, {} keys", path, totals.tenants, totals.keys);
+  spdlog::info("{}: {} tenants, {} keys", where, totals.tenants, totals.keys);
   return Status::Ok();
 }
 

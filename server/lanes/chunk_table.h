@@ -119,6 +119,18 @@ struct Chunk {
     if (contributors.size() <= member) contributors.resize(member + 1);
     contributors[member] = std::move(g);
   }
+  // The header of a frame about this chunk: `opcode` for tenant `tenant`
+  // at `iteration`, in the key's wire dtype (no payload, no request).
+  net::FrameHeader Header(net::Opcode opcode, uint32_t tenant, uint64_t iteration) const {
+    net::FrameHeader h;
+    h.opcode = opcode;
+    h.tenant = tenant;
+    h.key = key_id;
+    h.chunk = index_in_key;
+    h.dtype = dtype;
+    h.iteration = iteration;
+    return h;
+  }
   // The stage a worker of `rack` contributes to.
   aggregation::ChunkState& Stage(uint32_t rack) { return stages.empty() ? state : *stages[rack]; }
   // The newest version workers can be answered with.

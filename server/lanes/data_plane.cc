@@ -256,37 +256,34 @@ bool DataPlane::HasRuntimes(uint32_t handle, std::optional<uint32_t> key_id) con
   return tenant_runtimes_.find(t, handle);
 }
 
-std::shared_ptr<TenantRuntime> DataPlane::TenantRuntimeFor(uint32_t handle) {
-  std::shared_ptr<TenantRuntime> rt;
-  bool made = false;
-  {
-    decltype(tenant_runtimes_)::accessor t;
-    made = tenant_runtimes_.insert(t, handle);
-    if (made) t->second = std::make_shared<TenantRuntime>();
-    rt = t->second;
+namespace {
+
+// The value of `key` in `map` (a tbb::concurrent_hash_map of shared_ptrs),
+// made with make_shared if absent; *made is set when this call made it. The
+// entry's lock is held only while it is read or made.
+template <typename Map>
+typename Map::mapped_type FindOrMake(Map& map, const typename Map::key_type& key, bool* made) {
+  typename Map::accessor a;
+  if (map.insert(a, key)) {
+    a->second = std::make_shared<typename Map::mapped_type::element_type>();
+    *made = true;
   }
+  return a->second;
+}
+
+}  // namespace
+
+std::shared_ptr<TenantRuntime> DataPlane::TenantRuntimeFor(uint32_t handle) {
+  bool made = false;
+  std::shared_ptr<TenantRuntime> rt = FindOrMake(tenant_runtimes_, handle, &made);
   if (made) ForgetIfDeleted(handle, std::nullopt);
   return rt;
 }
 
 std::shared_ptr<KeyRuntime> DataPlane::KeyRuntimeFor(uint32_t handle, uint32_t key_id) {
-  std::shared_ptr<KeyRuntimes> keys;
-  bool made = false;
-  {
-    decltype(runtimes_)::accessor t;
-    made = runtimes_.insert(t, handle);
-    if (made) t->second = std::make_shared<KeyRuntimes>();
-    keys = t->second;
-  }
-  std::shared_ptr<KeyRuntime> rt;
-  {
-    KeyRuntimes::accessor k;
-    if (keys->insert(k, key_id)) {
-      k->second = std::make_shared<KeyRuntime>();
-      made = true;
-    }
-    rt = k->second;
-  }
+  bool made = false;  // the tenant's map or the key's runtime
+  const std::shared_ptr<KeyRuntimes> keys = FindOrMake(runtimes_, handle, &made);
+  std::shared_ptr<KeyRuntime> rt = FindOrMake(*keys, key_id, &made);
   if (made) ForgetIfDeleted(handle, key_id);
   return rt;
 }

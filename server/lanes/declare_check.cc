@@ -1,11 +1,12 @@
 #include "declare_check.h"
 
+#include <optional>
+
 #include "proto_convert.h"
 #include "rackhub/data/v1/control.pb.h"
 
 namespace rackhub::server {
 
-namespace pb = rackhub::admin::v1;
 using net::WireError;
 
 DeclareCheck CheckDeclare(std::span<const std::byte> payload, const std::string& tenant) {
@@ -22,27 +23,13 @@ DeclareCheck CheckDeclare(std::span<const std::byte> payload, const std::string&
   }
   KeySpec& spec = r.spec;
   spec.tenant = tenant;
-  spec.name = decl.name();
-  spec.elements = decl.elements();
-  switch (decl.dtype()) {
-    case pb::DTYPE_UNSPECIFIED:
-    case pb::FP32: spec.dtype = WireDType::kFp32; break;
-    case pb::FP16: spec.dtype = WireDType::kFp16; break;
-    case pb::BF16: spec.dtype = WireDType::kBf16; break;
-    default: return fail(WireError::kInvalidArgument, "dtype: unknown dtype");
-  }
-  switch (decl.init()) {
-    case pb::INIT_UNSPECIFIED:
-    case pb::ZEROS: spec.init = InitMode::kZeros; break;
-    case pb::FROM_CLIENT: spec.init = InitMode::kFromClient; break;
-    case pb::RANDOM: spec.init = InitMode::kRandom; break;
-    default: return fail(WireError::kInvalidArgument, "init: unknown init mode");
-  }
-  spec.rows = decl.rows();
-  spec.dim = decl.dim();
-  spec.init_scale = decl.init_scale();
-  spec.init_seed = decl.init_seed();
-  spec.topk_ratio = decl.topk_ratio();
+  KeyShapeFromProto(decl, &spec);
+  const std::optional<WireDType> dtype = WireDTypeFromProto(decl.dtype());
+  if (!dtype) return fail(WireError::kInvalidArgument, "dtype: unknown dtype");
+  spec.dtype = *dtype;
+  const std::optional<InitMode> init = InitModeFromProto(decl.init());
+  if (!init) return fail(WireError::kInvalidArgument, "init: unknown init mode");
+  spec.init = *init;
   spec.use_tenant_optimizer = !decl.has_optimizer();
   if (decl.has_optimizer()) {
     Result<ProtoOptimizer> opt = OptimizerFromProto(decl.optimizer());

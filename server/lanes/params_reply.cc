@@ -6,19 +6,24 @@
 #include <vector>
 
 namespace rackhub::server {
+namespace {
+
+// The header of a PARAMS of `c` answering `request_id` on `conn`.
+net::FrameHeader ParamsHeader(const net::Connection& conn, const Chunk& c, uint64_t iteration,
+                              uint64_t request_id, uint8_t flags, size_t payload_bytes) {
+  net::FrameHeader r = c.Header(net::Opcode::kParams, conn.id().tenant_handle, iteration);
+  r.flags = flags;
+  r.request_id = request_id;
+  r.payload_bytes = static_cast<uint32_t>(payload_bytes);
+  return r;
+}
+
+}  // namespace
 
 void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id) {
   const auto bytes = c.reply_bytes(version);
-  net::FrameHeader r;
-  r.opcode = net::Opcode::kParams;
-  r.tenant = conn.id().tenant_handle;
-  r.key = c.key_id;
-  r.chunk = c.index_in_key;
-  r.dtype = c.dtype;
-  r.iteration = version;
-  r.request_id = request_id;
-  r.payload_bytes = static_cast<uint32_t>(bytes.size());
-  conn.SendShared(r, bytes, c.reply_owner(version));
+  conn.SendShared(ParamsHeader(conn, c, version, request_id, 0, bytes.size()), bytes,
+                  c.reply_owner(version));
 }
 
 void SendVersionedParams(net::Connection& conn, const Chunk& c, uint64_t clock,
@@ -33,16 +38,8 @@ void SendVersionedParams(net::Connection& conn, const Chunk& c, uint64_t clock,
   if (!bytes.empty()) std::memcpy(payload.data(), bytes.data(), bytes.size());
   std::memcpy(payload.data() + bytes.size(), &suffix.updates, 8);
   std::memcpy(payload.data() + bytes.size() + 8, &suffix.slowest, 8);
-  net::FrameHeader r;
-  r.opcode = net::Opcode::kParams;
-  r.flags = net::kFlagVersions;
-  r.tenant = conn.id().tenant_handle;
-  r.key = c.key_id;
-  r.chunk = c.index_in_key;
-  r.dtype = c.dtype;
-  r.iteration = clock;
-  r.request_id = request_id;
-  r.payload_bytes = static_cast<uint32_t>(payload.size());
+  const net::FrameHeader r =
+      ParamsHeader(conn, c, clock, request_id, net::kFlagVersions, payload.size());
   conn.SendOwned(r, std::move(payload));
 }
 
@@ -108,17 +105,8 @@ void AnswerPushes(Chunk& c, uint64_t version) {
       SendParams(*wc, c, version, w.request_id);
       continue;
     }
-    net::FrameHeader r;
-    r.opcode = net::Opcode::kParams;
-    r.flags = net::kFlagSparse;
-    r.tenant = wc->id().tenant_handle;
-    r.key = c.key_id;
-    r.chunk = c.index_in_key;
-    r.dtype = c.dtype;
-    r.iteration = version;
-    r.request_id = w.request_id;
-    r.payload_bytes = static_cast<uint32_t>(sparse->size());
-    wc->SendShared(r, std::as_bytes(std::span<const char>(*sparse)), sparse);
+    wc->SendShared(ParamsHeader(*wc, c, version, w.request_id, net::kFlagSparse, sparse->size()),
+                   std::as_bytes(std::span<const char>(*sparse)), sparse);
   }
   c.pushes.clear();
 }

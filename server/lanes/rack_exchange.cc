@@ -10,26 +10,18 @@
 #include "rackhub/aggregation/kernels.h"
 #include "rackhub/common/number.h"
 #include "rackhub/data/v1/control.pb.h"
+#include "wire_names.h"
 
 namespace rackhub::server {
 
 namespace pb = rackhub::admin::v1;
 namespace dpb = rackhub::data::v1;
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
-using Verdict = net::FrameHandler::Verdict;
 
 namespace {
-
 
 std::span<const std::byte> Bytes(std::span<const float> f) {
   return {reinterpret_cast<const std::byte*>(f.data()), f.size() * sizeof(float)};
 }
-
-}  // namespace
-
-namespace {
 
 // What a hub link may hold (docs/architecture.md, Bounded send queues). A
 // peer hub makes this hub queue only small ERRORs (answers to its frames,
@@ -75,13 +67,8 @@ void RackExchange::OnRackSum(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rac
   }
   // To the home hub. The sum stays valid until this stage's version + 2,
   // which needs our workers' next pushes, which need the home's answer.
-  FrameHeader h;
-  h.opcode = Opcode::kRackSum;
-  h.tenant = t.info.handle;
-  h.key = c.key_id;
-  h.chunk = c.index_in_key;
-  h.dtype = net::DType::kFp32;
-  h.iteration = iteration;
+  FrameHeader h = c.Header(Opcode::kRackSum, t.info.handle, iteration);
+  h.dtype = net::DType::kFp32;  // a rack sum is fp32 whatever the key's dtype
   SendToPeer(c.home, t, key, h, sum, std::move(sum_owner));
 }
 
@@ -95,13 +82,7 @@ void RackExchange::FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c) {
   c.version = v;
   table_->Completed(t, key, c, v);
   if (table_->exchange()) {
-    FrameHeader h;
-    h.opcode = Opcode::kRackParams;
-    h.tenant = t.info.handle;
-    h.key = c.key_id;
-    h.chunk = c.index_in_key;
-    h.dtype = c.dtype;
-    h.iteration = v;
+    const FrameHeader h = c.Header(Opcode::kRackParams, t.info.handle, v);
     for (uint32_t r = 0; r < table_->racks(); ++r) {
       if (r != topology_.rack) SendToPeer(r, t, key, h, c.reply_bytes(v), out.Share());
     }
@@ -121,14 +102,8 @@ void RackExchange::OnInitialized(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t
 }
 
 void RackExchange::SendInit(uint32_t rack, LaneTenant& t, LaneKey& key, Chunk& c) {
-  FrameHeader h;
-  h.opcode = Opcode::kInit;
-  h.tenant = t.info.handle;
-  h.key = c.key_id;
-  h.chunk = c.index_in_key;
-  h.dtype = c.dtype;
-  h.iteration = 0;
-  SendToPeer(rack, t, key, h, c.reply_bytes(0), c.reply_owner(0));
+  SendToPeer(rack, t, key, c.Header(Opcode::kInit, t.info.handle, 0), c.reply_bytes(0),
+             c.reply_owner(0));
 }
 
 void RackExchange::OfferInitialValues(uint32_t rack, std::optional<uint32_t> tenant) {

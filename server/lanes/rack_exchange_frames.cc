@@ -13,18 +13,11 @@
 #include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
 #include "rackhub/data/v1/control.pb.h"
+#include "wire_names.h"
 
 namespace rackhub::server {
 
 namespace dpb = rackhub::data::v1;
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
-using Verdict = net::FrameHandler::Verdict;
-
-namespace {
-
-}  // namespace
 
 Verdict RackExchange::Reject(net::Connection& conn, WireError code, const std::string& text,
                              uint64_t request_id) {

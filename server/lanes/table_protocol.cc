@@ -8,32 +8,19 @@
 
 #include "element_type.h"
 #include "rackhub/common/number.h"
+#include "wire_names.h"
 #include "worker_protocol.h"
 
 namespace rackhub::server {
 
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
-using Verdict = net::FrameHandler::Verdict;
-
 namespace {
-
-// Row PULLs held per tenant and lane during a recovery, at most.
-constexpr size_t kMaxParkedRowPulls = 65536;
 
 // The ROWS frame answering `request_id`: rows `ids` of the shard at its
 // current version, in the chunk's wire dtype.
 void SendRows(net::Connection& conn, const LaneTenant& t, const Chunk& c,
               const std::vector<uint64_t>& ids, uint64_t request_id) {
   const aggregation::RowShard& r = *c.rows;
-  FrameHeader h;
-  h.opcode = Opcode::kRows;
-  h.tenant = t.info.handle;
-  h.key = c.key_id;
-  h.chunk = c.index_in_key;
-  h.dtype = c.dtype;
-  h.iteration = r.version();
+  FrameHeader h = c.Header(Opcode::kRows, t.info.handle, r.version());
   h.request_id = request_id;
   std::string payload(net::kRowsPrefixBytes + ids.size() * r.dim() * net::DTypeBytes(c.dtype),
                       '\0');
@@ -59,11 +46,7 @@ Verdict WorkerProtocol::CheckRowsFrame(net::Connection& conn, LaneTenant& t, con
   const uint32_t member = ChunkTable::Member(t, conn.id());
   const aggregation::RowShard& r = *c.rows;
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
-    t.runtime->PushFailed(member, conn.id().session, h.key, h.iteration);
-    return Refuse(conn, WireError::kWorkerLost,
-                  "recovering: the tenant's iteration in progress was aborted (" +
-                      t.runtime->cause() + "); Pull the table and push the next iteration",
-                  rid);
+    return RefuseRecovering(conn, t, h, "table");
   }
   if (h.iteration != r.version()) {
     RefuseIteration(conn, t, h, r.version(),
@@ -120,33 +103,16 @@ Status WorkerProtocol::CheckRowsPayload(const Chunk& c, const KeyInfo& k, const 
 
 void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
                                 std::span<const std::byte> payload) {
-  LaneKey* key = table_->FindKey(t, h.key);
-  if (!key) {
-    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
-    return;
-  }
-  const auto* gen = GenerationOf(t, conn);
-  if (!gen || !(*gen)->live()) {  // ended while the payload was read
-    RefuseEnded(conn, t, h);
-    return;
-  }
-  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  const Contribution to = ContributionOf(conn, t, h);
+  if (!to.chunk) return;
+  Chunk& c = *to.chunk;
   aggregation::RowShard& r = *c.rows;
   const uint32_t rank = conn.id().rank;
   const uint32_t member = ChunkTable::Member(t, conn.id());
-  const uint64_t session = conn.id().session;
   const bool again = r.contributed(rank);
-  if (h.iteration != r.version() ||
-      (again && !t.runtime->PushFailedAt(member, session, h.key, h.iteration)) ||
-      t.runtime->recovering.load(std::memory_order_acquire) > 0) {
-    RefuseIteration(conn, t, h, r.version(),
-                    "iteration: " + Num(h.iteration) +
-                        " is no longer current (the iteration was aborted while this push "
-                        "was read); Pull the table to resynchronize");
-    return;
-  }
+  if (!StillCurrent(conn, t, h, r.version(), again, "table")) return;
   net::RowsPayload rows;
-  if (Status s = CheckRowsPayload(c, key->info, h, payload,
+  if (Status s = CheckRowsPayload(c, to.key->info, h, payload,
                                   again ? std::nullopt : std::optional(rank), &rows);
       !s.ok()) {
     t.runtime->PushFailed(member, conn.id().session, h.key, h.iteration);
@@ -160,17 +126,11 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
     return;
   }
   r.Contribute(rank, rows.ids, rows.rows, ElementTypeOf(c.dtype));
-  c.NoteContributor(member, *gen);
-  t.metrics->pushes.Add(1);
-  t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
-  const auto now = std::chrono::steady_clock::now();
-  table_->MarkPending(t, c, now);
-  if (LatencyHistogram* late = t.metrics->rank(member)) late->Observe(now - c.first_contribution);
-  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, std::move(rows.want)});
+  CountContribution(conn, t, c, member, *to.gen, h, payload.size(), std::move(rows.want));
   if (!r.ready()) return;
   if (!ContributorsLive(t, c, conn.id().rack, t.info.workers_per_rack)) return;
   r.Update();
-  table_->Completed(t, *key, c, r.version());
+  table_->Completed(t, *to.key, c, r.version());
   std::vector<Waiter> waiters;
   waiters.swap(c.pushes);
   for (const Waiter& w : waiters) {
@@ -181,11 +141,8 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
 
 void WorkerProtocol::OnPullRows(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
                                 std::span<const std::byte> payload) {
-  LaneKey* key = table_->FindKey(t, h.key);
-  if (!key) {
-    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
-    return;
-  }
+  LaneKey* key = KeyOrReject(conn, t, h);
+  if (!key) return;
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   net::RowsPayload rows;
   if (Status s = CheckRowsPayload(c, key->info, h, payload, std::nullopt, &rows); !s.ok()) {
@@ -196,14 +153,9 @@ void WorkerProtocol::OnPullRows(net::Connection& conn, LaneTenant& t, const Fram
     // Answered at the recovered version (ReleaseParked), as a dense PULL.
     // Its reply's bytes are reserved on the connection meanwhile, so held
     // pulls count against the connection's limit like queued replies.
-    if (t.parked.size() >= kMaxParkedRowPulls) {
-      Refuse(conn, WireError::kWorkerLost, "recovering: too many PULLs held; retry", h.request_id);
-      return;
-    }
     const size_t reply_bytes = net::kHeaderBytes + net::kRowsPrefixBytes +
                                rows.ids.size() * c.rows->dim() * net::DTypeBytes(c.dtype);
-    if (!conn.Reserve(reply_bytes)) return;
-    t.parked.push_back(ParkedPull{conn.weak_from_this(), h, std::move(rows.ids), reply_bytes});
+    Park(conn, t, h, std::move(rows.ids), reply_bytes);
     return;
   }
   SendRows(conn, t, c, rows.ids, h.request_id);

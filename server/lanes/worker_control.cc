@@ -5,15 +5,13 @@
 #include "declare_check.h"
 #include "proto_convert.h"
 #include "rackhub/data/v1/control.pb.h"
+#include "wire_names.h"
 #include "worker_protocol.h"
 
 namespace rackhub::server {
 
 namespace pb = rackhub::admin::v1;
 namespace dpb = rackhub::data::v1;
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
 
 namespace {
 

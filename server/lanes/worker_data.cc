@@ -9,21 +9,87 @@
 #include "rackhub/aggregation/topk.h"
 #include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
+#include "wire_names.h"
 #include "worker_protocol.h"
 
 namespace rackhub::server {
 
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
-
 namespace {
 
-// PULLs held per tenant and lane during a recovery, at most (each also
-// reserves its reply's bytes on its connection: Connection::Reserve).
+// PULLs and PULL_ROWS held per tenant and lane during a recovery, at most
+// (each also reserves its reply's bytes on its connection:
+// Connection::Reserve).
 constexpr size_t kMaxParkedPulls = 65536;
 
 }  // namespace
+
+LaneKey* WorkerProtocol::KeyOrReject(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
+  LaneKey* key = table_->FindKey(t, h.key);
+  if (!key) Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
+  return key;
+}
+
+WorkerProtocol::Contribution WorkerProtocol::ContributionOf(net::Connection& conn, LaneTenant& t,
+                                                           const FrameHeader& h) {
+  LaneKey* key = KeyOrReject(conn, t, h);
+  if (!key) return {};
+  const auto* gen = GenerationOf(t, conn);
+  if (!gen || !(*gen)->live()) {
+    RefuseEnded(conn, t, h);
+    return {};
+  }
+  return {key, &table_->GetChunk(t, *key, h.chunk), gen};
+}
+
+bool WorkerProtocol::StillCurrent(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                                  uint64_t version, bool again, const char* what) {
+  const uint32_t member = ChunkTable::Member(t, conn.id());
+  if (h.iteration == version &&
+      (!again || t.runtime->PushFailedAt(member, conn.id().session, h.key, h.iteration)) &&
+      t.runtime->recovering.load(std::memory_order_acquire) == 0) {
+    return true;
+  }
+  // State moved while the payload was read (a recovery meanwhile).
+  RefuseIteration(conn, t, h, version,
+                  "iteration: " + Num(h.iteration) +
+                      " is no longer current (the iteration was aborted while this push was "
+                      "read); Pull the " + what + " to resynchronize");
+  return false;
+}
+
+Verdict WorkerProtocol::RefuseRecovering(net::Connection& conn, LaneTenant& t,
+                                         const FrameHeader& h, const char* what) {
+  t.runtime->PushFailed(ChunkTable::Member(t, conn.id()), conn.id().session, h.key, h.iteration);
+  return Refuse(conn, WireError::kWorkerLost,
+                "recovering: the tenant's iteration in progress was aborted (" +
+                    t.runtime->cause() + "); Pull the " + what + " and push the next iteration",
+                h.request_id);
+}
+
+void WorkerProtocol::CountContribution(net::Connection& conn, LaneTenant& t, Chunk& c,
+                                       uint32_t member,
+                                       const std::shared_ptr<WorkerGeneration>& gen,
+                                       const FrameHeader& h, size_t payload_bytes,
+                                       std::vector<uint64_t> want) {
+  c.NoteContributor(member, gen);
+  t.metrics->pushes.Add(1);
+  t.metrics->bytes_in.Add(payload_bytes + net::kHeaderBytes);
+  // How long the update's first contributor waited for this rank.
+  const auto now = std::chrono::steady_clock::now();
+  table_->MarkPending(t, c, now);
+  if (LatencyHistogram* late = t.metrics->rank(member)) late->Observe(now - c.first_contribution);
+  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, std::move(want)});
+}
+
+void WorkerProtocol::Park(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
+                          std::vector<uint64_t> ids, size_t reply_bytes) {
+  if (t.parked.size() >= kMaxParkedPulls) {
+    Refuse(conn, WireError::kWorkerLost, "recovering: too many PULLs held; retry", h.request_id);
+    return;
+  }
+  if (!conn.Reserve(reply_bytes)) return;
+  t.parked.push_back(ParkedPull{conn.weak_from_this(), h, std::move(ids), reply_bytes});
+}
 
 void WorkerProtocol::OnHeartbeat(net::Connection& conn, const FrameHeader& h) {
   FrameHeader r;
@@ -35,27 +101,20 @@ void WorkerProtocol::OnHeartbeat(net::Connection& conn, const FrameHeader& h) {
 
 void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
                             std::span<const std::byte> payload) {
-  LaneKey* key = table_->FindKey(t, h.key);
-  if (!key) {
-    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
-    return;
-  }
-  const auto* gen = GenerationOf(t, conn);
-  if (!gen || !(*gen)->live()) {  // ended while the payload was read
-    RefuseEnded(conn, t, h);
-    return;
-  }
-  Chunk& c = table_->GetChunk(t, *key, h.chunk);
+  const Contribution to = ContributionOf(conn, t, h);
+  if (!to.chunk) return;
+  LaneKey& key = *to.key;
+  Chunk& c = *to.chunk;
   aggregation::ChunkState& stage = c.Stage(conn.id().rack);
   net::SparsePayload sparse;
   const bool is_sparse = (h.flags & net::kFlagSparse) != 0;
   if (is_sparse) {
     const uint32_t n = stage.elements();
     Result<net::SparsePayload> parsed = net::ParseSparsePayload(
-        payload, n, aggregation::TopKCount(key->info.topk_ratio, n), h.dtype);
+        payload, n, aggregation::TopKCount(key.info.topk_ratio, n), h.dtype);
     if (!parsed.ok()) {
       Refuse(conn, WireError::kInvalidArgument,
-             "sparse PUSH of chunk " + Num(h.chunk) + " of key '" + key->info.name +
+             "sparse PUSH of chunk " + Num(h.chunk) + " of key '" + key.info.name +
                  "': " + parsed.status().message() + "; nothing was applied",
              h.request_id);
       return;
@@ -63,21 +122,12 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     sparse = *parsed;
   }
   if (c.unsynced) {
-    OnUnsyncedPush(conn, t, *key, c, h, payload, is_sparse ? &sparse : nullptr);
+    OnUnsyncedPush(conn, t, key, c, h, payload, is_sparse ? &sparse : nullptr);
     return;
   }
   const uint32_t member = ChunkTable::Member(t, conn.id());
   const bool again = stage.has_contributed(conn.id().rank);
-  if (h.iteration != stage.version() ||
-      (again && !t.runtime->PushFailedAt(member, conn.id().session, h.key, h.iteration)) ||
-      t.runtime->recovering.load(std::memory_order_acquire) > 0) {
-    // State moved while the payload was read (a recovery meanwhile).
-    RefuseIteration(conn, t, h, stage.version(),
-                    "iteration: " + Num(h.iteration) +
-                        " is no longer current (the iteration was aborted while this push "
-                        "was read); Pull the key to resynchronize");
-    return;
-  }
+  if (!StillCurrent(conn, t, h, stage.version(), again, "key")) return;
   if (again) {
     // The rank pushes again after a failed PushPull whose earlier push of
     // this chunk is already counted: that one stays, this one gets the result.
@@ -93,34 +143,24 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     Reject(conn, WireError::kInternal, "chunk: contribution refused", h.request_id);
     return;
   }
-  c.NoteContributor(member, *gen);
-  t.metrics->pushes.Add(1);
-  t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
-  // How long the update's first contributor waited for this rank.
-  const auto now = std::chrono::steady_clock::now();
-  table_->MarkPending(t, c, now);
-  if (LatencyHistogram* late = t.metrics->rank(member)) late->Observe(now - c.first_contribution);
-  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
+  CountContribution(conn, t, c, member, *to.gen, h, payload.size(), {});
   if (result != aggregation::ChunkState::AddResult::kComplete) return;
   if (!ContributorsLive(t, c, conn.id().rack, stage.workers())) return;
   if (c.multi_rack()) {
     stage.Update();  // the rack's sum (sum-only stage)
-    exchange_->OnRackSum(t, *key, c, conn.id().rack, h.iteration);
+    exchange_->OnRackSum(t, key, c, conn.id().rack, h.iteration);
     return;
   }
   c.state.Update();
   const uint64_t v = c.state.version();
-  table_->Completed(t, *key, c, v);
+  table_->Completed(t, key, c, v);
   AnswerPushes(c, v);
 }
 
 void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
                             std::span<const std::byte> payload) {
-  LaneKey* key = table_->FindKey(t, h.key);
-  if (!key) {
-    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
-    return;
-  }
+  LaneKey* key = KeyOrReject(conn, t, h);
+  if (!key) return;
   Chunk& c = table_->GetChunk(t, *key, h.chunk);
   const bool set = c.multi_rack() ? table_->SetInitialMultiRack(*key, c, payload)
                                   : !c.state.initialized() && c.state.SetInitial(payload);
@@ -137,11 +177,8 @@ void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHea
 }
 
 void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
-  LaneKey* key = table_->FindKey(t, h.key);
-  if (!key) {
-    Reject(conn, WireError::kTenantGone, "key: was deleted", h.request_id);
-    return;
-  }
+  LaneKey* key = KeyOrReject(conn, t, h);
+  if (!key) return;
   // A PULL held for later reserves its reply's bytes on the connection now,
   // so held PULLs pause reading and count against the connection's limit
   // like queued replies (a refused reservation means the connection is
@@ -150,12 +187,7 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
       net::kHeaderBytes + size_t{key->info.chunk_elements} * WireDTypeBytes(key->info.dtype);
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // Answered once every chunk is at its key's version again (ReleaseParked).
-    if (t.parked.size() >= kMaxParkedPulls) {
-      Refuse(conn, WireError::kWorkerLost, "recovering: too many PULLs held; retry", h.request_id);
-      return;
-    }
-    if (!conn.Reserve(reply_bytes)) return;
-    t.parked.push_back(ParkedPull{conn.weak_from_this(), h, {}, reply_bytes});
+    Park(conn, t, h, {}, reply_bytes);
     return;
   }
   Chunk& c = table_->GetChunk(t, *key, h.chunk);

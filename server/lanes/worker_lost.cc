@@ -10,13 +10,10 @@
 #include "params_reply.h"
 #include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
+#include "wire_names.h"
 #include "worker_protocol.h"
 
 namespace rackhub::server {
-
-using net::FrameHeader;
-using net::WireError;
-using Verdict = net::FrameHandler::Verdict;
 
 namespace {
 

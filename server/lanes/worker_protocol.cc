@@ -12,13 +12,9 @@
 #include "rackhub/aggregation/topk.h"
 #include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
+#include "wire_names.h"
 
 namespace rackhub::server {
-
-using net::FrameHeader;
-using net::Opcode;
-using net::WireError;
-using Verdict = net::FrameHandler::Verdict;
 
 namespace {
 
@@ -297,11 +293,7 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // Not fatal: the tenant is being brought back to one version per key
     // after an aborted iteration (milliseconds). Pull, then push again.
-    t.runtime->PushFailed(member, conn.id().session, h.key, h.iteration);
-    return Refuse(conn, WireError::kWorkerLost,
-                  "recovering: the tenant's iteration in progress was aborted (" +
-                      t.runtime->cause() + "); Pull the key and push the next iteration",
-                  rid);
+    return RefuseRecovering(conn, t, h, "key");
   }
   if (!stage.initialized()) {
     return Reject(conn, WireError::kNotReady,

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "chunk_table.h"
 #include "config.h"
@@ -125,6 +126,45 @@ class WorkerProtocol final : public net::FrameHandler {
   Status CheckRowsPayload(const Chunk& c, const KeyInfo& k, const net::FrameHeader& h,
                           std::span<const std::byte> payload, std::optional<uint32_t> contributor,
                           net::RowsPayload* rows);
+
+  // What the opcode handlers share (worker_data.cc). Each one that can fail
+  // has answered the frame when it returns null / false.
+  // The key of `h`, or null after a fatal TENANT_GONE (deleted since
+  // AcceptHeader).
+  LaneKey* KeyOrReject(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
+  // Where a PUSH or PUSH_ROWS whose payload is in goes: its key, its chunk
+  // and the connection's generation; all null after the frame was refused
+  // (the key was deleted: KeyOrReject; the generation ended while the
+  // payload was read: RefuseEnded).
+  struct Contribution {
+    LaneKey* key = nullptr;
+    Chunk* chunk = nullptr;
+    const std::shared_ptr<WorkerGeneration>* gen = nullptr;
+  };
+  Contribution ContributionOf(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
+  // A PUSH or PUSH_ROWS whose payload is in: true if its iteration is still
+  // the chunk's `version`, it is no duplicate (`again`: the rank already
+  // contributed, allowed only as the retry of a failed push) and no
+  // recovery runs; else false after a BAD_ITERATION telling the worker to
+  // Pull the `what` ("key", "table").
+  bool StillCurrent(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+                    uint64_t version, bool again, const char* what);
+  // Before the payload: a PUSH or PUSH_ROWS while the tenant recovers is a
+  // failed push, refused with WORKER_LOST (Pull the `what` and push the
+  // next iteration).
+  Verdict RefuseRecovering(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+                           const char* what);
+  // An applied contribution of `member` (generation `gen`) to `c`: counts
+  // it (metrics, pending, the rank's latency) and queues the push for the
+  // update's reply (`want`: the rows a PUSH_ROWS asks back).
+  void CountContribution(net::Connection& conn, LaneTenant& t, Chunk& c, uint32_t member,
+                         const std::shared_ptr<WorkerGeneration>& gen, const net::FrameHeader& h,
+                         size_t payload_bytes, std::vector<uint64_t> want);
+  // A PULL or PULL_ROWS while the tenant recovers: held (ParkedPull, its
+  // reply's `reply_bytes` reserved on the connection) until ReleaseParked,
+  // or refused when too many are held.
+  void Park(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
+            std::vector<uint64_t> ids, size_t reply_bytes);
 
   // One per opcode (AcceptHeader has vetted the header).
   void OnPush(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,

@@ -22,26 +22,14 @@ Result<ProtoOptimizer> OptimizerFromProto(const pb::Optimizer& in) {
   }
   OptimizerConfig& out = r.config;
   out.type = r.unspecified_type ? OptimizerType::kSgd : static_cast<OptimizerType>(in.type());
-  out.learning_rate = in.learning_rate();
-  out.momentum = in.momentum();
-  out.weight_decay = in.weight_decay();
-  out.beta1 = in.beta1();
-  out.beta2 = in.beta2();
-  out.epsilon = in.epsilon();
-  out.initial_accumulator = in.initial_accumulator();
+  HyperparametersFromProto(in, &out);
   out.reduction = in.reduction() == pb::SUM ? Reduction::kSum : Reduction::kMean;
   return r;
 }
 
 void OptimizerToProto(const OptimizerConfig& in, pb::Optimizer* out) {
   out->set_type(static_cast<pb::OptimizerType>(in.type));
-  out->set_learning_rate(in.learning_rate);
-  out->set_momentum(in.momentum);
-  out->set_weight_decay(in.weight_decay);
-  out->set_beta1(in.beta1);
-  out->set_beta2(in.beta2);
-  out->set_epsilon(in.epsilon);
-  out->set_initial_accumulator(in.initial_accumulator);
+  HyperparametersToProto(in, out);
   out->set_reduction(in.reduction == Reduction::kSum ? pb::SUM : pb::MEAN);
 }
 
@@ -77,6 +65,26 @@ pb::InitMode InitModeToProto(InitMode mode) {
     case InitMode::kFromClient: return pb::FROM_CLIENT;
     case InitMode::kRandom: return pb::RANDOM;
     default: return pb::ZEROS;
+  }
+}
+
+std::optional<WireDType> WireDTypeFromProto(pb::DType dtype) {
+  switch (dtype) {
+    case pb::DTYPE_UNSPECIFIED:
+    case pb::FP32: return WireDType::kFp32;
+    case pb::FP16: return WireDType::kFp16;
+    case pb::BF16: return WireDType::kBf16;
+    default: return std::nullopt;
+  }
+}
+
+std::optional<InitMode> InitModeFromProto(pb::InitMode mode) {
+  switch (mode) {
+    case pb::INIT_UNSPECIFIED:
+    case pb::ZEROS: return InitMode::kZeros;
+    case pb::FROM_CLIENT: return InitMode::kFromClient;
+    case pb::RANDOM: return InitMode::kRandom;
+    default: return std::nullopt;
   }
 }
 

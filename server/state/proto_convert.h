@@ -2,6 +2,7 @@
 // plain structs. Thread-safe (pure functions). Errors are rackhub::Status.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,50 @@ struct ProtoOptimizer {
 Result<ProtoOptimizer> OptimizerFromProto(const admin::v1::Optimizer& in);
 
 void OptimizerToProto(const aggregation::OptimizerConfig& in, admin::v1::Optimizer* out);
+
+// The hyperparameters (learning rate to initial accumulator) of an optimizer
+// message with the admin API's field names: admin::v1::Optimizer, and the
+// etcd record cluster::v1::Optimizer. The type and reduction are the
+// caller's: their enums differ between the messages.
+template <typename OptimizerMessage>
+void HyperparametersToProto(const aggregation::OptimizerConfig& in, OptimizerMessage* out) {
+  out->set_learning_rate(in.learning_rate);
+  out->set_momentum(in.momentum);
+  out->set_weight_decay(in.weight_decay);
+  out->set_beta1(in.beta1);
+  out->set_beta2(in.beta2);
+  out->set_epsilon(in.epsilon);
+  out->set_initial_accumulator(in.initial_accumulator);
+}
+template <typename OptimizerMessage>
+void HyperparametersFromProto(const OptimizerMessage& in, aggregation::OptimizerConfig* out) {
+  out->learning_rate = in.learning_rate();
+  out->momentum = in.momentum();
+  out->weight_decay = in.weight_decay();
+  out->beta1 = in.beta1();
+  out->beta2 = in.beta2();
+  out->epsilon = in.epsilon();
+  out->initial_accumulator = in.initial_accumulator();
+}
 admin::v1::InitMode InitModeToProto(InitMode mode);
+// Proto dtype / init mode -> the registry's (unspecified: fp32 / zeros);
+// nullopt for a value the proto does not define (the caller names the field).
+std::optional<WireDType> WireDTypeFromProto(admin::v1::DType dtype);
+std::optional<InitMode> InitModeFromProto(admin::v1::InitMode mode);
+// The KeySpec fields a key request names alike in the admin API
+// (CreateKeyRequest) and on the data plane (DECLARE's KeyDeclaration): the
+// name and shape, and how the values start. The dtype, init mode and
+// optimizer are checked by the caller (the From* above).
+template <typename KeyRequest>
+void KeyShapeFromProto(const KeyRequest& in, KeySpec* spec) {
+  spec->name = in.name();
+  spec->elements = in.elements();
+  spec->rows = in.rows();
+  spec->dim = in.dim();
+  spec->init_scale = in.init_scale();
+  spec->init_seed = in.init_seed();
+  spec->topk_ratio = in.topk_ratio();
+}
 admin::v1::Consistency ConsistencyToProto(Consistency c);
 void TenantToProto(const TenantInfo& in, admin::v1::Tenant* out);
 // `chunks` may be empty (list calls leave the layout out).

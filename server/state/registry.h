@@ -279,6 +279,10 @@ class Registry {
  private:
   struct Tenant;
   Tenant* FindTenant(const std::string& name) const;  // REQUIRES: mu_ held
+  // Tenant `tenant` (*t) and its key `name` (*key), or NOT_FOUND naming the
+  // one missing. REQUIRES: mu_ held.
+  Status FindKey(const std::string& tenant, const std::string& name, Tenant** t,
+                 KeyInfo** key) const;
   // A tenant's counters, one metrics block slot per lane and worker.
   std::shared_ptr<TenantCounters> NewCounters(const TenantInfo& info) const;
 

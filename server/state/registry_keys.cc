@@ -235,15 +235,24 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   });
 }
 
-Status Registry::GetKey(const std::string& tenant, const std::string& name, KeyInfo* out) const {
-  std::shared_lock lock(mu_);
-  const Tenant* t = FindTenant(tenant);
-  if (!t) return TenantNotFound(tenant);
-  const auto it = t->keys.find(name);
-  if (it == t->keys.end()) {
+Status Registry::FindKey(const std::string& tenant, const std::string& name, Tenant** t,
+                         KeyInfo** key) const {
+  *t = FindTenant(tenant);
+  if (!*t) return TenantNotFound(tenant);
+  const auto it = (*t)->keys.find(name);
+  if (it == (*t)->keys.end()) {
     return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
   }
-  *out = it->second;
+  *key = &it->second;
+  return Status::Ok();
+}
+
+Status Registry::GetKey(const std::string& tenant, const std::string& name, KeyInfo* out) const {
+  std::shared_lock lock(mu_);
+  Tenant* t = nullptr;
+  KeyInfo* key = nullptr;
+  if (Status s = FindKey(tenant, name, &t, &key); !s.ok()) return s;
+  *out = *key;
   return Status::Ok();
 }
 
@@ -261,15 +270,12 @@ Status Registry::ListKeys(const std::string& tenant, std::vector<KeyInfo>* out) 
 Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
   return Retrying([&](int64_t* revision) -> Status {
   std::unique_lock lock(mu_);
-  Tenant* t = FindTenant(tenant);
-  if (!t) return TenantNotFound(tenant);
-  const auto it = t->keys.find(name);
-  if (it == t->keys.end()) {
-    return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
-  }
-  const uint32_t key_id = it->second.id;
+  Tenant* t = nullptr;
+  KeyInfo* key = nullptr;
+  if (Status s = FindKey(tenant, name, &t, &key); !s.ok()) return s;
+  const uint32_t key_id = key->id;
   if (store_) {
-    if (Status s = store_->DeleteKey(t->Row(), it->second, t->key_revisions[key_id], revision);
+    if (Status s = store_->DeleteKey(t->Row(), *key, t->key_revisions[key_id], revision);
         !s.ok()) {
       return s;
     }
@@ -279,10 +285,10 @@ Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
     }
   }
   t->info.key_count--;
-  t->info.parameter_bytes -= it->second.parameter_bytes();
-  t->info.memory_bytes -= it->second.memory_bytes;
+  t->info.parameter_bytes -= key->parameter_bytes();
+  t->info.memory_bytes -= key->memory_bytes;
   t->key_names.erase(key_id);
-  t->keys.erase(it);
+  t->keys.erase(name);
   if (observer_) observer_->OnKeyDeleted(t->info.handle, key_id);
   return Status::Ok();
   });
@@ -295,13 +301,10 @@ Status Registry::SetOptimizer(const std::string& tenant, const std::string& name
   return Retrying([&](int64_t* revision) -> Status {
   OptimizerConfig optimizer = asked;
   std::unique_lock lock(mu_);
-  Tenant* t = FindTenant(tenant);
-  if (!t) return TenantNotFound(tenant);
-  const auto it = t->keys.find(name);
-  if (it == t->keys.end()) {
-    return NotFound("name: key " + Quoted(name) + " does not exist in tenant " + Quoted(tenant));
-  }
-  KeyInfo& key = it->second;
+  Tenant* t = nullptr;
+  KeyInfo* found = nullptr;
+  if (Status s = FindKey(tenant, name, &t, &found); !s.ok()) return s;
+  KeyInfo& key = *found;
   if (keep_type) optimizer.type = key.optimizer.type;
   if (optimizer.type != key.optimizer.type) {
     return InvalidArgument(std::string("optimizer.type: cannot change ") +

@@ -1,7 +1,7 @@
 // LogLimiter: keeps a flood of similar log lines (refused connections, failed
 // accepts: anything a remote peer can trigger at will) from flooding the log.
 // At most `burst` lines per `window`; the first line let through after some
-// were held back reports how many.
+// were held back reports how many (Warn writes it so).
 //
 // Threading: none of its own; one thread uses an instance (or guards it).
 #pragma once
@@ -9,6 +9,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include <spdlog/spdlog.h>
 
 namespace rackhub::server {
 
@@ -33,6 +36,16 @@ class LogLimiter {
     *suppressed = held_;
     held_ = 0;
     return true;
+  }
+
+  // Writes `line` as a warning if Allow lets it through, with the count of
+  // lines held back before it.
+  void Warn(const std::string& line) {
+    uint64_t held = 0;
+    if (!Allow(&held)) return;
+    spdlog::warn(held > 0 ? line + " (" + std::to_string(held) +
+                                " similar warnings held back before this one)"
+                          : line);
   }
 
  private:

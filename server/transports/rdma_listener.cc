@@ -238,30 +238,22 @@ std::unique_ptr<RdmaListener> RdmaListener::ListenConfigured(const Config& confi
 
 void RdmaListener::Start(DataPlane* plane) {
   plane_ = plane;
-  events_fd_ = std::make_unique<asio::posix::stream_descriptor>(io_, channel_->fd);
+  events_fd_ = std::make_unique<asio::posix::stream_descriptor>(thread_.io(), channel_->fd);
   WatchEvents();
-  thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "rackhub-rdma");
-    auto guard = asio::make_work_guard(io_);
-    io_.run();
-  });
+  thread_.Start("rackhub-rdma");
 }
 
 void RdmaListener::Stop() {
-  if (stopping_.exchange(true)) return;
-  if (!thread_.joinable()) return;
-  asio::post(io_, [this] {
+  thread_.Stop([this] {
     pending_.clear();  // their channels close; handlers still queued hold them
     if (events_fd_) events_fd_->release();
   });
-  asio::post(io_, [this] { io_.stop(); });
-  thread_.join();
 }
 
 void RdmaListener::WatchEvents() {
   events_fd_->async_wait(asio::posix::stream_descriptor::wait_read,
                          [this](boost::system::error_code ec) {
-                           if (ec || stopping_) return;
+                           if (ec || thread_.stopping()) return;
                            OnEvents();
                            WatchEvents();
                          });
@@ -321,7 +313,7 @@ void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, si
   p->peer = ch->peer_address();
   p->lane = peer.lane;
   p->timer = std::make_unique<asio::steady_timer>(
-      io_, std::chrono::milliseconds(config_.data.hello_timeout_ms));
+      thread_.io(), std::chrono::milliseconds(config_.data.hello_timeout_ms));
   p->timer->async_wait([this, key](boost::system::error_code ec) {
     if (!ec) Refuse(key, WireError::kMalformed, "hello: no HELLO within data.hello_timeout_ms");
   });
@@ -334,7 +326,7 @@ void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, si
     Refuse(key, WireError::kMalformed, text);
   };
   cb.on_closed = [this, key](const std::string&) { Drop(key); };
-  ch->Attach(io_, std::move(cb));
+  ch->Attach(thread_.io(), std::move(cb));
 }
 
 void RdmaListener::Drop(uint64_t key) { pending_.erase(key); }
@@ -388,23 +380,14 @@ void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const s
   id.session = hello.session();
   id.peer = "rdma:" + p.peer;
   id.rack = hello.rack();
-  p.timer->cancel();
-  std::shared_ptr<rdma::Channel> ch = std::move(p.channel);
-  pending_.erase(it);
-  // Stop watching here; the lane takes over. The hand-over is posted after
-  // this completion's handling finished on this thread (the channel updates
-  // its ring state when on_frame returns).
-  ch->Detach();
-  asio::post(io_, [this, ch, id = std::move(id)]() mutable {
-    const uint32_t lane = id.lane;
-    const uint64_t seq = plane_->NextSeq();
-    Lane* target = &plane_->lane(lane);
-    lanes_->Post(lane, [target, ch, id = std::move(id), seq]() mutable {
-      auto conn = std::make_shared<rdma::RdmaConnection>(target->worker_handler(), ch,
-                                                         std::move(id), &target->io());
-      target->AdoptWorker(conn, seq);
-    });
-  });
+  const uint64_t seq = plane_->NextSeq();
+  HandOver(key, id.lane,
+           [id = std::move(id), seq](Lane& target, std::shared_ptr<rdma::Channel> ch) mutable {
+             target.AdoptWorker(std::make_shared<rdma::RdmaConnection>(
+                                    target.worker_handler(), std::move(ch), std::move(id),
+                                    &target.io()),
+                                seq);
+           });
 }
 
 void RdmaListener::OnHubHello(uint64_t key, const FrameHeader& h,
@@ -437,17 +420,24 @@ void RdmaListener::OnHubHello(uint64_t key, const FrameHeader& h,
   id.rack = hello->rack();
   id.lane = hello->lane();
   id.peer = "rdma:" + p.peer;
+  HandOver(key, id.lane,
+           [id = std::move(id)](Lane& target, std::shared_ptr<rdma::Channel> ch) mutable {
+             target.AdoptHubLink(std::make_shared<rdma::RdmaConnection>(
+                 target.hub_handler(), std::move(ch), std::move(id), &target.io()));
+           });
+}
+
+void RdmaListener::HandOver(uint64_t key, uint32_t lane,
+                            std::function<void(Lane&, std::shared_ptr<rdma::Channel>)> adopt) {
+  const auto it = pending_.find(key);
+  Pending& p = *it->second;
   p.timer->cancel();
   std::shared_ptr<rdma::Channel> ch = std::move(p.channel);
   pending_.erase(it);
-  // As for workers: stop watching here, hand over once this completion was
-  // handled.
   ch->Detach();
-  asio::post(io_, [this, ch, id = std::move(id)]() mutable {
-    const uint32_t lane = id.lane;
-    plane_->OnLane(lane, [ch, id = std::move(id)](Lane& target) mutable {
-      target.AdoptHubLink(std::make_shared<rdma::RdmaConnection>(target.hub_handler(), ch,
-                                                                 std::move(id), &target.io()));
+  asio::post(thread_.io(), [this, ch, lane, adopt = std::move(adopt)]() mutable {
+    plane_->OnLane(lane, [ch, adopt = std::move(adopt)](Lane& target) mutable {
+      adopt(target, std::move(ch));
     });
   });
 }

@@ -37,11 +37,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 
+#include "acceptor_thread.h"
 #include "config.h"
 #include "lanes.h"
 #include "rackhub/common/status.h"
@@ -56,6 +57,7 @@ struct rdma_event_channel;
 namespace rackhub::server {
 
 class DataPlane;
+class Lane;
 
 class RdmaListener {
  public:
@@ -107,6 +109,12 @@ class RdmaListener {
   void OnFirstFrame(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
   void OnHello(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
   void OnHubHello(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
+  // An authenticated connection (pending_[key]) goes to lane id.lane: it is
+  // no longer watched here, and once the completion being handled is done
+  // (the channel updates its ring state when on_frame returns) `adopt` runs
+  // on the lane with the channel.
+  void HandOver(uint64_t key, uint32_t lane,
+                std::function<void(Lane&, std::shared_ptr<net::rdma::Channel>)> adopt);
   // Binds and listens `id` on `ep`; the error names `field`.
   Status BindAndListen(rdma_cm_id* id, const net::Endpoint& ep, const std::string& field);
   void Refuse(uint64_t key, net::WireError code, const std::string& text);
@@ -129,10 +137,8 @@ class RdmaListener {
   net::Endpoint bound_;  // the workers' address, as bound
   std::string address_;
   std::string device_;
-  boost::asio::io_context io_{1};
+  AcceptorThread thread_;  // "rackhub-rdma"
   std::unique_ptr<boost::asio::posix::stream_descriptor> events_fd_;
-  std::thread thread_;
-  std::atomic<bool> stopping_{false};
   uint64_t next_key_ = 1;
   std::map<uint64_t, std::unique_ptr<Pending>> pending_;  // listener thread
 };

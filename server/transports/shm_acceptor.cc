@@ -29,7 +29,7 @@ std::string PeerName(local::socket& socket) {
 ShmAcceptor::ShmAcceptor(DataPlane* plane) : plane_(plane) {
   hooks_.plane = plane;
   hooks_.waiting = &unauthenticated_;
-  hooks_.warn = [this](const std::string& line) { WarnLimited(line); };
+  hooks_.warn = [this](const std::string& line) { warnings_.Warn(line); };
   hooks_.accepted = [this](HelloResult checked, Socket socket, const std::string& peer) {
     Adopt(std::move(checked), std::move(socket), peer);
   };
@@ -52,46 +52,30 @@ Status ShmAcceptor::Listen() {
 
 void ShmAcceptor::Start() {
   Accept();
-  thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "rackhub-shm");
-    auto guard = asio::make_work_guard(io_);
-    io_.run();
-  });
+  thread_.Start("rackhub-shm");
 }
 
 void ShmAcceptor::Stop() {
-  stopping_ = true;
-  if (!thread_.joinable()) return;
-  asio::post(io_, [this] {
+  thread_.Stop([this] {
     boost::system::error_code ignored;
     acceptor_.close(ignored);
   });
-  io_.stop();
-  thread_.join();
-}
-
-void ShmAcceptor::WarnLimited(const std::string& line) {
-  uint64_t held = 0;
-  if (!warnings_.Allow(&held)) return;
-  spdlog::warn(held > 0 ? line + " (" + std::to_string(held) +
-                              " similar warnings held back before this one)"
-                        : line);
 }
 
 void ShmAcceptor::Accept() {
   acceptor_.async_accept([this](const boost::system::error_code& ec, Socket socket) {
-    if (stopping_ || ec == asio::error::operation_aborted) return;
+    if (thread_.stopping() || ec == asio::error::operation_aborted) return;
     if (ec) {
-      WarnLimited("data (shm): accept failed: " + ec.message() + "; retrying in 100 ms");
+      warnings_.Warn("data (shm): accept failed: " + ec.message() + "; retrying in 100 ms");
       retry_.expires_after(kAcceptRetryDelay);
       retry_.async_wait([this](const boost::system::error_code& e) {
-        if (!e && !stopping_) Accept();
+        if (!e && !thread_.stopping()) Accept();
       });
       return;
     }
     const uint32_t limit = plane_->config().data.max_unauthenticated_connections;
     if (unauthenticated_ >= limit) {
-      WarnLimited("data (shm): " + std::to_string(unauthenticated_) +
+      warnings_.Warn("data (shm): " + std::to_string(unauthenticated_) +
                   " connections are waiting for their first frame "
                   "(data.max_unauthenticated_connections); closed one");
     } else {
@@ -120,7 +104,7 @@ void ShmAcceptor::Adopt(HelloResult checked, Socket socket, const std::string& p
       arena = *std::move(made);
       weak = arena;
     } else {
-      WarnLimited("data (shm): no publish arena (replies are copied per worker): " +
+      warnings_.Warn("data (shm): no publish arena (replies are copied per worker): " +
                   made.status().message());
     }
   }
@@ -131,7 +115,7 @@ void ShmAcceptor::Adopt(HelloResult checked, Socket socket, const std::string& p
       fd, ring, std::move(arena), peer,
       config.data.shm_poll == "busy" ? net::shm::PollMode::kBusy : net::shm::PollMode::kEvents);
   if (!channel.ok()) {
-    WarnLimited("data (shm): cannot set up shared memory for " + peer + ": " +
+    warnings_.Warn("data (shm): cannot set up shared memory for " + peer + ": " +
                 channel.status().message());
     return;
   }

@@ -12,13 +12,12 @@
 // thread; hand-overs on the lanes' threads.
 #pragma once
 
-#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
-#include <thread>
 
+#include "acceptor_thread.h"
 #include "data_plane.h"
 #include "hello_session.h"
 #include "log_limiter.h"
@@ -47,20 +46,17 @@ class ShmAcceptor {
  private:
   void Accept();
   void Adopt(HelloResult checked, Socket socket, const std::string& peer);
-  void WarnLimited(const std::string& line);
 
   DataPlane* plane_;
-  size_t unauthenticated_ = 0;  // declared before io_: sessions count out when it goes
+  size_t unauthenticated_ = 0;  // declared before thread_: sessions count out when it goes
   HelloSession<Socket>::Hooks hooks_;
-  boost::asio::io_context io_{1};
-  boost::asio::local::stream_protocol::acceptor acceptor_{io_};
-  boost::asio::steady_timer retry_{io_};
+  AcceptorThread thread_;  // "rackhub-shm"
+  boost::asio::local::stream_protocol::acceptor acceptor_{thread_.io()};
+  boost::asio::steady_timer retry_{thread_.io()};
   std::string name_;
   // Publish arenas by (tenant handle, lane), alive while a connection of
   // theirs is (acceptor thread).
   std::map<std::pair<uint32_t, uint32_t>, std::weak_ptr<net::shm::PublishArena>> arenas_;
-  std::thread thread_;
-  std::atomic<bool> stopping_{false};
   LogLimiter warnings_{20, std::chrono::seconds(10)};
 };
 

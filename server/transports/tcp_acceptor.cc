@@ -112,7 +112,7 @@ class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHell
   void Close(const std::string& why) {
     timer_.cancel();
     if (!socket_.is_open()) return;
-    acceptor_->WarnLimited("rack link: refused a hub link from " + peer_ + ": " + why);
+    acceptor_->warnings_.Warn("rack link: refused a hub link from " + peer_ + ": " + why);
     boost::system::error_code ignored;
     socket_.close(ignored);
   }
@@ -128,7 +128,7 @@ class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHell
 TcpAcceptor::TcpAcceptor(DataPlane* plane) : plane_(plane) {
   hello_hooks_.plane = plane;
   hello_hooks_.waiting = &unauthenticated_workers_;
-  hello_hooks_.warn = [this](const std::string& line) { WarnLimited(line); };
+  hello_hooks_.warn = [this](const std::string& line) { warnings_.Warn(line); };
   hello_hooks_.accepted = [this](HelloResult checked, tcp::socket socket, const std::string& peer) {
     net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
                                checked.hello.lane(), peer, checked.hello.rack(), false,
@@ -140,6 +140,16 @@ TcpAcceptor::TcpAcceptor(DataPlane* plane) : plane_(plane) {
                                       lane.worker_handler(), std::move(s), std::move(id)),
                                   seq);
                });
+  };
+  workers_.start = [this](tcp::socket socket) {
+    boost::system::error_code ignored;
+    socket.set_option(asio::socket_base::keep_alive(true), ignored);
+    const int fd = socket.native_handle();
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleS, sizeof(int));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalS, sizeof(int));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(int));
+    const std::string peer = PeerName(socket);
+    std::make_shared<HelloSession<tcp::socket>>(std::move(socket), peer, &hello_hooks_)->Start();
   };
   OfferShm("");
 }
@@ -156,13 +166,19 @@ TcpAcceptor::~TcpAcceptor() { Stop(); }
 
 Status TcpAcceptor::Listen() {
   const Config& config = plane_->config();
-  if (Status s = ListenOn(workers_, config.data.listen, "data.listen"); !s.ok()) return s;
-  const auto bound = workers_.local_endpoint();
+  if (Status s = ListenOn(workers_.acceptor, config.data.listen, "data.listen"); !s.ok()) {
+    return s;
+  }
+  const auto bound = workers_.acceptor.local_endpoint();
   address_ = net::Endpoint{bound.address().to_string(), bound.port()}.ToString();
   const auto& topo = config.topology;
   if (!topo.multi_rack_exchange()) return {};
-  hubs_ = std::make_unique<tcp::acceptor>(io_);
-  if (Status s = ListenOn(*hubs_, topo.racks[topo.rack].interhub, "topology.racks"); !s.ok()) {
+  hubs_ = std::make_unique<Listener>(thread_.io(), "rack link", &unauthenticated_hubs_);
+  hubs_->start = [this](tcp::socket socket) {
+    std::make_shared<HubHelloSession>(this, std::move(socket))->Start();
+  };
+  if (Status s = ListenOn(hubs_->acceptor, topo.racks[topo.rack].interhub, "topology.racks");
+      !s.ok()) {
     return s;
   }
   spdlog::info("rack exchange: rack {} of {}, hub links on {}", topo.rack, topo.rack_count(),
@@ -171,96 +187,58 @@ Status TcpAcceptor::Listen() {
 }
 
 void TcpAcceptor::Start() {
-  AcceptWorkers();
-  if (hubs_) AcceptHubs();
-  thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "rackhub-accept");
-    auto guard = asio::make_work_guard(io_);
-    io_.run();
-  });
+  Accept(workers_);
+  if (hubs_) Accept(*hubs_);
+  thread_.Start("rackhub-accept");
 }
 
 void TcpAcceptor::Stop() {
-  stopping_ = true;
-  if (!thread_.joinable()) return;
-  asio::post(io_, [this] {
+  thread_.Stop([this] {
     boost::system::error_code ignored;
-    workers_.close(ignored);
-    if (hubs_) hubs_->close(ignored);
+    workers_.acceptor.close(ignored);
+    if (hubs_) hubs_->acceptor.close(ignored);
   });
-  io_.stop();
-  thread_.join();
 }
 
-void TcpAcceptor::WarnLimited(const std::string& line) {
-  uint64_t held = 0;
-  if (!warnings_.Allow(&held)) return;
-  spdlog::warn(held > 0 ? line + " (" + std::to_string(held) +
-                              " similar warnings held back before this one)"
-                        : line);
+void TcpAcceptor::Accept(Listener& l) {
+  l.acceptor.async_accept([this, &l](const boost::system::error_code& ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || thread_.stopping()) return;
+      return AfterAcceptError(ec, l);
+    }
+    if (AdmitUnauthenticated(socket, l)) {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      l.start(std::move(socket));
+    }
+    if (!thread_.stopping()) Accept(l);
+  });
 }
 
-void TcpAcceptor::AfterAcceptError(const boost::system::error_code& ec, const char* what,
-                                   asio::steady_timer& retry, void (TcpAcceptor::*again)()) {
+void TcpAcceptor::AfterAcceptError(const boost::system::error_code& ec, Listener& l) {
   const bool exhausted = ec == asio::error::no_descriptors || ec.value() == ENFILE ||
                          ec == asio::error::no_buffer_space || ec == asio::error::no_memory;
-  WarnLimited(std::string(what) + ": accept failed: " + ec.message() +
-              (exhausted ? " (RLIMIT_NOFILE / LimitNOFILE or memory); retrying in 100 ms" : ""));
+  warnings_.Warn(std::string(l.what) + ": accept failed: " + ec.message() +
+                 (exhausted ? " (RLIMIT_NOFILE / LimitNOFILE or memory); retrying in 100 ms" : ""));
   if (!exhausted) {
-    (this->*again)();
+    Accept(l);
     return;
   }
-  retry.expires_after(kAcceptRetryDelay);
-  retry.async_wait([this, again](const boost::system::error_code& e) {
-    if (!e && !stopping_) (this->*again)();
+  l.retry.expires_after(kAcceptRetryDelay);
+  l.retry.async_wait([this, &l](const boost::system::error_code& e) {
+    if (!e && !thread_.stopping()) Accept(l);
   });
 }
 
-bool TcpAcceptor::AdmitUnauthenticated(tcp::socket& socket, const char* what, size_t waiting) {
+bool TcpAcceptor::AdmitUnauthenticated(tcp::socket& socket, const Listener& l) {
   const uint32_t limit = plane_->config().data.max_unauthenticated_connections;
-  if (waiting < limit) return true;
-  WarnLimited(std::string(what) + ": " + std::to_string(waiting) +
-              " connections are waiting for their first frame "
-              "(data.max_unauthenticated_connections); closed one from " + PeerName(socket));
+  if (*l.waiting < limit) return true;
+  warnings_.Warn(std::string(l.what) + ": " + std::to_string(*l.waiting) +
+                 " connections are waiting for their first frame "
+                 "(data.max_unauthenticated_connections); closed one from " + PeerName(socket));
   boost::system::error_code ignored;
   socket.close(ignored);
   return false;
-}
-
-void TcpAcceptor::AcceptWorkers() {
-  workers_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-    if (ec) {
-      if (ec == asio::error::operation_aborted || stopping_) return;
-      return AfterAcceptError(ec, "data", retry_workers_, &TcpAcceptor::AcceptWorkers);
-    }
-    if (AdmitUnauthenticated(socket, "data", unauthenticated_workers_)) {
-      boost::system::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      socket.set_option(asio::socket_base::keep_alive(true), ignored);
-      const int fd = socket.native_handle();
-      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleS, sizeof(int));
-      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalS, sizeof(int));
-      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(int));
-      const std::string peer = PeerName(socket);
-      std::make_shared<HelloSession<tcp::socket>>(std::move(socket), peer, &hello_hooks_)->Start();
-    }
-    if (!stopping_) AcceptWorkers();
-  });
-}
-
-void TcpAcceptor::AcceptHubs() {
-  hubs_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-    if (ec) {
-      if (ec == asio::error::operation_aborted || stopping_) return;
-      return AfterAcceptError(ec, "rack link", retry_hubs_, &TcpAcceptor::AcceptHubs);
-    }
-    if (AdmitUnauthenticated(socket, "rack link", unauthenticated_hubs_)) {
-      boost::system::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<HubHelloSession>(this, std::move(socket))->Start();
-    }
-    if (!stopping_) AcceptHubs();
-  });
 }
 
 void TcpAcceptor::MoveToLane(tcp::socket socket, uint32_t lane,

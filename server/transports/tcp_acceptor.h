@@ -11,11 +11,11 @@
 // acceptor thread; hand-overs on the lanes' threads.
 #pragma once
 
-#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
+#include "acceptor_thread.h"
 #include "data_plane.h"
 #include "hello_session.h"
 #include "log_limiter.h"
@@ -46,40 +46,47 @@ class TcpAcceptor {
 
  private:
   class HubHelloSession;
-  void AcceptWorkers();
-  void AcceptHubs();
+  // One listening socket and what its accepted connections go through:
+  // workers (data.listen) or other racks' hub links (the interhub address).
+  struct Listener {
+    Listener(boost::asio::io_context& io, const char* what, const size_t* waiting)
+        : acceptor(io), retry(io), what(what), waiting(waiting) {}
+    boost::asio::ip::tcp::acceptor acceptor;
+    boost::asio::steady_timer retry;  // a failed accept's retry
+    const char* what;                 // "data", "rack link": names it in warnings
+    // Its sessions waiting for their first frame. Workers and hub links
+    // count separately: a flood of the data port does not shut other
+    // racks' hubs out.
+    const size_t* waiting;
+    // Starts the first-frame session of an admitted socket (TCP_NODELAY set).
+    std::function<void(boost::asio::ip::tcp::socket)> start;
+  };
+  // Accepts on `l` until Stop (acceptor thread).
+  void Accept(Listener& l);
   // After a failed accept: go on at once, or after kAcceptRetryDelay when the
   // process is out of descriptors or memory (the listener stays readable:
   // retrying at once would spin).
-  void AfterAcceptError(const boost::system::error_code& ec, const char* what,
-                        boost::asio::steady_timer& retry, void (TcpAcceptor::*again)());
-  // True (and the session is counted in `waiting` until it ends) if another
+  void AfterAcceptError(const boost::system::error_code& ec, Listener& l);
+  // True (and the session is counted in *l.waiting until it ends) if another
   // connection may wait for its first frame; otherwise the socket is closed
-  // here. Workers and hub links count separately: a flood of the data port
-  // does not shut other racks' hubs out.
-  bool AdmitUnauthenticated(boost::asio::ip::tcp::socket& socket, const char* what,
-                            size_t waiting);
-  // A warning a remote peer can cause, through the acceptor's LogLimiter.
-  void WarnLimited(const std::string& line);
+  // here.
+  bool AdmitUnauthenticated(boost::asio::ip::tcp::socket& socket, const Listener& l);
   // Moves an accepted socket to lane `lane` and runs `adopt` there.
   void MoveToLane(boost::asio::ip::tcp::socket socket, uint32_t lane,
                   std::function<void(Lane&, boost::asio::ip::tcp::socket)> adopt);
 
   DataPlane* plane_;
   // Live HelloSessions and HubHelloSessions (acceptor thread; declared before
-  // io_ because sessions still pending when io_ goes count themselves out).
+  // thread_ because sessions still pending when its io_context goes count
+  // themselves out).
   size_t unauthenticated_workers_ = 0;
   size_t unauthenticated_hubs_ = 0;
   HelloSession<boost::asio::ip::tcp::socket>::Hooks hello_hooks_;
-  boost::asio::io_context io_{1};
-  boost::asio::ip::tcp::acceptor workers_{io_};
-  std::unique_ptr<boost::asio::ip::tcp::acceptor> hubs_;
+  AcceptorThread thread_;  // "rackhub-accept"
+  Listener workers_{thread_.io(), "data", &unauthenticated_workers_};
+  std::unique_ptr<Listener> hubs_;  // hierarchical topology only
   std::string address_;
-  std::thread thread_;
-  std::atomic<bool> stopping_{false};
-  // Acceptor thread only:
-  boost::asio::steady_timer retry_workers_{io_};  // one per listener
-  boost::asio::steady_timer retry_hubs_{io_};
+  // A warning a remote peer can cause goes through it (acceptor thread).
   LogLimiter warnings_{20, std::chrono::seconds(10)};
 };
 
