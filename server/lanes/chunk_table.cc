@@ -223,7 +223,7 @@ void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& w
       auto wc = w.conn.lock();
       if (!wc || !wc->open()) continue;
       t.runtime->PushFailed(Member(t, wc->id()), wc->id().session, c.key_id, c.current_version());
-      t.metrics->CountError(static_cast<uint32_t>(code));
+      t.CountError(code);
       wc->SendError(code, why, w.request_id, false);
     }
     c.pushes.clear();

@@ -182,6 +182,11 @@ struct LaneTenant {
   std::unordered_set<uint32_t> leaving;  // members whose connection here said BYE
   // Chunks one version short of a checkpoint's target, by ChunkId.
   std::unordered_map<uint64_t, std::shared_ptr<SnapshotJob>> armed;
+
+  // Counts an ERROR frame of `code` sent to one of the tenant's workers.
+  void CountError(net::WireError code) const {
+    metrics->CountError(static_cast<uint32_t>(code));
+  }
 };
 
 class ChunkTable {

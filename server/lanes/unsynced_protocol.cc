@@ -161,7 +161,7 @@ void WorkerProtocol::CheckHeldReplies(LaneTenant& t, std::chrono::steady_clock::
           ConsistencyName(t.info.consistency, t.info.staleness) + "), waiting for " +
           (behind.empty() ? std::string("slower ranks") : behind) +
           "; its contribution was applied: Pull the key and push the next iteration";
-      t.metrics->CountError(static_cast<uint32_t>(WireError::kWorkerLost));
+      t.CountError(WireError::kWorkerLost);
       conn->SendError(WireError::kWorkerLost, text, c.pushes[i].request_id, false);
       c.pushes[i].conn.reset();  // ReleaseHeld drops it
     }

@@ -21,8 +21,6 @@ namespace {
 constexpr size_t kTrimAfterBacklog = 1u << 20;
 constexpr auto kTrimDelay = std::chrono::milliseconds(500);
 
-void CountError(LaneTenant& t, WireError code) { t.metrics->CountError(static_cast<uint32_t>(code)); }
-
 }  // namespace
 
 void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string& why) {
@@ -86,7 +84,7 @@ void WorkerProtocol::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t bef
   if (auto it = t->conns.find(member);
       it != t->conns.end() && t->conn_seq[member] < before_seq) {
     auto keep = it->second;
-    CountError(*t, WireError::kWorkerLost);
+    t->CountError(WireError::kWorkerLost);
     keep->SendError(WireError::kWorkerLost,
                     "worker: another connection of this worker closed (" + why + ")", 0, true);
   }
@@ -131,7 +129,7 @@ void WorkerProtocol::OnGenerationEnded(uint32_t handle, uint32_t member,
     // must not reconnect (it would replace its replacement in turn).
     if (auto it = t->gens.find(member); it != t->gens.end() && it->second.get() == &g) {
       auto keep = t->conns.at(member);
-      CountError(*t, WireError::kInvalidArgument);
+      t->CountError(WireError::kInvalidArgument);
       keep->SendError(WireError::kInvalidArgument, "rank: " + why, 0, true);
     }
   }
@@ -230,7 +228,7 @@ void WorkerProtocol::CheckStragglers() {
 void WorkerProtocol::CloseTenant(LaneTenant& t, WireError code, const std::string& text) {
   const auto conns = t.conns;  // closing edits the map
   for (auto& [member, conn] : conns) {
-    CountError(t, code);
+    t.CountError(code);
     conn->SendError(code, text, 0, true);
   }
 }

@@ -24,8 +24,6 @@ namespace {
 constexpr auto kReconnectRetryPeriod = std::chrono::milliseconds(20);
 constexpr int kReconnectRetries = 50;
 
-void CountError(LaneTenant& t, WireError code) { t.metrics->CountError(static_cast<uint32_t>(code)); }
-
 }  // namespace
 
 net::SendLimits WorkerSendLimits(const DataConfig& config, uint32_t chunk_bytes) {
@@ -122,14 +120,14 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
 
 Verdict WorkerProtocol::Refuse(net::Connection& conn, WireError code, const std::string& text,
                                uint64_t request_id) {
-  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) CountError(*t, code);
+  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) t->CountError(code);
   conn.SendError(code, text, request_id, false);
   return Verdict::kDiscard;
 }
 
 Verdict WorkerProtocol::Reject(net::Connection& conn, WireError code, const std::string& text,
                                uint64_t request_id) {
-  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) CountError(*t, code);
+  if (LaneTenant* t = table_->FindTenant(conn.id().tenant_handle)) t->CountError(code);
   spdlog::warn("data: tenant '{}' rank {} lane {} ({}): {}: {}; closing", conn.id().tenant,
                conn.id().rank, conn.id().lane, conn.id().peer, net::WireErrorName(code), text);
   conn.SendError(code, text, request_id, true);
@@ -370,7 +368,7 @@ void WorkerProtocol::OnBytesSent(net::Connection& conn, size_t bytes) {
 
 void WorkerProtocol::RefuseIteration(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
                                      uint64_t current, const std::string& text) {
-  CountError(t, WireError::kBadIteration);
+  t.CountError(WireError::kBadIteration);
   t.runtime->PushFailed(ChunkTable::Member(t, conn.id()), conn.id().session, h.key, h.iteration);
   net::ErrorFrame e =
       net::MakeErrorFrame(WireError::kBadIteration, text, t.info.handle, h.request_id, false);

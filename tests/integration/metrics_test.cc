@@ -254,7 +254,10 @@ TEST_F(MetricsTest, RealPrometheusReportsTheIterationRate) {
   kill(pid, SIGTERM);
   int status = 0;
   waitpid(pid, &status, 0);
-  EXPECT_GT(rate, 1.0) << "Prometheus's answer: " << last << "\nits log:\n"
+  // Positive, not above some floor: how many iterations a second the bench
+  // makes depends on the machine and its load (a floor of 1/s failed under
+  // tests/stress.sh with 0.12/s), which is the benchmarks' business.
+  EXPECT_GT(rate, 0.0) << "Prometheus's answer: " << last << "\nits log:\n"
                        << ReadFile(dir + "/prometheus.log");
   EXPECT_GE(done.load(), 1) << "rackhub-bench runs that passed";
   EXPECT_EQ(bench_failure, "") << "rackhub-bench failed";
