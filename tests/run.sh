@@ -8,9 +8,9 @@
 #   tests    every CTest test that needs neither a VM nor a sanitizer build
 #            (all but label `rdma_device`), `ctest -j$(nproc)`
 # --full (what .ci/run runs): the quick level, then
-#   asan     ASan + UBSan build in build-asan/ (clang, also the fuzz targets):
+#   asan     ASan + UBSan unity build in build-asan/ (clang, also the fuzz targets):
 #            the CTest label `asan` (every unit test and a set of integration tests)
-#   tsan     TSan build in build-tsan/ (GCC): the CTest label `tsan`
+#   tsan     TSan unity build in build-tsan/ (GCC): the CTest label `tsan`
 #   fuzz     every libFuzzer target of fuzz/ for RACKHUB_FUZZ_SECONDS (20) each
 #   rdma     the RDMA tests on a real verbs device or in a Soft-RoCE VM
 #            (RACKHUB_REQUIRE_RDMA=1: a VM that cannot boot fails)
@@ -55,19 +55,24 @@ ctest_args=(--output-on-failure -j"$jobs" "$@")
 # A label that selects nothing is a broken stage (not with a user's filter).
 [ $# -gt 0 ] || ctest_args+=(--no-tests=error)
 # ccache when installed (deploy/bootstrap.sh installs it), never required.
+# Paths below the checkout are hashed relative to it and the build
+# directory's path not at all, so a fresh clone elsewhere (CI, /tmp) hits the
+# objects of an earlier one.
 launcher=()
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$repo} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 fi
 if [ $full = 1 ]; then
   # The VM stages must really run: a VM that cannot boot fails them.
   export RACKHUB_REQUIRE_RDMA=1 RACKHUB_REQUIRE_SYSTEMD_VM=1
 fi
 # Sanitizer reports fail the process that has them (tests and the rackhubd
-# they start); TSan's known reports from uninstrumented libraries are
-# suppressed with a comment per entry (tests/sanitizers/).
+# they start); TSan's known reports from uninstrumented libraries and UBSan's
+# one vptr report inside Boost are suppressed with a comment per entry
+# (tests/sanitizers/).
 export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1"
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$repo/tests/sanitizers/ubsan.supp"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$repo/tests/sanitizers/tsan.supp"
 
 work=$(mktemp -d /tmp/rackhub-run.XXXXXX)
@@ -178,11 +183,18 @@ tests_release() {
   ctest_stage tests "$build" -LE rdma_device --timeout 600 "${ctest_args[@]}"
 }
 
+# The sanitizer builds are unity builds (CMake batches 16 sources of a
+# target into one translation unit): half the compiler time of separate
+# sources, since gRPC's, Asio's and our headers are parsed once a batch.
+# The Release build stays one unit per source, which is what a developer
+# rebuilds and what shows a missing #include.
+unity=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16)
+
 # One clang build serves both: the sanitized test subset and the fuzzers
 # (RACKHUB_FUZZ=ON instruments every library for both).
 asan_build() {
   cmake -S . -B "$build_asan" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang \
-    -DCMAKE_CXX_COMPILER=clang++ -DRACKHUB_FUZZ=ON "${launcher[@]}"
+    -DCMAKE_CXX_COMPILER=clang++ -DRACKHUB_FUZZ=ON "${unity[@]}" "${launcher[@]}"
   local targets=()
   want asan && targets+=(asan_tests)
   want fuzz && targets+=(fuzzers)
@@ -193,7 +205,8 @@ asan() {
 }
 
 tsan() {
-  cmake -S . -B "$build_tsan" -DCMAKE_BUILD_TYPE=Release -DRACKHUB_SANITIZE=thread "${launcher[@]}"
+  cmake -S . -B "$build_tsan" -DCMAKE_BUILD_TYPE=Release -DRACKHUB_SANITIZE=thread \
+    "${unity[@]}" "${launcher[@]}"
   cmake --build "$build_tsan" -j"$jobs" --target tsan_tests
   ctest_stage tsan "$build_tsan" -L tsan --timeout 900 "${ctest_args[@]}"
 }

@@ -13,6 +13,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -20,6 +21,10 @@
 #include "rackhub/net/asio.h"
 
 namespace rackhub::server {
+
+// A failed accept for lack of descriptors or memory is retried after this
+// (TcpAcceptor, ShmAcceptor).
+inline constexpr auto kAcceptRetryDelay = std::chrono::milliseconds(100);
 
 class AcceptorThread {
  public:

@@ -14,8 +14,6 @@ using local = asio::local::stream_protocol;
 
 namespace {
 
-constexpr auto kAcceptRetryDelay = std::chrono::milliseconds(100);
-
 // "shm:pid 1234" from the peer's credentials (unix(7), SO_PEERCRED).
 std::string PeerName(local::socket& socket) {
   ucred cred{};

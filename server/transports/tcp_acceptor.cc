@@ -29,9 +29,6 @@ constexpr int kKeepAliveIdleS = 10;
 constexpr int kKeepAliveIntervalS = 2;
 constexpr int kKeepAliveProbes = 5;
 
-// A failed accept for lack of descriptors or memory is retried after this.
-constexpr auto kAcceptRetryDelay = std::chrono::milliseconds(100);
-
 // "ip:port" of the remote end, for logs.
 std::string PeerName(const tcp::socket& socket) {
   boost::system::error_code ec;
