@@ -102,10 +102,10 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
     // Created with the optimizer schedule the key's other chunks follow, so
     // a change announced for a later update applies here at the same update.
     const OptimizerSchedule& sched = key.info.schedule;
-    slot = std::make_unique<Chunk>(Chunk{
+    slot = std::make_unique<Chunk>(
         aggregation::ChunkState(n, t.info.workers_per_rack, sched.base,
                                 ElementTypeOf(key.info.dtype)),
-        key.info.id, chunk, static_cast<net::DType>(static_cast<uint8_t>(key.info.dtype))});
+        key.info.id, chunk, static_cast<net::DType>(static_cast<uint8_t>(key.info.dtype)));
     if (sched.from_update != 0) slot->state.SetOptimizer(sched.latest, sched.from_update);
     if (key.info.init == InitMode::kZeros) slot->state.MarkInitialized();
     // Within the key's reservation (Registry::CreateKey checked the quota).
@@ -136,9 +136,9 @@ std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, ui
   const uint64_t first = uint64_t{chunk} * per;
   const uint64_t n = std::min<uint64_t>(per, k.rows - first);
   const OptimizerSchedule& sched = k.schedule;
-  auto c = std::make_unique<Chunk>(Chunk{
+  auto c = std::make_unique<Chunk>(
       aggregation::ChunkState(1, 1, SumOnly(), aggregation::ElementType::kFp32), k.id, chunk,
-      static_cast<net::DType>(static_cast<uint8_t>(k.dtype))});
+      static_cast<net::DType>(static_cast<uint8_t>(k.dtype)));
   c->rows = std::make_unique<aggregation::RowShard>(first, n, k.dim, t.info.workers_per_rack,
                                                     sched.base);
   if (k.init == InitMode::kRandom) c->rows->InitRandom(k.init_seed, k.init_scale);

@@ -84,6 +84,9 @@ struct UnsyncedClocks {
 };
 
 struct Chunk {
+  Chunk(aggregation::ChunkState s, uint32_t key, uint32_t index, net::DType wire_dtype)
+      : state(std::move(s)), key_id(key), index_in_key(index), dtype(wire_dtype) {}
+
   // One rack: the whole update. Several racks, at the chunk's home hub:
   // the cross-rack stage, one fp32 rack sum per rack, then the optimizer.
   aggregation::ChunkState state;

@@ -1,8 +1,11 @@
 // The client survives a hub restart and a lost peer (client.h, "Reconnect"
 // and "Resynchronization"; docs/errors.md): real rackhubd processes (killed
 // with SIGKILL and restarted on the same ports and state directory), clients
-// in this process, over TCP and over shared memory (a reconnect dials the
-// same transport again: a fresh shared-memory offer from the restarted hub).
+// in this process, over TCP, shared memory and RDMA (a reconnect dials the
+// same transport again: a fresh shared-memory offer from the restarted hub, a
+// new RDMA connection to its listener). The RDMA instances skip without a
+// verbs device; tests/rdma/run.sh runs them in a Soft-RoCE VM (CTest entry
+// client_reconnect_rdma).
 // Nothing here waits for time: where a test needs the hub to hold a push
 // before it acts, it waits for the hub's rackhub_pushes_total to count it.
 #include <gtest/gtest.h>
@@ -20,6 +23,7 @@
 #include "http_get.h"
 #include "process.h"
 #include "rackhub/client/client.h"
+#include "rdma_env.h"
 #include "rackhub/client/rackhub_c.h"
 
 namespace rackhub::client {
@@ -62,7 +66,7 @@ double MetricSum(const std::string& address, const std::string& name) {
 }
 
 // The parameter: the transport the clients use (and reconnect over).
-enum class Link { kTcp, kShm };
+enum class Link { kTcp, kShm, kRdma };
 
 class ClientReconnectTest : public ::testing::TestWithParam<Link> {
  protected:
@@ -70,8 +74,17 @@ class ClientReconnectTest : public ::testing::TestWithParam<Link> {
     // No periodic checkpoints: a hub killed with SIGKILL comes back with
     // every key at version 0 (a rollback to 0); a graceful stop still writes
     // one (checkpoint.on_shutdown).
-    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
-        "--lanes", "2", "--checkpoint-every-iterations", "0", "--checkpoint-every-seconds", "0"});
+    std::vector<std::string> args = {"--lanes", "2", "--checkpoint-every-iterations", "0",
+                                     "--checkpoint-every-seconds", "0"};
+    if (GetParam() == Link::kRdma) {
+      std::string ip, why;
+      if (!testing::HaveRdma(&ip, &why)) GTEST_SKIP() << why;
+      // rdma_cm ports are not in the ready file: a fixed port per test
+      // process, kept across restarts (DaemonProcess::Restart reuses args).
+      rdma_hub_ = ip + ":" + std::to_string(23000 + (getpid() % 2000) * 4);
+      args.insert(args.end(), {"--transport", "rdma", "--rdma-listen", rdma_hub_});
+    }
+    daemon_ = std::make_unique<DaemonProcess>(args);
     ASSERT_TRUE(daemon_->started());
     token_file_ = MakeTempDir() + "/token";
     WriteFile(token_file_, kToken);
@@ -100,13 +113,23 @@ class ClientReconnectTest : public ::testing::TestWithParam<Link> {
     o.op_timeout = op_timeout;
     o.reconnect = reconnect;
     o.shm = shm() ? Shm::kOn : Shm::kOff;
+    if (GetParam() == Link::kRdma) {
+      o.transport = Transport::kRdma;
+      o.rdma_hub = rdma_hub_;
+    }
     Error e;
     auto c = Client::Connect(o, &e);
     EXPECT_TRUE(c) << e.message;
-    if (c) EXPECT_STREQ(c->transport(), shm() ? "shm" : "tcp");
+    if (c) {
+      EXPECT_STREQ(c->transport(), transport());
+    }
     return c;
   }
   bool shm() const { return GetParam() == Link::kShm; }
+  // The name Client::transport() gives the parameter's transport.
+  const char* transport() const {
+    return GetParam() == Link::kShm ? "shm" : GetParam() == Link::kRdma ? "rdma" : "tcp";
+  }
 
   // Waits until the hub has counted `chunks` PUSH frames in all (its lanes
   // publish their counters as they go).
@@ -153,6 +176,7 @@ class ClientReconnectTest : public ::testing::TestWithParam<Link> {
   }
 
   std::string token_file_;
+  std::string rdma_hub_;  // the hub's RDMA listener (RDMA instances)
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
@@ -186,7 +210,7 @@ TEST_P(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
   EXPECT_EQ(e.message, "hub restarted: key 'w' rolled back to iteration " +
                            std::to_string(e.iteration) + " (was 3)");
   EXPECT_GE(c0->reconnects(), 1u);
-  EXPECT_STREQ(c0->transport(), shm() ? "shm" : "tcp") << "a reconnect keeps the transport";
+  EXPECT_STREQ(c0->transport(), transport()) << "a reconnect keeps the transport";
   // Still marked: the next PushPull fails at once, nothing sent.
   EXPECT_EQ(c0->Wait(c0->PushPull(key, grad, out)).code, ErrorCode::kRolledBack);
 
@@ -425,9 +449,12 @@ TEST_P(ClientReconnectTest, LostPeerThenReplacement) {
   EXPECT_EQ(c1b->GetKeyInfo(key)->next_iteration, it0 + 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ClientReconnectTest, ::testing::Values(Link::kTcp, Link::kShm),
+INSTANTIATE_TEST_SUITE_P(Transports, ClientReconnectTest,
+                         ::testing::Values(Link::kTcp, Link::kShm, Link::kRdma),
                          [](const ::testing::TestParamInfo<Link>& info) {
-                           return std::string(info.param == Link::kShm ? "Shm" : "Tcp");
+                           return std::string(info.param == Link::kShm    ? "Shm"
+                                              : info.param == Link::kRdma ? "Rdma"
+                                                                          : "Tcp");
                          });
 
 }  // namespace

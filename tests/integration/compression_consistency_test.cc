@@ -476,10 +476,11 @@ TEST_P(CompressionConsistencyTest, RackhubctlOptionsAndRefusals) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   r = Ctl({"key", "get", "ctl", "k"});
   EXPECT_NE(r.out.find("topk:0.01"), std::string::npos) << r.out;
-  for (const std::string& c : {"topk:0", "topk:1.5", "topk:", "zip"}) {
+  for (const char* c : {"topk:0", "topk:1.5", "topk:", "zip"}) {
     bad = Ctl({"key", "create", "ctl", "k2", "--elements", "10", "--compression", c});
     EXPECT_NE(bad.exit_code, 0) << c;
-    EXPECT_NE(bad.err.find("--compression: '" + c + "'"), std::string::npos) << bad.err;
+    EXPECT_NE(bad.err.find(std::string("--compression: '") + c + "'"), std::string::npos)
+        << bad.err;
   }
   bad = Ctl({"key", "create", "ctl", "k3", "--elements", "10", "--compression", "fp16", "--dtype",
              "bf16"});

@@ -590,7 +590,9 @@ TEST(ChunkStateTest, RestoreContinuesBitIdentically) {
           << OptimizerTypeName(type);
       // A wrong slot count or size changes nothing.
       std::vector<std::span<const float>> none;
-      if (a.state_slots() > 0) EXPECT_FALSE(b.Restore(1, a.params(6), none));
+      if (a.state_slots() > 0) {
+        EXPECT_FALSE(b.Restore(1, a.params(6), none));
+      }
       EXPECT_FALSE(b.Restore(1, std::span<const float>(state.empty() ? nullptr : state[0].data(), 0),
                              views));
       EXPECT_EQ(b.version(), 6u);
