@@ -57,7 +57,10 @@ ctest_args=(--output-on-failure -j"$jobs" "$@")
 # ccache when installed (deploy/bootstrap.sh installs it), never required.
 # Paths below the checkout are hashed relative to it and the build
 # directory's path not at all, so a fresh clone elsewhere (CI, /tmp) hits the
-# objects of an earlier one.
+# Release objects of an earlier one. Not the unity batches of the sanitizer
+# builds: CMake's generated batch sources include each file by its absolute
+# path (relative ones need CMake 3.31's UNITY_BUILD_RELOCATABLE; Debian 12
+# has 3.25), so those hit only in the same checkout.
 launcher=()
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
