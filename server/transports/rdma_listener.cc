@@ -381,7 +381,8 @@ void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const s
   id.peer = "rdma:" + p.peer;
   id.rack = hello.rack();
   const uint64_t seq = plane_->NextSeq();
-  HandOver(key, id.lane,
+  const uint32_t lane = id.lane;  // read before the capture below moves id
+  HandOver(key, lane,
            [id = std::move(id), seq](Lane& target, std::shared_ptr<rdma::Channel> ch) mutable {
              target.AdoptWorker(std::make_shared<rdma::RdmaConnection>(
                                     target.worker_handler(), std::move(ch), std::move(id),
@@ -420,7 +421,8 @@ void RdmaListener::OnHubHello(uint64_t key, const FrameHeader& h,
   id.rack = hello->rack();
   id.lane = hello->lane();
   id.peer = "rdma:" + p.peer;
-  HandOver(key, id.lane,
+  const uint32_t lane = id.lane;  // read before the capture below moves id
+  HandOver(key, lane,
            [id = std::move(id)](Lane& target, std::shared_ptr<rdma::Channel> ch) mutable {
              target.AdoptHubLink(std::make_shared<rdma::RdmaConnection>(
                  target.hub_handler(), std::move(ch), std::move(id), &target.io()));
