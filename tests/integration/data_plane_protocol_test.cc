@@ -558,7 +558,7 @@ TEST_P(DataPlaneProtocolTest, GarbageInTheSharedRegionClosesOnlyThatConnection) 
     ExpectBystanderWorks();
   }
   ASSERT_EQ(kill(hub_->daemon()->pid(), 0), 0) << "the hub died";
-  EXPECT_NE(hub_->daemon()->Log().find("shared-memory ring"), std::string::npos);
+  EXPECT_TRUE(testing::WaitForLog(*hub_->daemon(), "shared-memory ring"));
 }
 
 TEST_P(DataPlaneProtocolTest, KilledWorkerFailsTheOthersAtOnce) {
