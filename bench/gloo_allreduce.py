@@ -10,6 +10,16 @@ iteration's time is the slowest rank's. Prints one JSON line:
 
   {"backend":"gloo", "median_ms":..., "times_ms":[...], "dtype":..., ...}
 
+Rank r's tensor is (r+1)*p, p a random pattern of multiples of 1/64 in
+[-1/8, 1/8]: the first all_reduce's result must be exactly p*W(W+1)/2 in any
+reduction order (every partial sum is representable in fp16 and fp32 for W up
+to 16); every rank checks every element of it ("verified" in the JSON; a
+mismatch is exit 1).
+
+On a rack on one machine (bench/rack_netns.sh) --netns-per-rank P puts rank r
+in network namespace P<r> (setns in the forked rank, before gloo starts), with
+--master-addr (rank 0's address) and --ifname (GLOO_SOCKET_IFNAME).
+
 Run it with Debian's /usr/bin/python3 (python3-torch). Without torch it prints
 {"error": "..."} and exits 3. torch 1.13's gloo cannot all_reduce bf16
 ("Invalid scalar type"); then --bf16-fallback (fp16 by default) is used and
@@ -79,21 +89,44 @@ def probe_rank(rank, dtype_name, port, out_queue):
     dist.destroy_process_group()
 
 
+CLONE_NEWNET = 0x40000000
+
+
+def enter_netns(name):
+    """Moves this (single-threaded, just forked) process into network
+    namespace `name`, as `ip netns exec` would for the sockets it opens."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 def rank_main(rank, args, port, out_queue):
+    if args.netns_per_rank:
+        enter_netns(f"{args.netns_per_rank}{rank}")
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # one core-sized process per rank, like rackhub's workers
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = args.master_addr
     os.environ["MASTER_PORT"] = str(port)
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
     dist.init_process_group("gloo", rank=rank, world_size=args.workers,
                             timeout=datetime.timedelta(seconds=args.timeout))
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     used = args.used_dtype
     elements = args.bytes // 4
-    gen = torch.Generator().manual_seed(rank)
-    tensor = (torch.rand(elements, generator=gen) - 0.5).to(dtypes[used])
+    gen = torch.Generator().manual_seed(12345)  # the same pattern on every rank
+    pattern = torch.randint(-8, 9, (elements,), generator=gen, dtype=torch.int32)
+    tensor = (pattern * (rank + 1)).to(dtypes[used]).div_(64)
+    expected = (pattern * (args.workers * (args.workers + 1) // 2)).to(dtypes[used]).div_(64)
+    del pattern
+    mismatches = 0
     times = []
     for it in range(args.warmup + args.iterations):
         dist.barrier()
@@ -102,14 +135,19 @@ def rank_main(rank, args, port, out_queue):
         t1 = time.perf_counter()
         if it >= args.warmup:
             times.append((t1 - t0) * 1e3)
+        if it == 0:  # untimed: every element of the first sum, exactly
+            mismatches = int((tensor != expected).sum())
+            del expected
         tensor.mul_(1.0 / args.workers)  # untimed: keeps 16-bit sums finite
     # The iteration's time is the slowest rank's.
-    mine = torch.tensor(times, dtype=torch.float64)
+    mine = torch.tensor(times + [float(mismatches)], dtype=torch.float64)
     gathered = [torch.zeros_like(mine) for _ in range(args.workers)]
     dist.all_gather(gathered, mine)
     dist.destroy_process_group()
     if rank == 0:
-        per_iter = torch.stack(gathered).max(dim=0).values.tolist()
+        stacked = torch.stack(gathered)
+        wrong = int(stacked[:, -1].sum())
+        per_iter = stacked[:, :-1].max(dim=0).values.tolist()
         median = percentile(per_iter, 0.5)  # the same nearest-rank median as rackhub-bench
         wire = 4 if used == "fp32" else 2
         out_queue.put({
@@ -130,6 +168,9 @@ def rank_main(rank, args, port, out_queue):
             "p90_ms": round(percentile(per_iter, 0.9), 4),
             "gbps_per_worker": round(args.bytes / (median * 1e-3) / 1e9, 4),
             "times_ms": [round(t, 4) for t in per_iter],
+            "verified": wrong == 0,
+            "wrong_elements": wrong,
+            "exit": 0 if wrong == 0 else 1,
         })
 
 
@@ -143,6 +184,10 @@ def main():
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--timeout", type=int, default=300, help="gloo timeout, seconds")
+    p.add_argument("--netns-per-rank", metavar="P", default="",
+                   help="rank r runs in network namespace P<r> (needs root)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address")
+    p.add_argument("--ifname", default="lo", help="GLOO_SOCKET_IFNAME")
     p.add_argument("--probe", action="store_true",
                    help="only check that torch + gloo import; print versions")
     args = p.parse_args()
@@ -191,6 +236,9 @@ def main():
         return 1
     result = queue.get()
     code = result.pop("exit", 0)
+    if code != 0:
+        result["error"] = (f"gloo all_reduce gave a wrong sum: {result['wrong_elements']} "
+                           "elements of the first iteration differ from the reference")
     emit(result)
     return code
 

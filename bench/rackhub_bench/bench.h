@@ -105,6 +105,11 @@ struct BenchArgs {
   // hub of rack r listens (data, admin, inter-hub) on rack_addrs[r] instead of
   // 127.0.0.1, with a generated admin token and hub secret. Empty: loopback.
   std::string hub_netns_prefix, worker_netns_prefix;
+  // A rack on one machine (bench/rack_netns.sh): worker r runs under `ip
+  // netns exec <netns_per_worker>r` (overrides worker_netns_prefix), and so
+  // does gloo's rank r in --compare gloo, rendezvousing at gloo_master_addr
+  // (worker 0's address) over interface gloo_ifname.
+  std::string netns_per_worker, gloo_master_addr, gloo_ifname;
   std::vector<std::string> rack_addrs;
   // --etcd H:P,..: the hubs share one registry in etcd and find each other
   // there (registry.backend = "etcd", topology.racks_from = "etcd"); the

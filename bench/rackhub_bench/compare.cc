@@ -176,6 +176,8 @@ int Compare(const BenchArgs& a, const std::string& self) {
   bool verified = a.w.verify, ok = true;
   {
     Hub hub;
+    if (!a.rack_addrs.empty()) hub.listen_host = a.rack_addrs[0];
+    if (!a.hub_netns_prefix.empty()) hub.netns = a.hub_netns_prefix + "0";
     if (!hub.Open(a, dir)) {
       ok = false;
     }
@@ -195,11 +197,16 @@ int Compare(const BenchArgs& a, const std::string& self) {
       std::fprintf(stderr, "rackhub-bench: round %u/%u: rackhub %.3f ms", round + 1, a.rounds,
                    rh_rounds.back());
       if (gloo_error.empty()) {
-        const GlooRun g =
-            RunGloo(a, script, dir,
-                    {"--workers", std::to_string(a.w.workers), "--bytes", std::to_string(a.w.bytes),
-                     "--dtype", dtype, "--iterations", std::to_string(a.w.iterations), "--warmup",
-                     std::to_string(a.w.warmup)});
+        std::vector<std::string> gloo_args = {
+            "--workers",    std::to_string(a.w.workers),    "--bytes",  std::to_string(a.w.bytes),
+            "--dtype",      dtype,                          "--iterations",
+            std::to_string(a.w.iterations), "--warmup", std::to_string(a.w.warmup)};
+        if (!a.netns_per_worker.empty()) {
+          gloo_args.insert(gloo_args.end(),
+                           {"--netns-per-rank", a.netns_per_worker, "--master-addr",
+                            a.gloo_master_addr, "--ifname", a.gloo_ifname});
+        }
+        const GlooRun g = RunGloo(a, script, dir, gloo_args);
         double median = 0;
         std::vector<double> times;
         if (!g.ok) {

@@ -216,6 +216,10 @@ CommandLine Parse(int argc, char** argv) {
       app.add_option("--netns-prefix", netns_prefix,
                      "both (see bench/multirack_netns.sh; needs root)")
           ->type_name("P");
+  app.add_option("--netns-per-worker", a.netns_per_worker,
+                 "run worker r (and, with --compare gloo, gloo's rank r) in network namespace\n"
+                 "P<r> (see bench/rack_netns.sh; needs root)")
+      ->type_name("P");
   app.add_flag("--json", a.json, "print one JSON object instead of a table");
   const char* compare = "Comparison with gloo";
   app.add_option("--compare", a.compare, "interleave rounds of rackhub and gloo runs")
@@ -226,6 +230,14 @@ CommandLine Parse(int argc, char** argv) {
   app.add_option("--gloo-script", a.gloo_script,
                  "the gloo benchmark [<source dir>/bench/gloo_allreduce.py]")
       ->type_name("PATH")
+      ->group(compare);
+  app.add_option("--gloo-master-addr", a.gloo_master_addr,
+                 "with --netns-per-worker: gloo's rendezvous address (worker 0's IP)")
+      ->type_name("IP")
+      ->group(compare);
+  app.add_option("--gloo-ifname", a.gloo_ifname,
+                 "with --netns-per-worker: gloo's interface in each namespace")
+      ->type_name("IF")
       ->group(compare);
   app.add_option("--python", a.python, "interpreter with torch")
       ->type_name("PATH")
@@ -263,6 +275,10 @@ CommandLine Parse(int argc, char** argv) {
     if (worker_netns->count() == 0) a.worker_netns_prefix = netns_prefix;
   }
   cl.worker = worker_rank->count() > 0;
+  if (!cl.worker && !a.netns_per_worker.empty() && !a.compare.empty() &&
+      (a.gloo_master_addr.empty() || a.gloo_ifname.empty())) {
+    Usage("--netns-per-worker with --compare gloo needs --gloo-master-addr and --gloo-ifname");
+  }
   if (a.rounds == 0) Usage("--rounds: must be >= 1");
   if (a.w.workers == 0 || a.w.keys == 0 || a.w.iterations == 0) {
     Usage("--workers, --keys and --iterations must be >= 1");
@@ -418,7 +434,7 @@ int main(int argc, char** argv) {
   if (!a.rack_addrs.empty() && a.rack_addrs.size() != std::max<uint32_t>(a.racks, 1)) {
     Usage("--rack-addrs: needs one address per rack (--racks)");
   }
-  if (!a.rack_addrs.empty() && !a.compare.empty()) Usage("--rack-addrs: not with --compare");
+  if (a.racks > 1 && !a.compare.empty()) Usage("--compare: one rack only (--racks 1)");
   if (a.w.transport == "rdma" && a.w.rdma_hub.empty()) {
     Usage("--transport rdma needs --rdma-hub HOST:PORT (an IP of the RDMA interface)");
   }

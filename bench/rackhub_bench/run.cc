@@ -329,7 +329,9 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
     const uint32_t rack = r / a.w.workers;
     const Hub& to = *hubs[hierarchical ? rack : 0];
     const std::string netns =
-        a.worker_netns_prefix.empty() ? "" : a.worker_netns_prefix + std::to_string(rack);
+        !a.netns_per_worker.empty()
+            ? a.netns_per_worker + std::to_string(r)
+            : (a.worker_netns_prefix.empty() ? "" : a.worker_netns_prefix + std::to_string(rack));
     std::vector<std::string> argv = {self, "--worker-rank", std::to_string(r % a.w.workers), "--rack",
                           std::to_string(rack), "--racks", std::to_string(a.racks), "--hub",
                           to.data, "--tenant",

@@ -1,0 +1,69 @@
+# Shared by the benchmarks that build networks of namespaces (sourced, not
+# run): bench/rack_netns.sh. Needs $python (an interpreter) and $me (the
+# calling script's name, for messages) set by the caller.
+#
+#   netns_skip MSG           prints "SKIPPED: MSG" and exits 0 (no root, no tc, ...)
+#   netns_add NAME           creates namespace NAME (lo up), removed at exit with
+#                            every process still in it; fails if it exists
+#   tbf_args RATE            "rate R burst B latency 100ms" for tc (burst: 2 ms of
+#                            line rate, at least 128 KiB: GSO-sized packets)
+#   add_tbf NS DEV RATE      shapes DEV's egress in NS to RATE ("none": unshaped)
+#   rate_bytes RATE          RATE in bytes per second
+
+netns_created=()
+
+netns_skip() { echo "SKIPPED: $*"; exit 0; }
+
+netns_cleanup() {
+  local ns pids
+  # Processes still inside our namespaces (an interrupted bench and its
+  # hub) are ours: end them by pid, then remove the namespaces.
+  for ns in "${netns_created[@]}"; do
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    # shellcheck disable=SC2086  # one pid a word
+    [ -z "$pids" ] || kill $pids 2>/dev/null || true
+  done
+  [ ${#netns_created[@]} -eq 0 ] || sleep 0.5
+  for ns in "${netns_created[@]}"; do
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    # shellcheck disable=SC2086
+    [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
+
+netns_add() {
+  if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$1"; then
+    echo "$me: namespace $1 already exists (another run? remove it with: ip netns del $1)" >&2
+    exit 1
+  fi
+  ip netns add "$1" 2>/dev/null ||
+    netns_skip "cannot create network namespaces here ('ip netns add' failed: no CAP_SYS_ADMIN or no netns support)"
+  netns_created+=("$1")
+  ip -n "$1" link set lo up
+}
+
+rate_bytes() {
+  "$python" - "$1" "$me" <<'EOF'
+import re, sys
+m = re.fullmatch(r"([0-9.]+)\s*([kmg]?)(bit|bps)", sys.argv[1].lower())
+if not m:
+    sys.exit("%s: rate '%s' is not like 1gbit or 300mbit" % (sys.argv[2], sys.argv[1]))
+v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+print(int(v / 8 if m.group(3) == "bit" else v))
+EOF
+}
+
+tbf_args() {
+  local b
+  b=$(rate_bytes "$1") || return 1
+  echo "rate $1 burst $(( b / 500 > 131072 ? b / 500 : 131072 )) latency 100ms"
+}
+
+add_tbf() {
+  local args
+  [ "$3" = none ] && return 0
+  args=$(tbf_args "$3") || return 1
+  read -ra args <<<"$args"
+  ip netns exec "$1" tc qdisc add dev "$2" root tbf "${args[@]}"
+}
