@@ -277,7 +277,7 @@ void RdmaListener::OnEvents() {
 
 void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, size_t bytes) {
   const auto refuse = [&](const std::string& why) {
-    spdlog::warn("data: refused RDMA connection: {}", why);
+    warnings_.Warn("data: refused RDMA connection: " + why);
     rdma_reject(id, nullptr, 0);
     rdma_destroy_id(id);
   };
@@ -301,7 +301,7 @@ void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, si
   }
   Result<std::shared_ptr<rdma::Channel>> accepted = rdma::Channel::Accept(id, peer, options_);
   if (!accepted.ok()) {
-    spdlog::warn("data: cannot accept an RDMA connection: {}", accepted.status().message());
+    warnings_.Warn("data: cannot accept an RDMA connection: " + accepted.status().message());
     return;
   }
   std::shared_ptr<rdma::Channel> ch = *std::move(accepted);
@@ -335,8 +335,8 @@ void RdmaListener::Refuse(uint64_t key, WireError code, const std::string& text)
   const auto it = pending_.find(key);
   if (it == pending_.end()) return;
   Pending& p = *it->second;
-  spdlog::warn("data: refused RDMA connection from {}: {}: {}", p.peer, net::WireErrorName(code),
-               text);
+  warnings_.Warn("data: refused RDMA connection from " + p.peer + ": " +
+                 std::string(net::WireErrorName(code)) + ": " + text);
   p.timer->cancel();
   FrameHeader h;
   h.opcode = Opcode::kError;

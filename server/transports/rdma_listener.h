@@ -45,6 +45,7 @@
 #include "acceptor_thread.h"
 #include "config.h"
 #include "lanes.h"
+#include "log_limiter.h"
 #include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
 #include "rackhub/net/connector.h"
@@ -141,6 +142,8 @@ class RdmaListener {
   std::unique_ptr<boost::asio::posix::stream_descriptor> events_fd_;
   uint64_t next_key_ = 1;
   std::map<uint64_t, std::unique_ptr<Pending>> pending_;  // listener thread
+  // Refusals a remote peer can trigger at will (listener thread).
+  LogLimiter warnings_{20, std::chrono::seconds(10)};
 };
 
 }  // namespace rackhub::server
