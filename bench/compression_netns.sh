@@ -74,12 +74,14 @@ case "$optimizer" in
   *) echo "compression_netns.sh: --optimizer must be sgd or sum-only" >&2; exit 2 ;;
 esac
 
-skip() { echo "SKIPPED: $*"; exit 0; }
-[ "$(id -u)" = 0 ] || skip "needs root (network namespaces, veth, tc); run as root"
-command -v ip >/dev/null || skip "'ip' (iproute2) not found"
-command -v tc >/dev/null || skip "'tc' (iproute2) not found"
+me=compression_netns.sh
 python=/usr/bin/python3
-[ -x "$python" ] || python=$(command -v python3) || { echo "compression_netns.sh: needs python3" >&2; exit 2; }
+[ -x "$python" ] || python=$(command -v python3) || { echo "$me: needs python3" >&2; exit 2; }
+# shellcheck source=bench/netns_lib.sh
+. "$here/netns_lib.sh"
+[ "$(id -u)" = 0 ] || netns_skip "needs root (network namespaces, veth, tc); run as root"
+command -v ip >/dev/null || netns_skip "'ip' (iproute2) not found"
+command -v tc >/dev/null || netns_skip "'tc' (iproute2) not found"
 
 build=$(cd "$build" 2>/dev/null && pwd) || { echo "compression_netns.sh: no build directory '$build' (--build)" >&2; exit 2; }
 bench="$build/bin/rackhub-compression-bench"
@@ -88,39 +90,11 @@ for b in "$bench" "$build/bin/rackhubd"; do
 done
 
 hubns="${prefix}hub" wkns="${prefix}wk"
-created=()
-cleanup() {
-  local ns pids
-  # Processes still inside our namespaces (an interrupted bench and its
-  # hub) are ours: end them by pid, then remove the namespaces.
-  for ns in "${created[@]}"; do
-    pids=$(ip netns pids "$ns" 2>/dev/null || true)
-    # shellcheck disable=SC2086  # one pid a word
-    [ -z "$pids" ] || kill $pids 2>/dev/null || true
-  done
-  [ ${#created[@]} -eq 0 ] || sleep 0.5
-  for ns in "${created[@]}"; do
-    pids=$(ip netns pids "$ns" 2>/dev/null || true)
-    # shellcheck disable=SC2086
-    [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-  done
-}
-trap cleanup EXIT
+trap netns_cleanup EXIT
 trap 'exit 130' INT TERM
 
-for ns in "$hubns" "$wkns"; do
-  if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$ns"; then
-    echo "compression_netns.sh: namespace $ns already exists (another run? remove it with: ip netns del $ns)" >&2
-    exit 1
-  fi
-done
-ip netns add "$hubns" 2>/dev/null || skip "cannot create network namespaces here ('ip netns add' failed: no CAP_SYS_ADMIN or no netns support)"
-created+=("$hubns")
-ip netns add "$wkns"
-created+=("$wkns")
-ip -n "$hubns" link set lo up
-ip -n "$wkns" link set lo up
+netns_add "$hubns"
+netns_add "$wkns"
 ip link add "rhcw$$" netns "$wkns" type veth peer name "rhch$$" netns "$hubns"
 ip -n "$wkns" link set "rhcw$$" name wv
 ip -n "$hubns" link set "rhch$$" name hv
@@ -129,19 +103,6 @@ ip -n "$hubns" addr add 10.78.0.1/24 dev hv
 ip -n "$wkns" link set wv up
 ip -n "$hubns" link set hv up
 
-# rate -> tbf burst: 2 ms of line rate, at least 128 KiB (GSO-sized packets).
-tbf_args() {
-  "$python" - "$1" <<'EOF'
-import re, sys
-m = re.fullmatch(r"([0-9.]+)\s*([kmg]?)(bit|bps)", sys.argv[1].lower())
-if not m:
-    sys.exit("compression_netns.sh: rate '%s' is not like 1gbit or 300mbit" % sys.argv[1])
-v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
-if m.group(3) == "bit":
-    v /= 8
-print("rate %s burst %d latency 100ms" % (sys.argv[1], max(int(v * 0.002), 131072)))
-EOF
-}
 for rate in $rates; do
   [ "$rate" = none ] || tbf_args "$rate" >/dev/null || exit 2
 done
@@ -149,16 +110,12 @@ done
 # Shapes the link to $1: the egress of wv (workers -> hub) and, unless $2
 # is "up", of hv (hub -> workers); "none" removes the shaping.
 shape() {
-  local args
   ip netns exec "$wkns" tc qdisc del dev wv root 2>/dev/null || true
   ip netns exec "$hubns" tc qdisc del dev hv root 2>/dev/null || true
-  [ "$1" = none ] && return 0
-  args=$(tbf_args "$1")
-  read -ra args <<<"$args"
-  ip netns exec "$wkns" tc qdisc add dev wv root tbf "${args[@]}" || return 1
-  [ "$2" = up ] || ip netns exec "$hubns" tc qdisc add dev hv root tbf "${args[@]}"
+  add_tbf "$wkns" wv "$1" || return 1
+  [ "$2" = up ] || add_tbf "$hubns" hv "$1"
 }
-shape 1gbit both 2>/dev/null || skip "tc cannot attach a tbf qdisc here (sch_tbf missing from the kernel?)"
+shape 1gbit both 2>/dev/null || netns_skip "tc cannot attach a tbf qdisc here (sch_tbf missing from the kernel?)"
 shape none both
 
 common=(--scenario topk --transport tcp --sizes "$sizes" --ratios "$ratios" --workers "$workers"

@@ -74,12 +74,14 @@ if ! [ "$racks" -ge 2 ] 2>/dev/null || [ "$racks" -gt 200 ]; then
   exit 2
 fi
 
-skip() { echo "SKIPPED: $*"; exit 0; }
-[ "$(id -u)" = 0 ] || skip "needs root (network namespaces, veth, tc); run as root"
-command -v ip >/dev/null || skip "'ip' (iproute2) not found"
-command -v tc >/dev/null || skip "'tc' (iproute2) not found"
+me=multirack_netns.sh
 python=/usr/bin/python3
-[ -x "$python" ] || python=$(command -v python3) || { echo "multirack_netns.sh: needs python3" >&2; exit 2; }
+[ -x "$python" ] || python=$(command -v python3) || { echo "$me: needs python3" >&2; exit 2; }
+# shellcheck source=bench/netns_lib.sh
+. "$here/netns_lib.sh"
+[ "$(id -u)" = 0 ] || netns_skip "needs root (network namespaces, veth, tc); run as root"
+command -v ip >/dev/null || netns_skip "'ip' (iproute2) not found"
+command -v tc >/dev/null || netns_skip "'tc' (iproute2) not found"
 
 build=$(cd "$build" 2>/dev/null && pwd) || { echo "multirack_netns.sh: no build directory '$build' (--build)" >&2; exit 2; }
 bench="$build/bin/rackhub-bench"
@@ -89,59 +91,11 @@ done
 
 spine="${prefix}spine"
 rack_ns() { echo "${prefix}rack$1"; }
-created=()
-cleanup() {
-  local ns pids
-  # Processes still inside our namespaces (an interrupted run's coordinator,
-  # hubs and workers) are ours: end them by pid, then remove the namespaces.
-  for ns in "${created[@]}"; do
-    pids=$(ip netns pids "$ns" 2>/dev/null || true)
-    # shellcheck disable=SC2086  # one pid a word
-    [ -z "$pids" ] || kill $pids 2>/dev/null || true
-  done
-  [ ${#created[@]} -eq 0 ] || sleep 0.5
-  for ns in "${created[@]}"; do
-    pids=$(ip netns pids "$ns" 2>/dev/null || true)
-    # shellcheck disable=SC2086
-    [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-  done
-}
-trap cleanup EXIT
+trap netns_cleanup EXIT
 trap 'exit 130' INT TERM
 
-for ns in "$spine" $(for r in $(seq 0 $((racks - 1))); do rack_ns "$r"; done); do
-  if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$ns"; then
-    echo "multirack_netns.sh: namespace $ns already exists (another run? remove it with: ip netns del $ns)" >&2
-    exit 1
-  fi
-done
-ip netns add "$spine" 2>/dev/null || skip "cannot create network namespaces here ('ip netns add' failed: no CAP_SYS_ADMIN or no netns support)"
-created+=("$spine")
-ip -n "$spine" link set lo up
+netns_add "$spine"
 ip netns exec "$spine" sysctl -qw net.ipv4.ip_forward=1
-
-# rate -> tbf burst: 2 ms of line rate, at least 128 KiB (GSO-sized packets).
-tbf_args() {
-  "$python" - "$1" <<'EOF'
-import re, sys
-m = re.fullmatch(r"([0-9.]+)\s*([kmg]?)(bit|bps)", sys.argv[1].lower())
-if not m:
-    sys.exit("multirack_netns.sh: rate '%s' is not like 1gbit or 300mbit" % sys.argv[1])
-v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
-if m.group(3) == "bit":
-    v /= 8
-print("rate %s burst %d latency 100ms" % (sys.argv[1], max(int(v * 0.002), 131072)))
-EOF
-}
-
-# add_tbf NAMESPACE DEVICE RATE: shapes the device's egress.
-add_tbf() {
-  local args
-  args=$(tbf_args "$3") || return 1
-  read -ra args <<<"$args"
-  ip netns exec "$1" tc qdisc add dev "$2" root tbf "${args[@]}"
-}
 
 for rate in $rates; do
   [ "$rate" = none ] || tbf_args "$rate" >/dev/null || exit 2
@@ -150,9 +104,7 @@ done
 addrs=()
 for r in $(seq 0 $((racks - 1))); do
   ns=$(rack_ns "$r")
-  ip netns add "$ns"
-  created+=("$ns")
-  ip -n "$ns" link set lo up
+  netns_add "$ns"
   ip link add "rhk$$x$r" netns "$ns" type veth peer name "sp$r" netns "$spine"
   ip -n "$ns" link set "rhk$$x$r" name rk
   ip -n "$ns" addr add "10.77.$r.2/24" dev rk
@@ -163,7 +115,7 @@ for r in $(seq 0 $((racks - 1))); do
   addrs+=("10.77.$r.2")
 done
 if ! add_tbf "$(rack_ns 0)" rk 1gbit 2>/dev/null; then
-  skip "tc cannot attach a tbf qdisc here (sch_tbf missing from the kernel?)"
+  netns_skip "tc cannot attach a tbf qdisc here (sch_tbf missing from the kernel?)"
 fi
 ip netns exec "$(rack_ns 0)" tc qdisc del dev rk root
 
@@ -195,7 +147,7 @@ link_bytes() {
 rack_addrs=$(IFS=,; echo "${addrs[*]}")
 tmp=$(mktemp -d)
 created_tmp=$tmp
-trap 'cleanup; rm -rf "$created_tmp"' EXIT
+trap 'netns_cleanup; rm -rf "$created_tmp"' EXIT
 
 etcd_args=()
 if [ "$use_etcd" = 1 ]; then
