@@ -119,12 +119,19 @@ struct PendingRequest {
 // A frame in a lane's write queue: header plus an optional payload borrowed
 // from `op` (the caller's buffer, or a buffer the operation or its key holds).
 // payload_bytes is set from `bytes` when the frame is sent.
+// OutFrame::pos of a frame the lanes do not keep in step (control frames,
+// pulls, rows).
+inline constexpr uint64_t kUnpaced = UINT64_MAX;
+
 struct OutFrame {
   net::FrameHeader header;
   const void* payload = nullptr;
   size_t bytes = 0;
   OperationPtr op;        // null for BYE
   bool holds_io = false;  // set by the lane: the payload holds an io_ref of op
+  // A push's place in the client's stream of pushed bytes, in issue order
+  // across lanes (lane.h, "lanes in step"); kUnpaced for other frames.
+  uint64_t pos = kUnpaced;
 };
 
 class Lane;
@@ -182,6 +189,11 @@ class Client::Impl {
   uint32_t straggler_timeout_ms() const { return straggler_timeout_ms_; }
 
   // ---- Called by lanes (I/O thread) ----
+  // Lanes in step (lane.h): the oldest pushed byte no lane has written yet
+  // (UINT64_MAX: none waits), and "a lane wrote pushed bytes: every lane
+  // may hand more to its connection now".
+  uint64_t PaceFrontier() const;
+  void PumpLanes();
   // One reply of `op` arrived and was stored.
   void ReplyArrived(const internal::OperationPtr& op, uint64_t iteration);
   // A PARAMS reply's VersionsSuffix (bounded/async tenants), before ReplyArrived.
@@ -310,6 +322,8 @@ class Client::Impl {
   std::shared_ptr<internal::IoGate> io_gate_ = std::make_shared<internal::IoGate>();
   std::vector<std::unique_ptr<internal::Lane>> lanes_;  // I/O thread after Connect
   std::atomic<uint64_t> next_request_id_{1};
+  uint64_t next_pace_pos_ = 0;  // I/O thread: OutFrame::pos of the next push
+  bool pumping_lanes_ = false, pump_lanes_again_ = false;  // I/O thread
   bool closing_io_ = false;                          // I/O thread
   std::unique_ptr<asio::steady_timer> close_timer_;  // I/O thread
 

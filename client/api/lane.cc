@@ -44,8 +44,15 @@ void Lane::Send(OutFrame frame) {
     ++frame.op->io_refs;
     frame.holds_io = true;
   }
+  if (frame.pos != kUnpaced) queued_pushes_.push_back(frame.pos);
   queue_.push_back(std::move(frame));
   Pump();
+}
+
+uint64_t Lane::OldestUnwritten() const {
+  if (!open_) return UINT64_MAX;
+  if (!handed_pushes_.empty()) return handed_pushes_.front().first;
+  return queued_pushes_.empty() ? UINT64_MAX : queued_pushes_.front();
 }
 
 void Lane::SendByeAndClose() {
@@ -62,13 +69,22 @@ void Lane::Pump() {
   if (!conn_) return;  // Start hands over what was queued before it
   // (The connection may report bytes the lane did not hand over, e.g. a
   // fatal ERROR of its own: never more than handed.)
+  bool dropped_push = false;
   while (open_ && !queue_.empty() &&
          handed_bytes_ - std::min(sent_bytes_, handed_bytes_) < kSendWindowBytes) {
-    OutFrame f = std::move(queue_.front());
-    queue_.pop_front();
+    const OutFrame& next = queue_.front();
     // Frames of operations that already failed are not sent (their caller
     // may reuse the buffers as soon as the ticket completes).
-    if (f.op && f.op->failed) {
+    const bool drop = next.op && next.op->failed;
+    // A push waits while it is too far ahead of the other lanes' (lane.h).
+    if (!drop && next.pos != kUnpaced && next.pos >= owner_->PaceFrontier() + kLookaheadBytes) {
+      break;
+    }
+    OutFrame f = std::move(queue_.front());
+    queue_.pop_front();
+    if (f.pos != kUnpaced) queued_pushes_.pop_front();
+    if (drop) {
+      dropped_push = dropped_push || f.pos != kUnpaced;
       Release(f);
       continue;
     }
@@ -76,6 +92,7 @@ void Lane::Pump() {
     net::FrameHeader h = f.header;
     h.payload_bytes = static_cast<uint32_t>(f.bytes);
     handed_bytes_ += net::kHeaderBytes + f.bytes;
+    if (f.pos != kUnpaced) handed_pushes_.emplace_back(f.pos, handed_bytes_);
     if (f.bytes == 0) {
       Release(f);
       conn_->SendOwned(h, std::string());
@@ -92,15 +109,26 @@ void Lane::Pump() {
       break;
     }
   }
+  // The frontier may have moved: the other lanes may hand more.
+  if (dropped_push) owner_->PumpLanes();
 }
 
 void Lane::OnBytesSent(net::Connection& conn, size_t bytes) {
   sent_bytes_ += bytes;
+  bool wrote_push = false;
+  while (!handed_pushes_.empty() && handed_pushes_.front().second <= sent_bytes_) {
+    handed_pushes_.pop_front();
+    wrote_push = true;
+  }
   if (bye_handed_ && sent_bytes_ >= handed_bytes_ && conn.open()) {
     conn.Close("the client closed the lane after BYE");
     return;
   }
-  Pump();
+  if (wrote_push) {
+    owner_->PumpLanes();
+  } else {
+    Pump();
+  }
 }
 
 void Lane::Abort() {
@@ -116,6 +144,8 @@ void Lane::Shut() {
     Release(queue_.front());
     queue_.pop_front();
   }
+  queued_pushes_.clear();
+  handed_pushes_.clear();
   DropCurrent();
   pending_.clear();  // their operations are failed by the owner
 }

@@ -10,7 +10,22 @@
 // their ring and the lane copies it once. Requests are handed to the
 // connection while less than kSendWindowBytes of them are unsent; the rest
 // wait in the lane's queue, where frames of operations that failed meanwhile
-// are dropped unsent. A frame's payload (the caller's gradient, or the key's
+// are dropped unsent.
+//
+// Lanes in step: a worker's lanes share its link, and the hub completes a
+// chunk only once every worker pushed it. If one lane's TCP flow ran ahead
+// of another's (flows share a link unevenly), each worker would push its
+// chunks in a different order, the hub's chunks would complete at the pace
+// of the slowest lane of any worker, and the replies would trail the pushes
+// (measured on per-worker links: 1.22-1.27x the link bound with two lanes,
+// 1.05x with one). So pushes carry their place in the client's stream of
+// pushed bytes (OutFrame::pos, in issue order across lanes), and a lane
+// hands a push to its connection only while it is less than
+// kLookaheadBytes past the oldest push that no lane has written yet
+// (Client::Impl::PaceFrontier). The oldest push can always go, so this
+// never deadlocks; written bytes advance the frontier (PumpLanes). The TCP
+// dialer keeps the kernel's unsent backlog small (TCP_NOTSENT_LOWAT), so
+// written is close to on the wire. A frame's payload (the caller's gradient, or the key's
 // staging buffer) is held through an io_ref of its operation until the
 // connection no longer needs it, so a ticket never completes while a
 // transport still reads or writes its buffers.
@@ -38,6 +53,8 @@ class Lane final : public net::FrameHandler {
   // Requests handed to the connection and not yet sent, at most (one more
   // frame may go over it): enough to keep a link busy in both directions.
   static constexpr uint64_t kSendWindowBytes = 8u << 20;
+  // How far a lane's pushes may run ahead of the oldest unwritten push.
+  static constexpr uint64_t kLookaheadBytes = 256u << 10;
 
   Lane(Client::Impl* owner, uint32_t index);
   ~Lane() override;
@@ -69,9 +86,14 @@ class Lane final : public net::FrameHandler {
   void OnConnectionClosed(net::Connection& conn, const std::string& why) override;
   void OnBytesSent(net::Connection& conn, size_t bytes) override;
 
- private:
-  // Hands queued frames to the connection while the window allows.
+  // Hands queued frames to the connection while the window (and, for
+  // pushes, the frontier) allows.
   void Pump();
+  // OutFrame::pos of this lane's oldest push not yet written (queued or
+  // handed over); UINT64_MAX if none, or once the lane is closed.
+  uint64_t OldestUnwritten() const;
+
+ private:
   // The reply to `request` in `payload` (the destination, when one was
   // named): stored where it belongs and counted.
   Status StoreReply(const net::FrameHeader& h, std::span<const std::byte> payload,
@@ -94,6 +116,10 @@ class Lane final : public net::FrameHandler {
   std::deque<OutFrame> queue_;
   uint64_t handed_bytes_ = 0;  // frame bytes handed to the connection
   uint64_t sent_bytes_ = 0;    // of those, reported sent
+  // Pushes in queue_ (their pos, in queue order), and pushes handed over
+  // and not yet written: (pos, handed_bytes_ once written).
+  std::deque<uint64_t> queued_pushes_;
+  std::deque<std::pair<uint64_t, uint64_t>> handed_pushes_;
   std::unordered_map<uint64_t, PendingRequest> pending_;
   // The reply between AcceptHeader and HandleFrame, and its destination in
   // the caller's buffer (holding an io_ref of its operation) if it has one.

@@ -127,9 +127,34 @@ void Client::Impl::StartChunks(const OperationPtr& op, net::Opcode opcode) {
                          : static_cast<const void*>(op->narrowed->data() + offset);
       f.bytes = h.payload_bytes;
     }
+    if (with_payload) {
+      f.pos = next_pace_pos_;
+      next_pace_pos_ += net::kHeaderBytes + f.bytes;
+    }
     f.header = h;
     lane.Send(std::move(f));
   }
+}
+
+uint64_t Client::Impl::PaceFrontier() const {
+  uint64_t frontier = UINT64_MAX;
+  for (const auto& lane : lanes_) frontier = std::min(frontier, lane->OldestUnwritten());
+  return frontier;
+}
+
+void Client::Impl::PumpLanes() {
+  // A connection may report bytes written from inside a send (ring
+  // transports): then the pass in progress runs once more.
+  if (pumping_lanes_) {
+    pump_lanes_again_ = true;
+    return;
+  }
+  pumping_lanes_ = true;
+  do {
+    pump_lanes_again_ = false;
+    for (const auto& lane : lanes_) lane->Pump();
+  } while (pump_lanes_again_);
+  pumping_lanes_ = false;
 }
 
 void Client::Impl::VersionsArrived(const OperationPtr& op, const net::VersionsSuffix& v) {

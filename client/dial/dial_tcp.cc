@@ -5,6 +5,7 @@
 // client that names TCP.
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,9 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
 namespace {
+
+// TCP_NOTSENT_LOWAT of a lane's socket: a few chunks.
+constexpr int kNotSentLowWatermark = 128 * 1024;
 
 // Runs one asynchronous operation on `io` (run by no other thread) until it
 // completes or `deadline` passes; on timeout closes `socket` (which aborts the
@@ -105,6 +109,12 @@ class TcpDialer final : public Dialer {
                        [&](auto handler) { socket.async_connect(*target_, handler); });
     if (ec) return failed("connect", ec);
     socket.set_option(tcp::no_delay(true), ec);
+    // The kernel keeps at most this much unsent (beyond what is in flight):
+    // what the lane counts as written is then close to on the wire, which
+    // keeps a worker's lanes in step (client/api/lane.h). Best effort.
+    socket.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_NOTSENT_LOWAT>(
+                          kNotSentLowWatermark),
+                      ec);
 
     net::FrameHeader h;
     h.opcode = net::Opcode::kHello;

@@ -14,6 +14,7 @@
 // the hub's update rules (admin.proto, kernels.h).
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -39,6 +40,7 @@
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/asio.h"
 #include "rackhub/net/frame.h"
+#include "rackhub/net/testing/memory_connection.h"
 #include "rackhub/net/transport.h"
 #include "test_worker.h"
 #include "wait.h"
@@ -670,6 +672,88 @@ TEST_P(ClientTest, CApiRoundTrip) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ClientTest, ::testing::ValuesIn(testing::AllTransports()),
+                         testing::TransportParamName);
+
+// What only the in-memory transport can show: each lane's stream can be held.
+class ClientInMemoryTest : public ClientTest {};
+
+// Lanes in step (client/api/lane.h): a lane hands a push to its connection
+// only while it is less than Lane::kLookaheadBytes past the oldest push no
+// lane has written. With every lane's stream held, the lanes together hand
+// exactly the pushes that start within 256 KiB of the first one (and not the
+// whole key, as they would without pacing); released, everything completes
+// with the right values.
+TEST_P(ClientInMemoryTest, LanesStayInStep) {
+  const std::string token = CreateTenant("step", 1, {"--optimizer", "sum-only"});
+  client::Error e;
+  constexpr uint64_t kChunks = 1200;
+  constexpr uint64_t kElements = kChunks * kChunkBytes / 4;
+  std::vector<float> grad(kElements), out(kElements, -1.0f);
+  for (uint64_t i = 0; i < kElements; ++i) grad[i] = Gradient(0, 0, i);
+
+  // The client's end of each lane, in lane order (ScopedLaneDialer dials
+  // them in order); their client-to-hub streams held from the start.
+  std::mutex mu;
+  std::vector<std::shared_ptr<net::testing::MemoryConnection>> ends;
+  const auto dial = hub_->memory_dialer();
+  client::testing::ScopedLaneDialer held(
+      *hub_->link_io(), [&](const net::FrameHeader& h, const std::string& payload,
+                            asio::io_context& io, net::FrameHandler* handler) {
+        auto conn = dial(h, payload, io, handler);
+        auto end = std::dynamic_pointer_cast<net::testing::MemoryConnection>(conn);
+        if (end) {
+          end->faults().Stall(true);
+          std::lock_guard lock(mu);
+          ends.push_back(end);
+        }
+        return conn;
+      });
+  auto paced = Client::Connect(ClientOptions("step", token), &e);
+  ASSERT_NE(paced, nullptr) << e.message;
+  ASSERT_EQ(ends.size(), 3u) << "the hub runs 3 lanes";
+  client::KeyId same = 0;
+  // DECLARE goes out on a held stream too: release, declare, hold again.
+  for (auto& end : ends) end->faults().Stall(false);
+  ASSERT_TRUE(paced->DeclareKey({"big", kElements}, &same).ok());
+  for (auto& end : ends) end->faults().Stall(true);
+
+  const client::Ticket t = paced->PushPull(same, grad, out);
+  // A push frame is a header and a chunk; chunk c starts at c * frame in the
+  // stream of pushed bytes. The pushes within the lookahead of chunk 0:
+  const uint64_t frame = net::kHeaderBytes + kChunkBytes;
+  const uint64_t allowed = (256 * 1024 + frame - 1) / frame;  // chunks 0 .. allowed-1
+  ASSERT_LT(allowed, kChunks);
+  const auto queued = [&] {
+    std::vector<uint64_t> q;
+    for (auto& end : ends) q.push_back(end->queued_bytes());
+    return q;
+  };
+  const auto total = [&] {
+    uint64_t sum = 0;
+    for (uint64_t b : queued()) sum += b;
+    return sum;
+  };
+  ASSERT_TRUE(testing::WaitUntil("the lanes to hand over the first pushes",
+                                 [&] { return total() >= allowed * frame; }, 10s));
+  std::vector<uint64_t> per_lane = queued();
+  std::sort(per_lane.begin(), per_lane.end());
+  // Chunk c goes to lane (first + c) % 3: of chunks 0 .. allowed-1 the
+  // lanes hold ceil/floor thirds.
+  std::vector<uint64_t> expect;
+  for (uint64_t l = 0; l < 3; ++l) expect.push_back((allowed + 2 - l) / 3 * frame);
+  std::sort(expect.begin(), expect.end());
+  EXPECT_EQ(per_lane, expect) << "the lanes handed over pushes past the lookahead";
+  EXPECT_EQ(paced->WaitFor(t, 0ms).code, ErrorCode::kTimeout);
+
+  for (auto& end : ends) end->faults().Stall(false);
+  e = paced->Wait(t);
+  ASSERT_TRUE(e.ok()) << e.message;
+  // One worker, sum-only: the reply is its own gradient, bit for bit.
+  EXPECT_EQ(std::memcmp(out.data(), grad.data(), grad.size() * sizeof(float)), 0);
+  paced->Close();
+}
+
+INSTANTIATE_TEST_SUITE_P(Memory, ClientInMemoryTest, ::testing::Values(Transport::kMemory),
                          testing::TransportParamName);
 
 }  // namespace
