@@ -30,12 +30,24 @@ KeyPlacement ChunkLayout::Allocate(uint64_t elements) {
   return p;
 }
 
-std::vector<ChunkSpan> ChunkLayout::Chunks(const KeyPlacement& placement,
-                                           uint64_t elements) const {
+namespace {
+
+// The chunk indices [from, end) of a key of `chunk_count` chunks that
+// Chunks(.., from, count) lists.
+uint64_t PageEnd(uint64_t chunk_count, uint64_t from, uint64_t count) {
+  if (from >= chunk_count) return from;
+  return count >= chunk_count - from ? chunk_count : from + count;
+}
+
+}  // namespace
+
+std::vector<ChunkSpan> ChunkLayout::Chunks(const KeyPlacement& placement, uint64_t elements,
+                                           uint64_t from, uint64_t count) const {
   std::vector<ChunkSpan> out;
-  out.reserve(placement.chunk_count);
+  const uint64_t end = PageEnd(placement.chunk_count, from, count);
+  out.reserve(end - from);
   const uint64_t per = chunk_elements();
-  for (uint64_t i = 0; i < placement.chunk_count; ++i) {
+  for (uint64_t i = from; i < end; ++i) {
     const uint64_t first = i * per;
     const uint64_t n = elements - first < per ? elements - first : per;
     const uint64_t g = placement.first_chunk + i;
@@ -60,9 +72,11 @@ KeyPlacement ChunkLayout::AllocateTable(uint64_t rows) {
 }
 
 std::vector<ChunkSpan> ChunkLayout::TableChunks(const KeyPlacement& placement, uint64_t rows,
-                                                uint32_t dim, uint64_t per) const {
+                                                uint32_t dim, uint64_t per, uint64_t from,
+                                                uint64_t count) const {
   std::vector<ChunkSpan> out;
-  for (uint64_t i = 0; i < placement.chunk_count; ++i) {
+  const uint64_t end = PageEnd(placement.chunk_count, from, count);
+  for (uint64_t i = from; i < end; ++i) {
     const uint64_t first = i * per;
     const uint64_t n = rows - first < per ? rows - first : per;
     const uint64_t g = placement.first_chunk + i;

@@ -288,6 +288,16 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
   // A table's chunks are row ranges, a dense key's element ranges.
   const bool rows = k.rows() > 0 && k.dim() > 0;
   const uint64_t unit = rows ? k.dim() : 1;
+  if (k.lanes_size() > 0) {
+    Table lanes({{"LANE", true}, {"CHUNKS", true}, {rows ? "ROWS" : "ELEMENTS", true}});
+    for (const auto& l : k.lanes()) {
+      lanes.AddRow({std::to_string(l.lane()), std::to_string(l.chunks()),
+                    std::to_string(l.elements() / unit)});
+    }
+    PrintSection(out, "chunks per lane", lanes);
+  }
+  const uint64_t shown_end = k.chunk_offset() + static_cast<uint64_t>(k.chunks_size());
+  const bool partial = k.chunk_offset() > 0 || shown_end < k.chunk_count();
   Table table({{"CHUNK", true},
                {"LANE", true},
                {rows ? "FIRST-ROW" : "FIRST-ELEMENT", true},
@@ -296,7 +306,16 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
     table.AddRow({std::to_string(c.index()), std::to_string(c.lane()),
                   std::to_string(c.first_element() / unit), std::to_string(c.elements() / unit)});
   }
-  PrintSection(out, "chunk layout", table);
+  PrintSection(out,
+               partial ? "chunk layout (chunks " + std::to_string(k.chunk_offset()) + ".." +
+                             std::to_string(shown_end) + " of " + std::to_string(k.chunk_count()) +
+                             ")"
+                       : "chunk layout",
+               table);
+  if (shown_end < k.chunk_count()) {
+    out << "\n(" << (k.chunk_count() - shown_end) << " more chunks: --chunk-offset " << shown_end
+        << ")\n";
+  }
 }
 
 void PrintKeyList(std::ostream& out, const std::string& tenant,

@@ -143,11 +143,30 @@ void AddKeyCommands(CLI::App* key, Handlers* handlers) {
     });
   }
   {
-    const auto c = DefineCommand<KeyRef>(
-        key, "get", "show a key and its chunk layout (chunk, lane, first element, elements)");
-    AddKeyRef(c.app, c.args.get());
-    Handle(handlers, c, [](const Invocation& inv, const KeyRef& k) {
-      return CallAndShow(inv, &KeyStub::GetKey, ForKey<admin::GetKeyRequest>(k),
+    struct Args {
+      KeyRef key;
+      uint64_t chunk_offset = 0;
+      uint32_t chunk_limit = 0;
+    };
+    const auto c = DefineCommand<Args>(
+        key, "get",
+        "show a key, its chunks per lane and a page of its chunk layout (chunk, lane, first\n"
+        "element, elements)",
+        "The chunk layout lists --chunk-limit chunks (default 1000, at most 10000) from the\n"
+        "key's chunk --chunk-offset (default 0): a key of millions of chunks is read page by\n"
+        "page.");
+    AddKeyRef(c.app, &c.args->key);
+    c.app->add_option("--chunk-offset", c.args->chunk_offset, "first chunk listed (of the key)")
+        ->type_name("N")
+        ->check(U64Validator());
+    c.app->add_option("--chunk-limit", c.args->chunk_limit, "chunks listed (1..10000)")
+        ->type_name("N")
+        ->check(CLI::Range(1u, 10000u));
+    Handle(handlers, c, [](const Invocation& inv, const Args& a) {
+      auto request = ForKey<admin::GetKeyRequest>(a.key);
+      request.set_chunk_offset(a.chunk_offset);
+      request.set_chunk_limit(a.chunk_limit);
+      return CallAndShow(inv, &KeyStub::GetKey, request,
                          [](std::ostream& out, const admin::Key& response) {
                            PrintKey(out, response, /*chunks=*/true);
                          });

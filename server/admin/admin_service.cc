@@ -17,6 +17,10 @@ namespace pb = rackhub::admin::v1;
 
 namespace {
 
+// GetKey's page of chunks: by default, and at most.
+constexpr uint64_t kDefaultChunkPage = 1000;
+constexpr uint64_t kMaxChunkPage = 10000;
+
 grpc::Status Invalid(const std::string& m) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
 }
@@ -210,7 +214,27 @@ class AdminServices::KeyServiceImpl final : public pb::KeyService::Service {
     if (auto s = auth_->Check(ctx, false, "GetKey"); !s.ok()) return s;
     KeyInfo key;
     if (auto s = ToGrpc(registry_->GetKey(req->tenant(), req->name(), &key)); !s.ok()) return s;
-    KeyToProto(key, registry_->ChunksOf(key), resp);
+    // One page of the chunk list and a per-lane summary: the reply does not
+    // grow with the key (a key of 2^30 elements in 1 KiB chunks has 4 M).
+    const uint64_t count = key.placement.chunk_count;
+    if (req->chunk_limit() > kMaxChunkPage) {
+      return Invalid("chunk_limit: " + std::to_string(req->chunk_limit()) + " is more than " +
+                     std::to_string(kMaxChunkPage) + " chunks per reply (page with chunk_offset)");
+    }
+    if (req->chunk_offset() > count) {
+      return Invalid("chunk_offset: " + std::to_string(req->chunk_offset()) + " is past the " +
+                     std::to_string(count) + " chunks of key '" + req->name() + "'");
+    }
+    const uint64_t limit = req->chunk_limit() == 0 ? kDefaultChunkPage : req->chunk_limit();
+    KeyToProto(key, registry_->ChunksOf(key, req->chunk_offset(), limit), resp);
+    resp->set_chunk_offset(req->chunk_offset());
+    const auto lanes = registry_->LanesOf(key);
+    for (uint32_t l = 0; l < lanes.size(); ++l) {
+      auto* share = resp->add_lanes();
+      share->set_lane(l);
+      share->set_chunks(lanes[l].chunks);
+      share->set_elements(lanes[l].elements);
+    }
     return grpc::Status::OK;
   }
 

@@ -265,8 +265,16 @@ class Registry {
   // token (the message does not tell which, to not leak tenant names).
   Status Authenticate(const std::string& tenant, const std::string& token, TenantInfo* out) const;
 
-  // The chunks of a key (layout of its tenant).
-  std::vector<aggregation::ChunkSpan> ChunksOf(const KeyInfo& key) const;
+  // The chunks of a key (layout of its tenant): all of them, or `count`
+  // from the key's chunk `from` (clipped to the key).
+  std::vector<aggregation::ChunkSpan> ChunksOf(const KeyInfo& key, uint64_t from = 0,
+                                               uint64_t count = UINT64_MAX) const;
+  // How many of a key's chunks, and elements, each lane holds (index =
+  // lane; every lane), without listing the chunks.
+  struct LaneShare {
+    uint64_t chunks = 0, elements = 0;
+  };
+  std::vector<LaneShare> LanesOf(const KeyInfo& key) const;
 
   struct Totals {
     uint32_t tenants = 0;

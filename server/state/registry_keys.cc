@@ -336,13 +336,34 @@ Status Registry::SetOptimizer(const std::string& tenant, const std::string& name
   });
 }
 
-std::vector<aggregation::ChunkSpan> Registry::ChunksOf(const KeyInfo& key) const {
+std::vector<aggregation::ChunkSpan> Registry::ChunksOf(const KeyInfo& key, uint64_t from,
+                                                     uint64_t count) const {
   if (key.table()) {
     ChunkLayout layout(aggregation::kDefaultChunkBytes, lanes_);
-    return layout.TableChunks(key.placement, key.rows, key.dim, key.rows_per_chunk());
+    return layout.TableChunks(key.placement, key.rows, key.dim, key.rows_per_chunk(), from, count);
   }
   ChunkLayout layout(key.chunk_elements * aggregation::kMasterElementBytes, lanes_);
-  return layout.Chunks(key.placement, key.elements);
+  return layout.Chunks(key.placement, key.elements, from, count);
+}
+
+std::vector<Registry::LaneShare> Registry::LanesOf(const KeyInfo& key) const {
+  std::vector<LaneShare> out(lanes_);
+  const uint64_t n = key.placement.chunk_count;
+  if (n == 0 || lanes_ == 0) return out;
+  // Every chunk is full but the last; chunk i of the key is on lane
+  // (first_chunk + i) % lanes.
+  const uint64_t per = key.table() ? key.rows_per_chunk() * key.dim : key.chunk_elements;
+  const uint64_t total = key.table() ? key.rows * key.dim : key.elements;
+  const uint64_t last = total - (n - 1) * per;
+  const uint64_t first_lane = key.placement.first_chunk % lanes_;
+  for (uint32_t l = 0; l < lanes_; ++l) {
+    const uint64_t i0 = (l + lanes_ - first_lane) % lanes_;  // the key's first chunk on lane l
+    LaneShare& share = out[l];
+    share.chunks = i0 < n ? (n - 1 - i0) / lanes_ + 1 : 0;
+    share.elements = share.chunks * per;
+  }
+  out[(first_lane + n - 1) % lanes_].elements -= per - last;
+  return out;
 }
 
 uint64_t Registry::KeyMemory(const TenantInfo& t, uint64_t elements, WireDType dtype,

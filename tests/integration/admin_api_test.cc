@@ -188,6 +188,78 @@ TEST_F(AdminApiTest, TenantValidationErrorsChangeNothing) {
   EXPECT_EQ(list.tenants(0).name(), "ok");
 }
 
+// GetKey's reply does not grow with the key: a key of 2^30 elements in
+// 1 KiB chunks (4 Mi chunks; the hub allocates chunks lazily) is read as a
+// per-lane summary and pages of the chunk list.
+TEST_F(AdminApiTest, GetKeyOfMillionsOfChunksIsPaged) {
+  ASSERT_TRUE(daemon_.started());
+  pb::Quotas q;
+  q.set_max_parameter_bytes(uint64_t{64} << 30);
+  ASSERT_TRUE(client_.CreateTenant("huge", 1, nullptr, &q, 1024).ok());  // 256 fp32 per chunk
+  pb::Key small, k;
+  ASSERT_TRUE(client_.CreateKey("huge", "first", 1000, &small).ok());  // chunks 0..3
+  constexpr uint64_t kElements = uint64_t{1} << 30;
+  pb::Optimizer sum_only;
+  sum_only.set_type(pb::SUM_ONLY);
+  ASSERT_TRUE(client_.CreateKey("huge", "k", kElements, &k, &sum_only).ok());
+  constexpr uint64_t kChunks = kElements / 256;
+  ASSERT_EQ(k.chunk_count(), kChunks);
+  ASSERT_EQ(k.first_chunk(), 4u);
+
+  pb::GetKeyRequest get;
+  get.set_tenant("huge");
+  get.set_name("k");
+  pb::Key got;
+  ASSERT_TRUE(client_.keys->GetKey(client_.Ctx().get(), get, &got).ok());
+  EXPECT_LT(got.ByteSizeLong(), 64u * 1024) << "the reply grows with the key";
+  ASSERT_EQ(got.chunks_size(), 1000) << "the default page";
+  EXPECT_EQ(got.chunk_offset(), 0u);
+  for (int i = 0; i < got.chunks_size(); ++i) {
+    EXPECT_EQ(got.chunks(i).index(), 4u + i);
+    EXPECT_EQ(got.chunks(i).lane(), (4u + i) % 3);
+    EXPECT_EQ(got.chunks(i).first_element(), 256u * i);
+    EXPECT_EQ(got.chunks(i).elements(), 256u);
+  }
+  // Per lane, counted chunk by chunk here (chunk g on lane g % 3).
+  uint64_t want_chunks[3] = {0, 0, 0};
+  for (uint64_t g = 4; g < 4 + kChunks; ++g) ++want_chunks[g % 3];
+  ASSERT_EQ(got.lanes_size(), 3);
+  for (uint32_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(got.lanes(l).lane(), l);
+    EXPECT_EQ(got.lanes(l).chunks(), want_chunks[l]) << "lane " << l;
+    EXPECT_EQ(got.lanes(l).elements(), want_chunks[l] * 256) << "lane " << l;
+  }
+
+  // The last page, short; its last chunk is the key's last.
+  get.set_chunk_offset(kChunks - 5);
+  get.set_chunk_limit(10);
+  ASSERT_TRUE(client_.keys->GetKey(client_.Ctx().get(), get, &got).ok());
+  ASSERT_EQ(got.chunks_size(), 5);
+  EXPECT_EQ(got.chunk_offset(), kChunks - 5);
+  EXPECT_EQ(got.chunks(4).index(), 4 + kChunks - 1);
+  EXPECT_EQ(got.chunks(4).first_element(), kElements - 256);
+  // Past the end: empty at the end, refused beyond; pages at most 10000.
+  get.set_chunk_offset(kChunks);
+  ASSERT_TRUE(client_.keys->GetKey(client_.Ctx().get(), get, &got).ok());
+  EXPECT_EQ(got.chunks_size(), 0);
+  get.set_chunk_offset(kChunks + 1);
+  ExpectError(client_.keys->GetKey(client_.Ctx().get(), get, &got),
+              grpc::StatusCode::INVALID_ARGUMENT, "chunk_offset: 4194305 is past the 4194304");
+  get.set_chunk_offset(0);
+  get.set_chunk_limit(10001);
+  ExpectError(client_.keys->GetKey(client_.Ctx().get(), get, &got),
+              grpc::StatusCode::INVALID_ARGUMENT, "chunk_limit: 10001 is more than 10000");
+
+  // A short last chunk is counted on its lane.
+  ASSERT_TRUE(client_.CreateKey("huge", "odd", 1000, &k).ok());  // 256 256 256 232
+  get.set_name("odd");
+  get.set_chunk_limit(0);
+  ASSERT_TRUE(client_.keys->GetKey(client_.Ctx().get(), get, &got).ok());
+  uint64_t want_elements[3] = {0, 0, 0};
+  for (uint64_t i = 0; i < 4; ++i) want_elements[(k.first_chunk() + i) % 3] += i < 3 ? 256 : 232;
+  for (uint32_t l = 0; l < 3; ++l) EXPECT_EQ(got.lanes(l).elements(), want_elements[l]);
+}
+
 TEST_F(AdminApiTest, KeyLifecycleAndChunkLayout) {
   ASSERT_TRUE(daemon_.started());
   ASSERT_TRUE(client_.CreateTenant("t", 2, nullptr, nullptr, 4096).ok());  // 1024 fp32 per chunk

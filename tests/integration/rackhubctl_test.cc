@@ -273,6 +273,44 @@ TEST_F(RackhubctlTest, KeyLifecycleAndChunkLayout) {
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << Describe(r);
 }
 
+// key get of a key of 2^30 elements in 1 KiB chunks (4 Mi chunks): the
+// chunks per lane, then one page of the layout and how to read the next.
+TEST_F(RackhubctlTest, KeyGetOfAHugeKeyIsPaged) {
+  ASSERT_EQ(Ctl({"tenant", "create", "huge", "--workers", "1", "--chunk-bytes", "1KiB",
+                 "--max-param-bytes", "64GiB"})
+                .exit_code,
+            0);
+  ASSERT_EQ(Ctl({"key", "create", "huge", "k", "--elements", "1073741824", "--optimizer",
+                 "sum-only"})
+                .exit_code,
+            0);
+  std::string out = Ok({"key", "get", "huge", "k"});
+  EXPECT_EQ(Field(out, "chunks"), "4194304 (first index 0)") << out.substr(0, 2000);
+  EXPECT_NE(out.find("chunk layout (chunks 0..1000 of 4194304)"), std::string::npos)
+      << out.substr(0, 2000);
+  EXPECT_EQ(ChunkRows(out).size(), 1000u);
+  EXPECT_NE(out.find("(4193304 more chunks: --chunk-offset 1000)"), std::string::npos);
+  // Chunk g on lane g % 2: 2097152 chunks of 256 elements each.
+  const auto lane0 = Row(out, "0");
+  ASSERT_EQ(lane0.size(), 3u) << out.substr(0, 2000);
+  EXPECT_EQ(lane0[1], "2097152");
+  EXPECT_EQ(lane0[2], "536870912");
+
+  out = Ok({"key", "get", "huge", "k", "--chunk-offset", "4194300", "--chunk-limit", "10"});
+  const auto rows = ChunkRows(out);
+  ASSERT_EQ(rows.size(), 4u) << out;
+  EXPECT_EQ(rows[3][0], "4194303");
+  EXPECT_EQ(rows[3][2], std::to_string((uint64_t{1} << 30) - 256));
+  EXPECT_EQ(out.find("more chunks"), std::string::npos) << out;
+
+  CommandResult r = Ctl({"key", "get", "huge", "k", "--chunk-offset", "4194305"});
+  EXPECT_EQ(r.exit_code, kExitRejected) << Describe(r);
+  EXPECT_NE(r.err.find("chunk_offset: 4194305 is past the 4194304 chunks"), std::string::npos)
+      << Describe(r);
+  r = Ctl({"key", "get", "huge", "k", "--chunk-limit", "10001"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+}
+
 TEST_F(RackhubctlTest, QuotaOverrunRefused) {
   ASSERT_EQ(Ctl({"tenant", "create", "small", "--workers", "1", "--max-keys", "1"}).exit_code, 0);
   ASSERT_EQ(Ctl({"key", "create", "small", "a", "--elements", "10"}).exit_code, 0);

@@ -57,8 +57,10 @@ class ChunkLayout {
   uint32_t LaneOf(uint64_t chunk_index) const {
     return static_cast<uint32_t>(chunk_index % lanes_);
   }
-  // The chunks of a placed key, in order.
-  std::vector<ChunkSpan> Chunks(const KeyPlacement& placement, uint64_t elements) const;
+  // The chunks of a placed key, in order: all of them, or `count` from the
+  // key's chunk `from` (clipped to the key).
+  std::vector<ChunkSpan> Chunks(const KeyPlacement& placement, uint64_t elements,
+                                uint64_t from = 0, uint64_t count = UINT64_MAX) const;
 
   // Row-sparse tables (rows x dim) are cut by whole rows, not by chunk size:
   // TableRowsPerChunk = ceil(rows / lanes) rows per chunk, TableChunkCount =
@@ -71,7 +73,8 @@ class ChunkLayout {
   static uint64_t TableChunkCount(uint64_t rows, uint32_t lanes);
   KeyPlacement AllocateTable(uint64_t rows);
   std::vector<ChunkSpan> TableChunks(const KeyPlacement& placement, uint64_t rows, uint32_t dim,
-                                     uint64_t rows_per_chunk) const;
+                                     uint64_t rows_per_chunk, uint64_t from = 0,
+                                     uint64_t count = UINT64_MAX) const;
 
  private:
   uint32_t chunk_bytes_;
