@@ -21,12 +21,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -105,9 +107,14 @@ class ClientReconnectTest : public ::testing::TestWithParam<Link> {
       daemon_ = std::make_unique<DaemonProcess>(args);
       ASSERT_TRUE(daemon_->started());
     }
-    token_file_ = MakeTempDir() + "/token";
+    token_dir_ = MakeTempDir();
+    token_file_ = token_dir_ + "/token";
     WriteFile(token_file_, kToken);
     CreateTenant();
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!token_dir_.empty()) std::filesystem::remove_all(token_dir_, ec);
   }
 
   // Creates the tenant with the fixed token unless the (durable) registry
@@ -244,6 +251,7 @@ class ClientReconnectTest : public ::testing::TestWithParam<Link> {
     return cond();
   }
 
+  std::string token_dir_;
   std::string token_file_;
   std::string rdma_hub_;  // the hub's RDMA listener (RDMA instances)
   std::unique_ptr<DaemonProcess> daemon_;      // Tcp, Shm, Rdma
