@@ -332,7 +332,11 @@ void Hub::SetNotServing() {
   if (health_) health_->SetServing(false);
 }
 
-void Hub::Stop(std::chrono::milliseconds grace) {
+void Hub::Stop(std::chrono::milliseconds grace) { Teardown(false, grace); }
+
+void Hub::Crash() { Teardown(true, std::chrono::milliseconds(0)); }
+
+void Hub::Teardown(bool crash, std::chrono::milliseconds grace) {
   if (stopped_) return;
   stopped_ = true;
   SetNotServing();
@@ -347,13 +351,21 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   if (rdma_) rdma_->Stop();
   if (shm_) shm_->Stop();
   if (tcp_) tcp_->Stop();
-  if (data_plane_) data_plane_->Shutdown(grace);
+  if (data_plane_) {
+    if (crash) {
+      data_plane_->Abort();
+    } else {
+      data_plane_->Shutdown(grace);
+    }
+  }
   if (admin_) {
     health_->Shutdown();  // its watchers would hold the admin server's Shutdown
-    admin_->Shutdown(std::chrono::system_clock::now() + kAdminShutdownGrace);
+    // A crash cancels what is in flight (a deadline in the past).
+    admin_->Shutdown(std::chrono::system_clock::now() +
+                     (crash ? std::chrono::milliseconds(0) : kAdminShutdownGrace));
     admin_->Wait();
   }
-  if (checkpointer_ && config_.checkpoint.on_shutdown) {
+  if (checkpointer_ && config_.checkpoint.on_shutdown && !crash) {
     checkpointer_->CheckpointAll();
   }
   if (lanes_) lanes_->Stop();
@@ -366,6 +378,9 @@ void Hub::Stop(std::chrono::milliseconds grace) {
   shm_.reset();
   tcp_.reset();
   data_plane_.reset();
+  // Last user gone: the state directory's lock goes with the registry, so
+  // another Hub may open the directory at once (a restart in-process).
+  registry_.reset();
 }
 
 }  // namespace rackhub::server

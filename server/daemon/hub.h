@@ -47,8 +47,18 @@ class Hub {
   Status Start();
   // Workers get SHUTTING_DOWN and up to `grace` for their last frames; admin
   // calls drain; tenants are checkpointed (checkpoint.on_shutdown); every
-  // thread is joined. Idempotent.
+  // thread is joined and the registry closed (the state directory is free
+  // for another Hub; registry() may no longer be used). Idempotent.
   void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
+  // What SIGKILL of rackhubd leaves behind, for tests that run the hub
+  // in-process (tests/support/in_process_hub.h): no SHUTTING_DOWN, every
+  // worker connection and hub link is closed at once (DataPlane::Abort) as
+  // the kernel closes a killed process's sockets, admin calls are cancelled,
+  // nothing is checkpointed (checkpoint.on_shutdown does not apply). The
+  // state directory keeps only what was durable before: the registry and
+  // the checkpoints already written. Then every thread is joined, as by
+  // Stop. Idempotent; once either Stop or Crash ran, the other does nothing.
+  void Crash();
 
   const std::string& admin_address() const { return admin_address_; }
   const std::string& data_address() const { return data_address_; }
@@ -64,6 +74,8 @@ class Hub {
 
  private:
   Status StartAdmin();
+  // Stop and Crash: the one teardown path.
+  void Teardown(bool crash, std::chrono::milliseconds grace);
 
   Status OpenRegistry();
   // topology.racks_from = "etcd": registers this hub and fills

@@ -108,12 +108,15 @@ void DataPlane::StartHubLinks() {
   OnEveryLane([](Lane& lane) { lane.StartHubLinks(); });
 }
 
+bool DataPlane::BeginStop() {
+  std::lock_guard lock(shutdown_mu_);
+  if (shut_down_) return false;
+  shut_down_ = true;
+  return true;
+}
+
 void DataPlane::Shutdown(std::chrono::milliseconds grace) {
-  {
-    std::lock_guard lock(shutdown_mu_);
-    if (shut_down_) return;
-    shut_down_ = true;
-  }
+  if (!BeginStop()) return;
   stopping_ = true;
   for (uint32_t i = 0; i < lane_count(); ++i) {
     OnLane(i, [](Lane& lane) { lane.BeginShutdown(); });
@@ -130,6 +133,30 @@ void DataPlane::Shutdown(std::chrono::milliseconds grace) {
   for (uint32_t i = 0; i < lane_count(); ++i) {
     OnLane(i, [](Lane& lane) { lane.ForceClose(); });
   }
+  WaitLanesIdle();
+}
+
+void DataPlane::Abort() {
+  if (!BeginStop()) return;
+  stopping_ = true;
+  for (uint32_t i = 0; i < lane_count(); ++i) {
+    OnLane(i, [](Lane& lane) { lane.Abort(); });
+  }
+  // Every lane ran its Abort and its connections are gone (closing sends
+  // nothing, so this is quick; bounded all the same).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  {
+    std::unique_lock lock(shutdown_mu_);
+    if (!drained_cv_.wait_until(lock, deadline, [this] {
+          return std::all_of(drained_.begin(), drained_.end(), [](bool d) { return d; });
+        })) {
+      spdlog::error("data: a lane still has connections 5 s after the crash");
+    }
+  }
+  WaitLanesIdle();
+}
+
+void DataPlane::WaitLanesIdle() {
   // Nothing a lane scheduled may outlive it: wait for the counted work
   // (cancelled timers complete at once).
   const auto idle_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);

@@ -61,6 +61,11 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // up to `grace` for the last frames to go out, then closes what is left and
   // waits for every lane's timers and posted work to finish. Idempotent.
   void Shutdown(std::chrono::milliseconds grace);
+  // A crash instead (Hub::Crash): every lane closes its workers' connections
+  // and hub links at once and tells nobody (Lane::Abort); then waits for
+  // every lane's timers and posted work as Shutdown does. Idempotent; once
+  // either ran, the other does nothing.
+  void Abort();
 
   struct RackLinkStats {
     uint32_t rack = 0;
@@ -116,6 +121,10 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // then the held PULLs answered. Asynchronous; see docs/durability.md.
   // True when no other recovery of the tenant was running.
   bool Recover(uint32_t handle, const std::string& why, std::function<void(Lane&)> first);
+  // Shutdown and Abort: true for the first call of either.
+  bool BeginStop();
+  // Shutdown and Abort: waits (bounded) for every lane's counted work.
+  void WaitLanesIdle();
 
   const Config config_;
   Registry* registry_;

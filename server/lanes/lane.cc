@@ -106,12 +106,20 @@ void Lane::BeginShutdown() {
   if (table_.connection_count() == 0) host_->LaneDrained(index());
 }
 
-void Lane::ForceClose() {
+void Lane::ForceClose(const std::string& why) {
   for (auto& [handle, t] : table_.tenants()) {
     const auto conns = t.conns;
-    for (auto& [member, conn] : conns) conn->Close("the hub is shutting down");
+    for (auto& [member, conn] : conns) conn->Close(why);
   }
   if (FairScheduler* s = workers_.scheduler()) s->Clear();
+}
+
+void Lane::Abort() {
+  if (gate_.closed()) return;
+  gate_.Close();
+  exchange_.CloseAll("the hub crashed");
+  ForceClose("the hub crashed");
+  if (table_.connection_count() == 0) host_->LaneDrained(index());
 }
 
 }  // namespace rackhub::server

@@ -76,7 +76,12 @@ class Lane {
   // if there is none).
   void BeginShutdown();
   // Closes what is still open without waiting for queued frames.
-  void ForceClose();
+  void ForceClose(const std::string& why = "the hub is shutting down");
+  // A crash (DataPlane::Abort): closes the gate and every worker connection
+  // and hub link at once, sending nothing (queued frames are dropped, pending
+  // updates are never answered), as the kernel closes a killed process's
+  // sockets. The host's LaneDrained(lane) runs as after BeginShutdown.
+  void Abort();
   size_t connection_count() const { return table_.connection_count(); }
   // Read-only inspection (stall_report.h). Lane thread only.
   ChunkTable& table() { return table_; }

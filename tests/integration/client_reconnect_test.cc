@@ -1,11 +1,17 @@
 // The client survives a hub restart and a lost peer (client.h, "Reconnect"
-// and "Resynchronization"; docs/errors.md): real rackhubd processes (killed
-// with SIGKILL and restarted on the same ports and state directory), clients
-// in this process, over TCP, shared memory and RDMA (a reconnect dials the
-// same transport again: a fresh shared-memory offer from the restarted hub, a
-// new RDMA connection to its listener). The RDMA instances skip without a
-// verbs device; tests/rdma/run.sh runs them in a Soft-RoCE VM (CTest entry
-// client_reconnect_rdma).
+// and "Resynchronization"; docs/errors.md), clients in this process:
+//   Memory: the hub runs in this process (in_process_hub.h), the clients'
+//           lanes are in-memory links into it (rackhub/client/testing.h: the
+//           production client, lanes included); a crash is Hub::Crash (every
+//           link dropped, nothing sent or checkpointed), a restart a new Hub
+//           on the same state directory, reached by the same dialer; the
+//           lost peer is a client of a thread whose links are closed abruptly;
+//   Tcp, Shm, Rdma: real rackhubd processes (killed with SIGKILL and
+//           restarted on the same ports and state directory); a reconnect
+//           dials the same transport again: a fresh shared-memory offer from
+//           the restarted hub, a new RDMA connection to its listener. The
+//           RDMA instances skip without a verbs device; tests/rdma/run.sh
+//           runs them in a Soft-RoCE VM (CTest entry client_reconnect_rdma).
 // Nothing here waits for time: where a test needs the hub to hold a push
 // before it acts, it waits for the hub's rackhub_pushes_total to count it.
 #include <gtest/gtest.h>
@@ -13,29 +19,38 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "http_get.h"
+#include "in_process_hub.h"
 #include "process.h"
 #include "rackhub/client/client.h"
-#include "rdma_env.h"
 #include "rackhub/client/rackhub_c.h"
+#include "rackhub/client/testing.h"
+#include "rdma_env.h"
 
 namespace rackhub::client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using testing::BinPath;
-using testing::CommandResult;
-using testing::DaemonProcess;
-using testing::MakeTempDir;
-using testing::RunCommand;
-using testing::WriteFile;
+using rackhub::testing::BinPath;
+using rackhub::testing::CommandResult;
+using rackhub::testing::DaemonProcess;
+using rackhub::testing::InProcessHub;
+using rackhub::testing::MakeTempDir;
+using rackhub::testing::RunCommand;
+using rackhub::testing::WriteFile;
 
 constexpr char kTenant[] = "rc";
 constexpr char kToken[] = "reconnect-test-token-0123456789abcdef";
@@ -49,7 +64,7 @@ std::string Describe(const CommandResult& r) {
 // The sum of every sample of `name` on the hub's /metrics, or -1 when the
 // hub does not answer.
 double MetricSum(const std::string& address, const std::string& name) {
-  const testing::HttpResponse r = testing::HttpGet(address, "/metrics");
+  const rackhub::testing::HttpResponse r = rackhub::testing::HttpGet(address, "/metrics");
   if (r.status != 200) return -1;
   double sum = 0;
   size_t at = 0;
@@ -66,7 +81,7 @@ double MetricSum(const std::string& address, const std::string& name) {
 }
 
 // The parameter: the transport the clients use (and reconnect over).
-enum class Link { kTcp, kShm, kRdma };
+enum class Link { kMemory, kTcp, kShm, kRdma };
 
 class ClientReconnectTest : public ::testing::TestWithParam<Link> {
  protected:
@@ -76,37 +91,89 @@ class ClientReconnectTest : public ::testing::TestWithParam<Link> {
     // one (checkpoint.on_shutdown).
     std::vector<std::string> args = {"--lanes", "2", "--checkpoint-every-iterations", "0",
                                      "--checkpoint-every-seconds", "0"};
-    if (GetParam() == Link::kRdma) {
-      std::string ip, why;
-      if (!testing::HaveRdma(&ip, &why)) GTEST_SKIP() << why;
-      // rdma_cm ports are not in the ready file: a fixed port per test
-      // process, kept across restarts (DaemonProcess::Restart reuses args).
-      rdma_hub_ = ip + ":" + std::to_string(23000 + (getpid() % 2000) * 4);
-      args.insert(args.end(), {"--transport", "rdma", "--rdma-listen", rdma_hub_});
+    if (in_memory()) {
+      std::string why;
+      memory_hub_ = InProcessHub::Start(args, &why);  // durable state in a temp dir
+      ASSERT_TRUE(memory_hub_) << why;
+    } else {
+      if (GetParam() == Link::kRdma) {
+        std::string ip, why;
+        if (!rackhub::testing::HaveRdma(&ip, &why)) GTEST_SKIP() << why;
+        // rdma_cm ports are not in the ready file: a fixed port per test
+        // process, kept across restarts (DaemonProcess::Restart reuses args).
+        rdma_hub_ = ip + ":" + std::to_string(23000 + (getpid() % 2000) * 4);
+        args.insert(args.end(), {"--transport", "rdma", "--rdma-listen", rdma_hub_});
+      }
+      daemon_ = std::make_unique<DaemonProcess>(args);
+      ASSERT_TRUE(daemon_->started());
     }
-    daemon_ = std::make_unique<DaemonProcess>(args);
-    ASSERT_TRUE(daemon_->started());
-    token_file_ = MakeTempDir() + "/token";
+    token_dir_ = MakeTempDir();
+    token_file_ = token_dir_ + "/token";
     WriteFile(token_file_, kToken);
     CreateTenant();
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!token_dir_.empty()) std::filesystem::remove_all(token_dir_, ec);
   }
 
   // Creates the tenant with the fixed token unless the (durable) registry
   // brought it back.
   void CreateTenant() {
     const CommandResult r = RunCommand(
-        {BinPath("rackhubctl"), "--admin", daemon_->admin_address(), "tenant", "create", kTenant,
+        {BinPath("rackhubctl"), "--admin", admin_address(), "tenant", "create", kTenant,
          "--workers", "2", "--chunk-bytes", "4KiB", "--tenant-token-file", token_file_});
     if (r.exit_code != 0) {
       ASSERT_NE(r.err.find("exist"), std::string::npos) << Describe(r);
     }
   }
 
+  bool in_memory() const { return GetParam() == Link::kMemory; }
+  // Of the hub that runs now (an in-process hub's ports change at a restart).
+  std::string admin_address() const {
+    return in_memory() ? memory_hub_->admin_address() : daemon_->admin_address();
+  }
+  std::string data_address() const {
+    return in_memory() ? memory_hub_->data_address() : daemon_->data_address();
+  }
+  std::string metrics_address() const {
+    return in_memory() ? memory_hub_->metrics_address() : daemon_->metrics_address();
+  }
+  std::string HubLog() const {
+    return in_memory() ? "(in-process hub: its log is this test's stderr)" : daemon_->Log();
+  }
+  // A crash: SIGKILL of rackhubd, Hub::Crash in-process.
+  void KillHub() {
+    if (in_memory()) {
+      memory_hub_->Kill();
+    } else {
+      EXPECT_EQ(daemon_->Kill(), 128 + 9);
+    }
+  }
+  // The graceful stop: SIGTERM of rackhubd (exit 0), Hub::Stop in-process.
+  void StopHub() {
+    if (in_memory()) {
+      memory_hub_->Stop();
+    } else {
+      EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
+    }
+  }
+  // The hub again, on the same state directory.
+  bool RestartHub() {
+    if (!in_memory()) return daemon_->Restart();
+    const Status s = memory_hub_->Restart();
+    EXPECT_TRUE(s.ok()) << s.message();
+    return s.ok();
+  }
+
+  // A client over the parameter's transport; `dial`, in-memory only, replaces
+  // the hub's dialer (the lost peer's records its links).
   std::unique_ptr<Client> Connect(uint32_t rank,
                                   std::chrono::milliseconds op_timeout = std::chrono::seconds(20),
-                                  bool reconnect = true) {
+                                  bool reconnect = true,
+                                  client::testing::LaneDialer dial = nullptr) {
     Options o;
-    o.hub = daemon_->data_address();
+    o.hub = data_address();
     o.tenant = kTenant;
     o.token = kToken;
     o.rank = rank;
@@ -118,7 +185,10 @@ class ClientReconnectTest : public ::testing::TestWithParam<Link> {
       o.rdma_hub = rdma_hub_;
     }
     Error e;
-    auto c = Client::Connect(o, &e);
+    auto c = in_memory() ? client::testing::ConnectThrough(
+                               o, memory_hub_->link_io(),
+                               dial ? std::move(dial) : memory_hub_->dialer(), &e)
+                         : Client::Connect(o, &e);
     EXPECT_TRUE(c) << e.message;
     if (c) {
       EXPECT_STREQ(c->transport(), transport());
@@ -128,14 +198,20 @@ class ClientReconnectTest : public ::testing::TestWithParam<Link> {
   bool shm() const { return GetParam() == Link::kShm; }
   // The name Client::transport() gives the parameter's transport.
   const char* transport() const {
-    return GetParam() == Link::kShm ? "shm" : GetParam() == Link::kRdma ? "rdma" : "tcp";
+    switch (GetParam()) {
+      case Link::kMemory: return "memory";
+      case Link::kShm: return "shm";
+      case Link::kRdma: return "rdma";
+      case Link::kTcp: break;
+    }
+    return "tcp";
   }
 
   // Waits until the hub has counted `chunks` PUSH frames in all (its lanes
   // publish their counters as they go).
   bool HubCountedPushes(double chunks) {
     return WaitFor(
-        [&] { return MetricSum(daemon_->metrics_address(), "rackhub_pushes_total") >= chunks; },
+        [&] { return MetricSum(metrics_address(), "rackhub_pushes_total") >= chunks; },
         std::chrono::seconds(30));
   }
 
@@ -175,9 +251,11 @@ class ClientReconnectTest : public ::testing::TestWithParam<Link> {
     return cond();
   }
 
+  std::string token_dir_;
   std::string token_file_;
   std::string rdma_hub_;  // the hub's RDMA listener (RDMA instances)
-  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<DaemonProcess> daemon_;      // Tcp, Shm, Rdma
+  std::unique_ptr<InProcessHub> memory_hub_;  // Memory
 };
 
 // kill -9 while rank 0's PushPull waits for rank 1: rank 0 reconnects and the
@@ -196,8 +274,8 @@ TEST_P(ClientReconnectTest, HubKilledDuringPushPullRollsBack) {
   std::vector<float> grad(kElements, 1.0f), out(kElements, -7.0f);
   const Ticket pending = c0->PushPull(key, grad, out);  // waits for rank 1
   ASSERT_TRUE(HubCountedPushes(7 * kChunks)) << "the hub never held rank 0's push";
-  EXPECT_EQ(daemon_->Kill(), 128 + 9);
-  ASSERT_TRUE(daemon_->Restart());
+  KillHub();
+  ASSERT_TRUE(RestartHub());
   CreateTenant();
 
   const Error e = c0->Wait(pending);
@@ -247,12 +325,12 @@ TEST_P(ClientReconnectTest, GracefulRestartLosesNothing) {
   std::vector<float> grad(kElements, 1.0f), grad1(kElements, 3.0f), out(kElements), out1(kElements);
   const Ticket pending = c0->PushPull(key, grad, out);  // iteration 1, waits for rank 1
   ASSERT_TRUE(HubCountedPushes(3 * kChunks)) << "the hub never held rank 0's push";
-  EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
-  ASSERT_TRUE(daemon_->Restart());
+  StopHub();
+  ASSERT_TRUE(RestartHub());
   ASSERT_TRUE(WaitFor([&] { return c1->reconnects() >= 1; }, std::chrono::seconds(10)));
   const Ticket t1 = c1->PushPull(key, grad1, out1);
   const Error e = c0->Wait(pending);
-  ASSERT_TRUE(e.ok()) << e.message << daemon_->Log();
+  ASSERT_TRUE(e.ok()) << e.message << HubLog();
   ASSERT_TRUE(c1->Wait(t1).ok());
   EXPECT_EQ(out, out1);
   // SGD lr 0.1 on the mean: iteration 1's mean gradient is 2.
@@ -274,7 +352,7 @@ TEST_P(ClientReconnectTest, HubNeverBackFailsWithinOpTimeout) {
   const auto start = Clock::now();
   const Ticket pending = c0->PushPull(key, grad, out);
   ASSERT_TRUE(HubCountedPushes(kChunks)) << "the hub never held rank 0's push";
-  daemon_->Kill();
+  KillHub();
   const Error e = c0->Wait(pending);
   const auto took = Clock::now() - start;
   EXPECT_EQ(e.code, ErrorCode::kConnectionLost) << e.message;
@@ -297,7 +375,7 @@ TEST_P(ClientReconnectTest, ReconnectDisabledFailsAtOnce) {
   const Ticket pending = c0->PushPull(key, grad, out);
   ASSERT_TRUE(HubCountedPushes(kChunks)) << "the hub never held rank 0's push";
   const auto start = Clock::now();
-  daemon_->Kill();
+  KillHub();
   const Error e = c0->Wait(pending);
   EXPECT_EQ(e.code, ErrorCode::kConnectionLost) << e.message;
   EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(1500));
@@ -312,8 +390,8 @@ TEST_P(ClientReconnectTest, RestartAtSameVersionContinues) {
   ASSERT_TRUE(c0 && c1);
   const KeyId key = Declare(*c0);
   ASSERT_EQ(Declare(*c1), key);
-  daemon_->Kill();
-  ASSERT_TRUE(daemon_->Restart());
+  KillHub();
+  ASSERT_TRUE(RestartHub());
   CreateTenant();
   ASSERT_TRUE(WaitFor([&] { return c0->reconnects() >= 1 && c1->reconnects() >= 1; },
                       std::chrono::seconds(10)));
@@ -323,10 +401,23 @@ TEST_P(ClientReconnectTest, RestartAtSameVersionContinues) {
 }
 
 // The C ABI: RACKHUB_ROLLED_BACK with the iteration, rackhub_reconnects, and
-// RACKHUB_CONNECT_NO_RECONNECT.
+// RACKHUB_CONNECT_NO_RECONNECT. In-memory: this program's static copy of the
+// C ABI (rackhub_c.cc), its connects (and reconnects) dialed in-memory.
 TEST_P(ClientReconnectTest, CApiRolledBackAndNoReconnect) {
+  std::atomic<int> memory_dials{0};
+  std::optional<client::testing::ScopedLaneDialer> in_memory_connects;
+  if (in_memory()) {
+    in_memory_connects.emplace(
+        memory_hub_->link_io(),
+        [&memory_dials, dial = memory_hub_->dialer()](
+            const net::FrameHeader& h, const std::string& payload, boost::asio::io_context& io,
+            net::FrameHandler* handler) {
+          ++memory_dials;
+          return dial(h, payload, io, handler);
+        });
+  }
   rackhub_options o{};
-  const std::string hub = daemon_->data_address();
+  const std::string hub = data_address();
   o.hub = hub.c_str();
   o.tenant = kTenant;
   o.token = kToken;
@@ -352,8 +443,8 @@ TEST_P(ClientReconnectTest, CApiRolledBackAndNoReconnect) {
         << rackhub_last_error(c);
     ASSERT_TRUE(c1->Wait(t1).ok());
   }
-  daemon_->Kill();
-  ASSERT_TRUE(daemon_->Restart());
+  KillHub();
+  ASSERT_TRUE(RestartHub());
   CreateTenant();
   ASSERT_EQ(rackhub_push_pull(c, key, g.data(), out.data(), kElements), RACKHUB_ROLLED_BACK)
       << rackhub_last_error(c);
@@ -369,42 +460,139 @@ TEST_P(ClientReconnectTest, CApiRolledBackAndNoReconnect) {
   c = nullptr;
   ASSERT_EQ(rackhub_connect_ex(&o, RACKHUB_CONNECT_NO_RECONNECT, &c, err, sizeof err), RACKHUB_OK)
       << err;
-  daemon_->Kill();
+  KillHub();
   EXPECT_EQ(rackhub_push_pull(c, key, g.data(), out.data(), kElements), RACKHUB_CONNECTION_LOST)
       << rackhub_last_error(c);
   EXPECT_EQ(rackhub_reconnects(c), 0u);
   rackhub_close(c);
+  if (in_memory()) {
+    // 2 lanes: the first connect, at least one reconnect, the second connect.
+    EXPECT_GE(memory_dials.load(), 6) << "the C ABI did not connect through the in-memory seam";
+  }
 }
 
-// A peer rank dies mid-PushPull (a forked process, SIGKILL): the survivor
-// gets kServer/WORKER_LOST and the key needs a Pull; its next push waits for
-// a replacement rank 1 (bounded by the straggler timeout); the replacement
-// connects, pulls, pushes, and both continue at the same iteration.
-TEST_P(ClientReconnectTest, LostPeerThenReplacement) {
-  // The peer: a child process (forked before this process starts threads)
-  // that pushes two iterations as rank 1, then hangs until killed.
-  const pid_t peer = fork();
-  ASSERT_GE(peer, 0);
-  if (peer == 0) {
-    {
-      auto c1 = Connect(1);
-      if (!c1) _exit(3);
-      const KeyId key = Declare(*c1);
-      std::vector<float> g(kElements, 2.0f), out(kElements);
-      for (int i = 0; i < 2; ++i) {
-        if (!c1->Wait(c1->PushPull(key, g, out)).ok()) _exit(4);
-      }
-      std::this_thread::sleep_for(std::chrono::seconds(600));
-    }
-    _exit(0);
+// The peer of LostPeerThenReplacement in this process (the in-memory
+// instance): rank 1 as a client of a thread of its own, over in-memory links
+// it records. Kill is the in-memory stand-in for SIGKILL of a worker process
+// (as ThreadRank::Kill, worker_ranks.h): its dials are refused from then on
+// (a dead process does not reconnect) and every link it made is closed
+// abruptly on the links' io thread, which the hub sees exactly as the kernel
+// closing a killed process's sockets; then the thread, parked, ends and its
+// broken client is destroyed.
+class ThreadPeer {
+ public:
+  // `body(connect, hang)` runs on the thread; `connect` makes the peer's
+  // client over `dial`, `hang` returns once Kill ran.
+  using Connector = std::function<std::unique_ptr<Client>(client::testing::LaneDialer)>;
+  ThreadPeer(InProcessHub& hub, Connector connect,
+             std::function<void(const std::function<std::unique_ptr<Client>()>&,
+                                const std::function<void()>&)>
+                 body)
+      : hub_(hub) {
+    thread_ = std::thread([this, connect = std::move(connect), body = std::move(body)] {
+      const auto dial = hub_.dialer();
+      body(
+          [&] {
+            return connect([this, dial](const net::FrameHeader& h, const std::string& payload,
+                                        boost::asio::io_context& io,
+                                        net::FrameHandler* handler)
+                               -> std::shared_ptr<net::Connection> {
+              std::lock_guard lock(mu_);
+              if (killed_) return nullptr;
+              auto conn = dial(h, payload, io, handler);
+              if (conn) conns_.push_back(conn);
+              return conn;
+            });
+          },
+          [this] { killed_future_.wait(); });
+    });
   }
+  ~ThreadPeer() {
+    Kill();
+    thread_.join();
+  }
+  void Kill() {
+    std::vector<std::shared_ptr<net::Connection>> conns;
+    {
+      std::lock_guard lock(mu_);
+      if (killed_) return;
+      killed_ = true;
+      conns = conns_;
+    }
+    std::promise<void> closed;
+    boost::asio::post(hub_.link_io(), [&] {
+      for (const auto& c : conns) c->Close("killed (test)");
+      closed.set_value();
+    });
+    closed.get_future().wait();
+    killed_promise_.set_value();
+  }
+
+ private:
+  InProcessHub& hub_;
+  std::mutex mu_;
+  bool killed_ = false;                                   // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<net::Connection>> conns_;  // GUARDED_BY(mu_)
+  std::promise<void> killed_promise_;
+  std::shared_future<void> killed_future_ = killed_promise_.get_future().share();
+  std::thread thread_;  // last: started once everything above exists
+};
+
+// A peer rank dies mid-PushPull (SIGKILL of a forked process; in-memory, a
+// ThreadPeer killed): the survivor gets kServer/WORKER_LOST and the key needs
+// a Pull; its next push waits for a replacement rank 1 (bounded by the
+// straggler timeout); the replacement connects, pulls, pushes, and both
+// continue at the same iteration.
+TEST_P(ClientReconnectTest, LostPeerThenReplacement) {
+  // The peer's life: as rank 1 it pushes two iterations, then hangs until
+  // killed. Nonzero: where it failed.
+  const auto peer_life = [](const std::function<std::unique_ptr<Client>()>& connect,
+                            const std::function<void()>& hang) {
+    auto c1 = connect();
+    if (!c1) return 3;
+    const KeyId key = Declare(*c1);
+    std::vector<float> g(kElements, 2.0f), out(kElements);
+    for (int i = 0; i < 2; ++i) {
+      if (!c1->Wait(c1->PushPull(key, g, out)).ok()) return 4;
+    }
+    hang();
+    return 0;
+  };
+  std::function<void()> kill_peer;
+  std::unique_ptr<ThreadPeer> thread_peer;
+  pid_t peer = -1;
   struct Reaper {
-    pid_t pid;
+    pid_t pid = -1;
     ~Reaper() {
+      if (pid <= 0) return;
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
-  } reaper{peer};
+  } reaper;
+  if (in_memory()) {
+    thread_peer = std::make_unique<ThreadPeer>(
+        *memory_hub_,
+        [this](client::testing::LaneDialer dial) {
+          return Connect(1, std::chrono::seconds(20), true, std::move(dial));
+        },
+        [peer_life](const std::function<std::unique_ptr<Client>()>& connect,
+                    const std::function<void()>& hang) {
+          const int failed = peer_life(connect, hang);
+          EXPECT_EQ(failed, 0) << "the peer failed (3: connect, 4: a PushPull)";
+        });
+    kill_peer = [&] { thread_peer->Kill(); };
+  } else {
+    // A child process (forked before this process starts threads).
+    peer = fork();
+    ASSERT_GE(peer, 0);
+    if (peer == 0) {
+      const int failed = peer_life([this] { return Connect(1); },
+                                   [] { std::this_thread::sleep_for(std::chrono::seconds(600)); });
+      _exit(failed);
+    }
+    reaper.pid = peer;
+    kill_peer = [peer] { ::kill(peer, SIGKILL); };
+  }
 
   auto c0 = Connect(0);
   ASSERT_TRUE(c0);
@@ -416,7 +604,7 @@ TEST_P(ClientReconnectTest, LostPeerThenReplacement) {
   }
   const Ticket pending = c0->PushPull(key, grad, out);  // the peer never pushes this one
   ASSERT_TRUE(HubCountedPushes(5 * kChunks)) << "the hub never held rank 0's push";
-  ::kill(peer, SIGKILL);
+  kill_peer();
   const Error e = c0->Wait(pending);
   ASSERT_EQ(e.code, ErrorCode::kServer) << e.message;
   EXPECT_EQ(e.wire, WireError::kWorkerLost) << e.message;
@@ -450,9 +638,10 @@ TEST_P(ClientReconnectTest, LostPeerThenReplacement) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ClientReconnectTest,
-                         ::testing::Values(Link::kTcp, Link::kShm, Link::kRdma),
+                         ::testing::Values(Link::kMemory, Link::kTcp, Link::kShm, Link::kRdma),
                          [](const ::testing::TestParamInfo<Link>& info) {
-                           return std::string(info.param == Link::kShm    ? "Shm"
+                           return std::string(info.param == Link::kMemory ? "Memory"
+                                              : info.param == Link::kShm  ? "Shm"
                                               : info.param == Link::kRdma ? "Rdma"
                                                                           : "Tcp");
                          });

@@ -11,9 +11,8 @@
 #include <thread>
 
 #include "connection_link.h"
-#include "data_plane.h"
-#include "hello_check.h"
-#include "hub.h"
+#include "in_process_hub.h"
+#include "memory_links.h"
 #include "process.h"
 #include "rackhub/net/endpoint.h"
 #include "rackhub/net/rdma/channel.h"
@@ -26,7 +25,6 @@
 namespace rackhub::testing {
 
 namespace rdma = net::rdma;
-using server::DataPlane;
 
 std::string TransportName(Transport t) {
   switch (t) {
@@ -48,35 +46,6 @@ std::string TransportParamName(const ::testing::TestParamInfo<Transport>& info) 
 
 namespace {
 
-// Runs an io_context on its own thread until destroyed (the client side of
-// in-memory and RDMA links).
-class IoThread {
- public:
-  IoThread() : guard_(boost::asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}
-  ~IoThread() {
-    guard_.reset();
-    io_.stop();
-    thread_.join();
-  }
-  boost::asio::io_context& io() { return io_; }
-
- private:
-  boost::asio::io_context io_{1};
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard_;
-  std::thread thread_;
-};
-
-// The hub's end of a refused in-memory connection: it only sends the ERROR.
-class Refuser final : public net::FrameHandler {
- public:
-  Verdict AcceptHeader(net::Connection&, const net::FrameHeader&) override {
-    return Verdict::kDiscard;
-  }
-  void HandleFrame(net::Connection&, const net::FrameHeader&, std::span<const std::byte>) override {}
-  void OnConnectionClosed(net::Connection&, const std::string&) override {}
-  void OnBytesSent(net::Connection&, size_t) override {}
-};
-
 // Hubs under test keep no state on disk unless the test gives a --state-dir.
 bool HasStateDir(const std::vector<std::string>& args) {
   for (const auto& a : args) {
@@ -85,51 +54,32 @@ bool HasStateDir(const std::vector<std::string>& args) {
   return false;
 }
 
+// The in-process hub (in_process_hub.h) without metrics, its state in memory
+// unless the test gives a --state-dir.
 class MemoryHub final : public HubUnderTest {
  public:
   static std::unique_ptr<MemoryHub> Start(std::vector<std::string> args, std::string* why) {
-    std::vector<std::string> argv = {"rackhubd", "--admin-listen", "127.0.0.1:0",
-                                     "--data-listen", "127.0.0.1:0", "--no-pin-lanes",
-                                     "--no-metrics"};
+    std::vector<std::string> argv = {"--no-metrics"};
     if (!HasStateDir(args)) argv.push_back("--in-memory");
     argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<const char*> cargv;
-    for (const auto& a : argv) cargv.push_back(a.c_str());
-    const server::ParseResult parsed =
-        server::ParseCommandLine(static_cast<int>(cargv.size()), cargv.data());
-    if (!parsed.ok()) {
-      *why = "config: " + parsed.errors.front();
-      return nullptr;
-    }
-    auto hub = std::unique_ptr<MemoryHub>(new MemoryHub(parsed.config));
-    if (Status s = hub->hub_.Start(); !s.ok()) {
-      *why = s.message();
-      return nullptr;
-    }
-    return hub;
+    std::unique_ptr<InProcessHub> hub = InProcessHub::Start(argv, why);
+    if (!hub) return nullptr;
+    return std::unique_ptr<MemoryHub>(new MemoryHub(std::move(hub)));
   }
   ~MemoryHub() override {
     if (stopper_.joinable()) stopper_.join();
-    hub_.Stop(std::chrono::milliseconds(0));
   }
 
   Transport transport() const override { return Transport::kMemory; }
-  const std::string& admin_address() const override { return hub_.admin_address(); }
-  std::string data_address() const override { return hub_.data_address(); }
-  ConnectionLink::Dialer memory_dialer() override {
-    return [this](const FrameHeader& h, const std::string& payload, boost::asio::io_context& io,
-                  net::FrameHandler* handler) { return Dial(h, payload, io, handler); };
-  }
-  boost::asio::io_context* link_io() override { return &client_.io(); }
+  const std::string& admin_address() const override { return hub_->admin_address(); }
+  std::string data_address() const override { return hub_->data_address(); }
+  ConnectionLink::Dialer memory_dialer() override { return hub_->dialer(); }
+  boost::asio::io_context* link_io() override { return &hub_->link_io(); }
   std::unique_ptr<DataLink> Connect() override {
-    return std::make_unique<ConnectionLink>(
-        client_.io(), [this](const FrameHeader& h, const std::string& payload,
-                             boost::asio::io_context& io, net::FrameHandler* handler) {
-          return Dial(h, payload, io, handler);
-        });
+    return std::make_unique<ConnectionLink>(hub_->link_io(), hub_->dialer());
   }
   void BeginShutdown() override {
-    stopper_ = std::thread([this] { hub_.Stop(); });
+    stopper_ = std::thread([this] { hub_->Stop(); });
   }
   int FinishShutdown() override {
     if (stopper_.joinable()) stopper_.join();
@@ -137,60 +87,9 @@ class MemoryHub final : public HubUnderTest {
   }
 
  private:
-  explicit MemoryHub(const server::Config& config) : hub_(config) {}
+  explicit MemoryHub(std::unique_ptr<InProcessHub> hub) : hub_(std::move(hub)) {}
 
-  // The in-memory acceptor: the same HELLO checks as TCP and RDMA, then the
-  // hub's end goes to the lane the HELLO names.
-  std::shared_ptr<net::Connection> Dial(const FrameHeader& h, const std::string& payload,
-                                        boost::asio::io_context& io, net::FrameHandler* handler) {
-    std::lock_guard lock(dial_mu_);  // ranks connect from several threads at once
-    DataPlane& plane = hub_.data_plane();
-    net::ConnectionIdentity client_id;
-    client_id.peer = "hub (in-memory)";
-    const auto bytes = std::as_bytes(std::span(payload.data(), payload.size()));
-    server::HelloResult checked;
-    if (Status s = server::CheckHelloHeader(h); !s.ok()) {
-      checked.code = WireError::kMalformed;
-      checked.text = s.message();
-    } else {
-      checked = server::CheckHello(bytes, plane.registry(), plane.config().topology,
-                                   plane.lane_count());
-    }
-    if (!checked.ok) {
-      auto pair = net::testing::MakeMemoryPair(refuser_io_.io(), &refuser_, {}, io, handler,
-                                               client_id);
-      auto refusing = pair.a;
-      boost::asio::post(refuser_io_.io(), [refusing, checked, rid = h.request_id] {
-        refusing->SendError(checked.code, checked.text, rid, true);
-        refusing->Start();
-      });
-      refused_.push_back(pair.a);
-      boost::asio::post(io, [client = pair.b] { client->Start(); });
-      return pair.b;
-    }
-    // As the TCP and shared-memory acceptors do: the worker's session
-    // (docs/durability.md, worker generations) comes from its HELLO.
-    net::ConnectionIdentity id{checked.tenant.handle, checked.tenant.name, checked.hello.rank(),
-                               checked.hello.lane(), "in-memory", checked.hello.rack(), false,
-                               checked.hello.session()};
-    const uint32_t lane_index = id.lane;
-    server::Lane& lane = plane.lane(lane_index);
-    auto pair = net::testing::MakeMemoryPair(lane.io(), lane.worker_handler(), id, io, handler,
-                                             client_id);
-    const uint64_t seq = plane.NextSeq();
-    plane.OnLane(lane_index, [hub_end = pair.a, seq](server::Lane& l) { l.AdoptWorker(hub_end, seq); });
-    boost::asio::post(io, [client = pair.b] { client->Start(); });
-    return pair.b;
-  }
-
-  // Declared so that the client io thread outlives the hub's ends (the hub
-  // stops first, in ~MemoryHub).
-  IoThread client_;
-  IoThread refuser_io_;
-  Refuser refuser_;
-  std::mutex dial_mu_;
-  std::vector<std::shared_ptr<net::Connection>> refused_;  // GUARDED_BY(dial_mu_)
-  server::Hub hub_;
+  std::unique_ptr<InProcessHub> hub_;
   std::thread stopper_;
 };
 
