@@ -18,7 +18,7 @@ import sys
 import torch
 
 import rackhub.torch as rh
-from rackhub.torch.hub_specs import compression_of
+from rackhub.torch.compression import compression_of
 from common import data, local_optimizer, loss_of, make_model, LR
 
 torch.set_num_threads(1)  # deterministic gradients, identical in the reference
