@@ -16,7 +16,8 @@ import torch
 from . import _context, rounds
 from .errors import MismatchError
 
-NO_ROOT = -1
+NO_ROOT = None   # the root of an op without one
+_NO_ROOT = -3    # its header field
 _BAD = -2
 
 KINDS = {1: "allreduce", 2: "allgather", 3: "broadcast", 4: "barrier",
@@ -48,10 +49,12 @@ def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None):
     roots differ, a rank has a local `problem`, or the root is out of
     range. Returns (every rank's values, the inline sum)."""
     ctx = _context.need()
-    if root != NO_ROOT and not (isinstance(root, int) and 0 <= root < ctx.size):
-        root_field = _BAD
-    else:
+    if root is NO_ROOT:
+        root_field = _NO_ROOT
+    elif isinstance(root, int) and not isinstance(root, bool) and 0 <= root < ctx.size:
         root_field = root
+    else:
+        root_field = _BAD
     values = list(values) + [0] * (4 - len(values))
     every, got = rounds.header([CODE[kind], crc(name), root_field, _BAD if problem else 0]
                                + values, inline)

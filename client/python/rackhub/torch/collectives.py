@@ -11,7 +11,8 @@ HorovodInternalError and a ValueError) together, never hang and never
 return a result.
 
 allreduce: the hub sums in fp32 in rank order (bitwise reproducible);
-float16 and bfloat16 tensors travel in their own type, the other dtypes as
+float16 and bfloat16 tensors travel in their own type (the fp32 sum is
+rounded to it once, then scaled), the other dtypes as
 fp32 (integers are exact while |sum| < 2**24; float64 and int64 are
 reduced in fp32, the hub's arithmetic). prescale_factor multiplies each
 rank's tensor before the sum, postscale_factor the sum (Average = Sum with
@@ -98,6 +99,8 @@ def reduce_flat(kind, name, flat, dtype, values):
     n = flat.numel()
     cap = rounds.capacity()
     every, head = agree.open_op(kind, name, values, inline=flat[:cap])
+    if _wire(dtype) != "fp32":  # the hub replies in the tensor's type: so does the inline part
+        head = head.to(dtype).to(torch.float32)
     return every, (head[:n] if n <= cap else
                    torch.cat([head, rounds.reduce(flat[cap:], "allreduce", _wire(dtype))]))
 

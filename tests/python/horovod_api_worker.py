@@ -1,0 +1,337 @@
+"""One rank of test_horovod_api.py (rackhub-run, 2 or 3 ranks): Horovod's
+torch API beyond the basics (lifecycle, async handles, mismatches, scale
+factors, compressors, probes, timeline, barrier), each result compared with
+a reference this process computes alone from every rank's inputs (every
+rank's input is a function of its rank, so each rank can make all of them).
+Prints `CHECK ok|FAIL name detail` per check and `CHECKS n failed k`."""
+import json
+import os
+import tempfile
+import threading
+
+import torch
+
+import rackhub.torch as hvd
+from checks import check, raises, summary
+from rackhub.torch import collectives
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64,
+          torch.uint8]
+
+
+def inp(rank, seed, shape, dtype):
+    """Rank `rank`'s input `seed`: deterministic, exact in every dtype."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 3).to(dtype)
+    return torch.randint(0, 50, shape, generator=g).to(dtype)
+
+
+def ref_allreduce(size, seed, shape, dtype, op, pre=1.0, post=1.0):
+    """The rank-order fp32 sum of every rank's (input * prescale), rounded
+    to float16/bfloat16 once for those dtypes, times postscale (and 1/size
+    for Average) in float64, cast to the dtype."""
+    total = torch.zeros(shape, dtype=torch.float32)
+    for r in range(size):
+        x = inp(r, seed, shape, dtype).to(torch.float64) * pre
+        total = total + x.to(torch.float32)
+    if dtype in (torch.float16, torch.bfloat16):
+        total = total.to(dtype).to(torch.float32)
+    if op == hvd.Average:
+        post = post / size
+    if post != 1.0:
+        total = total.to(torch.float64) * post
+    return total.to(dtype)
+
+
+def ref_allgather(size, seed, dtype, cols=3):
+    return torch.cat([inp(r, seed, (r + 1, cols), dtype) for r in range(size)])
+
+
+def bitwise(a, b):
+    return (a.dtype == b.dtype and a.shape == b.shape and
+            torch.equal(a.contiguous().view(-1).view(torch.uint8) if a.numel() else a,
+                        b.contiguous().view(-1).view(torch.uint8) if b.numel() else b))
+
+
+def lifecycle(rank, size):
+    c = hvd.client()
+    hvd.init()
+    check("init() twice is a no-op", hvd.is_initialized() and hvd.client() is c
+          and (hvd.rank(), hvd.size()) == (rank, size))
+    hvd.shutdown()
+    check("shutdown() ends it", not hvd.is_initialized())
+    hvd.shutdown()  # idempotent
+    hvd.init()
+    got = hvd.allreduce(torch.full((4,), float(rank)), op=hvd.Sum)
+    check("shutdown() then init() works", hvd.client() is not c and
+          torch.equal(got, torch.full((4,), float(sum(range(size))))), str(got))
+    check("HorovodInternalError is a RuntimeError",
+          issubclass(hvd.HorovodInternalError, RuntimeError)
+          and issubclass(hvd.MismatchError, hvd.HorovodInternalError)
+          and issubclass(hvd.MismatchError, ValueError))
+
+
+def allreduce_values(rank, size):
+    for dtype in DTYPES:
+        for n in (0, 1, 3000, 10_000):
+            for op in (hvd.Sum, hvd.Average):
+                if op == hvd.Average and not dtype.is_floating_point and n != 1:
+                    continue
+                seed = 7 + n
+                got = hvd.allreduce(inp(rank, seed, (n,), dtype), op=op)
+                want = ref_allreduce(size, seed, (n,), dtype, op)
+                check(f"allreduce {str(dtype)[6:]} n={n} {op}", bitwise(got, want),
+                      f"got {got[:3].tolist()} want {want[:3].tolist()}")
+    # Several rounds of the large key; a shape of more dimensions.
+    got = hvd.allreduce(inp(rank, 1, (300_000,), torch.float32))
+    check("allreduce 300000 elements", bitwise(got, ref_allreduce(size, 1, (300_000,),
+                                                                  torch.float32, hvd.Average)))
+    got = hvd.allreduce(inp(rank, 2, (5, 7, 3), torch.float32), op=hvd.Sum)
+    check("allreduce shape (5, 7, 3)", bitwise(got, ref_allreduce(size, 2, (5, 7, 3),
+                                                                  torch.float32, hvd.Sum)))
+    # prescale / postscale (with Average too), in float64 as Horovod does on the CPU.
+    for pre, post, op, dtype in ((0.5, 1.0, hvd.Sum, torch.float32),
+                                 (1.0, 3.0, hvd.Sum, torch.float32),
+                                 (0.25, 10.0, hvd.Average, torch.float32),
+                                 (2.0, 0.5, hvd.Average, torch.float16),
+                                 (3.0, 1.0, hvd.Sum, torch.int32)):
+        got = hvd.allreduce(inp(rank, 3, (5000,), dtype), op=op, prescale_factor=pre,
+                            postscale_factor=post)
+        want = ref_allreduce(size, 3, (5000,), dtype, op, pre, post)
+        check(f"allreduce prescale {pre} postscale {post} {op} {str(dtype)[6:]}",
+              bitwise(got, want), f"{got[:3].tolist()} vs {want[:3].tolist()}")
+    t = inp(rank, 4, (100,), torch.float32)
+    r = hvd.allreduce_(t, op=hvd.Sum, postscale_factor=2.0)
+    check("allreduce_ in place with postscale", r is t and
+          bitwise(t, ref_allreduce(size, 4, (100,), torch.float32, hvd.Sum, 1.0, 2.0)))
+    ok, detail = raises(lambda: hvd.allreduce(t, op=hvd.Max), ValueError, "not implemented")
+    check("op Max refused by name", ok, detail)
+    ok, detail = raises(lambda: hvd.allreduce(t, prescale_factor="x"), ValueError,
+                        "prescale_factor")
+    check("a bad prescale_factor refused", ok, detail)
+
+
+def async_handles(rank, size):
+    # Many ops in flight, of every kind, waited for in an order that differs
+    # by rank (reversed on odd ranks, a rotation on even ones).
+    specs = []
+    handles = []
+    for i in range(12):
+        kind = ("allreduce", "allreduce_", "allgather", "broadcast", "broadcast_")[i % 5]
+        seed = 100 + i
+        n = (10, 5000, 70_000)[i % 3]
+        if kind == "allreduce":
+            h = hvd.allreduce_async(inp(rank, seed, (n,), torch.float32), name=f"op{i}",
+                                    op=hvd.Sum)
+            want = ref_allreduce(size, seed, (n,), torch.float32, hvd.Sum)
+            specs.append((kind, None, want))
+        elif kind == "allreduce_":
+            t = inp(rank, seed, (n,), torch.float32)
+            h = hvd.allreduce_async_(t, name=f"op{i}")
+            specs.append((kind, t, ref_allreduce(size, seed, (n,), torch.float32, hvd.Average)))
+        elif kind == "allgather":
+            h = hvd.allgather_async(inp(rank, seed, (rank + 1, 3), torch.int64))
+            specs.append((kind, None, ref_allgather(size, seed, torch.int64)))
+        else:
+            root = i % size
+            t = inp(rank, seed, (n,), torch.float64)
+            h = (hvd.broadcast_async if kind == "broadcast" else hvd.broadcast_async_)(
+                t, root_rank=root, name=f"op{i}")
+            specs.append((kind, t if kind == "broadcast_" else None,
+                          inp(root, seed, (n,), torch.float64)))
+        handles.append(h)
+    order = list(range(len(handles)))
+    order = order[::-1] if rank % 2 else order[rank:] + order[:rank]
+    for i in order:
+        kind, inplace, want = specs[i]
+        got = hvd.synchronize(handles[i])
+        ok = bitwise(got, want) and (inplace is None or got is inplace)
+        check(f"async {kind} #{i} (waited in this rank's order)", ok,
+              f"{got.shape} {got.flatten()[:2].tolist()} want {want.flatten()[:2].tolist()}")
+    check("synchronize of a consumed handle returns None", hvd.synchronize(handles[0]) is None)
+    ok, detail = raises(lambda: hvd.poll(handles[0]), ValueError, "handle")
+    check("poll of a consumed handle refused", ok, detail)
+
+    # poll: the ops run in submission order, so once the last one is done
+    # the first is too.
+    a = hvd.allreduce_async(torch.ones(3))
+    b = hvd.allreduce_async(torch.ones(3), op=hvd.Sum)
+    got_b = hvd.synchronize(b)
+    check("poll after a later op finished", hvd.poll(a) is True and
+          torch.equal(got_b, torch.full((3,), float(size))))
+    check("synchronize after poll", torch.equal(hvd.synchronize(a), torch.ones(3)))
+
+    # A name may be used by one unfinished op at a time. The first op is
+    # held behind a local op that waits for an event (deterministic).
+    gate = threading.Event()
+    blocker = collectives.submit("barrier", None, gate.wait)
+    h1 = hvd.allreduce_async(torch.ones(2), name="dup")
+    ok, detail = raises(lambda: hvd.allreduce_async(torch.ones(2), name="dup"), ValueError,
+                        "'dup' is used by an op that has not finished")
+    check("the same name twice in flight refused", ok and not hvd.poll(h1), detail)
+    gate.set()
+    hvd.synchronize(blocker)
+    check("the first op with the name completes",
+          torch.equal(hvd.synchronize(h1), torch.ones(2)))
+    h2 = hvd.allreduce_async(torch.ones(2), name="dup")
+    check("the name is free once its op finished", torch.equal(hvd.synchronize(h2),
+                                                                torch.ones(2)))
+
+
+def mismatches(rank, size):
+    """Every one raises MismatchError (a HorovodInternalError and a
+    ValueError) on every rank; the next op works."""
+    odd = rank == size - 1
+
+    def case(name, fn, text):
+        ok, detail = raises(fn, hvd.MismatchError, text)
+        after = hvd.allreduce(torch.full((3,), float(rank)), op=hvd.Sum)
+        check(f"mismatch: {name}", ok and torch.equal(after, torch.full((3,), float(
+            sum(range(size))))), detail)
+
+    case("allreduce shapes (same count)", lambda: hvd.allreduce(
+        torch.ones((2, 6) if odd else (3, 4))), "different shapes")
+    case("allreduce element counts", lambda: hvd.allreduce(torch.ones(5 if odd else 4)),
+         "different element counts")
+    case("allreduce element counts above the inline capacity",
+         lambda: hvd.allreduce(torch.ones(50_000 if odd else 20_000)), "element counts")
+    case("allreduce dtypes", lambda: hvd.allreduce(
+        torch.ones(4, dtype=torch.float64 if odd else torch.float32)), "different dtypes")
+    case("allreduce ops", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum if odd else
+                                                hvd.Average), "different ops")
+    case("names", lambda: hvd.allreduce(torch.ones(4), name="b" if odd else "a"),
+         "different names")
+    case("kinds (allreduce vs allgather)", lambda: (hvd.allgather if odd else hvd.allreduce)(
+        torch.ones(4)), "ops differ")
+    case("allgather dtypes", lambda: hvd.allgather(
+        torch.ones(2, 2, dtype=torch.int32 if odd else torch.int64)), "different dtypes")
+    case("allgather trailing shapes", lambda: hvd.allgather(torch.ones(2, 3 if odd else 2)),
+         "differ beyond dimension 0")
+    case("broadcast root out of range on one rank",
+         lambda: hvd.broadcast(torch.ones(3), size if odd else 0),
+         "root_rank" if odd else "different roots")
+    case("broadcast root out of range on every rank",
+         lambda: hvd.broadcast(torch.ones(3), -1), "root_rank")
+    case("broadcast roots differ", lambda: hvd.broadcast(torch.ones(3), 1 if odd else 0),
+         "different roots")
+    case("broadcast shapes", lambda: hvd.broadcast(torch.ones(6 if odd else 5), 0), "sizes")
+    case("broadcast dtypes", lambda: hvd.broadcast(
+        torch.ones(4, dtype=torch.int32 if odd else torch.float32), 0), "dtypes")
+    case("async: the error comes from synchronize", lambda: hvd.synchronize(
+        hvd.allreduce_async(torch.ones(5 if odd else 4))), "element counts")
+
+
+class Quarter(hvd.Compressor):
+    """A user-written compressor: scales by 1/4 (exact) and counts its calls."""
+    calls = 0
+
+    @staticmethod
+    def compress(tensor):
+        Quarter.calls += 1
+        return tensor * 0.25, 4.0
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        Quarter.calls += 1
+        return tensor * ctx
+
+
+def compression(rank, size):
+    x = inp(rank, 20, (6000,), torch.float32)
+    got = hvd.allreduce(x, compression=hvd.Compression.fp16)
+    # The reference: every rank's input cast to fp16, summed in fp32, rounded
+    # to fp16, averaged in float64, then back to fp32 (decompress).
+    total = torch.zeros(6000)
+    for r in range(size):
+        total += inp(r, 20, (6000,), torch.float32).to(torch.float16).to(torch.float32)
+    want = (total.to(torch.float16).to(torch.float64) * (1.0 / size)).to(torch.float16) \
+        .to(torch.float32)
+    check("allreduce compression=fp16", bitwise(got, want), f"{got[:2]} {want[:2]}")
+    got = hvd.allreduce(x, compression=hvd.Compression.bf16, op=hvd.Sum)
+    total = torch.zeros(6000)
+    for r in range(size):
+        total += inp(r, 20, (6000,), torch.float32).to(torch.bfloat16).to(torch.float32)
+    check("allreduce compression=bf16", bitwise(got, total.to(torch.bfloat16).to(torch.float32)))
+    got = hvd.allreduce(x, compression=Quarter, op=hvd.Sum)
+    total = torch.zeros(6000)
+    for r in range(size):
+        total += inp(r, 20, (6000,), torch.float32) * 0.25
+    check("allreduce with a user-written Compressor", bitwise(got, total * 4.0)
+          and Quarter.calls == 2, f"calls {Quarter.calls}")
+    g = hvd.allgather(inp(rank, 21, (rank + 1, 3), torch.float32), compression=Quarter)
+    check("allgather with a user-written Compressor",
+          bitwise(g, ref_allgather(size, 21, torch.float32)) and Quarter.calls == 4)
+    c, ctx = hvd.Compression.none.compress(x)
+    check("Compression.none is Horovod's interface", c is x and
+          hvd.Compression.none.decompress(c, ctx) is x)
+    model = torch.nn.Linear(2, 2)
+    ok, detail = raises(lambda: hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+        compression=Quarter), ValueError, "user-written")
+    check("DistributedOptimizer refuses a user-written compressor, naming why", ok, detail)
+    ok, detail = raises(lambda: hvd.allreduce(x, compression=object()), ValueError,
+                        "Compressor")
+    check("a non-compressor refused", ok, detail)
+
+
+def probes_and_more(rank, size, tmp):
+    probes = {p: getattr(hvd, p)() for p in (
+        "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
+        "nccl_built", "ddl_built", "ccl_built", "rocm_built")}
+    check("the MPI/Gloo/NCCL/DDL/CCL/ROCm probes are False", not any(probes.values()),
+          str(probes))
+    check("cuda_built is the torch build's", hvd.cuda_built() == (torch.version.cuda is not None))
+    # rackhub-run starts every rank on this host: local rank = rank, so
+    # each rank is alone with its local rank (Horovod: cross_size = hosts).
+    check("cross_rank, cross_size, is_homogeneous on one host",
+          (hvd.cross_rank(), hvd.cross_size(), hvd.is_homogeneous()) == (0, 1, True),
+          f"{hvd.cross_rank()} {hvd.cross_size()} {hvd.is_homogeneous()}")
+    path = os.path.join(tmp, f"timeline.{rank}.json")
+    hvd.start_timeline(path)
+    hvd.allreduce(torch.ones(4), name="timed")
+    hvd.allgather(torch.ones(1, 2))
+    hvd.stop_timeline()
+    with open(path) as f:
+        events = json.load(f)
+    names = [e["name"] for e in events]
+    check("timeline: a Chrome trace of this rank's ops",
+          "timed" in names and "allgather" in names and names.count("QUEUED") == 2
+          and all(e["pid"] == rank and e["dur"] >= 0 for e in events), str(names))
+    hvd.barrier()
+    got = hvd.allreduce(torch.ones(1), op=hvd.Sum)
+    check("barrier, then an op", got.item() == size)
+
+
+def shutdown_fails_pending(rank):
+    """Last: rank 0 submits an op the others never join, then shuts down:
+    the op fails with HorovodInternalError."""
+    if rank != 0:
+        return
+    h = hvd.allreduce_async(torch.ones(8), name="never-joined")
+    hvd.shutdown()
+    ok, detail = raises(lambda: hvd.synchronize(h), hvd.HorovodInternalError, "")
+    check("shutdown() fails an op in flight with HorovodInternalError", ok, detail)
+    ok, detail = raises(lambda: hvd.allreduce_async(torch.ones(8)), RuntimeError, "init")
+    check("an op after shutdown() refused", ok, detail)
+
+
+def main():
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    with tempfile.TemporaryDirectory() as tmp:
+        lifecycle(rank, size)
+        allreduce_values(rank, size)
+        async_handles(rank, size)
+        mismatches(rank, size)
+        compression(rank, size)
+        probes_and_more(rank, size, tmp)
+    hvd.barrier()
+    shutdown_fails_pending(rank)
+    hvd.shutdown()
+    return summary()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
