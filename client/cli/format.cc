@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <iomanip>
 #include <sstream>
 #include <stdexcept>
 
@@ -262,8 +263,12 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
   }
   block.Add("dtype", DTypeName(k.dtype()));
   if (k.topk_ratio() > 0) {
-    std::ostringstream ratio;  // a float: its shortest decimal, not the double's
-    ratio << "topk:" << k.topk_ratio();
+    std::ostringstream ratio;  // the ratio as declared (a hub before it: the float's)
+    if (k.topk_ratio_exact() != 0) {
+      ratio << "topk:" << std::setprecision(17) << k.topk_ratio_exact();
+    } else {
+      ratio << "topk:" << k.topk_ratio();
+    }
     block.Add("compression", ratio.str());
   }
   block.Add("optimizer", DescribeOptimizer(k.optimizer()) +

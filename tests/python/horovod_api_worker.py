@@ -13,7 +13,7 @@ import torch
 
 import rackhub.torch as hvd
 from checks import check, raises, summary
-from rackhub.torch import collectives
+from rackhub.torch import collectives, rounds
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64,
           torch.uint8]
@@ -222,6 +222,162 @@ def mismatches(rank, size):
         hvd.allreduce_async(torch.ones(5 if odd else 4))), "element counts")
 
 
+class RoundCounter:
+    """Counts the PushPulls of the helper keys (rounds.push_pull) while active."""
+
+    def __enter__(self):
+        self.n = 0
+        self.orig = rounds.push_pull
+
+        def counted(*a):
+            self.n += 1
+            return self.orig(*a)
+        rounds.push_pull = counted
+        return self
+
+    def __exit__(self, *exc):
+        rounds.push_pull = self.orig
+
+
+def grouped(rank, size):
+    shapes = [((3000,), torch.float32), ((10, 3), torch.float16), ((7,), torch.int32),
+              ((5000,), torch.bfloat16), ((2, 2, 2), torch.float64)]
+    for op in (hvd.Sum, hvd.Average):
+        ts = [inp(rank, 40 + i, s, d) for i, (s, d) in enumerate(shapes)]
+        if op == hvd.Average:
+            ts[2] = ts[2].float()
+        with RoundCounter() as rc:
+            got = hvd.grouped_allreduce(ts, op=op, postscale_factor=1.5)
+        rounds_grouped = rc.n
+        with RoundCounter() as rc:
+            single = [hvd.allreduce(t, op=op, postscale_factor=1.5) for t in ts]
+        ok = all(bitwise(g, s_) for g, s_ in zip(got, single))
+        ok &= all(bitwise(g, ref_allreduce(size, 40 + i, t.shape, t.dtype, op, 1.0, 1.5))
+                  for i, (g, t) in enumerate(zip(got, ts)) if not (op == hvd.Average and i == 2))
+        check(f"grouped_allreduce {op} == allreduce of each == reference", ok)
+        check(f"grouped_allreduce {op}: fewer round trips than one per tensor",
+              rounds_grouped < rc.n and rounds_grouped <= 2,
+              f"grouped {rounds_grouped}, ungrouped {rc.n}")
+    small = [inp(rank, 50 + i, (20,), torch.float32) for i in range(6)]
+    with RoundCounter() as rc:
+        got = hvd.synchronize(hvd.grouped_allreduce_async(small, op=hvd.Sum))
+    check("grouped_allreduce_async of 6 small tensors: one round trip",
+          rc.n == 1 and all(bitwise(g, ref_allreduce(size, 50 + i, (20,), torch.float32,
+                                                     hvd.Sum)) for i, g in enumerate(got)),
+          f"{rc.n} rounds")
+    inplace = [t.clone() for t in small]
+    r = hvd.grouped_allreduce_(inplace)
+    check("grouped_allreduce_ in place", all(a is b for a, b in zip(r, inplace)) and all(
+        bitwise(t, ref_allreduce(size, 50 + i, (20,), torch.float32, hvd.Average))
+        for i, t in enumerate(inplace)))
+    ga = hvd.grouped_allgather([inp(rank, 60, (rank + 1, 3), torch.int64),
+                                inp(rank, 61, (rank + 1, 3), torch.float32),
+                                inp(rank, 62, (rank + 1, 3), torch.bfloat16)])
+    check("grouped_allgather == allgather reference of each",
+          bitwise(ga[0], ref_allgather(size, 60, torch.int64))
+          and bitwise(ga[1], ref_allgather(size, 61, torch.float32))
+          and bitwise(ga[2], ref_allgather(size, 62, torch.bfloat16)))
+    odd = rank == size - 1
+    ok, detail = raises(lambda: hvd.grouped_allreduce([torch.ones(3)] * (3 if odd else 2)),
+                        hvd.MismatchError, "group lengths")
+    check("mismatch: grouped_allreduce group lengths", ok, detail)
+    ok, detail = raises(lambda: hvd.grouped_allreduce(
+        [torch.ones(3), torch.ones(4 if odd else 5)]), hvd.MismatchError, "")
+    check("mismatch: grouped_allreduce a tensor's shape", ok, detail)
+    ok, detail = raises(lambda: hvd.grouped_allgather(
+        [torch.ones(1, 3), torch.ones(1, 2 if odd else 4)]), hvd.MismatchError,
+        "beyond dimension 0")
+    check("mismatch: grouped_allgather trailing shape", ok, detail)
+
+
+def alltoall_and_reducescatter(rank, size):
+    x = inp(rank, 70, (2 * size, 3), torch.float32)
+    got = hvd.alltoall(x)
+    want = torch.cat([inp(s, 70, (2 * size, 3), torch.float32)[2 * rank:2 * rank + 2]
+                      for s in range(size)])
+    check("alltoall, equal splits", bitwise(got, want), f"{got.shape}")
+
+    def splits_of(r):
+        return [(r + d) % 3 for d in range(size)]
+    rows = sum(splits_of(rank))
+    x = inp(rank, 71, (rows, 2), torch.int64)
+    got, rsplits = hvd.synchronize(hvd.alltoall_async(x, splits=splits_of(rank)))
+    want_parts = []
+    for s in range(size):
+        sp = splits_of(s)
+        src = inp(s, 71, (sum(sp), 2), torch.int64)
+        want_parts.append(src[sum(sp[:rank]):sum(sp[:rank]) + sp[rank]])
+    check("alltoall with splits: rows and received splits",
+          bitwise(got, torch.cat(want_parts)) and
+          rsplits.tolist() == [splits_of(s)[rank] for s in range(size)],
+          f"{got.shape} {rsplits.tolist()}")
+    got, rsplits = hvd.alltoall(torch.zeros(0, 2), splits=[0] * size)
+    check("alltoall of nothing", got.shape == (0, 2) and rsplits.tolist() == [0] * size)
+    bad = [rows + 1] + [0] * (size - 1) if rank == 0 else splits_of(rank)
+    ok, detail = raises(lambda: hvd.alltoall(x, splits=bad), hvd.MismatchError,
+                        "splits" if rank == 0 else "could not take part")
+    check("alltoall bad splits on rank 0: every rank raises", ok, detail)
+    ok, detail = raises(lambda: hvd.alltoall(torch.ones(2 * size + 1, 2)), hvd.MismatchError,
+                        "divide")
+    check("alltoall without splits, dimension 0 not divisible", ok, detail)
+
+    for rows_, op in ((7, hvd.Sum), (2 * size, hvd.Average), (1, hvd.Sum)):
+        t = inp(rank, 72, (rows_, 4), torch.float32)
+        full = ref_allreduce(size, 72, (rows_, 4), torch.float32, op, 2.0, 1.0)
+        base, extra = divmod(rows_, size)
+        first = rank * base + min(rank, extra)
+        want = full[first:first + base + (rank < extra)]
+        got = hvd.reducescatter(t, op=op, prescale_factor=2.0)
+        check(f"reducescatter {rows_} rows {op}", bitwise(got, want), f"{got.shape}")
+    got = hvd.synchronize(hvd.reducescatter_async(inp(rank, 73, (6, 2), torch.float16)))
+    full = ref_allreduce(size, 73, (6, 2), torch.float16, hvd.Average)
+    base, extra = divmod(6, size)
+    first = rank * base + min(rank, extra)
+    check("reducescatter_async float16", bitwise(got, full[first:first + base + (rank < extra)]))
+    ok, detail = raises(lambda: hvd.reducescatter(torch.ones(4, 2 + (rank == size - 1))),
+                        hvd.MismatchError, "element counts")
+    check("mismatch: reducescatter shapes", ok, detail)
+
+
+def joins(rank, size):
+    # Uneven data: rank r has r + 1 batches; after its last it joins. Each
+    # step's result = the average over size() of the ranks that still have
+    # data (the joined ones count as zeros). Step 1 uses a tensor larger
+    # than the header round (data rounds that the joined ranks join).
+    n_of = [10, 9000, 33]
+    results = []
+    for step in range(rank + 1):
+        t = inp(rank, 80 + step, (n_of[step % 3],), torch.float32)
+        if step == 1:
+            results.append(hvd.grouped_allreduce([t, t[:5].clone()])[0])
+        else:
+            results.append(hvd.allreduce(t))
+    last = hvd.join()
+    ok = True
+    for step, got in enumerate(results):
+        n = n_of[step % 3]
+        total = torch.zeros(n)
+        for r in range(size):
+            total = total + (inp(r, 80 + step, (n,), torch.float32) if step <= r
+                             else torch.zeros(n))
+        want = (total.to(torch.float64) * (1.0 / size)).to(torch.float32)
+        ok &= bitwise(got, want)
+    check("join with uneven data: the others' allreduces count joined ranks as zeros", ok)
+    check("join returns the last rank that joined", last == size - 1, str(last))
+    check("after join, ops run as before",
+          hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [float(size)] * 2)
+    # A broadcast while a rank is joined: the others raise, then join.
+    if rank == 0:
+        last = hvd.join()
+    else:
+        ok, detail = raises(lambda: hvd.broadcast(torch.ones(2), 1), hvd.MismatchError,
+                            "join")
+        check("a broadcast while a rank is joined raises", ok, detail)
+        last = hvd.join()
+    check("join: ranks joining at the same point: the highest is last", last == size - 1,
+          str(last))
+
+
 class Quarter(hvd.Compressor):
     """A user-written compressor: scales by 1/4 (exact) and counts its calls."""
     calls = 0
@@ -326,6 +482,9 @@ def main():
         async_handles(rank, size)
         mismatches(rank, size)
         compression(rank, size)
+        grouped(rank, size)
+        alltoall_and_reducescatter(rank, size)
+        joins(rank, size)
         probes_and_more(rank, size, tmp)
     hvd.barrier()
     shutdown_fails_pending(rank)

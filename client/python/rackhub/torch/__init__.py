@@ -35,9 +35,11 @@ and keeps the rest on the worker for the next step (error feedback;
 "topk:0.01:noef" drops it); "fp16"/"bf16" halve the push. The reply stays
 dense (hub_specs.Compression's docstring).
 
-Collectives: allreduce, allgather, broadcast (each also *_async, returning a
-handle for poll()/synchronize()), barrier, broadcast_parameters,
-broadcast_object, allgather_object (collectives.py, objects.py, handles.py).
+Collectives: allreduce, allgather, broadcast, grouped_allreduce,
+grouped_allgather, alltoall, reducescatter (each also *_async, returning a
+handle for poll()/synchronize()), barrier, join, broadcast_parameters,
+broadcast_object, allgather_object (collectives.py, grouped.py, scatter.py,
+join.py, objects.py; handles.py runs them).
 
 Everything here is collective (every rank calls it, in the same order)
 except the getters (rank(), size(), local_rank(), cross_rank(), the build
@@ -54,8 +56,11 @@ from .collectives import (Max, Min, Product, allgather, allgather_async, allredu
 from .compression import Compression, Compressor
 from .embedding import table_init_
 from .errors import HorovodInternalError, MismatchError
+from .grouped import (grouped_allgather, grouped_allgather_async, grouped_allreduce,
+                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_)
 from .handles import poll, synchronize
 from .hub_specs import SGD, Adagrad, Adam, AdamW, Adasum, Average, Sum
+from .join import join
 from .lifecycle import init
 from .objects import (allgather_object, broadcast_object, broadcast_optimizer_state,
                       broadcast_parameters)
@@ -63,6 +68,7 @@ from .optimizer import DistributedOptimizer
 from .probes import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                      gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
                      mpi_threads_supported, nccl_built, rocm_built)
+from .scatter import alltoall, alltoall_async, reducescatter, reducescatter_async
 from .timeline import start_timeline, stop_timeline
 
 __all__ = [
@@ -74,6 +80,9 @@ __all__ = [
     "broadcast_", "broadcast_async", "broadcast_async_", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "allgather", "allgather_async", "allgather_object",
     "barrier", "poll", "synchronize", "HorovodInternalError", "MismatchError",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "grouped_allgather", "grouped_allgather_async",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "join",
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     "start_timeline", "stop_timeline",

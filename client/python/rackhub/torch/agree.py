@@ -22,7 +22,8 @@ _BAD = -2
 
 KINDS = {1: "allreduce", 2: "allgather", 3: "broadcast", 4: "barrier",
          5: "broadcast_object", 6: "allgather_object", 7: "broadcast_parameters",
-         8: "grouped_allreduce", 9: "grouped_allgather", 10: "alltoall", 11: "reducescatter"}
+         8: "grouped_allreduce", 9: "grouped_allgather", 10: "alltoall", 11: "reducescatter",
+         12: "join"}
 CODE = {v: k for k, v in KINDS.items()}
 
 _DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -34,6 +35,11 @@ def dtype_code(dtype):
     return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else zlib.crc32(str(dtype).encode())
 
 
+def dtype_of(code):
+    """The torch dtype of a dtype_code (float32 for an unknown one)."""
+    return _DTYPES[code - 1] if 0 < code <= len(_DTYPES) else torch.float32
+
+
 def dtype_name(code):
     return str(_DTYPES[code - 1]).replace("torch.", "") if 0 < code <= len(_DTYPES) else "?"
 
@@ -43,11 +49,16 @@ def crc(value):
     return 0 if value is None else zlib.crc32(repr(value).encode())
 
 
-def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None):
+JOINABLE = ("allreduce", "grouped_allreduce")  # what runs while ranks are joined (join.py)
+
+
+def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None, joinable=False):
     """The header round of an op of `kind` with up to four ints `values`.
     Raises on every rank (MismatchError) when the ranks' kinds, names or
     roots differ, a rank has a local `problem`, or the root is out of
-    range. Returns (every rank's values, the inline sum)."""
+    range. Returns (every rank's values, the inline sum). A `joinable` op
+    (JOINABLE) runs with ranks that called join() (they contribute zeros,
+    join.py); its values then come from the other ranks only."""
     ctx = _context.need()
     if root is NO_ROOT:
         root_field = _NO_ROOT
@@ -58,6 +69,12 @@ def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None):
     values = list(values) + [0] * (4 - len(values))
     every, got = rounds.header([CODE[kind], crc(name), root_field, _BAD if problem else 0]
                                + values, inline)
+    joined = [r for r, e in enumerate(every) if e[0] == CODE["join"]]
+    if joined:
+        if not joinable:
+            raise MismatchError(f"{kind}: rank(s) {joined} called join(); while a rank is "
+                                f"joined the others may run {' and '.join(JOINABLE)} only")
+        every = [e for e in every if e[0] != CODE["join"]]
     kinds = {e[0] for e in every}
     if len(kinds) != 1:
         raise MismatchError(f"{kind}: the ranks' ops differ (every rank must call the same "

@@ -43,10 +43,10 @@ Min = "min"
 Max = "max"
 Product = "product"
 
-_OPS = {Average: 1, Sum: 2}
+OPS = {Average: 1, Sum: 2}
 
 
-def _op_of(average, op, what):
+def op_of(average, op, what):
     if op is None:
         return Average if average is None or average else Sum
     if average is not None:
@@ -56,12 +56,12 @@ def _op_of(average, op, what):
     if op in (Min, Max, Product):
         raise ValueError(f"{what}: op: {op} is not implemented by rackhub yet: the hub reduces "
                          f"by summing only (use Average or Sum)")
-    if op not in _OPS:
+    if op not in OPS:
         raise ValueError(f"{what}: op: rackhub.torch.Average or rackhub.torch.Sum, got {op!r}")
     return op
 
 
-def _factor(v, what):
+def factor(v, what):
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -71,13 +71,13 @@ def _factor(v, what):
     return f
 
 
-def _name(name, what):
+def name_arg(name, what):
     if name is not None and not isinstance(name, str):
         raise ValueError(f"{what}: name: a string or None, got {name!r}")
     return name
 
 
-def _tensor(t, what):
+def tensor_arg(t, what):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: a torch.Tensor is needed, got {type(t).__name__}")
     return t
@@ -88,7 +88,7 @@ def submit(kind, name, run, finish=None):
     return _context.need().executor.submit(Op(kind, name, run, finish))
 
 
-def _wire(dtype):
+def wire(dtype):
     return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")
 
 
@@ -98,14 +98,18 @@ def reduce_flat(kind, name, flat, dtype, values):
     must agree (the caller's fields); returns the sum."""
     n = flat.numel()
     cap = rounds.capacity()
-    every, head = agree.open_op(kind, name, values, inline=flat[:cap])
-    if _wire(dtype) != "fp32":  # the hub replies in the tensor's type: so does the inline part
-        head = head.to(dtype).to(torch.float32)
+    every, head = agree.open_op(kind, name, values, inline=flat[:cap],
+                                joinable=kind in agree.JOINABLE)
     return every, (head[:n] if n <= cap else
-                   torch.cat([head, rounds.reduce(flat[cap:], "allreduce", _wire(dtype))]))
+                   torch.cat([head, rounds.reduce(flat[cap:], "allreduce", wire(dtype))]))
 
 
-def _scaled(total, op, pre, post, dtype):
+def scaled(total, op, post, dtype):
+    """The fp32 sum `total` as the result of dtype: rounded to float16 /
+    bfloat16 once (what the hub's reply in that type is), times postscale
+    (and 1/size for Average) in float64, cast to dtype."""
+    if dtype in (torch.float16, torch.bfloat16):
+        total = total.to(dtype).to(torch.float32)
     if op == Average:
         post = post / _context.need().size
     if post != 1.0:
@@ -113,20 +117,21 @@ def _scaled(total, op, pre, post, dtype):
     return total.to(dtype)
 
 
-def _allreduce_run(tensor, name, op, pre, post, out=None):
+def allreduce_run(tensor, name, op, pre, post, out=None, kind="allreduce"):
+    """The op of allreduce (and of reducescatter, `kind`): every rank's
+    tensor summed, scaled, in tensor's dtype; into `out` when given."""
     t = tensor.detach()
     shape, dtype = tuple(t.shape), t.dtype
     flat = t.to("cpu").contiguous().view(-1)
     flat = (flat.to(torch.float64) * pre if pre != 1.0 else flat).to(torch.float32)
-    every, total = reduce_flat("allreduce", name, flat,
+    every, total = reduce_flat(kind, name, flat,
                                dtype, [agree.dtype_code(dtype), flat.numel(), agree.crc(shape),
-                                       _OPS[op]])
-    agree.same("allreduce", every, 0, "dtypes", agree.dtype_name)
-    agree.same("allreduce", every, 1, "element counts")
-    agree.same("allreduce", every, 2, "shapes", mine=shape)
-    agree.same("allreduce", every, 3, "ops (Average, Sum)",
-               {v: k for k, v in _OPS.items()}.get)
-    result = _scaled(total, op, pre, post, dtype).view(shape).to(tensor.device)
+                                       OPS[op]])
+    agree.same(kind, every, 0, "dtypes", agree.dtype_name)
+    agree.same(kind, every, 1, "element counts")
+    agree.same(kind, every, 2, "shapes", mine=shape)
+    agree.same(kind, every, 3, "ops (Average, Sum)", {v: k for k, v in OPS.items()}.get)
+    result = scaled(total, op, post, dtype).view(shape).to(tensor.device)
     if out is None:
         return result
     with torch.no_grad():
@@ -140,24 +145,24 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     returns the reduced tensor, a new one of tensor's dtype, shape and
     device). op: Average (default) or Sum. Do not modify `tensor` before the
     op finished."""
-    op = _op_of(average, op, "allreduce")
-    pre = _factor(prescale_factor, "allreduce: prescale_factor")
-    post = _factor(postscale_factor, "allreduce: postscale_factor")
-    _tensor(tensor, "allreduce")
-    return submit("allreduce", _name(name, "allreduce"),
-                  lambda: _allreduce_run(tensor, name, op, pre, post))
+    op = op_of(average, op, "allreduce")
+    pre = factor(prescale_factor, "allreduce: prescale_factor")
+    post = factor(postscale_factor, "allreduce: postscale_factor")
+    tensor_arg(tensor, "allreduce")
+    return submit("allreduce", name_arg(name, "allreduce"),
+                  lambda: allreduce_run(tensor, name, op, pre, post))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0):
     """In place: like allreduce_async; the op writes the result into
     `tensor`, which synchronize(handle) returns."""
-    op = _op_of(average, op, "allreduce_")
-    pre = _factor(prescale_factor, "allreduce_: prescale_factor")
-    post = _factor(postscale_factor, "allreduce_: postscale_factor")
-    _tensor(tensor, "allreduce_")
-    return submit("allreduce", _name(name, "allreduce_"),
-                  lambda: _allreduce_run(tensor, name, op, pre, post, out=tensor))
+    op = op_of(average, op, "allreduce_")
+    pre = factor(prescale_factor, "allreduce_: prescale_factor")
+    post = factor(postscale_factor, "allreduce_: postscale_factor")
+    tensor_arg(tensor, "allreduce_")
+    return submit("allreduce", name_arg(name, "allreduce_"),
+                  lambda: allreduce_run(tensor, name, op, pre, post, out=tensor))
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -167,7 +172,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     compression: a Compressor (Compression.none, .fp16, .bf16 or a
     user-written one): the compressed tensor is reduced and decompressed."""
     comp = compressor_of(compression)
-    _tensor(tensor, "allreduce")
+    tensor_arg(tensor, "allreduce")
     compressed, cctx = comp.compress(tensor)
     summed = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
                                          postscale_factor))
@@ -219,15 +224,15 @@ def allgather_async(tensor, name=None):
     """Starts an allgather; synchronize(handle) returns every rank's tensor
     concatenated along dimension 0, in rank order (the first dimension may
     differ by rank; the others and the dtype must agree)."""
-    _tensor(tensor, "allgather")
-    return submit("allgather", _name(name, "allgather"), lambda: _allgather_run(tensor, name))
+    tensor_arg(tensor, "allgather")
+    return submit("allgather", name_arg(name, "allgather"), lambda: _allgather_run(tensor, name))
 
 
 def allgather(tensor, name=None, compression=Compression.none):
     """Concatenates every rank's tensor along dimension 0, in rank order.
     The other dimensions and the dtype must agree (the first may differ)."""
     comp = compressor_of(compression)
-    _tensor(tensor, "allgather")
+    tensor_arg(tensor, "allgather")
     compressed, cctx = comp.compress(tensor)
     return comp.decompress(synchronize(allgather_async(compressed, name)), cctx)
 
@@ -273,17 +278,17 @@ def _root(root_rank):
 def broadcast_async(tensor, root_rank, name=None):
     """Starts a broadcast; synchronize(handle) returns a new tensor equal to
     root_rank's `tensor` (same shape and dtype on every rank, bit for bit)."""
-    _tensor(tensor, "broadcast")
+    tensor_arg(tensor, "broadcast")
     out = tensor.detach().clone()
-    return submit("broadcast", _name(name, "broadcast"),
+    return submit("broadcast", name_arg(name, "broadcast"),
                   lambda: _broadcast_run(tensor, _root(root_rank), name, out))
 
 
 def broadcast_async_(tensor, root_rank, name=None):
     """In place: like broadcast_async; the op writes root's values into
     `tensor`, which synchronize(handle) returns."""
-    _tensor(tensor, "broadcast_")
-    return submit("broadcast", _name(name, "broadcast_"),
+    tensor_arg(tensor, "broadcast_")
+    return submit("broadcast", name_arg(name, "broadcast_"),
                   lambda: _broadcast_run(tensor, _root(root_rank), name, tensor))
 
 

@@ -1,0 +1,158 @@
+"""Grouped collectives (Horovod's grouped_allreduce, grouped_allgather):
+one op for a list of tensors, with the results the ungrouped ops give.
+
+grouped_allreduce concatenates the group into one flat fp32 buffer: one
+header round (carrying the first elements) and as few data rounds as the
+group's total size needs, instead of one round trip per tensor. The wire
+type is float16/bfloat16 when every tensor of the group is of that type,
+else fp32; each result is rounded to its tensor's type exactly as an
+ungrouped allreduce's (collectives.scaled), so they are bit-identical.
+
+grouped_allgather: a header round, one exchange of every tensor's first
+dimension on every rank, one exchange of all the bytes: three round trips
+whatever the group's length.
+
+Thread use: any thread submits; the ops run on the executor's thread.
+"""
+import math
+
+import torch
+
+from . import _context, agree, rounds
+from .collectives import (OPS, factor, name_arg, op_of, raw, reduce_flat, scaled, submit,
+                          tensor_arg)
+from .compression import Compression, compressor_of
+from .handles import synchronize
+
+
+def _tensors(tensors, what):
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{what}: a list or tuple of tensors is needed, got "
+                        f"{type(tensors).__name__}")
+    return [tensor_arg(t, what) for t in tensors]
+
+
+def _layout(ts):
+    return [(tuple(t.shape), str(t.dtype)) for t in ts]
+
+
+def _grouped_allreduce_run(ts, name, op, pre, post, out=None):
+    flats = []
+    for t in ts:
+        f = t.detach().to("cpu").contiguous().view(-1)
+        flats.append((f.to(torch.float64) * pre if pre != 1.0 else f).to(torch.float32))
+    flat = torch.cat(flats) if flats else torch.zeros(0)
+    dtypes = {t.dtype for t in ts}
+    group_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    every, total = reduce_flat("grouped_allreduce", name, flat, group_dtype,
+                               [agree.dtype_code(group_dtype), flat.numel(),
+                                agree.crc(_layout(ts)), OPS[op] * 1000 + len(ts)])
+    agree.same("grouped_allreduce", every, 3, "ops or group lengths",
+               lambda v: f"op {v // 1000}, {v % 1000} tensors")
+    agree.same("grouped_allreduce", every, 1, "total element counts")
+    agree.same("grouped_allreduce", every, 2, "shapes or dtypes", mine=_layout(ts))
+    results, off = [], 0
+    for i, t in enumerate(ts):
+        n = t.numel()
+        r = scaled(total[off:off + n], op, post, t.dtype).view(t.shape).to(t.device)
+        off += n
+        if out is None:
+            results.append(r)
+        else:
+            with torch.no_grad():
+                out[i].copy_(r)
+            results.append(out[i])
+    return results
+
+
+def _args(tensors, average, op, prescale_factor, postscale_factor, what):
+    ts = _tensors(tensors, what)
+    if len(ts) >= 1000:
+        raise ValueError(f"{what}: at most 999 tensors in a group, got {len(ts)}")
+    return (ts, op_of(average, op, what), factor(prescale_factor, f"{what}: prescale_factor"),
+            factor(postscale_factor, f"{what}: postscale_factor"))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0):
+    """Starts one allreduce of a list of tensors; synchronize(handle)
+    returns the list of results (each as allreduce would return it)."""
+    ts, op, pre, post = _args(tensors, average, op, prescale_factor, postscale_factor,
+                              "grouped_allreduce")
+    return submit("grouped_allreduce", name_arg(name, "grouped_allreduce"),
+                  lambda: _grouped_allreduce_run(ts, name, op, pre, post))
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0):
+    """In place: like grouped_allreduce_async; each tensor takes its result."""
+    ts, op, pre, post = _args(tensors, average, op, prescale_factor, postscale_factor,
+                              "grouped_allreduce_")
+    return submit("grouped_allreduce", name_arg(name, "grouped_allreduce_"),
+                  lambda: _grouped_allreduce_run(ts, name, op, pre, post, out=ts))
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    """The allreduce of each tensor of the list, in one op; returns a list."""
+    comp = compressor_of(compression)
+    pairs = [comp.compress(t) for t in _tensors(tensors, "grouped_allreduce")]
+    got = synchronize(grouped_allreduce_async([p[0] for p in pairs], average, name, op,
+                                              prescale_factor, postscale_factor))
+    return [comp.decompress(g, p[1]) for g, p in zip(got, pairs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0):
+    """In place: each tensor takes its allreduce; returns the list."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor))
+
+
+def _grouped_allgather_run(ts, name):
+    ctx = _context.need()
+    shapes = [list(t.shape) if t.dim() else [1] for t in ts]
+    trailing = [(s[1:], str(t.dtype)) for s, t in zip(shapes, ts)]
+    every, _ = agree.open_op("grouped_allgather", name, [len(ts), agree.crc(trailing)])
+    agree.same("grouped_allgather", every, 0, "group lengths")
+    agree.same("grouped_allgather", every, 1, "dtypes or shapes beyond dimension 0",
+               mine=[(tuple(t.shape), str(t.dtype)) for t in ts])
+    # Every rank's first dimensions (int64 at the rank's own place).
+    k = len(ts)
+    mine = torch.zeros(ctx.size * k, dtype=torch.int64)
+    mine[ctx.rank * k:(ctx.rank + 1) * k] = torch.tensor([s[0] for s in shapes],
+                                                         dtype=torch.int64)
+    rows = rounds.exchange(mine.view(torch.uint8)).view(torch.int64).view(ctx.size, k).tolist()
+    # One buffer: tensor i's rows of rank 0, rank 1, ..., then tensor i + 1.
+    row_bytes = [t.element_size() * math.prod(s[1:]) for t, s in zip(ts, shapes)]
+    sizes = [sum(rows[r][i] for r in range(ctx.size)) * row_bytes[i] for i in range(k)]
+    buf = torch.zeros(sum(sizes), dtype=torch.uint8)
+    base = 0
+    for i, t in enumerate(ts):
+        off = base + sum(rows[r][i] for r in range(ctx.rank)) * row_bytes[i]
+        n = rows[ctx.rank][i] * row_bytes[i]
+        buf[off:off + n] = raw(t)
+        base += sizes[i]
+    got = rounds.exchange(buf)
+    out, base = [], 0
+    for i, t in enumerate(ts):
+        total_rows = sum(rows[r][i] for r in range(ctx.size))
+        part = got[base:base + sizes[i]].clone()
+        base += sizes[i]
+        shape = [total_rows] + shapes[i][1:]
+        out.append((part.view(t.dtype).view(shape) if part.numel()
+                    else torch.empty(shape, dtype=t.dtype)).to(t.device))
+    return out
+
+
+def grouped_allgather_async(tensors, name=None):
+    """Starts one allgather of a list of tensors; synchronize(handle)
+    returns the list of results (each as allgather would return it)."""
+    ts = _tensors(tensors, "grouped_allgather")
+    return submit("grouped_allgather", name_arg(name, "grouped_allgather"),
+                  lambda: _grouped_allgather_run(ts, name))
+
+
+def grouped_allgather(tensors, name=None):
+    """The allgather of each tensor of the list, in one op; returns a list."""
+    return synchronize(grouped_allgather_async(tensors, name))
