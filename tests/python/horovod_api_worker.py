@@ -378,6 +378,70 @@ def joins(rank, size):
           str(last))
 
 
+def autograd(rank, size):
+    """Gradients of L = sum over ranks of each rank's (result * w_rank).sum()
+    (every rank runs backward), against references from the inputs."""
+    def w(r, seed, shape):
+        return inp(r, seed, shape, torch.float32)
+
+    def fsum(parts):  # rank-order fp32 sum
+        total = torch.zeros_like(parts[0])
+        for p_ in parts:
+            total = total + p_
+        return total
+
+    for op in (hvd.Sum, hvd.Average):
+        x = inp(rank, 90, (50,), torch.float32).requires_grad_()
+        (hvd.allreduce(x, op=op) * w(rank, 91, (50,))).sum().backward()
+        want = fsum([w(r, 91, (50,)) for r in range(size)])
+        if op == hvd.Average:
+            want = (want.to(torch.float64) * (1.0 / size)).to(torch.float32)
+        check(f"autograd allreduce {op}", bitwise(x.grad, want))
+    x = inp(rank, 92, (rank + 1, 3), torch.float32).requires_grad_()
+    total = size * (size + 1) // 2
+    (hvd.allgather(x) * w(rank, 93, (total, 3))).sum().backward()
+    first = rank * (rank + 1) // 2
+    want = fsum([w(r, 93, (total, 3)) for r in range(size)])[first:first + rank + 1]
+    check("autograd allgather", bitwise(x.grad, want))
+    root = size - 1
+    x = inp(rank, 94, (8,), torch.float32).requires_grad_()
+    (hvd.broadcast(x, root) * w(rank, 95, (8,))).sum().backward()
+    want = fsum([w(r, 95, (8,)) for r in range(size)]) if rank == root else torch.zeros(8)
+    check("autograd broadcast", bitwise(x.grad, want))
+
+    def splits_of(r):
+        return [(r + 2 * d) % 3 + 1 for d in range(size)]
+    x = inp(rank, 96, (sum(splits_of(rank)), 2), torch.float32).requires_grad_()
+    out, received = hvd.alltoall(x, splits=splits_of(rank))
+    (out * w(rank, 97, tuple(out.shape))).sum().backward()
+    parts = []
+    for d in range(size):  # the rows this rank sent to d, as d's gradient rows
+        rows_d = sum(splits_of(s)[d] for s in range(size))
+        off = sum(splits_of(s)[d] for s in range(rank))
+        parts.append(w(d, 97, (rows_d, 2))[off:off + splits_of(rank)[d]])
+    check("autograd alltoall with splits", bitwise(x.grad, torch.cat(parts)))
+    rows = 2 * size + 1
+    x = inp(rank, 98, (rows, 3), torch.float32).requires_grad_()
+    y = hvd.reducescatter(x, op=hvd.Average, prescale_factor=2.0)
+
+    def share(r):
+        base, extra = divmod(rows, size)
+        return base + (r < extra)
+    (y * w(rank, 99, (share(rank), 3))).sum().backward()
+    gathered = torch.cat([w(r, 99, (share(r), 3)) for r in range(size)])
+    want = (gathered.to(torch.float64) * (2.0 / size)).to(torch.float32)
+    check("autograd reducescatter", bitwise(x.grad, want))
+    a = inp(rank, 100, (4,), torch.float32).requires_grad_()
+    b = inp(rank, 101, (2, 2), torch.float32).requires_grad_()
+    ya, yb = hvd.grouped_allreduce([a, b], op=hvd.Sum)
+    ((ya * w(rank, 102, (4,))).sum() + (yb * w(rank, 103, (2, 2))).sum()).backward()
+    check("autograd grouped_allreduce",
+          bitwise(a.grad, fsum([w(r, 102, (4,)) for r in range(size)])) and
+          bitwise(b.grad, fsum([w(r, 103, (2, 2)) for r in range(size)])))
+    y = hvd.allreduce(torch.ones(3))
+    check("no grad_fn for inputs without requires_grad", y.grad_fn is None)
+
+
 class Quarter(hvd.Compressor):
     """A user-written compressor: scales by 1/4 (exact) and counts its calls."""
     calls = 0
@@ -485,6 +549,7 @@ def main():
         grouped(rank, size)
         alltoall_and_reducescatter(rank, size)
         joins(rank, size)
+        autograd(rank, size)
         probes_and_more(rank, size, tmp)
     hvd.barrier()
     shutdown_fails_pending(rank)

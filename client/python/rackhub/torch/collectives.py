@@ -165,17 +165,33 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                   lambda: allreduce_run(tensor, name, op, pre, post, out=tensor))
 
 
+class _Allreduce(torch.autograd.Function):
+    """allreduce as a differentiable function: the gradient of an allreduce
+    is the allreduce of the gradient, with the same op and factors."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, pre, post):
+        ctx.args = (average, op, pre, post)
+        return synchronize(allreduce_async(tensor, average, name, op, pre, post))
+
+    @staticmethod
+    def backward(ctx, grad):
+        average, op, pre, post = ctx.args
+        return (synchronize(allreduce_async(grad.contiguous(), average, None, op, pre, post)),
+                None, None, None, None, None)
+
+
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0):
     """Averages (op=Average, the default) or sums (op=Sum) `tensor` over the
     ranks; returns a new tensor of the same dtype, shape and device.
     compression: a Compressor (Compression.none, .fp16, .bf16 or a
-    user-written one): the compressed tensor is reduced and decompressed."""
+    user-written one): the compressed tensor is reduced and decompressed.
+    Differentiable: the gradient is the allreduce of the result's gradient."""
     comp = compressor_of(compression)
     tensor_arg(tensor, "allreduce")
     compressed, cctx = comp.compress(tensor)
-    summed = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
-                                         postscale_factor))
+    summed = _Allreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor)
     return comp.decompress(summed, cctx)
 
 
@@ -228,13 +244,31 @@ def allgather_async(tensor, name=None):
     return submit("allgather", name_arg(name, "allgather"), lambda: _allgather_run(tensor, name))
 
 
+class _Allgather(torch.autograd.Function):
+    """allgather as a differentiable function: each rank's gradient is its
+    rows of the sum over the ranks of the result's gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.rows, ctx.shape = (tensor.shape[0] if tensor.dim() else 1), tensor.shape
+        return synchronize(allgather_async(tensor, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = synchronize(allreduce_async(grad.contiguous(), op=Sum))
+        rows = synchronize(allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
+        first = int(rows[:_context.need().rank].sum())
+        return summed.narrow(0, first, ctx.rows).reshape(ctx.shape), None
+
+
 def allgather(tensor, name=None, compression=Compression.none):
     """Concatenates every rank's tensor along dimension 0, in rank order.
-    The other dimensions and the dtype must agree (the first may differ)."""
+    The other dimensions and the dtype must agree (the first may differ).
+    Differentiable (each rank's gradient: its rows of the summed gradient)."""
     comp = compressor_of(compression)
     tensor_arg(tensor, "allgather")
     compressed, cctx = comp.compress(tensor)
-    return comp.decompress(synchronize(allgather_async(compressed, name)), cctx)
+    return comp.decompress(_Allgather.apply(compressed, name), cctx)
 
 
 def broadcast_bytes(kind, name, root, values, payload):
@@ -292,9 +326,28 @@ def broadcast_async_(tensor, root_rank, name=None):
                   lambda: _broadcast_run(tensor, _root(root_rank), name, tensor))
 
 
+class _Broadcast(torch.autograd.Function):
+    """broadcast as a differentiable function: the root's gradient is the
+    sum over the ranks of the result's gradients; the others' is zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root = root_rank
+        return synchronize(broadcast_async(tensor, root_rank, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = synchronize(allreduce_async(grad.contiguous(), op=Sum))
+        if _context.need().rank != ctx.root:
+            summed = torch.zeros_like(summed)
+        return summed, None, None
+
+
 def broadcast(tensor, root_rank, name=None):
-    """A new tensor equal to root_rank's `tensor` (same shape on every rank)."""
-    return synchronize(broadcast_async(tensor, root_rank, name))
+    """A new tensor equal to root_rank's `tensor` (same shape on every rank).
+    Differentiable (the root's gradient: the summed gradient; others': 0)."""
+    tensor_arg(tensor, "broadcast")
+    return _Broadcast.apply(tensor, root_rank, name)
 
 
 def broadcast_(tensor, root_rank, name=None):

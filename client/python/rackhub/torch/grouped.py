@@ -92,13 +92,35 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                   lambda: _grouped_allreduce_run(ts, name, op, pre, post, out=ts))
 
 
+class _GroupedAllreduce(torch.autograd.Function):
+    """grouped_allreduce as a differentiable function: the gradients are
+    the grouped allreduce of the results' gradients (same op and factors)."""
+
+    @staticmethod
+    def forward(ctx, average, name, op, pre, post, *tensors):
+        ctx.args = (average, op, pre, post)
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op, pre,
+                                                         post)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        average, op, pre, post = ctx.args
+        grads = [g.contiguous() for g in grads]
+        got = synchronize(grouped_allreduce_async(grads, average, None, op, pre, post))
+        return (None, None, None, None, None) + tuple(got)
+
+
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0):
-    """The allreduce of each tensor of the list, in one op; returns a list."""
+    """The allreduce of each tensor of the list, in one op; returns a list.
+    Differentiable."""
     comp = compressor_of(compression)
     pairs = [comp.compress(t) for t in _tensors(tensors, "grouped_allreduce")]
-    got = synchronize(grouped_allreduce_async([p[0] for p in pairs], average, name, op,
-                                              prescale_factor, postscale_factor))
+    if not pairs:
+        return synchronize(grouped_allreduce_async([], average, name, op, prescale_factor,
+                                                   postscale_factor))
+    got = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
+                                  *[p[0] for p in pairs])
     return [comp.decompress(g, p[1]) for g, p in zip(got, pairs)]
 
 

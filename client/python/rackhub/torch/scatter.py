@@ -22,7 +22,8 @@ import math
 import torch
 
 from . import _context, agree, rounds
-from .collectives import allreduce_run, factor, name_arg, op_of, raw, submit, tensor_arg
+from .collectives import (Average, allgather_async, allreduce_run, factor, name_arg, op_of,
+                          raw, submit, tensor_arg)
 from .compression import Compression, compressor_of
 from .handles import synchronize
 
@@ -97,11 +98,34 @@ def alltoall_async(tensor, splits=None, name=None):
                   lambda: _alltoall_run(tensor, splits, name))
 
 
+class _Alltoall(torch.autograd.Function):
+    """alltoall as a differentiable function: the gradient goes back by an
+    alltoall of the result's gradient with the received splits."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        got = synchronize(alltoall_async(tensor, splits, name))
+        if splits is None:
+            ctx.back = None
+            return got
+        out, received = got
+        ctx.back = received.tolist()
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, *unused):
+        if ctx.back is None:
+            return synchronize(alltoall_async(grad.contiguous())), None, None
+        return synchronize(alltoall_async(grad.contiguous(), ctx.back))[0], None, None
+
+
 def alltoall(tensor, splits=None, name=None):
     """Sends rows of dimension 0 to every rank by `splits` (module
     docstring); returns the received rows (and, with splits, the received
-    splits as an int32 tensor)."""
-    return synchronize(alltoall_async(tensor, splits, name))
+    splits as an int32 tensor). Differentiable."""
+    tensor_arg(tensor, "alltoall")
+    return _Alltoall.apply(tensor, splits, name)
 
 
 def _share(rows, size, rank):
@@ -130,13 +154,30 @@ def reducescatter_async(tensor, name=None, op=None, prescale_factor=1.0,
                   lambda: _reducescatter_run(tensor, name, op, pre, post))
 
 
+class _Reducescatter(torch.autograd.Function):
+    """reducescatter as a differentiable function: every rank's gradient is
+    the allgather of the shares' gradients times the op's factor
+    (prescale * postscale, / size() for Average)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, pre, post):
+        ctx.factor = pre * post / (_context.need().size if op_of(None, op, "") == Average
+                                   else 1)
+        return synchronize(reducescatter_async(tensor, name, op, pre, post))
+
+    @staticmethod
+    def backward(ctx, grad):
+        gathered = synchronize(allgather_async(grad.contiguous()))
+        return (gathered.to(torch.float64) * ctx.factor).to(grad.dtype), None, None, None, None
+
+
 def reducescatter(tensor, name=None, compression=Compression.none, op=None,
                   prescale_factor=1.0, postscale_factor=1.0):
     """This rank's share of dimension 0 of the allreduce of `tensor`
-    (module docstring)."""
+    (module docstring). Differentiable."""
     comp = compressor_of(compression)
     compressed, cctx = comp.compress(tensor_arg(tensor, "reducescatter"))
-    got = synchronize(reducescatter_async(compressed, name, op, prescale_factor,
-                                          postscale_factor))
+    got = _Reducescatter.apply(compressed, name, op, factor(prescale_factor, "reducescatter"),
+                               factor(postscale_factor, "reducescatter"))
     return comp.decompress(got, cctx)
 
