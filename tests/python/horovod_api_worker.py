@@ -442,6 +442,52 @@ def autograd(rank, size):
     check("no grad_fn for inputs without requires_grad", y.grad_fn is None)
 
 
+def sync_batchnorm(rank, size):
+    """SyncBatchNorm on uneven batches (rank r: r + 2 samples, one rank's
+    batch of 4-D inputs) against torch's BatchNorm in one process over the
+    concatenated batch: outputs, input gradients of the sum of every
+    rank's loss, the summed weight/bias gradients, running statistics."""
+    for dims, bn_cls in ((3, torch.nn.BatchNorm1d), (4, torch.nn.BatchNorm2d)):
+        c = 3
+        shape_of = (lambda r: (r + 2, c, 5)) if dims == 3 else (lambda r: (r + 2, c, 2, 3))
+        def x_of(r):
+            return inp(r, 110 + dims, shape_of(r), torch.float32) * 2 + 1
+        def w_of(r):
+            return inp(r, 120 + dims, shape_of(r), torch.float32)
+        torch.manual_seed(3)
+        sbn = hvd.SyncBatchNorm(c, momentum=0.3)
+        ref = bn_cls(c, momentum=0.3)
+        with torch.no_grad():
+            for m in (sbn, ref):
+                m.weight.copy_(torch.tensor([1.5, -0.5, 2.0]))
+                m.bias.copy_(torch.tensor([0.1, 0.2, -0.3]))
+        x = x_of(rank).requires_grad_()
+        y = sbn(x)
+        (y * w_of(rank)).sum().backward()
+        xs = torch.cat([x_of(r) for r in range(size)]).requires_grad_()
+        yr = ref(xs)
+        (yr * torch.cat([w_of(r) for r in range(size)])).sum().backward()
+        first = sum(r + 2 for r in range(rank))
+        mine = slice(first, first + rank + 2)
+        gw = hvd.allreduce(sbn.weight.grad, op=hvd.Sum)
+        gb = hvd.allreduce(sbn.bias.grad, op=hvd.Sum)
+        tol = dict(rtol=1e-5, atol=1e-5)
+        ok = torch.allclose(y, yr[mine], **tol) and torch.allclose(x.grad, xs.grad[mine], **tol)
+        ok &= torch.allclose(gw, ref.weight.grad, **tol) and torch.allclose(gb, ref.bias.grad,
+                                                                           **tol)
+        ok &= torch.allclose(sbn.running_mean, ref.running_mean, **tol) and \
+            torch.allclose(sbn.running_var, ref.running_var, **tol)
+        check(f"SyncBatchNorm {dims}-D == BatchNorm over the whole batch", ok,
+              f"y {(y - yr[mine]).abs().max().item():.2e} "
+              f"dx {(x.grad - xs.grad[mine]).abs().max().item():.2e} "
+              f"dw {(gw - ref.weight.grad).abs().max().item():.2e} "
+              f"rv {(sbn.running_var - ref.running_var).abs().max().item():.2e}")
+        sbn.eval()
+        ref.eval()
+        check(f"SyncBatchNorm {dims}-D eval uses the running statistics",
+              torch.allclose(sbn(x_of(rank)), ref(x_of(rank)), **tol))
+
+
 class Quarter(hvd.Compressor):
     """A user-written compressor: scales by 1/4 (exact) and counts its calls."""
     calls = 0
@@ -550,6 +596,7 @@ def main():
         alltoall_and_reducescatter(rank, size)
         joins(rank, size)
         autograd(rank, size)
+        sync_batchnorm(rank, size)
         probes_and_more(rank, size, tmp)
     hvd.barrier()
     shutdown_fails_pending(rank)
