@@ -364,6 +364,13 @@ def joins(rank, size):
         ok &= bitwise(got, want)
     check("join with uneven data: the others' allreduces count joined ranks as zeros", ok)
     check("join returns the last rank that joined", last == size - 1, str(last))
+    # allgather while ranks are joined: they contribute no rows.
+    got = [hvd.allgather(inp(rank, 130 + k, (rank + 1, 2), torch.int64)) for k in range(rank + 1)]
+    last = hvd.join()
+    ok = all(bitwise(g, torch.cat([inp(r, 130 + k, (r + 1, 2), torch.int64)
+                                   for r in range(size) if k <= r]))
+             for k, g in enumerate(got))
+    check("join: the others' allgathers get no rows from joined ranks", ok and last == size - 1)
     check("after join, ops run as before",
           hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [float(size)] * 2)
     # A broadcast while a rank is joined: the others raise, then join.

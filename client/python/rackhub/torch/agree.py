@@ -49,7 +49,9 @@ def crc(value):
     return 0 if value is None else zlib.crc32(repr(value).encode())
 
 
-JOINABLE = ("allreduce", "grouped_allreduce")  # what runs while ranks are joined (join.py)
+# What runs while ranks are joined (join.py); every rank's values of such an
+# op are None for the joined ranks.
+JOINABLE = ("allreduce", "grouped_allreduce", "allgather")
 
 
 def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None, joinable=False):
@@ -57,8 +59,8 @@ def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None, joinabl
     Raises on every rank (MismatchError) when the ranks' kinds, names or
     roots differ, a rank has a local `problem`, or the root is out of
     range. Returns (every rank's values, the inline sum). A `joinable` op
-    (JOINABLE) runs with ranks that called join() (they contribute zeros,
-    join.py); its values then come from the other ranks only."""
+    (JOINABLE) runs with ranks that called join() (they contribute zeros or
+    nothing, join.py); their values are None."""
     ctx = _context.need()
     if root is NO_ROOT:
         root_field = _NO_ROOT
@@ -70,39 +72,37 @@ def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None, joinabl
     every, got = rounds.header([CODE[kind], crc(name), root_field, _BAD if problem else 0]
                                + values, inline)
     joined = [r for r, e in enumerate(every) if e[0] == CODE["join"]]
-    if joined:
-        if not joinable:
-            raise MismatchError(f"{kind}: rank(s) {joined} called join(); while a rank is "
-                                f"joined the others may run {' and '.join(JOINABLE)} only")
-        every = [e for e in every if e[0] != CODE["join"]]
-    kinds = {e[0] for e in every}
-    if len(kinds) != 1:
+    if joined and not joinable:
+        raise MismatchError(f"{kind}: rank(s) {joined} called join(); while a rank is "
+                            f"joined the others may run {', '.join(JOINABLE)} only")
+    live = [(r, e) for r, e in enumerate(every) if e[0] != CODE["join"]]
+    if len({e[0] for _, e in live}) != 1:
         raise MismatchError(f"{kind}: the ranks' ops differ (every rank must call the same "
                             f"collectives in the same order): " + ", ".join(
-                                f"rank {r}: {KINDS.get(e[0], e[0])}" for r, e in enumerate(every)))
-    bad = [r for r, e in enumerate(every) if e[3] == _BAD]
+                                f"rank {r}: {KINDS.get(e[0], e[0])}" for r, e in live))
+    bad = [r for r, e in live if e[3] == _BAD]
     if problem or bad:
         raise MismatchError(f"{kind}: " + (problem or f"rank(s) {bad} could not take part "
                                                       f"(their error says why)"))
-    if len({e[1] for e in every}) != 1:
+    if len({e[1] for _, e in live}) != 1:
         raise MismatchError(f"{kind}: the ranks' ops have different names at this point (every "
                             f"rank must call the same collectives in the same order); this "
                             f"rank's is {name!r}")
     if root_field == _BAD:
         raise MismatchError(f"{kind}: root_rank: {root!r} not in [0, {ctx.size})")
-    if len({e[2] for e in every}) != 1:
+    if len({e[2] for _, e in live}) != 1:
         raise MismatchError(f"{kind}: the ranks name different roots: " + ", ".join(
-            f"rank {r}: {'out of range' if e[2] == _BAD else e[2]}" for r, e in enumerate(every)))
-    return [e[4:] for e in every], got
+            f"rank {r}: {'out of range' if e[2] == _BAD else e[2]}" for r, e in live))
+    return [None if e[0] == CODE["join"] else e[4:] for e in every], got
 
 
 def same(kind, every, index, what, show=str, mine=None):
     """Raises MismatchError on every rank unless field `index` of every
     rank's values is equal; `what` names it, show(value) prints each rank's
     (or, with `mine`, only this rank's value is printed: a digest)."""
-    if len({e[index] for e in every}) != 1:
+    if len({e[index] for e in every if e is not None}) != 1:
         if mine is not None:
             raise MismatchError(f"{kind}: the ranks' tensors have different {what} (this "
                                 f"rank's: {mine})")
         raise MismatchError(f"{kind}: the ranks' tensors have different {what}: " + ", ".join(
-            f"rank {r}: {show(e[index])}" for r, e in enumerate(every)))
+            f"rank {r}: {show(e[index])}" for r, e in enumerate(every) if e is not None))

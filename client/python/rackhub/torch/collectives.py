@@ -218,14 +218,14 @@ def raw(t):
 def _allgather_run(tensor, name):
     t = tensor.detach()
     shape = list(t.shape) if t.dim() else [1]
-    every, _ = agree.open_op("allgather", name, [agree.dtype_code(t.dtype), len(shape),
-                                                 agree.crc(shape[1:]), shape[0]])
+    row = t.element_size() * math.prod(shape[1:])
+    every, _ = agree.open_op("allgather", name, [agree.dtype_code(t.dtype), row,
+                                                 agree.crc(shape[1:]), shape[0]], joinable=True)
     agree.same("allgather", every, 0, "dtypes", agree.dtype_name)
-    agree.same("allgather", every, 1, "numbers of dimensions")
     agree.same("allgather", every, 2, "shapes (they differ beyond dimension 0)",
                mine=tuple(t.shape))
-    row = t.element_size() * math.prod(shape[1:])
-    rows = [e[3] for e in every]
+    agree.same("allgather", every, 1, "row sizes")
+    rows = [0 if e is None else e[3] for e in every]  # a joined rank contributes no rows
     ctx = _context.need()
     buf = torch.zeros(sum(rows) * row, dtype=torch.uint8)
     off = sum(rows[:ctx.rank]) * row

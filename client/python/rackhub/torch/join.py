@@ -1,7 +1,9 @@
 """join() (Horovod's): a rank that ran out of data joins; until every rank
 has joined, it takes part in the other ranks' allreduce and
 grouped_allreduce ops with zeros (their Average still divides by size(): the
-result is that of an allreduce where the joined ranks passed zeros). When
+result is that of an allreduce where the joined ranks passed zeros) and in
+their allgathers with no rows (so SyncBatchNorm's statistics are those of
+the ranks that still have data). When
 all have joined, join() returns on every rank the rank that joined last
 (of ranks that joined at the same point, the highest).
 
@@ -33,9 +35,17 @@ def _join_run():
             least = min(e[4] for e in every)
             return max(r for r, e in enumerate(every) if e[4] == least)
         waited += 1
-        kinds = {agree.KINDS.get(e[0]) for e in active}
-        if len({tuple(e) for e in active}) != 1 or not kinds <= set(agree.JOINABLE):
+        kind = agree.KINDS.get(active[0][0])
+        if len({e[0] for e in active}) != 1 or kind not in agree.JOINABLE:
             continue  # the active ranks raise MismatchError: no data rounds follow
+        if kind == "allgather":  # the rows of each may differ; the rest must agree
+            if len({tuple(e[:7]) for e in active}) != 1:
+                continue
+            rows = sum(e[7] for e in active)
+            rounds.exchange(torch.zeros(rows * active[0][5], dtype=torch.uint8))
+            continue
+        if len({tuple(e) for e in active}) != 1:
+            continue
         dtype_code, numel = active[0][4], active[0][5]
         rest = numel - rounds.capacity()
         if rest > 0:
