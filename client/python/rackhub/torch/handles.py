@@ -146,7 +146,7 @@ def synchronize(handle):
     if op is None:
         return None
     op.done.wait()
-    del _ops[handle]
+    _ops.pop(handle, None)
     if op.error is not None:
         e = op.error
         if isinstance(e, _core.RackhubError) and not isinstance(e, HorovodInternalError):
