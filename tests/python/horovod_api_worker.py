@@ -334,6 +334,25 @@ def alltoall_and_reducescatter(rank, size):
     base, extra = divmod(6, size)
     first = rank * base + min(rank, extra)
     check("reducescatter_async float16", bitwise(got, full[first:first + base + (rank < extra)]))
+    # grouped_reducescatter: each share as reducescatter gives it; one op.
+    specs = [((7, 2), torch.float32), ((size, 3), torch.float16), ((1,), torch.float32)]
+    ts = [inp(rank, 74 + i, s, d) for i, (s, d) in enumerate(specs)]
+    with RoundCounter() as rc:
+        got = hvd.grouped_reducescatter(ts, op=hvd.Sum, postscale_factor=0.5)
+    ok = rc.n == 1
+    for i, ((shape, dtype), g) in enumerate(zip(specs, got)):
+        full = ref_allreduce(size, 74 + i, shape, dtype, hvd.Sum, 1.0, 0.5)
+        base, extra = divmod(shape[0], size)
+        first = rank * base + min(rank, extra)
+        ok &= bitwise(g, full[first:first + base + (rank < extra)])
+    check("grouped_reducescatter == reference shares, one round trip", ok, f"{rc.n} rounds")
+    x = inp(rank, 77, (5, 2), torch.float32).requires_grad_()
+    (y,) = hvd.grouped_reducescatter([x])
+    base, extra = divmod(5, size)
+    (y * inp(rank, 78, tuple(y.shape), torch.float32)).sum().backward()
+    want = torch.cat([inp(r, 78, (base + (r < extra), 2), torch.float32) for r in range(size)])
+    want = (want.to(torch.float64) * (1.0 / size)).to(torch.float32)
+    check("autograd grouped_reducescatter (Average)", bitwise(x.grad, want))
     ok, detail = raises(lambda: hvd.reducescatter(torch.ones(4, 2 + (rank == size - 1))),
                         hvd.MismatchError, "element counts")
     check("mismatch: reducescatter shapes", ok, detail)

@@ -68,7 +68,8 @@ from .optimizer import DistributedOptimizer
 from .probes import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                      gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
                      mpi_threads_supported, nccl_built, rocm_built)
-from .scatter import alltoall, alltoall_async, reducescatter, reducescatter_async
+from .scatter import (alltoall, alltoall_async, grouped_reducescatter,
+                      grouped_reducescatter_async, reducescatter, reducescatter_async)
 from .syncbn import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
 
@@ -84,7 +85,7 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "grouped_allgather", "grouped_allgather_async",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "join",
-    "SyncBatchNorm",
+    "SyncBatchNorm", "grouped_reducescatter", "grouped_reducescatter_async",
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     "start_timeline", "stop_timeline",

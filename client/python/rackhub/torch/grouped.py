@@ -25,7 +25,7 @@ from .compression import Compression, compressor_of
 from .handles import synchronize
 
 
-def _tensors(tensors, what):
+def tensors_arg(tensors, what):
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{what}: a list or tuple of tensors is needed, got "
                         f"{type(tensors).__name__}")
@@ -36,7 +36,8 @@ def _layout(ts):
     return [(tuple(t.shape), str(t.dtype)) for t in ts]
 
 
-def _grouped_allreduce_run(ts, name, op, pre, post, out=None):
+def grouped_allreduce_run(ts, name, op, pre, post, out=None, kind="grouped_allreduce"):
+    """The op of grouped_allreduce (and of grouped_reducescatter, `kind`)."""
     flats = []
     for t in ts:
         f = t.detach().to("cpu").contiguous().view(-1)
@@ -44,13 +45,13 @@ def _grouped_allreduce_run(ts, name, op, pre, post, out=None):
     flat = torch.cat(flats) if flats else torch.zeros(0)
     dtypes = {t.dtype for t in ts}
     group_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-    every, total = reduce_flat("grouped_allreduce", name, flat, group_dtype,
+    every, total = reduce_flat(kind, name, flat, group_dtype,
                                [agree.dtype_code(group_dtype), flat.numel(),
                                 agree.crc(_layout(ts)), OPS[op] * 1000 + len(ts)])
-    agree.same("grouped_allreduce", every, 3, "ops or group lengths",
+    agree.same(kind, every, 3, "ops or group lengths",
                lambda v: f"op {v // 1000}, {v % 1000} tensors")
-    agree.same("grouped_allreduce", every, 1, "total element counts")
-    agree.same("grouped_allreduce", every, 2, "shapes or dtypes", mine=_layout(ts))
+    agree.same(kind, every, 1, "total element counts")
+    agree.same(kind, every, 2, "shapes or dtypes", mine=_layout(ts))
     results, off = [], 0
     for i, t in enumerate(ts):
         n = t.numel()
@@ -65,8 +66,8 @@ def _grouped_allreduce_run(ts, name, op, pre, post, out=None):
     return results
 
 
-def _args(tensors, average, op, prescale_factor, postscale_factor, what):
-    ts = _tensors(tensors, what)
+def group_args(tensors, average, op, prescale_factor, postscale_factor, what):
+    ts = tensors_arg(tensors, what)
     if len(ts) >= 1000:
         raise ValueError(f"{what}: at most 999 tensors in a group, got {len(ts)}")
     return (ts, op_of(average, op, what), factor(prescale_factor, f"{what}: prescale_factor"),
@@ -77,19 +78,19 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0):
     """Starts one allreduce of a list of tensors; synchronize(handle)
     returns the list of results (each as allreduce would return it)."""
-    ts, op, pre, post = _args(tensors, average, op, prescale_factor, postscale_factor,
+    ts, op, pre, post = group_args(tensors, average, op, prescale_factor, postscale_factor,
                               "grouped_allreduce")
     return submit("grouped_allreduce", name_arg(name, "grouped_allreduce"),
-                  lambda: _grouped_allreduce_run(ts, name, op, pre, post))
+                  lambda: grouped_allreduce_run(ts, name, op, pre, post))
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0):
     """In place: like grouped_allreduce_async; each tensor takes its result."""
-    ts, op, pre, post = _args(tensors, average, op, prescale_factor, postscale_factor,
+    ts, op, pre, post = group_args(tensors, average, op, prescale_factor, postscale_factor,
                               "grouped_allreduce_")
     return submit("grouped_allreduce", name_arg(name, "grouped_allreduce_"),
-                  lambda: _grouped_allreduce_run(ts, name, op, pre, post, out=ts))
+                  lambda: grouped_allreduce_run(ts, name, op, pre, post, out=ts))
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -115,7 +116,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """The allreduce of each tensor of the list, in one op; returns a list.
     Differentiable."""
     comp = compressor_of(compression)
-    pairs = [comp.compress(t) for t in _tensors(tensors, "grouped_allreduce")]
+    pairs = [comp.compress(t) for t in tensors_arg(tensors, "grouped_allreduce")]
     if not pairs:
         return synchronize(grouped_allreduce_async([], average, name, op, prescale_factor,
                                                    postscale_factor))
@@ -170,7 +171,7 @@ def _grouped_allgather_run(ts, name):
 def grouped_allgather_async(tensors, name=None):
     """Starts one allgather of a list of tensors; synchronize(handle)
     returns the list of results (each as allgather would return it)."""
-    ts = _tensors(tensors, "grouped_allgather")
+    ts = tensors_arg(tensors, "grouped_allgather")
     return submit("grouped_allgather", name_arg(name, "grouped_allgather"),
                   lambda: _grouped_allgather_run(ts, name))
 

@@ -1,4 +1,5 @@
-"""alltoall and reducescatter (Horovod's names and results).
+"""alltoall, reducescatter and grouped_reducescatter (Horovod's names and
+results).
 
 alltoall(tensor, splits=None): rank r sends rows [sum(splits[:d]),
 sum(splits[:d + 1])) of its tensor to rank d (equal splits of dimension 0
@@ -14,6 +15,7 @@ r keeps its share of dimension 0: size() near-equal parts, the first
 (rows % size()) ranks one row more (Horovod's split). prescale_factor and
 postscale_factor as for allreduce. The whole tensor travels (an allreduce
 through the hub), so the result is bit-identical to slicing an allreduce.
+grouped_reducescatter does that for a list of tensors in one grouped op.
 
 Thread use: any thread submits; the ops run on the executor's thread.
 """
@@ -25,6 +27,7 @@ from . import _context, agree, rounds
 from .collectives import (Average, allgather_async, allreduce_run, factor, name_arg, op_of,
                           raw, submit, tensor_arg)
 from .compression import Compression, compressor_of
+from .grouped import group_args, grouped_allgather_async, grouped_allreduce_run, tensors_arg
 from .handles import synchronize
 
 
@@ -181,3 +184,57 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=None,
                                factor(postscale_factor, "reducescatter"))
     return comp.decompress(got, cctx)
 
+
+
+def _grouped_reducescatter_run(ts, name, op, pre, post):
+    ctx = _context.need()
+    full = grouped_allreduce_run(ts, name, op, pre, post, kind="grouped_reducescatter")
+    out = []
+    for t, r in zip(ts, full):
+        first, n = _share(t.shape[0], ctx.size, ctx.rank)
+        out.append(r[first:first + n].clone())
+    return out
+
+
+def grouped_reducescatter_async(tensors, name=None, op=None, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """Starts one reducescatter of a list of tensors (one grouped op);
+    synchronize(handle) returns the list of this rank's shares."""
+    ts, op, pre, post = group_args(tensors, None, op, prescale_factor, postscale_factor,
+                                   "grouped_reducescatter")
+    if any(t.dim() == 0 for t in ts):
+        raise ValueError("grouped_reducescatter: tensors of at least one dimension are needed")
+    return submit("grouped_reducescatter", name_arg(name, "grouped_reducescatter"),
+                  lambda: _grouped_reducescatter_run(ts, name, op, pre, post))
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    """grouped_reducescatter as a differentiable function (as reducescatter's,
+    per tensor, through one grouped allgather)."""
+
+    @staticmethod
+    def forward(ctx, name, op, pre, post, *tensors):
+        ctx.factor = pre * post / (_context.need().size if op_of(None, op, "") == Average
+                                   else 1)
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, pre,
+                                                             post)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        got = synchronize(grouped_allgather_async([g.contiguous() for g in grads]))
+        return (None, None, None, None) + tuple(
+            (g.to(torch.float64) * ctx.factor).to(g.dtype) for g in got)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=None,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """The reducescatter of each tensor of the list, in one op; returns the
+    list of this rank's shares. Differentiable."""
+    comp = compressor_of(compression)
+    pairs = [comp.compress(t) for t in tensors_arg(tensors, "grouped_reducescatter")]
+    if not pairs:
+        return []
+    got = _GroupedReducescatter.apply(name, op, factor(prescale_factor, "grouped_reducescatter"),
+                                      factor(postscale_factor, "grouped_reducescatter"),
+                                      *[p[0] for p in pairs])
+    return [comp.decompress(g, p[1]) for g, p in zip(got, pairs)]
