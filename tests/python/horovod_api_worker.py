@@ -277,6 +277,18 @@ def grouped(rank, size):
           bitwise(ga[0], ref_allgather(size, 60, torch.int64))
           and bitwise(ga[1], ref_allgather(size, 61, torch.float32))
           and bitwise(ga[2], ref_allgather(size, 62, torch.bfloat16)))
+    # sparse_allreduce_async: every rank's entries, duplicate rows adding up.
+    def sparse_of(r):
+        rows = torch.tensor([[r, r + 2, 5]])
+        vals = torch.arange(9, dtype=torch.float32).view(3, 3) + 10 * r
+        return torch.sparse_coo_tensor(rows, vals, (10, 3))
+    for op in (hvd.Sum, hvd.Average):
+        got = hvd.synchronize(hvd.sparse_allreduce_async(sparse_of(rank), name="emb", op=op))
+        want = torch.zeros(10, 3)
+        for r in range(size):
+            want += sparse_of(r).to_dense() / (size if op == hvd.Average else 1)
+        check(f"sparse_allreduce_async {op}", got.is_sparse and
+              torch.allclose(got.to_dense(), want, rtol=0, atol=1e-6), str(got.to_dense()[5]))
     odd = rank == size - 1
     ok, detail = raises(lambda: hvd.grouped_allreduce([torch.ones(3)] * (3 if odd else 2)),
                         hvd.MismatchError, "group lengths")

@@ -57,7 +57,8 @@ from .compression import Compression, Compressor
 from .embedding import table_init_
 from .errors import HorovodInternalError, MismatchError
 from .grouped import (grouped_allgather, grouped_allgather_async, grouped_allreduce,
-                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_)
+                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                      sparse_allreduce_async)
 from .handles import poll, synchronize
 from .hub_specs import SGD, Adagrad, Adam, AdamW, Adasum, Average, Sum
 from .join import join
@@ -86,6 +87,7 @@ __all__ = [
     "grouped_allreduce_async_", "grouped_allgather", "grouped_allgather_async",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "join",
     "SyncBatchNorm", "grouped_reducescatter", "grouped_reducescatter_async",
+    "sparse_allreduce_async",
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     "start_timeline", "stop_timeline",

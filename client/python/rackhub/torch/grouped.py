@@ -10,7 +10,8 @@ ungrouped allreduce's (collectives.scaled), so they are bit-identical.
 
 grouped_allgather: a header round, one exchange of every tensor's first
 dimension on every rank, one exchange of all the bytes: three round trips
-whatever the group's length.
+whatever the group's length. sparse_allreduce_async is a grouped allgather
+of a sparse tensor's indices and values (Horovod's definition).
 
 Thread use: any thread submits; the ops run on the executor's thread.
 """
@@ -19,8 +20,8 @@ import math
 import torch
 
 from . import _context, agree, rounds
-from .collectives import (OPS, factor, name_arg, op_of, raw, reduce_flat, scaled, submit,
-                          tensor_arg)
+from .collectives import (OPS, Average, factor, name_arg, op_of, raw, reduce_flat, scaled,
+                          submit, tensor_arg)
 from .compression import Compression, compressor_of
 from .handles import synchronize
 
@@ -179,3 +180,28 @@ def grouped_allgather_async(tensors, name=None):
 def grouped_allgather(tensors, name=None):
     """The allgather of each tensor of the list, in one op; returns a list."""
     return synchronize(grouped_allgather_async(tensors, name))
+
+
+def _sparse_run(t, name, op):
+    t = t.coalesce() if not t.is_coalesced() else t
+    indices = t.indices().transpose(0, 1).contiguous()
+    values = t.values().contiguous()
+    got_i, got_v = _grouped_allgather_run([indices, values], name)
+    if op == Average:
+        got_v = got_v / _context.need().size
+    return torch.sparse_coo_tensor(got_i.transpose(0, 1), got_v, t.size())
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average):
+    """Starts the allreduce of a sparse COO tensor as Horovod does: every
+    rank's indices and values are allgathered (one grouped op) and the
+    result is their sparse tensor, uncoalesced (duplicate indices add up
+    when it is coalesced or used); Average divides the values by size().
+    synchronize(handle) returns it."""
+    tensor_arg(tensor, "sparse_allreduce_async")
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async: a sparse COO tensor is needed "
+                         "(allreduce_async takes dense ones)")
+    op = op_of(None, op, "sparse_allreduce_async")
+    return submit("grouped_allgather", name_arg(name, "sparse_allreduce_async"),
+                  lambda: _sparse_run(tensor, name, op))
