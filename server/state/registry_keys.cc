@@ -3,6 +3,7 @@
 // optimizer, and the chunks and memory a key takes. Tenants, tokens and
 // totals: registry.cc.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -79,10 +80,10 @@ Status Registry::DeclareKey(const KeySpec& spec, KeyInfo* out, bool* created) {
                                " elements, not " + std::to_string(spec.elements) + " " +
                                WireDTypeName(spec.dtype));
       } else if (!SameTopKRatio(k.topk_ratio, spec.topk_ratio)) {
-        auto comp = [](double r) {
+        auto comp = [](double r) {  // the shortest decimal that reads back as r
           char buf[40];
-          std::snprintf(buf, sizeof buf, "%.17g", r);
-          return r > 0 ? "top-k ratio " + std::string(buf) : std::string("dense pushes");
+          const auto end = std::to_chars(buf, buf + sizeof buf, r).ptr;
+          return r > 0 ? "top-k ratio " + std::string(buf, end) : std::string("dense pushes");
         };
         return InvalidArgument("topk_ratio: key " + Quoted(spec.name) + " already exists with " +
                                comp(k.topk_ratio) + ", not " + comp(spec.topk_ratio));
