@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
-#include <iomanip>
 #include <sstream>
 #include <stdexcept>
 
@@ -265,7 +264,9 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
   if (k.topk_ratio() > 0) {
     std::ostringstream ratio;  // the ratio as declared (a hub before it: the float's)
     if (k.topk_ratio_exact() != 0) {
-      ratio << "topk:" << std::setprecision(17) << k.topk_ratio_exact();
+      char buf[40];  // the shortest decimal that reads back as the double
+      const auto end = std::to_chars(buf, buf + sizeof buf, k.topk_ratio_exact()).ptr;
+      ratio << "topk:" << std::string_view(buf, end - buf);
     } else {
       ratio << "topk:" << k.topk_ratio();
     }
