@@ -9,6 +9,7 @@
 #include <ctime>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
 namespace rackhub::cli {
 namespace {
