@@ -107,6 +107,9 @@ def allreduce_values(rank, size):
           bitwise(t, ref_allreduce(size, 4, (100,), torch.float32, hvd.Sum, 1.0, 2.0)))
     ok, detail = raises(lambda: hvd.allreduce(t, op=hvd.Max), ValueError, "not implemented")
     check("op Max refused by name", ok, detail)
+    ok, detail = raises(lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)), TypeError,
+                        "cannot be reduced")
+    check("allreduce of a complex tensor refused", ok, detail)
     ok, detail = raises(lambda: hvd.allreduce(t, prescale_factor="x"), ValueError,
                         "prescale_factor")
     check("a bad prescale_factor refused", ok, detail)

@@ -83,6 +83,20 @@ def tensor_arg(t, what):
     return t
 
 
+REDUCIBLE = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+             torch.float32, torch.float64, torch.bfloat16)  # Horovod's CPU dtypes
+
+
+def reducible(t, what):
+    """t, if its dtype is one the reductions take; else TypeError."""
+    tensor_arg(t, what)
+    if t.dtype not in REDUCIBLE or t.is_sparse:
+        raise TypeError(f"{what}: {'a sparse tensor' if t.is_sparse else t.dtype} cannot be "
+                        f"reduced (dense uint8, int8, int16, int32, int64, float16, bfloat16, "
+                        f"float32 or float64)")
+    return t
+
+
 def submit(kind, name, run, finish=None):
     """Submits an op to the context's executor; returns its handle."""
     return _context.need().executor.submit(Op(kind, name, run, finish))
@@ -148,7 +162,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     op = op_of(average, op, "allreduce")
     pre = factor(prescale_factor, "allreduce: prescale_factor")
     post = factor(postscale_factor, "allreduce: postscale_factor")
-    tensor_arg(tensor, "allreduce")
+    reducible(tensor, "allreduce")
     return submit("allreduce", name_arg(name, "allreduce"),
                   lambda: allreduce_run(tensor, name, op, pre, post))
 
@@ -160,7 +174,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = op_of(average, op, "allreduce_")
     pre = factor(prescale_factor, "allreduce_: prescale_factor")
     post = factor(postscale_factor, "allreduce_: postscale_factor")
-    tensor_arg(tensor, "allreduce_")
+    reducible(tensor, "allreduce_")
     return submit("allreduce", name_arg(name, "allreduce_"),
                   lambda: allreduce_run(tensor, name, op, pre, post, out=tensor))
 

@@ -20,8 +20,8 @@ import math
 import torch
 
 from . import _context, agree, rounds
-from .collectives import (OPS, Average, factor, name_arg, op_of, raw, reduce_flat, scaled,
-                          submit, tensor_arg)
+from .collectives import (OPS, Average, factor, name_arg, op_of, raw, reduce_flat, reducible,
+                          scaled, submit, tensor_arg)
 from .compression import Compression, compressor_of
 from .handles import synchronize
 
@@ -68,7 +68,7 @@ def grouped_allreduce_run(ts, name, op, pre, post, out=None, kind="grouped_allre
 
 
 def group_args(tensors, average, op, prescale_factor, postscale_factor, what):
-    ts = tensors_arg(tensors, what)
+    ts = [reducible(t, what) for t in tensors_arg(tensors, what)]
     if len(ts) >= 1000:
         raise ValueError(f"{what}: at most 999 tensors in a group, got {len(ts)}")
     return (ts, op_of(average, op, what), factor(prescale_factor, f"{what}: prescale_factor"),

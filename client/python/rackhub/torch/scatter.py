@@ -25,7 +25,7 @@ import torch
 
 from . import _context, agree, rounds
 from .collectives import (Average, allgather_async, allreduce_run, factor, name_arg, op_of,
-                          raw, submit, tensor_arg)
+                          raw, reducible, submit, tensor_arg)
 from .compression import Compression, compressor_of
 from .grouped import group_args, grouped_allgather_async, grouped_allreduce_run, tensors_arg
 from .handles import synchronize
@@ -150,7 +150,7 @@ def reducescatter_async(tensor, name=None, op=None, prescale_factor=1.0,
     op = op_of(None, op, "reducescatter")
     pre = factor(prescale_factor, "reducescatter: prescale_factor")
     post = factor(postscale_factor, "reducescatter: postscale_factor")
-    tensor_arg(tensor, "reducescatter")
+    reducible(tensor, "reducescatter")
     if tensor.dim() == 0:
         raise ValueError("reducescatter: a tensor of at least one dimension is needed")
     return submit("reducescatter", name_arg(name, "reducescatter"),
