@@ -80,7 +80,8 @@ class BF16Compressor(_CastCompressor):
 
 class TopKCompressor(Compressor):
     """DistributedOptimizer's top-k sparsification (see the module
-    docstring). Not a tensor-to-tensor compressor: compress() raises."""
+    docstring). Not a tensor-to-tensor compressor: compress() raises
+    ValueError."""
     wire = "fp32"
 
     def __init__(self, ratio, error_feedback=True):
@@ -95,7 +96,7 @@ class TopKCompressor(Compressor):
         self.name = f"topk:{r!r}" + ("" if self.error_feedback else ":noef")
 
     def compress(self, tensor):
-        raise TypeError(f"compression: {self!r} applies to DistributedOptimizer's gradients "
+        raise ValueError(f"compression: {self!r} applies to DistributedOptimizer's gradients "
                         f"only (the client library selects each chunk's entries); "
                         f"collectives take Compression.none, .fp16, .bf16 or a Compressor")
 
