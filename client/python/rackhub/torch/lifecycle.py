@@ -41,7 +41,8 @@ def _int_env(what, *names, default=None):
 
 def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=None, rack=None,
          racks=None, transport=None, connect_timeout=30.0, op_timeout=None, local_rank=None,
-         local_size=None, rdma_hub=None, rdma_device=None, busy_poll=False):
+         local_size=None, rdma_hub=None, rdma_device=None, busy_poll=False, *, comm=None,
+         process_sets=None):
     """Connects this process to the hub as one rank of the tenant.
 
     Arguments left out come from the environment: rackhub-run's variables
@@ -74,10 +75,18 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     cross_rank(), cross_size(), is_homogeneous().
 
     Called again while initialized, init does nothing (as in Horovod, its
-    arguments are ignored); after shutdown() it connects anew.
+    arguments are ignored); after shutdown() it connects anew. Horovod's
+    comm (an MPI communicator) and process_sets are refused when given:
+    rackhub has no MPI, and no process sets yet (docs/pytorch.md).
     """
     if _context.is_initialized():
         return
+    if comm is not None:
+        raise ValueError("rackhub.torch.init: comm: rackhub has no MPI; the ranks are the "
+                         "tenant's workers (rank, size or the launcher's environment)")
+    if process_sets is not None:
+        raise ValueError("rackhub.torch.init: process_sets: process sets are not implemented "
+                         "by rackhub yet (every op runs over all ranks)")
     rank = int(rank) if rank is not None else _int_env("rank", "RACKHUB_RANK", "RANK", default="0")
     if size is None:
         size = _int_env("size", "RACKHUB_WORLD_SIZE", "WORLD_SIZE")
