@@ -75,7 +75,7 @@ struct Operation {
   // feedback; null without) and every chunk's payload, built by the issuing
   // thread into the key's reused buffer: sparse (kFlagSparse) or, where
   // that is not smaller, the chunk dense.
-  float topk_ratio = 0;
+  double topk_ratio = 0;
   std::shared_ptr<std::vector<float>> residual;
   struct PackedChunk {
     size_t offset = 0;

@@ -226,10 +226,11 @@ Error Client::Impl::DeclareKey(const KeyDecl& decl, KeyId* out) {
   d.set_dim(decl.dim);
   d.set_init_scale(decl.init_scale);
   d.set_init_seed(decl.init_seed);
-  d.set_topk_ratio(decl.topk_ratio);
+  d.set_topk_ratio(static_cast<float>(decl.topk_ratio));
+  d.set_topk_ratio_exact(decl.topk_ratio);
   Error e;
   if (decl.name.empty()) e = MakeError(ErrorCode::kInvalidArgument, "DeclareKey: empty name");
-  if (e.ok() && !(decl.topk_ratio >= 0.0f && decl.topk_ratio <= 1.0f)) {
+  if (e.ok() && !(decl.topk_ratio >= 0.0 && decl.topk_ratio <= 1.0)) {
     e = MakeError(ErrorCode::kInvalidArgument,
                   "DeclareKey '" + decl.name + "': topk_ratio must be in (0, 1] or 0 (dense), got " +
                       std::to_string(decl.topk_ratio));

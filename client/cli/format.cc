@@ -9,6 +9,7 @@
 #include <ctime>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
 namespace rackhub::cli {
 namespace {
@@ -262,8 +263,14 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
   }
   block.Add("dtype", DTypeName(k.dtype()));
   if (k.topk_ratio() > 0) {
-    std::ostringstream ratio;  // a float: its shortest decimal, not the double's
-    ratio << "topk:" << k.topk_ratio();
+    std::ostringstream ratio;  // the ratio as declared (a hub before it: the float's)
+    if (k.topk_ratio_exact() != 0) {
+      char buf[40];  // the shortest decimal that reads back as the double
+      const auto end = std::to_chars(buf, buf + sizeof buf, k.topk_ratio_exact()).ptr;
+      ratio << "topk:" << std::string_view(buf, end - buf);
+    } else {
+      ratio << "topk:" << k.topk_ratio();
+    }
     block.Add("compression", ratio.str());
   }
   block.Add("optimizer", DescribeOptimizer(k.optimizer()) +

@@ -65,6 +65,7 @@ Status SetCompression(const std::string& text, bool dtype_given, admin::CreateKe
     return bad("needs a ratio R in (0, 1]");
   }
   r->set_topk_ratio(static_cast<float>(ratio));
+  r->set_topk_ratio_exact(ratio);
   return Status::Ok();
 }
 

@@ -141,7 +141,8 @@ std::string EtcdRegistryStore::EncodeKey(uint32_t tenant_handle, const KeyInfo& 
   r.set_dim(k.dim);
   r.set_init_scale(k.init_scale);
   r.set_init_seed(k.init_seed);
-  r.set_topk_ratio(k.topk_ratio);
+  r.set_topk_ratio(static_cast<float>(k.topk_ratio));
+  r.set_topk_ratio_exact(k.topk_ratio);
   return r.SerializeAsString();
 }
 
@@ -206,7 +207,8 @@ RegistryContents EtcdRegistryStore::Parse(const std::map<std::string, std::strin
       k.key.dim = r.dim();
       k.key.init_scale = r.init_scale();
       k.key.init_seed = r.init_seed();
-      k.key.topk_ratio = r.topk_ratio();
+      k.key.topk_ratio = r.topk_ratio_exact() != 0 ? r.topk_ratio_exact()
+                                                   : static_cast<double>(r.topk_ratio());
       k.revision = mod;
       c.keys.push_back(std::move(k));
     }

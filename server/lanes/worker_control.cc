@@ -37,7 +37,8 @@ void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
   e->set_rows(k.rows);
   e->set_dim(k.dim);
   e->set_rows_per_chunk(k.rows_per_chunk());
-  e->set_topk_ratio(k.topk_ratio);
+  e->set_topk_ratio(static_cast<float>(k.topk_ratio));
+  e->set_topk_ratio_exact(k.topk_ratio);
 }
 
 }  // namespace

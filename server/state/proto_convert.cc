@@ -102,7 +102,8 @@ void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& ch
   out->set_dim(in.dim);
   out->set_init_scale(in.init_scale);
   out->set_init_seed(in.init_seed);
-  out->set_topk_ratio(in.topk_ratio);
+  out->set_topk_ratio(static_cast<float>(in.topk_ratio));
+  out->set_topk_ratio_exact(in.topk_ratio);
   if (in.table()) {
     out->set_rows_per_chunk(in.rows_per_chunk());
   }

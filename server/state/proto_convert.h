@@ -67,7 +67,8 @@ void KeyShapeFromProto(const KeyRequest& in, KeySpec* spec) {
   spec->dim = in.dim();
   spec->init_scale = in.init_scale();
   spec->init_seed = in.init_seed();
-  spec->topk_ratio = in.topk_ratio();
+  spec->topk_ratio = in.topk_ratio_exact() != 0 ? in.topk_ratio_exact()
+                                                : static_cast<double>(in.topk_ratio());
 }
 admin::v1::Consistency ConsistencyToProto(Consistency c);
 void TenantToProto(const TenantInfo& in, admin::v1::Tenant* out);

@@ -147,7 +147,9 @@ struct KeySpec {
   float init_scale = 0;
   uint64_t init_seed = 0;
   // Top-k sparsified pushes: (0, 1], 0 = dense. Dense keys only.
-  float topk_ratio = 0;
+  // The ratio as given, in double: k = ceil(ratio * n) of it (the float of
+  // the wire's older field would send 129 of 2560 entries for 0.05).
+  double topk_ratio = 0;
 };
 
 // The optimizer of a key over time: `base` until update `from_update` - 1,
@@ -182,7 +184,7 @@ struct KeyInfo {
   uint32_t dim = 0;
   float init_scale = 0;
   uint64_t init_seed = 0;
-  float topk_ratio = 0;  // > 0: pushes may be sparse (top-k), docs/compression.md
+  double topk_ratio = 0;  // > 0: pushes may be sparse (top-k), docs/compression.md
   bool table() const { return rows > 0; }
   // Rows per chunk of a table (chunk c holds rows [c * per, ...)), fixed
   // when it was created (chunk_elements = per * dim).

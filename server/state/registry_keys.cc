@@ -3,6 +3,7 @@
 // optimizer, and the chunks and memory a key takes. Tenants, tokens and
 // totals: registry.cc.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,20 @@
 #include "registry_internal.h"
 
 namespace rackhub::server {
+
+namespace {
+
+// Top-k ratios of one key: equal, or one of them came through a float (a
+// key stored, or a client declaring, before the exact double travelled) and
+// both round to the same float: the stored ratio stays.
+bool SameTopKRatio(double stored, double given) {
+  if (stored == given) return true;
+  auto from_float = [](double r) { return static_cast<double>(static_cast<float>(r)) == r; };
+  return (from_float(stored) || from_float(given)) &&
+         static_cast<float>(stored) == static_cast<float>(given);
+}
+
+}  // namespace
 
 using aggregation::ChunkLayout;
 using aggregation::OptimizerConfig;
@@ -64,9 +79,11 @@ Status Registry::DeclareKey(const KeySpec& spec, KeyInfo* out, bool* created) {
                                std::to_string(k.elements) + " " + WireDTypeName(k.dtype) +
                                " elements, not " + std::to_string(spec.elements) + " " +
                                WireDTypeName(spec.dtype));
-      } else if (k.topk_ratio != spec.topk_ratio) {
-        auto comp = [](float r) {
-          return r > 0 ? "top-k ratio " + std::to_string(r) : std::string("dense pushes");
+      } else if (!SameTopKRatio(k.topk_ratio, spec.topk_ratio)) {
+        auto comp = [](double r) {  // the shortest decimal that reads back as r
+          char buf[40];
+          const auto end = std::to_chars(buf, buf + sizeof buf, r).ptr;
+          return r > 0 ? "top-k ratio " + std::string(buf, end) : std::string("dense pushes");
         };
         return InvalidArgument("topk_ratio: key " + Quoted(spec.name) + " already exists with " +
                                comp(k.topk_ratio) + ", not " + comp(spec.topk_ratio));
@@ -117,7 +134,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
       spec.init != InitMode::kRandom) {
     return InvalidArgument("init: unknown init mode");
   }
-  if (!(spec.topk_ratio >= 0.0f && spec.topk_ratio <= 1.0f)) {
+  if (!(spec.topk_ratio >= 0.0 && spec.topk_ratio <= 1.0)) {
     return InvalidArgument("topk_ratio: must be in (0, 1] (or 0 for dense pushes), got " +
                            std::to_string(spec.topk_ratio));
   }

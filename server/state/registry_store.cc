@@ -373,7 +373,7 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
       k.key.dim = st.ColU32(11);
       k.key.init_scale = static_cast<float>(st.ColReal(12));
       k.key.init_seed = st.ColU64(13);
-      k.key.topk_ratio = static_cast<float>(st.ColReal(14));
+      k.key.topk_ratio = st.ColReal(14);
       k.key.optimizer = ReadOptimizer(st, 15);
       k.key.schedule.latest = k.key.optimizer;
       k.key.schedule.base = ReadOptimizer(st, 15 + kOptimizerColumns);

@@ -183,7 +183,7 @@ TEST_P(CompressionConsistencyTest, TopKRepliesEqualTheRankOrderReference) {
       client::KeyDecl d;
       d.name = "w";
       d.elements = kElements;
-      d.topk_ratio = 0.05f;
+      d.topk_ratio = 0.05;
       d.error_feedback = ef;
       client::OptimizerSpec o;
       o.type = sum_only ? "sum-only" : "sgd";
@@ -203,7 +203,7 @@ TEST_P(CompressionConsistencyTest, TopKRepliesEqualTheRankOrderReference) {
       // 1's added, then p - 1 * sum.
       for (uint64_t first = 0; first < kElements; first += kChunkElements) {
         const auto n = static_cast<uint32_t>(std::min<uint64_t>(kChunkElements, kElements - first));
-        const uint32_t k = aggregation::TopKCount(0.05f, n);
+        const uint32_t k = aggregation::TopKCount(0.05, n);
         EXPECT_EQ(k, n == kChunkElements ? 13u : 5u);
         std::vector<float> sum(n, 0.0f);
         for (int r = 0; r < 2; ++r) {

@@ -18,7 +18,7 @@ import sys
 import torch
 
 import rackhub.torch as rh
-from rackhub.torch.hub_specs import compression_of
+from rackhub.torch.compression import compression_of
 from common import data, local_optimizer, loss_of, make_model, LR
 
 torch.set_num_threads(1)  # deterministic gradients, identical in the reference
@@ -106,7 +106,7 @@ def check_keys(c, scenarios):
                 check(f"key {key_name} exists", False)
                 continue
             info = c.key_info(key)
-            want = float(torch.tensor(comp.topk_ratio, dtype=torch.float32))
+            want = comp.topk_ratio  # as declared, not rounded to a float
             ok = (info["topk_ratio"] == want and info["updates"] == 0
                   and info["slowest_iteration"] == 0 and info["dtype"] == "fp32"
                   and info["next_iteration"] == sc["steps"])

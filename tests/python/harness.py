@@ -55,10 +55,11 @@ class Hub:
         with open(os.path.join(self.dir, "rackhubd.log"), errors="replace") as f:
             return f.read()
 
-    def create_tenant(self, name, workers, token_file=None):
+    def create_tenant(self, name, workers, token_file=None, extra=()):
         """Creates the tenant (with the data-plane token in `token_file` when
-        given: a tenant spanning racks has one token on every hub)."""
-        more = ["--tenant-token-file", token_file] if token_file else []
+        given: a tenant spanning racks has one token on every hub; `extra`
+        rackhubctl arguments, e.g. --chunk-bytes)."""
+        more = (["--tenant-token-file", token_file] if token_file else []) + list(extra)
         r = subprocess.run(
             [os.path.join(self.bin, "rackhubctl"), "--admin", self.admin, "--token-file",
              self.admin_token, "--json", "tenant", "create", name, "--workers", str(workers)]

@@ -690,6 +690,37 @@ TEST_F(RegistryStoreTest, Version3DatabaseGainsConsistencyAndTopK) {
   EXPECT_EQ(g.topk_ratio, 0.01f);
 }
 
+// A top-k ratio is kept as given (a double, k = ceil(ratio * n) of it)
+// across a restart; a declaration whose ratio came through a float (an older
+// client) finds the key, another ratio is refused.
+TEST_F(RegistryStoreTest, TopKRatioKeptExactly) {
+  Open();
+  TenantSpec t;
+  t.name = "exact";
+  t.workers_per_rack = 2;
+  TenantInfo info;
+  std::string token;
+  ASSERT_TRUE(registry_->CreateTenant(t, &info, &token).ok());
+  KeySpec k;
+  k.tenant = "exact";
+  k.name = "w";
+  k.elements = 2560;
+  k.topk_ratio = 0.05;
+  KeyInfo g;
+  ASSERT_TRUE(registry_->CreateKey(k, &g).ok());
+  EXPECT_EQ(g.topk_ratio, 0.05);
+  registry_.reset();
+  Open();
+  ASSERT_TRUE(registry_->GetKey("exact", "w", &g).ok());
+  EXPECT_EQ(g.topk_ratio, 0.05);  // not 0.05f (0.0500000007...)
+  k.topk_ratio = static_cast<double>(0.05f);
+  ASSERT_TRUE(registry_->CreateKey(k, &g).ok()) << "a float of the same ratio finds the key";
+  EXPECT_EQ(g.topk_ratio, 0.05);
+  k.topk_ratio = 0.06;
+  EXPECT_NE(registry_->CreateKey(k, &g).message().find("already exists with top-k ratio 0.05"),
+            std::string::npos);
+}
+
 TEST_F(RegistryStoreTest, ForeignDatabaseIsRefused) {
   fs::create_directories(dir_);
   RawExec(db_path_, "CREATE TABLE photos (id INTEGER)");

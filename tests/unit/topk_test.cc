@@ -152,6 +152,28 @@ TEST(TopKCountTest, CeilAtLeastOneAtMostN) {
   EXPECT_EQ(TopKCount(2.0, 10), 10u);
 }
 
+// k of the ratio as given: against an independent reference in integer
+// arithmetic, ceil(p * n / 1000) for every ratio p / 1000 written with three
+// decimals and every chunk of up to 3000 elements. The ratio must reach
+// TopKCount as the double it was given as: rounded to a float, 0.05 is
+// 0.0500000007..., and 0.05f * 2560 keeps 129 entries, not 128.
+TEST(TopKCountTest, ExactForEveryThreeDecimalRatio) {
+  uint64_t wrong = 0;
+  for (uint32_t p = 1; p <= 1000; ++p) {
+    const double ratio = std::stod("0." + std::to_string(1000 + p).substr(1));
+    for (uint32_t n = 1; n <= 3000; ++n) {
+      const uint64_t want = std::max<uint64_t>(1, (uint64_t{p} * n + 999) / 1000);
+      if (TopKCount(p == 1000 ? 1.0 : ratio, n) != want && wrong++ < 5) {
+        ADD_FAILURE() << "ratio " << p << "/1000, n " << n << ": " << TopKCount(ratio, n)
+                      << ", want " << want;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(TopKCount(0.05, 2560), 128u);
+  EXPECT_EQ(TopKCount(0.05f, 2560), 129u);  // why the wire carries the double
+}
+
 // ---- SelectTopK against the reference ----
 
 enum class Dist { kNormal, kUniform, kFewValues, kMostlyZero, kQuantized, kHeavyTail, kPeriodic };

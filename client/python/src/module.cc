@@ -234,7 +234,7 @@ class PyClient {
   }
 
   uint32_t DeclareKey(const std::string& name, uint64_t elements, const std::string& dtype,
-                      std::optional<py::dict> optimizer, bool init_from_client, float topk_ratio,
+                      std::optional<py::dict> optimizer, bool init_from_client, double topk_ratio,
                       bool error_feedback) {
     rc::KeyDecl d;
     d.name = name;
@@ -242,7 +242,7 @@ class PyClient {
     d.dtype = DTypeFromString(dtype);
     if (optimizer) d.optimizer = SpecFromDict(*optimizer);
     d.init = init_from_client ? rc::Init::kFromClient : rc::Init::kZeros;
-    if (!(topk_ratio >= 0.0f && topk_ratio <= 1.0f)) {  // NaN too
+    if (!(topk_ratio >= 0.0 && topk_ratio <= 1.0)) {  // NaN too
       throw py::value_error("topk_ratio: in (0, 1], or 0 for dense pushes, got " +
                             std::to_string(topk_ratio));
     }
@@ -493,7 +493,7 @@ PYBIND11_MODULE(_core, m) {
                              [](PyClient& s) { return s.c().straggler_timeout_ms(); })
       .def("declare_key", &PyClient::DeclareKey, py::arg("name"), py::arg("elements"),
            py::arg("dtype") = "fp32", py::arg("optimizer") = py::none(),
-           py::arg("init_from_client") = false, py::arg("topk_ratio") = 0.0f,
+           py::arg("init_from_client") = false, py::arg("topk_ratio") = 0.0,
            py::arg("error_feedback") = true,
            "Declares (or finds) a dense key; returns its id. topk_ratio in (0, 1]: each chunk's "
            "push carries its ceil(ratio * elements) largest-magnitude entries; with "

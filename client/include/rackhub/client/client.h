@@ -199,7 +199,7 @@ struct KeyDecl {
   // largest-magnitude entries (sent dense when that is not smaller). With
   // error_feedback the entries not sent are kept in a residual on this
   // worker and added to the next PushPull's gradient.
-  float topk_ratio = 0;
+  double topk_ratio = 0;  // k = ceil(ratio * n) of this double (not of a float)
   bool error_feedback = true;
 };
 
@@ -217,7 +217,7 @@ struct KeyInfo {
   uint64_t rows = 0;             // row-sparse table: rows x dim; 0 for dense keys
   uint32_t dim = 0;
   uint64_t rows_per_chunk = 0;   // table: chunk c holds rows [c * rows_per_chunk, ...)
-  float topk_ratio = 0;          // > 0: pushes are top-k sparsified
+  double topk_ratio = 0;         // > 0: pushes are top-k sparsified (the ratio as declared)
   // Bounded/async tenants (docs/consistency.md), as the last PushPull/Pull
   // reported (the minimum over the key's chunks; 0 in sync tenants):
   // updates applied (every worker's contributions), and the iteration count

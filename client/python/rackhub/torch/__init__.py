@@ -35,25 +35,62 @@ and keeps the rest on the worker for the next step (error feedback;
 "topk:0.01:noef" drops it); "fp16"/"bf16" halve the push. The reply stays
 dense (hub_specs.Compression's docstring).
 
+Collectives: allreduce, allgather, broadcast, grouped_allreduce,
+grouped_allgather, alltoall, reducescatter (each also *_async, returning a
+handle for poll()/synchronize()), barrier, join, broadcast_parameters,
+broadcast_object, allgather_object (collectives.py, grouped.py, scatter.py,
+join.py, objects.py; handles.py runs them).
+
 Everything here is collective (every rank calls it, in the same order)
-except the getters (rank(), size(), local_rank(), local_size(), ...).
-Failures raise rackhub.RackhubError (RolledBack, WorkerLost: subclasses).
+except the getters (rank(), size(), local_rank(), cross_rank(), the build
+probes, ...). A failed collective raises HorovodInternalError (which is
+also the library's rackhub.RackhubError / WorkerLost / RolledBack when it
+came from there); ranks whose ops do not match raise MismatchError on every
+rank. DistributedOptimizer raises rackhub.RackhubError.
 """
 from .._core import RackhubError, RolledBack, WorkerLost
 from ._context import client, is_initialized, local_rank, local_size, rank, shutdown, size
-from .collectives import (allgather, allgather_object, allreduce, allreduce_, broadcast,
-                          broadcast_, broadcast_object, broadcast_optimizer_state,
-                          broadcast_parameters)
-from .hub_specs import SGD, Adagrad, Adam, AdamW, Adasum, Average, Compression, Sum
+from .collectives import (Max, Min, Product, allgather, allgather_async, allreduce,
+                          allreduce_, allreduce_async, allreduce_async_, barrier, broadcast,
+                          broadcast_, broadcast_async, broadcast_async_)
+from .compression import Compression, Compressor
 from .embedding import table_init_
+from .errors import HorovodInternalError, MismatchError
+from .grouped import (grouped_allgather, grouped_allgather_async, grouped_allreduce,
+                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                      sparse_allreduce_async)
+from .handles import poll, synchronize
+from .hub_specs import SGD, Adagrad, Adam, AdamW, Adasum, Average, Sum
+from .join import join
 from .lifecycle import init
+from .objects import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                      broadcast_parameters)
 from .optimizer import DistributedOptimizer
+from .probes import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
+                     gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
+                     mpi_threads_supported, nccl_built, rocm_built)
+from .scatter import (alltoall, alltoall_async, grouped_reducescatter,
+                      grouped_reducescatter_async, reducescatter, reducescatter_async)
+from .syncbn import SyncBatchNorm
+from .timeline import start_timeline, stop_timeline
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "client",
-    "DistributedOptimizer", "Compression", "Average", "Sum", "Adasum",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "is_homogeneous", "client",
+    "DistributedOptimizer", "Compression", "Compressor", "Average", "Sum", "Adasum",
+    "Min", "Max", "Product",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "broadcast",
-    "broadcast_", "allreduce", "allreduce_", "allgather", "allgather_object",
+    "broadcast_", "broadcast_async", "broadcast_async_", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "allgather", "allgather_async", "allgather_object",
+    "barrier", "poll", "synchronize", "HorovodInternalError", "MismatchError",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "grouped_allgather", "grouped_allgather_async",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "join",
+    "SyncBatchNorm", "grouped_reducescatter", "grouped_reducescatter_async",
+    "sparse_allreduce_async",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    "start_timeline", "stop_timeline",
     "SGD", "Adam", "AdamW", "Adagrad", "RackhubError", "RolledBack", "WorkerLost",
     "table_init_",
 ]

@@ -1,7 +1,9 @@
 """The process's connection to the hub, once lifecycle.init() made it: rank(),
 size(), local_rank(), local_size(), client(), shutdown(). One rank per
 process (the Horovod model); every other module of rackhub.torch reads the
-context through need(). This module imports no other module of the package.
+context through need(). The context holds the executor that runs the
+collectives (handles.py, made by lifecycle.init). This module imports no
+other module of the package.
 
 Thread use: install() and shutdown() from the main thread; the getters from any.
 """
@@ -19,6 +21,10 @@ class Context:
         self.op_timeout = 120.0
         self.local_rank = None
         self.local_size = None
+        self.cross_rank = None
+        self.cross_size = None
+        self.homogeneous = None
+        self.executor = None  # handles.Executor
         self.keys = {}  # (purpose, name, ...) -> key id of the helper keys of collectives
 
 
@@ -66,8 +72,14 @@ def client():
 
 
 def shutdown():
-    """Closes the connection (pending operations fail). Idempotent."""
+    """Closes the connection: collectives not yet finished fail with
+    HorovodInternalError. Idempotent; init() may be called again after it."""
     global _ctx
-    if _ctx is not None:
-        _ctx.client.close()
+    ctx = _ctx
+    if ctx is not None:
+        if ctx.executor is not None:
+            ctx.executor.close("shut down (rackhub.torch.shutdown())",
+                               before_join=ctx.client.close)
+        else:
+            ctx.client.close()
         _ctx = None

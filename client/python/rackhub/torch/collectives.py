@@ -1,158 +1,227 @@
-"""Collectives over the hub: broadcast, allreduce, allgather (Horovod's names).
+"""Tensor collectives over the hub (Horovod's names and signatures):
+allreduce, allgather, broadcast, barrier, each blocking and `*_async`.
 
-Every rank must make the same calls in the same order (as with Horovod).
+Every op is submitted to the context's executor (handles.py) and returns a
+handle; the blocking form is the same op followed by synchronize(). Every
+rank must make the same collective calls in the same order (as with
+Horovod without its name-based negotiation); the first round of every op
+carries every rank's header (rounds.py, agree.py), so ranks whose ops do
+not match (kind, name, dtype, shape, root, op) raise MismatchError (a
+HorovodInternalError and a ValueError) together, never hang and never
+return a result.
 
-Exact bytes: broadcast and allgather move raw bytes through a sum-only key
-(reduction sum) of the tenant. The bytes are carried as 16-bit integers in
-fp32 elements; exactly one rank contributes a non-zero value at each position
-and the others add 0, so the hub's sum reproduces every byte (x + 0 is exact
-for an integer-valued float). Any dtype (int64 counters, bf16, bool) arrives
-bit for bit.
+allreduce: the hub sums in fp32 in rank order (bitwise reproducible);
+float16 and bfloat16 tensors travel in their own type (the fp32 sum is
+rounded to it once, then scaled), the other dtypes as
+fp32 (integers are exact while |sum| < 2**24; float64 and int64 are
+reduced in fp32, the hub's arithmetic). prescale_factor multiplies each
+rank's tensor before the sum, postscale_factor the sum (Average = Sum with
+postscale_factor / size), both in float64 before the cast back to the
+tensor's dtype. The first elements travel in the header round (one round
+trip for small tensors).
 
-Helper keys: the collectives use a few keys per tenant, named `__rackhub/...`
-and reused by every call and every later job on the tenant (no key is created
-per call): two channel keys (4 Ki and 256 Ki elements), and for allreduce the
-same two sizes per (op, compression). A tensor larger than a key goes
-through it in rounds. They hold no state between calls.
-
-Failures: every rank checks what the others pass (sizes, roots, a pickling
-failure) in a first exchange and raises the same ValueError together. A
-round the hub aborts (a rank later than data.straggler_timeout_ms, or one
-that died) raises WorkerLost/RolledBack on the ranks; the helper key is
-pulled first, so the next collective works.
+allgather and broadcast move raw bytes (rounds.exchange): any dtype
+arrives bit for bit.
 
 Multi-rack tenants: ranks are global (rack * workers_per_rack + rank), see
 lifecycle.init(racks=...).
 
-Thread use: the thread that runs the training loop.
+Thread use: any thread submits; the ops run on the executor's thread.
 """
-import io
-import time
-import zlib
+import math
 
 import torch
 
-from .. import _core
-from . import _context
-from .hub_specs import Average, Compression, Sum, reduction_of, wire_dtype
+from . import _context, agree, rounds
+from .compression import Compression, compressor_of
+from .handles import Op, synchronize
 
-_SMALL = 4 << 10    # elements of the small channel key (8 KiB of payload per round)
-_LARGE = 256 << 10  # elements of the large one (512 KiB of payload per round)
+# Reduction ops (Horovod's names). Min, Max and Product exist so a script
+# that names them gets a clear refusal, not an AttributeError.
+from .hub_specs import Adasum, Average, Sum  # noqa: F401
+Min = "min"
+Max = "max"
+Product = "product"
 
-
-def _np(t):
-    return t.detach().numpy()
-
-
-def _key(ctx, purpose, name, elements, dtype="fp32", reduction="sum"):
-    k = (purpose, name, elements, dtype, reduction)
-    if k not in ctx.keys:
-        ctx.keys[k] = ctx.client.declare_key(
-            f"__rackhub/{purpose}/{name}/{elements}/{dtype}/{reduction}", elements, dtype,
-            {"type": "sum-only", "reduction": reduction}, False)
-    return ctx.keys[k]
+OPS = {Average: 1, Sum: 2}
 
 
-def _late_only(e):
-    """True if the hub aborted the round because a connected rank was late
-    (straggler timeout) or the key's version moved (RolledBack), not because
-    a rank died ("worker lost") or is not connected (it left)."""
-    text = str(e)
-    return isinstance(e, _core.RolledBack) or (
-        "straggler" in text and "worker lost" not in text and "not connected" not in text)
+def op_of(average, op, what):
+    if op is None:
+        return Average if average is None or average else Sum
+    if average is not None:
+        raise ValueError(f"{what}: give op or average, not both")
+    if op == Adasum:
+        raise ValueError(f"{what}: op: Adasum is not implemented by rackhub (use Average or Sum)")
+    if op in (Min, Max, Product):
+        raise ValueError(f"{what}: op: {op} is not implemented by rackhub yet: the hub reduces "
+                         f"by summing only (use Average or Sum)")
+    if op not in OPS:
+        raise ValueError(f"{what}: op: rackhub.torch.Average or rackhub.torch.Sum, got {op!r}")
+    return op
 
 
-def _round(key, src, dst):
-    """One PushPull of a helper key. A round the hub aborted because a rank
-    was later than the straggler timeout (or RolledBack) is retried after
-    pulling the key (which clears the client's resync mark) until the
-    context's op_timeout: the late rank then meets the others' retry, as
-    Horovod tolerates any lateness. A rank that died fails the collective at
-    once (WorkerLost), the key pulled first so later rounds work."""
-    ctx = _context.need()
-    c = ctx.client
-    deadline = time.monotonic() + ctx.op_timeout
-    while True:
-        try:
-            c.wait(c.push_pull(key, _np(src), _np(dst)))
-            return
-        except (_core.WorkerLost, _core.RolledBack) as e:
-            try:
-                c.wait(c.pull(key, _np(torch.empty_like(dst))))
-            except _core.RackhubError:
-                pass  # the original error says more
-            if not _late_only(e) or time.monotonic() >= deadline:
-                raise
-            time.sleep(0.05)
+def factor(v, what):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: a number, got {v!r}") from None
+    if not math.isfinite(f):
+        raise ValueError(f"{what}: a finite number, got {v!r}")
+    return f
 
 
-def _reduce(flat, purpose, dtype, reduction):
-    """Rank-order reduction of a flat fp32 tensor through the reused helper
-    keys of `purpose` (rounds of at most _LARGE elements)."""
-    ctx = _context.need()
-    out = torch.empty_like(flat)
-    off = 0
-    while off < flat.numel():
-        left = flat.numel() - off
-        size = _SMALL if left <= _SMALL else _LARGE
-        take = min(left, size)
-        src = torch.zeros(size, dtype=torch.float32)
-        src[:take] = flat[off:off + take]
-        dst = torch.empty(size, dtype=torch.float32)
-        _round(_key(ctx, purpose, "rounds", size, dtype, reduction), src, dst)
-        out[off:off + take] = dst[:take]
-        off += take
+def name_arg(name, what):
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"{what}: name: a string or None, got {name!r}")
+    return name
+
+
+def tensor_arg(t, what):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: a torch.Tensor is needed, got {type(t).__name__}")
+    return t
+
+
+REDUCIBLE = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+             torch.float32, torch.float64, torch.bfloat16)  # Horovod's CPU dtypes
+
+
+def reducible(t, what):
+    """t, if its dtype is one the reductions take; else TypeError."""
+    tensor_arg(t, what)
+    if t.dtype not in REDUCIBLE or t.is_sparse:
+        raise TypeError(f"{what}: {'a sparse tensor' if t.is_sparse else t.dtype} cannot be "
+                        f"reduced (dense uint8, int8, int16, int32, int64, float16, bfloat16, "
+                        f"float32 or float64)")
+    return t
+
+
+def submit(kind, name, run, finish=None):
+    """Submits an op to the context's executor; returns its handle."""
+    return _context.need().executor.submit(Op(kind, name, run, finish))
+
+
+def wire(dtype):
+    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")
+
+
+def reduce_flat(kind, name, flat, dtype, values):
+    """The rank-order fp32 sum of every rank's flat fp32 `flat` (the first
+    elements inline in the header round); `values` go into the header and
+    must agree (the caller's fields); returns the sum."""
+    n = flat.numel()
+    cap = rounds.capacity()
+    every, head = agree.open_op(kind, name, values, inline=flat[:cap],
+                                joinable=kind in agree.JOINABLE)
+    return every, (head[:n] if n <= cap else
+                   torch.cat([head, rounds.reduce(flat[cap:], "allreduce", wire(dtype))]))
+
+
+def scaled(total, op, post, dtype):
+    """The fp32 sum `total` as the result of dtype: rounded to float16 /
+    bfloat16 once (what the hub's reply in that type is), times postscale
+    (and 1/size for Average) in float64, cast to dtype."""
+    if dtype in (torch.float16, torch.bfloat16):
+        total = total.to(dtype).to(torch.float32)
+    if op == Average:
+        post = post / _context.need().size
+    if post != 1.0:
+        total = total.to(torch.float64) * post
+    return total.to(dtype)
+
+
+def allreduce_run(tensor, name, op, pre, post, out=None, kind="allreduce"):
+    """The op of allreduce (and of reducescatter, `kind`): every rank's
+    tensor summed, scaled, in tensor's dtype; into `out` when given."""
+    t = tensor.detach()
+    shape, dtype = tuple(t.shape), t.dtype
+    flat = t.to("cpu").contiguous().view(-1)
+    flat = (flat.to(torch.float64) * pre if pre != 1.0 else flat).to(torch.float32)
+    every, total = reduce_flat(kind, name, flat,
+                               dtype, [agree.dtype_code(dtype), flat.numel(), agree.crc(shape),
+                                       OPS[op]])
+    agree.same(kind, every, 0, "dtypes", agree.dtype_name)
+    agree.same(kind, every, 1, "element counts")
+    agree.same(kind, every, 2, "shapes", mine=shape)
+    agree.same(kind, every, 3, "ops (Average, Sum)", {v: k for k, v in OPS.items()}.get)
+    result = scaled(total, op, post, dtype).view(shape).to(tensor.device)
+    if out is None:
+        return result
+    with torch.no_grad():
+        out.copy_(result)
     return out
 
 
-def _exchange(mine):
-    """Every rank passes a uint8 tensor of the same length; returns the
-    position-wise sum, which is the contributed bytes where exactly one rank
-    wrote non-zero bytes (see the module docstring)."""
-    n = mine.numel()
-    padded = torch.zeros(n + (n & 1), dtype=torch.uint8)
-    padded[:n] = mine
-    halves = padded.view(torch.int16).to(torch.float32)
-    out = _reduce(halves, "channel", "fp32", "sum")
-    return out.to(torch.int16).view(torch.uint8)[:n]
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0):
+    """Starts an allreduce of `tensor`; returns a handle (synchronize(handle)
+    returns the reduced tensor, a new one of tensor's dtype, shape and
+    device). op: Average (default) or Sum. Do not modify `tensor` before the
+    op finished."""
+    op = op_of(average, op, "allreduce")
+    pre = factor(prescale_factor, "allreduce: prescale_factor")
+    post = factor(postscale_factor, "allreduce: postscale_factor")
+    reducible(tensor, "allreduce")
+    return submit("allreduce", name_arg(name, "allreduce"),
+                  lambda: allreduce_run(tensor, name, op, pre, post))
 
 
-def _gather_ints(values):
-    """Every rank passes a list of the same number of ints; returns the
-    lists of every rank, by rank."""
-    ctx = _context.need()
-    k = len(values)
-    mine = torch.zeros(ctx.size * k, dtype=torch.int64)
-    mine[ctx.rank * k:(ctx.rank + 1) * k] = torch.tensor(values, dtype=torch.int64)
-    every = _exchange(mine.view(torch.uint8)).view(torch.int64).clone()
-    return [every[r * k:(r + 1) * k].tolist() for r in range(ctx.size)]
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0):
+    """In place: like allreduce_async; the op writes the result into
+    `tensor`, which synchronize(handle) returns."""
+    op = op_of(average, op, "allreduce_")
+    pre = factor(prescale_factor, "allreduce_: prescale_factor")
+    post = factor(postscale_factor, "allreduce_: postscale_factor")
+    reducible(tensor, "allreduce_")
+    return submit("allreduce", name_arg(name, "allreduce_"),
+                  lambda: allreduce_run(tensor, name, op, pre, post, out=tensor))
 
 
-_BAD = -1  # a rank's "I cannot take part" in the first exchange
+class _Allreduce(torch.autograd.Function):
+    """allreduce as a differentiable function: the gradient of an allreduce
+    is the allreduce of the gradient, with the same op and factors."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, pre, post):
+        ctx.args = (average, op, pre, post)
+        return synchronize(allreduce_async(tensor, average, name, op, pre, post))
+
+    @staticmethod
+    def backward(ctx, grad):
+        average, op, pre, post = ctx.args
+        return (synchronize(allreduce_async(grad.contiguous(), average, None, op, pre, post)),
+                None, None, None, None, None)
 
 
-def _agree(what, root_rank, values, problem=None):
-    """The first exchange of a collective: every rank's root_rank, `values`
-    (ints) and whether it has a local `problem` (a message). Raises the same
-    ValueError on every rank when a rank has a problem or the roots differ;
-    returns every rank's values."""
-    ctx = _context.need()
-    root_ok = isinstance(root_rank, int) and 0 <= root_rank < ctx.size
-    every = _gather_ints([root_rank if root_ok else _BAD, _BAD if problem else 0] + list(values))
-    bad = [r for r, e in enumerate(every) if e[1] == _BAD]
-    if problem or bad:
-        raise ValueError(f"{what}: " + (problem or f"rank(s) {bad} could not take part "
-                                                   f"(their error says why)"))
-    if not root_ok:
-        raise ValueError(f"{what}: root_rank: {root_rank!r} not in [0, {ctx.size})")
-    roots = {e[0] for e in every}
-    if len(roots) != 1:
-        raise ValueError(f"{what}: the ranks name different roots: "
-                         + ", ".join(f"rank {r}: {e[0]}" for r, e in enumerate(every)))
-    return [e[2:] for e in every]
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0):
+    """Averages (op=Average, the default) or sums (op=Sum) `tensor` over the
+    ranks; returns a new tensor of the same dtype, shape and device.
+    compression: a Compressor (Compression.none, .fp16, .bf16 or a
+    user-written one): the compressed tensor is reduced and decompressed.
+    Differentiable: the gradient is the allreduce of the result's gradient."""
+    comp = compressor_of(compression)
+    tensor_arg(tensor, "allreduce")
+    compressed, cctx = comp.compress(tensor)
+    summed = _Allreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor)
+    return comp.decompress(summed, cctx)
 
 
-def _raw(t):
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, compression=Compression.none):
+    """In place: tensor takes allreduce(tensor, ...)'s values. Returns tensor."""
+    if compression in (None, Compression.none):
+        return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                            postscale_factor))
+    with torch.no_grad():
+        tensor.copy_(allreduce(tensor, average, name, compression, op, prescale_factor,
+                               postscale_factor))
+    return tensor
+
+
+def raw(t):
     """The bytes of tensor t (a copy on the host)."""
     t = t.detach()
     if t.numel() == 0:
@@ -160,167 +229,147 @@ def _raw(t):
     return t.cpu().contiguous().view(-1).view(torch.uint8)
 
 
-def _tensors_of(obj):
-    if isinstance(obj, torch.nn.Module):
-        return list(obj.state_dict(keep_vars=True).items())
-    if isinstance(obj, dict):
-        return list(obj.items())
-    items = list(obj)
-    if items and not isinstance(items[0], tuple):
-        return [(str(i), t) for i, t in enumerate(items)]
-    return items
-
-
-def broadcast_parameters(params, root_rank=0):
-    """Makes every rank's tensors equal to root_rank's, bit for bit.
-
-    params: an nn.Module (its state_dict: parameters and buffers), a dict
-    name -> tensor (model.state_dict()), an iterable of (name, tensor)
-    (model.named_parameters()) or of tensors. Every rank passes the same
-    names, shapes and dtypes (checked: a mismatch raises ValueError on every
-    rank). Any dtype and device; copied in place."""
+def _allgather_run(tensor, name):
+    t = tensor.detach()
+    shape = list(t.shape) if t.dim() else [1]
+    row = t.element_size() * math.prod(shape[1:])
+    every, _ = agree.open_op("allgather", name, [agree.dtype_code(t.dtype), row,
+                                                 agree.crc(shape[1:]), shape[0]], joinable=True)
+    agree.same("allgather", every, 0, "dtypes", agree.dtype_name)
+    agree.same("allgather", every, 2, "shapes (they differ beyond dimension 0)",
+               mine=tuple(t.shape))
+    agree.same("allgather", every, 1, "row sizes")
+    rows = [0 if e is None else e[3] for e in every]  # a joined rank contributes no rows
     ctx = _context.need()
-    items = [(n, t) for n, t in _tensors_of(params) if isinstance(t, torch.Tensor)]
-    sizes = [t.numel() * t.element_size() for _, t in items]
-    total = sum(sizes)
-    layout = zlib.crc32(repr([(tuple(t.shape), str(t.dtype)) for _, t in items]).encode())
-    every = _agree("broadcast_parameters", root_rank, [total, len(items), layout])
-    if any(e != every[root_rank] for e in every):
-        raise ValueError("broadcast_parameters: the ranks pass different tensors (count, "
-                         "bytes, shapes or dtypes): "
-                         + ", ".join(f"rank {r}: {e[1]} tensors of {e[0]} bytes"
-                                     for r, e in enumerate(every)))
-    buf = torch.zeros(total, dtype=torch.uint8)
-    if ctx.rank == root_rank:
-        off = 0
-        for (_, t), n in zip(items, sizes):
-            buf[off:off + n] = _raw(t)
-            off += n
-    got = _exchange(buf)
-    if ctx.rank == root_rank:
-        return
-    off = 0
+    buf = torch.zeros(sum(rows) * row, dtype=torch.uint8)
+    off = sum(rows[:ctx.rank]) * row
+    buf[off:off + rows[ctx.rank] * row] = raw(t)
+    got = rounds.exchange(buf)
+    out = got.view(t.dtype).view([sum(rows)] + shape[1:]) if got.numel() else \
+        torch.empty([sum(rows)] + shape[1:], dtype=t.dtype)
+    return out.to(tensor.device)
+
+
+def allgather_async(tensor, name=None):
+    """Starts an allgather; synchronize(handle) returns every rank's tensor
+    concatenated along dimension 0, in rank order (the first dimension may
+    differ by rank; the others and the dtype must agree)."""
+    tensor_arg(tensor, "allgather")
+    return submit("allgather", name_arg(name, "allgather"), lambda: _allgather_run(tensor, name))
+
+
+class _Allgather(torch.autograd.Function):
+    """allgather as a differentiable function: each rank's gradient is its
+    rows of the sum over the ranks of the result's gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.rows, ctx.shape = (tensor.shape[0] if tensor.dim() else 1), tensor.shape
+        return synchronize(allgather_async(tensor, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = synchronize(allreduce_async(grad.contiguous(), op=Sum))
+        rows = synchronize(allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
+        first = int(rows[:_context.need().rank].sum())
+        return summed.narrow(0, first, ctx.rows).reshape(ctx.shape), None
+
+
+def allgather(tensor, name=None, compression=Compression.none):
+    """Concatenates every rank's tensor along dimension 0, in rank order.
+    The other dimensions and the dtype must agree (the first may differ).
+    Differentiable (each rank's gradient: its rows of the summed gradient)."""
+    comp = compressor_of(compression)
+    tensor_arg(tensor, "allgather")
+    compressed, cctx = comp.compress(tensor)
+    return comp.decompress(_Allgather.apply(compressed, name), cctx)
+
+
+def broadcast_bytes(kind, name, root, values, payload):
+    """The op that gives every rank root's `payload` (uint8, its length in
+    values[0]) after the header check; `values` must agree on every rank.
+    Returns (every rank's values, root's bytes)."""
+    ctx = _context.need()
+    mine = rounds.halves(payload) if ctx.rank == root else None
+    cap = rounds.capacity()
+    inline = mine if mine is not None and mine.numel() <= cap else None
+    every, head = agree.open_op(kind, name, values, root=root, inline=inline)
+    n = every[root][0]
+    if (n + 1) // 2 <= cap:  # it came inline (from the root: the others sent zeros)
+        return every, rounds.unhalves(head, n) if ctx.rank != root else payload
+    buf = torch.zeros(n, dtype=torch.uint8)
+    if ctx.rank == root:
+        buf[:] = payload
+    return every, rounds.exchange(buf)
+
+
+def _broadcast_run(tensor, root, name, out):
+    t = tensor.detach()
+    every, got = broadcast_bytes(
+        "broadcast", name, root,
+        [t.numel() * t.element_size(), agree.dtype_code(t.dtype), agree.crc(tuple(t.shape))],
+        raw(t))
+    agree.same("broadcast", every, 1, "dtypes", agree.dtype_name)
+    agree.same("broadcast", every, 0, "sizes (bytes)")
+    agree.same("broadcast", every, 2, "shapes", mine=tuple(t.shape))
     with torch.no_grad():
-        for (_, t), n in zip(items, sizes):
-            if n:  # a copy first: a view as t.dtype needs an aligned offset
-                t.copy_(got[off:off + n].clone().view(t.dtype).view(t.shape))
-            off += n
+        if _context.need().rank != root and got.numel():
+            out.copy_(got.clone().view(t.dtype).view(t.shape))
+    return out
+
+
+def _root(root_rank):
+    return root_rank if isinstance(root_rank, int) and not isinstance(root_rank, bool) \
+        else repr(root_rank)
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    """Starts a broadcast; synchronize(handle) returns a new tensor equal to
+    root_rank's `tensor` (same shape and dtype on every rank, bit for bit)."""
+    tensor_arg(tensor, "broadcast")
+    out = tensor.detach().clone()
+    return submit("broadcast", name_arg(name, "broadcast"),
+                  lambda: _broadcast_run(tensor, _root(root_rank), name, out))
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    """In place: like broadcast_async; the op writes root's values into
+    `tensor`, which synchronize(handle) returns."""
+    tensor_arg(tensor, "broadcast_")
+    return submit("broadcast", name_arg(name, "broadcast_"),
+                  lambda: _broadcast_run(tensor, _root(root_rank), name, tensor))
+
+
+class _Broadcast(torch.autograd.Function):
+    """broadcast as a differentiable function: the root's gradient is the
+    sum over the ranks of the result's gradients; the others' is zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root = root_rank
+        return synchronize(broadcast_async(tensor, root_rank, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = synchronize(allreduce_async(grad.contiguous(), op=Sum))
+        if _context.need().rank != ctx.root:
+            summed = torch.zeros_like(summed)
+        return summed, None, None
+
+
+def broadcast(tensor, root_rank, name=None):
+    """A new tensor equal to root_rank's `tensor` (same shape on every rank).
+    Differentiable (the root's gradient: the summed gradient; others': 0)."""
+    tensor_arg(tensor, "broadcast")
+    return _Broadcast.apply(tensor, root_rank, name)
 
 
 def broadcast_(tensor, root_rank, name=None):
     """In place: tensor takes root_rank's values. Returns tensor."""
-    broadcast_parameters([(name or "tensor", tensor)], root_rank)
-    return tensor
+    return synchronize(broadcast_async_(tensor, root_rank, name))
 
 
-def broadcast(tensor, root_rank, name=None):
-    """A new tensor equal to root_rank's `tensor` (same shape on every rank)."""
-    return broadcast_(tensor.detach().clone(), root_rank, name)
-
-
-def _pickled(obj):
-    b = io.BytesIO()
-    torch.save(obj, b)
-    return torch.frombuffer(bytearray(b.getvalue()), dtype=torch.uint8)
-
-
-def _unpickled(raw):
-    # Tensors land on the CPU (state_dict loaders move them to their device).
-    return torch.load(io.BytesIO(raw.numpy().tobytes()), map_location="cpu")
-
-
-def broadcast_object(obj, root_rank=0, name=None):
-    """Returns root_rank's `obj` on every rank (pickled; tensors inside are
-    carried too). The other ranks' `obj` is ignored."""
-    ctx = _context.need()
-    raw, problem = torch.empty(0, dtype=torch.uint8), None
-    if ctx.rank == root_rank:
-        try:
-            raw = _pickled(obj)
-        except Exception as e:  # noqa: BLE001 - every rank raises it below
-            problem = f"rank {ctx.rank} cannot pickle the object: {type(e).__name__}: {e}"
-    n = _agree("broadcast_object", root_rank, [raw.numel()], problem)[root_rank][0]
-    buf = torch.zeros(n, dtype=torch.uint8)
-    if ctx.rank == root_rank:
-        buf[:] = raw
-    got = _exchange(buf)
-    return obj if ctx.rank == root_rank else _unpickled(got)
-
-
-def broadcast_optimizer_state(optimizer, root_rank=0):
-    """Every rank's optimizer takes root_rank's state_dict (hyperparameters
-    such as the learning rate, and the per-parameter state: momentum
-    buffers, Adam moments, step counts). The optimizers must hold the same
-    parameters in the same order. For a hub-side DistributedOptimizer the
-    per-parameter state lives on the hub; the hyperparameters are taken."""
-    state = broadcast_object(optimizer.state_dict(), root_rank)
-    if _context.need().rank != root_rank:
-        optimizer.load_state_dict(state)
-
-
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None):
-    """Averages (op=Average, the default) or sums (op=Sum) `tensor` over the
-    ranks, in rank order (bitwise reproducible); returns a new tensor of the
-    same dtype, shape and device. The sum is computed in fp32 (integer
-    tensors are exact while |sum| < 2**24). `name` is accepted for Horovod's
-    sake; every call goes through the same reused helper keys."""
-    ctx = _context.need()
-    if op is None:
-        op = Average if average is None or average else Sum
-    elif average is not None:
-        raise ValueError("allreduce: give op or average, not both")
-    reduction = reduction_of(op)
-    src = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().view(-1)
-    out = _reduce(src, "allreduce", wire_dtype(compression), reduction)
-    return out.view(tensor.shape).to(device=tensor.device, dtype=tensor.dtype)
-
-
-def allreduce_(tensor, average=None, name=None, compression=Compression.none, op=None):
-    """In place: tensor takes allreduce(tensor, ...)'s values. Returns tensor."""
-    with torch.no_grad():
-        tensor.copy_(allreduce(tensor, average, name, compression, op))
-    return tensor
-
-
-def allgather(tensor, name=None):
-    """Concatenates every rank's tensor along dimension 0, in rank order.
-    The other dimensions and the dtype must agree (the first may differ)."""
-    ctx = _context.need()
-    t = tensor.detach()
-    shape = list(t.shape) if t.dim() else [1]
-    dt = str(t.dtype)
-    every = _agree("allgather", 0, [len(shape), zlib.crc32(dt.encode()),
-                                    t.numel() * t.element_size(), shape[0],
-                                    zlib.crc32(repr(shape[1:]).encode())])
-    if any(e[0] != every[0][0] or e[1] != every[0][1] or e[4] != every[0][4] for e in every):
-        raise ValueError(f"allgather: the ranks' tensors differ beyond dimension 0 or in dtype "
-                         f"(this rank: {tuple(t.shape)} {dt})")
-    sizes = [e[2] for e in every]
-    buf = torch.zeros(sum(sizes), dtype=torch.uint8)
-    off = sum(sizes[:ctx.rank])
-    buf[off:off + sizes[ctx.rank]] = _raw(t)
-    got = _exchange(buf)
-    rows = sum(e[3] for e in every)
-    out = got.view(t.dtype).view([rows] + shape[1:]) if got.numel() else \
-        torch.empty([rows] + shape[1:], dtype=t.dtype)
-    return out.to(tensor.device)
-
-
-def allgather_object(obj, name=None):
-    """A list of every rank's `obj`, by rank (pickled)."""
-    ctx = _context.need()
-    raw, problem = torch.empty(0, dtype=torch.uint8), None
-    try:
-        raw = _pickled(obj)
-    except Exception as e:  # noqa: BLE001 - every rank raises it below
-        problem = f"rank {ctx.rank} cannot pickle its object: {type(e).__name__}: {e}"
-    sizes = [e[0] for e in _agree("allgather_object", 0, [raw.numel()], problem)]
-    buf = torch.zeros(sum(sizes), dtype=torch.uint8)
-    off = sum(sizes[:ctx.rank])
-    buf[off:off + raw.numel()] = raw
-    got = _exchange(buf)
-    out, off = [], 0
-    for n in sizes:
-        out.append(_unpickled(got[off:off + n]))
-        off += n
-    return out
+def barrier():
+    """Returns when every rank called barrier() (after this rank's earlier
+    ops finished: they run in order)."""
+    synchronize(submit("barrier", None, lambda: agree.open_op("barrier", None, []) and None))

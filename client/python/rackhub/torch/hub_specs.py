@@ -1,5 +1,4 @@
-"""Optimizers that run on the hub, and the wire names of reductions and
-compressions.
+"""Optimizers that run on the hub, and the wire names of reductions.
 
 A hub-side optimizer is described by a spec: a dict of the hub's fields
 (type, lr, momentum, weight_decay, beta1, beta2, eps, initial_accumulator,
@@ -26,104 +25,6 @@ def reduction_of(op):
     if op == Adasum:
         raise ValueError("op: Adasum is not implemented by rackhub (use Average or Sum)")
     raise ValueError(f"op: rackhub.torch.Average or rackhub.torch.Sum, got {op!r}")
-
-
-class Compression:
-    """What a key's gradients become on the wire (Horovod's hvd.Compression,
-    plus top-k): none = fp32, fp16, bf16; topk(ratio, error_feedback=True) =
-    each chunk's ceil(ratio * elements) largest-magnitude gradient entries
-    (fp32 values and their indices), the rest kept on the worker as a
-    residual added to the next step's gradient (error feedback). The hub
-    keeps fp32 master values and sums in fp32 either way; the reply (averaged
-    gradient or parameters) is dense.
-
-    DistributedOptimizer(compression=...) also takes the strings "none",
-    "fp16", "bf16", "topk:RATIO" and "topk:RATIO:noef" (compression_of)."""
-
-    class _Wire:
-        topk_ratio = 0.0
-        error_feedback = False
-
-        def __init__(self, name, wire):
-            self.name = name
-            self.wire = wire
-
-        def __repr__(self):
-            return f"rackhub.torch.Compression.{self.name}"
-
-    class _TopK:
-        wire = "fp32"
-
-        def __init__(self, ratio, error_feedback=True):
-            try:
-                r = float(ratio)
-            except (TypeError, ValueError):
-                r = float("nan")
-            if isinstance(ratio, bool) or not 0.0 < r <= 1.0:  # NaN fails too
-                raise ValueError(f"compression: top-k ratio in (0, 1], got {ratio!r}")
-            self.topk_ratio = r
-            self.error_feedback = bool(error_feedback)
-            self.name = f"topk:{r!r}" + ("" if self.error_feedback else ":noef")
-
-        def __repr__(self):
-            ef = "" if self.error_feedback else ", error_feedback=False"
-            return f"rackhub.torch.Compression.topk({self.topk_ratio!r}{ef})"
-
-        def __eq__(self, other):
-            return (isinstance(other, Compression._TopK) and
-                    (self.topk_ratio, self.error_feedback) ==
-                    (other.topk_ratio, other.error_feedback))
-
-        def __hash__(self):
-            return hash((self.topk_ratio, self.error_feedback))
-
-    none = _Wire("none", "fp32")
-    fp16 = _Wire("fp16", "fp16")
-    bf16 = _Wire("bf16", "bf16")
-
-    @staticmethod
-    def topk(ratio, error_feedback=True):
-        """Top-k sparsification of the gradients: per chunk of the key, the
-        ceil(ratio * elements) entries of largest magnitude are sent, ratio in
-        (0, 1]; with error_feedback (default) the entries not sent are kept
-        in a residual on this worker and added to the next step's gradient."""
-        return Compression._TopK(ratio, error_feedback)
-
-
-_FORMS = ("rackhub.torch.Compression.none, .fp16, .bf16 or .topk(ratio, error_feedback=True), "
-          "or one of the strings 'none', 'fp16', 'bf16', 'topk:RATIO', 'topk:RATIO:noef' "
-          "(RATIO in (0, 1])")
-
-
-def compression_of(compression):
-    """The Compression object `compression` means (an object, or a string:
-    "none", "fp16", "bf16", "topk:RATIO", "topk:RATIO:noef"; "fp32" = none).
-    Anything else raises ValueError naming the accepted forms."""
-    if isinstance(compression, (Compression._Wire, Compression._TopK)):
-        return compression
-    if isinstance(compression, str):
-        s = compression.strip()
-        for w in (Compression.none, Compression.fp16, Compression.bf16):
-            if s in (w.name, w.wire):
-                return w
-        parts = s.split(":")
-        if parts[0] == "topk" and len(parts) in (2, 3) and (len(parts) == 2 or
-                                                           parts[2] == "noef"):
-            try:
-                return Compression._TopK(parts[1], error_feedback=len(parts) == 2)
-            except ValueError:
-                pass
-    raise ValueError(f"compression: {_FORMS}; got {compression!r}")
-
-
-def wire_dtype(compression):
-    """The wire type of a dense (not top-k) compression: collectives and
-    embedding tables."""
-    c = compression_of(compression)
-    if isinstance(c, Compression._TopK):
-        raise ValueError(f"compression: {c!r} applies to DistributedOptimizer's gradients "
-                         f"only; collectives take Compression.none, .fp16 or .bf16")
-    return c.wire
 
 
 # ---------------------------------------------------------------------------

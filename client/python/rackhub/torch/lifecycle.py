@@ -11,7 +11,8 @@ import zlib
 import torch
 
 from .. import _core
-from . import _context, collectives
+from . import _context, collectives, timeline
+from .handles import Executor
 
 # The hub's default data-plane port (rackhubd's data.listen).
 DEFAULT_DATA_PORT = 7700
@@ -40,7 +41,8 @@ def _int_env(what, *names, default=None):
 
 def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=None, rack=None,
          racks=None, transport=None, connect_timeout=30.0, op_timeout=None, local_rank=None,
-         local_size=None, rdma_hub=None, rdma_device=None, busy_poll=False):
+         local_size=None, rdma_hub=None, rdma_device=None, busy_poll=False, *, comm=None,
+         process_sets=None):
     """Connects this process to the hub as one rank of the tenant.
 
     Arguments left out come from the environment: rackhub-run's variables
@@ -68,11 +70,23 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     rdma_hub (RACKHUB_RDMA_HUB) is the hub's RDMA listener (default: the
     hub's host, port 7702); rdma_device picks a verbs device; busy_poll
     spins on the shared-memory ring / completion queue instead of sleeping.
-    When neither launcher gave local_rank/local_size, the ranks compute them
-    here from their host names (init is then a collective: every rank calls it).
+    init is a collective (every rank calls it): the ranks exchange their host
+    names, which give local_rank/local_size when no launcher gave them, and
+    cross_rank(), cross_size(), is_homogeneous().
+
+    Called again while initialized, init does nothing (as in Horovod, its
+    arguments are ignored); after shutdown() it connects anew. Horovod's
+    comm (an MPI communicator) and process_sets are refused when given:
+    rackhub has no MPI, and no process sets yet (docs/pytorch.md).
     """
     if _context.is_initialized():
-        raise RuntimeError("rackhub.torch.init: already initialized (call shutdown() first)")
+        return
+    if comm is not None:
+        raise ValueError("rackhub.torch.init: comm: rackhub has no MPI; the ranks are the "
+                         "tenant's workers (rank, size or the launcher's environment)")
+    if process_sets is not None:
+        raise ValueError("rackhub.torch.init: process_sets: process sets are not implemented "
+                         "by rackhub yet (every op runs over all ranks)")
     rank = int(rank) if rank is not None else _int_env("rank", "RACKHUB_RANK", "RANK", default="0")
     if size is None:
         size = _int_env("size", "RACKHUB_WORLD_SIZE", "WORLD_SIZE")
@@ -122,10 +136,10 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
         raise ValueError(f"rackhub.torch.init: rank: {rank} not in [0, {workers})")
     ctx = _context.Context(c, rack * workers + rank, racks * workers, hub, tenant)
     ctx.op_timeout = float(op_timeout)
+    ctx.executor = Executor(on_done=lambda op: timeline.record(op, ctx.rank))
     _context.install(ctx)
     try:
-        if local_rank is None or local_size is None:
-            local_rank, local_size = _local_from_hosts(ctx)
+        local_rank, local_size = _topology(ctx, local_rank, local_size)
     except BaseException:
         _context.shutdown()
         raise
@@ -136,12 +150,27 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     ctx.local_rank, ctx.local_size = local_rank, local_size
 
 
-def _local_from_hosts(ctx):
-    """(local rank, local size) from every rank's host name: the ranks on
-    this host, numbered by global rank (Horovod's definition)."""
-    h = zlib.crc32(socket.gethostname().encode()) & 0xFFFFFF  # exact in fp32
-    mine = torch.zeros(ctx.size, dtype=torch.float32)
-    mine[ctx.rank] = float(h + 1)  # 0 = "not this rank"
-    every = collectives.allreduce(mine, name="__rackhub_hosts", op=collectives.Sum)
-    same = [r for r in range(ctx.size) if int(every[r].item()) == h + 1]
-    return same.index(ctx.rank), len(same)
+def _topology(ctx, local_rank, local_size):
+    """Every rank's host (a digest of its name) and launcher-given local
+    rank: returns (local rank, local size), computed from the hosts (the
+    ranks on this host, numbered by global rank: Horovod's definition) when
+    not given; sets the context's cross_rank, cross_size (the ranks with
+    this local rank, numbered by global rank) and homogeneous."""
+    host = zlib.crc32(socket.gethostname().encode())
+    given = local_rank is not None and local_size is not None
+    mine = torch.tensor([[host, local_rank if given else -1]], dtype=torch.int64)
+    every = collectives.allgather(mine, name="__rackhub_hosts").tolist()
+    same = [r for r in range(ctx.size) if every[r][0] == host]
+    if not given:
+        local_rank, local_size = same.index(ctx.rank), len(same)
+        locals_ = [[r2 for r2 in range(ctx.size) if every[r2][0] == every[r][0]].index(r)
+                   for r in range(ctx.size)]
+    else:
+        locals_ = [e[1] for e in every]
+    peers = [r for r in range(ctx.size) if locals_[r] == locals_[ctx.rank]]
+    ctx.cross_rank, ctx.cross_size = peers.index(ctx.rank), len(peers)
+    per_host = {}
+    for h, _ in every:
+        per_host[h] = per_host.get(h, 0) + 1
+    ctx.homogeneous = len(set(per_host.values())) == 1
+    return local_rank, local_size

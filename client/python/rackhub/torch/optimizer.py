@@ -69,8 +69,8 @@ import torch
 from . import _context
 from .._core import RackhubError, RolledBack, WorkerLost
 from .embedding import DEFAULT_INIT, Tables, table_spec_of_group, tables_of
-from .hub_specs import (Average, Compression, HubOptimizer, compression_of, reduction_of,
-                        spec_of_group)
+from .compression import Compression, compression_of
+from .hub_specs import Average, HubOptimizer, reduction_of, spec_of_group
 
 _log = logging.getLogger("rackhub.torch")
 

@@ -1,0 +1,59 @@
+"""join() (Horovod's): a rank that ran out of data joins; until every rank
+has joined, it takes part in the other ranks' allreduce and
+grouped_allreduce ops with zeros (their Average still divides by size(): the
+result is that of an allreduce where the joined ranks passed zeros) and in
+their allgathers with no rows (so SyncBatchNorm's statistics are those of
+the ranks that still have data). When
+all have joined, join() returns on every rank the rank that joined last
+(of ranks that joined at the same point, the highest).
+
+How: a joined rank sends a join header in every header round (rounds.py);
+the others' op sees it (agree.open_op) and runs with it when the op is
+joinable, and raises MismatchError on every active rank otherwise (e.g. a
+broadcast while a rank is joined). The joined rank reads the active ranks'
+headers and, when they agree on a joinable op, sends zeros in the op's
+data rounds. DistributedOptimizer pushes to keys of its own, not through
+these ops: its steps do not run while a rank is joined.
+
+Thread use: any thread; the op runs on the executor's thread.
+"""
+import torch
+
+from . import agree, rounds
+from .collectives import submit, wire
+from .handles import synchronize
+
+_JOIN = agree.CODE["join"]
+
+
+def _join_run():
+    waited = 0
+    while True:
+        every, _ = rounds.header([_JOIN, 0, -3, 0, waited, 0, 0, 0])
+        active = [e for e in every if e[0] != _JOIN]
+        if not active:
+            least = min(e[4] for e in every)
+            return max(r for r, e in enumerate(every) if e[4] == least)
+        waited += 1
+        kind = agree.KINDS.get(active[0][0])
+        if len({e[0] for e in active}) != 1 or kind not in agree.JOINABLE:
+            continue  # the active ranks raise MismatchError: no data rounds follow
+        if kind == "allgather":  # the rows of each may differ; the rest must agree
+            if len({tuple(e[:7]) for e in active}) != 1:
+                continue
+            rows = sum(e[7] for e in active)
+            rounds.exchange(torch.zeros(rows * active[0][5], dtype=torch.uint8))
+            continue
+        if len({tuple(e) for e in active}) != 1:
+            continue
+        dtype_code, numel = active[0][4], active[0][5]
+        rest = numel - rounds.capacity()
+        if rest > 0:
+            dtype = agree.dtype_of(dtype_code)
+            rounds.reduce(torch.zeros(rest, dtype=torch.float32), "allreduce", wire(dtype))
+
+
+def join(device=-1):
+    """Joins (this rank has no more data); returns, once every rank joined,
+    the rank that joined last. `device` is accepted for Horovod's sake."""
+    return synchronize(submit("join", None, _join_run))
