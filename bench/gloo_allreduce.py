@@ -11,10 +11,12 @@ iteration's time is the slowest rank's. Prints one JSON line:
   {"backend":"gloo", "median_ms":..., "times_ms":[...], "dtype":..., ...}
 
 Rank r's tensor is (r+1)*p, p a random pattern of multiples of 1/64 in
-[-1/8, 1/8]: the first all_reduce's result must be exactly p*W(W+1)/2 in any
-reduction order (every partial sum is representable in fp16 and fp32 for W up
-to 16); every rank checks every element of it ("verified" in the JSON; a
-mismatch is exit 1).
+[-K/64, K/64], K at most 8 and small enough that every partial sum (at most
+K*W(W+1)/2 sixty-fourths) is exact in the dtype's significand (fp32 24 bits,
+fp16 11, bf16 8), so the first all_reduce's result must be exactly
+p*W(W+1)/2 in any reduction order; where even K = 1 is too large, every rank
+sends p (partial sums at most K*W). Every rank checks every element
+("verified" in the JSON; a mismatch is exit 1).
 
 On a rack on one machine (bench/rack_netns.sh) --netns-per-rank P puts rank r
 in network namespace P<r> (setns in the forked rank, before gloo starts), with
@@ -106,6 +108,19 @@ def enter_netns(name):
         os.close(fd)
 
 
+SIGNIFICAND_BITS = {"fp32": 24, "fp16": 11, "bf16": 8}
+
+
+def exact_pattern(workers, dtype):
+    """(K, rank -> weight, sum of weights): rank r sends weight(r) * p with p
+    in [-K, K] (sixty-fourths), every partial sum exact in `dtype`."""
+    limit = 2 ** SIGNIFICAND_BITS[dtype] - 1
+    ranked = workers * (workers + 1) // 2
+    if limit // ranked >= 1:
+        return min(8, limit // ranked), (lambda r: r + 1), ranked
+    return max(1, min(8, limit // workers)), (lambda r: 1), workers
+
+
 def rank_main(rank, args, port, out_queue):
     if args.netns_per_rank:
         enter_netns(f"{args.netns_per_rank}{rank}")
@@ -122,9 +137,10 @@ def rank_main(rank, args, port, out_queue):
     used = args.used_dtype
     elements = args.bytes // 4
     gen = torch.Generator().manual_seed(12345)  # the same pattern on every rank
-    pattern = torch.randint(-8, 9, (elements,), generator=gen, dtype=torch.int32)
-    tensor = (pattern * (rank + 1)).to(dtypes[used]).div_(64)
-    expected = (pattern * (args.workers * (args.workers + 1) // 2)).to(dtypes[used]).div_(64)
+    k, weight, total = exact_pattern(args.workers, used)
+    pattern = torch.randint(-k, k + 1, (elements,), generator=gen, dtype=torch.int32)
+    tensor = (pattern * weight(rank)).to(dtypes[used]).div_(64)
+    expected = (pattern * total).to(dtypes[used]).div_(64)
     del pattern
     mismatches = 0
     times = []

@@ -4,7 +4,8 @@
 #
 #   netns_skip MSG           prints "SKIPPED: MSG" and exits 0 (no root, no tc, ...)
 #   netns_add NAME           creates namespace NAME (lo up), removed at exit with
-#                            every process still in it; fails if it exists
+#                            every process still in it; fails if it exists (the
+#                            first one: skips when namespaces cannot be made)
 #   tbf_args RATE            "rate R burst B latency 100ms" for tc (burst: 2 ms of
 #                            line rate, at least 128 KiB: GSO-sized packets)
 #   add_tbf NS DEV RATE      shapes DEV's egress in NS to RATE ("none": unshaped)
@@ -37,8 +38,12 @@ netns_add() {
     echo "$me: namespace $1 already exists (another run? remove it with: ip netns del $1)" >&2
     exit 1
   fi
-  ip netns add "$1" 2>/dev/null ||
-    netns_skip "cannot create network namespaces here ('ip netns add' failed: no CAP_SYS_ADMIN or no netns support)"
+  if ! ip netns add "$1" 2>/dev/null; then
+    [ ${#netns_created[@]} -eq 0 ] &&
+      netns_skip "cannot create network namespaces here ('ip netns add' failed: no CAP_SYS_ADMIN or no netns support)"
+    echo "$me: 'ip netns add $1' failed" >&2
+    exit 1
+  fi
   netns_created+=("$1")
   ip -n "$1" link set lo up
 }

@@ -110,9 +110,7 @@ ip -n "$sw" link set br0 up
 # link shaped to RATE both ways (eth0's egress in NS, PORT's egress on the
 # switch).
 plug() {
-  ip link add "rkn$$" type veth peer name "rks$$"
-  ip link set "rkn$$" netns "$1"
-  ip link set "rks$$" netns "$sw"
+  ip link add "rkn$$" netns "$1" type veth peer name "rks$$" netns "$sw"
   ip -n "$1" link set "rkn$$" name eth0
   ip -n "$sw" link set "rks$$" name "$2"
   ip -n "$1" addr add "$3/24" dev eth0

@@ -275,6 +275,11 @@ CommandLine Parse(int argc, char** argv) {
     if (worker_netns->count() == 0) a.worker_netns_prefix = netns_prefix;
   }
   cl.worker = worker_rank->count() > 0;
+  if (!cl.worker && !a.netns_per_worker.empty() &&
+      (a.rack_addrs.empty() || a.hub_netns_prefix.empty())) {
+    Usage("--netns-per-worker needs --hub-netns-prefix and --rack-addrs (the workers' namespaces "
+          "cannot reach a hub on this namespace's loopback)");
+  }
   if (!cl.worker && !a.netns_per_worker.empty() && !a.compare.empty() &&
       (a.gloo_master_addr.empty() || a.gloo_ifname.empty())) {
     Usage("--netns-per-worker with --compare gloo needs --gloo-master-addr and --gloo-ifname");

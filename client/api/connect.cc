@@ -162,7 +162,7 @@ std::vector<std::unique_ptr<internal::Lane>> Client::Impl::AdoptLanes(
     auto lane = std::make_unique<internal::Lane>(this, i);
     std::shared_ptr<net::Connection> conn = dialed.lanes[i].adopt(io_, lane.get());
     if (!conn) return {};
-    lane->Start(std::move(conn));
+    lane->Start(std::move(conn), dialed.lanes[i].lanes_share_link);
     lanes.push_back(std::move(lane));
   }
   transport_ = dialed.transport;

@@ -22,7 +22,8 @@ Lane::~Lane() {
   }
 }
 
-void Lane::Start(std::shared_ptr<net::Connection> conn) {
+void Lane::Start(std::shared_ptr<net::Connection> conn, bool in_step) {
+  in_step_ = in_step;
   conn_ = std::move(conn);
   conn_->Start();
   Pump();
@@ -50,7 +51,7 @@ void Lane::Send(OutFrame frame) {
 }
 
 uint64_t Lane::OldestUnwritten() const {
-  if (!open_) return UINT64_MAX;
+  if (!open_ || !in_step_) return UINT64_MAX;
   if (!handed_pushes_.empty()) return handed_pushes_.front().first;
   return queued_pushes_.empty() ? UINT64_MAX : queued_pushes_.front();
 }
@@ -70,6 +71,9 @@ void Lane::Pump() {
   // (The connection may report bytes the lane did not hand over, e.g. a
   // fatal ERROR of its own: never more than handed.)
   bool dropped_push = false;
+  // The frontier only moves forward while this runs (a push handed over is
+  // still unwritten): read once, it is a safe bound.
+  uint64_t frontier = kUnpaced;
   while (open_ && !queue_.empty() &&
          handed_bytes_ - std::min(sent_bytes_, handed_bytes_) < kSendWindowBytes) {
     const OutFrame& next = queue_.front();
@@ -77,8 +81,11 @@ void Lane::Pump() {
     // may reuse the buffers as soon as the ticket completes).
     const bool drop = next.op && next.op->failed;
     // A push waits while it is too far ahead of the other lanes' (lane.h).
-    if (!drop && next.pos != kUnpaced && next.pos >= owner_->PaceFrontier() + kLookaheadBytes) {
-      break;
+    if (!drop && in_step_ && next.pos != kUnpaced) {
+      if (frontier == kUnpaced) frontier = owner_->PaceFrontier();
+      const uint64_t lookahead =
+          std::max<uint64_t>(kLookaheadBytes, uint64_t{owner_->lanes()} * (net::kHeaderBytes + next.bytes));
+      if (next.pos >= frontier + lookahead) break;
     }
     OutFrame f = std::move(queue_.front());
     queue_.pop_front();
@@ -122,6 +129,7 @@ void Lane::OnBytesSent(net::Connection& conn, size_t bytes) {
   }
   if (bye_handed_ && sent_bytes_ >= handed_bytes_ && conn.open()) {
     conn.Close("the client closed the lane after BYE");
+    if (wrote_push) owner_->PumpLanes();
     return;
   }
   if (wrote_push) {

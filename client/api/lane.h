@@ -20,12 +20,14 @@
 // (measured on per-worker links: 1.22-1.27x the link bound with two lanes,
 // 1.05x with one). So pushes carry their place in the client's stream of
 // pushed bytes (OutFrame::pos, in issue order across lanes), and a lane
-// hands a push to its connection only while it is less than
-// kLookaheadBytes past the oldest push that no lane has written yet
-// (Client::Impl::PaceFrontier). The oldest push can always go, so this
-// never deadlocks; written bytes advance the frontier (PumpLanes). The TCP
-// dialer keeps the kernel's unsent backlog small (TCP_NOTSENT_LOWAT), so
-// written is close to on the wire. A frame's payload (the caller's gradient, or the key's
+// hands a push to its connection only while it is less than the lookahead
+// (kLookaheadBytes, or one push per lane if pushes are larger) past the
+// oldest push that no lane has written yet (Client::Impl::PaceFrontier).
+// The oldest push can always go, so this never deadlocks; written bytes
+// advance the frontier (PumpLanes). Only lanes whose dialer says they share
+// a link are paced (DialedLane::lanes_share_link: TCP, whose dialer keeps
+// the kernel's unsent backlog small with TCP_NOTSENT_LOWAT, so written is
+// close to on the wire); shared-memory and RDMA rings are not. A frame's payload (the caller's gradient, or the key's
 // staging buffer) is held through an io_ref of its operation until the
 // connection no longer needs it, so a ticket never completes while a
 // transport still reads or writes its buffers.
@@ -62,8 +64,9 @@ class Lane final : public net::FrameHandler {
   Lane& operator=(const Lane&) = delete;
 
   // Takes the lane's handshaken connection (built on the client's
-  // io_context with this lane as its handler) and starts it.
-  void Start(std::shared_ptr<net::Connection> conn);
+  // io_context with this lane as its handler) and starts it; `in_step`:
+  // its pushes are paced with the other lanes' (above).
+  void Start(std::shared_ptr<net::Connection> conn, bool in_step);
 
   uint32_t index() const { return index_; }
   bool open() const { return open_; }
@@ -90,7 +93,8 @@ class Lane final : public net::FrameHandler {
   // pushes, the frontier) allows.
   void Pump();
   // OutFrame::pos of this lane's oldest push not yet written (queued or
-  // handed over); UINT64_MAX if none, or once the lane is closed.
+  // handed over); UINT64_MAX if none, once the lane is closed, or if it is
+  // not kept in step.
   uint64_t OldestUnwritten() const;
 
  private:
@@ -111,6 +115,7 @@ class Lane final : public net::FrameHandler {
   const uint32_t index_;
   std::shared_ptr<net::Connection> conn_;
   bool open_ = true;
+  bool in_step_ = false;  // pushes paced with the other lanes' (Start)
   bool closing_ = false;     // BYE queued: nothing more is sent
   bool bye_handed_ = false;  // BYE is with the connection: close once sent
   std::deque<OutFrame> queue_;

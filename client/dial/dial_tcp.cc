@@ -89,6 +89,7 @@ class TcpDialer final : public Dialer {
   Result<DialedLane> Dial(uint32_t lane, const std::string& hello, Clock::time_point deadline,
                           const std::atomic<bool>* cancel) override {
     DialedLane out;
+    out.lanes_share_link = true;
     out.where = "hub " + name_ + " lane " + std::to_string(lane);
     if (lane == 0 || !target_) {
       Result<tcp::endpoint> target = Resolve(hub_, name_);

@@ -47,6 +47,11 @@ struct DialedLane {
   std::string body;
   // The largest frame payload the link carries.
   uint64_t max_payload = net::kMaxDataPayload;
+  // The lanes' connections are flows sharing one link, and what they report
+  // written is about to be on it (TCP with a small unsent backlog): the
+  // client keeps such lanes in step (lane.h). Rings (shared memory, RDMA)
+  // are not kept in step: nothing makes one lane's ring overtake another's.
+  bool lanes_share_link = false;
   // Builds the lane's connection on `io` with `handler`, not started. Empty
   // when the hub refused (reply is an ERROR) or for a probe.
   std::function<std::shared_ptr<net::Connection>(boost::asio::io_context& io,

@@ -251,6 +251,7 @@ class ScopedLaneDialer::Connector final : public internal::Dialer {
                                     Clock::time_point deadline,
                                     const std::atomic<bool>* cancel) override {
     internal::DialedLane out;
+    out.lanes_share_link = true;  // a byte stream like TCP's (the in-memory transport)
     out.where = "hub (test dialer) lane " + std::to_string(lane);
     auto link = std::make_shared<Link>(io_, std::make_shared<Bridge>());
     net::FrameHeader h;

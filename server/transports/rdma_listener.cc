@@ -270,7 +270,7 @@ void RdmaListener::OnEvents() {
       OnConnectRequest(id, data.data(), data.size());
       continue;
     }
-    spdlog::warn("data: rdma listener: {}", rdma_event_str(ev->event));
+    warnings_.Warn(std::string("data: rdma listener: ") + rdma_event_str(ev->event));
     rdma_ack_cm_event(ev);
   }
 }
