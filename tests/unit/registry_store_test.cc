@@ -713,12 +713,20 @@ TEST_F(RegistryStoreTest, TopKRatioKeptExactly) {
   Open();
   ASSERT_TRUE(registry_->GetKey("exact", "w", &g).ok());
   EXPECT_EQ(g.topk_ratio, 0.05);  // not 0.05f (0.0500000007...)
+  // Workers declare (DeclareKey); the admin's CreateKey of an existing key
+  // is ALREADY_EXISTS whatever its ratio.
+  bool created = true;
   k.topk_ratio = static_cast<double>(0.05f);
-  ASSERT_TRUE(registry_->CreateKey(k, &g).ok()) << "a float of the same ratio finds the key";
+  const Status same = registry_->DeclareKey(k, &g, &created);
+  ASSERT_TRUE(same.ok()) << "a float of the same ratio finds the key: " << same.message();
+  EXPECT_FALSE(created);
   EXPECT_EQ(g.topk_ratio, 0.05);
   k.topk_ratio = 0.06;
-  EXPECT_NE(registry_->CreateKey(k, &g).message().find("already exists with top-k ratio 0.05"),
-            std::string::npos);
+  const Status other = registry_->DeclareKey(k, &g, &created);
+  EXPECT_NE(other.message().find("already exists with top-k ratio 0.05, not top-k ratio 0.06"),
+            std::string::npos)
+      << other.message();
+  EXPECT_EQ(registry_->CreateKey(k, &g).code(), StatusCode::kAlreadyExists);
 }
 
 TEST_F(RegistryStoreTest, ForeignDatabaseIsRefused) {
