@@ -71,8 +71,9 @@ void Lane::Pump() {
   // (The connection may report bytes the lane did not hand over, e.g. a
   // fatal ERROR of its own: never more than handed.)
   bool dropped_push = false;
-  // The frontier only moves forward while this runs (a push handed over is
-  // still unwritten): read once, it is a safe bound.
+  // The frontier only moves forward (a push handed over is still
+  // unwritten): a value read earlier is a safe bound, read again before a
+  // push waits on it (a nested pump may have moved it meanwhile).
   uint64_t frontier = kUnpaced;
   while (open_ && !queue_.empty() &&
          handed_bytes_ - std::min(sent_bytes_, handed_bytes_) < kSendWindowBytes) {
@@ -85,7 +86,10 @@ void Lane::Pump() {
       if (frontier == kUnpaced) frontier = owner_->PaceFrontier();
       const uint64_t lookahead =
           std::max<uint64_t>(kLookaheadBytes, uint64_t{owner_->lanes()} * (net::kHeaderBytes + next.bytes));
-      if (next.pos >= frontier + lookahead) break;
+      if (next.pos >= frontier + lookahead) {
+        frontier = owner_->PaceFrontier();
+        if (next.pos >= frontier + lookahead) break;
+      }
     }
     OutFrame f = std::move(queue_.front());
     queue_.pop_front();
