@@ -79,15 +79,8 @@ python=/usr/bin/python3
 [ -x "$python" ] || python=$(command -v python3) || { echo "$me: needs python3" >&2; exit 2; }
 # shellcheck source=bench/netns_lib.sh
 . "$here/netns_lib.sh"
-[ "$(id -u)" = 0 ] || netns_skip "needs root (network namespaces, veth, tc); run as root"
-command -v ip >/dev/null || netns_skip "'ip' (iproute2) not found"
-command -v tc >/dev/null || netns_skip "'tc' (iproute2) not found"
-
-build=$(cd "$build" 2>/dev/null && pwd) || { echo "compression_netns.sh: no build directory '$build' (--build)" >&2; exit 2; }
-bench="$build/bin/rackhub-compression-bench"
-for b in "$bench" "$build/bin/rackhubd"; do
-  [ -x "$b" ] || { echo "compression_netns.sh: $b not built (cmake --build $build --target rackhubd rackhub-compression-bench)" >&2; exit 2; }
-done
+netns_require
+netns_bench rackhub-compression-bench
 
 hubns="${prefix}hub" wkns="${prefix}wk"
 trap netns_cleanup EXIT

@@ -79,15 +79,8 @@ python=/usr/bin/python3
 [ -x "$python" ] || python=$(command -v python3) || { echo "$me: needs python3" >&2; exit 2; }
 # shellcheck source=bench/netns_lib.sh
 . "$here/netns_lib.sh"
-[ "$(id -u)" = 0 ] || netns_skip "needs root (network namespaces, veth, tc); run as root"
-command -v ip >/dev/null || netns_skip "'ip' (iproute2) not found"
-command -v tc >/dev/null || netns_skip "'tc' (iproute2) not found"
-
-build=$(cd "$build" 2>/dev/null && pwd) || { echo "multirack_netns.sh: no build directory '$build' (--build)" >&2; exit 2; }
-bench="$build/bin/rackhub-bench"
-for b in "$bench" "$build/bin/rackhubd"; do
-  [ -x "$b" ] || { echo "multirack_netns.sh: $b not built (cmake --build $build --target rackhubd rackhub-bench)" >&2; exit 2; }
-done
+netns_require
+netns_bench rackhub-bench
 
 spine="${prefix}spine"
 rack_ns() { echo "${prefix}rack$1"; }

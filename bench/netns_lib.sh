@@ -3,6 +3,9 @@
 # calling script's name, for messages) set by the caller.
 #
 #   netns_skip MSG           prints "SKIPPED: MSG" and exits 0 (no root, no tc, ...)
+#   netns_require            skips unless run as root with ip and tc
+#   netns_bench NAME         makes $build absolute and sets $bench to $build/bin/NAME;
+#                            exits 2 unless NAME and rackhubd are built there
 #   netns_add NAME           creates namespace NAME (lo up), removed at exit with
 #                            every process still in it; fails if it exists (the
 #                            first one: skips when namespaces cannot be made)
@@ -14,6 +17,22 @@
 netns_created=()
 
 netns_skip() { echo "SKIPPED: $*"; exit 0; }
+
+netns_require() {
+  [ "$(id -u)" = 0 ] || netns_skip "needs root (network namespaces, veth, tc); run as root"
+  command -v ip >/dev/null || netns_skip "'ip' (iproute2) not found"
+  command -v tc >/dev/null || netns_skip "'tc' (iproute2) not found"
+}
+
+netns_bench() {
+  local b dir
+  dir=$(cd "$build" 2>/dev/null && pwd) || { echo "$me: no build directory '$build' (--build)" >&2; exit 2; }
+  build=$dir
+  bench="$build/bin/$1"
+  for b in "$bench" "$build/bin/rackhubd"; do
+    [ -x "$b" ] || { echo "$me: $b not built (cmake --build $build --target rackhubd $1)" >&2; exit 2; }
+  done
+}
 
 netns_cleanup() {
   local ns pids

@@ -89,14 +89,8 @@ if [ "$hub_rate" = auto ]; then
 fi
 hbytes=$(rate_bytes "$hub_rate") || exit 2
 
-[ "$(id -u)" = 0 ] || netns_skip "needs root (network namespaces, veth, bridge, tc); run as root"
-command -v ip >/dev/null || netns_skip "'ip' (iproute2) not found"
-command -v tc >/dev/null || netns_skip "'tc' (iproute2) not found"
-build=$(cd "$build" 2>/dev/null && pwd) || { echo "$me: no build directory '$build' (--build)" >&2; exit 2; }
-bench="$build/bin/rackhub-bench"
-for b in "$bench" "$build/bin/rackhubd"; do
-  [ -x "$b" ] || { echo "$me: $b not built (cmake --build $build --target rackhubd rackhub-bench)" >&2; exit 2; }
-done
+netns_require
+netns_bench rackhub-bench
 
 trap netns_cleanup EXIT
 trap 'exit 130' INT TERM

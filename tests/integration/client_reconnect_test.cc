@@ -587,7 +587,9 @@ TEST_P(ClientReconnectTest, LostPeerThenReplacement) {
     ASSERT_GE(peer, 0);
     if (peer == 0) {
       const int failed = peer_life([this] { return Connect(1); },
-                                   [] { std::this_thread::sleep_for(std::chrono::seconds(600)); });
+                                   [] {
+                                     for (;;) pause();  // until the test SIGKILLs it
+                                   });
       _exit(failed);
     }
     reaper.pid = peer;
