@@ -281,7 +281,7 @@ void RackExchange::OnAuthenticated(uint32_t rack, net::Connection& conn) {
   link.auth.reset();
   link.refusal.clear();
   link.warned = false;
-  spdlog::info("rack link: lane {} connected to rack {}'s hub at {} ({}, authenticated)",
+  spdlog::info("rack link: lane {} connected to rack {}'s hub at {} ({}), mutually authenticated",
                table_->lane(), rack, conn.id().peer, host_->hub_connector().name());
   // Initial values first: frames queued meanwhile may be sums needing them.
   OfferInitialValues(rack);

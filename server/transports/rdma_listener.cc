@@ -422,7 +422,9 @@ void RdmaListener::OnHubHello(uint64_t key, const FrameHeader& h,
   if (!topo.multi_rack_exchange()) {
     return fail(InvalidArgument("this hub does not exchange with other racks"));
   }
-  if (Status s = CheckHubHelloHeader(h); !s.ok()) return fail(s);
+  if (Status s = CheckHubHelloHeader(h); !s.ok()) {
+    return Refuse(key, WireError::kMalformed, "hub link: " + s.message());
+  }
   // The same checks and handshake as the TCP acceptor.
   Result<data::v1::HubHello> hello = CheckHubHello(payload, topo, lanes_->size());
   if (!hello.ok()) return fail(hello.status());
@@ -450,7 +452,9 @@ void RdmaListener::OnHubProof(uint64_t key, const FrameHeader& h,
   const auto it = pending_.find(key);
   if (it == pending_.end()) return;
   const auto fail = [&](const Status& s) { Refuse(key, HubLinkCode(s), "hub link: " + s.message()); };
-  if (Status s = CheckHubProofHeader(h); !s.ok()) return fail(s);
+  if (Status s = CheckHubProofHeader(h); !s.ok()) {
+    return Refuse(key, WireError::kMalformed, "hub link: " + s.message());
+  }
   Pending& p = *it->second;
   Result<std::string> accept = p.hub->OnProof(payload);
   if (!accept.ok()) return fail(accept.status());

@@ -312,7 +312,7 @@ std::unique_ptr<RawClient> ForgeRackSum(const std::string& interhub, Forgery how
                   "hub link: wrong hub secret: the HUB_PROOF of rack 1's hub does not match");
     } else {
       forger.SendRaw(inject);
-      ExpectError(forger.Receive(), net::WireError::kInvalidArgument,
+      ExpectError(forger.Receive(), net::WireError::kMalformed,
                   "the frame after HUB_CHALLENGE is not a HUB_PROOF (got KEY_BIND)");
     }
   }
@@ -631,6 +631,9 @@ struct Listener {
   uint16_t port = 0;
   Listener() {
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // Inherited by the accepted sockets: a hub binds the port after them.
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
@@ -659,8 +662,10 @@ struct RecordingPeer {
   std::string record;
   bool eof = false;
   explicit RecordingPeer(int fd) : fd(fd) {}
-  ~RecordingPeer() {
+  ~RecordingPeer() { Close(); }
+  void Close() {
     if (fd >= 0) close(fd);
+    fd = -1;
   }
   // Reads `n` bytes (appended to `record`) within `timeout`; false at EOF
   // or timeout.
@@ -822,6 +827,8 @@ TEST(MultiRackTest, AProbeOnAnInterhubAddressLearnsNothingReusable) {
     close(accept4(probe.fd, nullptr, nullptr, SOCK_CLOEXEC));
   }
   probe.Close();
+  silent.Close();
+  challenger.Close();
   DaemonProcess hub1({"--lanes", "1", "--racks", racks, "--rack", "1", "--hub-secret-file",
                       secret_file});
   ASSERT_TRUE(hub1.started());
