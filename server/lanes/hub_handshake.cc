@@ -43,8 +43,8 @@ std::string AsString(const HubNonce& n) {
 }
 
 // The proof in `payload` (a HubProof) against the one expected.
-Status CheckProof(std::span<const std::byte> payload, const HubMac& expected,
-                  const char* frame, const std::string& mismatch) {
+Status CheckProof(std::span<const std::byte> payload, const HubMac& expected, const char* frame,
+                  const std::string& mismatch) {
   dpb::HubProof proof;
   if (!proof.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return InvalidArgument(std::string(frame) + " is not a HubProof");
@@ -94,11 +94,10 @@ Result<HubMac> ComputeHubProof(const std::string& secret, HubRole role, const Hu
 Status CheckHubHelloVersion(const dpb::HubHello& hello) {
   if (hello.link_version() != kHubLinkVersion) {
     const uint32_t v = hello.link_version() == 0 ? 1 : hello.link_version();
-    return FailedPrecondition(
-        "the peer speaks hub-link version " + std::to_string(v) +
-        (v == 1 ? " (its HUB_HELLO carries the secret itself)" : "") +
-        "; this hub speaks version " + std::to_string(kHubLinkVersion) +
-        " (challenge-response): run the same rackhubd release on every hub");
+    return FailedPrecondition("the peer speaks hub-link version " + std::to_string(v) +
+                              (v == 1 ? " (its HUB_HELLO carries the secret itself)" : "") +
+                              "; this hub speaks version " + std::to_string(kHubLinkVersion) +
+                              " (challenge-response): run the same rackhubd release on every hub");
   }
   if (hello.nonce().size() != kHubNonceBytes) {
     return InvalidArgument("HUB_HELLO: the nonce has " + std::to_string(hello.nonce().size()) +

@@ -134,8 +134,8 @@ void RackExchange::SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const 
                               std::shared_ptr<const void> owner) {
   PeerLink& link = links_[rack];
   if (!link.out || !link.out->open() || !link.ready) {
-    // Not connected or not authenticated (yet): hold the frame for a while (with its payload's
-    // owner, so a deleted key's bytes stay valid).
+    // Not connected or not authenticated (yet): hold the frame for a while
+    // (with its payload's owner, so a deleted key's bytes stay valid).
     if (link.queued.empty()) {
       const uint64_t generation = ++link.queue_generation;
       gate_->After(kPeerWaitLimit, [this, rack, generation] { GiveUp(rack, generation); });
@@ -257,6 +257,7 @@ void RackExchange::OnHandshakeFrame(PeerLink& link, net::Connection& conn, const
     return conn.Close(link.refusal);
   }
   if (!link.auth) return conn.Close("hub-link handshake: no handshake in progress");
+  Status failed;
   if (h.opcode == Opcode::kHubChallenge) {
     Result<std::string> proof = link.auth->OnChallenge(payload);
     if (proof.ok()) {
@@ -265,14 +266,16 @@ void RackExchange::OnHandshakeFrame(PeerLink& link, net::Connection& conn, const
       conn.SendOwned(p, *std::move(proof));
       return;
     }
-    link.refusal = who + ": " + proof.status().message();
+    failed = proof.status();
   } else {
-    const Status accepted = link.auth->OnAccept(payload);
-    if (accepted.ok()) return OnAuthenticated(rack, conn);
-    link.refusal = who + ": " + accepted.message();
+    failed = link.auth->OnAccept(payload);
+    if (failed.ok()) return OnAuthenticated(rack, conn);
   }
+  link.refusal = who + ": " + failed.message();
   // This side found the problem: say so to the other end too.
-  conn.SendError(WireError::kUnauthenticated, "hub link: " + link.refusal, 0, true);
+  conn.SendError(failed.code() == StatusCode::kUnauthenticated ? WireError::kUnauthenticated
+                                                               : WireError::kInvalidArgument,
+                 "hub link: " + link.refusal, 0, true);
 }
 
 void RackExchange::OnAuthenticated(uint32_t rack, net::Connection& conn) {

@@ -6,10 +6,9 @@
 // Single-threaded use from a test body.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
@@ -87,7 +86,7 @@ inline std::string HubHelloV1Payload(const HubLinkRef& link, const std::string& 
   hello.set_racks(link.racks);
   hello.set_lanes(link.lanes);
   std::string bytes = hello.SerializeAsString();
-  bytes.push_back(static_cast<char>((3 << 3) | 2));  // field 3, length-delimited
+  bytes.push_back(static_cast<char>((3 << 3) | 2));   // field 3, length-delimited
   bytes.push_back(static_cast<char>(secret.size()));  // < 128 here
   return bytes + secret;
 }

@@ -4,13 +4,14 @@
 // wrong secret, a replayed or reflected proof, another link's proof, an old
 // hub's HUB_HELLO and malformed or out-of-order messages are refused with
 // the error that names them.
+#include "hub_handshake.h"
+
 #include <gtest/gtest.h>
 
 #include <span>
 #include <string>
 
 #include "hello_check.h"
-#include "hub_handshake.h"
 #include "hub_link_auth.h"
 #include "rackhub/data/v1/control.pb.h"
 
@@ -106,8 +107,8 @@ TEST(HubHandshakeTest, AWrongSecretIsRefusedByEitherSide) {
     const auto proof = opener.OnChallenge(Bytes(*challenge));
     ASSERT_TRUE(proof.ok());
     // The impostor cannot check the proof; it answers with what it can make.
-    const std::string forged = testing::ProofPayload(testing::RefHubProof(
-        std::string(48, 'x'), false, hello.nonce(), Nonce(*challenge), Ref()));
+    const std::string forged = testing::ProofPayload(
+        testing::RefHubProof(std::string(48, 'x'), false, hello.nonce(), Nonce(*challenge), Ref()));
     const Status s = opener.OnAccept(Bytes(forged));
     EXPECT_EQ(s.code(), StatusCode::kUnauthenticated) << s.ToString();
     EXPECT_NE(s.message().find("wrong hub secret: the HUB_ACCEPT of rack 2's hub"),
