@@ -852,6 +852,32 @@ TEST(MultiRackTest, AProbeOnAnInterhubAddressLearnsNothingReusable) {
   EXPECT_EQ(hub1.Stop(SIGTERM), 0);
 }
 
+// A peer that stops in the middle of the handshake (after HUB_HELLO, or
+// after HUB_CHALLENGE came) is cut by the accepting hub after
+// data.hello_timeout_ms, with an ERROR saying so.
+TEST(MultiRackTest, AStalledHandshakeIsCutByTheAcceptingHub) {
+  const std::string interhub0 = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string racks = "127.0.0.1:0=" + interhub0 + ",127.0.0.1:0=127.0.0.1:" +
+                            std::to_string(FreePort());
+  DaemonProcess hub0({"--lanes", "1", "--racks", racks, "--rack", "0", "--hub-secret-file",
+                      SecretFile(), "--hello-timeout-ms", "500"});
+  ASSERT_TRUE(hub0.started());
+  for (const bool hello : {false, true}) {
+    SCOPED_TRACE(hello ? "stalled after HUB_HELLO" : "stalled before HUB_HELLO");
+    RawClient peer(interhub0);
+    if (hello) {
+      peer.SendRaw(testing::FrameBytes(
+          net::Opcode::kHubHello, testing::HubHelloPayload(kRack1To0, testing::RandomNonce())));
+      const auto c = peer.Receive();
+      ASSERT_TRUE(c && c->h.opcode == net::Opcode::kHubChallenge) << testing::Describe(c);
+    }
+    ExpectError(peer.Receive(), net::WireError::kMalformed,
+                "hub link: the handshake did not finish within data.hello_timeout_ms (500 ms)");
+    EXPECT_TRUE(peer.ClosedByPeer());
+  }
+  EXPECT_TRUE(testing::WaitForLog(hub0, "the handshake did not finish within", 2));
+}
+
 // Two hubs with different secrets: each refuses the other's link naming the
 // wrong secret, each is told so as the opener, neither crashes, and a worker
 // waiting on the other rack fails with the reason instead of hanging.
