@@ -4,7 +4,7 @@
 
 namespace rackhub::client {
 
-Error Client::Lease(size_t elements, LeasedBuffer* out) {
+Error Client::LeaseElements(size_t elements, LeasedBuffer* out) {
   if (elements == 0 || elements > net::shm::kMaxLendBytes / sizeof(float)) {
     return MakeError(ErrorCode::kInvalidArgument,
                                "lease: " + std::to_string(elements) +
@@ -31,7 +31,7 @@ Error Client::Lease(KeyId key, LeasedBuffer* out) const {
                                "lease: key '" + info->name +
                                    "' is a row-sparse table (PushPullRows copies its rows)");
   }
-  return Lease(static_cast<size_t>(info->elements), out);
+  return LeaseElements(static_cast<size_t>(info->elements), out);
 }
 
 }  // namespace rackhub::client

@@ -250,7 +250,7 @@ class Client {
  public:
   // A lease of `elements` floats (kInvalidArgument for 0 or more than
   // 16 Gi elements; kInternal when the memory cannot be made).
-  static Error Lease(size_t elements, LeasedBuffer* out);
+  static Error LeaseElements(size_t elements, LeasedBuffer* out);
   // A lease the size of key `key` (kInvalidArgument for an unknown key or a
   // row-sparse table).
   Error Lease(KeyId key, LeasedBuffer* out) const;
