@@ -24,6 +24,13 @@
 // when it clears such a flag (sequentially consistent: one of the two always
 // sees the other). So a busy connection makes no system call per frame.
 //
+// Lent regions (shm/lend.h, set-up version 2). A client frame whose payload
+// lies in a region the worker lent goes as a reference record (region id,
+// offset): the region's descriptor goes to the hub once per connection
+// (LEND on the set-up socket, the only thing sent there after the set-up),
+// the hub maps it read-only and hands the payload over in place. The frame's
+// release waits until the hub's tail passed the record.
+//
 // Trust. The peer can write anything anywhere in the region at any time.
 // Every value read from it (head, tail, prefixes, headers) is copied once,
 // then checked against the ring's bounds before use; a bad one is a protocol
