@@ -57,6 +57,9 @@ struct WorkerParams {
   // Shared memory: poll 50 us before sleeping on a doorbell (workers and a
   // hub started here: data.shm_poll = busy).
   bool busy_poll = false;
+  // Gradients in leased memory (Client::Lease): over shared memory the hub
+  // reads them in place.
+  bool lease = false;
   // Multi-rack runs: `workers` per rack, `racks` racks, this worker's rack.
   // Gradients are those of member rack * workers + rank; the reference sums
   // each rack in rank order, then the racks in rack order (as the hubs do).

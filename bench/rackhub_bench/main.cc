@@ -169,6 +169,8 @@ CommandLine Parse(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--busy-poll", a.w.busy_poll,
                "shared memory: workers and a hub started here poll 50 us before sleeping");
+  app.add_flag("--lease", a.w.lease,
+               "workers push from leased memory (Client::Lease): zero copy over shared memory");
   app.add_flag("--verify,!--no-verify", a.w.verify,
                "check every iteration against the local reference (--no-verify: skip it)");
   app.add_option("--hub", a.w.hub, "use a running hub's data plane (with --admin)")

@@ -345,6 +345,7 @@ RunResult RunPushPull(const BenchArgs& a, const std::string& self,
                           a.w.verify ? "--verify" : "--no-verify", "--transport", a.w.transport,
                           "--rdma-hub", a.w.rdma_hub};
     if (a.w.busy_poll) argv.push_back("--busy-poll");
+    if (a.w.lease) argv.push_back("--lease");
     pids.push_back(Spawn(InNetns(netns, std::move(argv))));
   }
   bool ok = true;

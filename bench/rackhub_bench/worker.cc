@@ -120,10 +120,17 @@ int RunWorker(const WorkerParams& p) {
     decl.dtype = static_cast<client::DType>(p.dtype);
     if (auto e = c->DeclareKey(decl, &ids[k]); !e.ok()) return Fail(p, "declare " + decl.name, e);
   }
-  std::vector<agg::AlignedBuffer<float>> grads, outs;
+  std::vector<agg::AlignedBuffer<float>> grad_store, outs;
+  std::vector<client::LeasedBuffer> leases(p.keys);
+  std::vector<std::span<float>> grads;
   std::vector<std::unique_ptr<Reference>> refs;
   for (uint32_t k = 0; k < p.keys; ++k) {
-    grads.emplace_back(sizes[k]);
+    if (p.lease) {
+      if (auto e = c->Lease(ids[k], &leases[k]); !e.ok()) return Fail(p, "lease", e);
+      grads.push_back(leases[k].floats());
+    } else {
+      grads.push_back(grad_store.emplace_back(sizes[k]).span());
+    }
     outs.emplace_back(sizes[k]);
     if (p.verify) refs.push_back(std::make_unique<Reference>(sizes[k]));
   }
@@ -152,7 +159,7 @@ int RunWorker(const WorkerParams& p) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<client::Ticket> tickets(p.keys);
     for (uint32_t k = 0; k < p.keys; ++k) {
-      tickets[k] = c->PushPull(ids[k], grads[k].span(), outs[k].span());
+      tickets[k] = c->PushPull(ids[k], grads[k], outs[k].span());
     }
     for (uint32_t k = 0; k < p.keys; ++k) {
       if (auto e = c->Wait(tickets[k]); !e.ok()) {

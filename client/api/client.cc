@@ -16,6 +16,7 @@ const char* ErrorCodeName(ErrorCode code) {
     case ErrorCode::kServer: return "SERVER";
     case ErrorCode::kClosed: return "CLOSED";
     case ErrorCode::kRolledBack: return "ROLLED_BACK";
+    case ErrorCode::kResource: return "RESOURCE";
   }
   return "UNKNOWN";
 }

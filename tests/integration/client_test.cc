@@ -247,11 +247,12 @@ class ClientTest : public ::testing::TestWithParam<Transport> {
 
   // Creates a tenant with rackhubctl and returns its data-plane token.
   std::string CreateTenant(const std::string& name, uint32_t workers,
-                           std::vector<std::string> extra = {}) {
+                           std::vector<std::string> extra = {},
+                           uint32_t chunk_bytes = kChunkBytes) {
     std::vector<std::string> argv = {BinPath("rackhubctl"), "--admin", hub_->admin_address(),
                                      "tenant", "create", name, "--workers",
                                      std::to_string(workers), "--chunk-bytes",
-                                     std::to_string(kChunkBytes)};
+                                     std::to_string(chunk_bytes)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     const auto r = RunCommand(argv);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -602,6 +603,57 @@ TEST_P(ClientTest, DeclareQuotaAndContradictions) {
   ASSERT_EQ(c2->FindKey("a"), a);
   EXPECT_EQ(c2->GetKeyInfo(a)->next_iteration, 1u);
   EXPECT_EQ(c2->GetKeyInfo(b)->dtype, DType::kFp16);
+}
+
+// Gradients in leased memory (Client::Lease): over shared memory the hub
+// reads them in place (net/shm/lend.h; the mechanism's own tests are in
+// shm_channel_test), over the other transports a lease is ordinary memory.
+// Two ranks of this process push from leases, three iterations, a key of
+// 13 chunks of 16 KiB (the last of 4004 bytes, below the lending threshold:
+// copied); every reply equals the rank-order fp32 sum computed here, and a
+// lease is reused once its PushPull completed.
+TEST_P(ClientTest, LeasedGradientsGiveTheReferenceSums) {
+  const std::string token = CreateTenant("lease", 2, {}, 16384);
+  client::Error e;
+  std::unique_ptr<Client> c[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    c[r] = Connect(ClientOptions("lease", token, r), &e);
+    ASSERT_NE(c[r], nullptr) << e.message;
+  }
+  constexpr uint64_t kElements = 12 * 4096 + 1001;
+  client::OptimizerSpec sum;
+  sum.type = "sum-only";
+  sum.sum_reduction = true;
+  client::KeyId key[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(c[r]->DeclareKey({"leased", kElements, DType::kFp32, sum}, &key[r]).ok());
+  }
+  client::LeasedBuffer lease[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    e = c[r]->Lease(key[r], &lease[r]);
+    ASSERT_TRUE(e.ok()) << e.message;
+    ASSERT_EQ(lease[r].floats().size(), kElements);
+  }
+  client::LeasedBuffer none;
+  EXPECT_EQ(Client::LeaseElements(0, &none).code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(c[0]->Lease(client::KeyId{4242}, &none).code, ErrorCode::kInvalidArgument);
+  std::vector<float> out[2] = {std::vector<float>(kElements), std::vector<float>(kElements)};
+  for (uint64_t it = 1; it <= 3; ++it) {
+    for (uint32_t r = 0; r < 2; ++r) {
+      for (uint64_t i = 0; i < kElements; ++i) lease[r].floats()[i] = Gradient(r, it, i);
+    }
+    const client::Ticket t0 = c[0]->PushPull(key[0], lease[0].floats(), out[0]);
+    const client::Ticket t1 = c[1]->PushPull(key[1], lease[1].floats(), out[1]);
+    ASSERT_TRUE((e = c[0]->Wait(t0)).ok()) << e.message;
+    ASSERT_TRUE((e = c[1]->Wait(t1)).ok()) << e.message;
+    for (uint32_t r = 0; r < 2; ++r) {
+      for (uint64_t i = 0; i < kElements; ++i) {
+        const float want = Gradient(0, it, i) + Gradient(1, it, i);
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[r][i]), std::bit_cast<uint32_t>(want))
+            << "rank " << r << " iteration " << it << " element " << i;
+      }
+    }
+  }
 }
 
 // TCP: the C ABI worker process, linked against librackhub.so alone.

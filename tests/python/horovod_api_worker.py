@@ -439,11 +439,15 @@ def joins_with_optimizer(rank, size, hub):
     def batch(r, step):
         return inp(r, 300 + step, (4, 5), torch.float32)
 
+    leased = opt._rackhub.leased
     for step in range(rank + 1):
         opt.zero_grad()
         model(batch(rank, step)).pow(2).sum().backward()
         opt.step()
     last = hvd.join()
+    if opt.transport == "shm":  # zero copy: .grad in memory leased to the hub
+        check(f"DistributedOptimizer ({'hub-side' if hub else 'local'}) keeps the gradients in "
+              f"leased memory over shared memory", leased == 2, f"{leased} of 2")
     # The reference: the same model in float64, stepped on every step any
     # rank took; this rank's parameters are the reference's after its own
     # rank + 1 steps.

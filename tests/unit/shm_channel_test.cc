@@ -5,7 +5,8 @@
 // workers of a tenant is copied once into the arena and referenced by both;
 // a full arena falls back to copies; the arena is read-only for workers; a
 // closed worker is seen by the hub after its last frames; in turns, one frame
-// is delivered per grant.
+// is delivered per grant; a worker's payload in a region it lent is read by
+// the hub in place, and forged lend messages or references are violations.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,6 +14,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <sys/mman.h>
+
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -26,6 +30,7 @@
 #include "rackhub/net/asio.h"
 #include "rackhub/net/shm/arena.h"
 #include "rackhub/net/shm/channel.h"
+#include "rackhub/net/shm/lend.h"
 
 namespace rackhub::net::shm {
 namespace {
@@ -358,6 +363,175 @@ TEST_F(ShmChannelTest, InTurnsOneFrameIsDeliveredPerGrant) {
     EXPECT_EQ(h.frames[i].first.request_id, i);
     EXPECT_EQ(h.frames[i].second, payloads[i]);
   }
+}
+
+
+// A frame whose payload lies in a region the worker lent (shm/lend.h).
+OutgoingFrame LentFrame(uint64_t request, std::span<const std::byte> payload,
+                        std::function<void()> release) {
+  FrameHeader h;
+  h.opcode = Opcode::kPush;
+  h.request_id = request;
+  h.payload_bytes = static_cast<uint32_t>(payload.size());
+  OutgoingFrame f;
+  EncodeHeader(h, f.header);
+  f.borrowed = payload;
+  f.release = std::move(release);
+  return f;
+}
+
+// Counts releases; the test waits for a number of them.
+struct Releases {
+  std::mutex mu;
+  std::condition_variable cv;
+  int n = 0;
+  std::function<void()> One() {
+    return [this] {
+      std::lock_guard lock(mu);
+      ++n;
+      cv.notify_all();
+    };
+  }
+  bool Wait(int want) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, 5s, [&] { return n >= want; });
+  }
+};
+
+TEST_F(ShmChannelTest, APayloadInALentRegionIsReadInPlace) {
+  Inbox h, w;
+  auto hub_worker = Pair(kMinRingBytes, nullptr, &h, &w);
+  std::shared_ptr<Channel> hub = hub_worker.first, worker = hub_worker.second;
+  ASSERT_TRUE(hub && worker);
+  auto made = LendRegion::Create(300 * 1000);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  std::shared_ptr<LendRegion> region = *std::move(made);
+  ASSERT_EQ(region->bytes().size(), 303104u) << "rounded up to 4 KiB";
+  const std::span<std::byte> mem = region->bytes();
+  for (size_t i = 0; i < mem.size(); ++i) mem[i] = static_cast<std::byte>((i * 131 + 7) >> 3);
+  // Three payloads in the region (one at an odd offset, one larger than the
+  // 64 KiB ring: a reference is 128 bytes whatever the payload), one too
+  // small to be lent, one outside the region: all arrive, in order.
+  const std::string outside = Pattern(9000, 3);
+  const std::vector<std::pair<size_t, size_t>> slices = {
+      {0, 64 * 1024}, {4097, 100000}, {8, 100}, {200000, 100000}};
+  Releases released;
+  Run([&] {
+    for (size_t i = 0; i < slices.size(); ++i) {
+      worker->Send(LentFrame(i, mem.subspan(slices[i].first, slices[i].second), released.One()));
+    }
+    worker->Send(LentFrame(slices.size(), std::as_bytes(std::span(outside)), released.One()));
+  });
+  ASSERT_TRUE(h.WaitFrames(slices.size() + 1)) << h.Frames() << " frames; closed " << h.closed
+                                               << ": " << h.why;
+  {
+    std::lock_guard lock(h.mu);
+    for (size_t i = 0; i < slices.size(); ++i) {
+      EXPECT_EQ(h.frames[i].first.request_id, i);
+      const auto want = mem.subspan(slices[i].first, slices[i].second);
+      ASSERT_EQ(h.frames[i].second,
+                std::string(reinterpret_cast<const char*>(want.data()), want.size()))
+          << "frame " << i;
+    }
+    EXPECT_EQ(h.frames[slices.size()].second, outside);
+  }
+  // Every frame's buffer is released, the lent ones once the hub consumed
+  // them (the hub rings the worker when it does).
+  ASSERT_TRUE(released.Wait(static_cast<int>(slices.size()) + 1));
+  Run([&] {
+    EXPECT_EQ(worker->lent_sent(), 3u) << "the 100-byte payload is copied";
+    EXPECT_EQ(hub->lent_received(), 3u);
+    EXPECT_EQ(hub->lent_regions(), 1u) << "the descriptor went once";
+  });
+  // The worker lets the region go: its channel tells the hub on its next turn.
+  const std::weak_ptr<LendRegion> weak = region;
+  region.reset();
+  EXPECT_TRUE(weak.expired()) << "the channel still holds the region after the hub consumed it";
+  Run([&] { hub->Send(Frame(1, "wake the worker")); });
+  ASSERT_TRUE(w.WaitFrames(1));
+  bool unmapped = false;
+  for (int i = 0; i < 5000 && !unmapped; ++i) {  // the UNLEND crosses the socket
+    Run([&] { unmapped = hub->lent_regions() == 0; });
+    if (!unmapped) std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_TRUE(unmapped) << "the hub still maps a region the worker let go";
+  Run([&] { EXPECT_FALSE(h.closed) << h.why; });
+}
+
+// A worker may send anything on its set-up socket and write anything into
+// its ring: forged lend messages and references close the connection as
+// violations naming the problem, and never make the hub read outside a
+// mapping.
+TEST_F(ShmChannelTest, ForgedLendMessagesAndReferencesAreViolations) {
+  // A lent-region record (docs/wire-protocol.md, section 10): prefix "LREF"
+  // and 128 bytes, the frame header, then the u64 offset and u32 region id.
+  const auto reference = [](uint64_t offset, uint32_t id, uint32_t payload) {
+    std::vector<std::byte> rec(128);
+    const uint32_t kind = 0x4645524c, bytes = 128;
+    std::memcpy(rec.data(), &kind, 4);
+    std::memcpy(rec.data() + 4, &bytes, 4);
+    FrameHeader h;
+    h.opcode = Opcode::kPush;
+    h.payload_bytes = payload;
+    std::array<std::byte, kHeaderBytes> enc{};
+    EncodeHeader(h, enc);
+    std::memcpy(rec.data() + 24, enc.data(), kHeaderBytes);
+    std::memcpy(rec.data() + 64, &offset, 8);
+    std::memcpy(rec.data() + 72, &id, 4);
+    return rec;
+  };
+  auto region = LendRegion::Create(8192);
+  ASSERT_TRUE(region.ok());
+  const int unsealed = ::memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(::ftruncate(unsealed, 8192), 0);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  struct Case {
+    std::string name;
+    std::function<void(Channel&)> forge;
+    std::string expect;
+  };
+  const uint32_t id = (*region)->id();
+  const int fd = (*region)->fd();
+  const std::vector<Case> cases = {
+      {"a reference to a region never lent",
+       [&](Channel& c) { c.WriteRawForTesting(reference(0, 77, 4096), 128); }, "was not lent"},
+      {"LEND of a pipe", [&](Channel& c) { c.SendLendMessageForTesting(1, 5, 8192, pipe_fds[0]); },
+       "not a memfd"},
+      {"LEND of an unsealed memfd",
+       [&](Channel& c) { c.SendLendMessageForTesting(1, 5, 8192, unsealed); }, "sealed"},
+      {"LEND of the wrong size",
+       [&](Channel& c) { c.SendLendMessageForTesting(1, id, 4096, fd); }, "not a memfd of 4096"},
+      {"LEND without a descriptor",
+       [&](Channel& c) { c.SendLendMessageForTesting(1, 5, 8192, -1); }, "without its descriptor"},
+      {"UNLEND of a region never lent",
+       [&](Channel& c) { c.SendLendMessageForTesting(2, 9, 0, -1); }, "never lent"},
+      {"a reference past the region's end",
+       [&](Channel& c) {
+         c.SendLendMessageForTesting(1, id, 8192, fd);
+         c.WriteRawForTesting(reference(4096, id, 4097), 128);
+       },
+       "of the 8192-byte lent region"},
+      {"a message that is not LEND or UNLEND",
+       [&](Channel& c) { c.SendLendMessageForTesting(7, 1, 0, -1); }, "not LEND or UNLEND"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    Inbox h, w;
+    auto hub_worker = Pair(kMinRingBytes, nullptr, &h, &w);
+    std::shared_ptr<Channel> hub = hub_worker.first, worker = hub_worker.second;
+    ASSERT_TRUE(hub && worker);
+    Run([&] { k.forge(*worker); });
+    ASSERT_TRUE(h.WaitClosed());
+    std::lock_guard lock(h.mu);
+    EXPECT_NE(h.why.find("violation"), std::string::npos) << h.why;
+    EXPECT_NE(h.why.find(k.expect), std::string::npos) << h.why;
+    EXPECT_TRUE(h.frames.empty());
+  }
+  ::close(unsealed);
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
 }
 
 }  // namespace

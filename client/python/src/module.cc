@@ -431,6 +431,15 @@ class PyClient {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "rackhub data-plane client (librackhub) - see rackhub/__init__.py";
+  py::class_<rc::LeasedBuffer>(m, "Lease", py::buffer_protocol(),
+                               "Leased memory (Client.lease): float32, writable")
+      .def_buffer([](rc::LeasedBuffer& b) {
+        const std::span<float> f = b.floats();
+        return py::buffer_info(f.data(), sizeof(float), py::format_descriptor<float>::format(),
+                               1, {static_cast<py::ssize_t>(f.size())},
+                               {static_cast<py::ssize_t>(sizeof(float))});
+      })
+      .def("__len__", [](rc::LeasedBuffer& b) { return b.floats().size(); });
 
   py::object base = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
   g_error_type = PyErr_NewExceptionWithDoc(
@@ -526,6 +535,18 @@ PYBIND11_MODULE(_core, m) {
            py::arg("from_iteration"))
       .def("wait", &PyClient::Wait, py::arg("ticket"), py::arg("timeout") = py::none(),
            "Blocks (GIL released) until the ticket completes; raises RackhubError on failure.")
+      .def(
+          "lease",
+          [](PyClient& s, uint32_t key) {
+            rc::LeasedBuffer b;
+            if (const rc::Error e = s.c().Lease(key, &b); !e.ok()) Raise(e);
+            return b;
+          },
+          py::arg("key"),
+          "Memory of the key's size (float32, zero-filled, buffer protocol: "
+          "numpy.asarray(lease)) that the hubs on this host read in place: a push_pull whose "
+          "grad is in it is not copied into the shared-memory ring (docs/client.md, Zero-copy "
+          "pushes). Keep it alive and unchanged until that push_pull completed.")
       .def("pending", &PyClient::Pending, "Tickets issued and not yet waited.")
       .def("close", &PyClient::Close);
 }

@@ -3,10 +3,14 @@
 // are in setup.cc.
 #include "rackhub/net/shm/channel.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -95,19 +99,182 @@ void Channel::OnBell() {
 }
 
 void Channel::OnSocketReadable() {
-  std::byte b{};
-  const ssize_t n = ::recv(socket_fd_, &b, 1, MSG_DONTWAIT);
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return WatchSocket();
-  if (n > 0) {
-    return Violation("the peer sent data on the set-up socket after the set-up");
+  if (peer_gone_ || closed_) return;
+  if (ReadSocket()) return WatchSocket();
+  if (violated_ || closed_) return;
+  if (!poll_posted_) Poll();  // at EOF: deliver what is left, then close
+}
+
+bool Channel::ReadSocket() {
+  for (;;) {
+    std::array<char, 16 * sizeof(internal::LendMessage)> buf;
+    iovec iov{buf.data(), side_ == Side::kHub ? buf.size() : 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * 16)> control{};
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    const ssize_t n = ::recvmsg(socket_fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return true;
+    if (n > 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+          socket_fds_.push_back(fd);
+        }
+      }
+    }
+    if (n <= 0) {
+      // EOF or reset: the peer closed or died. What it wrote before is still
+      // in the ring (the mapping outlives it): deliver that first, then
+      // close; only what was written before the EOF (a peer that lives on
+      // without its socket must not keep the lane busy).
+      peer_gone_ = true;
+      gone_head_ = internal::Head(rx_control()).load(std::memory_order_acquire);
+      return false;
+    }
+    if (side_ != Side::kHub) {
+      Violation("the peer sent data on the set-up socket after the set-up");
+      return false;
+    }
+    socket_buf_.append(buf.data(), static_cast<size_t>(n));
+    while (socket_buf_.size() >= sizeof(internal::LendMessage)) {
+      internal::LendMessage m;
+      std::memcpy(&m, socket_buf_.data(), sizeof m);
+      socket_buf_.erase(0, sizeof m);
+      int fd = -1;
+      if (m.op == internal::kLendOp && !socket_fds_.empty()) {
+        fd = socket_fds_.front();
+        socket_fds_.pop_front();
+      }
+      OnLendMessage(m, fd);
+      if (fd >= 0) ::close(fd);
+      if (violated_ || closed_) return false;
+    }
+    // Descriptors beyond the LEND messages that came with them: not ours.
+    if (socket_buf_.empty()) {
+      for (int fd : socket_fds_) ::close(fd);
+      socket_fds_.clear();
+    }
   }
-  // EOF or reset: the peer closed or died. What it wrote before is still in
-  // the ring (the mapping outlives it): deliver that first, then close.
-  peer_gone_ = true;
-  // Only what was written before the EOF (a peer that lives on without its
-  // socket must not keep the lane busy).
-  gone_head_ = internal::Head(rx_control()).load(std::memory_order_acquire);
-  if (!poll_posted_) Poll();
+}
+
+void Channel::OnLendMessage(const internal::LendMessage& m, int fd) {
+  const std::string what = "lent region " + std::to_string(m.id);
+  if (m.magic != internal::kLendMagic ||
+      (m.op != internal::kLendOp && m.op != internal::kUnlendOp)) {
+    return Violation("a message on the set-up socket that is not LEND or UNLEND");
+  }
+  if (m.op == internal::kUnlendOp) {
+    const auto it = mapped_.find(m.id);
+    if (it == mapped_.end()) return Violation("UNLEND of " + what + ", which was never lent");
+    ::munmap(const_cast<std::byte*>(it->second.base), it->second.bytes);
+    mapped_.erase(it);
+    return;
+  }
+  if (fd < 0) return Violation("LEND of " + what + " without its descriptor");
+  if (m.id == 0 || mapped_.count(m.id) != 0) {
+    return Violation("LEND of " + what + ": the id is 0 or already lent");
+  }
+  if (mapped_.size() >= kMaxLentRegionsPerConnection) {
+    return Violation("LEND of " + what + ": more than " +
+                     std::to_string(kMaxLentRegionsPerConnection) + " regions lent at once");
+  }
+  struct stat st{};
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (m.bytes == 0 || m.bytes > kMaxLendBytes || m.bytes % 4096 != 0 || ::fstat(fd, &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) != m.bytes || seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return Violation("LEND of " + what + ": not a memfd of " + std::to_string(m.bytes) +
+                     " bytes (a multiple of 4 KiB up to " + std::to_string(kMaxLendBytes) +
+                     ") sealed against shrinking");
+  }
+  void* map = ::mmap(nullptr, m.bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    return Violation("LEND of " + what + ": mmap: " + std::strerror(errno));
+  }
+  mapped_[m.id] = Mapped{static_cast<const std::byte*>(map), static_cast<size_t>(m.bytes)};
+}
+
+bool Channel::SendLendMessage(uint32_t op, uint32_t id, uint64_t bytes, int fd) {
+  internal::LendMessage m;
+  m.op = op;
+  m.id = id;
+  m.bytes = bytes;
+  iovec iov{&m, sizeof m};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
+  if (fd >= 0) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  // A 24-byte message goes into the socket's buffer whole or not at all
+  // while it has room (the socket carries nothing else); EAGAIN: later, or
+  // the frame is copied instead.
+  for (;;) {
+    const ssize_t n = ::sendmsg(socket_fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(sizeof m)) return true;
+    if (n < 0 && errno == EINTR) continue;
+    if (n >= 0) Close("a lend message was cut short on the set-up socket");
+    return false;
+  }
+}
+
+bool Channel::SendLendMessageForTesting(uint32_t op, uint32_t id, uint64_t bytes, int fd) {
+  return SendLendMessage(op, id, bytes, fd);
+}
+
+bool Channel::TryWriteLent(OutgoingFrame& f, uint64_t tail) {
+  const std::span<const std::byte> payload = f.payload();
+  if (side_ != Side::kClient || !lend_ok_ || payload.size() < kLendMinBytes) return false;
+  std::shared_ptr<LendRegion> region = LendRegion::Find(payload.data(), payload.size());
+  if (!region) return false;
+  const auto known = announced_.find(region->id());
+  if (known == announced_.end() || known->second.expired()) {
+    if (!SendLendMessage(internal::kLendOp, region->id(), region->bytes().size(), region->fd())) {
+      return false;
+    }
+    announced_[region->id()] = region;
+  }
+  if (!HasRoom(internal::kRefRecordBytes, tail)) return false;
+  Append(internal::kLentKind, internal::kRefRecordBytes, f, {},
+         static_cast<uint64_t>(payload.data() - region->bytes().data()), region->id());
+  pending_lent_.push_back({tx_head_, std::move(region), std::move(f.release)});
+  f.release = nullptr;
+  f.owner.reset();
+  ++lent_sent_;
+  return true;
+}
+
+void Channel::ReleaseLent(uint64_t tail) {
+  while (!pending_lent_.empty() && pending_lent_.front().end <= tail) {
+    std::function<void()> release = std::move(pending_lent_.front().release);
+    pending_lent_.pop_front();  // lets the region go first
+    if (release) release();     // the caller's buffer is free again
+  }
+}
+
+void Channel::UnlendGone() {
+  for (auto it = announced_.begin(); it != announced_.end();) {
+    if (!it->second.expired()) {
+      ++it;
+    } else if (SendLendMessage(internal::kUnlendOp, it->first, 0, -1)) {
+      it = announced_.erase(it);
+    } else {
+      return;  // the socket is full: next turn
+    }
+  }
 }
 
 void Channel::Poll() {
@@ -115,10 +282,14 @@ void Channel::Poll() {
   if (!io_ || closed_) return;
   auto keep = shared_from_this();  // callbacks may drop the owner's reference
   const uint64_t gen = attach_gen_;
-  if (!pending_refs_.empty()) {
+  if (!pending_refs_.empty() || !pending_lent_.empty()) {
     const uint64_t tail = internal::Tail(tx_control()).load(std::memory_order_acquire);
-    if (tail <= tx_head_) ReleaseConsumed(tail);  // a bogus tail is caught by TryWrite
+    if (tail <= tx_head_) {  // a bogus tail is caught by TryWrite
+      ReleaseConsumed(tail);
+      ReleaseLent(tail);
+    }
   }
+  if (!announced_.empty()) UnlendGone();
   // One turn: at most kFramesPerTurn records, then the lane's other
   // connections run before this one looks again (a peer that keeps its
   // ring full, or rewrites head, cannot hold the thread).
@@ -185,6 +356,40 @@ size_t Channel::DeliverReady() {
         Violation("a pad record of " + std::to_string(p.bytes) + " bytes at offset " +
                   std::to_string(pos) + " does not end the ring");
         break;
+      }
+    } else if (p.kind == internal::kLentKind && side_ == Side::kHub) {
+      if (p.bytes != internal::kRefRecordBytes || p.bytes > ready || pos + p.bytes > ring_bytes_) {
+        Violation("a lent-region record of " + std::to_string(p.bytes) + " bytes at offset " +
+                  std::to_string(pos));
+        break;
+      }
+      const FrameHeader h = DecodeHeader(
+          std::span<const std::byte, kHeaderBytes>(at + kRecordPrefixBytes, kHeaderBytes));
+      uint64_t offset = 0;
+      uint32_t id = 0;
+      std::memcpy(&offset, at + kRecordAlign, sizeof offset);
+      std::memcpy(&id, at + kRecordAlign + sizeof offset, sizeof id);
+      auto region = mapped_.find(id);
+      if (region == mapped_.end() && !peer_gone_) {
+        // The worker sends LEND before the first reference: it is in the
+        // socket by now.
+        ReadSocket();
+        if (closed_ || violated_ || gen != attach_gen_) break;
+        region = mapped_.find(id);
+      }
+      if (region == mapped_.end()) {
+        Violation("a reference to lent region " + std::to_string(id) + ", which was not lent");
+        break;
+      }
+      if (offset > region->second.bytes || h.payload_bytes > region->second.bytes - offset) {
+        Violation("a reference to " + std::to_string(h.payload_bytes) + " bytes at offset " +
+                  std::to_string(offset) + " of the " + std::to_string(region->second.bytes) +
+                  "-byte lent region " + std::to_string(id));
+        break;
+      }
+      ++lent_received_;
+      if (auto on_frame = cb_.on_frame) {
+        on_frame(h, std::span<const std::byte>(region->second.base + offset, h.payload_bytes));
       }
     } else if (p.kind == internal::kRefKind && side_ == Side::kClient && arena_map_ != nullptr) {
       if (p.bytes != internal::kRefRecordBytes || p.bytes > ready || pos + p.bytes > ring_bytes_) {
@@ -260,6 +465,16 @@ bool Channel::ArmSleep() {
       work = true;
     }
   }
+  if (!pending_lent_.empty() && !violated_) {
+    // Frames lent from a region wait for the hub to consume them: have it
+    // ring us when it does.
+    RingControl* tc = tx_control();
+    internal::Waiting(tc).store(1, std::memory_order_seq_cst);
+    if (internal::Tail(tc).load(std::memory_order_seq_cst) >= pending_lent_.front().end) {
+      internal::Waiting(tc).store(0, std::memory_order_relaxed);
+      work = true;
+    }
+  }
   if (!queue_.empty() && !violated_) {
     RingControl* tc = tx_control();
     // The smallest record the front frame can take (a reference if it may
@@ -308,6 +523,8 @@ void Channel::PumpSends() {
     if (auto on_sent = cb_.on_sent) on_sent(bytes);
   }
   if (std::exchange(pad_written_, false)) wrote = true;  // the reader must pass the pad
+  // Lent frames wait for the hub's tail: have it ring us when it moves.
+  if (!pending_lent_.empty() && !closed_) WaitForRoom();
   if (!wrote || closed_) return;
   RingControl* tc = tx_control();
   if (internal::Sleeping(tc).load(std::memory_order_seq_cst) != 0 &&
@@ -335,7 +552,7 @@ void Channel::PadAhead(size_t rec, uint64_t tail) {
 }
 
 void Channel::Append(uint32_t kind, size_t rec, const OutgoingFrame& f,
-                     std::span<const std::byte> payload, uint64_t offset) {
+                     std::span<const std::byte> payload, uint64_t offset, uint32_t region) {
   std::byte* ring = tx_ring();
   const size_t pos = tx_head_ % ring_bytes_;
   if (pos + rec > ring_bytes_) {  // a record never wraps: pad to the end
@@ -347,8 +564,9 @@ void Channel::Append(uint32_t kind, size_t rec, const OutgoingFrame& f,
   const Prefix p{kind, static_cast<uint32_t>(rec)};
   std::memcpy(dst, &p, sizeof p);
   std::memcpy(dst + kRecordPrefixBytes, f.header.data(), kHeaderBytes);
-  if (kind == internal::kRefKind) {
+  if (kind == internal::kRefKind || kind == internal::kLentKind) {
     std::memcpy(dst + kRecordAlign, &offset, sizeof offset);
+    std::memcpy(dst + kRecordAlign + sizeof offset, &region, sizeof region);
   } else if (!payload.empty()) {
     std::memcpy(dst + kRecordAlign, payload.data(), payload.size());
   }
@@ -359,6 +577,12 @@ void Channel::Append(uint32_t kind, size_t rec, const OutgoingFrame& f,
 bool Channel::TryWrite(OutgoingFrame& f) {
   const std::span<const std::byte> payload = f.payload();
   const size_t rec = RecordBytes(payload.size());
+  if (lend_ok_) {
+    // A worker's payload in a region it lent its hub: a reference, no copy
+    // (whatever its size: the record is 128 bytes).
+    const uint64_t tail = internal::Tail(tx_control()).load(std::memory_order_seq_cst);
+    if (tail <= tx_head_ && tx_head_ - tail <= ring_bytes_ && TryWriteLent(f, tail)) return true;
+  }
   if (rec > ring_bytes_) {
     if (f.release) f.release();
     f.release = nullptr;
@@ -424,6 +648,10 @@ void Channel::WriteRawForTesting(std::span<const std::byte> bytes, uint64_t head
 void Channel::OnClose() {
   // The peer sees EOF on its socket, drains its ring and closes too.
   ::shutdown(socket_fd_, SHUT_RDWR);
+  // Frames lent from regions: nothing waits for them any more (a hub that
+  // drains its ring after our close reads what the region holds then, as
+  // with any payload a worker rewrites while it is read).
+  ReleaseLent(UINT64_MAX);
   if (bell_fd_) bell_fd_->cancel();
   if (socket_desc_) socket_desc_->cancel();
   if (!pending_refs_.empty()) {

@@ -163,6 +163,12 @@ Channel::Channel(Side side, int socket_fd, std::byte* base, size_t map_bytes,
 Channel::~Channel() {
   if (arena_) ReleaseConsumed(0, true);
   if (arena_map_) ::munmap(const_cast<std::byte*>(arena_map_), arena_bytes_);
+  for (const auto& [id, m] : mapped_) ::munmap(const_cast<std::byte*>(m.base), m.bytes);
+  for (int fd : socket_fds_) ::close(fd);
+  // Frames lent from regions: the hub is gone or done with them.
+  for (auto& f : pending_lent_) {
+    if (f.release) f.release();
+  }
   // The descriptors are ours, not the stream_descriptors'.
   if (bell_fd_) bell_fd_->release();
   if (socket_desc_) socket_desc_->release();
@@ -314,7 +320,7 @@ Result<ConnectReply> Channel::Connect(const std::string& socket_name, const std:
     return read;
   }
   Fd memfd(fds[0]), hub_bell(fds[1]), worker_bell(fds[2]), arena_fd(fds[3]);
-  if (setup.magic != kSetupMagic || setup.version != kSetupVersion ||
+  if (setup.magic != kSetupMagic || setup.version < 1 || setup.version > kSetupVersion ||
       !ValidRingBytes(setup.ring_bytes) || worker_bell.get() < 0) {
     return InvalidArgument("malformed shared-memory set-up (magic, version " +
                            std::to_string(setup.version) + ", ring of " +
@@ -361,6 +367,7 @@ Result<ConnectReply> Channel::Connect(const std::string& socket_name, const std:
                   "shm:@" + socket_name, poll));
   accepted.channel->arena_map_ = static_cast<const std::byte*>(arena_map);
   accepted.channel->arena_bytes_ = setup.arena_bytes;
+  accepted.channel->lend_ok_ = setup.version >= 2;
   return accepted;
 }
 

@@ -45,6 +45,25 @@ inline constexpr uint32_t kPadKind = 0x44444150;    // "PADD"
 // u64 arena offset; 128 bytes in all.
 inline constexpr uint32_t kRefKind = 0x46455241;     // "AREF"
 inline constexpr uint32_t kRefRecordBytes = 128;
+// A worker's frame whose payload is in a region it lent (shm/lend.h):
+// prefix, header, the u64 offset in the region and the u32 region id; 128
+// bytes in all, like kRefKind.
+inline constexpr uint32_t kLentKind = 0x4645524c;  // "LREF"
+
+// Messages on the set-up socket after the set-up (worker to hub only, set-up
+// version 2): LEND passes a region's descriptor (SCM_RIGHTS, with the
+// message's first byte), UNLEND drops it.
+inline constexpr uint32_t kLendMagic = 0x444e454c;  // "LEND"
+enum LendOp : uint32_t { kLendOp = 1, kUnlendOp = 2 };
+struct LendMessage {
+  uint32_t magic = kLendMagic;
+  uint32_t op = 0;
+  uint32_t id = 0;
+  uint32_t reserved = 0;
+  uint64_t bytes = 0;  // LEND: the region's size
+};
+static_assert(sizeof(LendMessage) == 24);
+
 struct Prefix {
   uint32_t kind = 0;
   uint32_t bytes = 0;  // the whole record, prefix included

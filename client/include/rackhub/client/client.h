@@ -123,6 +123,7 @@ enum class ErrorCode {
   kServer = 6,           // the hub answered with an ERROR frame (see Error::wire)
   kClosed = 7,           // Close() was called
   kRolledBack = 8,       // the hub's version of the key differs (Error::iteration); Pull it
+  kResource = 9,         // a local resource (shared memory, descriptors) could not be made
 };
 const char* ErrorCodeName(ErrorCode code);
 
@@ -226,8 +227,34 @@ struct KeyInfo {
   uint64_t slowest_iteration = 0;
 };
 
+// Memory the client lends to the hubs on its host: a PushPull whose `grad`
+// lies in a lease is read by a hub over shared memory in place, with no copy
+// into the ring (fp32 keys, dense pushes: each chunk's part of at least
+// 4 KiB; docs/client.md, "Zero-copy pushes"). Over TCP and RDMA it is
+// ordinary memory. Any client of the process may push from any lease. Keep
+// the lease (a shared handle: copies share the memory) alive, and do not
+// write it, until the PushPull that reads it completed. Zero-filled.
+class LeasedBuffer {
+ public:
+  LeasedBuffer() = default;
+  std::span<float> floats() const { return floats_; }
+  explicit operator bool() const { return region_ != nullptr; }
+
+ private:
+  friend class Client;
+  std::shared_ptr<void> region_;
+  std::span<float> floats_;
+};
+
 class Client {
  public:
+  // A lease of `elements` floats (kInvalidArgument for 0 or more than
+  // 16 Gi elements; kInternal when the memory cannot be made).
+  static Error LeaseElements(size_t elements, LeasedBuffer* out);
+  // A lease the size of key `key` (kInvalidArgument for an unknown key or a
+  // row-sparse table).
+  Error Lease(KeyId key, LeasedBuffer* out) const;
+
   // Connects every lane (lane 0 first, then the lane count from its WELCOME)
   // within options.connect_timeout. Returns null and fills *error on failure
   // (kInvalidArgument for a bad hub address, kUnauthenticated, kConnectFailed).

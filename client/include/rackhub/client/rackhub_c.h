@@ -35,6 +35,7 @@ extern "C" {
 #define RACKHUB_SERVER 6 /* see rackhub_last_wire_error */
 #define RACKHUB_CLOSED 7
 #define RACKHUB_ROLLED_BACK 8 /* Pull the key; see rackhub_last_error_iteration */
+#define RACKHUB_RESOURCE 9    /* a local resource (shared memory) could not be made */
 
 /* Key wire dtypes and init modes. */
 #define RACKHUB_FP32 1

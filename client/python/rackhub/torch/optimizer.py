@@ -32,7 +32,11 @@ How a step works:
   gradient (after backward_passes_per_step passes) and starts its PushPull at
   once, so communication overlaps the rest of backward.
 - Zero-copy for contiguous fp32 CPU tensors: the PushPull sends from `.grad`
-  and receives into a spare tensor; step() then swaps storages
+  and receives into a spare tensor; over shared memory (zero_copy=True,
+  the default) `.grad` and the spare live in memory leased to the hub
+  (Client.lease), so the hub reduces straight from the gradients autograd
+  wrote, with no copy into the ring (a zero_grad(set_to_none=True) drops
+  the leased gradients: later steps copy); step() then swaps storages
   (reply="swap", default; reply="copy" copies into the existing storage, use
   it if you keep references to `p.data` or `p.grad`). fp16/bf16/fp64
   parameters are converted to fp32 for the wire and back; CUDA tensors are
@@ -72,6 +76,7 @@ import logging
 import time
 import weakref
 
+import numpy
 import torch
 
 from . import _context, agree
@@ -133,6 +138,22 @@ class _Slot:
         self.sent = None
         self.passes = 0
 
+    def lease(self, c, spare):
+        """Puts the gradient (and, with `spare`, the reply buffer: the local
+        mode swaps the two every step) in memory leased to the hub
+        (Client.lease); autograd then accumulates into it in place. Only for
+        float32 CPU parameters; True if done."""
+        p = self.param
+        if p.device.type != "cpu" or p.dtype != torch.float32 or p.numel() == 0:
+            return False
+        grad = torch.from_numpy(numpy.asarray(c.lease(self.key))).view(p.shape)
+        if p.grad is not None:
+            grad.copy_(p.grad)
+        p.grad = grad
+        if spare:
+            self.spare = torch.from_numpy(numpy.asarray(c.lease(self.key))).view(p.shape)
+        return True
+
     def host_grad(self):
         """The gradient as a contiguous fp32 CPU tensor (a staged copy if it
         is not one already)."""
@@ -154,7 +175,8 @@ class _Sync:
     """The engine behind the optimizer: slots, hooks, pushes, waits."""
 
     def __init__(self, opt, named, compression, passes, op, hub, prefix, reply, on_rollback,
-                 embeddings=None, embedding_init=DEFAULT_INIT, embedding_coalesce=True):
+                 embeddings=None, embedding_init=DEFAULT_INIT, embedding_coalesce=True,
+                 zero_copy=False):
         ctx = _context.need()
         if on_rollback not in ("resync", "raise"):
             raise ValueError("on_rollback: 'resync' or 'raise'")
@@ -227,6 +249,12 @@ class _Sync:
                              f"have no name (pass every parameter the optimizer holds)")
         if hub:
             self.load_initial()
+        # Zero copy (shared memory, float32 on the wire): gradients in leased
+        # memory the hub reads in place.
+        self.leased = 0
+        if zero_copy and self.c.transport == "shm" and self.dtype == "fp32" and \
+                not self.compression.topk_ratio:
+            self.leased = sum(s.lease(self.c, spare=not hub) for s in self.slots)
         self.grad_accs = []
         self.hooks = []
         for slot in self.slots:
@@ -504,13 +532,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, base, named_parameters, compression, backward_passes_per_step,
                  op, hub, prefix, reply, on_rollback, embeddings, embedding_init,
-                 embedding_coalesce):
+                 embedding_coalesce, zero_copy):
         super(self.__class__, self).__init__(params)
         for p, st in base.state.items():  # e.g. loaded from a checkpoint before wrapping
             self.state[p] = st
         self._rackhub = _Sync(self, named_parameters, compression, backward_passes_per_step, op,
                               hub, prefix, reply, on_rollback, embeddings, embedding_init,
-                              embedding_coalesce)
+                              embedding_coalesce, zero_copy)
         self._rackhub_sync_next_step = True
 
     @property
@@ -612,7 +640,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False, *,
                          hub_optimizer=False, prefix="", reply="swap", on_rollback="resync",
-                         embeddings=None, embedding_init=DEFAULT_INIT, embedding_coalesce=True):
+                         embeddings=None, embedding_init=DEFAULT_INIT, embedding_coalesce=True,
+                         zero_copy=True):
     """Wraps `optimizer` for data-parallel training through the hub (see the
     module docstring).
 
@@ -643,6 +672,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       embedding_init, embedding_coalesce: their initial values and whether
       duplicate ids are summed before the push (rackhub.torch.embedding's
       docstring).
+    zero_copy (keyword): over shared memory, keep each float32 CPU
+      parameter's .grad (and the local mode's reply buffer) in memory leased
+      to the hub (Client.lease), so backward writes the gradients where the
+      hub reads them: no copy into the ring (module docstring).
     """
     if gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor: only 1.0 (the hub sums in rank order, "
@@ -664,4 +697,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(type(base).__name__, (type(base),), dict(_METHODS))
     return cls(base.param_groups, base, named_parameters, compression, backward_passes_per_step,
                op, bool(hub_optimizer), prefix, reply, on_rollback, embeddings, embedding_init,
-               embedding_coalesce)
+               embedding_coalesce, bool(zero_copy))

@@ -24,6 +24,13 @@
 // when it clears such a flag (sequentially consistent: one of the two always
 // sees the other). So a busy connection makes no system call per frame.
 //
+// Lent regions (shm/lend.h, set-up version 2). A client frame whose payload
+// lies in a region the worker lent goes as a reference record (region id,
+// offset): the region's descriptor goes to the hub once per connection
+// (LEND on the set-up socket, the only thing sent there after the set-up),
+// the hub maps it read-only and hands the payload over in place. The frame's
+// release waits until the hub's tail passed the record.
+//
 // Trust. The peer can write anything anywhere in the region at any time.
 // Every value read from it (head, tail, prefixes, headers) is copied once,
 // then checked against the ring's bounds before use; a bad one is a protocol
@@ -45,6 +52,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 
 #include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
@@ -52,11 +60,13 @@
 #include "rackhub/net/frame_channel.h"
 #include "rackhub/net/outgoing_frame.h"
 #include "rackhub/net/shm/arena.h"
+#include "rackhub/net/shm/lend.h"
 
 namespace rackhub::net::shm {
 
 namespace internal {
 struct RingControl;
+struct LendMessage;
 }
 
 // Ring size per direction, bounds; always a multiple of 4 KiB.
@@ -95,7 +105,9 @@ struct SetupMessage {
 // publish arena (arena.h); smaller ones are copied into the ring.
 inline constexpr size_t kPublishMinBytes = 4096;
 inline constexpr uint32_t kSetupMagic = 0x4d534852;  // "RHSM"
-inline constexpr uint32_t kSetupVersion = 1;
+// Version 2 adds lent regions (LEND on the set-up socket, LREF records);
+// a client takes a hub of version 1 or 2 and lends only to version 2.
+inline constexpr uint32_t kSetupVersion = 2;
 
 // What a client's Connect got: a channel (the hub accepted HELLO; WELCOME
 // follows through the ring), or the hub's refusal (an ERROR frame).
@@ -164,6 +176,13 @@ class Channel final : public FrameChannel {
   void WriteRawForTesting(std::span<const std::byte> bytes, uint64_t head_advance);
   // Replies received as references into the publish arena (client side).
   uint64_t references_received() const { return references_received_; }
+  // Frames sent (client) / received (hub) as references into a lent region.
+  uint64_t lent_sent() const { return lent_sent_; }
+  uint64_t lent_received() const { return lent_received_; }
+  // Regions the hub has mapped for this connection (hub side).
+  size_t lent_regions() const { return mapped_.size(); }
+  // Testing only: sends a raw LEND/UNLEND message with `fd` (-1: none).
+  bool SendLendMessageForTesting(uint32_t op, uint32_t id, uint64_t bytes, int fd);
 
  private:
   using RingControl = internal::RingControl;
@@ -203,7 +222,22 @@ class Channel final : public FrameChannel {
   // Writes a record (a frame with `payload`, or a reference to `offset` of
   // the arena) at the send position and publishes it.
   void Append(uint32_t kind, size_t rec, const OutgoingFrame& f,
-              std::span<const std::byte> payload, uint64_t offset);
+              std::span<const std::byte> payload, uint64_t offset, uint32_t region = 0);
+  // Client: writes `f` as a reference into the lent region holding its
+  // payload, if there is one and the hub has (or now gets) its descriptor.
+  // False: write it as usual.
+  bool TryWriteLent(OutgoingFrame& f, uint64_t tail);
+  // Client: LEND (the region's descriptor) or UNLEND on the set-up socket;
+  // false if the socket cannot take it now.
+  bool SendLendMessage(uint32_t op, uint32_t id, uint64_t bytes, int fd);
+  // Client: UNLEND for lent regions that no longer exist here.
+  void UnlendGone();
+  // Client: releases the frames whose lent payload the hub consumed.
+  void ReleaseLent(uint64_t tail);
+  // Hub: reads what the worker sent on the set-up socket (LEND, UNLEND);
+  // false once it is at EOF (peer_gone_ set) or violated.
+  bool ReadSocket();
+  void OnLendMessage(const internal::LendMessage& m, int fd);
   // Sets the flags that make the peer ring us; true if there is work after
   // all (the flags are cleared again).
   bool ArmSleep();
@@ -245,6 +279,30 @@ class Channel final : public FrameChannel {
   const std::byte* arena_map_ = nullptr;
   size_t arena_bytes_ = 0;
   uint64_t references_received_ = 0;
+
+  // Lent regions (lend.h). Client: whether the hub takes them (set-up
+  // version 2), the regions announced to it, and the frames written as
+  // references and not consumed yet (ring position after the record; the
+  // region is kept alive and the frame's release waits until then).
+  bool lend_ok_ = false;
+  std::unordered_map<uint32_t, std::weak_ptr<LendRegion>> announced_;
+  struct LentFrame {
+    uint64_t end;
+    std::shared_ptr<LendRegion> region;
+    std::function<void()> release;
+  };
+  std::deque<LentFrame> pending_lent_;
+  uint64_t lent_sent_ = 0;
+  // Hub: the regions mapped read-only, and a partial message with the
+  // descriptors that came with it.
+  struct Mapped {
+    const std::byte* base;
+    size_t bytes;
+  };
+  std::unordered_map<uint32_t, Mapped> mapped_;
+  std::string socket_buf_;
+  std::deque<int> socket_fds_;
+  uint64_t lent_received_ = 0;
 };
 
 }  // namespace rackhub::net::shm
