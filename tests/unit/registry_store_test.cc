@@ -447,10 +447,10 @@ TEST_F(RegistryStoreTest, NewerSchemaVersionIsRefused) {
   Open();
   CreateTenant("alpha");
   registry_.reset();
-  RawExec(db_path_, "PRAGMA user_version = 5");
-  ExpectRefused("schema version 5 is newer than this rackhubd understands (4)");
+  RawExec(db_path_, "PRAGMA user_version = 6");
+  ExpectRefused("schema version 6 is newer than this rackhubd understands (5)");
   // Still there, untouched.
-  RawExec(db_path_, "PRAGMA user_version = 4");
+  RawExec(db_path_, "PRAGMA user_version = 5");
   Open();
   EXPECT_EQ(registry_->ListTenants().size(), 1u);
 }
