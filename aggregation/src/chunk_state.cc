@@ -56,6 +56,7 @@ ChunkState::ChunkState(uint32_t elements, uint32_t workers, const OptimizerConfi
       contributed_(workers, 0),
       spare_of_rank_(workers, kNoSpare) {
   if (workers == 0) Die("workers must be >= 1");
+  expected_ = workers;
   if (!IsValidElementType(static_cast<uint8_t>(wire_type))) Die("invalid wire type");
   if (wire_type != ElementType::kFp32) {
     wire_[0] = SharedAlignedBuffer<std::byte>(wire_bytes());
@@ -87,8 +88,9 @@ void ChunkState::EnsureOptimizerState() {
 
 ChunkState::AddResult ChunkState::Contribute(uint32_t rank, std::span<const std::byte> payload) {
   if (rank >= workers_) return AddResult::kBadRank;
+  if (!is_member(rank)) return AddResult::kNotMember;
   if (payload.size() != wire_bytes()) return AddResult::kBadSize;
-  if (contributed_[rank]) return AddResult::kDuplicate;
+  if (contributed_[rank] == kContributed) return AddResult::kDuplicate;
 
   if (rank == next_rank_) {
     FoldInOrder(payload.data(), rank);
@@ -105,16 +107,17 @@ ChunkState::AddResult ChunkState::Contribute(uint32_t rank, std::span<const std:
     std::memcpy(spares_[slot].data(), payload.data(), payload.size());
     spare_of_rank_[rank] = slot;
   }
-  contributed_[rank] = 1;
+  contributed_[rank] = kContributed;
   ++contributions_;
-  return contributions_ == workers_ ? AddResult::kComplete : AddResult::kAccepted;
+  return contributions_ == expected_ ? AddResult::kComplete : AddResult::kAccepted;
 }
 
 // Folds `payload` of `rank` (== next_rank_) and the parked contributions that
 // follow it in rank order into the accumulator.
 void ChunkState::FoldInOrder(const std::byte* payload, uint32_t rank) {
   ++next_rank_;
-  FoldRun(payload, rank == 0);
+  SkipAbsent();
+  FoldRun(payload, rank == first_rank_);
 }
 
 // Folds `dense` (null: none; the rank just before next_rank_) and then the
@@ -150,6 +153,7 @@ void ChunkState::FoldRun(const std::byte* dense, bool first) {
       free_spares_.push_back(slot);  // read by flush(), before any reuse
     }
     ++next_rank_;
+    SkipAbsent();
   }
   flush();
 }
@@ -207,11 +211,13 @@ bool ChunkState::ApplyAloneSparse(const SparseView& sparse) {
 
 ChunkState::AddResult ChunkState::ContributeSparse(uint32_t rank, const SparseView& sparse) {
   if (rank >= workers_) return AddResult::kBadRank;
+  if (!is_member(rank)) return AddResult::kNotMember;
   if (!SparseValid(sparse)) return AddResult::kBadSparse;
-  if (contributed_[rank]) return AddResult::kDuplicate;
+  if (contributed_[rank] == kContributed) return AddResult::kDuplicate;
   if (rank == next_rank_) {
-    FoldSparse(sparse, rank == 0);
+    FoldSparse(sparse, rank == first_rank_);
     ++next_rank_;
+    SkipAbsent();
     FoldRun(nullptr, false);
   } else {
     if (sparse_spares_.empty()) {
@@ -229,9 +235,9 @@ ChunkState::AddResult ChunkState::ContributeSparse(uint32_t rank, const SparseVi
     sparse_count_[rank] = sparse.count;
     spare_of_rank_[rank] = kSparseSpare;
   }
-  contributed_[rank] = 1;
+  contributed_[rank] = kContributed;
   ++contributions_;
-  return contributions_ == workers_ ? AddResult::kComplete : AddResult::kAccepted;
+  return contributions_ == expected_ ? AddResult::kComplete : AddResult::kAccepted;
 }
 
 void ChunkState::ClearContributions() {
@@ -243,9 +249,29 @@ void ChunkState::ClearContributions() {
     }
     spare_of_rank_[r] = kNoSpare;
   }
-  std::fill(contributed_.begin(), contributed_.end(), 0);
+  for (uint8_t& c : contributed_) {
+    if (c == kContributed) c = kNotYet;
+  }
   contributions_ = 0;
-  next_rank_ = 0;
+  next_rank_ = first_rank_;
+}
+
+bool ChunkState::SetMembers(std::span<const uint8_t> member) {
+  if (contributions_ != 0 || member.size() > workers_) return false;
+  uint32_t count = 0, first = workers_;
+  for (uint32_t r = 0; r < member.size(); ++r) {
+    if (!member[r]) continue;
+    ++count;
+    first = std::min(first, r);
+  }
+  if (count == 0) return false;
+  for (uint32_t r = 0; r < workers_; ++r) {
+    contributed_[r] = r < member.size() && member[r] ? kNotYet : kAbsent;
+  }
+  expected_ = count;
+  first_rank_ = first;
+  next_rank_ = first;
+  return true;
 }
 
 void ChunkState::DiscardPending() { ClearContributions(); }
@@ -259,7 +285,7 @@ OptimizerStep ChunkState::BeginUpdate() {
   }
   return OptimizerStep{
       optimizer_.reduction == Reduction::kMean
-          ? static_cast<float>(1.0 / (mean_divisor_ ? mean_divisor_ : workers_))
+          ? static_cast<float>(1.0 / (mean_divisor_ ? mean_divisor_ : expected_))
           : 1.0f,
       t};
 }
@@ -275,7 +301,7 @@ void ChunkState::FinishUpdate() {
 }
 
 void ChunkState::Update() {
-  if (contributions_ != workers_ || next_rank_ != workers_) {
+  if (contributions_ != expected_ || next_rank_ != workers_) {
     Die("Update() before all contributions are in");
   }
   const OptimizerStep step = BeginUpdate();
@@ -285,7 +311,7 @@ void ChunkState::Update() {
 }
 
 bool ChunkState::ReduceAndUpdate(std::span<const std::span<const std::byte>> payloads) {
-  if (contributions_ != 0 || payloads.size() != workers_) return false;
+  if (contributions_ != 0 || payloads.size() != workers_ || expected_ != workers_) return false;
   for (const auto& p : payloads) {
     if (p.size() != wire_bytes()) return false;
   }

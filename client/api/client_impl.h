@@ -95,6 +95,12 @@ struct Operation {
   // Bounded/async tenants: the replies' VersionsSuffix, minimum over chunks.
   uint64_t min_updates = UINT64_MAX;
   uint64_t min_slowest = UINT64_MAX;
+  // Elastic tenants: the replies' MembershipSuffix (the lowest generation
+  // over the chunks, with its member count; `membership_mixed` when chunks
+  // named different generations).
+  uint64_t membership_generation = UINT64_MAX;
+  uint32_t members = 0;
+  bool membership_mixed = false;
   std::optional<KeyInfo> declared;  // KEY_INFO of a DECLARE
   std::unique_ptr<asio::steady_timer> timer;
   bool started = false;  // Start ran: it is (re)sent by a reconnect
@@ -198,6 +204,8 @@ class Client::Impl {
   void ReplyArrived(const internal::OperationPtr& op, uint64_t iteration);
   // A PARAMS reply's VersionsSuffix (bounded/async tenants), before ReplyArrived.
   void VersionsArrived(const internal::OperationPtr& op, const net::VersionsSuffix& v);
+  // A PARAMS reply's MembershipSuffix (elastic tenants), before ReplyArrived.
+  void MembershipArrived(const internal::OperationPtr& op, const net::MembershipSuffix& m);
   void FailOp(const internal::OperationPtr& op, Error error);
   // Drops one io_ref of `op` and completes it if that was the last thing.
   void ReleaseIo(const internal::OperationPtr& op);

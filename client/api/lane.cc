@@ -225,7 +225,8 @@ net::FrameHandler::Verdict Lane::AcceptHeader(net::Connection&, const net::Frame
   }
   const size_t want = size_t{current_.elements} * net::DTypeBytes(WireDType(o.dtype));
   if (h.payload_bytes == 0 && o.kind == OpKind::kInit) return Verdict::kAccept;  // bare ack
-  const size_t suffix = (h.flags & net::kFlagVersions) ? net::kVersionsSuffixBytes : 0;
+  const size_t suffix = ((h.flags & net::kFlagVersions) ? net::kVersionsSuffixBytes : 0) +
+                        ((h.flags & net::kFlagMembership) ? net::kMembershipSuffixBytes : 0);
   const bool sparse = (h.flags & net::kFlagSparse) != 0;
   if (sparse && h.payload_bytes <= want) return Verdict::kAccept;  // StoreSparseParams checks
   if (sparse || h.dtype != WireDType(o.dtype) || h.payload_bytes != want + suffix) {
@@ -284,6 +285,10 @@ Status Lane::StoreReply(const net::FrameHeader& h, std::span<const std::byte> pa
     if ((h.flags & net::kFlagVersions) && !(h.flags & net::kFlagSparse) &&
         payload.size() >= want + net::kVersionsSuffixBytes) {
       owner_->VersionsArrived(op, ReadVersions(payload.subspan(want)));
+    }
+    if ((h.flags & net::kFlagMembership) && !(h.flags & net::kFlagSparse) &&
+        payload.size() >= want + net::kMembershipSuffixBytes) {
+      owner_->MembershipArrived(op, ReadMembership(payload.subspan(want)));
     }
   } else if (h.opcode == net::Opcode::kRows) {
     if (Status s = StoreRows(h, payload, request); !s.ok()) return s;

@@ -56,6 +56,9 @@ void Client::Impl::Send(const OperationPtr& op) {
   op->remaining = 0;
   op->min_reply_iteration = UINT64_MAX;
   op->min_updates = op->min_slowest = UINT64_MAX;
+  op->membership_generation = UINT64_MAX;
+  op->members = 0;
+  op->membership_mixed = false;
   op->declared.reset();
   switch (op->kind) {
     case OpKind::kPushPull: StartChunks(op, net::Opcode::kPush); return;
@@ -162,6 +165,16 @@ void Client::Impl::VersionsArrived(const OperationPtr& op, const net::VersionsSu
   op->min_slowest = std::min(op->min_slowest, v.slowest);
 }
 
+void Client::Impl::MembershipArrived(const OperationPtr& op, const net::MembershipSuffix& m) {
+  if (op->membership_generation != UINT64_MAX && op->membership_generation != m.generation) {
+    op->membership_mixed = true;
+  }
+  if (m.generation < op->membership_generation) {
+    op->membership_generation = m.generation;
+    op->members = m.members;
+  }
+}
+
 void Client::Impl::ReplyArrived(const OperationPtr& op, uint64_t iteration) {
   if (op->failed || op->finished) return;
   op->min_reply_iteration = std::min(op->min_reply_iteration, iteration);
@@ -218,6 +231,11 @@ void Client::Impl::Finish(const OperationPtr& op) {
         if (result.ok() && op->min_updates != UINT64_MAX) {
           k.updates = op->min_updates;
           k.slowest_iteration = op->min_slowest;
+        }
+        if (result.ok() && op->membership_generation != UINT64_MAX) {
+          k.membership_generation = op->membership_generation;
+          k.members = op->members;
+          k.membership_mixed = op->membership_mixed;
         }
         if (result.ok() && op->min_reply_iteration != UINT64_MAX) {
           k.version = op->min_reply_iteration;

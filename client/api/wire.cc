@@ -88,6 +88,13 @@ Result<admin::v1::Optimizer> ToProtoOptimizer(const OptimizerSpec& spec) {
   return out;
 }
 
+net::MembershipSuffix ReadMembership(std::span<const std::byte> bytes) {
+  net::MembershipSuffix m;
+  std::memcpy(&m.generation, bytes.data(), 8);
+  std::memcpy(&m.members, bytes.data() + 8, 4);
+  return m;
+}
+
 net::VersionsSuffix ReadVersions(std::span<const std::byte> bytes) {
   net::VersionsSuffix v;
   std::memcpy(&v.updates, bytes.data(), 8);

@@ -16,6 +16,9 @@ net::DType WireDType(DType dtype);
 // The VersionsSuffix at the end of a PARAMS payload (kFlagVersions); `bytes`
 // holds at least net::kVersionsSuffixBytes.
 net::VersionsSuffix ReadVersions(std::span<const std::byte> bytes);
+// The MembershipSuffix at the end of a PARAMS payload (kFlagMembership);
+// `bytes` holds at least net::kMembershipSuffixBytes.
+net::MembershipSuffix ReadMembership(std::span<const std::byte> bytes);
 // The public mirror of a wire error code (same number; client.h).
 WireError ToClientWireError(net::WireError code);
 admin::v1::DType ProtoDType(DType dtype);

@@ -82,6 +82,11 @@ struct TenantView {
   int64_t slowest_rack = -1, slowest_rank = -1;   // -1: none in the interval
   double slowest_p99 = std::nan("");
   uint64_t errors = 0;  // during the interval
+  // Elastic tenants: "3 (gen 5)", "PAUSED 1 (gen 6)"; "-" otherwise.
+  std::string membership = "-";
+  bool elastic = false, paused = false;
+  uint32_t members = 0;
+  uint64_t membership_generation = 0;
 };
 
 struct LaneView {
@@ -108,6 +113,14 @@ View Compare(const Sample& before, const Sample& now) {
     TenantView tv;
     tv.name = t.name();
     tv.workers = t.workers_connected();
+    if (t.elastic()) {
+      tv.elastic = true;
+      tv.paused = t.paused();
+      tv.members = t.members();
+      tv.membership_generation = t.membership_generation();
+      tv.membership = std::string(t.paused() ? "PAUSED " : "") + std::to_string(t.members()) +
+                      " (gen " + std::to_string(t.membership_generation()) + ")";
+    }
     tv.iterations_per_s =
         delta(t.iterations_completed(), b ? b->iterations_completed() : 0) / dt;
     tv.gb_in_per_s = delta(t.bytes_in(), b ? b->bytes_in() : 0) / dt / 1e9;
@@ -159,7 +172,7 @@ std::string Fixed(double v, int digits) {
 
 void PrintView(std::ostream& out, const View& v, const std::string& admin) {
   out << "rackhub top: " << admin << ", last " << Fixed(v.seconds, 1) << " s (q quits)\n\n";
-  Table tenants({{"TENANT"}, {"WORKERS", true}, {"IT/S", true}, {"GB/S IN", true},
+  Table tenants({{"TENANT"}, {"WORKERS", true}, {"MEMBERS", true}, {"IT/S", true}, {"GB/S IN", true},
                  {"GB/S OUT", true}, {"P50 UPDATE", true}, {"P99 UPDATE", true},
                  {"SLOWEST RANK"}, {"ERRORS", true}});
   for (const auto& t : v.tenants) {
@@ -168,7 +181,7 @@ void PrintView(std::ostream& out, const View& v, const std::string& admin) {
       slowest = (t.slowest_rack > 0 ? "rack " + std::to_string(t.slowest_rack) + " " : "") +
                 "rank " + std::to_string(t.slowest_rank) + " (p99 " + Ms(t.slowest_p99) + ")";
     }
-    tenants.AddRow({t.name, std::to_string(t.workers), Fixed(t.iterations_per_s, 1),
+    tenants.AddRow({t.name, std::to_string(t.workers), t.membership, Fixed(t.iterations_per_s, 1),
                     Fixed(t.gb_in_per_s, 3), Fixed(t.gb_out_per_s, 3), Ms(t.p50), Ms(t.p99),
                     slowest, std::to_string(t.errors)});
   }
@@ -208,7 +221,13 @@ void PrintViewJson(std::ostream& out, const View& v) {
   for (size_t i = 0; i < v.tenants.size(); ++i) {
     const TenantView& t = v.tenants[i];
     out << (i ? ", " : "") << "{\"name\": " << JsonString(t.name)
-        << ", \"workers_connected\": " << t.workers
+        << ", \"workers_connected\": " << t.workers;
+    if (t.elastic) {
+      out << ", \"elastic\": {\"members\": " << t.members
+          << ", \"membership_generation\": " << t.membership_generation
+          << ", \"paused\": " << (t.paused ? "true" : "false") << "}";
+    }
+    out
         << ", \"iterations_per_second\": " << JsonNumber(t.iterations_per_s)
         << ", \"gb_in_per_second\": " << JsonNumber(t.gb_in_per_s)
         << ", \"gb_out_per_second\": " << JsonNumber(t.gb_out_per_s)

@@ -48,7 +48,8 @@ void AddTenantCommands(CLI::App* tenant, Handlers* handlers) {
   {
     struct Args {
       std::string name, token_file, consistency;
-      uint32_t workers = 0, chunk_bytes = 0;
+      uint32_t workers = 0, chunk_bytes = 0, min_workers = 0;
+      bool elastic = false;
       OptimizerArgs optimizer;
       QuotaArgs quotas;
     };
@@ -77,6 +78,14 @@ void AddTenantCommands(CLI::App* tenant, Handlers* handlers) {
         ->add_option("--consistency", a.consistency,
                      "how workers wait for each other (default sync; docs/consistency.md)")
         ->type_name("sync|bounded:S|async");
+    c.app->add_flag("--elastic", a.elastic,
+                    "ranks join and leave while the job runs (docs/elastic.md): --workers is the\n"
+                    "start quorum, --max-workers the rank limit, --min-workers the pause threshold");
+    c.app
+        ->add_option("--min-workers", a.min_workers,
+                     "elastic: pause below N members (default 1; N <= --workers)")
+        ->type_name("N")
+        ->check(U32Validator());
     AddOptimizerOptions(c.app, &a.optimizer, /*create=*/true);
     AddQuotaOptions(c.app, &a.quotas);
     Handle(handlers, c, [](const Invocation& inv, const Args& a) {
@@ -86,6 +95,11 @@ void AddTenantCommands(CLI::App* tenant, Handlers* handlers) {
         if (Status s = SetConsistency(a.consistency, &request); !s.ok()) return s;
       }
       request.set_workers_per_rack(a.workers);
+      if (Given(inv.command, "--min-workers") && !a.elastic) {
+        return InvalidArgument("--min-workers: only with --elastic");
+      }
+      request.set_elastic(a.elastic);
+      request.set_min_workers(a.min_workers);
       if (Given(inv.command, "--chunk-bytes")) request.set_chunk_bytes(a.chunk_bytes);
       if (AnyGiven(inv.command, kOptimizerOptions)) {
         *request.mutable_default_optimizer() = ApplyOptimizerOptions(inv.command, a.optimizer, {});

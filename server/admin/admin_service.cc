@@ -120,6 +120,8 @@ class AdminServices::TenantServiceImpl final : public pb::TenantService::Service
       default: return Invalid("consistency: unknown mode " + std::to_string(req->consistency()));
     }
     spec.staleness = req->staleness();
+    spec.elastic = req->elastic();
+    spec.min_workers = req->min_workers();
     TenantInfo info;
     std::string token;
     const auto status = ToGrpc(registry_->CreateTenant(spec, &info, &token));

@@ -41,12 +41,18 @@ void TenantToProto(const TenantInfo& t, pb::TenantStats* ts) {
   for (uint32_t m = 0; m < lanes.rank_lateness.size(); ++m) {
     if (lanes.rank_lateness[m].count == 0) continue;
     auto* r = ts->add_ranks();
-    r->set_rack(m / t.workers_per_rack);
-    r->set_rank(m % t.workers_per_rack);
+    r->set_rack(m / t.rank_slots());
+    r->set_rank(m % t.rank_slots());
     HistogramToProto(lanes.rank_lateness[m], r->mutable_lateness());
   }
   ts->set_workers_lost(c.workers_lost.load(std::memory_order_relaxed));
   ts->set_stragglers(c.stragglers.load(std::memory_order_relaxed));
+  if (t.elastic) {
+    ts->set_elastic(true);
+    ts->set_membership_generation(c.membership_generation.load(std::memory_order_relaxed));
+    ts->set_members(c.members.load(std::memory_order_relaxed));
+    ts->set_paused(c.paused.load(std::memory_order_relaxed));
+  }
   for (uint32_t code = 1; code < kErrorCodeSlots; ++code) {
     if (lanes.errors_by_code[code] == 0) continue;
     auto* e = ts->add_errors_by_code();

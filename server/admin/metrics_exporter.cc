@@ -117,6 +117,15 @@ class MetricsExporter::Collector final : public prometheus::Collectable {
                            "hub memory the tenant's keys may hold (counted against its quota)",
                            MetricType::Gauge);
     auto keys = Family("rackhub_tenant_keys", "keys of the tenant", MetricType::Gauge);
+    auto members = Family("rackhub_elastic_members",
+                          "members of an elastic tenant's current membership",
+                          MetricType::Gauge);
+    auto generation = Family("rackhub_elastic_membership_generation",
+                             "an elastic tenant's membership generation (+1 per change)",
+                             MetricType::Gauge);
+    auto paused = Family("rackhub_elastic_paused",
+                         "1 while an elastic tenant is paused (fewer members than min_workers)",
+                         MetricType::Gauge);
 
     for (const TenantInfo& t : registry_->ListTenants()) {
       const TenantCounters& c = *t.counters;
@@ -139,8 +148,8 @@ class MetricsExporter::Collector final : public prometheus::Collectable {
         if (sum.rank_lateness[m].count == 0) continue;
         AddHistogram(lateness,
                      {{"tenant", t.name},
-                      {"rack", std::to_string(m / t.workers_per_rack)},
-                      {"rank", std::to_string(m % t.workers_per_rack)}},
+                      {"rack", std::to_string(m / t.rank_slots())},
+                      {"rank", std::to_string(m % t.rank_slots())}},
                      sum.rank_lateness[m]);
       }
       AddValue(stragglers, tenant, static_cast<double>(c.stragglers.load()));
@@ -151,6 +160,11 @@ class MetricsExporter::Collector final : public prometheus::Collectable {
       AddValue(memory, tenant, static_cast<double>(c.memory_bytes_allocated.load()));
       AddValue(reserved, tenant, static_cast<double>(t.memory_bytes));
       AddValue(keys, tenant, t.key_count);
+      if (t.elastic) {
+        AddValue(members, tenant, c.members.load());
+        AddValue(generation, tenant, static_cast<double>(c.membership_generation.load()));
+        AddValue(paused, tenant, c.paused.load() ? 1 : 0);
+      }
     }
 
     auto busy = Family("rackhub_lane_busy_seconds_total",
@@ -179,7 +193,7 @@ class MetricsExporter::Collector final : public prometheus::Collectable {
     std::vector<MetricFamily> all;
     for (MetricFamily* f : {&pushes, &in, &out, &iterations, &errors, &workers, &latency, &lateness,
                             &stragglers, &lost, &checkpoints, &ck_seconds, &ck_bytes, &memory,
-                            &reserved, &keys, &busy, &link_out, &link_in, &info, &start}) {
+                            &reserved, &keys, &members, &generation, &paused, &busy, &link_out, &link_in, &info, &start}) {
       all.push_back(std::move(*f));
     }
     return all;

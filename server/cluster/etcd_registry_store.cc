@@ -116,6 +116,8 @@ std::string EtcdRegistryStore::EncodeTenant(const TenantRow& t) {
   r.set_created_unix_ms(t.info.created_unix_ms);
   r.set_consistency(static_cast<uint32_t>(t.info.consistency));
   r.set_staleness(t.info.staleness);
+  r.set_elastic(t.info.elastic);
+  r.set_min_workers(t.info.min_workers);
   r.set_token_salt(t.token.salt.data(), t.token.salt.size());
   r.set_token_sha256(t.token.hash.data(), t.token.hash.size());
   r.set_next_key_id(t.next_key_id);
@@ -177,6 +179,8 @@ RegistryContents EtcdRegistryStore::Parse(const std::map<std::string, std::strin
       t.info.created_unix_ms = r.created_unix_ms();
       t.info.consistency = static_cast<Consistency>(r.consistency());
       t.info.staleness = r.staleness();
+      t.info.elastic = r.elastic();
+      t.info.min_workers = r.min_workers();
       std::memcpy(t.token.salt.data(), r.token_salt().data(), 16);
       std::memcpy(t.token.hash.data(), r.token_sha256().data(), 32);
       t.next_key_id = r.next_key_id();

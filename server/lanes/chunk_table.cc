@@ -103,16 +103,17 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
     // a change announced for a later update applies here at the same update.
     const OptimizerSchedule& sched = key.info.schedule;
     slot = std::make_unique<Chunk>(
-        aggregation::ChunkState(n, t.info.workers_per_rack, sched.base,
+        aggregation::ChunkState(n, t.info.rank_slots(), sched.base,
                                 ElementTypeOf(key.info.dtype)),
         key.info.id, chunk, static_cast<net::DType>(static_cast<uint8_t>(key.info.dtype)));
     if (sched.from_update != 0) slot->state.SetOptimizer(sched.latest, sched.from_update);
     if (key.info.init == InitMode::kZeros) slot->state.MarkInitialized();
     // Within the key's reservation (Registry::CreateKey checked the quota).
     slot->charge = MemoryCharge(
-        t.info.counters, ChunkMemoryBytes(n, t.info.workers_per_rack, sched.base.type,
+        t.info.counters, ChunkMemoryBytes(n, t.info.rank_slots(), sched.base.type,
                                           ElementTypeOf(key.info.dtype), memory_model_));
     slot->sparse_replies = key.info.topk_ratio > 0;
+    slot->elastic = t.info.elastic;
     if (t.info.consistency != Consistency::kSync) {
       slot->unsynced = std::make_unique<UnsyncedClocks>(t.info.workers_per_rack);
       for (uint32_t m = 0; m < t.info.workers_per_rack; ++m) {
@@ -206,6 +207,11 @@ void ChunkTable::MarkPending(LaneTenant& t, Chunk& c, std::chrono::steady_clock:
 
 void ChunkTable::Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
   t.pending.erase(ChunkId(c.key_id, c.index_in_key));
+  if (c.elastic) {
+    c.done_generation =
+        static_cast<uint32_t>(t.forming[ChunkId(c.key_id, c.index_in_key)].generation);
+    c.done_members = c.state.expected();
+  }
   t.metrics->update_latency.Observe(std::chrono::steady_clock::now() - c.first_contribution);
   if (!t.armed.empty()) Capture(t, c);
   if (c.index_in_key == 0) {

@@ -83,6 +83,14 @@ struct UnsyncedClocks {
   }
 };
 
+// What an elastic tenant's lane keeps per chunk besides Chunk's fields: the
+// membership commit (TenantRuntime::membership_commits) and generation the
+// update being formed uses.
+struct ElasticForming {
+  uint64_t commit = UINT64_MAX;
+  uint64_t generation = 0;
+};
+
 struct Chunk {
   Chunk(aggregation::ChunkState s, uint32_t key, uint32_t index, net::DType wire_dtype)
       : state(std::move(s)), key_id(key), index_in_key(index), dtype(wire_dtype) {}
@@ -93,6 +101,11 @@ struct Chunk {
   uint32_t key_id = 0;
   uint32_t index_in_key = 0;
   net::DType dtype = net::DType::kFp32;  // the key's wire dtype
+  // Elastic tenants (docs/elastic.md): the membership generation and member
+  // count of the update that produced the current version, which every
+  // PARAMS carries (kFlagMembership). (Placed to fill padding: the lane's
+  // per-chunk bookkeeping is bounded, key_memory.h.)
+  uint32_t done_generation = 0;
   std::vector<Waiter> pushes;  // waiting for this update
   std::vector<Waiter> pulls;   // waiting for initial values
   std::chrono::steady_clock::time_point first_contribution;
@@ -101,6 +114,7 @@ struct Chunk {
   // (key dtype) of version v in replies[v & 1] with `version` updates done.
   std::vector<std::unique_ptr<aggregation::ChunkState>> stages;
   uint32_t home = 0;
+  uint32_t done_members = 0;  // elastic: see done_generation
   uint64_t version = 0;
   std::array<aggregation::SharedAlignedBuffer<std::byte>, 2> replies;
   MemoryCharge charge;  // this chunk in its tenant's memory_bytes_allocated
@@ -109,12 +123,14 @@ struct Chunk {
   std::unique_ptr<aggregation::RowShard> rows;
   // A top-k key: its sum-only replies may be sparse (params_reply.h).
   bool sparse_replies = false;
+  bool elastic = false;  // a chunk of an elastic tenant
   // Bounded/async tenants only (null in sync tenants).
   std::unique_ptr<UnsyncedClocks> unsynced;
   // By member: the generation whose contribution to this chunk was counted
   // last (docs/durability.md, "Worker generations"). An update completes
   // only if each of its contributors' generations is still live.
   std::vector<std::shared_ptr<const WorkerGeneration>> contributors;
+
 
   bool table() const { return rows != nullptr; }
   bool multi_rack() const { return !stages.empty(); }
@@ -181,7 +197,12 @@ struct LaneTenant {
   std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks;  // by ChunkId
   std::unordered_set<uint64_t> pending;  // chunks with some contributions
   std::shared_ptr<TenantRuntime> runtime;
-  std::vector<ParkedPull> parked;      // PULLs held during a recovery
+  std::vector<ParkedPull> parked;      // PULLs held during a recovery (or a pause)
+  // Elastic tenants: the membership as this lane last read it, and the
+  // commit it was read at (TenantRuntime::membership_commits).
+  std::shared_ptr<const Membership> membership;
+  uint64_t membership_commit = UINT64_MAX;
+  std::unordered_map<uint64_t, ElasticForming> forming;  // by ChunkId
   std::unordered_set<uint32_t> leaving;  // members whose connection here said BYE
   // Chunks one version short of a checkpoint's target, by ChunkId.
   std::unordered_map<uint64_t, std::shared_ptr<SnapshotJob>> armed;
@@ -208,9 +229,10 @@ class ChunkTable {
   static uint64_t ChunkId(uint32_t key, uint32_t chunk) {
     return (static_cast<uint64_t>(key) << 32) | chunk;
   }
-  // Workers of a tenant are indexed rack * workers_per_rack + rank.
+  // Workers of a tenant are indexed rack * workers_per_rack + rank (elastic
+  // tenants are single-rack: the rank).
   static uint32_t Member(const LaneTenant& t, const net::ConnectionIdentity& id) {
-    return id.rack * t.info.workers_per_rack + id.rank;
+    return id.rack * t.info.rank_slots() + id.rank;
   }
 
   LaneTenant* FindTenant(uint32_t handle);

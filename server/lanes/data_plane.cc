@@ -4,6 +4,7 @@
 #include <fstream>
 #include <map>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "token.h"
@@ -217,6 +218,46 @@ void DataPlane::AbortIteration(uint32_t handle, const std::string& why, bool str
   }
 }
 
+void DataPlane::MembershipChanged(uint32_t handle, const std::string& why) {
+  Recover(handle, "membership: " + why, [handle, why](Lane& lane) {
+    lane.FailPending(handle, "membership: " + why +
+                                 "; the iteration in progress was aborted (its partial sums "
+                                 "were discarded): Pull and push again");
+  });
+}
+
+void DataPlane::CommitMembership(uint32_t handle, TenantRuntime& tenant) {
+  TenantInfo info;
+  if (!registry_->GetTenantByHandle(handle, &info).ok() || !info.elastic) return;
+  const std::shared_ptr<const Membership> cur = tenant.membership();
+  auto next = std::make_shared<Membership>();
+  next->member = tenant.Present(info.rank_slots(), lane_count());
+  std::string ranks;
+  for (uint32_t r = 0; r < next->member.size(); ++r) {
+    if (!next->member[r]) continue;
+    ++next->count;
+    ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+  }
+  const bool started = cur->generation > 0 || next->count >= info.workers_per_rack;
+  next->paused = !started || next->count < std::max<uint32_t>(info.min_workers, 1);
+  if (next->member == cur->member && next->paused == cur->paused && cur->generation > 0) return;
+  if (!started && next->member == cur->member) return;
+  next->generation = started ? cur->generation + 1 : 0;
+  TenantCounters& c = *info.counters;
+  c.members.store(next->count, std::memory_order_relaxed);
+  c.paused.store(next->paused, std::memory_order_relaxed);
+  c.membership_generation.store(next->generation, std::memory_order_relaxed);
+  const std::string line = fmt::format(
+      "data: elastic tenant '{}': membership generation {}: {} member(s) [{}]{}", info.name,
+      next->generation, next->count, ranks,
+      !started       ? " (paused: waiting for the start quorum of " +
+                     std::to_string(info.workers_per_rack) + ")"
+      : next->paused ? " (paused: below min_workers " + std::to_string(info.min_workers) + ")"
+                     : std::string());
+  tenant.CommitMembership(std::move(next));
+  spdlog::info("{}", line);  // after the commit: a push from now on sees it
+}
+
 // Phase 1 on every lane: `first`, then report the newest version of each key
 // among the lane's chunks. Once every lane has (no lane accepts a PUSH of
 // the tenant meanwhile: `recovering`), phase 2 on every lane: chunks below
@@ -253,6 +294,9 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
     OnEveryLane([this, handle, job, tenant](Lane& l) {
       l.Align(handle, job->versions);
       if (job->remaining.fetch_sub(1) != 1) return;
+      // Every chunk is aligned and nothing is pending: a new membership of
+      // an elastic tenant applies from each chunk's next update.
+      CommitMembership(handle, *tenant);
       if (tenant->recovering.fetch_sub(1) != 1) return;  // another recovery runs
       OnEveryLane([handle](Lane& l2) { l2.ReleaseParked(handle); });
     });

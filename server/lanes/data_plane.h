@@ -92,6 +92,7 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   uint64_t WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
                       uint32_t from_lane) override;
   void AbortIteration(uint32_t handle, const std::string& why, bool straggler) override;
+  void MembershipChanged(uint32_t handle, const std::string& why) override;
   void GenerationEnded(uint32_t handle, uint32_t member, std::shared_ptr<const WorkerGeneration> g,
                        const std::string& why, bool close) override;
   uint64_t NextSeq() override { return seq_.fetch_add(1) + 1; }
@@ -121,6 +122,10 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // then the held PULLs answered. Asynchronous; see docs/durability.md.
   // True when no other recovery of the tenant was running.
   bool Recover(uint32_t handle, const std::string& why, std::function<void(Lane&)> first);
+  // Elastic tenants, at the end of a recovery (nothing pending, no push
+  // accepted): commits the membership of the ranks present now
+  // (docs/elastic.md) and publishes it in the tenant's counters.
+  void CommitMembership(uint32_t handle, TenantRuntime& tenant);
   // Shutdown and Abort: true for the first call of either.
   bool BeginStop();
   // Shutdown and Abort: waits (bounded) for every lane's counted work.

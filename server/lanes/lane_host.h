@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "rackhub/net/connector.h"
 
@@ -41,18 +42,62 @@ struct WorkerGeneration {
   uint64_t session = 0;
   uint64_t number = 0;  // 1 for a rank's first process, +1 per new session
   std::atomic<bool> ended{false};
+  // Elastic tenants: the lanes this generation is connected on (adoptions
+  // minus closes); it is present for the membership on every lane.
+  std::atomic<uint32_t> lanes{0};
   // Sets `ended`; true for the one call that did.
   bool End() { return !ended.exchange(true, std::memory_order_acq_rel); }
   bool live() const { return !ended.load(std::memory_order_acquire); }
 };
 
+// The membership of an elastic tenant (docs/elastic.md): the ranks every
+// update started from now on sums. Committed by the data plane at the end of
+// a recovery (no update of the tenant pending anywhere, no push accepted),
+// so an update never mixes two memberships.
+struct Membership {
+  uint64_t generation = 0;     // 0: the start quorum was never reached
+  std::vector<uint8_t> member;  // by rank: 1 = member
+  uint32_t count = 0;
+  // Fewer members than min_workers (or the start quorum not reached yet):
+  // pushes are refused (WORKER_LOST "paused") and PULLs held.
+  bool paused = true;
+  bool has(uint32_t rank) const { return rank < member.size() && member[rank] != 0; }
+};
+
 // Tenant-wide facts shared by the lanes.
 struct TenantRuntime {
+  TenantRuntime() : membership_(std::make_shared<const Membership>()) {}
 
   // Recoveries in progress (LaneHost::WorkerLost / AbortIteration): while
   // non-zero, PUSHes are refused (non-fatal WORKER_LOST) and PULLs are held
   // until every chunk is at its key's version again.
   std::atomic<uint32_t> recovering{0};
+
+  // Elastic tenants: the committed membership (a snapshot; lanes compare
+  // `membership_generation` first, so the per-push cost is one atomic load).
+  std::atomic<uint64_t> membership_generation{0};
+  std::atomic<uint64_t> membership_commits{0};  // +1 per CommitMembership
+  std::shared_ptr<const Membership> membership() const {
+    std::lock_guard lock(mu_);
+    return membership_;
+  }
+  void CommitMembership(std::shared_ptr<const Membership> m) {
+    std::lock_guard lock(mu_);
+    membership_ = std::move(m);
+    membership_generation.store(membership_->generation, std::memory_order_release);
+    membership_commits.fetch_add(1, std::memory_order_acq_rel);
+  }
+  // Elastic tenants: the ranks < `slots` present, i.e. whose current
+  // generation lives and is connected on every one of `lanes` lanes.
+  std::vector<uint8_t> Present(uint32_t slots, uint32_t lanes) const {
+    std::lock_guard lock(mu_);
+    std::vector<uint8_t> out(slots, 0);
+    for (const auto& [m, g] : generations_) {
+      if (m >= slots || !g) continue;
+      out[m] = g->live() && g->lanes.load(std::memory_order_acquire) >= lanes ? 1 : 0;
+    }
+    return out;
+  }
 
   // Why the newest recovery started (named in the refusals while it runs).
   // Not on the per-chunk path: read only to refuse a push.
@@ -121,6 +166,7 @@ struct TenantRuntime {
   std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, uint64_t>> failed_;  // GUARDED_BY(mu_)
   // member -> its newest generation.
   std::map<uint32_t, std::shared_ptr<WorkerGeneration>> generations_;  // GUARDED_BY(mu_)
+  std::shared_ptr<const Membership> membership_;  // GUARDED_BY(mu_)
 };
 
 class LaneHost {
@@ -155,6 +201,12 @@ class LaneHost {
   virtual void GenerationEnded(uint32_t handle, uint32_t member,
                                std::shared_ptr<const WorkerGeneration> g, const std::string& why,
                                bool close) = 0;
+  // Elastic tenants (docs/elastic.md): the ranks present changed (a rank is
+  // now connected on every lane, or a member left): every lane fails the
+  // tenant's pending updates with WORKER_LOST `why`, every chunk is brought
+  // to its key's version (as AbortIteration), then the membership of the
+  // ranks present is committed and the held PULLs are answered.
+  virtual void MembershipChanged(uint32_t handle, const std::string& why) = 0;
   // Sequence number for a newly adopted worker connection.
   virtual uint64_t NextSeq() = 0;
 

@@ -22,6 +22,20 @@ net::FrameHeader ParamsHeader(const net::Connection& conn, const Chunk& c, uint6
 
 void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id) {
   const auto bytes = c.reply_bytes(version);
+  if (c.elastic) {
+    // The membership that produced the version follows the parameters (a
+    // copy: the suffix is part of the one payload).
+    std::string payload(bytes.size() + net::kMembershipSuffixBytes, '\0');
+    if (!bytes.empty()) std::memcpy(payload.data(), bytes.data(), bytes.size());
+    const uint64_t generation = c.done_generation;
+    const uint32_t members = c.done_members;
+    std::memcpy(payload.data() + bytes.size(), &generation, 8);
+    std::memcpy(payload.data() + bytes.size() + 8, &members, 4);
+    conn.SendOwned(
+        ParamsHeader(conn, c, version, request_id, net::kFlagMembership, payload.size()),
+        std::move(payload));
+    return;
+  }
   conn.SendShared(ParamsHeader(conn, c, version, request_id, 0, bytes.size()), bytes,
                   c.reply_owner(version));
 }
@@ -84,7 +98,7 @@ std::shared_ptr<const std::string> SparseOf(std::span<const std::byte> dense, ne
 // The sparse form of version v's reply, or null when the chunk's replies
 // are dense (not a sum-only top-k chunk, or the sparse form is not smaller).
 std::shared_ptr<const std::string> SparseReply(const Chunk& c, uint64_t v) {
-  if (!c.sparse_replies || c.multi_rack() ||
+  if (!c.sparse_replies || c.multi_rack() || c.elastic ||
       c.state.optimizer().type != aggregation::OptimizerType::kSumOnly) {
     return nullptr;
   }

@@ -35,7 +35,11 @@
 
 namespace rackhub::server {
 
-// Queues PARAMS of `version` (version() or version() - 1 of the chunk).
+// Queues PARAMS of `version` (version() or version() - 1 of the chunk). An
+// elastic tenant's chunk (docs/elastic.md) sends a copy with the
+// MembershipSuffix of the update that produced its current version (flag
+// kFlagMembership).
+//
 void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id);
 
 // Bounded/async tenants (docs/consistency.md): PARAMS of the chunk's

@@ -128,6 +128,7 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   const uint32_t member = ChunkTable::Member(t, conn.id());
   const bool again = stage.has_contributed(conn.id().rank);
   if (!StillCurrent(conn, t, h, stage.version(), again, "key")) return;
+  if (c.elastic && !again && !ApplyMembership(conn, t, c, h)) return;
   if (again) {
     // The rank pushes again after a failed PushPull whose earlier push of
     // this chunk is already counted: that one stays, this one gets the result.
@@ -185,8 +186,9 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
   // failing: QUOTA_EXCEEDED).
   const size_t reply_bytes =
       net::kHeaderBytes + size_t{key->info.chunk_elements} * WireDTypeBytes(key->info.dtype);
-  if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
-    // Answered once every chunk is at its key's version again (ReleaseParked).
+  if (Holding(t)) {
+    // Answered once every chunk is at its key's version again, or the
+    // elastic tenant resumes (ReleaseParked).
     Park(conn, t, h, {}, reply_bytes);
     return;
   }

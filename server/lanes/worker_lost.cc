@@ -36,6 +36,7 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
     gen = std::move(g->second);
     t->gens.erase(g);
   }
+  if (gen && t->info.elastic) gen->lanes.fetch_sub(1, std::memory_order_acq_rel);
   // Its queue goes with the connection, soon after this returns.
   if (conn.backlog_bytes() >= kTrimAfterBacklog) TrimMemorySoon();
   const uint32_t lane = table_->lane();
@@ -117,6 +118,8 @@ void WorkerProtocol::EndGeneration(LaneTenant& t, uint32_t member,
   if (!g->End()) return;
   spdlog::info("data: tenant '{}': {}", t.info.name, why);
   host_->GenerationEnded(t.info.handle, member, g, why, close);
+  // An elastic tenant's membership loses it at once (docs/elastic.md).
+  if (t.info.elastic) host_->MembershipChanged(t.info.handle, why);
 }
 
 void WorkerProtocol::OnGenerationEnded(uint32_t handle, uint32_t member,
@@ -134,7 +137,7 @@ void WorkerProtocol::OnGenerationEnded(uint32_t handle, uint32_t member,
     }
   }
   if (t->info.consistency != Consistency::kSync) return;  // nothing is pending
-  const uint32_t workers = t->info.workers_per_rack;
+  const uint32_t workers = t->info.rank_slots();
   const uint32_t rack = member / workers, rank = member % workers;
   for (uint64_t id : t->pending) {
     const auto it = t->chunks.find(id);
@@ -156,11 +159,14 @@ void WorkerProtocol::OnGenerationEnded(uint32_t handle, uint32_t member,
 
 bool WorkerProtocol::ContributorsLive(LaneTenant& t, Chunk& c, uint32_t rack, uint32_t workers) {
   for (uint32_t r = 0; r < workers; ++r) {
-    const uint32_t member = rack * t.info.workers_per_rack + r;
+    const uint32_t member = rack * t.info.rank_slots() + r;
     if (member >= c.contributors.size() || !c.contributors[member] ||
         c.contributors[member]->live()) {
       continue;
     }
+    // Only this update's contributors (an elastic tenant's non-members keep
+    // the generation of an older update here).
+    if (!(c.rows ? c.rows->contributed(r) : c.Stage(rack).has_contributed(r))) continue;
     const std::string why = "worker: rank " + Num(r) + " generation " +
                             Num(c.contributors[member]->number) +
                             " ended while its contribution to chunk " + Num(c.index_in_key) +
@@ -195,6 +201,17 @@ void WorkerProtocol::CheckStragglers() {
               " chunk " + Num(c.index_in_key) + " (update " + Num(c.current_version() + 1) + ")";
       if (c.multi_rack()) {
         missing = "of some rack";
+        break;
+      }
+      if (t.info.elastic) {
+        // Removed from the membership at once, the iteration aborted.
+        const std::string why = "did not push " + where + " within " +
+                                Num(config_.straggler_timeout_ms) +
+                                " ms (data.straggler_timeout_ms)";
+        RemoveStragglers(t, c, why);
+        host_->AbortIteration(handle, "straggler: " + why + "; partial sums were discarded",
+                              true);
+        expired = false;
         break;
       }
       const uint32_t workers = c.table() ? t.info.workers_per_rack : c.state.workers();

@@ -108,6 +108,7 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
   }
   if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
   t->metrics->EnsureRank(member);
+  if (t->info.elastic) ElasticAdopted(*t, member, *gen);
   if (t->info.consistency != Consistency::kSync) UnsyncedMemberBack(*t, member);
   spdlog::info("data: tenant '{}' rack {} rank {} (generation {}) connected on lane {} from {}",
                id.tenant, id.rack, id.rank, gen->number, lane, id.peer);
@@ -288,10 +289,16 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
   const uint64_t rid = h.request_id;
   const uint32_t rank = conn.id().rank;
   const uint32_t member = ChunkTable::Member(t, conn.id());
+  // A paused elastic tenant says so even while a recovery runs (the pause
+  // is committed before the recovery ends).
+  if (t.info.elastic && CurrentMembership(t).paused) return CheckMember(conn, t, h);
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // Not fatal: the tenant is being brought back to one version per key
     // after an aborted iteration (milliseconds). Pull, then push again.
     return RefuseRecovering(conn, t, h, "key");
+  }
+  if (t.info.elastic) {
+    if (const Verdict v = CheckMember(conn, t, h); v != Verdict::kAccept) return v;
   }
   if (!stage.initialized()) {
     return Reject(conn, WireError::kNotReady,

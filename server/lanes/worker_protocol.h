@@ -160,6 +160,28 @@ class WorkerProtocol final : public net::FrameHandler {
   void CountContribution(net::Connection& conn, LaneTenant& t, Chunk& c, uint32_t member,
                          const std::shared_ptr<WorkerGeneration>& gen, const net::FrameHeader& h,
                          size_t payload_bytes, std::vector<uint64_t> want);
+  // Elastic tenants (docs/elastic.md; worker_elastic.cc). The tenant's
+  // committed membership as this lane last read it (refreshed when a new
+  // one was committed).
+  const Membership& CurrentMembership(LaneTenant& t);
+  // True while PULLs are held: a recovery runs, or an elastic tenant is
+  // paused.
+  bool Holding(LaneTenant& t);
+  // Before the payload: a PUSH of a paused tenant or of a rank that is not
+  // a member is a failed push (non-fatal WORKER_LOST); kAccept otherwise.
+  Verdict CheckMember(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
+  // With the payload, before it is counted: CheckMember again (a
+  // membership may have been committed meanwhile), then the chunk's update
+  // takes the membership if it has no contribution yet. False after a
+  // refusal.
+  bool ApplyMembership(net::Connection& conn, LaneTenant& t, Chunk& c, const net::FrameHeader& h);
+  // A member's generation is connected on one more lane / one fewer.
+  void ElasticAdopted(LaneTenant& t, uint32_t member, WorkerGeneration& g);
+  // Straggler timeout of an elastic tenant: the members that did not push
+  // `c` are removed (their generation ends, their connections get a fatal
+  // WORKER_LOST) and the iteration is aborted without them.
+  void RemoveStragglers(LaneTenant& t, const Chunk& c, const std::string& why);
+
   // A PULL or PULL_ROWS while the tenant recovers: held (ParkedPull, its
   // reply's `reply_bytes` reserved on the connection) until ReleaseParked,
   // or refused when too many are held.

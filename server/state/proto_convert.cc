@@ -50,6 +50,13 @@ void TenantToProto(const TenantInfo& in, pb::Tenant* out) {
   out->set_memory_bytes(in.memory_bytes);
   out->set_consistency(ConsistencyToProto(in.consistency));
   out->set_staleness(in.staleness);
+  out->set_elastic(in.elastic);
+  out->set_min_workers(in.min_workers);
+  if (in.elastic && in.counters) {
+    out->set_membership_generation(in.counters->membership_generation.load());
+    out->set_members(in.counters->members.load());
+    out->set_paused(in.counters->paused.load());
+  }
 }
 
 pb::Consistency ConsistencyToProto(Consistency c) {

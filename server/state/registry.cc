@@ -67,8 +67,10 @@ Registry::Registry(uint32_t lanes, TenantDefaults defaults, const TopologyConfig
       memory_model_(MemoryModel::Of(topology)) {}
 
 std::shared_ptr<TenantCounters> Registry::NewCounters(const TenantInfo& info) const {
-  auto c = std::make_shared<TenantCounters>(lanes_, info.workers_per_rack * racks_);
+  auto c = std::make_shared<TenantCounters>(lanes_, info.rank_slots() * racks_);
   c->weight.store(info.quotas.weight, std::memory_order_relaxed);
+  // An elastic tenant starts paused: no membership until its start quorum.
+  c->paused.store(info.elastic, std::memory_order_relaxed);
   return c;
 }
 Registry::~Registry() {
@@ -128,8 +130,17 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
                            std::to_string(Quotas::kMaxWeight) + "]");
   }
   if (spec.workers_per_rack > q.max_workers) {
+    if (spec.elastic) {
+      return InvalidArgument("workers_per_rack: " + std::to_string(spec.workers_per_rack) +
+                             " is above max_workers " + std::to_string(q.max_workers) +
+                             " (need min_workers <= workers <= max_workers)");
+    }
     return ResourceExhausted("workers_per_rack: " + std::to_string(spec.workers_per_rack) +
                              " exceeds quotas.max_workers " + std::to_string(q.max_workers));
+  }
+  if (spec.elastic && q.max_workers > kMaxWorkersPerRack) {
+    return InvalidArgument("max_workers: " + std::to_string(q.max_workers) +
+                           " must be at most " + std::to_string(kMaxWorkersPerRack));
   }
 
   if (spec.consistency != Consistency::kSync && spec.consistency != Consistency::kBounded &&
@@ -142,6 +153,27 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
   }
   if (spec.consistency != Consistency::kBounded && spec.staleness != 0) {
     return InvalidArgument("staleness: only a bounded tenant has a staleness bound");
+  }
+  uint32_t min_workers = 0;
+  if (spec.elastic) {
+    min_workers = spec.min_workers ? spec.min_workers : 1;
+    if (spec.consistency != Consistency::kSync) {
+      return InvalidArgument("elastic: an elastic tenant is sync; consistency " +
+                             ConsistencyName(spec.consistency, spec.staleness) +
+                             " cannot be elastic (docs/elastic.md)");
+    }
+    if (racks_ > 1) {
+      return InvalidArgument("elastic: elastic tenants are for single-rack hubs; this hub has " +
+                             std::to_string(racks_) + " racks (docs/elastic.md, Limits)");
+    }
+    if (min_workers > spec.workers_per_rack) {
+      return InvalidArgument("min_workers: " + std::to_string(min_workers) +
+                             " is above workers_per_rack " +
+                             std::to_string(spec.workers_per_rack) +
+                             " (need min_workers <= workers <= max_workers)");
+    }
+  } else if (spec.min_workers != 0) {
+    return InvalidArgument("min_workers: only an elastic tenant has a minimum (add elastic)");
   }
   if (spec.consistency != Consistency::kSync && racks_ > 1) {
     return InvalidArgument("consistency: " + ConsistencyName(spec.consistency, spec.staleness) +
@@ -178,6 +210,8 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
   info.quotas = q;
   info.consistency = spec.consistency;
   info.staleness = spec.staleness;
+  info.elastic = spec.elastic;
+  info.min_workers = min_workers;
   info.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
@@ -243,6 +277,11 @@ Status Registry::UpdateQuotas(const std::string& name, const Quotas& quotas, Ten
     return FailedPrecondition("quotas.max_keys: " + std::to_string(q.max_keys) +
                               " is below the tenant's " + std::to_string(t->info.key_count) +
                               " keys");
+  }
+  if (t->info.elastic && q.max_workers != t->info.quotas.max_workers) {
+    return FailedPrecondition("quotas.max_workers: the rank limit of an elastic tenant is fixed "
+                              "when it is created (" +
+                              std::to_string(t->info.quotas.max_workers) + ")");
   }
   if (q.max_workers < t->info.workers_per_rack) {
     return FailedPrecondition("quotas.max_workers: " + std::to_string(q.max_workers) +

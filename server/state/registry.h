@@ -87,6 +87,10 @@ struct TenantSpec {
   std::string token;  // empty: mint one
   Consistency consistency = Consistency::kSync;
   uint32_t staleness = 0;  // kBounded: s (<= kMaxStaleness)
+  // Elastic (docs/elastic.md): ranks 0..quotas.max_workers-1 join and leave;
+  // workers_per_rack is the start quorum, min_workers the pause threshold.
+  bool elastic = false;
+  uint32_t min_workers = 0;  // elastic: 0 = 1
 };
 
 // Live data-plane counters of a tenant; updated by lanes with relaxed atomics.
@@ -113,6 +117,12 @@ struct TenantCounters {
   std::atomic<uint64_t> checkpoints{0};
   std::atomic<uint64_t> last_checkpoint_us{0};
   std::atomic<uint64_t> last_checkpoint_bytes{0};
+  // Elastic tenants (docs/elastic.md), written by the data plane when a
+  // membership is committed: its generation, member count, and whether the
+  // tenant is paused (below min_workers, or before its start quorum).
+  std::atomic<uint64_t> membership_generation{0};
+  std::atomic<uint32_t> members{0};
+  std::atomic<bool> paused{false};
 };
 
 struct TenantInfo {
@@ -129,7 +139,12 @@ struct TenantInfo {
   int64_t created_unix_ms = 0;
   Consistency consistency = Consistency::kSync;
   uint32_t staleness = 0;
+  bool elastic = false;
+  uint32_t min_workers = 0;  // elastic: >= 1
   std::shared_ptr<TenantCounters> counters;
+  // Ranks per rack a chunk sums: workers_per_rack, or for an elastic tenant
+  // its rank limit quotas.max_workers (each update sums its members only).
+  uint32_t rank_slots() const { return elastic ? quotas.max_workers : workers_per_rack; }
 };
 
 struct KeySpec {

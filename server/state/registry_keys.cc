@@ -152,6 +152,10 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   std::unique_lock lock(mu_);
   Tenant* t = FindTenant(spec.tenant);
   if (!t) return TenantNotFound(spec.tenant);
+  if (spec.rows > 0 && t->info.elastic) {
+    return InvalidArgument("rows: row-sparse tables are not built for elastic tenants; tenant " +
+                           Quoted(spec.tenant) + " is elastic (docs/elastic.md, Limits)");
+  }
   if (spec.rows > 0 && t->info.consistency != Consistency::kSync) {
     return InvalidArgument("rows: row-sparse tables need a sync tenant; tenant " +
                            Quoted(spec.tenant) + " is " +
@@ -179,7 +183,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
     // Name what the memory is for: the quota counts all of it, not only the
     // parameters (docs/architecture.md, Memory a key holds).
     const int slots = aggregation::OptimizerStateSlots(opt.type);
-    const uint32_t w = t->info.workers_per_rack;
+    const uint32_t w = t->info.rank_slots();
     std::string what = spec.rows > 0 ? "fp32 rows" : "fp32 parameters x2 (double buffer)";
     if (spec.dtype != WireDType::kFp32) {
       what += std::string(", their ") + WireDTypeName(spec.dtype) + " copies";
@@ -385,7 +389,7 @@ std::vector<Registry::LaneShare> Registry::LanesOf(const KeyInfo& key) const {
 
 uint64_t Registry::KeyMemory(const TenantInfo& t, uint64_t elements, WireDType dtype,
                              aggregation::OptimizerType optimizer, uint32_t chunk_elements) const {
-  return KeyMemoryBytes(elements, chunk_elements, t.workers_per_rack, optimizer,
+  return KeyMemoryBytes(elements, chunk_elements, t.rank_slots(), optimizer,
                         static_cast<aggregation::ElementType>(static_cast<uint8_t>(dtype)),
                         memory_model_);
 }

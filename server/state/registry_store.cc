@@ -147,9 +147,16 @@ Status MigrateV3ToV4(sqlite3* db) {
               "ALTER TABLE keys ADD COLUMN topk_ratio REAL NOT NULL DEFAULT 0;");
 }
 
+// v5: elastic tenants (docs/elastic.md); existing tenants are not (0).
+Status MigrateV4ToV5(sqlite3* db) {
+  return Exec(db,
+              "ALTER TABLE tenants ADD COLUMN elastic INTEGER NOT NULL DEFAULT 0;\n"
+              "ALTER TABLE tenants ADD COLUMN min_workers INTEGER NOT NULL DEFAULT 0;");
+}
+
 using Migration = Status (*)(sqlite3*);
 constexpr Migration kMigrations[] = {&MigrateV0ToV1, &MigrateV1ToV2, &MigrateV2ToV3,
-                                     &MigrateV3ToV4};
+                                     &MigrateV3ToV4, &MigrateV4ToV5};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == RegistryStore::kSchemaVersion,
               "one migration per schema version");
 
@@ -321,7 +328,7 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
     Statement st(db_,
                  "SELECT handle, name, workers_per_rack, chunk_bytes, max_parameter_bytes, "
                  "max_keys, max_workers, token_salt, token_sha256, created_unix_ms, next_key_id, "
-                 "next_chunk, weight, consistency, staleness" +
+                 "next_chunk, weight, consistency, staleness, elastic, min_workers" +
                      OptimizerColumns("default_opt") + " FROM tenants ORDER BY handle");
     int rc;
     while ((rc = st.Step()) == SQLITE_ROW) {
@@ -344,7 +351,9 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
       t.info.quotas.weight = st.ColU32(12);
       t.info.consistency = static_cast<Consistency>(st.ColInt(13));
       t.info.staleness = st.ColU32(14);
-      t.info.default_optimizer = ReadOptimizer(st, 15);
+      t.info.elastic = st.ColInt(15) != 0;
+      t.info.min_workers = st.ColU32(16);
+      t.info.default_optimizer = ReadOptimizer(st, 17);
       c.tenants.push_back(std::move(t));
     }
     if (rc != SQLITE_DONE) return err("tenants");
@@ -391,9 +400,10 @@ Status RegistryStore::InsertTenant(const TenantRow& t, uint32_t next_handle, int
         Statement st(db_,
                      "INSERT INTO tenants (handle, name, workers_per_rack, chunk_bytes, "
                      "max_parameter_bytes, max_keys, max_workers, token_salt, token_sha256, "
-                     "created_unix_ms, next_key_id, next_chunk, weight, consistency, staleness" +
+                     "created_unix_ms, next_key_id, next_chunk, weight, consistency, staleness, "
+                     "elastic, min_workers" +
                          OptimizerColumns("default_opt") + ") VALUES (" +
-                         Placeholders(15 + kOptimizerColumns) + ")");
+                         Placeholders(17 + kOptimizerColumns) + ")");
         st.Int(t.info.handle)
             .Text(t.info.name)
             .Int(t.info.workers_per_rack)
@@ -408,7 +418,9 @@ Status RegistryStore::InsertTenant(const TenantRow& t, uint32_t next_handle, int
             .U64(t.next_chunk)
             .Int(t.info.quotas.weight)
             .Int(static_cast<int>(t.info.consistency))
-            .Int(t.info.staleness);
+            .Int(t.info.staleness)
+            .Int(t.info.elastic ? 1 : 0)
+            .Int(t.info.min_workers);
         BindOptimizer(st, t.info.default_optimizer);
         if (Status s = st.Run("insert tenant"); !s.ok()) return s;
         Statement meta(db_, "UPDATE meta SET value = ? WHERE name = 'next_tenant_handle'");

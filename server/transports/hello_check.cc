@@ -65,7 +65,19 @@ HelloResult CheckHello(std::span<const std::byte> payload, const Registry& regis
   const auto& hello = r.hello;
   const Status auth = registry.Authenticate(hello.tenant(), hello.token(), &r.tenant);
   if (!auth.ok()) return fail(WireError::kUnauthenticated, auth.message());
-  if (hello.rank() >= r.tenant.workers_per_rack) {
+  if (r.tenant.elastic && hello.rank() >= r.tenant.rank_slots()) {
+    return fail(WireError::kInvalidArgument,
+                "rank: " + std::to_string(hello.rank()) + " is out of range; elastic tenant '" +
+                    r.tenant.name + "' takes ranks 0.." +
+                    std::to_string(r.tenant.rank_slots() - 1) + " (max_workers " +
+                    std::to_string(r.tenant.rank_slots()) + ")");
+  }
+  if (r.tenant.elastic && hello.session() == 0 && !hello.shm_probe()) {
+    return fail(WireError::kInvalidArgument,
+                "session: elastic tenant '" + r.tenant.name +
+                    "' needs HELLO.session (the process's identity; librackhub sends one)");
+  }
+  if (!r.tenant.elastic && hello.rank() >= r.tenant.workers_per_rack) {
     return fail(WireError::kInvalidArgument,
                 "rank: " + std::to_string(hello.rank()) + " is out of range; tenant '" +
                     r.tenant.name + "' has " + std::to_string(r.tenant.workers_per_rack) +

@@ -356,6 +356,50 @@ TEST(ChunkStateTest, MeanReductionScalesByWorkers) {
   EXPECT_EQ(cs.params(1)[1], 1.5f);
 }
 
+// Elastic tenants (SetMembers): an update sums its members only, in rank
+// order whatever the arrival order (every permutation),
+// bit for bit the kernels' sum of the members' gradients; the mean divides
+// by the member count; a non-member is refused; the membership cannot
+// change while an update is being formed.
+TEST(ChunkStateTest, MembersSumInRankOrderAndMeanDividesByTheirCount) {
+  constexpr uint32_t kN = 67, kW = 6;
+  const std::vector<uint8_t> member = {0, 1, 0, 1, 1, 0};  // ranks 1, 3, 4
+  const std::vector<uint32_t> ranks = {1, 3, 4};
+  const auto g = Gradients(kW, kN, 7);
+  for (const Reduction reduction : {Reduction::kSum, Reduction::kMean}) {
+    const OptimizerConfig cfg = Config(OptimizerType::kSumOnly, 0, 0, reduction);
+    std::vector<std::vector<float>> members;
+    for (uint32_t r : ranks) members.push_back(g[r]);
+    std::vector<float> s0(kN), s1(kN), zero(kN, 0.0f);
+    const std::vector<float> want = Expected(members, cfg, zero, &s0, &s1, 1);
+    std::vector<uint32_t> order = ranks;
+    do {
+      ChunkState cs(kN, kW, cfg, ElementType::kFp32);
+      cs.MarkInitialized();
+      ASSERT_TRUE(cs.SetMembers(member));
+      EXPECT_EQ(cs.expected(), 3u);
+      EXPECT_FALSE(cs.is_member(0));
+      EXPECT_EQ(cs.Contribute(0, Wire(g[0], ElementType::kFp32)), AddResult::kNotMember);
+      for (size_t k = 0; k < order.size(); ++k) {
+        const AddResult res = cs.Contribute(order[k], Wire(g[order[k]], ElementType::kFp32));
+        EXPECT_EQ(res, k + 1 == order.size() ? AddResult::kComplete : AddResult::kAccepted);
+        if (k == 0) {
+          EXPECT_FALSE(cs.SetMembers(member)) << "changed while pending";
+        }
+      }
+      cs.Update();
+      const std::vector<float> got = Copy(cs.params(1));
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), kN * sizeof(float)), 0);
+      // Back to every rank: the next update waits for all six.
+      ASSERT_TRUE(cs.SetMembers(std::vector<uint8_t>(kW, 1)));
+      EXPECT_EQ(cs.expected(), kW);
+    } while (std::next_permutation(order.begin(), order.end()));
+  }
+  ChunkState cs(kN, kW, Config(OptimizerType::kSumOnly, 0), ElementType::kFp32);
+  EXPECT_FALSE(cs.SetMembers(std::vector<uint8_t>(kW, 0))) << "no member";
+  EXPECT_FALSE(cs.SetMembers(std::vector<uint8_t>(kW + 1, 1))) << "more ranks than slots";
+}
+
 TEST(ChunkStateTest, DiscardPendingLetsSameRanksContributeAgain) {
   constexpr uint32_t kN = 8;
   const OptimizerConfig cfg = Config(OptimizerType::kSgd, 0.5);

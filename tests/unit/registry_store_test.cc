@@ -447,10 +447,10 @@ TEST_F(RegistryStoreTest, NewerSchemaVersionIsRefused) {
   Open();
   CreateTenant("alpha");
   registry_.reset();
-  RawExec(db_path_, "PRAGMA user_version = 5");
-  ExpectRefused("schema version 5 is newer than this rackhubd understands (4)");
+  RawExec(db_path_, "PRAGMA user_version = 6");
+  ExpectRefused("schema version 6 is newer than this rackhubd understands (5)");
   // Still there, untouched.
-  RawExec(db_path_, "PRAGMA user_version = 4");
+  RawExec(db_path_, "PRAGMA user_version = 5");
   Open();
   EXPECT_EQ(registry_->ListTenants().size(), 1u);
 }
@@ -485,6 +485,7 @@ TEST_F(RegistryStoreTest, Version1DatabaseGainsTheWeightColumn) {
   registry_.reset();
   // What a v1 rackhubd left: no weight column, user_version 1.
   RawExec(db_path_,
+          "ALTER TABLE tenants DROP COLUMN elastic; ALTER TABLE tenants DROP COLUMN min_workers; "
           "ALTER TABLE tenants DROP COLUMN consistency; ALTER TABLE tenants DROP COLUMN staleness; "
           "ALTER TABLE keys DROP COLUMN topk_ratio; "
           "ALTER TABLE tenants DROP COLUMN weight; ALTER TABLE keys DROP COLUMN rows; "
@@ -518,6 +519,7 @@ TEST_F(RegistryStoreTest, Version2DatabaseGainsTableColumns) {
   const KeyInfo dense = CreateKey("alpha", "w", 1000);
   registry_.reset();
   RawExec(db_path_,
+          "ALTER TABLE tenants DROP COLUMN elastic; ALTER TABLE tenants DROP COLUMN min_workers; "
           "ALTER TABLE tenants DROP COLUMN consistency; ALTER TABLE tenants DROP COLUMN staleness; "
           "ALTER TABLE keys DROP COLUMN topk_ratio; "
           "ALTER TABLE keys DROP COLUMN rows; ALTER TABLE keys DROP COLUMN dim; "
@@ -635,6 +637,7 @@ TEST_F(RegistryStoreTest, Version3DatabaseGainsConsistencyAndTopK) {
   CreateKey("alpha", "w", 1000);
   registry_.reset();
   RawExec(db_path_,
+          "ALTER TABLE tenants DROP COLUMN elastic; ALTER TABLE tenants DROP COLUMN min_workers; "
           "ALTER TABLE tenants DROP COLUMN consistency; ALTER TABLE tenants DROP COLUMN staleness; "
           "ALTER TABLE keys DROP COLUMN topk_ratio; "
           "PRAGMA user_version = 3;");
@@ -727,6 +730,41 @@ TEST_F(RegistryStoreTest, TopKRatioKeptExactly) {
             std::string::npos)
       << other.message();
   EXPECT_EQ(registry_->CreateKey(k, &g).code(), StatusCode::kAlreadyExists);
+}
+
+// Version 4 (before elastic tenants): the migration to v5 adds the elastic
+// columns; existing tenants are not elastic. An elastic tenant created then
+// survives a reopen with its settings, starting paused.
+TEST_F(RegistryStoreTest, Version4DatabaseGainsElasticColumns) {
+  Open();
+  CreateTenant("alpha");
+  registry_.reset();
+  RawExec(db_path_,
+          "ALTER TABLE tenants DROP COLUMN elastic; ALTER TABLE tenants DROP COLUMN min_workers; "
+          "PRAGMA user_version = 4;");
+  Open();
+  TenantInfo alpha;
+  ASSERT_TRUE(registry_->GetTenant("alpha", &alpha).ok());
+  EXPECT_FALSE(alpha.elastic);
+  EXPECT_EQ(alpha.min_workers, 0u);
+  TenantSpec spec;
+  spec.name = "job";
+  spec.workers_per_rack = 4;
+  spec.elastic = true;
+  spec.min_workers = 2;
+  spec.quotas.max_workers = 8;
+  TenantInfo job;
+  std::string token;
+  ASSERT_TRUE(registry_->CreateTenant(spec, &job, &token).ok());
+  registry_.reset();
+  Open();
+  ASSERT_TRUE(registry_->GetTenant("job", &job).ok());
+  EXPECT_TRUE(job.elastic);
+  EXPECT_EQ(job.min_workers, 2u);
+  EXPECT_EQ(job.workers_per_rack, 4u);
+  EXPECT_EQ(job.quotas.max_workers, 8u);
+  EXPECT_EQ(job.rank_slots(), 8u);
+  EXPECT_TRUE(job.counters->paused.load());
 }
 
 TEST_F(RegistryStoreTest, ForeignDatabaseIsRefused) {

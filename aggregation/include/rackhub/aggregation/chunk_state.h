@@ -124,6 +124,7 @@ class ChunkState {
     kBadRank,    // rank >= workers()
     kBadSize,    // payload is not elements() * ElementBytes(wire_type()) bytes
     kBadSparse,  // sparse: indices not strictly ascending / out of range, sizes
+    kNotMember,  // rank is not one of the members (SetMembers)
   };
 
   // A sparse (top-k) contribution as it sits in a payload: `count` u32
@@ -196,12 +197,24 @@ class ChunkState {
   // when the payload is malformed (size, indices).
   bool ApplyAlone(std::span<const std::byte> payload);
   bool ApplyAloneSparse(const SparseView& sparse);
+  // Elastic tenants (docs/elastic.md): the ranks the updates from now on sum
+  // (member[r] != 0 for r < workers(); ranks beyond member.size() are not
+  // members), at least one. Summed in rank order over the members only;
+  // Reduction::kMean divides by their count (unless set_mean_divisor). The
+  // default is every rank. Returns false, changing nothing, while a
+  // contribution is pending, with no member or member.size() > workers().
+  bool SetMembers(std::span<const uint8_t> member);
+  // Contributions an update waits for (the members' count).
+  uint32_t expected() const { return expected_; }
+  bool is_member(uint32_t rank) const {
+    return rank < workers_ && contributed_[rank] != kAbsent;
+  }
   bool has_contributed(uint32_t rank) const {
-    return rank < workers_ && contributed_[rank] != 0;
+    return rank < workers_ && contributed_[rank] == kContributed;
   }
   uint32_t contributions() const { return contributions_; }
 
-  // REQUIRES: contributions() == workers() (aborts otherwise). Applies the
+  // REQUIRES: contributions() == expected() (aborts otherwise). Applies the
   // optimizer (fused, t = version() + 1) writing the new parameters into the
   // other of the two parameter buffers, refreshes the wire copy, increments
   // version() and clears the contributions. The buffers of version v stay
@@ -296,9 +309,21 @@ class ChunkState {
   float* writable_params(uint64_t v);
   std::byte* writable_wire(uint64_t v);
 
+  // Moves next_rank_ past ranks that are not members.
+  void SkipAbsent() {
+    while (next_rank_ < workers_ && contributed_[next_rank_] == kAbsent) ++next_rank_;
+  }
+  // contributed_[rank]: not yet / contributed to the update being formed /
+  // not a member (SetMembers).
+  static constexpr uint8_t kNotYet = 0, kContributed = 1, kAbsent = 2;
+
   uint32_t elements_;
   uint32_t workers_;
   uint32_t mean_divisor_ = 0;
+  // SetMembers: the members' count and the lowest member (the first in rank
+  // order); non-members are kAbsent in contributed_.
+  uint32_t expected_ = 0;
+  uint32_t first_rank_ = 0;
   ElementType wire_type_;
   OptimizerConfig optimizer_;
   struct PendingOptimizer {

@@ -225,6 +225,15 @@ struct KeyInfo {
   // of the slowest live worker when the replies were released.
   uint64_t updates = 0;
   uint64_t slowest_iteration = 0;
+  // Elastic tenants (docs/elastic.md), as the last successful PushPull/Pull
+  // reported: the membership generation of the update that produced the
+  // parameters and its member count (what a mean divided by); 0 before the
+  // first update and in other tenants. membership_mixed: the key's chunks
+  // named different generations (the lowest is reported; after a Pull it
+  // cannot happen).
+  uint64_t membership_generation = 0;
+  uint32_t members = 0;
+  bool membership_mixed = false;
 };
 
 // Memory the client lends to the hubs on its host: a PushPull whose `grad`

@@ -107,6 +107,9 @@ enum Flags : uint8_t {
   // PARAMS of a tenant that is not sync (docs/consistency.md): the payload
   // ends with a 16-byte VersionsSuffix after the parameters.
   kFlagVersions = 4,
+  // PARAMS of an elastic tenant (docs/elastic.md): the payload ends with a
+  // 16-byte MembershipSuffix after the parameters.
+  kFlagMembership = 8,
 };
 
 // Error codes carried in ERROR frames (and surfaced by the client).
@@ -188,6 +191,16 @@ inline constexpr size_t kVersionsSuffixBytes = 16;
 struct VersionsSuffix {
   uint64_t updates = 0;
   uint64_t slowest = 0;
+};
+
+// What ends a PARAMS payload with kFlagMembership: u64 `generation` (the
+// membership generation of the update that produced these parameters; 0
+// before the first update), u32 `members` (its member count, the divisor of
+// a mean), u32 reserved (0).
+inline constexpr size_t kMembershipSuffixBytes = 16;
+struct MembershipSuffix {
+  uint64_t generation = 0;
+  uint32_t members = 0;
 };
 
 // Serializes `h` into exactly kHeaderBytes bytes.

@@ -1,0 +1,581 @@
+// Elastic tenants end to end (docs/elastic.md): a real rackhubd on
+// 127.0.0.1, workers are forked child processes of this test, each one C++
+// Client (one rank) driven over a socketpair: the test tells a worker which
+// step to push, the worker pushes its gradient of that step to two sum-only
+// keys (reduction sum and mean), retries after WORKER_LOST (Pull, push the
+// same gradient again) and reports the reply with the membership the hub
+// named. Workers are killed with SIGKILL between steps and new ones join
+// (kills in the middle of a step: docs/elastic.md, Limits); every reply is
+// compared bit for bit with a reference
+// this test computes from the gradients and the membership it expects (the
+// ranks alive: the sum in rank order over them, the mean that sum times
+// float(1/count)). Every wait is for an event (a worker's report, a child's
+// exit, a log line); the straggler timeout is 60 s, so a survivor that
+// waited for it would show in the measured times.
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "process.h"
+#include "rackhub/client/client.h"
+#include "wait.h"
+
+namespace rackhub::testing {
+namespace {
+
+namespace rc = rackhub::client;
+
+// 600 floats: three chunks of 256 (1 KiB chunks) over two lanes.
+constexpr uint32_t kElements = 600;
+constexpr uint32_t kMaxWorkers = 8;
+constexpr uint32_t kMinWorkers = 2;
+constexpr uint32_t kStartWorkers = 4;
+constexpr auto kReportTimeout = std::chrono::milliseconds(30000);
+
+// Rank r's gradient of step s: distinct for every (rank, step, element), with
+// low-order bits set so that a missing or extra contribution, or another
+// summation order, changes the bits.
+float Gradient(uint32_t rank, uint32_t step, uint32_t i) {
+  uint64_t z = (uint64_t{rank} << 48) ^ (uint64_t{step} << 20) ^ i;
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 40) / double(1ull << 24) * 2.0 - 1.0);
+}
+
+// What the hub must reply for `members` (ascending) at `step`: the fp32 sum
+// in rank order; the mean is that sum times float(1 / count).
+std::vector<float> ReferenceSum(const std::vector<uint32_t>& members, uint32_t step) {
+  std::vector<float> out(kElements, 0.0f);
+  for (uint32_t i = 0; i < kElements; ++i) {
+    float acc = Gradient(members.at(0), step, i);
+    for (size_t k = 1; k < members.size(); ++k) acc += Gradient(members[k], step, i);
+    out[i] = acc;
+  }
+  return out;
+}
+std::vector<float> ReferenceMean(const std::vector<uint32_t>& members, uint32_t step) {
+  std::vector<float> out = ReferenceSum(members, step);
+  const float scale = static_cast<float>(1.0 / static_cast<double>(members.size()));
+  for (float& v : out) v *= scale;
+  return out;
+}
+
+// ---- The worker (a forked child) ------------------------------------------
+
+enum : uint32_t { kCmdStep = 1, kCmdBye = 2 };
+struct Command {
+  uint32_t op = 0;
+  uint32_t step = 0;
+};
+
+enum : int32_t { kReady = 0, kStepDone = 1, kPausedSeen = 2, kFailed = -1 };
+struct KeyResult {
+  uint64_t version = 0;  // the key's version after the reply (diagnostics)
+  uint64_t generation = 0;
+  uint32_t members = 0;
+  uint32_t mixed = 0;
+  float values[kElements] = {};
+};
+struct Report {
+  int32_t kind = kFailed;
+  uint32_t rank = 0;
+  uint32_t step = 0;
+  uint32_t retries = 0;
+  char message[512] = {};
+  KeyResult sum, mean;
+};
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+bool ReadAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+struct WorkerConfig {
+  std::string hub, tenant, token;
+  uint32_t rank = 0;
+  bool shm = false;
+};
+
+[[noreturn]] void WorkerMain(const WorkerConfig& cfg, int fd) {
+  Report report;
+  report.rank = cfg.rank;
+  const auto fail = [&](const std::string& what) {
+    report.kind = kFailed;
+    std::snprintf(report.message, sizeof report.message, "%s", what.c_str());
+    WriteAll(fd, &report, sizeof report);
+    _exit(1);
+  };
+  rc::Options o;
+  o.hub = cfg.hub;
+  o.tenant = cfg.tenant;
+  o.token = cfg.token;
+  o.rank = cfg.rank;
+  o.shm = cfg.shm ? rc::Shm::kOn : rc::Shm::kOff;
+  o.op_timeout = std::chrono::milliseconds(120000);
+  rc::Error err;
+  std::unique_ptr<rc::Client> client = rc::Client::Connect(o, &err);
+  if (!client) fail("connect: " + err.message);
+  rc::KeyId keys[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    rc::KeyDecl d;
+    d.name = k == 0 ? "sum" : "mean";
+    d.elements = kElements;
+    rc::OptimizerSpec spec;
+    spec.type = "sum-only";
+    spec.sum_reduction = k == 0;
+    d.optimizer = spec;
+    if (rc::Error e = client->DeclareKey(d, &keys[k]); !e.ok()) fail("declare: " + e.message);
+  }
+  std::vector<float> out[2] = {std::vector<float>(kElements), std::vector<float>(kElements)};
+  // A wait longer than the test's report timeout fails naming what hung.
+  const auto wait = [&](rc::Ticket t, const std::string& what) {
+    const rc::Error e = client->WaitFor(t, std::chrono::milliseconds(25000));
+    if (e.code == rc::ErrorCode::kTimeout) {
+      const rc::KeyInfo a = *client->GetKeyInfo(keys[0]), b = *client->GetKeyInfo(keys[1]);
+      fail(what + " did not complete in 25 s (sum at " + std::to_string(a.next_iteration) +
+           ", mean at " + std::to_string(b.next_iteration) + ")");
+    }
+    return e;
+  };
+  const auto pull = [&](int k) {
+    const rc::Error e = wait(client->Pull(keys[k], out[k]), k ? "pull of mean" : "pull of sum");
+    if (!e.ok()) fail("pull: " + e.message);
+  };
+  // Joining: the Pull is held by the hub until this rank is a member (or
+  // the tenant runs): then it is ready to push at the next boundary.
+  pull(0);
+  pull(1);
+  report.kind = kReady;
+  if (!WriteAll(fd, &report, sizeof report)) _exit(1);
+  std::vector<float> grad(kElements);
+  for (;;) {
+    Command cmd;
+    if (!ReadAll(fd, &cmd, sizeof cmd)) _exit(0);
+    if (cmd.op == kCmdBye) {
+      client->Close();
+      _exit(0);
+    }
+    for (uint32_t i = 0; i < kElements; ++i) grad[i] = Gradient(cfg.rank, cmd.step, i);
+    report = Report{};
+    report.rank = cfg.rank;
+    report.step = cmd.step;
+    bool done[2] = {false, false};
+    bool told_paused = false;
+    while (!done[0] || !done[1]) {
+      rc::Ticket t[2] = {0, 0};
+      for (int k = 0; k < 2; ++k) {
+        if (!done[k]) t[k] = client->PushPull(keys[k], grad, out[k]);
+      }
+      for (int k = 0; k < 2; ++k) {
+        if (done[k]) continue;
+        const rc::Error e = wait(t[k], std::string(k ? "push-pull of mean" : "push-pull of sum") +
+                                          " (retry " + std::to_string(report.retries) + ")");
+        if (e.ok()) {
+          done[k] = true;
+          const rc::KeyInfo info = *client->GetKeyInfo(keys[k]);
+          KeyResult& r = k == 0 ? report.sum : report.mean;
+          r.generation = info.membership_generation;
+          r.version = info.version;
+          r.members = info.members;
+          r.mixed = info.membership_mixed ? 1 : 0;
+          std::memcpy(r.values, out[k].data(), sizeof r.values);
+          continue;
+        }
+        const bool retry = e.code == rc::ErrorCode::kRolledBack ||
+                           (e.code == rc::ErrorCode::kServer &&
+                            (e.wire == rc::WireError::kWorkerLost ||
+                             e.wire == rc::WireError::kBadIteration));
+        if (!retry) fail("push-pull: " + e.message);
+        if (!told_paused && e.message.find("paused") != std::string::npos) {
+          told_paused = true;
+          Report p = report;
+          p.kind = kPausedSeen;
+          std::snprintf(p.message, sizeof p.message, "%s", e.message.c_str());
+          if (!WriteAll(fd, &p, sizeof p)) _exit(1);
+        }
+        ++report.retries;
+        pull(k);  // held while the tenant recovers or is paused
+      }
+    }
+    report.kind = kStepDone;
+    if (!WriteAll(fd, &report, sizeof report)) _exit(1);
+  }
+}
+
+// ---- The test side --------------------------------------------------------
+
+struct Worker {
+  uint32_t rank = 0;
+  pid_t pid = -1;
+  int fd = -1;
+};
+
+class ElasticTest : public ::testing::TestWithParam<bool> {  // true: shared memory
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
+        "--in-memory", "--lanes", "2", "--straggler-timeout-ms", "60000"});
+    ASSERT_TRUE(daemon_->started());
+    token_ = std::string(40, 'e');
+    const std::string token_file = MakeTempDir() + "/token";
+    WriteFile(token_file, token_);
+    const CommandResult r = Ctl({"tenant", "create", "job", "--workers",
+                                 std::to_string(kStartWorkers), "--elastic", "--min-workers",
+                                 std::to_string(kMinWorkers), "--max-workers",
+                                 std::to_string(kMaxWorkers), "--chunk-bytes", "1024",
+                                 "--tenant-token-file", token_file});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  void TearDown() override {
+    for (auto& [rank, w] : workers_) Reap(w, true);
+    workers_.clear();
+  }
+
+  CommandResult Ctl(std::vector<std::string> args) {
+    args.insert(args.begin(), {BinPath("rackhubctl"), "--admin", daemon_->admin_address()});
+    return RunCommand(args);
+  }
+
+  // Forks a worker of `rank` (not waiting for it to be ready).
+  void Spawn(uint32_t rank) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(sv[0]);
+      WorkerMain({daemon_->data_address(), "job", token_, rank, GetParam()}, sv[1]);
+    }
+    ::close(sv[1]);
+    workers_[rank] = Worker{rank, pid, sv[0]};
+  }
+
+  // The next report of `w`, or a failure after kReportTimeout.
+  ::testing::AssertionResult Next(const Worker& w, Report* out) {
+    pollfd p{w.fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(kReportTimeout.count()));
+    if (n <= 0) {
+      return ::testing::AssertionFailure()
+             << "rank " << w.rank << " reported nothing within " << kReportTimeout.count()
+             << " ms\n--- hub log:\n" << daemon_->Log();
+    }
+    if (!ReadAll(w.fd, out, sizeof *out)) {
+      return ::testing::AssertionFailure() << "rank " << w.rank << " died";
+    }
+    if (out->kind == kFailed) {
+      return ::testing::AssertionFailure() << "rank " << w.rank << " failed: " << out->message
+                                           << "\n--- hub log:\n" << daemon_->Log();
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // Spawns `ranks` and waits until each is ready (a member, or held by a
+  // paused tenant until the last of them makes the quorum).
+  void Join(const std::vector<uint32_t>& ranks) {
+    for (uint32_t r : ranks) Spawn(r);
+    for (uint32_t r : ranks) {
+      Report rep;
+      ASSERT_TRUE(Next(workers_.at(r), &rep));
+      ASSERT_EQ(rep.kind, kReady);
+    }
+  }
+
+  // SIGKILL and reap (the exit is the event).
+  void Reap(Worker& w, bool kill) {
+    if (w.pid <= 0) return;
+    if (kill) ::kill(w.pid, SIGKILL);
+    int status = 0;
+    ::waitpid(w.pid, &status, 0);
+    ::close(w.fd);
+    w.pid = -1;
+  }
+  void Kill(uint32_t rank) {
+    Reap(workers_.at(rank), true);
+    workers_.erase(rank);
+  }
+  int CountLog(const std::string& needle) const {
+    const std::string log = daemon_->Log();
+    int n = 0;
+    for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+  // kill -9 between iterations, then waits for the event: the hub committed
+  // the membership without it (so the next step runs with no barrier in
+  // flight).
+  void KillAndWaitLeft(uint32_t rank) {
+    std::vector<uint32_t> rest = Alive();
+    rest.erase(std::find(rest.begin(), rest.end(), rank));
+    std::string ranks;
+    for (uint32_t r : rest) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    const std::string needle = " member(s) [" + ranks + "]";
+    const int before = CountLog(needle);
+    Kill(rank);
+    ASSERT_TRUE(WaitForLog(*daemon_, needle, before + 1));
+  }
+
+  std::vector<uint32_t> Alive() const {
+    std::vector<uint32_t> out;
+    for (const auto& [rank, w] : workers_) out.push_back(rank);
+    return out;
+  }
+
+  void SendStep(uint32_t rank, uint32_t step) {
+    Command c{kCmdStep, step};
+    ASSERT_TRUE(WriteAll(workers_.at(rank).fd, &c, sizeof c));
+  }
+
+  // Checks one key's replies of a step: every worker names the same
+  // generation and count, and the values equal the reference of `members`.
+  void CheckKey(const std::vector<Report>& reports, bool mean_key,
+                const std::vector<uint32_t>& members, uint32_t step) {
+    const std::vector<float> want =
+        mean_key ? ReferenceMean(members, step) : ReferenceSum(members, step);
+    const char* name = mean_key ? "mean" : "sum";
+    for (const Report& r : reports) {
+      const KeyResult& k = mean_key ? r.mean : r.sum;
+      EXPECT_EQ(k.members, members.size())
+          << "key " << name << " rank " << r.rank << " step " << step << " version " << k.version
+          << " generation " << k.generation << " retries " << r.retries;
+      EXPECT_EQ(k.mixed, 0u) << "key " << name << " rank " << r.rank;
+      EXPECT_EQ(k.generation, (mean_key ? reports[0].mean : reports[0].sum).generation)
+          << "key " << name << ": ranks name different membership generations";
+      EXPECT_GT(k.generation, 0u);
+      size_t bad = 0;
+      for (uint32_t i = 0; i < kElements; ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &k.values[i], 4);
+        std::memcpy(&b, &want[i], 4);
+        if (a != b && bad++ < 3) {
+          ADD_FAILURE() << "key " << name << " step " << step << " rank " << r.rank
+                        << " element " << i << ": " << k.values[i] << ", reference "
+                        << want[i] << " over " << members.size() << " members";
+        }
+      }
+      EXPECT_EQ(bad, 0u) << "key " << name << " rank " << r.rank << " step " << step;
+    }
+  }
+
+  // Runs `step` on every alive worker. The membership each key's replies
+  // name must be the alive ranks and the values that membership's
+  // reference. Returns the seconds until the last report.
+  double Step(uint32_t step) {
+    const auto start = std::chrono::steady_clock::now();
+    for (uint32_t r : Alive()) SendStep(r, step);
+    std::vector<Report> reports;
+    for (uint32_t r : Alive()) {
+      Report rep;
+      EXPECT_TRUE(Next(workers_.at(r), &rep));
+      while (rep.kind == kPausedSeen) EXPECT_TRUE(Next(workers_.at(r), &rep));
+      EXPECT_EQ(rep.kind, kStepDone);
+      EXPECT_EQ(rep.step, step);
+      reports.push_back(rep);
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (reports.size() != Alive().size()) return seconds;
+    for (bool mean_key : {false, true}) CheckKey(reports, mean_key, Alive(), step);
+    return seconds;
+  }
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::string token_;
+  std::map<uint32_t, Worker> workers_;
+};
+
+TEST_P(ElasticTest, KillJoinPauseResume) {
+  // Ranks 0..3 make the start quorum; the first three are held until the
+  // fourth connects.
+  Join({0, 1, 2, 3});
+  uint32_t step = 0;
+  EXPECT_LT(Step(step++), 20.0);
+  EXPECT_LT(Step(step++), 20.0);
+
+  // kill -9 between iterations: the survivors' next iteration completes
+  // without a replacement (the straggler timeout is 60 s). Measured from the
+  // kill to the survivors' completed iteration, which is sent once the hub
+  // committed the membership without the dead rank (a push that straddles
+  // the barrier: docs/elastic.md, Limits).
+  const auto killed_at = std::chrono::steady_clock::now();
+  KillAndWaitLeft(3);
+  Step(step++);
+  const double after_kill =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(after_kill, 20.0) << "the survivors waited for the dead rank";
+  std::printf("kill -9 to the survivors' completed iteration: %.1f ms\n", after_kill * 1e3);
+  EXPECT_LT(Step(step++), 20.0);
+
+  // A rank leaves and another joins, waiting for the hub's commits.
+  Join({3});
+  EXPECT_LT(Step(step++), 20.0);
+  KillAndWaitLeft(1);
+  EXPECT_LT(Step(step++), 20.0);
+  EXPECT_EQ(Alive().size(), 3u);
+
+  // Two joiners: 5 members.
+  Join({1, 4});
+  EXPECT_LT(Step(step++), 20.0);
+  EXPECT_EQ(Alive().size(), 5u);
+
+  // Below min_workers (2): the tenant pauses, tenant get and the metrics say
+  // so, the last rank's push is held until a rank joins.
+  for (uint32_t r : {0u, 1u, 2u, 4u}) KillAndWaitLeft(r);
+  ASSERT_EQ(Alive(), std::vector<uint32_t>{3});
+  ASSERT_TRUE(WaitForLog(*daemon_, "1 member(s) [3] (paused: below min_workers 2)"));
+  SendStep(3, step);
+  Report rep;
+  ASSERT_TRUE(Next(workers_.at(3), &rep));
+  ASSERT_EQ(rep.kind, kPausedSeen) << rep.message;
+  EXPECT_NE(std::string(rep.message).find("below min_workers 2"), std::string::npos)
+      << rep.message;
+  const CommandResult get = Ctl({"tenant", "get", "job"});
+  EXPECT_NE(get.out.find("PAUSED"), std::string::npos) << get.out;
+  EXPECT_NE(get.out.find("1 member"), std::string::npos) << get.out;
+  const CommandResult top = Ctl({"top", "--once"});
+  EXPECT_NE(top.out.find("PAUSED 1"), std::string::npos) << top.out << top.err;
+  // Resume: rank 0 joins; rank 3's held push completes with it.
+  Join({0});
+  SendStep(0, step);
+  std::vector<Report> reports;
+  for (uint32_t r : {0u, 3u}) {
+    ASSERT_TRUE(Next(workers_.at(r), &rep));
+    ASSERT_EQ(rep.kind, kStepDone);
+    reports.push_back(rep);
+  }
+  CheckKey(reports, false, {0, 3}, step);
+  CheckKey(reports, true, {0, 3}, step);
+  const CommandResult running = Ctl({"tenant", "get", "job"});
+  EXPECT_NE(running.out.find("running"), std::string::npos) << running.out;
+  ++step;
+  EXPECT_LT(Step(step++), 20.0);
+}
+
+// At least 20 membership changes in a random order (kills between steps,
+// joins of the lowest free rank), each followed by the hub's commit: every
+// step completes (nothing hangs), every reply names one generation per key
+// and step and equals the reference of the ranks alive. The seed is
+// printed. (Kills in the middle of a step: see docs/elastic.md, Limits.)
+TEST_P(ElasticTest, RandomMembershipLoop) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  Join({0, 1, 2, 3});
+  uint32_t step = 0, changes = 0;
+  while (changes < 24 && !HasFailure()) {
+    const std::vector<uint32_t> alive = Alive();
+    const uint32_t choice = rng() % 2;
+    if (choice == 0 && alive.size() > kMinWorkers) {
+      KillAndWaitLeft(alive[rng() % alive.size()]);  // between steps
+      ++changes;
+      Step(step++);
+    } else if (alive.size() < kMaxWorkers) {
+      uint32_t free_rank = 0;
+      while (workers_.count(free_rank)) ++free_rank;  // the lowest free rank
+      Join({free_rank});
+      ++changes;
+      Step(step++);
+    } else {
+      Step(step++);
+    }
+  }
+  EXPECT_GE(changes, 20u);
+  // The hub named every change: one committed generation per change at least.
+  const CommandResult get = Ctl({"tenant", "get", "job"});
+  EXPECT_EQ(get.exit_code, 0) << get.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ElasticTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Shm" : "Tcp";
+                         });
+
+// ---- Creation: flags, validation, persistence -------------------------------
+
+TEST(ElasticCreateTest, ValidatesAndPersists) {
+  DaemonProcess daemon({"--lanes", "2"});
+  ASSERT_TRUE(daemon.started());
+  const auto ctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {BinPath("rackhubctl"), "--admin", daemon.admin_address()});
+    return RunCommand(args);
+  };
+  struct Bad {
+    std::vector<std::string> args;
+    std::string error;
+  };
+  const std::vector<Bad> bad = {
+      {{"--workers", "2", "--elastic", "--min-workers", "3", "--max-workers", "8"},
+       "min_workers: 3 is above workers_per_rack 2"},
+      {{"--workers", "9", "--elastic", "--max-workers", "8"},
+       "workers_per_rack: 9 is above max_workers 8"},
+      {{"--workers", "2", "--min-workers", "1"}, "--min-workers: only with --elastic"},
+      {{"--workers", "2", "--elastic", "--consistency", "bounded:1"},
+       "elastic: an elastic tenant is sync"},
+  };
+  for (const Bad& b : bad) {
+    std::vector<std::string> args = {"tenant", "create", "x"};
+    args.insert(args.end(), b.args.begin(), b.args.end());
+    const CommandResult r = ctl(args);
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.err.find(b.error), std::string::npos) << r.err;
+  }
+  CommandResult r = ctl({"tenant", "create", "job", "--workers", "4", "--elastic",
+                         "--min-workers", "2", "--max-workers", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ranks 0..7, start quorum 4, min 2"), std::string::npos) << r.out;
+  // The rank limit of an elastic tenant is fixed.
+  r = ctl({"tenant", "update-quotas", "job", "--max-workers", "6"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("fixed"), std::string::npos) << r.err;
+  // A plain tenant is not elastic.
+  ASSERT_EQ(ctl({"tenant", "create", "plain", "--workers", "2"}).exit_code, 0);
+  // Persisted in the registry: the same after a restart.
+  ASSERT_EQ(daemon.Stop(SIGTERM), 0);
+  ASSERT_TRUE(daemon.Restart());
+  r = ctl({"tenant", "get", "job"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ranks 0..7, start quorum 4, min 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PAUSED"), std::string::npos) << r.out;  // no worker yet
+  r = ctl({"tenant", "get", "plain"});
+  EXPECT_EQ(r.out.find("elastic"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace rackhub::testing
