@@ -169,6 +169,12 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
       return InvalidArgument("optimizer.reduction: row-sparse tables sum or average their rows; " +
                              r + " is for dense sum-only keys");
     }
+    if (t->info.consistency != Consistency::kSync) {
+      // Bounded/async tenants apply each push as an update of its own.
+      return InvalidArgument("optimizer.reduction: " + r + " combines every worker's push of a "
+                             "step, which needs a sync tenant; tenant " + Quoted(spec.tenant) +
+                             " is " + ConsistencyName(t->info.consistency, t->info.staleness));
+    }
   }
   if (t->keys.count(spec.name)) {
     return AlreadyExists("name: key " + Quoted(spec.name) + " already exists in tenant " +
