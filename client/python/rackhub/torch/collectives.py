@@ -110,22 +110,26 @@ def wire(dtype):
     return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")
 
 
-def reduce_flat(kind, name, flat, dtype, values, op=Sum):
+def reduce_flat(kind, name, flat, dtype, values, op, check):
     """The rank-order fp32 reduction by `op` of every rank's flat fp32
-    `flat`; `values` go into the header and must agree (the caller's
-    fields). Sum and Average: the first elements travel inline in the header
-    round (a sum); Min, Max, Product: every element through the helper keys
-    of that reduction, after the header round. Returns (every rank's values,
-    the reduced tensor)."""
+    `flat`; `values` go into the header and check(every rank's values) must
+    accept them (raise MismatchError otherwise) before any data round, so
+    ranks that disagree (e.g. on the op, whose keys differ) never wait for
+    each other's data. Sum and Average: the first elements travel inline in
+    the header round (a sum); Min, Max, Product: every element through the
+    helper keys of that reduction, after the header round. Returns the
+    reduced tensor."""
     n = flat.numel()
     joinable = kind in agree.JOINABLE
     if op in ELEMENTWISE:
         every, _ = agree.open_op(kind, name, values, joinable=joinable)
-        return every, rounds.reduce(flat, "allreduce", wire(dtype), reduction=op)
+        check(every)
+        return rounds.reduce(flat, "allreduce", wire(dtype), reduction=op)
     cap = rounds.capacity()
     every, head = agree.open_op(kind, name, values, inline=flat[:cap], joinable=joinable)
-    return every, (head[:n] if n <= cap else
-                   torch.cat([head, rounds.reduce(flat[cap:], "allreduce", wire(dtype))]))
+    check(every)
+    return head[:n] if n <= cap else torch.cat(
+        [head, rounds.reduce(flat[cap:], "allreduce", wire(dtype))])
 
 
 def scaled(total, op, post, dtype):
@@ -148,13 +152,14 @@ def allreduce_run(tensor, name, op, pre, post, out=None, kind="allreduce"):
     shape, dtype = tuple(t.shape), t.dtype
     flat = t.to("cpu").contiguous().view(-1)
     flat = (flat.to(torch.float64) * pre if pre != 1.0 else flat).to(torch.float32)
-    every, total = reduce_flat(kind, name, flat,
-                               dtype, [agree.dtype_code(dtype), flat.numel(), agree.crc(shape),
-                                       OPS[op]], op)
-    agree.same(kind, every, 0, "dtypes", agree.dtype_name)
-    agree.same(kind, every, 1, "element counts")
-    agree.same(kind, every, 2, "shapes", mine=shape)
-    agree.same(kind, every, 3, "ops (Average, Sum, Min, Max, Product)", OP_OF_CODE.get)
+
+    def check(every):
+        agree.same(kind, every, 0, "dtypes", agree.dtype_name)
+        agree.same(kind, every, 1, "element counts")
+        agree.same(kind, every, 2, "shapes", mine=shape)
+        agree.same(kind, every, 3, "ops (Average, Sum, Min, Max, Product)", OP_OF_CODE.get)
+    total = reduce_flat(kind, name, flat, dtype, [agree.dtype_code(dtype), flat.numel(),
+                                                  agree.crc(shape), OPS[op]], op, check)
     result = scaled(total, op, post, dtype).view(shape).to(tensor.device)
     if out is None:
         return result
