@@ -54,17 +54,20 @@ ELEMENTWISE = (hvd.Min, hvd.Max, hvd.Product)
 def einp(rank, seed, shape, dtype):
     """Rank `rank`'s input for Min/Max/Product: multiples of 0.5 in [-4, 4]
     (integers in [-5, 5], [0, 5] for uint8), so products of 3 ranks are
-    exact in every dtype; float tensors of 40+ elements get NaN, +inf, -inf,
+    exact in every dtype; float tensors of 45+ elements get NaN, +inf, -inf,
     +0 and -0 at places that depend on the rank (they meet other ranks'
-    values and each other)."""
+    values), and zeros of both signs that meet each other."""
     g = torch.Generator().manual_seed(seed * 1013 + rank)
     if not dtype.is_floating_point:
         return torch.randint(0 if dtype == torch.uint8 else -5, 6, shape, generator=g).to(dtype)
     x = torch.randint(-8, 9, shape, generator=g).to(torch.float64) * 0.5
     flat = x.view(-1)
-    if flat.numel() >= 40:
+    if flat.numel() >= 45:
         for j, v in enumerate((float("nan"), float("inf"), float("-inf"), 0.0, -0.0)):
             flat[(7 * j + 3 * rank) % 40] = v
+        # Zeros of both signs meeting at the same element, in both orders.
+        flat[41], flat[42] = (-0.0, 0.0) if rank % 2 else (0.0, -0.0)
+        flat[43] = -0.0 if rank == 1 else 0.0
     return x.to(dtype)
 
 
