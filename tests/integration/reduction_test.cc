@@ -56,7 +56,7 @@ float Input(uint32_t rank, uint32_t it, uint64_t i) {
 
 // The value after the wire type's round to nearest even (NaN stays NaN).
 float Narrow(DType dtype, float f) {
-  if (dtype == DType::kFp32 || std::isnan(f)) return f;
+  if (dtype == DType::kFp32 || !std::isfinite(f)) return f;  // NaN, +-inf: as they are
   if (dtype == DType::kBf16) {
     // The inputs and results here are exact in bf16 except for products
     // that need more bits: round by picking the nearer neighbour in double.
