@@ -35,7 +35,6 @@ namespace pb = rackhub::admin::v1;
 
 // The same fixtures as the targets (control_fuzz.cc, hub_lane_fuzz.cc).
 constexpr char kToken[] = "fuzz-token-0123456789abcdef-0123456789";
-constexpr char kSecret[] = "fuzz-hub-secret-0123456789";
 
 fs::path g_root;
 
@@ -143,10 +142,18 @@ void FrameSeeds() {
   dpb::HubHello hh;
   hh.set_rack(0);
   hh.set_lane(1);
-  hh.set_secret(kSecret);
   hh.set_racks(3);
   hh.set_lanes(2);
+  hh.set_link_version(2);
+  hh.set_nonce(std::string(32, 'n'));
   Write(t, "hub-hello", Frame(net::Opcode::kHubHello, hh.SerializeAsString()));
+  dpb::HubChallenge hc;
+  hc.set_nonce(std::string(32, 'c'));
+  Write(t, "hub-challenge", Frame(net::Opcode::kHubChallenge, hc.SerializeAsString()));
+  dpb::HubProof hp;
+  hp.set_proof(std::string(32, 'p'));
+  Write(t, "hub-proof", Frame(net::Opcode::kHubProof, hp.SerializeAsString()));
+  Write(t, "hub-accept", Frame(net::Opcode::kHubAccept, hp.SerializeAsString()));
   dpb::KeyBind kb;
   kb.set_tenant("alpha");
   kb.set_key("w");
@@ -222,9 +229,10 @@ void ControlSeeds() {
   dpb::HubHello hh;
   hh.set_rack(2);
   hh.set_lane(1);
-  hh.set_secret(kSecret);
   hh.set_racks(3);
   hh.set_lanes(2);
+  hh.set_link_version(2);
+  hh.set_nonce(std::string(32, 'n'));
   Write(t, "hub-hello", Control(1, 0x09, hh.SerializeAsString()));
   Write(t, "declare", Control(2, 0x00, Declaration("x", 5000, pb::FP16, pb::OPTIMIZER_UNSPECIFIED)
                                            .SerializeAsString()));

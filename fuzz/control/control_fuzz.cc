@@ -5,7 +5,8 @@
 // lane count, chunk size); the rest is the payload.
 //
 //   HELLO          server/transports/hello_check.h CheckHelloHeader + CheckHello
-//   HUB_HELLO      CheckHubHelloHeader + CheckHubHello (hub secret, racks, lanes)
+//   HUB_HELLO      CheckHubHelloHeader + CheckHubHello (hub-link version, nonce,
+//                  racks, lanes), then server/lanes/hub_handshake.h HubAcceptor
 //   DECLARE        server/lanes/declare_check.h CheckDeclare, then
 //                  Registry::DeclareKey as WorkerProtocol::OnDeclare does
 //   SET_OPTIMIZER  OptimizerFromProto + Registry::SetOptimizer (OnSetOptimizer)
@@ -15,8 +16,9 @@
 //
 // Contract checked: nothing crashes, leaks or hits UB; an accepted HELLO
 // names a tenant whose token it carries and a rank, rack and lane in range;
-// an accepted HUB_HELLO carries the secret and another rack of this
-// topology; a declared key is found again by a second DECLARE, its chunks
+// an accepted HUB_HELLO is of hub-link version 2 with a 32-byte nonce and
+// names another rack of this topology, and no fuzzed HUB_PROOF authenticates
+// against the acceptor's fresh nonce; a declared key is found again by a second DECLARE, its chunks
 // cover its elements exactly; a key entry the client accepts has chunks
 // that cover its elements.
 #include <cstddef>
@@ -132,15 +134,19 @@ void FuzzHello(const Setting& s, std::span<const std::byte> payload) {
 
 void FuzzHubHello(const Setting& s, std::span<const std::byte> payload) {
   if (!srv::CheckHubHelloHeader(HeaderFor(net::Opcode::kHubHello, payload.size())).ok()) return;
-  for (const std::string& secret : {std::string(kSecret), std::string()}) {
-    const auto r = srv::CheckHubHello(payload, s.topology, secret, s.lanes);
-    if (!r.ok()) continue;
-    Check(!secret.empty() && r->secret() == secret, "a link needs the secret");
-    Check(r->rack() < s.topology.rack_count() && r->rack() != s.topology.rack &&
-              r->racks() == s.topology.rack_count(),
-          "another rack of this topology");
-    Check(r->lane() < s.lanes && r->lanes() == s.lanes, "the same lanes");
-  }
+  const auto r = srv::CheckHubHello(payload, s.topology, s.lanes);
+  if (!r.ok()) return;
+  Check(r->link_version() == srv::kHubLinkVersion && r->nonce().size() == srv::kHubNonceBytes,
+        "hub-link version 2 with a nonce");
+  Check(r->rack() < s.topology.rack_count() && r->rack() != s.topology.rack &&
+            r->racks() == s.topology.rack_count(),
+        "another rack of this topology");
+  Check(r->lane() < s.lanes && r->lanes() == s.lanes, "the same lanes");
+  srv::HubAcceptor acceptor(kSecret, s.topology.rack);
+  Check(acceptor.OnHello(*r).ok(), "an accepted HUB_HELLO gets a challenge");
+  // The same bytes as the HUB_PROOF: a proof over a nonce drawn after the
+  // input was made never matches.
+  Check(!acceptor.OnProof(payload).ok(), "no fuzzed HUB_PROOF authenticates");
 }
 
 void CheckChunksCover(const srv::Registry& registry, const srv::KeyInfo& k) {

@@ -140,6 +140,9 @@ void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload
     case net::Opcode::kKeyInfo: ParseAndReserialize<dpb::KeyEntry>(payload); break;
     case net::Opcode::kSetOptimizer: ParseAndReserialize<dpb::OptimizerUpdate>(payload); break;
     case net::Opcode::kHubHello: ParseAndReserialize<dpb::HubHello>(payload); break;
+    case net::Opcode::kHubChallenge: ParseAndReserialize<dpb::HubChallenge>(payload); break;
+    case net::Opcode::kHubProof:
+    case net::Opcode::kHubAccept: ParseAndReserialize<dpb::HubProof>(payload); break;
     case net::Opcode::kKeyBind: ParseAndReserialize<dpb::KeyBind>(payload); break;
     case net::Opcode::kPush:
       if (h.flags & net::kFlagSparse) {

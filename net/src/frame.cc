@@ -82,6 +82,9 @@ const char* OpcodeName(Opcode op) {
     case Opcode::kPushRows: return "PUSH_ROWS";
     case Opcode::kRows: return "ROWS";
     case Opcode::kPullRows: return "PULL_ROWS";
+    case Opcode::kHubChallenge: return "HUB_CHALLENGE";
+    case Opcode::kHubProof: return "HUB_PROOF";
+    case Opcode::kHubAccept: return "HUB_ACCEPT";
   }
   return "UNKNOWN";
 }

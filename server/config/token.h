@@ -30,7 +30,7 @@ bool SecretsEqual(const std::string& a, const std::string& b);
 // the file's text without surrounding whitespace, one word of at least
 // kMinHubSecretBytes characters. FAILED_PRECONDITION naming
 // topology.secret_file and the file otherwise. Every hub reads it the same
-// way; HUB_HELLO secrets are compared with SecretsEqual.
+// way; hub links prove it without sending it (server/lanes/hub_handshake.h).
 inline constexpr size_t kMinHubSecretBytes = 16;
 Result<std::string> ReadHubSecret(const std::string& path);
 

@@ -32,8 +32,8 @@ void Lane::AdoptWorker(std::shared_ptr<net::Connection> conn, uint64_t seq) {
   workers_.Adopt(std::move(conn), seq);
 }
 
-void Lane::AdoptHubLink(std::shared_ptr<net::Connection> conn) {
-  exchange_.AdoptLink(std::move(conn));
+void Lane::AdoptHubLink(std::shared_ptr<net::Connection> conn, std::string accept) {
+  exchange_.AdoptLink(std::move(conn), std::move(accept));
 }
 
 void Lane::OnWorkerLost(uint32_t handle, uint32_t member, uint64_t before_seq,

@@ -42,7 +42,9 @@ class Lane {
   net::FrameHandler* hub_handler() { return &exchange_; }
   // Take over an authenticated connection built with the matching handler.
   void AdoptWorker(std::shared_ptr<net::Connection> conn, uint64_t seq);
-  void AdoptHubLink(std::shared_ptr<net::Connection> conn);
+  // A hub link's acceptor handshake is done (hub_handshake.h): `accept` is
+  // the HUB_ACCEPT payload, the link's first frame to the opener.
+  void AdoptHubLink(std::shared_ptr<net::Connection> conn, std::string accept);
   // Starts the links to the other racks' hubs (hierarchical topology).
   void StartHubLinks() { exchange_.Start(); }
 

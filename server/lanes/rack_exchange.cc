@@ -8,6 +8,7 @@
 #include "params_reply.h"
 #include "proto_convert.h"
 #include "rackhub/aggregation/kernels.h"
+#include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "wire_names.h"
@@ -46,6 +47,7 @@ RackExchange::RackExchange(const TopologyConfig& topology, const DataConfig& dat
                            boost::asio::io_context* io)
     : topology_(topology),
       link_limits_(LinkLimits(data)),
+      handshake_limit_(data.hello_timeout_ms),
       table_(table),
       registry_(registry),
       host_(host),
@@ -131,9 +133,9 @@ void RackExchange::SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const 
                               std::span<const std::byte> payload,
                               std::shared_ptr<const void> owner) {
   PeerLink& link = links_[rack];
-  if (!link.out || !link.out->open()) {
-    // Not connected (yet): hold the frame for a while (with its payload's
-    // owner, so a deleted key's bytes stay valid).
+  if (!link.out || !link.out->open() || !link.ready) {
+    // Not connected or not authenticated (yet): hold the frame for a while
+    // (with its payload's owner, so a deleted key's bytes stay valid).
     if (link.queued.empty()) {
       const uint64_t generation = ++link.queue_generation;
       gate_->After(kPeerWaitLimit, [this, rack, generation] { GiveUp(rack, generation); });
@@ -206,24 +208,84 @@ void RackExchange::RetryConnect(uint32_t rack, const std::string& why) {
 }
 
 void RackExchange::OnConnected(uint32_t rack, std::shared_ptr<net::Connection> conn) {
-  dpb::HubHello hello;
-  hello.set_rack(topology_.rack);
-  hello.set_lane(table_->lane());
-  hello.set_secret(host_->hub_secret());
-  hello.set_racks(table_->racks());
-  hello.set_lanes(table_->lanes());
-  FrameHeader h;
-  h.opcode = Opcode::kHubHello;
-  conn->SetSendLimits(link_limits_);
-  conn->SendOwned(h, hello.SerializeAsString());
   PeerLink& link = links_[rack];
-  link.out = conn;
-  link.bound.clear();
   link.connecting = false;
-  link.warned = false;
-  spdlog::info("rack link: lane {} connected to rack {}'s hub at {} ({})", table_->lane(), rack,
-               conn->id().peer, host_->hub_connector().name());
+  link.out = conn;
+  link.ready = false;
+  link.bound.clear();
+  link.auth = std::make_unique<HubOpener>(
+      host_->hub_secret(),
+      HubLinkFacts{topology_.rack, rack, table_->lane(), table_->racks(), table_->lanes()});
+  conn->SetSendLimits(link_limits_);
+  Result<std::string> hello = link.auth->Hello();
+  if (hello.ok()) {
+    FrameHeader h;
+    h.opcode = Opcode::kHubHello;
+    conn->SendOwned(h, *std::move(hello));
+  }
   conn->Start();
+  if (!hello.ok()) return conn->Close(hello.status().message());
+  // A hub that stalls mid-handshake is cut (and dialed again).
+  const uint64_t attempt = ++link.attempt;
+  gate_->After(handshake_limit_, [this, rack, attempt] {
+    PeerLink& l = links_[rack];
+    if (l.attempt != attempt || !l.out || l.ready) return;
+    l.refusal = "rack " + Num(rack) + "'s hub did not finish the hub-link handshake within " +
+                "data.hello_timeout_ms (" + Num(handshake_limit_.count()) + " ms)";
+    l.out->Close(l.refusal);
+  });
+}
+
+RackExchange::PeerLink* RackExchange::Authenticating(const net::Connection& conn) {
+  const uint32_t rack = conn.id().rack;
+  if (rack >= links_.size()) return nullptr;
+  PeerLink& link = links_[rack];
+  return link.out.get() == &conn && !link.ready ? &link : nullptr;
+}
+
+void RackExchange::OnHandshakeFrame(PeerLink& link, net::Connection& conn, const FrameHeader& h,
+                                    std::span<const std::byte> payload) {
+  const uint32_t rack = conn.id().rack;
+  const std::string who = "rack " + Num(rack) + "'s hub at " + conn.id().peer;
+  if (h.opcode == Opcode::kError) {
+    const Result<net::ErrorBody> body = net::DecodeErrorBody(payload);
+    link.refusal =
+        who + " refused the link: " +
+        (body.ok() ? std::string(net::WireErrorName(body->code)) + ": " +
+                         SafeForLog(body->text, 512)  // another hub's words
+                   : "an ERROR that does not decode (" + body.status().message() + ")");
+    return conn.Close(link.refusal);
+  }
+  if (!link.auth) return conn.Close("hub-link handshake: no handshake in progress");
+  Status failed;
+  if (h.opcode == Opcode::kHubChallenge) {
+    Result<std::string> proof = link.auth->OnChallenge(payload);
+    if (proof.ok()) {
+      FrameHeader p;
+      p.opcode = Opcode::kHubProof;
+      conn.SendOwned(p, *std::move(proof));
+      return;
+    }
+    failed = proof.status();
+  } else {
+    failed = link.auth->OnAccept(payload);
+    if (failed.ok()) return OnAuthenticated(rack, conn);
+  }
+  link.refusal = who + ": " + failed.message();
+  // This side found the problem: say so to the other end too.
+  conn.SendError(failed.code() == StatusCode::kUnauthenticated ? WireError::kUnauthenticated
+                                                               : WireError::kInvalidArgument,
+                 "hub link: " + link.refusal, 0, true);
+}
+
+void RackExchange::OnAuthenticated(uint32_t rack, net::Connection& conn) {
+  PeerLink& link = links_[rack];
+  link.ready = true;
+  link.auth.reset();
+  link.refusal.clear();
+  link.warned = false;
+  spdlog::info("rack link: lane {} connected to rack {}'s hub at {} ({}), mutually authenticated",
+               table_->lane(), rack, conn.id().peer, host_->hub_connector().name());
   // Initial values first: frames queued meanwhile may be sums needing them.
   OfferInitialValues(rack);
   FlushQueue(rack);
@@ -250,18 +312,22 @@ void RackExchange::GiveUp(uint32_t rack, uint64_t generation) {
     if (LaneTenant* t = table_->FindTenant(handle)) {
       table_->FailPending(*t, WireError::kWorkerLost,
                           "rack link: the hub of rack " + Num(rack) + " (" +
-                              topology_.racks[rack].interhub.ToString() + ") is unreachable");
+                              topology_.racks[rack].interhub.ToString() + ") is unreachable" +
+                              (link.refusal.empty() ? std::string() : ": " + link.refusal));
     }
   }
 }
 
-void RackExchange::AdoptLink(std::shared_ptr<net::Connection> conn) {
+void RackExchange::AdoptLink(std::shared_ptr<net::Connection> conn, std::string accept) {
   if (gate_->closed()) {
     conn->Close("the hub is shutting down");
     return;
   }
   std::erase_if(peer_in_, [](const auto& c) { return !c->open(); });
   conn->SetSendLimits(link_limits_);
+  FrameHeader a;
+  a.opcode = Opcode::kHubAccept;
+  conn->SendOwned(a, std::move(accept));  // the opener's proof matched: ours
   peer_in_.push_back(conn);
   spdlog::info("rack link: lane {} accepted rack {}'s hub from {}", table_->lane(),
                conn->id().rack, conn->id().peer);
@@ -282,11 +348,32 @@ void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& 
   const uint32_t peer = conn.id().rack;
   PeerLink& link = links_[peer];
   const bool outgoing = link.out.get() == &conn;
+  const bool was_ready = link.ready;
   if (outgoing) {
     link.out.reset();
+    link.auth.reset();
+    link.ready = false;
     link.bound.clear();
   }
   if (gate_->closed()) return;
+  if (outgoing && !was_ready) {
+    // The handshake failed: nothing of ours went out on it (the queue waits,
+    // GiveUp bounds that); log why (rate-limited) and dial again shortly.
+    if (link.refusal.empty()) {
+      link.refusal = "rack " + Num(peer) + "'s hub at " + conn.id().peer +
+                     " closed the link during the hub-link handshake (" + why +
+                     "; a hub that refuses sends an ERROR naming why first, so this one may "
+                     "run an older rackhubd of hub-link version 1, or have stopped)";
+    }
+    refusals_.Warn("rack link: lane " + Num(table_->lane()) + ": " + link.refusal +
+                   "; retrying every " + Num(kPeerRetryPeriod.count()) + " ms");
+    link.connecting = true;  // Connect waits for the retry
+    gate_->After(kPeerRetryPeriod, [this, peer] {
+      links_[peer].connecting = false;
+      Connect(peer);
+    });
+    return;
+  }
   spdlog::warn("rack link: lane {} lost its {} link with rack {}'s hub: {}", table_->lane(),
                outgoing ? "outgoing" : "incoming", peer, why);
   // Every multi-rack update in flight may wait for that hub: fail them now.

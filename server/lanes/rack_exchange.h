@@ -9,7 +9,10 @@
 // and both stages run locally, so both modes give the same bits.
 //
 // Links go through the LaneHost's net::Connector (TCP or RDMA); accepted
-// links arrive from the acceptors through Lane::AdoptHubLink. Before a key's
+// links arrive from the acceptors through Lane::AdoptHubLink. A link this
+// lane opens authenticates first (hub_handshake.h: HUB_HELLO, HUB_CHALLENGE,
+// HUB_PROOF, HUB_ACCEPT, within data.hello_timeout_ms); frames for it wait in
+// its queue until the other hub has proven the secret. Before a key's
 // first frame on a link, a KEY_BIND names it (tenant and key by name, with
 // the layout, checked by the receiver). A `from_client` chunk's initial
 // values travel as INIT frames: from rack 0's hub to the home, from the home
@@ -35,8 +38,10 @@
 
 #include "chunk_table.h"
 #include "config.h"
+#include "hub_handshake.h"
 #include "lane_gate.h"
 #include "lane_host.h"
+#include "log_limiter.h"
 #include "rackhub/common/status.h"
 #include "rackhub/net/transport.h"
 #include "registry.h"
@@ -52,8 +57,9 @@ class RackExchange final : public net::FrameHandler {
   // reconnecting while they are down.
   void Start();
   // Takes over an authenticated link from another rack's hub (built with
-  // this handler).
-  void AdoptLink(std::shared_ptr<net::Connection> conn);
+  // this handler): sends HUB_ACCEPT (payload `accept`, from the acceptor's
+  // HubAcceptor) as its first frame.
+  void AdoptLink(std::shared_ptr<net::Connection> conn, std::string accept);
   // Closes every link (shutdown).
   void CloseAll(const std::string& why);
 
@@ -79,6 +85,11 @@ class RackExchange final : public net::FrameHandler {
   // A link to another rack's hub (this lane to its lane).
   struct PeerLink {
     std::shared_ptr<net::Connection> out;  // we send RACK_SUM / RACK_PARAMS here
+    // While `out` authenticates: its handshake; `ready` once HUB_ACCEPT checked.
+    std::unique_ptr<HubOpener> auth;
+    bool ready = false;
+    uint64_t attempt = 0;  // numbers `out`'s connections (handshake deadline)
+    std::string refusal;   // why the last handshake failed (until one succeeds)
     std::unordered_set<uint64_t> bound;    // (tenant << 32 | key) announced on `out`
     bool connecting = false;
     bool warned = false;
@@ -121,6 +132,13 @@ class RackExchange final : public net::FrameHandler {
   void Connect(uint32_t rack);
   void OnConnected(uint32_t rack, std::shared_ptr<net::Connection> conn);
   void RetryConnect(uint32_t rack, const std::string& why);
+  // The outgoing link `conn` is, if it is one and not authenticated yet.
+  PeerLink* Authenticating(const net::Connection& conn);
+  // HUB_CHALLENGE, HUB_ACCEPT or ERROR on an outgoing link that authenticates.
+  void OnHandshakeFrame(PeerLink& link, net::Connection& conn, const net::FrameHeader& h,
+                        std::span<const std::byte> payload);
+  // The link is up: what waited for it goes.
+  void OnAuthenticated(uint32_t rack, net::Connection& conn);
   // Sends what queued up while the link to `rack` was down.
   void FlushQueue(uint32_t rack);
   // After (re)connecting to `rack`, or an ERROR from it: INIT frames a
@@ -160,6 +178,11 @@ class RackExchange final : public net::FrameHandler {
   // Hub links: reading pauses as on worker connections; no fatal limit (see
   // the .cc: their data frames are this hub's own, one per chunk and iteration).
   const net::SendLimits link_limits_;
+  // A handshake this lane opens must finish within this (data.hello_timeout_ms).
+  const std::chrono::milliseconds handshake_limit_;
+  // Failed handshakes (a wrong secret retried every 200 ms) are logged at
+  // most this often.
+  LogLimiter refusals_{5, std::chrono::seconds(10)};
   ChunkTable* table_;
   Registry* registry_;
   LaneHost* host_;

@@ -28,6 +28,19 @@ Verdict RackExchange::Reject(net::Connection& conn, WireError code, const std::s
 }
 
 Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) {
+  if (Authenticating(conn)) {
+    // A link this lane opened, before the other hub proved the secret: only
+    // its handshake frames (or its refusal).
+    const bool handshake = h.opcode == Opcode::kHubChallenge || h.opcode == Opcode::kHubAccept;
+    if (h.opcode == Opcode::kError ||
+        (handshake && h.payload_bytes <= kMaxHubAuthBytes)) {
+      return Verdict::kAccept;
+    }
+    return Reject(conn, WireError::kMalformed,
+                  std::string(net::OpcodeName(h.opcode)) + " (" + Num(h.payload_bytes) +
+                      " bytes) before the hub-link handshake finished",
+                  h.request_id);
+  }
   switch (h.opcode) {
     case Opcode::kError:  // an answer on a link we opened
     case Opcode::kKeyBind:
@@ -170,6 +183,7 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
                                std::span<const std::byte> payload) {
   const uint32_t peer = conn.id().rack;
   host_->CountRackBytes(peer, 0, net::kHeaderBytes + payload.size());
+  if (PeerLink* link = Authenticating(conn)) return OnHandshakeFrame(*link, conn, h, payload);
   switch (h.opcode) {
     case Opcode::kError: return OnPeerError(conn, h, payload);
     case Opcode::kKeyBind: return OnKeyBind(conn, h, payload);

@@ -1,7 +1,5 @@
 #include "hello_check.h"
 
-#include "token.h"
-
 namespace rackhub::server {
 
 using net::WireError;
@@ -24,18 +22,22 @@ Status CheckHubHelloHeader(const net::FrameHeader& h) {
   return {};
 }
 
+Status CheckHubProofHeader(const net::FrameHeader& h) {
+  if (!net::CheckHeader(h).ok() || h.opcode != net::Opcode::kHubProof ||
+      h.payload_bytes > kMaxHubAuthBytes) {
+    return InvalidArgument("the frame after HUB_CHALLENGE is not a HUB_PROOF (got " +
+                           std::string(net::OpcodeName(h.opcode)) + ")");
+  }
+  return {};
+}
+
 Result<data::v1::HubHello> CheckHubHello(std::span<const std::byte> payload,
-                                         const TopologyConfig& topo, const std::string& secret,
-                                         uint32_t lanes) {
+                                         const TopologyConfig& topo, uint32_t lanes) {
   data::v1::HubHello hello;
   if (!hello.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return InvalidArgument("HUB_HELLO is not a HubHello");
   }
-  // A hub without a secret accepts no link at all (config validation
-  // requires one with racks > 1); the comparison takes constant time.
-  if (secret.empty() || !SecretsEqual(hello.secret(), secret)) {
-    return Unauthenticated("wrong hub secret");
-  }
+  if (Status s = CheckHubHelloVersion(hello); !s.ok()) return s;
   if (hello.racks() != topo.rack_count() || hello.rack() >= topo.rack_count() ||
       hello.rack() == topo.rack) {
     return InvalidArgument("rack " + std::to_string(hello.rack()) + " of " +

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "config.h"
+#include "hub_handshake.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/frame.h"
 #include "registry.h"
@@ -33,11 +34,14 @@ HelloResult CheckHello(std::span<const std::byte> payload, const Registry& regis
                        const TopologyConfig& topology, uint32_t lanes);
 
 // The same for a HUB_HELLO opening a link from another rack's hub: the
-// header, then the secret (topology.secret_file; compared in constant time,
-// an empty `secret` refuses every link), rack and lane counts.
+// header, then the hub-link version and nonce (CheckHubHelloVersion), rack
+// and lane counts. The secret is not in it: the caller then runs the
+// challenge-response (hub_handshake.h, HubAcceptor).
 Status CheckHubHelloHeader(const net::FrameHeader& h);
 Result<data::v1::HubHello> CheckHubHello(std::span<const std::byte> payload,
-                                         const TopologyConfig& topology,
-                                         const std::string& secret, uint32_t lanes);
+                                         const TopologyConfig& topology, uint32_t lanes);
+// The header of the opener's next handshake frame (HUB_PROOF), before its
+// payload is read.
+Status CheckHubProofHeader(const net::FrameHeader& h);
 
 }  // namespace rackhub::server

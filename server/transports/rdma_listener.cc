@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -41,6 +42,10 @@ struct RdmaListener::Pending {
   std::unique_ptr<asio::steady_timer> timer;
   std::string peer;
   uint32_t lane = 0;  // from the connect request's private data
+  // A hub link between its HUB_HELLO and HUB_PROOF: the checked hello and
+  // the handshake.
+  std::optional<data::v1::HubHello> hub_hello;
+  std::unique_ptr<HubAcceptor> hub;
 };
 
 RdmaListener::RdmaListener(const Config& config, Registry* registry, LaneSet* lanes)
@@ -315,7 +320,12 @@ void RdmaListener::OnConnectRequest(rdma_cm_id* id, const void* private_data, si
   p->timer = std::make_unique<asio::steady_timer>(
       thread_.io(), std::chrono::milliseconds(config_.data.hello_timeout_ms));
   p->timer->async_wait([this, key](boost::system::error_code ec) {
-    if (!ec) Refuse(key, WireError::kMalformed, "hello: no HELLO within data.hello_timeout_ms");
+    if (ec) return;
+    const auto it = pending_.find(key);
+    const bool hub = it != pending_.end() && it->second->hub;
+    Refuse(key, WireError::kMalformed,
+           hub ? "hub link: the handshake did not finish within data.hello_timeout_ms"
+               : "hello: no HELLO within data.hello_timeout_ms");
   });
   pending_[key] = std::move(p);
   rdma::Channel::Callbacks cb;
@@ -352,6 +362,9 @@ void RdmaListener::Refuse(uint64_t key, WireError code, const std::string& text)
 
 void RdmaListener::OnFirstFrame(uint64_t key, const FrameHeader& h,
                                 std::span<const std::byte> payload) {
+  const auto it = pending_.find(key);
+  if (it == pending_.end()) return;
+  if (it->second->hub) return OnHubProof(key, h, payload);
   if (h.opcode == Opcode::kHubHello) return OnHubHello(key, h, payload);
   OnHello(key, h, payload);
 }
@@ -391,24 +404,29 @@ void RdmaListener::OnHello(uint64_t key, const FrameHeader& h, std::span<const s
            });
 }
 
+namespace {
+
+WireError HubLinkCode(const Status& s) {
+  return s.code() == StatusCode::kUnauthenticated ? WireError::kUnauthenticated
+                                                  : WireError::kInvalidArgument;
+}
+
+}  // namespace
+
 void RdmaListener::OnHubHello(uint64_t key, const FrameHeader& h,
                               std::span<const std::byte> payload) {
   const auto it = pending_.find(key);
   if (it == pending_.end()) return;
-  const auto fail = [&](const Status& s) {
-    Refuse(key,
-           s.code() == StatusCode::kUnauthenticated ? WireError::kUnauthenticated
-                                                     : WireError::kInvalidArgument,
-           "hub link: " + s.message());
-  };
+  const auto fail = [&](const Status& s) { Refuse(key, HubLinkCode(s), "hub link: " + s.message()); };
   const auto& topo = config_.topology;
   if (!topo.multi_rack_exchange()) {
     return fail(InvalidArgument("this hub does not exchange with other racks"));
   }
-  if (Status s = CheckHubHelloHeader(h); !s.ok()) return fail(s);
-  // The same checks as the TCP acceptor.
-  Result<data::v1::HubHello> hello =
-      CheckHubHello(payload, topo, plane_->hub_secret(), lanes_->size());
+  if (Status s = CheckHubHelloHeader(h); !s.ok()) {
+    return Refuse(key, WireError::kMalformed, "hub link: " + s.message());
+  }
+  // The same checks and handshake as the TCP acceptor.
+  Result<data::v1::HubHello> hello = CheckHubHello(payload, topo, lanes_->size());
   if (!hello.ok()) return fail(hello.status());
   Pending& p = *it->second;
   if (hello->lane() != p.lane) {
@@ -416,16 +434,43 @@ void RdmaListener::OnHubHello(uint64_t key, const FrameHeader& h,
                                 ", the RDMA connection was set up for lane " +
                                 std::to_string(p.lane)));
   }
+  p.hub = std::make_unique<HubAcceptor>(plane_->hub_secret(), topo.rack);
+  Result<std::string> challenge = p.hub->OnHello(*hello);
+  if (!challenge.ok()) return fail(challenge.status());
+  p.hub_hello = *std::move(hello);
+  FrameHeader c;
+  c.opcode = Opcode::kHubChallenge;
+  rdma::OutgoingFrame f;
+  f.owned = *std::move(challenge);
+  c.payload_bytes = static_cast<uint32_t>(f.owned.size());
+  net::EncodeHeader(c, f.header);
+  p.channel->Send(std::move(f));
+}
+
+void RdmaListener::OnHubProof(uint64_t key, const FrameHeader& h,
+                              std::span<const std::byte> payload) {
+  const auto it = pending_.find(key);
+  if (it == pending_.end()) return;
+  const auto fail = [&](const Status& s) { Refuse(key, HubLinkCode(s), "hub link: " + s.message()); };
+  if (Status s = CheckHubProofHeader(h); !s.ok()) {
+    return Refuse(key, WireError::kMalformed, "hub link: " + s.message());
+  }
+  Pending& p = *it->second;
+  Result<std::string> accept = p.hub->OnProof(payload);
+  if (!accept.ok()) return fail(accept.status());
   net::ConnectionIdentity id;
   id.hub = true;
-  id.rack = hello->rack();
-  id.lane = hello->lane();
+  id.rack = p.hub_hello->rack();
+  id.lane = p.hub_hello->lane();
   id.peer = "rdma:" + p.peer;
   const uint32_t lane = id.lane;  // read before the capture below moves id
   HandOver(key, lane,
-           [id = std::move(id)](Lane& target, std::shared_ptr<rdma::Channel> ch) mutable {
+           [id = std::move(id), accept = *std::move(accept)](
+               Lane& target, std::shared_ptr<rdma::Channel> ch) mutable {
              target.AdoptHubLink(std::make_shared<rdma::RdmaConnection>(
-                 target.hub_handler(), std::move(ch), std::move(id), &target.io()));
+                                     target.hub_handler(), std::move(ch), std::move(id),
+                                     &target.io()),
+                                 std::move(accept));
            });
 }
 

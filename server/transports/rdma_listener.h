@@ -6,9 +6,12 @@
 // cannot tell it from TCP.
 //  - HELLO (a worker): the same checks as the TCP acceptor (hello_check.h),
 //    then Lane::AdoptWorker with the lane's worker handler.
-//  - HUB_HELLO (another rack's hub, hierarchical topology): the hub secret,
+//  - HUB_HELLO (another rack's hub, hierarchical topology): hub-link version,
 //    rack and lane counts (CheckHubHello), the lane must be the one the
-//    connect request named; then Lane::AdoptHubLink with the hub handler.
+//    connect request named; then the challenge-response (hub_handshake.h:
+//    HUB_CHALLENGE sent here, HUB_PROOF checked here, within
+//    data.hello_timeout_ms like a HELLO); then Lane::AdoptHubLink with the
+//    hub handler and the HUB_ACCEPT the lane sends first.
 //
 // Addresses. Workers connect to data.rdma_listen (default: data.listen's host,
 // port rdma::kDefaultRdmaPort). In a hierarchical topology the listener also
@@ -106,10 +109,13 @@ class RdmaListener {
   void WatchEvents();
   void OnEvents();
   void OnConnectRequest(rdma_cm_id* id, const void* private_data, size_t bytes);
-  // The first frame of a connection: HELLO or HUB_HELLO.
+  // The first frame of a connection (HELLO or HUB_HELLO), or a hub link's
+  // HUB_PROOF.
   void OnFirstFrame(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
   void OnHello(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
   void OnHubHello(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
+  // The second frame of a hub link (after HUB_CHALLENGE went out).
+  void OnHubProof(uint64_t key, const net::FrameHeader& h, std::span<const std::byte> payload);
   // An authenticated connection (pending_[key]) goes to lane id.lane: it is
   // no longer watched here, and once the completion being handled is done
   // (the channel updates its ring state when on_frame returns) `adopt` runs

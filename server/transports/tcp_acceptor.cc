@@ -1,6 +1,7 @@
 #include "tcp_acceptor.h"
 
 #include <netinet/in.h>
+#include <optional>
 #include <cerrno>
 #include <netinet/tcp.h>
 #include <unistd.h>
@@ -53,34 +54,50 @@ Status ListenOn(tcp::acceptor& acceptor, const net::Endpoint& ep, const std::str
 
 }  // namespace
 
-// Reads and checks a HUB_HELLO on the acceptor thread, then hands the link
-// to the lane it names.
+// Runs the accepting side of a hub link's handshake on the acceptor thread
+// (hub_handshake.h): reads and checks HUB_HELLO, writes HUB_CHALLENGE, reads
+// and checks HUB_PROOF, then hands the link to the lane it names, which sends
+// HUB_ACCEPT first. The whole handshake must finish within
+// data.hello_timeout_ms. A refusal is a fatal ERROR naming the problem (and
+// a rate-limited warning here); nothing after the refused frame is read.
 class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHelloSession> {
  public:
   HubHelloSession(TcpAcceptor* acceptor, tcp::socket socket)
-      : acceptor_(acceptor), socket_(std::move(socket)), timer_(socket_.get_executor()) {
+      : acceptor_(acceptor),
+        socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        auth_(acceptor->plane_->hub_secret(), acceptor->plane_->config().topology.rack) {
     ++acceptor_->unauthenticated_hubs_;
   }
   ~HubHelloSession() { --acceptor_->unauthenticated_hubs_; }
 
   void Start() {
     peer_ = PeerName(socket_);
-    timer_.expires_after(
-        std::chrono::milliseconds(acceptor_->plane_->config().data.hello_timeout_ms));
-    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
-      if (!e) self->Close("no HUB_HELLO in time");
+    const uint32_t timeout_ms = acceptor_->plane_->config().data.hello_timeout_ms;
+    timer_.expires_after(std::chrono::milliseconds(timeout_ms));
+    timer_.async_wait([self = shared_from_this(), timeout_ms](const boost::system::error_code& e) {
+      if (!e) {
+        self->Refuse(WireError::kMalformed,
+                     "the handshake did not finish within data.hello_timeout_ms (" +
+                         std::to_string(timeout_ms) + " ms)");
+      }
     });
+    ReadHeader();
+  }
+
+ private:
+  void ReadHeader() {
     asio::async_read(socket_, asio::buffer(header_),
                      [self = shared_from_this()](const boost::system::error_code& e, size_t) {
                        self->OnHeader(e);
                      });
   }
 
- private:
   void OnHeader(const boost::system::error_code& ec) {
     if (ec) return Close(ec.message());
     const FrameHeader h = net::DecodeHeader(header_);
-    if (Status s = CheckHubHelloHeader(h); !s.ok()) return Close(s.message());
+    const Status s = hello_ ? CheckHubProofHeader(h) : CheckHubHelloHeader(h);
+    if (!s.ok()) return Refuse(WireError::kMalformed, s.message());
     payload_.resize(h.payload_bytes);
     asio::async_read(socket_, asio::buffer(payload_),
                      [self = shared_from_this()](const boost::system::error_code& e, size_t) {
@@ -90,36 +107,95 @@ class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHell
 
   void OnPayload(const boost::system::error_code& ec) {
     if (ec) return Close(ec.message());
+    if (!hello_) return OnHello();
+    OnProof();
+  }
+
+  void OnHello() {
     DataPlane* plane = acceptor_->plane_;
-    Result<data::v1::HubHello> hello = CheckHubHello(payload_, plane->config().topology,
-                                                     plane->hub_secret(), plane->lane_count());
-    if (!hello.ok()) return Close(hello.status().message());
+    Result<data::v1::HubHello> hello =
+        CheckHubHello(payload_, plane->config().topology, plane->lane_count());
+    if (!hello.ok()) return Refuse(CodeOf(hello.status()), hello.status().message());
+    Result<std::string> challenge = auth_.OnHello(*hello);
+    if (!challenge.ok()) return Refuse(CodeOf(challenge.status()), challenge.status().message());
+    hello_ = *std::move(hello);
+    Write(Opcode::kHubChallenge, *std::move(challenge), false);
+  }
+
+  void OnProof() {
+    Result<std::string> accept = auth_.OnProof(payload_);
+    if (!accept.ok()) return Refuse(CodeOf(accept.status()), accept.status().message());
     timer_.cancel();
     net::ConnectionIdentity id;
     id.hub = true;
-    id.rack = hello->rack();
-    id.lane = hello->lane();
+    id.rack = hello_->rack();
+    id.lane = hello_->lane();
     id.peer = peer_;
-    acceptor_->MoveToLane(std::move(socket_), id.lane, [id](Lane& lane, tcp::socket s) {
-      lane.AdoptHubLink(
-          std::make_shared<net::tcp::TcpConnection>(lane.hub_handler(), std::move(s), id));
-    });
+    acceptor_->MoveToLane(
+        std::move(socket_), id.lane,
+        [id, accept = *std::move(accept)](Lane& lane, tcp::socket s) mutable {
+          lane.AdoptHubLink(
+              std::make_shared<net::tcp::TcpConnection>(lane.hub_handler(), std::move(s), id),
+              std::move(accept));
+        });
   }
 
+  static WireError CodeOf(const Status& s) {
+    return s.code() == StatusCode::kUnauthenticated ? WireError::kUnauthenticated
+                                                    : WireError::kInvalidArgument;
+  }
+
+  // Writes one frame; `last`: then closes (a refusal), else reads the next.
+  void Write(Opcode op, std::string body, bool last) {
+    FrameHeader h;
+    h.opcode = op;
+    if (last) h.flags = net::kFlagFatal;
+    h.payload_bytes = static_cast<uint32_t>(body.size());
+    net::EncodeHeader(h, out_header_);
+    out_body_ = std::move(body);
+    std::array<asio::const_buffer, 2> buffers = {asio::buffer(out_header_),
+                                                 asio::buffer(out_body_)};
+    asio::async_write(socket_, buffers,
+                      [self = shared_from_this(), last](const boost::system::error_code& e,
+                                                        size_t) {
+                        if (last || e) return self->Close(e ? e.message() : "");
+                        self->ReadHeader();
+                      });
+  }
+
+  // A refusal: logged (rate-limited), a fatal ERROR naming it to the peer,
+  // then closed (the timer still bounds the write).
+  void Refuse(WireError code, const std::string& why) {
+    if (refused_ || !socket_.is_open()) return Close("");
+    refused_ = true;
+    acceptor_->warnings_.Warn("rack link: refused a hub link from " + peer_ + ": " + why);
+    Write(Opcode::kError, net::EncodeErrorBody(code, "hub link: " + why), true);
+  }
+
+  // Closes; `why`: a transport error not logged yet (the peer went away).
   void Close(const std::string& why) {
     timer_.cancel();
     if (!socket_.is_open()) return;
-    acceptor_->warnings_.Warn("rack link: refused a hub link from " + peer_ + ": " + why);
+    if (!why.empty() && !refused_) {
+      acceptor_->warnings_.Warn("rack link: a hub link from " + peer_ +
+                                " closed during the handshake: " + why);
+    }
     boost::system::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
   }
 
   TcpAcceptor* acceptor_;
   tcp::socket socket_;
   asio::steady_timer timer_;
+  HubAcceptor auth_;
+  std::optional<data::v1::HubHello> hello_;  // once checked
+  bool refused_ = false;
   std::string peer_;
   std::array<std::byte, net::kHeaderBytes> header_{};
   std::vector<std::byte> payload_;
+  std::array<std::byte, net::kHeaderBytes> out_header_{};
+  std::string out_body_;
 };
 
 TcpAcceptor::TcpAcceptor(DataPlane* plane) : plane_(plane) {

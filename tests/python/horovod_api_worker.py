@@ -601,6 +601,65 @@ def joins(rank, size):
           str(last))
 
 
+def joins_with_optimizer(rank, size, hub):
+    """DistributedOptimizer steps while ranks are joined: rank r has r + 1
+    batches, then joins; the others' steps count the joined ranks' gradients
+    as zeros (Average divides by size()). Each rank's parameters are
+    compared with a single-process reference that applies the same steps:
+    mean over size() of the active ranks' gradients (float64), SGD."""
+    lr = 0.1
+    torch.manual_seed(7)
+    model = torch.nn.Linear(5, 3)
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
+                                   named_parameters=[(f"jo{int(hub)}.{n}", p) for n, p in
+                                                     model.named_parameters()],
+                                   hub_optimizer=hub)
+
+    def batch(r, step):
+        return inp(r, 300 + step, (4, 5), torch.float32)
+
+    for step in range(rank + 1):
+        opt.zero_grad()
+        model(batch(rank, step)).pow(2).sum().backward()
+        opt.step()
+    last = hvd.join()
+    # The reference: the same model in float64, stepped on every step any
+    # rank took; this rank's parameters are the reference's after its own
+    # rank + 1 steps.
+    ref = torch.nn.Linear(5, 3).to(torch.float64)
+    with torch.no_grad():
+        for q, p0 in zip(ref.parameters(), start):
+            q.copy_(p0.to(torch.float64))
+    mine = None
+    for step in range(size):
+        grads = [torch.zeros_like(q) for q in ref.parameters()]
+        for r in range(size):
+            if step > r:
+                continue  # joined: zeros
+            ref.zero_grad()
+            ref(batch(r, step).to(torch.float64)).pow(2).sum().backward()
+            grads = [g + q.grad for g, q in zip(grads, ref.parameters())]
+        with torch.no_grad():
+            for q, g in zip(ref.parameters(), grads):
+                q -= lr * g / size
+        if step == rank:
+            mine = [q.detach().clone() for q in ref.parameters()]
+    worst = max(float((p.detach().to(torch.float64) - q).abs().max())
+                for p, q in zip(model.parameters(), mine))
+    mode = "hub-side SGD" if hub else "local SGD"
+    check(f"join with DistributedOptimizer ({mode}): each rank's parameters equal the "
+          f"reference that counts joined ranks as zeros", worst < 1e-5, f"max diff {worst}")
+    check(f"join with DistributedOptimizer ({mode}) returns the last rank", last == size - 1,
+          str(last))
+    # After join every rank steps again, all of them active: a plain step.
+    opt.zero_grad()
+    model(batch(rank, 50)).pow(2).sum().backward()
+    opt.step()
+    check(f"after join, DistributedOptimizer ({mode}) steps again",
+          opt.skipped_steps == 0, f"skipped {opt.skipped_steps}")
+
+
 def autograd(rank, size):
     """Gradients of L = sum over ranks of each rank's (result * w_rank).sum()
     (every rank runs backward), against references from the inputs."""
@@ -822,6 +881,8 @@ def main():
         grouped(rank, size)
         alltoall_and_reducescatter(rank, size)
         joins(rank, size)
+        joins_with_optimizer(rank, size, hub=False)
+        joins_with_optimizer(rank, size, hub=True)
         elementwise_reductions(rank, size)
         elementwise_joins(rank, size)
         autograd(rank, size)

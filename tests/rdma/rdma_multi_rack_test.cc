@@ -12,9 +12,10 @@
 //    WORKER_LOST within seconds (link lost), and later updates too (the
 //    RDMA reconnects fail, the queued frames are given up); then the hub still
 //    shuts down promptly while its lanes keep trying to reconnect.
-// And the RDMA listener's HUB_HELLO checks, with a raw rdma::Channel playing
-// the other hub: a wrong secret, or a HUB_HELLO naming another lane than the
-// connect request, is refused with a fatal ERROR; a right one is adopted.
+// And the RDMA listener's hub-link handshake, with a raw rdma::Channel playing
+// the other hub: a HUB_PROOF under a wrong secret, or a HUB_HELLO naming
+// another lane than the connect request, is refused with a fatal ERROR; a
+// right one gets HUB_ACCEPT with the hub's proof and is adopted.
 // Needs a verbs device (natively, or the Soft-RoCE VM of tests/rdma/run.sh);
 // without one the case is SKIPPED, never passed.
 #include <arpa/inet.h>
@@ -43,6 +44,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "hub_link_auth.h"
 #include "process.h"
 #include "rdma_env.h"
 #include "wait.h"
@@ -375,7 +377,8 @@ TEST(RdmaMultiRackTest, HubLinksOverRdmaGiveTheFlatBitsAndFailFastWhenAHubDies) 
   std::filesystem::remove_all(dir, ec);
 }
 
-// A raw RDMA connection to a hub, sending a HUB_HELLO as rack 1's hub would.
+// A raw RDMA connection to a hub, opening a hub link as rack 1's hub would
+// (the handshake of tests/support/hub_link_auth.h under `secret`).
 struct RawHubLink {
   std::shared_ptr<rdma::Channel> channel;
   boost::asio::io_context io;
@@ -384,8 +387,21 @@ struct RawHubLink {
   std::string error_text;
   int errors = 0;
   bool fatal = false;
+  bool accepted = false;        // a HUB_ACCEPT came
+  bool accept_matches = false;  // ... carrying the reference acceptor proof
+  std::string mine, theirs;     // the nonces
 
-  // Connects for `connect_lane` and sends HUB_HELLO(rack 1 of 2, `hello_lane`, `secret`).
+  void SendFrame(net::Opcode op, std::string payload) {
+    net::FrameHeader h;
+    h.opcode = op;
+    rdma::OutgoingFrame f;
+    f.owned = std::move(payload);
+    h.payload_bytes = static_cast<uint32_t>(f.owned.size());
+    net::EncodeHeader(h, f.header);
+    channel->Send(std::move(f));
+  }
+
+  // Connects for `connect_lane` and opens a link as rack 1 of 2, `hello_lane`.
   void Run(const std::string& to, uint32_t connect_lane, uint32_t hello_lane,
            const std::string& secret) {
     const auto ep = net::ParseEndpoint(to);
@@ -396,8 +412,27 @@ struct RawHubLink {
         *ep, connect_lane, o, std::chrono::steady_clock::now() + kConnectTimeout);
     ASSERT_TRUE(connected.ok()) << connected.status().message();
     channel = *std::move(connected);
+    const testing::HubLinkRef link{1, 0, hello_lane, kRacks, kLanes};
+    mine = testing::RandomNonce();
     rdma::Channel::Callbacks cb;
-    cb.on_frame = [this](const net::FrameHeader& h, std::span<const std::byte> payload) {
+    cb.on_frame = [this, link, secret](const net::FrameHeader& h,
+                                       std::span<const std::byte> payload) {
+      const std::string bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
+      if (h.opcode == net::Opcode::kHubChallenge) {
+        data::v1::HubChallenge c;
+        c.ParseFromString(bytes);
+        theirs = c.nonce();
+        SendFrame(net::Opcode::kHubProof,
+                  testing::ProofPayload(testing::RefHubProof(secret, true, mine, theirs, link)));
+        return;
+      }
+      if (h.opcode == net::Opcode::kHubAccept) {
+        data::v1::HubProof p;
+        p.ParseFromString(bytes);
+        accepted = true;
+        accept_matches = p.proof() == testing::RefHubProof(secret, false, mine, theirs, link);
+        return;
+      }
       if (h.opcode != net::Opcode::kError) return;
       ++errors;
       fatal = (h.flags & net::kFlagFatal) != 0;
@@ -408,19 +443,7 @@ struct RawHubLink {
     };
     cb.on_closed = [this](const std::string&) { closed = true; };
     channel->Attach(io, std::move(cb));
-    data::v1::HubHello hello;
-    hello.set_rack(1);
-    hello.set_lane(hello_lane);
-    hello.set_secret(secret);
-    hello.set_racks(kRacks);
-    hello.set_lanes(kLanes);
-    net::FrameHeader h;
-    h.opcode = net::Opcode::kHubHello;
-    rdma::OutgoingFrame f;
-    f.owned = hello.SerializeAsString();
-    h.payload_bytes = static_cast<uint32_t>(f.owned.size());
-    net::EncodeHeader(h, f.header);
-    channel->Send(std::move(f));
+    SendFrame(net::Opcode::kHubHello, testing::HubHelloPayload(link, mine));
   }
   // Runs the channel until closed or `limit`.
   void RunFor(std::chrono::milliseconds limit) {
@@ -477,6 +500,8 @@ TEST(RdmaMultiRackTest, HubHelloIsCheckedOverRdma) {
     good.RunFor(3s);  // adopted: stays open, no ERROR
     EXPECT_FALSE(good.closed);
     EXPECT_EQ(good.errors, 0) << good.error_text;
+    EXPECT_TRUE(good.accepted) << "the hub answers a right HUB_PROOF with HUB_ACCEPT";
+    EXPECT_TRUE(good.accept_matches) << "... carrying its proof of the secret";
     const auto deadline = std::chrono::steady_clock::now() + 20s;
     while (hub.daemon->Log().find("lane 1 accepted rack 1's hub from rdma:") == std::string::npos &&
            std::chrono::steady_clock::now() < deadline) {

@@ -26,6 +26,9 @@ class Context:
         self.homogeneous = None
         self.executor = None  # handles.Executor
         self.keys = {}  # (purpose, name, ...) -> key id of the helper keys of collectives
+        # DistributedOptimizer engines by their join id (weak references), for
+        # a joined rank that pushes zeros for the others' steps (join.py).
+        self.optimizers = {}
 
 
 def install(ctx):

@@ -23,7 +23,7 @@ _BAD = -2
 KINDS = {1: "allreduce", 2: "allgather", 3: "broadcast", 4: "barrier",
          5: "broadcast_object", 6: "allgather_object", 7: "broadcast_parameters",
          8: "grouped_allreduce", 9: "grouped_allgather", 10: "alltoall", 11: "reducescatter",
-         12: "join", 13: "grouped_reducescatter"}
+         12: "join", 13: "grouped_reducescatter", 14: "optimizer_step"}
 CODE = {v: k for k, v in KINDS.items()}
 
 _DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -51,7 +51,7 @@ def crc(value):
 
 # What runs while ranks are joined (join.py); every rank's values of such an
 # op are None for the joined ranks.
-JOINABLE = ("allreduce", "grouped_allreduce", "allgather")
+JOINABLE = ("allreduce", "grouped_allreduce", "allgather", "optimizer_step")
 
 
 def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None, joinable=False):

@@ -14,15 +14,17 @@ the others' op sees it (agree.open_op) and runs with it when the op is
 joinable, and raises MismatchError on every active rank otherwise (e.g. a
 broadcast while a rank is joined). The joined rank reads the active ranks'
 headers and, when they agree on a joinable op, sends zeros in the op's
-data rounds. DistributedOptimizer pushes to keys of its own, not through
-these ops: its steps do not run while a rank is joined.
+data rounds. DistributedOptimizer steps open with a header round of their
+own (kind "optimizer_step", optimizer.py): a joined rank answers it by
+pushing zeros to every key of its optimizer with the same join id.
 
 Thread use: any thread; the op runs on the executor's thread.
 """
 import torch
 
-from . import agree, rounds
+from . import _context, agree, rounds
 from .collectives import ELEMENTWISE, IDENTITY, OP_OF_CODE, submit, wire
+from .errors import MismatchError
 from .handles import synchronize
 
 _JOIN = agree.CODE["join"]
@@ -38,6 +40,9 @@ def _join_run():
             return max(r for r, e in enumerate(every) if e[4] == least)
         waited += 1
         kind = agree.KINDS.get(active[0][0])
+        if kind == "optimizer_step" and len({tuple(e) for e in active}) == 1:
+            _optimizer_step(active[0][4])
+            continue
         if len({e[0] for e in active}) != 1 or kind not in agree.JOINABLE:
             continue  # the active ranks raise MismatchError: no data rounds follow
         if kind == "allgather":  # the rows of each may differ; the rest must agree
@@ -60,6 +65,18 @@ def _join_run():
         rest = numel - rounds.capacity()
         if rest > 0:
             rounds.reduce(torch.zeros(rest, dtype=torch.float32), "allreduce", wire(dtype))
+
+
+def _optimizer_step(join_id):
+    """The active ranks step the DistributedOptimizer `join_id`: zeros to its
+    keys from this rank."""
+    ref = _context.need().optimizers.get(join_id)
+    sync = ref() if ref is not None else None
+    if sync is None:
+        raise MismatchError(f"join: the other ranks step a DistributedOptimizer (join id "
+                            f"{join_id}) that this rank does not have; create the same "
+                            f"optimizer over the same parameters on every rank")
+    sync.push_zeros()
 
 
 def join(device=-1):

@@ -45,6 +45,14 @@ How a step works:
   every ticket first. Do not modify `.grad` between backward and step(). To
   clip gradients in local mode: opt.synchronize(), clip, then
   `with opt.skip_synchronize(): opt.step()`.
+- join(): every synchronize() (so every step) opens with a header round
+  (agree.py, kind "optimizer_step", carrying the optimizer's join id: a
+  digest of its key names) after the step's pushes are out. A rank that
+  called join() sees it and pushes zeros to every key of its optimizer with
+  the same join id (push_zeros), so the others' step completes with the
+  joined ranks counted as zeros (Average divides by size(), as Horovod
+  does). Embedding tables cannot step while a rank is joined: the active
+  ranks wait for the dense keys, then raise MismatchError.
 - Failures raise rackhub.RackhubError from step()/synchronize(); nothing
   waits forever. A step whose PushPull raised RolledBack (a restarted hub
   reloaded an older checkpoint) or WorkerLost (another rank died) is, with
@@ -66,8 +74,11 @@ import weakref
 
 import torch
 
-from . import _context
+from . import _context, agree
 from .._core import RackhubError, RolledBack, WorkerLost
+from .collectives import submit
+from .errors import MismatchError
+from .handles import synchronize as wait_op
 from .embedding import DEFAULT_INIT, Tables, table_spec_of_group, tables_of
 from .compression import Compression, compression_of
 from .hub_specs import Average, HubOptimizer, reduction_of, spec_of_group
@@ -204,6 +215,11 @@ class _Sync:
             # Hub-side: the first push of every key sends the group's spec
             # (an existing key keeps the optimizer it was declared with).
             self.slots.append(_Slot(name, p, key, None if hub else spec, spec["type"]))
+        # The join id: a digest of the key names (the same optimizer over the
+        # same parameters on every rank has the same one).
+        self.join_id = agree.crc(tuple(sorted(self.c.key_info(s.key)["name"]
+                                              for s in self.slots)))
+        ctx.optimizers[self.join_id] = weakref.ref(self)
         names = {id(s.param) for s in self.slots} | table_ids
         unnamed = [p for p in group_of if p.requires_grad and id(p) not in names]
         if unnamed:
@@ -326,7 +342,16 @@ class _Sync:
         for s in self.slots:
             if s.ticket is None:
                 self.push(s)
+        joined = self.step_round()
         tables = self.tables
+        if joined and tables is not None:
+            for s in self.slots:  # the joined ranks pushed zeros for these
+                t, s.ticket = s.ticket, None
+                s.passes = 0
+                self.c.wait(t)
+            raise MismatchError(f"DistributedOptimizer: rank(s) {joined} called join(); an "
+                                f"optimizer with embedding tables cannot step while a rank is "
+                                f"joined (its dense keys were reduced, its tables were not)")
         if tables is not None:
             try:  # every table's push in flight at once, with the dense ones
                 tables.push_all(self.table_spec)
@@ -370,6 +395,45 @@ class _Sync:
         if tables is not None:
             tables.take_replies()
         self.synchronized = True
+
+    def step_round(self):
+        """The step's header round (join(), above): returns the ranks that
+        are joined. Raises MismatchError on every rank when the ranks step
+        different optimizers or run another collective at this point."""
+        if self.ctx.size == 1:
+            return []
+
+        # The op must not hold this engine (the executor may keep it a while;
+        # the engine goes with its optimizer).
+        fields = [self.join_id, len(self.slots), int(self.tables is not None)]
+
+        def run():
+            every, _ = agree.open_op("optimizer_step", None, fields, joinable=True)
+            agree.same("optimizer_step", every, 0,
+                       "optimizers (DistributedOptimizer over other parameters or key names)",
+                       mine=f"join id {fields[0]}")
+            return [r for r, e in enumerate(every) if e is None]
+
+        try:
+            return wait_op(submit("optimizer_step", None, run))
+        except BaseException:
+            for s in self.slots:  # their pushes cannot be matched: forget them
+                s.ticket = None
+                s.passes = 0
+            raise
+
+    def push_zeros(self):
+        """A joined rank's part in the others' step: zeros to every key
+        (join.py). The replies are dropped: a joined rank's model is not
+        updated (as in Horovod)."""
+        c = self.c
+        if any(s.ticket is not None for s in self.slots):
+            raise RuntimeError("rackhub: join() while this rank's DistributedOptimizer has "
+                               "gradients in flight; call step() before join()")
+        zeros = [torch.zeros(s.param.shape, dtype=torch.float32) for s in self.slots]
+        tickets = [c.push_pull(s.key, _np(z), _np(s.spare)) for s, z in zip(self.slots, zeros)]
+        for t in tickets:
+            c.wait(t)
 
     def table_spec(self, t):
         """The hub spec of table `t`'s param group now."""

@@ -32,7 +32,9 @@
 //   C->S HEARTBEAT                             S->C HEARTBEAT
 //   C->S BYE                                   (server closes quietly)
 //   Hub links (one TCP connection per (hub, peer hub, lane), lane i to lane i):
-//   HUB_HELLO, then KEY_BIND before a key's first chunk, then RACK_SUM (to
+//   HUB_HELLO, HUB_CHALLENGE, HUB_PROOF, HUB_ACCEPT (mutual challenge-response
+//   over the hub secret, which never travels), then KEY_BIND before a key's
+//   first chunk, then RACK_SUM (to
 //   the chunk's home) and RACK_PARAMS (from it). Tenant and key ids in these
 //   frames are the sender's; KEY_BIND maps them to the receiver's.
 //   S->C ERROR(payload: ErrorBody: u32 code + UTF-8 text), request_id of the
@@ -87,8 +89,12 @@ enum class Opcode : uint8_t {
   kPushRows = 18,  // rows pushed for `iteration` + the row ids wanted back
   kRows = 19,      // the hub's rows (key dtype) answering PUSH_ROWS / PULL_ROWS
   kPullRows = 20,  // row ids wanted now, no contribution
+  // Hub-link authentication (docs/wire-protocol.md, section 7), after HUB_HELLO:
+  kHubChallenge = 21,  // acceptor -> opener: control.proto HubChallenge (its nonce)
+  kHubProof = 22,      // opener -> acceptor: HubProof (the opener's HMAC)
+  kHubAccept = 23,     // acceptor -> opener: HubProof (the acceptor's HMAC); link up
 };
-inline constexpr uint8_t kMaxOpcode = 20;
+inline constexpr uint8_t kMaxOpcode = 23;
 
 enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }
