@@ -5,8 +5,9 @@
 // every wire type. Results are compared with a reference computed here from
 // the inputs (rank order, fp32, the wire type's rounding; the rules of
 // kernels.h written independently). Also: what is refused (an optimizer with
-// min, top-k with max, an unknown name) and that `rackhubctl key get` shows
-// the reduction, also after a restart of the hub on the same state.
+// min, top-k with max, an unknown name, a reduction change) and that
+// `rackhubctl key get` shows the reduction, also after a restart of the hub
+// on the same state; the C ABI's RACKHUB_REDUCTION_MAX and a bad value.
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "hub_under_test.h"
 #include "process.h"
 #include "rackhub/client/client.h"
+#include "rackhub/client/rackhub_c.h"
 
 namespace rackhub {
 namespace {
@@ -289,6 +291,75 @@ TEST_F(ReductionTest, ReductionSurvivesARestart) {
       ASSERT_EQ(std::bit_cast<uint32_t>(out[1][i]), std::bit_cast<uint32_t>(want)) << i;
     }
   }
+}
+
+// The C ABI: RACKHUB_REDUCTION_MAX on a sum-only key reduces element-wise
+// (two ranks, asynchronous push_pulls); a value that is none of
+// RACKHUB_REDUCTION_* is refused, naming the field.
+TEST_F(ReductionTest, CApiMaxAndAnUnknownValue) {
+  const auto created = Ctl({"tenant", "create", "capi", "--workers", "2", "--chunk-bytes",
+                            std::to_string(kChunkBytes)});
+  ASSERT_EQ(created.exit_code, 0) << created.out << created.err;
+  const std::string label = "data-plane token:";
+  const auto at = created.out.find(label);
+  ASSERT_NE(at, std::string::npos) << created.out;
+  std::string token =
+      created.out.substr(at + label.size(), created.out.find('\n', at) - at - label.size());
+  token.erase(0, token.find_first_not_of(" \t"));
+  token.erase(token.find_last_not_of(" \t\r") + 1);
+  const std::string hub = hub_->data_address();
+  rackhub_client* c[2] = {nullptr, nullptr};
+  for (uint32_t r = 0; r < 2; ++r) {
+    rackhub_options o{};
+    o.hub = hub.c_str();
+    o.tenant = "capi";
+    o.token = token.c_str();
+    o.rank = r;
+    char err[256] = "";
+    ASSERT_EQ(rackhub_connect(&o, &c[r], err, sizeof err), RACKHUB_OK) << err;
+  }
+  rackhub_optimizer max{};
+  max.type = "sum-only";
+  max.reduction = RACKHUB_REDUCTION_MAX;
+  constexpr uint64_t kN = 600;
+  uint32_t key[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(rackhub_declare_key(c[r], "m", kN, RACKHUB_BF16, &max, RACKHUB_INIT_ZEROS, &key[r]),
+              RACKHUB_OK)
+        << rackhub_last_error(c[r]);
+  }
+  std::vector<float> in[2] = {std::vector<float>(kN), std::vector<float>(kN)};
+  std::vector<float> out[2] = {std::vector<float>(kN), std::vector<float>(kN)};
+  uint64_t ticket[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    for (uint64_t i = 0; i < kN; ++i) in[r][i] = Input(r, 4, i);
+    ASSERT_EQ(rackhub_push_pull_async(c[r], key[r], in[r].data(), out[r].data(), kN, &ticket[r]),
+              RACKHUB_OK);
+  }
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(rackhub_wait(c[r], ticket[r]), RACKHUB_OK) << rackhub_last_error(c[r]);
+  }
+  for (uint64_t i = 0; i < kN; ++i) {
+    const float want = Narrow(DType::kBf16, Combine("max", Narrow(DType::kBf16, in[0][i]),
+                                                    Narrow(DType::kBf16, in[1][i])));
+    for (uint32_t r = 0; r < 2; ++r) {
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(out[r][i])) << i;
+      } else {
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[r][i]), std::bit_cast<uint32_t>(want))
+            << i << ": " << out[r][i] << " vs " << want;
+      }
+    }
+  }
+  rackhub_optimizer bad = max;
+  bad.reduction = 7;
+  uint32_t ignored = 0;
+  EXPECT_EQ(rackhub_declare_key(c[0], "n", 10, RACKHUB_FP32, &bad, RACKHUB_INIT_ZEROS, &ignored),
+            RACKHUB_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rackhub_last_error(c[0])).find("optimizer->reduction must be"),
+            std::string::npos)
+      << rackhub_last_error(c[0]);
+  for (rackhub_client* x : c) rackhub_close(x);
 }
 
 }  // namespace
