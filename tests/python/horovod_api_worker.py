@@ -162,6 +162,11 @@ def elementwise_reductions(rank, size):
     ok, detail = raises(lambda: hvd.allreduce(torch.ones(3), op=hvd.Max if rank == 0 else hvd.Min),
                         hvd.MismatchError, "ops (Average, Sum, Min, Max, Product)")
     check("mismatch: allreduce Max on rank 0, Min on the others", ok, detail)
+    lin = torch.nn.Linear(2, 1)
+    ok, detail = raises(lambda: hvd.DistributedOptimizer(
+        torch.optim.SGD(lin.parameters(), lr=0.1), named_parameters=lin.named_parameters(),
+        op=hvd.Min), ValueError, "a DistributedOptimizer averages or sums")
+    check("DistributedOptimizer(op=Min) refused by name", ok, detail)
 
     # grouped_allreduce: each result equals the ungrouped allreduce and the reference.
     shapes = [((3000,), torch.float32), ((10, 5), torch.float16), ((7,), torch.int32),
