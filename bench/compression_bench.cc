@@ -495,7 +495,7 @@ void TopK(const std::string& bin, const Options& o) {
           rc::OptimizerSpec spec;
           spec.type = o.optimizer;
           if (!sum_only) spec.learning_rate = kLr;
-          spec.sum_reduction = o.reduction == "sum";
+          spec.reduction = o.reduction;
           d.optimizer = spec;
         }
         rc::KeyId id{};

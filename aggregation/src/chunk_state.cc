@@ -130,10 +130,11 @@ void ChunkState::FoldRun(const std::byte* dense, bool first) {
   if (dense) inputs_.push_back(dense);
   auto flush = [&] {
     if (inputs_.empty()) return;
+    const Reduction reduction = optimizer_.reduction;
     if (first) {
-      SumInto(accumulator_.data(), inputs_, elements_, wire_type_);
+      ReduceInto(accumulator_.data(), inputs_, elements_, wire_type_, reduction);
     } else {
-      AccumulateInto(accumulator_.data(), inputs_, elements_, wire_type_);
+      ReduceAccumulateInto(accumulator_.data(), inputs_, elements_, wire_type_, reduction);
     }
     first = false;
     inputs_.clear();
@@ -159,6 +160,9 @@ void ChunkState::FoldRun(const std::byte* dense, bool first) {
 }
 
 bool ChunkState::SparseValid(const SparseView& sparse) const {
+  // Sparse pushes leave out zeros of a sum; min/max/product have no such
+  // zeros (keys with those reductions refuse top-k when declared).
+  if (IsElementwiseReduction(optimizer_.reduction)) return false;
   if (sparse.count > elements_) return false;
   if (sparse.count > 0 && (sparse.indices == nullptr || sparse.values == nullptr)) return false;
   uint32_t prev = 0;
@@ -318,9 +322,15 @@ bool ChunkState::ReduceAndUpdate(std::span<const std::span<const std::byte>> pay
   inputs_.clear();
   for (const auto& p : payloads) inputs_.push_back(p.data());
   const OptimizerStep step = BeginUpdate();
-  SumAndApplyOptimizer(optimizer_, step, inputs_, param_buffer(version_),
-                       writable_params(version_ + 1), state_[0].data(), state_[1].data(),
-                       elements_, wire_type_);
+  if (IsElementwiseReduction(optimizer_.reduction)) {
+    ReduceInto(accumulator_.data(), inputs_, elements_, wire_type_, optimizer_.reduction);
+    ApplyOptimizer(optimizer_, step, accumulator_.data(), param_buffer(version_),
+                   writable_params(version_ + 1), state_[0].data(), state_[1].data(), elements_);
+  } else {
+    SumAndApplyOptimizer(optimizer_, step, inputs_, param_buffer(version_),
+                         writable_params(version_ + 1), state_[0].data(), state_[1].data(),
+                         elements_, wire_type_);
+  }
   FinishUpdate();
   return true;
 }

@@ -3,10 +3,12 @@
 // the per-call optimizer scalars. Compiled for the baseline ISA only.
 #include <cpuid.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string_view>
 
 #include "kernels_internal.h"
@@ -204,6 +206,35 @@ void AccumulateInto(float* acc, std::span<const void* const> inputs, size_t n, E
   if (inputs.empty()) return;
   Table().sum(acc, reinterpret_cast<const Bytes*>(inputs.data()), inputs.size(), n, type, true,
               false);
+}
+
+void ReduceInto(float* dst, std::span<const void* const> inputs, size_t n, ElementType type,
+                Reduction reduction) {
+  if (!IsElementwiseReduction(reduction)) {
+    SumInto(dst, inputs, n, type);
+    return;
+  }
+  if (n == 0) return;
+  if (inputs.empty()) {
+    const float identity = reduction == Reduction::kMin   ? std::numeric_limits<float>::infinity()
+                           : reduction == Reduction::kMax ? -std::numeric_limits<float>::infinity()
+                                                          : 1.0f;
+    std::fill_n(dst, n, identity);
+    return;
+  }
+  Table().combine(dst, reinterpret_cast<const Bytes*>(inputs.data()), inputs.size(), n, type,
+                  false, reduction);
+}
+
+void ReduceAccumulateInto(float* acc, std::span<const void* const> inputs, size_t n,
+                          ElementType type, Reduction reduction) {
+  if (!IsElementwiseReduction(reduction)) {
+    AccumulateInto(acc, inputs, n, type);
+    return;
+  }
+  if (inputs.empty() || n == 0) return;
+  Table().combine(acc, reinterpret_cast<const Bytes*>(inputs.data()), inputs.size(), n, type,
+                  true, reduction);
 }
 
 // ---- Optimizer ----

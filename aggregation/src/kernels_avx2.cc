@@ -15,7 +15,7 @@ RACKHUB_KERNEL_TARGET_BEGIN("avx2,f16c")
 namespace rackhub::aggregation::internal {
 namespace {
 
-struct Avx2 : VectorArith {
+struct Avx2 : VectorArith, VectorMinMax {
   using F = __m256;
   static constexpr KernelPath kPath = KernelPath::kAvx2;
   static constexpr size_t kLanes = 8;

@@ -23,7 +23,7 @@ RACKHUB_KERNEL_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx2,f16c")
 namespace rackhub::aggregation::internal {
 namespace {
 
-struct Avx512 : VectorArith {
+struct Avx512 : VectorArith, VectorMinMax {
   using F = __m512;
   static constexpr KernelPath kPath = KernelPath::kAvx512;
   static constexpr size_t kLanes = 16;

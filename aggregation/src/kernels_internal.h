@@ -43,6 +43,10 @@ struct KernelTable {
   // caller checked size and 64-byte alignment of dst).
   void (*sum)(float* dst, Inputs in, size_t k, size_t n, ElementType type, bool accumulate,
               bool stream);
+  // The same with an element-wise reduction `op` (kMin, kMax or kProduct;
+  // kernels.h, ReduceInto) in place of the addition. Never streams.
+  void (*combine)(float* dst, Inputs in, size_t k, size_t n, ElementType type, bool accumulate,
+                  Reduction op);
   // dst[i] = src[i] narrowed to type (fp16 or bf16).
   void (*narrow)(unsigned char* dst, const float* src, size_t n, ElementType type);
   // s = in[0][i] + ... + in[k-1][i] (k >= 1), then the optimizer step of `p`.

@@ -155,6 +155,59 @@ void SumBlock(float* dst, Inputs in, size_t k, size_t begin, size_t len, Element
   for (size_t j = first; j < k; ++j) add_in(dst, in[j] + offset, len);
 }
 
+// ---- Element-wise min / max / product (kernels.h MinOf, MaxOf, *) ----
+
+struct MinOp {
+  static float Apply(float a, float b) { return MinOf(a, b); }
+};
+struct MaxOp {
+  static float Apply(float a, float b) { return MaxOf(a, b); }
+};
+struct MulOp {
+  static float Apply(float a, float b) { return a * b; }
+};
+
+inline float LoadFp16(const unsigned char* p) { return Fp16ToFloat(LoadU16(p)); }
+inline float LoadBf16(const unsigned char* p) { return Bf16ToFloat(LoadU16(p)); }
+
+template <class Op, float (*Load)(const unsigned char*), size_t kBytes>
+void CombineIn(float* __restrict acc, const unsigned char* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = Op::Apply(acc[i], Load(src + kBytes * i));
+}
+
+template <class Op>
+WidenFn CombineInFor(ElementType type) {
+  switch (type) {
+    case ElementType::kFp16: return CombineIn<Op, LoadFp16, 2>;
+    case ElementType::kBf16: return CombineIn<Op, LoadBf16, 2>;
+    default: return CombineIn<Op, LoadFloat, 4>;
+  }
+}
+
+WidenFn CombineInFor(ElementType type, Reduction op) {
+  switch (op) {
+    case Reduction::kMin: return CombineInFor<MinOp>(type);
+    case Reduction::kMax: return CombineInFor<MaxOp>(type);
+    case Reduction::kProduct: return CombineInFor<MulOp>(type);
+    default: return AddInFor(type);
+  }
+}
+
+void Combine(float* dst, Inputs in, size_t k, size_t n, ElementType type, bool accumulate,
+             Reduction op) {
+  const WidenFn combine_in = CombineInFor(type, op);
+  const size_t bytes = ElementBytes(type);
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t len = n - b < kBlock ? n - b : kBlock;
+    size_t first = 0;
+    if (!accumulate) {
+      CopyInFor(type)(dst + b, in[0] + b * bytes, len);
+      first = 1;
+    }
+    for (size_t j = first; j < k; ++j) combine_in(dst + b, in[j] + b * bytes, len);
+  }
+}
+
 void Sum(float* dst, Inputs in, size_t k, size_t n, ElementType type, bool accumulate,
          bool /*stream*/) {
   for (size_t b = 0; b < n; b += kBlock) {
@@ -208,7 +261,7 @@ void Fused(const OptParams& o, Inputs in, size_t k, ElementType type, const floa
 }  // namespace
 
 const KernelTable& PortableKernels() {
-  static const KernelTable table{KernelPath::kPortable, Sum, Narrow, Fused};
+  static const KernelTable table{KernelPath::kPortable, Sum, Combine, Narrow, Fused};
   return table;
 }
 

@@ -9,9 +9,10 @@
 // (float*, any alignment except Stream: kLanes*4-byte aligned),
 // LoadFp32/LoadFp16/LoadBf16 (wire bytes, any alignment, widened to fp32),
 // StoreFp16/StoreBf16 (narrowed, round to nearest even), Add, Sub, Mul, Div,
-// Sqrt (IEEE, exactly rounded) and Fence (after streaming stores).
-// VectorArith (below) is what needs no ISA-specific code, the four IEEE
-// operators. Scalar (below) is the one-lane V the tails use. Per element, every path performs the same IEEE
+// Min, Max (kernels.h MinOf / MaxOf), Sqrt (IEEE, exactly rounded) and Fence
+// (after streaming stores). VectorArith and VectorMinMax (below) are what
+// needs no ISA-specific code: the four IEEE operators and the NaN-propagating
+// min / max, written with vector-extension comparisons and bit selects. Scalar (below) is the one-lane V the tails use. Per element, every path performs the same IEEE
 // operations in the same order as the portable loops, so the bits are
 // identical.
 #pragma once
@@ -50,8 +51,38 @@ struct VectorArith {
   }
 };
 
+// Min and max of kernels.h (MinOf / MaxOf) on GCC/clang vector types, lane
+// by lane with the very same selects: comparisons give all-ones lanes, the
+// result is assembled from the operands' bits, no arithmetic on them.
+struct VectorMinMax {
+  template <bool kMin, class F>
+  static F MinMax(F a, F b) {
+    using I = decltype(a < b);  // a vector of 32-bit integers
+    const I ia = (I)a, ib = (I)b;
+    const I a_wins = kMin ? (a < b) : (b < a);
+    const I b_wins = kMin ? (b < a) : (a < b);
+    const I tie = kMin ? (ia | ib) : (ia & ib);  // -0 | +0 = -0, -0 & +0 = +0
+    I r = (a_wins & ia) | (b_wins & ib) | (~(a_wins | b_wins) & tie);
+    const I b_nan = b != b;
+    r = (b_nan & ib) | (~b_nan & r);
+    const I a_nan = a != a;
+    r = (a_nan & ia) | (~a_nan & r);
+    return (F)r;
+  }
+  template <class F>
+  static F Min(F a, F b) {
+    return MinMax<true>(a, b);
+  }
+  template <class F>
+  static F Max(F a, F b) {
+    return MinMax<false>(a, b);
+  }
+};
+
 struct Scalar : VectorArith {
   using F = float;
+  static F Min(F a, F b) { return MinOf(a, b); }
+  static F Max(F a, F b) { return MaxOf(a, b); }
   static constexpr size_t kLanes = 1;
   static F Set1(float x) { return x; }
   static F Load(const float* p) { return *p; }
@@ -108,10 +139,38 @@ inline void Put(float* p, typename V::F v) {
   }
 }
 
+// How a reduction combines two values (Op::Apply<V>): the sum's addition,
+// or the element-wise min / max / product.
+struct AddOp {
+  template <class V, class F>
+  static F Apply(F a, F b) {
+    return V::Add(a, b);
+  }
+};
+struct MinOp {
+  template <class V, class F>
+  static F Apply(F a, F b) {
+    return V::Min(a, b);
+  }
+};
+struct MaxOp {
+  template <class V, class F>
+  static F Apply(F a, F b) {
+    return V::Max(a, b);
+  }
+};
+struct MulOp {
+  template <class V, class F>
+  static F Apply(F a, F b) {
+    return V::Mul(a, b);
+  }
+};
+
 // U vectors of the sum at element i: in[first..k) added onto s (which holds
 // dst[i..] when kAcc, else in[0][i..]). K > 0 fixes k at compile time (the
 // input loop unrolls and the pointers stay in registers); K == 0: runtime k.
-template <class V, ElementType E, int U, int K, bool kAcc>
+// Op (AddOp by default) is the combining operation.
+template <class V, ElementType E, int U, int K, bool kAcc, class Op = AddOp>
 inline void SumVectors(typename V::F (&s)[U], const float* dst, const unsigned char* const* in,
                        size_t k, size_t i) {
   constexpr size_t B = ElementBytes(E), L = V::kLanes;
@@ -123,7 +182,9 @@ inline void SumVectors(typename V::F (&s)[U], const float* dst, const unsigned c
   }
   for (size_t j = kAcc ? 0 : 1; j < count; ++j) {
     const unsigned char* p = in[j] + i * B;
-    for (int u = 0; u < U; ++u) s[u] = V::Add(s[u], LoadIn<V, E>(p + u * L * B));
+    for (int u = 0; u < U; ++u) {
+      s[u] = Op::template Apply<V>(s[u], LoadIn<V, E>(p + u * L * B));
+    }
   }
 }
 
@@ -143,8 +204,9 @@ struct InputPointers<0> {
   Inputs get() const { return p; }
 };
 
-// The sum loop for K inputs (K == 0: k of them, read at run time).
-template <class V, ElementType E, bool kStream, bool kAcc>
+// The sum loop for K inputs (K == 0: k of them, read at run time); Op as
+// SumVectors.
+template <class V, ElementType E, bool kStream, bool kAcc, class Op = AddOp>
 struct SumLoop {
   template <int K>
   static void Run(float* dst, Inputs inputs, size_t k, size_t n) {
@@ -155,17 +217,17 @@ struct SumLoop {
     size_t i = 0;
     for (; i + U * L <= n; i += U * L) {
       typename V::F s[U];
-      SumVectors<V, E, U, K, kAcc>(s, dst, in, k, i);
+      SumVectors<V, E, U, K, kAcc, Op>(s, dst, in, k, i);
       for (int u = 0; u < U; ++u) Put<V, kStream>(dst + i + u * L, s[u]);
     }
     for (; i + L <= n; i += L) {
       typename V::F s[1];
-      SumVectors<V, E, 1, K, kAcc>(s, dst, in, k, i);
+      SumVectors<V, E, 1, K, kAcc, Op>(s, dst, in, k, i);
       Put<V, kStream>(dst + i, s[0]);
     }
     for (; i < n; ++i) {
       float s[1];
-      SumVectors<Scalar, E, 1, K, kAcc>(s, dst, in, k, i);
+      SumVectors<Scalar, E, 1, K, kAcc, Op>(s, dst, in, k, i);
       dst[i] = s[0];
     }
     if constexpr (kStream) V::Fence();
@@ -196,6 +258,38 @@ void SumImpl(float* dst, Inputs in, size_t k, size_t n, ElementType type, bool a
     case ElementType::kFp32: return SumByMode<V, ElementType::kFp32>(dst, in, k, n, accumulate, stream);
     case ElementType::kFp16: return SumByMode<V, ElementType::kFp16>(dst, in, k, n, accumulate, stream);
     case ElementType::kBf16: return SumByMode<V, ElementType::kBf16>(dst, in, k, n, accumulate, stream);
+  }
+}
+
+// Element-wise min / max / product: fixed input counts 2..4 (the first fold
+// of a chunk usually has every rank), else runtime k; no streaming stores.
+template <class V, ElementType E, class Op>
+void CombineByMode(float* dst, Inputs in, size_t k, size_t n, bool accumulate) {
+  if (accumulate) {
+    RunForInputCount<SumLoop<V, E, false, true, Op>, 1, 2, 3, 4>(k, dst, in, k, n);
+  } else {
+    RunForInputCount<SumLoop<V, E, false, false, Op>, 1, 2, 3, 4>(k, dst, in, k, n);
+  }
+}
+
+template <class V, class Op>
+void CombineByType(float* dst, Inputs in, size_t k, size_t n, ElementType type, bool accumulate) {
+  switch (type) {
+    case ElementType::kFp32: return CombineByMode<V, ElementType::kFp32, Op>(dst, in, k, n, accumulate);
+    case ElementType::kFp16: return CombineByMode<V, ElementType::kFp16, Op>(dst, in, k, n, accumulate);
+    case ElementType::kBf16: return CombineByMode<V, ElementType::kBf16, Op>(dst, in, k, n, accumulate);
+  }
+}
+
+template <class V>
+void CombineImpl(float* dst, Inputs in, size_t k, size_t n, ElementType type, bool accumulate,
+                 Reduction op) {
+  switch (op) {
+    case Reduction::kMin: return CombineByType<V, MinOp>(dst, in, k, n, type, accumulate);
+    case Reduction::kMax: return CombineByType<V, MaxOp>(dst, in, k, n, type, accumulate);
+    case Reduction::kProduct: return CombineByType<V, MulOp>(dst, in, k, n, type, accumulate);
+    case Reduction::kMean:
+    case Reduction::kSum: return SumImpl<V>(dst, in, k, n, type, accumulate, false);
   }
 }
 
@@ -349,7 +443,8 @@ void FusedImpl(const OptParams& o, Inputs in, size_t k, ElementType type, const 
 
 // The table of the path with traits V.
 template <class V>
-constexpr KernelTable kSimdKernels{V::kPath, SumImpl<V>, NarrowImpl<V>, FusedImpl<V>};
+constexpr KernelTable kSimdKernels{V::kPath, SumImpl<V>, CombineImpl<V>, NarrowImpl<V>,
+                                   FusedImpl<V>};
 
 }  // namespace
 }  // namespace rackhub::aggregation::internal

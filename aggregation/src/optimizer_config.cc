@@ -30,6 +30,17 @@ const char* OptimizerTypeName(OptimizerType type) {
   return "unknown";
 }
 
+const char* ReductionName(Reduction reduction) {
+  switch (reduction) {
+    case Reduction::kMean: return "mean";
+    case Reduction::kSum: return "sum";
+    case Reduction::kMin: return "min";
+    case Reduction::kMax: return "max";
+    case Reduction::kProduct: return "product";
+  }
+  return "unknown";
+}
+
 int OptimizerStateSlots(OptimizerType type) {
   switch (type) {
     case OptimizerType::kMomentum:
@@ -51,10 +62,15 @@ Status NormalizeOptimizer(OptimizerConfig* c) {
       return InvalidArgument(std::string(names[i]) + ": must be a finite number");
     }
   }
-  if (c->reduction != Reduction::kMean && c->reduction != Reduction::kSum) {
-    return InvalidArgument("reduction: must be mean or sum");
+  if (c->reduction < Reduction::kMean || c->reduction > Reduction::kProduct) {
+    return InvalidArgument("reduction: must be mean, sum, min, max or product");
   }
   const OptimizerType t = c->type;
+  if (IsElementwiseReduction(c->reduction) && t != OptimizerType::kSumOnly) {
+    return InvalidArgument(std::string("reduction: ") + ReductionName(c->reduction) +
+                           " needs optimizer type sum-only (the hub returns the reduced value; " +
+                           OptimizerTypeName(t) + " would update parameters with it)");
+  }
   if (t == OptimizerType::kSumOnly) {
     for (int i = 0; i < 7; ++i) {
       if (Status s = MustBeZero(names[i], fields[i], t); !s.ok()) return s;

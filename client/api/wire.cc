@@ -84,7 +84,23 @@ Result<admin::v1::Optimizer> ToProtoOptimizer(const OptimizerSpec& spec) {
   out.set_beta2(spec.beta2);
   out.set_epsilon(spec.epsilon);
   out.set_initial_accumulator(spec.initial_accumulator);
-  out.set_reduction(spec.sum_reduction ? admin::v1::SUM : admin::v1::MEAN);
+  static const struct {
+    const char* name;
+    admin::v1::GradientReduction reduction;
+  } kReductions[] = {{"", admin::v1::MEAN},       {"mean", admin::v1::MEAN},
+                     {"sum", admin::v1::SUM},     {"min", admin::v1::MIN},
+                     {"max", admin::v1::MAX},     {"product", admin::v1::PRODUCT}};
+  bool known_reduction = false;
+  for (const auto& r : kReductions) {
+    if (spec.reduction == r.name) {
+      out.set_reduction(r.reduction);
+      known_reduction = true;
+    }
+  }
+  if (!known_reduction) {
+    return InvalidArgument(fmt::format(
+        "optimizer reduction '{}' is not one of mean, sum, min, max, product", spec.reduction));
+  }
   return out;
 }
 

@@ -40,8 +40,29 @@ int Invalid(rackhub_client* c, std::string what) {
   return Record(c, e);
 }
 
+// The OptimizerSpec reduction of a RACKHUB_REDUCTION_* value; null for others.
+const char* ReductionOf(int reduction) {
+  switch (reduction) {
+    case RACKHUB_REDUCTION_MEAN: return "mean";
+    case RACKHUB_REDUCTION_SUM: return "sum";
+    case RACKHUB_REDUCTION_MIN: return "min";
+    case RACKHUB_REDUCTION_MAX: return "max";
+    case RACKHUB_REDUCTION_PRODUCT: return "product";
+  }
+  return nullptr;
+}
+
+// The message for an optimizer whose reduction is none of RACKHUB_REDUCTION_*.
+std::string BadReduction(const std::string& function, int reduction) {
+  return function +
+         ": optimizer->reduction must be RACKHUB_REDUCTION_MEAN, _SUM, _MIN, _MAX or _PRODUCT "
+         "(0-4), got " +
+         std::to_string(reduction);
+}
+
+// False when o is null or its reduction is unknown (ReductionOf).
 bool ToSpec(const rackhub_optimizer* o, rackhub::client::OptimizerSpec* spec) {
-  if (o == nullptr) return false;
+  if (o == nullptr || ReductionOf(o->reduction) == nullptr) return false;
   spec->type = o->type ? o->type : "";
   spec->learning_rate = o->learning_rate;
   spec->momentum = o->momentum;
@@ -50,7 +71,7 @@ bool ToSpec(const rackhub_optimizer* o, rackhub::client::OptimizerSpec* spec) {
   spec->beta2 = o->beta2;
   spec->epsilon = o->epsilon;
   spec->initial_accumulator = o->initial_accumulator;
-  spec->sum_reduction = o->sum_reduction != 0;
+  spec->reduction = ReductionOf(o->reduction);
   return true;
 }
 
@@ -81,7 +102,10 @@ int Declare(rackhub_client* c, const std::string& function, const char* name, in
   decl.dtype = static_cast<rackhub::client::DType>(dtype);
   decl.init = static_cast<rackhub::client::Init>(init);
   rackhub::client::OptimizerSpec spec;
-  if (ToSpec(optimizer, &spec)) decl.optimizer = spec;
+  if (optimizer && !ToSpec(optimizer, &spec)) {
+    return Invalid(c, BadReduction(function, optimizer->reduction));
+  }
+  if (optimizer) decl.optimizer = spec;
   rackhub::client::KeyId id = 0;
   const int status = Record(c, c->client->DeclareKey(decl, &id));
   if (status == RACKHUB_OK && key_out) *key_out = id;
@@ -255,7 +279,10 @@ int rackhub_set_optimizer(rackhub_client* c, uint32_t key, const rackhub_optimiz
                           uint64_t from_iteration) {
   if (!c) return RACKHUB_INVALID_ARGUMENT;
   rackhub::client::OptimizerSpec spec;
-  if (!ToSpec(optimizer, &spec)) return Invalid(c, "rackhub_set_optimizer: optimizer is NULL");
+  if (!optimizer) return Invalid(c, "rackhub_set_optimizer: optimizer is NULL");
+  if (!ToSpec(optimizer, &spec)) {
+    return Invalid(c, BadReduction("rackhub_set_optimizer", optimizer->reduction));
+  }
   return Record(c, c->client->Wait(c->client->SetOptimizer(key, spec, from_iteration)));
 }
 

@@ -117,8 +117,9 @@ const NameTable<admin::OptimizerType> kOptimizerTypeNames = {
     {"sgd", admin::SGD},          {"momentum", admin::MOMENTUM}, {"nesterov", admin::NESTEROV},
     {"adam", admin::ADAM},        {"adamw", admin::ADAMW},       {"adagrad", admin::ADAGRAD},
     {"sum-only", admin::SUM_ONLY}};
-const NameTable<admin::GradientReduction> kReductionNames = {{"mean", admin::MEAN},
-                                                             {"sum", admin::SUM}};
+const NameTable<admin::GradientReduction> kReductionNames = {
+    {"mean", admin::MEAN}, {"sum", admin::SUM},         {"min", admin::MIN},
+    {"max", admin::MAX},   {"product", admin::PRODUCT}};
 const NameTable<admin::InitMode> kInitModeNames = {
     {"zeros", admin::ZEROS}, {"client", admin::FROM_CLIENT}, {"random", admin::RANDOM}};
 

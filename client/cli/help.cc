@@ -30,8 +30,9 @@ const char* const kFooter =
 
 Optimizer options: --optimizer sgd|momentum|nesterov|adam|adamw|adagrad|sum-only,
   --lr X, --momentum X, --weight-decay X, --beta1 X, --beta2 X, --epsilon X,
-  --initial-accumulator X, --reduction mean|sum. On create, hyperparameters need
-  --optimizer; a type's unused hyperparameters must be left out (or 0).
+  --initial-accumulator X, --reduction mean|sum|min|max|product (min, max and
+  product: element-wise, with --optimizer sum-only only). On create, hyperparameters
+  need --optimizer; a type's unused hyperparameters must be left out (or 0).
 
 The global options above may be written anywhere on the line (`rackhubctl --json
 tenant list` and `rackhubctl tenant list --json` are the same); a command's own

@@ -346,7 +346,7 @@ std::string ReadToken(const std::string& path) {
 rc::OptimizerSpec MakeOptimizer(const Flags& f) {
   rc::OptimizerSpec o;
   o.type = f.optimizer;
-  o.sum_reduction = false;  // mean of the workers' gradients
+  o.reduction = "mean";  // mean of the workers' gradients
   if (f.optimizer == "momentum") o.learning_rate = 0.05, o.momentum = 0.9;
   if (f.optimizer == "adam") o.learning_rate = 1e-3;  // betas/epsilon: the hub's defaults
   if (f.optimizer == "sgd") o.learning_rate = 0.2;

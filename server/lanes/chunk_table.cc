@@ -12,11 +12,15 @@ using net::WireError;
 
 namespace {
 
-aggregation::OptimizerConfig SumOnly() {
+// A rack's stage: sums its workers' pushes, or for a key reducing element-wise
+// (min, max, product) reduces them with that operation (the home then
+// reduces the rack results alike, in rack order).
+aggregation::OptimizerConfig RackStage(aggregation::Reduction key_reduction) {
   aggregation::OptimizerConfig c;
   c.type = aggregation::OptimizerType::kSumOnly;
   c.learning_rate = 0;
-  c.reduction = aggregation::Reduction::kSum;
+  c.reduction = aggregation::IsElementwiseReduction(key_reduction) ? key_reduction
+                                                                    : aggregation::Reduction::kSum;
   return c;
 }
 
@@ -138,7 +142,9 @@ std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, ui
   const uint64_t n = std::min<uint64_t>(per, k.rows - first);
   const OptimizerSchedule& sched = k.schedule;
   auto c = std::make_unique<Chunk>(
-      aggregation::ChunkState(1, 1, SumOnly(), aggregation::ElementType::kFp32), k.id, chunk,
+      aggregation::ChunkState(1, 1, RackStage(aggregation::Reduction::kSum),
+                              aggregation::ElementType::kFp32),
+      k.id, chunk,
       static_cast<net::DType>(static_cast<uint8_t>(k.dtype)));
   c->rows = std::make_unique<aggregation::RowShard>(first, n, k.dim, t.info.workers_per_rack,
                                                     sched.base);
@@ -155,7 +161,8 @@ std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, ui
 // has its home at rack (g / lanes) % R. Each hub sums its own rack's W
 // pushes in rank order (a sum-only stage per rack served here); the home
 // adds the rack sums in rack order (`state`, fp32 inputs) and applies the
-// optimizer with mean = sum / (R * W). In flat mode one hub serves every
+// optimizer with mean = sum / (R * W). A min/max/product key reduces with
+// its operation in both stages instead of adding. In flat mode one hub serves every
 // rack and is every chunk's home: the same additions in the same order.
 void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c,
                                     uint64_t global_index) {
@@ -165,8 +172,9 @@ void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c,
   c.stages.resize(racks_);
   for (uint32_t r = 0; r < racks_; ++r) {
     if (exchange_ && r != self_rack_) continue;  // that rack's workers use their own hub
-    c.stages[r] = std::make_unique<aggregation::ChunkState>(n, t.info.workers_per_rack,
-                                                            SumOnly(), ElementTypeOf(key.info.dtype));
+    c.stages[r] = std::make_unique<aggregation::ChunkState>(
+        n, t.info.workers_per_rack, RackStage(key.info.schedule.base.reduction),
+        ElementTypeOf(key.info.dtype));
     // A from_client key's stages wait for its initial values
     // (SetInitialMultiRack): a push before them is NOT_READY, as on one hub.
     if (!from_client) c.stages[r]->MarkInitialized();

@@ -9,6 +9,12 @@ using aggregation::OptimizerConfig;
 using aggregation::OptimizerType;
 using aggregation::Reduction;
 
+static_assert(static_cast<int>(Reduction::kMean) == pb::MEAN &&
+              static_cast<int>(Reduction::kSum) == pb::SUM &&
+              static_cast<int>(Reduction::kMin) == pb::MIN &&
+              static_cast<int>(Reduction::kMax) == pb::MAX &&
+              static_cast<int>(Reduction::kProduct) == pb::PRODUCT);
+
 Result<ProtoOptimizer> OptimizerFromProto(const pb::Optimizer& in) {
   ProtoOptimizer r;
   r.unspecified_type = in.type() == pb::OPTIMIZER_UNSPECIFIED;
@@ -16,21 +22,24 @@ Result<ProtoOptimizer> OptimizerFromProto(const pb::Optimizer& in) {
     return InvalidArgument(
         fmt::format("type: unknown optimizer type {}", static_cast<int>(in.type())));
   }
-  if (in.reduction() < pb::REDUCTION_UNSPECIFIED || in.reduction() > pb::SUM) {
+  if (in.reduction() < pb::REDUCTION_UNSPECIFIED || in.reduction() > pb::PRODUCT) {
     return InvalidArgument(
         fmt::format("reduction: unknown reduction {}", static_cast<int>(in.reduction())));
   }
   OptimizerConfig& out = r.config;
   out.type = r.unspecified_type ? OptimizerType::kSgd : static_cast<OptimizerType>(in.type());
   HyperparametersFromProto(in, &out);
-  out.reduction = in.reduction() == pb::SUM ? Reduction::kSum : Reduction::kMean;
+  // The wire values equal Reduction's (MEAN = kMean = 1, ... PRODUCT = kProduct = 5).
+  out.reduction = in.reduction() == pb::REDUCTION_UNSPECIFIED
+                      ? Reduction::kMean
+                      : static_cast<Reduction>(in.reduction());
   return r;
 }
 
 void OptimizerToProto(const OptimizerConfig& in, pb::Optimizer* out) {
   out->set_type(static_cast<pb::OptimizerType>(in.type));
   HyperparametersToProto(in, out);
-  out->set_reduction(in.reduction == Reduction::kSum ? pb::SUM : pb::MEAN);
+  out->set_reduction(static_cast<pb::GradientReduction>(in.reduction));
 }
 
 void TenantToProto(const TenantInfo& in, pb::Tenant* out) {

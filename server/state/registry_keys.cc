@@ -162,6 +162,24 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
                            ConsistencyName(t->info.consistency, t->info.staleness));
   }
   if (spec.use_tenant_optimizer) opt = t->info.default_optimizer;
+  if (aggregation::IsElementwiseReduction(opt.reduction)) {
+    const std::string r = aggregation::ReductionName(opt.reduction);
+    if (spec.topk_ratio > 0) {
+      return InvalidArgument("topk_ratio: top-k compression sends the largest terms of a sum; "
+                             "key " + Quoted(spec.name) + " reduces with " + r +
+                             " (declare it dense, topk_ratio 0)");
+    }
+    if (spec.rows > 0) {
+      return InvalidArgument("optimizer.reduction: row-sparse tables sum or average their rows; " +
+                             r + " is for dense sum-only keys");
+    }
+    if (t->info.consistency != Consistency::kSync) {
+      // Bounded/async tenants apply each push as an update of its own.
+      return InvalidArgument("optimizer.reduction: " + r + " combines every worker's push of a "
+                             "step, which needs a sync tenant; tenant " + Quoted(spec.tenant) +
+                             " is " + ConsistencyName(t->info.consistency, t->info.staleness));
+    }
+  }
   if (t->keys.count(spec.name)) {
     return AlreadyExists("name: key " + Quoted(spec.name) + " already exists in tenant " +
                          Quoted(spec.tenant));
@@ -335,6 +353,16 @@ Status Registry::SetOptimizer(const std::string& tenant, const std::string& name
                            "recreate the key");
   }
   if (auto s = CheckOptimizer("optimizer", &optimizer); !s.ok()) return s;
+  if (optimizer.reduction != key.optimizer.reduction &&
+      (aggregation::IsElementwiseReduction(optimizer.reduction) ||
+       aggregation::IsElementwiseReduction(key.optimizer.reduction))) {
+    // Contributions already folded into an update would mix two operations.
+    return InvalidArgument(std::string("optimizer.reduction: cannot change ") +
+                           aggregation::ReductionName(key.optimizer.reduction) + " to " +
+                           aggregation::ReductionName(optimizer.reduction) +
+                           " on an existing key (only mean and sum switch); delete and "
+                           "recreate the key");
+  }
   KeyInfo updated = key;
   updated.schedule.Apply(optimizer, from_update);
   updated.optimizer = optimizer;

@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
 
   rackhub_optimizer sum_only{};
   sum_only.type = "sum-only";
-  sum_only.sum_reduction = 1;
+  sum_only.reduction = RACKHUB_REDUCTION_SUM;
   uint32_t key = 0;
   if (const int st =
           rackhub_declare_key(c, "w", elements, RACKHUB_FP32, &sum_only, RACKHUB_INIT_ZEROS, &key);

@@ -623,7 +623,7 @@ TEST_P(ClientTest, LeasedGradientsGiveTheReferenceSums) {
   constexpr uint64_t kElements = 12 * 4096 + 1001;
   client::OptimizerSpec sum;
   sum.type = "sum-only";
-  sum.sum_reduction = true;
+  sum.reduction = "sum";
   client::KeyId key[2];
   for (uint32_t r = 0; r < 2; ++r) {
     ASSERT_TRUE(c[r]->DeclareKey({"leased", kElements, DType::kFp32, sum}, &key[r]).ok());

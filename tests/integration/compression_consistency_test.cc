@@ -108,7 +108,7 @@ class CompressionConsistencyTest : public ::testing::TestWithParam<Transport> {
     client::OptimizerSpec o;
     o.type = type;
     o.learning_rate = lr;
-    o.sum_reduction = sum;
+    o.reduction = sum ? "sum" : "mean";
     if (type == "sgd" && !sum) {
       o.type = "momentum";
       o.momentum = 0.9;
@@ -188,7 +188,7 @@ TEST_P(CompressionConsistencyTest, TopKRepliesEqualTheRankOrderReference) {
       client::OptimizerSpec o;
       o.type = sum_only ? "sum-only" : "sgd";
       o.learning_rate = sum_only ? 0.0 : 1.0;
-      o.sum_reduction = true;
+      o.reduction = "sum";
       d.optimizer = o;
       const client::Error e = ranks.back()->DeclareKey(d, &key);
       ASSERT_TRUE(e.ok()) << e.message;

@@ -159,7 +159,7 @@ struct WorkerConfig {
     d.elements = kElements;
     rc::OptimizerSpec spec;
     spec.type = "sum-only";
-    spec.sum_reduction = k == 0;
+    spec.reduction = k == 0 ? "sum" : "mean";
     d.optimizer = spec;
     if (rc::Error e = client->DeclareKey(d, &keys[k]); !e.ok()) fail("declare: " + e.message);
   }

@@ -81,7 +81,7 @@ struct TableOpt {
     s.beta2 = beta2;
     s.epsilon = eps;
     s.initial_accumulator = acc;
-    s.sum_reduction = sum;
+    s.reduction = sum ? "sum" : "mean";
     return s;
   }
   aggregation::OptimizerConfig Config() const {

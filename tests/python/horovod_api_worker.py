@@ -44,6 +44,189 @@ def ref_allreduce(size, seed, shape, dtype, op, pre=1.0, post=1.0):
     return total.to(dtype)
 
 
+# ---- Min, Max, Product ----
+
+ALL_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+              torch.float32, torch.float64, torch.bfloat16]  # every dtype rackhub.torch reduces
+ELEMENTWISE = (hvd.Min, hvd.Max, hvd.Product)
+
+
+def einp(rank, seed, shape, dtype):
+    """Rank `rank`'s input for Min/Max/Product: multiples of 0.5 in [-4, 4]
+    (integers in [-5, 5], [0, 5] for uint8), so products of 3 ranks are
+    exact in every dtype; float tensors of 45+ elements get NaN, +inf, -inf,
+    +0 and -0 at places that depend on the rank (they meet other ranks'
+    values), and zeros of both signs that meet each other."""
+    g = torch.Generator().manual_seed(seed * 1013 + rank)
+    if not dtype.is_floating_point:
+        return torch.randint(0 if dtype == torch.uint8 else -5, 6, shape, generator=g).to(dtype)
+    x = torch.randint(-8, 9, shape, generator=g).to(torch.float64) * 0.5
+    flat = x.view(-1)
+    if flat.numel() >= 45:
+        for j, v in enumerate((float("nan"), float("inf"), float("-inf"), 0.0, -0.0)):
+            flat[(7 * j + 3 * rank) % 40] = v
+        # Zeros of both signs meeting at the same element, in both orders.
+        flat[41], flat[42] = (-0.0, 0.0) if rank % 2 else (0.0, -0.0)
+        flat[43] = -0.0 if rank == 1 else 0.0
+    return x.to(dtype)
+
+
+def combine(op, a, b):
+    """a op b by rackhub's definition, written with torch ops: Min/Max
+    propagate NaN (the first in rank order), -0 is below +0; Product is the
+    fp32 product."""
+    if op == hvd.Product:
+        return a * b
+    r = torch.where((a < b) if op == hvd.Min else (a > b), a, b)
+    zeros = torch.where(torch.signbit(a) == (op == hvd.Min), a, b)  # equal: the signed zero rule
+    r = torch.where(a == b, zeros, r)
+    r = torch.where(torch.isnan(b), b, r)
+    return torch.where(torch.isnan(a), a, r)
+
+
+def ref_elementwise(size, seed, shape, dtype, op, pre=1.0, post=1.0, ranks=None, source=einp):
+    """The single-process reference: every rank's input (of `ranks`, all by
+    default) times prescale in float64, as pushed (fp32, then the wire type:
+    float16/bfloat16 for those dtypes), combined in rank order in fp32,
+    rounded to float16/bfloat16 once for those dtypes, times postscale in
+    float64, cast to the dtype."""
+    wire_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+    acc = None
+    for r in (range(size) if ranks is None else ranks):
+        x = source(r, seed, shape, dtype).to(torch.float64)
+        if pre != 1.0:
+            x = x * pre
+        x = x.to(torch.float32).to(wire_dtype).to(torch.float32)
+        acc = x if acc is None else combine(op, acc, x)
+    if dtype in (torch.float16, torch.bfloat16):
+        acc = acc.to(dtype).to(torch.float32)
+    if post != 1.0:
+        acc = acc.to(torch.float64) * post
+    return acc.to(dtype)
+
+
+def same_values(a, b):
+    """Same dtype and shape, NaN at the same places, every other element bit
+    for bit (a NaN's payload is not compared here; kernels_test does)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not a.dtype.is_floating_point:
+        return torch.equal(a, b)
+    na, nb = torch.isnan(a), torch.isnan(b)
+    return torch.equal(na, nb) and bitwise(a[~na], b[~nb])
+
+
+def elementwise_reductions(rank, size):
+    """allreduce / grouped_allreduce / reducescatter with op Min, Max and
+    Product against ref_elementwise, for every dtype; prescale/postscale;
+    Min/Max/Product helper keys named by their reduction."""
+    for dtype in ALL_DTYPES:
+        for op in ELEMENTWISE:
+            for n in (1, 50, 5000):  # one element; the specials; beyond the small key (two rounds)
+                seed = 200 + n
+                got = hvd.allreduce(einp(rank, seed, (n,), dtype), op=op)
+                want = ref_elementwise(size, seed, (n,), dtype, op)
+                check(f"allreduce {op} {str(dtype)[6:]} n={n}", same_values(got, want),
+                      f"got {got[:6].tolist()} want {want[:6].tolist()}")
+    big = hvd.allreduce(einp(rank, 9, (300_000,), torch.float32), op=hvd.Max)
+    check("allreduce Max of 300000 elements (two large-key rounds)",
+          same_values(big, ref_elementwise(size, 9, (300_000,), torch.float32, hvd.Max)))
+    for pre, post, op, dtype in ((2.0, 0.5, hvd.Min, torch.float32),
+                                 (-1.0, 1.0, hvd.Max, torch.float32),  # pre < 0 flips the order
+                                 (0.5, 4.0, hvd.Product, torch.float64),
+                                 (3.0, 1.0, hvd.Min, torch.int32),
+                                 (1.0, 1.5, hvd.Max, torch.int16),
+                                 (2.0, 0.25, hvd.Product, torch.float16),
+                                 (-0.5, 2.0, hvd.Min, torch.bfloat16)):
+        got = hvd.allreduce(einp(rank, 5, (100,), dtype), op=op, prescale_factor=pre,
+                            postscale_factor=post)
+        want = ref_elementwise(size, 5, (100,), dtype, op, pre, post)
+        check(f"allreduce {op} prescale {pre} postscale {post} {str(dtype)[6:]}",
+              same_values(got, want), f"{got[:4].tolist()} vs {want[:4].tolist()}")
+    t = einp(rank, 6, (64,), torch.float32)
+    r = hvd.allreduce_(t, op=hvd.Min)
+    check("allreduce_ Min in place", r is t and same_values(t, ref_elementwise(
+        size, 6, (64,), torch.float32, hvd.Min)))
+    h = hvd.allreduce_async(einp(rank, 7, (3000,), torch.bfloat16), op=hvd.Product)
+    check("allreduce_async Product bfloat16", same_values(
+        hvd.synchronize(h), ref_elementwise(size, 7, (3000,), torch.bfloat16, hvd.Product)))
+    ctx = hvd.client()
+    names = [n for n in (f"__rackhub/allreduce/rounds/{k}/{w}/{red}" for k in (4096, 262144)
+                         for w in ("fp32", "fp16", "bf16") for red in ("min", "max", "product"))
+             if ctx.find_key(n) is not None]
+    check("Min/Max/Product go through helper keys named by their reduction",
+          "__rackhub/allreduce/rounds/4096/fp32/min" in names and
+          "__rackhub/allreduce/rounds/262144/fp32/max" in names and
+          "__rackhub/allreduce/rounds/4096/bf16/product" in names, str(names))
+    # Ranks naming different ops raise on every rank.
+    ok, detail = raises(lambda: hvd.allreduce(torch.ones(3), op=hvd.Max if rank == 0 else hvd.Min),
+                        hvd.MismatchError, "ops (Average, Sum, Min, Max, Product)")
+    check("mismatch: allreduce Max on rank 0, Min on the others", ok, detail)
+    lin = torch.nn.Linear(2, 1)
+    ok, detail = raises(lambda: hvd.DistributedOptimizer(
+        torch.optim.SGD(lin.parameters(), lr=0.1), named_parameters=lin.named_parameters(),
+        op=hvd.Min), ValueError, "a DistributedOptimizer averages or sums")
+    check("DistributedOptimizer(op=Min) refused by name", ok, detail)
+
+    # grouped_allreduce: each result equals the ungrouped allreduce and the reference.
+    shapes = [((3000,), torch.float32), ((10, 5), torch.float16), ((7,), torch.int32),
+              ((5000,), torch.bfloat16), ((2, 2, 10), torch.float64), ((9,), torch.uint8)]
+    for op in ELEMENTWISE:
+        ts = [einp(rank, 210 + i, s, d) for i, (s, d) in enumerate(shapes)]
+        got = hvd.grouped_allreduce(ts, op=op, postscale_factor=2.0)
+        single = [hvd.allreduce(t, op=op, postscale_factor=2.0) for t in ts]
+        ok = all(same_values(g, s_) for g, s_ in zip(got, single))
+        ok &= all(same_values(g, ref_elementwise(size, 210 + i, t.shape, t.dtype, op, 1.0, 2.0))
+                  for i, (g, t) in enumerate(zip(got, ts)))
+        check(f"grouped_allreduce {op} == allreduce of each == reference", ok)
+
+    # reducescatter: this rank's share of the reference.
+    for rows_, op, dtype in ((7, hvd.Min, torch.float32), (2 * size, hvd.Max, torch.int64),
+                             (5, hvd.Product, torch.float16)):
+        full = ref_elementwise(size, 220, (rows_, 8), dtype, op, 0.5, 1.0)
+        base, extra = divmod(rows_, size)
+        first = rank * base + min(rank, extra)
+        got = hvd.reducescatter(einp(rank, 220, (rows_, 8), dtype), op=op, prescale_factor=0.5)
+        check(f"reducescatter {rows_} rows {op} {str(dtype)[6:]}",
+              same_values(got, full[first:first + base + (rank < extra)]), f"{got.shape}")
+    specs = [((7, 8), torch.float32), ((size, 3), torch.int8)]
+    got = hvd.grouped_reducescatter([einp(rank, 230 + i, s, d) for i, (s, d) in enumerate(specs)],
+                                    op=hvd.Max)
+    ok = True
+    for i, ((shape, dtype), g) in enumerate(zip(specs, got)):
+        full = ref_elementwise(size, 230 + i, shape, dtype, hvd.Max)
+        base, extra = divmod(shape[0], size)
+        first = rank * base + min(rank, extra)
+        ok &= same_values(g, full[first:first + base + (rank < extra)])
+    check("grouped_reducescatter Max == reference shares", ok)
+
+
+def elementwise_joins(rank, size):
+    """join() with Min, Max, Product: rank r has r + 1 steps, then joins;
+    each step's result is the reduction over the ranks that still have data
+    (a joined rank contributes the identity: +inf, -inf, 1)."""
+    ops = (hvd.Min, hvd.Max, hvd.Product)
+    dtypes = (torch.float32, torch.int32, torch.float16)
+    results = []
+    for step in range(rank + 1):
+        op, dtype = ops[step % 3], dtypes[step % 3]
+        t = einp(rank, 240 + step, (60,), dtype)
+        if step == 1:
+            results.append(hvd.grouped_allreduce([t, t[:5].clone()], op=op)[0])
+        else:
+            results.append(hvd.allreduce(t, op=op))
+    last = hvd.join()
+    ok, detail = True, ""
+    for step, got in enumerate(results):
+        op, dtype = ops[step % 3], dtypes[step % 3]
+        want = ref_elementwise(size, 240 + step, (60,), dtype, op,
+                               ranks=[r for r in range(size) if step <= r])
+        if not same_values(got, want):
+            ok, detail = False, f"step {step} {op}: {got[:6].tolist()} vs {want[:6].tolist()}"
+    check("join with Min/Max/Product: joined ranks do not change the result", ok, detail)
+    check("join (Min/Max/Product) returns the last rank that joined", last == size - 1, str(last))
+
+
 def ref_allgather(size, seed, dtype, cols=3):
     return torch.cat([inp(r, seed, (r + 1, cols), dtype) for r in range(size)])
 
@@ -107,8 +290,10 @@ def allreduce_values(rank, size):
     r = hvd.allreduce_(t, op=hvd.Sum, postscale_factor=2.0)
     check("allreduce_ in place with postscale", r is t and
           bitwise(t, ref_allreduce(size, 4, (100,), torch.float32, hvd.Sum, 1.0, 2.0)))
-    ok, detail = raises(lambda: hvd.allreduce(t, op=hvd.Max), ValueError, "not implemented")
-    check("op Max refused by name", ok, detail)
+    ok, detail = raises(lambda: hvd.allreduce(t, op=hvd.Adasum), ValueError, "Adasum")
+    check("op Adasum refused by name", ok, detail)
+    ok, detail = raises(lambda: hvd.allreduce(t, op="median"), ValueError, "Min, Max or Product")
+    check("an unknown op refused, naming the ops", ok, detail)
     ok, detail = raises(lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)), TypeError,
                         "cannot be reduced")
     check("allreduce of a complex tensor refused", ok, detail)
@@ -707,6 +892,8 @@ def main():
         joins(rank, size)
         joins_with_optimizer(rank, size, hub=False)
         joins_with_optimizer(rank, size, hub=True)
+        elementwise_reductions(rank, size)
+        elementwise_joins(rank, size)
         autograd(rank, size)
         sync_batchnorm(rank, size)
         probes_and_more(rank, size, tmp)

@@ -56,7 +56,7 @@ OptimizerSpec ParseOptimizer(const std::vector<std::string>& f, size_t at) {
   o.beta2 = std::stod(f[at + 5]);
   o.epsilon = std::stod(f[at + 6]);
   o.initial_accumulator = std::stod(f[at + 7]);
-  o.sum_reduction = f[at + 8] == "sum";
+  o.reduction = f[at + 8];
   return o;
 }
 

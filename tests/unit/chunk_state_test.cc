@@ -8,10 +8,13 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -730,6 +733,76 @@ TEST(ChunkStateTest, MemoryBytesBoundsWhatAChunkAllocates) {
       (8192.0 * 4);
   EXPECT_GT(ratio, 6.0);
   EXPECT_LT(ratio, 6.05);
+}
+
+// Min, max and product keys: every arrival order (parked early ranks folded
+// in later) and the one-pass ReduceAndUpdate give the rank-order fold of a
+// reference written here (the first NaN in rank order wins; -0 below +0;
+// the fp32 product); sparse contributions are refused.
+TEST(ChunkStateTest, ElementwiseReductionsInEveryArrivalOrder) {
+  constexpr uint32_t kWorkers = 4, kN = 300;
+  const float kNaN1 = std::bit_cast<float>(0x7fc00011u), kNaN2 = std::bit_cast<float>(0xffc00022u);
+  std::vector<std::vector<float>> g(kWorkers, std::vector<float>(kN));
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> k(-40, 40);
+  for (uint32_t r = 0; r < kWorkers; ++r) {
+    for (uint32_t i = 0; i < kN; ++i) g[r][i] = static_cast<float>(k(rng)) * 0.375f;
+    g[r][(r * 7) % 50] = r % 2 ? kNaN1 : kNaN2;  // NaNs of two payloads meet
+    g[r][60 + r] = r % 2 ? 0.0f : -0.0f;
+    g[r][61 + r] = r % 2 ? -0.0f : 0.0f;
+  }
+  for (Reduction red : {Reduction::kMin, Reduction::kMax, Reduction::kProduct}) {
+    const OptimizerConfig cfg = Config(OptimizerType::kSumOnly, 0, 0, red);
+    std::vector<float> want(g[0]);
+    for (uint32_t r = 1; r < kWorkers; ++r) {
+      for (uint32_t i = 0; i < kN; ++i) {
+        const float a = want[i], b = g[r][i];
+        if (red == Reduction::kProduct) {
+          want[i] = a * b;
+        } else if (std::isnan(a) || std::isnan(b)) {
+          want[i] = std::isnan(a) ? a : b;
+        } else if (a == b) {
+          want[i] = std::signbit(a) == (red == Reduction::kMin) ? a : b;
+        } else {
+          want[i] = (a < b) == (red == Reduction::kMin) ? a : b;
+        }
+      }
+    }
+    auto same = [&](std::span<const float> got) {
+      for (uint32_t i = 0; i < kN; ++i) {
+        const bool ok = red == Reduction::kProduct && std::isnan(want[i])
+                            ? std::isnan(got[i])
+                            : std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want[i]);
+        if (!ok) return ::testing::AssertionFailure() << "element " << i << ": " << got[i];
+      }
+      return ::testing::AssertionSuccess();
+    };
+    std::array<uint32_t, kWorkers> order = {0, 1, 2, 3};
+    do {
+      ChunkState cs(kN, kWorkers, cfg, ElementType::kFp32);
+      cs.MarkInitialized();
+      for (uint32_t j = 0; j < kWorkers; ++j) {
+        ASSERT_NE(cs.Contribute(order[j], Wire(g[order[j]], ElementType::kFp32)),
+                  AddResult::kBadSize);
+      }
+      cs.Update();
+      ASSERT_TRUE(same(cs.params(1))) << ReductionName(red);
+    } while (std::next_permutation(order.begin(), order.end()));
+    ChunkState fast(kN, kWorkers, cfg, ElementType::kFp32);
+    std::vector<std::vector<std::byte>> bytes;
+    std::vector<std::span<const std::byte>> payloads;
+    for (uint32_t r = 0; r < kWorkers; ++r) bytes.push_back(Wire(g[r], ElementType::kFp32));
+    for (const auto& b : bytes) payloads.emplace_back(b);
+    ASSERT_TRUE(fast.ReduceAndUpdate(payloads));
+    EXPECT_TRUE(same(fast.params(1))) << "ReduceAndUpdate " << ReductionName(red);
+    // Sparse pushes leave out zeros of a sum: refused here.
+    const uint32_t index = 3;
+    const float value = 1.0f;
+    ChunkState::SparseView sparse{1, reinterpret_cast<const std::byte*>(&index),
+                                  reinterpret_cast<const std::byte*>(&value)};
+    EXPECT_EQ(fast.ContributeSparse(0, sparse), AddResult::kBadSparse);
+    EXPECT_FALSE(fast.ApplyAloneSparse(sparse));
+  }
 }
 
 }  // namespace

@@ -11,6 +11,9 @@
 #include <limits>
 #include <cstdio>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "rackhub/aggregation/kernels.h"
@@ -437,7 +440,236 @@ TEST(KernelsTest, SumOnlyAppliesGradScale) {
   EXPECT_EQ(out[0], 4.0f);
 }
 
+// ---- Element-wise min / max / product (ReduceInto, ReduceAccumulateInto) ----
 
+// The reference, written from the definition in kernels.h: the first NaN in
+// rank order wins (bits kept); otherwise the smaller (larger) value, -0
+// below +0; product is the fp32 product in rank order.
+float RefMin(float a, float b) {
+  if (std::isnan(a)) return a;
+  if (std::isnan(b)) return b;
+  if (a == b) return std::signbit(a) ? a : b;  // equal values, or the two zeros
+  return a < b ? a : b;
+}
+float RefMax(float a, float b) {
+  if (std::isnan(a)) return a;
+  if (std::isnan(b)) return b;
+  if (a == b) return std::signbit(a) ? b : a;
+  return a > b ? a : b;
+}
+float RefCombine(Reduction r, float a, float b) {
+  switch (r) {
+    case Reduction::kMin: return RefMin(a, b);
+    case Reduction::kMax: return RefMax(a, b);
+    default: return a * b;
+  }
+}
+
+// A value of `type` as fp32, widened independently of the kernels: fp32
+// bits as they are, bf16 into the upper half, fp16 by the binary16
+// definition (RefFp16Value; a NaN keeps sign and payload and is made quiet,
+// as kernels.h specifies).
+float RefWiden(const std::byte* p, ElementType type) {
+  if (type == ElementType::kFp32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  if (type == ElementType::kBf16) return FromBits(static_cast<uint32_t>(h) << 16);
+  if ((h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0) {  // NaN
+    return FromBits((static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7fc00000u |
+                    (static_cast<uint32_t>(h & 0x03ffu) << 13));
+  }
+  return static_cast<float>(RefFp16Value(h));
+}
+
+// Values meant to hit every rule: NaNs of several payloads and both signs,
+// both zeros, both infinities, subnormals, ties (equal values from several
+// ranks), ordinary numbers exact in every type. All are exact in fp16 and
+// bf16 except the NaN payloads and the fp32 subnormal, which the fp16/bf16
+// encodings round (the reference reads back the encoded bits, whatever they are).
+std::vector<float> SpecialValues(size_t n, unsigned seed) {
+  const float kPick[] = {FromBits(0x7fc00001u), FromBits(0xffc12345u), FromBits(0x7f800001u),
+                         0.0f,  -0.0f, std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity(), 0x1p-130f, -0x1p-20f,
+                         1.5f, -1.5f, 2.0f, -0.5f, 3.0f, 0.25f, -7.0f, 1.0f};
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> pick(0, 99), which(0, sizeof kPick / sizeof kPick[0] - 1);
+  std::uniform_int_distribution<int> small(-16, 16);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    // Mostly small integers and halves (products stay exact for a while),
+    // one in four a special value.
+    x = pick(rng) < 25 ? kPick[which(rng)] : static_cast<float>(small(rng)) * 0.5f;
+  }
+  return v;
+}
+
+struct ReduceCase {
+  Reduction reduction;
+  ElementType type;
+};
+
+class ElementwiseReductionTest : public ::testing::TestWithParam<ReduceCase> {};
+
+// Every kernel path this CPU has, every length (vector bodies, tails),
+// every byte offset of the inputs, 1 to 9 inputs (the fixed-count loops and
+// the runtime-count one): bitwise equal to the scalar reference, for
+// ReduceInto and for ReduceAccumulateInto onto an accumulator of special
+// values too. For the product a result the reference finds NaN only needs to
+// be a NaN (two NaNs meeting in a multiplication, kernels.h); min and max
+// are compared bit for bit, NaN payloads included.
+TEST_P(ElementwiseReductionTest, MatchesScalarReferenceOnEveryPath) {
+  const auto [reduction, type] = GetParam();
+  const size_t bytes = ElementBytes(type);
+  int paths = 0;
+  for (KernelPath path : kAllKernelPaths) {
+    if (!ForceKernelPath(path)) continue;
+    ++paths;
+    for (size_t k : {1u, 2u, 3u, 4u, 5u, 9u}) {
+      for (size_t n : {0u, 1u, 3u, 7u, 8u, 15u, 16u, 17u, 31u, 32u, 33u, 63u, 64u, 65u, 100u,
+                       1023u, 1024u, 1025u, 4099u}) {
+        const size_t offset = (k + n) % 4;
+        std::vector<std::vector<std::byte>> wire;
+        std::vector<const void*> inputs;
+        for (size_t r = 0; r < k; ++r) {
+          wire.push_back(Encode(SpecialValues(n, static_cast<unsigned>(1000 * k + 10 * r + n)),
+                                type, offset));
+        }
+        for (size_t r = 0; r < k; ++r) inputs.push_back(wire[r].data() + offset);
+        const std::vector<float> acc0 = SpecialValues(n, static_cast<unsigned>(7 + n));
+
+        std::vector<float> got(n + 1, 42.0f), acc(acc0);
+        acc.push_back(42.0f);  // guards: must stay
+        ReduceInto(got.data(), inputs, n, type, reduction);
+        ReduceAccumulateInto(acc.data(), inputs, n, type, reduction);
+        for (size_t i = 0; i < n; ++i) {
+          float want = RefWiden(wire[0].data() + offset + i * bytes, type);
+          float want_acc = RefCombine(reduction, acc0[i], want);
+          for (size_t r = 1; r < k; ++r) {
+            const float x = RefWiden(wire[r].data() + offset + i * bytes, type);
+            want = RefCombine(reduction, want, x);
+            want_acc = RefCombine(reduction, want_acc, x);
+          }
+          for (const auto& [g, w, what] : {std::tuple{got[i], want, "ReduceInto"},
+                                          std::tuple{acc[i], want_acc, "ReduceAccumulateInto"}}) {
+            if (reduction == Reduction::kProduct && std::isnan(w)) {
+              ASSERT_TRUE(std::isnan(g)) << what << " " << KernelPathName(path) << " k=" << k
+                                         << " n=" << n << " i=" << i;
+            } else {
+              ASSERT_EQ(Bits(g), Bits(w))
+                  << what << " " << KernelPathName(path) << " " << ReductionName(reduction)
+                  << " " << ElementTypeName(type) << " k=" << k << " n=" << n << " i=" << i
+                  << std::hexfloat << " got " << g << " want " << w;
+            }
+          }
+        }
+        ASSERT_EQ(got[n], 42.0f) << "wrote past the end";
+        ASSERT_EQ(acc[n], 42.0f) << "wrote past the end";
+      }
+    }
+  }
+  ResetKernelPath();
+  EXPECT_GE(paths, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllReductionsAndTypes, ElementwiseReductionTest,
+    ::testing::Values(ReduceCase{Reduction::kMin, ElementType::kFp32},
+                      ReduceCase{Reduction::kMin, ElementType::kFp16},
+                      ReduceCase{Reduction::kMin, ElementType::kBf16},
+                      ReduceCase{Reduction::kMax, ElementType::kFp32},
+                      ReduceCase{Reduction::kMax, ElementType::kFp16},
+                      ReduceCase{Reduction::kMax, ElementType::kBf16},
+                      ReduceCase{Reduction::kProduct, ElementType::kFp32},
+                      ReduceCase{Reduction::kProduct, ElementType::kFp16},
+                      ReduceCase{Reduction::kProduct, ElementType::kBf16}),
+    [](const auto& info) {
+      return std::string(ReductionName(info.param.reduction)) + "_" +
+             ElementTypeName(info.param.type);
+    });
+
+// The rules, spelled out on single elements (first operand = lower rank).
+TEST(KernelsTest, MinMaxNaNAndSignedZeroRules) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan1 = FromBits(0x7fc00001u), nan2 = FromBits(0xffc00002u);
+  const float snan = FromBits(0x7f800001u);  // signaling: kept as it is, not quieted
+  struct Row {
+    float a, b;
+    uint32_t min, max;
+  } rows[] = {
+      {0.0f, -0.0f, Bits(-0.0f), Bits(0.0f)},   {-0.0f, 0.0f, Bits(-0.0f), Bits(0.0f)},
+      {1.0f, nan1, Bits(nan1), Bits(nan1)},     {nan1, 1.0f, Bits(nan1), Bits(nan1)},
+      {nan2, nan1, Bits(nan2), Bits(nan2)},     {nan1, nan2, Bits(nan1), Bits(nan1)},
+      {snan, 2.0f, Bits(snan), Bits(snan)},     {-inf, inf, Bits(-inf), Bits(inf)},
+      {3.0f, -2.0f, Bits(-2.0f), Bits(3.0f)},   {0x1p-140f, 0.0f, Bits(0.0f), Bits(0x1p-140f)},
+  };
+  for (KernelPath path : kAllKernelPaths) {
+    if (!ForceKernelPath(path)) continue;
+    for (const Row& r : rows) {
+      // 40 copies: the vector body and the scalar tail both see the pair.
+      std::vector<float> a(40, r.a), b(40, r.b), out(40);
+      const void* const in[2] = {a.data(), b.data()};
+      for (auto [red, want] : {std::pair{Reduction::kMin, r.min}, std::pair{Reduction::kMax, r.max}}) {
+        ReduceInto(out.data(), in, out.size(), ElementType::kFp32, red);
+        for (float o : out) {
+          ASSERT_EQ(Bits(o), want) << KernelPathName(path) << " " << ReductionName(red) << " of "
+                                   << std::hexfloat << r.a << ", " << r.b;
+        }
+      }
+    }
+    // Product: IEEE, -0 * 5 = -0, inf * 0 = NaN.
+    std::vector<float> a = {-0.0f, inf, 3.0f, -2.0f}, b = {5.0f, 0.0f, 0.5f, -inf}, out(4);
+    const void* const in[2] = {a.data(), b.data()};
+    ReduceInto(out.data(), in, 4, ElementType::kFp32, Reduction::kProduct);
+    EXPECT_EQ(Bits(out[0]), Bits(-0.0f));
+    EXPECT_TRUE(std::isnan(out[1]));
+    EXPECT_EQ(out[2], 1.5f);
+    EXPECT_EQ(out[3], inf);
+  }
+  ResetKernelPath();
+}
+
+// An empty input list gives the reduction's identity; kSum/kMean are the sum.
+TEST(KernelsTest, ReduceIntoIdentitiesAndSumDelegation) {
+  float out[3] = {5, 5, 5};
+  ReduceInto(out, {}, 3, ElementType::kFp32, Reduction::kMin);
+  EXPECT_EQ(out[2], std::numeric_limits<float>::infinity());
+  ReduceInto(out, {}, 3, ElementType::kFp32, Reduction::kMax);
+  EXPECT_EQ(out[0], -std::numeric_limits<float>::infinity());
+  ReduceInto(out, {}, 3, ElementType::kFp32, Reduction::kProduct);
+  EXPECT_EQ(out[1], 1.0f);
+  const float a[3] = {1, 2, 3}, b[3] = {0.5f, -4, 8};
+  const void* const in[2] = {a, b};
+  ReduceInto(out, in, 3, ElementType::kFp32, Reduction::kSum);
+  EXPECT_EQ(out[0], 1.5f);
+  EXPECT_EQ(out[1], -2.0f);
+  ReduceAccumulateInto(out, in, 3, ElementType::kFp32, Reduction::kMean);
+  EXPECT_EQ(out[2], 11.0f + 11.0f);
+}
+
+TEST(KernelsTest, ElementwiseReductionsNeedSumOnly) {
+  for (Reduction r : {Reduction::kMin, Reduction::kMax, Reduction::kProduct}) {
+    OptimizerConfig c;
+    c.type = OptimizerType::kSgd;
+    c.learning_rate = 0.1;
+    c.reduction = r;
+    const Status s = NormalizeOptimizer(&c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message().rfind("reduction: ", 0), 0u) << s.message();
+    EXPECT_NE(s.message().find("sum-only"), std::string::npos) << s.message();
+    OptimizerConfig ok{OptimizerType::kSumOnly, 0};
+    ok.reduction = r;
+    EXPECT_TRUE(NormalizeOptimizer(&ok).ok()) << ReductionName(r);
+  }
+  OptimizerConfig bad{OptimizerType::kSumOnly, 0};
+  bad.reduction = static_cast<Reduction>(6);
+  const Status s = NormalizeOptimizer(&bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("reduction: ", 0), 0u) << s.message();
+}
 
 }  // namespace
 }  // namespace rackhub::aggregation

@@ -76,8 +76,11 @@ rc::OptimizerSpec SpecFromDict(const py::dict& d) {
     else if (k == "initial_accumulator") s.initial_accumulator = v.cast<double>();
     else if (k == "reduction") {
       const std::string r = py::str(v);
-      if (r != "mean" && r != "sum") throw py::value_error("optimizer.reduction: mean or sum");
-      s.sum_reduction = r == "sum";
+      if (r != "mean" && r != "sum" && r != "min" && r != "max" && r != "product") {
+        throw py::value_error("optimizer.reduction: mean, sum, min, max or product, got '" + r +
+                              "'");
+      }
+      s.reduction = r;
     } else {
       throw py::value_error("optimizer." + k + ": unknown field (type, lr, momentum, weight_decay, "
                             "beta1, beta2, eps, initial_accumulator, reduction)");

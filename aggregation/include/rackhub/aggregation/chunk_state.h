@@ -11,7 +11,10 @@
 // so the parameters are bitwise identical for every arrival order. An
 // in-order contribution and the parked ones that follow it in rank order are
 // folded into the accumulator in one pass (SumInto / AccumulateInto, same bits
-// as adding them one by one).
+// as adding them one by one). With Reduction kMin, kMax or kProduct the same
+// happens with that element-wise operation in place of the addition
+// (ReduceInto / ReduceAccumulateInto); such chunks take no sparse
+// contributions (kBadSparse).
 #pragma once
 
 #include <cstddef>

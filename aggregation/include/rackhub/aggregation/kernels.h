@@ -218,6 +218,50 @@ void SumAndApplyOptimizer(const OptimizerConfig& cfg, const OptimizerStep& step,
                           std::span<const void* const> inputs, const float* p_old, float* p_new,
                           float* state0, float* state1, size_t n, ElementType type);
 
+// ---- Element-wise reductions: min, max, product ----
+// The same rank-order scheme as the sum: the first contribution is widened to
+// fp32 and copied, each following one is combined into it, left to right:
+//   kMin:     r = MinOf(r, x)      kMax: r = MaxOf(r, x)      kProduct: r = r * x
+// all in fp32 (fp16/bf16 inputs widened exactly; a caller narrowing the result
+// rounds once, as for the sum).
+// NaN: min and max PROPAGATE NaN, as torch.minimum / torch.maximum do (not
+// as fminf/fmaxf or minps/maxps, which drop or order-depend on it): when
+// either operand is NaN the result is the first NaN in rank order, its bits
+// unchanged (no arithmetic touches it, so every path gives the same bits,
+// even for several NaNs). Product propagates NaN by IEEE multiplication,
+// which quiets it; two NaNs meeting fall under the exception stated above.
+// Signed zeros: min(-0, +0) = min(+0, -0) = -0 and max(-0, +0) = +0, in
+// either order (-0 orders below +0); product follows IEEE (-0 * 5 = -0).
+// Infinities order as numbers; inf * 0 = NaN (IEEE).
+inline float MinOf(float a, float b) {
+  const uint32_t ia = std::bit_cast<uint32_t>(a), ib = std::bit_cast<uint32_t>(b);
+  if (a != a) return a;
+  if (b != b) return b;
+  if (a < b) return a;
+  if (b < a) return b;
+  return std::bit_cast<float>(ia | ib);  // equal: the same bits, or -0 and +0 -> -0
+}
+inline float MaxOf(float a, float b) {
+  const uint32_t ia = std::bit_cast<uint32_t>(a), ib = std::bit_cast<uint32_t>(b);
+  if (a != a) return a;
+  if (b != b) return b;
+  if (b < a) return a;
+  if (a < b) return b;
+  return std::bit_cast<float>(ia & ib);  // equal: the same bits, or -0 and +0 -> +0
+}
+
+// dst[i] = in0[i] op in1[i] op ... in rank order (op = `reduction`: kMin,
+// kMax, kProduct as above; kSum and kMean are SumInto). An empty `inputs`
+// fills dst with the identity (+inf for min, -inf for max, 1 for product,
+// +0 for sum). One pass over memory; dispatched once per call, the sum
+// loops are unchanged. dst must not overlap the inputs.
+void ReduceInto(float* dst, std::span<const void* const> inputs, size_t n, ElementType type,
+                Reduction reduction);
+// acc[i] = acc[i] op in0[i] op in1[i] ... (kSum, kMean: AccumulateInto): the
+// bits of ReduceInto over acc's values followed by the inputs.
+void ReduceAccumulateInto(float* acc, std::span<const void* const> inputs, size_t n,
+                          ElementType type, Reduction reduction);
+
 // ---- Kernel path selection ----
 enum class KernelPath : uint8_t {
   kPortable = 0,

@@ -21,10 +21,16 @@ enum class OptimizerType : uint8_t {
   kSumOnly = 7,  // no update: the reply is the reduced gradient
 };
 
-// How worker contributions are combined before the update.
+// How worker contributions are combined before the update. kMin, kMax and
+// kProduct combine element-wise in rank order (kernels.h, ReduceInto, for the
+// exact NaN and signed-zero rules) and are only valid with
+// OptimizerType::kSumOnly: the reply is the reduced value itself.
 enum class Reduction : uint8_t {
   kMean = 1,  // sum / number of contributions
   kSum = 2,
+  kMin = 3,
+  kMax = 4,
+  kProduct = 5,
 };
 
 struct OptimizerConfig {
@@ -43,10 +49,18 @@ struct OptimizerConfig {
 
 // Fills defaults for zero fields (Adam betas 0.9/0.999, epsilon 1e-8, AdaGrad
 // epsilon 1e-10) and checks every field against the type: INVALID_ARGUMENT
-// "<field>: <reason>" naming the first bad field.
+// "<field>: <reason>" naming the first bad field ("reduction: min needs
+// optimizer type sum-only ..." for an element-wise reduction with an optimizer).
 Status NormalizeOptimizer(OptimizerConfig* config);
 
 const char* OptimizerTypeName(OptimizerType type);  // "sgd", "adam", ...
+// "mean", "sum", "min", "max", "product"; "unknown" for other values.
+const char* ReductionName(Reduction reduction);
+// True for kMin, kMax and kProduct: combined element by element, not summed
+// (no top-k compression, no row-sparse tables, sum-only keys only).
+constexpr bool IsElementwiseReduction(Reduction r) {
+  return r == Reduction::kMin || r == Reduction::kMax || r == Reduction::kProduct;
+}
 // Number of fp32 state values per parameter the optimizer keeps (0, 1 or 2).
 int OptimizerStateSlots(OptimizerType type);
 

@@ -175,7 +175,10 @@ struct OptimizerSpec {
   std::string type;
   double learning_rate = 0, momentum = 0, weight_decay = 0, beta1 = 0, beta2 = 0, epsilon = 0,
          initial_accumulator = 0;
-  bool sum_reduction = false;  // false: mean of the workers' gradients
+  // How the workers' contributions combine: "mean" (or empty) of the
+  // gradients, "sum", or element-wise "min", "max", "product" (type
+  // sum-only only; docs/admin.md, Reductions).
+  std::string reduction;
 };
 
 using KeyId = uint32_t;

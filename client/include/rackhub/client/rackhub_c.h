@@ -62,8 +62,17 @@ typedef struct rackhub_optimizer {
    * NULL or "": tenant default (declare) / keep the type (set_optimizer). */
   const char* type;
   double learning_rate, momentum, weight_decay, beta1, beta2, epsilon, initial_accumulator;
-  int sum_reduction; /* nonzero: sum of the gradients, 0: mean */
+  /* RACKHUB_REDUCTION_*: 0 mean of the gradients, 1 sum, 2/3/4 element-wise
+   * min/max/product (type "sum-only" only). Other values: INVALID_ARGUMENT.
+   * (Before librackhub 0.3 this field was `sum_reduction`, 0 mean, 1 sum.) */
+  int reduction;
 } rackhub_optimizer;
+
+#define RACKHUB_REDUCTION_MEAN 0
+#define RACKHUB_REDUCTION_SUM 1
+#define RACKHUB_REDUCTION_MIN 2
+#define RACKHUB_REDUCTION_MAX 3
+#define RACKHUB_REDUCTION_PRODUCT 4
 
 /* Connects every lane. On success *out is a new client (free it with
  * rackhub_close). On failure *out is NULL and, if error_buf is not NULL, the

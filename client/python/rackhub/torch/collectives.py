@@ -10,15 +10,20 @@ not match (kind, name, dtype, shape, root, op) raise MismatchError (a
 HorovodInternalError and a ValueError) together, never hang and never
 return a result.
 
-allreduce: the hub sums in fp32 in rank order (bitwise reproducible);
-float16 and bfloat16 tensors travel in their own type (the fp32 sum is
-rounded to it once, then scaled), the other dtypes as
-fp32 (integers are exact while |sum| < 2**24; float64 and int64 are
-reduced in fp32, the hub's arithmetic). prescale_factor multiplies each
-rank's tensor before the sum, postscale_factor the sum (Average = Sum with
-postscale_factor / size), both in float64 before the cast back to the
-tensor's dtype. The first elements travel in the header round (one round
-trip for small tensors).
+allreduce: the hub reduces in fp32 in rank order (bitwise reproducible):
+Sum and Average sum, Min, Max and Product combine element-wise (Min and
+Max propagate NaN as torch.minimum / torch.maximum do, -0 below +0).
+float16 and bfloat16 tensors travel in their own type (the fp32 result is
+rounded to it once, then scaled), the other dtypes as fp32 (integers are
+exact while |sum| < 2**24 for Sum and Average, while every value is below
+2**24 in magnitude for Min and Max, and while every partial product is for
+Product; float64 and int64 are reduced in fp32, the hub's arithmetic).
+prescale_factor multiplies each rank's tensor before the reduction,
+postscale_factor the result (Average = Sum with postscale_factor / size),
+both in float64 before the cast back to the tensor's dtype. Sum and
+Average send their first elements in the header round (one round trip for
+small tensors); Min, Max and Product go through helper keys of their own
+reduction (rounds.py) after the header round.
 
 allgather and broadcast move raw bytes (rounds.exchange): any dtype
 arrives bit for bit.
@@ -36,14 +41,15 @@ from . import _context, agree, rounds
 from .compression import Compression, compressor_of
 from .handles import Op, synchronize
 
-# Reduction ops (Horovod's names). Min, Max and Product exist so a script
-# that names them gets a clear refusal, not an AttributeError.
-from .hub_specs import Adasum, Average, Sum  # noqa: F401
-Min = "min"
-Max = "max"
-Product = "product"
+# Reduction ops (Horovod's names) and their codes in an op's header.
+from .hub_specs import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 
-OPS = {Average: 1, Sum: 2}
+OPS = {Average: 1, Sum: 2, Min: 3, Max: 4, Product: 5}
+OP_OF_CODE = {v: k for k, v in OPS.items()}
+# The hub's element-wise reductions (helper keys of their own, rounds.key).
+ELEMENTWISE = (Min, Max, Product)
+# What a joined rank contributes to an op (join.py): the reduction's identity.
+IDENTITY = {Average: 0.0, Sum: 0.0, Min: math.inf, Max: -math.inf, Product: 1.0}
 
 
 def op_of(average, op, what):
@@ -53,11 +59,9 @@ def op_of(average, op, what):
         raise ValueError(f"{what}: give op or average, not both")
     if op == Adasum:
         raise ValueError(f"{what}: op: Adasum is not implemented by rackhub (use Average or Sum)")
-    if op in (Min, Max, Product):
-        raise ValueError(f"{what}: op: {op} is not implemented by rackhub yet: the hub reduces "
-                         f"by summing only (use Average or Sum)")
     if op not in OPS:
-        raise ValueError(f"{what}: op: rackhub.torch.Average or rackhub.torch.Sum, got {op!r}")
+        raise ValueError(f"{what}: op: rackhub.torch.Average, Sum, Min, Max or Product, got "
+                         f"{op!r}")
     return op
 
 
@@ -106,20 +110,30 @@ def wire(dtype):
     return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")
 
 
-def reduce_flat(kind, name, flat, dtype, values):
-    """The rank-order fp32 sum of every rank's flat fp32 `flat` (the first
-    elements inline in the header round); `values` go into the header and
-    must agree (the caller's fields); returns the sum."""
+def reduce_flat(kind, name, flat, dtype, values, op, check):
+    """The rank-order fp32 reduction by `op` of every rank's flat fp32
+    `flat`; `values` go into the header and check(every rank's values) must
+    accept them (raise MismatchError otherwise) before any data round, so
+    ranks that disagree (e.g. on the op, whose keys differ) never wait for
+    each other's data. Sum and Average: the first elements travel inline in
+    the header round (a sum); Min, Max, Product: every element through the
+    helper keys of that reduction, after the header round. Returns the
+    reduced tensor."""
     n = flat.numel()
+    joinable = kind in agree.JOINABLE
+    if op in ELEMENTWISE:
+        every, _ = agree.open_op(kind, name, values, joinable=joinable)
+        check(every)
+        return rounds.reduce(flat, "allreduce", wire(dtype), reduction=op)
     cap = rounds.capacity()
-    every, head = agree.open_op(kind, name, values, inline=flat[:cap],
-                                joinable=kind in agree.JOINABLE)
-    return every, (head[:n] if n <= cap else
-                   torch.cat([head, rounds.reduce(flat[cap:], "allreduce", wire(dtype))]))
+    every, head = agree.open_op(kind, name, values, inline=flat[:cap], joinable=joinable)
+    check(every)
+    return head[:n] if n <= cap else torch.cat(
+        [head, rounds.reduce(flat[cap:], "allreduce", wire(dtype))])
 
 
 def scaled(total, op, post, dtype):
-    """The fp32 sum `total` as the result of dtype: rounded to float16 /
+    """The fp32 reduction `total` as the result of dtype: rounded to float16 /
     bfloat16 once (what the hub's reply in that type is), times postscale
     (and 1/size for Average) in float64, cast to dtype."""
     if dtype in (torch.float16, torch.bfloat16):
@@ -133,18 +147,19 @@ def scaled(total, op, post, dtype):
 
 def allreduce_run(tensor, name, op, pre, post, out=None, kind="allreduce"):
     """The op of allreduce (and of reducescatter, `kind`): every rank's
-    tensor summed, scaled, in tensor's dtype; into `out` when given."""
+    tensor reduced by op, scaled, in tensor's dtype; into `out` when given."""
     t = tensor.detach()
     shape, dtype = tuple(t.shape), t.dtype
     flat = t.to("cpu").contiguous().view(-1)
     flat = (flat.to(torch.float64) * pre if pre != 1.0 else flat).to(torch.float32)
-    every, total = reduce_flat(kind, name, flat,
-                               dtype, [agree.dtype_code(dtype), flat.numel(), agree.crc(shape),
-                                       OPS[op]])
-    agree.same(kind, every, 0, "dtypes", agree.dtype_name)
-    agree.same(kind, every, 1, "element counts")
-    agree.same(kind, every, 2, "shapes", mine=shape)
-    agree.same(kind, every, 3, "ops (Average, Sum)", {v: k for k, v in OPS.items()}.get)
+
+    def check(every):
+        agree.same(kind, every, 0, "dtypes", agree.dtype_name)
+        agree.same(kind, every, 1, "element counts")
+        agree.same(kind, every, 2, "shapes", mine=shape)
+        agree.same(kind, every, 3, "ops (Average, Sum, Min, Max, Product)", OP_OF_CODE.get)
+    total = reduce_flat(kind, name, flat, dtype, [agree.dtype_code(dtype), flat.numel(),
+                                                  agree.crc(shape), OPS[op]], op, check)
     result = scaled(total, op, post, dtype).view(shape).to(tensor.device)
     if out is None:
         return result
@@ -157,8 +172,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0):
     """Starts an allreduce of `tensor`; returns a handle (synchronize(handle)
     returns the reduced tensor, a new one of tensor's dtype, shape and
-    device). op: Average (default) or Sum. Do not modify `tensor` before the
-    op finished."""
+    device). op: Average (default), Sum, Min, Max or Product. Do not modify
+    `tensor` before the op finished."""
     op = op_of(average, op, "allreduce")
     pre = factor(prescale_factor, "allreduce: prescale_factor")
     post = factor(postscale_factor, "allreduce: postscale_factor")
@@ -197,8 +212,10 @@ class _Allreduce(torch.autograd.Function):
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0):
-    """Averages (op=Average, the default) or sums (op=Sum) `tensor` over the
-    ranks; returns a new tensor of the same dtype, shape and device.
+    """Averages (op=Average, the default), sums (op=Sum) or takes the
+    element-wise minimum, maximum or product (op=Min, Max, Product) of
+    `tensor` over the ranks; returns a new tensor of the same dtype, shape
+    and device.
     compression: a Compressor (Compression.none, .fp16, .bf16 or a
     user-written one): the compressed tensor is reduced and decompressed.
     Differentiable: the gradient is the allreduce of the result's gradient."""

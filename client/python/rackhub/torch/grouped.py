@@ -46,13 +46,15 @@ def grouped_allreduce_run(ts, name, op, pre, post, out=None, kind="grouped_allre
     flat = torch.cat(flats) if flats else torch.zeros(0)
     dtypes = {t.dtype for t in ts}
     group_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
-    every, total = reduce_flat(kind, name, flat, group_dtype,
-                               [agree.dtype_code(group_dtype), flat.numel(),
-                                agree.crc(_layout(ts)), OPS[op] * 1000 + len(ts)])
-    agree.same(kind, every, 3, "ops or group lengths",
-               lambda v: f"op {v // 1000}, {v % 1000} tensors")
-    agree.same(kind, every, 1, "total element counts")
-    agree.same(kind, every, 2, "shapes or dtypes", mine=_layout(ts))
+
+    def check(every):
+        agree.same(kind, every, 3, "ops or group lengths",
+                   lambda v: f"op {v // 1000}, {v % 1000} tensors")
+        agree.same(kind, every, 1, "total element counts")
+        agree.same(kind, every, 2, "shapes or dtypes", mine=_layout(ts))
+    total = reduce_flat(kind, name, flat, group_dtype,
+                        [agree.dtype_code(group_dtype), flat.numel(), agree.crc(_layout(ts)),
+                         OPS[op] * 1000 + len(ts)], op, check)
     results, off = [], 0
     for i, t in enumerate(ts):
         n = t.numel()

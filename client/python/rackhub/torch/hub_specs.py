@@ -10,10 +10,15 @@ does not implement, naming it.
 """
 import torch
 
-# Reduction ops (Horovod's names).
+# Reduction ops (Horovod's names). Min, Max and Product reduce on the hub
+# element-wise (the collectives, collectives.py); DistributedOptimizer takes
+# Average and Sum.
 Average = "average"
 Sum = "sum"
 Adasum = "adasum"
+Min = "min"
+Max = "max"
+Product = "product"
 
 
 def reduction_of(op):
@@ -24,6 +29,10 @@ def reduction_of(op):
         return "sum"
     if op == Adasum:
         raise ValueError("op: Adasum is not implemented by rackhub (use Average or Sum)")
+    if op in (Min, Max, Product):
+        raise ValueError(f"op: {op} is for the collectives (allreduce, grouped_allreduce, "
+                         f"reducescatter); a DistributedOptimizer averages or sums gradients "
+                         f"(Average or Sum)")
     raise ValueError(f"op: rackhub.torch.Average or rackhub.torch.Sum, got {op!r}")
 
 

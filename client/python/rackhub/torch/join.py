@@ -1,7 +1,9 @@
 """join() (Horovod's): a rank that ran out of data joins; until every rank
 has joined, it takes part in the other ranks' allreduce and
 grouped_allreduce ops with zeros (their Average still divides by size(): the
-result is that of an allreduce where the joined ranks passed zeros) and in
+result is that of an allreduce where the joined ranks passed zeros; for
+Min, Max and Product a joined rank passes the reduction's identity, +inf,
+-inf and 1, so the result is that of the active ranks alone) and in
 their allgathers with no rows (so SyncBatchNorm's statistics are those of
 the ranks that still have data). When
 all have joined, join() returns on every rank the rank that joined last
@@ -21,7 +23,7 @@ Thread use: any thread; the op runs on the executor's thread.
 import torch
 
 from . import _context, agree, rounds
-from .collectives import submit, wire
+from .collectives import ELEMENTWISE, IDENTITY, OP_OF_CODE, submit, wire
 from .errors import MismatchError
 from .handles import synchronize
 
@@ -51,10 +53,17 @@ def _join_run():
             continue
         if len({tuple(e) for e in active}) != 1:
             continue
-        dtype_code, numel = active[0][4], active[0][5]
+        dtype_code, numel, op_code = active[0][4], active[0][5], active[0][7]
+        if kind == "grouped_allreduce":
+            op_code //= 1000  # op * 1000 + group length
+        op = OP_OF_CODE.get(op_code)
+        dtype = agree.dtype_of(dtype_code)
+        if op in ELEMENTWISE:  # no inline part: every element through the op's keys
+            rounds.reduce(torch.full((numel,), IDENTITY[op], dtype=torch.float32), "allreduce",
+                          wire(dtype), reduction=op)
+            continue
         rest = numel - rounds.capacity()
         if rest > 0:
-            dtype = agree.dtype_of(dtype_code)
             rounds.reduce(torch.zeros(rest, dtype=torch.float32), "allreduce", wire(dtype))
 
 

@@ -4,9 +4,11 @@ helper keys of the tenant, and the header round that opens every op.
 Helper keys: sum-only keys named `__rackhub/...`, reused by every call and
 every later job on the tenant (no key is created per call): the channel
 keys (fp32, 4 Ki and 256 Ki elements) and the reduction keys of allreduce
-(the same two sizes per wire type: fp32, fp16, bf16). A tensor larger than
-a key goes through it in rounds. They hold no state between calls. The hub
-sums in rank order, in fp32.
+(the same two sizes per wire type: fp32, fp16, bf16, and per reduction:
+sum, min, max, product; `__rackhub/allreduce/rounds/<n>/<dtype>/<reduction>`,
+keys of reduction min, max and product are declared on first use). A tensor
+larger than a key goes through it in rounds. They hold no state between
+calls. The hub reduces in rank order, in fp32.
 
 Exact bytes: broadcast and allgather move raw bytes through a channel key.
 The bytes are carried as 16-bit integers in fp32 elements; exactly one rank
@@ -46,13 +48,15 @@ def _np(t):
     return t.detach().numpy()
 
 
-def key(purpose, elements, dtype="fp32"):
+def key(purpose, elements, dtype="fp32", reduction="sum"):
+    """The helper key of `purpose` with `elements` elements of wire type
+    `dtype` that reduces by `reduction` (sum, min, max or product)."""
     ctx = _context.need()
-    k = (purpose, elements, dtype)
+    k = (purpose, elements, dtype, reduction)
     if k not in ctx.keys:
         ctx.keys[k] = ctx.client.declare_key(
-            f"__rackhub/{purpose}/rounds/{elements}/{dtype}/sum", elements, dtype,
-            {"type": "sum-only", "reduction": "sum"}, False)
+            f"__rackhub/{purpose}/rounds/{elements}/{dtype}/{reduction}", elements, dtype,
+            {"type": "sum-only", "reduction": reduction}, False)
     return ctx.keys[k]
 
 
@@ -84,9 +88,11 @@ def push_pull(k, src, dst):
             time.sleep(0.05)  # back off before the retry the late rank will meet
 
 
-def reduce(flat, purpose="allreduce", dtype="fp32"):
-    """The rank-order fp32 sum of a flat fp32 tensor, in rounds of at most
-    LARGE elements through the `purpose` keys of wire type `dtype`."""
+def reduce(flat, purpose="allreduce", dtype="fp32", reduction="sum"):
+    """The rank-order fp32 reduction (sum, min, max or product) of a flat
+    fp32 tensor, in rounds of at most LARGE elements through the `purpose`
+    keys of wire type `dtype` and that reduction. Every rank pads a round's
+    unused tail alike (zeros); those elements are not returned."""
     out = torch.empty_like(flat)
     off = 0
     while off < flat.numel():
@@ -96,7 +102,7 @@ def reduce(flat, purpose="allreduce", dtype="fp32"):
         src = torch.zeros(size, dtype=torch.float32)
         src[:take] = flat[off:off + take]
         dst = torch.empty(size, dtype=torch.float32)
-        push_pull(key(purpose, size, dtype), src, dst)
+        push_pull(key(purpose, size, dtype, reduction), src, dst)
         out[off:off + take] = dst[:take]
         off += take
     return out
