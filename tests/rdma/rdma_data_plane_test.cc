@@ -135,10 +135,10 @@ std::vector<uint32_t> Train(Hub& hub, bool rdma, int iterations) {
     auto c = MustConnect(hub.Options(rdma, "job", token, rank));
     if (!c) return;
     client::KeyDecl a{"dense", 3000, client::DType::kFp32,
-                      client::OptimizerSpec{"adam", 0.01, 0, 0, 0.9, 0.999, 1e-8, 0, false},
+                      client::OptimizerSpec{"adam", 0.01, 0, 0, 0.9, 0.999, 1e-8, 0, ""},
                       client::Init::kZeros};
     client::KeyDecl b{"half", 1100, client::DType::kFp16,
-                      client::OptimizerSpec{"momentum", 0.05, 0.9, 0, 0, 0, 0, 0, false},
+                      client::OptimizerSpec{"momentum", 0.05, 0.9, 0, 0, 0, 0, 0, ""},
                       client::Init::kZeros};
     client::KeyId ka = 0, kb = 0;
     ASSERT_TRUE(c->DeclareKey(a, &ka).ok());

@@ -153,10 +153,10 @@ float Gradient(uint32_t member, uint64_t iteration, uint64_t index) {
 }
 
 const client::KeyDecl kDense{"dense", 3000, client::DType::kFp32,
-                             client::OptimizerSpec{"adam", 0.01, 0, 0, 0.9, 0.999, 1e-8, 0, false},
+                             client::OptimizerSpec{"adam", 0.01, 0, 0, 0.9, 0.999, 1e-8, 0, ""},
                              client::Init::kZeros};
 const client::KeyDecl kHalf{"half", 1100, client::DType::kFp16,
-                            client::OptimizerSpec{"momentum", 0.05, 0.9, 0, 0, 0, 0, 0, false},
+                            client::OptimizerSpec{"momentum", 0.05, 0.9, 0, 0, 0, 0, 0, ""},
                             client::Init::kZeros};
 
 // Every worker (rack r, rank i: member r * W + i) trains kIterations on two
