@@ -9,10 +9,10 @@ in the same run, alternating modes round by round.
 Modes:
   rackhub          server-side SGD-momentum on the hub (DistributedOptimizer(spec))
   rackhub-sumonly  the hub averages, local torch.optim.SGD(momentum) steps
-  rackhub-copy, rackhub-sumonly-copy
-                   the same with DistributedOptimizer(zero_copy=False): the
-                   gradients are copied into the shared-memory ring instead of
-                   being read by the hub in leased memory (not in the default
+  rackhub-lease, rackhub-sumonly-lease
+                   the same with DistributedOptimizer(zero_copy=True): the
+                   hub reads the gradients in memory leased to it instead of
+                   a copy in the shared-memory ring (not in the default
                    --modes; for the zero-copy A/B)
   ddp-gloo         torch.nn.parallel.DistributedDataParallel, gloo, local SGD(momentum)
   local            the same ranks with no communication (compute floor)
@@ -78,8 +78,8 @@ def rank_main(a):
         import rackhub.torch as rh
         rh.init(rank=rank, size=world, hub=a.hub, tenant=a.tenant, token=a.token)
         net = model
-        zero_copy = not a.mode.endswith("-copy")
-        if a.mode.removesuffix("-copy") == "rackhub":
+        zero_copy = a.mode.endswith("-lease")
+        if a.mode.removesuffix("-lease") == "rackhub":
             opt = rh.DistributedOptimizer(rh.SGD(lr=lr, momentum=mom),
                                           named_parameters=model.named_parameters(),
                                           zero_copy=zero_copy)

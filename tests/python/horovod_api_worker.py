@@ -619,7 +619,7 @@ def joins_with_optimizer(rank, size, hub):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                    named_parameters=[(f"jo{int(hub)}.{n}", p) for n, p in
                                                      model.named_parameters()],
-                                   hub_optimizer=hub)
+                                   hub_optimizer=hub, zero_copy=True)
 
     def batch(r, step):
         return inp(r, 300 + step, (4, 5), torch.float32)

@@ -32,8 +32,8 @@ How a step works:
   gradient (after backward_passes_per_step passes) and starts its PushPull at
   once, so communication overlaps the rest of backward.
 - Zero-copy for contiguous fp32 CPU tensors: the PushPull sends from `.grad`
-  and receives into a spare tensor; over shared memory (zero_copy=True,
-  the default) `.grad` and the spare live in memory leased to the hub
+  and receives into a spare tensor; over shared memory with zero_copy=True
+  (off by default) `.grad` and the spare live in memory leased to the hub
   (Client.lease), so the hub reduces straight from the gradients autograd
   wrote, with no copy into the ring (a zero_grad(set_to_none=True) drops
   the leased gradients: later steps copy); step() then swaps storages
@@ -641,7 +641,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          num_groups=0, groups=None, sparse_as_dense=False, *,
                          hub_optimizer=False, prefix="", reply="swap", on_rollback="resync",
                          embeddings=None, embedding_init=DEFAULT_INIT, embedding_coalesce=True,
-                         zero_copy=True):
+                         zero_copy=False):
     """Wraps `optimizer` for data-parallel training through the hub (see the
     module docstring).
 
@@ -675,7 +675,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     zero_copy (keyword): over shared memory, keep each float32 CPU
       parameter's .grad (and the local mode's reply buffer) in memory leased
       to the hub (Client.lease), so backward writes the gradients where the
-      hub reads them: no copy into the ring (module docstring).
+      hub reads them: no copy into the ring (module docstring). Off by
+      default: on the 2-core test VM it measured no faster
+      (bench/results/zero-copy-2026-11-27.md).
     """
     if gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor: only 1.0 (the hub sums in rank order, "
