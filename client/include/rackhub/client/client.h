@@ -178,7 +178,7 @@ struct OptimizerSpec {
   // How the workers' contributions combine: "mean" (or empty) of the
   // gradients, "sum", or element-wise "min", "max", "product" (type
   // sum-only only; docs/admin.md, Reductions).
-  std::string reduction;
+  std::string reduction = {};
 };
 
 using KeyId = uint32_t;

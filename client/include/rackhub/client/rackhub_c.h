@@ -64,7 +64,7 @@ typedef struct rackhub_optimizer {
   double learning_rate, momentum, weight_decay, beta1, beta2, epsilon, initial_accumulator;
   /* RACKHUB_REDUCTION_*: 0 mean of the gradients, 1 sum, 2/3/4 element-wise
    * min/max/product (type "sum-only" only). Other values: INVALID_ARGUMENT.
-   * (Before librackhub 0.3 this field was `sum_reduction`, 0 mean, 1 sum.) */
+   * (Formerly `sum_reduction`, 0 mean, 1 sum: those values kept their meaning.) */
   int reduction;
 } rackhub_optimizer;
 
