@@ -458,6 +458,35 @@ TEST_F(ShmChannelTest, APayloadInALentRegionIsReadInPlace) {
   Run([&] { EXPECT_FALSE(h.closed) << h.why; });
 }
 
+// A lent payload larger than the ring goes as a 128-byte reference; when
+// even that does not fit (the hub does not consume: 64 bytes left), the
+// frame waits for room instead of being copied (which would not fit at all).
+TEST_F(ShmChannelTest, ALentPayloadLargerThanTheRingWaitsForRoom) {
+  Inbox h, w;
+  auto hub_worker = Pair(kMinRingBytes, nullptr, &h, &w);
+  std::shared_ptr<Channel> hub = hub_worker.first, worker = hub_worker.second;
+  ASSERT_TRUE(hub && worker);
+  auto made = LendRegion::Create(200000);
+  ASSERT_TRUE(made.ok());
+  std::shared_ptr<LendRegion> region = *std::move(made);
+  const std::span<std::byte> mem = region->bytes();
+  for (size_t i = 0; i < mem.size(); ++i) mem[i] = static_cast<std::byte>(i * 7 + 1);
+  const std::string filler = Pattern(kMinRingBytes - 128, 5);  // a record 64 bytes short of the ring
+  ASSERT_EQ(RecordBytes(filler.size()), kMinRingBytes - 64);
+  Releases released;
+  Run([&] {
+    hub->PauseDelivery(true);
+    worker->Send(Frame(0, filler));
+    worker->Send(LentFrame(1, mem.subspan(0, 150000), released.One()));
+  });
+  Run([&] { hub->PauseDelivery(false); });
+  ASSERT_TRUE(h.WaitFrames(2)) << h.why;
+  std::lock_guard lock(h.mu);
+  EXPECT_FALSE(h.closed) << h.why;
+  EXPECT_EQ(h.frames[0].second, filler);
+  EXPECT_EQ(h.frames[1].second, std::string(reinterpret_cast<const char*>(mem.data()), 150000));
+}
+
 // A worker may send anything on its set-up socket and write anything into
 // its ring: forged lend messages and references close the connection as
 // violations naming the problem, and never make the hub read outside a

@@ -235,26 +235,28 @@ bool Channel::SendLendMessageForTesting(uint32_t op, uint32_t id, uint64_t bytes
   return SendLendMessage(op, id, bytes, fd);
 }
 
-bool Channel::TryWriteLent(OutgoingFrame& f, uint64_t tail) {
+Channel::LentWrite Channel::TryWriteLent(OutgoingFrame& f, uint64_t tail) {
   const std::span<const std::byte> payload = f.payload();
-  if (side_ != Side::kClient || !lend_ok_ || payload.size() < kLendMinBytes) return false;
+  if (side_ != Side::kClient || !lend_ok_ || payload.size() < kLendMinBytes) {
+    return LentWrite::kNotLent;
+  }
   std::shared_ptr<LendRegion> region = LendRegion::Find(payload.data(), payload.size());
-  if (!region) return false;
+  if (!region) return LentWrite::kNotLent;
   const auto known = announced_.find(region->id());
   if (known == announced_.end() || known->second.expired()) {
     if (!SendLendMessage(internal::kLendOp, region->id(), region->bytes().size(), region->fd())) {
-      return false;
+      return LentWrite::kNotLent;  // the socket is full: copy this one
     }
     announced_[region->id()] = region;
   }
-  if (!HasRoom(internal::kRefRecordBytes, tail)) return false;
+  if (!HasRoom(internal::kRefRecordBytes, tail)) return LentWrite::kFull;
   Append(internal::kLentKind, internal::kRefRecordBytes, f, {},
          static_cast<uint64_t>(payload.data() - region->bytes().data()), region->id());
   pending_lent_.push_back({tx_head_, std::move(region), std::move(f.release)});
   f.release = nullptr;
   f.owner.reset();
   ++lent_sent_;
-  return true;
+  return LentWrite::kWritten;
 }
 
 void Channel::ReleaseLent(uint64_t tail) {
@@ -581,7 +583,13 @@ bool Channel::TryWrite(OutgoingFrame& f) {
     // A worker's payload in a region it lent its hub: a reference, no copy
     // (whatever its size: the record is 128 bytes).
     const uint64_t tail = internal::Tail(tx_control()).load(std::memory_order_seq_cst);
-    if (tail <= tx_head_ && tx_head_ - tail <= ring_bytes_ && TryWriteLent(f, tail)) return true;
+    if (tail <= tx_head_ && tx_head_ - tail <= ring_bytes_) {
+      switch (TryWriteLent(f, tail)) {
+        case LentWrite::kWritten: return true;
+        case LentWrite::kFull: return false;  // a reference waits for room, never a copy
+        case LentWrite::kNotLent: break;
+      }
+    }
   }
   if (rec > ring_bytes_) {
     if (f.release) f.release();

@@ -224,9 +224,12 @@ class Channel final : public FrameChannel {
   void Append(uint32_t kind, size_t rec, const OutgoingFrame& f,
               std::span<const std::byte> payload, uint64_t offset, uint32_t region = 0);
   // Client: writes `f` as a reference into the lent region holding its
-  // payload, if there is one and the hub has (or now gets) its descriptor.
-  // False: write it as usual.
-  bool TryWriteLent(OutgoingFrame& f, uint64_t tail);
+  // payload, if there is one and the hub has (or now gets) its descriptor
+  // (kWritten); kFull: it is lent but the ring has no room for the
+  // reference yet (wait; a lent payload may be larger than the ring);
+  // kNotLent: write it as usual.
+  enum class LentWrite { kWritten, kFull, kNotLent };
+  LentWrite TryWriteLent(OutgoingFrame& f, uint64_t tail);
   // Client: LEND (the region's descriptor) or UNLEND on the set-up socket;
   // false if the socket cannot take it now.
   bool SendLendMessage(uint32_t op, uint32_t id, uint64_t bytes, int fd);
