@@ -301,6 +301,7 @@ void ChunkState::FinishUpdate() {
     CopyOut(writable_wire(next), params_[next & 1].data(), elements_, wire_type_);
   }
   version_ = next;
+  updated_version_ = next;
   ClearContributions();
 }
 
@@ -397,6 +398,7 @@ bool ChunkState::SkipTo(uint64_t version) {
     std::copy_n(current_wire, wire_bytes(), writable_wire(version_ + 1));
   }
   version_ = version;
+  updated_version_ = 0;
   return true;
 }
 
@@ -418,6 +420,7 @@ bool ChunkState::Restore(uint64_t version, std::span<const float> params,
     std::copy(state[s].begin(), state[s].end(), state_[s].data());
   }
   version_ = version;
+  updated_version_ = 0;
   initialized_ = true;
   return true;
 }

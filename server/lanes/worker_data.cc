@@ -57,6 +57,23 @@ bool WorkerProtocol::StillCurrent(net::Connection& conn, LaneTenant& t, const Fr
   return false;
 }
 
+bool WorkerProtocol::AnswerCountedRetry(net::Connection& conn, LaneTenant& t, Chunk& c,
+                                        const FrameHeader& h) {
+  if (c.multi_rack() || c.table() || c.unsynced) return false;
+  const aggregation::ChunkState& s = c.state;
+  if (h.iteration + 1 != s.version() || s.updated_version() != s.version()) return false;
+  if (s.has_contributed(conn.id().rank)) return false;
+  const uint32_t member = ChunkTable::Member(t, conn.id());
+  if (!t.runtime->PushFailedAt(member, conn.id().session, h.key, h.iteration)) return false;
+  const auto* gen = GenerationOf(t, conn);
+  if (!gen || !(*gen)->live() || member >= c.contributors.size() ||
+      c.contributors[member] != *gen) {
+    return false;
+  }
+  SendParams(conn, c, s.version(), h.request_id);
+  return true;
+}
+
 Verdict WorkerProtocol::RefuseRecovering(net::Connection& conn, LaneTenant& t,
                                          const FrameHeader& h, const char* what) {
   t.runtime->PushFailed(ChunkTable::Member(t, conn.id()), conn.id().session, h.key, h.iteration);
@@ -127,6 +144,7 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   }
   const uint32_t member = ChunkTable::Member(t, conn.id());
   const bool again = stage.has_contributed(conn.id().rank);
+  if (h.iteration != stage.version() && AnswerCountedRetry(conn, t, c, h)) return;
   if (!StillCurrent(conn, t, h, stage.version(), again, "key")) return;
   if (c.elastic && !again && !ApplyMembership(conn, t, c, h)) return;
   if (again) {

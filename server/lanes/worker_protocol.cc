@@ -253,7 +253,7 @@ Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
   }
   if (h.opcode == Opcode::kInit) return CheckInit(conn, k, c, h);
   if (c.unsynced) return CheckUnsyncedPush(conn, t, k, c, h);
-  return CheckPush(conn, t, k, stage, h);
+  return CheckPush(conn, t, k, c, h);
 }
 
 Verdict WorkerProtocol::CheckInit(net::Connection& conn, const KeyInfo& k, Chunk& c,
@@ -285,8 +285,9 @@ Verdict WorkerProtocol::CheckInit(net::Connection& conn, const KeyInfo& k, Chunk
 }
 
 Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
-                                  aggregation::ChunkState& stage, const FrameHeader& h) {
+                                  Chunk& c, const FrameHeader& h) {
   const uint64_t rid = h.request_id;
+  aggregation::ChunkState& stage = c.Stage(conn.id().rack);
   const uint32_t rank = conn.id().rank;
   const uint32_t member = ChunkTable::Member(t, conn.id());
   // A paused elastic tenant says so even while a recovery runs (the pause
@@ -306,6 +307,7 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
                   rid);
   }
   if (h.iteration != stage.version()) {
+    if (AnswerCountedRetry(conn, t, c, h)) return Verdict::kDiscard;
     // Not fatal: after a recovery, a restore or a hub restart the worker is
     // behind or ahead; the ERROR's iteration field tells it where the hub is.
     RefuseIteration(conn, t, h, stage.version(),

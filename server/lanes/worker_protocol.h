@@ -96,8 +96,8 @@ class WorkerProtocol final : public net::FrameHandler {
   Verdict CheckChunkFrame(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
   Verdict CheckInit(net::Connection& conn, const KeyInfo& k, Chunk& c,
                     const net::FrameHeader& h);
-  Verdict CheckPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
-                    aggregation::ChunkState& stage, const net::FrameHeader& h);
+  Verdict CheckPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k, Chunk& c,
+                    const net::FrameHeader& h);
   // Bounded/async tenants (unsynced_protocol.cc, docs/consistency.md): a
   // PUSH's iteration is the worker's own count on the chunk (or the one
   // before, a retry of an applied push: answered, not applied again).
@@ -149,6 +149,20 @@ class WorkerProtocol final : public net::FrameHandler {
   // Pull the `what` ("key", "table").
   bool StillCurrent(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                     uint64_t version, bool again, const char* what);
+  // A PUSH one version behind a one-rack dense chunk of a sync tenant that
+  // retries a failed PushPull (TenantRuntime::PushFailed) whose earlier push
+  // of this chunk was counted in the update that produced the chunk's
+  // version: the other ranks completed that update between the worker's
+  // Pull and its retry. Answered with that update's parameters, as a retry
+  // of a chunk still pending is (OnPush), and true; false (nothing sent)
+  // when the push is not such a retry. Counted means: this connection's
+  // generation, still live, made the chunk's newest counted contribution
+  // of this member, and the version came from an update (not a recovery's
+  // skipped step or a restore); a live generation is a member of every
+  // update from its first contribution on (docs/elastic.md), so it
+  // contributed to that update.
+  bool AnswerCountedRetry(net::Connection& conn, LaneTenant& t, Chunk& c,
+                          const net::FrameHeader& h);
   // Before the payload: a PUSH or PUSH_ROWS while the tenant recovers is a
   // failed push, refused with WORKER_LOST (Pull the `what` and push the
   // next iteration).

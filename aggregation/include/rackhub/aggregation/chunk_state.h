@@ -216,6 +216,11 @@ class ChunkState {
     return rank < workers_ && contributed_[rank] == kContributed;
   }
   uint32_t contributions() const { return contributions_; }
+  // The version the newest update (Update, ReduceAndUpdate, ApplyAlone)
+  // produced, 0 once SkipTo or Restore moved the version without one. While
+  // it equals version(), the current parameters hold a contribution of
+  // every member of that update.
+  uint64_t updated_version() const { return updated_version_; }
 
   // REQUIRES: contributions() == expected() (aborts otherwise). Applies the
   // optimizer (fused, t = version() + 1) writing the new parameters into the
@@ -336,6 +341,7 @@ class ChunkState {
   std::optional<PendingOptimizer> pending_optimizer_;
 
   uint64_t version_ = 0;
+  uint64_t updated_version_ = 0;
   bool initialized_ = false;
 
   // Version v lives in params_[v & 1] (and wire_[v & 1] unless fp32).
