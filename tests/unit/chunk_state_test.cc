@@ -627,6 +627,7 @@ TEST(ChunkStateTest, RestoreContinuesBitIdentically) {
       ASSERT_TRUE(b.Restore(a.version(), a.params(a.version()), views));
       EXPECT_TRUE(b.initialized());
       EXPECT_EQ(b.version(), 3u);
+      EXPECT_EQ(b.updated_version(), 0u);  // restored, not updated here
       ASSERT_TRUE(std::ranges::equal(b.wire_params(3), a.wire_params(3)));
       for (unsigned i = 3; i < 6; ++i) {
         step(a, i);
@@ -654,15 +655,20 @@ TEST(ChunkStateTest, SkipToKeepsParametersAndRefusesWhilePending) {
   const std::vector<float> g = {1, 2, 3, 4};
   cs.Contribute(0, Wire(g, ElementType::kFp16));
   cs.Contribute(1, Wire(g, ElementType::kFp16));
+  EXPECT_EQ(cs.updated_version(), 0u);  // no update yet
   cs.Update();
+  EXPECT_EQ(cs.updated_version(), 1u);  // version 1 came from an update
   const auto p1 = Copy(cs.params(1));
   const std::vector<std::byte> w1(cs.wire_params(1).begin(), cs.wire_params(1).end());
   ASSERT_EQ(cs.Contribute(0, Wire(g, ElementType::kFp16)), AddResult::kAccepted);
   EXPECT_FALSE(cs.SkipTo(2));  // a contribution is pending
   cs.DiscardPending();
   EXPECT_FALSE(cs.SkipTo(0));  // never backwards
+  ASSERT_TRUE(cs.SkipTo(1));   // already there: nothing moves
+  EXPECT_EQ(cs.updated_version(), 1u);
   ASSERT_TRUE(cs.SkipTo(2));
   EXPECT_EQ(cs.version(), 2u);
+  EXPECT_EQ(cs.updated_version(), 0u);  // version 2 is a skipped step
   EXPECT_EQ(Copy(cs.params(2)), p1);
   EXPECT_EQ(Copy(cs.params(1)), p1);
   EXPECT_TRUE(std::ranges::equal(cs.wire_params(2), w1));
@@ -672,6 +678,7 @@ TEST(ChunkStateTest, SkipToKeepsParametersAndRefusesWhilePending) {
   cs.Update();
   EXPECT_EQ(cs.version(), 3u);
   EXPECT_FLOAT_EQ(cs.params(3)[0], p1[0] - 0.5f * 1.0f);
+  EXPECT_EQ(cs.updated_version(), 3u);
 }
 
 // ASan and TSan replace malloc: mallinfo2 does not see their heap.
