@@ -22,8 +22,8 @@ Thread use: any thread; the op runs on the executor's thread.
 """
 import torch
 
-from . import _context, agree, rounds
-from .collectives import ELEMENTWISE, IDENTITY, OP_OF_CODE, submit, wire
+from . import _context, agree, exact, rounds
+from .collectives import OP_OF_CODE, submit
 from .errors import MismatchError
 from .handles import synchronize
 
@@ -56,15 +56,7 @@ def _join_run():
         dtype_code, numel, op_code = active[0][4], active[0][5], active[0][7]
         if kind == "grouped_allreduce":
             op_code //= 1000  # op * 1000 + group length
-        op = OP_OF_CODE.get(op_code)
-        dtype = agree.dtype_of(dtype_code)
-        if op in ELEMENTWISE:  # no inline part: every element through the op's keys
-            rounds.reduce(torch.full((numel,), IDENTITY[op], dtype=torch.float32), "allreduce",
-                          wire(dtype), reduction=op)
-            continue
-        rest = numel - rounds.capacity()
-        if rest > 0:
-            rounds.reduce(torch.zeros(rest, dtype=torch.float32), "allreduce", wire(dtype))
+        exact.join_rounds(dtype_code, numel, OP_OF_CODE.get(op_code))
 
 
 def _optimizer_step(join_id):
