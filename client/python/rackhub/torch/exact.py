@@ -245,6 +245,76 @@ def _counts(flats):
     return [sum(f.numel() for f in flats if f.dtype == d) for d in _LAYOUT]
 
 
+def _pack(ys, op, size):
+    """This rank's parts of the op over tensors ys: the hub buffer (fp32),
+    each tensor's (method, offset in it), the lower limbs of each "lex"
+    tensor (by tensor index), the gathered bytes."""
+    bits = limb_bits(size)
+    hub, spans, lex, gather, off = [], [], {}, [], 0
+    for i, y in enumerate(ys):
+        m = method(y.dtype, op, size)
+        spans.append((m, off))
+        if m == "hub":
+            parts = [y.to(torch.float32)]
+        elif m == "limbs":
+            parts = [p.to(torch.float32) for p in _split(y.to(torch.int64), y.dtype, bits)]
+        elif m == "lex":
+            limbs = _lex_parts(y.to(torch.int64), y.dtype)
+            parts, lex[i] = [limbs[0].to(torch.float32)], limbs[1:]
+        else:
+            parts = []
+            gather.append(y.contiguous().view(torch.uint8) if y.numel()
+                          else torch.zeros(0, dtype=torch.uint8))
+        hub += parts
+        off += sum(p.numel() for p in parts)
+    return (torch.cat(hub) if hub else torch.zeros(0), spans, lex,
+            torch.cat(gather) if gather else torch.zeros(0, dtype=torch.uint8))
+
+
+def _open(kind, name, values, check, op, hub, wire, mixed, counts):
+    """The header round and the hub buffer's rounds. Returns (every rank's
+    header values, None for joined ranks; the hub buffer reduced)."""
+    joinable = kind in agree.JOINABLE
+    cap = rounds.capacity() if op in SUMS else 0
+    every, head = agree.open_op(kind, name, values, inline=hub[:cap] if cap else None,
+                                joinable=joinable)
+    check(every)
+    if mixed and any(e is None for e in every):
+        layout_round(counts)
+    if op in SUMS:
+        return every, head[:hub.numel()] if hub.numel() <= cap else torch.cat(
+            [head, rounds.reduce(hub[cap:], "allreduce", wire)])
+    return every, rounds.reduce(hub, "allreduce", wire, reduction=op)
+
+
+def _lex_rounds(ys, spans, lex, hub_sum, op):
+    """The further rounds of integer Min/Max: round k reduces limb k + 1 of
+    the ranks still tied with the best limbs so far (the others send the
+    op's identity). Returns {tensor index: its result in its dtype}."""
+    best = {i: [hub_sum[spans[i][1]:spans[i][1] + ys[i].numel()].to(torch.int64)] for i in lex}
+    tied = {i: _lex_parts(ys[i].to(torch.int64), ys[i].dtype)[0] == best[i][0] for i in lex}
+    ident = torch.tensor(_identity(op))
+    for k in range(max((len(p) for p in lex.values()), default=0)):
+        idx = [i for i in lex if len(lex[i]) > k]
+        send = torch.cat([torch.where(tied[i], lex[i][k].to(torch.float32), ident)
+                          for i in idx])
+        got = rounds.reduce(send, "allreduce", "fp32", reduction=op)
+        off = 0
+        for i in idx:
+            n = ys[i].numel()
+            g = got[off:off + n].to(torch.int64)
+            off += n
+            tied[i] = tied[i] & (lex[i][k] == g)
+            best[i].append(g)
+    out = {}
+    for i in lex:
+        v = torch.zeros(ys[i].numel(), dtype=torch.int64)
+        for (shift, _, _), part in zip(lex_limbs(ys[i].dtype), best[i]):
+            v = v + part * (1 << shift)  # the top limb signed: no overflow
+        out[i] = v.to(ys[i].dtype)
+    return out
+
+
 def reduce(kind, name, flats, op, pre, post, values, check):
     """The op over every rank's flat CPU tensors `flats` (any of the
     reducible dtypes): opens it with `values` in the header (check(every)
@@ -255,113 +325,34 @@ def reduce(kind, name, flats, op, pre, post, values, check):
     bits = limb_bits(size)
     ys = [scale(f, pre) for f in flats]
     group_dtype = header_dtype(ys)
-    wire = wire_of(group_dtype)
-    # The hub buffer, lex rounds and gathered bytes, in the group's order.
-    hub_parts, lex_parts, gather_parts = [], [], []
-    for y in ys:
-        m = method(y.dtype, op, size)
-        if m == "hub":
-            hub_parts.append(y.to(torch.float32))
-        elif m == "limbs":
-            hub_parts += [p.to(torch.float32) for p in _split(y.to(torch.int64), y.dtype, bits)]
-        elif m == "lex":
-            parts = _lex_parts(y.to(torch.int64), y.dtype)
-            hub_parts.append(parts[0].to(torch.float32))
-            lex_parts.append(parts[1:])
-        else:
-            gather_parts.append(y.contiguous().view(-1).view(torch.uint8) if y.numel()
-                                else torch.zeros(0, dtype=torch.uint8))
-    hub = torch.cat(hub_parts) if hub_parts else torch.zeros(0)
-    joinable = kind in agree.JOINABLE
-    if op in SUMS:
-        cap = rounds.capacity()
-        every, head = agree.open_op(kind, name, values, inline=hub[:cap], joinable=joinable)
-        check(every)
-        if any(e is None for e in every) and group_dtype is None:
-            layout_round(_counts(flats))
-        hub_sum = head[:hub.numel()] if hub.numel() <= cap else torch.cat(
-            [head, rounds.reduce(hub[cap:], "allreduce", wire)])
-    else:
-        every, _ = agree.open_op(kind, name, values, joinable=joinable)
-        check(every)
-        if any(e is None for e in every) and group_dtype is None:
-            layout_round(_counts(flats))
-        hub_sum = rounds.reduce(hub, "allreduce", wire, reduction=op)
+    hub, spans, lex, mine = _pack(ys, op, size)
+    every, hub_sum = _open(kind, name, values, check, op, hub, wire_of(group_dtype),
+                           group_dtype is None, _counts(flats))
     live = [e is not None for e in every]
-    lex_results = _lex_rounds(ys, hub_sum, lex_parts, op, size)
+    lex_results = _lex_rounds(ys, spans, lex, hub_sum, op)
+    g = mine.numel()
     gathered = None
-    if gather_parts:
-        mine = torch.cat(gather_parts)
-        g = mine.numel()
+    if g:
         buf = torch.zeros(size * g, dtype=torch.uint8)
         buf[ctx.rank * g:(ctx.rank + 1) * g] = mine
         gathered = rounds.exchange(buf).view(size, g)
-    # Unpack in the group's order.
-    out, hoff, goff, li = [], 0, 0, 0
-    for y in ys:
+    out, goff = [], 0
+    for i, (y, (m, off)) in enumerate(zip(ys, spans)):
         n, d = y.numel(), y.dtype
-        m = method(d, op, size)
         if m == "hub":
-            r = hub_sum[hoff:hoff + n].to(d)
-            hoff += n
+            r = hub_sum[off:off + n].to(d)
         elif m == "limbs":
-            k = len(_split(torch.zeros(0, dtype=torch.int64), d, bits))
-            sums = [hub_sum[hoff + i * n:hoff + (i + 1) * n].to(torch.int64) for i in range(k)]
-            hoff += k * n
-            r = _join_limbs(sums, d, bits)
+            k = math.ceil(INTS[d] / bits)
+            r = _join_limbs([hub_sum[off + j * n:off + (j + 1) * n].to(torch.int64)
+                             for j in range(k)], d, bits)
         elif m == "lex":
-            r = lex_results[li]
-            li += 1
-            hoff += n
+            r = lex_results[i]
         else:
             nb = n * y.element_size()
-            rows = [gathered[rk, goff:goff + nb].clone().view(d) if nb else
-                    torch.zeros(0, dtype=d) for rk in range(size)]
+            r = _gathered([gathered[q, goff:goff + nb].clone().view(d) if nb
+                           else torch.zeros(0, dtype=d) for q in range(size)], op, live)
             goff += nb
-            r = _gathered(rows, op, live)
         out.append(scale(r, post / size if op == Average else post))
-    return out
-
-
-def _lex_rounds(ys, hub_sum, lex_parts, op, size):
-    """The further rounds of integer Min/Max; returns each "lex" tensor's
-    result (int64 values combined back into its dtype)."""
-    lex_ys = [y for y in ys if method(y.dtype, op, size) == "lex"]
-    off, heads = 0, []
-    for y in ys:
-        m = method(y.dtype, op, size)
-        if m == "lex":
-            heads.append(hub_sum[off:off + y.numel()].to(torch.int64))
-        if m in ("hub", "lex"):
-            off += y.numel()
-        elif m == "limbs":
-            off += y.numel() * math.ceil(INTS[y.dtype] / limb_bits(size))
-    mine_top = [None] * len(lex_ys)
-    best = [[h] for h in heads]
-    tied = []
-    for i, y in enumerate(lex_ys):
-        mine_top[i] = _lex_parts(y.to(torch.int64), y.dtype)[0]
-        tied.append(mine_top[i] == heads[i])
-    depth = max((len(p) for p in lex_parts), default=0)
-    ident = _identity(op)
-    for k in range(depth):
-        idx = [i for i, p in enumerate(lex_parts) if len(p) > k]
-        send = torch.cat([torch.where(tied[i], lex_parts[i][k].to(torch.float32),
-                                      torch.tensor(ident)) for i in idx])
-        got = rounds.reduce(send, "allreduce", "fp32", reduction=op)
-        off = 0
-        for i in idx:
-            n = lex_parts[i][k].numel()
-            g = got[off:off + n].to(torch.int64)
-            off += n
-            tied[i] = tied[i] & (lex_parts[i][k] == g)
-            best[i].append(g)
-    out = []
-    for i, y in enumerate(lex_ys):
-        v = torch.zeros(y.numel(), dtype=torch.int64)
-        for (s, w, signed), part in zip(lex_limbs(y.dtype), best[i]):
-            v = v + part * (1 << s)
-        out.append(v.to(y.dtype))
     return out
 
 
