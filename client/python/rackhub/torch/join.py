@@ -14,7 +14,8 @@ the others' op sees it (agree.open_op) and runs with it when the op is
 joinable, and raises MismatchError on every active rank otherwise (e.g. a
 broadcast while a rank is joined). The joined rank reads the active ranks'
 headers and, when they agree on a joinable op, sends zeros in the op's
-data rounds. DistributedOptimizer steps open with a header round of their
+data rounds (exact.join_rounds: the rounds the active ranks' op makes).
+DistributedOptimizer steps open with a header round of their
 own (kind "optimizer_step", optimizer.py): a joined rank answers it by
 pushing zeros to every key of its optimizer with the same join id.
 
