@@ -83,14 +83,15 @@ def rcombine(op, a, b):
     if not a.dtype.is_floating_point:
         return torch.min(a, b) if op == hvd.Min else torch.max(a, b)
     take_a = []  # element by element: a NaN first, -0 below +0, else the smaller/larger
-    for x, y, sa in zip(a.tolist(), b.tolist(), torch.signbit(a).tolist()):
+    for x, y, sa in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist(),
+                        torch.signbit(a).reshape(-1).tolist()):
         if x != x or y != y:
             take_a.append(x != x)
         elif x == y:
             take_a.append(sa if op == hvd.Min else not sa)
         else:
             take_a.append((x < y) == (op == hvd.Min))
-    return torch.where(torch.tensor(take_a, dtype=torch.bool), a, b)
+    return torch.where(torch.tensor(take_a, dtype=torch.bool).view(a.shape), a, b)
 
 
 def rank_order(xs, op, pre=1.0, post=1.0):

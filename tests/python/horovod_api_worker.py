@@ -507,13 +507,13 @@ def alltoall_and_reducescatter(rank, size):
     ts = [inp(rank, 74 + i, s, d) for i, (s, d) in enumerate(specs)]
     with RoundCounter() as rc:
         got = hvd.grouped_reducescatter(ts, op=hvd.Sum, postscale_factor=0.5)
-    ok = rc.n == 1
+    ok = rc.n == (1 if size <= 2 else 2)  # on 3+ ranks the float16 sum is gathered
     for i, ((shape, dtype), g) in enumerate(zip(specs, got)):
         full = ref_allreduce(size, 74 + i, shape, dtype, hvd.Sum, 1.0, 0.5)
         base, extra = divmod(shape[0], size)
         first = rank * base + min(rank, extra)
         ok &= bitwise(g, full[first:first + base + (rank < extra)])
-    check("grouped_reducescatter == reference shares, one round trip", ok, f"{rc.n} rounds")
+    check("grouped_reducescatter == reference shares, one round trip (2 on 3+ ranks)", ok, f"{rc.n} rounds")
     x = inp(rank, 77, (5, 2), torch.float32).requires_grad_()
     (y,) = hvd.grouped_reducescatter([x])
     base, extra = divmod(5, size)
