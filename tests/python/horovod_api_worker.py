@@ -513,7 +513,8 @@ def alltoall_and_reducescatter(rank, size):
         base, extra = divmod(shape[0], size)
         first = rank * base + min(rank, extra)
         ok &= bitwise(g, full[first:first + base + (rank < extra)])
-    check("grouped_reducescatter == reference shares, one round trip (2 on 3+ ranks)", ok, f"{rc.n} rounds")
+    check("grouped_reducescatter == reference shares, one round trip (2 on 3+ ranks)", ok,
+          f"{rc.n} rounds")
     x = inp(rank, 77, (5, 2), torch.float32).requires_grad_()
     (y,) = hvd.grouped_reducescatter([x])
     base, extra = divmod(5, size)
