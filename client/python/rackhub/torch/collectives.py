@@ -10,17 +10,11 @@ not match (kind, name, dtype, shape, root, op) raise MismatchError (a
 HorovodInternalError and a ValueError) together, never hang and never
 return a result.
 
-allreduce: the hub reduces in fp32 in rank order (bitwise reproducible):
-Sum and Average sum, Min, Max and Product combine element-wise (Min and
-Max propagate NaN as torch.minimum / torch.maximum do, -0 below +0).
-float16 and bfloat16 tensors travel in their own type (the fp32 result is
-rounded to it once, then scaled), the other dtypes as fp32 (integers are
-exact while |sum| < 2**24 for Sum and Average, while every value is below
-2**24 in magnitude for Min and Max, and while every partial product is for
-Product; float64 and int64 are reduced in fp32, the hub's arithmetic).
-prescale_factor multiplies each rank's tensor before the reduction,
-postscale_factor the result (Average = Sum with postscale_factor / size),
-both in float64 before the cast back to the tensor's dtype. Sum and
+allreduce: every rank's tensor reduced by Sum, Average, Min, Max or
+Product in rank order in the tensor's own dtype, with Horovod's
+prescale/postscale, bit for bit as a single process would compute it with
+torch (exact.py says how, per dtype, and what it costs). Min and Max
+propagate NaN as torch.minimum / torch.maximum do, -0 below +0. Sum and
 Average send their first elements in the header round (one round trip for
 small tensors); Min, Max and Product go through helper keys of their own
 reduction (rounds.py) after the header round.
@@ -37,7 +31,7 @@ import math
 
 import torch
 
-from . import _context, agree, rounds
+from . import _context, agree, exact, rounds
 from .compression import Compression, compressor_of
 from .handles import Op, synchronize
 
@@ -46,10 +40,6 @@ from .hub_specs import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 
 OPS = {Average: 1, Sum: 2, Min: 3, Max: 4, Product: 5}
 OP_OF_CODE = {v: k for k, v in OPS.items()}
-# The hub's element-wise reductions (helper keys of their own, rounds.key).
-ELEMENTWISE = (Min, Max, Product)
-# What a joined rank contributes to an op (join.py): the reduction's identity.
-IDENTITY = {Average: 0.0, Sum: 0.0, Min: math.inf, Max: -math.inf, Product: 1.0}
 
 
 def op_of(average, op, what):
@@ -106,61 +96,23 @@ def submit(kind, name, run, finish=None):
     return _context.need().executor.submit(Op(kind, name, run, finish))
 
 
-def wire(dtype):
-    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")
-
-
-def reduce_flat(kind, name, flat, dtype, values, op, check):
-    """The rank-order fp32 reduction by `op` of every rank's flat fp32
-    `flat`; `values` go into the header and check(every rank's values) must
-    accept them (raise MismatchError otherwise) before any data round, so
-    ranks that disagree (e.g. on the op, whose keys differ) never wait for
-    each other's data. Sum and Average: the first elements travel inline in
-    the header round (a sum); Min, Max, Product: every element through the
-    helper keys of that reduction, after the header round. Returns the
-    reduced tensor."""
-    n = flat.numel()
-    joinable = kind in agree.JOINABLE
-    if op in ELEMENTWISE:
-        every, _ = agree.open_op(kind, name, values, joinable=joinable)
-        check(every)
-        return rounds.reduce(flat, "allreduce", wire(dtype), reduction=op)
-    cap = rounds.capacity()
-    every, head = agree.open_op(kind, name, values, inline=flat[:cap], joinable=joinable)
-    check(every)
-    return head[:n] if n <= cap else torch.cat(
-        [head, rounds.reduce(flat[cap:], "allreduce", wire(dtype))])
-
-
-def scaled(total, op, post, dtype):
-    """The fp32 reduction `total` as the result of dtype: rounded to float16 /
-    bfloat16 once (what the hub's reply in that type is), times postscale
-    (and 1/size for Average) in float64, cast to dtype."""
-    if dtype in (torch.float16, torch.bfloat16):
-        total = total.to(dtype).to(torch.float32)
-    if op == Average:
-        post = post / _context.need().size
-    if post != 1.0:
-        total = total.to(torch.float64) * post
-    return total.to(dtype)
-
-
 def allreduce_run(tensor, name, op, pre, post, out=None, kind="allreduce"):
     """The op of allreduce (and of reducescatter, `kind`): every rank's
-    tensor reduced by op, scaled, in tensor's dtype; into `out` when given."""
+    tensor reduced by op, scaled, in tensor's dtype (exact.py); into `out`
+    when given."""
     t = tensor.detach()
     shape, dtype = tuple(t.shape), t.dtype
     flat = t.to("cpu").contiguous().view(-1)
-    flat = (flat.to(torch.float64) * pre if pre != 1.0 else flat).to(torch.float32)
 
     def check(every):
         agree.same(kind, every, 0, "dtypes", agree.dtype_name)
         agree.same(kind, every, 1, "element counts")
         agree.same(kind, every, 2, "shapes", mine=shape)
         agree.same(kind, every, 3, "ops (Average, Sum, Min, Max, Product)", OP_OF_CODE.get)
-    total = reduce_flat(kind, name, flat, dtype, [agree.dtype_code(dtype), flat.numel(),
-                                                  agree.crc(shape), OPS[op]], op, check)
-    result = scaled(total, op, post, dtype).view(shape).to(tensor.device)
+    total, = exact.reduce(kind, name, [flat], op, pre, post,
+                          [agree.dtype_code(dtype), flat.numel(), agree.crc(shape), OPS[op]],
+                          check)
+    result = total.view(shape).to(tensor.device)
     if out is None:
         return result
     with torch.no_grad():

@@ -1,12 +1,10 @@
 """Grouped collectives (Horovod's grouped_allreduce, grouped_allgather):
 one op for a list of tensors, with the results the ungrouped ops give.
 
-grouped_allreduce concatenates the group into one flat fp32 buffer: one
-header round (carrying the first elements) and as few data rounds as the
-group's total size needs, instead of one round trip per tensor. The wire
-type is float16/bfloat16 when every tensor of the group is of that type,
-else fp32; each result is rounded to its tensor's type exactly as an
-ungrouped allreduce's (collectives.scaled), so they are bit-identical.
+grouped_allreduce reduces the group in one op (exact.reduce): one header
+round (carrying the first elements) and as few data rounds as the group's
+total size needs, instead of one round trip per tensor; each result is
+bit-identical to the ungrouped allreduce's.
 
 grouped_allgather: a header round, one exchange of every tensor's first
 dimension on every rank, one exchange of all the bytes: three round trips
@@ -19,9 +17,9 @@ import math
 
 import torch
 
-from . import _context, agree, rounds
-from .collectives import (OPS, Average, factor, name_arg, op_of, raw, reduce_flat, reducible,
-                          scaled, submit, tensor_arg)
+from . import _context, agree, exact, rounds
+from .collectives import (OPS, Average, factor, name_arg, op_of, raw, reducible, submit,
+                          tensor_arg)
 from .compression import Compression, compressor_of
 from .handles import synchronize
 
@@ -39,27 +37,21 @@ def _layout(ts):
 
 def grouped_allreduce_run(ts, name, op, pre, post, out=None, kind="grouped_allreduce"):
     """The op of grouped_allreduce (and of grouped_reducescatter, `kind`)."""
-    flats = []
-    for t in ts:
-        f = t.detach().to("cpu").contiguous().view(-1)
-        flats.append((f.to(torch.float64) * pre if pre != 1.0 else f).to(torch.float32))
-    flat = torch.cat(flats) if flats else torch.zeros(0)
-    dtypes = {t.dtype for t in ts}
-    group_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    flats = [t.detach().to("cpu").contiguous().view(-1) for t in ts]
+    group_dtype = exact.header_dtype(flats)
+    code = exact.MIXED if group_dtype is None else agree.dtype_code(group_dtype)
 
     def check(every):
         agree.same(kind, every, 3, "ops or group lengths",
                    lambda v: f"op {v // 1000}, {v % 1000} tensors")
         agree.same(kind, every, 1, "total element counts")
         agree.same(kind, every, 2, "shapes or dtypes", mine=_layout(ts))
-    total = reduce_flat(kind, name, flat, group_dtype,
-                        [agree.dtype_code(group_dtype), flat.numel(), agree.crc(_layout(ts)),
-                         OPS[op] * 1000 + len(ts)], op, check)
-    results, off = [], 0
-    for i, t in enumerate(ts):
-        n = t.numel()
-        r = scaled(total[off:off + n], op, post, t.dtype).view(t.shape).to(t.device)
-        off += n
+    totals = exact.reduce(kind, name, flats, op, pre, post,
+                          [code, sum(f.numel() for f in flats), agree.crc(_layout(ts)),
+                           OPS[op] * 1000 + len(ts)], check)
+    results = []
+    for i, (t, total) in enumerate(zip(ts, totals)):
+        r = total.view(t.shape).to(t.device)
         if out is None:
             results.append(r)
         else:

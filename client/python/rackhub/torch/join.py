@@ -14,7 +14,8 @@ the others' op sees it (agree.open_op) and runs with it when the op is
 joinable, and raises MismatchError on every active rank otherwise (e.g. a
 broadcast while a rank is joined). The joined rank reads the active ranks'
 headers and, when they agree on a joinable op, sends zeros in the op's
-data rounds. DistributedOptimizer steps open with a header round of their
+data rounds (exact.join_rounds: the rounds the active ranks' op makes).
+DistributedOptimizer steps open with a header round of their
 own (kind "optimizer_step", optimizer.py): a joined rank answers it by
 pushing zeros to every key of its optimizer with the same join id.
 
@@ -22,8 +23,8 @@ Thread use: any thread; the op runs on the executor's thread.
 """
 import torch
 
-from . import _context, agree, rounds
-from .collectives import ELEMENTWISE, IDENTITY, OP_OF_CODE, submit, wire
+from . import _context, agree, exact, rounds
+from .collectives import OP_OF_CODE, submit
 from .errors import MismatchError
 from .handles import synchronize
 
@@ -56,15 +57,7 @@ def _join_run():
         dtype_code, numel, op_code = active[0][4], active[0][5], active[0][7]
         if kind == "grouped_allreduce":
             op_code //= 1000  # op * 1000 + group length
-        op = OP_OF_CODE.get(op_code)
-        dtype = agree.dtype_of(dtype_code)
-        if op in ELEMENTWISE:  # no inline part: every element through the op's keys
-            rounds.reduce(torch.full((numel,), IDENTITY[op], dtype=torch.float32), "allreduce",
-                          wire(dtype), reduction=op)
-            continue
-        rest = numel - rounds.capacity()
-        if rest > 0:
-            rounds.reduce(torch.zeros(rest, dtype=torch.float32), "allreduce", wire(dtype))
+        exact.join_rounds(dtype_code, numel, OP_OF_CODE.get(op_code))
 
 
 def _optimizer_step(join_id):
