@@ -1,6 +1,7 @@
 """One rank of test_collectives.py's second job (rackhub-run with 3 ranks and
 a hub whose straggler timeout is 1 s): what happens to the others when a rank
-is later than the straggler timeout, and when a rank has left. Prints
+starts later than the straggler timeout, when a rank is later than it in a
+collective, and when a rank has left. Prints
 `CHECK ok|FAIL name detail` per check and `CHECKS n failed k`; exits 1 if any
 failed.
 
@@ -47,9 +48,19 @@ def wait_for(what, cond, timeout=120):
 def main():
     torch.set_num_threads(1)
     op_timeout = 60.0
+    # A rank that starts later than the straggler timeout: rank 2 calls
+    # init() only once the hub has aborted the others' first round of init()
+    # (its collective finds rank 2 not connected). They wait for it, as
+    # Horovod's init waits for every rank, instead of failing.
+    late_start = os.environ["RACKHUB_RANK"] == "2"
+    if late_start:
+        wait_for("the others' init round to be aborted as a straggler",
+                 lambda: stragglers() > 0)
     hvd.init(op_timeout=op_timeout)
     rank, size = hvd.rank(), hvd.size()
     check("3 ranks", size == 3, str(size))
+    check("init waits for a rank later than the straggler timeout",
+          not late_start or stragglers() > 0)
     # Every rank connected before the first collective: a rank that has not
     # connected yet (still importing torch on a loaded machine) would be
     # "not connected" to the hub, which fails a collective at once, as for a

@@ -29,6 +29,10 @@ class Context:
         # DistributedOptimizer engines by their join id (weak references), for
         # a joined rank that pushes zeros for the others' steps (join.py).
         self.optimizers = {}
+        # True during init()'s first collective: a rank the hub finds "not
+        # connected" has not arrived yet (it may still be starting), so its
+        # round waits for it, until op_timeout, instead of failing.
+        self.forming = True
 
 
 def install(ctx):

@@ -143,6 +143,7 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     except BaseException:
         _context.shutdown()
         raise
+    ctx.forming = False  # every rank has arrived: one not connected from now on has left
     if not 0 <= local_rank < local_size:
         _context.shutdown()
         raise ValueError(f"rackhub.torch.init: local_rank: {local_rank} not in "

@@ -60,13 +60,16 @@ def key(purpose, elements, dtype="fp32", reduction="sum"):
     return ctx.keys[k]
 
 
-def _late_only(e):
+def _late_only(e, forming=False):
     """True if the hub aborted the round because a connected rank was late
     (straggler timeout) or the key's version moved (RolledBack), not because
-    a rank died ("worker lost") or is not connected (it left)."""
+    a rank died ("worker lost") or is not connected (it left). While the job
+    is `forming` (init()'s first collective), a rank not connected yet is
+    late too: it has not arrived."""
     text = str(e)
     return isinstance(e, _core.RolledBack) or (
-        "straggler" in text and "worker lost" not in text and "not connected" not in text)
+        "straggler" in text and "worker lost" not in text and
+        (forming or "not connected" not in text))
 
 
 def push_pull(k, src, dst):
@@ -83,7 +86,7 @@ def push_pull(k, src, dst):
                 c.wait(c.pull(k, _np(torch.empty_like(dst))))
             except _core.RackhubError:
                 pass  # the original error says more
-            if not _late_only(e) or time.monotonic() >= deadline:
+            if not _late_only(e, ctx.forming) or time.monotonic() >= deadline:
                 raise
             time.sleep(0.05)  # back off before the retry the late rank will meet
 
