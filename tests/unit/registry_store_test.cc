@@ -447,10 +447,10 @@ TEST_F(RegistryStoreTest, NewerSchemaVersionIsRefused) {
   Open();
   CreateTenant("alpha");
   registry_.reset();
-  RawExec(db_path_, "PRAGMA user_version = 6");
-  ExpectRefused("schema version 6 is newer than this rackhubd understands (5)");
+  RawExec(db_path_, "PRAGMA user_version = 7");
+  ExpectRefused("schema version 7 is newer than this rackhubd understands (6)");
   // Still there, untouched.
-  RawExec(db_path_, "PRAGMA user_version = 5");
+  RawExec(db_path_, "PRAGMA user_version = 6");
   Open();
   EXPECT_EQ(registry_->ListTenants().size(), 1u);
 }
