@@ -241,6 +241,12 @@ TEST_F(ParticipantsHubTest, ASetSurvivesARestartAndTheCApiDeclaresOne) {
   clients_.clear();
   StopHub();
   StartHub();
+  // rackhubctl shows the stored set.
+  const auto shown = RunCommand({BinPath("rackhubctl"), "--admin", hub_->admin_address(), "key",
+                                 "get", "keep", "ps/b"});
+  EXPECT_EQ(shown.exit_code, 0) << shown.err;
+  EXPECT_NE(shown.out.find("participants"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("1,3"), std::string::npos) << shown.out;
   ConnectRanks("keep", token);
   KeyId id = 0;
   const client::Error e = clients_[1]->DeclareKey(Decl("ps/b", "sum", {1}), &id);
