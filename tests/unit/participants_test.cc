@@ -31,6 +31,10 @@ class ParticipantsRegistryTest : public ::testing::Test {
     s.workers_per_rack = 4;
     s.chunk_bytes = 1024;
     s.elastic = elastic;
+    if (elastic) {
+      s.min_workers = 2;
+      s.quotas.max_workers = 8;
+    }
     s.consistency = consistency;
     if (consistency == Consistency::kBounded) s.staleness = 2;
     TenantInfo info;

@@ -230,7 +230,7 @@ struct KeyInfo {
   uint32_t dim = 0;
   uint64_t rows_per_chunk = 0;   // table: chunk c holds rows [c * rows_per_chunk, ...)
   double topk_ratio = 0;         // > 0: pushes are top-k sparsified (the ratio as declared)
-  std::vector<uint32_t> participants;  // KeyDecl::participants (empty: every worker)
+  std::vector<uint32_t> participants = {};  // KeyDecl::participants (empty: every worker)
   // Bounded/async tenants (docs/consistency.md), as the last PushPull/Pull
   // reported (the minimum over the key's chunks; 0 in sync tenants):
   // updates applied (every worker's contributions), and the iteration count
