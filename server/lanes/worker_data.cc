@@ -23,7 +23,10 @@ constexpr size_t kMaxParkedPulls = 65536;
 
 std::string ParticipantList(const KeyInfo& k) {
   std::string text;
-  for (uint32_t r : k.participants) text += (text.empty() ? "" : ",") + Num(r);
+  for (uint32_t r : k.participants) {
+    if (!text.empty()) text += ',';
+    text += Num(r);
+  }
   return text;
 }
 

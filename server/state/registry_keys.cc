@@ -33,7 +33,8 @@ std::string ParticipantsText(const std::vector<uint32_t>& ranks) {
   if (ranks.empty()) return "summing every worker";
   std::string text = "with participants [";
   for (size_t i = 0; i < ranks.size(); ++i) {
-    text += (i ? "," : "") + std::to_string(ranks[i]);
+    if (i) text += ',';
+    text += std::to_string(ranks[i]);
   }
   return text + "]";
 }

@@ -82,7 +82,10 @@ OptimizerConfig ReadOptimizer(const Statement& st, int first) {
 // KeyInfo::participants as stored: "0,2,5" ("" for every worker).
 std::string ParticipantsColumn(const std::vector<uint32_t>& ranks) {
   std::string text;
-  for (uint32_t r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
+  for (uint32_t r : ranks) {
+    if (!text.empty()) text += ',';
+    text += std::to_string(r);
+  }
   return text;
 }
 
