@@ -127,6 +127,7 @@ std::span<const std::byte> Bytes(const std::vector<float>& v) {
 TEST(ParticipantsChunkTest, ASetSumsItsMembersInRankOrderAndRefusesTheOthers) {
   OptimizerConfig sum_only;
   sum_only.type = OptimizerType::kSumOnly;
+  sum_only.learning_rate = 0;
   sum_only.reduction = Reduction::kMean;
   ASSERT_TRUE(aggregation::NormalizeOptimizer(&sum_only).ok());
   constexpr uint32_t kN = 64;
