@@ -228,6 +228,7 @@ Error Client::Impl::DeclareKey(const KeyDecl& decl, KeyId* out) {
   d.set_init_seed(decl.init_seed);
   d.set_topk_ratio(static_cast<float>(decl.topk_ratio));
   d.set_topk_ratio_exact(decl.topk_ratio);
+  for (uint32_t rank : decl.participants) d.add_participants(rank);
   Error e;
   if (decl.name.empty()) e = MakeError(ErrorCode::kInvalidArgument, "DeclareKey: empty name");
   if (e.ok() && !(decl.topk_ratio >= 0.0 && decl.topk_ratio <= 1.0)) {

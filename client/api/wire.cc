@@ -135,6 +135,7 @@ Result<KeyInfo> ToKeyInfo(const data::v1::KeyEntry& entry, uint32_t chunk_elemen
   k.rows_per_chunk = entry.rows_per_chunk();
   k.topk_ratio = entry.topk_ratio_exact() != 0 ? entry.topk_ratio_exact()
                                               : static_cast<double>(entry.topk_ratio());
+  k.participants.assign(entry.participants().begin(), entry.participants().end());
   k.first_chunk = entry.first_chunk();
   k.chunk_count = entry.chunk_count();
   k.version = entry.version();

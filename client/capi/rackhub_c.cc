@@ -197,6 +197,21 @@ int rackhub_declare_key(rackhub_client* c, const char* name, uint64_t elements, 
                  {RACKHUB_INIT_FROM_CLIENT, "_FROM_CLIENT"}, optimizer, std::move(decl), key_out);
 }
 
+int rackhub_declare_key_participants(rackhub_client* c, const char* name, uint64_t elements,
+                                     int dtype, const rackhub_optimizer* optimizer, int init,
+                                     const uint32_t* ranks, size_t n_ranks, uint32_t* key_out) {
+  if (!c) return RACKHUB_INVALID_ARGUMENT;
+  if (n_ranks > 0 && !ranks) {
+    return Invalid(c, "rackhub_declare_key_participants: ranks is NULL with n_ranks " +
+                          std::to_string(n_ranks));
+  }
+  rackhub::client::KeyDecl decl;
+  decl.elements = elements;
+  if (n_ranks > 0) decl.participants.assign(ranks, ranks + n_ranks);
+  return Declare(c, "rackhub_declare_key_participants", name, dtype, init,
+                 {RACKHUB_INIT_FROM_CLIENT, "_FROM_CLIENT"}, optimizer, std::move(decl), key_out);
+}
+
 int rackhub_declare_table(rackhub_client* c, const char* name, uint64_t rows, uint32_t dim,
                           int dtype, const rackhub_optimizer* optimizer, int init, float init_scale,
                           uint64_t init_seed, uint32_t* key_out) {

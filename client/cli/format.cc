@@ -289,6 +289,14 @@ void PrintKey(std::ostream& out, const admin::Key& k, bool chunks) {
     }
     block.Add("compression", ratio.str());
   }
+  if (k.participants_size() > 0) {  // a participant set (docs/wire-protocol.md section 5)
+    std::string ranks;
+    for (uint32_t r : k.participants()) {
+      if (!ranks.empty()) ranks += ',';
+      ranks += std::to_string(r);
+    }
+    block.Add("participants", ranks);
+  }
   block.Add("optimizer", DescribeOptimizer(k.optimizer()) +
                              (k.rows() > 0 && k.optimizer().type() == admin::ADAGRAD
                                   ? " (row-wise on tables)"

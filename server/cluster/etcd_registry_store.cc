@@ -145,6 +145,7 @@ std::string EtcdRegistryStore::EncodeKey(uint32_t tenant_handle, const KeyInfo& 
   r.set_init_seed(k.init_seed);
   r.set_topk_ratio(static_cast<float>(k.topk_ratio));
   r.set_topk_ratio_exact(k.topk_ratio);
+  for (uint32_t rank : k.participants) r.add_participants(rank);
   return r.SerializeAsString();
 }
 
@@ -213,6 +214,7 @@ RegistryContents EtcdRegistryStore::Parse(const std::map<std::string, std::strin
       k.key.init_seed = r.init_seed();
       k.key.topk_ratio = r.topk_ratio_exact() != 0 ? r.topk_ratio_exact()
                                                    : static_cast<double>(r.topk_ratio());
+      k.key.participants.assign(r.participants().begin(), r.participants().end());
       k.revision = mod;
       c.keys.push_back(std::move(k));
     }

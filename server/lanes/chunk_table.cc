@@ -116,6 +116,15 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
     slot->charge = MemoryCharge(
         t.info.counters, ChunkMemoryBytes(n, t.info.rank_slots(), sched.base.type,
                                           ElementTypeOf(key.info.dtype), memory_model_));
+    if (!key.info.participants.empty()) {
+      // A participant set (Registry::CreateKey checked it: single rack, sync,
+      // ranks < workers): every update sums exactly these ranks.
+      std::vector<uint8_t> member(t.info.rank_slots(), 0);
+      for (uint32_t r : key.info.participants) {
+        if (r < member.size()) member[r] = 1;
+      }
+      slot->state.SetMembers(member);
+    }
     slot->sparse_replies = key.info.topk_ratio > 0;
     slot->elastic = t.info.elastic;
     if (t.info.consistency != Consistency::kSync) {

@@ -24,6 +24,7 @@ DeclareCheck CheckDeclare(std::span<const std::byte> payload, const std::string&
   KeySpec& spec = r.spec;
   spec.tenant = tenant;
   KeyShapeFromProto(decl, &spec);
+  spec.participants.assign(decl.participants().begin(), decl.participants().end());
   const std::optional<WireDType> dtype = WireDTypeFromProto(decl.dtype());
   if (!dtype) return fail(WireError::kInvalidArgument, "dtype: unknown dtype");
   spec.dtype = *dtype;

@@ -24,6 +24,7 @@ void ReportStage(ChunkTable& table, LaneTenant& t, const Chunk& c, uint32_t rack
       e.pushed.push_back(r);
       continue;
     }
+    if (!stage.is_member(r)) continue;  // not a participant of the key
     e.missing.push_back(r);
     if (!cross_rack && !t.conns.count(rack * t.info.workers_per_rack + r)) {
       e.disconnected.push_back(r);

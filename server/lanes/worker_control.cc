@@ -39,6 +39,7 @@ void FillKeyEntry(const KeyInfo& k, uint64_t version, dpb::KeyEntry* e) {
   e->set_rows_per_chunk(k.rows_per_chunk());
   e->set_topk_ratio(static_cast<float>(k.topk_ratio));
   e->set_topk_ratio_exact(k.topk_ratio);
+  for (uint32_t rank : k.participants) e->add_participants(rank);
 }
 
 }  // namespace

@@ -21,6 +21,15 @@ namespace {
 // Connection::Reserve).
 constexpr size_t kMaxParkedPulls = 65536;
 
+std::string ParticipantList(const KeyInfo& k) {
+  std::string text;
+  for (uint32_t r : k.participants) {
+    if (!text.empty()) text += ',';
+    text += Num(r);
+  }
+  return text;
+}
+
 }  // namespace
 
 LaneKey* WorkerProtocol::KeyOrReject(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
@@ -147,6 +156,14 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   if (h.iteration != stage.version() && AnswerCountedRetry(conn, t, c, h)) return;
   if (!StillCurrent(conn, t, h, stage.version(), again, "key")) return;
   if (c.elastic && !again && !ApplyMembership(conn, t, c, h)) return;
+  if (!key.info.participants.empty() && !stage.is_member(conn.id().rank)) {
+    Refuse(conn, WireError::kInvalidArgument,
+           "participants: rank " + Num(conn.id().rank) + " is not a participant of key '" +
+               key.info.name + "' (declared for ranks " + ParticipantList(key.info) +
+               "); its push of chunk " + Num(h.chunk) + " was not counted",
+           h.request_id);
+    return;
+  }
   if (again) {
     // The rank pushes again after a failed PushPull whose earlier push of
     // this chunk is already counted: that one stays, this one gets the result.

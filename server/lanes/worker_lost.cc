@@ -217,6 +217,7 @@ void WorkerProtocol::CheckStragglers() {
       const uint32_t workers = c.table() ? t.info.workers_per_rack : c.state.workers();
       for (uint32_t r = 0; r < workers; ++r) {
         if (c.table() ? c.rows->contributed(r) : c.state.has_contributed(r)) continue;
+        if (!c.table() && !c.state.is_member(r)) continue;  // not a participant of the key
         if (!missing.empty()) missing += ',';
         missing += Num(r);
         // Late or gone? Clients retry a round only for a connected rank.

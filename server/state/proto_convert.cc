@@ -120,6 +120,7 @@ void KeyToProto(const KeyInfo& in, const std::vector<aggregation::ChunkSpan>& ch
   out->set_init_seed(in.init_seed);
   out->set_topk_ratio(static_cast<float>(in.topk_ratio));
   out->set_topk_ratio_exact(in.topk_ratio);
+  for (uint32_t rank : in.participants) out->add_participants(rank);
   if (in.table()) {
     out->set_rows_per_chunk(in.rows_per_chunk());
   }

@@ -165,6 +165,11 @@ struct KeySpec {
   // The ratio as given, in double: k = ceil(ratio * n) of it (the float of
   // the wire's older field would send 129 of 2560 entries for 0.05).
   double topk_ratio = 0;
+  // A participant set: the ranks (strictly ascending, < workers_per_rack)
+  // whose pushes each update sums, in rank order (Mean divides by their
+  // count); a push of another rank is refused. Empty: every worker. Dense
+  // keys of single-rack, sync, non-elastic tenants only.
+  std::vector<uint32_t> participants;
 };
 
 // The optimizer of a key over time: `base` until update `from_update` - 1,
@@ -200,6 +205,7 @@ struct KeyInfo {
   float init_scale = 0;
   uint64_t init_seed = 0;
   double topk_ratio = 0;  // > 0: pushes may be sparse (top-k), docs/compression.md
+  std::vector<uint32_t> participants;  // KeySpec::participants (empty: every worker)
   bool table() const { return rows > 0; }
   // Rows per chunk of a table (chunk c holds rows [c * per, ...)), fixed
   // when it was created (chunk_elements = per * dim).

@@ -29,6 +29,54 @@ bool SameTopKRatio(double stored, double given) {
          static_cast<float>(stored) == static_cast<float>(given);
 }
 
+std::string ParticipantsText(const std::vector<uint32_t>& ranks) {
+  if (ranks.empty()) return "summing every worker";
+  std::string text = "with participants [";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i) text += ',';
+    text += std::to_string(ranks[i]);
+  }
+  return text + "]";
+}
+
+// A participant set (KeySpec::participants) a tenant can reduce over.
+Status CheckParticipants(const KeySpec& spec, const TenantInfo& t, uint32_t racks) {
+  const std::vector<uint32_t>& p = spec.participants;
+  if (p.empty()) return Status::Ok();
+  const std::string key = "key " + Quoted(spec.name);
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] >= t.workers_per_rack) {
+      return InvalidArgument("participants: rank " + std::to_string(p[i]) + " of " + key +
+                             " is out of range: tenant " + Quoted(spec.tenant) + " has " +
+                             std::to_string(t.workers_per_rack) + " workers");
+    }
+    if (i > 0 && p[i] <= p[i - 1]) {
+      return InvalidArgument("participants: the ranks of " + key +
+                             " must be strictly ascending (no duplicates), got " +
+                             std::to_string(p[i - 1]) + " then " + std::to_string(p[i]));
+    }
+  }
+  if (t.elastic) {
+    return InvalidArgument("participants: tenant " + Quoted(spec.tenant) +
+                           " is elastic: its membership changes, so a fixed participant set "
+                           "cannot be kept (docs/elastic.md, Limits)");
+  }
+  if (racks > 1) {
+    return InvalidArgument("participants: participant sets are single-rack only; this hub's "
+                           "topology has " + std::to_string(racks) + " racks");
+  }
+  if (t.consistency != Consistency::kSync) {
+    return InvalidArgument("participants: a participant set needs a sync tenant; tenant " +
+                           Quoted(spec.tenant) + " is " +
+                           ConsistencyName(t.consistency, t.staleness));
+  }
+  if (spec.rows > 0) {
+    return InvalidArgument("participants: row-sparse tables sum every worker's rows; " + key +
+                           " is a table");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 using aggregation::ChunkLayout;
@@ -79,6 +127,10 @@ Status Registry::DeclareKey(const KeySpec& spec, KeyInfo* out, bool* created) {
                                std::to_string(k.elements) + " " + WireDTypeName(k.dtype) +
                                " elements, not " + std::to_string(spec.elements) + " " +
                                WireDTypeName(spec.dtype));
+      } else if (k.participants != spec.participants) {
+        return InvalidArgument("participants: key " + Quoted(spec.name) + " already exists " +
+                               ParticipantsText(k.participants) + ", not " +
+                               ParticipantsText(spec.participants));
       } else if (!SameTopKRatio(k.topk_ratio, spec.topk_ratio)) {
         auto comp = [](double r) {  // the shortest decimal that reads back as r
           char buf[40];
@@ -162,6 +214,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
                            ConsistencyName(t->info.consistency, t->info.staleness));
   }
   if (spec.use_tenant_optimizer) opt = t->info.default_optimizer;
+  if (Status s = CheckParticipants(spec, t->info, racks_); !s.ok()) return s;
   if (aggregation::IsElementwiseReduction(opt.reduction)) {
     const std::string r = aggregation::ReductionName(opt.reduction);
     if (spec.topk_ratio > 0) {
@@ -232,6 +285,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   key.init_scale = spec.init_scale;
   key.init_seed = spec.init_seed;
   key.topk_ratio = spec.topk_ratio;
+  key.participants = spec.participants;
   key.dtype = spec.dtype;
   key.optimizer = opt;
   key.schedule.base = key.schedule.latest = opt;

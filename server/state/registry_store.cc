@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -76,6 +77,32 @@ OptimizerConfig ReadOptimizer(const Statement& st, int first) {
   o.initial_accumulator = st.ColReal(first + 7);
   o.reduction = static_cast<Reduction>(st.ColInt(first + 8));
   return o;
+}
+
+// KeyInfo::participants as stored: "0,2,5" ("" for every worker).
+std::string ParticipantsColumn(const std::vector<uint32_t>& ranks) {
+  std::string text;
+  for (uint32_t r : ranks) {
+    if (!text.empty()) text += ',';
+    text += std::to_string(r);
+  }
+  return text;
+}
+
+// The inverse; false for text that is not strictly ascending decimal ranks.
+bool ParseParticipants(const std::string& text, std::vector<uint32_t>* ranks) {
+  ranks->clear();
+  size_t at = 0;
+  while (at < text.size()) {
+    uint32_t r = 0;
+    const auto [end, ec] = std::from_chars(text.data() + at, text.data() + text.size(), r);
+    if (ec != std::errc() || (!ranks->empty() && r <= ranks->back())) return false;
+    ranks->push_back(r);
+    at = static_cast<size_t>(end - text.data());
+    if (at < text.size() && (text[at] != ',' || at + 1 == text.size())) return false;
+    if (at < text.size()) ++at;
+  }
+  return true;
 }
 
 // --- Schema migrations ---------------------------------------------------
@@ -154,9 +181,15 @@ Status MigrateV4ToV5(sqlite3* db) {
               "ALTER TABLE tenants ADD COLUMN min_workers INTEGER NOT NULL DEFAULT 0;");
 }
 
+// v6: keys' participant sets, as ascending decimal ranks joined by commas
+// (existing keys sum every worker: '').
+Status MigrateV5ToV6(sqlite3* db) {
+  return Exec(db, "ALTER TABLE keys ADD COLUMN participants TEXT NOT NULL DEFAULT '';");
+}
+
 using Migration = Status (*)(sqlite3*);
 constexpr Migration kMigrations[] = {&MigrateV0ToV1, &MigrateV1ToV2, &MigrateV2ToV3,
-                                     &MigrateV3ToV4, &MigrateV4ToV5};
+                                     &MigrateV3ToV4, &MigrateV4ToV5, &MigrateV5ToV6};
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == RegistryStore::kSchemaVersion,
               "one migration per schema version");
 
@@ -364,7 +397,7 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
                  "chunk_count, chunk_elements, opt_from_update, rows, dim, init_scale, "
                  "init_seed, topk_ratio" +
                      OptimizerColumns("opt") + OptimizerColumns("base_opt") +
-                     " FROM keys ORDER BY tenant_handle, id");
+                     ", participants FROM keys ORDER BY tenant_handle, id");
     int rc;
     while ((rc = st.Step()) == SQLITE_ROW) {
       KeyRow k;
@@ -386,6 +419,12 @@ Result<RegistryStore::Contents> RegistryStore::Load() {
       k.key.optimizer = ReadOptimizer(st, 15);
       k.key.schedule.latest = k.key.optimizer;
       k.key.schedule.base = ReadOptimizer(st, 15 + kOptimizerColumns);
+      if (!ParseParticipants(st.ColText(15 + 2 * kOptimizerColumns), &k.key.participants)) {
+        return FailedPrecondition("state.dir: " + path_ + ": keys: key '" + k.key.name +
+                                  "' has participants '" +
+                                  st.ColText(15 + 2 * kOptimizerColumns) +
+                                  "', not ascending ranks joined by commas");
+      }
       c.keys.push_back(std::move(k));
     }
     if (rc != SQLITE_DONE) return err("keys");
@@ -466,8 +505,9 @@ Status RegistryStore::InsertKey(const TenantRow& tenant, const KeyInfo& k, int64
                      "INSERT INTO keys (tenant_handle, id, name, elements, dtype, init_mode, "
                      "first_chunk, chunk_count, chunk_elements, opt_from_update, rows, dim, "
                      "init_scale, init_seed, topk_ratio" +
-                         OptimizerColumns("opt") + OptimizerColumns("base_opt") + ") VALUES (" +
-                         Placeholders(15 + 2 * kOptimizerColumns) + ")");
+                         OptimizerColumns("opt") + OptimizerColumns("base_opt") +
+                         ", participants) VALUES (" + Placeholders(16 + 2 * kOptimizerColumns) +
+                         ")");
         st.Int(handle)
             .Int(k.id)
             .Text(k.name)
@@ -485,6 +525,7 @@ Status RegistryStore::InsertKey(const TenantRow& tenant, const KeyInfo& k, int64
             .Real(k.topk_ratio);
         BindOptimizer(st, k.optimizer);
         BindOptimizer(st, k.schedule.base);
+        st.Text(ParticipantsColumn(k.participants));
         if (Status s = st.Run("insert key"); !s.ok()) return s;
         Statement t(db_, "UPDATE tenants SET next_key_id = ?, next_chunk = ? WHERE handle = ?");
         t.Int(next_key_id).U64(next_chunk).Int(handle);

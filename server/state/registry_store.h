@@ -41,7 +41,7 @@ class RegistryStore final : public RegistryBackend {
  public:
   // The schema version this build writes; files with a larger user_version
   // are refused, smaller ones are migrated.
-  static constexpr int kSchemaVersion = 5;
+  static constexpr int kSchemaVersion = 6;
   // PRAGMA application_id of a rackhub registry ("RHKR").
   static constexpr int32_t kApplicationId = 0x52484b52;
   static constexpr const char* kFileName = "registry.db";

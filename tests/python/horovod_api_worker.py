@@ -210,8 +210,10 @@ def lifecycle(rank, size):
           and (hvd.rank(), hvd.size()) == (rank, size))
     hvd.shutdown()
     check("shutdown() ends it", not hvd.is_initialized())
-    ok, detail = raises(lambda: hvd.init(process_sets=[[0]]), ValueError, "process sets")
-    check("init(process_sets=...) refused, naming why", ok and not hvd.is_initialized(), detail)
+    ok, detail = raises(lambda: hvd.init(process_sets=[[0, size]]), ValueError,
+                        f"rank(s) [{size}] not in [0, {size})")
+    check("init(process_sets=...) with a rank out of range refused, naming it",
+          ok and not hvd.is_initialized(), detail)
     hvd.shutdown()  # idempotent
     hvd.init()
     got = hvd.allreduce(torch.full((4,), float(rank)), op=hvd.Sum)

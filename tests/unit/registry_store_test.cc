@@ -447,10 +447,10 @@ TEST_F(RegistryStoreTest, NewerSchemaVersionIsRefused) {
   Open();
   CreateTenant("alpha");
   registry_.reset();
-  RawExec(db_path_, "PRAGMA user_version = 6");
-  ExpectRefused("schema version 6 is newer than this rackhubd understands (5)");
+  RawExec(db_path_, "PRAGMA user_version = 7");
+  ExpectRefused("schema version 7 is newer than this rackhubd understands (6)");
   // Still there, untouched.
-  RawExec(db_path_, "PRAGMA user_version = 5");
+  RawExec(db_path_, "PRAGMA user_version = 6");
   Open();
   EXPECT_EQ(registry_->ListTenants().size(), 1u);
 }
@@ -485,6 +485,7 @@ TEST_F(RegistryStoreTest, Version1DatabaseGainsTheWeightColumn) {
   registry_.reset();
   // What a v1 rackhubd left: no weight column, user_version 1.
   RawExec(db_path_,
+          "ALTER TABLE keys DROP COLUMN participants; "
           "ALTER TABLE tenants DROP COLUMN elastic; ALTER TABLE tenants DROP COLUMN min_workers; "
           "ALTER TABLE tenants DROP COLUMN consistency; ALTER TABLE tenants DROP COLUMN staleness; "
           "ALTER TABLE keys DROP COLUMN topk_ratio; "
@@ -519,6 +520,7 @@ TEST_F(RegistryStoreTest, Version2DatabaseGainsTableColumns) {
   const KeyInfo dense = CreateKey("alpha", "w", 1000);
   registry_.reset();
   RawExec(db_path_,
+          "ALTER TABLE keys DROP COLUMN participants; "
           "ALTER TABLE tenants DROP COLUMN elastic; ALTER TABLE tenants DROP COLUMN min_workers; "
           "ALTER TABLE tenants DROP COLUMN consistency; ALTER TABLE tenants DROP COLUMN staleness; "
           "ALTER TABLE keys DROP COLUMN topk_ratio; "
@@ -637,6 +639,7 @@ TEST_F(RegistryStoreTest, Version3DatabaseGainsConsistencyAndTopK) {
   CreateKey("alpha", "w", 1000);
   registry_.reset();
   RawExec(db_path_,
+          "ALTER TABLE keys DROP COLUMN participants; "
           "ALTER TABLE tenants DROP COLUMN elastic; ALTER TABLE tenants DROP COLUMN min_workers; "
           "ALTER TABLE tenants DROP COLUMN consistency; ALTER TABLE tenants DROP COLUMN staleness; "
           "ALTER TABLE keys DROP COLUMN topk_ratio; "
@@ -740,6 +743,7 @@ TEST_F(RegistryStoreTest, Version4DatabaseGainsElasticColumns) {
   CreateTenant("alpha");
   registry_.reset();
   RawExec(db_path_,
+          "ALTER TABLE keys DROP COLUMN participants; "
           "ALTER TABLE tenants DROP COLUMN elastic; ALTER TABLE tenants DROP COLUMN min_workers; "
           "PRAGMA user_version = 4;");
   Open();
@@ -765,6 +769,33 @@ TEST_F(RegistryStoreTest, Version4DatabaseGainsElasticColumns) {
   EXPECT_EQ(job.quotas.max_workers, 8u);
   EXPECT_EQ(job.rank_slots(), 8u);
   EXPECT_TRUE(job.counters->paused.load());
+}
+
+// Version 5 (before participant sets): the migration to v6 adds the keys'
+// participants column; existing keys sum every worker. A key with a set
+// created then survives a reopen with it.
+TEST_F(RegistryStoreTest, Version5DatabaseGainsParticipants) {
+  Open();
+  CreateTenant("alpha");
+  CreateKey("alpha", "w", 1000);
+  registry_.reset();
+  RawExec(db_path_, "ALTER TABLE keys DROP COLUMN participants; PRAGMA user_version = 5;");
+  Open();
+  KeyInfo got;
+  ASSERT_TRUE(registry_->GetKey("alpha", "w", &got).ok());
+  EXPECT_TRUE(got.participants.empty());
+  KeySpec spec;
+  spec.tenant = "alpha";
+  spec.name = "set";
+  spec.elements = 10;
+  spec.participants = {1};
+  KeyInfo made;
+  const Status s = registry_->CreateKey(spec, &made);
+  ASSERT_TRUE(s.ok()) << s.message();
+  registry_.reset();
+  Open();
+  ASSERT_TRUE(registry_->GetKey("alpha", "set", &got).ok());
+  EXPECT_EQ(got.participants, (std::vector<uint32_t>{1}));
 }
 
 TEST_F(RegistryStoreTest, ForeignDatabaseIsRefused) {

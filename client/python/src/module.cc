@@ -238,7 +238,7 @@ class PyClient {
 
   uint32_t DeclareKey(const std::string& name, uint64_t elements, const std::string& dtype,
                       std::optional<py::dict> optimizer, bool init_from_client, double topk_ratio,
-                      bool error_feedback) {
+                      bool error_feedback, std::vector<uint32_t> participants) {
     rc::KeyDecl d;
     d.name = name;
     d.elements = elements;
@@ -251,6 +251,7 @@ class PyClient {
     }
     d.topk_ratio = topk_ratio;
     d.error_feedback = error_feedback;
+    d.participants = std::move(participants);
     return Declare(d);
   }
 
@@ -273,6 +274,7 @@ class PyClient {
     d["next_iteration"] = info->next_iteration;
     d["resync_needed"] = info->resync_needed;
     d["topk_ratio"] = info->topk_ratio;
+    d["participants"] = info->participants;
     d["updates"] = info->updates;
     d["slowest_iteration"] = info->slowest_iteration;
     return d;
@@ -506,11 +508,12 @@ PYBIND11_MODULE(_core, m) {
       .def("declare_key", &PyClient::DeclareKey, py::arg("name"), py::arg("elements"),
            py::arg("dtype") = "fp32", py::arg("optimizer") = py::none(),
            py::arg("init_from_client") = false, py::arg("topk_ratio") = 0.0,
-           py::arg("error_feedback") = true,
+           py::arg("error_feedback") = true, py::arg("participants") = std::vector<uint32_t>{},
            "Declares (or finds) a dense key; returns its id. topk_ratio in (0, 1]: each chunk's "
            "push carries its ceil(ratio * elements) largest-magnitude entries; with "
            "error_feedback the rest is kept on this worker and added to the next push "
-           "(docs/compression.md). 0 = dense.")
+           "(docs/compression.md). 0 = dense. participants: the ranks (ascending) whose pushes "
+           "each update sums; empty = every worker (docs/client.md, Participant sets).")
       .def("find_key", &PyClient::FindKey, py::arg("name"))
       .def("key_info", &PyClient::KeyInfo, py::arg("key"),
            "A dict of the key's fields, or None for an unknown id. topk_ratio: 0 for dense "

@@ -205,6 +205,14 @@ struct KeyDecl {
   // worker and added to the next PushPull's gradient.
   double topk_ratio = 0;  // k = ceil(ratio * n) of this double (not of a float)
   bool error_feedback = true;
+  // A participant set (a process set's keys): the ranks, strictly ascending
+  // and < workers(), whose pushes each update sums, in rank order (kMean
+  // divides by their count); only they may push it (another rank's push
+  // fails with kServer / INVALID_ARGUMENT naming the key), and keys of
+  // disjoint sets complete independently. Empty: every worker. Part of the
+  // key: every rank must declare it with the same set (a different set is
+  // refused). Dense keys of single-rack, sync, non-elastic tenants only.
+  std::vector<uint32_t> participants = {};
 };
 
 struct KeyInfo {
@@ -222,6 +230,7 @@ struct KeyInfo {
   uint32_t dim = 0;
   uint64_t rows_per_chunk = 0;   // table: chunk c holds rows [c * rows_per_chunk, ...)
   double topk_ratio = 0;         // > 0: pushes are top-k sparsified (the ratio as declared)
+  std::vector<uint32_t> participants = {};  // KeyDecl::participants (empty: every worker)
   // Bounded/async tenants (docs/consistency.md), as the last PushPull/Pull
   // reported (the minimum over the key's chunks; 0 in sync tenants):
   // updates applied (every worker's contributions), and the iteration count

@@ -152,6 +152,18 @@ int rackhub_push_pull_rows(rackhub_client* client, uint32_t key, const uint64_t*
 int rackhub_pull_rows(rackhub_client* client, uint32_t key, const uint64_t* ids, uint64_t n_ids,
                       float* out);
 
+/* ---- Participant sets (added after 0.2; docs/client.md) ----
+ *
+ * rackhub_declare_key for a key whose updates sum the pushes of `ranks`
+ * only (n_ranks of them, strictly ascending, each < rackhub_workers), in
+ * rank order (a mean divides by n_ranks); another rank's push fails
+ * (RACKHUB_SERVER, wire error INVALID_ARGUMENT). Every rank declaring the
+ * key must name the same ranks. n_ranks 0 (ranks may then be NULL) is
+ * rackhub_declare_key. Single-rack, sync, non-elastic tenants. */
+int rackhub_declare_key_participants(rackhub_client* client, const char* name, uint64_t elements,
+                                     int dtype, const rackhub_optimizer* optimizer, int init,
+                                     const uint32_t* ranks, size_t n_ranks, uint32_t* key_out);
+
 /* Sends BYE, fails pending operations with RACKHUB_CLOSED and frees the
  * client. NULL is allowed. */
 void rackhub_close(rackhub_client* client);

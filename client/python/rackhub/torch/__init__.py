@@ -66,6 +66,8 @@ from .lifecycle import init
 from .objects import (allgather_object, broadcast_object, broadcast_optimizer_state,
                       broadcast_parameters)
 from .optimizer import DistributedOptimizer
+from .process_sets import (ProcessSet, add_process_set, global_process_set, remove_process_set,
+                           takes_process_set)
 from .probes import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built,
                      gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
                      mpi_threads_supported, nccl_built, rocm_built)
@@ -74,7 +76,22 @@ from .scatter import (alltoall, alltoall_async, grouped_reducescatter,
 from .syncbn import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
 
+# Every collective takes Horovod's process_set= (process_sets.py); the ops
+# with a gradient refuse tensors that require grad over a set.
+for _name in ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+              "alltoall", "reducescatter", "grouped_reducescatter"):
+    globals()[_name] = takes_process_set(globals()[_name], differentiable=True)
+for _name in ("allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce_",
+              "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_allgather_async",
+              "allgather_async", "broadcast_", "broadcast_async", "broadcast_async_",
+              "alltoall_async", "reducescatter_async", "grouped_reducescatter_async",
+              "sparse_allreduce_async", "barrier", "broadcast_parameters",
+              "broadcast_optimizer_state", "broadcast_object", "allgather_object"):
+    globals()[_name] = takes_process_set(globals()[_name])
+del _name
+
 __all__ = [
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "client",
     "DistributedOptimizer", "Compression", "Compressor", "Average", "Sum", "Adasum",

@@ -5,10 +5,18 @@ context through need(). The context holds the executor that runs the
 collectives (handles.py, made by lifecycle.init). This module imports no
 other module of the package.
 
+Process sets (process_sets.py): an op over a process set runs with a
+SetView as its context: rank and size within the set, the set's helper
+keys. viewing(view) makes need() return it on the calling thread (the
+executor's thread sets the view its op was submitted under).
+
 Thread use: install() and shutdown() from the main thread; the getters from any.
 """
+import contextlib
+import threading
 
 _ctx = None
+_local = threading.local()  # .view: the SetView of the op this thread runs, or None
 
 
 class Context:
@@ -33,6 +41,46 @@ class Context:
         # connected" has not arrived yet (it may still be starting), so its
         # round waits for it, until op_timeout, instead of failing.
         self.forming = True
+        # The key name tag and participant ranks of the helper keys (rounds.key):
+        # none for the global set; a SetView's are its set's.
+        self.key_tag = ""
+        self.participants = []
+
+
+class SetView:
+    """The context as an op over a process set sees it: `rank` and `size`
+    within the set (its ranks in global-rank order), the set's helper keys
+    (named with `key_tag`, declared with the set's ranks as participants, so
+    the hub sums exactly them), everything else the process's context."""
+
+    def __init__(self, base, ranks, key_tag):
+        self._base = base
+        self.ranks = list(ranks)
+        self.rank = self.ranks.index(base.rank)
+        self.size = len(self.ranks)
+        self.key_tag = key_tag
+        self.participants = list(ranks)
+        self.keys = {}
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+
+def view():
+    """The SetView this thread's op runs under (None: the global set)."""
+    return getattr(_local, "view", None)
+
+
+@contextlib.contextmanager
+def viewing(v):
+    """need() returns `v` (a SetView, or None for the process's context) on
+    this thread inside the block."""
+    before = getattr(_local, "view", None)
+    _local.view = v
+    try:
+        yield v
+    finally:
+        _local.view = before
 
 
 def install(ctx):
@@ -46,7 +94,8 @@ def install(ctx):
 def need():
     if _ctx is None:
         raise RuntimeError("rackhub.torch: call rackhub.torch.init() first")
-    return _ctx
+    v = getattr(_local, "view", None)
+    return v if v is not None and v._base is _ctx else _ctx
 
 
 def is_initialized():
@@ -55,12 +104,18 @@ def is_initialized():
 
 def rank():
     """This process's rank in [0, size())."""
-    return need().rank
+    return _base().rank
 
 
 def size():
     """The number of ranks (the tenant's workers)."""
-    return need().size
+    return _base().size
+
+
+def _base():
+    if _ctx is None:
+        raise RuntimeError("rackhub.torch: call rackhub.torch.init() first")
+    return _ctx
 
 
 def local_rank():

@@ -23,7 +23,7 @@ _BAD = -2
 KINDS = {1: "allreduce", 2: "allgather", 3: "broadcast", 4: "barrier",
          5: "broadcast_object", 6: "allgather_object", 7: "broadcast_parameters",
          8: "grouped_allreduce", 9: "grouped_allgather", 10: "alltoall", 11: "reducescatter",
-         12: "join", 13: "grouped_reducescatter", 14: "optimizer_step"}
+         12: "join", 13: "grouped_reducescatter", 14: "optimizer_step", 15: "process_set"}
 CODE = {v: k for k, v in KINDS.items()}
 
 _DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,

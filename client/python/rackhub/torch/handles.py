@@ -26,6 +26,7 @@ import threading
 import time
 
 from .. import _core
+from . import _context
 from .errors import HorovodInternalError, internal
 
 
@@ -34,10 +35,13 @@ class Op:
     executor's thread; `finish(result)` (optional) runs on the thread that
     synchronizes (copies into the caller's tensor for the in-place ops)."""
     __slots__ = ("handle", "kind", "name", "run", "finish", "done", "result", "error",
-                 "queued", "started", "ended", "executor")
+                 "queued", "started", "ended", "executor", "view")
 
     def __init__(self, kind, name, run, finish=None):
         self.kind, self.name, self.run, self.finish = kind, name, run, finish
+        # The process set the op was submitted under (_context.SetView), in
+        # which it runs on the executor's thread; None: the global set.
+        self.view = _context.view()
         self.done = threading.Event()
         self.result = self.error = None
         self.queued = self.started = self.ended = None
@@ -86,7 +90,8 @@ class Executor:
                 op = self._queue.popleft()
             op.started = time.monotonic()
             try:
-                op.result = op.run()
+                with _context.viewing(op.view):
+                    op.result = op.run()
             except BaseException as e:  # noqa: BLE001 - handed to synchronize()
                 op.error = e
             self._end(op)

@@ -11,7 +11,7 @@ import zlib
 import torch
 
 from .. import _core
-from . import _context, collectives, timeline
+from . import _context, collectives, process_sets as _process_sets, timeline
 from .handles import Executor
 
 # The hub's default data-plane port (rackhubd's data.listen).
@@ -74,19 +74,20 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     names, which give local_rank/local_size when no launcher gave them, and
     cross_rank(), cross_size(), is_homogeneous().
 
+    process_sets: Horovod's static process sets (a list of ProcessSet or of
+    rank lists; "dynamic" or None: none), registered with ids 1, 2, ...
+    after a round in which the ranks check that they name the same sets
+    (process_sets.py); add_process_set()/remove_process_set() work either way.
+
     Called again while initialized, init does nothing (as in Horovod, its
     arguments are ignored); after shutdown() it connects anew. Horovod's
-    comm (an MPI communicator) and process_sets are refused when given:
-    rackhub has no MPI, and no process sets yet (docs/pytorch.md).
+    comm (an MPI communicator) is refused: rackhub has no MPI.
     """
     if _context.is_initialized():
         return
     if comm is not None:
         raise ValueError("rackhub.torch.init: comm: rackhub has no MPI; the ranks are the "
                          "tenant's workers (rank, size or the launcher's environment)")
-    if process_sets is not None:
-        raise ValueError("rackhub.torch.init: process_sets: process sets are not implemented "
-                         "by rackhub yet (every op runs over all ranks)")
     rank = int(rank) if rank is not None else _int_env("rank", "RACKHUB_RANK", "RANK", default="0")
     if size is None:
         size = _int_env("size", "RACKHUB_WORLD_SIZE", "WORLD_SIZE")
@@ -149,6 +150,11 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
         raise ValueError(f"rackhub.torch.init: local_rank: {local_rank} not in "
                          f"[0, {local_size})")
     ctx.local_rank, ctx.local_size = local_rank, local_size
+    try:
+        _process_sets.setup(ctx, process_sets)
+    except BaseException:
+        _context.shutdown()
+        raise
 
 
 def _topology(ctx, local_rank, local_size):

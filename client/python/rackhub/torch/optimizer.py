@@ -79,7 +79,7 @@ import weakref
 import numpy
 import torch
 
-from . import _context, agree
+from . import _context, agree, process_sets
 from .._core import RackhubError, RolledBack, WorkerLost
 from .collectives import submit
 from .errors import MismatchError
@@ -211,6 +211,9 @@ class _Sync:
                                 "e.g. model.named_parameters()")
         # Embedding tables (embedding.py): row-sparse keys, not dense slots.
         self.tables = None
+        if embeddings is not None and ctx.participants:
+            raise ValueError("embeddings: embedding tables sum every rank's rows; they cannot "
+                             "be reduced over a process set (process_set=)")
         if embeddings is not None:
             pairs = tables_of(embeddings, {id(p): n for n, p in named})
             self.tables = Tables(self.c, opt, group_of, pairs, prefix, self.reduction,
@@ -231,9 +234,13 @@ class _Sync:
             spec = spec_of_group(opt, group_of[p]) if hub else {"type": "sum-only"}
             spec = dict(spec, reduction=self.reduction)
             comp = self.compression
-            key = self.c.declare_key(key_name(prefix, name, spec, comp.topk_ratio), p.numel(),
+            # Over a process set (ctx is its view): keys of the set's own,
+            # reduced over its ranks (process_sets.py).
+            extra = {"participants": ctx.participants} if ctx.participants else {}
+            key = self.c.declare_key(key_name(ctx.key_tag + prefix, name, spec,
+                                              comp.topk_ratio), p.numel(),
                                      self.dtype, spec, hub, topk_ratio=comp.topk_ratio,
-                                     error_feedback=comp.error_feedback)
+                                     error_feedback=comp.error_feedback, **extra)
             # Hub-side: the first push of every key sends the group's spec
             # (an existing key keeps the optimizer it was declared with).
             self.slots.append(_Slot(name, p, key, None if hub else spec, spec["type"]))
@@ -443,7 +450,11 @@ class _Sync:
             return [r for r, e in enumerate(every) if e is None]
 
         try:
-            return wait_op(submit("optimizer_step", None, run))
+            # Submitted under the optimizer's process set (its view), if any.
+            view = self.ctx if isinstance(self.ctx, _context.SetView) else None
+            with _context.viewing(view):
+                handle = submit("optimizer_step", None, run)
+            return wait_op(handle)
         except BaseException:
             for s in self.slots:  # their pushes cannot be matched: forget them
                 s.ticket = None
@@ -641,7 +652,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          num_groups=0, groups=None, sparse_as_dense=False, *,
                          hub_optimizer=False, prefix="", reply="swap", on_rollback="resync",
                          embeddings=None, embedding_init=DEFAULT_INIT, embedding_coalesce=True,
-                         zero_copy=False):
+                         zero_copy=False, process_set=None):
     """Wraps `optimizer` for data-parallel training through the hub (see the
     module docstring).
 
@@ -678,6 +689,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
       hub reads them: no copy into the ring (module docstring). Off by
       default: on the 2-core test VM it measured no faster
       (bench/results/zero-copy-2026-11-27.md).
+    process_set (keyword): Horovod's; the gradients are reduced over that
+      set's ranks only (Average divides by its size), through keys of its
+      own; every rank of the set wraps the same optimizer, a rank outside
+      it gets a ValueError. Not with embeddings=.
     """
     if gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor: only 1.0 (the hub sums in rank order, "
@@ -697,6 +712,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise TypeError("optimizer: a torch.optim.Optimizer or a hub spec (rackhub.torch.SGD/"
                         f"Adam/AdamW/Adagrad), got {type(optimizer).__name__}")
     cls = type(type(base).__name__, (type(base),), dict(_METHODS))
-    return cls(base.param_groups, base, named_parameters, compression, backward_passes_per_step,
-               op, bool(hub_optimizer), prefix, reply, on_rollback, embeddings, embedding_init,
-               embedding_coalesce, bool(zero_copy))
+    with process_sets.scope(process_set, "DistributedOptimizer"):
+        return cls(base.param_groups, base, named_parameters, compression,
+                   backward_passes_per_step, op, bool(hub_optimizer), prefix, reply, on_rollback,
+                   embeddings, embedding_init, embedding_coalesce, bool(zero_copy))

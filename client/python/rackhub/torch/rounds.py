@@ -54,9 +54,12 @@ def key(purpose, elements, dtype="fp32", reduction="sum"):
     ctx = _context.need()
     k = (purpose, elements, dtype, reduction)
     if k not in ctx.keys:
+        # A process set's keys (ctx is its SetView): named with its tag and
+        # reduced by the hub over its ranks only (participants).
+        extra = {"participants": ctx.participants} if ctx.participants else {}
         ctx.keys[k] = ctx.client.declare_key(
-            f"__rackhub/{purpose}/rounds/{elements}/{dtype}/{reduction}", elements, dtype,
-            {"type": "sum-only", "reduction": reduction}, False)
+            f"__rackhub/{ctx.key_tag}{purpose}/rounds/{elements}/{dtype}/{reduction}", elements,
+            dtype, {"type": "sum-only", "reduction": reduction}, False, **extra)
     return ctx.keys[k]
 
 
