@@ -151,15 +151,14 @@ std::vector<std::vector<std::string>> Reference() {
 std::vector<std::vector<std::string>> Train(const std::string& hub0, const std::string& hub1) {
   std::vector<std::unique_ptr<RawClient>> workers;
   std::vector<std::pair<uint32_t, uint32_t>> who;  // (rack, rank)
-  uint32_t handle = 0, key = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> ids;  // (tenant handle, key id) on its hub
   for (uint32_t rack = 0; rack < 2; ++rack) {
     for (uint32_t rank = 0; rank < 2; ++rank) {
       workers.push_back(std::make_unique<RawClient>(rack == 0 ? hub0 : hub1));
       const auto welcome = workers.back()->Hello("t", kToken, rank, rack);
       EXPECT_NE(welcome.tenant_handle(), 0u);
       if (welcome.keys_size() == 0) return {};
-      handle = welcome.tenant_handle();
-      key = welcome.keys(0).id();
+      ids.emplace_back(welcome.tenant_handle(), welcome.keys(0).id());
       who.emplace_back(rack, rank);
     }
   }
@@ -169,8 +168,8 @@ std::vector<std::vector<std::string>> Train(const std::string& hub0, const std::
       for (size_t w = 0; w < workers.size(); ++w) {
         net::FrameHeader push;
         push.opcode = net::Opcode::kPush;
-        push.tenant = handle;  // the same on both hubs (created alike)
-        push.key = key;
+        push.tenant = ids[w].first;
+        push.key = ids[w].second;
         push.chunk = c;
         push.iteration = it;
         push.dtype = net::DType::kFp32;

@@ -89,8 +89,7 @@ void TlsStream::AsyncHandshake(std::function<void(Status)> done) {
           if (ec.category() == asio::error::get_ssl_category()) {
             const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
             if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG ||
-                reason == SSL_R_HTTP_REQUEST || reason == SSL_R_UNKNOWN_PROTOCOL ||
-                reason == SSL_R_RECORD_LAYER_FAILURE) {
+                reason == SSL_R_HTTP_REQUEST || reason == SSL_R_UNKNOWN_PROTOCOL) {
               why += " (the peer does not speak TLS)";
             }
           }
