@@ -360,6 +360,8 @@ TEST(HubTlsTest, TlsHubLinksGiveTheReferenceBitForBitAndCarryNoPlaintext) {
     auto hub0 = Hub(racks, 0, secret_file, {});
     auto hub1 = Hub(racks, 1, secret_file, {});
     ASSERT_TRUE(hub0->started() && hub1->started());
+    EXPECT_TRUE(testing::WaitForLog(*hub0, "(tcp), mutually authenticated"));
+    EXPECT_TRUE(testing::WaitForLog(*hub1, "(tcp), mutually authenticated"));
     CreateTenantAndKey(hub0->admin_address());
     CreateTenantAndKey(hub1->admin_address());
     EXPECT_TRUE(Train(hub0->data_address(), hub1->data_address()) == reference)
