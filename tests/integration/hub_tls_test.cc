@@ -155,8 +155,18 @@ std::vector<std::vector<std::string>> Train(const std::string& hub0, const std::
   for (uint32_t rack = 0; rack < 2; ++rack) {
     for (uint32_t rank = 0; rank < 2; ++rank) {
       workers.push_back(std::make_unique<RawClient>(rack == 0 ? hub0 : hub1));
-      const auto welcome = workers.back()->Hello("t", kToken, rank, rack);
-      EXPECT_NE(welcome.tenant_handle(), 0u);
+      data::v1::Hello hello;
+      hello.set_tenant("t");
+      hello.set_token(kToken);
+      hello.set_rank(rank);
+      hello.set_rack(rack);
+      net::FrameHeader h;
+      h.opcode = net::Opcode::kHello;
+      workers.back()->Send(h, hello.SerializeAsString());
+      const auto reply = workers.back()->Receive();
+      data::v1::Welcome welcome;
+      if (reply && reply->h.opcode == net::Opcode::kWelcome) welcome.ParseFromString(reply->payload);
+      EXPECT_NE(welcome.tenant_handle(), 0u) << testing::Describe(reply);
       if (welcome.keys_size() == 0) return {};
       ids.emplace_back(welcome.tenant_handle(), welcome.keys(0).id());
       who.emplace_back(rack, rank);
@@ -380,8 +390,10 @@ TEST(HubTlsTest, APlaintextHubAndATlsHubRefuseEachOtherByName) {
   const std::string i0 = "127.0.0.1:" + Port(), i1 = "127.0.0.1:" + Port();
   const std::string racks = "127.0.0.1:0=" + i0 + ",127.0.0.1:0=" + i1;
   const std::string secret_file = SecretFile(std::string(48, 's'));
-  auto tls = Hub(racks, 0, secret_file, pki.Flags(pki.dir, "hub0"));
+  // The plaintext hub first: the TLS hub's first dial then meets it (a
+  // hub logs why it cannot reach a rack once, until the link comes up).
   auto plain = Hub(racks, 1, secret_file, {});
+  auto tls = Hub(racks, 0, secret_file, pki.Flags(pki.dir, "hub0"));
   ASSERT_TRUE(tls->started() && plain->started());
   // The TLS hub accepting the plaintext hub's link, and that hub told so.
   EXPECT_TRUE(testing::WaitForLog(
@@ -430,8 +442,9 @@ TEST(HubTlsTest, AHubWhoseCertificateAnotherCaSignedIsRefused) {
   const std::string i0 = "127.0.0.1:" + Port(), i1 = "127.0.0.1:" + Port();
   const std::string racks = "127.0.0.1:0=" + i0 + ",127.0.0.1:0=" + i1;
   const std::string secret_file = SecretFile(std::string(48, 's'));
-  auto good = Hub(racks, 0, secret_file, pki.Flags(pki.dir, "hub0"));
+  // The rogue first: the good hub's first dial meets it (see above).
   auto rogue = Hub(racks, 1, secret_file, pki.Flags(pki.rogue_dir, "rogue"));
+  auto good = Hub(racks, 0, secret_file, pki.Flags(pki.dir, "hub0"));
   ASSERT_TRUE(good->started() && rogue->started());
   // As acceptor: the rogue's client certificate does not verify.
   EXPECT_TRUE(testing::WaitForLog(*good, "closed during the handshake: TLS handshake failed: "));

@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include <openssl/ssl.h>
 
@@ -71,8 +72,9 @@ class TlsStream {
   // The descriptor and the session state travel unchanged.
   struct Detached {
     Detached() = default;
-    Detached(Detached&&) = default;
-    Detached& operator=(Detached&&) = default;
+    Detached(Detached&& other) noexcept
+        : protocol(other.protocol), fd(std::exchange(other.fd, -1)), ssl(std::move(other.ssl)) {}
+    Detached& operator=(Detached&&) = delete;
     ~Detached();  // closes the descriptor unless it was attached
     boost::asio::ip::tcp protocol = boost::asio::ip::tcp::v4();
     int fd = -1;
