@@ -7,6 +7,8 @@
 
 #include <sys/socket.h>
 
+#include <spdlog/spdlog.h>
+
 #include "hello_check.h"
 #include "hub_handshake.h"
 #include "lane.h"
@@ -105,11 +107,17 @@ class TlsLinkStream final : public LinkStream {
   net::tls::TlsStream& stream() { return stream_; }
   void HandOver(DataPlane* plane, net::ConnectionIdentity id, std::string accept) override {
     Result<net::tls::TlsStream::Detached> detached = std::move(stream_).Detach();
-    if (!detached.ok()) return;  // closed; the peer dials again
+    if (!detached.ok()) {  // closed; the peer dials again
+      spdlog::error("rack link: lane {}: {}", id.lane, detached.status().message());
+      return;
+    }
     auto session = std::make_shared<net::tls::TlsStream::Detached>(*std::move(detached));
     plane->OnLane(id.lane, [session, id, accept = std::move(accept)](Lane& lane) mutable {
       Result<net::tls::TlsStream> s = net::tls::TlsStream::Attach(lane.io(), std::move(*session));
-      if (!s.ok()) return;  // closed; the peer dials again
+      if (!s.ok()) {  // closed; the peer dials again
+        spdlog::error("rack link: lane {}: {}", id.lane, s.status().message());
+        return;
+      }
       lane.AdoptHubLink(std::make_shared<net::tls::TlsConnection>(lane.hub_handler(),
                                                                   *std::move(s), id),
                         std::move(accept));
