@@ -60,6 +60,9 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--racks", "topology.racks"},
       {"--topology-mode", "topology.mode"},
       {"--hub-secret-file", "topology.secret_file"},
+      {"--hub-tls-cert", "topology.tls_cert_file"},
+      {"--hub-tls-key", "topology.tls_key_file"},
+      {"--hub-tls-ca", "topology.tls_ca_file"},
       {"--racks-from", "topology.racks_from"},
       {"--rack-count", "topology.rack_count"},
       {"--interhub", "topology.interhub"},
@@ -283,6 +286,9 @@ options (flags override the config file):
       --racks D=I,D=I,...           every rack's data=interhub addresses (multi-rack)
       --topology-mode MODE          hierarchical|flat                      [hierarchical]
       --hub-secret-file FILE        secret shared by the hubs (required with --racks)
+      --hub-tls-cert FILE           TLS certificate (PEM) for hub links (mutual TLS)
+      --hub-tls-key FILE            its private key (PEM)
+      --hub-tls-ca FILE             CA (PEM) the other hubs' certificates must chain to
       --racks-from config|etcd      rack addresses from --racks or from etcd [config]
       --rack-count N                racks to wait for (--racks-from etcd)
       --interhub HOST:PORT          this hub's interhub address (--racks-from etcd)

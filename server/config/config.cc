@@ -296,6 +296,12 @@ const std::map<std::string, Field>& Schema() {
                     OneOf({"hierarchical", "flat"})),
         StringField("topology.secret_file",
                     [](Config& c) -> std::string& { return c.topology.secret_file; }),
+        StringField("topology.tls_cert_file",
+                    [](Config& c) -> std::string& { return c.topology.tls_cert_file; }),
+        StringField("topology.tls_key_file",
+                    [](Config& c) -> std::string& { return c.topology.tls_key_file; }),
+        StringField("topology.tls_ca_file",
+                    [](Config& c) -> std::string& { return c.topology.tls_ca_file; }),
         UnsignedField<uint32_t>(
             "tenants.default_chunk_bytes",
             [](Config& c) -> uint32_t& { return c.tenants.chunk_bytes; }, true),

@@ -92,6 +92,13 @@ struct TopologyConfig {
   // (for comparison), the others are not involved.
   std::string mode = "hierarchical";
   std::string secret_file;          // shared by the hubs; required with racks > 1 (hierarchical)
+  // Mutual TLS on hub links over TCP (docs/cluster.md): all three or none.
+  // Set: every hub link, dialed or accepted, is TLS 1.2+ and the peer's
+  // certificate must chain to tls_ca_file; the secret's handshake runs inside.
+  std::string tls_cert_file;        // PEM certificate (chain) of this hub
+  std::string tls_key_file;         // PEM private key (unencrypted)
+  std::string tls_ca_file;          // PEM CA(s) the other hubs' certificates chain to
+  bool hub_tls() const { return !tls_cert_file.empty(); }
   // "config": `racks` as given. "etcd" (registry.backend = "etcd"): every hub
   // registers its addresses in etcd under a lease and start-up waits for
   // `rack_count` racks (docs/cluster.md); `racks` is then filled from etcd.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config.h"
+#include "pem_file.h"
 #include "rackhub/aggregation/chunk_layout.h"
 #include "token.h"
 
@@ -102,6 +103,33 @@ static void CheckRegistry(const Config& c, std::vector<std::string>* errors) {
   }
 }
 
+// topology.tls_* (docs/cluster.md, TLS for hub links): all or none; the
+// files readable PEM, the key matching the certificate (loaded as the hub
+// will load them).
+static void CheckHubTls(const TopologyConfig& topo, std::vector<std::string>* errors) {
+  const std::pair<const char*, const std::string*> files[] = {
+      {"topology.tls_cert_file", &topo.tls_cert_file},
+      {"topology.tls_key_file", &topo.tls_key_file},
+      {"topology.tls_ca_file", &topo.tls_ca_file}};
+  size_t set = 0;
+  for (const auto& [field, path] : files) set += path->empty() ? 0 : 1;
+  if (set == 0) return;
+  if (set < 3) {
+    for (const auto& [field, path] : files) {
+      if (path->empty()) {
+        errors->push_back(std::string(field) +
+                          ": TLS for hub links needs all of topology.tls_cert_file, "
+                          "topology.tls_key_file and topology.tls_ca_file");
+      }
+    }
+    return;
+  }
+  const size_t before = errors->size();
+  for (const auto& [field, path] : files) CheckReadableFile(field, *path, errors);
+  if (errors->size() != before) return;
+  if (auto ctx = LoadHubTlsContext(topo); !ctx.ok()) errors->push_back(ctx.status().message());
+}
+
 void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
   if (c.lanes.count > kMaxLanes) {
     errors->push_back("lanes.count: " + std::to_string(c.lanes.count) + " is more than " +
@@ -174,6 +202,7 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
                       "127.0.0.1, or set metrics.enabled = false");
   }
   CheckRegistry(c, errors);
+  CheckHubTls(c.topology, errors);
   const auto& topo = c.topology;
   const size_t errors_before_secret = errors->size();
   CheckReadableFile("topology.secret_file", topo.secret_file, errors);

@@ -14,6 +14,7 @@
 #include "health_service.h"
 #include "lanes.h"
 #include "metrics_exporter.h"
+#include "pem_file.h"
 #include "rdma_listener.h"
 #include "registry.h"
 #include "cluster_membership.h"
@@ -51,34 +52,20 @@ Status ReadSecretFile(const std::string& field, const std::string& path, std::st
   return {};
 }
 
-Status ReadPem(const std::string& field, const std::string& path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return FailedPrecondition(field + ": cannot read '" + path + "'");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  if (out->find("-----BEGIN") == std::string::npos) {
-    return FailedPrecondition(field + ": '" + path + "' is not a PEM file");
-  }
-  return {};
-}
-
 Result<std::shared_ptr<grpc::ServerCredentials>> AdminCredentials(const AdminConfig& admin) {
   if (admin.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
   grpc::SslServerCredentialsOptions opts;
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  if (Status s = ReadPem("admin.tls_key_file", admin.tls_key_file, &pair.private_key); !s.ok()) {
-    return s;
-  }
-  if (Status s = ReadPem("admin.tls_cert_file", admin.tls_cert_file, &pair.cert_chain); !s.ok()) {
-    return s;
-  }
+  Result<std::string> key = ReadPemFile("admin.tls_key_file", admin.tls_key_file);
+  if (!key.ok()) return key.status();
+  pair.private_key = *std::move(key);
+  Result<std::string> cert = ReadPemFile("admin.tls_cert_file", admin.tls_cert_file);
+  if (!cert.ok()) return cert.status();
+  pair.cert_chain = *std::move(cert);
   if (!admin.tls_client_ca_file.empty()) {
-    if (Status s = ReadPem("admin.tls_client_ca_file", admin.tls_client_ca_file,
-                           &opts.pem_root_certs);
-        !s.ok()) {
-      return s;
-    }
+    Result<std::string> ca = ReadPemFile("admin.tls_client_ca_file", admin.tls_client_ca_file);
+    if (!ca.ok()) return ca.status();
+    opts.pem_root_certs = *std::move(ca);
     opts.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
@@ -121,6 +108,11 @@ Status Hub::Start() {
                                  std::to_string(topo.racks.size()) + " racks")
             : ReadHubSecret(topo.secret_file);
     if (!secret.ok()) return secret.status();
+    if (topo.hub_tls()) {
+      Result<std::shared_ptr<const net::tls::TlsContext>> tls = LoadHubTlsContext(topo);
+      if (!tls.ok()) return tls.status();
+      hub_tls_ = *std::move(tls);
+    }
   }
 
   if (Status s = OpenRegistry(); !s.ok()) return s;
@@ -134,21 +126,23 @@ Status Hub::Start() {
   // RDMA data plane (data.transport); TCP keeps running beside it. Decided
   // first: hub links (hierarchical topology) use RDMA when it runs and can
   // listen on this rack's interhub address, dialing the peers' interhub
-  // addresses with rdma_cm (rdma_listener.h); otherwise TCP. The hubs of a
+  // addresses with rdma_cm (rdma_listener.h); otherwise TCP, with TLS when
+  // topology.tls_* is set (then never RDMA). The hubs of a
   // topology must make the same choice. The lanes never learn which.
   bool rdma_fatal = false;
   rdma_ = RdmaListener::ListenConfigured(config_, registry_.get(), lanes_.get(), &rdma_fatal);
   if (rdma_fatal) return Internal("data.transport: rdma was asked for and cannot run (logged)");
   data_plane_ = std::make_unique<DataPlane>(config_, registry_.get(), lanes_.get(),
-                                            rdma_ && rdma_->hub_links() ? rdma_->HubConnector()
-                                                                      : MakeTcpHubConnector());
+                                            rdma_ && rdma_->hub_links()
+                                                ? rdma_->HubConnector()
+                                                : MakeTcpHubConnector(config_, hub_tls_));
   // Tenants resume from their newest valid checkpoints before any worker
   // can connect.
   checkpointer_ = std::make_unique<Checkpointer>(config_, registry_.get(), data_plane_.get());
   checkpointer_->RestoreAll();
   // Listeners are bound before READY so a busy port fails start-up, not the
   // first trainer.
-  tcp_ = std::make_unique<TcpAcceptor>(data_plane_.get());
+  tcp_ = std::make_unique<TcpAcceptor>(data_plane_.get(), hub_tls_);
   if (Status s = tcp_->Listen(); !s.ok()) return Internal(s.message());
   data_address_ = tcp_->address();
   // Shared memory for workers on this host (data.shm), offered through the

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "config.h"
+#include "rackhub/net/tls/context.h"
 #include "rackhub/common/status.h"
 
 namespace grpc {
@@ -93,6 +94,9 @@ class Hub {
   std::unique_ptr<DataPlane> data_plane_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<TcpAcceptor> tcp_;
+  // Hub links' TLS (topology.tls_*), shared by the acceptor and the lanes'
+  // connector; null without TLS.
+  std::shared_ptr<const net::tls::TlsContext> hub_tls_;
   std::unique_ptr<ShmAcceptor> shm_;
   std::unique_ptr<RdmaListener> rdma_;
   std::unique_ptr<AdminAuth> auth_;

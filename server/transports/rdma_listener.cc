@@ -222,6 +222,11 @@ std::unique_ptr<RdmaListener> RdmaListener::ListenConfigured(const Config& confi
   const auto& topo = config.topology;
   if (!topo.multi_rack_exchange()) return listener;
   const std::string& interhub = topo.racks[topo.rack].interhub.ToString();
+  if (topo.hub_tls()) {
+    // TLS runs over TCP only: the hub links stay on TCP, workers may use RDMA.
+    spdlog::info("rack exchange: hub links over TCP with TLS (topology.tls_cert_file), not RDMA");
+    return listener;
+  }
   if (Status s = listener->ListenForHubs(); !s.ok()) {
     if (required) {
       spdlog::critical("data.transport = rdma: hub links: {} (with data.transport = rdma the "

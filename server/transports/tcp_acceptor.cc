@@ -10,6 +10,7 @@
 
 #include "hello_check.h"
 #include "hello_session.h"
+#include "hub_link_session.h"
 #include "rackhub/net/shm/channel.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/tcp/connection.h"
@@ -54,151 +55,12 @@ Status ListenOn(tcp::acceptor& acceptor, const net::Endpoint& ep, const std::str
 
 }  // namespace
 
-// Runs the accepting side of a hub link's handshake on the acceptor thread
-// (hub_handshake.h): reads and checks HUB_HELLO, writes HUB_CHALLENGE, reads
-// and checks HUB_PROOF, then hands the link to the lane it names, which sends
-// HUB_ACCEPT first. The whole handshake must finish within
-// data.hello_timeout_ms. A refusal is a fatal ERROR naming the problem (and
-// a rate-limited warning here); nothing after the refused frame is read.
-class TcpAcceptor::HubHelloSession : public std::enable_shared_from_this<HubHelloSession> {
- public:
-  HubHelloSession(TcpAcceptor* acceptor, tcp::socket socket)
-      : acceptor_(acceptor),
-        socket_(std::move(socket)),
-        timer_(socket_.get_executor()),
-        auth_(acceptor->plane_->hub_secret(), acceptor->plane_->config().topology.rack) {
-    ++acceptor_->unauthenticated_hubs_;
-  }
-  ~HubHelloSession() { --acceptor_->unauthenticated_hubs_; }
-
-  void Start() {
-    peer_ = PeerName(socket_);
-    const uint32_t timeout_ms = acceptor_->plane_->config().data.hello_timeout_ms;
-    timer_.expires_after(std::chrono::milliseconds(timeout_ms));
-    timer_.async_wait([self = shared_from_this(), timeout_ms](const boost::system::error_code& e) {
-      if (!e) {
-        self->Refuse(WireError::kMalformed,
-                     "the handshake did not finish within data.hello_timeout_ms (" +
-                         std::to_string(timeout_ms) + " ms)");
-      }
-    });
-    ReadHeader();
-  }
-
- private:
-  void ReadHeader() {
-    asio::async_read(socket_, asio::buffer(header_),
-                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
-                       self->OnHeader(e);
-                     });
-  }
-
-  void OnHeader(const boost::system::error_code& ec) {
-    if (ec) return Close(ec.message());
-    const FrameHeader h = net::DecodeHeader(header_);
-    const Status s = hello_ ? CheckHubProofHeader(h) : CheckHubHelloHeader(h);
-    if (!s.ok()) return Refuse(WireError::kMalformed, s.message());
-    payload_.resize(h.payload_bytes);
-    asio::async_read(socket_, asio::buffer(payload_),
-                     [self = shared_from_this()](const boost::system::error_code& e, size_t) {
-                       self->OnPayload(e);
-                     });
-  }
-
-  void OnPayload(const boost::system::error_code& ec) {
-    if (ec) return Close(ec.message());
-    if (!hello_) return OnHello();
-    OnProof();
-  }
-
-  void OnHello() {
-    DataPlane* plane = acceptor_->plane_;
-    Result<data::v1::HubHello> hello =
-        CheckHubHello(payload_, plane->config().topology, plane->lane_count());
-    if (!hello.ok()) return Refuse(CodeOf(hello.status()), hello.status().message());
-    Result<std::string> challenge = auth_.OnHello(*hello);
-    if (!challenge.ok()) return Refuse(CodeOf(challenge.status()), challenge.status().message());
-    hello_ = *std::move(hello);
-    Write(Opcode::kHubChallenge, *std::move(challenge), false);
-  }
-
-  void OnProof() {
-    Result<std::string> accept = auth_.OnProof(payload_);
-    if (!accept.ok()) return Refuse(CodeOf(accept.status()), accept.status().message());
-    timer_.cancel();
-    net::ConnectionIdentity id;
-    id.hub = true;
-    id.rack = hello_->rack();
-    id.lane = hello_->lane();
-    id.peer = peer_;
-    acceptor_->MoveToLane(
-        std::move(socket_), id.lane,
-        [id, accept = *std::move(accept)](Lane& lane, tcp::socket s) mutable {
-          lane.AdoptHubLink(
-              std::make_shared<net::tcp::TcpConnection>(lane.hub_handler(), std::move(s), id),
-              std::move(accept));
-        });
-  }
-
-  static WireError CodeOf(const Status& s) {
-    return s.code() == StatusCode::kUnauthenticated ? WireError::kUnauthenticated
-                                                    : WireError::kInvalidArgument;
-  }
-
-  // Writes one frame; `last`: then closes (a refusal), else reads the next.
-  void Write(Opcode op, std::string body, bool last) {
-    FrameHeader h;
-    h.opcode = op;
-    if (last) h.flags = net::kFlagFatal;
-    h.payload_bytes = static_cast<uint32_t>(body.size());
-    net::EncodeHeader(h, out_header_);
-    out_body_ = std::move(body);
-    std::array<asio::const_buffer, 2> buffers = {asio::buffer(out_header_),
-                                                 asio::buffer(out_body_)};
-    asio::async_write(socket_, buffers,
-                      [self = shared_from_this(), last](const boost::system::error_code& e,
-                                                        size_t) {
-                        if (last || e) return self->Close(e ? e.message() : "");
-                        self->ReadHeader();
-                      });
-  }
-
-  // A refusal: logged (rate-limited), a fatal ERROR naming it to the peer,
-  // then closed (the timer still bounds the write).
-  void Refuse(WireError code, const std::string& why) {
-    if (refused_ || !socket_.is_open()) return Close("");
-    refused_ = true;
-    acceptor_->warnings_.Warn("rack link: refused a hub link from " + peer_ + ": " + why);
-    Write(Opcode::kError, net::EncodeErrorBody(code, "hub link: " + why), true);
-  }
-
-  // Closes; `why`: a transport error not logged yet (the peer went away).
-  void Close(const std::string& why) {
-    timer_.cancel();
-    if (!socket_.is_open()) return;
-    if (!why.empty() && !refused_) {
-      acceptor_->warnings_.Warn("rack link: a hub link from " + peer_ +
-                                " closed during the handshake: " + why);
-    }
-    boost::system::error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
-    socket_.close(ignored);
-  }
-
-  TcpAcceptor* acceptor_;
-  tcp::socket socket_;
-  asio::steady_timer timer_;
-  HubAcceptor auth_;
-  std::optional<data::v1::HubHello> hello_;  // once checked
-  bool refused_ = false;
-  std::string peer_;
-  std::array<std::byte, net::kHeaderBytes> header_{};
-  std::vector<std::byte> payload_;
-  std::array<std::byte, net::kHeaderBytes> out_header_{};
-  std::string out_body_;
-};
-
-TcpAcceptor::TcpAcceptor(DataPlane* plane) : plane_(plane) {
+TcpAcceptor::TcpAcceptor(DataPlane* plane, std::shared_ptr<const net::tls::TlsContext> hub_tls)
+    : plane_(plane) {
+  hub_hooks_.plane = plane;
+  hub_hooks_.tls = std::move(hub_tls);
+  hub_hooks_.waiting = &unauthenticated_hubs_;
+  hub_hooks_.warn = [this](const std::string& line) { warnings_.Warn(line); };
   hello_hooks_.plane = plane;
   hello_hooks_.waiting = &unauthenticated_workers_;
   hello_hooks_.warn = [this](const std::string& line) { warnings_.Warn(line); };
@@ -248,14 +110,16 @@ Status TcpAcceptor::Listen() {
   if (!topo.multi_rack_exchange()) return {};
   hubs_ = std::make_unique<Listener>(thread_.io(), "rack link", &unauthenticated_hubs_);
   hubs_->start = [this](tcp::socket socket) {
-    std::make_shared<HubHelloSession>(this, std::move(socket))->Start();
+    StartHubLinkSession(&hub_hooks_, std::move(socket));
   };
   if (Status s = ListenOn(hubs_->acceptor, topo.racks[topo.rack].interhub, "topology.racks");
       !s.ok()) {
     return s;
   }
-  spdlog::info("rack exchange: rack {} of {}, hub links on {}", topo.rack, topo.rack_count(),
-               topo.racks[topo.rack].interhub.ToString());
+  spdlog::info("rack exchange: rack {} of {}, hub links on {}{}", topo.rack, topo.rack_count(),
+               topo.racks[topo.rack].interhub.ToString(),
+               hub_hooks_.tls ? " (TLS, peer certificates verified against topology.tls_ca_file)"
+                              : "");
   return {};
 }
 
@@ -316,6 +180,11 @@ bool TcpAcceptor::AdmitUnauthenticated(tcp::socket& socket, const Listener& l) {
 
 void TcpAcceptor::MoveToLane(tcp::socket socket, uint32_t lane,
                              std::function<void(Lane&, tcp::socket)> adopt) {
+  MoveSocketToLane(plane_, std::move(socket), lane, std::move(adopt));
+}
+
+void MoveSocketToLane(DataPlane* plane, tcp::socket socket, uint32_t lane,
+                      std::function<void(Lane&, tcp::socket)> adopt) {
   // Move the descriptor from the acceptor's io_context to the lane's.
   boost::system::error_code ec;
   const auto protocol = socket.local_endpoint(ec).protocol();
@@ -324,7 +193,7 @@ void TcpAcceptor::MoveToLane(tcp::socket socket, uint32_t lane,
     spdlog::error("data: cannot hand a connection to lane {}: {}", lane, ec.message());
     return;
   }
-  plane_->OnLane(lane, [protocol, fd, adopt = std::move(adopt)](Lane& target) {
+  plane->OnLane(lane, [protocol, fd, adopt = std::move(adopt)](Lane& target) {
     tcp::socket s(target.io());
     boost::system::error_code assign_ec;
     s.assign(protocol, fd, assign_ec);
@@ -336,6 +205,11 @@ void TcpAcceptor::MoveToLane(tcp::socket socket, uint32_t lane,
   });
 }
 
-std::unique_ptr<net::Connector> MakeTcpHubConnector() { return net::MakeTcpConnector(); }
+std::unique_ptr<net::Connector> MakeTcpHubConnector(
+    const Config& config, std::shared_ptr<const net::tls::TlsContext> tls) {
+  if (!tls) return net::MakeTcpConnector();
+  return net::MakeTlsConnector(std::move(tls),
+                               std::chrono::milliseconds(config.data.hello_timeout_ms));
+}
 
 }  // namespace rackhub::server

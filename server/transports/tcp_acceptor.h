@@ -1,10 +1,11 @@
 // TcpAcceptor: the TCP side of rackhubd's data plane. On its own thread it
 // accepts worker connections (data.listen) and, in a hierarchical topology,
 // other racks' hub links (this rack's inter-hub address); reads and checks
-// the first frame (HELLO through hello_check.h, HUB_HELLO with the hub
-// secret), then moves the socket to the lane it names, builds the
-// TcpConnection there and hands it over (Lane::AdoptWorker / AdoptHubLink).
-// The only server file that knows TCP sockets.
+// the first frame (HELLO through hello_check.h; a hub link's TLS and
+// handshake through hub_link_session.h), then moves the socket to the lane it
+// names, builds the connection there and hands it over (Lane::AdoptWorker /
+// AdoptHubLink). With hub_link_session.cc, the only server files that know
+// TCP sockets.
 //
 // Ownership: owned by the daemon; borrows the DataPlane (which outlives it).
 // Threading: Listen/Start/Stop from the main thread; sessions run on the
@@ -18,6 +19,7 @@
 #include "acceptor_thread.h"
 #include "data_plane.h"
 #include "hello_session.h"
+#include "hub_link_session.h"
 #include "log_limiter.h"
 #include "rackhub/common/status.h"
 #include "rackhub/net/asio.h"
@@ -26,7 +28,9 @@ namespace rackhub::server {
 
 class TcpAcceptor {
  public:
-  explicit TcpAcceptor(DataPlane* plane);
+  // `hub_tls`: hub links are TLS with this context (topology.tls_*); null:
+  // plaintext.
+  TcpAcceptor(DataPlane* plane, std::shared_ptr<const net::tls::TlsContext> hub_tls);
   ~TcpAcceptor();
   TcpAcceptor(const TcpAcceptor&) = delete;
   TcpAcceptor& operator=(const TcpAcceptor&) = delete;
@@ -45,7 +49,6 @@ class TcpAcceptor {
   void Stop();
 
  private:
-  class HubHelloSession;
   // One listening socket and what its accepted connections go through:
   // workers (data.listen) or other racks' hub links (the interhub address).
   struct Listener {
@@ -82,6 +85,7 @@ class TcpAcceptor {
   size_t unauthenticated_workers_ = 0;
   size_t unauthenticated_hubs_ = 0;
   HelloSession<boost::asio::ip::tcp::socket>::Hooks hello_hooks_;
+  HubLinkHooks hub_hooks_;
   AcceptorThread thread_;  // "rackhub-accept"
   Listener workers_{thread_.io(), "data", &unauthenticated_workers_};
   std::unique_ptr<Listener> hubs_;  // hierarchical topology only
@@ -90,7 +94,15 @@ class TcpAcceptor {
   LogLimiter warnings_{20, std::chrono::seconds(10)};
 };
 
-// Outgoing hub links over TCP (net::MakeTcpConnector), for DataPlane.
-std::unique_ptr<net::Connector> MakeTcpHubConnector();
+// Moves an accepted socket to lane `lane` of `plane` and runs `adopt` there
+// (acceptor thread; `adopt` on the lane's).
+void MoveSocketToLane(DataPlane* plane, boost::asio::ip::tcp::socket socket, uint32_t lane,
+                      std::function<void(Lane&, boost::asio::ip::tcp::socket)> adopt);
+
+// Outgoing hub links over TCP, for DataPlane: net::MakeTcpConnector, or with
+// `tls` (topology.tls_*) net::MakeTlsConnector whose handshake must finish
+// within data.hello_timeout_ms.
+std::unique_ptr<net::Connector> MakeTcpHubConnector(
+    const Config& config, std::shared_ptr<const net::tls::TlsContext> tls);
 
 }  // namespace rackhub::server

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "process.h"
+#include "test_pki.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "wait.h"
@@ -676,21 +677,7 @@ TEST_F(AdminAuthTest, TokenIsRequiredAndChecked) {
 TEST(AdminTlsTest, TlsWithClientCertificates) {
   const std::string dir = testing::MakeTempDir();
   // A CA, a server cert for "localhost" and a client cert, all signed by the CA.
-  const std::string script =
-      "set -e; cd " + dir +
-      "; openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
-      "-subj /CN=rackhub-test-ca 2>/dev/null;"
-      "openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr "
-      "-subj /CN=localhost 2>/dev/null;"
-      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1' > san.ext;"
-      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-      "-out server.pem -days 2 -extfile san.ext 2>/dev/null;"
-      "openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr "
-      "-subj /CN=operator 2>/dev/null;"
-      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
-      "-out client.pem -days 2 2>/dev/null";
-  const auto gen = testing::RunCommand({"/bin/sh", "-c", script});
-  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  ASSERT_EQ(testing::MakeTestPki(dir, {"server", "client"}), "");
 
   DaemonProcess daemon({"--admin-tls-cert", dir + "/server.pem", "--admin-tls-key",
                         dir + "/server.key", "--admin-tls-client-ca", dir + "/ca.pem"});

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "config.h"
+#include "process.h"
+#include "test_pki.h"
 
 namespace rackhub::server {
 namespace {
@@ -686,6 +688,85 @@ TEST(EffectiveLaneCountTest, ZeroMeansCoresAndExplicitIsKept) {
   EXPECT_GE(EffectiveLaneCount(c), 1u);
   c.lanes.count = 3;
   EXPECT_EQ(EffectiveLaneCount(c), 3u);
+}
+
+}  // namespace
+}  // namespace rackhub::server
+
+// ---------------------------------------------------------------------------
+// topology.tls_*: mutual TLS for hub links (docs/cluster.md)
+
+namespace rackhub::server {
+namespace {
+
+TEST(HubTlsConfigTest, KeysParseFromTheFileAndTheCommandLine) {
+  Config c;
+  EXPECT_TRUE(Parse("[topology]\ntls_cert_file = \"/c.pem\"\ntls_key_file = \"/k.pem\"\n"
+                    "tls_ca_file = \"/ca.pem\"\n",
+                    &c)
+                  .empty());
+  EXPECT_EQ(c.topology.tls_cert_file, "/c.pem");
+  EXPECT_EQ(c.topology.tls_key_file, "/k.pem");
+  EXPECT_EQ(c.topology.tls_ca_file, "/ca.pem");
+  EXPECT_TRUE(c.topology.hub_tls());
+  const ParseResult r =
+      ParseArgs({"--hub-tls-cert", "/nonexistent/c.pem", "--hub-tls-key", "/nonexistent/k.pem",
+                 "--hub-tls-ca", "/nonexistent/ca.pem"});
+  EXPECT_EQ(r.config.topology.tls_cert_file, "/nonexistent/c.pem");
+  EXPECT_EQ(r.config.topology.tls_ca_file, "/nonexistent/ca.pem");
+  // Validation ran: the files do not exist, each is named.
+  EXPECT_TRUE(AnyStartsWith(r.errors, "topology.tls_cert_file: cannot read '/nonexistent/c.pem'"))
+      << ::testing::PrintToString(r.errors);
+  EXPECT_TRUE(AnyStartsWith(r.errors, "topology.tls_key_file: cannot read"));
+  EXPECT_TRUE(AnyStartsWith(r.errors, "topology.tls_ca_file: cannot read"));
+}
+
+TEST(HubTlsConfigTest, AllThreeOrNone) {
+  TempFile cert("-----BEGIN CERTIFICATE-----\n");
+  Config c;
+  c.topology.tls_cert_file = cert.path();
+  const auto errors = Validate(c);
+  ASSERT_EQ(errors.size(), 2u) << ::testing::PrintToString(errors);
+  EXPECT_TRUE(AnyStartsWith(errors, "topology.tls_key_file: TLS for hub links needs all of"));
+  EXPECT_TRUE(AnyStartsWith(errors, "topology.tls_ca_file: TLS for hub links needs all of"));
+  Config only_ca;
+  only_ca.topology.tls_ca_file = cert.path();
+  EXPECT_EQ(Validate(only_ca).size(), 2u);
+}
+
+// A real CA and certificates (openssl, at run time), then each file spoiled
+// in turn: the error names the key and what is wrong with its file.
+TEST(HubTlsConfigTest, FilesAreCheckedAsTheHubLoadsThem) {
+  const std::string dir = testing::MakeTempDir();
+  ASSERT_EQ(testing::MakeTestPki(dir, {"hub", "other"}), "");
+  Config c;
+  c.topology.tls_cert_file = dir + "/hub.pem";
+  c.topology.tls_key_file = dir + "/hub.key";
+  c.topology.tls_ca_file = dir + "/ca.pem";
+  EXPECT_TRUE(Validate(c).empty()) << ::testing::PrintToString(Validate(c));
+
+  Config wrong_key = c;
+  wrong_key.topology.tls_key_file = dir + "/other.key";
+  ExpectOneError(Validate(wrong_key), "topology.tls_key_file",
+                 "does not match the certificate in topology.tls_cert_file");
+
+  TempFile text("just some text\n");
+  Config not_pem = c;
+  not_pem.topology.tls_ca_file = text.path();
+  ExpectOneError(Validate(not_pem), "topology.tls_ca_file", "is not a PEM file");
+
+  Config key_as_cert = c;
+  key_as_cert.topology.tls_cert_file = dir + "/hub.key";
+  ExpectOneError(Validate(key_as_cert), "topology.tls_cert_file", "holds no PEM certificate");
+
+  TempFile empty("");
+  Config empty_key = c;
+  empty_key.topology.tls_key_file = empty.path();
+  ExpectOneError(Validate(empty_key), "topology.tls_key_file", "is empty");
+
+  Config missing = c;
+  missing.topology.tls_cert_file = dir + "/nope.pem";
+  ExpectOneError(Validate(missing), "topology.tls_cert_file", "cannot read");
 }
 
 }  // namespace
