@@ -152,6 +152,18 @@ int rackhub_push_pull_rows(rackhub_client* client, uint32_t key, const uint64_t*
 int rackhub_pull_rows(rackhub_client* client, uint32_t key, const uint64_t* ids, uint64_t n_ids,
                       float* out);
 
+/* ---- Elastic tenants (added after 0.2; docs/elastic.md) ----
+ *
+ * The membership of the update that produced key `key`'s values, as the
+ * calling client's last successful push_pull/pull of it reported: the
+ * membership generation (*generation), its member count (*members: what a
+ * mean divided by) and whether the key's chunks named different generations
+ * (*mixed, 1/0; the lowest generation is reported; a pull resolves it). All
+ * 0 before the key's first update and in tenants that are not elastic. Any
+ * output pointer may be NULL. RACKHUB_INVALID_ARGUMENT for an unknown key. */
+int rackhub_key_membership(rackhub_client* client, uint32_t key, uint64_t* generation,
+                           uint32_t* members, int* mixed);
+
 /* Sends BYE, fails pending operations with RACKHUB_CLOSED and frees the
  * client. NULL is allowed. */
 void rackhub_close(rackhub_client* client);
