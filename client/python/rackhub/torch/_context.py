@@ -29,6 +29,10 @@ class Context:
         # DistributedOptimizer engines by their join id (weak references), for
         # a joined rank that pushes zeros for the others' steps (join.py).
         self.optimizers = {}
+        # Elastic jobs (elastic/): the membership (elastic._session.Membership);
+        # None otherwise. `rank`/`size` above are then the hub rank (slot) and
+        # the slot count (max ranks); rank()/size() below are dense.
+        self.elastic = None
 
 
 def install(ctx):
@@ -50,13 +54,17 @@ def is_initialized():
 
 
 def rank():
-    """This process's rank in [0, size())."""
-    return need().rank
+    """This process's rank in [0, size()). In an elastic job: its position
+    among the current members (ascending hub ranks; docs/elastic.md)."""
+    c = need()
+    return c.rank if c.elastic is None else c.elastic.dense_rank(c.rank)
 
 
 def size():
-    """The number of ranks (the tenant's workers)."""
-    return need().size
+    """The number of ranks (the tenant's workers); in an elastic job the
+    current member count."""
+    c = need()
+    return c.size if c.elastic is None else c.elastic.size()
 
 
 def local_rank():

@@ -501,8 +501,9 @@ class _Sync:
         _log.warning("rackhub: step skipped, resynchronizing %d key(s) with the hub after %s "
                      "(%s); %d key(s) affected", len(self.slots), type(first).__name__,
                      first, len(rolled))
-        if lost:
-            # Pushes fail with WORKER_LOST until the lost rank is back.
+        if lost and self.ctx.elastic is None:
+            # Pushes fail with WORKER_LOST until the lost rank is back (an
+            # elastic job goes on without it: rackhub.torch.elastic).
             self.lost_streak += 1
             time.sleep(min(0.05 * (2 ** min(self.lost_streak, 5)), 1.0))
         if self.hub and self.ctx.rank == 0 and any(
