@@ -16,7 +16,8 @@ form an epoch E: the supervisor writes joiners-E (their ranks) and then
 epoch; the members park at their next commit and write ready-E, which the
 new processes wait for before they connect (rackhub.torch.elastic's
 _session.py). A new process that exits before it connected gets gone-E-R so
-nobody waits for it. When fewer than --min-np ranks run (the hub has paused
+nobody waits for it. DIR/pid-R holds the pid of rank R's process (the
+demo and the tests kill ranks with it). When fewer than --min-np ranks run (the hub has paused
 the tenant), the supervisor writes ready-E itself.
 
 The job ends when no process runs and none is due: exit code 0 when every
@@ -82,6 +83,7 @@ class Supervisor:
         p = subprocess.Popen(self.cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True)
         self.running[rank] = (p, epoch)
+        _write(os.path.join(self.dir, f"pid-{rank}"), f"{p.pid}\n")
         for stream, err in ((p.stdout, False), (p.stderr, True)):
             t = threading.Thread(target=self.out.pump, args=(stream, rank, err), daemon=True)
             t.start()

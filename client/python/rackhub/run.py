@@ -107,8 +107,6 @@ def _parse(argv):
     if a.max_np is not None and not 1 <= a.min_np <= a.n <= a.max_np <= 1024:
         ap.error(f"elastic: need 1 <= --min-np ({a.min_np}) <= -n ({a.n}) <= --max-np "
                  f"({a.max_np}) <= 1024")
-    if a.max_np is not None and a.token_file:
-        ap.error("--min-np/--max-np create an elastic tenant; --token-file names an existing one")
     if a.hub and not a.token_file and not a.admin:
         ap.error("--hub needs --admin (to create the tenant) or --tenant with --token-file")
     if a.token_file and not a.tenant:
