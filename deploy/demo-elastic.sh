@@ -3,7 +3,8 @@
 # loopback in a temporary directory, creates an elastic tenant with
 # rackhubctl (start quorum 4, min 2, max 8) and runs the Horovod Elastic
 # example (client/examples/horovod_elastic.py) with rackhub-run --min-np 2
-# --max-np 8. After the first epoch it kills one rank with SIGKILL, once the
+# --max-np 8 (--max-restarts 0: the killed rank is not replaced by the
+# launcher, the two added later take hub ranks 1 and 4). After the first epoch it kills one rank with SIGKILL, once the
 # survivors have finished an epoch it adds two ranks (rackhub-run --add 2),
 # and prints the membership of every epoch (the example's "size" and the
 # hub's view, rackhubctl tenant get). Leaves nothing running.
@@ -60,9 +61,9 @@ sed -n 's/^data-plane token: *\([^[:space:]]*\).*$/\1/p' "$work/tenant.txt" > "$
 [ -s "$work/tenant.token" ] || { cat "$work/tenant.txt"; echo "no data-plane token"; exit 1; }
 echo
 
-echo "\$ rackhub-run -n 4 --min-np 2 --max-np 8 python3 client/examples/horovod_elastic.py --epochs $epochs"
+echo "\$ rackhub-run -n 4 --min-np 2 --max-np 8 --max-restarts 0 python3 client/examples/horovod_elastic.py --epochs $epochs"
 "$build/bin/rackhub-run" --hub "$data" --tenant job --token-file "$work/tenant.token" \
-  -n 4 --min-np 2 --max-np 8 --job-dir "$work/job" \
+  -n 4 --min-np 2 --max-np 8 --max-restarts 0 --job-dir "$work/job" \
   python3 client/examples/horovod_elastic.py --epochs "$epochs" > "$work/job.log" 2>&1 &
 run_pid=$!
 membership() { ctl tenant get job | grep -iE "membership|members" | head -2 | sed 's/^/   hub: /'; }
