@@ -6,7 +6,8 @@ rackhub with only its import and its launcher changed:
    of `import rackhub.torch as hvd` and the docstring removed, nothing in it
    is rackhub's;
 2. rackhub-run -n 3 --min-np 2 --max-np 4 runs it to the end (exit 0), rank
-   0 prints one line per epoch with size 3, and the loss goes down.
+   0 prints one line per epoch with size 3, and the loss goes down;
+3. bad launcher arguments are refused by name.
 
     test_elastic_example.py EXAMPLE      (RACKHUB_BIN_DIR: rackhub-run's directory)
 """
@@ -44,6 +45,17 @@ def main():
             and "[0] done" in r.stdout)
     print(f"{'ok  ' if good else 'FAIL'} rackhub-run: exit {r.returncode}, epochs {epochs}")
     ok &= good
+    # Bad launcher input: refused by name, before anything starts.
+    bad = [(["-n", "2", "--min-np", "1", "python3", "x.py"], "--min-np and --max-np go together"),
+           (["-n", "5", "--min-np", "2", "--max-np", "4", "python3", "x.py"],
+            "need 1 <= --min-np (2) <= -n (5) <= --max-np (4)"),
+           (["--add", "2"], "--add needs --job DIR"),
+           (["--add", "2", "--job", "/nonexistent"], "not the directory of a running elastic job")]
+    for args, want in bad:
+        r = subprocess.run([run] + args, capture_output=True, text=True, timeout=30)
+        good = r.returncode != 0 and want in r.stderr
+        print(f"{'ok  ' if good else 'FAIL'} rackhub-run {' '.join(args)}: {r.stderr.strip()}")
+        ok &= good
     print("PASSED" if ok else "FAILED")
     return 0 if ok else 1
 
