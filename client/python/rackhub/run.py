@@ -207,6 +207,9 @@ def main(argv=None):
     if a.add is not None:
         from . import elastic_run
         return elastic_run.add_request(a.job, a.add)
+    # SIGTERM (a test, a scheduler) ends the job like Ctrl-C: the ranks and
+    # the started hub are stopped by the `finally` below, not left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = tempfile.mkdtemp(prefix="rackhub-run.")
     hub_proc = None
     created_tenant = None
