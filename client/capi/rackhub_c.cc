@@ -256,6 +256,19 @@ int rackhub_find_key(rackhub_client* c, const char* name, uint32_t* key_out) {
   return RACKHUB_OK;
 }
 
+int rackhub_key_membership(rackhub_client* c, uint32_t key, uint64_t* generation,
+                           uint32_t* members, int* mixed) {
+  if (!c) return RACKHUB_INVALID_ARGUMENT;
+  const auto info = c->client->GetKeyInfo(key);
+  if (!info) {
+    return Invalid(c, "rackhub_key_membership: unknown key " + std::to_string(key));
+  }
+  if (generation) *generation = info->membership_generation;
+  if (members) *members = info->members;
+  if (mixed) *mixed = info->membership_mixed ? 1 : 0;
+  return RACKHUB_OK;
+}
+
 int rackhub_push_pull_async(rackhub_client* c, uint32_t key, const float* grad, float* out,
                             uint64_t n, uint64_t* ticket) {
   if (!c) return RACKHUB_INVALID_ARGUMENT;

@@ -31,10 +31,12 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "process.h"
 #include "rackhub/client/client.h"
+#include "rackhub/client/rackhub_c.h"
 #include "wait.h"
 
 namespace rackhub::testing {
@@ -656,6 +658,109 @@ TEST(ElasticCreateTest, ValidatesAndPersists) {
   EXPECT_NE(r.out.find("PAUSED"), std::string::npos) << r.out;  // no worker yet
   r = ctl({"tenant", "get", "plain"});
   EXPECT_EQ(r.out.find("elastic"), std::string::npos) << r.out;
+}
+
+// ---- The C ABI reports the membership (rackhub_key_membership) -------------
+
+// Two ranks (one C client each, in two threads) of an elastic tenant push
+// to a sum-only key; after the PushPull each client's rackhub_key_membership
+// names the update's generation and its 2 members, and the values are the
+// rank-order sum. Then rank 1 closes (BYE): rank 0's next PushPull is the
+// value of rank 0 alone with 1 member and a newer generation. An unknown key
+// and a NULL client are refused by name.
+TEST(ElasticCApiTest, KeyMembershipAfterPushPull) {
+  DaemonProcess daemon({"--in-memory", "--lanes", "2", "--straggler-timeout-ms", "60000"});
+  ASSERT_TRUE(daemon.started());
+  const std::string token(40, 'c');
+  const std::string token_file = MakeTempDir() + "/token";
+  WriteFile(token_file, token);
+  const CommandResult r = RunCommand(
+      {BinPath("rackhubctl"), "--admin", daemon.admin_address(), "tenant", "create", "job",
+       "--workers", "2", "--elastic", "--min-workers", "1", "--max-workers", "4",
+       "--tenant-token-file", token_file});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  constexpr uint64_t kN = 64;
+  rackhub_client* clients[2] = {nullptr, nullptr};
+  uint32_t keys[2] = {0, 0};
+  const std::string hub = daemon.data_address();
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    rackhub_options o{};
+    o.hub = hub.c_str();
+    o.tenant = "job";
+    o.token = token.c_str();
+    o.rank = rank;
+    char err[256] = {0};
+    ASSERT_EQ(rackhub_connect(&o, &clients[rank], err, sizeof err), RACKHUB_OK) << err;
+    rackhub_optimizer spec{};
+    spec.type = "sum-only";
+    spec.reduction = RACKHUB_REDUCTION_SUM;
+    ASSERT_EQ(rackhub_declare_key(clients[rank], "k", kN, RACKHUB_FP32, &spec,
+                                  RACKHUB_INIT_ZEROS, &keys[rank]),
+              RACKHUB_OK)
+        << rackhub_last_error(clients[rank]);
+  }
+  // Before any update: zeros.
+  uint64_t gen = 7;
+  uint32_t members = 7;
+  int mixed = 7;
+  ASSERT_EQ(rackhub_key_membership(clients[0], keys[0], &gen, &members, &mixed), RACKHUB_OK);
+  EXPECT_EQ(gen, 0u);
+  EXPECT_EQ(members, 0u);
+  EXPECT_EQ(mixed, 0);
+  std::vector<float> grads[2], outs[2];
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    grads[rank].resize(kN);
+    outs[rank].assign(kN, -1.0f);
+    for (uint64_t i = 0; i < kN; ++i) grads[rank][i] = Gradient(rank, 1, static_cast<uint32_t>(i));
+  }
+  int status[2] = {-1, -1};
+  std::thread t1([&] {
+    status[1] = rackhub_push_pull(clients[1], keys[1], grads[1].data(), outs[1].data(), kN);
+  });
+  status[0] = rackhub_push_pull(clients[0], keys[0], grads[0].data(), outs[0].data(), kN);
+  t1.join();
+  uint64_t first_gen = 0;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_EQ(status[rank], RACKHUB_OK) << rackhub_last_error(clients[rank]);
+    for (uint64_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(outs[rank][i], grads[0][i] + grads[1][i]) << "rank " << rank << " element " << i;
+    }
+    ASSERT_EQ(rackhub_key_membership(clients[rank], keys[rank], &gen, &members, &mixed),
+              RACKHUB_OK);
+    EXPECT_GE(gen, 1u);
+    EXPECT_EQ(members, 2u);
+    EXPECT_EQ(mixed, 0);
+    if (rank == 0) first_gen = gen;
+    EXPECT_EQ(gen, first_gen);
+  }
+  // NULL outputs are allowed.
+  EXPECT_EQ(rackhub_key_membership(clients[0], keys[0], nullptr, nullptr, nullptr), RACKHUB_OK);
+  // Rank 1 leaves (BYE): rank 0 goes on alone (min 1) with a newer generation.
+  rackhub_close(clients[1]);
+  clients[1] = nullptr;
+  int st = RACKHUB_OK;
+  for (int attempt = 0; attempt < 100; ++attempt) {  // WORKER_LOST: pull, push again
+    st = rackhub_push_pull(clients[0], keys[0], grads[0].data(), outs[0].data(), kN);
+    if (st == RACKHUB_OK) break;
+    ASSERT_EQ(st, RACKHUB_SERVER) << rackhub_last_error(clients[0]);
+    std::vector<float> scratch(kN);
+    ASSERT_EQ(rackhub_pull(clients[0], keys[0], scratch.data(), kN), RACKHUB_OK)
+        << rackhub_last_error(clients[0]);
+  }
+  ASSERT_EQ(st, RACKHUB_OK) << rackhub_last_error(clients[0]);
+  for (uint64_t i = 0; i < kN; ++i) ASSERT_EQ(outs[0][i], grads[0][i]) << "element " << i;
+  ASSERT_EQ(rackhub_key_membership(clients[0], keys[0], &gen, &members, &mixed), RACKHUB_OK);
+  EXPECT_GT(gen, first_gen);
+  EXPECT_EQ(members, 1u);
+  // Bad input: an unknown key, a NULL client.
+  EXPECT_EQ(rackhub_key_membership(clients[0], 9999, &gen, &members, &mixed),
+            RACKHUB_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rackhub_last_error(clients[0])).find("unknown key 9999"),
+            std::string::npos)
+      << rackhub_last_error(clients[0]);
+  EXPECT_EQ(rackhub_key_membership(nullptr, 0, &gen, &members, &mixed),
+            RACKHUB_INVALID_ARGUMENT);
+  rackhub_close(clients[0]);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 """rackhub-run: start N training ranks against a rackhub hub.
 
     rackhub-run -n 4 python3 train.py --epochs 3
+    rackhub-run -n 4 --min-np 2 --max-np 8 python3 train.py   # elastic (elastic_run.py)
     python3 -m rackhub.run -n 4 python3 train.py            # the same
 
 Without --hub it starts a private rackhubd on loopback (ephemeral ports, a
@@ -60,7 +61,18 @@ def _parse(argv):
     ap = argparse.ArgumentParser(
         prog="rackhub-run", description="Start N training ranks against a rackhub hub.",
         usage="rackhub-run -n N [options] COMMAND [ARGS...]")
-    ap.add_argument("-n", "--np", type=int, required=True, dest="n", help="number of ranks")
+    ap.add_argument("-n", "--np", type=int, dest="n", help="number of ranks")
+    ap.add_argument("--min-np", type=int, help="elastic job: the fewest ranks it trains with "
+                    "(elastic_run.py; with --max-np)")
+    ap.add_argument("--max-np", type=int, help="elastic job: the most ranks (hub ranks "
+                    "0..max-np-1)")
+    ap.add_argument("--max-restarts", type=int, default=3,
+                    help="elastic job: restarts of failed ranks in the whole job [3]")
+    ap.add_argument("--restart-backoff", type=float, default=1.0,
+                    help="elastic job: seconds before the first restart, doubled per restart [1]")
+    ap.add_argument("--job-dir", help="elastic job: its directory (default: a temporary one)")
+    ap.add_argument("--add", type=int, help="add ranks to the running elastic job --job DIR")
+    ap.add_argument("--job", help="the directory of the running elastic job (with --add)")
     ap.add_argument("--hub", help="data plane HOST:PORT of an existing hub (default: start one)")
     ap.add_argument("--admin", help="admin API HOST:PORT of that hub (to create the tenant)")
     ap.add_argument("--admin-token-file", help="admin token of that hub")
@@ -80,10 +92,21 @@ def _parse(argv):
                     help="do not delete the created tenant of an existing hub at the end")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
+    if a.add is not None:
+        if not a.job:
+            ap.error("--add needs --job DIR (the job directory the launcher printed)")
+        return a
     if not a.command:
         ap.error("COMMAND is required")
+    if a.n is None:
+        ap.error("-n/--np is required")
     if a.n < 1:
         ap.error("-n: at least 1")
+    if (a.min_np is None) != (a.max_np is None):
+        ap.error("--min-np and --max-np go together")
+    if a.max_np is not None and not 1 <= a.min_np <= a.n <= a.max_np <= 1024:
+        ap.error(f"elastic: need 1 <= --min-np ({a.min_np}) <= -n ({a.n}) <= --max-np "
+                 f"({a.max_np}) <= 1024")
     if a.hub and not a.token_file and not a.admin:
         ap.error("--hub needs --admin (to create the tenant) or --tenant with --token-file")
     if a.token_file and not a.tenant:
@@ -181,6 +204,12 @@ def _stop(proc, sig=signal.SIGTERM, timeout=5.0):
 
 def main(argv=None):
     a = _parse(sys.argv[1:] if argv is None else argv)
+    if a.add is not None:
+        from . import elastic_run
+        return elastic_run.add_request(a.job, a.add)
+    # SIGTERM (a test, a scheduler) ends the job like Ctrl-C: the ranks and
+    # the started hub are stopped by the `finally` below, not left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = tempfile.mkdtemp(prefix="rackhub-run.")
     hub_proc = None
     created_tenant = None
@@ -199,14 +228,21 @@ def main(argv=None):
         else:
             args = ["tenant", "create", tenant, "--workers", str(a.n),
                     "--max-param-bytes", a.max_param_bytes]
-            if a.chunk_bytes:
+            if a.max_np is not None:
+                # One chunk per membership round, channel round and key up
+                # to 1 MiB: a round a membership barrier aborts is retried
+                # whole (docs/elastic.md, Limits).
+                args += ["--elastic", "--min-workers", str(a.min_np), "--max-workers",
+                         str(a.max_np), "--chunk-bytes", a.chunk_bytes or "1MiB"]
+            elif a.chunk_bytes:
                 args += ["--chunk-bytes", a.chunk_bytes]
             token = json.loads(_ctl(a, admin, admin_token, *args))["token"]
             created_tenant = tenant
             token_file = os.path.join(work, "tenant.token")
             with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
                 f.write(token)
-        print(f"rackhub-run: {a.n} ranks, hub {hub}{' (started here)' if hub_proc else ''}, "
+        print(f"rackhub-run: {a.n} ranks"
+              f"{f' (elastic: {a.min_np}..{a.max_np})' if a.max_np else ''}, hub {hub}{' (started here)' if hub_proc else ''}, "
               f"tenant {tenant}", file=sys.stderr, flush=True)
 
         cmd = list(a.command)
@@ -215,6 +251,24 @@ def main(argv=None):
         pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         out = _Output(not a.no_prefix)
         pumps = []
+        if a.max_np is not None:
+            from . import elastic_run
+            base = dict(os.environ)
+            base.update(RACKHUB_HUB=hub, RACKHUB_TENANT=tenant,
+                        RACKHUB_TOKEN_FILE=os.path.abspath(token_file), PYTHONUNBUFFERED="1")
+            base.pop("RACKHUB_TOKEN", None)
+            base.pop("RACKHUB_HUB_METRICS", None)
+            if metrics:
+                base["RACKHUB_HUB_METRICS"] = f"http://{metrics}/metrics"
+            pp = base.get("PYTHONPATH")
+            base["PYTHONPATH"] = pkg_dir + (os.pathsep + pp if pp else "")
+            job_dir = os.path.abspath(a.job_dir) if a.job_dir else os.path.join(work, "job")
+            os.makedirs(job_dir, exist_ok=True)
+            sup = elastic_run.Supervisor(a, cmd, base, out, job_dir)
+            try:
+                return sup.run()
+            finally:
+                sup.stop()
         for r in range(a.n):
             env = dict(os.environ)
             env.update(RACKHUB_RANK=str(r), RACKHUB_LOCAL_RANK=str(r), RACKHUB_LOCAL_SIZE=str(a.n),

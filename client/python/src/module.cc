@@ -277,6 +277,9 @@ class PyClient {
     d["participants"] = info->participants;
     d["updates"] = info->updates;
     d["slowest_iteration"] = info->slowest_iteration;
+    d["membership_generation"] = info->membership_generation;
+    d["members"] = info->members;
+    d["membership_mixed"] = info->membership_mixed;
     return d;
   }
 
@@ -518,7 +521,10 @@ PYBIND11_MODULE(_core, m) {
       .def("key_info", &PyClient::KeyInfo, py::arg("key"),
            "A dict of the key's fields, or None for an unknown id. topk_ratio: 0 for dense "
            "pushes; updates, slowest_iteration: bounded/async tenants, as the last "
-           "push_pull/pull reported (0 in sync tenants).")
+           "push_pull/pull reported (0 in sync tenants); membership_generation, members, "
+           "membership_mixed: elastic tenants (docs/elastic.md), the membership of the update "
+           "that produced the values the last successful push_pull/pull returned (0 before "
+           "and in other tenants).")
       .def("push_pull", &PyClient::PushPull, py::arg("key"), py::arg("grad"), py::arg("out"),
            "Starts a PushPull: sends `grad`, receives the reply into `out` (C-contiguous float32 "
            "buffers of the key's size, `out` writable); returns a ticket. Both are held until "

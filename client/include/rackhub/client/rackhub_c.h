@@ -164,6 +164,18 @@ int rackhub_declare_key_participants(rackhub_client* client, const char* name, u
                                      int dtype, const rackhub_optimizer* optimizer, int init,
                                      const uint32_t* ranks, size_t n_ranks, uint32_t* key_out);
 
+/* ---- Elastic tenants (added after 0.2; docs/elastic.md) ----
+ *
+ * The membership of the update that produced key `key`'s values, as the
+ * calling client's last successful push_pull/pull of it reported: the
+ * membership generation (*generation), its member count (*members: what a
+ * mean divided by) and whether the key's chunks named different generations
+ * (*mixed, 1/0; the lowest generation is reported; a pull resolves it). All
+ * 0 before the key's first update and in tenants that are not elastic. Any
+ * output pointer may be NULL. RACKHUB_INVALID_ARGUMENT for an unknown key. */
+int rackhub_key_membership(rackhub_client* client, uint32_t key, uint64_t* generation,
+                           uint32_t* members, int* mixed);
+
 /* Sends BYE, fails pending operations with RACKHUB_CLOSED and frees the
  * client. NULL is allowed. */
 void rackhub_close(rackhub_client* client);

@@ -55,7 +55,7 @@ from .collectives import (Max, Min, Product, allgather, allgather_async, allredu
                           broadcast_, broadcast_async, broadcast_async_)
 from .compression import Compression, Compressor
 from .embedding import table_init_
-from .errors import HorovodInternalError, MismatchError
+from .errors import HorovodInternalError, HostsUpdatedInterrupt, MismatchError
 from .grouped import (grouped_allgather, grouped_allgather_async, grouped_allreduce,
                       grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
                       sparse_allreduce_async)
@@ -75,6 +75,7 @@ from .scatter import (alltoall, alltoall_async, grouped_reducescatter,
                       grouped_reducescatter_async, reducescatter, reducescatter_async)
 from .syncbn import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
+from . import elastic  # noqa: E402  (hvd.elastic.run, TorchState: elastic/__init__.py)
 
 # Every collective takes Horovod's process_set= (process_sets.py); the ops
 # with a gradient refuse tensors that require grad over a set.
@@ -109,5 +110,5 @@ __all__ = [
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     "start_timeline", "stop_timeline",
     "SGD", "Adam", "AdamW", "Adagrad", "RackhubError", "RolledBack", "WorkerLost",
-    "table_init_",
+    "table_init_", "elastic", "HostsUpdatedInterrupt",
 ]

@@ -45,6 +45,10 @@ class Context:
         # none for the global set; a SetView's are its set's.
         self.key_tag = ""
         self.participants = []
+        # Elastic jobs (elastic/): the membership (elastic._session.Membership);
+        # None otherwise. `rank`/`size` above are then the hub rank (slot) and
+        # the slot count (max ranks); rank()/size() below are dense.
+        self.elastic = None
 
 
 class SetView:
@@ -103,13 +107,17 @@ def is_initialized():
 
 
 def rank():
-    """This process's rank in [0, size())."""
-    return _base().rank
+    """This process's rank in [0, size()). In an elastic job: its position
+    among the current members (ascending hub ranks; docs/elastic.md)."""
+    c = _base()
+    return c.rank if c.elastic is None else c.elastic.dense_rank(c.rank)
 
 
 def size():
-    """The number of ranks (the tenant's workers)."""
-    return _base().size
+    """The number of ranks (the tenant's workers); in an elastic job the
+    current member count."""
+    c = _base()
+    return c.size if c.elastic is None else c.elastic.size()
 
 
 def _base():

@@ -71,11 +71,14 @@ def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None, joinabl
     values = list(values) + [0] * (4 - len(values))
     every, got = rounds.header([CODE[kind], crc(name), root_field, _BAD if problem else 0]
                                + values, inline)
+    # An all-zero header: the rank is not a member of an elastic job (it
+    # pushed nothing; every real header has a kind). It takes no part.
+    absent = {r for r, e in enumerate(every) if e[0] == 0}
     joined = [r for r, e in enumerate(every) if e[0] == CODE["join"]]
     if joined and not joinable:
         raise MismatchError(f"{kind}: rank(s) {joined} called join(); while a rank is "
                             f"joined the others may run {', '.join(JOINABLE)} only")
-    live = [(r, e) for r, e in enumerate(every) if e[0] != CODE["join"]]
+    live = [(r, e) for r, e in enumerate(every) if e[0] != CODE["join"] and r not in absent]
     if len({e[0] for _, e in live}) != 1:
         raise MismatchError(f"{kind}: the ranks' ops differ (every rank must call the same "
                             f"collectives in the same order): " + ", ".join(
@@ -93,7 +96,8 @@ def open_op(kind, name, values, root=NO_ROOT, problem=None, inline=None, joinabl
     if len({e[2] for _, e in live}) != 1:
         raise MismatchError(f"{kind}: the ranks name different roots: " + ", ".join(
             f"rank {r}: {'out of range' if e[2] == _BAD else e[2]}" for r, e in live))
-    return [None if e[0] == CODE["join"] else e[4:] for e in every], got
+    return [None if e[0] == CODE["join"] or r in absent else e[4:]
+            for r, e in enumerate(every)], got
 
 
 def same(kind, every, index, what, show=str, mine=None):

@@ -288,8 +288,10 @@ def _broadcast_run(tensor, root, name, out):
 
 
 def _root(root_rank):
-    return root_rank if isinstance(root_rank, int) and not isinstance(root_rank, bool) \
-        else repr(root_rank)
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool):
+        return repr(root_rank)
+    el = _context.need().elastic  # an elastic job: the dense rank's hub rank
+    return el.slot_of(root_rank) if el is not None else root_rank
 
 
 def broadcast_async(tensor, root_rank, name=None):

@@ -25,6 +25,18 @@ class HorovodInternalError(RuntimeError):
     """A collective failed (Horovod's horovod.common.exceptions.HorovodInternalError)."""
 
 
+class HostsUpdatedInterrupt(RuntimeError):
+    """The membership of an elastic job changed at a commit (ranks joined or
+    left while the last step completed): rackhub.torch.elastic.run keeps the
+    state, resets and calls the training function again (Horovod's
+    horovod.common.exceptions.HostsUpdatedInterrupt). skip_sync is accepted
+    for Horovod's signature; rackhub always syncs after a reset."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the membership of the elastic job changed")
+        self.skip_sync = skip_sync
+
+
 class MismatchError(HorovodInternalError, ValueError):
     """The ranks' ops do not match (shape, dtype, root, name, op or kind):
     raised on every rank, no result is returned anywhere."""

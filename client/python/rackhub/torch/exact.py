@@ -322,6 +322,9 @@ def reduce(kind, name, flats, op, pre, post, values, check):
     tensor's dtype, scaled."""
     ctx = _context.need()
     size = ctx.size
+    # Average divides by the ranks of the op: the set's (a process set's
+    # view), or an elastic job's current members (ctx.size is its slots).
+    mean_size = size if ctx.elastic is None else ctx.elastic.size()
     bits = limb_bits(size)
     ys = [scale(f, pre) for f in flats]
     group_dtype = header_dtype(ys)
@@ -352,7 +355,7 @@ def reduce(kind, name, flats, op, pre, post, values, check):
             r = _gathered([gathered[q, goff:goff + nb].clone().view(d) if nb
                            else torch.zeros(0, dtype=d) for q in range(size)], op, live)
             goff += nb
-        out.append(scale(r, post / size if op == Average else post))
+        out.append(scale(r, post / mean_size if op == Average else post))
     return out
 
 

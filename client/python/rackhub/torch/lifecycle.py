@@ -42,7 +42,7 @@ def _int_env(what, *names, default=None):
 def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=None, rack=None,
          racks=None, transport=None, connect_timeout=30.0, op_timeout=None, local_rank=None,
          local_size=None, rdma_hub=None, rdma_device=None, busy_poll=False, *, comm=None,
-         process_sets=None):
+         process_sets=None, max_size=None):
     """Connects this process to the hub as one rank of the tenant.
 
     Arguments left out come from the environment: rackhub-run's variables
@@ -78,6 +78,11 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     rank lists; "dynamic" or None: none), registered with ids 1, 2, ...
     after a round in which the ranks check that they name the same sets
     (process_sets.py); add_process_set()/remove_process_set() work either way.
+    max_size (RACKHUB_ELASTIC_MAX_SIZE, set by rackhub-run --max-np): an
+    elastic job (docs/elastic.md, "Python"): `rank` may be any hub rank below
+    max_size, `size` is not checked, and init ends with the membership round
+    (rackhub.torch.elastic; rank() and size() are then the dense rank among
+    the members and their count).
 
     Called again while initialized, init does nothing (as in Horovod, its
     arguments are ignored); after shutdown() it connects anew. Horovod's
@@ -125,6 +130,12 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     if op_timeout is None:
         op_timeout = float(_env("RACKHUB_OP_TIMEOUT", default="120"))
     rdma_hub = rdma_hub or _env("RACKHUB_RDMA_HUB", default="")
+    if max_size is None:
+        max_size = _int_env("max_size", "RACKHUB_ELASTIC_MAX_SIZE")
+    if max_size is not None:
+        return _init_elastic(int(max_size), rank, hub, tenant, token, transport,
+                             float(connect_timeout), float(op_timeout), local_rank, local_size,
+                             rdma_hub, rdma_device, busy_poll)
     c = _core.Client(hub, tenant, token, rank, rack, float(connect_timeout), float(op_timeout),
                      True, transport, rdma_hub, rdma_device or "", bool(busy_poll))
     workers = c.workers  # per rack
@@ -152,6 +163,35 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     ctx.local_rank, ctx.local_size = local_rank, local_size
     try:
         _process_sets.setup(ctx, process_sets)
+    except BaseException:
+        _context.shutdown()
+        raise
+
+
+def _init_elastic(max_size, rank, hub, tenant, token, transport, connect_timeout, op_timeout,
+                  local_rank, local_size, rdma_hub, rdma_device, busy_poll):
+    """init of an elastic job: a joiner waits for the members to park (the
+    launcher's files, elastic/_session.py), connects with its hub rank
+    (slot), then takes part in the membership round."""
+    from .elastic import _session
+    if not 0 <= rank < max_size:
+        raise ValueError(f"rackhub.torch.init: rank: {rank} not in [0, max_size={max_size})")
+    control = _env("RACKHUB_ELASTIC_DIR")
+    epoch = _int_env("epoch", "RACKHUB_ELASTIC_EPOCH", default="0")
+    _session.gate(control, epoch, op_timeout)
+    c = _core.Client(hub, tenant, token, rank, 0, connect_timeout, op_timeout, True, transport,
+                     rdma_hub, rdma_device or "", bool(busy_poll))
+    ctx = _context.Context(c, rank, max_size, hub, tenant)
+    ctx.op_timeout = op_timeout
+    ctx.elastic = _session.Membership(max_size, control, epoch)
+    ctx.executor = Executor(on_done=lambda op: timeline.record(op, ctx.rank))
+    ctx.local_rank = 0 if local_rank is None else local_rank
+    ctx.local_size = 1 if local_size is None else local_size
+    ctx.cross_rank, ctx.cross_size, ctx.homogeneous = 0, 1, True
+    _context.install(ctx)
+    try:
+        _session.connected(control, epoch, rank)
+        _session.settle(_session.RESET)
     except BaseException:
         _context.shutdown()
         raise

@@ -403,8 +403,13 @@ class _Sync:
                 t, s.ticket = s.ticket, None
                 try:
                     self.c.wait(t)
-                except (RolledBack, WorkerLost) as e:
-                    rolled.append((s, e))  # wait for the others first
+                except WorkerLost as e:
+                    if self.ctx.elastic is None or s.sent is None:
+                        rolled.append((s, e))  # wait for the others first
+                    else:
+                        self.push_again(s)
+                except RolledBack as e:
+                    rolled.append((s, e))
         finally:
             for s in self.slots:
                 s.passes = 0
@@ -430,6 +435,22 @@ class _Sync:
         if tables is not None:
             tables.take_replies()
         self.synchronized = True
+
+    def push_again(self, s):
+        """An elastic job (rackhub.torch.elastic): after WORKER_LOST, Pull the
+        key (it returns once the hub committed the new membership) and push
+        the same gradient again, until it completes (the client contract of
+        docs/elastic.md; the commit then sees the reply's new generation)."""
+        c = self.c
+        deadline = time.monotonic() + self.ctx.op_timeout
+        while True:
+            c.wait(c.pull(s.key, _np(torch.empty(s.param.shape, dtype=torch.float32))))
+            try:
+                c.wait(c.push_pull(s.key, _np(s.sent), _np(s.spare)))
+                return
+            except WorkerLost:
+                if time.monotonic() >= deadline:
+                    raise
 
     def step_round(self):
         """The step's header round (join(), above): returns the ranks that
@@ -512,8 +533,9 @@ class _Sync:
         _log.warning("rackhub: step skipped, resynchronizing %d key(s) with the hub after %s "
                      "(%s); %d key(s) affected", len(self.slots), type(first).__name__,
                      first, len(rolled))
-        if lost:
-            # Pushes fail with WORKER_LOST until the lost rank is back.
+        if lost and self.ctx.elastic is None:
+            # Pushes fail with WORKER_LOST until the lost rank is back (an
+            # elastic job goes on without it: rackhub.torch.elastic).
             self.lost_streak += 1
             time.sleep(min(0.05 * (2 ** min(self.lost_streak, 5)), 1.0))
         if self.hub and self.ctx.rank == 0 and any(

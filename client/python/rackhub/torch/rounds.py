@@ -27,7 +27,9 @@ once (agree.py) and never pairs an op with a different one's data.
 Lateness: a round the hub aborted because a rank was later than the
 straggler timeout (or RolledBack) is retried until the context's op_timeout;
 a rank that died fails the op at once (WorkerLost), the key pulled first so
-the next op works.
+the next op works. In an elastic job every aborted round is pulled and
+pushed again (the round then completes with the new membership; the
+membership round at the next commit notices the change: elastic/).
 
 Thread use: the executor's thread (handles.py), which runs one op at a time.
 """
@@ -89,7 +91,11 @@ def push_pull(k, src, dst):
                 c.wait(c.pull(k, _np(torch.empty_like(dst))))
             except _core.RackhubError:
                 pass  # the original error says more
-            if not _late_only(e, ctx.forming) or time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
+                raise
+            if ctx.elastic is not None:
+                continue  # the Pull waited for the new membership: push again in it
+            if not _late_only(e, ctx.forming):
                 raise
             time.sleep(0.05)  # back off before the retry the late rank will meet
 

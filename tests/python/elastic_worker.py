@@ -1,0 +1,81 @@
+"""One rank of the elastic tests (test_elastic.py, the demo and the bench):
+a small linear model trained with rackhub.torch.elastic (TorchState, a
+DistributedOptimizer over plain SGD, a commit after every step). Rank slot
+s's batch of step t is a function of (t, s) only (elastic_model.batch), so
+a single process can recompute every step from the members it had.
+
+Prints, per committed step: `STEP t gen G members a,b,c loss L params HEX`
+(HEX: a digest of the parameters' bytes after the step) and the wall time
+it was committed (`at T`); `PID slot pid` at start, `RESET n` after each
+reset. Stops after --steps steps or at the step in the file
+RACKHUB_ELASTIC_DIR/stop-at (read every step; the test writes it well
+ahead of the ranks, which move in lock step).
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+import elastic_model
+import rackhub.torch as hvd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=1 << 30)
+    ap.add_argument("--quiet", action="store_true", help="print every 50th step only")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    slot = hvd.elastic.slot()
+    print(f"PID {slot} {os.getpid()}", flush=True)
+    stop_file = os.path.join(os.environ.get("RACKHUB_ELASTIC_DIR", "."), "stop-at")
+    model = elastic_model.model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=elastic_model.LR),
+                                   named_parameters=model.named_parameters())
+
+    def on_reset():
+        print(f"RESET {hvd.elastic.resets()} members {hvd.elastic.members()} "
+              f"rank {hvd.rank()} size {hvd.size()}", flush=True)
+
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    state.register_reset_callbacks([on_reset])
+
+    def stop_at():
+        try:
+            with open(stop_file) as f:
+                return int(f.read().strip())
+        except (FileNotFoundError, ValueError):
+            return a.steps
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < min(a.steps, stop_at()):
+            t = state.step
+            x, y = elastic_model.batch(t, slot)
+            opt.zero_grad()
+            loss = elastic_model.loss(model, x, y)
+            loss.backward()
+            opt.step()
+            state.step = t + 1
+            line = (f"STEP {t} gen {hvd.elastic.generation()} members "
+                    f"{','.join(map(str, hvd.elastic.members()))} loss {loss.item():.6f} "
+                    f"params {elastic_model.digest(model)}")
+            try:
+                state.commit()
+            except hvd.HostsUpdatedInterrupt:
+                print(f"{line} at {time.time():.6f}", flush=True)  # saved, then interrupted
+                raise
+            if not a.quiet or t % 50 == 0:
+                print(f"{line} at {time.time():.6f}", flush=True)
+
+    train(state)
+    print(f"DONE {slot} step {state.step} params {elastic_model.digest(model)}", flush=True)
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""rackhub.torch.elastic end to end (docs/elastic.md, "Python"): rackhub-run
+--min-np 2 --max-np 8 starts 4 ranks of elastic_worker.py (a commit after
+every step) on a hub it starts (straggler timeout 60 s) over TCP or shared
+memory (argv[1]). The test kills rank 2 with SIGKILL while the job trains,
+waits for the survivors' first step with members 0,1,3, then asks the
+launcher for two more ranks (rackhub-run --add 2: they take hub ranks 2 and
+4), waits for a step with 5 members and lets the job end.
+
+Checks: the launcher exits 0; every step 0..N-1 was committed once, with
+one membership and one parameter digest on every rank that printed it;
+the membership goes 0-3, then 0,1,3, then 0-4; the parameters after every
+step equal, bit for bit, those of a single-process reference that applied
+the same steps with the same members (elastic_model.reference_step: the
+mean of the members' gradients in rank order, then SGD), and every printed
+loss is the reference's; the loss at the end is below the loss at step 0.
+
+Every wait is for a line of the job's output, bounded by 50 s (below the
+straggler timeout): a survivor that waited for the straggler timeout
+instead of going on fails the test as a timeout, not a timing assert.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import harness
+
+harness.require_torch()
+
+import elastic_model  # noqa: E402
+
+EVENT_TIMEOUT = 50.0
+STEP = re.compile(r"^\[(\d+)\] STEP (\d+) gen (\d+) members ([\d,]+) loss (\S+) params (\S+) "
+                  r"at (\S+)$")
+
+
+class Job:
+    def __init__(self, transport, n=4, extra=()):
+        self.dir = tempfile.mkdtemp(prefix="rackhub-elastic-test.")
+        self.job = os.path.join(self.dir, "job")
+        self.run = os.path.join(os.environ["RACKHUB_BIN_DIR"], "rackhub-run")
+        env = dict(os.environ, RACKHUB_TRANSPORT=transport)
+        worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
+        self.p = subprocess.Popen(
+            [self.run, "-n", str(n), "--min-np", "2", "--max-np", "8", "--lanes", "2",
+             "--job-dir", self.job, "--max-restarts", "0",
+             "--hub-arg=--straggler-timeout-ms", "--hub-arg=60000"] + list(extra)
+            + ["python3", worker], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env)
+        self.lines = []
+        self.cv = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            with self.cv:
+                self.lines.append(line.rstrip("\n"))
+                self.cv.notify_all()
+        with self.cv:
+            self.lines.append(None)  # end of output
+            self.cv.notify_all()
+
+    def wait_for(self, pred, what):
+        """The first line for which pred(line) is true (an event)."""
+        deadline = time.monotonic() + EVENT_TIMEOUT
+        seen = 0
+        with self.cv:
+            while True:
+                for line in self.lines[seen:]:
+                    if line is None:
+                        raise AssertionError(f"the job ended before {what}")
+                    if pred(line):
+                        return line
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {what} within {EVENT_TIMEOUT:g} s")
+                self.cv.wait(left)
+
+    def steps(self):
+        with self.cv:
+            return [m for m in (STEP.match(x) for x in self.lines if x) if m]
+
+    def stop_after(self, extra):
+        last = max(int(m.group(2)) for m in self.steps())
+        with open(os.path.join(self.job, ".stop"), "w") as f:
+            f.write(f"{last + extra}\n")
+        os.replace(os.path.join(self.job, ".stop"), os.path.join(self.job, "stop-at"))
+        return last + extra
+
+    def finish(self):
+        try:
+            self.p.wait(EVENT_TIMEOUT * 2)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+            raise AssertionError("the job did not end")
+        self.reader.join(10)
+        return self.p.returncode
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def step_with(members, after=0):
+    def pred(line):
+        m = STEP.match(line)
+        return bool(m) and m.group(4) == members and int(m.group(2)) >= after
+    return pred
+
+
+def check_against_reference(steps, stop):
+    """Every step committed once with one membership and digest; equal to
+    the single-process reference. Returns [(step, members)] and the losses."""
+    by_step = {}
+    for m in steps:
+        slot, t, members, loss, digest = (int(m.group(1)), int(m.group(2)), m.group(4),
+                                          m.group(5), m.group(6))
+        entry = by_step.setdefault(t, (members, digest, {}))
+        assert entry[0] == members and entry[1] == digest, (
+            f"step {t}: ranks disagree: {entry[:2]} vs {(members, digest)} (rank {slot})")
+        assert str(slot) in members.split(","), f"step {t}: rank {slot} not in {members}"
+        entry[2][slot] = loss
+    assert sorted(by_step) == list(range(stop)), (
+        f"steps committed: {sorted(by_step)[:5]}...{sorted(by_step)[-5:]}, expected 0..{stop - 1}")
+    ref = elastic_model.model()
+    sequence = []
+    first_loss = last_loss = None
+    for t in range(stop):
+        members, digest, losses = by_step[t]
+        ranks = [int(x) for x in members.split(",")]
+        ref_losses = elastic_model.reference_step(ref, t, ranks)
+        got = elastic_model.digest(ref)
+        assert got == digest, f"step {t} (members {members}): ranks {digest}, reference {got}"
+        for slot, loss in losses.items():
+            want = f"{ref_losses[ranks.index(slot)]:.6f}"
+            assert loss == want, f"step {t}: rank {slot} loss {loss}, reference {want}"
+        if not sequence or sequence[-1][1] != members:
+            sequence.append((t, members))
+        mean = sum(ref_losses) / len(ref_losses)
+        first_loss = mean if first_loss is None else first_loss
+        last_loss = mean
+    return sequence, first_loss, last_loss
+
+
+def main():
+    transport = sys.argv[1] if len(sys.argv) > 1 else "tcp"
+    job = Job(transport)
+    ok = False
+    try:
+        job.wait_for(step_with("0,1,2,3", after=5), "step 5 with members 0,1,2,3")
+        pid_line = job.wait_for(lambda x: x.startswith("[2] PID 2 "), "rank 2's pid")
+        victim = int(pid_line.split()[3])
+        os.kill(victim, signal.SIGKILL)
+        print(f"killed rank 2 (pid {victim}) with SIGKILL", flush=True)
+        job.wait_for(step_with("0,1,3"), "a step of the survivors 0,1,3")
+        r = subprocess.run([job.run, "--add", "2", "--job", job.job], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0, f"rackhub-run --add: {r.returncode} {r.stderr}"
+        job.wait_for(step_with("0,1,2,3,4"), "a step with members 0,1,2,3,4")
+        stop = job.stop_after(20)
+        code = job.finish()
+        out = "\n".join(x for x in job.lines if x is not None)
+        assert code == 0, f"rackhub-run exited with {code}"
+        sequence, first, last = check_against_reference(job.steps(), stop)
+        print(f"memberships (first step, members): {sequence}")
+        print(f"mean loss: step 0 {first:.6f}, step {stop - 1} {last:.6f}")
+        assert [s[1] for s in sequence] == ["0,1,2,3", "0,1,3", "0,1,2,3,4"], sequence
+        assert last < first, "the loss did not go down"
+        dones = re.findall(r"^\[(\d+)\] DONE \d+ step (\d+) params (\S+)$", out, re.M)
+        assert sorted(int(d[0]) for d in dones) == [0, 1, 2, 3, 4], dones
+        assert {(int(d[1]), d[2]) for d in dones} == {(stop, last_digest(job, stop))}, dones
+        ok = True
+    except AssertionError as e:
+        print(f"FAIL: {e}")
+    finally:
+        job.kill()
+        if not ok:
+            print("\n".join(x for x in job.lines if x is not None)[-20000:])
+    print("PASSED" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def last_digest(job, stop):
+    """The digest every rank printed for the last step."""
+    return [m.group(6) for m in job.steps() if int(m.group(2)) == stop - 1][0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
