@@ -9,8 +9,9 @@ this process computes alone from the set's ranks' inputs (every input is a
 function of its rank); {0, 2} and {1} run their ops at the same time. The
 errors: an op over a set this rank is not in, a root outside the set, a
 removed set, sets with duplicate / out-of-range ranks or that exist, ranks
-naming different sets at init, a gradient over a set; each raises on the
-ranks (no hang) and the next op works.
+naming different sets at init; each raises on the ranks (no hang) and the
+next op works. Gradients of allreduce and allgather over a set go over the
+set.
 Prints `CHECK ok|FAIL name detail` per check and `CHECKS n failed k`."""
 import torch
 
@@ -149,9 +150,23 @@ def main():
                      if me != 1 else hvd.broadcast_object(1, root_rank=0, process_set=odd),
                      ValueError, "is not in process set")
     check("err.root_outside", ok, why)
-    ok, why = raises(lambda: hvd.allreduce(torch.ones(2, requires_grad=True), process_set=mine),
-                     ValueError, "gradient of an op over a process set")
-    check("err.grad", ok, why)
+    # Gradients over a set go over the set: the gradient of a Sum allreduce
+    # is the Sum allreduce of the members' upstream gradients, of an
+    # allgather each member's own rows of the upstream gradient summed over
+    # the members.
+    x = inp(me, 41, (3,)).requires_grad_()
+    y = hvd.allreduce(x, op=hvd.Sum, process_set=mine)
+    (y * inp(me, 42, (3,))).sum().backward()
+    check("grad.allreduce", same(y.detach(), ref_sum(mine.ranks, 41, (3,))) and
+          same(x.grad, ref_sum(mine.ranks, 42, (3,))), f"{x.grad} {ref_sum(mine.ranks, 42, (3,))}")
+    x = inp(me, 43, (2, 2)).requires_grad_()
+    g = hvd.allgather(x, process_set=mine)
+    (g * torch.arange(g.numel(), dtype=torch.float32).view_as(g) * (me + 1)).sum().backward()
+    pos = mine.ranks.index(me)
+    want = sum(torch.arange(g.numel(), dtype=torch.float32).view_as(g)[2 * pos:2 * pos + 2] *
+               (r + 1) for r in mine.ranks)
+    check("grad.allgather", g.shape == (2 * len(mine.ranks), 2) and same(x.grad, want),
+          f"{x.grad} {want}")
     ok, why = raises(lambda: hvd.allreduce(torch.ones(2), process_set=[0, 2]), ValueError,
                      "process_set: a ProcessSet")
     check("err.not_a_set", ok, why)

@@ -77,12 +77,11 @@ from .syncbn import SyncBatchNorm
 from .timeline import start_timeline, stop_timeline
 from . import elastic  # noqa: E402  (hvd.elastic.run, TorchState: elastic/__init__.py)
 
-# Every collective takes Horovod's process_set= (process_sets.py); the ops
-# with a gradient refuse tensors that require grad over a set.
+# Every collective takes Horovod's process_set= (process_sets.py); the
+# gradient of one over a set goes over the same set.
 for _name in ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
-              "alltoall", "reducescatter", "grouped_reducescatter"):
-    globals()[_name] = takes_process_set(globals()[_name], differentiable=True)
-for _name in ("allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce_",
+              "alltoall", "reducescatter", "grouped_reducescatter",
+              "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce_",
               "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_allgather_async",
               "allgather_async", "broadcast_", "broadcast_async", "broadcast_async_",
               "alltoall_async", "reducescatter_async", "grouped_reducescatter_async",

@@ -87,6 +87,26 @@ def viewing(v):
         _local.view = before
 
 
+def keeps_view(function):
+    """Class decorator for the collectives' autograd Functions: backward runs
+    under the view forward ran under, so the gradient of an op over a
+    process set goes over the same set (as in Horovod), whenever
+    loss.backward() runs."""
+    forward, backward = function.forward, function.backward
+
+    def forward_in_view(fctx, *args):
+        fctx.rackhub_view = view()
+        return forward(fctx, *args)
+
+    def backward_in_view(fctx, *grads):
+        with viewing(fctx.rackhub_view):
+            return backward(fctx, *grads)
+
+    function.forward = staticmethod(forward_in_view)
+    function.backward = staticmethod(backward_in_view)
+    return function
+
+
 def install(ctx):
     """Makes `ctx` the process's context (lifecycle.init)."""
     global _ctx

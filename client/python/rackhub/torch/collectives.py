@@ -146,6 +146,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                   lambda: allreduce_run(tensor, name, op, pre, post, out=tensor))
 
 
+@_context.keeps_view
 class _Allreduce(torch.autograd.Function):
     """allreduce as a differentiable function: the gradient of an allreduce
     is the allreduce of the gradient, with the same op and factors."""
@@ -227,6 +228,7 @@ def allgather_async(tensor, name=None):
     return submit("allgather", name_arg(name, "allgather"), lambda: _allgather_run(tensor, name))
 
 
+@_context.keeps_view
 class _Allgather(torch.autograd.Function):
     """allgather as a differentiable function: each rank's gradient is its
     rows of the sum over the ranks of the result's gradients."""
@@ -311,6 +313,7 @@ def broadcast_async_(tensor, root_rank, name=None):
                   lambda: _broadcast_run(tensor, _root(root_rank), name, tensor))
 
 
+@_context.keeps_view
 class _Broadcast(torch.autograd.Function):
     """broadcast as a differentiable function: the root's gradient is the
     sum over the ranks of the result's gradients; the others' is zero."""

@@ -88,6 +88,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                   lambda: grouped_allreduce_run(ts, name, op, pre, post, out=ts))
 
 
+@_context.keeps_view
 class _GroupedAllreduce(torch.autograd.Function):
     """grouped_allreduce as a differentiable function: the gradients are
     the grouped allreduce of the results' gradients (same op and factors)."""

@@ -236,22 +236,11 @@ def scope(process_set, what):
     return _context.viewing(registered._view)
 
 
-def _requires_grad(args):
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.requires_grad:
-            return True
-        if isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                                for t in a):
-            return True
-    return False
-
-
-def takes_process_set(fn, differentiable=False):
+def takes_process_set(fn):
     """`fn` with Horovod's keyword `process_set=global_process_set`: run in
     that set's scope, with its `root_rank` (a global rank, as in Horovod)
-    turned into the rank within the set. A `differentiable` op refuses
-    tensors that require grad over a set other than the global one (its
-    gradient would run over the global set)."""
+    turned into the rank within the set. The gradient of an op with one
+    runs over the same set (_context.keeps_view)."""
     sig = inspect.signature(fn)
     has_root = "root_rank" in sig.parameters
     what = fn.__name__
@@ -262,11 +251,6 @@ def takes_process_set(fn, differentiable=False):
                 isinstance(process_set, ProcessSet) and process_set.process_set_id == 0):
             return fn(*args, **kwargs)
         with scope(process_set, what) as view:
-            if differentiable and torch.is_grad_enabled() and _requires_grad(
-                    list(args) + list(kwargs.values())):
-                raise ValueError(f"{what}: process_set: the gradient of an op over a process "
-                                 f"set is not supported; pass a tensor that does not require "
-                                 f"grad (detach() it, or use torch.no_grad())")
             if has_root:
                 bound = sig.bind(*args, **kwargs)
                 root = bound.arguments.get("root_rank", sig.parameters["root_rank"].default)

@@ -101,6 +101,7 @@ def alltoall_async(tensor, splits=None, name=None):
                   lambda: _alltoall_run(tensor, splits, name))
 
 
+@_context.keeps_view
 class _Alltoall(torch.autograd.Function):
     """alltoall as a differentiable function: the gradient goes back by an
     alltoall of the result's gradient with the received splits."""
@@ -157,6 +158,7 @@ def reducescatter_async(tensor, name=None, op=None, prescale_factor=1.0,
                   lambda: _reducescatter_run(tensor, name, op, pre, post))
 
 
+@_context.keeps_view
 class _Reducescatter(torch.autograd.Function):
     """reducescatter as a differentiable function: every rank's gradient is
     the allgather of the shares' gradients times the op's factor
@@ -208,6 +210,7 @@ def grouped_reducescatter_async(tensors, name=None, op=None, prescale_factor=1.0
                   lambda: _grouped_reducescatter_run(ts, name, op, pre, post))
 
 
+@_context.keeps_view
 class _GroupedReducescatter(torch.autograd.Function):
     """grouped_reducescatter as a differentiable function (as reducescatter's,
     per tensor, through one grouped allgather)."""
