@@ -6,8 +6,10 @@ Uneven data (rank r has BASE + r batches), a SyncBatchNorm, gradients
 averaged by hand: the first two with allreduce_async_ (in flight while the
 rest go through one grouped_allreduce_), then synchronize; a rank out of
 data calls join() (its zeros count in the others' averages, and it gives no
-rows to their SyncBatchNorm statistics). Each rank saves its parameters and
-BatchNorm statistics to OUT/rank<R>.pt, with what join() returned.
+rows to their SyncBatchNorm statistics). Then ranks 0 and 1 average their
+first layer's weights over a process set. Each rank saves its parameters and
+BatchNorm statistics to OUT/rank<R>.pt, with what join() returned and the
+process set's average.
 Usage: horovod_script.py OUT"""
 import os
 import sys
@@ -53,7 +55,14 @@ def main():
             hvd.synchronize(h)
         opt.step()
     last = hvd.join()
-    torch.save({"state": {k: v.clone() for k, v in model.state_dict().items()}, "last": last},
+    # A process set: ranks 0 and 1 average their first layer's weights.
+    pair = hvd.add_process_set([0, 1])
+    pair_mean = None
+    if hvd.rank() in pair.ranks:
+        pair_mean = hvd.allreduce(model[0].weight.detach(), op=hvd.Average, process_set=pair)
+    hvd.remove_process_set(pair)
+    torch.save({"state": {k: v.clone() for k, v in model.state_dict().items()}, "last": last,
+                "pair_mean": pair_mean},
                os.path.join(sys.argv[1], f"rank{hvd.rank()}.pt"))
     hvd.shutdown()
 

@@ -1,5 +1,5 @@
 """horovod_script.py (a Horovod script using async allreduces, a grouped
-allreduce, join with uneven data and SyncBatchNorm) on W ranks under
+allreduce, join with uneven data, SyncBatchNorm and a process set) on W ranks under
 rackhub-run; each rank's final parameters and BatchNorm statistics must
 equal a single-process reference within 1e-5, and join() must return W - 1
 everywhere.
@@ -72,6 +72,16 @@ def main():
         print(f"{'ok  ' if good else 'FAIL'} rank {k}: after {hs.BASE + k} steps, max |diff| "
               f"vs the reference {diff:.3g} (parameters, running mean/var, batches tracked); "
               f"join() returned {got[k]['last']}")
+    # The process set {0, 1}: the average of the two ranks' final first-layer
+    # weights, on those two ranks only.
+    want = (ref[hs.BASE - 1]["0.weight"].double() + ref[hs.BASE]["0.weight"].double()) / 2
+    for k in range(world):
+        got_mean = got[k]["pair_mean"]
+        good = (got_mean is None) == (k > 1) and (
+            got_mean is None or (got_mean.double() - want).abs().max().item() <= 1e-5)
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} rank {k}: process set [0, 1] average "
+              f"{'absent (not a member)' if got_mean is None else 'vs the reference'}")
     print("PASSED" if ok else "FAILED")
     return 0 if ok else 1
 
