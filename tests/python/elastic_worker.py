@@ -7,7 +7,9 @@ a single process can recompute every step from the members it had.
 Prints, per committed step: `STEP t gen G members a,b,c loss L params HEX`
 (HEX: a digest of the parameters' bytes after the step) and the wall time
 it was committed (`at T`); `PID slot pid` at start, `RESET n` after each
-reset. Stops after --steps steps or at the step in the file
+reset; `OBJECTS t members ... ok|BAD ...` per step attempt (allgather_object,
+broadcast_object from the last member, allgather's gradient, each checked
+against the members). Stops after --steps steps or at the step in the file
 RACKHUB_ELASTIC_DIR/stop-at (read every step; the test writes it well
 ahead of the ranks, which move in lock step).
 """
@@ -59,6 +61,19 @@ def main():
             loss = elastic_model.loss(model, x, y)
             loss.backward()
             opt.step()
+            # Object helpers and allgather's gradient by member (dense rank):
+            # right whatever slots have left.
+            members = hvd.elastic.members()
+            seen = hvd.allgather_object(slot)
+            root = hvd.broadcast_object(slot, root_rank=hvd.size() - 1)
+            x = torch.full((1, 2), float(slot), requires_grad=True)
+            g = hvd.allgather(x)  # (a membership change meanwhile: other rows, BAD below)
+            w = torch.arange(float(g.numel())).view_as(g)
+            (g * w).sum().backward()
+            good = (seen == members and root == members[-1] and g.shape[0] == len(members) and
+                    torch.equal(x.grad, len(members) * w[hvd.rank():hvd.rank() + 1]))
+            print(f"OBJECTS {t} members {','.join(map(str, members))} "
+                  f"{'ok' if good else f'BAD {seen} {root} {x.grad.tolist()}'}", flush=True)
             state.step = t + 1
             line = (f"STEP {t} gen {hvd.elastic.generation()} members "
                     f"{','.join(map(str, hvd.elastic.members()))} loss {loss.item():.6f} "

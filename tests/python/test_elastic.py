@@ -154,6 +154,28 @@ def check_against_reference(steps, stop):
     return sequence, first_loss, last_loss
 
 
+def check_objects(lines):
+    """Every committed step of a rank was preceded by its OBJECTS line for
+    that step and those members saying ok (allgather_object, broadcast_object
+    from the last member and allgather's gradient, right by member whatever
+    slots have left). An attempt that a membership change failed may say BAD
+    (its members were the old ones); it is redone, not committed. Returns
+    the number of steps checked."""
+    last, n = {}, 0
+    for x in lines:
+        m = re.match(r"^\[(\d+)\] OBJECTS (\d+) members (\S+) (.*)$", x or "")
+        if m:
+            last[m.group(1)] = (int(m.group(2)), m.group(3), m.group(4))
+            continue
+        s = re.match(r"^\[(\d+)\] STEP (\d+) gen \d+ members (\S+) ", x or "")
+        if s:
+            got = last.get(s.group(1))
+            want = (int(s.group(2)), s.group(3), "ok")
+            assert got == want, f"rank {s.group(1)} step {s.group(2)}: objects {got}"
+            n += 1
+    return n
+
+
 def main():
     transport = sys.argv[1] if len(sys.argv) > 1 else "tcp"
     job = Job(transport)
@@ -174,6 +196,8 @@ def main():
         out = "\n".join(x for x in job.lines if x is not None)
         assert code == 0, f"rackhub-run exited with {code}"
         sequence, first, last = check_against_reference(job.steps(), stop)
+        print(f"object helpers and allgather's gradient right on {check_objects(job.lines)} "
+              f"committed steps")
         print(f"memberships (first step, members): {sequence}")
         print(f"mean loss: step 0 {first:.6f}, step {stop - 1} {last:.6f}")
         assert [s[1] for s in sequence] == ["0,1,2,3", "0,1,3", "0,1,2,3,4"], sequence

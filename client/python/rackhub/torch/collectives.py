@@ -33,6 +33,7 @@ import torch
 
 from . import _context, agree, exact, rounds
 from .compression import Compression, compressor_of
+from .errors import HorovodInternalError
 from .handles import Op, synchronize
 
 # Reduction ops (Horovod's names) and their codes in an op's header.
@@ -241,8 +242,16 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         summed = synchronize(allreduce_async(grad.contiguous(), op=Sum))
-        rows = synchronize(allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)))
-        first = int(rows[:_context.need().rank].sum())
+        # (rank, rows) of every rank taking part, in rank order: this rank's
+        # rows start after the rows of those before it (an elastic job's
+        # free slots take no part; a process set's ranks are the set's).
+        me = _context.need().rank
+        every = synchronize(allgather_async(torch.tensor([[me, ctx.rows]], dtype=torch.int64)))
+        mine = (every[:, 0] == me).nonzero().flatten().tolist()
+        first = int(every[:mine[0], 1].sum()) if mine else -1
+        if first < 0 or first + ctx.rows > summed.shape[0]:
+            raise HorovodInternalError("allgather backward: the ranks taking part changed "
+                                       "since the forward (an elastic job's membership)")
         return summed.narrow(0, first, ctx.rows).reshape(ctx.shape), None
 
 

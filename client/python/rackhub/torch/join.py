@@ -74,5 +74,10 @@ def _optimizer_step(join_id):
 
 def join(device=-1):
     """Joins (this rank has no more data); returns, once every rank joined,
-    the rank that joined last. `device` is accepted for Horovod's sake."""
+    the rank that joined last. `device` is accepted for Horovod's sake.
+    Not for elastic jobs (ValueError): a rank that runs out of data there
+    leaves the job instead."""
+    if _context.need().elastic is not None:
+        raise ValueError("join: not built for elastic jobs (a rank without data leaves: its "
+                         "process exits, and the others continue without it)")
     return synchronize(submit("join", None, _join_run))

@@ -133,6 +133,10 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
     if max_size is None:
         max_size = _int_env("max_size", "RACKHUB_ELASTIC_MAX_SIZE")
     if max_size is not None:
+        if process_sets not in (None, "dynamic"):
+            raise ValueError("rackhub.torch.init: process_sets: not for elastic jobs (their "
+                             "membership changes; the hub refuses participant sets in elastic "
+                             "tenants)")
         return _init_elastic(int(max_size), rank, hub, tenant, token, transport,
                              float(connect_timeout), float(op_timeout), local_rank, local_size,
                              rdma_hub, rdma_device, busy_poll)
@@ -190,6 +194,7 @@ def _init_elastic(max_size, rank, hub, tenant, token, transport, connect_timeout
     ctx.cross_rank, ctx.cross_size, ctx.homogeneous = 0, 1, True
     _context.install(ctx)
     try:
+        _process_sets.setup(ctx, None)  # forgets an earlier init's sets
         _session.connected(control, epoch, rank)
         _session.settle(_session.RESET)
     except BaseException:

@@ -12,7 +12,7 @@ import zlib
 import torch
 
 from . import _context, agree, rounds
-from .collectives import broadcast_bytes, raw, submit
+from .collectives import _root, broadcast_bytes, raw, submit
 from .handles import synchronize
 
 
@@ -40,11 +40,12 @@ def _broadcast_parameters_run(items, root_rank):
             off += n
     every, got = broadcast_bytes("broadcast_parameters", None, root_rank,
                                  [total, len(items), layout], payload)
-    if any(e[:3] != every[root_rank][:3] for e in every):
+    # (None: a slot of an elastic job without a member.)
+    if any(e is not None and e[:3] != every[root_rank][:3] for e in every):
         raise agree.MismatchError(
             "broadcast_parameters: the ranks pass different tensors (count, bytes, shapes or "
             "dtypes): " + ", ".join(f"rank {r}: {e[1]} tensors of {e[0]} bytes"
-                                    for r, e in enumerate(every)))
+                                    for r, e in enumerate(every) if e is not None))
     if ctx.rank == root_rank:
         return
     off = 0
@@ -64,8 +65,9 @@ def broadcast_parameters(params, root_rank=0):
     names, shapes and dtypes (checked: a mismatch raises MismatchError, a
     ValueError, on every rank). Any dtype and device; copied in place."""
     items = [(n, t) for n, t in _tensors_of(params) if isinstance(t, torch.Tensor)]
+    root = _root(root_rank)  # an elastic job: the member's hub rank
     synchronize(submit("broadcast_parameters", None,
-                       lambda: _broadcast_parameters_run(items, root_rank)))
+                       lambda: _broadcast_parameters_run(items, root)))
 
 
 def _pickled(obj):
@@ -101,8 +103,9 @@ def _broadcast_object_bytes(root_rank, name, data, problem):
 def broadcast_object(obj, root_rank=0, name=None):
     """Returns root_rank's `obj` on every rank (pickled; tensors inside are
     carried too). The other ranks' `obj` is ignored."""
+    root = _root(root_rank)  # an elastic job: the member's hub rank
     return synchronize(submit("broadcast_object", name,
-                              lambda: _broadcast_object_run(obj, root_rank, name)))
+                              lambda: _broadcast_object_run(obj, root, name)))
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0):
@@ -112,7 +115,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     parameters in the same order. For a hub-side DistributedOptimizer the
     per-parameter state lives on the hub; the hyperparameters are taken."""
     state = broadcast_object(optimizer.state_dict(), root_rank)
-    if _context.need().rank != root_rank:
+    if _context.need().rank != _root(root_rank):
         optimizer.load_state_dict(state)
 
 
@@ -124,14 +127,16 @@ def _allgather_object_run(obj, name):
     except Exception as e:  # noqa: BLE001 - every rank raises it
         problem = f"rank {ctx.rank} cannot pickle its object: {type(e).__name__}: {e}"
     every, _ = agree.open_op("allgather_object", name, [data.numel()], problem=problem)
-    sizes = [e[0] for e in every]
+    # By rank (hub slots in an elastic job, whose free slots are None).
+    sizes = [0 if e is None else e[0] for e in every]
     buf = torch.zeros(sum(sizes), dtype=torch.uint8)
     off = sum(sizes[:ctx.rank])
     buf[off:off + data.numel()] = data
     got = rounds.exchange(buf)
     out, off = [], 0
-    for n in sizes:
-        out.append(_unpickled(got[off:off + n]))
+    for e, n in zip(every, sizes):
+        if e is not None:
+            out.append(_unpickled(got[off:off + n]))
         off += n
     return out
 

@@ -176,6 +176,9 @@ def add_process_set(process_set):
     the same order as their other collectives. ValueError (on every rank)
     for duplicate or out-of-range ranks, an empty set, or one that exists."""
     ctx = _context.need()
+    if ctx.elastic is not None:
+        raise ValueError("add_process_set: not for elastic jobs (their membership changes; the "
+                         "hub refuses participant sets in elastic tenants)")
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps is global_process_set:
         raise ValueError("add_process_set: the global process set is always registered")
