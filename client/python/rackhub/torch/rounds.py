@@ -85,6 +85,9 @@ def push_pull(k, src, dst):
     while True:
         try:
             c.wait(c.push_pull(k, _np(src), _np(dst)))
+            if ctx.elastic is not None and c.key_info(k)["membership_generation"] not in (
+                    0, ctx.elastic.generation):
+                ctx.elastic.interrupted = True  # this round ran in another membership
             return
         except (_core.WorkerLost, _core.RolledBack) as e:
             try:
@@ -94,6 +97,7 @@ def push_pull(k, src, dst):
             if time.monotonic() >= deadline:
                 raise
             if ctx.elastic is not None:
+                ctx.elastic.interrupted = True
                 continue  # the Pull waited for the new membership: push again in it
             if not _late_only(e, ctx.forming):
                 raise

@@ -82,13 +82,16 @@ def _reset(state):
         state.pull_keys()
     _session.settle(_session.RESET, state._commits)
     m.resets += 1
+    m.interrupted = False
 
 
 def run(func):
     """Decorator: func(state, *args, **kwargs) runs until it returns; after a
     failure or a membership change the state is restored (failure) or kept
     (HostsUpdatedInterrupt), the members reset and sync, and func is called
-    again. Other exceptions propagate."""
+    again. Other exceptions propagate, unless a collective of the step was
+    pushed again in a new membership (its results may mix memberships): then
+    they fail the step like HorovodInternalError."""
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
@@ -101,6 +104,14 @@ def run(func):
                 state.restore()
             except HostsUpdatedInterrupt:
                 pass
+            except Exception:
+                # What a collective whose rounds spanned a membership change
+                # can cause (an object that does not unpickle, a tensor of
+                # the old member count) fails the step like a lost member;
+                # anything else propagates.
+                if not _membership().interrupted:
+                    raise
+                state.restore()
             while True:  # a failure during the reset: reset again
                 try:
                     _reset(state)

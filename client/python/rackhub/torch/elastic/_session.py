@@ -61,6 +61,12 @@ class Membership:
         self.members = []
         self.generation = 0
         self.resets = 0
+        # A collective's round was pushed again in, or answered by, another
+        # membership than `generation` since the last commit or reset
+        # (rounds.push_pull): the step's results may mix memberships, so the
+        # step fails at commit, and an error they cause fails it at once
+        # (run).
+        self.interrupted = False
 
     def dense_rank(self, slot):
         return self.members.index(slot) if slot in self.members else slot

@@ -63,6 +63,7 @@ class State:
                 "restores its last commit")
         self.save()
         self._commits += 1
+        _elastic().elastic.interrupted = False
         if changed:
             raise HostsUpdatedInterrupt(False)
 
@@ -80,7 +81,7 @@ class State:
         ctx = _elastic()
         m = ctx.elastic
         skips = self._optimizer_skips()
-        good = skips == self._skipped and all(
+        good = skips == self._skipped and not m.interrupted and all(
             g in (0, m.generation) for g in self._key_generations(ctx))
         self._skipped = skips
         fields, gen = _session.one_round(_session.COMMIT, self._commits)
