@@ -129,17 +129,11 @@ class TlsLinkStream final : public LinkStream {
   std::string out_;
 };
 
-std::string PeerName(const tcp::socket& socket) {
-  boost::system::error_code ec;
-  const auto remote = socket.remote_endpoint(ec);
-  return ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
-}
-
 class HubLinkSession : public std::enable_shared_from_this<HubLinkSession> {
  public:
   HubLinkSession(const HubLinkHooks* hooks, tcp::socket socket)
       : hooks_(hooks),
-        peer_(PeerName(socket)),
+        peer_(TcpPeerName(socket)),
         timer_(socket.get_executor()),
         auth_(hooks->plane->hub_secret(), hooks->plane->config().topology.rack) {
     ++*hooks_->waiting;
@@ -304,6 +298,12 @@ class HubLinkSession : public std::enable_shared_from_this<HubLinkSession> {
 };
 
 }  // namespace
+
+std::string TcpPeerName(const tcp::socket& socket) {
+  boost::system::error_code ec;
+  const auto remote = socket.remote_endpoint(ec);
+  return ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+}
 
 void StartHubLinkSession(const HubLinkHooks* hooks, tcp::socket socket) {
   std::make_shared<HubLinkSession>(hooks, std::move(socket))->Start();

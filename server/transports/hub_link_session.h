@@ -35,4 +35,8 @@ struct HubLinkHooks {
 // Runs the session of an accepted socket (TCP_NODELAY set) to its end.
 void StartHubLinkSession(const HubLinkHooks* hooks, boost::asio::ip::tcp::socket socket);
 
+// "ip:port" of the remote end of an accepted TCP socket ("?" when it has
+// none any more), for logs.
+std::string TcpPeerName(const boost::asio::ip::tcp::socket& socket);
+
 }  // namespace rackhub::server

@@ -31,12 +31,6 @@ constexpr int kKeepAliveIdleS = 10;
 constexpr int kKeepAliveIntervalS = 2;
 constexpr int kKeepAliveProbes = 5;
 
-// "ip:port" of the remote end, for logs.
-std::string PeerName(const tcp::socket& socket) {
-  boost::system::error_code ec;
-  const auto remote = socket.remote_endpoint(ec);
-  return ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
-}
 
 // Binds and listens on `ep`; the error names `field`.
 Status ListenOn(tcp::acceptor& acceptor, const net::Endpoint& ep, const std::string& field) {
@@ -83,7 +77,7 @@ TcpAcceptor::TcpAcceptor(DataPlane* plane, std::shared_ptr<const net::tls::TlsCo
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleS, sizeof(int));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalS, sizeof(int));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(int));
-    const std::string peer = PeerName(socket);
+    const std::string peer = TcpPeerName(socket);
     std::make_shared<HelloSession<tcp::socket>>(std::move(socket), peer, &hello_hooks_)->Start();
   };
   OfferShm("");
@@ -172,7 +166,7 @@ bool TcpAcceptor::AdmitUnauthenticated(tcp::socket& socket, const Listener& l) {
   if (*l.waiting < limit) return true;
   warnings_.Warn(std::string(l.what) + ": " + std::to_string(*l.waiting) +
                  " connections are waiting for their first frame "
-                 "(data.max_unauthenticated_connections); closed one from " + PeerName(socket));
+                 "(data.max_unauthenticated_connections); closed one from " + TcpPeerName(socket));
   boost::system::error_code ignored;
   socket.close(ignored);
   return false;
