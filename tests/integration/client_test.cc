@@ -256,16 +256,8 @@ class ClientTest : public ::testing::TestWithParam<Transport> {
     argv.insert(argv.end(), extra.begin(), extra.end());
     const auto r = RunCommand(argv);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    const std::string label = "data-plane token:";
-    const auto at = r.out.find(label);
-    if (at == std::string::npos) {
-      ADD_FAILURE() << "no token line in:\n" << r.out;
-      return "";
-    }
-    const auto end = r.out.find('\n', at);
-    std::string token = r.out.substr(at + label.size(), end - at - label.size());
-    token.erase(0, token.find_first_not_of(" \t"));
-    token.erase(token.find_last_not_of(" \t\r") + 1);
+    const std::string token = testing::OutputField(r.out, "data-plane token");
+    EXPECT_FALSE(token.empty()) << "no token line in:\n" << r.out;
     return token;
   }
 

@@ -30,25 +30,6 @@ std::string Describe(const CommandResult& r) {
          r.err;
 }
 
-// "  data-plane token: X" -> X (rackhubctl's human output).
-std::string Field(const std::string& out, const std::string& name) {
-  const std::string prefix = name + ":";
-  size_t pos = 0;
-  while (pos < out.size()) {
-    size_t end = out.find('\n', pos);
-    if (end == std::string::npos) end = out.size();
-    std::string line = out.substr(pos, end - pos);
-    const size_t first = line.find_first_not_of(' ');
-    if (first != std::string::npos && line.compare(first, prefix.size(), prefix) == 0) {
-      std::string v = line.substr(first + prefix.size());
-      const size_t s = v.find_first_not_of(' ');
-      return s == std::string::npos ? "" : v.substr(s);
-    }
-    pos = end + 1;
-  }
-  return "";
-}
-
 class RegistryRestartTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -91,11 +72,11 @@ class RegistryRestartTest : public ::testing::Test {
 TEST_F(RegistryRestartTest, EverythingSurvivesKill9AndRestart) {
   CommandResult r = Ctl({"tenant", "create", "acme", "--workers", "4"});
   ASSERT_EQ(r.exit_code, 0) << Describe(r);
-  const std::string token = Field(r.out, "data-plane token");
+  const std::string token = testing::OutputField(r.out, "data-plane token");
   ASSERT_FALSE(token.empty()) << r.out;
   r = Ctl({"tenant", "create", "beta", "--workers", "1", "--chunk-bytes", "64KiB"});
   ASSERT_EQ(r.exit_code, 0) << Describe(r);
-  const std::string beta_token = Field(r.out, "data-plane token");
+  const std::string beta_token = testing::OutputField(r.out, "data-plane token");
   Ok({"tenant", "create", "gone", "--workers", "1"});
   Ok({"tenant", "update-quotas", "acme", "--max-keys", "7", "--max-param-bytes", "1GiB"});
   Ok({"key", "create", "acme", "w", "--elements", "20000", "--optimizer", "momentum", "--lr", "0.1",
@@ -146,7 +127,7 @@ TEST_F(RegistryRestartTest, EverythingSurvivesKill9AndRestart) {
   EXPECT_EQ(daemon_->Stop(SIGTERM), 0);
   ASSERT_TRUE(daemon_->Restart());
   EXPECT_EQ(Snapshot(), after_more);
-  EXPECT_EQ(Field(Ok({"tenant", "get", "gamma"}), "name"), "gamma");
+  EXPECT_EQ(testing::OutputField(Ok({"tenant", "get", "gamma"}), "name"), "gamma");
 }
 
 TEST(RegistryStartUpTest, CorruptOrUnusableStateStopsTheDaemonWithExit78) {

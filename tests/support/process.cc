@@ -289,4 +289,23 @@ void ChildProcess::Kill(int sig) {
   if (pid_ > 0) kill(pid_, sig);
 }
 
+std::string OutputField(const std::string& out, const std::string& name) {
+  const std::string prefix = name + ":";
+  size_t pos = 0;
+  while (pos < out.size()) {
+    size_t end = out.find('\n', pos);
+    if (end == std::string::npos) end = out.size();
+    const std::string line = out.substr(pos, end - pos);
+    const size_t first = line.find_first_not_of(" \t");
+    if (first != std::string::npos && line.compare(first, prefix.size(), prefix) == 0) {
+      const std::string v = line.substr(first + prefix.size());
+      const size_t s = v.find_first_not_of(" \t");
+      if (s == std::string::npos) return "";
+      return v.substr(s, v.find_last_not_of(" \t\r") + 1 - s);
+    }
+    pos = end + 1;
+  }
+  return "";
+}
+
 }  // namespace rackhub::testing

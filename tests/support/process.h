@@ -34,6 +34,10 @@ std::string BinPath(const std::string& name);
 std::string MakeTempDir();
 void WriteFile(const std::string& path, const std::string& content);
 std::string ReadFile(const std::string& path);
+// The value of the first line "  NAME: VALUE" of a command's human output
+// (leading and trailing blanks removed), e.g. OutputField(out,
+// "data-plane token") on `rackhubctl tenant create`'s; "" when there is none.
+std::string OutputField(const std::string& out, const std::string& name);
 
 class DaemonProcess {
  public:
