@@ -36,24 +36,17 @@ namespace dpb = rackhub::data::v1;
 using net::FrameHeader;
 using net::Opcode;
 using net::WireError;
+using testing::AsFloats;
 using testing::DataLink;
 using testing::Describe;
 using testing::ExpectError;
+using testing::Floats;
 using testing::Frame;
 using testing::HubUnderTest;
 using testing::Transport;
 
 constexpr uint32_t kChunkElements = 1024;  // 4 KiB chunks
 
-std::string Floats(size_t n, float value) {
-  std::vector<float> v(n, value);
-  return std::string(reinterpret_cast<const char*>(v.data()), n * sizeof(float));
-}
-std::vector<float> AsFloats(const std::string& s) {
-  std::vector<float> v(s.size() / 4);
-  std::memcpy(v.data(), s.data(), v.size() * 4);
-  return v;
-}
 
 class CountedRetryTest : public ::testing::TestWithParam<Transport> {
  protected:

@@ -51,18 +51,8 @@ using testing::HubUnderTest;
 using testing::RawClient;
 using testing::Transport;
 
-std::string Floats(std::initializer_list<float> v) {
-  return std::string(reinterpret_cast<const char*>(std::data(v)), v.size() * sizeof(float));
-}
-std::string Floats(size_t n, float value) {
-  std::vector<float> v(n, value);
-  return std::string(reinterpret_cast<const char*>(v.data()), n * sizeof(float));
-}
-std::vector<float> AsFloats(const std::string& s) {
-  std::vector<float> v(s.size() / 4);
-  std::memcpy(v.data(), s.data(), v.size() * 4);
-  return v;
-}
+using testing::AsFloats;
+using testing::Floats;
 
 class DataPlaneProtocolTest : public ::testing::TestWithParam<Transport> {
  protected:

@@ -10,8 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
+#include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/frame.h"
@@ -28,6 +32,20 @@ struct Frame {
 };
 
 inline constexpr std::chrono::milliseconds kReceiveTimeout{5000};
+
+// fp32 payloads: the bytes of `v`, of `n` copies of `value`, and back.
+inline std::string Floats(std::span<const float> v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+inline std::string Floats(std::initializer_list<float> v) {
+  return Floats(std::span<const float>(v.begin(), v.size()));
+}
+inline std::string Floats(size_t n, float value) { return Floats(std::vector<float>(n, value)); }
+inline std::vector<float> AsFloats(const std::string& s) {
+  std::vector<float> v(s.size() / sizeof(float));
+  std::memcpy(v.data(), s.data(), v.size() * sizeof(float));
+  return v;
+}
 
 class DataLink {
  public:

@@ -164,10 +164,6 @@ class Worker {
   uint32_t handle_ = 0;
 };
 
-inline std::string Floats(const std::vector<float>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
-
 // The daemon's resident memory (VmRSS), bytes.
 inline uint64_t RssBytes(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/status");
