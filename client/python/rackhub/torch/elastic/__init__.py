@@ -41,9 +41,10 @@ from ... import _core
 from .. import _context
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from . import _session
+from .sampler import ElasticSampler
 from .state import ObjectState, State, TorchState
 
-__all__ = ["run", "State", "ObjectState", "TorchState", "HorovodInternalError",
+__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler", "HorovodInternalError",
            "HostsUpdatedInterrupt", "members", "generation", "slot", "resets"]
 
 
