@@ -39,14 +39,14 @@ STEP = re.compile(r"^\[(\d+)\] STEP (\d+) gen (\d+) members ([\d,]+) loss (\S+) 
 
 
 class Job:
-    def __init__(self, transport, n=4, extra=(), worker_args=()):
+    def __init__(self, transport, n=4, extra=(), worker_args=(), max_np=8):
         self.dir = tempfile.mkdtemp(prefix="rackhub-elastic-test.")
         self.job = os.path.join(self.dir, "job")
         self.run = os.path.join(os.environ["RACKHUB_BIN_DIR"], "rackhub-run")
         env = dict(os.environ, RACKHUB_TRANSPORT=transport)
         worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
         self.p = subprocess.Popen(
-            [self.run, "-n", str(n), "--min-np", "2", "--max-np", "8", "--lanes", "2",
+            [self.run, "-n", str(n), "--min-np", "2", "--max-np", str(max_np), "--lanes", "2",
              "--job-dir", self.job, "--max-restarts", "0",
              "--hub-arg=--straggler-timeout-ms", "--hub-arg=60000"] + list(extra)
             + ["python3", worker] + list(worker_args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -67,15 +67,19 @@ class Job:
 
     def wait_for(self, pred, what):
         """The first line for which pred(line) is true (an event)."""
+        return self.lines[self.wait_index(pred, what)]
+
+    def wait_index(self, pred, what, start=0):
+        """The index of the first line from `start` for which pred(line)."""
         deadline = time.monotonic() + EVENT_TIMEOUT
-        seen = 0
+        seen = start
         with self.cv:
             while True:
-                for line in self.lines[seen:]:
+                for i, line in enumerate(self.lines[seen:], seen):
                     if line is None:
                         raise AssertionError(f"the job ended before {what}")
                     if pred(line):
-                        return line
+                        return i
                 seen = len(self.lines)
                 left = deadline - time.monotonic()
                 if left <= 0:
