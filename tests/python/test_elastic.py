@@ -13,6 +13,11 @@ step equal, bit for bit, those of a single-process reference that applied
 the same steps with the same members (elastic_model.reference_step: the
 mean of the members' gradients in rank order, then SGD), and every printed
 loss is the reference's; the loss at the end is below the loss at step 0.
+The workers run with --collectives (elastic_checks.py: reducescatter,
+grouped_reducescatter, alltoall, sparse_allreduce and signed-zero sums by
+member, each step against references from the members; check_objects) and
+--samples 1800 (an ElasticSampler in the TorchState: check_samples, every
+epoch that ended holds every index exactly once, the kill inside one).
 
 Every wait is for a line of the job's output, bounded by 50 s (below the
 straggler timeout): a survivor that waited for the straggler timeout
@@ -49,7 +54,8 @@ class Job:
             [self.run, "-n", str(n), "--min-np", "2", "--max-np", str(max_np), "--lanes", "2",
              "--job-dir", self.job, "--max-restarts", "0",
              "--hub-arg=--straggler-timeout-ms", "--hub-arg=60000"] + list(extra)
-            + ["python3", worker] + list(worker_args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            + ["python3", worker] + list(worker_args), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
             env=env)
         self.lines = []
         self.cv = threading.Condition()

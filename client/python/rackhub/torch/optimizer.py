@@ -484,8 +484,8 @@ class _Sync:
 
     def push_zeros(self):
         """A joined rank's part in the others' step: -0.0 (nothing, the
-        identity of IEEE addition) to every key (join.py). The replies are dropped: a joined rank's model is not
-        updated (as in Horovod)."""
+        identity of IEEE addition) to every key (join.py). The replies are
+        dropped: a joined rank's model is not updated (as in Horovod)."""
         c = self.c
         if any(s.ticket is not None for s in self.slots):
             raise RuntimeError("rackhub: join() while this rank's DistributedOptimizer has "
