@@ -189,7 +189,7 @@ class Supervisor:
             self.start_batch(target - current, f"host discovery: {slots} slot(s)")
         elif target < current:
             live = sorted(r for r in self.running if r not in self.stopping)
-            victims = live[len(live) - (current - target):]
+            victims = live[max(0, len(live) - (current - target)):]  # restarts due count too
             _log(f"host discovery: {slots} slot(s); stopping rank(s) {victims} with SIGTERM")
             for r in victims:
                 self.stopping.add(r)
