@@ -29,6 +29,27 @@ import elastic_model
 import rackhub.torch as hvd
 
 
+def sampler_errors(sampler, n):
+    """The ElasticSampler's bad inputs each raise the documented error: "ok"
+    or what went wrong."""
+    cases = [(lambda: hvd.elastic.ElasticSampler(object()), TypeError,
+              "ElasticSampler: dataset: an object with len(), got object"),
+             (lambda: sampler.record_indices([n]), ValueError,
+              f"ElasticSampler.record_indices: [{n}] not in [0, {n})"),
+             (lambda: sampler.get_indices(-1, 2), ValueError,
+              "ElasticSampler: batch_idx: a non-negative int, got -1"),
+             (lambda: sampler.set_epoch("1"), TypeError,
+              "ElasticSampler.set_epoch: an int, got '1'")]
+    for call, kind, text in cases:
+        try:
+            call()
+            return f"no error for {text!r}"
+        except kind as e:
+            if str(e) != text:
+                return f"{e!r} instead of {text!r}"
+    return "ok" if not sampler.processed_indices else "a bad record changed the sampler"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1 << 30)
@@ -54,6 +75,8 @@ def main():
               f"rank {hvd.rank()} size {hvd.size()}", flush=True)
 
     sampler = hvd.elastic.ElasticSampler(range(a.samples), seed=5) if a.samples else None
+    if sampler is not None:
+        print(f"SAMPLER-ERRORS {sampler_errors(sampler, a.samples)}", flush=True)
     extra = {"sampler": sampler} if sampler is not None else {}
     state = hvd.elastic.TorchState(model, opt, step=0, **extra)
     state.register_reset_callbacks([on_reset])

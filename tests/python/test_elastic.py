@@ -252,6 +252,8 @@ def main():
               f"alltoall and signed zeros right on {check_objects(job.lines)} committed steps")
         print(f"ElasticSampler epochs (epoch, memberships): "
               f"{check_samples(job.lines, job.steps(), SAMPLES)}")
+        errors = [x for x in job.lines if x and " SAMPLER-ERRORS " in x]
+        assert len(errors) == 6 and all(x.endswith(" ok") for x in errors), errors
         print(f"memberships (first step, members): {sequence}")
         print(f"mean loss: step 0 {first:.6f}, step {stop - 1} {last:.6f}")
         assert [s[1] for s in sequence] == ["0,1,2,3", "0,1,3", "0,1,2,3,4"], sequence
