@@ -95,17 +95,15 @@ def rcombine(op, a, b):
 
 
 def rank_order(xs, op, pre=1.0, post=1.0):
-    """The reference: xs by rank (None: a joined rank, zeros for Sum and
-    Average, skipped for the others), each prescaled, combined in rank
-    order in the dtype, postscaled (/ size for Average)."""
+    """The reference: xs by rank (None: a joined rank, which adds nothing:
+    skipped, as -0.0, the identity of IEEE addition, would be), each
+    prescaled, combined in rank order in the dtype, postscaled (/ size for
+    Average, the joined ranks counted)."""
     size = len(xs)
-    like = next(x for x in xs if x is not None)
     acc = None
     for x in xs:
         if x is None:
-            if op not in SUMS:
-                continue
-            x = torch.zeros_like(like)
+            continue
         y = rscale(x, pre)
         acc = y if acc is None else rcombine(op, acc, y)
     return rscale(acc, post / size if op == hvd.Average else post)
@@ -208,7 +206,42 @@ def joins(rank, size):
     check("exact: join returns the last rank", last == size - 1, str(last))
 
 
+def signed_zeros(rank, n, dtype, seed=997):
+    """Rank `rank`'s input of the signed-zero checks: element 0 -0.0 on
+    every rank, element 1 -0.0 or +0.0 by rank, every third -0.0, the rest
+    small values with some cancelling (elastic_checks.py too)."""
+    x = xin(rank, seed, n, torch.float64, hvd.Sum)
+    x[0] = -0.0
+    x[1] = -0.0 if rank % 2 else 0.0
+    x[2::3] = -0.0
+    x[4::7] = (rank % 3 - 1) * 0.5
+    return x.to(dtype)
+
+
+def signed_zero_joins(rank, size):
+    """Sum and Average of tensors that are -0.0 on every active rank while
+    ranks are joined (rank r has r + 1 steps, then joins): a joined rank
+    adds -0.0, so the results keep the sign (float32 through the hub with
+    data rounds, float16 and float64 gathered; one grouped op)."""
+    dts = [(torch.float32, 5000), (torch.float16, 40), (torch.float64, 40)]
+    results = []
+    for step in range(rank + 1):
+        op = (hvd.Sum, hvd.Average)[step % 2]
+        results.append(hvd.grouped_allreduce([signed_zeros(rank, n, d) for d, n in dts], op=op))
+    hvd.join()
+    ok, detail = True, ""
+    for step, got in enumerate(results):
+        op = (hvd.Sum, hvd.Average)[step % 2]
+        for g, (d, n) in zip(got, dts):
+            want = rank_order([signed_zeros(q, n, d) if step <= q else None
+                               for q in range(size)], op)
+            if not same(g, want):
+                ok, detail = False, f"step {step} {d} {op}: {show(g)} vs {show(want)}"
+    check("exact: join keeps the sign of zero sums (a joined rank adds -0.0)", ok, detail)
+
+
 def run(rank, size):
     every_dtype_and_op(rank, size)
     other_paths(rank, size)
     joins(rank, size)
+    signed_zero_joins(rank, size)

@@ -13,6 +13,11 @@ step equal, bit for bit, those of a single-process reference that applied
 the same steps with the same members (elastic_model.reference_step: the
 mean of the members' gradients in rank order, then SGD), and every printed
 loss is the reference's; the loss at the end is below the loss at step 0.
+The workers run with --collectives (elastic_checks.py: reducescatter,
+grouped_reducescatter, alltoall, sparse_allreduce and signed-zero sums by
+member, each step against references from the members; check_objects) and
+--samples 1800 (an ElasticSampler in the TorchState: check_samples, every
+epoch that ended holds every index exactly once, the kill inside one).
 
 Every wait is for a line of the job's output, bounded by 50 s (below the
 straggler timeout): a survivor that waited for the straggler timeout
@@ -39,17 +44,18 @@ STEP = re.compile(r"^\[(\d+)\] STEP (\d+) gen (\d+) members ([\d,]+) loss (\S+) 
 
 
 class Job:
-    def __init__(self, transport, n=4, extra=()):
+    def __init__(self, transport, n=4, extra=(), worker_args=(), max_np=8):
         self.dir = tempfile.mkdtemp(prefix="rackhub-elastic-test.")
         self.job = os.path.join(self.dir, "job")
         self.run = os.path.join(os.environ["RACKHUB_BIN_DIR"], "rackhub-run")
         env = dict(os.environ, RACKHUB_TRANSPORT=transport)
         worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
         self.p = subprocess.Popen(
-            [self.run, "-n", str(n), "--min-np", "2", "--max-np", "8", "--lanes", "2",
+            [self.run, "-n", str(n), "--min-np", "2", "--max-np", str(max_np), "--lanes", "2",
              "--job-dir", self.job, "--max-restarts", "0",
              "--hub-arg=--straggler-timeout-ms", "--hub-arg=60000"] + list(extra)
-            + ["python3", worker], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            + ["python3", worker] + list(worker_args), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
             env=env)
         self.lines = []
         self.cv = threading.Condition()
@@ -67,15 +73,19 @@ class Job:
 
     def wait_for(self, pred, what):
         """The first line for which pred(line) is true (an event)."""
+        return self.lines[self.wait_index(pred, what)]
+
+    def wait_index(self, pred, what, start=0):
+        """The index of the first line from `start` for which pred(line)."""
         deadline = time.monotonic() + EVENT_TIMEOUT
-        seen = 0
+        seen = start
         with self.cv:
             while True:
-                for line in self.lines[seen:]:
+                for i, line in enumerate(self.lines[seen:], seen):
                     if line is None:
                         raise AssertionError(f"the job ended before {what}")
                     if pred(line):
-                        return line
+                        return i
                 seen = len(self.lines)
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -176,9 +186,51 @@ def check_objects(lines):
     return n
 
 
+def check_samples(lines, steps, samples, kill_inside=True):
+    """The ElasticSampler's indices of the committed steps (each member's
+    SAMPLES line for the step and its members; a killed member's line was
+    printed before its commit): every epoch that ended holds every index of
+    range(samples) exactly once, the last one no index twice; with
+    kill_inside, the kill of rank 2 landed inside an epoch that ended.
+    Returns [(epoch, memberships in it)]."""
+    printed = {}
+    for x in lines:
+        m = re.match(r"^\[(\d+)\] SAMPLES (\d+) epoch (\d+) members (\S+) (\S+)$", x or "")
+        if m:
+            idx = [] if m.group(5) == "-" else [int(i) for i in m.group(5).split(",")]
+            printed[(int(m.group(1)), int(m.group(2)), m.group(4))] = (int(m.group(3)), idx)
+    committed = {}
+    for m in steps:
+        committed[int(m.group(2))] = m.group(4)
+    epochs = []  # [epoch, [indices], [memberships]]
+    for t in sorted(committed):
+        members = committed[t]
+        got = [printed.get((int(s), t, members)) for s in members.split(",")]
+        assert all(g is not None for g in got), f"step {t}: a member's SAMPLES line is missing"
+        assert len({g[0] for g in got}) == 1, f"step {t}: the members' epochs differ: {got}"
+        if not epochs or epochs[-1][0] != got[0][0]:
+            epochs.append([got[0][0], [], []])
+        for g in got:
+            epochs[-1][1].extend(g[1])
+        if members not in epochs[-1][2]:
+            epochs[-1][2].append(members)
+    for e, idx, _ in epochs[:-1]:
+        assert sorted(idx) == list(range(samples)), (
+            f"epoch {e}: {len(idx)} indices, {len(set(idx))} distinct, missing "
+            f"{sorted(set(range(samples)) - set(idx))[:10]}")
+    assert len(epochs[-1][1]) == len(set(epochs[-1][1])), f"epoch {epochs[-1][0]}: an index twice"
+    assert len(epochs) >= 2, f"no epoch ended: {[(e[0], e[2]) for e in epochs]}"
+    assert not kill_inside or any("0,1,2,3" in e[2] and "0,1,3" in e[2] for e in epochs[:-1]), (
+        f"the kill did not land inside an epoch that ended: {[(e[0], e[2]) for e in epochs]}")
+    return [(e[0], e[2]) for e in epochs]
+
+
+SAMPLES = 1800  # 30 steps of 4 x 15, 40 of 3 x 15, 24 of 5 x 15: no padding
+
+
 def main():
     transport = sys.argv[1] if len(sys.argv) > 1 else "tcp"
-    job = Job(transport)
+    job = Job(transport, worker_args=("--collectives", "--samples", str(SAMPLES)))
     ok = False
     try:
         job.wait_for(step_with("0,1,2,3", after=5), "step 5 with members 0,1,2,3")
@@ -196,8 +248,12 @@ def main():
         out = "\n".join(x for x in job.lines if x is not None)
         assert code == 0, f"rackhub-run exited with {code}"
         sequence, first, last = check_against_reference(job.steps(), stop)
-        print(f"object helpers and allgather's gradient right on {check_objects(job.lines)} "
-              f"committed steps")
+        print(f"object helpers, allgather's gradient, reducescatter, sparse_allreduce, "
+              f"alltoall and signed zeros right on {check_objects(job.lines)} committed steps")
+        print(f"ElasticSampler epochs (epoch, memberships): "
+              f"{check_samples(job.lines, job.steps(), SAMPLES)}")
+        errors = [x for x in job.lines if x and " SAMPLER-ERRORS " in x]
+        assert len(errors) == 6 and all(x.endswith(" ok") for x in errors), errors
         print(f"memberships (first step, members): {sequence}")
         print(f"mean loss: step 0 {first:.6f}, step {stop - 1} {last:.6f}")
         assert [s[1] for s in sequence] == ["0,1,2,3", "0,1,3", "0,1,2,3,4"], sequence

@@ -20,6 +20,13 @@ nobody waits for it. DIR/pid-R holds the pid of rank R's process (the
 demo and the tests kill ranks with it). When fewer than --min-np ranks run (the hub has paused
 the tenant), the supervisor writes ready-E itself.
 
+--host-discovery-script CMD (elastic_discovery.py) runs CMD every
+--discovery-interval seconds and follows the slot count it prints (within
+--min-np/--max-np): more slots start ranks (as --add does, unless a rank
+already exited 0: the job is ending), fewer stop the highest running ranks
+with SIGTERM (their exit is not a failure and not restarted). A failing
+script or unreadable output is logged and the job keeps its size.
+
 The job ends when no process runs and none is due: exit code 0 when every
 rank's last process exited 0, else the code of the first rank whose last
 process failed (128+signal if killed).
@@ -30,6 +37,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from . import elastic_discovery
 
 
 def add_request(job_dir, count):
@@ -70,6 +79,10 @@ class Supervisor:
         self.due = []        # (monotonic time, reason) of restarts
         self.adds = 0
         self.pumps = []
+        self.stopping = set()  # ranks stopped by host discovery (SIGTERM)
+        self.finishing = False  # a rank exited 0: the job is ending, no growth
+        self.next_discovery = 0.0
+        self.discovered = None  # the last slot count or problem logged
         os.makedirs(os.path.join(job_dir, "requests"), exist_ok=True)
         _write(os.path.join(job_dir, "epoch"), "0\n")
 
@@ -115,7 +128,13 @@ class Supervisor:
             if epoch > 0 and not os.path.exists(os.path.join(self.dir,
                                                              f"connected-{epoch}-{rank}")):
                 _write(os.path.join(self.dir, f"gone-{epoch}-{rank}"), "")
+            if rank in self.stopping:  # host discovery shrank the job: not a failure
+                self.stopping.discard(rank)
+                self.last_code.pop(rank, None)
+                _log(f"rank {rank} stopped (host discovery)")
+                continue
             if c == 0:
+                self.finishing = True
                 continue
             what = f"signal {-c}" if c < 0 else f"code {c}"
             if self.restarts < self.a.max_restarts:
@@ -143,6 +162,42 @@ class Supervisor:
             if k > 0:
                 self.start_batch(k, f"--add {k}")
 
+    def discover(self):
+        """Host discovery (--host-discovery-script): grows or shrinks the
+        running ranks to the slots the script prints, within --min-np and
+        --max-np; a failure is logged and the job keeps its size."""
+        a = self.a
+        now = time.monotonic()
+        if a.host_discovery_script is None or now < self.next_discovery:
+            return
+        self.next_discovery = now + a.discovery_interval
+        slots, problem = elastic_discovery.discover(a.host_discovery_script,
+                                                    max(10.0, 5 * a.discovery_interval))
+        current = len(self.running) - len(self.stopping) + len(self.due)
+        if problem is not None:
+            if self.discovered != problem:
+                _log(f"host discovery: {problem}; keeping {current} rank(s)")
+            self.discovered = problem
+            return
+        target = min(max(slots, a.min_np), a.max_np)
+        if self.discovered != slots:
+            bound = (f" (within --min-np {a.min_np} and --max-np {a.max_np}: {target})"
+                     if target != slots else "")
+            _log(f"host discovery: {slots} slot(s){bound}; {current} rank(s) running")
+            self.discovered = slots
+        if target > current and not self.finishing:
+            self.start_batch(target - current, f"host discovery: {slots} slot(s)")
+        elif target < current:
+            live = sorted(r for r in self.running if r not in self.stopping)
+            victims = live[max(0, len(live) - (current - target)):]  # restarts due count too
+            _log(f"host discovery: {slots} slot(s); stopping rank(s) {victims} with SIGTERM")
+            for r in victims:
+                self.stopping.add(r)
+                try:
+                    os.killpg(self.running[r][0].pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
     def run(self):
         _log(f"elastic job directory {self.dir} (add ranks: rackhub-run --add K --job "
              f"{self.dir})")
@@ -151,6 +206,7 @@ class Supervisor:
         while True:
             self.reap()
             self.requests()
+            self.discover()
             now = time.monotonic()
             ready = [d for d in self.due if d[0] <= now]
             if ready:

@@ -71,6 +71,11 @@ def _parse(argv):
     ap.add_argument("--restart-backoff", type=float, default=1.0,
                     help="elastic job: seconds before the first restart, doubled per restart [1]")
     ap.add_argument("--job-dir", help="elastic job: its directory (default: a temporary one)")
+    ap.add_argument("--host-discovery-script", metavar="CMD",
+                    help="elastic job: a command printing HOSTNAME:SLOTS lines (this host "
+                         "only); the ranks follow its slot count (elastic_discovery.py)")
+    ap.add_argument("--discovery-interval", type=float, default=1.0,
+                    help="seconds between runs of --host-discovery-script (default 1)")
     ap.add_argument("--add", type=int, help="add ranks to the running elastic job --job DIR")
     ap.add_argument("--job", help="the directory of the running elastic job (with --add)")
     ap.add_argument("--hub", help="data plane HOST:PORT of an existing hub (default: start one)")
@@ -107,6 +112,11 @@ def _parse(argv):
     if a.max_np is not None and not 1 <= a.min_np <= a.n <= a.max_np <= 1024:
         ap.error(f"elastic: need 1 <= --min-np ({a.min_np}) <= -n ({a.n}) <= --max-np "
                  f"({a.max_np}) <= 1024")
+    if a.host_discovery_script is not None and a.max_np is None:
+        ap.error("--host-discovery-script needs --min-np and --max-np (an elastic job)")
+    if not 0.05 <= a.discovery_interval <= 3600:
+        ap.error(f"--discovery-interval: between 0.05 and 3600 seconds, got "
+                 f"{a.discovery_interval:g}")
     if a.hub and not a.token_file and not a.admin:
         ap.error("--hub needs --admin (to create the tenant) or --tenant with --token-file")
     if a.token_file and not a.tenant:

@@ -140,6 +140,17 @@ def size():
     return c.size if c.elastic is None else c.elastic.size()
 
 
+def dense(ctx):
+    """(rank, size) of the ranks an op of context `ctx` (a Context or a
+    SetView) runs over, as Horovod counts them: the set's, or in an elastic
+    job this process's position among the current members and their count
+    (ctx.rank/ctx.size are then the hub slot and the slot count). What
+    Average divides by and what reducescatter's shares split over."""
+    if ctx.elastic is None:
+        return ctx.rank, ctx.size
+    return ctx.elastic.dense_rank(ctx.rank), ctx.elastic.size()
+
+
 def _base():
     if _ctx is None:
         raise RuntimeError("rackhub.torch: call rackhub.torch.init() first")

@@ -197,7 +197,12 @@ def raw(t):
     t = t.detach()
     if t.numel() == 0:
         return torch.empty(0, dtype=torch.uint8)
-    return t.cpu().contiguous().view(-1).view(torch.uint8)
+    flat = t.cpu().reshape(-1)
+    # A transposed tensor with a dimension of size 1 (a 1-D sparse tensor's
+    # indices.t()) counts as contiguous with a stride other than 1.
+    if flat.stride(0) != 1:
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
 
 
 def _allgather_run(tensor, name):

@@ -50,9 +50,11 @@ buffer (fp32 values, limbs, 16-bit values for W <= 2) starts in the header
 round and continues in data rounds; Min/Max/Product reduce their buffer in
 the op's helper keys, then one round per further integer limb; then one
 exchange of every gathered tensor's bytes. A rank that called join()
-contributes zeros (Sum, Average: in the rank order, as a rank passing
-zeros), the op's identity (Min, Max, Product) or nothing (gathered
-Min/Max/Product skip it); it follows the same rounds from the op's header
+contributes -0.0 (Sum, Average: the identity of IEEE addition, so the sum
+is the active ranks' bit for bit, the sign of a zero included; Average
+still divides by size()), the op's identity (Min, Max, Product), and
+gathered ops skip it (as an elastic job's free slots, which push nothing);
+it follows the same rounds from the op's header
 (plan_of), and for a group of mixed dtypes from one extra exchange of the
 dtypes' element counts (layout_round), which only joins cost.
 
@@ -69,6 +71,10 @@ INTS = {torch.uint8: 8, torch.int8: 8, torch.int16: 16, torch.int32: 32, torch.i
 HALF = (torch.float16, torch.bfloat16)
 SUMS = (Average, Sum)
 MIXED = 99  # the header's dtype field of a group of several dtypes
+# What a rank that takes no part (a joined rank) adds to a sum: -0.0, the
+# identity of IEEE addition (-0.0 + x == x for every x, -0.0 included); +0.0
+# would turn a sum whose other terms are all -0.0 into +0.0.
+NOTHING = -0.0
 _LEX_BITS = 24
 # The dtypes of a layout round, in agree's order of codes.
 _LAYOUT = [agree.dtype_of(c) for c in range(1, 10)]
@@ -201,11 +207,13 @@ def combine(op, a, b):
 
 
 def _gathered(rows, op, live):
-    """The rank-order reduction of rows (a list by rank); joined ranks
-    (not live) count as zeros for Sum/Average and are skipped otherwise."""
+    """The rank-order reduction of rows (a list by rank) over the live ranks:
+    a joined rank or an elastic job's free slot (not live) is skipped, which
+    for Sum/Average is adding -0.0, the identity of IEEE addition (adding
+    its +0.0 row would turn a sum of -0.0s into +0.0)."""
     acc = None
     for r, x in enumerate(rows):
-        if not live[r] and op not in SUMS:
+        if not live[r]:
             continue
         acc = x if acc is None else combine(op, acc, x)
     return acc
@@ -324,7 +332,7 @@ def reduce(kind, name, flats, op, pre, post, values, check):
     size = ctx.size
     # Average divides by the ranks of the op: the set's (a process set's
     # view), or an elastic job's current members (ctx.size is its slots).
-    mean_size = size if ctx.elastic is None else ctx.elastic.size()
+    mean_size = _context.dense(ctx)[1]
     bits = limb_bits(size)
     ys = [scale(f, pre) for f in flats]
     group_dtype = header_dtype(ys)
@@ -372,14 +380,14 @@ def plan_of(dtype_code, numel, op):
 def join_rounds(dtype_code, numel, op):
     """A joined rank's part of an allreduce (after the header round, whose
     inline part it sent as zeros): the same rounds as the active ranks,
-    with zeros (Sum, Average) or the op's identity, and zero bytes."""
+    with -0.0 (Sum, Average: NOTHING) or the op's identity, and zero bytes."""
     ctx = _context.need()
     wire = wire_of(agree.dtype_of(dtype_code) if dtype_code != MIXED else None)
     plan = plan_of(dtype_code, numel, op)
     if op in SUMS:
         rest = plan.hub - rounds.capacity()
         if rest > 0:
-            rounds.reduce(torch.zeros(rest), "allreduce", wire)
+            rounds.reduce(torch.full((rest,), NOTHING), "allreduce", wire)
     else:
         rounds.reduce(torch.full((plan.hub,), _identity(op)), "allreduce", wire, reduction=op)
         for n in plan.lex:

@@ -182,8 +182,8 @@ def _sparse_run(t, name, op):
     indices = t.indices().transpose(0, 1).contiguous()
     values = t.values().contiguous()
     got_i, got_v = _grouped_allgather_run([indices, values], name)
-    if op == Average:
-        got_v = got_v / _context.need().size
+    if op == Average:  # by the op's ranks: an elastic job's members, not its slots
+        got_v = got_v / _context.dense(_context.need())[1]
     return torch.sparse_coo_tensor(got_i.transpose(0, 1), got_v, t.size())
 
 
@@ -191,7 +191,8 @@ def sparse_allreduce_async(tensor, name=None, op=Average):
     """Starts the allreduce of a sparse COO tensor as Horovod does: every
     rank's indices and values are allgathered (one grouped op) and the
     result is their sparse tensor, uncoalesced (duplicate indices add up
-    when it is coalesced or used); Average divides the values by size().
+    when it is coalesced or used); Average divides the values by size()
+    (in an elastic job the current members).
     synchronize(handle) returns it."""
     tensor_arg(tensor, "sparse_allreduce_async")
     if not tensor.is_sparse:

@@ -1,7 +1,8 @@
 """join() (Horovod's): a rank that ran out of data joins; until every rank
 has joined, it takes part in the other ranks' allreduce and
-grouped_allreduce ops with zeros (their Average still divides by size(): the
-result is that of an allreduce where the joined ranks passed zeros; for
+grouped_allreduce ops with -0.0, the identity of IEEE addition (their
+Average still divides by size(): the result is that of an allreduce where
+the joined ranks passed zeros, and a sum of -0.0s stays -0.0); for
 Min, Max and Product a joined rank passes the reduction's identity, +inf,
 -inf and 1, so the result is that of the active ranks alone) and in
 their allgathers with no rows (so SyncBatchNorm's statistics are those of
@@ -13,11 +14,11 @@ How: a joined rank sends a join header in every header round (rounds.py);
 the others' op sees it (agree.open_op) and runs with it when the op is
 joinable, and raises MismatchError on every active rank otherwise (e.g. a
 broadcast while a rank is joined). The joined rank reads the active ranks'
-headers and, when they agree on a joinable op, sends zeros in the op's
+headers and, when they agree on a joinable op, sends -0.0 in the op's
 data rounds (exact.join_rounds: the rounds the active ranks' op makes).
 DistributedOptimizer steps open with a header round of their
 own (kind "optimizer_step", optimizer.py): a joined rank answers it by
-pushing zeros to every key of its optimizer with the same join id.
+pushing -0.0 to every key of its optimizer with the same join id.
 
 Thread use: any thread; the op runs on the executor's thread.
 """
@@ -34,7 +35,9 @@ _JOIN = agree.CODE["join"]
 def _join_run():
     waited = 0
     while True:
-        every, _ = rounds.header([_JOIN, 0, -3, 0, waited, 0, 0, 0])
+        # The inline payload of a sum op: -0.0, the identity of IEEE addition.
+        every, _ = rounds.header([_JOIN, 0, -3, 0, waited, 0, 0, 0],
+                                 torch.full((rounds.capacity(),), exact.NOTHING))
         active = [e for e in every if e[0] != _JOIN]
         if not active:
             least = min(e[4] for e in every)

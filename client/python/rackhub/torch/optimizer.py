@@ -79,7 +79,7 @@ import weakref
 import numpy
 import torch
 
-from . import _context, agree, process_sets
+from . import _context, agree, exact, process_sets
 from .._core import RackhubError, RolledBack, WorkerLost
 from .collectives import submit
 from .errors import MismatchError
@@ -483,14 +483,15 @@ class _Sync:
             raise
 
     def push_zeros(self):
-        """A joined rank's part in the others' step: zeros to every key
-        (join.py). The replies are dropped: a joined rank's model is not
-        updated (as in Horovod)."""
+        """A joined rank's part in the others' step: -0.0 (nothing, the
+        identity of IEEE addition) to every key (join.py). The replies are
+        dropped: a joined rank's model is not updated (as in Horovod)."""
         c = self.c
         if any(s.ticket is not None for s in self.slots):
             raise RuntimeError("rackhub: join() while this rank's DistributedOptimizer has "
                                "gradients in flight; call step() before join()")
-        zeros = [torch.zeros(s.param.shape, dtype=torch.float32) for s in self.slots]
+        zeros = [torch.full(s.param.shape, exact.NOTHING, dtype=torch.float32)
+                 for s in self.slots]
         tickets = [c.push_pull(s.key, _np(z), _np(s.spare)) for s, z in zip(self.slots, zeros)]
         for t in tickets:
             c.wait(t)

@@ -17,6 +17,10 @@ postscale_factor as for allreduce. The whole tensor travels (an allreduce
 through the hub), so the result is bit-identical to slicing an allreduce.
 grouped_reducescatter does that for a list of tensors in one grouped op.
 
+Elastic jobs: the ranks are the current members (rank() and size() are
+dense): shares and alltoall's splits go by dense rank, Average (and the
+factor of reducescatter's gradient) divides by the member count.
+
 Thread use: any thread submits; the ops run on the executor's thread.
 """
 import math
@@ -56,7 +60,11 @@ def _alltoall_run(tensor, splits, name):
     ctx = _context.need()
     t = tensor.detach()
     shape = list(t.shape) if t.dim() else [1]
-    mine, problem = _splits_arg(splits, shape[0], ctx.size, "alltoall")
+    # splits go to the op's ranks (an elastic job's members, by dense rank);
+    # the exchange below is over the hub's slots, free slots sending nothing.
+    _, size = _context.dense(ctx)
+    ranks = list(range(ctx.size)) if ctx.elastic is None else list(ctx.elastic.members)
+    mine, problem = _splits_arg(splits, shape[0], size, "alltoall")
     every, _ = agree.open_op("alltoall", name, [agree.dtype_code(t.dtype),
                                                 agree.crc(shape[1:]), int(splits is None)],
                              problem=problem)
@@ -66,7 +74,8 @@ def _alltoall_run(tensor, splits, name):
     agree.same("alltoall", every, 2, "uses of splits (some ranks pass splits, some do not)")
     n = ctx.size
     m = torch.zeros(n * n, dtype=torch.int64)
-    m[ctx.rank * n:(ctx.rank + 1) * n] = torch.tensor(mine, dtype=torch.int64)
+    for d, slot in enumerate(ranks):
+        m[ctx.rank * n + slot] = mine[d]
     matrix = rounds.exchange(m.view(torch.uint8)).view(torch.int64).view(n, n).tolist()
     row = t.element_size() * math.prod(shape[1:])
     # The buffer: for each destination d, the rows every source s sends to d, by s.
@@ -83,7 +92,7 @@ def _alltoall_run(tensor, splits, name):
         buf[offsets[(ctx.rank, d)]:offsets[(ctx.rank, d)] + k] = data[src:src + k]
         src += k
     got = rounds.exchange(buf)
-    received = [matrix[s][ctx.rank] for s in range(n)]
+    received = [matrix[s][ctx.rank] for s in ranks]
     start = offsets[(0, ctx.rank)]
     part = got[start:start + sum(received) * row].clone()
     shape_out = [sum(received)] + shape[1:]
@@ -138,9 +147,20 @@ def _share(rows, size, rank):
     return first, base + (rank < extra)
 
 
+def _my_share(rows):
+    """(first row, rows) of this rank's share of `rows`: split over the op's
+    ranks (an elastic job's current members, by dense rank)."""
+    rank, size = _context.dense(_context.need())
+    return _share(rows, size, rank)
+
+
+def _average_divisor(op):
+    """What Average divides by (the op's ranks: an elastic job's members)."""
+    return _context.dense(_context.need())[1] if op_of(None, op, "") == Average else 1
+
+
 def _reducescatter_run(tensor, name, op, pre, post):
-    ctx = _context.need()
-    first, n = _share(tensor.shape[0], ctx.size, ctx.rank)
+    first, n = _my_share(tensor.shape[0])
     return allreduce_run(tensor, name, op, pre, post, kind="reducescatter")[first:first + n] \
         .clone()
 
@@ -166,8 +186,7 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, pre, post):
-        ctx.factor = pre * post / (_context.need().size if op_of(None, op, "") == Average
-                                   else 1)
+        ctx.factor = pre * post / _average_divisor(op)
         return synchronize(reducescatter_async(tensor, name, op, pre, post))
 
     @staticmethod
@@ -189,11 +208,10 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=None,
 
 
 def _grouped_reducescatter_run(ts, name, op, pre, post):
-    ctx = _context.need()
     full = grouped_allreduce_run(ts, name, op, pre, post, kind="grouped_reducescatter")
     out = []
     for t, r in zip(ts, full):
-        first, n = _share(t.shape[0], ctx.size, ctx.rank)
+        first, n = _my_share(t.shape[0])
         out.append(r[first:first + n].clone())
     return out
 
@@ -217,8 +235,7 @@ class _GroupedReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name, op, pre, post, *tensors):
-        ctx.factor = pre * post / (_context.need().size if op_of(None, op, "") == Average
-                                   else 1)
+        ctx.factor = pre * post / _average_divisor(op)
         return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, pre,
                                                              post)))
 

@@ -29,6 +29,10 @@ run resets (a membership round that also admits the joiners), calls the
 state's reset callbacks, syncs (every member takes the state of the member
 with the most commits) and calls func again.
 
+ElasticSampler (sampler.py): Horovod's sampler of the indices not yet
+processed this epoch, split over the current members; a TorchState keyword
+argument (sampler=s) saves, restores and re-splits it.
+
 rank() and size() in an elastic job: size() is the current member count;
 rank() is this process's position among the members in the order of their
 hub ranks (dense, 0..size()-1; it may change at a reset when a rank below
@@ -41,9 +45,10 @@ from ... import _core
 from .. import _context
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from . import _session
+from .sampler import ElasticSampler
 from .state import ObjectState, State, TorchState
 
-__all__ = ["run", "State", "ObjectState", "TorchState", "HorovodInternalError",
+__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler", "HorovodInternalError",
            "HostsUpdatedInterrupt", "members", "generation", "slot", "resets"]
 
 

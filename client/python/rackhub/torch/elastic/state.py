@@ -21,7 +21,9 @@ from .. import _context, rounds
 from ..collectives import submit
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from ..handles import synchronize
+from ..objects import allgather_object
 from . import _session
+from .sampler import ElasticSampler
 
 
 def _elastic():
@@ -168,14 +170,22 @@ class TorchState(ObjectState):
     """TorchState(model, optimizer, **kwargs): the model's and the
     optimizer's state dicts plus ObjectState's attributes. A rackhub
     DistributedOptimizer is checked at commit (a skipped step or a reply of
-    another membership fails it) and its keys are pulled at each reset."""
+    another membership fails it) and its keys are pulled at each reset.
+    A keyword argument that is an ElasticSampler (sampler=s) is kept by its
+    state_dict(): saved at commit, restored after a failure; at a sync every
+    member takes the union of the members' processed indices of the epoch
+    and the sampler splits the rest over the new membership."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         self.model = model
         self.optimizer = optimizer
         self._model_saved = None
         self._opt_saved = None
-        super().__init__(**kwargs)
+        self._samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
+        self._samplers_saved = {}
+        for k, v in self._samplers.items():
+            setattr(self, k, v)
+        super().__init__(**{k: v for k, v in kwargs.items() if k not in self._samplers})
 
     def _engine(self):
         return getattr(self.optimizer, "_rackhub", None)
@@ -215,6 +225,8 @@ class TorchState(ObjectState):
             v["__model"] = self.model.state_dict()
         if self.optimizer is not None:
             v["__optimizer"] = self.optimizer.state_dict()
+        for k, sampler in self._samplers.items():
+            v[f"__sampler/{k}"] = sampler.state_dict()
         return v
 
     def save(self):
@@ -223,6 +235,7 @@ class TorchState(ObjectState):
             self._model_saved = copy.deepcopy(self.model.state_dict())
         if self.optimizer is not None:
             self._opt_saved = copy.deepcopy(self.optimizer.state_dict())
+        self._samplers_saved = {k: s.state_dict() for k, s in self._samplers.items()}
 
     def restore(self):
         super().restore()
@@ -230,10 +243,33 @@ class TorchState(ObjectState):
             self.model.load_state_dict(self._model_saved)
         if self.optimizer is not None and self._opt_saved is not None:
             self.optimizer.load_state_dict(self._opt_saved)
+        for k, saved in self._samplers_saved.items():
+            self._samplers[k].load_state_dict(saved)
+
+    def sync(self):
+        """State.sync(), then every sampler takes the union of the members'
+        processed indices of its epoch (indices a member recorded with
+        record_indices) and splits the rest over the members."""
+        mine = {k: (s.epoch, s.processed_indices) for k, s in self._samplers.items()}
+        super().sync()
+        if not self._samplers:
+            return
+        every = allgather_object(mine)
+        for k, sampler in self._samplers.items():
+            for theirs in every:
+                epoch, done = theirs.get(k, (None, ()))
+                if epoch == sampler.epoch:
+                    sampler.processed_indices |= set(done)
+            sampler.reset()
+        self.save()
 
     def _deserialize(self, data):
         got = torch.load(io.BytesIO(data), weights_only=False)
         model, opt = got.pop("__model", None), got.pop("__optimizer", None)
+        for k, sampler in self._samplers.items():
+            saved = got.pop(f"__sampler/{k}", None)
+            if saved is not None:
+                sampler.load_state_dict(saved)
         for k, v in got.items():
             setattr(self, k, v)
         if model is not None and self.model is not None:
