@@ -21,11 +21,16 @@ demo and the tests kill ranks with it). When fewer than --min-np ranks run (the 
 the tenant), the supervisor writes ready-E itself.
 
 --host-discovery-script CMD (elastic_discovery.py) runs CMD every
---discovery-interval seconds and follows the slot count it prints (within
---min-np/--max-np): more slots start ranks (as --add does, unless a rank
-already exited 0: the job is ending), fewer stop the highest running ranks
-with SIGTERM (their exit is not a failure and not restarted). A failing
-script or unreadable output is logged and the job keeps its size.
+--discovery-interval seconds on a thread of its own and follows the slot
+count it prints (within --min-np/--max-np; run.py runs it once before the
+start, and -n becomes that count): more slots start ranks (as --add does,
+unless a rank already exited 0: the job is ending; a slot whose rank failed
+with no restart left is not refilled), fewer first cancel restarts that are
+due, then stop the highest running ranks with SIGTERM (SIGKILL after
+_STOP_GRACE_S; their exit is not a failure and not restarted), never the
+last running one, and none before every rank of the start has connected
+(the tenant's start quorum needs them). A failing script or unreadable
+output is logged and the job keeps its size.
 
 The job ends when no process runs and none is due: exit code 0 when every
 rank's last process exited 0, else the code of the first rank whose last
@@ -39,6 +44,8 @@ import threading
 import time
 
 from . import elastic_discovery
+
+_STOP_GRACE_S = 10.0  # SIGTERM to SIGKILL for a rank host discovery stops
 
 
 def add_request(job_dir, count):
@@ -79,9 +86,11 @@ class Supervisor:
         self.due = []        # (monotonic time, reason) of restarts
         self.adds = 0
         self.pumps = []
-        self.stopping = set()  # ranks stopped by host discovery (SIGTERM)
+        self.stopping = {}  # rank -> SIGKILL time: ranks stopped by host discovery
         self.finishing = False  # a rank exited 0: the job is ending, no growth
-        self.next_discovery = 0.0
+        self.exhausted = 0  # ranks that failed with no restart left
+        self.next_discovery = time.monotonic() + a.discovery_interval
+        self.discovery = None  # [thread, result] of the discovery running
         self.discovered = None  # the last slot count or problem logged
         os.makedirs(os.path.join(job_dir, "requests"), exist_ok=True)
         _write(os.path.join(job_dir, "epoch"), "0\n")
@@ -129,7 +138,7 @@ class Supervisor:
                                                              f"connected-{epoch}-{rank}")):
                 _write(os.path.join(self.dir, f"gone-{epoch}-{rank}"), "")
             if rank in self.stopping:  # host discovery shrank the job: not a failure
-                self.stopping.discard(rank)
+                del self.stopping[rank]
                 self.last_code.pop(rank, None)
                 _log(f"rank {rank} stopped (host discovery)")
                 continue
@@ -145,6 +154,7 @@ class Supervisor:
                 _log(f"rank {rank} exited with {what}; restart {self.restarts} of "
                      f"{self.a.max_restarts} in {delay:g} s")
             else:
+                self.exhausted += 1
                 _log(f"rank {rank} exited with {what}; no restart left (--max-restarts "
                      f"{self.a.max_restarts})")
 
@@ -165,14 +175,28 @@ class Supervisor:
     def discover(self):
         """Host discovery (--host-discovery-script): grows or shrinks the
         running ranks to the slots the script prints, within --min-np and
-        --max-np; a failure is logged and the job keeps its size."""
+        --max-np; a failure is logged and the job keeps its size. The
+        script runs on a thread of its own; this applies its last result."""
         a = self.a
-        now = time.monotonic()
-        if a.host_discovery_script is None or now < self.next_discovery:
+        if a.host_discovery_script is None:
             return
-        self.next_discovery = now + a.discovery_interval
-        slots, problem = elastic_discovery.discover(a.host_discovery_script,
-                                                    max(10.0, 5 * a.discovery_interval))
+        now = time.monotonic()
+        if self.discovery is None:
+            if now < self.next_discovery:
+                return
+            result = []
+            timeout = min(max(10.0, 5 * a.discovery_interval), 60.0)
+            t = threading.Thread(target=lambda: result.append(elastic_discovery.discover(
+                a.host_discovery_script, timeout)), daemon=True)
+            t.start()
+            self.discovery = (t, result)
+            return
+        t, result = self.discovery
+        if t.is_alive():
+            return
+        self.discovery = None
+        self.next_discovery = time.monotonic() + a.discovery_interval
+        slots, problem = result[0]
         current = len(self.running) - len(self.stopping) + len(self.due)
         if problem is not None:
             if self.discovered != problem:
@@ -183,18 +207,58 @@ class Supervisor:
         if self.discovered != slots:
             bound = (f" (within --min-np {a.min_np} and --max-np {a.max_np}: {target})"
                      if target != slots else "")
-            _log(f"host discovery: {slots} slot(s){bound}; {current} rank(s) running")
+            failed = (f"; {self.exhausted} slot(s) held by ranks that failed with no restart "
+                      f"left" if self.exhausted else "")
+            _log(f"host discovery: {slots} slot(s){bound}; {current} rank(s) running{failed}")
             self.discovered = slots
-        if target > current and not self.finishing:
-            self.start_batch(target - current, f"host discovery: {slots} slot(s)")
+        if target > current + self.exhausted and not self.finishing:
+            self.start_batch(target - current - self.exhausted,
+                             f"host discovery: {slots} slot(s)")
         elif target < current:
-            live = sorted(r for r in self.running if r not in self.stopping)
-            victims = live[max(0, len(live) - (current - target)):]  # restarts due count too
-            _log(f"host discovery: {slots} slot(s); stopping rank(s) {victims} with SIGTERM")
-            for r in victims:
-                self.stopping.add(r)
+            self.shrink(current - target, slots)
+
+    def shrink(self, excess, slots):
+        """Host discovery wants `excess` fewer ranks: cancels restarts that
+        are due, then stops the highest running ranks (never the last one,
+        and none while a rank of the start has not connected yet)."""
+        if self.due:
+            self.due.sort()
+            cancelled, self.due = self.due[len(self.due) - min(excess, len(self.due)):], \
+                self.due[:len(self.due) - min(excess, len(self.due))]
+            for d in cancelled:  # no longer wanted: its failure does not fail the job
+                self.last_code.pop(d[1], None)
+            excess -= len(cancelled)
+            _log(f"host discovery: {slots} slot(s); cancelled the restart of rank(s) "
+                 f"{sorted(d[1] for d in cancelled)}")
+        if excess <= 0:
+            return
+        starting = [r for r, (p, e) in self.running.items()
+                    if e == 0 and p.poll() is None and
+                    not os.path.exists(os.path.join(self.dir, f"connected-0-{r}"))]
+        if starting:
+            return  # the start quorum needs them; the next discovery shrinks
+        live = sorted(r for r, (p, _) in self.running.items()
+                      if r not in self.stopping and p.poll() is None)
+        victims = live[max(1, len(live) - excess):]
+        if not victims:
+            return
+        _log(f"host discovery: {slots} slot(s); stopping rank(s) {victims} with SIGTERM")
+        for r in victims:
+            self.stopping[r] = time.monotonic() + _STOP_GRACE_S
+            try:
+                os.killpg(self.running[r][0].pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def escalate(self):
+        """SIGKILL for a rank that outlived its SIGTERM by _STOP_GRACE_S."""
+        now = time.monotonic()
+        for r, deadline in list(self.stopping.items()):
+            if r in self.running and deadline is not None and now > deadline:
+                self.stopping[r] = None
+                _log(f"rank {r} did not stop within {_STOP_GRACE_S:g} s of SIGTERM: SIGKILL")
                 try:
-                    os.killpg(self.running[r][0].pid, signal.SIGTERM)
+                    os.killpg(self.running[r][0].pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
 
@@ -207,6 +271,7 @@ class Supervisor:
             self.reap()
             self.requests()
             self.discover()
+            self.escalate()
             now = time.monotonic()
             ready = [d for d in self.due if d[0] <= now]
             if ready:

@@ -212,6 +212,24 @@ def _stop(proc, sig=signal.SIGTERM, timeout=5.0):
         proc.wait()
 
 
+def _first_discovery(a):
+    """--host-discovery-script before the start: -n (the tenant's start
+    quorum) becomes the slot count it prints, within --min-np/--max-np, so
+    the job never starts ranks discovery would stop before they connected."""
+    from . import elastic_discovery
+    slots, problem = elastic_discovery.discover(
+        a.host_discovery_script, min(max(10.0, 5 * a.discovery_interval), 60.0))
+    if problem is not None:
+        print(f"rackhub-run: host discovery: {problem}; starting -n {a.n} rank(s)",
+              file=sys.stderr, flush=True)
+        return
+    target = min(max(slots, a.min_np), a.max_np)
+    if target != a.n:
+        print(f"rackhub-run: host discovery: {slots} slot(s): starting {target} rank(s), "
+              f"not -n {a.n}", file=sys.stderr, flush=True)
+        a.n = target
+
+
 def main(argv=None):
     a = _parse(sys.argv[1:] if argv is None else argv)
     if a.add is not None:
@@ -233,6 +251,8 @@ def main(argv=None):
         else:
             hub_proc, admin, hub, metrics, admin_token = _start_hub(a, work)
         tenant = a.tenant or f"rackhub-run-{os.getpid()}"
+        if a.host_discovery_script is not None:
+            _first_discovery(a)
         if a.token_file:
             token_file = a.token_file
         else:

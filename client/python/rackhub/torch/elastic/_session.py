@@ -139,7 +139,9 @@ def gate(control_dir, epoch, timeout):
 
 
 def connected(control_dir, epoch, slot):
-    if control_dir and epoch > 0:
+    """Tells the launcher this process connected (epoch 0 too: host
+    discovery shrinks nothing before the start quorum connected)."""
+    if control_dir and epoch >= 0:
         Membership(0, control_dir, epoch).touch(f"connected-{epoch}-{slot}")
 
 

@@ -6,10 +6,11 @@ every reset (docs/elastic.md, "ElasticSampler").
 The order of an epoch: range(len(dataset)), shuffled with
 random.Random(seed + epoch) when shuffle is true (the same on every
 member). The indices of that order not in `processed_indices` are padded
-with their first ones to a multiple of size() (as Horovod: every member
-gets the same number of samples, so the members make the same number of
-steps; at most size() - 1 indices are seen twice, at the end of an epoch,
-and only when the remaining count does not divide by size()); member
+by repeating them cyclically to a multiple of size() (as Horovod: every
+member gets the same number of samples, so the members make the same
+number of steps; at most size() - 1 extra samples, at the end of an epoch,
+and only when the remaining count does not divide by size(); with fewer
+remaining indices than members an index is seen several times); member
 rank() takes every size()-th from position rank().
 
 Recording what was processed (before the state.commit() that should keep
@@ -79,9 +80,11 @@ class ElasticSampler(torch.utils.data.Sampler):
         """Records batch `batch_idx` of every member's current share as
         processed (every member makes the same steps)."""
         start = self._batch_start(batch_idx, batch_size)
-        for r in range(self.num_replicas):
-            share = self._share(r)
-            self.processed_indices.update(share[start:min(start + batch_size, len(share))])
+        end = min(start + batch_size, self.num_samples)
+        rem, n = self.remaining_indices, self.num_replicas
+        if rem:  # member r's j-th index is position r + n*j of the padded order
+            self.processed_indices.update(rem[(r + n * j) % len(rem)]
+                                          for r in range(n) for j in range(start, end))
 
     def record_indices(self, indices):
         """Records `indices` (ints) as processed by this member."""
@@ -114,10 +117,10 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.indices = self._share(self.rank)
 
     def _share(self, r):
-        padded = self.remaining_indices[:]
-        while len(padded) < self.total_size:  # a remaining count shorter than size()
-            padded += self.remaining_indices[:self.total_size - len(padded)]
-        return padded[r:self.total_size:self.num_replicas]
+        # The padded order repeats the remaining indices cyclically up to
+        # total_size (a remaining count not a multiple of size(), or below it).
+        rem = self.remaining_indices
+        return [rem[p % len(rem)] for p in range(r, self.total_size, self.num_replicas)]
 
     @staticmethod
     def _batch_start(batch_idx, batch_size):
