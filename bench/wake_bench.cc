@@ -10,6 +10,7 @@
 // round trip in microseconds. No rackhub code runs here: it measures the
 // machine (its scheduler, its wake-up IPIs), not the project.
 #include <sched.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -21,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -88,6 +90,7 @@ bool RunWakeRound(const std::string& mode, int n, int cpu_a, int cpu_b, WakeStat
     }
     us.push_back(std::chrono::duration<double, std::micro>(WakeClock::now() - t0).count());
   }
+  if (!ok) kill(child, SIGKILL);  // it would wait for the parent forever
   int status = 0;
   waitpid(child, &status, 0);
   close(to_child);
