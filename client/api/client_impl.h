@@ -102,7 +102,6 @@ struct Operation {
   uint32_t members = 0;
   bool membership_mixed = false;
   std::optional<KeyInfo> declared;  // KEY_INFO of a DECLARE
-  std::unique_ptr<asio::steady_timer> timer;
   bool started = false;  // Start ran: it is (re)sent by a reconnect
 
   // Completion as seen by waiters.
@@ -334,6 +333,26 @@ class Client::Impl {
   bool pumping_lanes_ = false, pump_lanes_again_ = false;  // I/O thread
   bool closing_io_ = false;                          // I/O thread
   std::unique_ptr<asio::steady_timer> close_timer_;  // I/O thread
+  // Operation deadlines (Options::op_timeout), I/O thread: one timer for all
+  // of them instead of one per operation (a timer per operation re-armed the
+  // reactor's timerfd twice per round trip). Every operation gets the same
+  // op_timeout when it starts, so the deadlines are in start order: the
+  // queue is sorted by construction and the timer waits for its front.
+  struct Deadline {
+    std::chrono::steady_clock::time_point at;
+    std::weak_ptr<internal::Operation> op;
+  };
+  std::deque<Deadline> deadlines_;
+  size_t deadlines_open_ = 0;  // entries whose operation is not finished yet
+  std::unique_ptr<asio::steady_timer> deadline_timer_;
+  bool deadline_armed_ = false;
+  // Queues `op`'s deadline (Start) and drops the finished entries from the
+  // queue's front (Finish); OnDeadline expires what is due and re-arms.
+  void AddDeadline(const internal::OperationPtr& op);
+  void DropFinishedDeadlines();
+  void ArmDeadline();
+  void OnDeadline();
+  void Expire(const internal::OperationPtr& op);
 
   std::atomic<const char*> transport_{"tcp"};  // what the lanes use now
   // The largest frame payload the lanes carry now: kMaxDataPayload, or less

@@ -27,29 +27,71 @@ constexpr auto kTransferGrace = std::chrono::seconds(2);
 void Client::Impl::Start(const OperationPtr& op) {
   if (op->finished || op->failed) return;  // failed by Close or a broken connection
   op->started = true;
-  if (options_.op_timeout.count() > 0) {
-    op->timer = std::make_unique<asio::steady_timer>(io_, options_.op_timeout);
-    op->timer->async_wait([this, op](const boost::system::error_code& ec) {
-      if (ec || op->finished || op->failed) return;
-      if (reconnecting_) {
-        // The oldest pending ticket's op_timeout bounds the reconnect.
-        GiveUpReconnect("the op_timeout (" + std::to_string(options_.op_timeout.count()) +
-                        " ms) of a pending " + internal::OpKindName(op->kind) + " ran out");
-        return;
-      }
-      FailOp(op, MakeError(ErrorCode::kTimeout,
-                           std::string(internal::OpKindName(op->kind)) + " of key " +
-                               std::to_string(op->key) + " timed out after " +
-                               std::to_string(options_.op_timeout.count()) + " ms (" +
-                               std::to_string(op->remaining) + " replies missing)"));
-    });
-  }
+  if (options_.op_timeout.count() > 0) AddDeadline(op);
   if (reconnecting_) return;  // sent once the lanes are back (AdoptReconnect)
   if (Error e = KeyAllowsSend(*op); !e.ok()) {
     FailOp(op, std::move(e));
     return;
   }
   Send(op);
+}
+
+void Client::Impl::AddDeadline(const OperationPtr& op) {
+  deadlines_.push_back({std::chrono::steady_clock::now() + options_.op_timeout, op});
+  ++deadlines_open_;
+  if (!deadline_armed_) ArmDeadline();
+}
+
+void Client::Impl::DropFinishedDeadlines() {
+  auto finished = [](const Deadline& d) {
+    const OperationPtr op = d.op.lock();
+    return !op || op->finished;
+  };
+  while (!deadlines_.empty() && finished(deadlines_.front())) deadlines_.pop_front();
+  // An operation that stays pending holds the entries behind it: compact
+  // once most of the queue is finished, so it stays in proportion to the
+  // pending operations (amortized constant per operation).
+  if (deadlines_.size() > 64 && deadlines_.size() > 2 * deadlines_open_) {
+    std::erase_if(deadlines_, finished);
+  }
+}
+
+void Client::Impl::ArmDeadline() {
+  if (deadlines_.empty() || closing_io_) return;
+  if (!deadline_timer_) deadline_timer_ = std::make_unique<asio::steady_timer>(io_);
+  deadline_armed_ = true;
+  deadline_timer_->expires_at(deadlines_.front().at);
+  deadline_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    deadline_armed_ = false;
+    OnDeadline();
+  });
+}
+
+void Client::Impl::OnDeadline() {
+  const auto now = std::chrono::steady_clock::now();
+  while (!deadlines_.empty() && deadlines_.front().at <= now) {
+    const OperationPtr op = deadlines_.front().op.lock();
+    deadlines_.pop_front();
+    if (op && !op->finished) Expire(op);  // its Finish counts it out of deadlines_open_
+  }
+  DropFinishedDeadlines();
+  ArmDeadline();
+}
+
+void Client::Impl::Expire(const OperationPtr& op) {
+  if (op->finished || op->failed) return;
+  if (reconnecting_) {
+    // The oldest pending ticket's op_timeout bounds the reconnect.
+    GiveUpReconnect("the op_timeout (" + std::to_string(options_.op_timeout.count()) +
+                    " ms) of a pending " + internal::OpKindName(op->kind) + " ran out");
+    return;
+  }
+  FailOp(op, MakeError(ErrorCode::kTimeout,
+                       std::string(internal::OpKindName(op->kind)) + " of key " +
+                           std::to_string(op->key) + " timed out after " +
+                           std::to_string(options_.op_timeout.count()) + " ms (" +
+                           std::to_string(op->remaining) + " replies missing)"));
 }
 
 void Client::Impl::Send(const OperationPtr& op) {
@@ -217,7 +259,10 @@ void Client::Impl::MaybeFinish(const OperationPtr& op) {
 
 void Client::Impl::Finish(const OperationPtr& op) {
   op->finished = true;
-  if (op->timer) op->timer->cancel();
+  if (op->started && options_.op_timeout.count() > 0) {
+    if (deadlines_open_ > 0) --deadlines_open_;
+    DropFinishedDeadlines();
+  }
   Error result = op->failed ? op->error : Error{};
   {
     std::lock_guard lock(mu_);

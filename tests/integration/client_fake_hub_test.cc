@@ -75,6 +75,12 @@ class FakeHub {
       k->set_elements(6);
       k->set_dtype(admin::v1::FP32);
       k->set_chunk_count(2);
+      auto* k2 = w.add_keys();  // a second key: two tickets pending at once
+      k2->set_id(2);
+      k2->set_name("k2");
+      k2->set_elements(6);
+      k2->set_dtype(admin::v1::FP32);
+      k2->set_chunk_count(2);
       net::FrameHeader h;
       h.opcode = net::Opcode::kWelcome;
       WriteFrame(s, h, w.SerializeAsString());
@@ -130,6 +136,47 @@ TEST(ClientFakeHubTest, MisbehavingHubFailsTicketsWithoutHanging) {
       EXPECT_EQ(cl->Wait(cl->Pull(1, out)).code, ErrorCode::kConnectionLost);
     }
   }
+}
+
+// The client keeps one deadline timer for all tickets (operation_io.cc): a
+// ticket started while another is pending must time out at its own
+// deadline, not at the earlier one, and a ticket started after the queue
+// ran empty must still time out.
+TEST(ClientFakeHubTest, EachTicketTimesOutAtItsOwnDeadline) {
+  FakeHub hub(FakeHub::Mode::kSilent);
+  client::Options o;
+  o.hub = hub.address();
+  o.tenant = "t";
+  o.op_timeout = 400ms;
+  o.shm = client::Shm::kOff;
+  client::Error e;
+  auto cl = Client::Connect(o, &e);
+  ASSERT_NE(cl, nullptr) << e.message;
+  ASSERT_EQ(cl->FindKey("k2"), 2u);
+  std::vector<float> g(6, 1.0f), out1(6, -1.0f), out2(6, -1.0f);
+  using Clock = std::chrono::steady_clock;
+  const auto a_start = Clock::now();
+  const client::Ticket a = cl->PushPull(1, g, out1);
+  // The second ticket starts while the first is pending, 150 ms (or more)
+  // later; only the order matters, the checks below are lower bounds.
+  EXPECT_EQ(cl->WaitFor(a, 150ms).code, ErrorCode::kTimeout);
+  const auto b_start = Clock::now();
+  const client::Ticket b = cl->PushPull(2, g, out2);
+  e = cl->Wait(a);
+  EXPECT_EQ(e.code, ErrorCode::kTimeout) << e.message;
+  EXPECT_NE(e.message.find("timed out after 400 ms"), std::string::npos) << e.message;
+  EXPECT_GE(Clock::now() - a_start, 400ms);
+  e = cl->Wait(b);
+  const auto b_end = Clock::now();
+  EXPECT_EQ(e.code, ErrorCode::kTimeout) << e.message;
+  EXPECT_GE(b_end - b_start, 400ms);
+  EXPECT_LT(b_end - b_start, 10s);
+  // Every deadline passed: a new ticket re-arms the timer.
+  const auto c_start = Clock::now();
+  e = cl->Wait(cl->Pull(1, out1));
+  EXPECT_EQ(e.code, ErrorCode::kTimeout) << e.message;
+  EXPECT_GE(Clock::now() - c_start, 400ms);
+  EXPECT_LT(Clock::now() - c_start, 10s);
 }
 
 }  // namespace

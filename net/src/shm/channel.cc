@@ -33,6 +33,10 @@ constexpr auto kBusyPollWindow = std::chrono::microseconds(50);
 // other connections of the lane (a producer that keeps its ring full must not
 // hold the lane).
 constexpr size_t kFramesPerTurn = 128;
+// Client spin on the receive ring before sleeping (SpinForFrames): bounds
+// of the adaptive budget.
+constexpr std::chrono::nanoseconds kMaxSpin = std::chrono::microseconds(64);
+constexpr std::chrono::nanoseconds kMinSpin = std::chrono::microseconds(2);
 // After a close, arena space the peer was referred to is reused this much later.
 constexpr auto kRefsGrace = std::chrono::milliseconds(1000);
 
@@ -169,6 +173,11 @@ void Channel::Poll() {
   poll_posted_ = false;
   if (!io_ || closed_) return;
   auto keep = shared_from_this();  // callbacks may drop the owner's reference
+  polling_ = true;
+  struct PollingDone {
+    bool& flag;
+    ~PollingDone() { flag = false; }
+  } polling_done{polling_};
   const uint64_t gen = attach_gen_;
   if (!pending_refs_.empty() || !pending_lent_.empty()) {
     const uint64_t tail = internal::Tail(tx_control()).load(std::memory_order_acquire);
@@ -203,7 +212,40 @@ void Channel::Poll() {
     SchedulePoll();
     return;
   }
+  if (records > 0) reply_due_ = false;
+  if (reply_due_ && SpinForFrames()) {
+    SchedulePoll();
+    return;
+  }
   if (ArmSleep()) SchedulePoll();  // work arrived meanwhile; otherwise the doorbell wakes us
+}
+
+bool Channel::SpinForFrames() {
+  if (side_ != Side::kClient || delivery_paused_ || turn_asked_) return false;
+  RingControl* rc = rx_control();
+  RingControl* tc = tx_control();
+  const auto until = Clock::now() + spin_budget_;
+  // Frames wait for room: the hub's tail moving is news too.
+  const uint64_t tail = queue_.empty() ? 0 : internal::Tail(tc).load(std::memory_order_acquire);
+  for (;;) {
+    if (internal::Head(rc).load(std::memory_order_acquire) != rx_tail_ ||
+        (!queue_.empty() && internal::Tail(tc).load(std::memory_order_acquire) != tail)) {
+      spin_budget_ = std::min(kMaxSpin, spin_budget_ * 2);
+      return true;
+    }
+    // The hub read everything we wrote and went to sleep: the reply waits
+    // for something else (another worker's push), not for a running peer.
+    if (internal::Sleeping(tc).load(std::memory_order_relaxed) != 0) break;
+    if (Clock::now() >= until) {
+      spin_budget_ = std::max(kMinSpin, spin_budget_ / 2);
+      break;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  reply_due_ = false;  // spun for this one: sleep until the doorbell
+  return false;
 }
 
 size_t Channel::DeliverReady() {
@@ -409,6 +451,12 @@ void Channel::PumpSends() {
       return;
     }
     if (auto on_sent = cb_.on_sent) on_sent(bytes);
+  }
+  if (wrote && side_ == Side::kClient) {
+    reply_due_ = true;
+    // Sent from outside Poll (the owner's Send): poll once more, so the
+    // spin for the reply runs before the thread sleeps.
+    if (!polling_) SchedulePoll();
   }
   if (std::exchange(pad_written_, false)) wrote = true;  // the reader must pass the pad
   // Lent frames wait for the hub's tail: have it ring us when it moves.

@@ -23,6 +23,13 @@
 // more, and sleeps on its doorbell; the other side rings the doorbell only
 // when it clears such a flag (sequentially consistent: one of the two always
 // sees the other). So a busy connection makes no system call per frame.
+// A client that wrote frames and has nothing to read spins on the ring's
+// head for a short adaptive budget before it sets `sleeping` (SpinForFrames:
+// at most kMaxSpin, halved after a spin that found nothing, doubled after
+// one that did; never while the hub's `sleeping` flag on our ring is set,
+// i.e. while the hub has read everything and is not working for us). The
+// spin only reads `head` (acquire) and the flag; the sleep protocol after it
+// is unchanged.
 //
 // Lent regions (shm/lend.h, set-up version 2). A client frame whose payload
 // lies in a region the worker lent goes as a reference record (region id,
@@ -198,6 +205,9 @@ class Channel final : public FrameChannel {
   void WatchSocket();
   void OnBell();
   void OnSocketReadable();
+  // Client: spins on the receive ring while a reply is due (see the
+  // protocol above); true if frames arrived.
+  bool SpinForFrames();
   // Delivers what the ring holds (unless paused), pumps sends, then either
   // schedules a busy poll or arms the sleep flags; `closing` skips the flags.
   void Poll();
@@ -265,6 +275,11 @@ class Channel final : public FrameChannel {
   std::function<void(size_t)> request_turn_;  // Callbacks::request_turn
   bool poll_posted_ = false;
   std::chrono::steady_clock::time_point last_activity_;
+  // Client: frames were written since the last delivery (a reply is due),
+  // and the current spin budget (adaptive, SpinForFrames).
+  bool reply_due_ = false;
+  bool polling_ = false;  // inside Poll (PumpSends then needs no extra poll)
+  std::chrono::nanoseconds spin_budget_{std::chrono::microseconds(16)};
 
   bool peer_gone_ = false;  // EOF seen: deliver what is left, then close
   uint64_t gone_head_ = 0;  // the peer's head at EOF: delivered up to there
