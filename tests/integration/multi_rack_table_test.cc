@@ -1,0 +1,301 @@
+// Row-sparse tables spanning racks (issue 31 item 3; docs/architecture.md,
+// Hierarchical rack exchange), with real hubs on loopback and librackhub
+// workers (threads of this process, one Client each):
+//   - 2 and 3 racks of 2 workers, three tables (SGD with momentum, Adam,
+//     row-wise AdaGrad) whose rows have their homes on different racks: every
+//     PushPullRows reply and a final PullRows on every worker equal, bit for
+//     bit, an independent reference (tests/support/table_reference.h: each
+//     rack's rows summed in rank order, the racks' sums in rack order, the
+//     optimizer on touched rows) and the same job on one flat hub serving
+//     every rack;
+//   - a hub link cut during a cross-rack row update (the other rack's hub
+//     killed before or while the rows' home waits for its sums) fails the
+//     waiting workers' PushPullRows with WORKER_LOST naming the rack, within
+//     a bounded time, never a hang.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "etcd_cluster.h"  // FreeLoopbackPort
+#include "process.h"
+#include "rackhub/admin/v1/admin.grpc.pb.h"
+#include "rackhub/aggregation/optimizer_config.h"
+#include "rackhub/client/client.h"
+#include "table_reference.h"
+
+namespace rackhub {
+namespace {
+
+namespace pb = rackhub::admin::v1;
+using namespace std::chrono_literals;
+using client::Client;
+using testing::DaemonProcess;
+using testing::TablePush;
+using testing::TableReference;
+
+constexpr uint32_t kWorkers = 2;  // per rack
+constexpr uint64_t kRows = 23;
+constexpr uint32_t kDim = 3;
+constexpr int kIterations = 5;
+const std::string kToken(40, 'r');
+
+// The tables: one row range each (one lane), so their homes are racks 0, 1
+// and 2 (mod the rack count): first_chunk 0, 1, 2 and home (g / 1) % R.
+struct TableKind {
+  std::string name, type;
+  double lr, momentum, beta1, beta2, eps, acc;
+};
+const std::vector<TableKind> kTables = {
+    {"emb_momentum", "momentum", 0.1, 0.9, 0, 0, 0, 0},
+    {"emb_adam", "adam", 0.01, 0, 0.9, 0.999, 1e-8, 0},
+    {"emb_adagrad", "adagrad", 0.05, 0, 0, 0, 1e-10, 0.1},
+};
+
+client::OptimizerSpec SpecOf(const TableKind& k) {
+  client::OptimizerSpec s;
+  s.type = k.type;
+  s.learning_rate = k.lr;
+  s.momentum = k.momentum;
+  s.beta1 = k.beta1;
+  s.beta2 = k.beta2;
+  s.epsilon = k.eps;
+  s.initial_accumulator = k.acc;
+  return s;
+}
+
+aggregation::OptimizerConfig ConfigOf(const TableKind& k) {
+  aggregation::OptimizerConfig c;
+  for (int t = 1; t <= 7; ++t) {
+    const auto candidate = static_cast<aggregation::OptimizerType>(t);
+    if (k.type == aggregation::OptimizerTypeName(candidate)) c.type = candidate;
+  }
+  c.learning_rate = k.lr;
+  c.momentum = k.momentum;
+  c.beta1 = k.beta1;
+  c.beta2 = k.beta2;
+  c.epsilon = k.eps;
+  c.initial_accumulator = k.acc;
+  EXPECT_TRUE(aggregation::NormalizeOptimizer(&c).ok()) << k.type;
+  return c;
+}
+
+// What worker (rack, rank) pushes to table `table` at iteration `it`: some
+// empty pushes, ids in any order with duplicates, rows at both ends.
+TablePush MakePush(uint32_t rack, uint32_t rank, int it, size_t table) {
+  std::mt19937 rng(static_cast<uint32_t>(1000003 * rack + 10007 * rank + 101 * it + table));
+  TablePush p;
+  if ((it + rack + rank) % 4 == 3) return p;  // touches nothing this time
+  std::uniform_int_distribution<uint64_t> id(0, kRows - 1);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  const size_t n = 2 + rng() % 8;
+  for (size_t i = 0; i < n; ++i) p.ids.push_back(id(rng));
+  p.ids.push_back(it % 2 ? 0 : kRows - 1);
+  p.ids.push_back(p.ids.front());  // a duplicate
+  for (size_t i = 0; i < p.ids.size() * kDim; ++i) p.rows.push_back(value(rng));
+  return p;
+}
+
+// Hubs serving `racks` racks: one per rack (hierarchical), or one flat hub
+// serving them all.
+struct Hubs {
+  std::vector<std::unique_ptr<DaemonProcess>> hubs;
+  const std::string& Data(uint32_t rack) const {
+    return hubs[hubs.size() == 1 ? 0 : rack]->data_address();
+  }
+};
+
+Hubs StartHubs(uint32_t racks, bool flat) {
+  std::string list;
+  for (uint32_t r = 0; r < racks; ++r) {
+    list += (r ? "," : "") + std::string("127.0.0.1:0=127.0.0.1:") +
+            std::to_string(testing::FreeLoopbackPort());
+  }
+  const std::string secret = testing::MakeTempDir() + "/hub.secret";
+  testing::WriteFile(secret, std::string(48, 's') + "\n");
+  Hubs out;
+  for (uint32_t r = 0; r < (flat ? 1 : racks); ++r) {
+    std::vector<std::string> args = {"--in-memory", "--lanes", "1", "--racks", list, "--rack",
+                                     std::to_string(r), "--straggler-timeout-ms", "30000"};
+    if (flat) {
+      args.insert(args.end(), {"--topology-mode", "flat"});
+    } else {
+      args.insert(args.end(), {"--hub-secret-file", secret});
+    }
+    out.hubs.push_back(std::make_unique<DaemonProcess>(args));
+    EXPECT_TRUE(out.hubs.back()->started());
+    // The same tenant (2 workers per rack) on every hub.
+    auto channel = grpc::CreateChannel(out.hubs.back()->admin_address(),
+                                       grpc::InsecureChannelCredentials());
+    grpc::ClientContext ctx;
+    pb::CreateTenantRequest req;
+    req.set_name("job");
+    req.set_workers_per_rack(kWorkers);
+    req.set_token(kToken);
+    req.mutable_default_optimizer()->set_type(pb::SGD);
+    req.mutable_default_optimizer()->set_learning_rate(0.1);
+    pb::CreateTenantResponse resp;
+    const grpc::Status s = pb::TenantService::NewStub(channel)->CreateTenant(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  return out;
+}
+
+std::unique_ptr<Client> ConnectWorker(const Hubs& hubs, uint32_t rack, uint32_t rank,
+                                      std::vector<client::KeyId>* keys,
+                                      std::chrono::milliseconds op_timeout = 60s) {
+  client::Options o;
+  o.hub = hubs.Data(rack);
+  o.tenant = "job";
+  o.token = kToken;
+  o.rack = rack;
+  o.rank = rank;
+  o.connect_timeout = 10s;
+  o.op_timeout = op_timeout;
+  o.shm = client::Shm::kOff;
+  client::Error e;
+  auto c = Client::Connect(o, &e);
+  EXPECT_NE(c, nullptr) << e.message;
+  if (!c) return c;
+  for (const TableKind& k : kTables) {
+    client::KeyDecl decl;
+    decl.name = k.name;
+    decl.rows = kRows;
+    decl.dim = kDim;
+    decl.optimizer = SpecOf(k);
+    client::KeyId id = 0;
+    const client::Error d = c->DeclareKey(decl, &id);
+    EXPECT_TRUE(d.ok()) << d.message;
+    keys->push_back(id);
+  }
+  return c;
+}
+
+// seen[rack][rank][iteration][table]: every row after that iteration's
+// update as the worker's PushPullRows returned it; iteration kIterations:
+// a final PullRows.
+using Seen = std::vector<std::vector<std::vector<std::vector<std::vector<float>>>>>;
+
+Seen RunJob(uint32_t racks, bool flat) {
+  Hubs hubs = StartHubs(racks, flat);
+  Seen seen(racks, std::vector(kWorkers, std::vector(kIterations + 1,
+                                                     std::vector<std::vector<float>>(kTables.size()))));
+  std::vector<uint64_t> all(kRows);
+  for (uint64_t i = 0; i < kRows; ++i) all[i] = i;
+  std::vector<std::thread> threads;
+  for (uint32_t rack = 0; rack < racks; ++rack) {
+    for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+      threads.emplace_back([&, rack, rank] {
+        std::vector<client::KeyId> keys;
+        auto c = ConnectWorker(hubs, rack, rank, &keys);
+        if (!c) return;
+        auto& mine = seen[rack][rank];
+        for (int it = 0; it < kIterations; ++it) {
+          for (size_t k = 0; k < kTables.size(); ++k) {
+            const TablePush p = MakePush(rack, rank, it, k);
+            mine[it][k].assign(kRows * kDim, 0.0f);
+            const client::Error e =
+                c->Wait(c->PushPullRows(keys[k], p.ids, p.rows, all, mine[it][k]));
+            EXPECT_TRUE(e.ok()) << "rack " << rack << " rank " << rank << " iteration " << it
+                                << " " << kTables[k].name << ": " << e.message;
+          }
+        }
+        for (size_t k = 0; k < kTables.size(); ++k) {
+          mine[kIterations][k].assign(kRows * kDim, 0.0f);
+          const client::Error e = c->Wait(c->PullRows(keys[k], all, mine[kIterations][k]));
+          EXPECT_TRUE(e.ok()) << e.message;
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  return seen;
+}
+
+bool SameBits(const std::vector<float>& a, const float* b, size_t n) {
+  return a.size() == n && std::memcmp(a.data(), b, n * sizeof(float)) == 0;
+}
+
+TEST(MultiRackTableTest, RowsAcrossRacksEqualTheReferenceAndOneFlatHubBitForBit) {
+  for (const uint32_t racks : {2u, 3u}) {
+    SCOPED_TRACE(std::to_string(racks) + " racks");
+    const Seen hier = RunJob(racks, false);
+    const Seen flat = RunJob(racks, true);
+    for (size_t k = 0; k < kTables.size(); ++k) {
+      SCOPED_TRACE(kTables[k].name);
+      TableReference ref(ConfigOf(kTables[k]), racks * kWorkers, 0, kRows, kDim);
+      for (int it = 0; it <= kIterations; ++it) {
+        if (it < kIterations) {
+          std::vector<std::vector<TablePush>> by_rack(racks);
+          for (uint32_t rack = 0; rack < racks; ++rack) {
+            for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+              by_rack[rack].push_back(MakePush(rack, rank, it, k));
+            }
+          }
+          ref.UpdateAcrossRacks(by_rack);
+        }
+        for (uint32_t rack = 0; rack < racks; ++rack) {
+          for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+            EXPECT_TRUE(SameBits(hier[rack][rank][it][k], ref.values.data(), kRows * kDim))
+                << "hierarchical, rack " << rack << " rank " << rank << " iteration " << it;
+            EXPECT_EQ(hier[rack][rank][it][k], flat[rack][rank][it][k])
+                << "hierarchical and flat differ: rack " << rack << " rank " << rank
+                << " iteration " << it;
+          }
+        }
+      }
+      // The tables moved: the check compares something.
+      EXPECT_NE(ref.values, std::vector<float>(kRows * kDim, 0.0f));
+    }
+  }
+}
+
+// A hub link cut during a cross-rack row update fails the workers waiting on
+// it with WORKER_LOST naming the rack, for each place of the cut: rack 1's
+// hub killed (a) before rack 0's workers push rows homed on rack 1, (b)
+// after rack 0's workers pushed rows homed on rack 0, which wait for rack
+// 1's sums, (c) likewise for rows homed on rack 1 (rack 0's sums sent).
+TEST(MultiRackTableTest, ALinkCutDuringARowUpdateFailsTheWaitingWorkersNamingTheRack) {
+  enum Cut { kBeforePush, kHomeWaits, kSumSent };
+  for (const Cut cut : {kBeforePush, kHomeWaits, kSumSent}) {
+    SCOPED_TRACE("cut " + std::to_string(cut));
+    Hubs hubs = StartHubs(2, false);
+    std::vector<client::KeyId> keys0, keys1;
+    auto w0 = ConnectWorker(hubs, 0, 0, &keys0, 30s);
+    auto w1 = ConnectWorker(hubs, 0, 1, &keys1, 30s);
+    ASSERT_TRUE(w0 && w1);
+    // Table 0's rows have their home on rack 0, table 1's on rack 1.
+    const size_t table = cut == kHomeWaits ? 0 : 1;
+    const TablePush p = MakePush(0, 0, 0, 0);
+    std::vector<uint64_t> want = {0, kRows - 1};
+    std::vector<float> out0(want.size() * kDim), out1(want.size() * kDim);
+    if (cut == kBeforePush) EXPECT_EQ(hubs.hubs[1]->Stop(SIGKILL), 128 + SIGKILL);
+    const auto start = std::chrono::steady_clock::now();
+    const auto t0 = w0->PushPullRows(keys0[table], p.ids, p.rows, want, out0);
+    const auto t1 = w1->PushPullRows(keys1[table], p.ids, p.rows, want, out1);
+    if (cut != kBeforePush) {
+      // The rack's sums are formed (or sent) before the cut: the workers'
+      // tickets are still pending, waiting for rack 1.
+      EXPECT_EQ(w0->WaitFor(t0, 300ms).code, client::ErrorCode::kTimeout);
+      EXPECT_EQ(hubs.hubs[1]->Stop(SIGKILL), 128 + SIGKILL);
+    }
+    for (auto [w, t] : {std::pair{w0.get(), t0}, std::pair{w1.get(), t1}}) {
+      const client::Error e = w->Wait(t);
+      EXPECT_EQ(e.code, client::ErrorCode::kServer) << e.message;
+      EXPECT_EQ(e.wire, client::WireError::kWorkerLost) << e.message;
+      EXPECT_NE(e.message.find("hub of rack 1"), std::string::npos) << e.message;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 15s)
+        << "a lost hub is an error within a bounded time, not a hang";
+  }
+}
+
+}  // namespace
+}  // namespace rackhub
