@@ -30,6 +30,7 @@
 #include "rackhub/aggregation/optimizer_config.h"
 #include "rackhub/client/client.h"
 #include "table_reference.h"
+#include "wait.h"
 
 namespace rackhub {
 namespace {
@@ -281,9 +282,19 @@ TEST(MultiRackTableTest, ALinkCutDuringARowUpdateFailsTheWaitingWorkersNamingThe
     const auto t0 = w0->PushPullRows(keys0[table], p.ids, p.rows, want, out0);
     const auto t1 = w1->PushPullRows(keys1[table], p.ids, p.rows, want, out1);
     if (cut != kBeforePush) {
-      // The rack's sums are formed (or sent) before the cut: the workers'
-      // tickets are still pending, waiting for rack 1.
-      EXPECT_EQ(w0->WaitFor(t0, 300ms).code, client::ErrorCode::kTimeout);
+      // Cut once rack 0's hub counted both pushes (its rack's sums are
+      // formed) and, for rows homed on rack 1, sent those sums there.
+      const std::string& admin = hubs.hubs[0]->admin_address();
+      EXPECT_TRUE(testing::WaitForPushes(admin, "job", 2));
+      if (cut == kSumSent) {
+        EXPECT_TRUE(testing::WaitUntil("rack 0's row sums sent to rack 1", [&] {
+          const auto stats = testing::HubStats(admin);
+          for (const auto& link : stats.daemon().rack_links()) {
+            if (link.peer_rack() == 1 && link.chunk_bytes_out() > 0) return true;
+          }
+          return false;
+        }));
+      }
       EXPECT_EQ(hubs.hubs[1]->Stop(SIGKILL), 128 + SIGKILL);
     }
     for (auto [w, t] : {std::pair{w0.get(), t0}, std::pair{w1.get(), t1}}) {
