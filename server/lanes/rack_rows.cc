@@ -37,7 +37,7 @@ std::shared_ptr<std::string> EncodeRackRowsPayload(std::span<const uint64_t> ids
   return out;
 }
 
-std::span<const std::byte> PayloadBytes(const std::string& s) {
+std::span<const std::byte> RackRowsSpan(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
 
@@ -62,7 +62,7 @@ void RackExchange::OnRackRows(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t ra
   }
   net::FrameHeader h = c.Header(Opcode::kRackSum, t.info.handle, c.rows->version());
   h.dtype = net::DType::kFp32;  // rack sums are fp32 whatever the key's dtype
-  const auto bytes = PayloadBytes(*payload);
+  const auto bytes = RackRowsSpan(*payload);
   SendToPeer(c.home, t, key, h, bytes, std::move(payload));
 }
 
@@ -81,7 +81,7 @@ void RackExchange::AddRackRows(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t r
     auto payload = EncodeRackRowsPayload(touched, values.data(), r.dim());
     net::FrameHeader h = c.Header(Opcode::kRackParams, t.info.handle, v);
     h.dtype = net::DType::kFp32;  // the master values, so every hub holds the same bits
-    const auto bytes = PayloadBytes(*payload);
+    const auto bytes = RackRowsSpan(*payload);
     for (uint32_t peer = 0; peer < table_->racks(); ++peer) {
       if (peer != topology_.rack) SendToPeer(peer, t, key, h, bytes, payload);
     }
