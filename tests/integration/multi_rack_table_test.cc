@@ -11,11 +11,15 @@
 //   - a hub link cut during a cross-rack row update (the other rack's hub
 //     killed before or while the rows' home waits for its sums) fails the
 //     waiting workers' PushPullRows with WORKER_LOST naming the rack, within
-//     a bounded time, never a hang.
+//     a bounded time, never a hang;
+//   - the table frames on a hub link as docs/wire-protocol.md section 7 has
+//     them, sent by the test for rack 1 (a RACK_SUM counts as rack 1's rows),
+//     and bad ones refused by name.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -25,7 +29,9 @@
 #include <vector>
 
 #include "etcd_cluster.h"  // FreeLoopbackPort
+#include "hub_link_auth.h"
 #include "process.h"
+#include "raw_client.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "rackhub/aggregation/optimizer_config.h"
 #include "rackhub/client/client.h"
@@ -108,20 +114,23 @@ TablePush MakePush(uint32_t rack, uint32_t rank, int it, size_t table) {
 // serving them all.
 struct Hubs {
   std::vector<std::unique_ptr<DaemonProcess>> hubs;
+  std::vector<std::string> interhub;  // by rack
+  std::string secret;
   const std::string& Data(uint32_t rack) const {
     return hubs[hubs.size() == 1 ? 0 : rack]->data_address();
   }
 };
 
 Hubs StartHubs(uint32_t racks, bool flat) {
+  Hubs out;
   std::string list;
   for (uint32_t r = 0; r < racks; ++r) {
-    list += (r ? "," : "") + std::string("127.0.0.1:0=127.0.0.1:") +
-            std::to_string(testing::FreeLoopbackPort());
+    out.interhub.push_back("127.0.0.1:" + std::to_string(testing::FreeLoopbackPort()));
+    list += (r ? "," : "") + std::string("127.0.0.1:0=") + out.interhub.back();
   }
   const std::string secret = testing::MakeTempDir() + "/hub.secret";
-  testing::WriteFile(secret, std::string(48, 's') + "\n");
-  Hubs out;
+  out.secret = std::string(48, 's');
+  testing::WriteFile(secret, out.secret + "\n");
   for (uint32_t r = 0; r < (flat ? 1 : racks); ++r) {
     std::vector<std::string> args = {"--in-memory", "--lanes", "1", "--racks", list, "--rack",
                                      std::to_string(r), "--straggler-timeout-ms", "30000"};
@@ -306,6 +315,121 @@ TEST(MultiRackTableTest, ALinkCutDuringARowUpdateFailsTheWaitingWorkersNamingThe
     EXPECT_LT(std::chrono::steady_clock::now() - start, 15s)
         << "a lost hub is an error within a bounded time, not a hang";
   }
+}
+
+// Hub-link frames of a table, as rack 1's hub would send them to rack 0's
+// (docs/wire-protocol.md section 7), from a link the test opens with the
+// secret: a well-formed RACK_SUM counts as rack 1's rows (the result equals
+// the reference with those sums as rack 1's), and bad ones are refused by
+// name: not fp32 (fatal BAD_DTYPE), ids not ascending or out of the range
+// (fatal INVALID_ARGUMENT), a stale iteration (non-fatal, dropped).
+TEST(MultiRackTableTest, RowFramesOnAHubLinkFollowTheDocumentAndBadOnesAreRefusedByName) {
+  Hubs hubs = StartHubs(2, false);
+  EXPECT_EQ(hubs.hubs[1]->Stop(SIGKILL), 128 + SIGKILL);  // the test speaks for rack 1
+  std::vector<client::KeyId> keys0, keys1;
+  auto w0 = ConnectWorker(hubs, 0, 0, &keys0, 30s);
+  auto w1 = ConnectWorker(hubs, 0, 1, &keys1, 30s);
+  ASSERT_TRUE(w0 && w1);
+  const TableKind& table = kTables[0];  // first_chunk 0: its home is rack 0
+  pb::Key key;
+  {
+    auto stub = pb::KeyService::NewStub(grpc::CreateChannel(
+        hubs.hubs[0]->admin_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    pb::GetKeyRequest req;
+    req.set_tenant("job");
+    req.set_name(table.name);
+    ASSERT_TRUE(stub->GetKey(&ctx, req, &key).ok());
+    ASSERT_EQ(key.first_chunk(), 0u);
+  }
+  data::v1::KeyBind bind;
+  bind.set_tenant("job");
+  bind.set_key(table.name);
+  bind.set_key_id(key.id());
+  bind.set_elements(kRows * kDim);
+  bind.set_dtype(pb::FP32);
+  bind.set_first_chunk(key.first_chunk());
+  bind.set_chunk_elements(key.chunk_elements());
+  bind.set_workers_per_rack(kWorkers);
+  bind.set_init(pb::ZEROS);
+  net::FrameHeader kb;
+  kb.opcode = net::Opcode::kKeyBind;
+  kb.tenant = 9;  // "rack 1's" handle of the tenant
+  kb.key = key.id();
+  const auto frame = [](net::FrameHeader h, const std::string& payload) {
+    h.payload_bytes = static_cast<uint32_t>(payload.size());
+    std::array<std::byte, net::kHeaderBytes> buf;
+    net::EncodeHeader(h, buf);
+    return std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload;
+  };
+  // A row payload: count, want 0, ids, fp32 rows.
+  const auto rows_payload = [](const TablePush& p) {
+    std::string s = net::EncodeRowsRequest(p.ids, {});
+    s.append(reinterpret_cast<const char*>(p.rows.data()), p.rows.size() * sizeof(float));
+    return s;
+  };
+  net::FrameHeader sum = kb;
+  sum.opcode = net::Opcode::kRackSum;
+  sum.chunk = 0;
+  sum.dtype = net::DType::kFp32;
+  sum.iteration = 0;
+  const auto open_link = [&](testing::RawClient& link) {
+    return testing::OpenHubLink(link, hubs.secret, testing::HubLinkRef{1, 0, 0, 2, 1},
+                                frame(kb, bind.SerializeAsString()));
+  };
+  TablePush rack1;  // rack 1's sums: distinct ascending ids
+  rack1.ids = {2, 5, kRows - 1};
+  rack1.rows = {0.5f, -1.25f, 3.0f, 0.75f, 0.0f, -2.5f, 1.0f, 2.0f, -0.125f};
+  {
+    testing::RawClient bad(hubs.interhub[0]);
+    ASSERT_TRUE(open_link(bad));
+    net::FrameHeader h = sum;
+    h.dtype = net::DType::kBf16;
+    bad.SendRaw(frame(h, rows_payload(rack1)));
+    testing::ExpectError(bad.Receive(), net::WireError::kBadDType,
+                         "dtype: RACK_SUM of table '" + table.name +
+                             "' chunk 0 must carry fp32 rows, got bf16");
+    EXPECT_TRUE(bad.ClosedByPeer()) << "a fatal refusal closes the link";
+  }
+  for (const auto& [ids, text] :
+       {std::pair{std::vector<uint64_t>{5, 2, 7}, std::string("ids: row 2 follows row 5; a hub "
+                                                             "link's row ids are strictly "
+                                                             "ascending")},
+        std::pair{std::vector<uint64_t>{2, 5, 99}, std::string("row id 99 is not in [0, 23)")}}) {
+    testing::RawClient bad(hubs.interhub[0]);
+    ASSERT_TRUE(open_link(bad));
+    TablePush p = rack1;
+    p.ids = ids;
+    bad.SendRaw(frame(sum, rows_payload(p)));
+    testing::ExpectError(bad.Receive(), net::WireError::kInvalidArgument,
+                         "RACK_SUM of table '" + table.name + "' chunk 0: " + text);
+    EXPECT_TRUE(bad.ClosedByPeer()) << "a fatal refusal closes the link";
+  }
+  testing::RawClient link(hubs.interhub[0]);
+  ASSERT_TRUE(open_link(link));
+  net::FrameHeader stale = sum;
+  stale.iteration = 7;
+  link.SendRaw(frame(stale, rows_payload(rack1)));
+  testing::ExpectError(link.Receive(), net::WireError::kInvalidArgument,
+                       "iteration: 7 of RACK_SUM of table '" + table.name +
+                           "' chunk 0, expected 0",
+                       false);
+  link.SendRaw(frame(sum, rows_payload(rack1)));  // the link is still up
+  // Rack 0's workers push; the update adds rack 1's sums in rack order.
+  std::vector<uint64_t> all(kRows);
+  for (uint64_t i = 0; i < kRows; ++i) all[i] = i;
+  std::vector<TablePush> rack0 = {MakePush(0, 0, 1, 0), MakePush(0, 1, 1, 0)};
+  std::vector<float> out0(kRows * kDim), out1(kRows * kDim);
+  const auto t0 = w0->PushPullRows(keys0[0], rack0[0].ids, rack0[0].rows, all, out0);
+  const auto t1 = w1->PushPullRows(keys1[0], rack0[1].ids, rack0[1].rows, all, out1);
+  for (auto [w, t] : {std::pair{w0.get(), t0}, std::pair{w1.get(), t1}}) {
+    const client::Error e = w->Wait(t);
+    EXPECT_TRUE(e.ok()) << e.message;
+  }
+  TableReference ref(ConfigOf(table), 2 * kWorkers, 0, kRows, kDim);
+  ref.UpdateAcrossRacks({rack0, {rack1}});
+  EXPECT_TRUE(SameBits(out0, ref.values.data(), kRows * kDim));
+  EXPECT_TRUE(SameBits(out1, ref.values.data(), kRows * kDim));
 }
 
 }  // namespace
