@@ -22,6 +22,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
@@ -121,7 +122,7 @@ struct Hubs {
   }
 };
 
-Hubs StartHubs(uint32_t racks, bool flat) {
+Hubs StartHubs(uint32_t racks, bool flat, const std::string& straggler_ms = "30000") {
   Hubs out;
   std::string list;
   for (uint32_t r = 0; r < racks; ++r) {
@@ -133,7 +134,7 @@ Hubs StartHubs(uint32_t racks, bool flat) {
   testing::WriteFile(secret, out.secret + "\n");
   for (uint32_t r = 0; r < (flat ? 1 : racks); ++r) {
     std::vector<std::string> args = {"--in-memory", "--lanes", "1", "--racks", list, "--rack",
-                                     std::to_string(r), "--straggler-timeout-ms", "30000"};
+                                     std::to_string(r), "--straggler-timeout-ms", straggler_ms};
     if (flat) {
       args.insert(args.end(), {"--topology-mode", "flat"});
     } else {
@@ -314,6 +315,100 @@ TEST(MultiRackTableTest, ALinkCutDuringARowUpdateFailsTheWaitingWorkersNamingThe
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, 15s)
         << "a lost hub is an error within a bounded time, not a hang";
+  }
+}
+
+// Rack 1's hub killed with -9 at random points of a running 2-rack job: at
+// a random op K (iteration and table), rack 1's workers stop before pushing
+// it; once rack 0's hub counted its workers' pushes through op K, rack 1's
+// hub is killed. Every PushPullRows of rack 0's workers before op K returns
+// the reference's rows bit for bit, and op K fails with WORKER_LOST naming
+// rack 1 (the rows' home waited for rack 1's sums, or rack 0's sums waited
+// for rack 1's answer), within a bounded time: no hang, no wrong rows.
+TEST(MultiRackTableTest, KillingARacksHubAtRandomPointsFailsTheUpdateInFlightByName) {
+  std::mt19937 pick(20261128);
+  const size_t ops = kIterations * kTables.size();
+  for (int trial = 0; trial < 5; ++trial) {
+    const size_t cut_op = pick() % ops;  // op = iteration * tables + table
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": cut at op " + std::to_string(cut_op));
+    Hubs hubs = StartHubs(2, false);
+    Seen seen(2, std::vector(kWorkers, std::vector(kIterations,
+                                                   std::vector<std::vector<float>>(kTables.size()))));
+    std::vector<std::vector<client::Error>> first_error(2, std::vector<client::Error>(kWorkers));
+    std::vector<std::vector<size_t>> failed_at(2, std::vector<size_t>(kWorkers, ops));
+    std::vector<std::chrono::steady_clock::time_point> ended(kWorkers);  // rack 0's workers
+    std::promise<void> cut;
+    std::shared_future<void> cut_done = cut.get_future().share();
+    std::vector<uint64_t> all(kRows);
+    for (uint64_t i = 0; i < kRows; ++i) all[i] = i;
+    std::vector<std::thread> threads;
+    for (uint32_t rack = 0; rack < 2; ++rack) {
+      for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+        threads.emplace_back([&, rack, rank] {
+          std::vector<client::KeyId> keys;
+          // (Rack 1's workers lose their hub: their client gives up at its op timeout.)
+          auto c = ConnectWorker(hubs, rack, rank, &keys, rack == 0 ? 60s : 15s);
+          if (!c) return;
+          struct MarkEnd {
+            std::chrono::steady_clock::time_point* at;
+            ~MarkEnd() {
+              if (at) *at = std::chrono::steady_clock::now();
+            }
+          } mark{rack == 0 ? &ended[rank] : nullptr};
+          for (size_t op = 0; op < ops; ++op) {
+            if (rack == 1 && op == cut_op) cut_done.wait();  // its hub is gone then
+            const int it = static_cast<int>(op / kTables.size());
+            const size_t k = op % kTables.size();
+            const TablePush p = MakePush(rack, rank, it, k);
+            auto& out = seen[rack][rank][it][k];
+            out.assign(kRows * kDim, 0.0f);
+            const client::Error e = c->Wait(c->PushPullRows(keys[k], p.ids, p.rows, all, out));
+            if (!e.ok()) {
+              out.clear();
+              first_error[rack][rank] = e;
+              failed_at[rack][rank] = op;
+              return;
+            }
+          }
+        });
+      }
+    }
+    // Rack 0's workers have pushed ops 0..K (rack 1's only up to K - 1).
+    EXPECT_TRUE(testing::WaitForPushes(hubs.hubs[0]->admin_address(), "job",
+                                       (cut_op + 1) * kWorkers));
+    EXPECT_EQ(hubs.hubs[1]->Stop(SIGKILL), 128 + SIGKILL);
+    const auto killed = std::chrono::steady_clock::now();
+    cut.set_value();
+    for (auto& t : threads) t.join();
+    for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+      EXPECT_LT(ended[rank] - killed, 20s) << "rack 0 rank " << rank << ": no hang after the cut";
+    }
+    std::vector<TableReference> refs;
+    for (const TableKind& k : kTables) refs.emplace_back(ConfigOf(k), 2 * kWorkers, 0, kRows, kDim);
+    for (size_t op = 0; op < cut_op; ++op) {
+      const int it = static_cast<int>(op / kTables.size());
+      const size_t k = op % kTables.size();
+      std::vector<std::vector<TablePush>> by_rack(2);
+      for (uint32_t rack = 0; rack < 2; ++rack) {
+        for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+          by_rack[rack].push_back(MakePush(rack, rank, it, k));
+        }
+      }
+      refs[k].UpdateAcrossRacks(by_rack);
+      for (uint32_t rack = 0; rack < 2; ++rack) {
+        for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+          EXPECT_TRUE(SameBits(seen[rack][rank][it][k], refs[k].values.data(), kRows * kDim))
+              << "rack " << rack << " rank " << rank << " op " << op;
+        }
+      }
+    }
+    for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+      const client::Error& e = first_error[0][rank];
+      EXPECT_EQ(failed_at[0][rank], cut_op) << e.message;
+      EXPECT_EQ(e.code, client::ErrorCode::kServer) << e.message;
+      EXPECT_EQ(e.wire, client::WireError::kWorkerLost) << e.message;
+      EXPECT_NE(e.message.find("hub of rack 1"), std::string::npos) << e.message;
+    }
   }
 }
 
