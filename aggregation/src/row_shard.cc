@@ -33,8 +33,9 @@ RowShard::RowShard(uint64_t first_row, uint64_t row_count, uint32_t dim, uint32_
       cfg_(optimizer),
       row_wise_(optimizer.type == OptimizerType::kAdaGrad),
       values_(row_count * dim),
-      pending_(workers),
-      scratch_(2 * static_cast<size_t>(dim)) {
+      mean_divisor_(workers),
+      sums_(workers, dim),
+      scratch_(static_cast<size_t>(dim)) {
   if (row_wise_) {
     state0_ = AlignedBuffer<float>(row_count);
     std::fill_n(state0_.data(), row_count, static_cast<float>(cfg_.initial_accumulator));
@@ -61,7 +62,7 @@ Status RowShard::CheckContribution(uint32_t rank, std::span<const uint64_t> ids,
     return InvalidArgument("rank " + std::to_string(rank) + " is not in [0, " +
                            std::to_string(workers_) + ")");
   }
-  if (pending_[rank].in) {
+  if (sums_.contributed(rank)) {
     return InvalidArgument("rank " + std::to_string(rank) + " already contributed to update " +
                            std::to_string(version_ + 1));
   }
@@ -76,27 +77,10 @@ Status RowShard::CheckContribution(uint32_t rank, std::span<const uint64_t> ids,
 
 void RowShard::Contribute(uint32_t rank, std::span<const uint64_t> ids, const void* rows,
                           ElementType type) {
-  Pending& p = pending_[rank];
-  p.in = true;
-  ++contributions_;
-  const size_t row_bytes = dim_ * ElementBytes(type);
-  const auto* src = static_cast<const std::byte*>(rows);
-  for (size_t i = 0; i < ids.size(); ++i, src += row_bytes) {
-    const auto [it, fresh] = p.index.try_emplace(ids[i], static_cast<uint32_t>(p.ids.size()));
-    if (fresh) {
-      p.ids.push_back(ids[i]);
-      p.rows.resize(p.rows.size() + dim_);
-      CopyIn(p.rows.data() + p.rows.size() - dim_, src, dim_, type);
-    } else {
-      AddIn(p.rows.data() + static_cast<size_t>(it->second) * dim_, src, dim_, type);
-    }
-  }
+  sums_.Contribute(rank, ids, rows, type);
 }
 
-void RowShard::Discard() {
-  for (Pending& p : pending_) p = Pending{};
-  contributions_ = 0;
-}
+void RowShard::Discard() { sums_.Discard(); }
 
 void RowShard::InitRandom(uint64_t seed, float scale) {
   TableInitValues(seed, scale, first_, count_, dim_, values_.data());
@@ -112,31 +96,13 @@ std::vector<uint64_t> RowShard::Update() {
     cfg_ = next_cfg_;
     next_from_ = 0;
   }
-  std::vector<uint64_t> touched;
-  for (const Pending& p : pending_) touched.insert(touched.end(), p.ids.begin(), p.ids.end());
-  std::sort(touched.begin(), touched.end());
-  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  std::vector<uint64_t> touched = sums_.Take(&row_sums_);
   const OptimizerStep step{
-      cfg_.reduction == Reduction::kMean ? static_cast<float>(1.0 / workers_) : 1.0f,
+      cfg_.reduction == Reduction::kMean ? static_cast<float>(1.0 / mean_divisor_) : 1.0f,
       version_ + 1};
-  float* sum = scratch_.data();
-  for (const uint64_t id : touched) {
-    bool first = true;
-    for (const Pending& p : pending_) {  // rank order
-      const auto it = p.index.find(id);
-      if (it == p.index.end()) continue;
-      const float* row = p.rows.data() + static_cast<size_t>(it->second) * dim_;
-      if (first) {
-        std::memcpy(sum, row, dim_ * sizeof(float));
-        first = false;
-      } else {
-        AddIn(sum, row, dim_, ElementType::kFp32);
-      }
-    }
-    ApplyRow(id, sum, step);
+  for (size_t i = 0; i < touched.size(); ++i) {
+    ApplyRow(touched[i], row_sums_.data() + i * dim_, step);
   }
-  for (Pending& p : pending_) p = Pending{};
-  contributions_ = 0;
   ++version_;
   return touched;
 }
@@ -145,7 +111,7 @@ void RowShard::ApplyRow(uint64_t id, const float* sum, const OptimizerStep& step
   float* p = RowPtr(id);
   const size_t r = id - first_;
   if (!row_wise_) {
-    float* out = scratch_.data() + dim_;
+    float* out = scratch_.data();
     float* s0 = state0_.empty() ? nullptr : state0_.data() + r * dim_;
     float* s1 = state1_.empty() ? nullptr : state1_.data() + r * dim_;
     ApplyOptimizer(cfg_, step, sum, p, out, s0, s1, dim_);
@@ -157,7 +123,7 @@ void RowShard::ApplyRow(uint64_t id, const float* sum, const OptimizerStep& step
   const float lr = static_cast<float>(cfg_.learning_rate);
   const float wd = static_cast<float>(cfg_.weight_decay);
   const float eps = static_cast<float>(cfg_.epsilon);
-  float* d = scratch_.data() + dim_;
+  float* d = scratch_.data();
   float squares = 0.0f;
   for (uint32_t j = 0; j < dim_; ++j) {
     d[j] = sum[j] * step.grad_scale + wd * p[j];
@@ -197,12 +163,8 @@ std::span<const float> RowShard::state(int slot) const {
 }
 
 size_t RowShard::memory_bytes() const {
-  size_t bytes = (values_.size() + state0_.size() + state1_.size()) * sizeof(float);
-  for (const Pending& p : pending_) {
-    bytes += p.rows.capacity() * sizeof(float) + p.ids.capacity() * sizeof(uint64_t) +
-             p.index.size() * (sizeof(uint64_t) + sizeof(uint32_t) + 2 * sizeof(void*));
-  }
-  return bytes;
+  return (values_.size() + state0_.size() + state1_.size()) * sizeof(float) +
+         sums_.memory_bytes();
 }
 
 }  // namespace rackhub::aggregation

@@ -155,8 +155,22 @@ std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, ui
                               aggregation::ElementType::kFp32),
       k.id, chunk,
       static_cast<net::DType>(static_cast<uint8_t>(k.dtype)));
-  c->rows = std::make_unique<aggregation::RowShard>(first, n, k.dim, t.info.workers_per_rack,
-                                                    sched.base);
+  // Across racks the shard's contributors are the racks' row sums
+  // (rack_rows.cc); the mean is over every rack's workers.
+  c->rows = std::make_unique<aggregation::RowShard>(
+      first, n, k.dim, racks_ > 1 ? racks_ : t.info.workers_per_rack, sched.base);
+  if (racks_ > 1) {
+    c->rows->set_mean_divisor(racks_ * t.info.workers_per_rack);
+    const uint64_t g = uint64_t{k.placement.first_chunk} + chunk;
+    c->home = exchange_ ? static_cast<uint32_t>((g / lanes_) % racks_) : self_rack_;
+    c->row_stages = std::make_unique<Chunk::RackRowStages>();
+    c->row_stages->by_rack.resize(racks_);
+    for (uint32_t r = 0; r < racks_; ++r) {
+      if (exchange_ && r != self_rack_) continue;  // that rack's workers use their own hub
+      c->row_stages->by_rack[r] =
+          std::make_unique<aggregation::RowSums>(t.info.workers_per_rack, k.dim);
+    }
+  }
   if (k.init == InitMode::kRandom) c->rows->InitRandom(k.init_seed, k.init_scale);
   if (sched.from_update != 0) c->rows->SetOptimizer(sched.latest, sched.from_update);
   if (const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire)) {
@@ -255,6 +269,11 @@ void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& w
       c.unsynced->held_since.clear();
     }
     if (c.rows) c.rows->Discard();
+    if (c.row_stages) {
+      for (auto& stage : c.row_stages->by_rack) {
+        if (stage) stage->Discard();
+      }
+    }
     c.state.DiscardPending();
     for (auto& stage : c.stages) {
       if (stage) stage->DiscardPending();
@@ -279,7 +298,8 @@ std::map<uint32_t, uint64_t> ChunkTable::KeyVersions(const LaneTenant& t) const 
 void ChunkTable::Align(LaneTenant& t, const std::map<uint32_t, uint64_t>& versions) {
   uint32_t skipped = 0;
   for (auto& [id, c] : t.chunks) {
-    if (c->multi_rack()) continue;  // cross-rack recovery: not yet (docs/durability.md)
+    // cross-rack recovery: not yet (docs/durability.md)
+    if (c->multi_rack() || c->rows_across_racks()) continue;
     const auto it = versions.find(c->key_id);
     if (it == versions.end() || c->current_version() >= it->second) continue;
     if (c->rows) {

@@ -119,8 +119,17 @@ struct Chunk {
   std::array<aggregation::SharedAlignedBuffer<std::byte>, 2> replies;
   MemoryCharge charge;  // this chunk in its tenant's memory_bytes_allocated
   // A row-sparse table's row range: everything lives here (`state` is an
-  // unused placeholder); single rack only.
+  // unused placeholder). A table spanning racks (rack_rows.cc): the rows'
+  // contributors are the racks (their row sums, added in rack order at
+  // `home`); every hub keeps the values in step with the home's.
   std::unique_ptr<aggregation::RowShard> rows;
+  // A table spanning racks: the rows its workers pushed, by rack served
+  // here (null for racks served elsewhere); null otherwise. (Behind one
+  // pointer: the per-chunk bookkeeping is bounded, key_memory.h.)
+  struct RackRowStages {
+    std::vector<std::unique_ptr<aggregation::RowSums>> by_rack;
+  };
+  std::unique_ptr<RackRowStages> row_stages;
   // A top-k key: its sum-only replies may be sparse (params_reply.h).
   bool sparse_replies = false;
   bool elastic = false;  // a chunk of an elastic tenant
@@ -133,7 +142,18 @@ struct Chunk {
 
 
   bool table() const { return rows != nullptr; }
-  bool multi_rack() const { return !stages.empty(); }
+  bool multi_rack() const { return !stages.empty(); }  // a dense chunk spanning racks
+  bool rows_across_racks() const { return row_stages != nullptr; }
+  // The row contributions a worker of `rack` adds to (a table's chunk).
+  aggregation::RowSums& RowStage(uint32_t rack) {
+    return row_stages ? *row_stages->by_rack[rack] : rows->sums();
+  }
+  // Whether rank `rank` of `rack` counts in the table update being formed.
+  bool RowContributed(uint32_t rack, uint32_t rank) const {
+    if (!row_stages) return rows->contributed(rank);
+    const auto& stage = row_stages->by_rack[rack];
+    return stage && stage->contributed(rank);
+  }
   void NoteContributor(uint32_t member, std::shared_ptr<const WorkerGeneration> g) {
     if (contributors.size() <= member) contributors.resize(member + 1);
     contributors[member] = std::move(g);

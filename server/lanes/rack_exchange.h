@@ -67,6 +67,13 @@ class RackExchange final : public net::FrameHandler {
   // the worker protocol).
   void OnRackSum(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rack, uint64_t iteration);
 
+  // A table spanning racks (rack_rows.cc): rack `rack`'s row contributions
+  // to chunk `c` are complete. Their per-row sums go to the rows' home; the
+  // home adds the racks' sums in rack order, applies the optimizer to the
+  // touched rows and sends those rows back (RACK_SUM / RACK_PARAMS with row
+  // payloads); every hub answers its own workers.
+  void OnRackRows(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rack);
+
   // A `from_client` chunk got its initial values here (from a worker of
   // `from_rack`, or another hub's INIT frame from `from_rack`). Not the home:
   // they go to the home; the home: to every rack but itself and `from_rack`.
@@ -124,6 +131,15 @@ class RackExchange final : public net::FrameHandler {
     size_t reserved = 0;
   };
 
+  // A table's rack row sums (`ids` ascending, fp32 rows) at the rows' home.
+  void AddRackRows(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rack,
+                   std::span<const uint64_t> ids, const float* rows);
+  // A table chunk's RACK_SUM / RACK_PARAMS header (rack_rows.cc).
+  Verdict CheckRowData(net::Connection& conn, const LaneKey& key, const Chunk& c,
+                       const net::FrameHeader& h);
+  // Its payload: a malformed one closes the link (the updates waiting on it fail).
+  void OnRowData(net::Connection& conn, LaneTenant& t, LaneKey& key, Chunk& c,
+                 const net::FrameHeader& h, std::span<const std::byte> payload);
   // The home hub's cross-rack stage is complete: update and answer everyone.
   void FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c);
   void SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const net::FrameHeader& h,
@@ -162,7 +178,8 @@ class RackExchange final : public net::FrameHandler {
                  std::span<const std::byte> payload);
   void OnPeerError(net::Connection& conn, const net::FrameHeader& h,
                    std::span<const std::byte> payload);
-  void OnData(uint32_t peer, const net::FrameHeader& h, std::span<const std::byte> payload);
+  void OnData(net::Connection& conn, const net::FrameHeader& h,
+              std::span<const std::byte> payload);
   void Park(net::Connection& conn, const net::FrameHeader& h, std::span<const std::byte> payload);
   // Whether frames of `h`'s tenant and key from `conn` are parked (its
   // later ones then park behind them).

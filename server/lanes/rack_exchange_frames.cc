@@ -94,6 +94,7 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
   }
   Chunk& c = table_->GetChunk(*t, *key, h.chunk);
   if (h.opcode == Opcode::kInit) return CheckInit(conn, *key, c, h);
+  if (c.table()) return CheckRowData(conn, *key, c, h);
   if (!c.state.initialized()) {
     // Cannot happen between well-behaved hubs (OnInitialized's ordering).
     SendPeerError(conn, h.tenant,
@@ -194,7 +195,7 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   LaneTenant* t = nullptr;
   if (HasParked(conn, h) || !PeerKey(peer, h, &t)) return Park(conn, h, payload);
   if (unchecked && CheckData(conn, h) != Verdict::kAccept) return;
-  OnData(peer, h, payload);
+  OnData(conn, h, payload);
 }
 
 bool RackExchange::HasParked(const net::Connection& conn, const FrameHeader& h) const {
@@ -274,7 +275,7 @@ void RackExchange::RetryParked() {
     }
     conn->Unreserve(p.reserved);
     if (CheckData(*conn, p.header) == Verdict::kAccept) {
-      OnData(conn->id().rack, p.header, p.payload);
+      OnData(*conn, p.header, p.payload);
     }
   }
   if (!parked_.empty() && !parked_timer_armed_) {
@@ -283,12 +284,14 @@ void RackExchange::RetryParked() {
   }
 }
 
-void RackExchange::OnData(uint32_t peer, const FrameHeader& h,
+void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
                           std::span<const std::byte> payload) {
+  const uint32_t peer = conn.id().rack;
   LaneTenant* tp = nullptr;
   LaneKey& key = *PeerKey(peer, h, &tp);
   LaneTenant& t = *tp;
   Chunk& c = table_->GetChunk(t, key, h.chunk);
+  if (c.table()) return OnRowData(conn, t, key, c, h, payload);
   if (h.opcode == Opcode::kInit) {
     if (!table_->SetInitialMultiRack(key, c, payload)) return;  // a duplicate
     host_->ChunkInitialized(t.info.handle, key.info.id, key.info.placement.chunk_count);

@@ -7,30 +7,13 @@
 #include <optional>
 
 #include "element_type.h"
+#include "rack_exchange.h"
 #include "rackhub/common/number.h"
+#include "rows_reply.h"
 #include "wire_names.h"
 #include "worker_protocol.h"
 
 namespace rackhub::server {
-
-namespace {
-
-// The ROWS frame answering `request_id`: rows `ids` of the shard at its
-// current version, in the chunk's wire dtype.
-void SendRows(net::Connection& conn, const LaneTenant& t, const Chunk& c,
-              const std::vector<uint64_t>& ids, uint64_t request_id) {
-  const aggregation::RowShard& r = *c.rows;
-  FrameHeader h = c.Header(Opcode::kRows, t.info.handle, r.version());
-  h.request_id = request_id;
-  std::string payload(net::kRowsPrefixBytes + ids.size() * r.dim() * net::DTypeBytes(c.dtype),
-                      '\0');
-  const uint32_t count = static_cast<uint32_t>(ids.size());
-  std::memcpy(payload.data(), &count, 4);
-  r.ReadRows(ids, payload.data() + net::kRowsPrefixBytes, ElementTypeOf(c.dtype));
-  conn.SendOwned(h, std::move(payload));
-}
-
-}  // namespace
 
 Verdict WorkerProtocol::CheckRowsFrame(net::Connection& conn, LaneTenant& t, const LaneKey& key,
                                        Chunk& c, const FrameHeader& h) {
@@ -57,7 +40,7 @@ Verdict WorkerProtocol::CheckRowsFrame(net::Connection& conn, LaneTenant& t, con
                         "; Pull the table to resynchronize");
     return Verdict::kDiscard;
   }
-  if (r.contributed(rank) &&
+  if (c.RowContributed(conn.id().rack, rank) &&
       !t.runtime->PushFailedAt(member, conn.id().session, h.key, h.iteration)) {
     return Reject(conn, WireError::kDuplicatePush,
                   "iteration: rank " + Num(rank) + " already pushed rows of chunk " +
@@ -82,7 +65,7 @@ Status WorkerProtocol::CheckRowsPayload(const Chunk& c, const KeyInfo& k, const 
     s = parsed.status();
   }
   const std::vector<uint64_t>& asked = h.opcode == Opcode::kPushRows ? rows->want : rows->ids;
-  if (s.ok() && contributor) {
+  if (s.ok() && contributor && !c.rows_across_racks()) {
     s = r.CheckContribution(*contributor, rows->ids, rows->row_bytes, ElementTypeOf(c.dtype));
   } else if (s.ok() && h.opcode == Opcode::kPushRows) {
     s = r.CheckRows(rows->ids);
@@ -109,7 +92,7 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
   aggregation::RowShard& r = *c.rows;
   const uint32_t rank = conn.id().rank;
   const uint32_t member = ChunkTable::Member(t, conn.id());
-  const bool again = r.contributed(rank);
+  const bool again = c.RowContributed(conn.id().rack, rank);
   if (!StillCurrent(conn, t, h, r.version(), again, "table")) return;
   net::RowsPayload rows;
   if (Status s = CheckRowsPayload(c, to.key->info, h, payload,
@@ -125,18 +108,20 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
     c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, std::move(rows.want)});
     return;
   }
-  r.Contribute(rank, rows.ids, rows.rows, ElementTypeOf(c.dtype));
+  // One rack: the shard's own contributions. Across racks: this rack's
+  // stage, whose sums go to the rows' home (rack_rows.cc).
+  aggregation::RowSums& stage = c.RowStage(conn.id().rack);
+  stage.Contribute(rank, rows.ids, rows.rows, ElementTypeOf(c.dtype));
   CountContribution(conn, t, c, member, *to.gen, h, payload.size(), std::move(rows.want));
-  if (!r.ready()) return;
+  if (!stage.ready()) return;
   if (!ContributorsLive(t, c, conn.id().rack, t.info.workers_per_rack)) return;
+  if (c.rows_across_racks()) {
+    exchange_->OnRackRows(t, *to.key, c, conn.id().rack);
+    return;
+  }
   r.Update();
   table_->Completed(t, *to.key, c, r.version());
-  std::vector<Waiter> waiters;
-  waiters.swap(c.pushes);
-  for (const Waiter& w : waiters) {
-    const auto wc = w.conn.lock();
-    if (wc && wc->open()) SendRows(*wc, t, c, w.want, w.request_id);
-  }
+  AnswerRowPushes(t, c);
 }
 
 void WorkerProtocol::OnPullRows(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
@@ -158,7 +143,7 @@ void WorkerProtocol::OnPullRows(net::Connection& conn, LaneTenant& t, const Fram
     Park(conn, t, h, std::move(rows.ids), reply_bytes);
     return;
   }
-  SendRows(conn, t, c, rows.ids, h.request_id);
+  SendTableRows(conn, t, c, rows.ids, h.request_id);
 }
 
 void WorkerProtocol::ReleaseParkedRows(net::Connection& conn, LaneTenant& t, const ParkedPull& p) {
@@ -168,7 +153,7 @@ void WorkerProtocol::ReleaseParkedRows(net::Connection& conn, LaneTenant& t, con
     return;
   }
   Chunk& c = table_->GetChunk(t, *key, p.header.chunk);
-  SendRows(conn, t, c, p.ids, p.header.request_id);
+  SendTableRows(conn, t, c, p.ids, p.header.request_id);
 }
 
 }  // namespace rackhub::server

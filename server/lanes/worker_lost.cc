@@ -145,7 +145,7 @@ void WorkerProtocol::OnGenerationEnded(uint32_t handle, uint32_t member,
     Chunk& c = *it->second;
     if (member >= c.contributors.size() || c.contributors[member].get() != &g) continue;
     const bool counted =
-        c.rows ? c.rows->contributed(rank)
+        c.rows ? c.RowContributed(rack, rank)
                : (!c.multi_rack() || c.stages[rack]) && c.Stage(rack).has_contributed(rank);
     if (!counted) continue;
     // The update can never complete with the right contributions: the
@@ -166,7 +166,7 @@ bool WorkerProtocol::ContributorsLive(LaneTenant& t, Chunk& c, uint32_t rack, ui
     }
     // Only this update's contributors (an elastic tenant's non-members keep
     // the generation of an older update here).
-    if (!(c.rows ? c.rows->contributed(r) : c.Stage(rack).has_contributed(r))) continue;
+    if (!(c.rows ? c.RowContributed(rack, r) : c.Stage(rack).has_contributed(r))) continue;
     const std::string why = "worker: rank " + Num(r) + " generation " +
                             Num(c.contributors[member]->number) +
                             " ended while its contribution to chunk " + Num(c.index_in_key) +
@@ -199,7 +199,7 @@ void WorkerProtocol::CheckStragglers() {
       const auto key = t.keys.find(c.key_id);
       where = "key " + QuoteForLog(key != t.keys.end() ? key->second.info.name : "?") +
               " chunk " + Num(c.index_in_key) + " (update " + Num(c.current_version() + 1) + ")";
-      if (c.multi_rack()) {
+      if (c.multi_rack() || c.rows_across_racks()) {
         missing = "of some rack";
         break;
       }

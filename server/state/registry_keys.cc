@@ -515,10 +515,6 @@ Status Registry::CheckTableSpec(const KeySpec& spec, uint64_t* elements) const {
     return InvalidArgument("init_scale: RANDOM needs a finite scale > 0, got " +
                            std::to_string(spec.init_scale));
   }
-  if (racks_ > 1) {
-    return InvalidArgument("rows: row-sparse tables are single-rack only; this hub's topology "
-                           "has " + std::to_string(racks_) + " racks");
-  }
   *elements = spec.rows * spec.dim;
   return Status::Ok();
 }

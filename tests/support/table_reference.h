@@ -45,8 +45,26 @@ struct TableReference {
 
   const float* Row(uint64_t id) const { return values.data() + (id - first) * dim; }
 
-  void Update(const std::vector<TablePush>& by_rank) {
-    ++t;
+  void Update(const std::vector<TablePush>& by_rank) { Apply(RankOrderSums(by_rank)); }
+
+  // A table spanning racks (by_rack[rack][rank]; `workers` = every rack's
+  // workers, the mean's divisor): each rack's pushes summed per row as Update
+  // sums the ranks, then the racks' sums per row in rack order (from the
+  // lowest rack that touched it), then the optimizer.
+  void UpdateAcrossRacks(const std::vector<std::vector<TablePush>>& by_rack) {
+    std::vector<TablePush> rack_sums(by_rack.size());
+    for (size_t r = 0; r < by_rack.size(); ++r) {
+      for (const auto& [id, row] : RankOrderSums(by_rack[r])) {
+        rack_sums[r].ids.push_back(id);
+        rack_sums[r].rows.insert(rack_sums[r].rows.end(), row.begin(), row.end());
+      }
+    }
+    Apply(RankOrderSums(rack_sums));
+  }
+
+  // Each touched row summed over the pushes in order (duplicates within a
+  // push first, in push order).
+  std::map<uint64_t, std::vector<float>> RankOrderSums(const std::vector<TablePush>& by_rank) const {
     std::vector<std::map<uint64_t, std::vector<float>>> mine(by_rank.size());
     for (size_t r = 0; r < by_rank.size(); ++r) {
       for (size_t i = 0; i < by_rank[r].ids.size(); ++i) {
@@ -66,6 +84,12 @@ struct TableReference {
         }
       }
     }
+    return sums;
+  }
+
+  // The optimizer on the touched rows (`sums`), one update.
+  void Apply(const std::map<uint64_t, std::vector<float>>& sums) {
+    ++t;
     const float scale = cfg.reduction == aggregation::Reduction::kMean
                             ? static_cast<float>(1.0 / workers)
                             : 1.0f;

@@ -157,6 +157,50 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, RowShardOptimizerTest,
                                            OptimizerType::kAdam, OptimizerType::kAdaGrad),
                          [](const auto& info) { return OptimizerTypeName(info.param); });
 
+// A table spanning racks (server/lanes/rack_rows.cc): each rack's RowSums
+// sums its ranks' rows, whatever order they arrive in; the home's shard takes
+// the racks' sums as its contributors (any arrival order) with the mean over
+// every rack's workers: the reference's rack-then-rack-order sums, bit for bit,
+// for 2 and 3 racks of 2 workers over several iterations (Adam: its t too).
+TEST(RowShardTest, RackSumsThenRackOrderMatchTheReferenceAcrossRacks) {
+  for (const uint32_t racks : {2u, 3u}) {
+    const uint32_t workers = 2;
+    const OptimizerConfig cfg = Config(OptimizerType::kAdam);
+    Reference ref(cfg, racks * workers);
+    RowShard home(kFirst, kRows, kDim, racks, cfg);
+    home.set_mean_divisor(racks * workers);
+    std::mt19937 rng(racks);
+    for (int it = 0; it < 4; ++it) {
+      std::vector<std::vector<Push>> by_rack(racks);
+      for (auto& ranks : by_rack) {
+        for (uint32_t w = 0; w < workers; ++w) {
+          ranks.push_back(it == 2 && w == 1 ? Push{} : RandomPush(rng, 6 + rng() % 10, w == 0));
+        }
+      }
+      ref.UpdateAcrossRacks(by_rack);
+      for (uint32_t r = racks; r-- > 0;) {  // the racks' sums arrive last rack first
+        RowSums stage(workers, kDim);
+        for (uint32_t w = workers; w-- > 0;) {  // and each rack's ranks in reverse
+          stage.Contribute(w, by_rack[r][w].ids, by_rack[r][w].rows.data(), ElementType::kFp32);
+        }
+        ASSERT_TRUE(stage.ready());
+        std::vector<float> sums;
+        const std::vector<uint64_t> ids = stage.Take(&sums);
+        EXPECT_FALSE(stage.pending()) << "Take clears the contributions";
+        EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+        ASSERT_EQ(sums.size(), ids.size() * kDim);
+        ASSERT_TRUE(home.CheckContribution(r, ids, sums.size() * sizeof(float),
+                                           ElementType::kFp32).ok());
+        home.Contribute(r, ids, sums.data(), ElementType::kFp32);
+      }
+      ASSERT_TRUE(home.ready());
+      home.Update();
+      EXPECT_TRUE(SameBits(Values(home), ref.values)) << racks << " racks, iteration " << it;
+    }
+    EXPECT_EQ(home.version(), 4u);
+  }
+}
+
 TEST(RowShardTest, HalfPrecisionRowsAreWidenedBeforeTheSum) {
   const OptimizerConfig cfg = Config(OptimizerType::kSgd, Reduction::kSum);
   for (const ElementType type : {ElementType::kFp16, ElementType::kBf16}) {

@@ -43,6 +43,7 @@
 #include "rackhub/aggregation/chunk_state.h"
 #include "rackhub/aggregation/kernels.h"
 #include "rackhub/aggregation/optimizer_config.h"
+#include "rackhub/aggregation/row_sums.h"
 #include "rackhub/common/status.h"
 
 namespace rackhub::aggregation {
@@ -82,13 +83,20 @@ class RowShard {
   // Keeps rank's rows for this iteration (duplicates summed). REQUIRES:
   // CheckContribution(...) returned OK.
   void Contribute(uint32_t rank, std::span<const uint64_t> ids, const void* rows, ElementType type);
-  bool contributed(uint32_t rank) const { return pending_[rank].in; }
-  bool ready() const { return contributions_ == workers_; }
+  bool contributed(uint32_t rank) const { return sums_.contributed(rank); }
+  bool ready() const { return sums_.ready(); }
+  // The contributions being formed (RowSums), for a caller that sums them
+  // itself (a table spanning racks: the rack's sums go to the rows' home).
+  RowSums& sums() { return sums_; }
+  // kMean divides the sums by `divisor` instead of `workers` (a table
+  // spanning racks: the home's contributors are the racks, the mean is over
+  // every rack's workers). REQUIRES: divisor >= 1.
+  void set_mean_divisor(uint32_t divisor) { mean_divisor_ = divisor; }
 
   // Drops this iteration's contributions (an update aborted for a straggler
   // or a lost worker); values, state and version() are unchanged.
   void Discard();
-  bool pending() const { return contributions_ > 0; }
+  bool pending() const { return sums_.pending(); }
   // Sets every row to TableInitValues(seed, scale, ...) of its row.
   void InitRandom(uint64_t seed, float scale);
   // New hyperparameters (same type) from update `from_update` (1-based; 0:
@@ -123,13 +131,6 @@ class RowShard {
   size_t memory_bytes() const;
 
  private:
-  // One rank's contribution: its distinct rows in first-seen order.
-  struct Pending {
-    bool in = false;
-    std::vector<uint64_t> ids;
-    std::vector<float> rows;  // ids.size() * dim
-    std::unordered_map<uint64_t, uint32_t> index;  // id -> position in ids
-  };
   float* RowPtr(uint64_t id) { return values_.data() + (id - first_) * dim_; }
   void ApplyRow(uint64_t id, const float* sum, const OptimizerStep& step);
 
@@ -145,9 +146,10 @@ class RowShard {
   AlignedBuffer<float> values_;
   AlignedBuffer<float> state0_;
   AlignedBuffer<float> state1_;
-  std::vector<Pending> pending_;  // by rank
-  uint32_t contributions_ = 0;
-  std::vector<float> scratch_;    // 2 * dim: a row's sum and its new values
+  uint32_t mean_divisor_ = 0;     // kMean scales by 1 / this (workers by default)
+  RowSums sums_;                  // this iteration's contributions, by rank
+  std::vector<float> scratch_;    // dim: a row's new values
+  std::vector<float> row_sums_;   // Update's sums of the touched rows
 };
 
 }  // namespace rackhub::aggregation
