@@ -228,11 +228,36 @@ def check_samples(lines, steps, samples, kill_inside=True):
 SAMPLES = 1800  # 30 steps of 4 x 15, 40 of 3 x 15, 24 of 5 x 15: no padding
 
 
+class Verdict:
+    """`with Verdict(job) as v:` around a scenario's checks: an
+    AssertionError ends it as FAIL (named), the job is killed either way
+    (then `cleanup`), the log's tail is printed unless it passed, and
+    v.code is the test's exit code (0 PASSED, 1 FAILED)."""
+
+    def __init__(self, job, cleanup=None):
+        self.job, self.cleanup, self.code = job, cleanup, 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        ok = kind is None
+        if kind is AssertionError:
+            print(f"FAIL: {error}")
+        self.job.kill()
+        if self.cleanup:
+            self.cleanup()
+        if not ok:
+            print("\n".join(x for x in self.job.lines if x is not None)[-20000:])
+        print("PASSED" if ok else "FAILED")
+        self.code = 0 if ok else 1
+        return kind is AssertionError
+
+
 def main():
     transport = sys.argv[1] if len(sys.argv) > 1 else "tcp"
     job = Job(transport, worker_args=("--collectives", "--samples", str(SAMPLES)))
-    ok = False
-    try:
+    with Verdict(job) as verdict:
         job.wait_for(step_with("0,1,2,3", after=5), "step 5 with members 0,1,2,3")
         pid_line = job.wait_for(lambda x: x.startswith("[2] PID 2 "), "rank 2's pid")
         victim = int(pid_line.split()[3])
@@ -261,15 +286,7 @@ def main():
         dones = re.findall(r"^\[(\d+)\] DONE \d+ step (\d+) params (\S+)$", out, re.M)
         assert sorted(int(d[0]) for d in dones) == [0, 1, 2, 3, 4], dones
         assert {(int(d[1]), d[2]) for d in dones} == {(stop, last_digest(job, stop))}, dones
-        ok = True
-    except AssertionError as e:
-        print(f"FAIL: {e}")
-    finally:
-        job.kill()
-        if not ok:
-            print("\n".join(x for x in job.lines if x is not None)[-20000:])
-    print("PASSED" if ok else "FAILED")
-    return 0 if ok else 1
+    return verdict.code
 
 
 def last_digest(job, stop):

@@ -26,7 +26,7 @@ import harness
 
 harness.require_torch()
 
-from test_elastic import STEP, Job, check_against_reference  # noqa: E402
+from test_elastic import STEP, Job, Verdict, check_against_reference  # noqa: E402
 
 
 def write(path, text):
@@ -64,8 +64,7 @@ def main():
     write(hosts, "localhost:2\n")
     job = Job(transport, n=2, max_np=4, extra=(
         "--host-discovery-script", f"cat {hosts}", "--discovery-interval", "0.2"))
-    ok = False
-    try:
+    with Verdict(job, cleanup=lambda: os.path.exists(hosts) and os.unlink(hosts)) as verdict:
         i = job.wait_index(step_after("0,1"), "a step of ranks 0,1")
         write(hosts, "localhost:3\n")
         i = job.wait_index(log("host discovery: 3 slot(s): starting rank(s) [2]"),
@@ -92,17 +91,7 @@ def main():
         print("\n".join(x for x in job.lines if x and ("host discovery" in x or "stopped" in x)))
         print(f"memberships (first step, members): {sequence}")
         assert [s[1] for s in sequence] == ["0,1", "0,1,2", "0,1", "0,1,2,3"], sequence
-        ok = True
-    except AssertionError as e:
-        print(f"FAIL: {e}")
-    finally:
-        job.kill()
-        if os.path.exists(hosts):
-            os.unlink(hosts)
-        if not ok:
-            print("\n".join(x for x in job.lines if x is not None)[-20000:])
-    print("PASSED" if ok else "FAILED")
-    return 0 if ok else 1
+    return verdict.code
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ import harness
 
 harness.require_torch()
 
-from test_elastic import (STEP, Job, check_against_reference, check_objects,  # noqa: E402
-                          check_samples)
+from test_elastic import (STEP, Job, Verdict, check_against_reference,  # noqa: E402
+                          check_objects, check_samples)
 
 SAMPLES, BATCH = 432, 12
 
@@ -48,8 +48,7 @@ def main():
     rng = random.Random(seed)
     job = Job(transport, worker_args=("--collectives", "--samples", str(SAMPLES),
                                       "--batch", str(BATCH)))
-    ok = False
-    try:
+    with Verdict(job) as verdict:
         i = job.wait_index(step_of("0,1,2,3"), "a step of ranks 0-3")
         for k in range(kills):
             victim = rng.choice([1, 2, 3])
@@ -76,15 +75,7 @@ def main():
               f"{check_samples(job.lines, job.steps(), SAMPLES, kill_inside=False)}")
         print(f"memberships (first step, members): {sequence}")
         assert len(sequence) == 2 * kills + 1, sequence
-        ok = True
-    except AssertionError as e:
-        print(f"FAIL: {e}")
-    finally:
-        job.kill()
-        if not ok:
-            print("\n".join(x for x in job.lines if x is not None)[-20000:])
-    print("PASSED" if ok else "FAILED")
-    return 0 if ok else 1
+    return verdict.code
 
 
 if __name__ == "__main__":
