@@ -31,6 +31,13 @@ void RowSums::Discard() {
   count_ = 0;
 }
 
+uint64_t RowSums::touched_rows() const {
+  std::vector<uint64_t> touched;
+  for (const Pending& p : pending_) touched.insert(touched.end(), p.ids.begin(), p.ids.end());
+  std::sort(touched.begin(), touched.end());
+  return static_cast<uint64_t>(std::unique(touched.begin(), touched.end()) - touched.begin());
+}
+
 std::vector<uint64_t> RowSums::Take(std::vector<float>* sums) {
   std::vector<uint64_t> touched;
   for (const Pending& p : pending_) touched.insert(touched.end(), p.ids.begin(), p.ids.end());

@@ -1,5 +1,7 @@
 #include "chunk_table.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "element_type.h"
@@ -165,6 +167,7 @@ std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, ui
     c->home = exchange_ ? static_cast<uint32_t>((g / lanes_) % racks_) : self_rack_;
     c->row_stages = std::make_unique<Chunk::RackRowStages>();
     c->row_stages->by_rack.resize(racks_);
+    c->row_stages->taken_for.assign(racks_, 0);
     for (uint32_t r = 0; r < racks_; ++r) {
       if (exchange_ && r != self_rack_) continue;  // that rack's workers use their own hub
       c->row_stages->by_rack[r] =
@@ -273,6 +276,7 @@ void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& w
       for (auto& stage : c.row_stages->by_rack) {
         if (stage) stage->Discard();
       }
+      std::fill(c.row_stages->taken_for.begin(), c.row_stages->taken_for.end(), 0);
     }
     c.state.DiscardPending();
     for (auto& stage : c.stages) {

@@ -128,6 +128,13 @@ struct Chunk {
   // pointer: the per-chunk bookkeeping is bounded, key_memory.h.)
   struct RackRowStages {
     std::vector<std::unique_ptr<aggregation::RowSums>> by_rack;
+    // By rack: 1 + the version whose rack sum was taken from the stage (it
+    // went to the home, or into the home's shard), 0 for none. Until the
+    // update completes, that rack's ranks count as contributed although the
+    // stage is empty again: a repeated push of the version is a retry or a
+    // duplicate, never a second contribution. Cleared when the pending
+    // update fails.
+    std::vector<uint64_t> taken_for;
   };
   std::unique_ptr<RackRowStages> row_stages;
   // A top-k key: its sum-only replies may be sparse (params_reply.h).
@@ -151,6 +158,7 @@ struct Chunk {
   // Whether rank `rank` of `rack` counts in the table update being formed.
   bool RowContributed(uint32_t rack, uint32_t rank) const {
     if (!row_stages) return rows->contributed(rank);
+    if (row_stages->taken_for[rack] == rows->version() + 1) return true;
     const auto& stage = row_stages->by_rack[rack];
     return stage && stage->contributed(rank);
   }

@@ -46,6 +46,7 @@ std::span<const std::byte> RackRowsSpan(const std::string& s) {
 void RackExchange::OnRackRows(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rack) {
   std::vector<float> sums;
   const std::vector<uint64_t> ids = c.RowStage(rack).Take(&sums);
+  c.row_stages->taken_for[rack] = c.rows->version() + 1;  // RowContributed until it completes
   if (c.home == topology_.rack || !table_->exchange()) {
     AddRackRows(t, key, c, rack, ids, sums.data());
     return;
@@ -72,6 +73,23 @@ void RackExchange::AddRackRows(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t r
   table_->MarkPending(t, c);
   r.Contribute(rack, ids, rows, aggregation::ElementType::kFp32);
   if (!r.ready()) return;
+  if (table_->exchange()) {
+    // The new values of every touched row go out in one RACK_PARAMS: an
+    // update whose union does not fit one hub-link frame is failed before
+    // it is applied (after it, the other racks could never catch up).
+    const uint64_t touched_rows = r.sums().touched_rows();
+    const uint64_t bytes =
+        net::kRowsPrefixBytes + touched_rows * (sizeof(uint64_t) + uint64_t{r.dim()} * 4);
+    if (bytes > net::kMaxDataPayload) {
+      table_->FailPending(t, WireError::kInvalidArgument,
+                          "rows: the racks' pushes touch " + Num(touched_rows) +
+                              " distinct rows of table '" + key.info.name + "' chunk " +
+                              Num(c.index_in_key) + ", whose new values make a hub-link frame "
+                              "of " + Num(bytes) + " bytes, above " +
+                              Num(net::kMaxDataPayload) + "; push fewer distinct rows at once");
+      return;
+    }
+  }
   const std::vector<uint64_t> touched = r.Update();
   const uint64_t v = r.version();
   table_->Completed(t, key, c, v);
@@ -100,7 +118,7 @@ Verdict RackExchange::CheckRowData(net::Connection& conn, const LaneKey& key, co
                   "dtype: " + what + " must carry fp32 rows, got " + net::DTypeName(h.dtype),
                   rid);
   }
-  if (sum != (c.home == topology_.rack)) {
+  if (sum != (c.home == topology_.rack) || (!sum && conn.id().rack != c.home)) {
     return Reject(conn, WireError::kInvalidArgument,
                   what + (sum ? " sent to" : " sent by") + " a hub that is not the rows' home",
                   rid);

@@ -527,5 +527,96 @@ TEST(MultiRackTableTest, RowFramesOnAHubLinkFollowTheDocumentAndBadOnesAreRefuse
   EXPECT_TRUE(SameBits(out1, ref.values.data(), kRows * kDim));
 }
 
+// A rack's workers whose PushPullRows timed out in the client (the other
+// rack had not pushed) and push the same iteration again: their rack's sum
+// was already taken for the home, so the repeat is refused by name as a
+// duplicate, never counted a second time (it was: the home applied rack 0
+// twice and refused rack 1's pushes as stale).
+TEST(MultiRackTableTest, APushRepeatedAfterAClientTimeoutIsNeverCountedTwice) {
+  Hubs hubs = StartHubs(2, false);
+  std::vector<client::KeyId> k0, k1;
+  auto w0 = ConnectWorker(hubs, 0, 0, &k0, 2s);
+  auto w1 = ConnectWorker(hubs, 0, 1, &k1, 2s);
+  ASSERT_TRUE(w0 && w1);
+  std::vector<uint64_t> all(kRows);
+  for (uint64_t i = 0; i < kRows; ++i) all[i] = i;
+  const std::vector<TablePush> rack0 = {MakePush(0, 0, 0, 0), MakePush(0, 1, 0, 0)};
+  std::vector<float> o0(kRows * kDim), o1(kRows * kDim);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const client::Ticket t0 = w0->PushPullRows(k0[0], rack0[0].ids, rack0[0].rows, all, o0);
+    const client::Ticket t1 = w1->PushPullRows(k1[0], rack0[1].ids, rack0[1].rows, all, o1);
+    const client::Error e0 = w0->Wait(t0);
+    const client::Error e1 = w1->Wait(t1);
+    if (attempt == 0) {  // rack 1 never pushes: the client's op_timeout
+      EXPECT_EQ(e0.code, client::ErrorCode::kTimeout) << e0.message;
+      EXPECT_EQ(e1.code, client::ErrorCode::kTimeout) << e1.message;
+      continue;
+    }
+    for (const client::Error* e : {&e0, &e1}) {
+      EXPECT_FALSE(e->ok()) << "a repeated push of iteration 0 was answered";
+      EXPECT_NE(e->message.find("DUPLICATE_PUSH"), std::string::npos) << e->message;
+    }
+  }
+}
+
+// The home's new values of every touched row travel in one RACK_PARAMS: an
+// update whose union of rows (each rack's sum fits a frame) would not is
+// failed at the home before it is applied, naming the limit, and every
+// hub's rows stay as they were (it was applied at the home and refused as
+// MALFORMED by the other hub, which then stayed behind for good).
+TEST(MultiRackTableTest, AnUpdateTooLargeForOneHubLinkFrameIsFailedBeforeItIsApplied) {
+  Hubs hubs = StartHubs(2, false, "3000");
+  constexpr uint64_t kBigRows = 20000;
+  constexpr uint32_t kBigDim = 1024;
+  std::vector<std::unique_ptr<Client>> w;
+  std::vector<client::KeyId> ids;
+  for (uint32_t rack = 0; rack < 2; ++rack) {
+    for (uint32_t rank = 0; rank < kWorkers; ++rank) {
+      std::vector<client::KeyId> keys;
+      auto c = ConnectWorker(hubs, rack, rank, &keys, 30s);
+      ASSERT_TRUE(c);
+      client::KeyDecl decl;
+      decl.name = "big";
+      decl.rows = kBigRows;
+      decl.dim = kBigDim;
+      decl.optimizer = SpecOf(kTables[0]);
+      client::KeyId id = 0;
+      const client::Error d = c->DeclareKey(decl, &id);
+      ASSERT_TRUE(d.ok()) << d.message;
+      ids.push_back(id);
+      w.push_back(std::move(c));
+    }
+  }
+  // Each rack touches 9000 rows (36 MiB of sums), the union 18000 (72 MiB).
+  std::vector<std::vector<uint64_t>> push_ids(4);
+  std::vector<std::vector<float>> rows(4), outs(4, std::vector<float>(kBigDim));
+  for (size_t i = 0; i < 4; ++i) {
+    const uint64_t base = i < 2 ? 0 : 10000;
+    for (uint64_t r = 0; r < 9000; ++r) push_ids[i].push_back(base + r);
+    rows[i].assign(9000ull * kBigDim, 0.001f * static_cast<float>(i + 1));
+  }
+  const std::vector<uint64_t> want = {0};
+  std::vector<client::Ticket> t;
+  for (size_t i = 0; i < 4; ++i) {
+    t.push_back(w[i]->PushPullRows(ids[i], push_ids[i], rows[i], want, outs[i]));
+  }
+  bool named = false;
+  for (size_t i = 0; i < 4; ++i) {
+    const client::Error e = w[i]->Wait(t[i]);
+    EXPECT_FALSE(e.ok()) << "worker " << i << ": an update too large was applied";
+    named = named || e.message.find("push fewer distinct rows at once") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << "no worker was told the update is too large";
+  // Nothing was applied anywhere: rows 5 and 10005 are their initial zeros
+  // on both racks' hubs.
+  const std::vector<uint64_t> probe = {5, 10005};
+  for (size_t i = 0; i < 4; i += 2) {
+    std::vector<float> o(probe.size() * kBigDim, 1.0f);
+    const client::Error e = w[i]->Wait(w[i]->PullRows(ids[i], probe, o));
+    ASSERT_TRUE(e.ok()) << e.message;
+    for (float v : o) ASSERT_EQ(v, 0.0f) << "rack " << i / 2 << " applied part of the update";
+  }
+}
+
 }  // namespace
 }  // namespace rackhub

@@ -44,6 +44,9 @@ class RowSums {
   // REQUIRES: ready(). The touched row ids, ascending; `sums` gets their
   // sums (ids.size() * dim fp32, row after row). Clears the contributions.
   std::vector<uint64_t> Take(std::vector<float>* sums);
+  // How many distinct rows the contributions so far touch (what Take would
+  // return, counted).
+  uint64_t touched_rows() const;
   size_t memory_bytes() const;
 
  private:
