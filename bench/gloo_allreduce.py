@@ -18,6 +18,17 @@ p*W(W+1)/2 in any reduction order; where even K = 1 is too large, every rank
 sends p (partial sums at most K*W). Every rank checks every element
 ("verified" in the JSON; a mismatch is exit 1).
 
+--profile resnet50 splits the same flat buffer into ResNet-50's 161 parameter
+tensors (bench/torch/bench_tensors.py's resnet50_elements, which also sets the
+model size) and all_reduces them as a trainer would: --bucket-mib 0 one
+all_reduce per tensor, --bucket-mib B DDP's way, consecutive tensors taken
+last first (the order backward produces them) into buckets of at most B MiB
+(bucket_cap_mb; DDP's smaller first bucket is not modelled). Each tensor or
+bucket is a view of the flat buffer (DDP copies gradients into its bucket
+buffers; that copy is not timed here), all of them issued with async_op=True
+and then waited for, as DDP's reducer does. The check is the same, over
+every element of the flat buffer.
+
 On a rack on one machine (bench/rack_netns.sh) --netns-per-rank P puts rank r
 in network namespace P<r> (setns in the forked rank, before gloo starts), with
 --master-addr (rank 0's address) and --ifname (GLOO_SOCKET_IFNAME).
@@ -121,6 +132,38 @@ def exact_pattern(workers, dtype):
     return max(1, min(8, limit // workers)), (lambda r: 1), workers
 
 
+def profile_groups(args, elem_bytes):
+    """[(begin, end)] element ranges of the flat buffer, one all_reduce each,
+    in issue order."""
+    elements = args.bytes // 4
+    if args.profile == "even":
+        return [(0, elements)]
+    sizes = resnet50_elements()
+    bounds, at = [], 0
+    for n in sizes:
+        bounds.append((at, at + n))
+        at += n
+    if args.bucket_mib == 0:
+        return bounds
+    cap = args.bucket_mib << 20
+    groups, begin, end = [], None, None
+    for b, e in reversed(bounds):  # contiguous: a bucket is one slice
+        if end is not None and (end - b) * elem_bytes > cap:
+            groups.append((begin, end))
+            end = None
+        if end is None:
+            end = e
+        begin = b
+    groups.append((begin, end))
+    return groups
+
+
+def resnet50_elements():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch"))
+    from bench_tensors import resnet50_elements as sizes  # one place for the profile
+    return sizes()
+
+
 def rank_main(rank, args, port, out_queue):
     if args.netns_per_rank:
         enter_netns(f"{args.netns_per_rank}{rank}")
@@ -142,12 +185,17 @@ def rank_main(rank, args, port, out_queue):
     tensor = (pattern * weight(rank)).to(dtypes[used]).div_(64)
     expected = (pattern * total).to(dtypes[used]).div_(64)
     del pattern
+    views = [tensor[b:e] for b, e in profile_groups(args, tensor.element_size())]
     mismatches = 0
     times = []
     for it in range(args.warmup + args.iterations):
         dist.barrier()
         t0 = time.perf_counter()
-        dist.all_reduce(tensor)
+        if len(views) == 1:
+            dist.all_reduce(tensor)
+        else:
+            for work in [dist.all_reduce(v, async_op=True) for v in views]:
+                work.wait()
         t1 = time.perf_counter()
         if it >= args.warmup:
             times.append((t1 - t0) * 1e3)
@@ -177,6 +225,9 @@ def rank_main(rank, args, port, out_queue):
             "dtype": used,
             "bf16_supported": None if args.dtype != "bf16" else used == "bf16",
             "note": args.note,
+            "profile": args.profile,
+            "bucket_mib": args.bucket_mib,
+            "all_reduces": len(views),
             "iterations": args.iterations,
             "warmup": args.warmup,
             "median_ms": round(median, 4),
@@ -196,6 +247,11 @@ def main():
     p.add_argument("--bytes", type=parse_size, default=parse_size("64MiB"),
                    help="model size in fp32 bytes, as rackhub-bench --bytes (elements = SIZE/4)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    p.add_argument("--profile", choices=["even", "resnet50"], default="even",
+                   help="resnet50: ResNet-50's 161 tensors (sets --bytes)")
+    p.add_argument("--bucket-mib", type=int, default=0,
+                   help="with --profile resnet50: 0 = one all_reduce per tensor, B = DDP-style "
+                        "buckets of at most B MiB")
     p.add_argument("--bf16-fallback", choices=["fp16", "fp32", "none"], default="fp16")
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
@@ -209,6 +265,10 @@ def main():
     args = p.parse_args()
     if args.workers < 1 or args.iterations < 1 or args.warmup < 0 or args.bytes < 4:
         p.error("--workers and --iterations must be >= 1, --bytes >= 4")
+    if args.bucket_mib < 0:
+        p.error("--bucket-mib must be >= 0")
+    if args.profile == "resnet50":
+        args.bytes = 4 * sum(resnet50_elements())
     try:
         import torch
         import torch.distributed as dist

@@ -1,5 +1,5 @@
 # Shared by the benchmarks that build networks of namespaces (sourced, not
-# run): bench/rack_netns.sh. Needs $python (an interpreter) and $me (the
+# run): bench/rack_netns.sh, bench/torch_netns.sh. Needs $python (an interpreter) and $me (the
 # calling script's name, for messages) set by the caller.
 #
 #   netns_skip MSG           prints "SKIPPED: MSG" and exits 0 (no root, no tc, ...)
@@ -13,6 +13,11 @@
 #                            line rate, at least 128 KiB: GSO-sized packets)
 #   add_tbf NS DEV RATE      shapes DEV's egress in NS to RATE ("none": unshaped)
 #   rate_bytes RATE          RATE in bytes per second
+#   netns_rack PREFIX W L H  a rack on one machine: namespaces PREFIXsw (bridge br0,
+#                            10.79.0.254), PREFIXhub0 (10.79.0.1, link H) and
+#                            PREFIXw0..W-1 (10.79.0.11+r, links L), every link
+#                            shaped both ways; sets $sw and $hubns
+#   cpu_sample               "idle total" jiffies of the whole machine (/proc/stat)
 
 netns_created=()
 
@@ -91,3 +96,35 @@ add_tbf() {
   read -ra args <<<"$args"
   ip netns exec "$1" tc qdisc add dev "$2" root tbf "${args[@]}"
 }
+
+# plug_rack_port NS PORT IP RATE: NS's eth0 (IP) on $sw's bridge through port
+# PORT, the link shaped to RATE both ways (eth0's egress in NS, PORT's egress
+# on the switch).
+plug_rack_port() {
+  ip link add "rkn$$" netns "$1" type veth peer name "rks$$" netns "$sw"
+  ip -n "$1" link set "rkn$$" name eth0
+  ip -n "$sw" link set "rks$$" name "$2"
+  ip -n "$1" addr add "$3/24" dev eth0
+  ip -n "$1" link set eth0 up
+  ip -n "$sw" link set "$2" master br0
+  ip -n "$sw" link set "$2" up
+  add_tbf "$1" eth0 "$4" || netns_skip "tc cannot attach a tbf qdisc here (sch_tbf missing from the kernel?)"
+  add_tbf "$sw" "$2" "$4"
+}
+
+netns_rack() {
+  local w
+  sw="${1}sw" hubns="${1}hub0"
+  netns_add "$sw"
+  ip -n "$sw" link add br0 type bridge
+  ip -n "$sw" addr add 10.79.0.254/24 dev br0
+  ip -n "$sw" link set br0 up
+  netns_add "$hubns"
+  plug_rack_port "$hubns" hub0 10.79.0.1 "$4"
+  for w in $(seq 0 $(($2 - 1))); do
+    netns_add "${1}w$w"
+    plug_rack_port "${1}w$w" "w$w" "10.79.0.$((11 + w))" "$3"
+  done
+}
+
+cpu_sample() { awk '/^cpu /{ idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print idle, total }' /proc/stat; }

@@ -33,6 +33,8 @@ usage: bench/rack_netns.sh [options] [-- more rackhub-bench options]
   --bytes SIZE        model size in fp32 bytes                                  [64MiB]
   --keys K            keys the model is split into                                 [4]
   --profile P         even | resnet50 (ResNet-50's 161 tensors; sets bytes, keys) [even]
+  --gloo-bucket-mib B  with --profile resnet50: gloo all_reduces each tensor (0) or
+                      DDP-style buckets of at most B MiB, last tensor first      [0]
   --dtype D           fp32 | bf16 (gloo: fp16 when torch's gloo lacks bf16)      [fp32]
   --optimizer O       the hub's optimizer: sum-only, sgd, adam, ...          [sum-only]
   --iterations I      timed iterations per run                                     [5]
@@ -48,7 +50,7 @@ EOF
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build="$here/../build"
 workers=4 worker_rate=1gbit hub_rate=auto bytes=64MiB keys=4 profile=even dtype=fp32
-optimizer=sum-only iterations=5 warmup=1 rounds=3 lanes=0 json="" prefix=rk-
+optimizer=sum-only iterations=5 warmup=1 rounds=3 lanes=0 json="" prefix=rk- bucket_mib=0
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -59,6 +61,7 @@ while [ $# -gt 0 ]; do
     --bytes) bytes=$2; shift 2 ;;
     --keys) keys=$2; shift 2 ;;
     --profile) profile=$2; shift 2 ;;
+    --gloo-bucket-mib) bucket_mib=$2; shift 2 ;;
     --dtype) dtype=$2; shift 2 ;;
     --optimizer) optimizer=$2; shift 2 ;;
     --iterations) iterations=$2; shift 2 ;;
@@ -95,40 +98,15 @@ netns_bench rackhub-bench
 trap netns_cleanup EXIT
 trap 'exit 130' INT TERM
 
-sw="${prefix}sw" hubns="${prefix}hub0"
-netns_add "$sw"
-ip -n "$sw" link add br0 type bridge
-ip -n "$sw" addr add 10.79.0.254/24 dev br0
-ip -n "$sw" link set br0 up
-# plug NS PORT IP RATE: NS's eth0 (IP) on the bridge through port PORT, the
-# link shaped to RATE both ways (eth0's egress in NS, PORT's egress on the
-# switch).
-plug() {
-  ip link add "rkn$$" netns "$1" type veth peer name "rks$$" netns "$sw"
-  ip -n "$1" link set "rkn$$" name eth0
-  ip -n "$sw" link set "rks$$" name "$2"
-  ip -n "$1" addr add "$3/24" dev eth0
-  ip -n "$1" link set eth0 up
-  ip -n "$sw" link set "$2" master br0
-  ip -n "$sw" link set "$2" up
-  add_tbf "$1" eth0 "$4" || netns_skip "tc cannot attach a tbf qdisc here (sch_tbf missing from the kernel?)"
-  add_tbf "$sw" "$2" "$4"
-}
-netns_add "$hubns"
-plug "$hubns" hub0 10.79.0.1 "$hub_rate"
-for w in $(seq 0 $((workers - 1))); do
-  netns_add "${prefix}w$w"
-  plug "${prefix}w$w" "w$w" "10.79.0.$((11 + w))" "$worker_rate"
-done
+netns_rack "$prefix" "$workers" "$worker_rate" "$hub_rate"
 
-cpu_sample() { awk '/^cpu /{ idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print idle, total }' /proc/stat; }
 echo "$me: $workers workers at $worker_rate each ($lbytes B/s), hub at $hub_rate ($hbytes B/s),"
 echo "  namespaces ${prefix}w0..$((workers - 1)), $hubns, bridge br0 in $sw; $(nproc) cores"
 args=(--workers "$workers" --bytes "$bytes" --keys "$keys" --profile "$profile" --dtype "$dtype"
       --optimizer "$optimizer" --iterations "$iterations" --warmup "$warmup" --rounds "$rounds"
       --lanes "$lanes" --transport tcp --hub-netns-prefix "${prefix}hub" --rack-addrs 10.79.0.1
       --netns-per-worker "${prefix}w" --compare gloo --gloo-master-addr 10.79.0.11
-      --gloo-ifname eth0 --json)
+      --gloo-ifname eth0 --gloo-bucket-mib "$bucket_mib" --json)
 echo "+ ip netns exec $sw $bench ${args[*]} ${extra[*]}"
 out=$(mktemp)
 before=$(cpu_sample)
@@ -154,6 +132,10 @@ ring = 2 * (w - 1) / w * sl
 rh, gl = r["median_ms"], r.get("gloo_median_ms")
 print(f"  model {r['bytes'] / 2**20:.1f} MiB ({r['keys']} keys), {wire / 2**20:.1f} MiB on the wire "
       f"({r['dtype']}), optimizer {r['optimizer']}, verified: {r['verified']}")
+if r.get("profile", "even") != "even":
+    b = r["gloo_bucket_mib"]
+    print(f"  profile {r['profile']}: rackhub one key per tensor; gloo "
+          + ("one all_reduce per tensor" if b == 0 else f"DDP-style buckets of <= {b} MiB"))
 print(f"  bounds: S/L {sl:.1f} ms, PS max(S/L, W*S/H) {ps:.1f} ms, ring 2(W-1)/W*S/L {ring:.1f} ms")
 print(f"  rackhub {rh:.1f} ms = {rh / sl:.3f} x S/L = {rh / ps:.3f} x PS bound"
       f"   (round medians {r['round_median_ms']})")

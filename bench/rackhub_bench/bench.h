@@ -113,6 +113,10 @@ struct BenchArgs {
   // does gloo's rank r in --compare gloo, rendezvousing at gloo_master_addr
   // (worker 0's address) over interface gloo_ifname.
   std::string netns_per_worker, gloo_master_addr, gloo_ifname;
+  // --compare gloo with a multi-key profile (resnet50): gloo all_reduces the
+  // profile's tensors one by one (0) or in buckets of at most this many MiB
+  // of consecutive tensors, last tensor first, as DDP does (bucket_cap_mb).
+  uint32_t gloo_bucket_mib = 0;
   std::vector<std::string> rack_addrs;
   // --etcd H:P,..: the hubs share one registry in etcd and find each other
   // there (registry.backend = "etcd", topology.racks_from = "etcd"); the

@@ -201,6 +201,10 @@ int Compare(const BenchArgs& a, const std::string& self) {
             "--workers",    std::to_string(a.w.workers),    "--bytes",  std::to_string(a.w.bytes),
             "--dtype",      dtype,                          "--iterations",
             std::to_string(a.w.iterations), "--warmup", std::to_string(a.w.warmup)};
+        if (a.w.profile != "even") {
+          gloo_args.insert(gloo_args.end(), {"--profile", a.w.profile, "--bucket-mib",
+                                             std::to_string(a.gloo_bucket_mib)});
+        }
         if (!a.netns_per_worker.empty()) {
           gloo_args.insert(gloo_args.end(),
                            {"--netns-per-rank", a.netns_per_worker, "--master-addr",
@@ -271,7 +275,8 @@ int Compare(const BenchArgs& a, const std::string& self) {
         "\"round_median_ms\":%s,\"gloo_median_ms\":%s,\"gloo_p10_ms\":%s,\"gloo_p50_ms\":%s,"
         "\"gloo_p90_ms\":%s,\"gloo_p99_ms\":%s,"
         "\"gloo_gbps_per_worker\":%s,\"gloo_round_median_ms\":%s,\"gloo_dtype\":%s,"
-        "\"gloo_torch\":%s,\"gloo_note\":%s,\"gloo_error\":%s,\"ratio_to_gloo\":%s}\n",
+        "\"gloo_torch\":%s,\"gloo_note\":%s,\"gloo_error\":%s,\"ratio_to_gloo\":%s,"
+        "\"profile\":\"%s\",\"gloo_bucket_mib\":%u}\n",
         a.w.workers, static_cast<unsigned long long>(a.w.bytes), a.w.keys, a.w.iterations,
         a.w.warmup, a.rounds, dtype, a.optimizer.c_str(), transport.c_str(), median,
         Percentile(rh_all, 0.1), Percentile(rh_all, 0.5), Percentile(rh_all, 0.9),
@@ -284,7 +289,8 @@ int Compare(const BenchArgs& a, const std::string& self) {
         number_or_null(static_cast<double>(a.w.bytes) / (gloo_median * 1e-3) / 1e9, "%.3f").c_str(),
         list(gl_rounds).c_str(), string_or_null(gloo_dtype).c_str(),
         string_or_null(gloo_torch).c_str(), string_or_null(gloo_note).c_str(),
-        string_or_null(gloo_error).c_str(), number_or_null(ratio, "%.4f").c_str());
+        string_or_null(gloo_error).c_str(), number_or_null(ratio, "%.4f").c_str(),
+        a.w.profile.c_str(), a.gloo_bucket_mib);
   } else {
     std::printf(
         "rackhub-bench --compare gloo: %u workers, %.1f MiB model in %u keys, %s on the wire, "

@@ -241,6 +241,10 @@ CommandLine Parse(int argc, char** argv) {
                  "with --netns-per-worker: gloo's interface in each namespace")
       ->type_name("IF")
       ->group(compare);
+  number("--gloo-bucket-mib", &a.gloo_bucket_mib, "MIB",
+         "with --profile resnet50: gloo all_reduces the tensors one by one (0) or in\n"
+         "buckets of at most MIB MiB, last tensor first, as DDP's bucket_cap_mb")
+      ->group(compare);
   app.add_option("--python", a.python, "interpreter with torch")
       ->type_name("PATH")
       ->capture_default_str()
