@@ -154,6 +154,15 @@ void FrameSeeds() {
   hp.set_proof(std::string(32, 'p'));
   Write(t, "hub-proof", Frame(net::Opcode::kHubProof, hp.SerializeAsString()));
   Write(t, "hub-accept", Frame(net::Opcode::kHubAccept, hp.SerializeAsString()));
+  dpb::RackVersions rv;
+  rv.set_tenant("alpha");
+  rv.set_round(3);
+  rv.set_incarnation(0x1234);
+  rv.set_cause("worker lost");
+  auto* rk = rv.add_keys();
+  rk->set_key_id(1);
+  rk->set_newest(7);
+  Write(t, "rack-versions", Frame(net::Opcode::kRackVersions, rv.SerializeAsString()));
   dpb::KeyBind kb;
   kb.set_tenant("alpha");
   kb.set_key("w");

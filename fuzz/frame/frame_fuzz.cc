@@ -144,6 +144,7 @@ void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload
     case net::Opcode::kHubProof:
     case net::Opcode::kHubAccept: ParseAndReserialize<dpb::HubProof>(payload); break;
     case net::Opcode::kKeyBind: ParseAndReserialize<dpb::KeyBind>(payload); break;
+    case net::Opcode::kRackVersions: ParseAndReserialize<dpb::RackVersions>(payload); break;
     case net::Opcode::kPush:
       if (h.flags & net::kFlagSparse) {
         DecodeSparse(h, payload);
@@ -160,7 +161,8 @@ void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload
       break;
     case net::Opcode::kInit:
     case net::Opcode::kRackSum:
-    case net::Opcode::kRackParams: DecodeElements(h, payload); break;
+    case net::Opcode::kRackParams:
+    case net::Opcode::kRackAlign: DecodeElements(h, payload); break;
     case net::Opcode::kPushRows:
     case net::Opcode::kPullRows: DecodeRows(h, payload); break;
     case net::Opcode::kRows:

@@ -85,6 +85,8 @@ const char* OpcodeName(Opcode op) {
     case Opcode::kHubChallenge: return "HUB_CHALLENGE";
     case Opcode::kHubProof: return "HUB_PROOF";
     case Opcode::kHubAccept: return "HUB_ACCEPT";
+    case Opcode::kRackVersions: return "RACK_VERSIONS";
+    case Opcode::kRackAlign: return "RACK_ALIGN";
   }
   return "UNKNOWN";
 }

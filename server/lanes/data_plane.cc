@@ -32,6 +32,25 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
     lanes_.push_back(
         std::make_unique<Lane>(i, lanes->size(), config, registry, this, &lanes->context(i)));
   }
+  if (config.topology.multi_rack_exchange()) {
+    RackRecovery::Hooks hooks;
+    hooks.send = [this](uint32_t rack, std::string payload) {
+      Lane* lane0 = lanes_[0].get();
+      lane0->gate().Post([lane0, rack, payload = std::move(payload)] {
+        lane0->SendRackVersions(rack, payload);
+      });
+    };
+    hooks.recover = [this](uint32_t handle, const std::string& why) {
+      Recover(handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); });
+    };
+    hooks.handle_of = [this](const std::string& name) -> std::optional<uint32_t> {
+      TenantInfo info;
+      if (!registry_->GetTenant(name, &info).ok() || !SpansRacks(info)) return std::nullopt;
+      return info.handle;
+    };
+    rack_recovery_ = std::make_unique<RackRecovery>(config.topology.rack,
+                                                    config.topology.rack_count(), std::move(hooks));
+  }
   registry_->SetObserver(this);
 }
 
@@ -53,11 +72,24 @@ void DataPlane::OnLane(uint32_t i, std::function<void(Lane&)> fn) {
 void DataPlane::RackLost(uint32_t rack) {
   const std::string why = "rack link: the hub of rack " + std::to_string(rack) +
                           " left the cluster (its etcd lease is gone)";
-  OnEveryLane([why](Lane& lane) {
+  OnEveryLane([this, why](Lane& lane) {
     for (auto& [handle, t] : lane.table().tenants()) {
-      lane.table().FailPending(t, net::WireError::kWorkerLost, why);
+      if (!t.pending.empty()) AbortIteration(handle, why, false);
     }
   });
+}
+
+bool DataPlane::SpansRacks(const TenantInfo& info) const {
+  return rack_recovery_ && info.consistency == Consistency::kSync && !info.elastic;
+}
+
+Status DataPlane::OnRackVersions(uint32_t rack, std::span<const std::byte> payload) {
+  if (!rack_recovery_) return FailedPrecondition("RACK_VERSIONS: this hub serves one rack");
+  return rack_recovery_->OnVersions(rack, payload);
+}
+
+void DataPlane::RackLinkUp(uint32_t rack) {
+  if (rack_recovery_) rack_recovery_->OnLinkUp(rack);
 }
 
 void DataPlane::OnEveryLane(std::function<void(Lane&)> fn) {
@@ -260,9 +292,9 @@ void DataPlane::CommitMembership(uint32_t handle, TenantRuntime& tenant) {
 
 // Phase 1 on every lane: `first`, then report the newest version of each key
 // among the lane's chunks. Once every lane has (no lane accepts a PUSH of
-// the tenant meanwhile: `recovering`), phase 2 on every lane: chunks below
-// their key's newest version finish the aborted iteration as a skipped step.
-// Once every lane has, the held PULLs are answered.
+// the tenant meanwhile: `recovering`), phase 2 (Realign) with the newest
+// versions, or for a tenant spanning racks with the versions its hubs agree
+// on in a recovery round (rack_recovery.h).
 bool DataPlane::Recover(uint32_t handle, const std::string& why,
                         std::function<void(Lane&)> first) {
   struct Job {
@@ -275,7 +307,7 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
   const bool started = tenant->recovering.fetch_add(1) == 0;
   auto job = std::make_shared<Job>();
   job->remaining = lane_count();
-  OnEveryLane([this, handle, first, job, tenant](Lane& lane) {
+  OnEveryLane([this, handle, first, job, tenant, why](Lane& lane) {
     if (first) first(lane);
     {
       const auto mine = lane.KeyVersions(handle);
@@ -284,24 +316,48 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
     }
     if (job->remaining.fetch_sub(1) != 1) return;
     // Every lane failed its part of the iteration; job->versions is final.
-    for (const auto& [key, v] : job->versions) {
-      const auto rt = KeyRuntimeFor(handle, key);
-      uint64_t floor = rt->floor.load();
-      while (floor < v && !rt->floor.compare_exchange_weak(floor, v)) {
-      }
+    TenantInfo info;
+    if (rack_recovery_ && registry_->GetTenantByHandle(handle, &info).ok() && SpansRacks(info)) {
+      // Every rack's hub takes part: the versions are agreed first.
+      rack_recovery_->Reported(
+          handle, info.name, why, std::move(job->versions),
+          [this, handle, tenant](const RackRecovery::Versions& agreed, bool realign) {
+            Realign(handle, tenant, agreed, realign);
+          });
+      return;
     }
-    job->remaining = lane_count();
-    OnEveryLane([this, handle, job, tenant](Lane& l) {
-      l.Align(handle, job->versions);
-      if (job->remaining.fetch_sub(1) != 1) return;
-      // Every chunk is aligned and nothing is pending: a new membership of
-      // an elastic tenant applies from each chunk's next update.
-      CommitMembership(handle, *tenant);
-      if (tenant->recovering.fetch_sub(1) != 1) return;  // another recovery runs
-      OnEveryLane([handle](Lane& l2) { l2.ReleaseParked(handle); });
-    });
+    Realign(handle, tenant, std::move(job->versions), true);
   });
   return started;
+}
+
+// Phase 2 on every lane: chunks below their key's version finish the aborted
+// iteration as a skipped step (across racks: every chunk, and the homes send
+// their parameters). Once every lane has, the recovery finishes.
+void DataPlane::Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
+                        std::map<uint32_t, uint64_t> versions, bool realign) {
+  if (!realign) return FinishRecovery(handle, *tenant);
+  for (const auto& [key, v] : versions) {
+    const auto rt = KeyRuntimeFor(handle, key);
+    uint64_t floor = rt->floor.load();
+    while (floor < v && !rt->floor.compare_exchange_weak(floor, v)) {
+    }
+  }
+  auto remaining = std::make_shared<std::atomic<uint32_t>>(lane_count());
+  auto shared = std::make_shared<const std::map<uint32_t, uint64_t>>(std::move(versions));
+  OnEveryLane([this, handle, shared, remaining, tenant](Lane& l) {
+    l.Align(handle, *shared);
+    if (remaining->fetch_sub(1) != 1) return;
+    FinishRecovery(handle, *tenant);
+  });
+}
+
+void DataPlane::FinishRecovery(uint32_t handle, TenantRuntime& tenant) {
+  // Every chunk is aligned and nothing is pending: a new membership of an
+  // elastic tenant applies from each chunk's next update.
+  CommitMembership(handle, tenant);
+  if (tenant.recovering.fetch_sub(1) != 1) return;  // another recovery runs
+  OnEveryLane([handle](Lane& l2) { l2.ReleaseParked(handle); });
 }
 
 void DataPlane::GenerationEnded(uint32_t handle, uint32_t member,
@@ -389,6 +445,10 @@ void DataPlane::ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chun
 
 void DataPlane::OnTenantDeleted(uint32_t handle) {
   OnEveryLane([handle](Lane& lane) { lane.OnTenantDeleted(handle); });
+  if (rack_recovery_) {
+    // Not under the registry's lock: ending the round finishes recoveries.
+    lanes_[0]->gate().Post([this, handle] { rack_recovery_->Forget(handle); });
+  }
   runtimes_.erase(handle);
   tenant_runtimes_.erase(handle);
 }

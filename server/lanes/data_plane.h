@@ -28,6 +28,7 @@
 #include "lane.h"
 #include "lane_host.h"
 #include "lanes.h"
+#include "rack_recovery.h"
 #include "registry.h"
 #include "stall_report.h"
 
@@ -100,6 +101,8 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   net::Connector& hub_connector() override { return *hub_connector_; }
   void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) override;
   void CountRackChunkBytes(uint32_t rack, uint64_t out) override;
+  Status OnRackVersions(uint32_t rack, std::span<const std::byte> payload) override;
+  void RackLinkUp(uint32_t rack) override;
   void LaneDrained(uint32_t lane) override;
   bool stopping() const override { return stopping_.load(); }
   void RunBlocking(std::function<void()> fn) override;
@@ -122,6 +125,16 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // then the held PULLs answered. Asynchronous; see docs/durability.md.
   // True when no other recovery of the tenant was running.
   bool Recover(uint32_t handle, const std::string& why, std::function<void(Lane&)> first);
+  // Recovery, phase 2: with `realign`, every lane aligns its chunks to
+  // `versions` (then Finish); without, only Finish (a recovery whose
+  // realignment another one of the same cross-rack round does).
+  void Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
+               std::map<uint32_t, uint64_t> versions, bool realign);
+  // The end of one recovery: the membership commit (elastic tenants), and
+  // once no other recovery runs, the held PULLs answered.
+  void FinishRecovery(uint32_t handle, TenantRuntime& tenant);
+  // The tenant spans racks with hubs of its own (recovery rounds apply).
+  bool SpansRacks(const TenantInfo& info) const;
   // Elastic tenants, at the end of a recovery (nothing pending, no push
   // accepted): commits the membership of the ranks present now
   // (docs/elastic.md) and publishes it in the tenant's counters.
@@ -146,6 +159,8 @@ class DataPlane final : public RegistryObserver, public LaneHost {
     std::atomic<uint64_t> chunk_bytes_out{0};
   };
   std::vector<std::unique_ptr<LinkCounters>> link_counters_;  // by rack
+  // Hierarchical topology only: the tenants' cross-rack recovery rounds.
+  std::unique_ptr<RackRecovery> rack_recovery_;
   // Key runtimes by tenant handle, then key id: looked up by every lane,
   // erased on registry events (a whole tenant without iterating, which TBB's
   // map does not allow concurrently with inserts).

@@ -58,7 +58,10 @@ std::map<uint32_t, uint64_t> Lane::KeyVersions(uint32_t handle) {
 }
 
 void Lane::Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions) {
-  if (LaneTenant* t = table_.FindTenant(handle)) table_.Align(*t, versions);
+  LaneTenant* t = table_.FindTenant(handle);
+  if (!t) return;  // never used here: nothing to realign
+  table_.Align(*t, versions);
+  exchange_.Realign(*t, versions);
 }
 
 void Lane::Snapshot(uint32_t handle, const std::shared_ptr<SnapshotJob>& job) {

@@ -58,6 +58,10 @@ class Lane {
   std::map<uint32_t, uint64_t> KeyVersions(uint32_t handle);
   void Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions);
   void ReleaseParked(uint32_t handle) { workers_.ReleaseParked(handle); }
+  // A cross-rack recovery round's RACK_VERSIONS to rack `rack` (lane 0).
+  void SendRackVersions(uint32_t rack, const std::string& payload) {
+    exchange_.SendVersions(rack, payload);
+  }
   // Checkpoints (ChunkTable::Snapshot / Restore); Restore loads the tenant
   // from the registry if this lane has not seen it yet.
   void Snapshot(uint32_t handle, const std::shared_ptr<SnapshotJob>& job);

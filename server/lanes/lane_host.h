@@ -11,10 +11,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "rackhub/common/status.h"
 #include "rackhub/net/connector.h"
 
 namespace rackhub::server {
@@ -217,6 +219,11 @@ class LaneHost {
   virtual void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) = 0;
   // RACK_SUM / RACK_PARAMS frames (header + payload) queued to `rack`.
   virtual void CountRackChunkBytes(uint32_t rack, uint64_t out) = 0;
+  // Cross-rack recovery rounds (rack_recovery.h), from lane 0's links: a
+  // RACK_VERSIONS from rack `rack`'s hub (an error names what is wrong with
+  // it), and lane 0's outgoing link to `rack` being up (again).
+  virtual Status OnRackVersions(uint32_t rack, std::span<const std::byte> payload) = 0;
+  virtual void RackLinkUp(uint32_t rack) = 0;
 
   // Shutdown: the lane has closed its last connection.
   virtual void LaneDrained(uint32_t lane) = 0;

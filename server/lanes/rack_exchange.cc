@@ -74,19 +74,24 @@ void RackExchange::OnRackSum(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rac
   SendToPeer(c.home, t, key, h, sum, std::move(sum_owner));
 }
 
-void RackExchange::FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c) {
-  c.state.Update();
+void RackExchange::PublishHomeParams(const LaneKey& key, Chunk& c) {
   const uint64_t v = c.state.version();
   auto& out = c.replies[v & 1];
   out.PrepareOverwrite();  // a reply of v - 2 still queued keeps its bytes
   aggregation::CopyOut(out.data(), c.state.params(v).data(), c.state.elements(),
                        static_cast<aggregation::ElementType>(static_cast<uint8_t>(key.info.dtype)));
   c.version = v;
+}
+
+void RackExchange::FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c) {
+  c.state.Update();
+  PublishHomeParams(key, c);
+  const uint64_t v = c.version;
   table_->Completed(t, key, c, v);
   if (table_->exchange()) {
     const FrameHeader h = c.Header(Opcode::kRackParams, t.info.handle, v);
     for (uint32_t r = 0; r < table_->racks(); ++r) {
-      if (r != topology_.rack) SendToPeer(r, t, key, h, c.reply_bytes(v), out.Share());
+      if (r != topology_.rack) SendToPeer(r, t, key, h, c.reply_bytes(v), c.reply_owner(v));
     }
   }
   AnswerPushes(c, v);
@@ -289,6 +294,8 @@ void RackExchange::OnAuthenticated(uint32_t rack, net::Connection& conn) {
   // Initial values first: frames queued meanwhile may be sums needing them.
   OfferInitialValues(rack);
   FlushQueue(rack);
+  // A recovery round's reports this hub may not have got through.
+  if (table_->lane() == 0) host_->RackLinkUp(rack);
 }
 
 void RackExchange::FlushQueue(uint32_t rack) {
@@ -309,11 +316,14 @@ void RackExchange::GiveUp(uint32_t rack, uint64_t generation) {
   for (const auto& q : link.queued) tenants.insert(q.tenant);
   link.queued.clear();
   for (uint32_t handle : tenants) {
-    if (LaneTenant* t = table_->FindTenant(handle)) {
-      table_->FailPending(*t, WireError::kWorkerLost,
-                          "rack link: the hub of rack " + Num(rack) + " (" +
-                              topology_.racks[rack].interhub.ToString() + ") is unreachable" +
-                              (link.refusal.empty() ? std::string() : ": " + link.refusal));
+    if (table_->FindTenant(handle)) {
+      // Its frames are lost: the tenant's hubs realign (a recovery round,
+      // which waits for that hub).
+      host_->AbortIteration(handle,
+                            "rack link: the hub of rack " + Num(rack) + " (" +
+                                topology_.racks[rack].interhub.ToString() + ") is unreachable" +
+                                (link.refusal.empty() ? std::string() : ": " + link.refusal),
+                            false);
     }
   }
 }
@@ -376,12 +386,18 @@ void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& 
   }
   spdlog::warn("rack link: lane {} lost its {} link with rack {}'s hub: {}", table_->lane(),
                outgoing ? "outgoing" : "incoming", peer, why);
-  // Every multi-rack update in flight may wait for that hub: fail them now.
-  for (auto& [handle, t] : table_->tenants()) {
-    table_->FailPending(t, WireError::kWorkerLost,
-                        "rack link: lost the hub of rack " + Num(peer) + " (" + why + ")");
-  }
+  // Frames in flight on it are lost: every tenant here is recovered across
+  // racks (its updates in flight fail, its hubs agree on the versions again).
+  AbortAll("rack link: lost the hub of rack " + Num(peer) + " (" + why + ")");
   if (outgoing) Connect(peer);
+}
+
+void RackExchange::AbortAll(const std::string& why) {
+  std::vector<uint32_t> handles;
+  for (auto& [handle, t] : table_->tenants()) {
+    if (!t.chunks.empty()) handles.push_back(handle);
+  }
+  for (uint32_t handle : handles) host_->AbortIteration(handle, why, false);
 }
 
 void RackExchange::OnBytesSent(net::Connection& conn, size_t bytes) {

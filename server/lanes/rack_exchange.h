@@ -81,6 +81,16 @@ class RackExchange final : public net::FrameHandler {
   // gets values only from the home, so the home has them before any sum.
   void OnInitialized(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t from_rack);
 
+  // Cross-rack recovery (rack_recovery.h; rack_realign.cc). Sends a
+  // RACK_VERSIONS on this lane's link to `rack` (lane 0 only; dropped while
+  // the link is down: the round sends it again when it is up).
+  void SendVersions(uint32_t rack, const std::string& payload);
+  // A round agreed on `agreed` (key id -> version): every chunk of those keys
+  // on this lane skips to its version; a chunk's home sends its parameters at
+  // that version to every other hub (RACK_ALIGN), where PULLs of the chunk
+  // are held until they arrive. REQUIRES: nothing pending (a recovery).
+  void Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& agreed);
+
   // net::FrameHandler for hub links.
   Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;
   void HandleFrame(net::Connection& conn, const net::FrameHeader& h,
@@ -142,6 +152,18 @@ class RackExchange final : public net::FrameHandler {
                  const net::FrameHeader& h, std::span<const std::byte> payload);
   // The home hub's cross-rack stage is complete: update and answer everyone.
   void FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c);
+  // At the home: the reply bytes of version c.state.version() from the fp32
+  // parameters (c.version follows).
+  void PublishHomeParams(const LaneKey& key, Chunk& c);
+  // RACK_ALIGN at a hub that is not the chunk's home (rack_realign.cc).
+  void OnAlign(LaneTenant& t, LaneKey& key, Chunk& c, const net::FrameHeader& h,
+               std::span<const std::byte> payload);
+  // Frames of a recovering tenant's update (RACK_SUM, RACK_PARAMS) wait
+  // until its recovery ends (parked): the realignment decides what they are.
+  static bool HeldByRecovery(const LaneTenant& t, const net::FrameHeader& h);
+  // Every tenant with chunks on this lane is recovered across racks
+  // (LaneHost::AbortIteration), e.g. after a hub link broke.
+  void AbortAll(const std::string& why);
   void SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const net::FrameHeader& h,
                   std::span<const std::byte> payload, std::shared_ptr<const void> owner);
   void SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key);
@@ -174,13 +196,17 @@ class RackExchange final : public net::FrameHandler {
   Verdict CheckData(net::Connection& conn, const net::FrameHeader& h);
   Verdict CheckInit(net::Connection& conn, const LaneKey& key, const Chunk& c,
                     const net::FrameHeader& h);
+  Verdict CheckAlign(net::Connection& conn, const LaneKey& key, const Chunk& c,
+                     const net::FrameHeader& h);
   void OnKeyBind(net::Connection& conn, const net::FrameHeader& h,
                  std::span<const std::byte> payload);
   void OnPeerError(net::Connection& conn, const net::FrameHeader& h,
                    std::span<const std::byte> payload);
   void OnData(net::Connection& conn, const net::FrameHeader& h,
               std::span<const std::byte> payload);
-  void Park(net::Connection& conn, const net::FrameHeader& h, std::span<const std::byte> payload);
+  // `reserve`: counted in the link's backlog (Connection::Reserve).
+  void Park(net::Connection& conn, const net::FrameHeader& h, std::span<const std::byte> payload,
+            bool reserve);
   // Whether frames of `h`'s tenant and key from `conn` are parked (its
   // later ones then park behind them).
   bool HasParked(const net::Connection& conn, const net::FrameHeader& h) const;

@@ -45,13 +45,23 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
     case Opcode::kError:  // an answer on a link we opened
     case Opcode::kKeyBind:
       return Verdict::kAccept;
+    case Opcode::kRackVersions:
+      if (h.payload_bytes > net::kMaxControlPayload) {
+        return Reject(conn, WireError::kMalformed,
+                      "RACK_VERSIONS of " + Num(h.payload_bytes) + " bytes (at most " +
+                          Num(net::kMaxControlPayload) + ")",
+                      h.request_id);
+      }
+      return Verdict::kAccept;
     case Opcode::kInit:
     case Opcode::kRackSum:
-    case Opcode::kRackParams: {
+    case Opcode::kRackParams:
+    case Opcode::kRackAlign: {
       LaneTenant* t = nullptr;
-      // Not bound yet, or behind parked frames of its key on this link:
-      // accept, HandleFrame parks it (checked when it is its turn).
-      if (HasParked(conn, h) || !PeerKey(conn.id().rack, h, &t)) {
+      // Not bound yet, behind parked frames of its key on this link, or
+      // waiting for a recovery: accept, HandleFrame parks it (checked when
+      // it is its turn).
+      if (HasParked(conn, h) || !PeerKey(conn.id().rack, h, &t) || HeldByRecovery(*t, h)) {
         unchecked_.insert(&conn);
         return Verdict::kAccept;
       }
@@ -94,6 +104,7 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
   }
   Chunk& c = table_->GetChunk(*t, *key, h.chunk);
   if (h.opcode == Opcode::kInit) return CheckInit(conn, *key, c, h);
+  if (h.opcode == Opcode::kRackAlign) return CheckAlign(conn, *key, c, h);
   if (c.table()) return CheckRowData(conn, *key, c, h);
   if (!c.state.initialized()) {
     // Cannot happen between well-behaved hubs (OnInitialized's ordering).
@@ -115,6 +126,13 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
                   rid);
   }
   const uint64_t expected = sum ? c.state.version() : c.version + 1;
+  if (h.iteration < expected) {
+    // Sent before a recovery round moved the chunk past it (the round
+    // aborted that update everywhere): nothing to do.
+    spdlog::debug("rack link: a stale {} of chunk {} (iteration {}, expected {}) dropped",
+                  net::OpcodeName(h.opcode), h.chunk, h.iteration, expected);
+    return Verdict::kDiscard;
+  }
   if (h.iteration != expected || (sum && c.state.has_contributed(peer))) {
     SendPeerError(conn, h.tenant,
                   "iteration: " + Num(h.iteration) + " of chunk " + Num(h.chunk) + ", expected " +
@@ -190,10 +208,21 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
     case Opcode::kKeyBind: return OnKeyBind(conn, h, payload);
     default: break;
   }
+  if (h.opcode == Opcode::kRackVersions) {
+    if (const Status s = host_->OnRackVersions(peer, payload); !s.ok()) {
+      refusals_.Warn("rack link: lane " + Num(table_->lane()) + ": rack " + Num(peer) +
+                     "'s hub: " + s.message());
+    }
+    return;
+  }
   // Let through unchecked by AcceptHeader (parked or unbound then)?
   const bool unchecked = unchecked_.erase(&conn) > 0;
   LaneTenant* t = nullptr;
-  if (HasParked(conn, h) || !PeerKey(peer, h, &t)) return Park(conn, h, payload);
+  if (HasParked(conn, h) || !PeerKey(peer, h, &t)) return Park(conn, h, payload, true);
+  // Not counted against the link's backlog: reading on must go on, as the
+  // round's RACK_VERSIONS may come behind them; they are bounded anyway (a
+  // peer sends at most one per chunk until the update is answered).
+  if (HeldByRecovery(*t, h)) return Park(conn, h, payload, false);
   if (unchecked && CheckData(conn, h) != Verdict::kAccept) return;
   OnData(conn, h, payload);
 }
@@ -212,7 +241,8 @@ void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
   const std::string text = SafeForLog(body.ok() ? body->text : body.status().message(), 512);  // another hub's words: escaped before logs and replies
   spdlog::error("rack link: rack {}'s hub refused: {}: {}", peer, net::WireErrorName(code), text);
   if (LaneTenant* t = table_->FindTenant(h.tenant)) {
-    table_->FailPending(*t, WireError::kInvalidArgument, "rack " + Num(peer) + ": " + text);
+    // What it refused is lost: the tenant's hubs realign (a recovery round).
+    host_->AbortIteration(t->info.handle, "rack " + Num(peer) + "'s hub refused: " + text, false);
     // Initial values it may have dropped (parked too long for a key it did
     // not have yet) go again; it ignores those it has.
     OfferInitialValues(peer, t->info.handle);
@@ -231,11 +261,12 @@ void RackExchange::OnKeyBind(net::Connection& conn, const FrameHeader& h,
   }
 }
 
-// The key is not declared here yet: keep the frame and retry shortly.
+// The key is not declared here yet, or its tenant recovers: keep the frame
+// and retry shortly.
 void RackExchange::Park(net::Connection& conn, const FrameHeader& h,
-                        std::span<const std::byte> payload) {
-  const size_t bytes = net::kHeaderBytes + payload.size();
-  if (!conn.Reserve(bytes)) return;  // the link is failing
+                        std::span<const std::byte> payload, bool reserve) {
+  const size_t bytes = reserve ? net::kHeaderBytes + payload.size() : 0;
+  if (reserve && !conn.Reserve(bytes)) return;  // the link is failing
   parked_.push_back({conn.weak_from_this(), h, {payload.begin(), payload.end()},
                      std::chrono::steady_clock::now(), bytes});
   if (!parked_timer_armed_) {
@@ -261,6 +292,11 @@ void RackExchange::RetryParked() {
       continue;
     }
     LaneTenant* t = nullptr;
+    if (PeerKey(conn->id().rack, p.header, &t) && HeldByRecovery(*t, p.header)) {
+      blocked.insert(id);  // until the recovery ends (rack_recovery.h)
+      parked_.push_back(std::move(p));
+      continue;
+    }
     if (!PeerKey(conn->id().rack, p.header, &t)) {
       if (std::chrono::steady_clock::now() - p.since > kPeerWaitLimit) {
         conn->Unreserve(p.reserved);
@@ -291,6 +327,7 @@ void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
   LaneKey& key = *PeerKey(peer, h, &tp);
   LaneTenant& t = *tp;
   Chunk& c = table_->GetChunk(t, key, h.chunk);
+  if (h.opcode == Opcode::kRackAlign) return OnAlign(t, key, c, h, payload);
   if (c.table()) return OnRowData(conn, t, key, c, h, payload);
   if (h.opcode == Opcode::kInit) {
     if (!table_->SetInitialMultiRack(key, c, payload)) return;  // a duplicate

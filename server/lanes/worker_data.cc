@@ -233,7 +233,10 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
                         h.request_id);
     return;
   }
-  if (!c.state.initialized()) {  // a from_client chunk before its INIT
+  // A from_client chunk before its INIT, or (several racks) one whose
+  // home's values after a recovery round are on their way (RACK_ALIGN).
+  if (!c.state.initialized() ||
+      c.AwaitsAlign(table_->self_rack(), key->runtime->floor.load(std::memory_order_acquire))) {
     if (!conn.Reserve(reply_bytes)) return;
     c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id, reply_bytes, {}});
     return;

@@ -93,8 +93,11 @@ enum class Opcode : uint8_t {
   kHubChallenge = 21,  // acceptor -> opener: control.proto HubChallenge (its nonce)
   kHubProof = 22,      // opener -> acceptor: HubProof (the opener's HMAC)
   kHubAccept = 23,     // acceptor -> opener: HubProof (the acceptor's HMAC); link up
+  // Cross-rack recovery (docs/wire-protocol.md section 7b):
+  kRackVersions = 24,  // control.proto RackVersions: a hub's key versions in a recovery round
+  kRackAlign = 25,     // the home's parameters of one chunk at the agreed version (key dtype)
 };
-inline constexpr uint8_t kMaxOpcode = 23;
+inline constexpr uint8_t kMaxOpcode = 25;
 
 enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }

@@ -1,0 +1,202 @@
+#include "rack_recovery.h"
+
+#include <algorithm>
+#include <random>
+
+#include <spdlog/spdlog.h>
+
+#include "rackhub/common/log_safe.h"
+#include "rackhub/common/number.h"
+#include "rackhub/data/v1/control.pb.h"
+
+namespace rackhub::server {
+
+namespace dpb = rackhub::data::v1;
+
+namespace {
+
+uint64_t RandomIncarnation() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd() ^ 1;  // never 0 (0: "no report")
+}
+
+constexpr size_t kMaxCause = 512;
+
+}  // namespace
+
+RackRecovery::RackRecovery(uint32_t self_rack, uint32_t racks, Hooks hooks)
+    : self_(self_rack), racks_(racks), incarnation_(RandomIncarnation()), hooks_(std::move(hooks)) {}
+
+std::string RackRecovery::Encode(const Round& r, bool finished) const {
+  dpb::RackVersions m;
+  m.set_tenant(r.name);
+  m.set_round(r.number);
+  m.set_incarnation(incarnation_);
+  m.set_finished(finished);
+  m.set_cause(r.cause.substr(0, kMaxCause));
+  for (const auto& [key, v] : *r.own) {
+    auto* k = m.add_keys();
+    k->set_key_id(key);
+    k->set_newest(v);
+  }
+  return m.SerializeAsString();
+}
+
+void RackRecovery::SendToAll(const Round& r, Effects& fx) const {
+  const std::string bytes = Encode(r, false);
+  for (uint32_t rack = 0; rack < racks_; ++rack) {
+    if (rack != self_) fx.sends.emplace_back(rack, bytes);
+  }
+}
+
+void RackRecovery::Begin(uint32_t handle, Round& r, uint64_t number, std::string cause,
+                         Effects& fx) {
+  r.number = number;
+  r.active = true;
+  r.own.reset();
+  r.peers.clear();
+  r.cause = std::move(cause);
+  fx.recover.emplace(handle, r.cause);
+}
+
+void RackRecovery::TryFinish(Round& r, Effects& fx) {
+  if (!r.active || !r.own || r.peers.size() + 1 < racks_) return;
+  Versions agreed = *r.own;
+  for (const auto& [rack, report] : r.peers) {
+    for (const auto& [key, v] : report.newest) agreed[key] = std::max(agreed[key], v);
+  }
+  for (auto& [key, v] : agreed) ++v;  // every chunk skips: older frames are stale
+  r.active = false;
+  r.last_agreed = agreed;
+  fx.done = std::move(r.waiting);
+  r.waiting.clear();
+  fx.agreed = std::move(agreed);
+  spdlog::info("rack recovery: tenant '{}' round {} agreed on {} key version(s) with every rack",
+               r.name, r.number, fx.agreed.size());
+}
+
+void RackRecovery::Apply(Effects fx) {
+  for (auto& [rack, bytes] : fx.sends) hooks_.send(rack, std::move(bytes));
+  if (fx.recover) hooks_.recover(fx.recover->first, fx.recover->second);
+  for (size_t i = 0; i < fx.done.size(); ++i) fx.done[i](fx.agreed, i == 0);
+}
+
+void RackRecovery::Reported(uint32_t handle, const std::string& name, const std::string& cause,
+                            Versions newest, Agreed agreed) {
+  Effects fx;
+  {
+    std::lock_guard lock(mu_);
+    Round& r = rounds_[handle];
+    r.name = name;
+    if (!r.active) {
+      r.number += 1;
+      r.active = true;
+      r.peers.clear();
+      r.own.reset();
+      r.cause = cause;
+    }
+    if (!r.own) {
+      // Never below the last round's agreement: phase 1 may have read the
+      // lanes before they realigned to it, and frames of updates after it
+      // must be stale after this round too.
+      for (const auto& [key, v] : r.last_agreed) newest[key] = std::max(newest[key], v);
+      r.own = std::move(newest);
+      spdlog::info("rack recovery: tenant '{}' round {}: reporting {} key version(s) ({})", name,
+                   r.number, r.own->size(), SafeForLog(r.cause, 200));
+      SendToAll(r, fx);
+    }
+    r.waiting.push_back(std::move(agreed));
+    TryFinish(r, fx);
+  }
+  Apply(std::move(fx));
+}
+
+Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payload) {
+  dpb::RackVersions m;
+  if (!m.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    return InvalidArgument("RACK_VERSIONS: the payload is not a RackVersions");
+  }
+  if (rack >= racks_ || rack == self_) {
+    return InvalidArgument("RACK_VERSIONS: from rack " + Num(rack) + ", not another rack");
+  }
+  if (m.round() == 0 || m.incarnation() == 0 || static_cast<size_t>(m.keys_size()) > kMaxKeys) {
+    return InvalidArgument("RACK_VERSIONS: round " + Num(m.round()) + ", incarnation " +
+                           Num(m.incarnation()) + ", " + Num(m.keys_size()) +
+                           " keys (round and incarnation must not be 0, at most " +
+                           Num(kMaxKeys) + " keys)");
+  }
+  const std::optional<uint32_t> handle = hooks_.handle_of(m.tenant());
+  if (!handle) {
+    return NotFound("RACK_VERSIONS: tenant " + QuoteForLog(m.tenant()) +
+                    " does not span racks on this hub (not created here yet?)");
+  }
+  Report report;
+  report.incarnation = m.incarnation();
+  for (const auto& k : m.keys()) {
+    uint64_t& v = report.newest[k.key_id()];
+    v = std::max(v, k.newest());
+  }
+  const std::string cause = "rack " + Num(rack) + ": " + SafeForLog(m.cause(), kMaxCause);
+  Effects fx;
+  {
+    std::lock_guard lock(mu_);
+    Round& r = rounds_[*handle];
+    r.name = m.tenant();
+    if (m.round() > r.number) {
+      // A newer round: join it (this hub fails its iteration too).
+      Begin(*handle, r, m.round(), cause, fx);
+      r.peers[rack] = std::move(report);
+    } else if (m.round() == r.number) {
+      const auto known = r.peers.find(rack);
+      if (r.active) {
+        r.peers[rack] = std::move(report);
+        TryFinish(r, fx);
+      } else if (!m.finished()) {
+        if (known != r.peers.end() && known->second.incarnation == m.incarnation() && r.own) {
+          // It missed this hub's report of the round it is still in.
+          fx.sends.emplace_back(rack, Encode(r, true));
+        } else {
+          // Not the round this hub finished (a restarted hub reusing its
+          // number): a new round for everyone.
+          Begin(*handle, r, r.number + 1, cause + " (a hub restarted)", fx);
+        }
+      }
+    } else if (!m.finished()) {
+      // It waits in a round this hub has left.
+      if (r.active) {
+        if (r.own) fx.sends.emplace_back(rack, Encode(r, false));
+      } else {
+        Begin(*handle, r, r.number + 1, cause, fx);
+      }
+    }
+  }
+  Apply(std::move(fx));
+  return Status::Ok();
+}
+
+void RackRecovery::OnLinkUp(uint32_t rack) {
+  Effects fx;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [handle, r] : rounds_) {
+      if (r.own) fx.sends.emplace_back(rack, Encode(r, !r.active));
+    }
+  }
+  Apply(std::move(fx));
+}
+
+void RackRecovery::Forget(uint32_t handle) {
+  Effects fx;
+  {
+    std::lock_guard lock(mu_);
+    const auto it = rounds_.find(handle);
+    if (it == rounds_.end()) return;
+    fx.done = std::move(it->second.waiting);
+    rounds_.erase(it);
+  }
+  // Recoveries still waiting finish without a realignment (nothing is left
+  // to realign): their held PULLs are answered (as UNKNOWN_KEY).
+  for (auto& done : fx.done) done(Versions{}, false);
+}
+
+}  // namespace rackhub::server

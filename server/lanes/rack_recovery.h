@@ -1,0 +1,122 @@
+// RackRecovery: the recovery rounds of tenants spanning racks
+// (docs/cluster.md, "Recovery across racks"). When any hub of such a tenant
+// recovers it (a worker lost, a straggler, a hub link lost, a hub's refusal),
+// every hub must abort the iteration in progress and all must bring each key
+// to one version again. A round does that:
+//
+//   1. A hub that recovers the tenant (DataPlane::Recover: the pending
+//      updates failed, no push accepted meanwhile) reports the newest
+//      version of each key among its chunks in a RACK_VERSIONS to every other
+//      hub, tagged with the tenant's round number.
+//   2. A hub that receives a report of a newer round joins it: it recovers
+//      the tenant itself (so it fails its pending updates too) and reports.
+//   3. Once a hub has every rack's report of the round, each key's agreed
+//      version is 1 + the newest version in them; the hub realigns its
+//      chunks to it (RackExchange::Realign: a skipped step; a chunk's home
+//      sends its parameters to the other hubs in RACK_ALIGN).
+//
+// Why it cannot deadlock: round numbers only grow, and a hub only ever waits
+// for the reports of the round it is in. A hub in an older round joins on
+// the first report of a newer one; a hub that finished a round answers a
+// hub still waiting in it with its own report of that round (the same
+// report everyone else used); a hub asked about a round it can no longer
+// answer (an older one, or one a restarted hub reuses: each report names
+// the sending process's random incarnation) starts a newer round that
+// everyone joins. Reports lost in a broken link are sent again when lane
+// 0's link to that hub is up again (OnLinkUp). A round therefore ends on
+// every hub once the links hold long enough for one report each way;
+// while a hub is unreachable the round waits (workers' Pulls are held,
+// bounded by their operation timeout).
+//
+// Ownership: the DataPlane owns it. Threading: any thread (lanes call it);
+// one mutex; the hooks and callbacks run outside it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "rackhub/common/status.h"
+
+namespace rackhub::server {
+
+class RackRecovery {
+ public:
+  using Versions = std::map<uint32_t, uint64_t>;  // key id -> version
+  // Runs once per local recovery when its round ends: the agreed versions;
+  // `realign` for exactly one of the round's recoveries (the others only
+  // finish: their phase 1 is covered by the same realignment).
+  using Agreed = std::function<void(const Versions& agreed, bool realign)>;
+  struct Hooks {
+    // RACK_VERSIONS `payload` to rack `rack`'s hub on lane 0's link
+    // (dropped while it is down: OnLinkUp sends it again).
+    std::function<void(uint32_t rack, std::string payload)> send;
+    // Recovers the tenant here (DataPlane::Recover), which calls Reported.
+    std::function<void(uint32_t handle, const std::string& why)> recover;
+    // The handle of the tenant named `name` if it spans racks here.
+    std::function<std::optional<uint32_t>(const std::string& name)> handle_of;
+  };
+
+  RackRecovery(uint32_t self_rack, uint32_t racks, Hooks hooks);
+
+  // A local recovery of tenant `handle` (`name`) finished its phase 1 with
+  // `newest` (key -> newest version here). `agreed` runs when the round ends.
+  void Reported(uint32_t handle, const std::string& name, const std::string& cause,
+                Versions newest, Agreed agreed);
+  // A RACK_VERSIONS from rack `rack`'s hub. An error names what is wrong
+  // with it (the link stays: the caller logs it).
+  Status OnVersions(uint32_t rack, std::span<const std::byte> payload);
+  // Lane 0's link to rack `rack`'s hub is up (again).
+  void OnLinkUp(uint32_t rack);
+  // The tenant was deleted: its round ends here (recoveries waiting in it
+  // finish without a realignment).
+  void Forget(uint32_t handle);
+
+  // Most keys one report may carry (RACK_VERSIONS is a control frame).
+  static constexpr size_t kMaxKeys = 100000;
+
+ private:
+  struct Report {
+    uint64_t incarnation = 0;
+    Versions newest;
+  };
+  struct Round {
+    std::string name;
+    uint64_t number = 0;    // the round this hub is in (or finished last)
+    bool active = false;    // in it and not finished
+    std::string cause;
+    std::optional<Versions> own;       // this hub's report of `number`
+    std::map<uint32_t, Report> peers;  // by rack: their reports of `number`
+    std::vector<Agreed> waiting;       // local recoveries in `number`
+    Versions last_agreed;              // what the last round this hub finished agreed
+  };
+  struct Effects {  // what to do once the lock is released
+    std::vector<std::pair<uint32_t, std::string>> sends;
+    std::optional<std::pair<uint32_t, std::string>> recover;
+    std::vector<Agreed> done;
+    Versions agreed;
+  };
+
+  // Enters round `number` (or the next) without a report of this hub yet:
+  // a local recovery is started that reports into it.
+  void Begin(uint32_t handle, Round& r, uint64_t number, std::string cause, Effects& fx);
+  std::string Encode(const Round& r, bool finished) const;
+  void SendToAll(const Round& r, Effects& fx) const;
+  // Ends the round if this hub and every other rack reported.
+  void TryFinish(Round& r, Effects& fx);
+  void Apply(Effects fx);
+
+  const uint32_t self_;
+  const uint32_t racks_;
+  const uint64_t incarnation_;
+  const Hooks hooks_;
+  std::mutex mu_;
+  std::map<uint32_t, Round> rounds_;  // by tenant handle; GUARDED_BY(mu_)
+};
+
+}  // namespace rackhub::server
