@@ -148,18 +148,18 @@ Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payloa
       r.peers[rack] = std::move(report);
     } else if (m.round() == r.number) {
       const auto known = r.peers.find(rack);
-      if (r.active) {
+      const bool same = known == r.peers.end() || known->second.incarnation == m.incarnation();
+      if (!same) {
+        // The hub restarted and took part in this round number again with
+        // other versions: some hubs may end (or have ended) it with the old
+        // report, others with the new one. A new round for everyone.
+        Begin(*handle, r, r.number + 1, cause + " (its hub restarted)", fx);
+      } else if (r.active) {
         r.peers[rack] = std::move(report);
         TryFinish(r, fx);
-      } else if (!m.finished()) {
-        if (known != r.peers.end() && known->second.incarnation == m.incarnation() && r.own) {
-          // It missed this hub's report of the round it is still in.
-          fx.sends.emplace_back(rack, Encode(r, true));
-        } else {
-          // Not the round this hub finished (a restarted hub reusing its
-          // number): a new round for everyone.
-          Begin(*handle, r, r.number + 1, cause + " (a hub restarted)", fx);
-        }
+      } else if (!m.finished() && r.own) {
+        // It missed this hub's report of the round it is still in.
+        fx.sends.emplace_back(rack, Encode(r, true));
       }
     } else if (!m.finished()) {
       // It waits in a round this hub has left.

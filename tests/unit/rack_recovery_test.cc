@@ -8,8 +8,10 @@
 // version any hub had when the failures began (older frames are stale).
 // Thousands of seeded interleavings; the simulation is the only scheduler.
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <memory>
@@ -24,6 +26,12 @@ namespace rackhub::server {
 namespace {
 
 using Versions = RackRecovery::Versions;
+
+// The rounds log at info level; thousands of them here.
+struct QuietLogs : ::testing::Environment {
+  void SetUp() override { spdlog::set_level(spdlog::level::warn); }
+};
+const auto* const kQuiet = ::testing::AddGlobalTestEnvironment(new QuietLogs);
 
 class Sim {
  public:
@@ -200,7 +208,10 @@ TEST(RackRecoveryTest, OneFailureOnOneHubRealignsEveryHubToOneVersionPerKey) {
 }
 
 TEST(RackRecoveryTest, LostReportsFailuresAndRestartsDuringRoundsStillEndInAgreement) {
-  for (uint32_t seed = 0; seed < 3000; ++seed) {
+  // RACKHUB_RR_SEEDS=N runs N interleavings (a deeper search than CI's).
+  const char* seeds = std::getenv("RACKHUB_RR_SEEDS");
+  const uint32_t n = seeds ? static_cast<uint32_t>(std::atoi(seeds)) : 3000;
+  for (uint32_t seed = 0; seed < n; ++seed) {
     const uint32_t racks = 2 + seed % 3;
     Sim sim(racks, seed);
     sim.Fail(sim.Pick(racks));
