@@ -59,7 +59,10 @@ std::map<uint32_t, uint64_t> Lane::KeyVersions(uint32_t handle) {
 
 void Lane::Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions) {
   LaneTenant* t = table_.FindTenant(handle);
-  if (!t) return;  // never used here: nothing to realign
+  // Across racks a hub that restarted has not loaded the tenant yet, but it
+  // is home to some of its chunks: they are realigned (and sent) all the same.
+  if (!t && table_.exchange()) t = table_.LoadTenant(handle);
+  if (!t) return;
   table_.Align(*t, versions);
   exchange_.Realign(*t, versions);
 }

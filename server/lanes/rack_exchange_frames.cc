@@ -126,7 +126,11 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
                   rid);
   }
   const uint64_t expected = sum ? c.state.version() : c.version + 1;
-  if (h.iteration < expected) {
+  // A recovery round's agreed version (the key's floor) is past every update
+  // before it: their RACK_PARAMS are stale even before the home's RACK_ALIGN
+  // brought this copy there.
+  const uint64_t agreed = key->runtime->floor.load(std::memory_order_acquire);
+  if (h.iteration < expected || (!sum && h.iteration < agreed)) {
     // Sent before a recovery round moved the chunk past it (the round
     // aborted that update everywhere): nothing to do.
     spdlog::debug("rack link: a stale {} of chunk {} (iteration {}, expected {}) dropped",
@@ -241,8 +245,13 @@ void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
   const std::string text = SafeForLog(body.ok() ? body->text : body.status().message(), 512);  // another hub's words: escaped before logs and replies
   spdlog::error("rack link: rack {}'s hub refused: {}: {}", peer, net::WireErrorName(code), text);
   if (LaneTenant* t = table_->FindTenant(h.tenant)) {
-    // What it refused is lost: the tenant's hubs realign (a recovery round).
-    host_->AbortIteration(t->info.handle, "rack " + Num(peer) + "'s hub refused: " + text, false);
+    // What it refused was part of an update in flight: that update is lost,
+    // the tenant's hubs realign (a recovery round). (With nothing pending,
+    // e.g. a refused KEY_BIND, a round would only be refused again.)
+    if (!t->pending.empty()) {
+      host_->AbortIteration(t->info.handle, "rack " + Num(peer) + "'s hub refused: " + text,
+                            false);
+    }
     // Initial values it may have dropped (parked too long for a key it did
     // not have yet) go again; it ignores those it has.
     OfferInitialValues(peer, t->info.handle);
