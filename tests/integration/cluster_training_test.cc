@@ -209,6 +209,20 @@ TEST(ClusterTrainingTest, AHubThatStopsAnsweringLosesItsLeaseAndItsRackIsFailedB
 // rack (the hubs do not realign a chunk across racks: docs/cluster.md). So
 // each worker either finishes, and then bit for bit as the undisturbed run,
 // or stops on WORKER_LOST naming the rack; never a hang, never other bits.
+// This worker stops at its first error (it does not resynchronize). A cut
+// makes the hubs recover the tenant across racks (docs/cluster.md,
+// Recovery across racks): an update in flight fails with WORKER_LOST naming
+// the rack, and a push after the recovery round is behind the agreed
+// version (BAD_ITERATION, stale: the documented answer is a Pull, which
+// this worker does not do).
+bool StoppedByARecovery(const std::string& line) {
+  const bool lost = line.find("WORKER_LOST") != std::string::npos &&
+                    line.find("rack") != std::string::npos;
+  const bool behind = line.find("BAD_ITERATION") != std::string::npos &&
+                      line.find("(stale); Pull the key") != std::string::npos;
+  return lost || behind;
+}
+
 TEST(ClusterTrainingTest, HubLinkCutsNeverHangOrChangeTheBits) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.started());
@@ -258,8 +272,7 @@ TEST(ClusterTrainingTest, HubLinkCutsNeverHangOrChangeTheBits) {
       const auto at = text.find("\nerror ");
       ASSERT_NE(at, std::string::npos) << text;
       const std::string line = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
-      EXPECT_NE(line.find("WORKER_LOST"), std::string::npos) << line;
-      EXPECT_NE(line.find("rack"), std::string::npos) << line;
+      EXPECT_TRUE(StoppedByARecovery(line)) << line;
     }
   }
 }
@@ -327,8 +340,7 @@ TEST(ClusterTrainingTest, FromClientValuesReachEveryRackThroughHubLinkCuts) {
         const auto at = text.find("\nerror ");
         ASSERT_NE(at, std::string::npos) << text;
         const std::string line = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
-        EXPECT_NE(line.find("WORKER_LOST"), std::string::npos) << line;
-        EXPECT_NE(line.find("rack"), std::string::npos) << line;
+        EXPECT_TRUE(StoppedByARecovery(line)) << line;
       }
     }
     if (round > 0) {
