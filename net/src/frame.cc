@@ -25,7 +25,7 @@ T Get(const std::byte* base, size_t offset) {
 bool IsDataOpcode(Opcode op) {
   return op == Opcode::kPush || op == Opcode::kParams || op == Opcode::kInit ||
          op == Opcode::kRackSum || op == Opcode::kRackParams || op == Opcode::kPushRows ||
-         op == Opcode::kRows || op == Opcode::kPullRows;
+         op == Opcode::kRows || op == Opcode::kPullRows || op == Opcode::kRackAlign;
 }
 
 }  // namespace

@@ -293,7 +293,6 @@ void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& w
 std::map<uint32_t, uint64_t> ChunkTable::KeyVersions(const LaneTenant& t) const {
   std::map<uint32_t, uint64_t> out;
   for (const auto& [id, c] : t.chunks) {
-    if (exchange_ && c->table()) continue;
     uint64_t& v = out[c->key_id];
     v = std::max(v, c->current_version());
   }

@@ -152,9 +152,10 @@ struct Chunk {
   bool multi_rack() const { return !stages.empty(); }  // a dense chunk spanning racks
   // Several racks, not its home (`self`): a recovery round agreed on the
   // key's `floor` (KeyRuntime) and the home's RACK_ALIGN with the values at
-  // that version has not come yet (rack_realign.cc): PULLs wait in `pulls`.
+  // that version has not come yet (rack_realign.cc): PULLs and PULL_ROWS
+  // wait in `pulls`.
   bool AwaitsAlign(uint32_t self, uint64_t floor) const {
-    return multi_rack() && home != self && version < floor;
+    return (multi_rack() || rows_across_racks()) && home != self && current_version() < floor;
   }
   bool rows_across_racks() const { return row_stages != nullptr; }
   // The row contributions a worker of `rack` adds to (a table's chunk).
@@ -305,8 +306,7 @@ class ChunkTable {
   // Fails every waiting push of the tenant with `code` and discards the
   // partial sums of its pending updates.
   void FailPending(LaneTenant& t, net::WireError code, const std::string& why);
-  // The newest version of each key among this lane's chunks (recovery;
-  // across racks dense keys only: tables are not realigned there).
+  // The newest version of each key among this lane's chunks (recovery).
   std::map<uint32_t, uint64_t> KeyVersions(const LaneTenant& t) const;
   // Brings every chunk of key k below versions[k] to versions[k] (a skipped
   // step; single-rack tenants only). REQUIRES: no update pending.

@@ -355,6 +355,7 @@ void RackExchange::CloseAll(const std::string& why) {
 
 void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& why) {
   unchecked_.erase(&conn);
+  const bool refused = refused_.erase(&conn) > 0;
   const uint32_t peer = conn.id().rack;
   PeerLink& link = links_[peer];
   const bool outgoing = link.out.get() == &conn;
@@ -388,7 +389,11 @@ void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& 
                outgoing ? "outgoing" : "incoming", peer, why);
   // Frames in flight on it are lost: every tenant here is recovered across
   // racks (its updates in flight fail, its hubs agree on the versions again).
-  AbortAll("rack link: lost the hub of rack " + Num(peer) + " (" + why + ")");
+  // Not for a link this hub closed refusing a frame of it: the other hub
+  // sees its link lost and starts the round, which this hub joins.
+  if (!refused) {
+    AbortAll("rack link: lost the hub of rack " + Num(peer) + " (" + why + ")");
+  }
   if (outgoing) Connect(peer);
 }
 

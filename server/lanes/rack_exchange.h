@@ -141,6 +141,14 @@ class RackExchange final : public net::FrameHandler {
     size_t reserved = 0;
   };
 
+  // A row payload on a hub link: the PUSH_ROWS layout with want = 0 and
+  // fp32 rows (`rows`: ids.size() x dim floats); and its parse, checked
+  // against the shard (ids in its range, strictly ascending).
+  static std::shared_ptr<std::string> EncodeRackRowsPayload(std::span<const uint64_t> ids,
+                                                            const float* rows, uint32_t dim);
+  static std::span<const std::byte> RackRowsSpan(const std::string& s);
+  static Status ParseRackRows(const aggregation::RowShard& r, std::span<const std::byte> payload,
+                              net::RowsPayload* out);
   // A table's rack row sums (`ids` ascending, fp32 rows) at the rows' home.
   void AddRackRows(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rack,
                    std::span<const uint64_t> ids, const float* rows);
@@ -155,9 +163,12 @@ class RackExchange final : public net::FrameHandler {
   // At the home: the reply bytes of version c.state.version() from the fp32
   // parameters (c.version follows).
   void PublishHomeParams(const LaneKey& key, Chunk& c);
+  // RACK_ALIGN of the home's chunk at `v` to every other hub: a dense
+  // chunk's reply bytes, a table's rows (all of them, fp32).
+  void SendAlign(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v);
   // RACK_ALIGN at a hub that is not the chunk's home (rack_realign.cc).
-  void OnAlign(LaneTenant& t, LaneKey& key, Chunk& c, const net::FrameHeader& h,
-               std::span<const std::byte> payload);
+  void OnAlign(net::Connection& conn, LaneTenant& t, LaneKey& key, Chunk& c,
+               const net::FrameHeader& h, std::span<const std::byte> payload);
   // Frames of a recovering tenant's update (RACK_SUM, RACK_PARAMS) wait
   // until its recovery ends (parked): the realignment decides what they are.
   static bool HeldByRecovery(const LaneTenant& t, const net::FrameHeader& h);
@@ -243,6 +254,8 @@ class RackExchange final : public net::FrameHandler {
   // Links whose frame in progress AcceptHeader let through without
   // CheckData (HandleFrame checks it then; one frame at a time per link).
   std::unordered_set<const net::Connection*> unchecked_;
+  // Links this lane closes after refusing one of their frames (Reject).
+  std::unordered_set<const net::Connection*> refused_;
 };
 
 }  // namespace rackhub::server

@@ -24,6 +24,7 @@ Verdict RackExchange::Reject(net::Connection& conn, WireError code, const std::s
   spdlog::warn("rack link: rack {} lane {} ({}): {}: {}; closing", conn.id().rack,
                conn.id().lane, conn.id().peer, net::WireErrorName(code), text);
   conn.SendError(code, text, request_id, true);
+  refused_.insert(&conn);
   return Verdict::kReject;
 }
 
@@ -336,7 +337,7 @@ void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
   LaneKey& key = *PeerKey(peer, h, &tp);
   LaneTenant& t = *tp;
   Chunk& c = table_->GetChunk(t, key, h.chunk);
-  if (h.opcode == Opcode::kRackAlign) return OnAlign(t, key, c, h, payload);
+  if (h.opcode == Opcode::kRackAlign) return OnAlign(conn, t, key, c, h, payload);
   if (c.table()) return OnRowData(conn, t, key, c, h, payload);
   if (h.opcode == Opcode::kInit) {
     if (!table_->SetInitialMultiRack(key, c, payload)) return;  // a duplicate

@@ -2,13 +2,17 @@
 // (rack_recovery.h; docs/cluster.md, "Recovery across racks"): sending the
 // hub's RACK_VERSIONS, realigning the chunks to the agreed versions, and the
 // homes' RACK_ALIGN frames that bring the other hubs' copies along.
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "params_reply.h"
 #include "rack_exchange.h"
 #include "rackhub/common/number.h"
+#include "rows_reply.h"
 #include "wire_names.h"
 
 namespace rackhub::server {
@@ -36,25 +40,31 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
   uint64_t homed = 0, waiting = 0;
   for (const auto& [key_id, v] : agreed) {
     LaneKey* key = table_->FindKey(t, key_id);
-    if (!key || key->info.table()) continue;  // tables are not realigned
+    if (!key) continue;
     const uint32_t chunks = key->info.placement.chunk_count;
     // This lane's chunks of the key: (first_chunk + i) % lanes == lane.
     const uint32_t first =
         static_cast<uint32_t>((lane + lanes - key->info.placement.first_chunk % lanes) % lanes);
     for (uint32_t i = first; i < chunks; i += lanes) {
       Chunk& c = table_->GetChunk(t, *key, i);
-      if (!c.multi_rack() || !c.state.initialized()) continue;  // never updated anywhere
-      if (auto& stage = c.stages[self]; stage && stage->version() < v) stage->SkipTo(v);
-      if (c.home == self) {
-        if (c.state.version() < v) c.state.SkipTo(v);
-        PublishHomeParams(*key, c);
-        const FrameHeader h = c.Header(Opcode::kRackAlign, t.info.handle, v);
-        for (uint32_t r = 0; r < table_->racks(); ++r) {
-          if (r != self) SendToPeer(r, t, *key, h, c.reply_bytes(v), c.reply_owner(v));
+      if (c.rows_across_racks()) {
+        if (c.home == self) {
+          if (c.rows->version() < v) c.rows->set_version(v);  // untouched rows: a skipped step
+          SendAlign(t, *key, c, v);
+          ++homed;
+        } else if (c.rows->version() < v) {
+          ++waiting;  // PULL_ROWS wait for the home's RACK_ALIGN (Chunk::AwaitsAlign)
         }
-        ++homed;
-      } else if (c.version < v) {
-        ++waiting;  // PULLs wait for the home's RACK_ALIGN (Chunk::AwaitsAlign)
+      } else if (c.multi_rack() && c.state.initialized()) {  // else: never updated anywhere
+        if (auto& stage = c.stages[self]; stage && stage->version() < v) stage->SkipTo(v);
+        if (c.home == self) {
+          if (c.state.version() < v) c.state.SkipTo(v);
+          PublishHomeParams(*key, c);
+          SendAlign(t, *key, c, v);
+          ++homed;
+        } else if (c.version < v) {
+          ++waiting;  // PULLs wait for the home's RACK_ALIGN (Chunk::AwaitsAlign)
+        }
       }
       if (i == 0) key->runtime->version.store(v, std::memory_order_relaxed);
     }
@@ -64,28 +74,93 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
                t.info.name, lane, homed, waiting);
 }
 
+void RackExchange::SendAlign(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
+  FrameHeader h = c.Header(Opcode::kRackAlign, t.info.handle, v);
+  if (c.table()) {
+    // Every row of the range, fp32, in row payloads of consecutive rows that
+    // each fit a frame; the receiver's copy is at `v` once the last row came.
+    h.dtype = net::DType::kFp32;
+    const aggregation::RowShard& r = *c.rows;
+    const uint64_t per_row = sizeof(uint64_t) + uint64_t{r.dim()} * sizeof(float);
+    const uint64_t per_frame =
+        std::max<uint64_t>(1, (net::kMaxDataPayload - net::kRowsPrefixBytes) / per_row);
+    for (uint64_t first = 0; first < r.row_count(); first += per_frame) {
+      std::vector<uint64_t> ids(std::min(per_frame, r.row_count() - first));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = r.first_row() + first + i;
+      auto frame = EncodeRackRowsPayload(ids, r.values().data() + first * r.dim(), r.dim());
+      const auto bytes = RackRowsSpan(*frame);
+      for (uint32_t peer = 0; peer < table_->racks(); ++peer) {
+        if (peer != topology_.rack) SendToPeer(peer, t, key, h, bytes, frame);
+      }
+    }
+    return;
+  }
+  for (uint32_t r = 0; r < table_->racks(); ++r) {
+    if (r != topology_.rack) SendToPeer(r, t, key, h, c.reply_bytes(v), c.reply_owner(v));
+  }
+}
+
 Verdict RackExchange::CheckAlign(net::Connection& conn, const LaneKey& key, const Chunk& c,
                                  const FrameHeader& h) {
   const uint32_t peer = conn.id().rack;
-  if (c.table() || !c.multi_rack() || c.home != peer || c.home == topology_.rack) {
+  if (!(c.multi_rack() || c.rows_across_racks()) || c.home != peer ||
+      c.home == topology_.rack) {
     return Reject(conn, WireError::kInvalidArgument,
                   "RACK_ALIGN of chunk " + Num(h.chunk) + " of key '" + key.info.name +
-                      "' from a hub that is not its home, or of a table",
+                      "' from a hub that is not its home",
                   h.request_id);
   }
+  if (c.table() && h.dtype != net::DType::kFp32) {
+    return Reject(conn, WireError::kBadDType,
+                  "dtype: RACK_ALIGN of table '" + key.info.name + "' chunk " + Num(h.chunk) +
+                      " must carry fp32 rows, got " + net::DTypeName(h.dtype),
+                  h.request_id);
+  }
+  // A table's: row payloads of at most a frame each (OnAlign parses them).
   const size_t want = size_t{c.state.elements()} * WireDTypeBytes(key.info.dtype);
-  if (h.payload_bytes != want) {
+  if (!c.table() && h.payload_bytes != want) {
     return Reject(conn, WireError::kBadChunk,
                   "RACK_ALIGN payload_bytes: " + Num(h.payload_bytes) + ", expected " + Num(want),
                   h.request_id);
   }
   // Already there (a round this hub finished with the same values).
-  return h.iteration > c.version ? Verdict::kAccept : Verdict::kDiscard;
+  return h.iteration > c.current_version() ? Verdict::kAccept : Verdict::kDiscard;
 }
 
-void RackExchange::OnAlign(LaneTenant& t, LaneKey& key, Chunk& c, const FrameHeader& h,
-                           std::span<const std::byte> payload) {
-  if (h.iteration <= c.version) return;  // checked before a park: checked again
+void RackExchange::OnAlign(net::Connection& conn, LaneTenant& t, LaneKey& key, Chunk& c,
+                           const FrameHeader& h, std::span<const std::byte> payload) {
+  if (h.iteration <= c.current_version()) return;  // checked before a park: checked again
+  const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire);
+  if (c.table()) {
+    // The home's rows, in frames of consecutive rows; the copy is at the
+    // agreed version once the range's last row came (a row stage here is left
+    // alone: its pushes are of the agreed version).
+    aggregation::RowShard& r = *c.rows;
+    net::RowsPayload rows;
+    if (const Status s = ParseRackRows(r, payload, &rows); !s.ok()) {
+      Reject(conn, WireError::kInvalidArgument,
+             "RACK_ALIGN of table '" + key.info.name + "' chunk " + Num(h.chunk) + ": " +
+                 s.message(),
+             h.request_id);
+      return;
+    }
+    std::vector<float> values(rows.ids.size() * r.dim());  // memcpy'd: never read unaligned
+    if (!values.empty()) std::memcpy(values.data(), rows.rows, rows.row_bytes);
+    r.WriteRows(rows.ids, values.data(), aggregation::ElementType::kFp32);
+    if (rows.ids.empty() || rows.ids.back() != r.first_row() + r.row_count() - 1) return;
+    r.set_version(h.iteration);
+    if (c.index_in_key == 0) key.runtime->version.store(h.iteration, std::memory_order_relaxed);
+    if (c.AwaitsAlign(topology_.rack, floor)) return;  // an older round's values
+    std::vector<Waiter> pulls;
+    pulls.swap(c.pulls);
+    for (const Waiter& w : pulls) {
+      if (auto wc = w.conn.lock(); wc && wc->open()) {
+        wc->Unreserve(w.reserved);
+        SendTableRows(*wc, t, c, w.want, w.request_id);
+      }
+    }
+    return;
+  }
   if (!c.state.initialized()) {
     // A from_client chunk whose INIT this hub never got (lost in a cut once
     // the job had moved on): the home's values are its values now.
@@ -107,9 +182,7 @@ void RackExchange::OnAlign(LaneTenant& t, LaneKey& key, Chunk& c, const FrameHea
   if (c.index_in_key == 0) key.runtime->version.store(c.version, std::memory_order_relaxed);
   // PULLs held for the values (an ALIGN of an older round still leaves the
   // chunk below the key's agreed version: they wait for the next one).
-  if (!c.AwaitsAlign(topology_.rack, key.runtime->floor.load(std::memory_order_acquire))) {
-    AnswerPulls(c, c.version);
-  }
+  if (!c.AwaitsAlign(topology_.rack, floor)) AnswerPulls(c, c.version);
 }
 
 }  // namespace rackhub::server

@@ -23,12 +23,8 @@
 
 namespace rackhub::server {
 
-namespace {
-
-// A row payload on a hub link: the PUSH_ROWS layout with want = 0 and fp32
-// rows (`rows`: ids.size() x dim floats).
-std::shared_ptr<std::string> EncodeRackRowsPayload(std::span<const uint64_t> ids,
-                                                   const float* rows, uint32_t dim) {
+std::shared_ptr<std::string> RackExchange::EncodeRackRowsPayload(std::span<const uint64_t> ids,
+                                                                 const float* rows, uint32_t dim) {
   const size_t row_bytes = ids.size() * dim * sizeof(float);
   auto out = std::make_shared<std::string>(
       net::EncodeRowsRequest(ids, std::span<const uint64_t>()));
@@ -37,11 +33,27 @@ std::shared_ptr<std::string> EncodeRackRowsPayload(std::span<const uint64_t> ids
   return out;
 }
 
-std::span<const std::byte> RackRowsSpan(const std::string& s) {
+std::span<const std::byte> RackExchange::RackRowsSpan(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
 
-}  // namespace
+Status RackExchange::ParseRackRows(const aggregation::RowShard& r,
+                                   std::span<const std::byte> payload, net::RowsPayload* out) {
+  Result<net::RowsPayload> rows =
+      net::ParseRowsPayload(Opcode::kPushRows, payload, r.dim(), net::DType::kFp32);
+  if (!rows.ok()) return rows.status();
+  if (!rows->want.empty()) return InvalidArgument("want: must be 0 on a hub link");
+  if (Status s = r.CheckRows(rows->ids); !s.ok()) return s;
+  for (size_t i = 1; i < rows->ids.size(); ++i) {
+    if (rows->ids[i] <= rows->ids[i - 1]) {
+      return InvalidArgument("ids: row " + Num(rows->ids[i]) + " follows row " +
+                             Num(rows->ids[i - 1]) +
+                             "; a hub link's row ids are strictly ascending");
+    }
+  }
+  *out = *std::move(rows);
+  return Status::Ok();
+}
 
 void RackExchange::OnRackRows(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rack) {
   std::vector<float> sums;
@@ -125,6 +137,10 @@ Verdict RackExchange::CheckRowData(net::Connection& conn, const LaneKey& key, co
   }
   const uint32_t peer = conn.id().rack;
   const uint64_t expected = sum ? c.rows->version() : c.rows->version() + 1;
+  // Stale: sent before a recovery round moved the rows past it (its agreed
+  // version, the key's floor, is past every update before it).
+  const uint64_t agreed = key.runtime->floor.load(std::memory_order_acquire);
+  if (h.iteration < expected || (!sum && h.iteration < agreed)) return Verdict::kDiscard;
   if (h.iteration != expected || (sum && c.rows->contributed(peer))) {
     SendPeerError(conn, h.tenant,
                   "iteration: " + Num(h.iteration) + " of " + what + ", expected " +
@@ -138,17 +154,9 @@ void RackExchange::OnRowData(net::Connection& conn, LaneTenant& t, LaneKey& key,
                              const FrameHeader& h, std::span<const std::byte> payload) {
   aggregation::RowShard& r = *c.rows;
   const bool sum = h.opcode == Opcode::kRackSum;
-  Result<net::RowsPayload> rows =
-      net::ParseRowsPayload(Opcode::kPushRows, payload, r.dim(), net::DType::kFp32);
-  Status s = rows.ok() ? Status::Ok() : rows.status();
-  if (s.ok() && !rows->want.empty()) s = InvalidArgument("want: must be 0 on a hub link");
-  if (s.ok()) s = r.CheckRows(rows->ids);
-  for (size_t i = 1; s.ok() && i < rows->ids.size(); ++i) {
-    if (rows->ids[i] <= rows->ids[i - 1]) {
-      s = InvalidArgument("ids: row " + Num(rows->ids[i]) + " follows row " +
-                          Num(rows->ids[i - 1]) + "; a hub link's row ids are strictly ascending");
-    }
-  }
+  net::RowsPayload parsed;
+  const Status s = ParseRackRows(r, payload, &parsed);
+  const net::RowsPayload* rows = &parsed;
   if (!s.ok()) {
     Reject(conn, WireError::kInvalidArgument,
            std::string(sum ? "RACK_SUM" : "RACK_PARAMS") + " of table '" + key.info.name +

@@ -15,6 +15,15 @@
 
 namespace rackhub::server {
 
+namespace {
+
+// What a ROWS reply of `rows` rows of the chunk adds to a connection's backlog.
+size_t RowsReplyBytes(const Chunk& c, size_t rows) {
+  return net::kHeaderBytes + net::kRowsPrefixBytes + rows * c.rows->dim() * net::DTypeBytes(c.dtype);
+}
+
+}  // namespace
+
 Verdict WorkerProtocol::CheckRowsFrame(net::Connection& conn, LaneTenant& t, const LaneKey& key,
                                        Chunk& c, const FrameHeader& h) {
   const uint64_t rid = h.request_id;
@@ -136,13 +145,10 @@ void WorkerProtocol::OnPullRows(net::Connection& conn, LaneTenant& t, const Fram
   }
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     // Answered at the recovered version (ReleaseParked), as a dense PULL.
-    // Its reply's bytes are reserved on the connection meanwhile, so held
-    // pulls count against the connection's limit like queued replies.
-    const size_t reply_bytes = net::kHeaderBytes + net::kRowsPrefixBytes +
-                               rows.ids.size() * c.rows->dim() * net::DTypeBytes(c.dtype);
-    Park(conn, t, h, std::move(rows.ids), reply_bytes);
+    Park(conn, t, h, rows.ids, RowsReplyBytes(c, rows.ids.size()));
     return;
   }
+  if (HoldForAlign(conn, *key, c, h.request_id, rows.ids)) return;
   SendTableRows(conn, t, c, rows.ids, h.request_id);
 }
 
@@ -153,7 +159,23 @@ void WorkerProtocol::ReleaseParkedRows(net::Connection& conn, LaneTenant& t, con
     return;
   }
   Chunk& c = table_->GetChunk(t, *key, p.header.chunk);
+  if (HoldForAlign(conn, *key, c, p.header.request_id, p.ids)) return;
   SendTableRows(conn, t, c, p.ids, p.header.request_id);
+}
+
+bool WorkerProtocol::HoldForAlign(net::Connection& conn, const LaneKey& key, Chunk& c,
+                                  uint64_t request_id, const std::vector<uint64_t>& ids) {
+  if (!c.AwaitsAlign(table_->self_rack(), key.runtime->floor.load(std::memory_order_acquire))) {
+    return false;
+  }
+  // Across racks, after a recovery round: answered once the home's rows are
+  // here (RACK_ALIGN). Its reply's bytes are reserved on the connection
+  // meanwhile, so held pulls count against its limit like queued replies.
+  const size_t reply_bytes = RowsReplyBytes(c, ids.size());
+  if (conn.Reserve(reply_bytes)) {
+    c.pulls.push_back(Waiter{conn.weak_from_this(), request_id, reply_bytes, ids});
+  }
+  return true;
 }
 
 }  // namespace rackhub::server

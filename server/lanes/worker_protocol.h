@@ -221,6 +221,11 @@ class WorkerProtocol final : public net::FrameHandler {
   void OnPullRows(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                   std::span<const std::byte> payload);
   // A PULL_ROWS held during a recovery, answered now.
+  // A PULL_ROWS of a table chunk spanning racks whose home's values after a
+  // recovery round are not here yet (Chunk::AwaitsAlign): held in the
+  // chunk's `pulls` (true; answered by RackExchange::OnAlign).
+  bool HoldForAlign(net::Connection& conn, const LaneKey& key, Chunk& c, uint64_t request_id,
+                    const std::vector<uint64_t>& ids);
   void ReleaseParkedRows(net::Connection& conn, LaneTenant& t, const ParkedPull& p);
 
   std::string WelcomePayload(const LaneTenant& t, uint64_t generation);
