@@ -35,7 +35,9 @@ void RackExchange::SendVersions(uint32_t rack, const std::string& payload) {
 }
 
 void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& agreed) {
-  if (!table_->exchange()) return;
+  // One rack: ChunkTable::Align. Flat (one hub serving every rack): the
+  // same skip as across racks, with every rack's stage here and no frames.
+  if (table_->racks() == 1) return;
   const uint32_t lanes = table_->lanes(), lane = table_->lane(), self = topology_.rack;
   uint64_t homed = 0, waiting = 0;
   for (const auto& [key_id, v] : agreed) {
@@ -56,7 +58,9 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
           ++waiting;  // PULL_ROWS wait for the home's RACK_ALIGN (Chunk::AwaitsAlign)
         }
       } else if (c.multi_rack() && c.state.initialized()) {  // else: never updated anywhere
-        if (auto& stage = c.stages[self]; stage && stage->version() < v) stage->SkipTo(v);
+        for (auto& stage : c.stages) {  // this rack's (every rack's when flat)
+          if (stage && stage->version() < v) stage->SkipTo(v);
+        }
         if (c.home == self) {
           if (c.state.version() < v) c.state.SkipTo(v);
           PublishHomeParams(*key, c);
@@ -75,6 +79,7 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
 }
 
 void RackExchange::SendAlign(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
+  if (!table_->exchange()) return;  // flat: no other hub
   FrameHeader h = c.Header(Opcode::kRackAlign, t.info.handle, v);
   if (c.table()) {
     // Every row of the range, fp32, in row payloads of consecutive rows that

@@ -3,7 +3,8 @@
 // real hubs on loopback and librackhub workers (tests/support/table_racks.h:
 // three tables with momentum, Adam and row-wise AdaGrad, homed on different
 // racks):
-//   - a straggler on rack 1 aborts the update on every rack; afterwards every
+//   - a straggler on rack 1 aborts the update on every rack (one hub per
+//     rack, and one flat hub serving both racks); afterwards every
 //     worker of every rack Pulls the rows of the last update, bit for bit an
 //     independent reference (tests/support/table_reference.h), at the agreed
 //     version 1 + the newest, and the next update equals the reference's;
@@ -38,7 +39,7 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The job: 2 racks x kWorkers workers, every table, one reference per table.
 struct Job {
-  explicit Job(const std::string& straggler_ms) : hubs(StartHubs(2, false, straggler_ms)) {
+  Job(const std::string& straggler_ms, bool flat) : hubs(StartHubs(2, flat, straggler_ms)) {
     for (uint32_t rack = 0; rack < 2; ++rack) {
       for (uint32_t rank = 0; rank < kWorkers; ++rank) {
         keys.emplace_back();
@@ -117,8 +118,10 @@ struct Job {
   std::vector<uint64_t> all;
 };
 
-TEST(TableRecoveryTest, AStragglerOnOneRackRealignsEveryRacksRowsToTheLastUpdate) {
-  Job job("1500");
+class StragglerTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(StragglerTest, AStragglerOnOneRackRealignsEveryRacksRowsToTheLastUpdate) {
+  Job job("1500", GetParam());
   ASSERT_TRUE(job.ok());
   std::vector<std::vector<client::Error>> errors;
   std::vector<std::vector<std::vector<float>>> replies;
@@ -156,8 +159,12 @@ TEST(TableRecoveryTest, AStragglerOnOneRackRealignsEveryRacksRowsToTheLastUpdate
   }
 }
 
+// One hub per rack, and one flat hub serving both racks (the same skip).
+INSTANTIATE_TEST_SUITE_P(Topology, StragglerTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Flat" : "Hierarchical"; });
+
 TEST(TableRecoveryTest, HubLinkCutsAtRandomPointsNeverLeaveTheRacksRowsApart) {
-  Job job("30000");
+  Job job("30000", false);
   ASSERT_TRUE(job.ok());
   const uint16_t port0 = static_cast<uint16_t>(
       std::stoi(job.hubs.interhub[0].substr(job.hubs.interhub[0].rfind(':') + 1)));
