@@ -169,6 +169,10 @@ void RackExchange::SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key) {
   bind.set_chunk_elements(key.info.chunk_elements);
   bind.set_workers_per_rack(t.info.workers_per_rack);
   bind.set_init(InitModeToProto(key.info.init));
+  bind.set_rows(key.info.rows);
+  bind.set_dim(key.info.dim);
+  bind.set_init_seed(key.info.init_seed);
+  bind.set_init_scale(key.info.init_scale);
   FrameHeader b;
   b.opcode = Opcode::kKeyBind;
   b.tenant = t.info.handle;

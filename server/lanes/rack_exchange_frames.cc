@@ -190,12 +190,15 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
       static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
       key.chunk_elements != bind.chunk_elements() ||
       tenant.workers_per_rack != bind.workers_per_rack() ||
-      InitModeToProto(key.init) != bind.init()) {
+      InitModeToProto(key.init) != bind.init() || key.rows != bind.rows() ||
+      key.dim != bind.dim() || key.init_seed != bind.init_seed() ||
+      key.init_scale != bind.init_scale()) {
     return FailedPrecondition("key " + QuoteForLog(bind.key()) + " of tenant " +
                               QuoteForLog(bind.tenant()) +
                               " is laid out or initialized differently on the two racks "
                               "(create the tenant with the same settings and its keys with the "
-                              "same init and in the same order on every hub)");
+                              "same init (a table: rows, dim, seed and scale) and in the same "
+                              "order on every hub)");
   }
   peer_tenants_[{peer, peer_tenant}] = tenant.handle;
   pending_binds_.erase({peer, peer_tenant, bind.key_id()});

@@ -310,6 +310,8 @@ TEST(MultiRackTableTest, RowFramesOnAHubLinkFollowTheDocumentAndBadOnesAreRefuse
   bind.set_chunk_elements(key.chunk_elements());
   bind.set_workers_per_rack(kWorkers);
   bind.set_init(pb::ZEROS);
+  bind.set_rows(kRows);
+  bind.set_dim(kDim);
   net::FrameHeader kb;
   kb.opcode = net::Opcode::kKeyBind;
   kb.tenant = 9;  // "rack 1's" handle of the tenant
@@ -362,6 +364,17 @@ TEST(MultiRackTableTest, RowFramesOnAHubLinkFollowTheDocumentAndBadOnesAreRefuse
     testing::ExpectError(bad.Receive(), net::WireError::kInvalidArgument,
                          "RACK_SUM of table '" + table.name + "' chunk 0: " + text);
     EXPECT_TRUE(bad.ClosedByPeer()) << "a fatal refusal closes the link";
+  }
+  {
+    // A table of another shape or random init on "rack 1": refused by name
+    // (its frames would otherwise meet rows laid out differently).
+    data::v1::KeyBind other = bind;
+    other.set_init_seed(7);
+    testing::RawClient bad(hubs.interhub[0]);
+    ASSERT_TRUE(testing::OpenHubLink(bad, hubs.secret, testing::HubLinkRef{1, 0, 0, 2, 1},
+                                     frame(kb, other.SerializeAsString())));
+    testing::ExpectError(bad.Receive(), net::WireError::kInvalidArgument,
+                         "is laid out or initialized differently on the two racks", false);
   }
   testing::RawClient link(hubs.interhub[0]);
   ASSERT_TRUE(open_link(link));
