@@ -176,8 +176,12 @@ std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, ui
   }
   if (k.init == InitMode::kRandom) c->rows->InitRandom(k.init_seed, k.init_scale);
   if (sched.from_update != 0) c->rows->SetOptimizer(sched.latest, sched.from_update);
-  if (const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire)) {
-    c->rows->set_version(floor);  // the key's other chunks were aligned or restored there
+  const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire);
+  // The key's other chunks were aligned or restored there; across racks a
+  // range homed elsewhere waits for its home's rows instead (its initial
+  // rows are not the home's: Chunk::AwaitsAlign).
+  if (floor > 0 && !(exchange_ && c->row_stages && c->home != self_rack_)) {
+    c->rows->set_version(floor);
   }
   c->charge = MemoryCharge(t.info.counters, TableMemoryBytes(n, k.dim, 1, sched.base.type));
   return c;

@@ -48,6 +48,9 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
       if (!registry_->GetTenant(name, &info).ok() || !SpansRacks(info)) return std::nullopt;
       return info.handle;
     };
+    hooks.restarted = [this](uint32_t rack) {
+      OnEveryLane([rack](Lane& lane) { lane.OfferCopies(rack); });
+    };
     rack_recovery_ = std::make_unique<RackRecovery>(config.topology.rack,
                                                     config.topology.rack_count(), std::move(hooks));
   }
@@ -90,6 +93,10 @@ Status DataPlane::OnRackVersions(uint32_t rack, std::span<const std::byte> paylo
 
 void DataPlane::RackLinkUp(uint32_t rack) {
   if (rack_recovery_) rack_recovery_->OnLinkUp(rack);
+}
+
+void DataPlane::ResendRackReports() {
+  if (rack_recovery_) rack_recovery_->Resend();
 }
 
 void DataPlane::OnEveryLane(std::function<void(Lane&)> fn) {

@@ -103,6 +103,7 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   void CountRackChunkBytes(uint32_t rack, uint64_t out) override;
   Status OnRackVersions(uint32_t rack, std::span<const std::byte> payload) override;
   void RackLinkUp(uint32_t rack) override;
+  void ResendRackReports() override;
   void LaneDrained(uint32_t lane) override;
   bool stopping() const override { return stopping_.load(); }
   void RunBlocking(std::function<void()> fn) override;

@@ -58,6 +58,8 @@ class Lane {
   std::map<uint32_t, uint64_t> KeyVersions(uint32_t handle);
   void Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions);
   void ReleaseParked(uint32_t handle) { workers_.ReleaseParked(handle); }
+  // Rack `rack`'s hub restarted (RackExchange::OfferCopies).
+  void OfferCopies(uint32_t rack) { exchange_.OfferCopies(rack); }
   // A cross-rack recovery round's RACK_VERSIONS to rack `rack` (lane 0).
   void SendRackVersions(uint32_t rack, const std::string& payload) {
     exchange_.SendVersions(rack, payload);

@@ -224,6 +224,8 @@ class LaneHost {
   // it), and lane 0's outgoing link to `rack` being up (again).
   virtual Status OnRackVersions(uint32_t rack, std::span<const std::byte> payload) = 0;
   virtual void RackLinkUp(uint32_t rack) = 0;
+  // Lane 0, periodically: reports of rounds still waiting go again.
+  virtual void ResendRackReports() = 0;
 
   // Shutdown: the lane has closed its last connection.
   virtual void LaneDrained(uint32_t lane) = 0;

@@ -106,6 +106,38 @@ void RackExchange::OnInitialized(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t
   for (uint32_t r = 0; r < table_->racks(); ++r) {
     if (r != topology_.rack && r != from_rack) SendInit(r, t, key, c);
   }
+  // Past a recovery round (values that came after it, e.g. another hub's
+  // copy offered to this restarted hub): the chunk joins the agreed version
+  // and the others get its values there.
+  const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire);
+  if (floor > c.state.version()) {
+    for (auto& stage : c.stages) {
+      if (stage && stage->version() < floor) stage->SkipTo(floor);
+    }
+    c.state.SkipTo(floor);
+    PublishHomeParams(key, c);
+    SendAlign(t, key, c, floor);
+  }
+}
+
+void RackExchange::OfferCopies(uint32_t rack) {
+  for (auto& [handle, t] : table_->tenants()) {
+    size_t offered = 0;
+    for (auto& [id, c] : t.chunks) {
+      if (!c->multi_rack() || c->home != rack || !c->state.initialized()) continue;
+      LaneKey* key = table_->FindKey(t, c->key_id);
+      if (!key || key->info.init != InitMode::kFromClient) continue;
+      // As its initial values: the home takes them only if it has none.
+      SendToPeer(rack, t, *key, c->Header(Opcode::kInit, t.info.handle, 0),
+                 c->reply_bytes(c->version), c->reply_owner(c->version));
+      ++offered;
+    }
+    if (offered > 0) {
+      spdlog::warn("rack link: lane {}: rack {}'s hub restarted; offered it this hub's copy of "
+                   "{} chunk(s) of tenant '{}' it is home to (from_client keys)",
+                   table_->lane(), rack, offered, t.info.name);
+    }
+  }
 }
 
 void RackExchange::SendInit(uint32_t rack, LaneTenant& t, LaneKey& key, Chunk& c) {
@@ -186,6 +218,14 @@ void RackExchange::Start() {
   for (uint32_t r = 0; r < table_->racks(); ++r) {
     if (r != topology_.rack) Connect(r);
   }
+  if (table_->lane() == 0) ArmRoundResend();
+}
+
+void RackExchange::ArmRoundResend() {
+  gate_->After(kRoundResendPeriod, [this] {
+    host_->ResendRackReports();
+    ArmRoundResend();
+  });
 }
 
 void RackExchange::Connect(uint32_t rack) {

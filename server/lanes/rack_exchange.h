@@ -81,6 +81,10 @@ class RackExchange final : public net::FrameHandler {
   // gets values only from the home, so the home has them before any sum.
   void OnInitialized(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t from_rack);
 
+  // Rack `rack`'s hub restarted: it gets this lane's copies of the
+  // `from_client` chunks it is home to as INIT (it takes them if it has no
+  // values: a restart without checkpoint).
+  void OfferCopies(uint32_t rack);
   // Cross-rack recovery (rack_recovery.h; rack_realign.cc). Sends a
   // RACK_VERSIONS on this lane's link to `rack` (lane 0 only; dropped while
   // the link is down: the round sends it again when it is up).
@@ -129,6 +133,10 @@ class RackExchange final : public net::FrameHandler {
   static constexpr auto kPeerWaitLimit = std::chrono::seconds(5);
   // Parked frames are retried this often.
   static constexpr auto kParkedRetryPeriod = std::chrono::milliseconds(10);
+  // Lane 0: recovery rounds still waiting send their reports again this often
+  // (LaneHost::ResendRackReports).
+  static constexpr auto kRoundResendPeriod = std::chrono::seconds(1);
+  void ArmRoundResend();
 
   // Frames from peers for keys not declared here yet, retried until they are.
   // Each reserves its bytes in its link's backlog (Connection::Reserve), so

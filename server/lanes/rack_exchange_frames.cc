@@ -226,11 +226,13 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   // Let through unchecked by AcceptHeader (parked or unbound then)?
   const bool unchecked = unchecked_.erase(&conn) > 0;
   LaneTenant* t = nullptr;
-  if (HasParked(conn, h) || !PeerKey(peer, h, &t)) return Park(conn, h, payload, true);
-  // Not counted against the link's backlog: reading on must go on, as the
-  // round's RACK_VERSIONS may come behind them; they are bounded anyway (a
-  // peer sends at most one per chunk until the update is answered).
-  if (HeldByRecovery(*t, h)) return Park(conn, h, payload, false);
+  if (!PeerKey(peer, h, &t)) return Park(conn, h, payload, true);  // a key not here yet
+  // Frames of a known key that wait for a recovery to end (or behind one of
+  // its frames that does) are not counted against the link's backlog:
+  // reading on must go on, as the round's RACK_VERSIONS may come behind
+  // them; they are bounded anyway (the other hub's own frames: one per chunk
+  // and update, and one RACK_ALIGN per chunk and round).
+  if (HasParked(conn, h) || HeldByRecovery(*t, h)) return Park(conn, h, payload, false);
   if (unchecked && CheckData(conn, h) != Verdict::kAccept) return;
   OnData(conn, h, payload);
 }
@@ -345,8 +347,10 @@ void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
   if (h.opcode == Opcode::kInit) {
     if (!table_->SetInitialMultiRack(key, c, payload)) return;  // a duplicate
     host_->ChunkInitialized(t.info.handle, key.info.id, key.info.placement.chunk_count);
-    AnswerPulls(c, 0);
     if (c.home == topology_.rack) OnInitialized(t, key, c, peer);  // pass them on
+    if (!c.AwaitsAlign(topology_.rack, key.runtime->floor.load(std::memory_order_acquire))) {
+      AnswerPulls(c, c.current_version());
+    }
     return;
   }
   if (h.opcode == Opcode::kRackSum) {

@@ -76,6 +76,7 @@ void RackRecovery::TryFinish(Round& r, Effects& fx) {
 }
 
 void RackRecovery::Apply(Effects fx) {
+  if (fx.restarted && hooks_.restarted) hooks_.restarted(*fx.restarted);
   for (auto& [rack, bytes] : fx.sends) hooks_.send(rack, std::move(bytes));
   if (fx.recover) hooks_.recover(fx.recover->first, fx.recover->second);
   for (size_t i = 0; i < fx.done.size(); ++i) fx.done[i](fx.agreed, i == 0);
@@ -83,6 +84,11 @@ void RackRecovery::Apply(Effects fx) {
 
 void RackRecovery::Reported(uint32_t handle, const std::string& name, const std::string& cause,
                             Versions newest, Agreed agreed) {
+  if (!hooks_.handle_of(name)) {
+    // Deleted meanwhile (Forget ran): nothing to agree on, the recovery ends.
+    agreed(Versions{}, false);
+    return;
+  }
   Effects fx;
   {
     std::lock_guard lock(mu_);
@@ -119,6 +125,18 @@ Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payloa
   if (rack >= racks_ || rack == self_) {
     return InvalidArgument("RACK_VERSIONS: from rack " + Num(rack) + ", not another rack");
   }
+  if (m.round() == 0 && m.tenant().empty() && m.keys_size() == 0 && m.incarnation() != 0) {
+    // An announcement (lane 0's link came up): only who the sender is.
+    Effects fx;
+    {
+      std::lock_guard lock(mu_);
+      uint64_t& known = incarnations_[rack];
+      if (known != 0 && known != m.incarnation()) fx.restarted = rack;
+      known = m.incarnation();
+    }
+    Apply(std::move(fx));
+    return Status::Ok();
+  }
   if (m.round() == 0 || m.incarnation() == 0 || static_cast<size_t>(m.keys_size()) > kMaxKeys) {
     return InvalidArgument("RACK_VERSIONS: round " + Num(m.round()) + ", incarnation " +
                            Num(m.incarnation()) + ", " + Num(m.keys_size()) +
@@ -140,6 +158,9 @@ Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payloa
   Effects fx;
   {
     std::lock_guard lock(mu_);
+    uint64_t& known = incarnations_[rack];
+    if (known != 0 && known != m.incarnation()) fx.restarted = rack;
+    known = m.incarnation();
     Round& r = rounds_[*handle];
     r.name = m.tenant();
     if (m.round() > r.number) {
@@ -177,9 +198,27 @@ Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payloa
 void RackRecovery::OnLinkUp(uint32_t rack) {
   Effects fx;
   {
+    // Who this hub is, so that the other one notices a restart (Hooks::restarted).
+    dpb::RackVersions hello;
+    hello.set_incarnation(incarnation_);
+    fx.sends.emplace_back(rack, hello.SerializeAsString());
     std::lock_guard lock(mu_);
     for (const auto& [handle, r] : rounds_) {
       if (r.own) fx.sends.emplace_back(rack, Encode(r, !r.active));
+    }
+  }
+  Apply(std::move(fx));
+}
+
+void RackRecovery::Resend() {
+  Effects fx;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [handle, r] : rounds_) {
+      if (!r.active || !r.own) continue;
+      for (uint32_t rack = 0; rack < racks_; ++rack) {
+        if (rack != self_ && !r.peers.count(rack)) fx.sends.emplace_back(rack, Encode(r, false));
+      }
     }
   }
   Apply(std::move(fx));

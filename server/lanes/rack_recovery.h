@@ -60,6 +60,9 @@ class RackRecovery {
     std::function<void(uint32_t handle, const std::string& why)> recover;
     // The handle of the tenant named `name` if it spans racks here.
     std::function<std::optional<uint32_t>(const std::string& name)> handle_of;
+    // Rack `rack`'s hub is another process than the one that reported
+    // before (it restarted without its state).
+    std::function<void(uint32_t rack)> restarted;
   };
 
   RackRecovery(uint32_t self_rack, uint32_t racks, Hooks hooks);
@@ -71,8 +74,14 @@ class RackRecovery {
   // A RACK_VERSIONS from rack `rack`'s hub. An error names what is wrong
   // with it (the link stays: the caller logs it).
   Status OnVersions(uint32_t rack, std::span<const std::byte> payload);
-  // Lane 0's link to rack `rack`'s hub is up (again).
+  // Lane 0's link to rack `rack`'s hub is up (again): an announcement of
+  // this hub's incarnation (a RACK_VERSIONS of round 0 without tenant), then
+  // the reports it may have missed.
   void OnLinkUp(uint32_t rack);
+  // Periodically (lane 0's timer): the reports of rounds still waiting go
+  // again to the racks not heard from (a report the receiver could not take
+  // yet, e.g. of a tenant its registry did not have yet).
+  void Resend();
   // The tenant was deleted: its round ends here (recoveries waiting in it
   // finish without a realignment).
   void Forget(uint32_t handle);
@@ -100,6 +109,7 @@ class RackRecovery {
     std::optional<std::pair<uint32_t, std::string>> recover;
     std::vector<Agreed> done;
     Versions agreed;
+    std::optional<uint32_t> restarted;
   };
 
   // Enters round `number` (or the next) without a report of this hub yet:
@@ -117,6 +127,7 @@ class RackRecovery {
   const Hooks hooks_;
   std::mutex mu_;
   std::map<uint32_t, Round> rounds_;  // by tenant handle; GUARDED_BY(mu_)
+  std::map<uint32_t, uint64_t> incarnations_;  // by rack: the last seen; GUARDED_BY(mu_)
 };
 
 }  // namespace rackhub::server

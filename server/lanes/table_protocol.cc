@@ -40,6 +40,7 @@ Verdict WorkerProtocol::CheckRowsFrame(net::Connection& conn, LaneTenant& t, con
   if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
     return RefuseRecovering(conn, t, h, "table");
   }
+  if (RefuseBeforeAlign(conn, t, key, c, h)) return Verdict::kDiscard;
   if (h.iteration != r.version()) {
     RefuseIteration(conn, t, h, r.version(),
                     "iteration: " + Num(h.iteration) + " for rows " + Num(r.first_row()) + ".." +
@@ -103,6 +104,7 @@ void WorkerProtocol::OnPushRows(net::Connection& conn, LaneTenant& t, const Fram
   const uint32_t member = ChunkTable::Member(t, conn.id());
   const bool again = c.RowContributed(conn.id().rack, rank);
   if (!StillCurrent(conn, t, h, r.version(), again, "table")) return;
+  if (RefuseBeforeAlign(conn, t, *to.key, c, h)) return;  // a round ended meanwhile
   net::RowsPayload rows;
   if (Status s = CheckRowsPayload(c, to.key->info, h, payload,
                                   again ? std::nullopt : std::optional(rank), &rows);
@@ -161,6 +163,19 @@ void WorkerProtocol::ReleaseParkedRows(net::Connection& conn, LaneTenant& t, con
   Chunk& c = table_->GetChunk(t, *key, p.header.chunk);
   if (HoldForAlign(conn, *key, c, p.header.request_id, p.ids)) return;
   SendTableRows(conn, t, c, p.ids, p.header.request_id);
+}
+
+bool WorkerProtocol::RefuseBeforeAlign(net::Connection& conn, LaneTenant& t, const LaneKey& key,
+                                       const Chunk& c, const FrameHeader& h) {
+  const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire);
+  if (!c.AwaitsAlign(table_->self_rack(), floor)) return false;
+  // Its rows here are still the old version's: a push of that version is
+  // from before the round, one of the agreed version must wait for them.
+  RefuseIteration(conn, t, h, floor,
+                  "iteration: " + Num(h.iteration) + " for table '" + key.info.name +
+                      "': a recovery across racks moved it to " + Num(floor) +
+                      " and its home's rows are not here yet; Pull the table to resynchronize");
+  return true;
 }
 
 bool WorkerProtocol::HoldForAlign(net::Connection& conn, const LaneKey& key, Chunk& c,

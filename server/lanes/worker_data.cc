@@ -207,9 +207,12 @@ void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHea
   t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
   host_->ChunkInitialized(t.info.handle, key->info.id, key->info.placement.chunk_count);
   SendParams(conn, c, 0, h.request_id);
-  AnswerPulls(c, 0);
-  // Several racks: the values go to the chunk's home, which passes them on.
+  // Several racks: the values go to the chunk's home, which passes them on
+  // (and, past a recovery round, brings the chunk to its agreed version).
   if (c.multi_rack()) exchange_->OnInitialized(t, *key, c, conn.id().rack);
+  if (!c.AwaitsAlign(table_->self_rack(), key->runtime->floor.load(std::memory_order_acquire))) {
+    AnswerPulls(c, c.current_version());
+  }
 }
 
 void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {

@@ -226,6 +226,10 @@ class WorkerProtocol final : public net::FrameHandler {
   // chunk's `pulls` (true; answered by RackExchange::OnAlign).
   bool HoldForAlign(net::Connection& conn, const LaneKey& key, Chunk& c, uint64_t request_id,
                     const std::vector<uint64_t>& ids);
+  // A PUSH_ROWS of such a chunk is refused (BAD_ITERATION carrying the
+  // agreed version; true): the rows here are not the agreed version's yet.
+  bool RefuseBeforeAlign(net::Connection& conn, LaneTenant& t, const LaneKey& key, const Chunk& c,
+                         const net::FrameHeader& h);
   void ReleaseParkedRows(net::Connection& conn, LaneTenant& t, const ParkedPull& p);
 
   std::string WelcomePayload(const LaneTenant& t, uint64_t generation);

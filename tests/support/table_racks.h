@@ -101,7 +101,11 @@ struct Hubs {
   }
 };
 
-inline Hubs StartHubs(uint32_t racks, bool flat, const std::string& straggler_ms = "30000") {
+// `durable`: each hub keeps its registry in a state directory (a restarted
+// hub has the tenant and keys again); `chunk_bytes`: the tenant's (0: the
+// default).
+inline Hubs StartHubs(uint32_t racks, bool flat, const std::string& straggler_ms = "30000",
+                      bool durable = false, uint32_t chunk_bytes = 0) {
   Hubs out;
   std::string list;
   for (uint32_t r = 0; r < racks; ++r) {
@@ -112,8 +116,9 @@ inline Hubs StartHubs(uint32_t racks, bool flat, const std::string& straggler_ms
   out.secret = std::string(48, 's');
   WriteFile(secret, out.secret + "\n");
   for (uint32_t r = 0; r < (flat ? 1 : racks); ++r) {
-    std::vector<std::string> args = {"--in-memory", "--lanes", "1", "--racks", list, "--rack",
+    std::vector<std::string> args = {"--lanes", "1", "--racks", list, "--rack",
                                      std::to_string(r), "--straggler-timeout-ms", straggler_ms};
+    if (!durable) args.push_back("--in-memory");
     if (flat) {
       args.insert(args.end(), {"--topology-mode", "flat"});
     } else {
@@ -129,6 +134,7 @@ inline Hubs StartHubs(uint32_t racks, bool flat, const std::string& straggler_ms
     req.set_name("job");
     req.set_workers_per_rack(kWorkers);
     req.set_token(kToken);
+    if (chunk_bytes > 0) req.set_chunk_bytes(chunk_bytes);
     req.mutable_default_optimizer()->set_type(pb::SGD);
     req.mutable_default_optimizer()->set_learning_rate(0.1);
     pb::CreateTenantResponse resp;
