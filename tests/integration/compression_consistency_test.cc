@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "data_link.h"  // SameBits
 #include "hub_under_test.h"
 #include "process.h"
 #include "rackhub/aggregation/topk.h"
@@ -40,6 +41,7 @@ using namespace std::chrono_literals;
 using client::Client;
 using client::ErrorCode;
 using testing::BinPath;
+using testing::SameBits;
 using testing::HubUnderTest;
 using testing::RunCommand;
 using testing::Transport;
@@ -47,10 +49,6 @@ using testing::Transport;
 // 1 KiB chunks: 256 elements; 600-element keys have 3 chunks (the last short).
 constexpr uint32_t kChunkElements = 256;
 constexpr uint64_t kElements = 600;
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
 
 class CompressionConsistencyTest : public ::testing::TestWithParam<Transport> {
  protected:

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "data_link.h"  // SameBits
 #include "table_racks.h"
 
 namespace rackhub {
@@ -30,6 +31,7 @@ namespace {
 using namespace testing::table_racks;
 using testing::TablePush;
 using testing::TableReference;
+using testing::SameBits;
 
 constexpr uint64_t kElements = 4096;  // 4 chunks of 1024 floats: homes on both racks
 constexpr uint32_t kChunkFloats = 1024;
@@ -58,10 +60,6 @@ void ApplyStep(std::vector<float>& p, int s) {
     for (uint64_t i = 0; i < kElements; ++i) sum[i] += g[i];
   }
   for (uint64_t i = 0; i < kElements; ++i) p[i] -= 0.5f * (sum[i] / kAllWorkers);
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 struct Worker {

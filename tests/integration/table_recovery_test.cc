@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cluster_fixture.h"  // KillConnections
+#include "data_link.h"  // SameBits
 #include "table_racks.h"
 
 namespace rackhub {
@@ -32,10 +33,7 @@ namespace {
 using namespace testing::table_racks;
 using testing::TablePush;
 using testing::TableReference;
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing::SameBits;
 
 // The job: 2 racks x kWorkers workers, every table, one reference per table.
 struct Job {

@@ -41,6 +41,10 @@ inline std::string Floats(std::initializer_list<float> v) {
   return Floats(std::span<const float>(v.begin(), v.size()));
 }
 inline std::string Floats(size_t n, float value) { return Floats(std::vector<float>(n, value)); }
+// Whether two float vectors hold the same bit patterns (-0 vs +0 and NaNs told apart).
+inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 inline std::vector<float> AsFloats(const std::string& s) {
   std::vector<float> v(s.size() / sizeof(float));
   std::memcpy(v.data(), s.data(), v.size() * sizeof(float));
