@@ -1,0 +1,300 @@
+// Recovery of a sync tenant spanning racks (issue 31 item 1; docs/cluster.md,
+// docs/durability.md): real rackhubd hubs of 2 (and 3) racks finding each
+// other through a real etcd on loopback (tests/support/cluster_fixture.h),
+// and rackhub-durability-worker processes (1 or 2 per rack) training one
+// dense key of 5 chunks whose homes alternate between the racks. Failures
+// are thrown at the job while it trains:
+//
+//   - hub links cut (ss -K on every hub's interhub port) at random points,
+//     >= 20 cuts that destroyed a connection, and 10 on a 3-rack cluster;
+//   - a straggler: one worker stopped (SIGSTOP) past data.straggler_timeout_ms
+//     (1.5 s here) until every other worker of every rack got WORKER_LOST,
+//     then continued (SIGCONT);
+//   - kill -9 of a worker of rack 1, and a replacement process for its rank.
+//
+// After each failure every worker must continue (it Pulls on WORKER_LOST, as
+// docs/durability.md tells a trainer) and make progress; at the end every
+// worker reaches the stop iteration (bounded waits: a hang fails, naming the
+// worker). No step is checked against another run or only ranks against
+// each other: cross_rack_reference.h replays the job from version 0 with the
+// hubs' fp32 arithmetic and every rank's deterministic gradient, and checks
+// every PushPull result and every Pull of every worker of every generation.
+// The optimizer is momentum (lr 0.05, mu 0.9), whose velocity lives on the
+// chunk's home hub: the reference tracks it per chunk, advancing it where a
+// realigned version shows the chunk's update applied (its values are the
+// update from the previous version) and keeping it where the step was skipped
+// (the values unchanged), so a skipped step that touched the optimizer state,
+// or a home that lost an applied update, shows in the next step's bits.
+//
+// The tests wait for events (worker output lines: a newer completed
+// iteration, a resync), never for time. The only sleeps are the random delay
+// before each cut, stop or kill: where in an iteration the failure lands is
+// what is being tested. RACKHUB_XRACK_ROUNDS multiplies the rounds
+// (tests/durability/kill_loops.sh --cross-rack); RACKHUB_KILL_SEED replays
+// the random points.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster_fixture.h"
+#include "cross_rack_reference.h"
+#include "etcd_cluster.h"
+#include "kill_points.h"
+#include "process.h"
+#include "wait.h"
+#include "worker_set.h"
+
+namespace rackhub::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kElements = 5000;       // 5 chunks of 1024 (CreateJob: 4096-byte chunks)
+constexpr uint64_t kChunkElements = 1024;
+constexpr auto kFinishLimit = std::chrono::seconds(60);
+
+// Rounds of a loop: `ci` in CI, times RACKHUB_XRACK_ROUNDS (kill_loops.sh).
+uint64_t Rounds(uint64_t ci) { return ci * EnvOr("RACKHUB_XRACK_ROUNDS", 1); }
+
+std::string TailOf(const std::string& s, size_t n = 3000) {
+  return s.size() > n ? "..." + s.substr(s.size() - n) : s;
+}
+
+// One job: etcd, the hubs of `racks` racks, tenant "job" with `workers`
+// workers per rack, and the worker processes.
+class CrossRackJobRun {
+ public:
+  CrossRackJobRun(int racks, uint32_t workers, std::vector<std::string> hub_extra = {})
+      : racks_(racks), workers_(workers), etcd_(1) {
+    if (!etcd_.started()) return;
+    cluster_ = std::make_unique<Cluster>(etcd_.endpoints(), racks, std::move(hub_extra));
+  }
+
+  // Creates the tenant and starts every worker; false (with a failure) if
+  // the cluster did not start.
+  bool Start() {
+    if (!cluster_ || !cluster_->started()) return false;
+    const std::string token = CreateJob(cluster_->hub(0).admin_address(), workers_);
+    if (token.empty()) return false;
+    dir_ = MakeTempDir();
+    stop_file_ = dir_ + "/stop";
+    WorkerSet::Setup s;
+    s.dir = dir_;
+    s.tenant = "job";
+    s.token = token;
+    for (int r = 0; r < racks_; ++r) s.hubs.push_back(cluster_->hub(r).data_address());
+    s.args = {"--elements",  std::to_string(kElements), "--optimizer", "momentum",
+              "--lr",        "0.05",                    "--momentum",  "0.9",
+              "--dump-pulls", "--stop-file",            stop_file_,    "--op-timeout-ms",
+              "20000"};
+    workers_set_ = std::make_unique<WorkerSet>(s);
+    for (int r = 0; r < racks_; ++r) {
+      for (uint32_t k = 0; k < workers_; ++k) workers_set_->Start(k, r);
+    }
+    return true;
+  }
+
+  // The worker files are kept for a failed test (their directory is printed).
+  ~CrossRackJobRun() {
+    workers_set_.reset();
+    if (dir_.empty()) return;
+    if (::testing::Test::HasFailure()) {
+      std::printf("worker output kept in %s\n", dir_.c_str());
+    } else {
+      std::filesystem::remove_all(dir_);
+    }
+  }
+
+  Cluster& cluster() { return *cluster_; }
+  WorkerSet& workers() { return *workers_set_; }
+  int racks() const { return racks_; }
+  uint32_t workers_per_rack() const { return workers_; }
+
+  // Waits until every current worker completed a PushPull beyond version
+  // `after` (the job goes on after a failure).
+  ::testing::AssertionResult Progress(uint64_t after, const std::string& when) {
+    std::string exited;
+    auto r = WaitUntil("every worker past version " + std::to_string(after) + " " + when, [&] {
+      exited = workers_set_->Exited();
+      return !exited.empty() || workers_set_->MinCurrent() > after;
+    });
+    if (r && exited.empty()) return r;
+    if (r) r = ::testing::AssertionFailure() << "a worker stopped " << when << ":\n" << exited;
+    return r << "\n" << State();
+  }
+
+  // Lines of `kind` containing `text` in every generation's file so far.
+  size_t Count(uint32_t rank, uint32_t rack, const std::string& kind,
+               const std::string& text = "") const {
+    size_t n = 0;
+    for (const auto& [member, file] : workers_set_->files()) {
+      if (member != WorkerSet::Member{rack, rank}) continue;
+      for (const auto& l : ReadWorkerOut(file)) {
+        n += l.kind == kind && l.text.find(text) != std::string::npos;
+      }
+    }
+    return n;
+  }
+
+  // Tells every worker to stop at a version a little beyond the newest, waits
+  // for them all (exit 0), and checks every file against the reference.
+  void FinishAndCheck() {
+    const uint64_t stop = workers_set_->MaxIteration() + 20;
+    WriteFile(stop_file_ + ".tmp", std::to_string(stop) + "\n");
+    std::filesystem::rename(stop_file_ + ".tmp", stop_file_);  // read whole or not at all
+    for (int r = 0; r < racks_; ++r) {
+      for (uint32_t k = 0; k < workers_; ++k) {
+        const int code = workers_set_->Wait(k, r, kFinishLimit);
+        EXPECT_NE(code, -1) << "rack " << r << " rank " << k << " hangs (stop at " << stop
+                            << ")\n" << State();
+        EXPECT_EQ(code, 0) << "rack " << r << " rank " << k << "\n" << workers_set_->Tail(k, r);
+      }
+    }
+    CrossRackJob job;
+    job.racks = racks_;
+    job.workers_per_rack = workers_;
+    job.elements = kElements;
+    job.chunk_elements = kChunkElements;
+    job.optimizer.type = aggregation::OptimizerType::kMomentum;
+    job.optimizer.learning_rate = 0.05;
+    job.optimizer.momentum = 0.9;
+    ASSERT_TRUE(aggregation::NormalizeOptimizer(&job.optimizer).ok());
+    report_ = CheckAgainstReference(job, workers_set_->files());
+    EXPECT_EQ(report_.problems, "") << State();
+    EXPECT_GE(report_.newest, stop) << "the workers stopped before the stop version";
+    std::printf("%s; %zu resyncs\n", report_.Summary().c_str(), workers_set_->Resyncs());
+  }
+  const ReferenceReport& report() const { return report_; }
+
+  // The workers' last lines and the hubs' last log lines.
+  std::string State() const {
+    std::string out;
+    for (int r = 0; r < racks_; ++r) {
+      for (uint32_t k = 0; k < workers_; ++k) {
+        out += "--- rack " + std::to_string(r) + " rank " + std::to_string(k) + ":\n" +
+               TailOf(workers_set_->Tail(k, r), 1500) + "\n";
+      }
+    }
+    for (int r = 0; r < racks_; ++r) {
+      out += "--- hub of rack " + std::to_string(r) + ":\n" + TailOf(cluster_->hub(r).Log()) + "\n";
+    }
+    return out;
+  }
+
+ private:
+  const int racks_;
+  const uint32_t workers_;
+  EtcdCluster etcd_;
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<WorkerSet> workers_set_;
+  std::string dir_, stop_file_;
+  ReferenceReport report_;
+};
+
+// Cuts every hub link (each hub's interhub port) after a random delay into a
+// training iteration, `cuts` times a connection was destroyed; after each,
+// the job must make progress.
+void LinkCutLoop(int racks, uint32_t workers, uint64_t cuts) {
+  auto rng = Rng();
+  CrossRackJobRun run(racks, workers);
+  ASSERT_TRUE(run.Start());
+  ASSERT_TRUE(run.Progress(0, "at the start"));
+  uint64_t done = 0, tries = 0;
+  while (done < cuts) {
+    ASSERT_LT(tries++, cuts * 5) << "cuts destroyed no connection (links never up?)";
+    // The random point of the cut within training (what is tested).
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 25));
+    int killed = 0;
+    for (int r = 0; r < racks; ++r) {
+      const int k = KillConnections(run.cluster().interhub_port(r));
+      if (k < 0) GTEST_SKIP() << "ss -K cannot destroy sockets here (needs CAP_NET_ADMIN)";
+      killed += k;
+    }
+    done += killed > 0;
+    const uint64_t at_cut = run.workers().MaxIteration();
+    ASSERT_TRUE(run.Progress(at_cut + 1, "after cut " + std::to_string(done)));
+  }
+  run.FinishAndCheck();
+  EXPECT_GT(run.workers().Resyncs(), 0u)
+      << "no cut met a cross-rack update: the recovery was not exercised";
+}
+
+TEST(CrossRackRecovery, HubLinkCutsAtRandomPointsTwoRacks) {
+  LinkCutLoop(2, 2, Rounds(20));
+}
+
+TEST(CrossRackRecovery, HubLinkCutsAtRandomPointsThreeRacks) {
+  LinkCutLoop(3, 1, Rounds(10));
+}
+
+// One worker stalls past the straggler timeout: every other worker of every
+// rack gets WORKER_LOST, then all continue, the straggler too.
+TEST(CrossRackRecovery, StragglerAcrossRacksIsAbortedAndEveryoneContinues) {
+  auto rng = Rng();
+  CrossRackJobRun run(2, 2, {"--straggler-timeout-ms", "1500"});
+  ASSERT_TRUE(run.Start());
+  ASSERT_TRUE(run.Progress(0, "at the start"));
+  const uint64_t rounds = Rounds(3);
+  for (uint64_t round = 0; round < rounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const uint32_t rack = rng() % 2, rank = rng() % 2;
+    std::map<WorkerSet::Member, size_t> lost;
+    for (uint32_t r = 0; r < 2; ++r) {
+      for (uint32_t k = 0; k < 2; ++k) lost[{r, k}] = run.Count(k, r, "resync", "WORKER_LOST");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 25));  // the random point
+    ASSERT_EQ(kill(run.workers().Process(rank, rack)->pid(), SIGSTOP), 0);
+    const uint64_t at_stop = run.workers().MaxIteration();
+    const auto every_other_lost = [&] {
+      for (const auto& [m, n] : lost) {
+        if (m != WorkerSet::Member{rack, rank} && run.Count(m.second, m.first, "resync",
+                                                            "WORKER_LOST") <= n) {
+          return false;
+        }
+      }
+      return true;
+    };
+    const auto waited = WaitUntil("WORKER_LOST at every worker but the straggler (rack " +
+                                      std::to_string(rack) + " rank " + std::to_string(rank) + ")",
+                                  every_other_lost);
+    ASSERT_EQ(kill(run.workers().Process(rank, rack)->pid(), SIGCONT), 0);
+    ASSERT_TRUE(waited) << run.State();
+    ASSERT_TRUE(run.Progress(at_stop + 1, "after the straggler"));
+  }
+  run.FinishAndCheck();
+  bool named = false;
+  for (int r = 0; r < 2; ++r) named = named || run.cluster().hub(r).Log().find("straggler") != std::string::npos;
+  EXPECT_TRUE(named) << "no hub logged the straggler abort\n" << run.State();
+}
+
+// kill -9 of a worker of rack 1 at random points; a replacement process for
+// the same rank joins; the survivors of both racks and it continue.
+TEST(CrossRackRecovery, WorkerKill9LoopOnOneRack) {
+  auto rng = Rng();
+  CrossRackJobRun run(2, 2);
+  ASSERT_TRUE(run.Start());
+  ASSERT_TRUE(run.Progress(0, "at the start"));
+  const uint64_t rounds = Rounds(6);
+  for (uint64_t round = 0; round < rounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const uint32_t rank = rng() % 2;
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 25));  // the random point
+    run.workers().Kill(rank, 1);
+    const uint64_t at_kill = run.workers().MaxIteration();
+    run.workers().Start(rank, 1);
+    ASSERT_TRUE(run.Progress(at_kill + 1, "after the kill of rack 1 rank " + std::to_string(rank)));
+  }
+  run.FinishAndCheck();
+}
+
+}  // namespace
+}  // namespace rackhub::testing
