@@ -38,6 +38,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -50,6 +51,7 @@
 #include "etcd_cluster.h"
 #include "kill_points.h"
 #include "process.h"
+#include "training.h"
 #include "wait.h"
 #include "worker_set.h"
 
@@ -199,6 +201,69 @@ class CrossRackJobRun {
   std::string dir_, stop_file_;
   ReferenceReport report_;
 };
+
+// The reference itself, on made-up worker files (no processes): it accepts
+// a realigned version whose chunks are each skipped or applied at their
+// home, and catches a chunk that is neither, a skipped step that moved the
+// velocity, two workers that disagree, and a realigned version too low.
+TEST(CrossRackRecovery, TheReferenceCatchesWhatItMust) {
+  CrossRackJob job;
+  job.racks = 2;
+  job.workers_per_rack = 1;
+  job.elements = 2500;  // 3 chunks
+  job.chunk_elements = kChunkElements;
+  job.optimizer.type = aggregation::OptimizerType::kMomentum;
+  job.optimizer.learning_rate = 0.05;
+  job.optimizer.momentum = 0.9;
+  ASSERT_TRUE(aggregation::NormalizeOptimizer(&job.optimizer).ok());
+  const KeyValues v0{std::vector<float>(job.elements, 0.0f),
+                     {std::vector<float>(job.elements, 0.0f)}};
+  const KeyValues v1 = ReferenceStep(job, v0, 0), v2 = ReferenceStep(job, v1, 1);
+  // Chunk 0 was applied at its home (v2's values and velocity), 1 and 2 skipped.
+  KeyValues v3 = v1;
+  std::copy_n(v2.params.begin(), kChunkElements, v3.params.begin());
+  std::copy_n(v2.slots[0].begin(), kChunkElements, v3.slots[0].begin());
+  const KeyValues v4 = ReferenceStep(job, v3, 3);
+  const auto pull = [](uint64_t v, const std::vector<float>& p) {
+    return "pull " + std::to_string(v) + " " + HashFloats(p) + " " + HexFloats(p) + "\n";
+  };
+  const auto iter = [](uint64_t v, const std::vector<float>& p) {
+    return "iter " + std::to_string(v) + " " + HashFloats(p) + "\n";
+  };
+  const std::string dir = MakeTempDir();
+  const auto check = [&](const std::string& rack0, const std::string& rack1) {
+    WriteFile(dir + "/0.out", rack0);
+    WriteFile(dir + "/1.out", rack1);
+    return CheckAgainstReference(job, {{{0, 0}, dir + "/0.out"}, {{1, 0}, dir + "/1.out"}});
+  };
+  const std::string head = pull(0, v0.params) + iter(1, v1.params) +
+                           "resync SERVER ... WORKER_LOST: rack link\n";
+  const std::string good = head + pull(3, v3.params) + iter(4, v4.params);
+  const ReferenceReport ok = check(good, good + "pull 4 " + HashFloats(v4.params) + "\n");
+  EXPECT_EQ(ok.problems, "");
+  EXPECT_EQ(ok.steps, 2u);
+  EXPECT_EQ(ok.recoveries, 1u);
+  EXPECT_EQ(ok.chunks_applied, 1u);
+  EXPECT_EQ(ok.chunks_skipped, 2u);
+
+  std::vector<float> wrong = v3.params;
+  wrong[kChunkElements + 7] += 1.0f;  // chunk 1: neither skipped nor applied
+  const std::string neither = head + pull(3, wrong);
+  EXPECT_NE(check(neither, neither).problems.find("chunk 1 (home rack 1) is neither"),
+            std::string::npos);
+  // The velocity of the skipped chunks moved as if they had been updated.
+  KeyValues moved = v3;
+  moved.slots[0] = v2.slots[0];
+  const std::string bad_velocity = head + pull(3, v3.params) +
+                                   iter(4, ReferenceStep(job, moved, 3).params);
+  EXPECT_NE(check(bad_velocity, bad_velocity).problems.find("version 4: rack 0 rank 0"),
+            std::string::npos);
+  EXPECT_NE(check(good, pull(0, v0.params) + iter(1, v2.params)).problems.find("version 1: "),
+            std::string::npos);
+  const std::string too_low = head + pull(2, v3.params);
+  EXPECT_NE(check(too_low, too_low).problems.find("must be at least 3"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
 
 // Cuts every hub link (each hub's interhub port) after a random delay into a
 // training iteration, `cuts` times a connection was destroyed; after each,

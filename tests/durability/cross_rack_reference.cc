@@ -24,12 +24,6 @@ struct Seen {
   std::string dump;
 };
 
-// Parameters and optimizer state of the key at one version.
-struct KeyState {
-  std::vector<float> params;
-  std::vector<std::vector<float>> slots;
-};
-
 std::optional<std::vector<float>> ParseDump(const std::string& hex, uint64_t elements) {
   if (hex.size() != elements * 8) return std::nullopt;
   std::vector<float> out(elements);
@@ -38,28 +32,6 @@ std::optional<std::vector<float>> ParseDump(const std::string& hex, uint64_t ele
     std::memcpy(&out[i], &bits, 4);
   }
   return out;
-}
-
-// The update from `from` (the key at version v) by every rank's gradient of
-// iteration v, as the hubs compute it.
-KeyState Step(const CrossRackJob& job, const KeyState& from, uint64_t v) {
-  const size_t n = job.elements;
-  std::vector<float> sum(n), rack_sum(n), grad(n);
-  for (uint32_t r = 0; r < job.racks; ++r) {
-    for (uint32_t k = 0; k < job.workers_per_rack; ++k) {
-      Gradient(job.seed, v, 64 * r + k, from.params, grad);
-      for (size_t i = 0; i < n; ++i) rack_sum[i] = k == 0 ? grad[i] : rack_sum[i] + grad[i];
-    }
-    for (size_t i = 0; i < n; ++i) sum[i] = r == 0 ? rack_sum[i] : sum[i] + rack_sum[i];
-  }
-  KeyState to{std::vector<float>(n), from.slots};
-  aggregation::OptimizerStep step;
-  step.grad_scale = static_cast<float>(1.0 / (job.racks * job.workers_per_rack));
-  step.t = v + 1;
-  aggregation::ApplyOptimizer(job.optimizer, step, sum.data(), from.params.data(),
-                              to.params.data(), to.slots.empty() ? nullptr : to.slots[0].data(),
-                              to.slots.size() < 2 ? nullptr : to.slots[1].data(), n);
-  return to;
 }
 
 bool SameBits(const float* a, const float* b, size_t n) {
@@ -106,7 +78,7 @@ class Checker {
   }
 
   ReferenceReport Run() {
-    std::optional<KeyState> state;
+    std::optional<KeyValues> state;
     uint64_t at = 0;
     for (const auto& [v, seen] : seen_) {
       const std::optional<std::vector<float>> params = Agree(v, seen);
@@ -124,13 +96,13 @@ class Checker {
             break;
           }
         }
-        state = KeyState{*params, std::vector<std::vector<float>>(
+        state = KeyValues{*params, std::vector<std::vector<float>>(
                                       aggregation::OptimizerStateSlots(job_.optimizer.type),
                                       std::vector<float>(job_.elements, 0.0f))};
         at = v;
         continue;
       }
-      const KeyState next = Step(job_, *state, at);
+      const KeyValues next = ReferenceStep(job_, *state, at);
       if (by_push_.count(v)) {
         ++report_.steps;
         if (v != at + 1) {
@@ -184,8 +156,8 @@ class Checker {
 
   // Version v reached only by Pulls after version `at` (state): each chunk is
   // at's (skipped) or the step's (applied at its home before the round).
-  void Realigned(uint64_t v, uint64_t at, const std::vector<float>& params, const KeyState& next,
-                 KeyState& state) {
+  void Realigned(uint64_t v, uint64_t at, const std::vector<float>& params, const KeyValues& next,
+                 KeyValues& state) {
     ++report_.recoveries;
     uint64_t applied = 0;
     for (uint64_t first = 0, c = 0; first < job_.elements; first += job_.chunk_elements, ++c) {
@@ -239,6 +211,26 @@ class Checker {
 };
 
 }  // namespace
+
+KeyValues ReferenceStep(const CrossRackJob& job, const KeyValues& from, uint64_t v) {
+  const size_t n = job.elements;
+  std::vector<float> sum(n), rack_sum(n), grad(n);
+  for (uint32_t r = 0; r < job.racks; ++r) {
+    for (uint32_t k = 0; k < job.workers_per_rack; ++k) {
+      Gradient(job.seed, v, 64 * r + k, from.params, grad);
+      for (size_t i = 0; i < n; ++i) rack_sum[i] = k == 0 ? grad[i] : rack_sum[i] + grad[i];
+    }
+    for (size_t i = 0; i < n; ++i) sum[i] = r == 0 ? rack_sum[i] : sum[i] + rack_sum[i];
+  }
+  KeyValues to{std::vector<float>(n), from.slots};
+  aggregation::OptimizerStep step;
+  step.grad_scale = static_cast<float>(1.0 / (job.racks * job.workers_per_rack));
+  step.t = v + 1;
+  aggregation::ApplyOptimizer(job.optimizer, step, sum.data(), from.params.data(),
+                              to.params.data(), to.slots.empty() ? nullptr : to.slots[0].data(),
+                              to.slots.size() < 2 ? nullptr : to.slots[1].data(), n);
+  return to;
+}
 
 std::string ReferenceReport::Summary() const {
   std::ostringstream s;

@@ -63,6 +63,16 @@ struct ReferenceReport {
   std::string Summary() const;
 };
 
+// The key's parameters and optimizer state slots (OptimizerStateSlots many).
+struct KeyValues {
+  std::vector<float> params;
+  std::vector<std::vector<float>> slots;
+};
+
+// The update from `from` (the key at version v) by every rank's gradient of
+// iteration v, as the hubs compute it.
+KeyValues ReferenceStep(const CrossRackJob& job, const KeyValues& from, uint64_t v);
+
 // `files`: every generation's output file, with its (rack, rank).
 ReferenceReport CheckAgainstReference(
     const CrossRackJob& job,

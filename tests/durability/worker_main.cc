@@ -31,7 +31,6 @@
 // 4 an operation failed without recovery, 64 usage.
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -103,19 +102,6 @@ int TrainTable(client::Client& c, uint32_t rank, uint64_t rows, uint64_t iterati
     }
   }
   return 0;
-}
-
-// "%08x" of each element's bits, concatenated.
-std::string Hex(const std::vector<float>& values) {
-  std::string out(values.size() * 8, '0');
-  char buf[9];
-  for (size_t i = 0; i < values.size(); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &values[i], 4);
-    std::snprintf(buf, sizeof buf, "%08x", bits);
-    std::memcpy(&out[i * 8], buf, 8);
-  }
-  return out;
 }
 
 // The iteration to stop at: --stop-file's number if it holds one, at most
@@ -214,7 +200,7 @@ int main(int argc, char** argv) {
     }
     const bool dump = dump_pulls && key.iteration != dumped;
     line("pull " + std::to_string(key.iteration) + " " + testing::HashFloats(key.params) +
-         (dump ? " " + Hex(key.params) : ""));
+         (dump ? " " + testing::HexFloats(key.params) : ""));
     if (dump) dumped = key.iteration;
   };
   pull();
