@@ -94,18 +94,6 @@ uint64_t WorkerSet::MinCurrent() const {
   return m;
 }
 
-uint64_t WorkerSet::MinCurrentVersion() const {
-  uint64_t m = UINT64_MAX;
-  for (const auto& [member, f] : current_) {
-    uint64_t mine = 0;
-    for (const auto& l : ReadWorkerOut(f)) {
-      if (l.kind == "iter" || l.kind == "pull") mine = std::max(mine, l.iteration);
-    }
-    m = std::min(m, mine);
-  }
-  return m;
-}
-
 std::string WorkerSet::Problems() {
   std::string out = Exited();
   std::map<uint64_t, std::pair<std::string, std::string>> hashes;  // iteration -> hash, file

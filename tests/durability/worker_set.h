@@ -61,8 +61,6 @@ class WorkerSet {
   uint64_t MaxIteration() const;
   // Lowest iteration completed by the current processes (0 if one has none).
   uint64_t MinCurrent() const;
-  // Lowest version the current processes hold (their last pull or iter).
-  uint64_t MinCurrentVersion() const;
   // The current processes that exited, with their exit code and last lines
   // ("" while all run).
   std::string Exited();
