@@ -48,7 +48,7 @@
 
 #include "cluster_fixture.h"
 #include "cross_rack_reference.h"
-#include "etcd_cluster.h"
+#include "cross_rack_training.h"
 #include "kill_points.h"
 #include "process.h"
 #include "training.h"
@@ -60,147 +60,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr uint64_t kElements = 5000;       // 5 chunks of 1024 (CreateJob: 4096-byte chunks)
-constexpr uint64_t kChunkElements = 1024;
-constexpr auto kFinishLimit = std::chrono::seconds(60);
-
 // Rounds of a loop: `ci` in CI, times RACKHUB_XRACK_ROUNDS (kill_loops.sh).
 uint64_t Rounds(uint64_t ci) { return ci * EnvOr("RACKHUB_XRACK_ROUNDS", 1); }
-
-std::string TailOf(const std::string& s, size_t n = 3000) {
-  return s.size() > n ? "..." + s.substr(s.size() - n) : s;
-}
-
-// One job: etcd, the hubs of `racks` racks, tenant "job" with `workers`
-// workers per rack, and the worker processes.
-class CrossRackJobRun {
- public:
-  CrossRackJobRun(int racks, uint32_t workers, std::vector<std::string> hub_extra = {})
-      : racks_(racks), workers_(workers), etcd_(1) {
-    if (!etcd_.started()) return;
-    cluster_ = std::make_unique<Cluster>(etcd_.endpoints(), racks, std::move(hub_extra));
-  }
-
-  // Creates the tenant and starts every worker; false (with a failure) if
-  // the cluster did not start.
-  bool Start() {
-    if (!cluster_ || !cluster_->started()) return false;
-    const std::string token = CreateJob(cluster_->hub(0).admin_address(), workers_);
-    if (token.empty()) return false;
-    dir_ = MakeTempDir();
-    stop_file_ = dir_ + "/stop";
-    WorkerSet::Setup s;
-    s.dir = dir_;
-    s.tenant = "job";
-    s.token = token;
-    for (int r = 0; r < racks_; ++r) s.hubs.push_back(cluster_->hub(r).data_address());
-    s.args = {"--elements",  std::to_string(kElements), "--optimizer", "momentum",
-              "--lr",        "0.05",                    "--momentum",  "0.9",
-              "--dump-pulls", "--stop-file",            stop_file_,    "--op-timeout-ms",
-              "20000"};
-    workers_set_ = std::make_unique<WorkerSet>(s);
-    for (int r = 0; r < racks_; ++r) {
-      for (uint32_t k = 0; k < workers_; ++k) workers_set_->Start(k, r);
-    }
-    return true;
-  }
-
-  // The worker files are kept for a failed test (their directory is printed).
-  ~CrossRackJobRun() {
-    workers_set_.reset();
-    if (dir_.empty()) return;
-    if (::testing::Test::HasFailure()) {
-      std::printf("worker output kept in %s\n", dir_.c_str());
-    } else {
-      std::filesystem::remove_all(dir_);
-    }
-  }
-
-  Cluster& cluster() { return *cluster_; }
-  WorkerSet& workers() { return *workers_set_; }
-  int racks() const { return racks_; }
-  uint32_t workers_per_rack() const { return workers_; }
-
-  // Waits until every current worker completed a PushPull beyond version
-  // `after` (the job goes on after a failure).
-  ::testing::AssertionResult Progress(uint64_t after, const std::string& when) {
-    std::string exited;
-    auto r = WaitUntil("every worker past version " + std::to_string(after) + " " + when, [&] {
-      exited = workers_set_->Exited();
-      return !exited.empty() || workers_set_->MinCurrent() > after;
-    });
-    if (r && exited.empty()) return r;
-    if (r) r = ::testing::AssertionFailure() << "a worker stopped " << when << ":\n" << exited;
-    return r << "\n" << State();
-  }
-
-  // Lines of `kind` containing `text` in every generation's file so far.
-  size_t Count(uint32_t rank, uint32_t rack, const std::string& kind,
-               const std::string& text = "") const {
-    size_t n = 0;
-    for (const auto& [member, file] : workers_set_->files()) {
-      if (member != WorkerSet::Member{rack, rank}) continue;
-      for (const auto& l : ReadWorkerOut(file)) {
-        n += l.kind == kind && l.text.find(text) != std::string::npos;
-      }
-    }
-    return n;
-  }
-
-  // Tells every worker to stop at a version a little beyond the newest, waits
-  // for them all (exit 0), and checks every file against the reference.
-  void FinishAndCheck() {
-    const uint64_t stop = workers_set_->MaxIteration() + 20;
-    WriteFile(stop_file_ + ".tmp", std::to_string(stop) + "\n");
-    std::filesystem::rename(stop_file_ + ".tmp", stop_file_);  // read whole or not at all
-    for (int r = 0; r < racks_; ++r) {
-      for (uint32_t k = 0; k < workers_; ++k) {
-        const int code = workers_set_->Wait(k, r, kFinishLimit);
-        EXPECT_NE(code, -1) << "rack " << r << " rank " << k << " hangs (stop at " << stop
-                            << ")\n" << State();
-        EXPECT_EQ(code, 0) << "rack " << r << " rank " << k << "\n" << workers_set_->Tail(k, r);
-      }
-    }
-    CrossRackJob job;
-    job.racks = racks_;
-    job.workers_per_rack = workers_;
-    job.elements = kElements;
-    job.chunk_elements = kChunkElements;
-    job.optimizer.type = aggregation::OptimizerType::kMomentum;
-    job.optimizer.learning_rate = 0.05;
-    job.optimizer.momentum = 0.9;
-    ASSERT_TRUE(aggregation::NormalizeOptimizer(&job.optimizer).ok());
-    report_ = CheckAgainstReference(job, workers_set_->files());
-    EXPECT_EQ(report_.problems, "") << State();
-    EXPECT_GE(report_.newest, stop) << "the workers stopped before the stop version";
-    std::printf("%s; %zu resyncs\n", report_.Summary().c_str(), workers_set_->Resyncs());
-  }
-  const ReferenceReport& report() const { return report_; }
-
-  // The workers' last lines and the hubs' last log lines.
-  std::string State() const {
-    std::string out;
-    for (int r = 0; r < racks_; ++r) {
-      for (uint32_t k = 0; k < workers_; ++k) {
-        out += "--- rack " + std::to_string(r) + " rank " + std::to_string(k) + ":\n" +
-               TailOf(workers_set_->Tail(k, r), 1500) + "\n";
-      }
-    }
-    for (int r = 0; r < racks_; ++r) {
-      out += "--- hub of rack " + std::to_string(r) + ":\n" + TailOf(cluster_->hub(r).Log()) + "\n";
-    }
-    return out;
-  }
-
- private:
-  const int racks_;
-  const uint32_t workers_;
-  EtcdCluster etcd_;
-  std::unique_ptr<Cluster> cluster_;
-  std::unique_ptr<WorkerSet> workers_set_;
-  std::string dir_, stop_file_;
-  ReferenceReport report_;
-};
 
 // The reference itself, on made-up worker files (no processes): it accepts
 // a realigned version whose chunks are each skipped or applied at their
@@ -270,7 +131,7 @@ TEST(CrossRackRecovery, TheReferenceCatchesWhatItMust) {
 // the job must make progress.
 void LinkCutLoop(int racks, uint32_t workers, uint64_t cuts) {
   auto rng = Rng();
-  CrossRackJobRun run(racks, workers);
+  CrossRackTraining run(racks, workers);
   ASSERT_TRUE(run.Start());
   ASSERT_TRUE(run.Progress(0, "at the start"));
   uint64_t done = 0, tries = 0;
@@ -305,7 +166,7 @@ TEST(CrossRackRecovery, HubLinkCutsAtRandomPointsThreeRacks) {
 // rack gets WORKER_LOST, then all continue, the straggler too.
 TEST(CrossRackRecovery, StragglerAcrossRacksIsAbortedAndEveryoneContinues) {
   auto rng = Rng();
-  CrossRackJobRun run(2, 2, {"--straggler-timeout-ms", "1500"});
+  CrossRackTraining run(2, 2, {"--straggler-timeout-ms", "1500"});
   ASSERT_TRUE(run.Start());
   ASSERT_TRUE(run.Progress(0, "at the start"));
   const uint64_t rounds = Rounds(3);
@@ -345,7 +206,7 @@ TEST(CrossRackRecovery, StragglerAcrossRacksIsAbortedAndEveryoneContinues) {
 // the same rank joins; the survivors of both racks and it continue.
 TEST(CrossRackRecovery, WorkerKill9LoopOnOneRack) {
   auto rng = Rng();
-  CrossRackJobRun run(2, 2);
+  CrossRackTraining run(2, 2);
   ASSERT_TRUE(run.Start());
   ASSERT_TRUE(run.Progress(0, "at the start"));
   const uint64_t rounds = Rounds(6);

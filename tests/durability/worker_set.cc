@@ -3,30 +3,48 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 namespace rackhub::testing {
+
+WorkerLine ParseWorkerLine(const std::string& line) {
+  std::istringstream ls(line);
+  WorkerLine w;
+  ls >> w.kind;
+  if (w.kind == "pull" || w.kind == "iter") {
+    ls >> w.iteration >> w.hash >> w.dump;
+  } else if (w.kind == "bound") {
+    ls >> w.iteration >> w.updates >> w.slowest;
+  } else {
+    std::getline(ls, w.text);
+  }
+  return w;
+}
 
 std::vector<WorkerLine> ReadWorkerOut(const std::string& path) {
   std::vector<WorkerLine> out;
   std::string text = ReadFile(path);
   text.erase(text.find_last_of('\n') == std::string::npos ? 0 : text.find_last_of('\n') + 1);
   std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    WorkerLine w;
-    ls >> w.kind;
-    if (w.kind == "pull" || w.kind == "iter") {
-      ls >> w.iteration >> w.hash >> w.dump;
-    } else if (w.kind == "bound") {
-      ls >> w.iteration >> w.updates >> w.slowest;
-    } else {
-      std::getline(ls, w.text);
-    }
-    out.push_back(std::move(w));
-  }
+  for (std::string line; std::getline(in, line);) out.push_back(ParseWorkerLine(line));
   return out;
+}
+
+const std::vector<WorkerLine>& WorkerSet::Lines(const std::string& file) const {
+  Cached& c = cache_[file];
+  std::ifstream in(file, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(c.offset));
+  std::string fresh((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c.offset += fresh.size();
+  c.partial += fresh;
+  size_t start = 0;
+  for (size_t end; (end = c.partial.find('\n', start)) != std::string::npos; start = end + 1) {
+    c.lines.push_back(ParseWorkerLine(c.partial.substr(start, end - start)));
+  }
+  c.partial.erase(0, start);
+  return c.lines;
 }
 
 std::string WorkerSet::Name(const Member& m) {
@@ -75,7 +93,7 @@ int WorkerSet::Wait(uint32_t rank, uint32_t rack, std::chrono::milliseconds limi
 uint64_t WorkerSet::MaxIteration() const {
   uint64_t m = 0;
   for (const auto& [member, f] : files_) {
-    for (const auto& l : ReadWorkerOut(f)) {
+    for (const auto& l : Lines(f)) {
       if (l.kind == "iter" || l.kind == "bound") m = std::max(m, l.iteration);
     }
   }
@@ -86,7 +104,7 @@ uint64_t WorkerSet::MinCurrent() const {
   uint64_t m = UINT64_MAX;
   for (const auto& [member, f] : current_) {
     uint64_t mine = 0;
-    for (const auto& l : ReadWorkerOut(f)) {
+    for (const auto& l : Lines(f)) {
       if (l.kind == "iter" || l.kind == "bound") mine = std::max(mine, l.iteration);
     }
     m = std::min(m, mine);
@@ -98,7 +116,7 @@ std::string WorkerSet::Problems() {
   std::string out = Exited();
   std::map<uint64_t, std::pair<std::string, std::string>> hashes;  // iteration -> hash, file
   for (const auto& [member, f] : files_) {
-    for (const auto& l : ReadWorkerOut(f)) {
+    for (const auto& l : Lines(f)) {
       if (l.kind == "error") out += f + ": error " + l.text + "\n";
       if (l.kind == "bound" && setup_.bound >= 0 &&
           l.iteration > l.slowest + static_cast<uint64_t>(setup_.bound)) {
@@ -121,7 +139,7 @@ std::string WorkerSet::Problems() {
 std::set<std::string> WorkerSet::Transports() const {
   std::set<std::string> out;
   for (const auto& [member, f] : files_) {
-    for (const auto& l : ReadWorkerOut(f)) {
+    for (const auto& l : Lines(f)) {
       if (l.kind == "transport") out.insert(l.text.substr(l.text.find_first_not_of(' ')));
     }
   }
@@ -131,7 +149,7 @@ std::set<std::string> WorkerSet::Transports() const {
 size_t WorkerSet::Resyncs() const {
   size_t n = 0;
   for (const auto& [member, f] : files_) {
-    for (const auto& l : ReadWorkerOut(f)) n += l.kind == "resync";
+    for (const auto& l : Lines(f)) n += l.kind == "resync";
   }
   return n;
 }

@@ -34,6 +34,7 @@ struct WorkerLine {
 };
 
 std::vector<WorkerLine> ReadWorkerOut(const std::string& path);
+WorkerLine ParseWorkerLine(const std::string& line);
 
 class WorkerSet {
  public:
@@ -72,13 +73,23 @@ class WorkerSet {
   size_t Resyncs() const;
   // Every generation's file with its member, in start order.
   const std::vector<std::pair<Member, std::string>>& files() const { return files_; }
+  // The complete lines of one of its files so far (read incrementally: only
+  // what was appended since the last call is parsed).
+  const std::vector<WorkerLine>& Lines(const std::string& file) const;
   // The last lines of the member's current file and log (long lines cut).
   std::string Tail(uint32_t rank, uint32_t rack = 0) const;
 
  private:
   static std::string Name(const Member& m);
 
+  struct Cached {
+    size_t offset = 0;     // bytes of the file read so far
+    std::string partial;   // a line not complete yet
+    std::vector<WorkerLine> lines;
+  };
+
   const Setup setup_;
+  mutable std::map<std::string, Cached> cache_;
   std::vector<std::pair<Member, std::string>> files_;
   std::map<Member, std::string> current_;
   std::map<Member, std::unique_ptr<ChildProcess>> procs_;
