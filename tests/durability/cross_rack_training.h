@@ -14,6 +14,9 @@
 // (then their directory is printed). Single-threaded use from a test body.
 #pragma once
 
+#include <signal.h>
+#include <sys/types.h>
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -119,9 +122,26 @@ class CrossRackTraining {
   // Tells every worker to stop at a version a little beyond the newest, waits
   // for them all (exit 0), and checks every file against the reference.
   void FinishAndCheck() {
-    const uint64_t stop = workers_set_->MaxIteration() + 20;
+    // Every rank must stop at the same version, so none may pass it before it
+    // reads it: the workers are frozen (SIGSTOP, until the kernel shows them
+    // stopped) while the newest version any of them reached is read and the
+    // stop version written. A frozen worker may hold a version its file does
+    // not show yet (a line cut short: the next version, or a Pull after a
+    // recovery round: 1 + the newest any hub held); 10 more is far beyond
+    // both, with no cut or kill left to start more rounds.
+    std::vector<pid_t> pids;
+    for (int r = 0; r < racks_; ++r) {
+      for (uint32_t k = 0; k < workers_; ++k) pids.push_back(workers_set_->Process(k, r)->pid());
+    }
+    for (pid_t pid : pids) {
+      ASSERT_EQ(kill(pid, SIGSTOP), 0);
+      ASSERT_TRUE(WaitUntil("worker process " + std::to_string(pid) + " stopped",
+                            [&] { return Stopped(pid); }));
+    }
+    const uint64_t stop = workers_set_->MaxVersion() + 10;
     WriteFile(stop_file_ + ".tmp", std::to_string(stop) + "\n");
     std::filesystem::rename(stop_file_ + ".tmp", stop_file_);  // read whole or not at all
+    for (pid_t pid : pids) ASSERT_EQ(kill(pid, SIGCONT), 0);
     for (int r = 0; r < racks_; ++r) {
       for (uint32_t k = 0; k < workers_; ++k) {
         const int code = workers_set_->Wait(k, r, kFinishLimit);
@@ -145,6 +165,13 @@ class CrossRackTraining {
     std::printf("%s; %zu resyncs\n", report_.Summary().c_str(), workers_set_->Resyncs());
   }
   const ReferenceReport& report() const { return report_; }
+
+  // Whether the process is stopped by a signal (state T in /proc/PID/stat).
+  static bool Stopped(pid_t pid) {
+    const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+    const auto at = stat.rfind(')');
+    return at != std::string::npos && at + 2 < stat.size() && stat[at + 2] == 'T';
+  }
 
   // The workers' last lines and the hubs' last log lines.
   std::string State() const {

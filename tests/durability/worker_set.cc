@@ -90,15 +90,19 @@ int WorkerSet::Wait(uint32_t rank, uint32_t rack, std::chrono::milliseconds limi
   return p ? p->Wait(limit) : -1;
 }
 
-uint64_t WorkerSet::MaxIteration() const {
+uint64_t WorkerSet::Newest(const std::set<std::string>& kinds) const {
   uint64_t m = 0;
   for (const auto& [member, f] : files_) {
     for (const auto& l : Lines(f)) {
-      if (l.kind == "iter" || l.kind == "bound") m = std::max(m, l.iteration);
+      if (kinds.count(l.kind)) m = std::max(m, l.iteration);
     }
   }
   return m;
 }
+
+uint64_t WorkerSet::MaxIteration() const { return Newest({"iter", "bound"}); }
+
+uint64_t WorkerSet::MaxVersion() const { return Newest({"iter", "bound", "pull"}); }
 
 uint64_t WorkerSet::MinCurrent() const {
   uint64_t m = UINT64_MAX;

@@ -60,6 +60,8 @@ class WorkerSet {
 
   // Highest iteration any member of any generation completed.
   uint64_t MaxIteration() const;
+  // Highest version any member of any generation reached (PushPull or Pull).
+  uint64_t MaxVersion() const;
   // Lowest iteration completed by the current processes (0 if one has none).
   uint64_t MinCurrent() const;
   // The current processes that exited, with their exit code and last lines
@@ -81,6 +83,8 @@ class WorkerSet {
 
  private:
   static std::string Name(const Member& m);
+  // Highest iteration of the lines of these kinds in every file.
+  uint64_t Newest(const std::set<std::string>& kinds) const;
 
   struct Cached {
     size_t offset = 0;     // bytes of the file read so far
