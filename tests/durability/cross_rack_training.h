@@ -47,9 +47,12 @@ inline std::string TailOf(const std::string& s, size_t n = 3000) {
 // workers per rack, and the worker processes.
 class CrossRackTraining {
  public:
-  CrossRackTraining(int racks, uint32_t workers, std::vector<std::string> hub_extra = {})
-      : racks_(racks), workers_(workers), etcd_(1) {
+  // `lanes`: the hubs' lane count (cluster_fixture.h's Cluster runs 1).
+  CrossRackTraining(int racks, uint32_t workers, std::vector<std::string> hub_extra = {},
+                    uint32_t lanes = 1)
+      : racks_(racks), workers_(workers), lanes_(lanes), etcd_(1) {
     if (!etcd_.started()) return;
+    hub_extra.insert(hub_extra.end(), {"--lanes", std::to_string(lanes)});
     cluster_ = std::make_unique<Cluster>(etcd_.endpoints(), racks, std::move(hub_extra));
   }
 
@@ -153,6 +156,7 @@ class CrossRackTraining {
     CrossRackJob job;
     job.racks = racks_;
     job.workers_per_rack = workers_;
+    job.lanes = lanes_;
     job.elements = kElements;
     job.chunk_elements = kChunkElements;
     job.optimizer.type = aggregation::OptimizerType::kMomentum;
@@ -191,6 +195,7 @@ class CrossRackTraining {
  private:
   const int racks_;
   const uint32_t workers_;
+  const uint32_t lanes_;
   EtcdCluster etcd_;
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<WorkerSet> workers_set_;
