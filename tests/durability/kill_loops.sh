@@ -10,9 +10,10 @@
 #
 # --cross-rack: instead, the cross-rack recovery loops of issue 31
 # (tests/durability/cross_rack_recovery_test.cc: hub link cuts on 2 and 3
-# racks, a straggler, worker kill -9 on one rack, every step checked against
-# the reference) with TRIALS times CI's rounds (default 10: 200 link cuts on
-# 2 racks, 100 on 3, 30 stragglers, 60 worker kills).
+# racks, one lane's link on hubs of 2 lanes, a straggler, worker kill -9 on
+# one rack, every step checked against the reference) with TRIALS times
+# CI's rounds (default 10: 200 link cuts on 2 racks, 100 on 3, 100 one-lane
+# cuts, 30 stragglers, 60 worker kills).
 #
 # Usage: tests/durability/kill_loops.sh [--cross-rack] [BUILD_DIR] [TRIALS]
 #   BUILD_DIR defaults to build/, TRIALS to 100 (--cross-rack: 10).
