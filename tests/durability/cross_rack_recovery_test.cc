@@ -37,14 +37,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
-#include <memory>
 #include <string>
 #include <thread>
 #include <vector>

@@ -45,7 +45,8 @@ namespace rackhub::testing {
 struct CrossRackJob {
   uint32_t racks = 2;
   uint32_t workers_per_rack = 1;
-  uint32_t lanes = 1;
+  uint32_t lanes = 1;  // for naming a chunk's home: (chunk / lanes) % racks (the
+                       // tenant's only key, so its chunk c is tenant-wide chunk c)
   uint64_t elements = 0;
   uint64_t chunk_elements = 0;
   uint32_t seed = 7;  // rackhub-durability-worker's key seed
