@@ -13,6 +13,9 @@
 //     then continued (SIGCONT);
 //   - kill -9 of a worker of rack 1, and a replacement process for its rank.
 //
+// The straggler and the kills also on one flat hub serving both racks
+// (topology.mode = flat), which must recover the same way with the same bits.
+//
 // After each failure every worker must continue (it Pulls on WORKER_LOST, as
 // docs/durability.md tells a trainer) and make progress; at the end every
 // worker reaches the stop iteration (bounded waits: a hang fails, naming the
@@ -203,9 +206,9 @@ TEST(CrossRackRecovery, HubLinkCutsAtRandomPointsThreeRacks) {
 
 // One worker stalls past the straggler timeout: every other worker of every
 // rack gets WORKER_LOST, then all continue, the straggler too.
-TEST(CrossRackRecovery, StragglerAcrossRacksIsAbortedAndEveryoneContinues) {
+void StragglerLoop(bool flat) {
   auto rng = Rng();
-  CrossRackTraining run(2, 2, {"--straggler-timeout-ms", "1500"});
+  CrossRackTraining run(2, 2, {"--straggler-timeout-ms", "1500"}, 1, flat);
   ASSERT_TRUE(run.Start());
   ASSERT_TRUE(run.Progress(0, "at the start"));
   const uint64_t rounds = Rounds(3);
@@ -237,15 +240,17 @@ TEST(CrossRackRecovery, StragglerAcrossRacksIsAbortedAndEveryoneContinues) {
   }
   run.FinishAndCheck();
   bool named = false;
-  for (int r = 0; r < 2; ++r) named = named || run.cluster().hub(r).Log().find("straggler") != std::string::npos;
+  for (int r = 0; r < run.hubs(); ++r) {
+    named = named || run.hub(r).Log().find("straggler") != std::string::npos;
+  }
   EXPECT_TRUE(named) << "no hub logged the straggler abort\n" << run.State();
 }
 
 // kill -9 of a worker of rack 1 at random points; a replacement process for
 // the same rank joins; the survivors of both racks and it continue.
-TEST(CrossRackRecovery, WorkerKill9LoopOnOneRack) {
+void WorkerKill9Loop(bool flat) {
   auto rng = Rng();
-  CrossRackTraining run(2, 2);
+  CrossRackTraining run(2, 2, {}, 1, flat);
   ASSERT_TRUE(run.Start());
   ASSERT_TRUE(run.Progress(0, "at the start"));
   const uint64_t rounds = Rounds(6);
@@ -260,6 +265,18 @@ TEST(CrossRackRecovery, WorkerKill9LoopOnOneRack) {
   }
   run.FinishAndCheck();
 }
+
+TEST(CrossRackRecovery, StragglerAcrossRacksIsAbortedAndEveryoneContinues) {
+  StragglerLoop(false);
+}
+
+TEST(CrossRackRecovery, WorkerKill9LoopOnOneRack) { WorkerKill9Loop(false); }
+
+// One flat hub serving both racks (no hub links) recovers the same way, with
+// the same bits.
+TEST(CrossRackRecovery, StragglerOnAFlatHubServingTwoRacks) { StragglerLoop(true); }
+
+TEST(CrossRackRecovery, WorkerKill9LoopOnAFlatHubServingTwoRacks) { WorkerKill9Loop(true); }
 
 }  // namespace
 }  // namespace rackhub::testing

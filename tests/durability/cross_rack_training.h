@@ -48,19 +48,35 @@ inline std::string TailOf(const std::string& s, size_t n = 3000) {
 class CrossRackTraining {
  public:
   // `lanes`: the hubs' lane count (cluster_fixture.h's Cluster runs 1).
+  // `flat`: one hub serving every rack (topology.mode = flat: no hub links,
+  // no etcd) in place of the cluster; the same bits (docs/architecture.md).
   CrossRackTraining(int racks, uint32_t workers, std::vector<std::string> hub_extra = {},
-                    uint32_t lanes = 1)
-      : racks_(racks), workers_(workers), lanes_(lanes), etcd_(1) {
-    if (!etcd_.started()) return;
+                    uint32_t lanes = 1, bool flat = false)
+      : racks_(racks), workers_(workers), lanes_(lanes) {
     hub_extra.insert(hub_extra.end(), {"--lanes", std::to_string(lanes)});
-    cluster_ = std::make_unique<Cluster>(etcd_.endpoints(), racks, std::move(hub_extra));
+    if (flat) {
+      std::string list;
+      for (int r = 0; r < racks; ++r) {
+        list += (r ? "," : "") + std::string("127.0.0.1:0=127.0.0.1:") +
+                std::to_string(FreeLoopbackPort());
+      }
+      std::vector<std::string> args = {"--in-memory", "--racks", list, "--rack", "0",
+                                       "--topology-mode", "flat", "--straggler-timeout-ms",
+                                       "20000"};
+      args.insert(args.end(), hub_extra.begin(), hub_extra.end());
+      flat_ = std::make_unique<DaemonProcess>(args);
+      return;
+    }
+    etcd_ = std::make_unique<EtcdCluster>(1);
+    if (!etcd_->started()) return;
+    cluster_ = std::make_unique<Cluster>(etcd_->endpoints(), racks, std::move(hub_extra));
   }
 
   // Creates the tenant and starts every worker; false (with a failure) if
   // the cluster did not start.
   bool Start() {
-    if (!cluster_ || !cluster_->started()) return false;
-    const std::string token = CreateJob(cluster_->hub(0).admin_address(), workers_);
+    if (flat_ ? !flat_->started() : !cluster_ || !cluster_->started()) return false;
+    const std::string token = CreateJob(hub(0).admin_address(), workers_);
     if (token.empty()) return false;
     dir_ = MakeTempDir();
     stop_file_ = dir_ + "/stop";
@@ -68,7 +84,7 @@ class CrossRackTraining {
     s.dir = dir_;
     s.tenant = "job";
     s.token = token;
-    for (int r = 0; r < racks_; ++r) s.hubs.push_back(cluster_->hub(r).data_address());
+    for (int r = 0; r < racks_; ++r) s.hubs.push_back(hub(r).data_address());
     s.args = {"--elements",  std::to_string(kElements), "--optimizer", "momentum",
               "--lr",        "0.05",                    "--momentum",  "0.9",
               "--dump-pulls", "--stop-file",            stop_file_,    "--op-timeout-ms",
@@ -91,7 +107,10 @@ class CrossRackTraining {
     }
   }
 
-  Cluster& cluster() { return *cluster_; }
+  Cluster& cluster() { return *cluster_; }  // not with `flat`
+  // The hub rack r's workers use (the flat hub for every rack).
+  DaemonProcess& hub(int r) { return flat_ ? *flat_ : cluster_->hub(r); }
+  int hubs() const { return flat_ ? 1 : racks_; }
   WorkerSet& workers() { return *workers_set_; }
   int racks() const { return racks_; }
   uint32_t workers_per_rack() const { return workers_; }
@@ -178,7 +197,7 @@ class CrossRackTraining {
   }
 
   // The workers' last lines and the hubs' last log lines.
-  std::string State() const {
+  std::string State() {
     std::string out;
     for (int r = 0; r < racks_; ++r) {
       for (uint32_t k = 0; k < workers_; ++k) {
@@ -186,8 +205,8 @@ class CrossRackTraining {
                TailOf(workers_set_->Tail(k, r), 1500) + "\n";
       }
     }
-    for (int r = 0; r < racks_; ++r) {
-      out += "--- hub of rack " + std::to_string(r) + ":\n" + TailOf(cluster_->hub(r).Log()) + "\n";
+    for (int r = 0; r < hubs(); ++r) {
+      out += "--- hub of rack " + std::to_string(r) + ":\n" + TailOf(hub(r).Log()) + "\n";
     }
     return out;
   }
@@ -196,8 +215,9 @@ class CrossRackTraining {
   const int racks_;
   const uint32_t workers_;
   const uint32_t lanes_;
-  EtcdCluster etcd_;
+  std::unique_ptr<EtcdCluster> etcd_;
   std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<DaemonProcess> flat_;
   std::unique_ptr<WorkerSet> workers_set_;
   std::string dir_, stop_file_;
   ReferenceReport report_;
