@@ -179,8 +179,8 @@ class Checker {
       Problem("version " + std::to_string(v) + " (pulled after version " + std::to_string(at) +
               "): chunk " + std::to_string(c) + " (home rack " + std::to_string(home) +
               ") is neither version " + std::to_string(at) + "'s values (a skipped step) nor " +
-              "the update from them" + Diff(next.params, params, first, n) + "; unchanged would be" +
-              Diff(state.params, params, first, n));
+              "the update from them" + Diff(next.params, params, first, n) +
+              "; unchanged would be" + Diff(state.params, params, first, n));
     }
     if (applied > 0 && v == at + 1) {
       Problem("version " + std::to_string(v) + ": " + std::to_string(applied) +
