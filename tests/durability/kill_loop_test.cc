@@ -63,11 +63,13 @@
 #include <vector>
 
 #include "checkpoint_file.h"
+#include "kill_points.h"
 #include "process.h"
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "rackhub/client/client.h"
 #include "salted_gradient.h"
 #include "training.h"
+#include "worker_set.h"
 
 namespace rackhub::testing {
 namespace {
@@ -79,23 +81,6 @@ using server::CheckpointImage;
 using server::ReadCheckpoint;
 
 constexpr char kToken[] = "durability-loop-token-0123456789abcdef";
-
-uint64_t EnvOr(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-uint64_t Seed() {
-  static const uint64_t seed = [] {
-    const uint64_t s = EnvOr("RACKHUB_KILL_SEED", static_cast<uint64_t>(
-                                                      Clock::now().time_since_epoch().count()));
-    std::printf("RACKHUB_KILL_SEED=%llu\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
-std::mt19937_64 Rng() { return std::mt19937_64(Seed()); }
 
 bool WaitUntil(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
   const auto end = Clock::now() + limit;
@@ -515,139 +500,6 @@ TEST(DurabilityLoop, HubKill9Loop) {
 
 // --- worker kill loop -------------------------------------------------------
 
-struct WorkerLine {
-  std::string kind;  // pull | iter | bound | resync | error
-  uint64_t iteration = 0;
-  std::string hash;
-  std::string text;
-  uint64_t updates = 0, slowest = 0;  // bound
-};
-
-std::vector<WorkerLine> ReadWorkerOut(const std::string& path) {
-  std::vector<WorkerLine> out;
-  std::istringstream in(ReadFile(path));
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    WorkerLine w;
-    ls >> w.kind;
-    if (w.kind == "pull" || w.kind == "iter") {
-      ls >> w.iteration >> w.hash;
-    } else if (w.kind == "bound") {
-      ls >> w.iteration >> w.updates >> w.slowest;
-    } else {
-      std::getline(ls, w.text);
-    }
-    out.push_back(std::move(w));
-  }
-  return out;
-}
-
-class WorkerSet {
- public:
-  // `what`: the worker's key option, e.g. {"--elements", "1048576"}.
-  WorkerSet(std::string dir, std::string hub, std::vector<std::string> what, int64_t bound = -1)
-      : dir_(std::move(dir)), hub_(std::move(hub)), what_(std::move(what)), bound_(bound) {}
-
-  void Start(uint32_t rank) {
-    const std::string out = dir_ + "/rank" + std::to_string(rank) + "-" +
-                            std::to_string(files_.size()) + ".out";
-    files_.push_back(out);
-    current_[rank] = out;
-    std::vector<std::string> argv{BinPath("rackhub-durability-worker"), "--hub", hub_, "--tenant",
-                                  "wk", "--token", kToken, "--rank", std::to_string(rank), "--out",
-                                  out};
-    argv.insert(argv.end(), what_.begin(), what_.end());
-    procs_[rank] = std::make_unique<ChildProcess>(argv, out + ".log");
-  }
-  void Kill(uint32_t rank) {
-    procs_[rank]->Kill(SIGKILL);
-    procs_[rank]->Wait(std::chrono::seconds(10));
-    procs_[rank].reset();
-  }
-  // Highest iteration any rank of any generation completed.
-  uint64_t MaxIteration() const {
-    uint64_t m = 0;
-    for (const auto& f : files_) {
-      for (const auto& l : ReadWorkerOut(f)) {
-        if (l.kind == "iter" || l.kind == "bound") m = std::max(m, l.iteration);
-      }
-    }
-    return m;
-  }
-  // Lowest iteration completed by the current ranks (0 if one has none).
-  uint64_t MinCurrent() const {
-    uint64_t m = UINT64_MAX;
-    for (const auto& [rank, f] : current_) {
-      uint64_t mine = 0;
-      for (const auto& l : ReadWorkerOut(f)) {
-        if (l.kind == "iter" || l.kind == "bound") mine = std::max(mine, l.iteration);
-      }
-      m = std::min(m, mine);
-    }
-    return m;
-  }
-  // Empty if every rank is alive and every iteration has one hash over
-  // every rank and generation (PushPull results and Pulls alike).
-  std::string Problems() {
-    std::string out;
-    for (auto& [rank, p] : procs_) {
-      if (p && p->Wait(std::chrono::milliseconds(0)) != -1) {
-        out += "rank " + std::to_string(rank) + " exited: " + Tail(current_[rank]) + "\n";
-      }
-    }
-    std::map<uint64_t, std::pair<std::string, std::string>> hashes;  // iteration -> hash, file
-    for (const auto& f : files_) {
-      for (const auto& l : ReadWorkerOut(f)) {
-        if (l.kind == "error") out += f + ": error " + l.text + "\n";
-        if (l.kind == "bound" && bound_ >= 0 &&
-            l.iteration > l.slowest + static_cast<uint64_t>(bound_)) {
-          out += f + ": iteration " + std::to_string(l.iteration) + " released with the slowest at " +
-                 std::to_string(l.slowest) + ", beyond bounded:" + std::to_string(bound_) + "\n";
-        }
-        if (l.kind != "pull" && l.kind != "iter") continue;
-        if (bound_ >= 0) continue;  // workers see different parameters there
-        auto [it, fresh] = hashes.try_emplace(l.iteration, l.hash, f);
-        if (!fresh && it->second.first != l.hash) {
-          out += "iteration " + std::to_string(l.iteration) + ": " + f + " has " + l.hash +
-                 ", " + it->second.second + " has " + it->second.first + "\n";
-        }
-      }
-    }
-    return out;
-  }
-  // The transports the workers of every generation connected over, e.g. "shm".
-  std::set<std::string> Transports() const {
-    std::set<std::string> out;
-    for (const auto& f : files_) {
-      for (const auto& l : ReadWorkerOut(f)) {
-        if (l.kind == "transport") out.insert(l.text.substr(l.text.find_first_not_of(' ')));
-      }
-    }
-    return out;
-  }
-  size_t Resyncs() const {
-    size_t n = 0;
-    for (const auto& f : files_) {
-      for (const auto& l : ReadWorkerOut(f)) n += l.kind == "resync";
-    }
-    return n;
-  }
-
- private:
-  static std::string Tail(const std::string& path) {
-    const std::string s = ReadFile(path);
-    return s.size() > 600 ? s.substr(s.size() - 600) : s;
-  }
-
-  const std::string dir_, hub_;
-  const std::vector<std::string> what_;
-  const int64_t bound_;  // bounded:S tenant (-1: sync)
-  std::vector<std::string> files_;
-  std::map<uint32_t, std::string> current_;
-  std::map<uint32_t, std::unique_ptr<ChildProcess>> procs_;
-};
-
 // `bound` >= 0: a bounded:S tenant (every reply's versions keep the bound;
 // parameters are not compared between workers).
 void WorkerKill9Loop(const std::vector<std::string>& what, int64_t bound = -1,
@@ -664,7 +516,7 @@ void WorkerKill9Loop(const std::vector<std::string>& what, int64_t bound = -1,
     args.push_back("--bounded");
     args.push_back(std::to_string(bound));
   }
-  WorkerSet workers(MakeTempDir(), hub.data_address(), args, bound);
+  WorkerSet workers({MakeTempDir(), "wk", kToken, {hub.data_address()}, args, bound});
   for (uint32_t r = 0; r < 3; ++r) workers.Start(r);
 
   for (uint64_t trial = 0; trial < trials; ++trial) {

@@ -8,12 +8,33 @@
 # same test with 20 trials of each (ctest -R durability_loop_test) and 5 of
 # the replacement loops (ctest -R worker_replacement_loop_test).
 #
-# Usage: tests/durability/kill_loops.sh [BUILD_DIR] [TRIALS]
-#   BUILD_DIR defaults to build/, TRIALS to 100. RACKHUB_KILL_SEED=N replays
-#   the random points of an earlier run (each run prints its seed).
+# --cross-rack: instead, the cross-rack recovery loops of issue 31
+# (tests/durability/cross_rack_recovery_test.cc: hub link cuts on 2 and 3
+# racks, one lane's link on hubs of 2 lanes, a straggler, worker kill -9 on
+# one rack, every step checked against the reference) with TRIALS times
+# CI's rounds (default 10: 200 link cuts on 2 racks, 100 on 3, 100 one-lane
+# cuts, 30 stragglers, 60 worker kills).
+#
+# Usage: tests/durability/kill_loops.sh [--cross-rack] [BUILD_DIR] [TRIALS]
+#   BUILD_DIR defaults to build/, TRIALS to 100 (--cross-rack: 10).
+#   RACKHUB_KILL_SEED=N replays the random points of an earlier run (each run
+#   prints its seed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+cross_rack=0
+if [ "${1:-}" = "--cross-rack" ]; then
+  cross_rack=1
+  shift
+fi
 build="${1:-build}"
+if [ "$cross_rack" = 1 ]; then
+  if [ ! -x "$build/tests/cross_rack_recovery_test" ]; then
+    echo "kill_loops.sh: $build/tests/cross_rack_recovery_test is not built (cmake --build $build)" >&2
+    exit 2
+  fi
+  export RACKHUB_XRACK_ROUNDS="${2:-10}"
+  exec "$build/tests/cross_rack_recovery_test"
+fi
 trials="${2:-100}"
 if [ ! -x "$build/tests/durability_loop_test" ]; then
   echo "kill_loops.sh: $build/tests/durability_loop_test is not built (cmake --build $build)" >&2

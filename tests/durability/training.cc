@@ -1,6 +1,7 @@
 #include "training.h"
 
 #include <cstdio>
+#include <cstring>
 
 #include <xxhash.h>
 
@@ -32,6 +33,18 @@ std::string HashFloats(std::span<const float> values) {
   std::snprintf(buf, sizeof buf, "%016llx",
                 static_cast<unsigned long long>(XXH3_64bits(values.data(), values.size_bytes())));
   return buf;
+}
+
+std::string HexFloats(std::span<const float> values) {
+  std::string out(values.size() * 8, '0');
+  char buf[9];
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], 4);
+    std::snprintf(buf, sizeof buf, "%08x", bits);
+    std::memcpy(&out[i * 8], buf, 8);
+  }
+  return out;
 }
 
 bool PullKey(client::Client& c, TrainingKey& key, client::Error* error) {

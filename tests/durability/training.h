@@ -25,6 +25,8 @@ void Gradient(uint32_t seed, uint64_t iteration, uint32_t rank, std::span<const 
 
 // XXH3 of the fp32 bit patterns, as 16 hex digits.
 std::string HashFloats(std::span<const float> values);
+// Each element's fp32 bit pattern as 8 hex digits, concatenated.
+std::string HexFloats(std::span<const float> values);
 
 // One key as a worker trains it.
 struct TrainingKey {

@@ -16,10 +16,22 @@
 // --bounded S says the tenant is bounded:S (lines "bound" instead of "iter":
 // parameters differ between workers there).
 //   error WHAT MESSAGE   anything else (then exit 4)
+// Across racks (cross_rack_recovery_test.cc): --rack R is the worker's rack
+// (its gradient is Gradient(seed, it, 64 * R + rank, params), so every rank
+// of every rack pushes other values); --optimizer sgd|momentum|adam with --lr
+// and --momentum picks "w"'s optimizer (default adam, lr 0.001);
+// --dump-pulls appends the pulled parameters to a "pull" line of a version
+// the process has not written yet (one 8-digit hex fp32 bit pattern per
+// element, no separator) for a reference to start from; --max-resyncs N
+// (default 100) ends a worker that needed N resyncs in a row without a
+// PushPull going through (a hub refusing every push must not make it spin
+// forever: "error resync ..."); --stop-file F: while F holds a number N, the worker stops at
+// iteration N (read before every push; --iterations still bounds it).
 // Exit codes: 0 reached --iterations, 2 connect failed, 3 declare failed,
 // 4 an operation failed without recovery, 64 usage.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -92,6 +104,15 @@ int TrainTable(client::Client& c, uint32_t rank, uint64_t rows, uint64_t iterati
   return 0;
 }
 
+// The iteration to stop at: --stop-file's number if it holds one, at most
+// --iterations.
+uint64_t StopAt(const std::string& stop_file, uint64_t iterations) {
+  if (stop_file.empty()) return iterations;
+  std::ifstream in(stop_file);
+  uint64_t n = 0;
+  return in >> n ? std::min(n, iterations) : iterations;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +123,10 @@ int main(int argc, char** argv) {
   float topk = 0;
   int64_t bounded = -1;
   uint32_t op_timeout_ms = 30000;
+  std::string optimizer = "adam", stop_file;
+  double lr = 0.001, momentum = 0;
+  bool dump_pulls = false;
+  uint32_t max_resyncs = 100;
   app.add_option("--hub", o.hub)->required();
   app.add_option("--tenant", o.tenant)->required();
   app.add_option("--token", o.token)->required();
@@ -113,6 +138,13 @@ int main(int argc, char** argv) {
   app.add_option("--topk", topk)->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--bounded", bounded)->check(CLI::Range(int64_t{0}, int64_t{1000}));
   app.add_option("--op-timeout-ms", op_timeout_ms);
+  app.add_option("--rack", o.rack)->check(CLI::Range(0u, 63u));
+  app.add_option("--optimizer", optimizer)->check(CLI::IsMember({"sgd", "momentum", "adam"}));
+  app.add_option("--lr", lr)->check(CLI::PositiveNumber);
+  app.add_option("--momentum", momentum)->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--dump-pulls", dump_pulls);
+  app.add_option("--stop-file", stop_file);
+  app.add_option("--max-resyncs", max_resyncs);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -145,12 +177,15 @@ int main(int argc, char** argv) {
   d.name = "w";
   d.elements = elements;
   d.topk_ratio = topk;
-  client::OptimizerSpec adam;
-  adam.type = "adam";
-  adam.learning_rate = 0.001;
-  d.optimizer = adam;
+  client::OptimizerSpec spec;
+  spec.type = optimizer;
+  spec.learning_rate = lr;
+  spec.momentum = momentum;
+  d.optimizer = spec;
   testing::TrainingKey key;
   key.seed = 7;
+  uint64_t dumped = UINT64_MAX;  // the version whose values this process wrote last
+  uint32_t resyncs_in_a_row = 0;
   if (e = c->DeclareKey(d, &key.id); !e.ok()) {
     line("error declare " + e.message);
     return 3;
@@ -163,13 +198,18 @@ int main(int argc, char** argv) {
       line("error pull " + e.message);
       std::exit(4);
     }
-    line("pull " + std::to_string(key.iteration) + " " + testing::HashFloats(key.params));
+    const bool dump = dump_pulls && key.iteration != dumped;
+    line("pull " + std::to_string(key.iteration) + " " + testing::HashFloats(key.params) +
+         (dump ? " " + testing::HexFloats(key.params) : ""));
+    if (dump) dumped = key.iteration;
   };
   pull();
-  while (key.iteration < iterations) {
-    testing::Gradient(key.seed, key.iteration, o.rank, key.params, key.grad);
+  const uint32_t gradient_rank = 64 * o.rack + o.rank;
+  while (key.iteration < StopAt(stop_file, iterations)) {
+    testing::Gradient(key.seed, key.iteration, gradient_rank, key.params, key.grad);
     e = c->Wait(c->PushPull(key.id, key.grad, key.out));
     if (e.ok()) {
+      resyncs_in_a_row = 0;
       key.params.swap(key.out);
       ++key.iteration;
       if (bounded >= 0) {
@@ -182,6 +222,11 @@ int main(int argc, char** argv) {
       }
     } else if (testing::NeedsResync(e)) {
       line(std::string("resync ") + client::ErrorCodeName(e.code) + " " + e.message);
+      if (++resyncs_in_a_row > max_resyncs) {
+        line("error resync: " + std::to_string(resyncs_in_a_row) +
+             " resyncs in a row without a PushPull going through (--max-resyncs)");
+        return 4;
+      }
       pull();
     } else {
       line(std::string("error push ") + client::ErrorCodeName(e.code) + " " + e.message);
