@@ -3,6 +3,7 @@
 // hub's RACK_VERSIONS, realigning the chunks to the agreed versions, and the
 // homes' RACK_ALIGN frames that bring the other hubs' copies along.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -16,6 +17,18 @@
 #include "wire_names.h"
 
 namespace rackhub::server {
+
+namespace {
+
+// The key's version as DECLARE / WELCOME report it: an older round's
+// realignment running after a newer one's must not move it back.
+void RaiseTo(std::atomic<uint64_t>& version, uint64_t v) {
+  uint64_t cur = version.load(std::memory_order_relaxed);
+  while (cur < v && !version.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
 
 bool RackExchange::HeldByRecovery(const LaneTenant& t, const FrameHeader& h) {
   return (h.opcode == Opcode::kRackSum || h.opcode == Opcode::kRackParams) && t.runtime &&
@@ -70,7 +83,7 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
           ++waiting;  // PULLs wait for the home's RACK_ALIGN (Chunk::AwaitsAlign)
         }
       }
-      if (i == 0) key->runtime->version.store(v, std::memory_order_relaxed);
+      if (i == 0) RaiseTo(key->runtime->version, v);
     }
   }
   spdlog::info("rack recovery: tenant '{}' lane {}: {} chunk(s) homed here skipped to the agreed "
@@ -154,7 +167,7 @@ void RackExchange::OnAlign(net::Connection& conn, LaneTenant& t, LaneKey& key, C
     r.WriteRows(rows.ids, values.data(), aggregation::ElementType::kFp32);
     if (rows.ids.empty() || rows.ids.back() != r.first_row() + r.row_count() - 1) return;
     r.set_version(h.iteration);
-    if (c.index_in_key == 0) key.runtime->version.store(h.iteration, std::memory_order_relaxed);
+    if (c.index_in_key == 0) RaiseTo(key.runtime->version, h.iteration);
     if (c.AwaitsAlign(topology_.rack, floor)) return;  // an older round's values
     std::vector<Waiter> pulls;
     pulls.swap(c.pulls);
@@ -184,7 +197,7 @@ void RackExchange::OnAlign(net::Connection& conn, LaneTenant& t, LaneKey& key, C
       stage && stage->version() < c.version && stage->contributions() == 0) {
     stage->SkipTo(c.version);
   }
-  if (c.index_in_key == 0) key.runtime->version.store(c.version, std::memory_order_relaxed);
+  if (c.index_in_key == 0) RaiseTo(key.runtime->version, c.version);
   // PULLs held for the values (an ALIGN of an older round still leaves the
   // chunk below the key's agreed version: they wait for the next one).
   if (!c.AwaitsAlign(topology_.rack, floor)) AnswerPulls(c, c.version);
