@@ -292,7 +292,7 @@ Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
     WaitRecovered(tenant.handle, deadline);
     Versions targets = NewestVersions(tenant);
     for (auto& [key, v] : targets) v += ahead;
-    Result<CheckpointInfo> r = WriteCut(tenant, *keys, targets, 0, deadline);
+    Result<CheckpointInfo> r = WriteCut(tenant, *keys, targets, 0, deadline, config_.checkpoint.keep);
     if (r.ok() || r.status().code() != StatusCode::kUnavailable) return r;
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status(StatusCode::kDeadlineExceeded, r.status().message());
@@ -311,7 +311,8 @@ Result<std::vector<KeyInfo>> Checkpointer::CheckpointedKeys(const TenantInfo& te
 Result<CheckpointInfo> Checkpointer::WriteCut(const TenantInfo& tenant,
                                               const std::vector<KeyInfo>& keys,
                                               const Versions& targets, uint64_t sequence,
-                                              std::chrono::steady_clock::time_point deadline) {
+                                              std::chrono::steady_clock::time_point deadline,
+                                              uint32_t keep) {
   const auto start = std::chrono::steady_clock::now();
   const uint64_t iterations = TenantIteration(tenant);
   Versions wanted;
@@ -369,7 +370,7 @@ Result<CheckpointInfo> Checkpointer::WriteCut(const TenantInfo& tenant,
                                        aggregation::OptimizerTypeName(k.optimizer.type),
                                        slots[k.id]});
   }
-  Result<CheckpointInfo> info = WriteCheckpoint(dir, image, config_.checkpoint.keep);
+  Result<CheckpointInfo> info = WriteCheckpoint(dir, image, keep);
   if (!info.ok()) {
     spdlog::error("checkpoint: tenant '{}': {}", tenant.name, info.status().message());
     return info;

@@ -98,10 +98,12 @@ class Checkpointer {
   bool Cluster(const TenantInfo& tenant) const;
   // One cut at `targets` (key id -> version) of `keys` written as checkpoint
   // `sequence` (0: the next free one), or UNAVAILABLE if a chunk was past
-  // its target. REQUIRES mu_.
+  // its target; then the oldest files beyond `keep` are deleted (a cluster
+  // checkpoint's hubs prune once it is complete instead: keep = UINT32_MAX).
+  // REQUIRES mu_.
   Result<CheckpointInfo> WriteCut(const TenantInfo& tenant, const std::vector<KeyInfo>& keys,
                                   const Versions& targets, uint64_t sequence,
-                                  std::chrono::steady_clock::time_point deadline);
+                                  std::chrono::steady_clock::time_point deadline, uint32_t keep);
   // The copy WriteCut waits for (if any) fails: the hub is shutting down.
   void CancelCopy();
   // The keys a checkpoint holds: FROM_CLIENT keys without values have none yet.

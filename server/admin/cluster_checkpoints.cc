@@ -227,7 +227,8 @@ void ClusterCheckpoints::Answer(uint32_t rack, const Message& request) {
       const auto timeout = std::min<std::chrono::milliseconds>(
           std::chrono::milliseconds(std::max<uint32_t>(request.timeout_ms(), 1)), kMaxCopy);
       Result<CheckpointInfo> written =
-          owner_->WriteCut(info, keys, targets, request.sequence(), Clock::now() + timeout);
+          owner_->WriteCut(info, keys, targets, request.sequence(), Clock::now() + timeout,
+                           UINT32_MAX);  // pruned once every hub has it (PRUNE)
       if (!written.ok()) {
         fail(written.status());
       } else {
@@ -241,8 +242,9 @@ void ClusterCheckpoints::Answer(uint32_t rack, const Message& request) {
       }
       break;
     }
-    case dpb::RackCheckpoint::ABORT: {
-      // Only the file this hub wrote for that coordinator's request.
+    case dpb::RackCheckpoint::ABORT:
+    case dpb::RackCheckpoint::PRUNE: {
+      // Only after this hub wrote that coordinator's request's file.
       bool mine = false;
       {
         std::lock_guard lock(mu_);
@@ -250,7 +252,11 @@ void ClusterCheckpoints::Answer(uint32_t rack, const Message& request) {
         mine = it != prepared_.end() && it->second == request.sequence();
         if (it != prepared_.end()) prepared_.erase(it);
       }
-      if (found.ok() && mine && DeleteCheckpoint(TenantDir(info), request.sequence()).ok()) {
+      if (!found.ok() || !mine) return;
+      if (request.op() == dpb::RackCheckpoint::PRUNE) {
+        Prune(info, request.sequence(),
+              std::set<uint64_t>(request.checkpoints().begin(), request.checkpoints().end()));
+      } else if (DeleteCheckpoint(TenantDir(info), request.sequence()).ok()) {
         spdlog::warn("checkpoint: tenant '{}': deleted {} (the cluster checkpoint failed on "
                      "another hub)",
                      info.name, CheckpointFileName(request.sequence()));
@@ -333,6 +339,16 @@ void ClusterCheckpoints::AbortAll(const TenantInfo& tenant, uint64_t sequence, u
   if (here) DeleteCheckpoint(TenantDir(tenant), sequence);
 }
 
+void ClusterCheckpoints::Prune(const TenantInfo& tenant, uint64_t sequence,
+                               const std::set<uint64_t>& keep) {
+  // Older files not kept: complete checkpoints beyond checkpoint.keep, and
+  // strays of cuts that failed (a coordinator killed before its ABORT), which
+  // no restore can pick. A newer file may be another cut in progress.
+  for (uint64_t seq : CheckpointSequences(TenantDir(tenant))) {
+    if (seq < sequence && !keep.count(seq)) DeleteCheckpoint(TenantDir(tenant), seq);
+  }
+}
+
 Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
                                                   std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout, kMaxCopy);
@@ -340,6 +356,11 @@ Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
   if (!keys.ok()) return keys.status();
   for (int attempt = 0;; ++attempt) {
     owner_->WaitRecovered(tenant.handle, deadline);
+    if (const std::string waits = data_->RoundWaitsFor(tenant.handle); !waits.empty()) {
+      return Unavailable("cluster checkpoint of tenant '" + tenant.name +
+                         "': its recovery round still waits for " + waits +
+                         " (is it down, or its hub link cut?)");
+    }
     Result<std::map<uint32_t, Message>> peers = QueryAll(tenant, deadline);
     if (!peers.ok()) return peers.status();
     // One sequence no hub has used, each key at the newest version any hub
@@ -376,7 +397,8 @@ Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
       k->set_newest(v);
     }
     const uint64_t id = Send(prepare);
-    Result<CheckpointInfo> local = owner_->WriteCut(tenant, *keys, cut, sequence, deadline);
+    Result<CheckpointInfo> local =
+        owner_->WriteCut(tenant, *keys, cut, sequence, deadline, UINT32_MAX);
     std::map<uint32_t, Message> replies = Await(id, deadline + kWriteGrace);
 
     // Every hub's file is durable: done. Else why not, by rack.
@@ -405,6 +427,32 @@ Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
     if (failure.empty()) {
       spdlog::info("checkpoint: tenant '{}': cluster checkpoint {} written on every rack's hub",
                    tenant.name, CheckpointFileName(sequence));
+      // Keep the newest checkpoint.keep complete ones (on every hub).
+      std::vector<uint64_t> common = owner_->Sequences(tenant);
+      for (const auto& [rack, reply] : *peers) {
+        std::vector<uint64_t> theirs(reply.checkpoints().begin(), reply.checkpoints().end());
+        std::sort(theirs.begin(), theirs.end());
+        std::vector<uint64_t> both;
+        std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(),
+                              std::back_inserter(both));
+        common = std::move(both);
+      }
+      std::erase_if(common, [&](uint64_t seq) { return seq >= sequence; });
+      common.push_back(sequence);
+      const size_t keep = std::max<size_t>(config_.checkpoint.keep, 1);
+      std::set<uint64_t> kept(common.end() - static_cast<std::ptrdiff_t>(std::min(keep, common.size())),
+                              common.end());
+      dpb::RackCheckpoint prune;
+      prune.set_op(dpb::RackCheckpoint::PRUNE);
+      prune.set_tenant(tenant.name);
+      prune.set_sequence(sequence);
+      prune.set_request(id);
+      for (uint64_t seq : kept) prune.add_checkpoints(seq);
+      const std::string bytes = prune.SerializeAsString();
+      for (uint32_t rack = 0; rack < config_.topology.rack_count(); ++rack) {
+        if (rack != config_.topology.rack) data_->SendRackCheckpoint(rack, bytes);
+      }
+      Prune(tenant, sequence, kept);
       return local;
     }
     AbortAll(tenant, sequence, id, local.ok());

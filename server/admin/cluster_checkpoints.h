@@ -35,6 +35,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -111,6 +112,9 @@ class ClusterCheckpoints {
   // first that did not answer (or failed).
   Result<std::map<uint32_t, Message>> QueryAll(const TenantInfo& tenant,
                                                Clock::time_point deadline);
+  // The cut `sequence` is complete: deletes the tenant's files older than it
+  // that are not in `keep`.
+  void Prune(const TenantInfo& tenant, uint64_t sequence, const std::set<uint64_t>& keep);
   // A request that will not be served (the hub stops): UNAVAILABLE.
   void AnswerStopping(uint32_t rack, const Message& request);
   // After a restore here in `round`: every other hub restored `sequence`

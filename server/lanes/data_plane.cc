@@ -142,6 +142,17 @@ void DataPlane::ResumeAcrossRacks(uint32_t handle, const std::string& why) {
   Recover(handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); });
 }
 
+std::string DataPlane::RoundWaitsFor(uint32_t handle) {
+  if (!rack_recovery_) return "";
+  const std::vector<uint32_t> racks = rack_recovery_->WaitingFor(handle);
+  if (racks.empty()) return "";
+  std::string list;
+  for (size_t i = 0; i < racks.size(); ++i) {
+    list += (i == 0 ? "" : i + 1 == racks.size() ? " and " : ", ") + std::to_string(racks[i]);
+  }
+  return (racks.size() == 1 ? "rack " : "racks ") + list + "'s hub" + (racks.size() == 1 ? "" : "s");
+}
+
 Status DataPlane::RestoreAcrossRacks(uint32_t handle, uint64_t sequence, const std::string& why) {
   TenantInfo info;
   if (!rack_recovery_ || !registry_->GetTenantByHandle(handle, &info).ok() || !SpansRacks(info)) {

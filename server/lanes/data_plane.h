@@ -113,6 +113,9 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   Status RestoreAcrossRacks(uint32_t handle, uint64_t sequence, const std::string& why);
   // The tenant spans racks with hubs of its own (recovery rounds apply).
   bool SpansRacks(const TenantInfo& info) const;
+  // "rack 2's hub" (or "racks 1 and 2's hubs"): those the tenant's recovery
+  // round still waits for; empty when none is under way. Any thread.
+  std::string RoundWaitsFor(uint32_t handle);
 
   // Whether key or tenant runtimes of `handle` exist, or of its key `key_id`
   // (tests: nothing of a deleted tenant or key stays behind).

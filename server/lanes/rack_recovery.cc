@@ -314,6 +314,17 @@ bool RackRecovery::RequestRestore(uint32_t handle, const std::string& name, uint
   return true;
 }
 
+std::vector<uint32_t> RackRecovery::WaitingFor(uint32_t handle) {
+  std::lock_guard lock(mu_);
+  std::vector<uint32_t> out;
+  const auto it = rounds_.find(handle);
+  if (it == rounds_.end() || !it->second.active) return out;
+  for (uint32_t rack = 0; rack < racks_; ++rack) {
+    if (rack != self_ && !it->second.peers.count(rack)) out.push_back(rack);
+  }
+  return out;
+}
+
 void RackRecovery::Restored(uint32_t handle, const Versions& versions) {
   std::lock_guard lock(mu_);
   const auto it = rounds_.find(handle);

@@ -116,6 +116,9 @@ class RackRecovery {
   // version): the next rounds report no less than these, not the versions
   // the rollback undid.
   void Restored(uint32_t handle, const Versions& versions);
+  // The racks whose report the tenant's round still waits for (empty when
+  // no round is under way).
+  std::vector<uint32_t> WaitingFor(uint32_t handle);
 
   // Most keys one report may carry (RACK_VERSIONS is a control frame).
   static constexpr size_t kMaxKeys = 100000;
