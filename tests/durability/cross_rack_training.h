@@ -1,5 +1,6 @@
 // Test support for the cross-rack recovery tests (cross_rack_recovery_test.cc,
-// cluster_training_test.cc's HubLinkCutsNeverHangOrChangeTheBits): one job
+// cluster_training_test.cc's HubLinkCutsNeverHangOrChangeTheBits,
+// cluster_checkpoint_test.cc on durable hubs): one job
 // on a cluster of hubs finding each other through a real etcd on loopback
 // (cluster_fixture.h): tenant "job" (CreateJob: 4096-byte chunks) with W
 // rackhub-durability-worker processes per rack training key "w" of
