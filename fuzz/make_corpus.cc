@@ -163,6 +163,14 @@ void FrameSeeds() {
   rk->set_key_id(1);
   rk->set_newest(7);
   Write(t, "rack-versions", Frame(net::Opcode::kRackVersions, rv.SerializeAsString()));
+  dpb::RackCheckpoint rc;
+  rc.set_op(dpb::RackCheckpoint::PREPARE);
+  rc.set_tenant("alpha");
+  rc.set_request(3);
+  rc.set_sequence(2);
+  *rc.add_keys() = *rk;
+  rc.set_timeout_ms(10000);
+  Write(t, "rack-checkpoint", Frame(net::Opcode::kRackCheckpoint, rc.SerializeAsString()));
   dpb::KeyBind kb;
   kb.set_tenant("alpha");
   kb.set_key("w");

@@ -145,6 +145,7 @@ void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload
     case net::Opcode::kHubAccept: ParseAndReserialize<dpb::HubProof>(payload); break;
     case net::Opcode::kKeyBind: ParseAndReserialize<dpb::KeyBind>(payload); break;
     case net::Opcode::kRackVersions: ParseAndReserialize<dpb::RackVersions>(payload); break;
+    case net::Opcode::kRackCheckpoint: ParseAndReserialize<dpb::RackCheckpoint>(payload); break;
     case net::Opcode::kPush:
       if (h.flags & net::kFlagSparse) {
         DecodeSparse(h, payload);

@@ -87,6 +87,7 @@ const char* OpcodeName(Opcode op) {
     case Opcode::kHubAccept: return "HUB_ACCEPT";
     case Opcode::kRackVersions: return "RACK_VERSIONS";
     case Opcode::kRackAlign: return "RACK_ALIGN";
+    case Opcode::kRackCheckpoint: return "RACK_CHECKPOINT";
   }
   return "UNKNOWN";
 }

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "cluster_checkpoints.h"
 #include "data_plane.h"
 
 namespace rackhub::server {
@@ -53,12 +54,19 @@ Checkpointer::Checkpointer(const Config& config, Registry* registry, DataPlane* 
     : config_(config), registry_(registry), data_(data) {
   if (config.state.in_memory) {
     why_disabled_ = "checkpoints need a state directory (state.in_memory is set)";
-  } else if (config.topology.rack_count() > 1) {
-    why_disabled_ = "checkpoints of tenants spanning racks are not supported yet";
+  } else if (config.topology.multi_rack_exchange()) {
+    cluster_ = std::make_unique<ClusterCheckpoints>(config, registry, data, this);
   }
 }
 
-Checkpointer::~Checkpointer() { Stop(); }
+Checkpointer::~Checkpointer() {
+  Stop();
+  cluster_.reset();
+}
+
+bool Checkpointer::Cluster(const TenantInfo& tenant) const {
+  return cluster_ && data_->SpansRacks(tenant);
+}
 
 std::string Checkpointer::TenantDir(const std::string& tenant, uint32_t handle) const {
   return config_.state.dir + "/checkpoints/" + std::to_string(handle) + "-" + tenant;
@@ -95,6 +103,14 @@ void Checkpointer::RestoreAll() {
                      std::chrono::steady_clock::now() - start)
                      .count());
     last_iterations_[t.handle] = TenantIteration(t);
+    if (Cluster(t)) {
+      // The other hubs may have newer checkpoints of it (or this one may be
+      // newer than theirs): a round brings every hub to the newest they all
+      // have (docs/cluster.md, Cluster checkpoints).
+      data_->ResumeAcrossRacks(t.handle, "rack " + std::to_string(config_.topology.rack) +
+                                             "'s hub restarted from " +
+                                             CheckpointFileName(image->sequence));
+    }
   }
   // Directories of tenants deleted while the hub was down (or whose removal
   // was cut short by a crash).
@@ -111,7 +127,8 @@ void Checkpointer::RestoreAll() {
   }
 }
 
-void Checkpointer::Install(const TenantInfo& tenant, const CheckpointImage& image) {
+Checkpointer::Versions Checkpointer::Install(const TenantInfo& tenant,
+                                             const CheckpointImage& image) {
   // Only keys that still exist with the same shape are restored.
   std::unordered_set<uint32_t> keys;
   std::vector<KeyInfo> live;
@@ -139,16 +156,68 @@ void Checkpointer::Install(const TenantInfo& tenant, const CheckpointImage& imag
   OnEveryLaneAndWait(data_, [&](Lane& lane) {
     failed += lane.Restore(tenant.handle, image, keys);
   });
+  Versions restored;
   for (const CheckpointKey& ck : image.keys) {
     if (!keys.count(ck.id)) continue;
     const auto rt = data_->KeyRuntimeFor(tenant.handle, ck.id);
     rt->initialized_chunks.store(ck.chunk_count);
     registry_->MarkKeyReady(tenant.handle, ck.id);  // FROM_CLIENT keys have their values
+    restored[ck.id] = ck.version;
   }
   if (failed > 0) {
     spdlog::error("checkpoint: tenant '{}': {} chunk(s) could not be restored", tenant.name,
                   failed.load());
   }
+  return restored;
+}
+
+Checkpointer::Versions Checkpointer::NewestVersions(const TenantInfo& tenant) {
+  Versions out = KeyVersions(tenant.handle);
+  std::vector<KeyInfo> keys;
+  registry_->ListKeys(tenant.name, &keys);
+  for (const KeyInfo& k : keys) {
+    out[k.id] = std::max(out[k.id], data_->KeyRuntimeFor(tenant.handle, k.id)->floor.load());
+  }
+  return out;
+}
+
+std::vector<uint64_t> Checkpointer::Sequences(const TenantInfo& tenant) {
+  std::vector<uint64_t> out;
+  std::lock_guard lock(damaged_mu_);
+  for (const CheckpointInfo& c : ListCheckpoints(TenantDir(tenant.name, tenant.handle))) {
+    if (c.problem.empty() && !damaged_.count({tenant.handle, c.sequence})) {
+      out.push_back(c.sequence);
+    }
+  }
+  return out;
+}
+
+Result<Checkpointer::Versions> Checkpointer::InstallSequence(const TenantInfo& tenant,
+                                                             uint64_t sequence) {
+  const std::string path =
+      TenantDir(tenant.name, tenant.handle) + "/" + CheckpointFileName(sequence);
+  Result<CheckpointImage> image = ReadCheckpoint(path);
+  if (image.ok() && image->sequence != sequence) {
+    image = FailedPrecondition(path + ": manifest says sequence " +
+                               std::to_string(image->sequence));
+  }
+  if (!image.ok()) {
+    spdlog::error("checkpoint: tenant '{}': cannot restore {}: {}", tenant.name, path,
+                  image.status().message());
+    std::lock_guard lock(damaged_mu_);
+    damaged_.insert({tenant.handle, sequence});
+    return image.status();
+  }
+  // Chunks newer than the checkpoint go back: the floor is the image's.
+  for (const CheckpointKey& ck : image->keys) {
+    data_->KeyRuntimeFor(tenant.handle, ck.id)->floor.store(ck.version);
+  }
+  Versions restored = Install(tenant, *image);
+  std::vector<std::pair<std::string, uint64_t>> kv;
+  for (const CheckpointKey& k : image->keys) kv.emplace_back(k.name, k.version);
+  spdlog::warn("checkpoint: tenant '{}' restored to {} ({}) with every rack's hub", tenant.name,
+               CheckpointFileName(sequence), KeyVersionsText(kv));
+  return restored;
 }
 
 std::map<uint32_t, uint64_t> Checkpointer::KeyVersions(uint32_t handle) {
@@ -181,10 +250,7 @@ Status Checkpointer::CheckSync(const TenantInfo& tenant) {
 
 Result<CheckpointInfo> Checkpointer::Create(const std::string& tenant,
                                             std::chrono::milliseconds timeout) {
-  if (!enabled()) {
-    return config_.state.in_memory ? Status(FailedPrecondition(why_disabled_))
-                                   : Status(StatusCode::kUnimplemented, why_disabled_);
-  }
+  if (!enabled()) return FailedPrecondition(why_disabled_);
   TenantInfo info;
   if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
   std::lock_guard lock(mu_);
@@ -194,43 +260,54 @@ Result<CheckpointInfo> Checkpointer::Create(const std::string& tenant,
 Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
                                                   std::chrono::milliseconds timeout) {
   if (Status s = CheckSync(tenant); !s.ok()) return s;
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + timeout;
-  const uint64_t iterations = TenantIteration(tenant);
-  std::vector<KeyInfo> keys;
-  if (Status s = registry_->ListKeys(tenant.name, &keys); !s.ok()) return s;
-  // A FROM_CLIENT key without its initial values has nothing to save yet.
-  std::erase_if(keys, [](const KeyInfo& k) { return !k.ready; });
-
+  if (Cluster(tenant)) return cluster_->Create(tenant, timeout);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Result<std::vector<KeyInfo>> keys = CheckpointedKeys(tenant);
+  if (!keys.ok()) return keys.status();
   // Target: each key's newest version now (every chunk gets there at once
   // when the tenant is idle, after at most one update while it trains). If
   // training outruns the copy (a chunk went past the target before its lane
   // saw the job), try again one version ahead: the chunks are copied as
   // their updates reach it.
-  std::shared_ptr<SnapshotJob> job;
-  std::map<uint32_t, uint64_t> targets;
   for (uint64_t ahead = 0;; ahead = 1) {
     WaitRecovered(tenant.handle, deadline);
-    const std::map<uint32_t, uint64_t> versions = KeyVersions(tenant.handle);
-    targets.clear();
-    size_t expected = 0;
-    for (const KeyInfo& k : keys) {
-      const auto it = versions.find(k.id);
-      const uint64_t floor = data_->KeyRuntimeFor(tenant.handle, k.id)->floor.load();
-      targets[k.id] = std::max(it == versions.end() ? 0 : it->second, floor) + ahead;
-      expected += k.placement.chunk_count;
+    Versions targets = NewestVersions(tenant);
+    for (auto& [key, v] : targets) v += ahead;
+    Result<CheckpointInfo> r = WriteCut(tenant, *keys, targets, 0, deadline);
+    if (r.ok() || r.status().code() != StatusCode::kUnavailable) return r;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status(StatusCode::kDeadlineExceeded, r.status().message());
     }
-    job = std::make_shared<SnapshotJob>(tenant.handle, targets, expected);
-    for (uint32_t i = 0; i < data_->lane_count(); ++i) {
-      data_->OnLane(i, [job](Lane& lane) { lane.Snapshot(job->handle(), job); });
-    }
-    const Status s = job->Wait(deadline);
-    if (s.ok()) break;
-    if (s.code() == StatusCode::kUnavailable && std::chrono::steady_clock::now() < deadline) {
-      continue;  // training moved on meanwhile
-    }
-    return Status(s.code() == StatusCode::kUnavailable ? StatusCode::kDeadlineExceeded : s.code(),
-                  "checkpoint of tenant '" + tenant.name + "': " + s.message());
+  }
+}
+
+Result<std::vector<KeyInfo>> Checkpointer::CheckpointedKeys(const TenantInfo& tenant) {
+  std::vector<KeyInfo> keys;
+  if (Status s = registry_->ListKeys(tenant.name, &keys); !s.ok()) return s;
+  // A FROM_CLIENT key without its initial values has nothing to save yet.
+  std::erase_if(keys, [](const KeyInfo& k) { return !k.ready; });
+  return keys;
+}
+
+Result<CheckpointInfo> Checkpointer::WriteCut(const TenantInfo& tenant,
+                                              const std::vector<KeyInfo>& keys,
+                                              const Versions& targets, uint64_t sequence,
+                                              std::chrono::steady_clock::time_point deadline) {
+  const auto start = std::chrono::steady_clock::now();
+  const uint64_t iterations = TenantIteration(tenant);
+  Versions wanted;
+  size_t expected = 0;
+  for (const KeyInfo& k : keys) {
+    const auto it = targets.find(k.id);
+    wanted[k.id] = it == targets.end() ? 0 : it->second;
+    expected += k.placement.chunk_count;
+  }
+  auto job = std::make_shared<SnapshotJob>(tenant.handle, wanted, expected);
+  for (uint32_t i = 0; i < data_->lane_count(); ++i) {
+    data_->OnLane(i, [job](Lane& lane) { lane.Snapshot(job->handle(), job); });
+  }
+  if (const Status s = job->Wait(deadline); !s.ok()) {
+    return Status(s.code(), "checkpoint of tenant '" + tenant.name + "': " + s.message());
   }
   const auto copied = std::chrono::steady_clock::now();
 
@@ -238,9 +315,11 @@ Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
   image.tenant = tenant.name;
   image.created_unix_ms = NowUnixMs();
   const std::string dir = TenantDir(tenant.name, tenant.handle);
-  image.sequence = 1;
-  for (const CheckpointInfo& c : ListCheckpoints(dir)) {
-    image.sequence = std::max(image.sequence, c.sequence + 1);
+  image.sequence = std::max<uint64_t>(sequence, 1);
+  if (sequence == 0) {
+    for (const CheckpointInfo& c : ListCheckpoints(dir)) {
+      image.sequence = std::max(image.sequence, c.sequence + 1);
+    }
   }
   image.chunks = job->Take();
   std::sort(image.chunks.begin(), image.chunks.end(), [](const auto& a, const auto& b) {
@@ -251,7 +330,7 @@ Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
   for (const KeyInfo& k : keys) {
     image.keys.push_back(CheckpointKey{k.id, k.name, k.elements,
                                        static_cast<uint32_t>(k.placement.chunk_count),
-                                       k.chunk_elements, targets[k.id],
+                                       k.chunk_elements, wanted[k.id],
                                        aggregation::OptimizerTypeName(k.optimizer.type),
                                        slots[k.id]});
   }
@@ -260,6 +339,13 @@ Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
     spdlog::error("checkpoint: tenant '{}': {}", tenant.name, info.status().message());
     return info;
   }
+  Written(tenant, *info, iterations, start, copied);
+  return info;
+}
+
+void Checkpointer::Written(const TenantInfo& tenant, const CheckpointInfo& info,
+                           uint64_t iterations, std::chrono::steady_clock::time_point start,
+                           std::chrono::steady_clock::time_point copied) {
   last_iterations_[tenant.handle] = iterations;
   if (tenant.counters) {
     TenantCounters& c = *tenant.counters;
@@ -268,16 +354,15 @@ Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
                                    std::chrono::steady_clock::now() - start)
                                    .count(),
                                std::memory_order_relaxed);
-    c.last_checkpoint_bytes.store(info->bytes, std::memory_order_relaxed);
+    c.last_checkpoint_bytes.store(info.bytes, std::memory_order_relaxed);
   }
   const auto ms = [](auto d) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
   };
   spdlog::info("checkpoint: tenant '{}' wrote {} ({}; {:.1f} MiB; copy {} ms, write {} ms)",
-               tenant.name, CheckpointFileName(image.sequence), KeyVersionsText(info->key_versions),
-               info->bytes / 1048576.0, ms(copied - start),
+               tenant.name, CheckpointFileName(info.sequence), KeyVersionsText(info.key_versions),
+               info.bytes / 1048576.0, ms(copied - start),
                ms(std::chrono::steady_clock::now() - copied));
-  return info;
 }
 
 Result<std::vector<CheckpointInfo>> Checkpointer::List(const std::string& tenant) {
@@ -301,6 +386,11 @@ Result<CheckpointInfo> Checkpointer::Restore(const std::string& tenant, uint64_t
   if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
   if (Status s = CheckSync(info); !s.ok()) return s;
   std::lock_guard lock(mu_);
+  if (Cluster(info)) {
+    Result<CheckpointInfo> out = cluster_->Restore(info, sequence, std::chrono::seconds(30));
+    if (out.ok()) last_iterations_[info.handle] = TenantIteration(info);
+    return out;
+  }
   const std::string dir = TenantDir(info.name, info.handle);
   Result<CheckpointImage> image = NotFound("");
   std::vector<std::string> skipped;
@@ -373,6 +463,15 @@ void Checkpointer::CheckpointAll() {
   std::lock_guard lock(mu_);
   for (const TenantInfo& t : registry_->ListTenants()) {
     if (t.consistency != Consistency::kSync) continue;  // not checkpointed (CheckSync)
+    if (Cluster(t)) {
+      // Its other hubs go on training: a cut of the cluster now would wait
+      // for an iteration this hub's workers (told SHUTTING_DOWN) never push.
+      // The periodic checkpoints are its restart points.
+      spdlog::info("checkpoint: tenant '{}' spans racks: no checkpoint at shutdown (it resumes "
+                   "from the newest cluster checkpoint)",
+                   t.name);
+      continue;
+    }
     const uint64_t now = TenantIteration(t);
     const auto it = last_iterations_.find(t.handle);
     if (now == (it == last_iterations_.end() ? 0 : it->second)) {
@@ -420,11 +519,15 @@ void Checkpointer::TriggerLoop() {
     lock.unlock();
     const auto now = std::chrono::steady_clock::now();
     for (const TenantInfo& t : registry_->ListTenants()) {
+      // A cluster checkpoint is coordinated by rack 0's hub (one at a time).
+      if (Cluster(t) && config_.topology.rack != 0) continue;
       const uint64_t done = TenantIteration(t);
       uint64_t last;
       {
         std::lock_guard l(mu_);
-        last = last_iterations_[t.handle];
+        uint64_t& at = last_iterations_[t.handle];
+        if (done < at) at = done;  // rolled back (a cluster checkpoint's restore): count from there
+        last = at;
       }
       if (done == last) continue;  // idle since the last checkpoint
       auto [since, fresh] = last_time.try_emplace(t.handle, now);

@@ -9,6 +9,10 @@
 // never reused, so a tenant deleted and re-created under the same name never
 // sees its predecessor's checkpoints.
 //
+// Tenants spanning racks (hierarchical topology) get cluster checkpoints:
+// ClusterCheckpoints (cluster_checkpoints.h) coordinates every hub's cut at
+// one sequence and version per key, and their restores.
+//
 // Ownership: the Hub owns it; it borrows the Registry and the DataPlane.
 // Threading: every public member may be called from any thread (admin gRPC
 // threads, the trigger thread, the main thread); checkpoints are taken one
@@ -25,6 +29,9 @@
 #include <thread>
 #include <vector>
 
+#include <memory>
+#include <set>
+
 #include "checkpoint_file.h"
 #include "config.h"
 #include "rackhub/common/status.h"
@@ -32,7 +39,9 @@
 
 namespace rackhub::server {
 
+class ClusterCheckpoints;
 class DataPlane;
+class SnapshotJob;
 
 class Checkpointer {
  public:
@@ -41,8 +50,8 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // False in state.in_memory mode or on a multi-rack hub: every call below
-  // then fails with FAILED_PRECONDITION / UNIMPLEMENTED naming why.
+  // False in state.in_memory mode: every call below then fails with
+  // FAILED_PRECONDITION naming why.
   bool enabled() const { return why_disabled_.empty(); }
 
   // Start-up, before the data plane serves: every tenant resumes from its
@@ -73,11 +82,39 @@ class Checkpointer {
   void CheckpointAll();
 
  private:
+  friend class ClusterCheckpoints;  // a cluster checkpoint is every hub's cut (below)
+  using Versions = std::map<uint32_t, uint64_t>;  // key id -> version
+
   std::string TenantDir(const std::string& tenant, uint32_t handle) const;
+  // The tenant spans racks with hubs of its own: cluster checkpoints.
+  bool Cluster(const TenantInfo& tenant) const;
+  // One cut at `targets` (key id -> version) of `keys` written as checkpoint
+  // `sequence` (0: the next free one), or UNAVAILABLE if a chunk was past
+  // its target. REQUIRES mu_.
+  Result<CheckpointInfo> WriteCut(const TenantInfo& tenant, const std::vector<KeyInfo>& keys,
+                                  const Versions& targets, uint64_t sequence,
+                                  std::chrono::steady_clock::time_point deadline);
+  // The keys a checkpoint holds: FROM_CLIENT keys without values have none yet.
+  Result<std::vector<KeyInfo>> CheckpointedKeys(const TenantInfo& tenant);
+  // Each key's newest version over the lanes, at least its floor.
+  Versions NewestVersions(const TenantInfo& tenant);
+  // The sequences of the tenant's checkpoints here whose header and manifest
+  // verify and that did not fail to load (damaged_).
+  std::vector<uint64_t> Sequences(const TenantInfo& tenant);
+  // Loads checkpoint `sequence` into the lanes (a recovery round's restore:
+  // the tenant is recovering): the versions of the keys it restored. A file
+  // that fails to load is named in the log and never offered again.
+  Result<Versions> InstallSequence(const TenantInfo& tenant, uint64_t sequence);
+  // Counters and the log line of a checkpoint written; `iterations` is the
+  // tenant's iteration when it began.
+  void Written(const TenantInfo& tenant, const CheckpointInfo& info, uint64_t iterations,
+               std::chrono::steady_clock::time_point start,
+               std::chrono::steady_clock::time_point copied);
   static Status CheckSync(const TenantInfo& tenant);
   Result<CheckpointInfo> CreateLocked(const TenantInfo& tenant, std::chrono::milliseconds timeout);
   // Loads `image` into the lanes (blocking); FROM_CLIENT keys become ready.
-  void Install(const TenantInfo& tenant, const CheckpointImage& image);
+  // The versions of the keys it restored.
+  Versions Install(const TenantInfo& tenant, const CheckpointImage& image);
   // The newest version of each key over every lane (blocking).
   std::map<uint32_t, uint64_t> KeyVersions(uint32_t handle);
   // The newest version over the tenant's keys (what the triggers count).
@@ -92,6 +129,9 @@ class Checkpointer {
   std::mutex mu_;  // one checkpoint (or restore) at a time
   // TenantIteration at the last checkpoint or restore, by tenant handle.
   std::map<uint32_t, uint64_t> last_iterations_;  // GUARDED_BY(mu_)
+  std::mutex damaged_mu_;
+  std::set<std::pair<uint32_t, uint64_t>> damaged_;  // (handle, sequence); GUARDED_BY(damaged_mu_)
+  std::unique_ptr<ClusterCheckpoints> cluster_;  // hierarchical hubs only
 
   std::mutex trigger_mu_;
   std::condition_variable trigger_cv_;

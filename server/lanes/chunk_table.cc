@@ -356,11 +356,21 @@ CheckpointChunk CopyTableChunk(const Chunk& c) {
   return out;
 }
 
-CheckpointChunk CopyChunk(const Chunk& c) {
+CheckpointChunk CopyChunk(const Chunk& c, uint32_t self_rack) {
   if (c.rows) return CopyTableChunk(c);
   const aggregation::ChunkState& s = c.state;
-  const auto params = s.params(s.version());
-  CheckpointChunk out{c.key_id, c.index_in_key, {params.begin(), params.end()}, {}};
+  CheckpointChunk out{c.key_id, c.index_in_key, {}, {}};
+  if (c.multi_rack() && c.home != self_rack) {
+    // Another hub's chunk across racks: this hub has its parameters only as
+    // the home sent them (the key's dtype, widened exactly); the optimizer
+    // state is the home's (its own file has it; the slots here are unused).
+    out.params.resize(s.elements());
+    aggregation::CopyIn(out.params.data(), c.reply_bytes(c.version).data(), s.elements(),
+                        static_cast<aggregation::ElementType>(static_cast<uint8_t>(c.dtype)));
+  } else {
+    const auto params = s.params(s.version());
+    out.params.assign(params.begin(), params.end());
+  }
   for (int slot = 0; slot < s.state_slots(); ++slot) {
     const auto st = s.optimizer_state(slot);
     out.state.emplace_back(st.begin(), st.end());
@@ -382,7 +392,7 @@ void ChunkTable::Snapshot(LaneTenant& t, const std::shared_ptr<SnapshotJob>& job
       Chunk& c = GetChunk(t, *key, i);
       const uint64_t v = c.current_version();
       if (v == target) {
-        job->Add(CopyChunk(c));
+        job->Add(CopyChunk(c, self_rack_));
       } else if (v < target) {
         t.armed[ChunkId(key_id, i)] = job;  // copied when its updates get it there
       } else {
@@ -408,7 +418,7 @@ void ChunkTable::Capture(LaneTenant& t, Chunk& c) {
   if (c.current_version() < target->second) return;  // not there yet: stays armed
   t.armed.erase(it);
   if (c.current_version() == target->second) {
-    job->Add(CopyChunk(c));
+    job->Add(CopyChunk(c, self_rack_));
   } else {
     job->Fail("chunk " + std::to_string(c.index_in_key) + " of key id " +
                   std::to_string(c.key_id) + " went past the checkpoint's version",
@@ -439,6 +449,21 @@ bool ChunkTable::RestoreTableChunk(aggregation::RowShard& r, uint64_t version,
   return true;
 }
 
+// A dense chunk spanning racks (or flat) restored at `c.state`'s version:
+// the replies of that version and every rack stage served here go there
+// too (possibly back: a rollback to a cluster checkpoint).
+void ChunkTable::RestoreRackStages(const LaneKey& key, Chunk& c, std::span<const float> params) {
+  const uint64_t v = c.state.version();
+  for (auto& stage : c.stages) {
+    if (stage) stage->Restore(v, params, {});  // a sum-only stage: no optimizer state
+  }
+  auto& out = c.replies[v & 1];
+  out.PrepareOverwrite();  // a queued reply keeps its bytes
+  aggregation::CopyOut(out.data(), params.data(), c.state.elements(),
+                       ElementTypeOf(key.info.dtype));
+  c.version = v;
+}
+
 uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
                              const std::unordered_set<uint32_t>& keys) {
   std::unordered_map<uint32_t, uint64_t> versions;
@@ -459,6 +484,13 @@ uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
                     "do not match the key; left as it was",
                     t.info.name, key->info.name, cc.chunk);
       continue;
+    }
+    if (c.multi_rack()) RestoreRackStages(*key, c, cc.params);
+    if (c.row_stages) {
+      for (auto& stage : c.row_stages->by_rack) {
+        if (stage) stage->Discard();
+      }
+      std::fill(c.row_stages->taken_for.begin(), c.row_stages->taken_for.end(), 0);
     }
     t.pending.erase(ChunkId(cc.key_id, cc.chunk));
     if (cc.chunk == 0) key->runtime->version.store(v, std::memory_order_relaxed);

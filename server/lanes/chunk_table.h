@@ -241,6 +241,11 @@ struct LaneTenant {
   std::unordered_set<uint32_t> leaving;  // members whose connection here said BYE
   // Chunks one version short of a checkpoint's target, by ChunkId.
   std::unordered_map<uint64_t, std::shared_ptr<SnapshotJob>> armed;
+  // Across racks: the number of the last recovery round whose realignment
+  // this lane did. Its RACK_SUM, RACK_PARAMS and RACK_ALIGN carry it (in
+  // request_id); those of an older round are stale, those of a newer one
+  // wait for that round to end here (RackExchange::Stale, HeldByRecovery).
+  uint64_t rack_epoch = 0;
 
   // Counts an ERROR frame of `code` sent to one of the tenant's workers.
   void CountError(net::WireError code) const {
@@ -334,6 +339,7 @@ class ChunkTable {
   void InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t global_index);
   // A row-sparse table's row range `chunk` (rows, init, optimizer schedule).
   std::unique_ptr<Chunk> NewTableChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
+  static void RestoreRackStages(const LaneKey& key, Chunk& c, std::span<const float> params);
   static bool RestoreTableChunk(aggregation::RowShard& r, uint64_t version,
                                 const CheckpointChunk& cc);
 

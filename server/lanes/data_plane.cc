@@ -11,6 +11,24 @@
 
 namespace rackhub::server {
 
+template <typename Fn>
+auto DataPlane::WithCheckpointHooks(Fn&& fn) {
+  CheckpointHooks hooks;
+  {
+    std::lock_guard lock(ckpt_mu_);
+    hooks = ckpt_hooks_;
+    ++ckpt_calls_;
+  }
+  struct Done {
+    DataPlane* plane;
+    ~Done() {
+      std::lock_guard lock(plane->ckpt_mu_);
+      if (--plane->ckpt_calls_ == 0) plane->ckpt_cv_.notify_all();
+    }
+  } done{this};
+  return fn(hooks);
+}
+
 DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
                      std::unique_ptr<net::Connector> hub_connector)
     : config_(config),
@@ -37,7 +55,12 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
     hooks.send = [this](uint32_t rack, std::string payload) {
       Lane* lane0 = lanes_[0].get();
       lane0->gate().Post([lane0, rack, payload = std::move(payload)] {
-        lane0->SendRackVersions(rack, payload);
+        lane0->SendRackControl(rack, net::Opcode::kRackVersions, payload);
+      });
+    };
+    hooks.checkpoints = [this](uint32_t handle) {
+      return WithCheckpointHooks([handle](const CheckpointHooks& h) {
+        return h.sequences ? h.sequences(handle) : std::vector<uint64_t>{};
       });
     };
     hooks.recover = [this](uint32_t handle, const std::string& why) {
@@ -55,6 +78,47 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
                                                     config.topology.rack_count(), std::move(hooks));
   }
   registry_->SetObserver(this);
+}
+
+void DataPlane::SetCheckpointHooks(CheckpointHooks hooks) {
+  std::unique_lock lock(ckpt_mu_);
+  ckpt_cv_.wait(lock, [this] { return ckpt_calls_ == 0; });
+  ckpt_hooks_ = std::move(hooks);
+}
+
+void DataPlane::SendRackCheckpoint(uint32_t rack, std::string payload) {
+  Lane* lane0 = lanes_[0].get();
+  lane0->gate().Post([lane0, rack, payload = std::move(payload)] {
+    lane0->SendRackControl(rack, net::Opcode::kRackCheckpoint, payload);
+  });
+}
+
+void DataPlane::OnRackCheckpoint(uint32_t rack, std::span<const std::byte> payload) {
+  std::string bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
+  WithCheckpointHooks([&](const CheckpointHooks& h) {
+    if (h.on_message) h.on_message(rack, std::move(bytes));
+  });
+}
+
+void DataPlane::ResumeAcrossRacks(uint32_t handle, const std::string& why) {
+  TenantInfo info;
+  if (!rack_recovery_ || !registry_->GetTenantByHandle(handle, &info).ok() || !SpansRacks(info)) {
+    return;
+  }
+  rack_recovery_->MarkFresh(handle, info.name);
+  Recover(handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); });
+}
+
+Status DataPlane::RestoreAcrossRacks(uint32_t handle, uint64_t sequence, const std::string& why) {
+  TenantInfo info;
+  if (!rack_recovery_ || !registry_->GetTenantByHandle(handle, &info).ok() || !SpansRacks(info)) {
+    return FailedPrecondition("the tenant does not span racks on this hub");
+  }
+  if (!rack_recovery_->RequestRestore(handle, info.name, sequence)) {
+    return Unavailable("a recovery round of tenant '" + info.name + "' is under way");
+  }
+  Recover(handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); });
+  return Status::Ok();
 }
 
 DataPlane::~DataPlane() {
@@ -328,8 +392,8 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
       // Every rack's hub takes part: the versions are agreed first.
       rack_recovery_->Reported(
           handle, info.name, why, std::move(job->versions),
-          [this, handle, tenant](const RackRecovery::Versions& agreed, bool realign) {
-            Realign(handle, tenant, agreed, realign);
+          [this, handle, tenant](const RackRecovery::Outcome& outcome, bool realign) {
+            Realign(handle, tenant, outcome, realign);
           });
       return;
     }
@@ -339,7 +403,7 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
       // chunk's version: its sum was taken), so both modes give the same bits.
       for (auto& [key, v] : job->versions) ++v;
     }
-    Realign(handle, tenant, std::move(job->versions), true);
+    Realign(handle, tenant, RackRecovery::Outcome{std::move(job->versions)}, true);
   });
   return started;
 }
@@ -348,8 +412,41 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
 // iteration as a skipped step (across racks: every chunk, and the homes send
 // their parameters). Once every lane has, the recovery finishes.
 void DataPlane::Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
-                        std::map<uint32_t, uint64_t> versions, bool realign) {
+                        RackRecovery::Outcome outcome, bool realign) {
   if (!realign) return FinishRecovery(handle, *tenant);
+  if (outcome.restore == 0) {
+    return AlignLanes(handle, std::move(tenant), std::move(outcome.agreed), outcome.round);
+  }
+  // A rollback to a cluster checkpoint: every hub loads its own file of it
+  // (blocking: not on this lane). The keys it holds are at its versions on
+  // every hub now; the others skip as in any round.
+  RunBlocking([this, handle, tenant, outcome = std::move(outcome)]() mutable {
+    const Result<std::map<uint32_t, uint64_t>> restored =
+        WithCheckpointHooks([&](const CheckpointHooks& h) -> Result<std::map<uint32_t, uint64_t>> {
+          if (!h.restore) return FailedPrecondition("checkpoints are off on this hub");
+          return h.restore(handle, outcome.restore);
+        });
+    if (restored.ok()) {
+      for (const auto& [key, v] : *restored) outcome.agreed.erase(key);
+      rack_recovery_->Restored(handle, *restored);
+      AlignLanes(handle, tenant, std::move(outcome.agreed), outcome.round);
+      return;
+    }
+    // This hub's file of it is damaged: its chunks skip as in a round without
+    // a restore, and a new round follows in which this hub counts as having
+    // lost its state (the file is not offered again): every hub then rolls
+    // back to an older checkpoint they all have.
+    spdlog::error("rack recovery: restoring checkpoint {} failed here: {}; starting another round",
+                  outcome.restore, restored.status().message());
+    AlignLanes(handle, tenant, std::move(outcome.agreed), outcome.round);
+    ResumeAcrossRacks(handle, "checkpoint " + std::to_string(outcome.restore) +
+                                  " could not be restored on rack " +
+                                  std::to_string(config_.topology.rack) + "'s hub");
+  });
+}
+
+void DataPlane::AlignLanes(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
+                           std::map<uint32_t, uint64_t> versions, uint64_t round) {
   for (const auto& [key, v] : versions) {
     const auto rt = KeyRuntimeFor(handle, key);
     uint64_t floor = rt->floor.load();
@@ -358,8 +455,8 @@ void DataPlane::Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
   }
   auto remaining = std::make_shared<std::atomic<uint32_t>>(lane_count());
   auto shared = std::make_shared<const std::map<uint32_t, uint64_t>>(std::move(versions));
-  OnEveryLane([this, handle, shared, remaining, tenant](Lane& l) {
-    l.Align(handle, *shared);
+  OnEveryLane([this, handle, shared, remaining, tenant, round](Lane& l) {
+    l.Align(handle, *shared, round);
     if (remaining->fetch_sub(1) != 1) return;
     FinishRecovery(handle, *tenant);
   });

@@ -82,6 +82,35 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   std::vector<StallEntry> Stalls(uint32_t handle, std::chrono::nanoseconds min_wait,
                                  std::chrono::milliseconds timeout,
                                  std::vector<uint32_t>* unanswered);
+  // Cluster checkpoints (tenants spanning racks; the Checkpointer's
+  // ClusterCheckpoints lends these). Each runs on the thread that needs it,
+  // never under a lock of the data plane; SetCheckpointHooks({}) waits for
+  // calls in progress, so they never outlive their owner.
+  struct CheckpointHooks {
+    // A RACK_CHECKPOINT from rack `rack`'s hub (lane 0's thread: must not block).
+    std::function<void(uint32_t rack, std::string payload)> on_message;
+    // The sequences of the tenant's checkpoint files here (for round reports).
+    std::function<std::vector<uint64_t>(uint32_t handle)> sequences;
+    // A round's restore: loads checkpoint `sequence` into the lanes (blocking,
+    // not on a lane); the restored key versions.
+    std::function<Result<std::map<uint32_t, uint64_t>>(uint32_t handle, uint64_t sequence)>
+        restore;
+  };
+  void SetCheckpointHooks(CheckpointHooks hooks);
+  // A RACK_CHECKPOINT to rack `rack`'s hub on lane 0's link (dropped while it
+  // is down). Any thread.
+  void SendRackCheckpoint(uint32_t rack, std::string payload);
+  // This hub started with the tenant's checkpoint on disk (it restarted): its
+  // hubs run a recovery round in which every hub rolls back to the newest
+  // checkpoint they all have (rack_recovery.h). Any thread.
+  void ResumeAcrossRacks(uint32_t handle, const std::string& why);
+  // An admin restore of checkpoint `sequence` on every hub of the tenant: a
+  // recovery round that restores it. UNAVAILABLE while a round of the tenant
+  // is reporting (ask again once it ended). Any thread.
+  Status RestoreAcrossRacks(uint32_t handle, uint64_t sequence, const std::string& why);
+  // The tenant spans racks with hubs of its own (recovery rounds apply).
+  bool SpansRacks(const TenantInfo& info) const;
+
   // Whether key or tenant runtimes of `handle` exist, or of its key `key_id`
   // (tests: nothing of a deleted tenant or key stays behind).
   bool HasRuntimes(uint32_t handle, std::optional<uint32_t> key_id = std::nullopt) const;
@@ -102,6 +131,7 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) override;
   void CountRackChunkBytes(uint32_t rack, uint64_t out) override;
   Status OnRackVersions(uint32_t rack, std::span<const std::byte> payload) override;
+  void OnRackCheckpoint(uint32_t rack, std::span<const std::byte> payload) override;
   void RackLinkUp(uint32_t rack) override;
   void ResendRackReports() override;
   void LaneDrained(uint32_t lane) override;
@@ -127,15 +157,20 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // True when no other recovery of the tenant was running.
   bool Recover(uint32_t handle, const std::string& why, std::function<void(Lane&)> first);
   // Recovery, phase 2: with `realign`, every lane aligns its chunks to
-  // `versions` (then Finish); without, only Finish (a recovery whose
+  // the outcome's versions (then Finish), after restoring its checkpoint if
+  // the round decided so; without, only Finish (a recovery whose
   // realignment another one of the same cross-rack round does).
   void Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
-               std::map<uint32_t, uint64_t> versions, bool realign);
+               RackRecovery::Outcome outcome, bool realign);
+  // Every lane aligns to `versions`; the tenant's rack epoch becomes `round`.
+  void AlignLanes(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
+                  std::map<uint32_t, uint64_t> versions, uint64_t round);
+  // The checkpoint hooks, held for the call (see SetCheckpointHooks).
+  template <typename Fn>
+  auto WithCheckpointHooks(Fn&& fn);
   // The end of one recovery: the membership commit (elastic tenants), and
   // once no other recovery runs, the held PULLs answered.
   void FinishRecovery(uint32_t handle, TenantRuntime& tenant);
-  // The tenant spans racks with hubs of its own (recovery rounds apply).
-  bool SpansRacks(const TenantInfo& info) const;
   // Elastic tenants, at the end of a recovery (nothing pending, no push
   // accepted): commits the membership of the ranks present now
   // (docs/elastic.md) and publishes it in the tenant's counters.
@@ -162,6 +197,10 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   std::vector<std::unique_ptr<LinkCounters>> link_counters_;  // by rack
   // Hierarchical topology only: the tenants' cross-rack recovery rounds.
   std::unique_ptr<RackRecovery> rack_recovery_;
+  std::mutex ckpt_mu_;
+  std::condition_variable ckpt_cv_;
+  CheckpointHooks ckpt_hooks_;  // GUARDED_BY(ckpt_mu_)
+  uint32_t ckpt_calls_ = 0;     // GUARDED_BY(ckpt_mu_): hook calls in progress
   // Key runtimes by tenant handle, then key id: looked up by every lane,
   // erased on registry events (a whole tenant without iterating, which TBB's
   // map does not allow concurrently with inserts).

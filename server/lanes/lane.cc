@@ -1,5 +1,7 @@
 #include "lane.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 namespace rackhub::server {
@@ -57,12 +59,14 @@ std::map<uint32_t, uint64_t> Lane::KeyVersions(uint32_t handle) {
   return t ? table_.KeyVersions(*t) : std::map<uint32_t, uint64_t>{};
 }
 
-void Lane::Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions) {
+void Lane::Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions,
+                 uint64_t round) {
   LaneTenant* t = table_.FindTenant(handle);
   // Across racks a hub that restarted has not loaded the tenant yet, but it
   // is home to some of its chunks: they are realigned (and sent) all the same.
   if (!t && table_.exchange()) t = table_.LoadTenant(handle);
   if (!t) return;
+  t->rack_epoch = std::max(t->rack_epoch, round);
   table_.Align(*t, versions);
   exchange_.Realign(*t, versions);
 }

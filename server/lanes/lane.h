@@ -56,13 +56,16 @@ class Lane {
   // the newest version of each key here; aligning every chunk to them; the
   // PULLs held meanwhile.
   std::map<uint32_t, uint64_t> KeyVersions(uint32_t handle);
-  void Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions);
+  // `round`: the cross-rack round that agreed on them (0: none), from now
+  // on the tenant's LaneTenant::rack_epoch.
+  void Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions, uint64_t round = 0);
   void ReleaseParked(uint32_t handle) { workers_.ReleaseParked(handle); }
   // Rack `rack`'s hub restarted (RackExchange::OfferCopies).
   void OfferCopies(uint32_t rack) { exchange_.OfferCopies(rack); }
-  // A cross-rack recovery round's RACK_VERSIONS to rack `rack` (lane 0).
-  void SendRackVersions(uint32_t rack, const std::string& payload) {
-    exchange_.SendVersions(rack, payload);
+  // A cross-rack recovery round's RACK_VERSIONS, or a cluster checkpoint's
+  // RACK_CHECKPOINT, to rack `rack` (lane 0).
+  void SendRackControl(uint32_t rack, net::Opcode opcode, const std::string& payload) {
+    exchange_.SendControl(rack, opcode, payload);
   }
   // Checkpoints (ChunkTable::Snapshot / Restore); Restore loads the tenant
   // from the registry if this lane has not seen it yet.

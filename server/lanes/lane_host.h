@@ -223,6 +223,9 @@ class LaneHost {
   // RACK_VERSIONS from rack `rack`'s hub (an error names what is wrong with
   // it), and lane 0's outgoing link to `rack` being up (again).
   virtual Status OnRackVersions(uint32_t rack, std::span<const std::byte> payload) = 0;
+  // A RACK_CHECKPOINT from rack `rack`'s hub (lane 0's link): for the
+  // Checkpointer (cluster checkpoints); never blocks.
+  virtual void OnRackCheckpoint(uint32_t rack, std::span<const std::byte> payload) = 0;
   virtual void RackLinkUp(uint32_t rack) = 0;
   // Lane 0, periodically: reports of rounds still waiting go again.
   virtual void ResendRackReports() = 0;

@@ -170,6 +170,8 @@ void RackExchange::SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const 
                               std::span<const std::byte> payload,
                               std::shared_ptr<const void> owner) {
   PeerLink& link = links_[rack];
+  FrameHeader tagged = h;
+  if (EpochTagged(h.opcode)) tagged.request_id = t.rack_epoch;  // stale after a newer round
   if (!link.out || !link.out->open() || !link.ready) {
     // Not connected or not authenticated (yet): hold the frame for a while
     // (with its payload's owner, so a deleted key's bytes stay valid).
@@ -177,12 +179,12 @@ void RackExchange::SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const 
       const uint64_t generation = ++link.queue_generation;
       gate_->After(kPeerWaitLimit, [this, rack, generation] { GiveUp(rack, generation); });
     }
-    link.queued.push_back({t.info.handle, key.info.id, h, payload, std::move(owner)});
+    link.queued.push_back({t.info.handle, key.info.id, tagged, payload, std::move(owner)});
     Connect(rack);
     return;
   }
   SendKeyBind(link, t, key);
-  FrameHeader f = h;
+  FrameHeader f = tagged;
   f.payload_bytes = static_cast<uint32_t>(payload.size());
   link.out->SendShared(f, payload, std::move(owner));
   host_->CountRackChunkBytes(rack, net::kHeaderBytes + payload.size());

@@ -85,10 +85,12 @@ class RackExchange final : public net::FrameHandler {
   // `from_client` chunks it is home to as INIT (it takes them if it has no
   // values: a restart without checkpoint).
   void OfferCopies(uint32_t rack);
-  // Cross-rack recovery (rack_recovery.h; rack_realign.cc). Sends a
-  // RACK_VERSIONS on this lane's link to `rack` (lane 0 only; dropped while
-  // the link is down: the round sends it again when it is up).
-  void SendVersions(uint32_t rack, const std::string& payload);
+  // Cross-rack recovery (rack_recovery.h; rack_realign.cc) and cluster
+  // checkpoints. Sends a RACK_VERSIONS or RACK_CHECKPOINT on this lane's
+  // link to `rack` (lane 0 only; dropped while the link is down: a round
+  // sends its report again when it is up, a checkpoint's coordinator times
+  // out).
+  void SendControl(uint32_t rack, net::Opcode opcode, const std::string& payload);
   // A round agreed on `agreed` (key id -> version): every chunk of those keys
   // on this lane skips to its version; a chunk's home sends its parameters at
   // that version to every other hub (RACK_ALIGN), where PULLs of the chunk
@@ -179,7 +181,14 @@ class RackExchange final : public net::FrameHandler {
                const net::FrameHeader& h, std::span<const std::byte> payload);
   // Frames of a recovering tenant's update (RACK_SUM, RACK_PARAMS) wait
   // until its recovery ends (parked): the realignment decides what they are.
+  // Also frames of a round that has not ended here yet: each RACK_SUM,
+  // RACK_PARAMS and RACK_ALIGN carries the sender's LaneTenant::rack_epoch
+  // in request_id.
   static bool HeldByRecovery(const LaneTenant& t, const net::FrameHeader& h);
+  static bool EpochTagged(net::Opcode op);
+  // A frame sent before the last round that ended here: its update was
+  // aborted (or rolled back) by that round; dropped without a word.
+  static bool Stale(const LaneTenant& t, const net::FrameHeader& h);
   // Every tenant with chunks on this lane is recovered across racks
   // (LaneHost::AbortIteration), e.g. after a hub link broke.
   void AbortAll(const std::string& why);

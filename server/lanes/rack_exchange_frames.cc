@@ -47,10 +47,11 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
     case Opcode::kKeyBind:
       return Verdict::kAccept;
     case Opcode::kRackVersions:
+    case Opcode::kRackCheckpoint:
       if (h.payload_bytes > net::kMaxControlPayload) {
         return Reject(conn, WireError::kMalformed,
-                      "RACK_VERSIONS of " + Num(h.payload_bytes) + " bytes (at most " +
-                          Num(net::kMaxControlPayload) + ")",
+                      std::string(net::OpcodeName(h.opcode)) + " of " + Num(h.payload_bytes) +
+                          " bytes (at most " + Num(net::kMaxControlPayload) + ")",
                       h.request_id);
       }
       return Verdict::kAccept;
@@ -99,6 +100,7 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
     SendPeerError(conn, h.tenant, "key: id " + Num(h.key) + " is not bound");
     return Verdict::kDiscard;
   }
+  if (Stale(*t, h)) return Verdict::kDiscard;  // of an update a recovery round ended
   if (h.chunk >= key->info.placement.chunk_count ||
       table_->OwnerLane(key->info, h.chunk) != table_->lane()) {
     return Reject(conn, WireError::kBadChunk, "chunk: not one of this lane's", rid);
@@ -216,6 +218,7 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
     case Opcode::kKeyBind: return OnKeyBind(conn, h, payload);
     default: break;
   }
+  if (h.opcode == Opcode::kRackCheckpoint) return host_->OnRackCheckpoint(peer, payload);
   if (h.opcode == Opcode::kRackVersions) {
     if (const Status s = host_->OnRackVersions(peer, payload); !s.ok()) {
       refusals_.Warn("rack link: lane " + Num(table_->lane()) + ": rack " + Num(peer) +
@@ -233,6 +236,7 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   // them; they are bounded anyway (the other hub's own frames: one per chunk
   // and update, and one RACK_ALIGN per chunk and round).
   if (HasParked(conn, h) || HeldByRecovery(*t, h)) return Park(conn, h, payload, false);
+  if (Stale(*t, h)) return;  // a round ended since AcceptHeader checked it
   if (unchecked && CheckData(conn, h) != Verdict::kAccept) return;
   OnData(conn, h, payload);
 }

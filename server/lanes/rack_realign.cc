@@ -31,11 +31,20 @@ void RaiseTo(std::atomic<uint64_t>& version, uint64_t v) {
 }  // namespace
 
 bool RackExchange::HeldByRecovery(const LaneTenant& t, const FrameHeader& h) {
+  if (EpochTagged(h.opcode) && h.request_id > t.rack_epoch) return true;  // a round not ended here
   return (h.opcode == Opcode::kRackSum || h.opcode == Opcode::kRackParams) && t.runtime &&
          t.runtime->recovering.load(std::memory_order_acquire) > 0;
 }
 
-void RackExchange::SendVersions(uint32_t rack, const std::string& payload) {
+bool RackExchange::EpochTagged(Opcode op) {
+  return op == Opcode::kRackSum || op == Opcode::kRackParams || op == Opcode::kRackAlign;
+}
+
+bool RackExchange::Stale(const LaneTenant& t, const FrameHeader& h) {
+  return EpochTagged(h.opcode) && h.request_id < t.rack_epoch;
+}
+
+void RackExchange::SendControl(uint32_t rack, Opcode opcode, const std::string& payload) {
   if (rack >= links_.size() || rack == topology_.rack) return;
   PeerLink& link = links_[rack];
   if (!link.out || !link.out->open() || !link.ready) {
@@ -43,7 +52,7 @@ void RackExchange::SendVersions(uint32_t rack, const std::string& payload) {
     return;
   }
   FrameHeader h;
-  h.opcode = Opcode::kRackVersions;
+  h.opcode = opcode;
   link.out->SendOwned(h, payload);
 }
 

@@ -34,12 +34,38 @@ std::string RackRecovery::Encode(const Round& r, bool finished) const {
   m.set_incarnation(incarnation_);
   m.set_finished(finished);
   m.set_cause(r.cause.substr(0, kMaxCause));
-  for (const auto& [key, v] : *r.own) {
+  for (const auto& [key, v] : r.own->newest) {
     auto* k = m.add_keys();
     k->set_key_id(key);
     k->set_newest(v);
   }
+  m.set_fresh(r.own->fresh);
+  m.set_restore(r.own->restore);
+  for (uint64_t seq : r.own->checkpoints) m.add_checkpoints(seq);
   return m.SerializeAsString();
+}
+
+uint64_t RackRecovery::RestoreOf(const Round& r) {
+  // The sequences every hub has, and what the reports ask for.
+  std::vector<uint64_t> common = r.own->checkpoints;
+  uint64_t requested = r.own->restore;
+  bool fresh = r.own->fresh;
+  for (const auto& [rack, report] : r.peers) {
+    std::vector<uint64_t> both;
+    std::set_intersection(common.begin(), common.end(), report.checkpoints.begin(),
+                          report.checkpoints.end(), std::back_inserter(both));
+    common = std::move(both);
+    requested = std::max(requested, report.restore);
+    fresh = fresh || report.fresh;
+  }
+  if (requested != 0) {
+    if (std::binary_search(common.begin(), common.end(), requested)) return requested;
+    spdlog::error("rack recovery: tenant '{}' round {}: checkpoint {} is not on every hub; "
+                  "not restored",
+                  r.name, r.number, requested);
+    return 0;
+  }
+  return fresh && !common.empty() ? common.back() : 0;
 }
 
 void RackRecovery::SendToAll(const Round& r, Effects& fx) const {
@@ -61,34 +87,46 @@ void RackRecovery::Begin(uint32_t handle, Round& r, uint64_t number, std::string
 
 void RackRecovery::TryFinish(Round& r, Effects& fx) {
   if (!r.active || !r.own || r.peers.size() + 1 < racks_) return;
-  Versions agreed = *r.own;
+  Versions agreed = r.own->newest;
   for (const auto& [rack, report] : r.peers) {
     for (const auto& [key, v] : report.newest) agreed[key] = std::max(agreed[key], v);
   }
   for (auto& [key, v] : agreed) ++v;  // every chunk skips: older frames are stale
   r.active = false;
   r.last_agreed = agreed;
+  r.fresh = false;
+  r.restore = 0;
   fx.done = std::move(r.waiting);
   r.waiting.clear();
-  fx.agreed = std::move(agreed);
-  spdlog::info("rack recovery: tenant '{}' round {} agreed on {} key version(s) with every rack",
-               r.name, r.number, fx.agreed.size());
+  fx.outcome.restore = RestoreOf(r);
+  fx.outcome.round = r.number;
+  fx.outcome.agreed = std::move(agreed);
+  if (fx.outcome.restore != 0) {
+    spdlog::warn("rack recovery: tenant '{}' round {}: every hub restores checkpoint {}", r.name,
+                 r.number, fx.outcome.restore);
+  } else {
+    spdlog::info("rack recovery: tenant '{}' round {} agreed on {} key version(s) with every rack",
+                 r.name, r.number, fx.outcome.agreed.size());
+  }
 }
 
 void RackRecovery::Apply(Effects fx) {
   if (fx.restarted && hooks_.restarted) hooks_.restarted(*fx.restarted);
   for (auto& [rack, bytes] : fx.sends) hooks_.send(rack, std::move(bytes));
   if (fx.recover) hooks_.recover(fx.recover->first, fx.recover->second);
-  for (size_t i = 0; i < fx.done.size(); ++i) fx.done[i](fx.agreed, i == 0);
+  for (size_t i = 0; i < fx.done.size(); ++i) fx.done[i](fx.outcome, i == 0);
 }
 
 void RackRecovery::Reported(uint32_t handle, const std::string& name, const std::string& cause,
                             Versions newest, Agreed agreed) {
   if (!hooks_.handle_of(name)) {
     // Deleted meanwhile (Forget ran): nothing to agree on, the recovery ends.
-    agreed(Versions{}, false);
+    agreed(Outcome{}, false);
     return;
   }
+  std::vector<uint64_t> checkpoints =
+      hooks_.checkpoints ? hooks_.checkpoints(handle) : std::vector<uint64_t>{};
+  std::sort(checkpoints.begin(), checkpoints.end());
   Effects fx;
   {
     std::lock_guard lock(mu_);
@@ -106,9 +144,11 @@ void RackRecovery::Reported(uint32_t handle, const std::string& name, const std:
       // lanes before they realigned to it, and frames of updates after it
       // must be stale after this round too.
       for (const auto& [key, v] : r.last_agreed) newest[key] = std::max(newest[key], v);
-      r.own = std::move(newest);
-      spdlog::info("rack recovery: tenant '{}' round {}: reporting {} key version(s) ({})", name,
-                   r.number, r.own->size(), SafeForLog(r.cause, 200));
+      r.own = Report{incarnation_, std::move(newest), r.fresh, r.restore, std::move(checkpoints)};
+      spdlog::info("rack recovery: tenant '{}' round {}: reporting {} key version(s) ({}{}{})",
+                   name, r.number, r.own->newest.size(), SafeForLog(r.cause, 200),
+                   r.fresh ? "; this hub restarted" : "",
+                   r.restore ? "; restore checkpoint " + Num(r.restore) : std::string());
       SendToAll(r, fx);
     }
     r.waiting.push_back(std::move(agreed));
@@ -148,12 +188,22 @@ Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payloa
     return NotFound("RACK_VERSIONS: tenant " + QuoteForLog(m.tenant()) +
                     " does not span racks on this hub (not created here yet?)");
   }
+  if (static_cast<size_t>(m.checkpoints_size()) > kMaxKeys) {
+    return InvalidArgument("RACK_VERSIONS: " + Num(m.checkpoints_size()) +
+                           " checkpoint sequences (at most " + Num(kMaxKeys) + ")");
+  }
   Report report;
   report.incarnation = m.incarnation();
   for (const auto& k : m.keys()) {
     uint64_t& v = report.newest[k.key_id()];
     v = std::max(v, k.newest());
   }
+  report.fresh = m.fresh();
+  report.restore = m.restore();
+  report.checkpoints.assign(m.checkpoints().begin(), m.checkpoints().end());
+  std::sort(report.checkpoints.begin(), report.checkpoints.end());
+  report.checkpoints.erase(std::unique(report.checkpoints.begin(), report.checkpoints.end()),
+                           report.checkpoints.end());
   const std::string cause = "rack " + Num(rack) + ": " + SafeForLog(m.cause(), kMaxCause);
   Effects fx;
   {
@@ -235,7 +285,30 @@ void RackRecovery::Forget(uint32_t handle) {
   }
   // Recoveries still waiting finish without a realignment (nothing is left
   // to realign): their held PULLs are answered (as UNKNOWN_KEY).
-  for (auto& done : fx.done) done(Versions{}, false);
+  for (auto& done : fx.done) done(Outcome{}, false);
+}
+
+void RackRecovery::MarkFresh(uint32_t handle, const std::string& name) {
+  std::lock_guard lock(mu_);
+  Round& r = rounds_[handle];
+  r.name = name;
+  r.fresh = true;
+}
+
+bool RackRecovery::RequestRestore(uint32_t handle, const std::string& name, uint64_t sequence) {
+  std::lock_guard lock(mu_);
+  Round& r = rounds_[handle];
+  if (r.active && r.own) return false;
+  r.name = name;
+  r.restore = sequence;
+  return true;
+}
+
+void RackRecovery::Restored(uint32_t handle, const Versions& versions) {
+  std::lock_guard lock(mu_);
+  const auto it = rounds_.find(handle);
+  if (it == rounds_.end()) return;
+  for (const auto& [key, v] : versions) it->second.last_agreed[key] = v;
 }
 
 }  // namespace rackhub::server

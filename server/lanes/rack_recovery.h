@@ -28,6 +28,15 @@
 // while a hub is unreachable the round waits (workers' Pulls are held,
 // bounded by their operation timeout).
 //
+// Cluster checkpoints (docs/cluster.md, "Cluster checkpoints"): each report
+// also lists the sequences of the sender's checkpoint files of the tenant,
+// whether the sender lost its state (`fresh`: it restarted and has not
+// finished a round since) and an admin's restore request. Every hub decides
+// from the same reports: a restore request of a sequence every hub has, or
+// else a fresh hub and a sequence every hub has (the newest such), makes the
+// round a rollback to that checkpoint (Outcome::restore) instead of a
+// skipped step.
+//
 // Ownership: the DataPlane owns it. Threading: any thread (lanes call it);
 // one mutex; the hooks and callbacks run outside it.
 #pragma once
@@ -48,10 +57,15 @@ namespace rackhub::server {
 class RackRecovery {
  public:
   using Versions = std::map<uint32_t, uint64_t>;  // key id -> version
-  // Runs once per local recovery when its round ends: the agreed versions;
-  // `realign` for exactly one of the round's recoveries (the others only
-  // finish: their phase 1 is covered by the same realignment).
-  using Agreed = std::function<void(const Versions& agreed, bool realign)>;
+  struct Outcome {
+    Versions agreed;       // key id -> the version every chunk skips to
+    uint64_t round = 0;    // the round's number (frames of older ones are stale)
+    uint64_t restore = 0;  // >0: every hub restores this checkpoint sequence
+  };
+  // Runs once per local recovery when its round ends; `realign` for exactly
+  // one of the round's recoveries (the others only finish: their phase 1 is
+  // covered by the same realignment).
+  using Agreed = std::function<void(const Outcome& outcome, bool realign)>;
   struct Hooks {
     // RACK_VERSIONS `payload` to rack `rack`'s hub on lane 0's link
     // (dropped while it is down: OnLinkUp sends it again).
@@ -63,6 +77,9 @@ class RackRecovery {
     // Rack `rack`'s hub is another process than the one that reported
     // before (it restarted without its state).
     std::function<void(uint32_t rack)> restarted;
+    // The sequences of this hub's checkpoint files of the tenant (may be
+    // empty; called outside the lock).
+    std::function<std::vector<uint64_t>(uint32_t handle)> checkpoints;
   };
 
   RackRecovery(uint32_t self_rack, uint32_t racks, Hooks hooks);
@@ -85,6 +102,17 @@ class RackRecovery {
   // The tenant was deleted: its round ends here (recoveries waiting in it
   // finish without a realignment).
   void Forget(uint32_t handle);
+  // This hub lost the tenant's state (it started with the tenant's
+  // checkpoints on disk): its reports say so until a round of it finishes.
+  void MarkFresh(uint32_t handle, const std::string& name);
+  // An admin restore of checkpoint `sequence`: carried by this hub's next
+  // report of the tenant. False while its current round already reported
+  // (the caller waits for that round to end and asks again).
+  bool RequestRestore(uint32_t handle, const std::string& name, uint64_t sequence);
+  // A round's restore installed `versions` (key id -> the checkpoint's
+  // version): the next rounds report no less than these, not the versions
+  // the rollback undid.
+  void Restored(uint32_t handle, const Versions& versions);
 
   // Most keys one report may carry (RACK_VERSIONS is a control frame).
   static constexpr size_t kMaxKeys = 100000;
@@ -93,22 +121,27 @@ class RackRecovery {
   struct Report {
     uint64_t incarnation = 0;
     Versions newest;
+    bool fresh = false;
+    uint64_t restore = 0;
+    std::vector<uint64_t> checkpoints;  // ascending
   };
   struct Round {
     std::string name;
     uint64_t number = 0;    // the round this hub is in (or finished last)
     bool active = false;    // in it and not finished
     std::string cause;
-    std::optional<Versions> own;       // this hub's report of `number`
+    std::optional<Report> own;         // this hub's report of `number`
     std::map<uint32_t, Report> peers;  // by rack: their reports of `number`
     std::vector<Agreed> waiting;       // local recoveries in `number`
     Versions last_agreed;              // what the last round this hub finished agreed
+    bool fresh = false;       // MarkFresh, until a round finishes
+    uint64_t restore = 0;     // RequestRestore, until a round finishes
   };
   struct Effects {  // what to do once the lock is released
     std::vector<std::pair<uint32_t, std::string>> sends;
     std::optional<std::pair<uint32_t, std::string>> recover;
     std::vector<Agreed> done;
-    Versions agreed;
+    Outcome outcome;
     std::optional<uint32_t> restarted;
   };
 
@@ -116,6 +149,8 @@ class RackRecovery {
   // a local recovery is started that reports into it.
   void Begin(uint32_t handle, Round& r, uint64_t number, std::string cause, Effects& fx);
   std::string Encode(const Round& r, bool finished) const;
+  // The checkpoint every hub restores at the end of round `r` (0: none).
+  static uint64_t RestoreOf(const Round& r);
   void SendToAll(const Round& r, Effects& fx) const;
   // Ends the round if this hub and every other rack reported.
   void TryFinish(Round& r, Effects& fx);

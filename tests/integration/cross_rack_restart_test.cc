@@ -1,10 +1,11 @@
 // A hub killed with -9 and restarted in a 2-rack job (issue 31; docs/
-// cluster.md, Recovery across racks and Limits), with real hubs on loopback
-// that keep their registries in state directories, and 2 librackhub workers
-// per rack (threads of this process). Multi-rack tenants have no checkpoints
-// yet, so the restarted hub has lost the chunks it is home to; the recovery
-// round its restart starts must still end with every rack's workers seeing
-// the same parameters at one version:
+// cluster.md, Recovery across racks, Cluster checkpoints and Limits), with
+// real hubs on loopback that keep their registries in state directories, and
+// 2 librackhub workers per rack (threads of this process).
+//
+// Without a checkpoint the restarted hub has lost the chunks it is home to;
+// the recovery round its restart starts must still end with every rack's
+// workers seeing the same parameters at one version:
 //   - a `from_client` key's chunks homed on the restarted hub come back from
 //     the other rack's copies (the parameters of the last update);
 //   - a `zeros` key's chunks homed there go back to zeros (the documented
@@ -13,10 +14,14 @@
 //     rack, one homed on the restarted hub goes back to zeros on every rack;
 //   - the next update of every chunk is the reference's update of what the
 //     workers pulled.
+// With a cluster checkpoint (taken on rack 0's hub's admin API, or restored
+// by it) every hub goes back to it: every key and table at the checkpoint's
+// values and version on every rack, and the steps after it replay exactly.
 // SGD with lr 0.5 and gradients that are small multiples of 1/8 keep every
 // value exact in fp32, so the reference is plain arithmetic on the inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -68,132 +73,255 @@ struct Worker {
   std::vector<client::KeyId> tables;  // kTables, declared by ConnectWorker
 };
 
-TEST(CrossRackRestartTest, ARestartedHubsChunksComeBackFromTheOtherRackAndEveryRackAgrees) {
-  Hubs hubs = StartHubs(2, false, "30000", /*durable=*/true, kChunkFloats * 4);
-  std::vector<Worker> w(kAllWorkers);
-  client::OptimizerSpec sgd;
-  sgd.type = "sgd";
-  sgd.learning_rate = 0.5;
-  for (size_t i = 0; i < kAllWorkers; ++i) {
-    w[i].c = ConnectWorker(hubs, static_cast<uint32_t>(i / kWorkers),
-                           static_cast<uint32_t>(i % kWorkers), &w[i].tables, 30s);
-    ASSERT_TRUE(w[i].c);
-    for (const auto& [name, init, id] :
-         {std::tuple{"u", client::Init::kFromClient, &w[i].u},
-          std::tuple{"z", client::Init::kZeros, &w[i].z}}) {
-      client::KeyDecl d;
-      d.name = name;
-      d.elements = kElements;
-      d.optimizer = sgd;
-      d.init = init;
-      const client::Error e = w[i].c->DeclareKey(d, id);
-      ASSERT_TRUE(e.ok()) << e.message;
+// Two racks of kWorkers workers training keys u (from_client) and z (zeros)
+// and tables 0 (rows homed on rack 0) and 1 (homed on rack 1), with the
+// reference of every value.
+class CrossRackRestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    hubs_ = StartHubs(2, false, "30000", /*durable=*/true, kChunkFloats * 4);
+    w_.resize(kAllWorkers);
+    client::OptimizerSpec sgd;
+    sgd.type = "sgd";
+    sgd.learning_rate = 0.5;
+    for (size_t i = 0; i < kAllWorkers; ++i) {
+      w_[i].c = ConnectWorker(hubs_, static_cast<uint32_t>(i / kWorkers),
+                              static_cast<uint32_t>(i % kWorkers), &w_[i].tables, 30s);
+      ASSERT_TRUE(w_[i].c);
+      for (const auto& [name, init, id] :
+           {std::tuple{"u", client::Init::kFromClient, &w_[i].u},
+            std::tuple{"z", client::Init::kZeros, &w_[i].z}}) {
+        client::KeyDecl d;
+        d.name = name;
+        d.elements = kElements;
+        d.optimizer = sgd;
+        d.init = init;
+        const client::Error e = w_[i].c->DeclareKey(d, id);
+        ASSERT_TRUE(e.ok()) << e.message;
+      }
+    }
+    ref_u_.resize(kElements);
+    ref_z_.assign(kElements, 0.0f);
+    for (uint64_t i = 0; i < kElements; ++i) ref_u_[i] = static_cast<float>(i % 13) * 0.25f;
+    ASSERT_TRUE(w_[0].c->Wait(w_[0].c->Init(w_[0].u, ref_u_)).ok());
+    for (uint64_t i = 0; i < kRows; ++i) all_rows_.push_back(i);
+    for (size_t table : {0, 1}) {
+      table_refs_.emplace_back(ConfigOf(kTables[table]), kAllWorkers, 0, kRows, kDim);
     }
   }
-  std::vector<float> ref_u(kElements), ref_z(kElements, 0.0f);
-  for (uint64_t i = 0; i < kElements; ++i) ref_u[i] = static_cast<float>(i % 13) * 0.25f;
-  ASSERT_TRUE(w[0].c->Wait(w[0].c->Init(w[0].u, ref_u)).ok());
-  const auto step = [&](int s, std::vector<client::Error>* errors,
-                        std::vector<std::vector<float>>* out) {
+
+  // Every worker PushPulls u and z with its step-s gradient: the results
+  // (op 2i: worker i's u, 2i + 1: its z).
+  void Step(int s, std::vector<client::Error>* errors, std::vector<std::vector<float>>* out) {
     errors->assign(2 * kAllWorkers, {});
     out->assign(2 * kAllWorkers, std::vector<float>(kElements));
     std::vector<client::Ticket> t;
     std::vector<std::vector<float>> grads;  // alive until every ticket is done
     for (size_t i = 0; i < kAllWorkers; ++i) grads.push_back(Grad(i, s));
     for (size_t i = 0; i < kAllWorkers; ++i) {
-      t.push_back(w[i].c->PushPull(w[i].u, grads[i], (*out)[2 * i]));
-      t.push_back(w[i].c->PushPull(w[i].z, grads[i], (*out)[2 * i + 1]));
+      t.push_back(w_[i].c->PushPull(w_[i].u, grads[i], (*out)[2 * i]));
+      t.push_back(w_[i].c->PushPull(w_[i].z, grads[i], (*out)[2 * i + 1]));
     }
-    for (size_t k = 0; k < t.size(); ++k) (*errors)[k] = w[k / 2].c->Wait(t[k]);
-  };
-  const auto pull_all = [&](std::vector<std::vector<float>>* out) {
+    for (size_t k = 0; k < t.size(); ++k) (*errors)[k] = w_[k / 2].c->Wait(t[k]);
+  }
+  // A step every worker completes, checked against the reference.
+  void GoodStep(int s) {
+    std::vector<client::Error> errors;
+    std::vector<std::vector<float>> out;
+    Step(s, &errors, &out);
+    ApplyStep(ref_u_, s);
+    ApplyStep(ref_z_, s);
+    for (size_t k = 0; k < out.size(); ++k) {
+      ASSERT_TRUE(errors[k].ok()) << "step " << s << " op " << k << ": " << errors[k].message;
+      EXPECT_TRUE(SameBits(out[k], k % 2 ? ref_z_ : ref_u_)) << "step " << s << " op " << k;
+    }
+  }
+  // Every worker Pulls u and z (op numbering as Step).
+  void PullAll(std::vector<std::vector<float>>* out) {
     out->assign(2 * kAllWorkers, std::vector<float>(kElements));
     for (size_t i = 0; i < kAllWorkers; ++i) {
       for (int k = 0; k < 2; ++k) {
         const client::Error e =
-            w[i].c->Wait(w[i].c->Pull(k ? w[i].z : w[i].u, (*out)[2 * i + k]));
+            w_[i].c->Wait(w_[i].c->Pull(k ? w_[i].z : w_[i].u, (*out)[2 * i + k]));
         ASSERT_TRUE(e.ok()) << "worker " << i << " key " << (k ? "z" : "u") << ": " << e.message;
       }
     }
-  };
+  }
+  // Every worker's u and z against the reference, and one version of u.
+  void ExpectPulled(const std::string& when) {
+    std::vector<std::vector<float>> out;
+    PullAll(&out);
+    for (size_t k = 0; k < out.size(); ++k) {
+      EXPECT_TRUE(SameBits(out[k], k % 2 ? ref_z_ : ref_u_))
+          << when << ", worker " << k / 2 << " (rack " << k / 2 / kWorkers
+          << ") pulled other values of " << (k % 2 ? "z" : "u");
+    }
+    const uint64_t version = w_[0].c->GetKeyInfo(w_[0].u)->next_iteration;
+    for (size_t i = 0; i < kAllWorkers; ++i) {
+      EXPECT_EQ(w_[i].c->GetKeyInfo(w_[i].u)->next_iteration, version) << when << ", worker " << i;
+    }
+  }
+  // One update of tables 0 and 1 (each worker's rows of `step`).
+  void TableStep(uint64_t step) {
+    for (size_t table : {0, 1}) {
+      std::vector<std::vector<TablePush>> by_rack(2);
+      std::vector<std::vector<float>> rows(kAllWorkers, std::vector<float>(kRows * kDim));
+      std::vector<client::Ticket> t;
+      for (size_t i = 0; i < kAllWorkers; ++i) {
+        by_rack[i / kWorkers].push_back(MakePush(static_cast<uint32_t>(i / kWorkers),
+                                                 static_cast<uint32_t>(i % kWorkers), step,
+                                                 table));
+      }
+      for (size_t i = 0; i < kAllWorkers; ++i) {
+        const TablePush& p = by_rack[i / kWorkers][i % kWorkers];
+        t.push_back(w_[i].c->PushPullRows(w_[i].tables[table], p.ids, p.rows, all_rows_, rows[i]));
+      }
+      for (size_t i = 0; i < kAllWorkers; ++i) ASSERT_TRUE(w_[i].c->Wait(t[i]).ok());
+      table_refs_[table].UpdateAcrossRacks(by_rack);
+      EXPECT_TRUE(SameBits(rows[0], table_refs_[table].values));
+    }
+  }
+  // Every worker's rows of both tables against the reference.
+  void ExpectTables(const std::string& when) {
+    for (size_t table : {0, 1}) {
+      for (size_t i = 0; i < kAllWorkers; ++i) {
+        std::vector<float> rows(kRows * kDim, -1.0f);
+        const client::Error e =
+            w_[i].c->Wait(w_[i].c->PullRows(w_[i].tables[table], all_rows_, rows));
+        ASSERT_TRUE(e.ok()) << "worker " << i << " table " << table << ": " << e.message;
+        EXPECT_TRUE(SameBits(rows, table_refs_[table].values))
+            << when << ", worker " << i << " pulled other rows of table " << table;
+      }
+    }
+  }
+  std::unique_ptr<pb::CheckpointService::Stub> Checkpoints(uint32_t rack) {
+    return pb::CheckpointService::NewStub(grpc::CreateChannel(
+        hubs_.hubs[rack]->admin_address(), grpc::InsecureChannelCredentials()));
+  }
+  // The sequences of rack `rack`'s hub's checkpoints of the tenant.
+  std::vector<uint64_t> Sequences(uint32_t rack) {
+    grpc::ClientContext ctx;
+    pb::ListCheckpointsRequest req;
+    req.set_tenant("job");
+    pb::ListCheckpointsResponse resp;
+    const grpc::Status s = Checkpoints(rack)->ListCheckpoints(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    std::vector<uint64_t> out;
+    for (const auto& c : resp.checkpoints()) out.push_back(c.sequence());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  Hubs hubs_;
+  std::vector<Worker> w_;
+  std::vector<float> ref_u_, ref_z_;
+  std::vector<TableReference> table_refs_;
+  std::vector<uint64_t> all_rows_;
+};
+
+TEST_F(CrossRackRestartTest, ARestartedHubsChunksComeBackFromTheOtherRackAndEveryRackAgrees) {
   std::vector<client::Error> errors;
   std::vector<std::vector<float>> out;
-  pull_all(&out);  // every rank has rank 0's values before it pushes
-  for (int s = 0; s < 3; ++s) {
-    step(s, &errors, &out);
-    ApplyStep(ref_u, s);
-    ApplyStep(ref_z, s);
-    for (size_t k = 0; k < out.size(); ++k) {
-      ASSERT_TRUE(errors[k].ok()) << errors[k].message;
-      EXPECT_TRUE(SameBits(out[k], k % 2 ? ref_z : ref_u)) << "step " << s << " op " << k;
-    }
-  }
+  PullAll(&out);  // every rank has rank 0's values before it pushes
+  for (int s = 0; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
+  ASSERT_NO_FATAL_FAILURE(TableStep(0));
 
-  // One update of tables 0 (rows homed on rack 0) and 1 (homed on rack 1).
-  std::vector<std::vector<uint64_t>> table_ids(kAllWorkers);
-  std::vector<TableReference> table_refs;
-  std::vector<uint64_t> all(kRows);
-  for (uint64_t i = 0; i < kRows; ++i) all[i] = i;
-  for (size_t table : {0, 1}) {
-    table_refs.emplace_back(ConfigOf(kTables[table]), kAllWorkers, 0, kRows, kDim);
-    std::vector<std::vector<TablePush>> by_rack(2);
-    std::vector<std::vector<float>> rows(kAllWorkers, std::vector<float>(kRows * kDim));
-    std::vector<client::Ticket> t;
-    for (size_t i = 0; i < kAllWorkers; ++i) {
-      by_rack[i / kWorkers].push_back(MakePush(static_cast<uint32_t>(i / kWorkers),
-                                               static_cast<uint32_t>(i % kWorkers), 0, table));
-    }
-    for (size_t i = 0; i < kAllWorkers; ++i) {
-      const TablePush& p = by_rack[i / kWorkers][i % kWorkers];
-      t.push_back(w[i].c->PushPullRows(w[i].tables[table], p.ids, p.rows, all, rows[i]));
-    }
-    for (size_t i = 0; i < kAllWorkers; ++i) ASSERT_TRUE(w[i].c->Wait(t[i]).ok());
-    table_refs.back().UpdateAcrossRacks(by_rack);
-    EXPECT_TRUE(SameBits(rows[0], table_refs.back().values));
-  }
-
-  // Rack 1's hub dies and comes back empty (no checkpoints across racks).
-  EXPECT_EQ(hubs.hubs[1]->Kill(), 128 + 9);
-  ASSERT_TRUE(hubs.hubs[1]->Restart());
-  step(3, &errors, &out);  // refused or rolled back somewhere: the round decides
-  pull_all(&out);
-  const uint64_t z_first = w[0].c->GetKeyInfo(w[0].z)->first_chunk;
+  // Rack 1's hub dies and comes back empty (no checkpoint).
+  EXPECT_EQ(hubs_.hubs[1]->Kill(), 128 + 9);
+  ASSERT_TRUE(hubs_.hubs[1]->Restart());
+  Step(3, &errors, &out);  // refused or rolled back somewhere: the round decides
+  const uint64_t z_first = w_[0].c->GetKeyInfo(w_[0].z)->first_chunk;
   uint64_t lost = 0;
   for (uint64_t i = 0; i < kElements; ++i) {
     if (HomeOf(z_first, i) == 1) {
-      ref_z[i] = 0.0f;  // lost with the hub: back to the initial zeros
+      ref_z_[i] = 0.0f;  // lost with the hub: back to the initial zeros
       ++lost;
     }
   }
   EXPECT_EQ(lost, kElements / 2) << "half of z's chunks are homed on the restarted hub";
-  for (size_t k = 0; k < out.size(); ++k) {
-    EXPECT_TRUE(SameBits(out[k], k % 2 ? ref_z : ref_u))
-        << "after the restart, worker " << k / 2 << " (rack " << k / 2 / kWorkers
-        << ") pulled other values of " << (k % 2 ? "z" : "u");
-  }
-  const uint64_t version = w[0].c->GetKeyInfo(w[0].u)->next_iteration;
-  for (size_t i = 0; i < kAllWorkers; ++i) {
-    EXPECT_EQ(w[i].c->GetKeyInfo(w[i].u)->next_iteration, version) << "worker " << i;
-  }
+  ExpectPulled("after the restart");
   // Table 0's rows kept their home; table 1's went back to zeros with it.
-  table_refs[1].values.assign(kRows * kDim, 0.0f);
-  for (size_t table : {0, 1}) {
-    for (size_t i = 0; i < kAllWorkers; ++i) {
-      std::vector<float> rows(kRows * kDim, -1.0f);
-      const client::Error e = w[i].c->Wait(w[i].c->PullRows(w[i].tables[table], all, rows));
-      ASSERT_TRUE(e.ok()) << "worker " << i << " table " << table << ": " << e.message;
-      EXPECT_TRUE(SameBits(rows, table_refs[table].values))
-          << "after the restart, worker " << i << " pulled other rows of table " << table;
-    }
+  table_refs_[1].values.assign(kRows * kDim, 0.0f);
+  ExpectTables("after the restart");
+  ASSERT_NO_FATAL_FAILURE(GoodStep(4));
+}
+
+// A cluster checkpoint, then more training, then rack 1's hub is killed and
+// restarted: every hub rolls back to the checkpoint.
+TEST_F(CrossRackRestartTest, AfterAHubRestartEveryRackRollsBackToTheClusterCheckpoint) {
+  std::vector<client::Error> errors;
+  std::vector<std::vector<float>> out;
+  PullAll(&out);
+  for (int s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
+  ASSERT_NO_FATAL_FAILURE(TableStep(0));
+  {
+    grpc::ClientContext ctx;
+    pb::CreateCheckpointRequest req;
+    req.set_tenant("job");
+    pb::Checkpoint resp;
+    const grpc::Status s = Checkpoints(0)->CreateCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.sequence(), 1u);
   }
-  step(4, &errors, &out);
-  ApplyStep(ref_u, 4);
-  ApplyStep(ref_z, 4);
-  for (size_t k = 0; k < out.size(); ++k) {
-    ASSERT_TRUE(errors[k].ok()) << "op " << k << ": " << errors[k].message;
-    EXPECT_TRUE(SameBits(out[k], k % 2 ? ref_z : ref_u)) << "the update after the restart, op "
-                                                         << k;
+  EXPECT_EQ(Sequences(0), std::vector<uint64_t>{1});
+  EXPECT_EQ(Sequences(1), std::vector<uint64_t>{1}) << "every hub wrote the same sequence";
+  const std::vector<float> ckpt_u = ref_u_, ckpt_z = ref_z_;
+  const std::vector<TableReference> ckpt_tables = table_refs_;  // rows and optimizer state
+  const uint64_t ckpt_version = w_[0].c->GetKeyInfo(w_[0].u)->next_iteration;
+
+  // Training goes on past the checkpoint, then rack 1's hub dies.
+  for (int s = 2; s < 4; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
+  ASSERT_NO_FATAL_FAILURE(TableStep(1));
+  EXPECT_EQ(hubs_.hubs[1]->Kill(), 128 + 9);
+  ASSERT_TRUE(hubs_.hubs[1]->Restart());
+  Step(4, &errors, &out);  // refused somewhere: the round decides
+  ref_u_ = ckpt_u;
+  ref_z_ = ckpt_z;
+  table_refs_ = ckpt_tables;
+  ExpectPulled("after the rollback");
+  EXPECT_EQ(w_[0].c->GetKeyInfo(w_[0].u)->next_iteration, ckpt_version)
+      << "the keys are back at the checkpoint's version";
+  ExpectTables("after the rollback");
+  // The steps after the checkpoint replay exactly.
+  for (int s = 2; s < 4; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
+  ASSERT_NO_FATAL_FAILURE(TableStep(1));
+}
+
+// The admin restores a cluster checkpoint while the job runs (asked on rack
+// 1's hub: any hub coordinates).
+TEST_F(CrossRackRestartTest, AnAdminRestoreBringsEveryRackBackToTheClusterCheckpoint) {
+  std::vector<std::vector<float>> out;
+  PullAll(&out);
+  ASSERT_NO_FATAL_FAILURE(GoodStep(0));
+  ASSERT_NO_FATAL_FAILURE(TableStep(0));
+  {
+    grpc::ClientContext ctx;
+    pb::CreateCheckpointRequest req;
+    req.set_tenant("job");
+    pb::Checkpoint resp;
+    const grpc::Status s = Checkpoints(1)->CreateCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
   }
+  const std::vector<float> ckpt_u = ref_u_, ckpt_z = ref_z_;
+  const std::vector<TableReference> ckpt_tables = table_refs_;  // rows and optimizer state
+  for (int s = 1; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
+  ASSERT_NO_FATAL_FAILURE(TableStep(1));
+  {
+    grpc::ClientContext ctx;
+    pb::RestoreCheckpointRequest req;
+    req.set_tenant("job");
+    pb::Checkpoint resp;
+    const grpc::Status s = Checkpoints(0)->RestoreCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.sequence(), 1u);
+  }
+  ref_u_ = ckpt_u;
+  ref_z_ = ckpt_z;
+  table_refs_ = ckpt_tables;
+  ExpectPulled("after the restore");
+  ExpectTables("after the restore");
+  for (int s = 1; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
+  ASSERT_NO_FATAL_FAILURE(TableStep(1));
 }
 
 }  // namespace

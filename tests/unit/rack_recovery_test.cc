@@ -142,7 +142,10 @@ class Sim {
     ++h.recovering;
     const uint64_t inc = h.incarnation;
     h.recovery->Reported(7, "job", "test failure", h.versions,
-                         [this, rack, inc](const Versions& agreed, bool realign) {
+                         [this, rack, inc](const RackRecovery::Outcome& outcome,
+                                           bool realign) {
+                           const Versions& agreed = outcome.agreed;
+                           EXPECT_EQ(outcome.restore, 0u) << "no checkpoints: never a restore";
                            Hub& hub = hubs_[rack];
                            if (hub.incarnation != inc) return;  // a killed process
                            --hub.recovering;

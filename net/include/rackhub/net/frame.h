@@ -96,8 +96,10 @@ enum class Opcode : uint8_t {
   // Cross-rack recovery (docs/wire-protocol.md section 7b):
   kRackVersions = 24,  // control.proto RackVersions: a hub's key versions in a recovery round
   kRackAlign = 25,     // the home's parameters of one chunk at the agreed version (key dtype)
+  // Cluster checkpoints (docs/wire-protocol.md section 7c):
+  kRackCheckpoint = 26,  // control.proto RackCheckpoint, on lane 0's link
 };
-inline constexpr uint8_t kMaxOpcode = 25;
+inline constexpr uint8_t kMaxOpcode = 26;
 
 enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }

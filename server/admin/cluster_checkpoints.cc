@@ -1,0 +1,382 @@
+#include "cluster_checkpoints.h"
+
+#include <algorithm>
+#include <iterator>
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpointer.h"
+#include "data_plane.h"
+#include "rackhub/common/log_safe.h"
+#include "rackhub/common/number.h"
+#include "rackhub/data/v1/control.pb.h"
+
+namespace rackhub::server {
+
+namespace dpb = rackhub::data::v1;
+
+namespace {
+
+std::string Sequences(const std::vector<uint64_t>& seqs) {
+  std::string out;
+  for (uint64_t s : seqs) out += (out.empty() ? "" : ", ") + Num(s);
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+ClusterCheckpoints::ClusterCheckpoints(const Config& config, Registry* registry, DataPlane* data,
+                                       Checkpointer* owner)
+    : config_(config), registry_(registry), data_(data), owner_(owner) {
+  DataPlane::CheckpointHooks hooks;
+  hooks.on_message = [this](uint32_t rack, std::string payload) {
+    OnMessage(rack, std::move(payload));
+  };
+  hooks.sequences = [this](uint32_t handle) {
+    TenantInfo info;
+    if (!registry_->GetTenantByHandle(handle, &info).ok()) return std::vector<uint64_t>{};
+    return owner_->Sequences(info);
+  };
+  hooks.restore = [this](uint32_t handle,
+                         uint64_t sequence) -> Result<std::map<uint32_t, uint64_t>> {
+    TenantInfo info;
+    if (Status s = registry_->GetTenantByHandle(handle, &info); !s.ok()) return s;
+    Result<std::map<uint32_t, uint64_t>> out = owner_->InstallSequence(info, sequence);
+    if (out.ok()) {
+      std::lock_guard lock(mu_);
+      installed_[handle] = sequence;
+    }
+    return out;
+  };
+  data_->SetCheckpointHooks(std::move(hooks));
+  server_ = std::thread([this] { Serve(); });
+}
+
+ClusterCheckpoints::~ClusterCheckpoints() {
+  data_->SetCheckpointHooks({});  // waits for hook calls in progress
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  server_.join();
+}
+
+std::string ClusterCheckpoints::TenantDir(const TenantInfo& tenant) const {
+  return owner_->TenantDir(tenant.name, tenant.handle);
+}
+
+void ClusterCheckpoints::OnMessage(uint32_t rack, std::string payload) {
+  dpb::RackCheckpoint m;
+  if (!m.ParseFromString(payload)) {
+    spdlog::warn("rack link: rack {}'s hub sent a RACK_CHECKPOINT that does not parse", rack);
+    return;
+  }
+  std::lock_guard lock(mu_);
+  if (m.op() == dpb::RackCheckpoint::QUERY_REPLY || m.op() == dpb::RackCheckpoint::PREPARE_REPLY) {
+    // For a coordinator waiting here (an unknown request timed out: dropped).
+    if (auto it = pending_.find(m.request()); it != pending_.end()) {
+      it->second.replies[rack] = std::move(payload);
+      cv_.notify_all();
+    }
+    return;
+  }
+  // At most a few requests are in flight per hub (one checkpoint at a time).
+  if (requests_.size() >= 64) {
+    spdlog::warn("rack link: rack {}'s hub: too many RACK_CHECKPOINT requests queued; dropped one",
+                 rack);
+    return;
+  }
+  requests_.emplace_back(rack, std::move(payload));
+  cv_.notify_all();
+}
+
+void ClusterCheckpoints::Serve() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stopping_ || !requests_.empty(); });
+    if (stopping_) return;
+    auto [rack, payload] = std::move(requests_.front());
+    requests_.pop_front();
+    lock.unlock();
+    dpb::RackCheckpoint m;
+    m.ParseFromString(payload);  // parsed once already (OnMessage)
+    Answer(rack, m);
+    lock.lock();
+  }
+}
+
+void ClusterCheckpoints::Answer(uint32_t rack, const Message& request) {
+  dpb::RackCheckpoint reply;
+  reply.set_tenant(request.tenant());
+  reply.set_request(request.request());
+  reply.set_sequence(request.sequence());
+  const auto fail = [&](const Status& s) {
+    reply.set_code(static_cast<uint32_t>(s.code() == StatusCode::kOk ? StatusCode::kInternal
+                                                                     : s.code()));
+    reply.set_error(s.message().substr(0, 1024));
+  };
+  TenantInfo info;
+  Status found = registry_->GetTenant(request.tenant(), &info);
+  if (found.ok() && !owner_->Cluster(info)) {
+    found = FailedPrecondition("tenant " + QuoteForLog(request.tenant()) +
+                               " does not span racks on rack " + Num(config_.topology.rack) +
+                               "'s hub");
+  }
+  switch (request.op()) {
+    case dpb::RackCheckpoint::QUERY: {
+      reply.set_op(dpb::RackCheckpoint::QUERY_REPLY);
+      if (!found.ok()) {
+        fail(found);
+        break;
+      }
+      for (const auto& [key, v] : owner_->NewestVersions(info)) {
+        auto* k = reply.add_keys();
+        k->set_key_id(key);
+        k->set_newest(v);
+      }
+      for (uint64_t seq : owner_->Sequences(info)) reply.add_checkpoints(seq);
+      break;
+    }
+    case dpb::RackCheckpoint::PREPARE: {
+      reply.set_op(dpb::RackCheckpoint::PREPARE_REPLY);
+      if (!found.ok()) {
+        fail(found);
+        break;
+      }
+      std::unique_lock busy(owner_->mu_, std::try_to_lock);
+      if (!busy.owns_lock()) {
+        fail(Status(StatusCode::kAborted, "another checkpoint or restore is in progress on rack " +
+                                              Num(config_.topology.rack) + "'s hub"));
+        break;
+      }
+      std::map<uint32_t, uint64_t> targets;
+      for (const auto& k : request.keys()) targets[k.key_id()] = k.newest();
+      std::vector<KeyInfo> keys;
+      registry_->ListKeys(info.name, &keys);
+      std::erase_if(keys, [&](const KeyInfo& k) { return !targets.count(k.id); });
+      if (keys.size() != targets.size()) {
+        fail(FailedPrecondition("rack " + Num(config_.topology.rack) + "'s hub has " +
+                                Num(keys.size()) + " of the " + Num(targets.size()) +
+                                " keys to checkpoint"));
+        break;
+      }
+      const auto timeout = std::chrono::milliseconds(
+          std::clamp<uint32_t>(request.timeout_ms(), 1, 10 * 60 * 1000));
+      Result<CheckpointInfo> written =
+          owner_->WriteCut(info, keys, targets, request.sequence(), Clock::now() + timeout);
+      if (!written.ok()) fail(written.status());
+      break;
+    }
+    case dpb::RackCheckpoint::ABORT:
+      if (found.ok()) {
+        const Status s = DeleteCheckpoint(TenantDir(info), request.sequence());
+        if (s.ok()) {
+          spdlog::warn("checkpoint: tenant '{}': deleted {} (the cluster checkpoint failed on "
+                       "another hub)",
+                       info.name, CheckpointFileName(request.sequence()));
+        }
+      }
+      return;  // no reply
+    default:
+      spdlog::warn("rack link: rack {}'s hub sent a RACK_CHECKPOINT of unknown op {}", rack,
+                   static_cast<int>(request.op()));
+      return;
+  }
+  data_->SendRackCheckpoint(rack, reply.SerializeAsString());
+}
+
+uint64_t ClusterCheckpoints::Send(Message& request) {
+  uint64_t id;
+  {
+    std::lock_guard lock(mu_);
+    id = ++next_request_;
+    pending_[id];
+  }
+  request.set_request(id);
+  const std::string bytes = request.SerializeAsString();
+  for (uint32_t rack = 0; rack < config_.topology.rack_count(); ++rack) {
+    if (rack != config_.topology.rack) data_->SendRackCheckpoint(rack, bytes);
+  }
+  return id;
+}
+
+std::map<uint32_t, ClusterCheckpoints::Message> ClusterCheckpoints::Await(
+    uint64_t id, Clock::time_point deadline) {
+  const size_t others = config_.topology.rack_count() - 1;
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, deadline,
+                 [&] { return stopping_ || pending_[id].replies.size() >= others; });
+  std::map<uint32_t, Message> out;
+  for (const auto& [rack, bytes] : pending_[id].replies) out[rack].ParseFromString(bytes);
+  pending_.erase(id);
+  return out;
+}
+
+Result<std::map<uint32_t, ClusterCheckpoints::Message>> ClusterCheckpoints::QueryAll(
+    const TenantInfo& tenant, Clock::time_point deadline) {
+  dpb::RackCheckpoint query;
+  query.set_op(dpb::RackCheckpoint::QUERY);
+  query.set_tenant(tenant.name);
+  std::map<uint32_t, Message> replies =
+      Await(Send(query), std::min(deadline, Clock::now() + kQueryTimeout));
+  for (uint32_t rack = 0; rack < config_.topology.rack_count(); ++rack) {
+    if (rack == config_.topology.rack) continue;
+    const auto it = replies.find(rack);
+    if (it == replies.end()) {
+      return Unavailable("cluster checkpoint of tenant '" + tenant.name + "': rack " + Num(rack) +
+                         "'s hub did not answer (is it down, or its hub link cut?)");
+    }
+    if (it->second.code() != 0) {
+      return Status(static_cast<StatusCode>(it->second.code()),
+                    "cluster checkpoint of tenant '" + tenant.name + "': rack " + Num(rack) +
+                        "'s hub: " + SafeForLog(it->second.error(), 1024));
+    }
+  }
+  return replies;
+}
+
+void ClusterCheckpoints::AbortAll(const TenantInfo& tenant, uint64_t sequence, bool here) {
+  dpb::RackCheckpoint abort;
+  abort.set_op(dpb::RackCheckpoint::ABORT);
+  abort.set_tenant(tenant.name);
+  abort.set_sequence(sequence);
+  {
+    std::lock_guard lock(mu_);
+    pending_.erase(Send(abort));  // no replies
+  }
+  if (here) DeleteCheckpoint(TenantDir(tenant), sequence);
+}
+
+Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
+                                                  std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  Result<std::vector<KeyInfo>> keys = owner_->CheckpointedKeys(tenant);
+  if (!keys.ok()) return keys.status();
+  for (int attempt = 0;; ++attempt) {
+    owner_->WaitRecovered(tenant.handle, deadline);
+    Result<std::map<uint32_t, Message>> peers = QueryAll(tenant, deadline);
+    if (!peers.ok()) return peers.status();
+    // One sequence no hub has used, each key at the newest version any hub
+    // has (its chunks get there at once when idle, or as training goes on).
+    std::map<uint32_t, uint64_t> targets = owner_->NewestVersions(tenant);
+    uint64_t sequence = 1;
+    for (const CheckpointInfo& c : ListCheckpoints(TenantDir(tenant))) {
+      sequence = std::max(sequence, c.sequence + 1);
+    }
+    for (const auto& [rack, reply] : *peers) {
+      for (const auto& k : reply.keys()) targets[k.key_id()] = std::max(targets[k.key_id()], k.newest());
+      for (uint64_t seq : reply.checkpoints()) sequence = std::max(sequence, seq + 1);
+    }
+    std::map<uint32_t, uint64_t> cut;
+    for (const KeyInfo& k : *keys) cut[k.id] = targets[k.id] + (attempt > 0 ? 2 : 0);
+
+    dpb::RackCheckpoint prepare;
+    prepare.set_op(dpb::RackCheckpoint::PREPARE);
+    prepare.set_tenant(tenant.name);
+    prepare.set_sequence(sequence);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    prepare.set_timeout_ms(static_cast<uint32_t>(std::max<int64_t>(left.count(), 1)));
+    for (const auto& [key, v] : cut) {
+      auto* k = prepare.add_keys();
+      k->set_key_id(key);
+      k->set_newest(v);
+    }
+    const uint64_t id = Send(prepare);
+    Result<CheckpointInfo> local = owner_->WriteCut(tenant, *keys, cut, sequence, deadline);
+    std::map<uint32_t, Message> replies = Await(id, deadline + kWriteGrace);
+
+    // Every hub's file is durable: done. Else why not, by rack.
+    std::string failure;
+    bool moved_on = !local.ok() && local.status().code() == StatusCode::kUnavailable;
+    StatusCode code = local.ok() ? StatusCode::kOk : local.status().code();
+    if (!local.ok()) {
+      failure = "rack " + Num(config_.topology.rack) + "'s hub: " + local.status().message();
+    }
+    for (uint32_t rack = 0; rack < config_.topology.rack_count(); ++rack) {
+      if (rack == config_.topology.rack) continue;
+      const auto it = replies.find(rack);
+      std::string why;
+      if (it == replies.end()) {
+        why = "did not answer in time";
+        code = StatusCode::kDeadlineExceeded;
+      } else if (it->second.code() != 0) {
+        why = SafeForLog(it->second.error(), 1024);
+        moved_on = moved_on || it->second.code() == static_cast<uint32_t>(StatusCode::kUnavailable);
+        code = static_cast<StatusCode>(it->second.code());
+      } else {
+        continue;
+      }
+      failure += (failure.empty() ? "" : "; ") + ("rack " + Num(rack) + "'s hub: " + why);
+    }
+    if (failure.empty()) {
+      spdlog::info("checkpoint: tenant '{}': cluster checkpoint {} written on every rack's hub",
+                   tenant.name, CheckpointFileName(sequence));
+      return local;
+    }
+    AbortAll(tenant, sequence, local.ok());
+    if (moved_on && Clock::now() < deadline) continue;  // training outran the cut: later targets
+    if (moved_on) code = StatusCode::kDeadlineExceeded;
+    return Status(code, "cluster checkpoint " + Num(sequence) + " of tenant '" + tenant.name +
+                            "' failed (no hub keeps it): " + failure);
+  }
+}
+
+Result<CheckpointInfo> ClusterCheckpoints::Restore(const TenantInfo& tenant, uint64_t sequence,
+                                                   std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  Result<std::map<uint32_t, Message>> peers = QueryAll(tenant, deadline);
+  if (!peers.ok()) return peers.status();
+  std::vector<uint64_t> common = owner_->Sequences(tenant);
+  std::string lists = "rack " + Num(config_.topology.rack) + ": " + Sequences(common);
+  for (const auto& [rack, reply] : *peers) {
+    std::vector<uint64_t> theirs(reply.checkpoints().begin(), reply.checkpoints().end());
+    std::sort(theirs.begin(), theirs.end());
+    lists += "; rack " + Num(rack) + ": " + Sequences(theirs);
+    std::vector<uint64_t> both;
+    std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(),
+                          std::back_inserter(both));
+    common = std::move(both);
+  }
+  if (sequence == 0) {
+    if (common.empty()) {
+      return NotFound("tenant '" + tenant.name + "' has no checkpoint that every rack's hub has (" +
+                      lists + ")");
+    }
+    sequence = common.back();
+  } else if (!std::binary_search(common.begin(), common.end(), sequence)) {
+    return FailedPrecondition("checkpoint " + Num(sequence) + " of tenant '" + tenant.name +
+                              "' is not on every rack's hub (" + lists + ")");
+  }
+  {
+    std::lock_guard lock(mu_);
+    installed_.erase(tenant.handle);
+  }
+  const std::string why = "the tenant is being restored to " + CheckpointFileName(sequence) +
+                          " on every rack's hub";
+  for (;;) {
+    const Status s = data_->RestoreAcrossRacks(tenant.handle, sequence, why);
+    if (s.ok()) break;
+    if (s.code() != StatusCode::kUnavailable || Clock::now() >= deadline) return s;
+    owner_->WaitRecovered(tenant.handle, deadline);  // a round under way: then ask again
+  }
+  owner_->WaitRecovered(tenant.handle, deadline);
+  {
+    std::lock_guard lock(mu_);
+    const auto it = installed_.find(tenant.handle);
+    if (it == installed_.end() || it->second != sequence) {
+      return Status(StatusCode::kAborted,
+                    "checkpoint " + Num(sequence) + " of tenant '" + tenant.name +
+                        "' was not restored: the recovery round did not end in time or chose "
+                        "otherwise (see the hubs' logs)");
+    }
+  }
+  for (CheckpointInfo& c : ListCheckpoints(TenantDir(tenant))) {
+    if (c.sequence == sequence) return std::move(c);
+  }
+  return NotFound("checkpoint " + Num(sequence) + " of tenant '" + tenant.name +
+                  "' was restored but its file is gone");
+}
+
+}  // namespace rackhub::server
