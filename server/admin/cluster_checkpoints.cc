@@ -242,9 +242,10 @@ void ClusterCheckpoints::AbortAll(const TenantInfo& tenant, uint64_t sequence, b
   abort.set_op(dpb::RackCheckpoint::ABORT);
   abort.set_tenant(tenant.name);
   abort.set_sequence(sequence);
+  const uint64_t id = Send(abort);  // Send locks mu_
   {
     std::lock_guard lock(mu_);
-    pending_.erase(Send(abort));  // no replies
+    pending_.erase(id);  // no replies
   }
   if (here) DeleteCheckpoint(TenantDir(tenant), sequence);
 }

@@ -500,6 +500,7 @@ TEST(ClusterCheckpoint, CreateWhileAHubIsDownFailsAndLeavesNoFile) {
   ASSERT_TRUE(run.Progress(version + 2, "after the checkpoint"));
 
   const auto lines = LineCounts(run);
+  const uint64_t at_kill = run.workers().MaxVersion();
   ASSERT_EQ(run.hub(2).Kill(), 128 + SIGKILL);
   for (int asked : {0, 1}) {
     const CommandResult r = Ctl(run.hub(asked).admin_address(),
@@ -524,7 +525,6 @@ TEST(ClusterCheckpoint, CreateWhileAHubIsDownFailsAndLeavesNoFile) {
   // Back: every hub returns to the only common checkpoint, and the next one
   // is a cut of every hub again.
   ASSERT_TRUE(run.hub(2).Restart()) << run.hub(2).Log();
-  const uint64_t at_kill = run.workers().MaxVersion();
   ASSERT_TRUE(run.Progress(at_kill, "after the restart"));
   EXPECT_EQ(LowestPullSince(run, lines), version)
       << "the workers must be brought back to checkpoint " << seq << "\n" << run.State();
