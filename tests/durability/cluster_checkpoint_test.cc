@@ -21,7 +21,8 @@
 //     before the kill are read from the state directories; the version the
 //     workers are brought back to must be at least that of the newest of
 //     them (exactly it when every hub was killed), never older; the job must
-//     move past where it was. Every common checkpoint is one consistent cut
+//     move past where it was; the first resync of a worker of the restarted
+//     hub (one hub killed) is kRolledBack. Every common checkpoint is one consistent cut
 //     (same version, same parameters on every hub) and, at the end, a state
 //     the reference verified, velocity included;
 //   - a checkpoint asked for while a hub is down fails naming its rack
