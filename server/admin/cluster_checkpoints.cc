@@ -330,6 +330,7 @@ Result<CheckpointInfo> ClusterCheckpoints::Restore(const TenantInfo& tenant, uin
   Result<std::map<uint32_t, Message>> peers = QueryAll(tenant, deadline);
   if (!peers.ok()) return peers.status();
   std::vector<uint64_t> common = owner_->Sequences(tenant);
+  std::sort(common.begin(), common.end());  // newest first from Sequences; set_intersection needs ascending
   std::string lists = "rack " + Num(config_.topology.rack) + ": " + Sequences(common);
   for (const auto& [rack, reply] : *peers) {
     std::vector<uint64_t> theirs(reply.checkpoints().begin(), reply.checkpoints().end());
