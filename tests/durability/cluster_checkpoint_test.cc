@@ -12,8 +12,10 @@
 //     parameters at V (every chunk) and its home chunks' velocity, bit for
 //     bit, the reference being V steps from zeros computed here from the
 //     inputs (cross_rack_reference.h); `checkpoint list` on a hub lists its
-//     own files; `checkpoint restore` on another hub brings every worker
-//     back to V (each one Pulls V) and the job continues;
+//     own files; a second checkpoint through rack 0's hub; `checkpoint
+//     restore job S1` and then `checkpoint restore job` (the newest) through
+//     other hubs bring every worker back to V1, then V2 (each one Pulls it)
+//     and the job continues;
 //   - a hub kill -9 loop on 2 racks (checkpoint.every_iterations = 3, rack
 //     0's hub triggers): each round kills a random hub (every fifth round
 //     every hub) at a random point, half of the rounds while that hub writes
@@ -254,24 +256,19 @@ std::optional<uint64_t> LowestPullSince(CrossRackTraining& run,
   return low;
 }
 
-// Every current worker pulled `version` since the snapshot.
-bool EveryWorkerPulled(CrossRackTraining& run, const std::map<std::string, size_t>& at,
-                       uint64_t version) {
-  const auto pulls = PullsSince(run, at);
-  for (int r = 0; r < run.racks(); ++r) {
-    for (uint32_t k = 0; k < run.workers_per_rack(); ++k) {
-      bool found = false;
-      for (const auto& [member, file] : run.workers().files()) {
-        if (member != WorkerSet::Member{static_cast<uint32_t>(r), k} || !pulls.count(file)) {
-          continue;
-        }
-        const auto& v = pulls.at(file);
-        found = found || std::find(v.begin(), v.end(), version) != v.end();
-      }
-      if (!found) return false;
+// Every current worker has a line of `kind` (pull, iter) at `version` since
+// the snapshot.
+bool EveryWorkerHas(CrossRackTraining& run, const std::map<std::string, size_t>& at,
+                    const std::string& kind, uint64_t version) {
+  std::set<WorkerSet::Member> found;
+  for (const auto& [member, file] : run.workers().files()) {
+    const auto& lines = run.workers().Lines(file);
+    const auto it = at.find(file);
+    for (size_t i = it == at.end() ? 0 : it->second; i < lines.size(); ++i) {
+      if (lines[i].kind == kind && lines[i].iteration == version) found.insert(member);
     }
   }
-  return true;
+  return found.size() == static_cast<size_t>(run.racks()) * run.workers_per_rack();
 }
 
 // After the job finished: each checkpoint read during the test is a state
@@ -301,6 +298,27 @@ void CheckImagesAgainstReference(CrossRackTraining& run,
 }
 
 // --- create + restore --------------------------------------------------------
+
+// `rackhubctl checkpoint restore job [SEQ]` through rack `asked`'s hub
+// (`seq` 0: the default, which must be `expect`); every worker of every rack
+// Pulls `version` and none an older one.
+void Restore(CrossRackTraining& run, int asked, uint64_t seq, uint64_t version,
+             uint64_t expect = 0) {
+  const auto before = LineCounts(run);
+  std::vector<std::string> args = {"checkpoint", "restore", "job"};
+  if (seq != 0) args.push_back(std::to_string(seq));
+  const CommandResult r = Ctl(run.hub(asked).admin_address(), args);
+  ASSERT_EQ(r.exit_code, 0) << Describe(r) << run.State();
+  EXPECT_EQ(Field(r.out, "sequence"), std::to_string(seq ? seq : expect)) << r.out;
+  ASSERT_TRUE(WaitUntil("every worker Pulled version " + std::to_string(version) +
+                            " after the restore and pushed from there",
+                        [&] {
+                          return EveryWorkerHas(run, before, "pull", version) &&
+                                 EveryWorkerHas(run, before, "iter", version + 1);
+                        }))
+      << run.State();
+  EXPECT_EQ(LowestPullSince(run, before), version) << "a worker pulled an older version";
+}
 
 void CreateAndRestore(int racks) {
   CrossRackTraining run(racks, 2, kNoTriggers, 1, false, /*durable=*/true);
@@ -348,24 +366,31 @@ void CreateAndRestore(int racks) {
               CheckpointDir(run.hub(r)) + "/" + server::CheckpointFileName(seq));
   }
 
-  // Training goes on past V; a restore through another hub brings every
-  // worker of every rack back to V.
+  // Training goes on; a second checkpoint, through rack 0's hub.
   ASSERT_TRUE(run.Progress(version + 3, "after the checkpoint"));
-  const auto before = LineCounts(run);
-  const CommandResult restored = Ctl(run.hub(0).admin_address(), {"checkpoint", "restore", "job"});
-  ASSERT_EQ(restored.exit_code, 0) << Describe(restored) << run.State();
-  EXPECT_EQ(Field(restored.out, "sequence"), std::to_string(seq)) << restored.out;
-  ASSERT_TRUE(WaitUntil("every worker Pulled version " + std::to_string(version) +
-                            " after the restore",
-                        [&] { return EveryWorkerPulled(run, before, version); }))
-      << run.State();
-  EXPECT_EQ(LowestPullSince(run, before), version) << "a worker pulled an older version";
-  ASSERT_TRUE(run.Progress(version + 4, "after the restore"));
+  const CommandResult second = Ctl(run.hub(0).admin_address(), {"checkpoint", "create", "job"});
+  ASSERT_EQ(second.exit_code, 0) << Describe(second) << run.State();
+  const uint64_t seq2 = std::stoull(Field(second.out, "sequence"));
+  EXPECT_GT(seq2, seq);
+  const std::vector<CheckpointImage> cut2 = ReadCut(run, seq2);
+  ASSERT_EQ(cut2.size(), static_cast<size_t>(racks)) << run.State();
+  uint64_t version2 = 0;
+  ValuesOf(cut2.front(), &version2);
+  EXPECT_GT(version2, version);
+
+  // Restores through other hubs bring every worker of every rack back: to
+  // the first (named), then to the newest (the default).
+  ASSERT_TRUE(run.Progress(version2 + 3, "after the second checkpoint"));
+  ASSERT_NO_FATAL_FAILURE(Restore(run, 0, seq, version));
+  ASSERT_NO_FATAL_FAILURE(Restore(run, racks - 1, 0, version2, seq2));  // ahead, maybe
   run.FinishAndCheck();
   EXPECT_GE(run.report().rollbacks, static_cast<uint64_t>(racks) * 2)
-      << "not every worker went back to the checkpoint";
+      << "not every worker went back to the first checkpoint";
   std::map<std::pair<int, uint64_t>, CheckpointImage> images;
-  for (int r = 0; r < racks; ++r) images[{r, seq}] = cut[r];
+  for (int r = 0; r < racks; ++r) {
+    images[{r, seq}] = cut[r];
+    images[{r, seq2}] = cut2[r];
+  }
   CheckImagesAgainstReference(run, images);
 }
 
