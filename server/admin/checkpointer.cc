@@ -25,7 +25,9 @@ int64_t NowUnixMs() {
 }
 
 // Runs fn(lane) on every lane's thread (uncounted posts: also during
-// shutdown) and waits for all of them.
+// shutdown) and waits for all of them. (The lane threads outlive every
+// caller: Stop takes the cluster checkpoints' hooks back before the data
+// plane stops.)
 void OnEveryLaneAndWait(DataPlane* data, const std::function<void(Lane&)>& fn) {
   std::vector<std::future<void>> done;
   for (uint32_t i = 0; i < data->lane_count(); ++i) {
@@ -80,6 +82,17 @@ void Checkpointer::RestoreAll() {
   for (const TenantInfo& t : tenants) {
     const std::string dir = TenantDir(t.name, t.handle);
     live.insert(fs::path(dir).filename().string());
+    if (Cluster(t)) {
+      // Not its own newest: the newest every hub has (a round decides it).
+      if (const std::vector<uint64_t> seqs = Sequences(t); !seqs.empty()) {
+        spdlog::info("checkpoint: tenant '{}' spans racks: it resumes from the newest checkpoint "
+                     "every hub has (here: {} .. {})",
+                     t.name, seqs.front(), seqs.back());
+        data_->ResumeAcrossRacks(t.handle, "rack " + std::to_string(config_.topology.rack) +
+                                               "'s hub restarted");
+      }
+      continue;
+    }
     std::vector<std::string> skipped;
     Result<CheckpointImage> image = LoadNewestValid(dir, &skipped);
     for (const std::string& s : skipped) {
@@ -103,14 +116,6 @@ void Checkpointer::RestoreAll() {
                      std::chrono::steady_clock::now() - start)
                      .count());
     last_iterations_[t.handle] = TenantIteration(t);
-    if (Cluster(t)) {
-      // The other hubs may have newer checkpoints of it (or this one may be
-      // newer than theirs): a round brings every hub to the newest they all
-      // have (docs/cluster.md, Cluster checkpoints).
-      data_->ResumeAcrossRacks(t.handle, "rack " + std::to_string(config_.topology.rack) +
-                                             "'s hub restarted from " +
-                                             CheckpointFileName(image->sequence));
-    }
   }
   // Directories of tenants deleted while the hub was down (or whose removal
   // was cut short by a crash).
@@ -145,6 +150,7 @@ Checkpointer::Versions Checkpointer::Install(const TenantInfo& tenant,
     }
     keys.insert(ck.id);
   }
+  data_->TenantRuntimeFor(tenant.handle)->restores.fetch_add(1);
   // Fresh chunks of these keys start at the restored version.
   for (const CheckpointKey& ck : image.keys) {
     if (!keys.count(ck.id)) continue;
@@ -182,13 +188,11 @@ Checkpointer::Versions Checkpointer::NewestVersions(const TenantInfo& tenant) {
 }
 
 std::vector<uint64_t> Checkpointer::Sequences(const TenantInfo& tenant) {
-  std::vector<uint64_t> out;
+  // Names only (a lane may ask, in every recovery round): a file that is
+  // damaged is found when a round restores it, and not offered again.
+  std::vector<uint64_t> out = CheckpointSequences(TenantDir(tenant.name, tenant.handle));
   std::lock_guard lock(damaged_mu_);
-  for (const CheckpointInfo& c : ListCheckpoints(TenantDir(tenant.name, tenant.handle))) {
-    if (c.problem.empty() && !damaged_.count({tenant.handle, c.sequence})) {
-      out.push_back(c.sequence);
-    }
-  }
+  std::erase_if(out, [&](uint64_t seq) { return damaged_.count({tenant.handle, seq}) > 0; });
   return out;
 }
 
@@ -253,8 +257,15 @@ Result<CheckpointInfo> Checkpointer::Create(const std::string& tenant,
   if (!enabled()) return FailedPrecondition(why_disabled_);
   TenantInfo info;
   if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_, std::defer_lock);
+  if (!lock.try_lock_for(timeout)) return Busy();
   return CreateLocked(info, timeout);
+}
+
+Status Checkpointer::Busy() const {
+  return Status(StatusCode::kAborted,
+                "another checkpoint or restore is in progress on this hub (rack " +
+                    std::to_string(config_.topology.rack) + "'s); try again");
 }
 
 Result<CheckpointInfo> Checkpointer::CreateLocked(const TenantInfo& tenant,
@@ -302,11 +313,27 @@ Result<CheckpointInfo> Checkpointer::WriteCut(const TenantInfo& tenant,
     wanted[k.id] = it == targets.end() ? 0 : it->second;
     expected += k.placement.chunk_count;
   }
+  // A restore while the chunks are copied voids the copy (two timelines).
+  const auto runtime = data_->TenantRuntimeFor(tenant.handle);
+  const uint64_t restores = runtime->restores.load();
   auto job = std::make_shared<SnapshotJob>(tenant.handle, wanted, expected);
+  {
+    std::lock_guard lock(job_mu_);
+    job_ = job;
+    if (cancelled_) job->Fail("the hub is shutting down");
+  }
   for (uint32_t i = 0; i < data_->lane_count(); ++i) {
     data_->OnLane(i, [job](Lane& lane) { lane.Snapshot(job->handle(), job); });
   }
-  if (const Status s = job->Wait(deadline); !s.ok()) {
+  Status s = job->Wait(deadline);
+  {
+    std::lock_guard lock(job_mu_);
+    job_.reset();
+  }
+  if (s.ok() && runtime->restores.load() != restores) {
+    s = Unavailable("the tenant was restored while its chunks were copied");
+  }
+  if (!s.ok()) {
     return Status(s.code(), "checkpoint of tenant '" + tenant.name + "': " + s.message());
   }
   const auto copied = std::chrono::steady_clock::now();
@@ -385,9 +412,10 @@ Result<CheckpointInfo> Checkpointer::Restore(const std::string& tenant, uint64_t
   TenantInfo info;
   if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
   if (Status s = CheckSync(info); !s.ok()) return s;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_, std::defer_lock);
+  if (!lock.try_lock_for(kRestoreTimeout)) return Busy();
   if (Cluster(info)) {
-    Result<CheckpointInfo> out = cluster_->Restore(info, sequence, std::chrono::seconds(30));
+    Result<CheckpointInfo> out = cluster_->Restore(info, sequence, kRestoreTimeout);
     if (out.ok()) last_iterations_[info.handle] = TenantIteration(info);
     return out;
   }
@@ -509,6 +537,15 @@ void Checkpointer::Stop() {
   }
   trigger_cv_.notify_all();
   if (trigger_.joinable()) trigger_.join();
+  if (cluster_) cluster_->Stop();  // its thread is joined: no copy of another hub's runs
+  std::lock_guard lock(job_mu_);
+  cancelled_ = false;  // CheckpointAll (shutdown) comes next
+}
+
+void Checkpointer::CancelCopy() {
+  std::lock_guard lock(job_mu_);
+  cancelled_ = true;
+  if (job_) job_->Fail("the hub is shutting down");
 }
 
 void Checkpointer::TriggerLoop() {

@@ -56,10 +56,14 @@ class Checkpointer {
 
   // Start-up, before the data plane serves: every tenant resumes from its
   // newest valid checkpoint (damaged ones are skipped with a log line naming
-  // the file and the reason); checkpoint directories of tenants that no
-  // longer exist are removed.
+  // the file and the reason); a tenant spanning racks with checkpoints here
+  // resumes from the newest one every hub has instead, in the recovery round
+  // this starts (ClusterCheckpoints). Checkpoint directories of tenants that
+  // no longer exist are removed.
   void RestoreAll();
-  // Starts / stops the periodic trigger thread. Stop is idempotent.
+  // Starts / stops the periodic trigger thread (and, on a hub with several
+  // racks, the cluster checkpoints' thread; a copy in progress fails). Stop
+  // is idempotent; call it before the data plane shuts down.
   void Start();
   void Stop();
 
@@ -85,7 +89,11 @@ class Checkpointer {
   friend class ClusterCheckpoints;  // a cluster checkpoint is every hub's cut (below)
   using Versions = std::map<uint32_t, uint64_t>;  // key id -> version
 
+  // How long an admin restore waits (for the lock, and across racks for the
+  // recovery round that restores it).
+  static constexpr auto kRestoreTimeout = std::chrono::seconds(60);
   std::string TenantDir(const std::string& tenant, uint32_t handle) const;
+  Status Busy() const;
   // The tenant spans racks with hubs of its own: cluster checkpoints.
   bool Cluster(const TenantInfo& tenant) const;
   // One cut at `targets` (key id -> version) of `keys` written as checkpoint
@@ -94,12 +102,14 @@ class Checkpointer {
   Result<CheckpointInfo> WriteCut(const TenantInfo& tenant, const std::vector<KeyInfo>& keys,
                                   const Versions& targets, uint64_t sequence,
                                   std::chrono::steady_clock::time_point deadline);
+  // The copy WriteCut waits for (if any) fails: the hub is shutting down.
+  void CancelCopy();
   // The keys a checkpoint holds: FROM_CLIENT keys without values have none yet.
   Result<std::vector<KeyInfo>> CheckpointedKeys(const TenantInfo& tenant);
   // Each key's newest version over the lanes, at least its floor.
   Versions NewestVersions(const TenantInfo& tenant);
-  // The sequences of the tenant's checkpoints here whose header and manifest
-  // verify and that did not fail to load (damaged_).
+  // The sequences of the tenant's checkpoint files here (by name) but those
+  // that failed to load (damaged_).
   std::vector<uint64_t> Sequences(const TenantInfo& tenant);
   // Loads checkpoint `sequence` into the lanes (a recovery round's restore:
   // the tenant is recovering): the versions of the keys it restored. A file
@@ -126,12 +136,17 @@ class Checkpointer {
   Registry* registry_;
   DataPlane* data_;
   std::string why_disabled_;
-  std::mutex mu_;  // one checkpoint (or restore) at a time
+  // One checkpoint (or restore) at a time; admin calls wait for it at most
+  // their timeout (another hub's cluster checkpoint may hold it for long).
+  std::timed_mutex mu_;
   // TenantIteration at the last checkpoint or restore, by tenant handle.
   std::map<uint32_t, uint64_t> last_iterations_;  // GUARDED_BY(mu_)
   std::mutex damaged_mu_;
   std::set<std::pair<uint32_t, uint64_t>> damaged_;  // (handle, sequence); GUARDED_BY(damaged_mu_)
   std::unique_ptr<ClusterCheckpoints> cluster_;  // hierarchical hubs only
+  std::mutex job_mu_;
+  std::shared_ptr<SnapshotJob> job_;  // GUARDED_BY(job_mu_): the copy WriteCut waits for
+  bool cancelled_ = false;  // GUARDED_BY(job_mu_): during Stop, copies fail at once
 
   std::mutex trigger_mu_;
   std::condition_variable trigger_cv_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <random>
 #include <set>
 
 #include <spdlog/spdlog.h>
@@ -50,17 +51,25 @@ ClusterCheckpoints::ClusterCheckpoints(const Config& config, Registry* registry,
     return out;
   };
   data_->SetCheckpointHooks(std::move(hooks));
-  server_ = std::thread([this] { Serve(); });
+  // Request ids of another process of this hub (a restart) never match.
+  std::random_device rd;
+  next_request_ = (uint64_t{rd()} << 32) ^ rd();
+  query_server_ = std::thread([this] { Serve(&queries_); });
+  server_ = std::thread([this] { Serve(&requests_); });
 }
 
-ClusterCheckpoints::~ClusterCheckpoints() {
-  data_->SetCheckpointHooks({});  // waits for hook calls in progress
+ClusterCheckpoints::~ClusterCheckpoints() { Stop(); }
+
+void ClusterCheckpoints::Stop() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
-  server_.join();
+  owner_->CancelCopy();
+  data_->SetCheckpointHooks({});  // waits for hook calls in progress
+  if (query_server_.joinable()) query_server_.join();
+  if (server_.joinable()) server_.join();
 }
 
 std::string ClusterCheckpoints::TenantDir(const TenantInfo& tenant) const {
@@ -75,30 +84,34 @@ void ClusterCheckpoints::OnMessage(uint32_t rack, std::string payload) {
   }
   std::lock_guard lock(mu_);
   if (m.op() == dpb::RackCheckpoint::QUERY_REPLY || m.op() == dpb::RackCheckpoint::PREPARE_REPLY) {
-    // For a coordinator waiting here (an unknown request timed out: dropped).
-    if (auto it = pending_.find(m.request()); it != pending_.end()) {
+    // For a coordinator waiting here; one of a request that timed out, or
+    // that does not match it, is dropped.
+    const auto it = pending_.find(m.request());
+    if (it != pending_.end() && it->second.reply_op == m.op() && it->second.tenant == m.tenant() &&
+        it->second.sequence == m.sequence()) {
       it->second.replies[rack] = std::move(payload);
       cv_.notify_all();
     }
     return;
   }
   // At most a few requests are in flight per hub (one checkpoint at a time).
-  if (requests_.size() >= 64) {
+  Queue& queue = m.op() == dpb::RackCheckpoint::QUERY ? queries_ : requests_;
+  if (queue.size() >= 64) {
     spdlog::warn("rack link: rack {}'s hub: too many RACK_CHECKPOINT requests queued; dropped one",
                  rack);
     return;
   }
-  requests_.emplace_back(rack, std::move(payload));
+  queue.emplace_back(rack, std::move(payload));
   cv_.notify_all();
 }
 
-void ClusterCheckpoints::Serve() {
+void ClusterCheckpoints::Serve(Queue* queue) {
   std::unique_lock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stopping_ || !requests_.empty(); });
+    cv_.wait(lock, [&] { return stopping_ || !queue->empty(); });
     if (stopping_) return;
-    auto [rack, payload] = std::move(requests_.front());
-    requests_.pop_front();
+    auto [rack, payload] = std::move(queue->front());
+    queue->pop_front();
     lock.unlock();
     dpb::RackCheckpoint m;
     m.ParseFromString(payload);  // parsed once already (OnMessage)
@@ -145,6 +158,10 @@ void ClusterCheckpoints::Answer(uint32_t rack, const Message& request) {
         fail(found);
         break;
       }
+      if (request.sequence() == 0 || request.sequence() == UINT64_MAX) {
+        fail(InvalidArgument("RACK_CHECKPOINT: PREPARE of sequence " + Num(request.sequence())));
+        break;
+      }
       std::unique_lock busy(owner_->mu_, std::try_to_lock);
       if (!busy.owns_lock()) {
         fail(Status(StatusCode::kAborted, "another checkpoint or restore is in progress on rack " +
@@ -162,23 +179,40 @@ void ClusterCheckpoints::Answer(uint32_t rack, const Message& request) {
                                 " keys to checkpoint"));
         break;
       }
-      const auto timeout = std::chrono::milliseconds(
-          std::clamp<uint32_t>(request.timeout_ms(), 1, 10 * 60 * 1000));
+      if (const auto k = std::find_if(keys.begin(), keys.end(), [](const KeyInfo& k) { return !k.ready; });
+          k != keys.end()) {
+        fail(Unavailable("key '" + k->name + "' has no initial values on rack " +
+                         Num(config_.topology.rack) + "'s hub yet"));
+        break;
+      }
+      const auto timeout = std::min<std::chrono::milliseconds>(
+          std::chrono::milliseconds(std::max<uint32_t>(request.timeout_ms(), 1)), kMaxCopy);
       Result<CheckpointInfo> written =
           owner_->WriteCut(info, keys, targets, request.sequence(), Clock::now() + timeout);
-      if (!written.ok()) fail(written.status());
+      if (!written.ok()) {
+        fail(written.status());
+      } else {
+        std::lock_guard lock(mu_);
+        prepared_[{rack, request.request()}] = request.sequence();
+      }
       break;
     }
-    case dpb::RackCheckpoint::ABORT:
-      if (found.ok()) {
-        const Status s = DeleteCheckpoint(TenantDir(info), request.sequence());
-        if (s.ok()) {
-          spdlog::warn("checkpoint: tenant '{}': deleted {} (the cluster checkpoint failed on "
-                       "another hub)",
-                       info.name, CheckpointFileName(request.sequence()));
-        }
+    case dpb::RackCheckpoint::ABORT: {
+      // Only the file this hub wrote for that coordinator's request.
+      bool mine = false;
+      {
+        std::lock_guard lock(mu_);
+        const auto it = prepared_.find({rack, request.request()});
+        mine = it != prepared_.end() && it->second == request.sequence();
+        if (it != prepared_.end()) prepared_.erase(it);
+      }
+      if (found.ok() && mine && DeleteCheckpoint(TenantDir(info), request.sequence()).ok()) {
+        spdlog::warn("checkpoint: tenant '{}': deleted {} (the cluster checkpoint failed on "
+                     "another hub)",
+                     info.name, CheckpointFileName(request.sequence()));
       }
       return;  // no reply
+    }
     default:
       spdlog::warn("rack link: rack {}'s hub sent a RACK_CHECKPOINT of unknown op {}", rack,
                    static_cast<int>(request.op()));
@@ -192,7 +226,11 @@ uint64_t ClusterCheckpoints::Send(Message& request) {
   {
     std::lock_guard lock(mu_);
     id = ++next_request_;
-    pending_[id];
+    Pending& p = pending_[id];
+    p.reply_op = request.op() == dpb::RackCheckpoint::QUERY ? dpb::RackCheckpoint::QUERY_REPLY
+                                                            : dpb::RackCheckpoint::PREPARE_REPLY;
+    p.tenant = request.tenant();
+    p.sequence = request.sequence();
   }
   request.set_request(id);
   const std::string bytes = request.SerializeAsString();
@@ -237,22 +275,23 @@ Result<std::map<uint32_t, ClusterCheckpoints::Message>> ClusterCheckpoints::Quer
   return replies;
 }
 
-void ClusterCheckpoints::AbortAll(const TenantInfo& tenant, uint64_t sequence, bool here) {
+void ClusterCheckpoints::AbortAll(const TenantInfo& tenant, uint64_t sequence, uint64_t prepare,
+                                  bool here) {
   dpb::RackCheckpoint abort;
   abort.set_op(dpb::RackCheckpoint::ABORT);
   abort.set_tenant(tenant.name);
   abort.set_sequence(sequence);
-  const uint64_t id = Send(abort);  // Send locks mu_
-  {
-    std::lock_guard lock(mu_);
-    pending_.erase(id);  // no replies
+  abort.set_request(prepare);
+  const std::string bytes = abort.SerializeAsString();
+  for (uint32_t rack = 0; rack < config_.topology.rack_count(); ++rack) {
+    if (rack != config_.topology.rack) data_->SendRackCheckpoint(rack, bytes);
   }
   if (here) DeleteCheckpoint(TenantDir(tenant), sequence);
 }
 
 Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
                                                   std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout, kMaxCopy);
   Result<std::vector<KeyInfo>> keys = owner_->CheckpointedKeys(tenant);
   if (!keys.ok()) return keys.status();
   for (int attempt = 0;; ++attempt) {
@@ -267,8 +306,16 @@ Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
       sequence = std::max(sequence, c.sequence + 1);
     }
     for (const auto& [rack, reply] : *peers) {
-      for (const auto& k : reply.keys()) targets[k.key_id()] = std::max(targets[k.key_id()], k.newest());
-      for (uint64_t seq : reply.checkpoints()) sequence = std::max(sequence, seq + 1);
+      for (const auto& k : reply.keys()) {
+        targets[k.key_id()] = std::max(targets[k.key_id()], k.newest());
+      }
+      for (uint64_t seq : reply.checkpoints()) {
+        if (seq >= UINT64_MAX - 1) {
+          return FailedPrecondition("rack " + Num(rack) + "'s hub has checkpoint sequence " +
+                                    Num(seq) + ": no sequence is left above it");
+        }
+        sequence = std::max(sequence, seq + 1);
+      }
     }
     std::map<uint32_t, uint64_t> cut;
     for (const KeyInfo& k : *keys) cut[k.id] = targets[k.id] + (attempt > 0 ? 2 : 0);
@@ -316,7 +363,7 @@ Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
                    tenant.name, CheckpointFileName(sequence));
       return local;
     }
-    AbortAll(tenant, sequence, local.ok());
+    AbortAll(tenant, sequence, id, local.ok());
     if (moved_on && Clock::now() < deadline) continue;  // training outran the cut: later targets
     if (moved_on) code = StatusCode::kDeadlineExceeded;
     return Status(code, "cluster checkpoint " + Num(sequence) + " of tenant '" + tenant.name +
@@ -330,7 +377,6 @@ Result<CheckpointInfo> ClusterCheckpoints::Restore(const TenantInfo& tenant, uin
   Result<std::map<uint32_t, Message>> peers = QueryAll(tenant, deadline);
   if (!peers.ok()) return peers.status();
   std::vector<uint64_t> common = owner_->Sequences(tenant);
-  std::sort(common.begin(), common.end());  // newest first from Sequences; set_intersection needs ascending
   std::string lists = "rack " + Num(config_.topology.rack) + ": " + Sequences(common);
   for (const auto& [rack, reply] : *peers) {
     std::vector<uint64_t> theirs(reply.checkpoints().begin(), reply.checkpoints().end());
@@ -367,11 +413,17 @@ Result<CheckpointInfo> ClusterCheckpoints::Restore(const TenantInfo& tenant, uin
   {
     std::lock_guard lock(mu_);
     const auto it = installed_.find(tenant.handle);
-    if (it == installed_.end() || it->second != sequence) {
-      return Status(StatusCode::kAborted,
+    if (it == installed_.end()) {
+      return Status(StatusCode::kDeadlineExceeded,
                     "checkpoint " + Num(sequence) + " of tenant '" + tenant.name +
-                        "' was not restored: the recovery round did not end in time or chose "
-                        "otherwise (see the hubs' logs)");
+                        "' is requested, but the recovery round that restores it has not ended "
+                        "(is a hub unreachable?); it is restored when the round ends");
+    }
+    if (it->second != sequence) {
+      return Status(StatusCode::kAborted,
+                    "tenant '" + tenant.name + "' was restored to checkpoint " +
+                        Num(it->second) + ", not " + Num(sequence) +
+                        " (a hub could not load it: see the hubs' logs)");
     }
   }
   for (CheckpointInfo& c : ListCheckpoints(TenantDir(tenant))) {

@@ -59,6 +59,10 @@ class ClusterCheckpoints {
                      Checkpointer* owner);
   ~ClusterCheckpoints();
   ClusterCheckpoints(const ClusterCheckpoints&) = delete;
+  // Shutdown, before the data plane stops: no more requests are served, the
+  // copy of one in progress fails, the DataPlane's hooks are taken back.
+  // Idempotent.
+  void Stop();
   ClusterCheckpoints& operator=(const ClusterCheckpoints&) = delete;
 
   // A cluster checkpoint of `tenant` (steps above); the local file's info.
@@ -74,18 +78,26 @@ class ClusterCheckpoints {
   // off), and how long after the copy's deadline a PREPARE may take to write.
   static constexpr auto kQueryTimeout = std::chrono::seconds(5);
   static constexpr auto kWriteGrace = std::chrono::seconds(60);
+  // The longest copy a PREPARE may ask for (and a coordinator wait for).
+  static constexpr auto kMaxCopy = std::chrono::minutes(10);
 
  private:
   using Message = rackhub::data::v1::RackCheckpoint;
   using Clock = std::chrono::steady_clock;
   struct Pending {
+    int reply_op = 0;  // the op its replies have
+    std::string tenant;
+    uint64_t sequence = 0;
     std::map<uint32_t, std::string> replies;  // by rack, serialized
   };
 
   // Lane 0: a frame from another hub. Replies are filed for the waiting
-  // coordinator; requests are queued for Serve.
+  // coordinator (if they match its request); QUERYs are queued for one
+  // thread, PREPAREs and ABORTs for another (a long PREPARE never delays
+  // another coordinator's QUERY).
   void OnMessage(uint32_t rack, std::string payload);
-  void Serve();
+  using Queue = std::deque<std::pair<uint32_t, std::string>>;
+  void Serve(Queue* queue);
   // A request from rack `rack`'s hub (QUERY, PREPARE, ABORT); answers it.
   void Answer(uint32_t rack, const Message& request);
   // Sends `request` to every other hub (its request id set here).
@@ -97,8 +109,9 @@ class ClusterCheckpoints {
   // first that did not answer (or failed).
   Result<std::map<uint32_t, Message>> QueryAll(const TenantInfo& tenant,
                                                Clock::time_point deadline);
-  // Deletes checkpoint `sequence` of `tenant` on every hub (a failed cut).
-  void AbortAll(const TenantInfo& tenant, uint64_t sequence, bool here);
+  // Deletes checkpoint `sequence` of `tenant` on every hub (a failed cut;
+  // `prepare`: the PREPARE's request id, which the hubs check).
+  void AbortAll(const TenantInfo& tenant, uint64_t sequence, uint64_t prepare, bool here);
   std::string TenantDir(const TenantInfo& tenant) const;
 
   const Config config_;
@@ -110,9 +123,14 @@ class ClusterCheckpoints {
   std::condition_variable cv_;
   uint64_t next_request_ = 0;                 // GUARDED_BY(mu_)
   std::map<uint64_t, Pending> pending_;       // GUARDED_BY(mu_): by request id
-  std::deque<std::pair<uint32_t, std::string>> requests_;  // GUARDED_BY(mu_)
+  Queue queries_;                             // GUARDED_BY(mu_)
+  Queue requests_;                            // GUARDED_BY(mu_): PREPARE, ABORT
   bool stopping_ = false;                     // GUARDED_BY(mu_)
   std::map<uint32_t, uint64_t> installed_;    // GUARDED_BY(mu_): by handle, the last restore
+  // PREPAREs this hub wrote, by (rack, request): the sequence an ABORT of
+  // that request may delete (no other).
+  std::map<std::pair<uint32_t, uint64_t>, uint64_t> prepared_;  // GUARDED_BY(mu_)
+  std::thread query_server_;
   std::thread server_;
 };
 

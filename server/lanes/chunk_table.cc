@@ -6,6 +6,7 @@
 
 #include "element_type.h"
 #include "params_reply.h"
+#include "rows_reply.h"
 #include "rackhub/aggregation/kernels.h"
 
 namespace rackhub::server {
@@ -468,6 +469,9 @@ uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
                              const std::unordered_set<uint32_t>& keys) {
   std::unordered_map<uint32_t, uint64_t> versions;
   for (const CheckpointKey& k : image.keys) versions[k.id] = k.version;
+  // A checkpoint being copied would mix the chunks before and after this.
+  for (auto& [id, job] : t.armed) job->Fail("the tenant was restored meanwhile", /*moved_on=*/true);
+  t.armed.clear();
   uint32_t failed = 0;
   for (const CheckpointChunk& cc : image.chunks) {
     if (!keys.count(cc.key_id)) continue;
@@ -494,7 +498,11 @@ uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
     }
     t.pending.erase(ChunkId(cc.key_id, cc.chunk));
     if (cc.chunk == 0) key->runtime->version.store(v, std::memory_order_relaxed);
-    AnswerPulls(c, v);  // a FROM_CLIENT key's early PULLs
+    if (c.rows) {
+      AnswerRowPulls(t, c);  // held for a home's rows (Chunk::AwaitsAlign)
+    } else {
+      AnswerPulls(c, v);  // a FROM_CLIENT key's early PULLs (or held for a home's values)
+    }
   }
   return failed;
 }

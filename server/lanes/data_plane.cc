@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <fstream>
+#include <future>
 #include <map>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "rackhub/data/v1/control.pb.h"
 #include "token.h"
 
 namespace rackhub::server {
@@ -37,6 +39,8 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
       hub_connector_(std::move(hub_connector)),
       drained_(lanes->size(), false) {
   blocking_ = std::make_unique<boost::asio::thread_pool>(2);
+  realign_strand_ = std::make_unique<boost::asio::strand<boost::asio::thread_pool::executor_type>>(
+      blocking_->get_executor());
   for (uint32_t r = 0; r < config.topology.rack_count(); ++r) {
     link_counters_.push_back(std::make_unique<LinkCounters>());
   }
@@ -73,6 +77,15 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
     };
     hooks.restarted = [this](uint32_t rack) {
       OnEveryLane([rack](Lane& lane) { lane.OfferCopies(rack); });
+      // Its frames carry epoch 0 now and ours a newer one: a round puts every
+      // hub of every tenant spanning racks in step again (it may not have
+      // started one: without checkpoints, a link that broke half-open).
+      const std::string why = "rack " + std::to_string(rack) + "'s hub restarted";
+      for (const TenantInfo& t : registry_->ListTenants()) {
+        if (SpansRacks(t)) {
+          Recover(t.handle, why, [h = t.handle, why](Lane& lane) { lane.FailPending(h, why); });
+        }
+      }
     };
     rack_recovery_ = std::make_unique<RackRecovery>(config.topology.rack,
                                                     config.topology.rack_count(), std::move(hooks));
@@ -95,9 +108,30 @@ void DataPlane::SendRackCheckpoint(uint32_t rack, std::string payload) {
 
 void DataPlane::OnRackCheckpoint(uint32_t rack, std::span<const std::byte> payload) {
   std::string bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
-  WithCheckpointHooks([&](const CheckpointHooks& h) {
-    if (h.on_message) h.on_message(rack, std::move(bytes));
+  const bool taken = WithCheckpointHooks([&](const CheckpointHooks& h) {
+    if (!h.on_message) return false;
+    h.on_message(rack, std::move(bytes));
+    return true;
   });
+  if (taken) return;
+  // Checkpoints are off here (state.in_memory, or the hub stops): the
+  // coordinator's QUERY and PREPARE get that answer instead of a silence.
+  data::v1::RackCheckpoint m;
+  if (!m.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) return;
+  if (m.op() != data::v1::RackCheckpoint::QUERY && m.op() != data::v1::RackCheckpoint::PREPARE) {
+    return;
+  }
+  data::v1::RackCheckpoint reply;
+  reply.set_op(m.op() == data::v1::RackCheckpoint::QUERY ? data::v1::RackCheckpoint::QUERY_REPLY
+                                                          : data::v1::RackCheckpoint::PREPARE_REPLY);
+  reply.set_tenant(m.tenant());
+  reply.set_request(m.request());
+  reply.set_sequence(m.sequence());
+  reply.set_code(static_cast<uint32_t>(StatusCode::kFailedPrecondition));
+  reply.set_error("checkpoints are off on rack " + std::to_string(config_.topology.rack) +
+                  "'s hub (" + (config_.state.in_memory ? "state.in_memory" : "it is stopping") +
+                  ")");
+  SendRackCheckpoint(rack, reply.SerializeAsString());
 }
 
 void DataPlane::ResumeAcrossRacks(uint32_t handle, const std::string& why) {
@@ -414,13 +448,23 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
 void DataPlane::Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
                         RackRecovery::Outcome outcome, bool realign) {
   if (!realign) return FinishRecovery(handle, *tenant);
-  if (outcome.restore == 0) {
-    return AlignLanes(handle, std::move(tenant), std::move(outcome.agreed), outcome.round);
+  if (outcome.round == 0) {  // one hub: no round
+    return AlignLanes(handle, std::move(tenant), std::move(outcome.agreed), 0);
   }
-  // A rollback to a cluster checkpoint: every hub loads its own file of it
-  // (blocking: not on this lane). The keys it holds are at its versions on
-  // every hub now; the others skip as in any round.
-  RunBlocking([this, handle, tenant, outcome = std::move(outcome)]() mutable {
+  boost::asio::post(*realign_strand_,
+                    [this, handle, tenant = std::move(tenant), outcome = std::move(outcome)]() mutable {
+                      RealignAcrossRacks(handle, std::move(tenant), std::move(outcome));
+                    });
+}
+
+void DataPlane::RealignAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
+                                   RackRecovery::Outcome outcome) {
+  if (outcome.restore != 0) {
+    // A rollback to a cluster checkpoint: every hub loads its own file of it.
+    // Frames of older rounds are stale first (a late RACK_ALIGN must not
+    // overwrite what the file restores). The keys it holds are at its
+    // versions on every hub then; the others skip as in any round.
+    RaiseEpochAndWait(handle, outcome.round);
     const Result<std::map<uint32_t, uint64_t>> restored =
         WithCheckpointHooks([&](const CheckpointHooks& h) -> Result<std::map<uint32_t, uint64_t>> {
           if (!h.restore) return FailedPrecondition("checkpoints are off on this hub");
@@ -429,20 +473,41 @@ void DataPlane::Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
     if (restored.ok()) {
       for (const auto& [key, v] : *restored) outcome.agreed.erase(key);
       rack_recovery_->Restored(handle, *restored);
-      AlignLanes(handle, tenant, std::move(outcome.agreed), outcome.round);
-      return;
+    } else {
+      // This hub's file of it cannot be loaded: its chunks stay as they are
+      // (no skip, no RACK_ALIGN of values the others rolled back), and the
+      // next round, begun before this one finishes (so the workers wait for
+      // it), counts this hub as having lost its state: every hub then rolls
+      // back to an older checkpoint they all have (this file is not offered
+      // again).
+      spdlog::error("rack recovery: restoring checkpoint {} failed here: {}; starting another "
+                    "round",
+                    outcome.restore, restored.status().message());
+      ResumeAcrossRacks(handle, "checkpoint " + std::to_string(outcome.restore) +
+                                    " could not be restored on rack " +
+                                    std::to_string(config_.topology.rack) + "'s hub");
+      outcome.agreed.clear();
     }
-    // This hub's file of it is damaged: its chunks skip as in a round without
-    // a restore, and a new round follows in which this hub counts as having
-    // lost its state (the file is not offered again): every hub then rolls
-    // back to an older checkpoint they all have.
-    spdlog::error("rack recovery: restoring checkpoint {} failed here: {}; starting another round",
-                  outcome.restore, restored.status().message());
-    AlignLanes(handle, tenant, std::move(outcome.agreed), outcome.round);
-    ResumeAcrossRacks(handle, "checkpoint " + std::to_string(outcome.restore) +
-                                  " could not be restored on rack " +
-                                  std::to_string(config_.topology.rack) + "'s hub");
-  });
+  }
+  AlignLanes(handle, std::move(tenant), std::move(outcome.agreed), outcome.round);
+}
+
+bool DataPlane::RaiseEpochAndWait(uint32_t handle, uint64_t round) {
+  std::vector<std::future<void>> done;
+  for (uint32_t i = 0; i < lane_count(); ++i) {
+    auto p = std::make_shared<std::promise<void>>();
+    done.push_back(p->get_future());
+    OnLane(i, [handle, round, p](Lane& lane) {
+      lane.RaiseRackEpoch(handle, round);
+      p->set_value();
+    });
+  }
+  for (auto& f : done) {
+    while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      if (stopping()) return false;  // the lanes may never run it
+    }
+  }
+  return true;
 }
 
 void DataPlane::AlignLanes(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,

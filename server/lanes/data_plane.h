@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <tbb/concurrent_hash_map.h>
 
@@ -165,6 +166,13 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // Every lane aligns to `versions`; the tenant's rack epoch becomes `round`.
   void AlignLanes(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
                   std::map<uint32_t, uint64_t> versions, uint64_t round);
+  // A cross-rack round's realignment, on realign_strand_ (blocking: a
+  // restore loads its file here).
+  void RealignAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
+                          RackRecovery::Outcome outcome);
+  // Every lane's rack epoch of the tenant raised to `round` (waits; false if
+  // the hub stops meanwhile).
+  bool RaiseEpochAndWait(uint32_t handle, uint64_t round);
   // The checkpoint hooks, held for the call (see SetCheckpointHooks).
   template <typename Fn>
   auto WithCheckpointHooks(Fn&& fn);
@@ -187,6 +195,9 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   std::vector<std::unique_ptr<Lane>> lanes_;
   // RunBlocking's threads; after lanes_: joined before the lanes go.
   std::unique_ptr<boost::asio::thread_pool> blocking_;
+  // Cross-rack realignments one at a time, in the order their rounds ended
+  // (on blocking_): a later round's must not overtake a restore's file load.
+  std::unique_ptr<boost::asio::strand<boost::asio::thread_pool::executor_type>> realign_strand_;
   std::atomic<uint64_t> seq_{0};
   std::string hub_secret_;
   struct LinkCounters {

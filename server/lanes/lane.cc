@@ -71,6 +71,12 @@ void Lane::Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions,
   exchange_.Realign(*t, versions);
 }
 
+void Lane::RaiseRackEpoch(uint32_t handle, uint64_t round) {
+  LaneTenant* t = table_.FindTenant(handle);
+  if (!t && table_.exchange()) t = table_.LoadTenant(handle);
+  if (t) t->rack_epoch = std::max(t->rack_epoch, round);
+}
+
 void Lane::Snapshot(uint32_t handle, const std::shared_ptr<SnapshotJob>& job) {
   LaneTenant* t = table_.LoadTenant(handle);
   if (!t) {

@@ -59,6 +59,9 @@ class Lane {
   // `round`: the cross-rack round that agreed on them (0: none), from now
   // on the tenant's LaneTenant::rack_epoch.
   void Align(uint32_t handle, const std::map<uint32_t, uint64_t>& versions, uint64_t round = 0);
+  // The tenant's LaneTenant::rack_epoch raised to `round` (before a
+  // round's restore: frames of older rounds are stale from then on).
+  void RaiseRackEpoch(uint32_t handle, uint64_t round);
   void ReleaseParked(uint32_t handle) { workers_.ReleaseParked(handle); }
   // Rack `rack`'s hub restarted (RackExchange::OfferCopies).
   void OfferCopies(uint32_t rack) { exchange_.OfferCopies(rack); }

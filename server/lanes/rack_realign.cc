@@ -75,6 +75,7 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
         if (c.home == self) {
           if (c.rows->version() < v) c.rows->set_version(v);  // untouched rows: a skipped step
           SendAlign(t, *key, c, v);
+          if (!t.armed.empty()) table_->Capture(t, c);
           ++homed;
         } else if (c.rows->version() < v) {
           ++waiting;  // PULL_ROWS wait for the home's RACK_ALIGN (Chunk::AwaitsAlign)
@@ -87,6 +88,7 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
           if (c.state.version() < v) c.state.SkipTo(v);
           PublishHomeParams(*key, c);
           SendAlign(t, *key, c, v);
+          if (!t.armed.empty()) table_->Capture(t, c);
           ++homed;
         } else if (c.version < v) {
           ++waiting;  // PULLs wait for the home's RACK_ALIGN (Chunk::AwaitsAlign)
@@ -178,14 +180,8 @@ void RackExchange::OnAlign(net::Connection& conn, LaneTenant& t, LaneKey& key, C
     r.set_version(h.iteration);
     if (c.index_in_key == 0) RaiseTo(key.runtime->version, h.iteration);
     if (c.AwaitsAlign(topology_.rack, floor)) return;  // an older round's values
-    std::vector<Waiter> pulls;
-    pulls.swap(c.pulls);
-    for (const Waiter& w : pulls) {
-      if (auto wc = w.conn.lock(); wc && wc->open()) {
-        wc->Unreserve(w.reserved);
-        SendTableRows(*wc, t, c, w.want, w.request_id);
-      }
-    }
+    if (!t.armed.empty()) table_->Capture(t, c);
+    AnswerRowPulls(t, c);
     return;
   }
   if (!c.state.initialized()) {
@@ -207,6 +203,7 @@ void RackExchange::OnAlign(net::Connection& conn, LaneTenant& t, LaneKey& key, C
     stage->SkipTo(c.version);
   }
   if (c.index_in_key == 0) RaiseTo(key.runtime->version, c.version);
+  if (!t.armed.empty()) table_->Capture(t, c);  // a checkpoint waiting for this version
   // PULLs held for the values (an ALIGN of an older round still leaves the
   // chunk below the key's agreed version: they wait for the next one).
   if (!c.AwaitsAlign(topology_.rack, floor)) AnswerPulls(c, c.version);

@@ -63,7 +63,11 @@ uint64_t RackRecovery::RestoreOf(const Round& r) {
     spdlog::error("rack recovery: tenant '{}' round {}: checkpoint {} is not on every hub; "
                   "not restored",
                   r.name, r.number, requested);
-    return 0;
+  }
+  if (fresh && common.empty()) {
+    spdlog::error("rack recovery: tenant '{}' round {}: a hub lost its state and no checkpoint "
+                  "is on every hub: the chunks it is home to start over",
+                  r.name, r.number);
   }
   return fresh && !common.empty() ? common.back() : 0;
 }
@@ -85,7 +89,7 @@ void RackRecovery::Begin(uint32_t handle, Round& r, uint64_t number, std::string
   fx.recover.emplace(handle, r.cause);
 }
 
-void RackRecovery::TryFinish(Round& r, Effects& fx) {
+void RackRecovery::TryFinish(uint32_t handle, Round& r, Effects& fx) {
   if (!r.active || !r.own || r.peers.size() + 1 < racks_) return;
   Versions agreed = r.own->newest;
   for (const auto& [rack, report] : r.peers) {
@@ -94,8 +98,14 @@ void RackRecovery::TryFinish(Round& r, Effects& fx) {
   for (auto& [key, v] : agreed) ++v;  // every chunk skips: older frames are stale
   r.active = false;
   r.last_agreed = agreed;
-  r.fresh = false;
-  r.restore = 0;
+  // What this round's report carried is done; a MarkFresh or RequestRestore
+  // after the report was made waits for the next round.
+  if (r.own->fresh) r.fresh = false;
+  if (r.own->restore == r.restore) r.restore = 0;
+  if (r.fresh) {
+    // Marked after this hub's report was made: the next round carries it.
+    fx.recover.emplace(handle, "rack " + Num(self_) + "'s hub lost its state of the tenant");
+  }
   fx.done = std::move(r.waiting);
   r.waiting.clear();
   fx.outcome.restore = RestoreOf(r);
@@ -152,7 +162,7 @@ void RackRecovery::Reported(uint32_t handle, const std::string& name, const std:
       SendToAll(r, fx);
     }
     r.waiting.push_back(std::move(agreed));
-    TryFinish(r, fx);
+    TryFinish(handle, r, fx);
   }
   Apply(std::move(fx));
 }
@@ -227,7 +237,7 @@ Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payloa
         Begin(*handle, r, r.number + 1, cause + " (its hub restarted)", fx);
       } else if (r.active) {
         r.peers[rack] = std::move(report);
-        TryFinish(r, fx);
+        TryFinish(*handle, r, fx);
       } else if (!m.finished() && r.own) {
         // It missed this hub's report of the round it is still in.
         fx.sends.emplace_back(rack, Encode(r, true));

@@ -103,7 +103,10 @@ class RackRecovery {
   // finish without a realignment).
   void Forget(uint32_t handle);
   // This hub lost the tenant's state (it started with the tenant's
-  // checkpoints on disk): its reports say so until a round of it finishes.
+  // checkpoints on disk, or could not load the one a round restored): its
+  // reports say so until a round whose report said so finishes (marked
+  // after the current round's report was made, the next round is started
+  // when the current one ends).
   void MarkFresh(uint32_t handle, const std::string& name);
   // An admin restore of checkpoint `sequence`: carried by this hub's next
   // report of the tenant. False while its current round already reported
@@ -153,7 +156,7 @@ class RackRecovery {
   static uint64_t RestoreOf(const Round& r);
   void SendToAll(const Round& r, Effects& fx) const;
   // Ends the round if this hub and every other rack reported.
-  void TryFinish(Round& r, Effects& fx);
+  void TryFinish(uint32_t handle, Round& r, Effects& fx);
   void Apply(Effects fx);
 
   const uint32_t self_;

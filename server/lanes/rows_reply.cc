@@ -29,4 +29,15 @@ void AnswerRowPushes(const LaneTenant& t, Chunk& c) {
   }
 }
 
+void AnswerRowPulls(const LaneTenant& t, Chunk& c) {
+  std::vector<Waiter> pulls;
+  pulls.swap(c.pulls);
+  for (const Waiter& w : pulls) {
+    if (auto wc = w.conn.lock(); wc && wc->open()) {
+      wc->Unreserve(w.reserved);
+      SendTableRows(*wc, t, c, w.want, w.request_id);
+    }
+  }
+}
+
 }  // namespace rackhub::server

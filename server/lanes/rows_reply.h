@@ -21,5 +21,8 @@ void SendTableRows(net::Connection& conn, const LaneTenant& t, const Chunk& c,
 // Answers every PUSH_ROWS waiting for the chunk's update (each with the rows
 // it wants) and clears them.
 void AnswerRowPushes(const LaneTenant& t, Chunk& c);
+// Answers every PULL_ROWS held in the chunk's `pulls` (its rows came: a
+// home's RACK_ALIGN, a restore) and clears them.
+void AnswerRowPulls(const LaneTenant& t, Chunk& c);
 
 }  // namespace rackhub::server

@@ -427,6 +427,12 @@ std::vector<CheckpointInfo> ListCheckpoints(const std::string& tenant_dir) {
   return out;
 }
 
+std::vector<uint64_t> CheckpointSequences(const std::string& tenant_dir) {
+  std::vector<uint64_t> out = ScanDir(tenant_dir, kSuffix);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 Status DeleteCheckpoint(const std::string& tenant_dir, uint64_t sequence) {
   const std::string path = PathOf(tenant_dir, sequence);
   if (::unlink(path.c_str()) != 0) {

@@ -98,6 +98,9 @@ Result<CheckpointImage> ReadCheckpoint(const std::string& path);
 // headers and manifests only. Temp files and other names are ignored; a
 // missing directory lists nothing.
 std::vector<CheckpointInfo> ListCheckpoints(const std::string& tenant_dir);
+// The sequences of tenant_dir's checkpoint files from their names only
+// (nothing is read), ascending.
+std::vector<uint64_t> CheckpointSequences(const std::string& tenant_dir);
 
 // Deletes tenant_dir/ckpt-<sequence>.rhc (NOT_FOUND if absent).
 Status DeleteCheckpoint(const std::string& tenant_dir, uint64_t sequence);

@@ -78,8 +78,10 @@ struct Worker {
 // reference of every value.
 class CrossRackRestartTest : public ::testing::Test {
  protected:
+  // One flat hub serving both racks instead of one hub per rack.
+  virtual bool flat() const { return false; }
   void SetUp() override {
-    hubs_ = StartHubs(2, false, "30000", /*durable=*/true, kChunkFloats * 4);
+    hubs_ = StartHubs(2, flat(), "30000", /*durable=*/true, kChunkFloats * 4);
     w_.resize(kAllWorkers);
     client::OptimizerSpec sgd;
     sgd.type = "sgd";
@@ -196,7 +198,16 @@ class CrossRackRestartTest : public ::testing::Test {
   }
   std::unique_ptr<pb::CheckpointService::Stub> Checkpoints(uint32_t rack) {
     return pb::CheckpointService::NewStub(grpc::CreateChannel(
-        hubs_.hubs[rack]->admin_address(), grpc::InsecureChannelCredentials()));
+        hubs_.hubs[flat() ? 0 : rack]->admin_address(), grpc::InsecureChannelCredentials()));
+  }
+  void CreateCheckpoint(uint32_t rack, uint64_t expected_sequence) {
+    grpc::ClientContext ctx;
+    pb::CreateCheckpointRequest req;
+    req.set_tenant("job");
+    pb::Checkpoint resp;
+    const grpc::Status s = Checkpoints(rack)->CreateCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.sequence(), expected_sequence);
   }
   // The sequences of rack `rack`'s hub's checkpoints of the tenant.
   std::vector<uint64_t> Sequences(uint32_t rack) {
@@ -287,6 +298,43 @@ TEST_F(CrossRackRestartTest, AfterAHubRestartEveryRackRollsBackToTheClusterCheck
   ASSERT_NO_FATAL_FAILURE(TableStep(1));
 }
 
+// Both hubs killed at once (a power cut) and restarted: they resume from the
+// newest checkpoint they both have, even though each restarted alone.
+TEST_F(CrossRackRestartTest, AfterEveryHubRestartedTheyResumeTheNewestCommonCheckpoint) {
+  std::vector<client::Error> errors;
+  std::vector<std::vector<float>> out;
+  PullAll(&out);
+  ASSERT_NO_FATAL_FAILURE(GoodStep(0));
+  ASSERT_NO_FATAL_FAILURE(TableStep(0));
+  std::vector<float> ckpt_u, ckpt_z;
+  std::vector<TableReference> ckpt_tables;
+  for (uint64_t seq = 1; seq <= 2; ++seq) {  // two checkpoints: the newer one counts
+    grpc::ClientContext ctx;
+    pb::CreateCheckpointRequest req;
+    req.set_tenant("job");
+    pb::Checkpoint resp;
+    const grpc::Status s = Checkpoints(seq == 1 ? 0 : 1)->CreateCheckpoint(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.sequence(), seq);
+    ckpt_u = ref_u_;
+    ckpt_z = ref_z_;
+    ckpt_tables = table_refs_;
+    ASSERT_NO_FATAL_FAILURE(GoodStep(static_cast<int>(seq)));
+    if (seq == 1) ASSERT_NO_FATAL_FAILURE(TableStep(seq));
+  }
+  EXPECT_EQ(hubs_.hubs[0]->Kill(), 128 + 9);
+  EXPECT_EQ(hubs_.hubs[1]->Kill(), 128 + 9);
+  ASSERT_TRUE(hubs_.hubs[1]->Restart());
+  ASSERT_TRUE(hubs_.hubs[0]->Restart());
+  Step(3, &errors, &out);  // refused (or rolled back) while the hubs reconnect
+  ref_u_ = ckpt_u;
+  ref_z_ = ckpt_z;
+  table_refs_ = ckpt_tables;
+  ExpectPulled("after both hubs restarted");
+  ExpectTables("after both hubs restarted");
+  ASSERT_NO_FATAL_FAILURE(GoodStep(2));
+}
+
 // The admin restores a cluster checkpoint while the job runs (asked on rack
 // 1's hub: any hub coordinates).
 TEST_F(CrossRackRestartTest, AnAdminRestoreBringsEveryRackBackToTheClusterCheckpoint) {
@@ -320,6 +368,36 @@ TEST_F(CrossRackRestartTest, AnAdminRestoreBringsEveryRackBackToTheClusterCheckp
   table_refs_ = ckpt_tables;
   ExpectPulled("after the restore");
   ExpectTables("after the restore");
+  for (int s = 1; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
+  ASSERT_NO_FATAL_FAILURE(TableStep(1));
+}
+
+// A flat hub (one hub serving both racks, every chunk homed on it) keeps
+// local checkpoints of the tenant: a kill -9 and restart resumes its newest.
+class FlatHubCheckpointTest : public CrossRackRestartTest {
+ protected:
+  bool flat() const override { return true; }
+};
+
+TEST_F(FlatHubCheckpointTest, AFlatHubRestartedResumesItsCheckpointExactly) {
+  std::vector<client::Error> errors;
+  std::vector<std::vector<float>> out;
+  PullAll(&out);
+  ASSERT_NO_FATAL_FAILURE(GoodStep(0));
+  ASSERT_NO_FATAL_FAILURE(TableStep(0));
+  ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(0, 1));
+  const std::vector<float> ckpt_u = ref_u_, ckpt_z = ref_z_;
+  const std::vector<TableReference> ckpt_tables = table_refs_;
+  for (int s = 1; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
+  ASSERT_NO_FATAL_FAILURE(TableStep(1));
+  EXPECT_EQ(hubs_.hubs[0]->Kill(), 128 + 9);
+  ASSERT_TRUE(hubs_.hubs[0]->Restart());
+  Step(3, &errors, &out);  // rolled back: kRolledBack on the reconnect
+  ref_u_ = ckpt_u;
+  ref_z_ = ckpt_z;
+  table_refs_ = ckpt_tables;
+  ExpectPulled("after the flat hub's restart");
+  ExpectTables("after the flat hub's restart");
   for (int s = 1; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
   ASSERT_NO_FATAL_FAILURE(TableStep(1));
 }
