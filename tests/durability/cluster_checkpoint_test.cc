@@ -16,17 +16,18 @@
 //     restore job S1` and then `checkpoint restore job` (the newest) through
 //     other hubs bring every worker back to V1, then V2 (each one Pulls it)
 //     and the job continues;
-//   - a hub kill -9 loop on 2 racks (checkpoint.every_iterations = 3, rack
-//     0's hub triggers): each round kills a random hub (every fifth round
-//     every hub) at a random point, half of the rounds while that hub writes
-//     a checkpoint file, and restarts it. The files complete on every hub
-//     before the kill are read from the state directories; the version the
-//     workers are brought back to must be at least that of the newest of
-//     them (exactly it when every hub was killed), never older; the job must
-//     move past where it was; the first resync of a worker of the restarted
-//     hub (one hub killed) is kRolledBack. Every common checkpoint is one consistent cut
-//     (same version, same parameters on every hub) and, at the end, a state
-//     the reference verified, velocity included;
+//   - a hub kill -9 loop on 2 racks (checkpoint.every_iterations = 3 on
+//     every hub; only rack 0's triggers, its log shows): each round kills a
+//     random hub (every fifth round every hub) at a random point, half of
+//     the rounds while that hub writes a checkpoint file, and restarts it.
+//     The files complete on every hub before the kill are read from the
+//     state directories; the version the workers are brought back to must
+//     be at least that of the newest of them (exactly it when every hub was
+//     killed), never older; the job must move past where it was; the first
+//     resync of a worker of the restarted hub (one hub killed) is
+//     kRolledBack. Every common checkpoint is one consistent cut (same
+//     version, same parameters on every hub) and, at the end, a state the
+//     reference verified, velocity included;
 //   - a checkpoint asked for while a hub is down fails naming its rack
 //     (UNAVAILABLE or DEADLINE_EXCEEDED) and leaves no file of that sequence
 //     on the live hubs; the restarted hub brings every hub back to the only
@@ -535,6 +536,14 @@ void HubKill9Loop(int racks) {
   run.FinishAndCheck();
   CheckImagesAgainstReference(run, images);
   EXPECT_GT(rolled_back, 0u) << "no kill ever rolled the job back";
+  // For a tenant spanning racks only rack 0's hub triggers (and coordinates).
+  const std::string coordinated = "cluster checkpoint ckpt-";
+  for (int r = 0; r < racks; ++r) {
+    const bool found = run.hub(r).Log().find(coordinated) != std::string::npos;
+    EXPECT_EQ(found, racks > 1 && r == 0)
+        << "rack " << r << "'s hub: the log line '" << coordinated << "... written on every "
+        << "rack's hub'";
+  }
   std::printf("cluster checkpoint kill loop: %llu rounds (%llu during a checkpoint write, %llu "
               "of every hub), %llu rolled back\n",
               static_cast<unsigned long long>(rounds), static_cast<unsigned long long>(during_write),
