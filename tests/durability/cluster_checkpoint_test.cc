@@ -155,8 +155,8 @@ KeyValues ValuesOf(const CheckpointImage& image, uint64_t* version) {
     return ::testing::AssertionFailure() << "its parameters are not the reference's";
   }
   if (got.slots.size() != want.slots.size()) {
-    return ::testing::AssertionFailure() << got.slots.size() << " optimizer state slots, not "
-                                         << want.slots.size();
+    return ::testing::AssertionFailure()
+           << got.slots.size() << " optimizer state slots, not " << want.slots.size();
   }
   for (uint64_t first = 0, c = 0; first < job.elements; first += job.chunk_elements, ++c) {
     if ((c / job.lanes) % job.racks != static_cast<uint64_t>(rack)) continue;
@@ -192,7 +192,8 @@ std::vector<CheckpointImage> ReadCut(CrossRackTraining& run, uint64_t seq) {
     if (!images.empty()) {
       uint64_t unused = 0;
       EXPECT_TRUE(SameBits(values.params, ValuesOf(images.front(), &unused).params))
-          << "checkpoint " << seq << ": rack " << r << "'s hub holds other parameters than rack 0's";
+          << "checkpoint " << seq << ": rack " << r
+          << "'s hub holds other parameters than rack 0's";
     }
     images.push_back(std::move(*image));
   }
@@ -243,8 +244,7 @@ std::map<std::string, std::vector<uint64_t>> PullsSince(CrossRackTraining& run,
     }
   }
   if (ok) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "the resyncs of rack " << rack << "'s workers:\n"
-                                       << seen;
+  return ::testing::AssertionFailure() << "the resyncs of rack " << rack << "'s workers:\n" << seen;
 }
 
 // The lowest version any worker pulled since the snapshot (nullopt: none).
@@ -274,8 +274,8 @@ bool EveryWorkerHas(CrossRackTraining& run, const std::map<std::string, size_t>&
 
 // After the job finished: each checkpoint read during the test is a state
 // the reference verified (parameters and the home chunks' velocity).
-void CheckImagesAgainstReference(CrossRackTraining& run,
-                                 const std::map<std::pair<int, uint64_t>, CheckpointImage>& images) {
+void CheckImagesAgainstReference(
+    CrossRackTraining& run, const std::map<std::pair<int, uint64_t>, CheckpointImage>& images) {
   const CrossRackJob job = run.Job();
   const auto& states = run.report().states;
   size_t checked = 0;
@@ -286,8 +286,8 @@ void CheckImagesAgainstReference(CrossRackTraining& run,
     if (want == states.end()) {
       const auto any = states.lower_bound({version, ""});
       EXPECT_TRUE(any == states.end() || any->first.first != version)
-          << "checkpoint " << at.second << " on rack " << at.first << "'s hub: version "
-          << version << " holds parameters no worker saw at that version";
+          << "checkpoint " << at.second << " on rack " << at.first << "'s hub: version " << version
+          << " holds parameters no worker saw at that version";
       continue;
     }
     EXPECT_TRUE(SameAsReference(job, got, want->second, at.first))
@@ -328,12 +328,14 @@ void CreateAndRestore(int racks) {
 
   // Any hub takes the cluster checkpoint: here the last rack's.
   const int asked = racks - 1;
-  const CommandResult created = Ctl(run.hub(asked).admin_address(), {"checkpoint", "create", "job"});
+  const CommandResult created =
+      Ctl(run.hub(asked).admin_address(), {"checkpoint", "create", "job"});
   ASSERT_EQ(created.exit_code, 0) << Describe(created) << run.State();
   const uint64_t seq = std::stoull(Field(created.out, "sequence"));
   EXPECT_EQ(Field(created.out, "path"),
             CheckpointDir(run.hub(asked)) + "/" + server::CheckpointFileName(seq))
-      << "the reply is the asked hub's own file\n" << created.out;
+      << "the reply is the asked hub's own file\n"
+      << created.out;
   const std::vector<CheckpointImage> cut = ReadCut(run, seq);
   ASSERT_EQ(cut.size(), static_cast<size_t>(racks)) << run.State();
   uint64_t version = 0;
@@ -342,8 +344,7 @@ void CreateAndRestore(int racks) {
 
   // The reference at V: V steps from zeros, computed from the inputs.
   const CrossRackJob job = run.Job();
-  KeyValues ref{std::vector<float>(kElements, 0.0f),
-                {std::vector<float>(kElements, 0.0f)}};
+  KeyValues ref{std::vector<float>(kElements, 0.0f), {std::vector<float>(kElements, 0.0f)}};
   for (uint64_t v = 0; v < version; ++v) ref = ReferenceStep(job, ref, v);
   for (int r = 0; r < racks; ++r) {
     uint64_t unused = 0;
@@ -408,8 +409,8 @@ TEST(ClusterCheckpoint, TheReferenceFollowsARestore) {
   job.optimizer.learning_rate = 0.05;
   job.optimizer.momentum = 0.9;
   ASSERT_TRUE(aggregation::NormalizeOptimizer(&job.optimizer).ok());
-  std::vector<KeyValues> s{{std::vector<float>(job.elements, 0.0f),
-                            {std::vector<float>(job.elements, 0.0f)}}};
+  std::vector<KeyValues> s{
+      {std::vector<float>(job.elements, 0.0f), {std::vector<float>(job.elements, 0.0f)}}};
   for (uint64_t v = 0; v < 3; ++v) s.push_back(ReferenceStep(job, s.back(), v));
   const auto pull = [](uint64_t v, const std::vector<float>& p) {
     return "pull " + std::to_string(v) + " " + HashFloats(p) + " " + HexFloats(p) + "\n";
@@ -437,8 +438,7 @@ TEST(ClusterCheckpoint, TheReferenceFollowsARestore) {
   job.rollbacks = true;
   std::vector<float> never = s[1].params;
   never[5] += 1.0f;
-  EXPECT_NE(check(head + pull(1, never)).problems.find("follows from no state"),
-            std::string::npos);
+  EXPECT_NE(check(head + pull(1, never)).problems.find("follows from no state"), std::string::npos);
   // Restored with version 3's velocity: the next step shows it.
   const KeyValues wrong{s[1].params, s[3].slots};
   EXPECT_NE(check(head + pull(1, s[1].params) + iter(2, ReferenceStep(job, wrong, 1).params))
@@ -465,9 +465,9 @@ void HubKill9Loop(int racks) {
   ASSERT_TRUE(run.Start());
   // Without a checkpoint on every hub a restarted hub's chunks are lost
   // (docs/cluster.md): the first kill waits for one.
-  ASSERT_TRUE(WaitUntil("a checkpoint complete on every hub",
-                        [&] { return !Common(EveryHubsSequences(run)).empty(); }))
-      << run.State();
+  ASSERT_TRUE(WaitUntil("a checkpoint complete on every hub", [&] {
+    return !Common(EveryHubsSequences(run)).empty();
+  })) << run.State();
   std::map<std::pair<int, uint64_t>, CheckpointImage> images;
   uint64_t during_write = 0, rolled_back = 0, every_hub = 0;
   for (uint64_t round = 0; round < rounds; ++round) {
@@ -507,11 +507,12 @@ void HubKill9Loop(int racks) {
     const uint64_t newest = *common.rbegin();
     const uint64_t bound = VersionOf(Complete(run.hub(victims.front())).at(newest));
     std::vector<CheckpointImage> cut = ReadCut(run, newest);
-    for (size_t r = 0; r < cut.size(); ++r) images[{static_cast<int>(r), newest}] = std::move(cut[r]);
+    for (size_t r = 0; r < cut.size(); ++r)
+      images[{static_cast<int>(r), newest}] = std::move(cut[r]);
     for (int v : victims) ASSERT_TRUE(run.hub(v).Restart(false)) << run.hub(v).Log();
     for (int v : victims) ASSERT_TRUE(run.hub(v).WaitReady()) << run.hub(v).Log();
-    ASSERT_TRUE(run.Progress(at_kill + 1, "after the restart of rack " +
-                                              std::to_string(victims.back()) + "'s hub"));
+    ASSERT_TRUE(run.Progress(
+        at_kill + 1, "after the restart of rack " + std::to_string(victims.back()) + "'s hub"));
     every_hub += all;
     const std::optional<uint64_t> low = LowestPullSince(run, lines);
     if (!low) continue;  // nothing to roll back (the checkpoint was the newest version)
@@ -527,10 +528,12 @@ void HubKill9Loop(int racks) {
     }
     EXPECT_GE(*low, bound) << "the workers were brought back to version " << *low
                            << ", older than checkpoint " << newest << " (version " << bound
-                           << ") complete on every hub before the kill\n" << run.State();
+                           << ") complete on every hub before the kill\n"
+                           << run.State();
     if (all) {
       EXPECT_EQ(*low, bound) << "every hub was killed: they must resume checkpoint " << newest
-                             << ", the newest on every hub\n" << run.State();
+                             << ", the newest on every hub\n"
+                             << run.State();
     }
   }
   run.FinishAndCheck();
@@ -544,11 +547,11 @@ void HubKill9Loop(int racks) {
         << "rack " << r << "'s hub: the log line '" << coordinated << "... written on every "
         << "rack's hub'";
   }
-  std::printf("cluster checkpoint kill loop: %llu rounds (%llu during a checkpoint write, %llu "
-              "of every hub), %llu rolled back\n",
-              static_cast<unsigned long long>(rounds), static_cast<unsigned long long>(during_write),
-              static_cast<unsigned long long>(every_hub),
-              static_cast<unsigned long long>(rolled_back));
+  std::printf(
+      "cluster checkpoint kill loop: %llu rounds (%llu during a checkpoint write, %llu "
+      "of every hub), %llu rolled back\n",
+      static_cast<unsigned long long>(rounds), static_cast<unsigned long long>(during_write),
+      static_cast<unsigned long long>(every_hub), static_cast<unsigned long long>(rolled_back));
 }
 
 TEST(ClusterCheckpoint, HubKill9LoopTwoRacks) { HubKill9Loop(2); }
@@ -598,7 +601,8 @@ TEST(ClusterCheckpoint, CreateWhileAHubIsDownFailsAndLeavesNoFile) {
   ASSERT_TRUE(run.hub(2).Restart()) << run.hub(2).Log();
   ASSERT_TRUE(run.Progress(at_kill + 1, "after the restart"));
   EXPECT_EQ(LowestPullSince(run, lines), version)
-      << "the workers must be brought back to checkpoint " << seq << "\n" << run.State();
+      << "the workers must be brought back to checkpoint " << seq << "\n"
+      << run.State();
   const CommandResult next = Ctl(run.hub(2).admin_address(), {"checkpoint", "create", "job"});
   ASSERT_EQ(next.exit_code, 0) << Describe(next) << run.State();
   const uint64_t seq2 = std::stoull(Field(next.out, "sequence"));
