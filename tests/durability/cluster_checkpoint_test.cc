@@ -27,7 +27,7 @@
 //     resync of a worker of the restarted hub (one hub killed) is
 //     kRolledBack. Every common checkpoint is one consistent cut (same
 //     version, same parameters on every hub) and, at the end, a state the
-//     reference verified, velocity included;
+//     reference verified, velocity included; 6 such rounds on 3 racks;
 //   - a checkpoint asked for while a hub is down fails naming its rack
 //     (UNAVAILABLE or DEADLINE_EXCEEDED) and leaves no file of that sequence
 //     on the live hubs; the restarted hub brings every hub back to the only
@@ -38,7 +38,7 @@
 // (CrossRackJob::rollbacks). The tests wait for events (worker output lines,
 // files, process exits), never for time; the only sleeps are the random
 // delays before a kill (where it lands is what is tested).
-// RACKHUB_CKPT_ROUNDS sets the kill loop's rounds (default 20;
+// RACKHUB_CKPT_ROUNDS sets the kill loops' rounds (default 20 on 2 racks, 6 on 3;
 // tests/durability/kill_loops.sh --checkpoints), RACKHUB_KILL_SEED replays
 // the random points.
 #include <grpcpp/grpcpp.h>
@@ -456,9 +456,10 @@ TEST(ClusterCheckpoint, CreateAndRestoreOneRackControl) { CreateAndRestore(1); }
 
 // --- hub kill -9 loop -------------------------------------------------------
 
-void HubKill9Loop(int racks) {
+// `ci_rounds` rounds; RACKHUB_CKPT_ROUNDS replaces it.
+void HubKill9Loop(int racks, uint64_t ci_rounds) {
   auto rng = Rng();
-  const uint64_t rounds = EnvOr("RACKHUB_CKPT_ROUNDS", 20);
+  const uint64_t rounds = EnvOr("RACKHUB_CKPT_ROUNDS", ci_rounds);
   CrossRackTraining run(racks, 2,
                         {"--checkpoint-every-iterations", "3", "--checkpoint-every-seconds", "0"},
                         1, false, /*durable=*/true);
@@ -554,11 +555,13 @@ void HubKill9Loop(int racks) {
       static_cast<unsigned long long>(every_hub), static_cast<unsigned long long>(rolled_back));
 }
 
-TEST(ClusterCheckpoint, HubKill9LoopTwoRacks) { HubKill9Loop(2); }
+TEST(ClusterCheckpoint, HubKill9LoopTwoRacks) { HubKill9Loop(2, 20); }
+
+TEST(ClusterCheckpoint, HubKill9LoopThreeRacks) { HubKill9Loop(3, 6); }
 
 // The same loop on a one-rack cluster (single-rack checkpoints, which predate
 // cluster checkpoints): a control for the loop's own checks.
-TEST(ClusterCheckpoint, HubKill9LoopOneRackControl) { HubKill9Loop(1); }
+TEST(ClusterCheckpoint, HubKill9LoopOneRackControl) { HubKill9Loop(1, 6); }
 
 // --- a hub down -------------------------------------------------------------
 
