@@ -7,8 +7,11 @@ checks that nothing else names rackhub.
 
     build/bin/rackhub-run -n 4 --min-np 2 --max-np 8 python3 client/examples/horovod_elastic.py
 
-The data set is synthetic: inputs x ~ N(0, I), labels the argmax of a fixed
-random teacher. Each rank takes every size()-th batch from rank(); the
+The data set is synthetic (the same on every rank): inputs x ~ N(0, I),
+labels the argmax of a fixed random teacher. As in Horovod's
+pytorch_mnist_elastic.py, an ElasticSampler in the TorchState splits the
+samples of the epoch not trained yet over the current ranks (after a rank
+leaves or joins the rest are split again, nothing trained is redone); the
 learning rate scales with size() and is reset when the membership changes.
 """
 import argparse
@@ -17,12 +20,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
+import torch.utils.data
 
 import rackhub.torch as hvd
 
 parser = argparse.ArgumentParser(description="PyTorch elastic example")
 parser.add_argument("--epochs", type=int, default=10)
-parser.add_argument("--batches-per-epoch", type=int, default=20)
+parser.add_argument("--samples", type=int, default=2560, help="samples per epoch")
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--batches-per-commit", type=int, default=1)
@@ -45,10 +49,12 @@ class Net(nn.Module):
         return self.fc2(F.relu(self.fc1(x)))
 
 
-def batch(epoch, index):
-    g = torch.Generator().manual_seed(epoch * 100003 + index)
-    x = torch.randn(args.batch_size, 32, generator=g)
-    return x, (x @ teacher).argmax(dim=1)
+g = torch.Generator().manual_seed(7)
+inputs = torch.randn(args.samples, 32, generator=g)
+dataset = torch.utils.data.TensorDataset(inputs, (inputs @ teacher).argmax(dim=1))
+train_sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
+train_loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size,
+                                           sampler=train_sampler)
 
 
 model = Net()
@@ -60,28 +66,29 @@ optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_par
 def train_epoch(state):
     model.train()
     total, count = 0.0, 0
-    for state.batch in range(state.batch, args.batches_per_epoch):
-        # Every rank takes its share of the epoch's batches.
-        x, y = batch(state.epoch, state.batch * hvd.size() + hvd.rank())
+    # This rank's share of the samples of the epoch not trained yet.
+    for batch_idx, (x, y) in enumerate(train_loader):
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         total, count = total + loss.item(), count + 1
-        if state.batch % args.batches_per_commit == 0:
+        state.train_sampler.record_batch(batch_idx, args.batch_size)
+        if batch_idx % args.batches_per_commit == 0:
             state.commit()
-    return total / max(count, 1)
+    return total, count
 
 
 @hvd.elastic.run
 def train(state):
     while state.epoch < args.epochs:
-        loss = train_epoch(state)
-        avg = hvd.allreduce(torch.tensor([loss]), name="avg_loss").item()
+        total, count = train_epoch(state)
+        sums = hvd.allreduce(torch.tensor([total, float(count)]), op=hvd.Sum, name="avg_loss")
         if hvd.rank() == 0:
-            print(f"epoch {state.epoch}: size {hvd.size()} loss {avg:.4f}", flush=True)
+            print(f"epoch {state.epoch}: size {hvd.size()} loss "
+                  f"{sums[0].item() / max(sums[1].item(), 1.0):.4f}", flush=True)
         state.epoch += 1
-        state.batch = 0
+        state.train_sampler.set_epoch(state.epoch)  # at the end of the epoch
         state.commit()
 
 
@@ -91,7 +98,7 @@ def on_state_reset():
         group["lr"] = args.lr * hvd.size()
 
 
-state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+state = hvd.elastic.TorchState(model, optimizer, train_sampler=train_sampler, epoch=0)
 state.register_reset_callbacks([on_state_reset])
 train(state)
 if hvd.rank() == 0:

@@ -150,7 +150,14 @@ Checkpointer::Versions Checkpointer::Install(const TenantInfo& tenant,
     }
     keys.insert(ck.id);
   }
-  data_->TenantRuntimeFor(tenant.handle)->restores.fetch_add(1);
+  // Odd while the lanes restore (a seqlock: a copy that began or ended
+  // meanwhile is void).
+  const auto runtime = data_->TenantRuntimeFor(tenant.handle);
+  runtime->restores.fetch_add(1);
+  struct Even {
+    TenantRuntime& rt;
+    ~Even() { rt.restores.fetch_add(1); }
+  } even{*runtime};
   // Fresh chunks of these keys start at the restored version.
   for (const CheckpointKey& ck : image.keys) {
     if (!keys.count(ck.id)) continue;
@@ -210,7 +217,7 @@ Result<Checkpointer::Versions> Checkpointer::InstallSequence(const TenantInfo& t
                   image.status().message());
     std::lock_guard lock(damaged_mu_);
     damaged_.insert({tenant.handle, sequence});
-    return image.status();
+    return Internal("cannot restore " + path + ": " + image.status().message());
   }
   // Chunks newer than the checkpoint go back: the floor is the image's.
   for (const CheckpointKey& ck : image->keys) {
@@ -237,7 +244,8 @@ std::map<uint32_t, uint64_t> Checkpointer::KeyVersions(uint32_t handle) {
 
 void Checkpointer::WaitRecovered(uint32_t handle, std::chrono::steady_clock::time_point deadline) {
   const auto rt = data_->TenantRuntimeFor(handle);
-  while (rt->recovering.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+  while (rt->recovering.load() > 0 && std::chrono::steady_clock::now() < deadline &&
+         !data_->stopping()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
@@ -330,7 +338,7 @@ Result<CheckpointInfo> Checkpointer::WriteCut(const TenantInfo& tenant,
     std::lock_guard lock(job_mu_);
     job_.reset();
   }
-  if (s.ok() && runtime->restores.load() != restores) {
+  if (s.ok() && (restores % 2 != 0 || runtime->restores.load() != restores)) {
     s = Unavailable("the tenant was restored while its chunks were copied");
   }
   if (!s.ok()) {
@@ -365,6 +373,10 @@ Result<CheckpointInfo> Checkpointer::WriteCut(const TenantInfo& tenant,
   if (!info.ok()) {
     spdlog::error("checkpoint: tenant '{}': {}", tenant.name, info.status().message());
     return info;
+  }
+  {
+    std::lock_guard lock(damaged_mu_);  // a damaged file of that name was replaced
+    damaged_.erase({tenant.handle, image.sequence});
   }
   Written(tenant, *info, iterations, start, copied);
   return info;
@@ -412,10 +424,14 @@ Result<CheckpointInfo> Checkpointer::Restore(const std::string& tenant, uint64_t
   TenantInfo info;
   if (Status s = registry_->GetTenant(tenant, &info); !s.ok()) return s;
   if (Status s = CheckSync(info); !s.ok()) return s;
+  const auto deadline = std::chrono::steady_clock::now() + kRestoreTimeout;
   std::unique_lock lock(mu_, std::defer_lock);
-  if (!lock.try_lock_for(kRestoreTimeout)) return Busy();
+  if (!lock.try_lock_until(deadline)) return Busy();
   if (Cluster(info)) {
-    Result<CheckpointInfo> out = cluster_->Restore(info, sequence, kRestoreTimeout);
+    Result<CheckpointInfo> out = cluster_->Restore(
+        info, sequence,
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                              std::chrono::steady_clock::now()));
     if (out.ok()) last_iterations_[info.handle] = TenantIteration(info);
     return out;
   }
@@ -536,6 +552,7 @@ void Checkpointer::Stop() {
     stopping_ = true;
   }
   trigger_cv_.notify_all();
+  if (cluster_) cluster_->Cancel();  // a cluster checkpoint the trigger coordinates ends now
   if (trigger_.joinable()) trigger_.join();
   if (cluster_) cluster_->Stop();  // its thread is joined: no copy of another hub's runs
   std::lock_guard lock(job_mu_);
@@ -561,8 +578,13 @@ void Checkpointer::TriggerLoop() {
       const uint64_t done = TenantIteration(t);
       uint64_t last;
       {
-        std::lock_guard l(mu_);
-        uint64_t& at = last_iterations_[t.handle];
+        std::unique_lock l(mu_, std::try_to_lock);
+        if (!l.owns_lock()) continue;  // a checkpoint or restore runs: the next tick
+        const auto [it, first] = last_iterations_.try_emplace(t.handle, done);
+        // A tenant spanning racks first seen here resumed (or started) at
+        // `done`: nothing new since.
+        if (first && Cluster(t)) continue;
+        uint64_t& at = it->second;
         if (done < at) at = done;  // rolled back (a cluster checkpoint's restore): count from there
         last = at;
       }

@@ -39,14 +39,14 @@ ClusterCheckpoints::ClusterCheckpoints(const Config& config, Registry* registry,
     if (!registry_->GetTenantByHandle(handle, &info).ok()) return std::vector<uint64_t>{};
     return owner_->Sequences(info);
   };
-  hooks.restore = [this](uint32_t handle,
-                         uint64_t sequence) -> Result<std::map<uint32_t, uint64_t>> {
+  hooks.restore = [this](uint32_t handle, uint64_t sequence,
+                         uint64_t round) -> Result<std::map<uint32_t, uint64_t>> {
     TenantInfo info;
     if (Status s = registry_->GetTenantByHandle(handle, &info); !s.ok()) return s;
     Result<std::map<uint32_t, uint64_t>> out = owner_->InstallSequence(info, sequence);
     if (out.ok()) {
       std::lock_guard lock(mu_);
-      installed_[handle] = sequence;
+      installed_[handle] = {round, sequence};
     }
     return out;
   };
@@ -60,13 +60,41 @@ ClusterCheckpoints::ClusterCheckpoints(const Config& config, Registry* registry,
 
 ClusterCheckpoints::~ClusterCheckpoints() { Stop(); }
 
-void ClusterCheckpoints::Stop() {
+void ClusterCheckpoints::Cancel() {
+  Queue dropped;
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
+    for (Queue* q : {&queries_, &requests_}) {
+      for (auto& r : *q) dropped.push_back(std::move(r));
+      q->clear();
+    }
   }
-  cv_.notify_all();
+  cv_.notify_all();  // a coordinator waiting here gives up
   owner_->CancelCopy();
+  for (const auto& [rack, payload] : dropped) {
+    dpb::RackCheckpoint m;
+    if (m.ParseFromString(payload)) AnswerStopping(rack, m);
+  }
+}
+
+void ClusterCheckpoints::AnswerStopping(uint32_t rack, const Message& request) {
+  if (request.op() != dpb::RackCheckpoint::QUERY && request.op() != dpb::RackCheckpoint::PREPARE) {
+    return;
+  }
+  dpb::RackCheckpoint reply;
+  reply.set_op(request.op() == dpb::RackCheckpoint::QUERY ? dpb::RackCheckpoint::QUERY_REPLY
+                                                           : dpb::RackCheckpoint::PREPARE_REPLY);
+  reply.set_tenant(request.tenant());
+  reply.set_request(request.request());
+  reply.set_sequence(request.sequence());
+  reply.set_code(static_cast<uint32_t>(StatusCode::kUnavailable));
+  reply.set_error("rack " + Num(config_.topology.rack) + "'s hub is stopping");
+  data_->SendRackCheckpoint(rack, reply.SerializeAsString());
+}
+
+void ClusterCheckpoints::Stop() {
+  Cancel();
   data_->SetCheckpointHooks({});  // waits for hook calls in progress
   if (query_server_.joinable()) query_server_.join();
   if (server_.joinable()) server_.join();
@@ -92,6 +120,10 @@ void ClusterCheckpoints::OnMessage(uint32_t rack, std::string payload) {
       it->second.replies[rack] = std::move(payload);
       cv_.notify_all();
     }
+    return;
+  }
+  if (stopping_) {
+    AnswerStopping(rack, m);  // (sends only: no lock of ours is taken)
     return;
   }
   // At most a few requests are in flight per hub (one checkpoint at a time).
@@ -150,6 +182,13 @@ void ClusterCheckpoints::Answer(uint32_t rack, const Message& request) {
         k->set_newest(v);
       }
       for (uint64_t seq : owner_->Sequences(info)) reply.add_checkpoints(seq);
+      {
+        std::lock_guard lock(mu_);
+        if (const auto it = installed_.find(info.handle); it != installed_.end()) {
+          reply.set_restored_round(it->second.first);
+          reply.set_restored(it->second.second);
+        }
+      }
       break;
     }
     case dpb::RackCheckpoint::PREPARE: {
@@ -194,6 +233,11 @@ void ClusterCheckpoints::Answer(uint32_t rack, const Message& request) {
       } else {
         std::lock_guard lock(mu_);
         prepared_[{rack, request.request()}] = request.sequence();
+        prepared_order_.emplace_back(rack, request.request());
+        while (prepared_order_.size() > kRememberPrepared) {  // an ABORT comes at once, or never
+          prepared_.erase(prepared_order_.front());
+          prepared_order_.pop_front();
+        }
       }
       break;
     }
@@ -302,8 +346,8 @@ Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
     // has (its chunks get there at once when idle, or as training goes on).
     std::map<uint32_t, uint64_t> targets = owner_->NewestVersions(tenant);
     uint64_t sequence = 1;
-    for (const CheckpointInfo& c : ListCheckpoints(TenantDir(tenant))) {
-      sequence = std::max(sequence, c.sequence + 1);
+    for (uint64_t seq : CheckpointSequences(TenantDir(tenant))) {  // damaged ones too
+      sequence = std::max(sequence, seq + 1);
     }
     for (const auto& [rack, reply] : *peers) {
       for (const auto& k : reply.keys()) {
@@ -371,6 +415,36 @@ Result<CheckpointInfo> ClusterCheckpoints::Create(const TenantInfo& tenant,
   }
 }
 
+Status ClusterCheckpoints::ConfirmRestored(const TenantInfo& tenant, uint64_t round,
+                                           uint64_t sequence, Clock::time_point deadline) {
+  for (;;) {
+    Result<std::map<uint32_t, Message>> peers = QueryAll(tenant, deadline);
+    if (!peers.ok()) return peers.status();
+    std::string waiting;
+    for (const auto& [rack, reply] : *peers) {
+      if (reply.restored_round() > round ||
+          (reply.restored_round() == round && reply.restored() != sequence)) {
+        return Status(StatusCode::kAborted,
+                      "tenant '" + tenant.name + "': rack " + Num(rack) + "'s hub restored " +
+                          "checkpoint " + Num(reply.restored()) + " in round " +
+                          Num(reply.restored_round()) + " after checkpoint " + Num(sequence) +
+                          " in round " + Num(round) + " (it could not load it?): see its log");
+      }
+      if (reply.restored_round() < round) waiting += (waiting.empty() ? "" : ", ") + Num(rack);
+    }
+    if (waiting.empty()) return Status::Ok();
+    if (Clock::now() >= deadline) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "checkpoint " + Num(sequence) + " of tenant '" + tenant.name +
+                        "' is restored here; rack(s) " + waiting + " have not confirmed it yet");
+    }
+    std::unique_lock lock(mu_);  // a moment for the others' round to end (or Stop)
+    if (cv_.wait_for(lock, std::chrono::milliseconds(20), [this] { return stopping_; })) {
+      return Unavailable("the hub is stopping");
+    }
+  }
+}
+
 Result<CheckpointInfo> ClusterCheckpoints::Restore(const TenantInfo& tenant, uint64_t sequence,
                                                    std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
@@ -410,22 +484,25 @@ Result<CheckpointInfo> ClusterCheckpoints::Restore(const TenantInfo& tenant, uin
     owner_->WaitRecovered(tenant.handle, deadline);  // a round under way: then ask again
   }
   owner_->WaitRecovered(tenant.handle, deadline);
+  std::pair<uint64_t, uint64_t> mine{0, 0};  // (round, sequence)
   {
     std::lock_guard lock(mu_);
-    const auto it = installed_.find(tenant.handle);
-    if (it == installed_.end()) {
-      return Status(StatusCode::kDeadlineExceeded,
-                    "checkpoint " + Num(sequence) + " of tenant '" + tenant.name +
-                        "' is requested, but the recovery round that restores it has not ended "
-                        "(is a hub unreachable?); it is restored when the round ends");
-    }
-    if (it->second != sequence) {
-      return Status(StatusCode::kAborted,
-                    "tenant '" + tenant.name + "' was restored to checkpoint " +
-                        Num(it->second) + ", not " + Num(sequence) +
-                        " (a hub could not load it: see the hubs' logs)");
-    }
+    if (const auto it = installed_.find(tenant.handle); it != installed_.end()) mine = it->second;
   }
+  if (mine.second == 0) {
+    return Status(StatusCode::kDeadlineExceeded,
+                  "checkpoint " + Num(sequence) + " of tenant '" + tenant.name +
+                      "' is requested, but the recovery round that restores it has not ended "
+                      "(is a hub unreachable?); it is restored when the round ends");
+  }
+  if (mine.second != sequence) {
+    return Status(StatusCode::kAborted,
+                  "tenant '" + tenant.name + "' was restored to checkpoint " + Num(mine.second) +
+                      ", not " + Num(sequence) + " (a hub could not load it: see the hubs' logs)");
+  }
+  // Every other hub restored it in the same round (one that could not load
+  // its file starts another round, which restores an older checkpoint).
+  if (Status s = ConfirmRestored(tenant, mine.first, sequence, deadline); !s.ok()) return s;
   for (CheckpointInfo& c : ListCheckpoints(TenantDir(tenant))) {
     if (c.sequence == sequence) return std::move(c);
   }

@@ -59,9 +59,11 @@ class ClusterCheckpoints {
                      Checkpointer* owner);
   ~ClusterCheckpoints();
   ClusterCheckpoints(const ClusterCheckpoints&) = delete;
-  // Shutdown, before the data plane stops: no more requests are served, the
-  // copy of one in progress fails, the DataPlane's hooks are taken back.
-  // Idempotent.
+  // Shutdown, before the data plane stops: Cancel first (no more requests
+  // are served: queued and new ones are answered UNAVAILABLE, a coordinator
+  // waiting here gives up, the copy in progress fails), then Stop (the
+  // DataPlane's hooks are taken back, the threads joined). Idempotent.
+  void Cancel();
   void Stop();
   ClusterCheckpoints& operator=(const ClusterCheckpoints&) = delete;
 
@@ -109,6 +111,12 @@ class ClusterCheckpoints {
   // first that did not answer (or failed).
   Result<std::map<uint32_t, Message>> QueryAll(const TenantInfo& tenant,
                                                Clock::time_point deadline);
+  // A request that will not be served (the hub stops): UNAVAILABLE.
+  void AnswerStopping(uint32_t rack, const Message& request);
+  // After a restore here in `round`: every other hub restored `sequence`
+  // in that round too (asked until `deadline`), or why not.
+  Status ConfirmRestored(const TenantInfo& tenant, uint64_t round, uint64_t sequence,
+                         Clock::time_point deadline);
   // Deletes checkpoint `sequence` of `tenant` on every hub (a failed cut;
   // `prepare`: the PREPARE's request id, which the hubs check).
   void AbortAll(const TenantInfo& tenant, uint64_t sequence, uint64_t prepare, bool here);
@@ -126,10 +134,13 @@ class ClusterCheckpoints {
   Queue queries_;                             // GUARDED_BY(mu_)
   Queue requests_;                            // GUARDED_BY(mu_): PREPARE, ABORT
   bool stopping_ = false;                     // GUARDED_BY(mu_)
-  std::map<uint32_t, uint64_t> installed_;    // GUARDED_BY(mu_): by handle, the last restore
+  // By handle: the (round, sequence) of the last restore here.
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> installed_;  // GUARDED_BY(mu_)
   // PREPAREs this hub wrote, by (rack, request): the sequence an ABORT of
   // that request may delete (no other).
   std::map<std::pair<uint32_t, uint64_t>, uint64_t> prepared_;  // GUARDED_BY(mu_)
+  std::deque<std::pair<uint32_t, uint64_t>> prepared_order_;     // GUARDED_BY(mu_): oldest first
+  static constexpr size_t kRememberPrepared = 64;
   std::thread query_server_;
   std::thread server_;
 };

@@ -39,8 +39,7 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
       hub_connector_(std::move(hub_connector)),
       drained_(lanes->size(), false) {
   blocking_ = std::make_unique<boost::asio::thread_pool>(2);
-  realign_strand_ = std::make_unique<boost::asio::strand<boost::asio::thread_pool::executor_type>>(
-      blocking_->get_executor());
+  realign_strand_ = std::make_unique<boost::asio::thread_pool>(1);
   for (uint32_t r = 0; r < config.topology.rack_count(); ++r) {
     link_counters_.push_back(std::make_unique<LinkCounters>());
   }
@@ -158,7 +157,8 @@ Status DataPlane::RestoreAcrossRacks(uint32_t handle, uint64_t sequence, const s
 DataPlane::~DataPlane() {
   registry_->SetObserver(nullptr);
   Shutdown(std::chrono::milliseconds(0));
-  blocking_->join();  // its tasks may still report to the lanes
+  realign_strand_->join();  // its waits on the lanes give up once the hub stops
+  blocking_->join();        // its tasks may still report to the lanes
 }
 
 void DataPlane::RunBlocking(std::function<void()> fn) {
@@ -410,6 +410,24 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
   const auto tenant = TenantRuntimeFor(handle);
   tenant->SetCause(why);
   const bool started = tenant->recovering.fetch_add(1) == 0;
+  TenantInfo info;
+  if (rack_recovery_ && registry_->GetTenantByHandle(handle, &info).ok() && SpansRacks(info)) {
+    // Every rack's hub takes part: the versions are agreed first. The
+    // pending updates fail at once; the versions are read on the strand,
+    // after the realignment of any earlier round (a restore moves them
+    // back: a report of the versions before it would undo the rollback).
+    if (first) OnEveryLane(first);
+    boost::asio::post(*realign_strand_, [this, handle, tenant, why, name = info.name] {
+      std::map<uint32_t, uint64_t> versions;
+      if (!KeyVersionsAndWait(handle, &versions)) return;  // the hub stops
+      rack_recovery_->Reported(
+          handle, name, why, std::move(versions),
+          [this, handle, tenant](const RackRecovery::Outcome& outcome, bool realign) {
+            Realign(handle, tenant, outcome, realign);
+          });
+    });
+    return started;
+  }
   auto job = std::make_shared<Job>();
   job->remaining = lane_count();
   OnEveryLane([this, handle, first, job, tenant, why](Lane& lane) {
@@ -421,16 +439,6 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
     }
     if (job->remaining.fetch_sub(1) != 1) return;
     // Every lane failed its part of the iteration; job->versions is final.
-    TenantInfo info;
-    if (rack_recovery_ && registry_->GetTenantByHandle(handle, &info).ok() && SpansRacks(info)) {
-      // Every rack's hub takes part: the versions are agreed first.
-      rack_recovery_->Reported(
-          handle, info.name, why, std::move(job->versions),
-          [this, handle, tenant](const RackRecovery::Outcome& outcome, bool realign) {
-            Realign(handle, tenant, outcome, realign);
-          });
-      return;
-    }
     if (config_.topology.rack_count() > 1) {
       // Flat (one hub serving every rack): as across racks, every chunk skips
       // past the newest version (a rack's stage may be one ahead of its
@@ -464,15 +472,19 @@ void DataPlane::RealignAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntim
     // Frames of older rounds are stale first (a late RACK_ALIGN must not
     // overwrite what the file restores). The keys it holds are at its
     // versions on every hub then; the others skip as in any round.
-    RaiseEpochAndWait(handle, outcome.round);
+    if (!RaiseEpochAndWait(handle, outcome.round)) return;  // the hub stops
     const Result<std::map<uint32_t, uint64_t>> restored =
         WithCheckpointHooks([&](const CheckpointHooks& h) -> Result<std::map<uint32_t, uint64_t>> {
           if (!h.restore) return FailedPrecondition("checkpoints are off on this hub");
-          return h.restore(handle, outcome.restore);
+          return h.restore(handle, outcome.restore, outcome.round);
         });
     if (restored.ok()) {
       for (const auto& [key, v] : *restored) outcome.agreed.erase(key);
       rack_recovery_->Restored(handle, *restored);
+    } else if (restored.status().code() == StatusCode::kFailedPrecondition) {
+      // The hub is stopping (its checkpoints are off now): its chunks stay,
+      // nothing is sent; it rolls back when it starts again.
+      outcome.agreed.clear();
     } else {
       // This hub's file of it cannot be loaded: its chunks stay as they are
       // (no skip, no RACK_ALIGN of values the others rolled back), and the
@@ -493,18 +505,37 @@ void DataPlane::RealignAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntim
 }
 
 bool DataPlane::RaiseEpochAndWait(uint32_t handle, uint64_t round) {
+  return OnEveryLaneAndWait([handle, round](Lane& lane) { lane.RaiseRackEpoch(handle, round); });
+}
+
+bool DataPlane::KeyVersionsAndWait(uint32_t handle, std::map<uint32_t, uint64_t>* out) {
+  auto mu = std::make_shared<std::mutex>();
+  auto versions = std::make_shared<std::map<uint32_t, uint64_t>>();
+  if (!OnEveryLaneAndWait([handle, mu, versions](Lane& lane) {
+        const auto mine = lane.KeyVersions(handle);
+        std::lock_guard lock(*mu);
+        for (const auto& [key, v] : mine) (*versions)[key] = std::max((*versions)[key], v);
+      })) {
+    return false;
+  }
+  std::lock_guard lock(*mu);
+  *out = std::move(*versions);
+  return true;
+}
+
+bool DataPlane::OnEveryLaneAndWait(std::function<void(Lane&)> fn) {
   std::vector<std::future<void>> done;
   for (uint32_t i = 0; i < lane_count(); ++i) {
     auto p = std::make_shared<std::promise<void>>();
     done.push_back(p->get_future());
-    OnLane(i, [handle, round, p](Lane& lane) {
-      lane.RaiseRackEpoch(handle, round);
+    OnLane(i, [fn, p](Lane& lane) {
+      fn(lane);
       p->set_value();
     });
   }
   for (auto& f : done) {
     while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-      if (stopping()) return false;  // the lanes may never run it
+      if (stopping()) return false;  // the lanes may never run it (`fn` owns what it uses)
     }
   }
   return true;

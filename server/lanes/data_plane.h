@@ -21,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <tbb/concurrent_hash_map.h>
 
@@ -92,9 +91,12 @@ class DataPlane final : public RegistryObserver, public LaneHost {
     std::function<void(uint32_t rack, std::string payload)> on_message;
     // The sequences of the tenant's checkpoint files here (for round reports).
     std::function<std::vector<uint64_t>(uint32_t handle)> sequences;
-    // A round's restore: loads checkpoint `sequence` into the lanes (blocking,
-    // not on a lane); the restored key versions.
-    std::function<Result<std::map<uint32_t, uint64_t>>(uint32_t handle, uint64_t sequence)>
+    // Round `round`'s restore: loads checkpoint `sequence` into the lanes
+    // (blocking, not on a lane); the restored key versions. A load that
+    // fails is INTERNAL, DATA_LOSS or the like, never FAILED_PRECONDITION
+    // (that is: checkpoints are off here).
+    std::function<Result<std::map<uint32_t, uint64_t>>(uint32_t handle, uint64_t sequence,
+                                                       uint64_t round)>
         restore;
   };
   void SetCheckpointHooks(CheckpointHooks hooks);
@@ -170,9 +172,13 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // restore loads its file here).
   void RealignAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
                           RackRecovery::Outcome outcome);
-  // Every lane's rack epoch of the tenant raised to `round` (waits; false if
-  // the hub stops meanwhile).
+  // Every lane's rack epoch of the tenant raised to `round`; the newest
+  // version of each key over the lanes. Both wait (on the strand, never on
+  // a lane); false if the hub stops meanwhile.
   bool RaiseEpochAndWait(uint32_t handle, uint64_t round);
+  bool KeyVersionsAndWait(uint32_t handle, std::map<uint32_t, uint64_t>* out);
+  // Runs fn(lane) on every lane and waits (see KeyVersionsAndWait).
+  bool OnEveryLaneAndWait(std::function<void(Lane&)> fn);
   // The checkpoint hooks, held for the call (see SetCheckpointHooks).
   template <typename Fn>
   auto WithCheckpointHooks(Fn&& fn);
@@ -195,9 +201,10 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   std::vector<std::unique_ptr<Lane>> lanes_;
   // RunBlocking's threads; after lanes_: joined before the lanes go.
   std::unique_ptr<boost::asio::thread_pool> blocking_;
-  // Cross-rack realignments one at a time, in the order their rounds ended
-  // (on blocking_): a later round's must not overtake a restore's file load.
-  std::unique_ptr<boost::asio::strand<boost::asio::thread_pool::executor_type>> realign_strand_;
+  // Cross-rack rounds' work one at a time, in order, on a thread of its own
+  // (never behind an etcd call): phase 1's version reads and the
+  // realignments, so neither overtakes a restore's file load.
+  std::unique_ptr<boost::asio::thread_pool> realign_strand_;
   std::atomic<uint64_t> seq_{0};
   std::string hub_secret_;
   struct LinkCounters {

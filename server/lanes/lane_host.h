@@ -74,8 +74,9 @@ struct TenantRuntime {
   // non-zero, PUSHes are refused (non-fatal WORKER_LOST) and PULLs are held
   // until every chunk is at its key's version again.
   std::atomic<uint32_t> recovering{0};
-  // Checkpoints restored into the lanes so far (Checkpointer::Install): a
-  // checkpoint copy taken across a restore mixes two timelines and is void.
+  // Checkpoint restores into the lanes, as a seqlock (Checkpointer::Install:
+  // +1 before, +1 after; odd while one runs): a checkpoint copy taken
+  // across a restore mixes two timelines and is void.
   std::atomic<uint64_t> restores{0};
 
   // Elastic tenants: the committed membership (a snapshot; lanes compare

@@ -23,6 +23,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -209,6 +211,32 @@ class CrossRackRestartTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(resp.sequence(), expected_sequence);
   }
+  // Rack `rack`'s hub's files of checkpoint `seq` (its state directory):
+  // removed, or with a byte in their chunk data flipped; how many.
+  size_t RemoveCheckpointFile(uint32_t rack, uint64_t seq) { return EachFile(rack, seq, false); }
+  size_t DamageCheckpointFile(uint32_t rack, uint64_t seq) { return EachFile(rack, seq, true); }
+  size_t EachFile(uint32_t rack, uint64_t seq, bool damage) {
+    const std::string name = "ckpt-" + std::string(20 - std::to_string(seq).size(), '0') +
+                             std::to_string(seq) + ".rhc";
+    size_t n = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(
+             hubs_.hubs[rack]->state_dir() + "/checkpoints")) {
+      if (e.path().filename() != name) continue;
+      ++n;
+      if (!damage) {
+        std::filesystem::remove(e.path());
+        continue;
+      }
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      const auto size = std::filesystem::file_size(e.path());
+      f.seekg(static_cast<std::streamoff>(size - 16));
+      char c = 0;
+      f.get(c);
+      f.seekp(static_cast<std::streamoff>(size - 16));
+      f.put(static_cast<char>(c ^ 0x5a));
+    }
+    return n;
+  }
   // The sequences of rack `rack`'s hub's checkpoints of the tenant.
   std::vector<uint64_t> Sequences(uint32_t rack) {
     grpc::ClientContext ctx;
@@ -299,40 +327,71 @@ TEST_F(CrossRackRestartTest, AfterAHubRestartEveryRackRollsBackToTheClusterCheck
 }
 
 // Both hubs killed at once (a power cut) and restarted: they resume from the
-// newest checkpoint they both have, even though each restarted alone.
+// newest checkpoint they both have (rack 1's newest was lost: they resume
+// the one before it, not each its own newest).
 TEST_F(CrossRackRestartTest, AfterEveryHubRestartedTheyResumeTheNewestCommonCheckpoint) {
   std::vector<client::Error> errors;
   std::vector<std::vector<float>> out;
   PullAll(&out);
   ASSERT_NO_FATAL_FAILURE(GoodStep(0));
   ASSERT_NO_FATAL_FAILURE(TableStep(0));
-  std::vector<float> ckpt_u, ckpt_z;
-  std::vector<TableReference> ckpt_tables;
-  for (uint64_t seq = 1; seq <= 2; ++seq) {  // two checkpoints: the newer one counts
-    grpc::ClientContext ctx;
-    pb::CreateCheckpointRequest req;
-    req.set_tenant("job");
-    pb::Checkpoint resp;
-    const grpc::Status s = Checkpoints(seq == 1 ? 0 : 1)->CreateCheckpoint(&ctx, req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(resp.sequence(), seq);
-    ckpt_u = ref_u_;
-    ckpt_z = ref_z_;
-    ckpt_tables = table_refs_;
+  struct Saved {
+    std::vector<float> u, z;
+    std::vector<TableReference> tables;
+  };
+  std::vector<Saved> saved;  // by sequence - 1
+  for (uint64_t seq = 1; seq <= 2; ++seq) {
+    ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(seq == 1 ? 0 : 1, seq));
+    saved.push_back({ref_u_, ref_z_, table_refs_});
     ASSERT_NO_FATAL_FAILURE(GoodStep(static_cast<int>(seq)));
-    if (seq == 1) ASSERT_NO_FATAL_FAILURE(TableStep(seq));
+    ASSERT_NO_FATAL_FAILURE(TableStep(seq));
   }
   EXPECT_EQ(hubs_.hubs[0]->Kill(), 128 + 9);
   EXPECT_EQ(hubs_.hubs[1]->Kill(), 128 + 9);
+  ASSERT_EQ(RemoveCheckpointFile(1, 2), 1u) << "rack 1's ckpt-2 is lost with its disk";
   ASSERT_TRUE(hubs_.hubs[1]->Restart());
   ASSERT_TRUE(hubs_.hubs[0]->Restart());
   Step(3, &errors, &out);  // refused (or rolled back) while the hubs reconnect
+  ref_u_ = saved[0].u;
+  ref_z_ = saved[0].z;
+  table_refs_ = saved[0].tables;
+  ExpectPulled("after both hubs restarted");
+  ExpectTables("after both hubs restarted");
+  ASSERT_NO_FATAL_FAILURE(GoodStep(1));
+  ASSERT_NO_FATAL_FAILURE(TableStep(1));
+}
+
+// An admin restore of a checkpoint whose file is damaged on one hub: that
+// hub cannot load it, and every hub rolls back to the newest checkpoint
+// they can all load instead; the call says so.
+TEST_F(CrossRackRestartTest, ARestoreOfACheckpointDamagedOnOneHubRollsEveryHubBackToTheOneBefore) {
+  std::vector<std::vector<float>> out;
+  PullAll(&out);
+  ASSERT_NO_FATAL_FAILURE(GoodStep(0));
+  ASSERT_NO_FATAL_FAILURE(TableStep(0));
+  ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(0, 1));
+  const std::vector<float> ckpt_u = ref_u_, ckpt_z = ref_z_;
+  const std::vector<TableReference> ckpt_tables = table_refs_;
+  ASSERT_NO_FATAL_FAILURE(GoodStep(1));
+  ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(0, 2));
+  ASSERT_NO_FATAL_FAILURE(GoodStep(2));
+  ASSERT_EQ(DamageCheckpointFile(1, 2), 1u);
+  {
+    grpc::ClientContext ctx;
+    pb::RestoreCheckpointRequest req;
+    req.set_tenant("job");
+    pb::Checkpoint resp;
+    const grpc::Status s = Checkpoints(0)->RestoreCheckpoint(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("checkpoint 1"), std::string::npos) << s.error_message();
+  }
   ref_u_ = ckpt_u;
   ref_z_ = ckpt_z;
   table_refs_ = ckpt_tables;
-  ExpectPulled("after both hubs restarted");
-  ExpectTables("after both hubs restarted");
-  ASSERT_NO_FATAL_FAILURE(GoodStep(2));
+  ExpectPulled("after the restore");
+  ExpectTables("after the restore");
+  ASSERT_NO_FATAL_FAILURE(GoodStep(1));
+  ASSERT_NO_FATAL_FAILURE(TableStep(1));
 }
 
 // The admin restores a cluster checkpoint while the job runs (asked on rack

@@ -12,7 +12,8 @@ broadcast_object from the last member, allgather's gradient and, with
 --collectives, elastic_checks.py's reducescatter, sparse_allreduce_async,
 alltoall and signed-zero sums, each checked against the members); with
 --samples, `SAMPLES t epoch e members ... i,j,...` per step attempt (this
-member's ElasticSampler indices of the step, printed before its commit).
+member's ElasticSampler indices of the step, printed before the step's
+first round).
 Stops after --steps steps or at the step in the file
 RACKHUB_ELASTIC_DIR/stop-at (read every step; the test writes it well
 ahead of the ranks, which move in lock step).
@@ -96,6 +97,16 @@ def main():
             if sampler is not None and batch_idx * a.batch >= len(sampler):
                 sampler.set_epoch(sampler.epoch + 1)  # this epoch's indices are done
                 batch_idx = 0
+            members = hvd.elastic.members()
+            if sampler is not None:
+                # This member's indices of the step (what it would train on),
+                # printed before the step's first round: a member killed right
+                # after its last round is in the committed step (its gradient
+                # is), so its line must be out by then.
+                print(f"SAMPLES {t} epoch {sampler.epoch} members "
+                      f"{','.join(map(str, members))} "
+                      f"{','.join(map(str, sampler.get_indices(batch_idx, a.batch))) or '-'}",
+                      flush=True)
             x, y = elastic_model.batch(t, slot)
             opt.zero_grad()
             loss = elastic_model.loss(model, x, y)
@@ -103,7 +114,6 @@ def main():
             opt.step()
             # Object helpers and allgather's gradient by member (dense rank):
             # right whatever slots have left.
-            members = hvd.elastic.members()
             seen = hvd.allgather_object(slot)
             root = hvd.broadcast_object(slot, root_rank=hvd.size() - 1)
             x = torch.full((1, 2), float(slot), requires_grad=True)
@@ -117,15 +127,9 @@ def main():
             verdict = "ok" if good and not failed else \
                 f"BAD {seen} {root} {x.grad.tolist()} {failed}"
             print(f"OBJECTS {t} members {','.join(map(str, members))} {verdict}", flush=True)
-            if sampler is not None:
-                # This member's indices of the step (what it would train on),
-                # printed before the commit that keeps them recorded.
-                mine = sampler.get_indices(batch_idx, a.batch)
+            if sampler is not None:  # recorded before the commit that keeps it
                 sampler.record_batch(batch_idx, a.batch)
                 batch_idx += 1
-                print(f"SAMPLES {t} epoch {sampler.epoch} members "
-                      f"{','.join(map(str, members))} {','.join(map(str, mine)) or '-'}",
-                      flush=True)
             state.step = t + 1
             line = (f"STEP {t} gen {hvd.elastic.generation()} members "
                     f"{','.join(map(str, hvd.elastic.members()))} loss {loss.item():.6f} "

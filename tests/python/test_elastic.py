@@ -188,8 +188,8 @@ def check_objects(lines):
 
 def check_samples(lines, steps, samples, kill_inside=True):
     """The ElasticSampler's indices of the committed steps (each member's
-    SAMPLES line for the step and its members; a killed member's line was
-    printed before its commit): every epoch that ended holds every index of
+    SAMPLES line for the step and its members, printed before the step's
+    first round: a member killed after its last round is in the step): every epoch that ended holds every index of
     range(samples) exactly once, the last one no index twice; with
     kill_inside, the kill of rank 2 landed inside an epoch that ended.
     Returns [(epoch, memberships in it)]."""

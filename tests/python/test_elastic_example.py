@@ -5,8 +5,10 @@ rackhub with only its import and its launcher changed:
    which explains the change): with `import horovod.torch as hvd` in place
    of `import rackhub.torch as hvd` and the docstring removed, nothing in it
    is rackhub's;
-2. rackhub-run -n 3 --min-np 2 --max-np 4 runs it to the end (exit 0), rank
-   0 prints one line per epoch with size 3, and the loss goes down;
+2. rackhub-run -n 3 --min-np 2 --max-np 4 runs it to the end (exit 0; its
+   ElasticSampler splits 1440 samples over the 3 ranks: 15 steps of 32 an
+   epoch), rank 0 prints one line per epoch with size 3, and the loss goes
+   down;
 3. bad launcher arguments are refused by name.
 
     test_elastic_example.py EXAMPLE      (RACKHUB_BIN_DIR: rackhub-run's directory)
@@ -36,7 +38,7 @@ def main():
 
     run = os.path.join(os.environ["RACKHUB_BIN_DIR"], "rackhub-run")
     r = subprocess.run([run, "-n", "3", "--min-np", "2", "--max-np", "4", "--lanes", "2",
-                        "python3", example, "--epochs", "4", "--batches-per-epoch", "15"],
+                        "python3", example, "--epochs", "4", "--samples", "1440"],
                        capture_output=True, text=True, timeout=200)
     print(r.stdout + r.stderr)
     epochs = re.findall(r"^\[0\] epoch (\d+): size (\d+) loss (\S+)$", r.stdout, re.M)
