@@ -29,11 +29,22 @@
 //     applied, kept where the step was skipped. Where a chunk's home applied
 //     an update nobody saw, the inputs of that update were still every
 //     rank's gradient from v (no rank can push v + 1 without seeing v + 1).
+//   - with `rollbacks` (a durable cluster that restores checkpoints,
+//     cluster_checkpoint_test.cc): a Pull may go back to an older version,
+//     whose values must be a state the reference already verified (a
+//     checkpoint is a state the job reached; its optimizer state comes with
+//     it); the job then has several histories, so the reference tracks
+//     states by (version, params hash), each derived from the one before it
+//     in some worker's file: a PushPull result is the step from the
+//     worker's previous state, a realigned Pull is explained by the newest
+//     verified state below its version. Without `rollbacks`, versions only
+//     go up and every worker at a version saw the same parameters.
 //
 // Threading: plain functions.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +62,13 @@ struct CrossRackJob {
   uint64_t chunk_elements = 0;
   uint32_t seed = 7;  // rackhub-durability-worker's key seed
   aggregation::OptimizerConfig optimizer;  // as the workers declare it
+  bool rollbacks = false;  // a Pull may go back to a verified state (above)
+};
+
+// The key's parameters and optimizer state slots (OptimizerStateSlots many).
+struct KeyValues {
+  std::vector<float> params;
+  std::vector<std::vector<float>> slots;
 };
 
 struct ReferenceReport {
@@ -60,14 +78,11 @@ struct ReferenceReport {
   uint64_t recoveries = 0;      // versions reached only by Pulls
   uint64_t chunks_applied = 0;  // chunks of those found one update ahead (applied at home)
   uint64_t chunks_skipped = 0;  // chunks of those found unchanged (skipped step)
+  uint64_t rollbacks = 0;       // Pulls that went back to an older version
   uint64_t newest = 0;
+  // Every state the reference verified, by (version, HashFloats of params).
+  std::map<std::pair<uint64_t, std::string>, KeyValues> states;
   std::string Summary() const;
-};
-
-// The key's parameters and optimizer state slots (OptimizerStateSlots many).
-struct KeyValues {
-  std::vector<float> params;
-  std::vector<std::vector<float>> slots;
 };
 
 // The update from `from` (the key at version v) by every rank's gradient of

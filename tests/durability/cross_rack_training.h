@@ -1,5 +1,6 @@
 // Test support for the cross-rack recovery tests (cross_rack_recovery_test.cc,
-// cluster_training_test.cc's HubLinkCutsNeverHangOrChangeTheBits): one job
+// cluster_training_test.cc's HubLinkCutsNeverHangOrChangeTheBits,
+// cluster_checkpoint_test.cc on durable hubs): one job
 // on a cluster of hubs finding each other through a real etcd on loopback
 // (cluster_fixture.h): tenant "job" (CreateJob: 4096-byte chunks) with W
 // rackhub-durability-worker processes per rack training key "w" of
@@ -50,9 +51,11 @@ class CrossRackTraining {
   // `lanes`: the hubs' lane count (cluster_fixture.h's Cluster runs 1).
   // `flat`: one hub serving every rack (topology.mode = flat: no hub links,
   // no etcd) in place of the cluster; the same bits (docs/architecture.md).
+  // `durable`: hubs with state directories (checkpoints; not with `flat`),
+  // whose restores the reference follows (CrossRackJob::rollbacks).
   CrossRackTraining(int racks, uint32_t workers, std::vector<std::string> hub_extra = {},
-                    uint32_t lanes = 1, bool flat = false)
-      : racks_(racks), workers_(workers), lanes_(lanes) {
+                    uint32_t lanes = 1, bool flat = false, bool durable = false)
+      : racks_(racks), workers_(workers), lanes_(lanes), durable_(durable) {
     hub_extra.insert(hub_extra.end(), {"--lanes", std::to_string(lanes)});
     if (flat) {
       std::string list;
@@ -69,7 +72,8 @@ class CrossRackTraining {
     }
     etcd_ = std::make_unique<EtcdCluster>(1);
     if (!etcd_->started()) return;
-    cluster_ = std::make_unique<Cluster>(etcd_->endpoints(), racks, std::move(hub_extra));
+    cluster_ = std::make_unique<Cluster>(etcd_->endpoints(), racks, std::move(hub_extra), true,
+                                         durable);
   }
 
   // Creates the tenant and starts every worker; false (with a failure) if
@@ -172,6 +176,15 @@ class CrossRackTraining {
         EXPECT_EQ(code, 0) << "rack " << r << " rank " << k << "\n" << workers_set_->Tail(k, r);
       }
     }
+    report_ = CheckAgainstReference(Job(), workers_set_->files());
+    EXPECT_EQ(report_.problems, "") << State();
+    EXPECT_GE(report_.newest, stop) << "the workers stopped before the stop version";
+    std::printf("%s; %zu resyncs\n", report_.Summary().c_str(), workers_set_->Resyncs());
+  }
+  const ReferenceReport& report() const { return report_; }
+
+  // The job as the reference sees it.
+  CrossRackJob Job() const {
     CrossRackJob job;
     job.racks = racks_;
     job.workers_per_rack = workers_;
@@ -181,13 +194,10 @@ class CrossRackTraining {
     job.optimizer.type = aggregation::OptimizerType::kMomentum;
     job.optimizer.learning_rate = 0.05;
     job.optimizer.momentum = 0.9;
-    ASSERT_TRUE(aggregation::NormalizeOptimizer(&job.optimizer).ok());
-    report_ = CheckAgainstReference(job, workers_set_->files());
-    EXPECT_EQ(report_.problems, "") << State();
-    EXPECT_GE(report_.newest, stop) << "the workers stopped before the stop version";
-    std::printf("%s; %zu resyncs\n", report_.Summary().c_str(), workers_set_->Resyncs());
+    EXPECT_TRUE(aggregation::NormalizeOptimizer(&job.optimizer).ok());
+    job.rollbacks = durable_;
+    return job;
   }
-  const ReferenceReport& report() const { return report_; }
 
   // Whether the process is stopped by a signal (state T in /proc/PID/stat).
   static bool Stopped(pid_t pid) {
@@ -215,6 +225,7 @@ class CrossRackTraining {
   const int racks_;
   const uint32_t workers_;
   const uint32_t lanes_;
+  const bool durable_;
   std::unique_ptr<EtcdCluster> etcd_;
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<DaemonProcess> flat_;

@@ -15,18 +15,35 @@
 # CI's rounds (default 10: 200 link cuts on 2 racks, 100 on 3, 100 one-lane
 # cuts, 30 stragglers, 60 worker kills).
 #
-# Usage: tests/durability/kill_loops.sh [--cross-rack] [BUILD_DIR] [TRIALS]
+# --checkpoints: instead, the cluster checkpoint hub kill -9 loop of issue 31
+# (tests/durability/cluster_checkpoint_test.cc, HubKill9LoopTwoRacks: a
+# random hub of 2 racks, or every hub, killed and restarted; the restore point
+# and every step checked) for TRIALS rounds (default 100; CI runs 20).
+#
+# Usage: tests/durability/kill_loops.sh [--cross-rack|--checkpoints] [BUILD_DIR] [TRIALS]
 #   BUILD_DIR defaults to build/, TRIALS to 100 (--cross-rack: 10).
 #   RACKHUB_KILL_SEED=N replays the random points of an earlier run (each run
 #   prints its seed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cross_rack=0
+checkpoints=0
 if [ "${1:-}" = "--cross-rack" ]; then
   cross_rack=1
   shift
+elif [ "${1:-}" = "--checkpoints" ]; then
+  checkpoints=1
+  shift
 fi
 build="${1:-build}"
+if [ "$checkpoints" = 1 ]; then
+  if [ ! -x "$build/tests/cluster_checkpoint_test" ]; then
+    echo "kill_loops.sh: $build/tests/cluster_checkpoint_test is not built (cmake --build $build)" >&2
+    exit 2
+  fi
+  export RACKHUB_CKPT_ROUNDS="${2:-100}"
+  exec "$build/tests/cluster_checkpoint_test" --gtest_filter='ClusterCheckpoint.HubKill9LoopTwoRacks'
+fi
 if [ "$cross_rack" = 1 ]; then
   if [ ! -x "$build/tests/cross_rack_recovery_test" ]; then
     echo "kill_loops.sh: $build/tests/cross_rack_recovery_test is not built (cmake --build $build)" >&2

@@ -20,8 +20,8 @@
 // (its gradient is Gradient(seed, it, 64 * R + rank, params), so every rank
 // of every rack pushes other values); --optimizer sgd|momentum|adam with --lr
 // and --momentum picks "w"'s optimizer (default adam, lr 0.001);
-// --dump-pulls appends the pulled parameters to a "pull" line of a version
-// the process has not written yet (one 8-digit hex fp32 bit pattern per
+// --dump-pulls appends the pulled parameters to a "pull" line of values
+// other than the last ones it dumped (one 8-digit hex fp32 bit pattern per
 // element, no separator) for a reference to start from; --max-resyncs N
 // (default 100) ends a worker that needed N resyncs in a row without a
 // PushPull going through (a hub refusing every push must not make it spin
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   d.optimizer = spec;
   testing::TrainingKey key;
   key.seed = 7;
-  uint64_t dumped = UINT64_MAX;  // the version whose values this process wrote last
+  std::string dumped;  // "VERSION HASH" of the values this process wrote last
   uint32_t resyncs_in_a_row = 0;
   if (e = c->DeclareKey(d, &key.id); !e.ok()) {
     line("error declare " + e.message);
@@ -198,10 +198,11 @@ int main(int argc, char** argv) {
       line("error pull " + e.message);
       std::exit(4);
     }
-    const bool dump = dump_pulls && key.iteration != dumped;
-    line("pull " + std::to_string(key.iteration) + " " + testing::HashFloats(key.params) +
-         (dump ? " " + testing::HexFloats(key.params) : ""));
-    if (dump) dumped = key.iteration;
+    // A version seen again may hold other values (a checkpoint restored).
+    const std::string pulled = std::to_string(key.iteration) + " " + testing::HashFloats(key.params);
+    const bool dump = dump_pulls && pulled != dumped;
+    line("pull " + pulled + (dump ? " " + testing::HexFloats(key.params) : ""));
+    if (dump) dumped = pulled;
   };
   pull();
   const uint32_t gradient_rank = 64 * o.rack + o.rank;

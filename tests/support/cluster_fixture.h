@@ -52,12 +52,14 @@ inline std::string Field(const std::string& out, const std::string& label) {
 }
 
 // The hubs of one cluster: rack i's hub registers itself in etcd and waits
-// for the others; all are started first, then waited for.
+// for the others; all are started first, then waited for. `durable`: each hub
+// keeps its state in its own state directory (DaemonProcess's), e.g. for
+// checkpoints; otherwise --in-memory.
 class Cluster {
  public:
   Cluster(const std::string& endpoints, int racks, std::vector<std::string> extra = {},
-          bool wait = true)
-      : endpoints_(endpoints), racks_(racks) {
+          bool wait = true, bool durable = false)
+      : endpoints_(endpoints), racks_(racks), durable_(durable) {
     prefix_ = "/rackhub-test-" + std::to_string(getpid()) + "-" +
               std::to_string(FreeLoopbackPort()) + "/";
     secret_ = MakeTempDir() + "/hub.secret";
@@ -72,7 +74,7 @@ class Cluster {
     }
   }
   std::vector<std::string> Args(int rack) const {
-    std::vector<std::string> a = {"--in-memory",       "--lanes",         "1",
+    std::vector<std::string> a = {"--lanes",           "1",
                                   "--registry",        "etcd",            "--etcd-endpoints",
                                   endpoints_,          "--etcd-prefix",   prefix_,
                                   "--etcd-timeout-ms", "1500",            "--lease-ttl-s",
@@ -82,6 +84,7 @@ class Cluster {
                                   "127.0.0.1:" + std::to_string(interhub_[rack]),
                                   "--hub-secret-file", secret_,
                                   "--straggler-timeout-ms", "20000"};
+    if (!durable_) a.insert(a.begin(), "--in-memory");
     a.insert(a.end(), extra_.begin(), extra_.end());
     return a;
   }
@@ -96,6 +99,7 @@ class Cluster {
  private:
   std::string endpoints_;
   int racks_;
+  bool durable_;
   std::string prefix_, secret_;
   std::vector<std::string> extra_;
   std::vector<uint16_t> interhub_;

@@ -156,7 +156,7 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args, bool wait_read
          wait_ready);
 }
 
-bool DaemonProcess::Restart() {
+bool DaemonProcess::Restart(bool wait_ready) {
   if (pid_ > 0) {
     ADD_FAILURE() << "DaemonProcess::Restart: rackhubd is still running (Stop or Kill it first)";
     return false;
@@ -168,8 +168,8 @@ bool DaemonProcess::Restart() {
   std::vector<std::string> ports = {"--admin-listen", admin_address_, "--data-listen",
                                     data_address_};
   if (!metrics_address_.empty()) ports.insert(ports.end(), {"--metrics-listen", metrics_address_});
-  Launch(ports);
-  return started_;
+  Launch(ports, wait_ready);
+  return wait_ready ? started_ : pid_ > 0;
 }
 
 void DaemonProcess::Launch(const std::vector<std::string>& ports, bool wait) {

@@ -71,7 +71,9 @@ class DaemonProcess {
   // Starts the daemon again (after Stop or Kill) with the same arguments, on
   // the same admin and data ports and the same state directory. Fails the
   // current test and returns false if it does not become ready in 20 s.
-  bool Restart();
+  // `wait_ready` false: only starts it (true if it was started); call
+  // WaitReady (hubs that wait for each other, all restarted at once).
+  bool Restart(bool wait_ready = true);
   // The --state-dir given to the daemon (under the temp dir unless the
   // caller passed one).
   const std::string& state_dir() const { return state_dir_; }
