@@ -41,6 +41,8 @@ std::string RackRecovery::Encode(const Round& r, bool finished) const {
   }
   m.set_fresh(r.own->fresh);
   m.set_restore(r.own->restore);
+  m.set_restored_round(r.own->restored_round);
+  m.set_restored(r.own->restored);
   for (uint64_t seq : r.own->checkpoints) m.add_checkpoints(seq);
   return m.SerializeAsString();
 }
@@ -50,6 +52,14 @@ uint64_t RackRecovery::RestoreOf(const Round& r) {
   std::vector<uint64_t> common = r.own->checkpoints;
   uint64_t requested = r.own->restore;
   bool fresh = r.own->fresh;
+  // The newest restore any hub finished, and whether some hub missed it (it
+  // left that round for a newer one before the round ended there).
+  std::pair<uint64_t, uint64_t> last{r.own->restored_round, r.own->restored};
+  uint64_t oldest_round = r.own->restored_round;
+  for (const auto& [rack, report] : r.peers) {
+    last = std::max(last, std::pair{report.restored_round, report.restored});
+    oldest_round = std::min(oldest_round, report.restored_round);
+  }
   for (const auto& [rack, report] : r.peers) {
     std::vector<uint64_t> both;
     std::set_intersection(common.begin(), common.end(), report.checkpoints.begin(),
@@ -69,7 +79,19 @@ uint64_t RackRecovery::RestoreOf(const Round& r) {
                   "is on every hub: the chunks it is home to start over",
                   r.name, r.number);
   }
-  return fresh && !common.empty() ? common.back() : 0;
+  if (fresh && !common.empty()) return common.back();  // covers a hub that missed a restore too
+  if (oldest_round < last.first) {
+    if (std::binary_search(common.begin(), common.end(), last.second)) {
+      spdlog::warn("rack recovery: tenant '{}' round {}: a hub missed round {}'s restore of "
+                   "checkpoint {}: every hub restores it again",
+                   r.name, r.number, last.first, last.second);
+      return last.second;
+    }
+    spdlog::error("rack recovery: tenant '{}' round {}: a hub missed round {}'s restore of "
+                  "checkpoint {}, which is no longer on every hub",
+                  r.name, r.number, last.first, last.second);
+  }
+  return 0;
 }
 
 void RackRecovery::SendToAll(const Round& r, Effects& fx) const {
@@ -110,6 +132,10 @@ void RackRecovery::TryFinish(uint32_t handle, Round& r, Effects& fx) {
   r.waiting.clear();
   fx.outcome.restore = RestoreOf(r);
   fx.outcome.round = r.number;
+  if (fx.outcome.restore != 0) {
+    r.restored_round = r.number;
+    r.restored = fx.outcome.restore;
+  }
   fx.outcome.agreed = std::move(agreed);
   if (fx.outcome.restore != 0) {
     spdlog::warn("rack recovery: tenant '{}' round {}: every hub restores checkpoint {}", r.name,
@@ -154,7 +180,8 @@ void RackRecovery::Reported(uint32_t handle, const std::string& name, const std:
       // lanes before they realigned to it, and frames of updates after it
       // must be stale after this round too.
       for (const auto& [key, v] : r.last_agreed) newest[key] = std::max(newest[key], v);
-      r.own = Report{incarnation_, std::move(newest), r.fresh, r.restore, std::move(checkpoints)};
+      r.own = Report{incarnation_, std::move(newest), r.fresh,          r.restore,
+                     std::move(checkpoints), r.restored_round, r.restored};
       spdlog::info("rack recovery: tenant '{}' round {}: reporting {} key version(s) ({}{}{})",
                    name, r.number, r.own->newest.size(), SafeForLog(r.cause, 200),
                    r.fresh ? "; this hub restarted" : "",
@@ -210,6 +237,8 @@ Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payloa
   }
   report.fresh = m.fresh();
   report.restore = m.restore();
+  report.restored_round = m.restored_round();
+  report.restored = m.restored();
   report.checkpoints.assign(m.checkpoints().begin(), m.checkpoints().end());
   std::sort(report.checkpoints.begin(), report.checkpoints.end());
   report.checkpoints.erase(std::unique(report.checkpoints.begin(), report.checkpoints.end()),

@@ -130,6 +130,8 @@ class RackRecovery {
     bool fresh = false;
     uint64_t restore = 0;
     std::vector<uint64_t> checkpoints;  // ascending
+    uint64_t restored_round = 0;  // Round::restored_round when the report was made
+    uint64_t restored = 0;
   };
   struct Round {
     std::string name;
@@ -142,6 +144,8 @@ class RackRecovery {
     Versions last_agreed;              // what the last round this hub finished agreed
     bool fresh = false;       // MarkFresh, until a round finishes
     uint64_t restore = 0;     // RequestRestore, until a round finishes
+    uint64_t restored_round = 0;  // the last round this hub finished with a restore
+    uint64_t restored = 0;        // and the checkpoint it restored
   };
   struct Effects {  // what to do once the lock is released
     std::vector<std::pair<uint32_t, std::string>> sends;
