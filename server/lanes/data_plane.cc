@@ -428,15 +428,7 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
     // after the realignment of any earlier round (a restore moves them
     // back: a report of the versions before it would undo the rollback).
     if (first) OnEveryLane(first);
-    boost::asio::post(*realign_strand_, [this, handle, tenant, why, name = info.name] {
-      std::map<uint32_t, uint64_t> versions;
-      if (!KeyVersionsAndWait(handle, &versions)) return;  // the hub stops
-      rack_recovery_->Reported(
-          handle, name, why, std::move(versions),
-          [this, handle, tenant](const RackRecovery::Outcome& outcome, bool realign) {
-            Realign(handle, tenant, outcome, realign);
-          });
-    });
+    ReportAcrossRacks(handle, tenant, why, info.name);
     return started;
   }
   auto job = std::make_shared<Job>();
@@ -474,6 +466,24 @@ void DataPlane::Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
                     [this, handle, tenant = std::move(tenant), outcome = std::move(outcome)]() mutable {
                       RealignAcrossRacks(handle, std::move(tenant), std::move(outcome));
                     });
+}
+
+void DataPlane::ReportAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
+                                  std::string why, std::string name) {
+  boost::asio::post(*realign_strand_, [this, handle, tenant, why, name] {
+    const uint64_t seen = rack_recovery_->FinishedRounds(handle);
+    std::map<uint32_t, uint64_t> versions;
+    if (!KeyVersionsAndWait(handle, &versions)) return;  // the hub stops
+    const bool taken = rack_recovery_->Reported(
+        handle, name, why, std::move(versions),
+        [this, handle, tenant](const RackRecovery::Outcome& outcome, bool realign) {
+          Realign(handle, tenant, outcome, realign);
+        },
+        seen);
+    // A round ended meanwhile: its realignment is queued on this thread;
+    // the versions are read again after it.
+    if (!taken) ReportAcrossRacks(handle, tenant, why, name);
+  });
 }
 
 void DataPlane::RealignAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,

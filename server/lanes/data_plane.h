@@ -171,6 +171,10 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // Every lane aligns to `versions`; the tenant's rack epoch becomes `round`.
   void AlignLanes(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
                   std::map<uint32_t, uint64_t> versions, uint64_t round);
+  // A cross-rack recovery's phase 1, on realign_strand_: reads the versions
+  // and reports them into a round (again if a round ended meanwhile).
+  void ReportAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant, std::string why,
+                         std::string name);
   // A cross-rack round's realignment, on realign_strand_ (blocking: a
   // restore loads its file here).
   void RealignAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,

@@ -119,6 +119,7 @@ void RackRecovery::TryFinish(uint32_t handle, Round& r, Effects& fx) {
   }
   for (auto& [key, v] : agreed) ++v;  // every chunk skips: older frames are stale
   r.active = false;
+  ++r.finished;
   r.last_agreed = agreed;
   // What this round's report carried is done; a MarkFresh or RequestRestore
   // after the report was made waits for the next round.
@@ -147,18 +148,28 @@ void RackRecovery::TryFinish(uint32_t handle, Round& r, Effects& fx) {
 }
 
 void RackRecovery::Apply(Effects fx) {
+  // The round that ended realigns first: a recovery begun here (a restart
+  // seen, a newer round) reads its versions after that realignment (the
+  // DataPlane runs both in the order they are asked for), never before a
+  // restore it would undo.
+  for (size_t i = 0; i < fx.done.size(); ++i) fx.done[i](fx.outcome, i == 0);
   if (fx.restarted && hooks_.restarted) hooks_.restarted(*fx.restarted);
   for (auto& [rack, bytes] : fx.sends) hooks_.send(rack, std::move(bytes));
   if (fx.recover) hooks_.recover(fx.recover->first, fx.recover->second);
-  for (size_t i = 0; i < fx.done.size(); ++i) fx.done[i](fx.outcome, i == 0);
 }
 
-void RackRecovery::Reported(uint32_t handle, const std::string& name, const std::string& cause,
-                            Versions newest, Agreed agreed) {
+uint64_t RackRecovery::FinishedRounds(uint32_t handle) {
+  std::lock_guard lock(mu_);
+  const auto it = rounds_.find(handle);
+  return it == rounds_.end() ? 0 : it->second.finished;
+}
+
+bool RackRecovery::Reported(uint32_t handle, const std::string& name, const std::string& cause,
+                            Versions newest, Agreed agreed, uint64_t seen) {
   if (!hooks_.handle_of(name)) {
     // Deleted meanwhile (Forget ran): nothing to agree on, the recovery ends.
     agreed(Outcome{}, false);
-    return;
+    return true;
   }
   std::vector<uint64_t> checkpoints =
       hooks_.checkpoints ? hooks_.checkpoints(handle) : std::vector<uint64_t>{};
@@ -168,6 +179,7 @@ void RackRecovery::Reported(uint32_t handle, const std::string& name, const std:
     std::lock_guard lock(mu_);
     Round& r = rounds_[handle];
     r.name = name;
+    if (!r.own && r.finished != seen) return false;  // read again, after that realignment
     if (!r.active) {
       r.number += 1;
       r.active = true;
@@ -192,6 +204,7 @@ void RackRecovery::Reported(uint32_t handle, const std::string& name, const std:
     TryFinish(handle, r, fx);
   }
   Apply(std::move(fx));
+  return true;
 }
 
 Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payload) {

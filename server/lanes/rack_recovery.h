@@ -85,9 +85,15 @@ class RackRecovery {
   RackRecovery(uint32_t self_rack, uint32_t racks, Hooks hooks);
 
   // A local recovery of tenant `handle` (`name`) finished its phase 1 with
-  // `newest` (key -> newest version here). `agreed` runs when the round ends.
-  void Reported(uint32_t handle, const std::string& name, const std::string& cause,
-                Versions newest, Agreed agreed);
+  // `newest` (key -> newest version here), read when FinishedRounds was
+  // `seen`. `agreed` runs when the round ends. False (nothing taken) if a
+  // round ended since the read and this report would start or make the
+  // next one: its versions may predate that round's realignment (a restore
+  // moves them back); read them again after it.
+  bool Reported(uint32_t handle, const std::string& name, const std::string& cause,
+                Versions newest, Agreed agreed, uint64_t seen);
+  // How many rounds of the tenant ended here (see Reported).
+  uint64_t FinishedRounds(uint32_t handle);
   // A RACK_VERSIONS from rack `rack`'s hub. An error names what is wrong
   // with it (the link stays: the caller logs it).
   Status OnVersions(uint32_t rack, std::span<const std::byte> payload);
@@ -146,6 +152,7 @@ class RackRecovery {
     uint64_t restore = 0;     // RequestRestore, until a round finishes
     uint64_t restored_round = 0;  // the last round this hub finished with a restore
     uint64_t restored = 0;        // and the checkpoint it restored
+    uint64_t finished = 0;        // rounds finished here
   };
   struct Effects {  // what to do once the lock is released
     std::vector<std::pair<uint32_t, std::string>> sends;

@@ -141,7 +141,7 @@ class Sim {
     --h.to_report;
     ++h.recovering;
     const uint64_t inc = h.incarnation;
-    h.recovery->Reported(7, "job", "test failure", h.versions,
+    ASSERT_TRUE(h.recovery->Reported(7, "job", "test failure", h.versions,
                          [this, rack, inc](const RackRecovery::Outcome& outcome,
                                            bool realign) {
                            const Versions& agreed = outcome.agreed;
@@ -155,7 +155,8 @@ class Sim {
                              hub.versions[k] = v;
                            }
                            hub.last_agreed = agreed;
-                         });
+                         },
+                                     h.recovery->FinishedRounds(7)));
   }
 
   struct Hub {
