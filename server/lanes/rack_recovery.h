@@ -35,7 +35,11 @@
 // from the same reports: a restore request of a sequence every hub has, or
 // else a fresh hub and a sequence every hub has (the newest such), makes the
 // round a rollback to that checkpoint (Outcome::restore) instead of a
-// skipped step.
+// skipped step. Reports also carry the last restore each hub did: a hub
+// that left a restoring round for a newer one before it ended there makes
+// the next round restore that checkpoint again, on every hub. A report must
+// not carry versions read before the realignment of a round that ended
+// meanwhile (Reported refuses it: the caller reads again).
 //
 // Ownership: the DataPlane owns it. Threading: any thread (lanes call it);
 // one mutex; the hooks and callbacks run outside it.
