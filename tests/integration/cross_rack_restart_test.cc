@@ -202,6 +202,25 @@ class CrossRackRestartTest : public ::testing::Test {
     return pb::CheckpointService::NewStub(grpc::CreateChannel(
         hubs_.hubs[flat() ? 0 : rack]->admin_address(), grpc::InsecureChannelCredentials()));
   }
+  // The reference at a checkpoint, and the reference put back to it.
+  struct Saved {
+    std::vector<float> u, z;
+    std::vector<TableReference> tables;  // rows and optimizer state
+  };
+  Saved Save() const { return {ref_u_, ref_z_, table_refs_}; }
+  void Rewind(const Saved& saved) {
+    ref_u_ = saved.u;
+    ref_z_ = saved.z;
+    table_refs_ = saved.tables;
+  }
+  // An admin restore of the newest checkpoint every hub has, asked on rack
+  // `rack`'s hub.
+  grpc::Status RestoreNewest(uint32_t rack, pb::Checkpoint* resp) {
+    grpc::ClientContext ctx;
+    pb::RestoreCheckpointRequest req;
+    req.set_tenant("job");
+    return Checkpoints(rack)->RestoreCheckpoint(&ctx, req, resp);
+  }
   void CreateCheckpoint(uint32_t rack, uint64_t expected_sequence) {
     grpc::ClientContext ctx;
     pb::CreateCheckpointRequest req;
@@ -293,19 +312,10 @@ TEST_F(CrossRackRestartTest, AfterAHubRestartEveryRackRollsBackToTheClusterCheck
   PullAll(&out);
   for (int s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
   ASSERT_NO_FATAL_FAILURE(TableStep(0));
-  {
-    grpc::ClientContext ctx;
-    pb::CreateCheckpointRequest req;
-    req.set_tenant("job");
-    pb::Checkpoint resp;
-    const grpc::Status s = Checkpoints(0)->CreateCheckpoint(&ctx, req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(resp.sequence(), 1u);
-  }
+  ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(0, 1));
   EXPECT_EQ(Sequences(0), std::vector<uint64_t>{1});
   EXPECT_EQ(Sequences(1), std::vector<uint64_t>{1}) << "every hub wrote the same sequence";
-  const std::vector<float> ckpt_u = ref_u_, ckpt_z = ref_z_;
-  const std::vector<TableReference> ckpt_tables = table_refs_;  // rows and optimizer state
+  const Saved ckpt = Save();
   const uint64_t ckpt_version = w_[0].c->GetKeyInfo(w_[0].u)->next_iteration;
 
   // Training goes on past the checkpoint, then rack 1's hub dies.
@@ -314,9 +324,7 @@ TEST_F(CrossRackRestartTest, AfterAHubRestartEveryRackRollsBackToTheClusterCheck
   EXPECT_EQ(hubs_.hubs[1]->Kill(), 128 + 9);
   ASSERT_TRUE(hubs_.hubs[1]->Restart());
   Step(4, &errors, &out);  // refused somewhere: the round decides
-  ref_u_ = ckpt_u;
-  ref_z_ = ckpt_z;
-  table_refs_ = ckpt_tables;
+  Rewind(ckpt);
   ExpectPulled("after the rollback");
   EXPECT_EQ(w_[0].c->GetKeyInfo(w_[0].u)->next_iteration, ckpt_version)
       << "the keys are back at the checkpoint's version";
@@ -335,14 +343,10 @@ TEST_F(CrossRackRestartTest, AfterEveryHubRestartedTheyResumeTheNewestCommonChec
   PullAll(&out);
   ASSERT_NO_FATAL_FAILURE(GoodStep(0));
   ASSERT_NO_FATAL_FAILURE(TableStep(0));
-  struct Saved {
-    std::vector<float> u, z;
-    std::vector<TableReference> tables;
-  };
   std::vector<Saved> saved;  // by sequence - 1
   for (uint64_t seq = 1; seq <= 2; ++seq) {
     ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(seq == 1 ? 0 : 1, seq));
-    saved.push_back({ref_u_, ref_z_, table_refs_});
+    saved.push_back(Save());
     ASSERT_NO_FATAL_FAILURE(GoodStep(static_cast<int>(seq)));
     ASSERT_NO_FATAL_FAILURE(TableStep(seq));
   }
@@ -352,9 +356,7 @@ TEST_F(CrossRackRestartTest, AfterEveryHubRestartedTheyResumeTheNewestCommonChec
   ASSERT_TRUE(hubs_.hubs[1]->Restart());
   ASSERT_TRUE(hubs_.hubs[0]->Restart());
   Step(3, &errors, &out);  // refused (or rolled back) while the hubs reconnect
-  ref_u_ = saved[0].u;
-  ref_z_ = saved[0].z;
-  table_refs_ = saved[0].tables;
+  Rewind(saved[0]);
   ExpectPulled("after both hubs restarted");
   ExpectTables("after both hubs restarted");
   ASSERT_NO_FATAL_FAILURE(GoodStep(1));
@@ -370,24 +372,18 @@ TEST_F(CrossRackRestartTest, ARestoreOfACheckpointDamagedOnOneHubRollsEveryHubBa
   ASSERT_NO_FATAL_FAILURE(GoodStep(0));
   ASSERT_NO_FATAL_FAILURE(TableStep(0));
   ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(0, 1));
-  const std::vector<float> ckpt_u = ref_u_, ckpt_z = ref_z_;
-  const std::vector<TableReference> ckpt_tables = table_refs_;
+  const Saved ckpt = Save();
   ASSERT_NO_FATAL_FAILURE(GoodStep(1));
   ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(0, 2));
   ASSERT_NO_FATAL_FAILURE(GoodStep(2));
   ASSERT_EQ(DamageCheckpointFile(1, 2), 1u);
   {
-    grpc::ClientContext ctx;
-    pb::RestoreCheckpointRequest req;
-    req.set_tenant("job");
     pb::Checkpoint resp;
-    const grpc::Status s = Checkpoints(0)->RestoreCheckpoint(&ctx, req, &resp);
+    const grpc::Status s = RestoreNewest(0, &resp);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
     EXPECT_NE(s.error_message().find("checkpoint 1"), std::string::npos) << s.error_message();
   }
-  ref_u_ = ckpt_u;
-  ref_z_ = ckpt_z;
-  table_refs_ = ckpt_tables;
+  Rewind(ckpt);
   ExpectPulled("after the restore");
   ExpectTables("after the restore");
   ASSERT_NO_FATAL_FAILURE(GoodStep(1));
@@ -401,30 +397,17 @@ TEST_F(CrossRackRestartTest, AnAdminRestoreBringsEveryRackBackToTheClusterCheckp
   PullAll(&out);
   ASSERT_NO_FATAL_FAILURE(GoodStep(0));
   ASSERT_NO_FATAL_FAILURE(TableStep(0));
-  {
-    grpc::ClientContext ctx;
-    pb::CreateCheckpointRequest req;
-    req.set_tenant("job");
-    pb::Checkpoint resp;
-    const grpc::Status s = Checkpoints(1)->CreateCheckpoint(&ctx, req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-  const std::vector<float> ckpt_u = ref_u_, ckpt_z = ref_z_;
-  const std::vector<TableReference> ckpt_tables = table_refs_;  // rows and optimizer state
+  ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(1, 1));
+  const Saved ckpt = Save();
   for (int s = 1; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
   ASSERT_NO_FATAL_FAILURE(TableStep(1));
   {
-    grpc::ClientContext ctx;
-    pb::RestoreCheckpointRequest req;
-    req.set_tenant("job");
     pb::Checkpoint resp;
-    const grpc::Status s = Checkpoints(0)->RestoreCheckpoint(&ctx, req, &resp);
+    const grpc::Status s = RestoreNewest(0, &resp);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(resp.sequence(), 1u);
   }
-  ref_u_ = ckpt_u;
-  ref_z_ = ckpt_z;
-  table_refs_ = ckpt_tables;
+  Rewind(ckpt);
   ExpectPulled("after the restore");
   ExpectTables("after the restore");
   for (int s = 1; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
@@ -445,16 +428,13 @@ TEST_F(FlatHubCheckpointTest, AFlatHubRestartedResumesItsCheckpointExactly) {
   ASSERT_NO_FATAL_FAILURE(GoodStep(0));
   ASSERT_NO_FATAL_FAILURE(TableStep(0));
   ASSERT_NO_FATAL_FAILURE(CreateCheckpoint(0, 1));
-  const std::vector<float> ckpt_u = ref_u_, ckpt_z = ref_z_;
-  const std::vector<TableReference> ckpt_tables = table_refs_;
+  const Saved ckpt = Save();
   for (int s = 1; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
   ASSERT_NO_FATAL_FAILURE(TableStep(1));
   EXPECT_EQ(hubs_.hubs[0]->Kill(), 128 + 9);
   ASSERT_TRUE(hubs_.hubs[0]->Restart());
   Step(3, &errors, &out);  // rolled back: kRolledBack on the reconnect
-  ref_u_ = ckpt_u;
-  ref_z_ = ckpt_z;
-  table_refs_ = ckpt_tables;
+  Rewind(ckpt);
   ExpectPulled("after the flat hub's restart");
   ExpectTables("after the flat hub's restart");
   for (int s = 1; s < 3; ++s) ASSERT_NO_FATAL_FAILURE(GoodStep(s));
