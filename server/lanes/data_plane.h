@@ -5,6 +5,9 @@
 // in-memory for tests) authenticate connections and hand them to lane(i) on
 // that lane's thread.
 //
+// Its part in recovery across racks and in cluster checkpoints lives in
+// data_plane_racks.cc.
+//
 // Thread safety: construction, StartHubLinks and Shutdown from the main
 // thread. LaneHost members from any lane. The RegistryObserver callbacks run
 // under the registry's lock and only post.
@@ -239,5 +242,24 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   bool shut_down_ = false;     // GUARDED_BY(shutdown_mu_)
   std::atomic<bool> stopping_{false};  // set by Shutdown before any lane hears
 };
+
+// (Private: the constructor's round hooks and data_plane_racks.cc use it.)
+template <typename Fn>
+inline auto DataPlane::WithCheckpointHooks(Fn&& fn) {
+  CheckpointHooks hooks;
+  {
+    std::lock_guard lock(ckpt_mu_);
+    hooks = ckpt_hooks_;
+    ++ckpt_calls_;
+  }
+  struct Done {
+    DataPlane* plane;
+    ~Done() {
+      std::lock_guard lock(plane->ckpt_mu_);
+      if (--plane->ckpt_calls_ == 0) plane->ckpt_cv_.notify_all();
+    }
+  } done{this};
+  return fn(hooks);
+}
 
 }  // namespace rackhub::server
