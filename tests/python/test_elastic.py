@@ -248,7 +248,12 @@ class Verdict:
         if self.cleanup:
             self.cleanup()
         if not ok:
-            print("\n".join(x for x in self.job.lines if x is not None)[-20000:])
+            text = "\n".join(x for x in self.job.lines if x is not None)
+            path = os.path.join(self.job.dir, "output.log")  # the whole of it
+            with open(path, "w") as f:
+                f.write(text + "\n")
+            print(text[-20000:])
+            print(f"(the job's whole output: {path})")
         print("PASSED" if ok else "FAILED")
         self.code = 0 if ok else 1
         return kind is AssertionError
