@@ -525,6 +525,7 @@ void ChunkTable::DropKey(LaneTenant& t, uint32_t key_id) {
       }
     }
     t.pending.erase(it->first);
+    t.commits.erase(it->first);
     if (auto a = t.armed.find(it->first); a != t.armed.end()) {
       a->second->Fail("key id " + std::to_string(key_id) + " was deleted during the checkpoint");
       t.armed.erase(a);

@@ -91,6 +91,18 @@ struct ElasticForming {
   uint64_t generation = 0;
 };
 
+// Elastic tenants with hub optimizers (docs/elastic.md, "Hub optimizers"):
+// a chunk's parameters (fp32 master), optimizer state and version at the
+// members' last commit (COMMIT), what ROLLBACK puts back. One per chunk,
+// its buffers reused from commit to commit.
+struct CommitCopy {
+  uint64_t version = 0;
+  std::vector<float> params;
+  std::vector<float> state[2];  // the optimizer's state slots in use
+  uint32_t done_generation = 0;
+  uint32_t done_members = 0;
+};
+
 struct Chunk {
   Chunk(aggregation::ChunkState s, uint32_t key, uint32_t index, net::DType wire_dtype)
       : state(std::move(s)), key_id(key), index_in_key(index), dtype(wire_dtype) {}
@@ -238,6 +250,12 @@ struct LaneTenant {
   std::shared_ptr<const Membership> membership;
   uint64_t membership_commit = UINT64_MAX;
   std::unordered_map<uint64_t, ElasticForming> forming;  // by ChunkId
+  // Elastic tenants: the chunks with a hub optimizer at the members' last
+  // commit (by ChunkId), and that commit's number (COMMIT's iteration);
+  // `committed` false until the first COMMIT reached this lane.
+  std::unordered_map<uint64_t, CommitCopy> commits;
+  uint64_t commit_number = 0;
+  bool committed = false;
   std::unordered_set<uint32_t> leaving;  // members whose connection here said BYE
   // Chunks one version short of a checkpoint's target, by ChunkId.
   std::unordered_map<uint64_t, std::shared_ptr<SnapshotJob>> armed;
@@ -327,6 +345,15 @@ class ChunkTable {
   // pending for those keys.
   uint32_t Restore(LaneTenant& t, const CheckpointImage& image,
                    const std::unordered_set<uint32_t>& keys);
+  // Elastic tenants (chunk_commit.cc): copies every chunk of the tenant
+  // with a hub optimizer whose copy is not at its version (the members'
+  // commit `number`); returns how many were copied.
+  uint32_t Commit(LaneTenant& t, uint64_t number);
+  // Puts every chunk with a copy back to it (parameters, optimizer state,
+  // version) unless it is at the copy's version already, failing the
+  // tenant's pending updates here first if such a chunk has one (`why`);
+  // returns how many were rolled back. REQUIRES: t.committed.
+  uint32_t Rollback(LaneTenant& t, const std::string& why);
   // Drops the key's chunks, failing their waiting pushes.
   void DropKey(LaneTenant& t, uint32_t key_id);
   // New hyperparameters for the key's chunks from update `from_update` on.

@@ -112,4 +112,61 @@ void WorkerProtocol::RemoveStragglers(LaneTenant& t, const Chunk& c, const std::
   }
 }
 
+void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
+  const bool commit = h.opcode == net::Opcode::kCommit;
+  const char* what = commit ? "commit" : "rollback";
+  if (h.payload_bytes != 0) {
+    Reject(conn, WireError::kMalformed,
+           std::string("payload_bytes: ") + net::OpcodeName(h.opcode) + " carries no payload, got " +
+               Num(h.payload_bytes) + " bytes",
+           h.request_id);
+    return;
+  }
+  if (!t.info.elastic) {
+    Refuse(conn, WireError::kInvalidArgument,
+           std::string(what) + ": tenant " + QuoteForLog(t.info.name) +
+               " is not elastic; COMMIT and ROLLBACK are for elastic tenants (docs/elastic.md)",
+           h.request_id);
+    return;
+  }
+  if (!commit) {
+    if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+      Refuse(conn, WireError::kWorkerLost,
+             "recovering: the tenant's iteration in progress was aborted (" +
+                 t.runtime->cause() + "); Pull a key (held until the recovery ends) and send "
+                 "ROLLBACK again",
+             h.request_id);
+      return;
+    }
+    if (!t.committed) {
+      Refuse(conn, WireError::kInvalidArgument,
+             "rollback: elastic tenant " + QuoteForLog(t.info.name) +
+                 " has no commit on this hub (no COMMIT reached lane " + Num(table_->lane()) +
+                 " since the hub started): nothing to roll back to",
+             h.request_id);
+      return;
+    }
+    if (h.iteration != t.commit_number) {
+      Refuse(conn, WireError::kInvalidArgument,
+             "rollback: commit " + Num(h.iteration) + " asked for, but the last commit of "
+                 "elastic tenant " + QuoteForLog(t.info.name) + " on this hub is " +
+                 Num(t.commit_number) + " (lane " + Num(table_->lane()) + ")",
+             h.request_id);
+      return;
+    }
+    table_->Rollback(t, "rollback: rank " + Num(conn.id().rank) +
+                            " restores commit " + Num(h.iteration) + " of elastic tenant " +
+                            QuoteForLog(t.info.name) +
+                            "; the update in progress was discarded: Pull and push again");
+  } else {
+    table_->Commit(t, h.iteration);
+  }
+  FrameHeader r;
+  r.opcode = net::Opcode::kAck;
+  r.tenant = t.info.handle;
+  r.iteration = t.commit_number;
+  r.request_id = h.request_id;
+  conn.SendOwned(r, {});
+}
+
 }  // namespace rackhub::server

@@ -340,6 +340,20 @@ class Client {
   Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration,
                       Callback done = nullptr);
 
+  // Elastic tenants whose keys run an optimizer on the hub (docs/elastic.md,
+  // "Hub optimizers"). CommitElastic: the members' commit number `commit`
+  // (every member sends the same, after every one of them has its step's
+  // replies and before any pushes the next): the hub keeps a copy of every
+  // such chunk (parameters, optimizer state, version). RollbackElastic:
+  // every such chunk back to that copy (`commit` must be the hub's last
+  // commit); Pull the keys afterwards. Both go to every lane and complete
+  // once every lane answered; both are idempotent. Errors (kServer): a
+  // tenant that is not elastic, a rollback before any commit or of another
+  // commit (INVALID_ARGUMENT, naming it), a rollback while the tenant
+  // recovers (WORKER_LOST: Pull a key, ask again).
+  Ticket CommitElastic(uint64_t commit, Callback done = nullptr);
+  Ticket RollbackElastic(uint64_t commit, Callback done = nullptr);
+
   // Blocks until the ticket completes and returns its result; consumes the
   // ticket (a second Wait returns kInvalidArgument). Tickets issued with a
   // callback are consumed by the callback: do not Wait on them.

@@ -98,8 +98,12 @@ enum class Opcode : uint8_t {
   kRackAlign = 25,     // the home's parameters of one chunk at the agreed version (key dtype)
   // Cluster checkpoints (docs/wire-protocol.md section 7c):
   kRackCheckpoint = 26,  // control.proto RackCheckpoint, on lane 0's link
+  // Elastic tenants with hub optimizers (docs/wire-protocol.md section 6e),
+  // from a worker on every lane, no payload, answered with ACK:
+  kCommit = 27,    // `iteration` = the members' commit number: copy every chunk
+  kRollback = 28,  // `iteration` = the commit asked for: every chunk back to it
 };
-inline constexpr uint8_t kMaxOpcode = 26;
+inline constexpr uint8_t kMaxOpcode = 28;
 
 enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }

@@ -14,9 +14,11 @@ Thread use: the main thread.
 """
 import copy
 import io
+import time
 
 import torch
 
+from ... import _core
 from .. import _context, rounds
 from ..collectives import submit
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
@@ -65,6 +67,7 @@ class State:
                 "restores its last commit")
         self.save()
         self._commits += 1
+        self._hub_commit()
         _elastic().elastic.interrupted = False
         if changed:
             raise HostsUpdatedInterrupt(False)
@@ -112,10 +115,15 @@ class State:
             self._deserialize(bytes(got.numpy().tobytes()))
         self._commits = best
         self.save()
+        self._hub_commit()
         self._skipped = self._optimizer_skips()
 
     def _optimizer_skips(self):
         return 0
+
+    def _hub_commit(self):
+        """Tells the hub about the commit (TorchState of a hub-side
+        optimizer: docs/elastic.md, "Hub optimizers")."""
 
     def _key_generations(self, ctx):
         return []
@@ -190,6 +198,42 @@ class TorchState(ObjectState):
     def _engine(self):
         return getattr(self.optimizer, "_rackhub", None)
 
+    def _hub_engine(self):
+        eng = self._engine()
+        return eng if eng is not None and eng.hub else None
+
+    def _hub_commit(self):
+        """A hub-side optimizer: the hub copies every key's chunks (their
+        parameters, optimizer state and version) as commit number _commits.
+        Every member sends it after the step's replies and before its next
+        push (the hub copies each chunk once, at the version the members
+        have)."""
+        eng = self._hub_engine()
+        if eng is not None:
+            eng.c.wait(eng.c.commit_elastic(self._commits))
+
+    def _hub_rollback(self):
+        """After a failure: every key of a hub-side optimizer back to the
+        hub's copy of commit _commits (chunks already there stay; every
+        member asks alike), then its parameters pulled. A rollback that
+        meets a recovery of the tenant (WORKER_LOST) is asked again once a
+        Pull, held until the recovery ends, returns."""
+        eng = self._hub_engine()
+        if eng is None:
+            return
+        c = eng.c
+        deadline = time.monotonic() + _elastic().op_timeout
+        while True:
+            try:
+                c.wait(c.rollback_elastic(self._commits))
+                break
+            except _core.WorkerLost:
+                if time.monotonic() > deadline:
+                    raise
+                s = eng.slots[0]
+                c.wait(c.pull(s.key, torch.empty(s.param.shape, dtype=torch.float32).numpy()))
+        self.pull_keys()
+
     def _optimizer_skips(self):
         eng = self._engine()
         return eng.skipped_steps if eng is not None else 0
@@ -245,6 +289,7 @@ class TorchState(ObjectState):
             self.optimizer.load_state_dict(self._opt_saved)
         for k, saved in self._samplers_saved.items():
             self._samplers[k].load_state_dict(saved)
+        self._hub_rollback()
 
     def sync(self):
         """State.sync(), then every sampler takes the union of the members'

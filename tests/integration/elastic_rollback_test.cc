@@ -1,0 +1,241 @@
+// COMMIT and ROLLBACK of an elastic tenant with a hub optimizer
+// (docs/elastic.md, "Hub optimizers"), against a real rackhubd on 127.0.0.1
+// (two lanes, 1 KiB chunks: each key of 600 floats is three chunks over
+// both lanes). Two ranks, one C++ Client each, push two keys A and B that
+// are declared alike (momentum SGD, mean) and always get the same
+// gradients, so after any step both ranks completed their replies are
+// equal bit for bit. The test commits, runs a step, rolls back and redoes
+// the step: the redo's replies equal the first run's bit for bit, which
+// holds only if the parameters AND the momentum (and the version the
+// optimizer counts) came back exactly. Then a step applied partly (A with
+// both ranks, B after rank 1 left, with rank 0 alone), a rollback, rank 1
+// back and the step redone: A and B equal A's first result. And the
+// refusals, each by name: a rollback before any commit, to another commit,
+// a COMMIT on a tenant that is not elastic.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "process.h"
+#include "rackhub/client/client.h"
+
+namespace rackhub::testing {
+namespace {
+
+namespace rc = rackhub::client;
+
+constexpr uint32_t kElements = 600;
+
+float Gradient(uint32_t rank, uint32_t step, uint32_t i) {
+  uint64_t z = (uint64_t{rank} << 48) ^ (uint64_t{step} << 20) ^ i;
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 40) / double(1ull << 24) * 2.0 - 1.0);
+}
+
+std::vector<float> Grad(uint32_t rank, uint32_t step) {
+  std::vector<float> g(kElements);
+  for (uint32_t i = 0; i < kElements; ++i) g[i] = Gradient(rank, step, i);
+  return g;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class ElasticRollbackTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
+        "--in-memory", "--lanes", "2", "--straggler-timeout-ms", "60000"});
+    ASSERT_TRUE(daemon_->started());
+    token_file_ = MakeTempDir() + "/token";
+    WriteFile(token_file_, token_);
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"tenant", "create", "job", "--workers", "2", "--elastic",
+                                   "--min-workers", "1", "--max-workers", "4"},
+          std::vector<std::string>{"tenant", "create", "plain", "--workers", "1"}}) {
+      std::vector<std::string> full = {BinPath("rackhubctl"), "--admin",
+                                       daemon_->admin_address()};
+      full.insert(full.end(), args.begin(), args.end());
+      full.insert(full.end(), {"--chunk-bytes", "1024", "--tenant-token-file", token_file_});
+      const CommandResult r = RunCommand(full);
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    }
+  }
+
+  std::unique_ptr<rc::Client> Connect(const std::string& tenant, uint32_t rank) {
+    rc::Options o;
+    o.hub = daemon_->data_address();
+    o.tenant = tenant;
+    o.token = token_;
+    o.rank = rank;
+    o.op_timeout = std::chrono::milliseconds(30000);
+    rc::Error err;
+    auto c = rc::Client::Connect(o, &err);
+    EXPECT_TRUE(c) << err.message;
+    return c;
+  }
+
+  // Keys A and B, declared alike: momentum SGD, the mean of the members.
+  std::vector<rc::KeyId> Declare(rc::Client& c) {
+    std::vector<rc::KeyId> ids;
+    for (const char* name : {"A", "B"}) {
+      rc::KeyDecl d;
+      d.name = name;
+      d.elements = kElements;
+      rc::OptimizerSpec spec;
+      spec.type = "momentum";
+      spec.learning_rate = 0.1;
+      spec.momentum = 0.9;
+      d.optimizer = spec;
+      rc::KeyId id = 0;
+      const rc::Error e = c.DeclareKey(d, &id);
+      EXPECT_TRUE(e.ok()) << e.message;
+      ids.push_back(id);
+    }
+    return ids;
+  }
+
+  // The client contract after WORKER_LOST / ROLLED_BACK: Pull, push again.
+  static rc::Error PushPull(rc::Client& c, rc::KeyId key, const std::vector<float>& g,
+                            std::vector<float>& out) {
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      const rc::Error e = c.Wait(c.PushPull(key, g, out));
+      const bool again = e.code == rc::ErrorCode::kRolledBack ||
+                         (e.code == rc::ErrorCode::kServer && e.wire == rc::WireError::kWorkerLost);
+      if (!again) return e;
+      std::vector<float> scratch(kElements);
+      if (const rc::Error p = c.Wait(c.Pull(key, scratch)); !p.ok()) return p;
+    }
+    return {rc::ErrorCode::kTimeout, rc::WireError::kNone, "no PushPull completed in 50 tries"};
+  }
+
+  // Step `step` of every key in `keys` by both ranks at once; the replies
+  // (rank 0's; rank 1's must be the same bits).
+  std::vector<std::vector<float>> Step(rc::Client& r0, rc::Client& r1,
+                                       const std::vector<rc::KeyId>& k0,
+                                       const std::vector<rc::KeyId>& k1, uint32_t step) {
+    const std::vector<float> g0 = Grad(0, step), g1 = Grad(1, step);
+    std::vector<std::vector<float>> out0(k0.size(), std::vector<float>(kElements));
+    std::vector<std::vector<float>> out1(k0.size(), std::vector<float>(kElements));
+    for (size_t k = 0; k < k0.size(); ++k) {
+      const rc::Ticket t0 = r0.PushPull(k0[k], g0, out0[k]);
+      const rc::Ticket t1 = r1.PushPull(k1[k], g1, out1[k]);
+      const rc::Error e0 = r0.Wait(t0), e1 = r1.Wait(t1);
+      EXPECT_TRUE(e0.ok()) << "step " << step << " rank 0: " << e0.message;
+      EXPECT_TRUE(e1.ok()) << "step " << step << " rank 1: " << e1.message;
+      EXPECT_TRUE(SameBits(out0[k], out1[k])) << "step " << step << " key " << k;
+    }
+    return out0;
+  }
+
+  static std::vector<float> Pull(rc::Client& c, rc::KeyId key) {
+    std::vector<float> out(kElements);
+    const rc::Error e = c.Wait(c.Pull(key, out));
+    EXPECT_TRUE(e.ok()) << e.message;
+    return out;
+  }
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  const std::string token_ = std::string(40, 'r');
+  std::string token_file_;
+};
+
+TEST_F(ElasticRollbackTest, RollbackRestoresParametersAndMomentumBitForBit) {
+  auto r0 = Connect("job", 0), r1 = Connect("job", 1);
+  ASSERT_TRUE(r0 && r1);
+  const auto k0 = Declare(*r0), k1 = Declare(*r1);
+  ASSERT_EQ(k0, k1);
+
+  // Nothing committed yet: a rollback is refused by name.
+  rc::Error e = r0->Wait(r0->RollbackElastic(0));
+  EXPECT_EQ(e.wire, rc::WireError::kInvalidArgument) << e.message;
+  EXPECT_NE(e.message.find("rollback: elastic tenant 'job' has no commit on this hub"),
+            std::string::npos)
+      << e.message;
+
+  for (uint32_t s = 0; s < 3; ++s) Step(*r0, *r1, k0, k1, s);
+  ASSERT_TRUE(r0->Wait(r0->CommitElastic(1)).ok());
+  ASSERT_TRUE(r1->Wait(r1->CommitElastic(1)).ok());  // the second member's: a no-op
+  const std::vector<float> committed = Pull(*r0, k0[0]);
+
+  // A full step past the commit, rolled back (both members ask; the
+  // second finds every chunk there already), and redone.
+  const auto first = Step(*r0, *r1, k0, k1, 3);
+  EXPECT_TRUE(SameBits(first[0], first[1]));
+  ASSERT_TRUE(r0->Wait(r0->RollbackElastic(1)).ok());
+  ASSERT_TRUE(r1->Wait(r1->RollbackElastic(1)).ok());
+  for (const rc::KeyId k : k0) EXPECT_TRUE(SameBits(Pull(*r0, k), committed));
+  for (const rc::KeyId k : k1) EXPECT_TRUE(SameBits(Pull(*r1, k), committed));
+  EXPECT_EQ(r0->GetKeyInfo(k0[0])->next_iteration, 3u);
+  const auto redo = Step(*r0, *r1, k0, k1, 3);
+  EXPECT_TRUE(SameBits(redo[0], first[0])) << "the momentum did not come back exactly";
+  EXPECT_TRUE(SameBits(redo[1], first[1]));
+  ASSERT_TRUE(r0->Wait(r0->CommitElastic(2)).ok());
+  ASSERT_TRUE(r1->Wait(r1->CommitElastic(2)).ok());
+  const std::vector<float> committed2 = Pull(*r0, k0[1]);
+
+  // Another commit than the hub's last: refused by name.
+  e = r0->Wait(r0->RollbackElastic(1));
+  EXPECT_EQ(e.wire, rc::WireError::kInvalidArgument) << e.message;
+  EXPECT_NE(e.message.find("rollback: commit 1 asked for, but the last commit of elastic "
+                           "tenant 'job' on this hub is 2"),
+            std::string::npos)
+      << e.message;
+
+  // A step applied partly: A with both ranks; rank 1 leaves (BYE), so B
+  // completes with rank 0 alone (another mean: other bits).
+  std::vector<float> a(kElements), b(kElements), scratch(kElements);
+  {
+    const rc::Ticket t0 = r0->PushPull(k0[0], Grad(0, 4), a);
+    const rc::Ticket t1 = r1->PushPull(k1[0], Grad(1, 4), scratch);
+    ASSERT_TRUE(r0->Wait(t0).ok());
+    ASSERT_TRUE(r1->Wait(t1).ok());
+  }
+  r1->Close();
+  r1.reset();
+  ASSERT_TRUE(PushPull(*r0, k0[1], Grad(0, 4), b).ok());
+  EXPECT_FALSE(SameBits(a, b));
+  // Rank 0 restores the commit: every chunk of A and B back to commit 2.
+  ASSERT_TRUE(r0->Wait(r0->RollbackElastic(2)).ok());
+  for (const rc::KeyId k : k0) EXPECT_TRUE(SameBits(Pull(*r0, k), committed2));
+  // Rank 1 comes back (a new process: a new session) and the step is
+  // redone with both: A and B equal A's first result, bit for bit.
+  r1 = Connect("job", 1);
+  ASSERT_TRUE(r1);
+  const auto k1b = Declare(*r1);
+  for (const rc::KeyId k : k1b) Pull(*r1, k);
+  std::vector<std::vector<float>> again(2, std::vector<float>(kElements));
+  for (size_t k = 0; k < 2; ++k) {
+    std::vector<float> other(kElements);
+    const rc::Ticket t1 = r1->PushPull(k1b[k], Grad(1, 4), other);
+    ASSERT_TRUE(PushPull(*r0, k0[k], Grad(0, 4), again[k]).ok());
+    ASSERT_TRUE(r1->Wait(t1).ok());
+    EXPECT_TRUE(SameBits(other, again[k]));
+  }
+  EXPECT_TRUE(SameBits(again[0], a)) << "key A after the rollback and the redo";
+  EXPECT_TRUE(SameBits(again[1], a)) << "key B after the rollback and the redo";
+}
+
+TEST_F(ElasticRollbackTest, RefusedForATenantThatIsNotElastic) {
+  auto c = Connect("plain", 0);
+  ASSERT_TRUE(c);
+  for (const bool commit : {true, false}) {
+    const rc::Error e = c->Wait(commit ? c->CommitElastic(1) : c->RollbackElastic(1));
+    EXPECT_EQ(e.wire, rc::WireError::kInvalidArgument) << e.message;
+    const std::string want = std::string(commit ? "commit" : "rollback") +
+                             ": tenant 'plain' is not elastic";
+    EXPECT_NE(e.message.find(want), std::string::npos) << e.message;
+  }
+}
+
+}  // namespace
+}  // namespace rackhub::testing
