@@ -193,16 +193,18 @@ TEST_F(ElasticRollbackTest, RollbackRestoresParametersAndMomentumBitForBit) {
 
   // A step applied partly: A with both ranks; rank 1 leaves (BYE), so B
   // completes with rank 0 alone (another mean: other bits).
+  // (PushPull borrows its input until it completes: the gradients stay.)
+  const std::vector<float> g0 = Grad(0, 4), g1 = Grad(1, 4);
   std::vector<float> a(kElements), b(kElements), scratch(kElements);
   {
-    const rc::Ticket t0 = r0->PushPull(k0[0], Grad(0, 4), a);
-    const rc::Ticket t1 = r1->PushPull(k1[0], Grad(1, 4), scratch);
+    const rc::Ticket t0 = r0->PushPull(k0[0], g0, a);
+    const rc::Ticket t1 = r1->PushPull(k1[0], g1, scratch);
     ASSERT_TRUE(r0->Wait(t0).ok());
     ASSERT_TRUE(r1->Wait(t1).ok());
   }
   r1->Close();
   r1.reset();
-  ASSERT_TRUE(PushPull(*r0, k0[1], Grad(0, 4), b).ok());
+  ASSERT_TRUE(PushPull(*r0, k0[1], g0, b).ok());
   EXPECT_FALSE(SameBits(a, b));
   // Rank 0 restores the commit: every chunk of A and B back to commit 2.
   ASSERT_TRUE(r0->Wait(r0->RollbackElastic(2)).ok());
@@ -216,8 +218,8 @@ TEST_F(ElasticRollbackTest, RollbackRestoresParametersAndMomentumBitForBit) {
   std::vector<std::vector<float>> again(2, std::vector<float>(kElements));
   for (size_t k = 0; k < 2; ++k) {
     std::vector<float> other(kElements);
-    const rc::Ticket t1 = r1->PushPull(k1b[k], Grad(1, 4), other);
-    ASSERT_TRUE(PushPull(*r0, k0[k], Grad(0, 4), again[k]).ok());
+    const rc::Ticket t1 = r1->PushPull(k1b[k], g1, other);
+    ASSERT_TRUE(PushPull(*r0, k0[k], g0, again[k]).ok());
     ASSERT_TRUE(r1->Wait(t1).ok());
     EXPECT_TRUE(SameBits(other, again[k]));
   }

@@ -43,6 +43,7 @@ class State:
     def __init__(self):
         self._reset_callbacks = []
         self._commits = 0
+        self._synced = False  # a sync completed (this process holds a commit of the members)
         self._skipped = self._optimizer_skips()
 
     def register_reset_callbacks(self, callbacks):
@@ -116,6 +117,7 @@ class State:
         self._commits = best
         self.save()
         self._hub_commit()
+        self._synced = True
         self._skipped = self._optimizer_skips()
 
     def _optimizer_skips(self):
@@ -219,7 +221,10 @@ class TorchState(ObjectState):
         meets a recovery of the tenant (WORKER_LOST) is asked again once a
         Pull, held until the recovery ends, returns."""
         eng = self._hub_engine()
-        if eng is None:
+        if eng is None or not self._synced:
+            # Before its first sync a process has no commit of its own (a
+            # joiner's counter is not the members' yet): the members that
+            # synced ask, and with none nothing has been stepped.
             return
         c = eng.c
         deadline = time.monotonic() + _elastic().op_timeout
