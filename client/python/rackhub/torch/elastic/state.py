@@ -10,6 +10,12 @@ the last commit did not run with the membership the members agreed on
 commit), and HostsUpdatedInterrupt after saving when the step is good but
 the membership changed or joiners wait (every member keeps its state).
 
+A TorchState whose DistributedOptimizer runs on the hub (hub_optimizer=
+True) also keeps the hub in step (docs/elastic.md, "Hub optimizers"):
+commit() and sync() tell the hub the commit (it copies every chunk of the
+optimizer's keys), restore() rolls the hub's chunks back to that copy and
+pulls the parameters.
+
 Thread use: the main thread.
 """
 import copy
