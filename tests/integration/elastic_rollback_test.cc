@@ -11,18 +11,20 @@
 // both ranks, B after rank 1 left, with rank 0 alone), a rollback, rank 1
 // back and the step redone: A and B equal A's first result. And the
 // refusals, each by name: a rollback before any commit, to another commit,
-// a COMMIT on a tenant that is not elastic.
+// a COMMIT or ROLLBACK on a tenant that is not elastic (C++ API and C ABI).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "process.h"
 #include "rackhub/client/client.h"
+#include "rackhub/client/rackhub_c.h"
 
 namespace rackhub::testing {
 namespace {
@@ -31,18 +33,13 @@ namespace rc = rackhub::client;
 
 constexpr uint32_t kElements = 600;
 
-float Gradient(uint32_t rank, uint32_t step, uint32_t i) {
-  uint64_t z = (uint64_t{rank} << 48) ^ (uint64_t{step} << 20) ^ i;
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / double(1ull << 24) * 2.0 - 1.0);
-}
-
+// Rank r's gradient of step s: uniform in [-1, 1), a stream of its own per
+// (rank, step), so another membership or a step applied twice changes bits.
 std::vector<float> Grad(uint32_t rank, uint32_t step) {
+  std::mt19937 gen(rank * 7919u + step * 104729u + 17u);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> g(kElements);
-  for (uint32_t i = 0; i < kElements; ++i) g[i] = Gradient(rank, step, i);
+  for (float& x : g) x = u(gen);
   return g;
 }
 
@@ -227,6 +224,8 @@ TEST_F(ElasticRollbackTest, RollbackRestoresParametersAndMomentumBitForBit) {
   EXPECT_TRUE(SameBits(again[1], a)) << "key B after the rollback and the redo";
 }
 
+// The C++ API and the C ABI on a tenant that is not elastic: refused by
+// name, the connection stays usable.
 TEST_F(ElasticRollbackTest, RefusedForATenantThatIsNotElastic) {
   auto c = Connect("plain", 0);
   ASSERT_TRUE(c);
@@ -237,6 +236,25 @@ TEST_F(ElasticRollbackTest, RefusedForATenantThatIsNotElastic) {
                              ": tenant 'plain' is not elastic";
     EXPECT_NE(e.message.find(want), std::string::npos) << e.message;
   }
+  c->Close();  // rank 0 again, through the C ABI
+  rackhub_options o{};
+  const std::string hub = daemon_->data_address();
+  o.hub = hub.c_str();
+  o.tenant = "plain";
+  o.token = token_.c_str();
+  char err[256] = {0};
+  rackhub_client* cc = nullptr;
+  ASSERT_EQ(rackhub_connect(&o, &cc, err, sizeof err), RACKHUB_OK) << err;
+  for (const bool commit : {true, false}) {
+    EXPECT_EQ(commit ? rackhub_commit_elastic(cc, 3) : rackhub_rollback_elastic(cc, 3),
+              RACKHUB_SERVER);
+    EXPECT_EQ(rackhub_last_wire_error(cc), 11u);  // INVALID_ARGUMENT
+    EXPECT_NE(std::string(rackhub_last_error(cc)).find("is not elastic"), std::string::npos)
+        << rackhub_last_error(cc);
+  }
+  rackhub_close(cc);
+  EXPECT_EQ(rackhub_commit_elastic(nullptr, 1), RACKHUB_INVALID_ARGUMENT);
+  EXPECT_EQ(rackhub_rollback_elastic(nullptr, 1), RACKHUB_INVALID_ARGUMENT);
 }
 
 }  // namespace
