@@ -3,8 +3,9 @@
 // contribution arrives; memberships are committed by the data plane only at
 // the end of a recovery (nothing pending anywhere, no push accepted), so an
 // update never mixes two. Here: which pushes a membership refuses, applying
-// it to a chunk's next update, joins (a generation connected on every lane)
-// and stragglers removed from the membership.
+// it to a chunk's next update, joins (a generation connected on every lane),
+// stragglers removed from the membership, and COMMIT / ROLLBACK of tenants
+// with hub optimizers (the copies: chunk_commit.cc).
 #include <spdlog/spdlog.h>
 
 #include "rackhub/common/log_safe.h"
