@@ -5,7 +5,10 @@
 // ROLLBACK puts every chunk whose version moved since back to its copy.
 // Both are idempotent: every member sends them alike and only the first
 // that finds a chunk elsewhere than its copy does any work.
-#include <algorithm>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -72,9 +75,10 @@ uint32_t ChunkTable::Rollback(LaneTenant& t, const std::string& why) {
     const std::span<const float> state[2] = {copy->state[0], copy->state[1]};
     const size_t slots = static_cast<size_t>(c->state.state_slots());
     if (!c->state.Restore(copy->version, copy->params, std::span(state, slots))) {
-      spdlog::error("data: tenant '{}' lane {}: key id {} chunk {}: the commit copy does not fit "
-                    "the chunk; left at version {}",
-                    t.info.name, lane_, c->key_id, c->index_in_key, c->state.version());
+      spdlog::error(
+          "data: tenant '{}' lane {}: key id {} chunk {}: the commit copy does not fit "
+          "the chunk; left at version {}",
+          t.info.name, lane_, c->key_id, c->index_in_key, c->state.version());
       continue;
     }
     c->done_generation = copy->done_generation;

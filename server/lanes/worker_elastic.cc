@@ -118,8 +118,8 @@ void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const F
   const char* what = commit ? "commit" : "rollback";
   if (h.payload_bytes != 0) {
     Reject(conn, WireError::kMalformed,
-           std::string("payload_bytes: ") + net::OpcodeName(h.opcode) + " carries no payload, got " +
-               Num(h.payload_bytes) + " bytes",
+           std::string("payload_bytes: ") + net::OpcodeName(h.opcode) +
+               " carries no payload, got " + Num(h.payload_bytes) + " bytes",
            h.request_id);
     return;
   }
@@ -155,9 +155,8 @@ void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const F
              h.request_id);
       return;
     }
-    table_->Rollback(t, "rollback: rank " + Num(conn.id().rank) +
-                            " restores commit " + Num(h.iteration) + " of elastic tenant " +
-                            QuoteForLog(t.info.name) +
+    table_->Rollback(t, "rollback: rank " + Num(conn.id().rank) + " restores commit " +
+                            Num(h.iteration) + " of elastic tenant " + QuoteForLog(t.info.name) +
                             "; the update in progress was discarded: Pull and push again");
   } else {
     table_->Commit(t, h.iteration);

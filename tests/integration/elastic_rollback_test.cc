@@ -50,8 +50,8 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 class ElasticRollbackTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
-        "--in-memory", "--lanes", "2", "--straggler-timeout-ms", "60000"});
+    daemon_ = std::make_unique<DaemonProcess>(
+        std::vector<std::string>{"--in-memory", "--lanes", "2", "--straggler-timeout-ms", "60000"});
     ASSERT_TRUE(daemon_->started());
     token_file_ = MakeTempDir() + "/token";
     WriteFile(token_file_, token_);
@@ -59,8 +59,7 @@ class ElasticRollbackTest : public ::testing::Test {
          {std::vector<std::string>{"tenant", "create", "job", "--workers", "2", "--elastic",
                                    "--min-workers", "1", "--max-workers", "4"},
           std::vector<std::string>{"tenant", "create", "plain", "--workers", "1"}}) {
-      std::vector<std::string> full = {BinPath("rackhubctl"), "--admin",
-                                       daemon_->admin_address()};
+      std::vector<std::string> full = {BinPath("rackhubctl"), "--admin", daemon_->admin_address()};
       full.insert(full.end(), args.begin(), args.end());
       full.insert(full.end(), {"--chunk-bytes", "1024", "--tenant-token-file", token_file_});
       const CommandResult r = RunCommand(full);
@@ -232,8 +231,8 @@ TEST_F(ElasticRollbackTest, RefusedForATenantThatIsNotElastic) {
   for (const bool commit : {true, false}) {
     const rc::Error e = c->Wait(commit ? c->CommitElastic(1) : c->RollbackElastic(1));
     EXPECT_EQ(e.wire, rc::WireError::kInvalidArgument) << e.message;
-    const std::string want = std::string(commit ? "commit" : "rollback") +
-                             ": tenant 'plain' is not elastic";
+    const std::string want =
+        std::string(commit ? "commit" : "rollback") + ": tenant 'plain' is not elastic";
     EXPECT_NE(e.message.find(want), std::string::npos) << e.message;
   }
   c->Close();  // rank 0 again, through the C ABI
