@@ -3,9 +3,10 @@
 //
 // A Client is one worker (rank) of one tenant. It keeps one TCP connection per
 // hub lane; chunk g of the tenant's chunk space travels on lane g % lanes.
-// Operations on keys (PushPull, Init, Pull, SetOptimizer) are asynchronous and
-// return a Ticket, completed either through Wait/WaitFor or through an
-// optional callback. DeclareKey is blocking.
+// Operations on keys (PushPull, Init, Pull, SetOptimizer) and an elastic
+// tenant's CommitElastic / RollbackElastic are asynchronous and return a
+// Ticket, completed either through Wait/WaitFor or through an optional
+// callback. DeclareKey is blocking.
 //
 // Threads and ownership:
 //  - Every Client method may be called from any thread, concurrently.
