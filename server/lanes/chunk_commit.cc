@@ -2,7 +2,8 @@
 // (docs/elastic.md, "Hub optimizers"; COMMIT and ROLLBACK, wire-protocol.md
 // section 6e). COMMIT copies each chunk whose key runs an optimizer on the
 // hub (not SUM_ONLY; dense, one rack) when its copy is not at its version;
-// ROLLBACK puts every chunk whose version moved since back to its copy.
+// ROLLBACK puts every such chunk whose version moved since (or with
+// contributions pending) back to its copy, or refuses by name.
 // Both are idempotent: every member sends them alike and only the first
 // that finds a chunk elsewhere than its copy does any work.
 #include <span>
@@ -13,6 +14,8 @@
 #include <spdlog/spdlog.h>
 
 #include "chunk_table.h"
+#include "rackhub/common/log_safe.h"
+#include "rackhub/common/number.h"
 
 namespace rackhub::server {
 
@@ -36,6 +39,15 @@ void Take(const Chunk& c, CommitCopy& copy) {
   copy.done_members = c.done_members;
 }
 
+// The copy restores the chunk: as many elements and optimizer state slots.
+bool Fits(const aggregation::ChunkState& s, const CommitCopy& copy) {
+  if (copy.params.size() != s.elements()) return false;
+  for (int slot = 0; slot < s.state_slots(); ++slot) {
+    if (slot >= 2 || copy.state[slot].size() != s.elements()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 uint32_t ChunkTable::Commit(LaneTenant& t, uint64_t number) {
@@ -52,47 +64,46 @@ uint32_t ChunkTable::Commit(LaneTenant& t, uint64_t number) {
   return copied;
 }
 
-uint32_t ChunkTable::Rollback(LaneTenant& t, const std::string& why) {
+std::string ChunkTable::Rollback(LaneTenant& t, const std::string& why) {
+  // Every chunk checked first: nothing changes when one is refused.
   std::vector<std::pair<Chunk*, const CommitCopy*>> moved;
-  bool pending = false;
-  for (auto& [id, copy] : t.commits) {
-    const auto it = t.chunks.find(id);
-    if (it == t.chunks.end()) continue;
-    Chunk& c = *it->second;
-    if (c.state.version() == copy.version && c.state.contributions() == 0) continue;
-    pending = pending || c.state.contributions() != 0;
-    moved.emplace_back(&c, &copy);
+  for (auto& [id, cp] : t.chunks) {
+    Chunk& c = *cp;
+    if (!HubOptimized(c)) continue;
+    const auto it = t.commits.find(id);
+    const CommitCopy* copy = it == t.commits.end() ? nullptr : &it->second;
+    if (copy && c.state.version() == copy->version && c.state.contributions() == 0) continue;
+    if (!copy || !Fits(c.state, *copy)) {
+      const LaneKey* key = FindKey(t, c.key_id);
+      return "rollback: key " + (key ? QuoteForLog(key->info.name) : "id " + Num(c.key_id)) +
+             " chunk " + Num(c.index_in_key) + " of elastic tenant " + QuoteForLog(t.info.name) +
+             (copy ? " no longer fits its copy of commit " + Num(t.commit_number) +
+                         " (its optimizer's state changed since)"
+                   : " has no copy of commit " + Num(t.commit_number) +
+                         " (its optimizer ran on the hub only after that COMMIT)") +
+             " on lane " + Num(lane_) + "; nothing was rolled back here";
+    }
+    moved.emplace_back(&c, copy);
   }
-  if (moved.empty()) return 0;
-  // Contributions to an update past the commit: their pushes fail (the
-  // ranks Pull and push again) before the chunks move back.
-  if (pending) FailPending(t, net::WireError::kWorkerLost, why);
-  // A checkpoint being copied would mix versions before and after this.
-  for (auto& [id, job] : t.armed) job->Fail("the tenant was rolled back meanwhile", true);
-  t.armed.clear();
-  uint32_t rolled = 0;
+  if (moved.empty()) return {};
+  FailArmed(t, "the tenant was rolled back meanwhile");
   for (auto [c, copy] : moved) {
+    // Contributions to the update past the commit: their pushes fail (with
+    // `why`: the ranks restore the commit too, docs/elastic.md).
+    if (c->state.contributions() != 0) FailChunk(t, *c, net::WireError::kWorkerLost, why);
     const std::span<const float> state[2] = {copy->state[0], copy->state[1]};
     const size_t slots = static_cast<size_t>(c->state.state_slots());
-    if (!c->state.Restore(copy->version, copy->params, std::span(state, slots))) {
-      spdlog::error(
-          "data: tenant '{}' lane {}: key id {} chunk {}: the commit copy does not fit "
-          "the chunk; left at version {}",
-          t.info.name, lane_, c->key_id, c->index_in_key, c->state.version());
-      continue;
-    }
+    c->state.Restore(copy->version, copy->params, std::span(state, slots));  // fits: checked
     c->done_generation = copy->done_generation;
     c->done_members = copy->done_members;
-    ++rolled;
-    if (c->index_in_key != 0) continue;
-    if (auto k = t.keys.find(c->key_id); k != t.keys.end()) {
-      k->second.runtime->floor.store(copy->version, std::memory_order_release);
-      k->second.runtime->version.store(copy->version, std::memory_order_relaxed);
-    }
+    LaneKey* key = FindKey(t, c->key_id);
+    if (!key) continue;
+    Restored(t, *key, *c);
+    if (c->index_in_key == 0) key->runtime->floor.store(copy->version, std::memory_order_release);
   }
   spdlog::info("data: elastic tenant '{}' lane {}: {} chunk(s) rolled back to commit {}",
-               t.info.name, lane_, rolled, t.commit_number);
-  return rolled;
+               t.info.name, lane_, moved.size(), t.commit_number);
+  return {};
 }
 
 }  // namespace rackhub::server

@@ -329,6 +329,8 @@ class ChunkTable {
   // Fails every waiting push of the tenant with `code` and discards the
   // partial sums of its pending updates.
   void FailPending(LaneTenant& t, net::WireError code, const std::string& why);
+  // The same for one chunk (its entry in t.pending stays).
+  void FailChunk(LaneTenant& t, Chunk& c, net::WireError code, const std::string& why);
   // The newest version of each key among this lane's chunks (recovery).
   std::map<uint32_t, uint64_t> KeyVersions(const LaneTenant& t) const;
   // Brings every chunk of key k below versions[k] to versions[k] (a skipped
@@ -349,11 +351,13 @@ class ChunkTable {
   // with a hub optimizer whose copy is not at its version (the members'
   // commit `number`); returns how many were copied.
   uint32_t Commit(LaneTenant& t, uint64_t number);
-  // Puts every chunk with a copy back to it (parameters, optimizer state,
-  // version) unless it is at the copy's version already, failing the
-  // tenant's pending updates here first if such a chunk has one (`why`);
-  // returns how many were rolled back. REQUIRES: t.committed.
-  uint32_t Rollback(LaneTenant& t, const std::string& why);
+  // Puts every chunk with a hub optimizer back to its copy (parameters,
+  // optimizer state, version) unless it is at the copy's version with
+  // nothing pending already; the pushes waiting on a chunk it moves fail
+  // with WORKER_LOST `why` (other chunks' pushes stay). Returns "" when
+  // done, else (nothing changed) the refusal naming the key and chunk that
+  // has no copy or whose copy no longer fits it. REQUIRES: t.committed.
+  std::string Rollback(LaneTenant& t, const std::string& why);
   // Drops the key's chunks, failing their waiting pushes.
   void DropKey(LaneTenant& t, uint32_t key_id);
   // New hyperparameters for the key's chunks from update `from_update` on.
@@ -367,6 +371,11 @@ class ChunkTable {
   // A row-sparse table's row range `chunk` (rows, init, optimizer schedule).
   std::unique_ptr<Chunk> NewTableChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
   static void RestoreRackStages(const LaneKey& key, Chunk& c, std::span<const float> params);
+  // Restore and Rollback: fails the armed checkpoint jobs (the tenant moved
+  // on); a chunk put at another version: its bookkeeping (pending, the
+  // key's version, the PULLs it now answers).
+  void FailArmed(LaneTenant& t, const std::string& why);
+  void Restored(LaneTenant& t, LaneKey& key, Chunk& c);
   static bool RestoreTableChunk(aggregation::RowShard& r, uint64_t version,
                                 const CheckpointChunk& cc);
 

@@ -130,6 +130,19 @@ void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const F
            h.request_id);
     return;
   }
+  // A generation that ended (a removed member, a replaced process) or a
+  // rank that is no member: its frame is not honoured, as its pushes.
+  if (const auto* gen = GenerationOf(t, conn); !gen || !(*gen)->live()) {
+    RefuseEnded(conn, t, h);
+    return;
+  }
+  if (!CurrentMembership(t).has(conn.id().rank)) {
+    Refuse(conn, WireError::kWorkerLost,
+           std::string(what) + ": rank " + Num(conn.id().rank) + " is not a member (" +
+               Describe(t, CurrentMembership(t)) + "); only members commit or roll back",
+           h.request_id);
+    return;
+  }
   if (!commit) {
     if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
       Refuse(conn, WireError::kWorkerLost,
@@ -155,10 +168,23 @@ void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const F
              h.request_id);
       return;
     }
-    table_->Rollback(t, "rollback: rank " + Num(conn.id().rank) + " restores commit " +
-                            Num(h.iteration) + " of elastic tenant " + QuoteForLog(t.info.name) +
-                            "; the update in progress was discarded: Pull and push again");
+    // The pushes it fails are told to restore the commit (not to push the
+    // same gradient again): clients recognise net::kRollbackRefusal.
+    const std::string refused = table_->Rollback(
+        t, std::string(net::kRollbackRefusal) + Num(conn.id().rank) + " restores commit " +
+               Num(h.iteration) + " of elastic tenant " + QuoteForLog(t.info.name) +
+               "; this update past the commit was discarded: restore the commit too");
+    if (!refused.empty()) {
+      Refuse(conn, WireError::kInvalidArgument, refused, h.request_id);
+      return;
+    }
   } else {
+    if (t.committed && h.iteration < t.commit_number) {
+      spdlog::warn("data: elastic tenant '{}' lane {}: rank {} commits {} after commit {} (the "
+                   "commit number went back; a rollback now asks for {})",
+                   t.info.name, table_->lane(), conn.id().rank, h.iteration, t.commit_number,
+                   h.iteration);
+    }
     table_->Commit(t, h.iteration);
   }
   FrameHeader r;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "process.h"
+#include "rackhub/net/frame.h"
 #include "rackhub/client/client.h"
 #include "rackhub/client/rackhub_c.h"
 
@@ -82,22 +83,34 @@ class ElasticRollbackTest : public ::testing::Test {
 
   // Keys A and B, declared alike: momentum SGD, the mean of the members.
   std::vector<rc::KeyId> Declare(rc::Client& c) {
-    std::vector<rc::KeyId> ids;
-    for (const char* name : {"A", "B"}) {
-      rc::KeyDecl d;
-      d.name = name;
-      d.elements = kElements;
-      rc::OptimizerSpec spec;
-      spec.type = "momentum";
-      spec.learning_rate = 0.1;
-      spec.momentum = 0.9;
-      d.optimizer = spec;
-      rc::KeyId id = 0;
-      const rc::Error e = c.DeclareKey(d, &id);
-      EXPECT_TRUE(e.ok()) << e.message;
-      ids.push_back(id);
-    }
-    return ids;
+    return {DeclareMomentum(c, "A"), DeclareMomentum(c, "B")};
+  }
+
+  static rc::KeyId DeclareMomentum(rc::Client& c, const std::string& name) {
+    rc::OptimizerSpec spec;
+    spec.type = "momentum";
+    spec.learning_rate = 0.1;
+    spec.momentum = 0.9;
+    return DeclareWith(c, name, spec);
+  }
+
+  // A key summed on the hub (its optimizer runs on the ranks).
+  static rc::KeyId DeclareSum(rc::Client& c, const std::string& name) {
+    rc::OptimizerSpec spec;
+    spec.type = "sum_only";
+    return DeclareWith(c, name, spec);
+  }
+
+  static rc::KeyId DeclareWith(rc::Client& c, const std::string& name,
+                               const rc::OptimizerSpec& spec) {
+    rc::KeyDecl d;
+    d.name = name;
+    d.elements = kElements;
+    d.optimizer = spec;
+    rc::KeyId id = 0;
+    const rc::Error e = c.DeclareKey(d, &id);
+    EXPECT_TRUE(e.ok()) << e.message;
+    return id;
   }
 
   // The client contract after WORKER_LOST / ROLLED_BACK: Pull, push again.
@@ -221,6 +234,74 @@ TEST_F(ElasticRollbackTest, RollbackRestoresParametersAndMomentumBitForBit) {
   }
   EXPECT_TRUE(SameBits(again[0], a)) << "key A after the rollback and the redo";
   EXPECT_TRUE(SameBits(again[1], a)) << "key B after the rollback and the redo";
+}
+
+// A rollback while the other member's pushes wait for it (the member that
+// asks lost its step alone): the pushes to a chunk it moves fail with
+// WORKER_LOST naming the rollback (net::kRollbackRefusal: the pusher
+// restores the commit too), those of a sum-only key stay and complete.
+TEST_F(ElasticRollbackTest, RollbackFailsOnlyThePushesOfTheChunksItMoves) {
+  auto r0 = Connect("job", 0), r1 = Connect("job", 1);
+  ASSERT_TRUE(r0 && r1);
+  const auto k0 = Declare(*r0), k1 = Declare(*r1);
+  const rc::KeyId s0 = DeclareSum(*r0, "S"), s1 = DeclareSum(*r1, "S");
+  Step(*r0, *r1, k0, k1, 0);
+  Step(*r0, *r1, {s0}, {s1}, 0);
+  ASSERT_TRUE(r0->Wait(r0->CommitElastic(1)).ok());
+  ASSERT_TRUE(r1->Wait(r1->CommitElastic(1)).ok());
+  const std::vector<float> committed = Pull(*r0, k0[0]);
+
+  // Rank 1 pushes A and S; its Pull of B after them (every key spans both
+  // lanes; a connection's frames are handled in order) returns once both
+  // pushes wait on the hub for rank 0.
+  const std::vector<float> g0 = Grad(0, 1), g1 = Grad(1, 1);
+  std::vector<float> a1(kElements), s1_out(kElements), s0_out(kElements);
+  const rc::Ticket ta = r1->PushPull(k1[0], g1, a1);
+  const rc::Ticket ts = r1->PushPull(s1, g1, s1_out);
+  Pull(*r1, k1[1]);
+  ASSERT_TRUE(r0->Wait(r0->RollbackElastic(1)).ok());
+  const rc::Error ea = r1->Wait(ta);
+  EXPECT_EQ(ea.wire, rc::WireError::kWorkerLost) << ea.message;
+  EXPECT_NE(ea.message.find(std::string(net::kRollbackRefusal) + "0 restores commit 1"),
+            std::string::npos)
+      << ea.message;
+  // The sum-only key's update was not the rollback's: it completes.
+  ASSERT_TRUE(r0->Wait(r0->PushPull(s0, g0, s0_out)).ok());
+  const rc::Error es = r1->Wait(ts);
+  ASSERT_TRUE(es.ok()) << "the rollback failed a sum-only key's push: " << es.message;
+  EXPECT_TRUE(SameBits(s0_out, s1_out));
+  for (const rc::KeyId k : k0) EXPECT_TRUE(SameBits(Pull(*r0, k), committed));
+  // Both ranks redo the step of A (rank 1 pulls first, as the client
+  // contract asks after a WORKER_LOST): the same bits on both.
+  Pull(*r1, k1[0]);
+  std::vector<float> a0(kElements);
+  const rc::Ticket t1 = r1->PushPull(k1[0], g1, a1);
+  ASSERT_TRUE(r0->Wait(r0->PushPull(k0[0], g0, a0)).ok());
+  ASSERT_TRUE(r1->Wait(t1).ok());
+  EXPECT_TRUE(SameBits(a0, a1));
+}
+
+// A key with a hub optimizer declared after the last COMMIT has no copy:
+// the rollback is refused by name and changes nothing; after a COMMIT it
+// rolls back.
+TEST_F(ElasticRollbackTest, RefusedWhenAChunkHasNoCopy) {
+  auto r0 = Connect("job", 0), r1 = Connect("job", 1);
+  ASSERT_TRUE(r0 && r1);
+  const auto k0 = Declare(*r0), k1 = Declare(*r1);
+  Step(*r0, *r1, k0, k1, 0);
+  ASSERT_TRUE(r0->Wait(r0->CommitElastic(1)).ok());
+  const rc::KeyId c0 = DeclareMomentum(*r0, "C"), c1 = DeclareMomentum(*r1, "C");
+  const auto stepped = Step(*r0, *r1, {k0[0], c0}, {k1[0], c1}, 1);
+  const rc::Error e = r0->Wait(r0->RollbackElastic(1));
+  EXPECT_EQ(e.wire, rc::WireError::kInvalidArgument) << e.message;
+  EXPECT_NE(e.message.find("rollback: key 'C' chunk "), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("has no copy of commit 1"), std::string::npos) << e.message;
+  EXPECT_TRUE(SameBits(Pull(*r0, k0[0]), stepped[0])) << "a refused rollback moved key A";
+  ASSERT_TRUE(r0->Wait(r0->CommitElastic(2)).ok());
+  Step(*r0, *r1, {k0[0], c0}, {k1[0], c1}, 2);
+  ASSERT_TRUE(r0->Wait(r0->RollbackElastic(2)).ok());
+  EXPECT_TRUE(SameBits(Pull(*r0, k0[0]), stepped[0]));
+  EXPECT_TRUE(SameBits(Pull(*r0, c0), stepped[1]));
 }
 
 // The C++ API and the C ABI on a tenant that is not elastic: refused by

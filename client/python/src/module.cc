@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "rackhub/client/client.h"
+#include "rackhub/net/frame.h"
 
 namespace py = pybind11;
 namespace rc = rackhub::client;
@@ -472,6 +473,9 @@ PYBIND11_MODULE(_core, m) {
       "back off and retry until the lost rank (or its replacement) is back.",
       g_error_type, nullptr);
   m.attr("WorkerLost") = py::handle(g_worker_lost_type);
+  // What a WorkerLost's text opens with when a ROLLBACK of the tenant
+  // failed the push (docs/elastic.md, "Hub optimizers").
+  m.attr("ROLLBACK_REFUSAL") = py::str(rackhub::net::kRollbackRefusal);
 
   m.def(
       "table_init",

@@ -138,6 +138,10 @@ enum class WireError : uint32_t {
   kShuttingDown = 13,
   kInternal = 14,
 };
+// The text a WORKER_LOST opens with when a ROLLBACK failed the push (its
+// update was past the members' commit: docs/elastic.md, "Hub optimizers"):
+// the pusher restores the commit instead of pushing the same gradient again.
+inline constexpr char kRollbackRefusal[] = "rollback: rank ";
 const char* WireErrorName(WireError e);
 const char* OpcodeName(Opcode op);  // "PUSH", "RACK_SUM", ...
 
