@@ -156,7 +156,7 @@ void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const F
       Refuse(conn, WireError::kInvalidArgument,
              "rollback: elastic tenant " + QuoteForLog(t.info.name) +
                  " has no commit on this hub (no COMMIT reached lane " + Num(table_->lane()) +
-                 " since the hub started): nothing to roll back to",
+                 " since the hub started or restored a checkpoint): nothing to roll back to",
              h.request_id);
       return;
     }

@@ -51,11 +51,18 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 class ElasticRollbackTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    daemon_ = std::make_unique<DaemonProcess>(
-        std::vector<std::string>{"--in-memory", "--lanes", "2", "--straggler-timeout-ms", "60000"});
-    ASSERT_TRUE(daemon_->started());
     token_file_ = MakeTempDir() + "/token";
     WriteFile(token_file_, token_);
+    Start({"--in-memory"});
+  }
+
+  // A rackhubd with `flags` (two lanes) and the tenants "job" (elastic,
+  // 2 workers) and "plain".
+  void Start(std::vector<std::string> flags) {
+    daemon_.reset();
+    flags.insert(flags.end(), {"--lanes", "2", "--straggler-timeout-ms", "60000"});
+    daemon_ = std::make_unique<DaemonProcess>(flags);
+    ASSERT_TRUE(daemon_->started());
     for (const std::vector<std::string>& args :
          {std::vector<std::string>{"tenant", "create", "job", "--workers", "2", "--elastic",
                                    "--min-workers", "1", "--max-workers", "4"},
@@ -302,6 +309,32 @@ TEST_F(ElasticRollbackTest, RefusedWhenAChunkHasNoCopy) {
   ASSERT_TRUE(r0->Wait(r0->RollbackElastic(2)).ok());
   EXPECT_TRUE(SameBits(Pull(*r0, k0[0]), stepped[0]));
   EXPECT_TRUE(SameBits(Pull(*r0, c0), stepped[1]));
+}
+
+// An admin checkpoint restore drops the commit copies (they predate the
+// restored state): a ROLLBACK is then refused by name instead of undoing
+// the restore.
+TEST_F(ElasticRollbackTest, CheckpointRestoreDropsTheCommit) {
+  Start({});  // checkpoints need a data directory
+  auto r0 = Connect("job", 0), r1 = Connect("job", 1);
+  ASSERT_TRUE(r0 && r1);
+  const auto k0 = Declare(*r0), k1 = Declare(*r1);
+  Step(*r0, *r1, k0, k1, 0);
+  const auto ctl = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> full = {BinPath("rackhubctl"), "--admin", daemon_->admin_address()};
+    full.insert(full.end(), args.begin(), args.end());
+    const CommandResult r = RunCommand(full);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  };
+  ctl({"checkpoint", "create", "job"});
+  const std::vector<float> checkpointed = Pull(*r0, k0[0]);
+  Step(*r0, *r1, k0, k1, 1);
+  ASSERT_TRUE(r0->Wait(r0->CommitElastic(1)).ok());
+  ctl({"checkpoint", "restore", "job"});
+  const rc::Error e = r0->Wait(r0->RollbackElastic(1));
+  EXPECT_EQ(e.wire, rc::WireError::kInvalidArgument) << e.message;
+  EXPECT_NE(e.message.find("has no commit on this hub"), std::string::npos) << e.message;
+  EXPECT_TRUE(SameBits(Pull(*r0, k0[0]), checkpointed)) << "the rollback undid the restore";
 }
 
 // The C++ API and the C ABI on a tenant that is not elastic: refused by
