@@ -50,6 +50,7 @@ class State:
         self._reset_callbacks = []
         self._commits = 0
         self._synced = False  # a sync completed (this process holds a commit of the members)
+        self._pulled = False  # restore() pulled the hub's keys (TorchState: pull_keys)
         self._skipped = self._optimizer_skips()
 
     def register_reset_callbacks(self, callbacks):
@@ -90,6 +91,7 @@ class State:
             raise HostsUpdatedInterrupt(False)
 
     def _check(self):
+        self._pulled = False  # steps ran since any restore()
         ctx = _elastic()
         m = ctx.elastic
         skips = self._optimizer_skips()
@@ -244,6 +246,7 @@ class TorchState(ObjectState):
                 s = eng.slots[0]
                 c.wait(c.pull(s.key, torch.empty(s.param.shape, dtype=torch.float32).numpy()))
         self.pull_keys()
+        self._pulled = True  # the reset that follows need not pull again
 
     def _optimizer_skips(self):
         eng = self._engine()
@@ -255,12 +258,14 @@ class TorchState(ObjectState):
             return []
         return [ctx.client.key_info(s.key)["membership_generation"] for s in eng.slots]
 
-    def pull_keys(self):
+    def pull_keys(self, again=True):
         """After a reset: Pull every key of the DistributedOptimizer (clears
         the hub's resync marks of an aborted step; hub-side optimizers: the
-        parameters are the hub's)."""
+        parameters are the hub's). again=False: not when the rollback of
+        restore() pulled them and nothing was pushed since."""
         eng = self._engine()
-        if eng is None:
+        pulled, self._pulled = self._pulled, False
+        if eng is None or (pulled and not again):
             return
         for s in eng.slots:
             s.ticket = None
