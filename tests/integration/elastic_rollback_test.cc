@@ -9,8 +9,11 @@
 // holds only if the parameters AND the momentum (and the version the
 // optimizer counts) came back exactly. Then a step applied partly (A with
 // both ranks, B after rank 1 left, with rank 0 alone), a rollback, rank 1
-// back and the step redone: A and B equal A's first result. And the
-// refusals, each by name: a rollback before any commit, to another commit,
+// back and the step redone: A and B equal A's first result. A rollback
+// while the other rank's pushes wait: only those of the chunks it moves
+// fail (recognisably), a sum-only key's complete. And the refusals, each
+// by name: a rollback before any commit, to another commit, with a chunk
+// that has no copy (changing nothing), after an admin checkpoint restore,
 // a COMMIT or ROLLBACK on a tenant that is not elastic (C++ API and C ABI).
 #include <gtest/gtest.h>
 

@@ -98,9 +98,13 @@ class State:
         good = skips == self._skipped and not m.interrupted and all(
             g in (0, m.generation) for g in self._key_generations(ctx))
         self._skipped = skips
-        fields, gen = _session.one_round(_session.COMMIT, self._commits)
+        # A member that finds its step bad says so in the round (COMMIT_BAD),
+        # so every member decides alike (none commits while another rolls
+        # the hub back: docs/elastic.md, "Hub optimizers").
+        fields, gen = _session.one_round(_session.COMMIT if good else _session.COMMIT_BAD,
+                                         self._commits)
         if {e[1] for e in fields.values()} != {_session.COMMIT}:
-            good = False  # a member lost its step and is resetting
+            good = False  # a member lost its step or found it bad: every member restores
         waiting = max(max(e[3], e[4]) for e in fields.values()) > m.handled
         return good, gen != m.generation or waiting
 
