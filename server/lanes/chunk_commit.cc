@@ -6,12 +6,12 @@
 // contributions pending) back to its copy, or refuses by name.
 // Both are idempotent: every member sends them alike and only the first
 // that finds a chunk elsewhere than its copy does any work.
+#include <spdlog/spdlog.h>
+
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "chunk_table.h"
 #include "rackhub/common/log_safe.h"

@@ -180,10 +180,10 @@ void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const F
     }
   } else {
     if (t.committed && h.iteration < t.commit_number) {
-      spdlog::warn("data: elastic tenant '{}' lane {}: rank {} commits {} after commit {} (the "
-                   "commit number went back; a rollback now asks for {})",
-                   t.info.name, table_->lane(), conn.id().rank, h.iteration, t.commit_number,
-                   h.iteration);
+      spdlog::warn(
+          "data: elastic tenant '{}' lane {}: rank {} commits {} after commit {} (the "
+          "commit number went back; a rollback now asks for {})",
+          t.info.name, table_->lane(), conn.id().rank, h.iteration, t.commit_number, h.iteration);
     }
     table_->Commit(t, h.iteration);
   }

@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "process.h"
-#include "rackhub/net/frame.h"
 #include "rackhub/client/client.h"
 #include "rackhub/client/rackhub_c.h"
+#include "rackhub/net/frame.h"
 
 namespace rackhub::testing {
 namespace {
