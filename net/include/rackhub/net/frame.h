@@ -98,8 +98,12 @@ enum class Opcode : uint8_t {
   kRackAlign = 25,     // the home's parameters of one chunk at the agreed version (key dtype)
   // Cluster checkpoints (docs/wire-protocol.md section 7c):
   kRackCheckpoint = 26,  // control.proto RackCheckpoint, on lane 0's link
+  // Elastic tenants with hub optimizers (docs/wire-protocol.md section 6e),
+  // from a worker on every lane, no payload, answered with ACK:
+  kCommit = 27,    // `iteration` = the members' commit number: copy every chunk
+  kRollback = 28,  // `iteration` = the commit asked for: every chunk back to it
 };
-inline constexpr uint8_t kMaxOpcode = 26;
+inline constexpr uint8_t kMaxOpcode = 28;
 
 enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }
@@ -134,6 +138,10 @@ enum class WireError : uint32_t {
   kShuttingDown = 13,
   kInternal = 14,
 };
+// The text a WORKER_LOST opens with when a ROLLBACK failed the push (its
+// update was past the members' commit: docs/elastic.md, "Hub optimizers"):
+// the pusher restores the commit instead of pushing the same gradient again.
+inline constexpr char kRollbackRefusal[] = "rollback: rank ";
 const char* WireErrorName(WireError e);
 const char* OpcodeName(Opcode op);  // "PUSH", "RACK_SUM", ...
 
