@@ -3,7 +3,11 @@
 // section 6e). COMMIT copies each chunk whose key runs an optimizer on the
 // hub (not SUM_ONLY; dense, one rack) when its copy is not at its version;
 // ROLLBACK puts every such chunk whose version moved since (or with
-// contributions pending) back to its copy, or refuses by name.
+// contributions pending) back to its copy, or refuses by name. A chunk that
+// gets its values after the last COMMIT (created for a zeros key, a
+// from_client key's INIT) is copied then (CommitNew): at the commit it had
+// no update yet, so a rollback returns it to its initial values, and no
+// lane refuses a rollback that another lane carried out.
 // Both are idempotent: every member sends them alike and only the first
 // that finds a chunk elsewhere than its copy does any work.
 #include <spdlog/spdlog.h>
@@ -50,6 +54,12 @@ bool Fits(const aggregation::ChunkState& s, const CommitCopy& copy) {
 
 }  // namespace
 
+void ChunkTable::CommitNew(LaneTenant& t, const Chunk& c) {
+  if (!t.committed || !HubOptimized(c)) return;
+  const auto [it, fresh] = t.commits.try_emplace(ChunkId(c.key_id, c.index_in_key));
+  if (fresh) Take(c, it->second);
+}
+
 uint32_t ChunkTable::Commit(LaneTenant& t, uint64_t number) {
   uint32_t copied = 0;
   for (auto& [id, c] : t.chunks) {
@@ -81,7 +91,8 @@ std::string ChunkTable::Rollback(LaneTenant& t, const std::string& why) {
                          " (its optimizer's state changed since)"
                    : " has no copy of commit " + Num(t.commit_number) +
                          " (its optimizer ran on the hub only after that COMMIT)") +
-             " on lane " + Num(lane_) + "; nothing was rolled back here";
+             " on lane " + Num(lane_) + "; nothing was rolled back on this lane (other lanes " +
+             "may have rolled back: pull every key before training on)";
     }
     moved.emplace_back(&c, copy);
   }

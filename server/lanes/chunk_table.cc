@@ -143,6 +143,7 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
       // The key's other chunks were aligned or restored to `floor`.
       slot->state.SkipTo(floor);
     }
+    CommitNew(t, *slot);  // an elastic tenant's chunk created after a COMMIT
   }
   return *slot;
 }

@@ -351,6 +351,10 @@ class ChunkTable {
   // with a hub optimizer whose copy is not at its version (the members'
   // commit `number`); returns how many were copied.
   uint32_t Commit(LaneTenant& t, uint64_t number);
+  // A chunk of a committed elastic tenant with a hub optimizer got its
+  // values only now (created for a zeros key, or INIT): its copy is taken
+  // at them, so a rollback returns it to its initial values.
+  void CommitNew(LaneTenant& t, const Chunk& c);
   // Puts every chunk with a hub optimizer back to its copy (parameters,
   // optimizer state, version) unless it is at the copy's version with
   // nothing pending already; the pushes waiting on a chunk it moves fail
