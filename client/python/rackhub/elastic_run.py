@@ -152,11 +152,11 @@ class Supervisor:
                 self.due.append((time.monotonic() + delay, rank,
                                  f"rank {rank} exited with {what}"))
                 self.log(f"rank {rank} exited with {what}; restart {self.restarts} of "
-                     f"{self.a.max_restarts} in {delay:g} s")
+                         f"{self.a.max_restarts} in {delay:g} s")
             else:
                 self.exhausted += 1
                 self.log(f"rank {rank} exited with {what}; no restart left (--max-restarts "
-                     f"{self.a.max_restarts})")
+                         f"{self.a.max_restarts})")
 
     def requests(self):
         req = os.path.join(self.dir, "requests")
@@ -229,7 +229,7 @@ class Supervisor:
                 self.last_code.pop(d[1], None)
             excess -= len(cancelled)
             self.log(f"host discovery: {slots} slot(s); cancelled the restart of rank(s) "
-                 f"{sorted(d[1] for d in cancelled)}")
+                     f"{sorted(d[1] for d in cancelled)}")
         if excess <= 0:
             return
         starting = [r for r, (p, e) in self.running.items()
@@ -264,7 +264,7 @@ class Supervisor:
 
     def run(self):
         self.log(f"elastic job directory {self.dir} (add ranks: rackhub-run --add K --job "
-             f"{self.dir})")
+                 f"{self.dir})")
         for r in range(self.a.n):
             self.spawn(r, 0)
         while True:
