@@ -193,8 +193,10 @@ class WorkerProtocol final : public net::FrameHandler {
   void ElasticAdopted(LaneTenant& t, uint32_t member, WorkerGeneration& g);
   // Straggler timeout of an elastic tenant: the members that did not push
   // `c` are removed (their generation ends, their connections get a fatal
-  // WORKER_LOST) and the iteration is aborted without them.
-  void RemoveStragglers(LaneTenant& t, const Chunk& c, const std::string& why);
+  // WORKER_LOST) and the iteration is aborted without them. Across racks,
+  // this rack's members only, none if this rack's sum of `c` is in; true if
+  // it removed one.
+  bool RemoveStragglers(LaneTenant& t, Chunk& c, const std::string& why);
 
   // A PULL or PULL_ROWS while the tenant recovers: held (ParkedPull, its
   // reply's `reply_bytes` reserved on the connection) until ReleaseParked,
