@@ -8,6 +8,7 @@
 // with, bit for bit. Header-only test code.
 #pragma once
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -107,7 +108,9 @@ struct Report {
 inline bool WriteAll(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
-    const ssize_t w = ::write(fd, c, n);
+    // A socket (socketpair): no SIGPIPE when the other side died (a worker
+    // killed, or the test gone): the write fails instead.
+    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return false;
     c += w;
