@@ -25,11 +25,6 @@ namespace rackhub::server {
 
 namespace {
 
-bool HubOptimized(const Chunk& c) {
-  return !c.table() && !c.multi_rack() && !c.unsynced && c.state.initialized() &&
-         c.state.optimizer().type != aggregation::OptimizerType::kSumOnly;
-}
-
 void Take(const Chunk& c, CommitCopy& copy) {
   const aggregation::ChunkState& s = c.state;
   const auto params = s.params(s.version());
@@ -54,6 +49,11 @@ bool Fits(const aggregation::ChunkState& s, const CommitCopy& copy) {
 
 }  // namespace
 
+bool ChunkTable::HubOptimized(const Chunk& c) {
+  return !c.table() && !c.multi_rack() && !c.unsynced && c.state.initialized() &&
+         c.state.optimizer().type != aggregation::OptimizerType::kSumOnly;
+}
+
 void ChunkTable::CommitNew(LaneTenant& t, const Chunk& c) {
   if (!t.committed || !HubOptimized(c)) return;
   const auto [it, fresh] = t.commits.try_emplace(ChunkId(c.key_id, c.index_in_key));
@@ -71,6 +71,7 @@ uint32_t ChunkTable::Commit(LaneTenant& t, uint64_t number) {
   }
   t.commit_number = number;
   t.committed = true;
+  t.fence.reset();  // every member reset before anyone commits again
   return copied;
 }
 

@@ -493,6 +493,7 @@ uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
   // ROLLBACK to them would undo the restore; the next COMMIT copies anew.
   t.commits.clear();
   t.committed = false;
+  t.fence.reset();
   uint32_t failed = 0;
   for (const CheckpointChunk& cc : image.chunks) {
     if (!keys.count(cc.key_id)) continue;

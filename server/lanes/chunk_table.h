@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -102,6 +104,20 @@ struct CommitCopy {
   std::vector<float> state[2];  // the optimizer's state slots in use
   uint32_t done_generation = 0;
   uint32_t done_members = 0;
+};
+
+// Elastic tenants with hub optimizers: after a member's ROLLBACK, the
+// members (of that membership generation) that have not sent theirs yet.
+// Their pushes to chunks with a copy are past the commit: refused with the
+// rollback refusal (WorkerProtocol::CheckFence) until their own ROLLBACK,
+// the next COMMIT or another membership. `rolled`: who rolled back since
+// (a ROLLBACK asked again after a partial refusal starts no new fence).
+struct RollbackFence {
+  uint64_t generation = 0;
+  uint64_t commit = 0;
+  uint32_t first = 0;  // the rank whose ROLLBACK started it
+  std::set<uint32_t> waiting;
+  std::set<uint32_t> rolled;
 };
 
 struct Chunk {
@@ -257,6 +273,7 @@ struct LaneTenant {
   std::unordered_map<uint64_t, CommitCopy> commits;
   uint64_t commit_number = 0;
   bool committed = false;
+  std::optional<RollbackFence> fence;
   std::unordered_set<uint32_t> leaving;  // members whose connection here said BYE
   // Chunks one version short of a checkpoint's target, by ChunkId.
   std::unordered_map<uint64_t, std::shared_ptr<SnapshotJob>> armed;
@@ -365,6 +382,8 @@ class ChunkTable {
   // values only now (created for a zeros key, or INIT): its copy is taken
   // at them, so a rollback returns it to its initial values.
   void CommitNew(LaneTenant& t, const Chunk& c);
+  // True for a chunk that COMMIT copies (a hub optimizer, dense, one rack).
+  static bool HubOptimized(const Chunk& c);
   // Puts every chunk with a hub optimizer back to its copy (parameters,
   // optimizer state, version) unless it is at the copy's version with
   // nothing pending already; the pushes waiting on a chunk it moves fail

@@ -60,9 +60,47 @@ Verdict WorkerProtocol::CheckMember(net::Connection& conn, LaneTenant& t, const 
   return Verdict::kAccept;
 }
 
+Verdict WorkerProtocol::CheckFence(net::Connection& conn, LaneTenant& t, const Chunk& c,
+                                   const FrameHeader& h) {
+  if (!t.fence) return Verdict::kAccept;
+  const RollbackFence& f = *t.fence;
+  const uint32_t rank = conn.id().rank;
+  if (f.generation != CurrentMembership(t).generation) {
+    t.fence.reset();  // a new membership: its recovery failed every push past the commit
+    return Verdict::kAccept;
+  }
+  if (!f.waiting.contains(rank) || !ChunkTable::HubOptimized(c)) return Verdict::kAccept;
+  t.runtime->PushFailed(ChunkTable::Member(t, conn.id()), conn.id().session, h.key, h.iteration);
+  return Refuse(conn, WireError::kWorkerLost,
+                std::string(net::kRollbackRefusal) + Num(f.first) + " restored commit " +
+                    Num(f.commit) + " of elastic tenant " + QuoteForLog(t.info.name) +
+                    "; rank " + Num(rank) + " has not rolled back yet, so its push of chunk " +
+                    Num(c.index_in_key) + " of key id " + Num(c.key_id) + " (iteration " +
+                    Num(h.iteration) + ") is past the commit: restore the commit too",
+                h.request_id);
+}
+
+void WorkerProtocol::Fence(LaneTenant& t, uint32_t rank) {
+  const Membership& m = CurrentMembership(t);
+  if (t.fence && t.fence->generation == m.generation && t.fence->commit == t.commit_number) {
+    t.fence->waiting.erase(rank);
+    t.fence->rolled.insert(rank);
+    return;
+  }
+  RollbackFence& f = t.fence.emplace();
+  f.generation = m.generation;
+  f.commit = t.commit_number;
+  f.first = rank;
+  f.rolled.insert(rank);
+  for (uint32_t r = 0; r < m.member.size(); ++r) {
+    if (r != rank && m.has(r)) f.waiting.insert(r);
+  }
+}
+
 bool WorkerProtocol::ApplyMembership(net::Connection& conn, LaneTenant& t, Chunk& c,
                                      const FrameHeader& h) {
   if (CheckMember(conn, t, h) != Verdict::kAccept) return false;
+  if (CheckFence(conn, t, c, h) != Verdict::kAccept) return false;
   const Status applied = table_->ApplyMembership(t, c);
   if (applied.code() == StatusCode::kFailedPrecondition) {
     // Contributions of an older membership: abort the update.
@@ -189,6 +227,7 @@ void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const F
       Refuse(conn, WireError::kInvalidArgument, refused, h.request_id);
       return;
     }
+    Fence(t, conn.id().rank);
   } else {
     if (t.committed && h.iteration < t.commit_number) {
       spdlog::warn(

@@ -305,6 +305,7 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
   }
   if (t.info.elastic) {
     if (const Verdict v = CheckMember(conn, t, h); v != Verdict::kAccept) return v;
+    if (const Verdict v = CheckFence(conn, t, c, h); v != Verdict::kAccept) return v;
   }
   if (!stage.initialized()) {
     return Reject(conn, WireError::kNotReady,

@@ -189,6 +189,15 @@ class WorkerProtocol final : public net::FrameHandler {
   // takes the membership if it has no contribution yet. False after a
   // refusal.
   bool ApplyMembership(net::Connection& conn, LaneTenant& t, Chunk& c, const net::FrameHeader& h);
+  // A push to a chunk with a hub optimizer by a member that has not rolled
+  // back while another member did (LaneTenant::fence): a failed push
+  // (non-fatal WORKER_LOST opening with net::kRollbackRefusal); kAccept
+  // otherwise.
+  Verdict CheckFence(net::Connection& conn, LaneTenant& t, const Chunk& c,
+                     const net::FrameHeader& h);
+  // A member's ROLLBACK succeeded on this lane: starts the fence or takes
+  // the member off it.
+  void Fence(LaneTenant& t, uint32_t rank);
   // A member's generation is connected on one more lane / one fewer.
   void ElasticAdopted(LaneTenant& t, uint32_t member, WorkerGeneration& g);
   // Straggler timeout of an elastic tenant: the members that did not push

@@ -15,6 +15,10 @@ namespace {
 constexpr uint64_t kChunkStateObjectBytes = 640;
 static_assert(sizeof(ChunkState) + 32 <= kChunkStateObjectBytes);
 
+// A commit copy's entry: the CommitCopy object in its unordered_map node
+// (three vector headers, version, suffix), the node and bucket.
+constexpr uint64_t kCommitCopyEntryBytes = 160;
+
 // A std::vector<std::byte> of `bytes` (reply buffers): the block and its header.
 uint64_t VectorBytes(uint64_t bytes) { return (bytes + 15) / 16 * 16 + 16; }
 
@@ -57,6 +61,16 @@ uint64_t KeyMemoryBytes(uint64_t elements, uint32_t chunk_elements, uint32_t wor
   }
   if (last > 0) total += ChunkMemoryBytes(last, workers_per_rack, optimizer, wire, model);
   return total;
+}
+
+uint64_t CommitCopyBytes(uint64_t elements, uint32_t chunk_elements, OptimizerType optimizer) {
+  if (optimizer == OptimizerType::kSumOnly || chunk_elements == 0 || elements == 0) return 0;
+  const uint64_t vectors = 1 + static_cast<uint64_t>(OptimizerStateSlots(optimizer));
+  const uint64_t chunks = (elements + chunk_elements - 1) / chunk_elements;
+  const uint64_t last = elements - (chunks - 1) * chunk_elements;
+  const uint64_t per_full = vectors * VectorBytes(uint64_t{chunk_elements} * sizeof(float));
+  const uint64_t per_last = vectors * VectorBytes(last * sizeof(float));
+  return (chunks - 1) * per_full + per_last + chunks * kCommitCopyEntryBytes;
 }
 
 uint64_t TableMemoryBytes(uint64_t rows, uint32_t dim, uint64_t chunks, OptimizerType optimizer) {

@@ -42,6 +42,13 @@ uint64_t KeyMemoryBytes(uint64_t elements, uint32_t chunk_elements, uint32_t wor
                         aggregation::OptimizerType optimizer, aggregation::ElementType wire,
                         const MemoryModel& model);
 
+// An elastic tenant's commit copies of a key with a hub optimizer
+// (server/lanes/chunk_commit.cc; docs/elastic.md, "Hub optimizers"): per
+// chunk, fp32 parameters and the optimizer state slots in std::vectors,
+// and the copy's map entry. 0 for sum-only keys (nothing is copied).
+uint64_t CommitCopyBytes(uint64_t elements, uint32_t chunk_elements,
+                         aggregation::OptimizerType optimizer);
+
 // A row-sparse table of rows x dim cut into `chunks` row ranges: fp32 rows,
 // the optimizer state (per element; row-wise AdaGrad: one value per row) and
 // bookkeeping per chunk. One iteration's contributions are not counted: a

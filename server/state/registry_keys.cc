@@ -261,9 +261,13 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
     }
     what += ", " + std::to_string(slots) + " " + aggregation::OptimizerTypeName(opt.type) +
             " state slot" + (slots == 1 ? "" : "s") + ", an accumulator";
- if (w > 1 && spec.rows == 0) {
+    if (w > 1 && spec.rows == 0) {
       what += " and up to " + std::to_string(w - 1) + " parked contribution" +
               (w == 2 ? "" : "s");
+    }
+    if (spec.rows == 0 && t->info.elastic && memory_model_.racks <= 1 &&
+        opt.type != aggregation::OptimizerType::kSumOnly) {
+      what += ", a commit copy of the parameters and state (elastic)";
     }
     what += spec.rows > 0 ? "" : " per chunk";
     const uint64_t left = quota > t->info.memory_bytes ? quota - t->info.memory_bytes : 0;
@@ -471,9 +475,14 @@ std::vector<Registry::LaneShare> Registry::LanesOf(const KeyInfo& key) const {
 
 uint64_t Registry::KeyMemory(const TenantInfo& t, uint64_t elements, WireDType dtype,
                              aggregation::OptimizerType optimizer, uint32_t chunk_elements) const {
-  return KeyMemoryBytes(elements, chunk_elements, t.rank_slots(), optimizer,
-                        static_cast<aggregation::ElementType>(static_cast<uint8_t>(dtype)),
-                        memory_model_);
+  // An elastic tenant on one rack also keeps a commit copy of each chunk
+  // with a hub optimizer (several racks: no copies, chunk_commit.cc).
+  const uint64_t copies =
+      t.elastic && memory_model_.racks <= 1 ? CommitCopyBytes(elements, chunk_elements, optimizer)
+                                            : 0;
+  return copies + KeyMemoryBytes(elements, chunk_elements, t.rank_slots(), optimizer,
+                                 static_cast<aggregation::ElementType>(static_cast<uint8_t>(dtype)),
+                                 memory_model_);
 }
 
 uint64_t Registry::KeyMemory(const TenantInfo& t, const KeyInfo& key) const {

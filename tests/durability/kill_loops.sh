@@ -17,7 +17,7 @@
 # cuts, 30 stragglers, 60 worker kills).
 #
 # --checkpoints: instead, the cluster checkpoint hub kill -9 loop of issue 31
-# (tests/durability/cluster_checkpoint_test.cc, HubKill9LoopTwoRacks: a
+# (tests/durability/cluster_checkpoint_loop_test.cc, HubKill9LoopTwoRacks: a
 # random hub of 2 racks, or every hub, killed and restarted; the restore point
 # and every step checked) for TRIALS rounds (default 100; CI runs 20).
 #
@@ -38,12 +38,12 @@ elif [ "${1:-}" = "--checkpoints" ]; then
 fi
 build="${1:-build}"
 if [ "$checkpoints" = 1 ]; then
-  if [ ! -x "$build/tests/cluster_checkpoint_test" ]; then
-    echo "kill_loops.sh: $build/tests/cluster_checkpoint_test is not built (cmake --build $build)" >&2
+  if [ ! -x "$build/tests/cluster_checkpoint_loop_test" ]; then
+    echo "kill_loops.sh: $build/tests/cluster_checkpoint_loop_test is not built (cmake --build $build)" >&2
     exit 2
   fi
   export RACKHUB_CKPT_ROUNDS="${2:-100}"
-  exec "$build/tests/cluster_checkpoint_test" --gtest_filter='ClusterCheckpoint.HubKill9LoopTwoRacks'
+  exec "$build/tests/cluster_checkpoint_loop_test" --gtest_filter='ClusterCheckpoint.HubKill9LoopTwoRacks'
 fi
 if [ "$cross_rack" = 1 ]; then
   if [ ! -x "$build/tests/cross_rack_recovery_test" ]; then

@@ -15,6 +15,8 @@
 // by name: a rollback before any commit, to another commit, with a chunk
 // that has no copy (changing nothing), after an admin checkpoint restore,
 // a COMMIT or ROLLBACK on a tenant that is not elastic (C++ API and C ABI).
+// The fence: a push of a member that has not rolled back yet, reaching a
+// chunk the rollback already moved, is refused instead of waiting.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -281,14 +283,78 @@ TEST_F(ElasticRollbackTest, RollbackFailsOnlyThePushesOfTheChunksItMoves) {
   ASSERT_TRUE(es.ok()) << "the rollback failed a sum-only key's push: " << es.message;
   EXPECT_TRUE(SameBits(s0_out, s1_out));
   for (const rc::KeyId k : k0) EXPECT_TRUE(SameBits(Pull(*r0, k), committed));
-  // Both ranks redo the step of A (rank 1 pulls first, as the client
-  // contract asks after a WORKER_LOST): the same bits on both.
+  // Both ranks redo the step of A (rank 1 restores the commit too, as the
+  // refusal asks, and pulls): the same bits on both.
+  ASSERT_TRUE(r1->Wait(r1->RollbackElastic(1)).ok());
   Pull(*r1, k1[0]);
   std::vector<float> a0(kElements);
   const rc::Ticket t1 = r1->PushPull(k1[0], g1, a1);
   ASSERT_TRUE(r0->Wait(r0->PushPull(k0[0], g0, a0)).ok());
   ASSERT_TRUE(r1->Wait(t1).ok());
   EXPECT_TRUE(SameBits(a0, a1));
+}
+
+// The fence: after rank 0's ROLLBACK, a push of rank 1 that reaches a
+// chunk already back at the commit (nothing pending there) is past the
+// commit too. Without the fence it would wait for rank 0, which is busy
+// restoring: a stall until the straggler timeout. It is refused at once,
+// recognisably, until rank 1 rolls back itself; a ROLLBACK asked again
+// starts no new fence, and the redo equals the first run bit for bit. A
+// new membership ends a fence: a rank that joined after the rollback (it
+// holds no commit, so it never rolls back) pushes freely.
+TEST_F(ElasticRollbackTest, PushesPastTheCommitAreRefusedUntilTheirRankRollsBack) {
+  auto r0 = Connect("job", 0), r1 = Connect("job", 1);
+  ASSERT_TRUE(r0 && r1);
+  const auto k0 = Declare(*r0), k1 = Declare(*r1);
+  Step(*r0, *r1, k0, k1, 0);
+  ASSERT_TRUE(r0->Wait(r0->CommitElastic(1)).ok());
+  ASSERT_TRUE(r1->Wait(r1->CommitElastic(1)).ok());
+  const auto first = Step(*r0, *r1, k0, k1, 1);
+  // Both restore commit 1 and sync (COMMIT 1 again: the copies are there).
+  for (rc::Client* c : {r0.get(), r1.get()}) {
+    ASSERT_TRUE(c->Wait(c->RollbackElastic(1)).ok());
+    for (const rc::KeyId k : k0) Pull(*c, k);
+  }
+  for (rc::Client* c : {r0.get(), r1.get()}) ASSERT_TRUE(c->Wait(c->CommitElastic(1)).ok());
+
+  // Rank 0 loses its step before pushing anything and restores: every
+  // chunk is at the commit already (nothing moves). Rank 1's pushes of the
+  // step reach them afterwards, at the commit's iteration.
+  ASSERT_TRUE(r0->Wait(r0->RollbackElastic(1)).ok());
+  const std::vector<float> g1 = Grad(1, 1);
+  std::vector<float> out(kElements);
+  for (const rc::KeyId k : k1) {  // both keys: chunks on both lanes
+    const rc::Error e = r1->Wait(r1->PushPull(k, g1, out));
+    EXPECT_EQ(e.wire, rc::WireError::kWorkerLost) << e.message;
+    EXPECT_NE(e.message.find(std::string(net::kRollbackRefusal) +
+                             "0 restored commit 1 of elastic tenant 'job'; rank 1 has not "
+                             "rolled back yet"),
+              std::string::npos)
+        << e.message;
+  }
+  ASSERT_TRUE(r0->Wait(r0->RollbackElastic(1)).ok());  // asked again: nothing new
+  ASSERT_TRUE(r1->Wait(r1->RollbackElastic(1)).ok());
+  ASSERT_TRUE(r0->Wait(r0->RollbackElastic(1)).ok());  // after both: fences nobody
+  for (const rc::KeyId k : k0) Pull(*r0, k);  // both clients back at the commit
+  for (const rc::KeyId k : k1) Pull(*r1, k);
+  const auto redo = Step(*r0, *r1, k0, k1, 1);
+  EXPECT_TRUE(SameBits(redo[0], first[0])) << "key A: the redo is not the first run";
+  EXPECT_TRUE(SameBits(redo[1], first[1])) << "key B: the redo is not the first run";
+
+  // A fence, then rank 1 leaves and a new process joins as rank 1: the
+  // new membership ends the fence (the joiner never rolls back).
+  ASSERT_TRUE(r0->Wait(r0->CommitElastic(2)).ok());
+  ASSERT_TRUE(r1->Wait(r1->CommitElastic(2)).ok());
+  ASSERT_TRUE(r0->Wait(r0->RollbackElastic(2)).ok());
+  r1->Close();
+  r1.reset();
+  r1 = Connect("job", 1);
+  ASSERT_TRUE(r1);
+  const auto k1b = Declare(*r1);
+  for (const rc::KeyId k : k1b) Pull(*r1, k);
+  for (const rc::KeyId k : k0) Pull(*r0, k);
+  const auto after = Step(*r0, *r1, k0, k1b, 2);
+  EXPECT_FALSE(SameBits(after[0], redo[0]));  // a step was applied
 }
 
 // A key whose chunks got their values after the last COMMIT (declared in

@@ -425,6 +425,38 @@ TEST_F(RegistryTest, MaxParameterBytesQuotaFailureChangesNothing) {
   EXPECT_EQ(MustGetTenant("t").memory_bytes, quota);
 }
 
+// An elastic tenant's COMMIT copies (docs/elastic.md, "Hub optimizers"):
+// a key with a hub optimizer reserves, per chunk, its fp32 parameters and
+// its state slots once more (each a std::vector: 16-byte rounding plus a
+// 16-byte header) and the copy's entry (160 bytes); a sum-only key and a
+// tenant that is not elastic reserve no copy.
+TEST_F(RegistryTest, ElasticQuotaCountsTheCommitCopies) {
+  TenantSpec spec = Spec("el", /*workers=*/2, 1024);  // 256 elements per chunk
+  spec.elastic = true;
+  spec.min_workers = 1;
+  spec.quotas.max_workers = 4;
+  ASSERT_TRUE(r_.CreateTenant(spec, &info_, &token_).ok());
+  MakeTenant("fixed");  // 4 workers: the same rank slots
+  const auto memory_of = [&](const std::string& tenant, OptimizerType type, uint64_t elements) {
+    KeySpec k = Key(tenant, std::to_string(static_cast<int>(type)), elements);
+    k.use_tenant_optimizer = false;
+    k.optimizer.type = type;
+    k.optimizer.learning_rate = 0.1;
+    if (type == OptimizerType::kMomentum) k.optimizer.momentum = 0.9;
+    if (type == OptimizerType::kSumOnly) k.optimizer.learning_rate = 0;
+    return MustCreateKey(k).memory_bytes;
+  };
+  // 10 full chunks + one of 100 elements; momentum: parameters + 1 slot.
+  const uint64_t copies = 10 * (2 * (1024 + 16) + 160) + (2 * (400 + 16) + 160);
+  EXPECT_EQ(memory_of("el", OptimizerType::kMomentum, 2660),
+            memory_of("fixed", OptimizerType::kMomentum, 2660) + copies);
+  EXPECT_EQ(CommitCopyBytes(2660, 256, OptimizerType::kMomentum), copies);
+  EXPECT_EQ(CommitCopyBytes(2660, 256, OptimizerType::kAdam),
+            copies + 10 * (1024 + 16) + (400 + 16));
+  EXPECT_EQ(memory_of("el", OptimizerType::kSumOnly, 2660),
+            memory_of("fixed", OptimizerType::kSumOnly, 2660));
+}
+
 // Issue 12, hole 3: Adam with a 256 MiB quota took 1.5 GiB of hub memory
 // for 256 MiB of parameters. Now the key's whole footprint is checked.
 TEST_F(RegistryTest, QuotaCountsOptimizerStateDoubleBufferAndParkedContributions) {

@@ -223,7 +223,7 @@ class _Table:
 
 
 class Tables:
-    """The tables of one DistributedOptimizer (used by optimizer._Sync)."""
+    """The tables of one DistributedOptimizer (used by engine._Sync)."""
 
     def __init__(self, client, opt, group_of, pairs, prefix, reduction, dtype, embedding_init,
                  coalesce=True):

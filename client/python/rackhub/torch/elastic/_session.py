@@ -47,6 +47,7 @@ from .. import _context, rounds
 from ..collectives import submit
 from ..errors import HorovodInternalError
 from ..handles import synchronize
+from ..recovery import again_after_recovery
 
 FIELDS = 6
 _HALVES = FIELDS * 4
@@ -165,23 +166,15 @@ def _round_run(ctx, phase, counter, length):
     m = ctx.elastic
     k, n = _key(ctx)
     c = ctx.client
-    deadline = time.monotonic() + ctx.op_timeout
-    while True:
-        src = torch.zeros(n, dtype=torch.float32)
-        mine = torch.tensor([1, phase, counter, m.handled, m.seen_epoch(), length],
-                            dtype=torch.int64)
-        src[ctx.rank * _HALVES:(ctx.rank + 1) * _HALVES] = mine.view(torch.int16).to(
-            torch.float32)
-        dst = torch.empty(n, dtype=torch.float32)
-        try:
-            c.wait(c.push_pull(k, src.numpy(), dst.numpy()))
-            break
-        except (_core.WorkerLost, _core.RolledBack):
-            # The membership changed (or the tenant is paused): the Pull
-            # returns once the hub committed the new one; push again.
-            c.wait(c.pull(k, torch.empty(n, dtype=torch.float32).numpy()))
-            if time.monotonic() > deadline:
-                raise
+    src = torch.zeros(n, dtype=torch.float32)
+    mine = torch.tensor([1, phase, counter, m.handled, m.seen_epoch(), length],
+                        dtype=torch.int64)
+    src[ctx.rank * _HALVES:(ctx.rank + 1) * _HALVES] = mine.view(torch.int16).to(torch.float32)
+    dst = torch.empty(n, dtype=torch.float32)
+    # The membership changed (or the tenant is paused): the Pull returns once
+    # the hub committed the new one; push again.
+    again_after_recovery(c, lambda: c.wait(c.push_pull(k, src.numpy(), dst.numpy())), k, n,
+                         ctx.op_timeout, (_core.WorkerLost, _core.RolledBack))
     every = dst.to(torch.int16).view(torch.int64).view(ctx.size, FIELDS).tolist()
     fields = {s: e for s, e in enumerate(every) if e[0] == 1}
     info = c.key_info(k)

@@ -20,7 +20,6 @@ Thread use: the main thread.
 """
 import copy
 import io
-import time
 
 import torch
 
@@ -30,6 +29,7 @@ from ..collectives import submit
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from ..handles import synchronize
 from ..objects import allgather_object
+from ..recovery import again_after_recovery
 from . import _session
 from .sampler import ElasticSampler
 
@@ -238,17 +238,9 @@ class TorchState(ObjectState):
             # joiner's counter is not the members' yet): the members that
             # synced ask, and with none nothing has been stepped.
             return
-        c = eng.c
-        deadline = time.monotonic() + _elastic().op_timeout
-        while True:
-            try:
-                c.wait(c.rollback_elastic(self._commits))
-                break
-            except _core.WorkerLost:
-                if time.monotonic() > deadline:
-                    raise
-                s = eng.slots[0]
-                c.wait(c.pull(s.key, torch.empty(s.param.shape, dtype=torch.float32).numpy()))
+        c, s = eng.c, eng.slots[0]
+        again_after_recovery(c, lambda: c.wait(c.rollback_elastic(self._commits)), s.key,
+                             s.param.numel(), _elastic().op_timeout, _core.WorkerLost)
         self.pull_keys()
         self._pulled = True  # the reset that follows need not pull again
 
