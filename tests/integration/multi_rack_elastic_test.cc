@@ -180,10 +180,14 @@ class MultiRackElasticTest : public ::testing::Test {
     std::vector<std::string> out;
     const auto racks = ByRack(alive);
     for (size_t r = 0; r < racks.size(); ++r) {
-      std::string ranks;
-      for (uint32_t g : racks[r]) ranks += (ranks.empty() ? "" : ",") + std::to_string(g % kMaxWorkers);
-      out.push_back(" " + std::to_string(alive.size()) + " member(s), " +
-                    std::to_string(racks[r].size()) + " on this rack [" + ranks + "]");
+      std::string line = std::to_string(alive.size());
+      line.insert(0, 1, ' ');
+      line += " member(s), " + std::to_string(racks[r].size()) + " on this rack [";
+      for (size_t i = 0; i < racks[r].size(); ++i) {
+        if (i > 0) line += ',';
+        line += std::to_string(racks[r][i] % kMaxWorkers);
+      }
+      out.push_back(line + "]");
     }
     return out;
   }
