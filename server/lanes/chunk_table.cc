@@ -248,9 +248,10 @@ void ChunkTable::MarkPending(LaneTenant& t, Chunk& c, std::chrono::steady_clock:
 void ChunkTable::Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
   t.pending.erase(ChunkId(c.key_id, c.index_in_key));
   if (c.elastic) {
-    const ElasticForming& forming = t.forming[ChunkId(c.key_id, c.index_in_key)];
+    ElasticForming& forming = t.forming[ChunkId(c.key_id, c.index_in_key)];
     c.done_generation = static_cast<uint32_t>(forming.generation);
     c.done_members = forming.total;
+    forming.produced = v;
   }
   t.metrics->update_latency.Observe(std::chrono::steady_clock::now() - c.first_contribution);
   if (!t.armed.empty()) Capture(t, c);

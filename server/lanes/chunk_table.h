@@ -92,6 +92,11 @@ struct ElasticForming {
   uint64_t commit = UINT64_MAX;
   uint64_t generation = 0;
   uint32_t total = 0;  // the membership's member count (across racks: the cluster's)
+  // Across racks (docs/elastic.md, "Across racks"): the version the chunk's
+  // last update produced (its parameters since: a round only skips; known
+  // at a non-home hub from RACK_PARAMS or the round's RACK_ALIGN), for
+  // WorkerProtocol::AnswerCountedAcrossRacks.
+  uint64_t produced = 0;
 };
 
 // Elastic tenants with hub optimizers (docs/elastic.md, "Hub optimizers"):

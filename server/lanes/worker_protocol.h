@@ -149,6 +149,16 @@ class WorkerProtocol final : public net::FrameHandler {
   // Pull the `what` ("key", "table").
   bool StillCurrent(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                     uint64_t version, bool again, const char* what);
+  // An elastic chunk spanning racks, after a round cut an update that the
+  // home completed (its answer reached one rack's workers, not another's):
+  // a push at the chunk's version of a process whose PushPull of that
+  // update's iteration failed (TenantRuntime::PushFailed) and that
+  // contributed to the chunk (a member of the update: counted in it) gets
+  // that update's result, the chunk's parameters (the round only skipped
+  // since: ElasticForming::produced), instead of being counted again, as
+  // the ranks of the rack that got the answer moved on. True if it answered.
+  bool AnswerCountedAcrossRacks(net::Connection& conn, LaneTenant& t, Chunk& c,
+                                const net::FrameHeader& h);
   // A PUSH one version behind a one-rack dense chunk of a sync tenant that
   // retries a failed PushPull (TenantRuntime::PushFailed) whose earlier push
   // of this chunk was counted in the update that produced the chunk's
