@@ -159,6 +159,11 @@ class WorkerProtocol final : public net::FrameHandler {
   // the ranks of the rack that got the answer moved on. True if it answered.
   bool AnswerCountedAcrossRacks(net::Connection& conn, LaneTenant& t, Chunk& c,
                                 const net::FrameHeader& h);
+  // Both: this connection's process, still live, made the chunk's newest
+  // counted contribution of its member, and its PushPull of `key` at
+  // `iteration` failed (TenantRuntime::PushFailedAt).
+  bool FailedAfterCounted(net::Connection& conn, LaneTenant& t, const Chunk& c, uint32_t key,
+                          uint64_t iteration);
   // A PUSH one version behind a one-rack dense chunk of a sync tenant that
   // retries a failed PushPull (TenantRuntime::PushFailed) whose earlier push
   // of this chunk was counted in the update that produced the chunk's
