@@ -88,6 +88,8 @@ const char* OpcodeName(Opcode op) {
     case Opcode::kRackVersions: return "RACK_VERSIONS";
     case Opcode::kRackAlign: return "RACK_ALIGN";
     case Opcode::kRackCheckpoint: return "RACK_CHECKPOINT";
+    case Opcode::kRackRelay: return "RACK_RELAY";
+    case Opcode::kRackRelayReply: return "RACK_RELAY_REPLY";
   }
   return "UNKNOWN";
 }
@@ -147,6 +149,11 @@ Status CheckHeader(const FrameHeader& h) {
     if (h.payload_bytes % DTypeBytes(h.dtype) != 0) {
       return InvalidArgument(fmt::format("payload_bytes: {} is not a whole number of {} elements",
                                          h.payload_bytes, DTypeName(h.dtype)));
+    }
+  } else if (h.opcode == Opcode::kRackRelay || h.opcode == Opcode::kRackRelayReply) {
+    if (h.payload_bytes > kMaxRelayPayload) {
+      return InvalidArgument(fmt::format("payload_bytes: {} exceeds the relay maximum {}",
+                                         h.payload_bytes, kMaxRelayPayload));
     }
   } else if (h.payload_bytes > kMaxControlPayload) {
     return InvalidArgument(fmt::format("payload_bytes: {} exceeds the control-message maximum {}",

@@ -20,6 +20,7 @@ Lane::Lane(uint32_t lane, uint32_t lanes, const Config& config, Registry* regist
       table_(lane, lanes, config.topology, registry, host),
       exchange_(config.topology, config.data, &table_, registry, host, &gate_, io),
       workers_(config.data, &table_, registry, host, &gate_, &exchange_) {
+  exchange_.SetWorkers(&workers_);
   gate_.Post([this] { ArmStragglerCheck(); });
 }
 

@@ -361,15 +361,15 @@ void RackExchange::GiveUp(uint32_t rack, uint64_t generation) {
   std::set<uint32_t> tenants;
   for (const auto& q : link.queued) tenants.insert(q.tenant);
   link.queued.clear();
+  const std::string unreachable =
+      "the hub of rack " + Num(rack) + " (" + topology_.racks[rack].interhub.ToString() +
+      ") is unreachable" + (link.refusal.empty() ? std::string() : ": " + link.refusal);
+  FailRelays(rack, unreachable);
   for (uint32_t handle : tenants) {
-    if (table_->FindTenant(handle)) {
+    if (LaneTenant* t = table_->FindTenant(handle); t && !Unsynced(*t)) {
       // Its frames are lost: the tenant's hubs realign (a recovery round,
       // which waits for that hub).
-      host_->AbortIteration(handle,
-                            "rack link: the hub of rack " + Num(rack) + " (" +
-                                topology_.racks[rack].interhub.ToString() + ") is unreachable" +
-                                (link.refusal.empty() ? std::string() : ": " + link.refusal),
-                            false);
+      host_->AbortIteration(handle, "rack link: " + unreachable, false);
     }
   }
 }
@@ -413,6 +413,8 @@ void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& 
     link.bound.clear();
   }
   if (gate_->closed()) return;
+  // The home: the other rack's workers relayed on this link are gone.
+  CloseRelays(&conn, "lost the link of rack " + Num(peer) + "'s hub (" + why + ")");
   if (outgoing && !was_ready) {
     // The handshake failed: nothing of ours went out on it (the queue waits,
     // GiveUp bounds that); log why (rate-limited) and dial again shortly.
@@ -440,13 +442,16 @@ void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& 
   if (!refused) {
     AbortAll("rack link: lost the hub of rack " + Num(peer) + " (" + why + ")");
   }
+  // Relayed requests on it are lost: they fail (WORKER_LOST naming the rack).
+  if (outgoing) FailRelays(peer, "lost the link to the hub of rack " + Num(peer) + " (" + why + ")");
   if (outgoing) Connect(peer);
 }
 
 void RackExchange::AbortAll(const std::string& why) {
   std::vector<uint32_t> handles;
   for (auto& [handle, t] : table_->tenants()) {
-    if (!t.chunks.empty()) handles.push_back(handle);
+    // (Bounded/async tenants have no cross-rack update to realign.)
+    if (!t.chunks.empty() && !Unsynced(t)) handles.push_back(handle);
   }
   for (uint32_t handle : handles) host_->AbortIteration(handle, why, false);
 }

@@ -48,6 +48,8 @@
 
 namespace rackhub::server {
 
+class WorkerProtocol;
+
 class RackExchange final : public net::FrameHandler {
  public:
   RackExchange(const TopologyConfig& topology, const DataConfig& data, ChunkTable* table,
@@ -97,6 +99,22 @@ class RackExchange final : public net::FrameHandler {
   // are held until they arrive. REQUIRES: nothing pending (a recovery).
   void Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& agreed);
 
+  // Bounded/async tenants spanning racks (rack_relay.cc, docs/consistency.md
+  // "Across racks", docs/wire-protocol.md 7d). A chunk lives at its home
+  // only; the other hubs relay their workers' PUSH / INIT / PULL of it there
+  // (RACK_RELAY, after a member notice naming the worker) and forward the
+  // home's answer (RACK_RELAY_REPLY). At the home each (link, member) is a
+  // RelayConnection adopted by the lane's worker protocol, which serves it
+  // like a local worker. `workers` is that protocol (set once, by the Lane).
+  void SetWorkers(WorkerProtocol* workers) { workers_ = workers; }
+  // Not the home: relays a worker's frame (AcceptHeader of the worker
+  // protocol vetted its header and payload size).
+  void Relay(net::Connection& worker, LaneTenant& t, LaneKey& key, const net::FrameHeader& h,
+             std::span<const std::byte> payload);
+  // A worker connection of `member` closed here: the homes it was announced
+  // to hear it is gone; its relays in flight are forgotten.
+  void RelayMemberGone(LaneTenant& t, uint32_t member, const net::Connection& worker);
+
   // net::FrameHandler for hub links.
   Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;
   void HandleFrame(net::Connection& conn, const net::FrameHeader& h,
@@ -126,7 +144,22 @@ class RackExchange final : public net::FrameHandler {
     };
     std::vector<Queued> queued;
     uint64_t queue_generation = 0;
+    // Relayed members announced on `out` (tenant handle, member) and the
+    // key their notice was bound with (rack_relay.cc).
+    std::map<std::pair<uint32_t, uint32_t>, uint32_t> announced;
   };
+  // A relayed frame waiting for its home's answer (not the home).
+  struct PendingRelay {
+    std::weak_ptr<net::Connection> worker;
+    const net::Connection* worker_ptr = nullptr;
+    uint64_t request_id = 0;  // the worker's
+    uint32_t home = 0;
+    uint32_t key = 0;
+    uint32_t chunk = 0;
+    std::string key_name;
+  };
+  // Relays in flight per worker connection, at most (refused beyond).
+  static constexpr size_t kMaxRelaysPerWorker = 4096;
   // A link to another hub that is down is retried this often.
   static constexpr auto kPeerRetryPeriod = std::chrono::milliseconds(200);
   // Frames for a hub that is not connected (yet) wait this long for the link
@@ -254,6 +287,33 @@ class RackExchange final : public net::FrameHandler {
   // Failed handshakes (a wrong secret retried every 200 ms) are logged at
   // most this often.
   LogLimiter refusals_{5, std::chrono::seconds(10)};
+  // Relays (rack_relay.cc). Not the home: frames in flight by relay id.
+  void OnRelayReply(net::Connection& conn, const net::FrameHeader& h,
+                    std::span<const std::byte> payload);
+  void SendMemberNotice(uint32_t home, LaneTenant& t, LaneKey& key, uint32_t rank,
+                        uint64_t session, net::RelayKind kind);
+  // The link to `home` is lost (or gave up): every relay to it fails with
+  // a non-fatal WORKER_LOST naming the rack.
+  void FailRelays(uint32_t home, const std::string& why);
+  // The home: a RACK_RELAY from `conn` (a member notice, or a frame served
+  // by the worker protocol through the member's RelayConnection).
+  void OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& key,
+               const net::FrameHeader& h, std::span<const std::byte> payload);
+  // The home: every RelayConnection of link `link` closes (link lost).
+  void CloseRelays(const net::Connection* link, const std::string& why);
+  // Whether `t` is a bounded/async tenant (no cross-rack sync state: link
+  // losses and peer errors abort nothing of it).
+  static bool Unsynced(const LaneTenant& t) { return t.info.consistency != Consistency::kSync; }
+
+  WorkerProtocol* workers_ = nullptr;
+  std::unordered_map<uint64_t, PendingRelay> relays_;
+  std::unordered_map<const net::Connection*, size_t> relays_per_worker_;
+  uint64_t next_relay_ = 0;
+  // The home: relay connections by (link, tenant handle here, member).
+  std::map<std::tuple<const net::Connection*, uint32_t, uint32_t>, std::shared_ptr<net::Connection>>
+      relay_conns_;
+  uint64_t relay_seq_ = 0;
+
   ChunkTable* table_;
   Registry* registry_;
   LaneHost* host_;

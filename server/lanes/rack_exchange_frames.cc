@@ -55,6 +55,9 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
                       h.request_id);
       }
       return Verdict::kAccept;
+    case Opcode::kRackRelayReply:  // relay id checked with its payload (OnRelayReply)
+      return Verdict::kAccept;
+    case Opcode::kRackRelay:
     case Opcode::kInit:
     case Opcode::kRackSum:
     case Opcode::kRackParams:
@@ -100,6 +103,9 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
     SendPeerError(conn, h.tenant, "key: id " + Num(h.key) + " is not bound");
     return Verdict::kDiscard;
   }
+  // A relayed worker frame or member notice: the worker protocol checks
+  // it at the home (OnRelay).
+  if (h.opcode == Opcode::kRackRelay) return Verdict::kAccept;
   if (Stale(*t, h)) return Verdict::kDiscard;  // of an update a recovery round ended
   if (h.chunk >= key->info.placement.chunk_count ||
       table_->OwnerLane(key->info, h.chunk) != table_->lane()) {
@@ -216,6 +222,7 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   switch (h.opcode) {
     case Opcode::kError: return OnPeerError(conn, h, payload);
     case Opcode::kKeyBind: return OnKeyBind(conn, h, payload);
+    case Opcode::kRackRelayReply: return OnRelayReply(conn, h, payload);
     default: break;
   }
   if (h.opcode == Opcode::kRackCheckpoint) return host_->OnRackCheckpoint(peer, payload);
@@ -254,7 +261,7 @@ void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
   const WireError code = body.ok() ? body->code : WireError{};
   const std::string text = SafeForLog(body.ok() ? body->text : body.status().message(), 512);  // another hub's words: escaped before logs and replies
   spdlog::error("rack link: rack {}'s hub refused: {}: {}", peer, net::WireErrorName(code), text);
-  if (LaneTenant* t = table_->FindTenant(h.tenant)) {
+  if (LaneTenant* t = table_->FindTenant(h.tenant); t && !Unsynced(*t)) {
     // What it refused was part of an update in flight: that update is lost,
     // the tenant's hubs realign (a recovery round). (With nothing pending,
     // e.g. a refused KEY_BIND, a round would only be refused again.)
@@ -345,6 +352,7 @@ void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
   LaneTenant* tp = nullptr;
   LaneKey& key = *PeerKey(peer, h, &tp);
   LaneTenant& t = *tp;
+  if (h.opcode == Opcode::kRackRelay) return OnRelay(conn, t, key, h, payload);
   Chunk& c = table_->GetChunk(t, key, h.chunk);
   if (h.opcode == Opcode::kRackAlign) return OnAlign(conn, t, key, c, h, payload);
   if (c.table()) return OnRowData(conn, t, key, c, h, payload);

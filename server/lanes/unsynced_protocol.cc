@@ -149,8 +149,10 @@ void WorkerProtocol::CheckHeldReplies(LaneTenant& t, std::chrono::steady_clock::
       std::string behind;
       for (uint32_t m = 0; m < u.clock.size(); ++m) {
         if (u.gone[m] || u.clock[m] + t.info.staleness >= u.held[i]) continue;
-        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + Num(m) + " at " +
-                  Num(u.clock[m]);
+        const uint32_t slots = t.info.rank_slots();
+        behind += (behind.empty() ? "" : ", ") +
+                  (table_->racks() > 1 ? "rack " + Num(m / slots) + " " : std::string()) +
+                  "rank " + Num(m % slots) + " at " + Num(u.clock[m]);
       }
       const auto key = t.keys.find(c.key_id);
       const std::string text =

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "params_reply.h"
+#include "rack_exchange.h"
 #include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
 #include "wire_names.h"
@@ -59,6 +60,8 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
     // (docs/consistency.md, Lost workers).
     if (!left && lane == 0) t->info.counters->workers_lost.fetch_add(1, std::memory_order_relaxed);
     UnsyncedMemberGone(*t, member);
+    // Across racks: the homes it was relayed to hear it too.
+    if (table_->exchange()) exchange_->RelayMemberGone(*t, member, conn);
     return;
   }
   // A clean leave aborts nothing: an update still missing this rank waits

@@ -227,9 +227,7 @@ Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
                       ", the frame says " + net::DTypeName(h.dtype),
                   rid);
   }
-  Chunk& c = table_->GetChunk(t, *key, h.chunk);
-  aggregation::ChunkState& stage = c.Stage(conn.id().rack);
-  const size_t want = stage.wire_bytes();
+  const size_t want = size_t{ChunkTable::ChunkElements(k, h.chunk)} * WireDTypeBytes(k.dtype);
   if (h.opcode == Opcode::kPush && (h.flags & net::kFlagSparse)) {
     // Its contents are checked once read (OnPush); none of it is fatal.
     if (k.topk_ratio <= 0) {
@@ -251,6 +249,9 @@ Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
                       Num(want) + " bytes, got " + Num(h.payload_bytes),
                   rid);
   }
+  // A bounded/async chunk homed on another rack: its home checks the rest.
+  if (table_->Relayed(t, k, h.chunk)) return Verdict::kAccept;
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
   if (h.opcode == Opcode::kInit) return CheckInit(conn, k, c, h);
   if (c.unsynced) return CheckUnsyncedPush(conn, t, k, c, h);
   return CheckPush(conn, t, k, c, h);
@@ -356,6 +357,13 @@ void WorkerProtocol::HandleFrame(net::Connection& conn, const FrameHeader& h,
   if (!t) {
     Reject(conn, WireError::kTenantGone, "tenant: was deleted", h.request_id);
     return;
+  }
+  if (h.opcode == Opcode::kPush || h.opcode == Opcode::kInit || h.opcode == Opcode::kPull) {
+    // A bounded/async chunk homed on another rack goes there (rack_relay.cc).
+    if (LaneKey* key = table_->FindKey(*t, h.key); key && table_->Relayed(*t, key->info, h.chunk)) {
+      exchange_->Relay(conn, *t, *key, h, payload);
+      return;
+    }
   }
   switch (h.opcode) {
     case Opcode::kPush: OnPush(conn, *t, h, payload); break;

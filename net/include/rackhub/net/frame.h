@@ -98,8 +98,25 @@ enum class Opcode : uint8_t {
   kRackAlign = 25,     // the home's parameters of one chunk at the agreed version (key dtype)
   // Cluster checkpoints (docs/wire-protocol.md section 7c):
   kRackCheckpoint = 26,  // control.proto RackCheckpoint, on lane 0's link
+  // Bounded/async tenants spanning racks (docs/wire-protocol.md section 7d):
+  kRackRelay = 27,       // a worker's PUSH / INIT / PULL (or a member notice) to the chunk's home
+  kRackRelayReply = 28,  // the home's answer to one (an encoded PARAMS or ERROR frame)
 };
-inline constexpr uint8_t kMaxOpcode = 26;
+inline constexpr uint8_t kMaxOpcode = 28;
+
+// RACK_RELAY's payload starts with this prefix (then the worker's payload):
+// u8 kind (RelayKind), u8 opcode (the worker's: PUSH, INIT or PULL), u16
+// reserved (0), u32 rank (the worker's rank on the sending hub's rack),
+// u64 session (its HELLO's session). RACK_RELAY_REPLY's payload is a whole
+// frame: its kHeaderBytes header, then its payload. Both may carry a chunk
+// of up to kMaxDataPayload bytes besides.
+inline constexpr size_t kRelayPrefixBytes = 16;
+inline constexpr uint32_t kMaxRelayPayload = kMaxDataPayload + kHeaderBytes + kRelayPrefixBytes;
+enum class RelayKind : uint8_t {
+  kFrame = 0,       // the worker's frame (opcode, header fields, payload)
+  kMemberBack = 1,  // the worker is connected to the sender on this lane
+  kMemberGone = 2,  // its connection there closed
+};
 
 enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }

@@ -1,0 +1,370 @@
+// RackExchange, part 3: bounded/async tenants spanning racks
+// (docs/consistency.md, "Across racks"; docs/wire-protocol.md 7d). Such a
+// tenant behaves as one hub holding every rack's workers: each chunk lives
+// at its home hub only. Another rack's hub relays its workers' PUSH, INIT
+// and PULL of the chunk to the home (RACK_RELAY, after a member notice) and
+// forwards the home's answer (RACK_RELAY_REPLY) with the worker's request
+// id. At the home each (link, member) is a RelayConnection, adopted by the
+// lane's worker protocol and served like a local worker: the same checks,
+// the same clocks and held replies, the same straggler timeout.
+#include <cstring>
+
+#include <boost/asio/post.hpp>
+#include <spdlog/spdlog.h>
+
+#include "rack_exchange.h"
+#include "rackhub/common/number.h"
+#include "wire_names.h"
+#include "worker_protocol.h"
+
+namespace rackhub::server {
+
+namespace {
+
+std::span<const std::byte> AsBytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+// At the home: one worker of another rack, as its hub relays it on one
+// link. What the worker protocol sends it goes back on that link in a
+// RACK_RELAY_REPLY (the frame whole; its request id is the relay id).
+class RelayConnection final : public net::Connection {
+ public:
+  RelayConnection(net::ConnectionIdentity id, std::weak_ptr<net::Connection> link,
+                  net::FrameHandler* handler, boost::asio::io_context* io)
+      : id_(std::move(id)), link_(std::move(link)), handler_(handler), io_(io) {}
+
+  const net::ConnectionIdentity& id() const override { return id_; }
+  bool open() const override {
+    const auto link = link_.lock();
+    return open_ && link && link->open();
+  }
+  void Start() override {}
+  void SendShared(const FrameHeader& header, std::span<const std::byte> payload,
+                  std::shared_ptr<const void> owner) override {
+    (void)owner;  // copied into the reply frame
+    Forward(header, payload);
+  }
+  void SendOwned(const FrameHeader& header, std::string payload) override {
+    Forward(header, AsBytes(payload));
+  }
+  void SendError(WireError code, const std::string& text, uint64_t request_id,
+                 bool fatal) override {
+    const net::ErrorFrame e = net::MakeErrorFrame(code, text, id_.tenant_handle, request_id, fatal);
+    Forward(e.header, AsBytes(e.body));
+    if (fatal) Close(std::string("sent a fatal ") + net::WireErrorName(code));
+  }
+  // From inside the worker protocol: its close callback comes later, as a
+  // transport's does.
+  void Close(const std::string& why) override {
+    if (!open_) return;
+    open_ = false;
+    boost::asio::post(*io_, [self = shared_from_this(), handler = handler_, why] {
+      handler->OnConnectionClosed(*self, why);
+    });
+  }
+  // From the exchange (a member notice, a lost link): at once.
+  void CloseNow(const std::string& why) {
+    if (!open_) return;
+    open_ = false;
+    handler_->OnConnectionClosed(*this, why);
+  }
+
+ private:
+  void Forward(FrameHeader h, std::span<const std::byte> payload) {
+    // WELCOME (adoption) is the worker's own hub's business; a frame about
+    // no request (request id 0) has no relay to answer.
+    if (h.opcode == Opcode::kWelcome || h.request_id == 0) return;
+    const auto link = link_.lock();
+    if (!open_ || !link || !link->open()) return;
+    h.payload_bytes = static_cast<uint32_t>(payload.size());
+    std::string body(net::kHeaderBytes + payload.size(), '\0');
+    net::EncodeHeader(h, std::span<std::byte, net::kHeaderBytes>(
+                             reinterpret_cast<std::byte*>(body.data()), net::kHeaderBytes));
+    if (!payload.empty()) std::memcpy(body.data() + net::kHeaderBytes, payload.data(), payload.size());
+    FrameHeader r;
+    r.opcode = Opcode::kRackRelayReply;
+    r.tenant = h.tenant;
+    r.key = h.key;
+    r.chunk = h.chunk;
+    r.iteration = h.iteration;
+    r.request_id = h.request_id;
+    link->SendOwned(r, std::move(body));
+  }
+
+  const net::ConnectionIdentity id_;
+  const std::weak_ptr<net::Connection> link_;
+  net::FrameHandler* const handler_;
+  boost::asio::io_context* const io_;
+  bool open_ = true;
+};
+
+}  // namespace
+
+void RackExchange::Relay(net::Connection& worker, LaneTenant& t, LaneKey& key,
+                         const FrameHeader& h, std::span<const std::byte> payload) {
+  const uint32_t home = table_->HomeRack(key.info, h.chunk);
+  size_t& inflight = relays_per_worker_[&worker];
+  if (inflight >= kMaxRelaysPerWorker) {
+    t.CountError(WireError::kQuotaExceeded);
+    worker.SendError(WireError::kQuotaExceeded,
+                     "relay: " + Num(inflight) + " requests of this worker are in flight to " +
+                         "rack " + Num(home) + "'s hub (home of chunk " + Num(h.chunk) +
+                         " of key '" + key.info.name + "'), at most " +
+                         Num(kMaxRelaysPerWorker) + "; wait for their answers",
+                     h.request_id, false);
+    return;
+  }
+  const uint32_t member = ChunkTable::Member(t, worker.id());
+  PeerLink& link = links_[home];
+  if (!link.announced.count({t.info.handle, member})) {
+    SendMemberNotice(home, t, key, worker.id().rank, worker.id().session,
+                     net::RelayKind::kMemberBack);
+    link.announced[{t.info.handle, member}] = key.info.id;
+  }
+  const uint64_t id = ++next_relay_;
+  ++inflight;
+  relays_[id] = PendingRelay{worker.weak_from_this(), &worker, h.request_id, home,
+                             h.key, h.chunk, key.info.name};
+  auto body = std::make_shared<std::string>(net::kRelayPrefixBytes + payload.size(), '\0');
+  (*body)[0] = static_cast<char>(net::RelayKind::kFrame);
+  (*body)[1] = static_cast<char>(h.opcode);
+  const uint32_t rank = worker.id().rank;
+  const uint64_t session = worker.id().session;
+  std::memcpy(body->data() + 4, &rank, 4);
+  std::memcpy(body->data() + 8, &session, 8);
+  if (!payload.empty()) {
+    std::memcpy(body->data() + net::kRelayPrefixBytes, payload.data(), payload.size());
+  }
+  FrameHeader r = h;
+  r.opcode = Opcode::kRackRelay;
+  r.tenant = t.info.handle;
+  r.request_id = id;
+  SendToPeer(home, t, key, r, AsBytes(*body), body);
+}
+
+void RackExchange::SendMemberNotice(uint32_t home, LaneTenant& t, LaneKey& key, uint32_t rank,
+                                    uint64_t session, net::RelayKind kind) {
+  auto body = std::make_shared<std::string>(net::kRelayPrefixBytes, '\0');
+  (*body)[0] = static_cast<char>(kind);
+  std::memcpy(body->data() + 4, &rank, 4);
+  std::memcpy(body->data() + 8, &session, 8);
+  FrameHeader n;
+  n.opcode = Opcode::kRackRelay;
+  n.tenant = t.info.handle;
+  n.key = key.info.id;
+  SendToPeer(home, t, key, n, AsBytes(*body), body);
+}
+
+void RackExchange::RelayMemberGone(LaneTenant& t, uint32_t member,
+                                   const net::Connection& worker) {
+  for (uint32_t rack = 0; rack < links_.size(); ++rack) {
+    PeerLink& link = links_[rack];
+    const auto it = link.announced.find({t.info.handle, member});
+    if (it == link.announced.end()) continue;
+    LaneKey* key = table_->FindKey(t, it->second);
+    link.announced.erase(it);
+    // A link that is down has told the home already (it lost the link).
+    if (key && link.out && link.out->open() && link.ready) {
+      SendMemberNotice(rack, t, *key, worker.id().rank, worker.id().session,
+                       net::RelayKind::kMemberGone);
+    }
+  }
+  std::erase_if(relays_, [&](const auto& r) { return r.second.worker_ptr == &worker; });
+  relays_per_worker_.erase(&worker);
+}
+
+void RackExchange::FailRelays(uint32_t home, const std::string& why) {
+  links_[home].announced.clear();
+  size_t failed = 0;
+  for (auto it = relays_.begin(); it != relays_.end();) {
+    if (it->second.home != home) {
+      ++it;
+      continue;
+    }
+    const PendingRelay r = std::move(it->second);
+    it = relays_.erase(it);
+    if (auto n = relays_per_worker_.find(r.worker_ptr);
+        n != relays_per_worker_.end() && --n->second == 0) {
+      relays_per_worker_.erase(n);
+    }
+    const auto w = r.worker.lock();
+    if (!w || !w->open()) continue;
+    if (LaneTenant* t = table_->FindTenant(w->id().tenant_handle)) {
+      t->CountError(WireError::kWorkerLost);
+    }
+    w->SendError(WireError::kWorkerLost,
+                 "rack link: " + why + "; rack " + Num(home) + "'s hub is home to chunk " +
+                     Num(r.chunk) + " of key '" + r.key_name + "' and this request may or may " +
+                     "not have been applied there: Pull the key and push on",
+                 r.request_id, false);
+    ++failed;
+  }
+  if (failed > 0) {
+    spdlog::warn("rack link: lane {}: {} relayed request(s) to rack {}'s hub failed: {}",
+                 table_->lane(), failed, home, why);
+  }
+}
+
+void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
+                                std::span<const std::byte> payload) {
+  const uint32_t peer = conn.id().rack;
+  const auto it = relays_.find(h.request_id);
+  if (it == relays_.end()) {
+    if (h.request_id == 0 || h.request_id > next_relay_) {
+      SendPeerError(conn, h.tenant,
+                    "RACK_RELAY_REPLY: relay id " + Num(h.request_id) + " was never issued by " +
+                        "rack " + Num(topology_.rack) + "'s hub on lane " + Num(table_->lane()));
+    }
+    return;  // else: its worker is gone, or it failed already (a lost link)
+  }
+  PendingRelay& r = it->second;
+  if (peer != r.home || links_[r.home].out.get() != &conn) {
+    Reject(conn, WireError::kInvalidArgument,
+           "RACK_RELAY_REPLY: relay id " + Num(h.request_id) + " went to rack " + Num(r.home) +
+               "'s hub (the chunk's home), not to rack " + Num(peer) + "'s",
+           h.request_id);
+    return;
+  }
+  FrameHeader inner;
+  if (payload.size() >= net::kHeaderBytes) {
+    inner = net::DecodeHeader(payload.first<net::kHeaderBytes>());
+  }
+  if (payload.size() < net::kHeaderBytes ||
+      inner.payload_bytes != payload.size() - net::kHeaderBytes ||
+      (inner.opcode != Opcode::kParams && inner.opcode != Opcode::kError)) {
+    Reject(conn, WireError::kMalformed,
+           "RACK_RELAY_REPLY: " + Num(payload.size()) + " bytes that are not a whole PARAMS or " +
+               "ERROR frame",
+           h.request_id);
+    return;
+  }
+  const PendingRelay done = std::move(r);
+  relays_.erase(it);
+  if (auto n = relays_per_worker_.find(done.worker_ptr);
+      n != relays_per_worker_.end() && --n->second == 0) {
+    relays_per_worker_.erase(n);
+  }
+  const auto w = done.worker.lock();
+  if (!w || !w->open()) return;
+  const auto body = payload.subspan(net::kHeaderBytes);
+  if (inner.opcode == Opcode::kError && (inner.flags & net::kFlagFatal)) {
+    const Result<net::ErrorBody> e = net::DecodeErrorBody(body);
+    w->SendError(e.ok() ? e->code : WireError::kInternal,
+                 e.ok() ? e->text : "rack " + Num(peer) + "'s hub sent an ERROR that does not "
+                                    "decode",
+                 done.request_id, true);
+    return;
+  }
+  inner.request_id = done.request_id;
+  inner.tenant = w->id().tenant_handle;
+  w->SendOwned(inner, std::string(reinterpret_cast<const char*>(body.data()), body.size()));
+}
+
+void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& key,
+                           const FrameHeader& h, std::span<const std::byte> payload) {
+  const uint32_t peer = conn.id().rack;
+  // Answers a relayed frame with a non-fatal ERROR naming the problem.
+  const auto refuse = [&](WireError code, const std::string& text) {
+    if (h.request_id == 0) return SendPeerError(conn, h.tenant, text);
+    const net::ErrorFrame e = net::MakeErrorFrame(code, text, t.info.handle, h.request_id, false);
+    std::string body(net::kHeaderBytes, '\0');
+    net::EncodeHeader(e.header, std::span<std::byte, net::kHeaderBytes>(
+                                    reinterpret_cast<std::byte*>(body.data()), net::kHeaderBytes));
+    body += e.body;
+    FrameHeader r;
+    r.opcode = Opcode::kRackRelayReply;
+    r.tenant = t.info.handle;
+    r.request_id = h.request_id;
+    conn.SendOwned(r, std::move(body));
+  };
+  if (payload.size() < net::kRelayPrefixBytes) {
+    Reject(conn, WireError::kMalformed,
+           "RACK_RELAY: " + Num(payload.size()) + " bytes, shorter than its " +
+               Num(net::kRelayPrefixBytes) + "-byte prefix",
+           h.request_id);
+    return;
+  }
+  const auto kind = static_cast<net::RelayKind>(payload[0]);
+  const auto op = static_cast<Opcode>(payload[1]);
+  uint32_t rank = 0;
+  uint64_t session = 0;
+  std::memcpy(&rank, payload.data() + 4, 4);
+  std::memcpy(&session, payload.data() + 8, 8);
+  if (!Unsynced(t) || !workers_) {
+    return refuse(WireError::kInvalidArgument,
+                  "RACK_RELAY: tenant '" + t.info.name + "' is sync; only bounded and async " +
+                      "tenants relay their workers' frames to a chunk's home");
+  }
+  if (rank >= t.info.workers_per_rack) {
+    return refuse(WireError::kInvalidArgument,
+                  "RACK_RELAY: rank " + Num(rank) + " of rack " + Num(peer) + " is not a " +
+                      "worker of tenant '" + t.info.name + "' (workers_per_rack " +
+                      Num(t.info.workers_per_rack) + ")");
+  }
+  net::ConnectionIdentity id;
+  id.tenant_handle = t.info.handle;
+  id.tenant = t.info.name;
+  id.rank = rank;
+  id.lane = table_->lane();
+  id.rack = peer;
+  id.session = session;
+  id.peer = "rack " + Num(peer) + "'s hub (" + conn.id().peer + ")";
+  const auto slot = std::make_tuple(&conn, t.info.handle, ChunkTable::Member(t, id));
+  auto found = relay_conns_.find(slot);
+  RelayConnection* relay =
+      found != relay_conns_.end() && found->second->open()
+          ? static_cast<RelayConnection*>(found->second.get())
+          : nullptr;
+  if (kind == net::RelayKind::kMemberGone) {
+    if (relay) relay->CloseNow("rack " + Num(peer) + "'s hub: its connection there closed");
+    if (found != relay_conns_.end()) relay_conns_.erase(found);
+    return;
+  }
+  if (kind != net::RelayKind::kMemberBack && kind != net::RelayKind::kFrame) {
+    return refuse(WireError::kInvalidArgument,
+                  "RACK_RELAY: kind " + Num(static_cast<int>(kind)) + " is not a relay kind");
+  }
+  if (!relay) {
+    // Announced (or a frame before its notice, which may wait parked behind
+    // another key): the member joins here as a worker of this lane.
+    auto fresh = std::make_shared<RelayConnection>(id, conn.weak_from_this(), workers_, io_);
+    relay = fresh.get();
+    relay_conns_[slot] = fresh;
+    workers_->Adopt(fresh, ++relay_seq_);
+  }
+  if (kind == net::RelayKind::kMemberBack) return;
+  if (op != Opcode::kPush && op != Opcode::kInit && op != Opcode::kPull) {
+    return refuse(WireError::kInvalidArgument,
+                  "RACK_RELAY: opcode " + Num(static_cast<int>(op)) + " is not PUSH, INIT or " +
+                      "PULL");
+  }
+  if (h.chunk >= key.info.placement.chunk_count ||
+      table_->HomeRack(key.info, h.chunk) != topology_.rack) {
+    return refuse(WireError::kInvalidArgument,
+                  "RACK_RELAY: chunk " + Num(h.chunk) + " of key '" + key.info.name +
+                      "' is not homed on rack " + Num(topology_.rack) + "'s hub");
+  }
+  FrameHeader inner = h;
+  inner.opcode = op;
+  inner.tenant = t.info.handle;
+  inner.payload_bytes = static_cast<uint32_t>(payload.size() - net::kRelayPrefixBytes);
+  const auto body = payload.subspan(net::kRelayPrefixBytes);
+  if (workers_->AcceptHeader(*relay, inner) == Verdict::kAccept) {
+    workers_->HandleFrame(*relay, inner, body);
+  }
+}
+
+void RackExchange::CloseRelays(const net::Connection* link, const std::string& why) {
+  for (auto it = relay_conns_.begin(); it != relay_conns_.end();) {
+    if (std::get<0>(it->first) != link) {
+      ++it;
+      continue;
+    }
+    const auto conn = std::move(it->second);
+    it = relay_conns_.erase(it);
+    static_cast<RelayConnection*>(conn.get())->CloseNow(why);
+  }
+}
+
+}  // namespace rackhub::server
