@@ -1,0 +1,501 @@
+// Bounded and async tenants spanning racks (issue 31, item 3;
+// docs/consistency.md "Across racks"), with real hubs on loopback. Such a
+// tenant behaves as one hub holding every rack's workers: each chunk lives
+// at its home hub, the other racks' hubs relay their workers' frames there.
+//  - 2 and 3 racks, bounded:1 and async, integer gradients whose every sum
+//    is exact: the final parameters equal a reference computed from the
+//    inputs and one flat hub serving every rack, bit for bit; every reply's
+//    (updates, slowest) suffix satisfies the guarantee with W = all racks'
+//    workers;
+//  - the bound holds across racks: a rack-1 worker that stops pushing holds
+//    a rack-0 worker's reply (answered only after the slow one pushes), and
+//    the straggler timeout's WORKER_LOST names "rack 1 rank 0";
+//  - a worker of the other rack whose connection dies releases the held
+//    replies (member-gone notice, and locally);
+//  - a lost hub link: relayed requests to a killed home fail with
+//    WORKER_LOST naming the rack, and the job goes on after a Pull when the
+//    hub is back; a killed non-home hub releases the replies its workers held;
+//  - bad relay frames on an authenticated link are refused by name.
+#include <signal.h>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "etcd_cluster.h"  // FreeLoopbackPort
+#include "hub_link_auth.h"
+#include "process.h"
+#include "rackhub/admin/v1/admin.grpc.pb.h"
+#include "rackhub/data/v1/control.pb.h"
+#include "raw_client.h"
+
+namespace rackhub {
+namespace {
+
+namespace pb = rackhub::admin::v1;
+using testing::DaemonProcess;
+using testing::Describe;
+using testing::ExpectError;
+using testing::Frame;
+using net::FrameHeader;
+using testing::RawClient;
+
+constexpr uint32_t kElems = 1024;  // per chunk: 4096-byte fp32 chunks
+
+struct Mode {
+  pb::Consistency consistency;
+  uint32_t staleness;
+  const char* name;
+};
+constexpr Mode kBounded1{pb::BOUNDED, 1, "bounded:1"};
+constexpr Mode kBounded0{pb::BOUNDED, 0, "bounded:0"};
+constexpr Mode kAsync{pb::ASYNC, 0, "async"};
+
+const std::string kToken(40, 'k');
+
+// R racks' hubs (hierarchical, one lane: chunk g's home is rack g % R), or
+// one flat hub serving all R racks.
+class Racks {
+ public:
+  Racks(uint32_t racks, bool flat, std::vector<std::string> extra = {})
+      : flat_(flat), extra_(std::move(extra)) {
+    for (uint32_t r = 0; r < racks; ++r) {
+      interhub_.push_back("127.0.0.1:" + std::to_string(testing::FreeLoopbackPort()));
+      spec_ += (r ? "," : "") + std::string("127.0.0.1:0=") + interhub_.back();
+    }
+    secret_ = testing::MakeTempDir() + "/hub.secret";
+    testing::WriteFile(secret_, std::string(48, 's') + "\n");
+    hubs_.resize(flat ? 1 : racks);
+    for (uint32_t r = 0; r < hubs_.size(); ++r) Start(r);
+  }
+  void Start(uint32_t rack) {
+    std::vector<std::string> args = {"--lanes", "1", "--racks", spec_, "--rack",
+                                     std::to_string(rack), "--hub-secret-file", secret_};
+    if (flat_) args.insert(args.end(), {"--topology-mode", "flat"});
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    hubs_[rack] = std::make_unique<DaemonProcess>(args);
+    ASSERT_TRUE(hubs_[rack]->started());
+  }
+  DaemonProcess& hub(uint32_t rack) { return *hubs_[flat_ ? 0 : rack]; }
+  uint32_t hubs() const { return static_cast<uint32_t>(hubs_.size()); }
+  const std::string& interhub(uint32_t rack) const { return interhub_[rack]; }
+
+ private:
+  bool flat_;
+  std::vector<std::string> extra_;
+  std::string spec_, secret_;
+  std::vector<std::string> interhub_;
+  std::vector<std::unique_ptr<DaemonProcess>> hubs_;
+};
+
+// Tenant "t" (`workers` per rack, 4096-byte chunks, SGD with learning rate
+// 1 and a mean) in `mode`, with key "w" of `chunks` chunks, on one hub.
+void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, uint32_t chunks) {
+  auto channel = grpc::CreateChannel(admin, grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  pb::CreateTenantRequest req;
+  req.set_name("t");
+  req.set_workers_per_rack(workers);
+  req.set_chunk_bytes(4 * kElems);
+  req.set_token(kToken);
+  req.set_consistency(mode.consistency);
+  req.set_staleness(mode.staleness);
+  req.mutable_default_optimizer()->set_type(pb::SGD);
+  req.mutable_default_optimizer()->set_learning_rate(1.0);
+  pb::CreateTenantResponse resp;
+  const grpc::Status s = pb::TenantService::NewStub(channel)->CreateTenant(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  grpc::ClientContext kctx;
+  pb::CreateKeyRequest key;
+  key.set_tenant("t");
+  key.set_name("w");
+  key.set_elements(uint64_t{kElems} * chunks);
+  pb::Key k;
+  ASSERT_TRUE(pb::KeyService::NewStub(channel)->CreateKey(&kctx, key, &k).ok());
+}
+
+// One worker (a raw connection to its rack's hub, lane 0).
+struct Worker {
+  std::unique_ptr<RawClient> link;
+  uint32_t rack = 0, rank = 0, handle = 0, key = 0;
+  uint64_t next_request = 1;
+
+  uint64_t Push(uint32_t chunk, uint64_t iteration, const std::string& grad) {
+    FrameHeader h = Header(net::Opcode::kPush, chunk);
+    h.iteration = iteration;
+    link->Send(h, grad);
+    return h.request_id;
+  }
+  uint64_t Pull(uint32_t chunk) {
+    const FrameHeader h = Header(net::Opcode::kPull, chunk);
+    link->Send(h);
+    return h.request_id;
+  }
+  FrameHeader Header(net::Opcode op, uint32_t chunk) {
+    FrameHeader h;
+    h.opcode = op;
+    h.tenant = handle;
+    h.key = key;
+    h.chunk = chunk;
+    h.dtype = net::DType::kFp32;
+    h.request_id = next_request++;
+    return h;
+  }
+};
+
+Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
+  Worker w;
+  w.rack = rack;
+  w.rank = rank;
+  w.link = std::make_unique<RawClient>(racks.hub(rack).data_address());
+  data::v1::Hello hello;
+  hello.set_tenant("t");
+  hello.set_token(kToken);
+  hello.set_rank(rank);
+  hello.set_rack(rack);
+  FrameHeader h;
+  h.opcode = net::Opcode::kHello;
+  w.link->Send(h, hello.SerializeAsString());
+  const auto f = w.link->Receive();
+  data::v1::Welcome welcome;
+  EXPECT_TRUE(f && f->h.opcode == net::Opcode::kWelcome) << Describe(f);
+  if (f) welcome.ParseFromString(f->payload);
+  EXPECT_GT(welcome.keys_size(), 0);
+  w.handle = welcome.tenant_handle();
+  if (welcome.keys_size() > 0) w.key = welcome.keys(0).id();
+  return w;
+}
+
+// A PARAMS reply of a bounded/async tenant: parameters and suffix.
+struct Reply {
+  uint64_t request = 0, clock = 0, updates = 0, slowest = 0;
+  std::vector<float> params;
+};
+Reply ParamsOf(const std::optional<Frame>& f) {
+  Reply r;
+  EXPECT_TRUE(f && f->h.opcode == net::Opcode::kParams) << Describe(f);
+  if (!f || f->h.opcode != net::Opcode::kParams) return r;
+  EXPECT_TRUE(f->h.flags & net::kFlagVersions);
+  EXPECT_EQ(f->payload.size(), 4 * kElems + net::kVersionsSuffixBytes);
+  if (f->payload.size() != 4 * kElems + net::kVersionsSuffixBytes) return r;
+  r.request = f->h.request_id;
+  r.clock = f->h.iteration;
+  r.params = testing::AsFloats(f->payload.substr(0, 4 * kElems));
+  std::memcpy(&r.updates, f->payload.data() + 4 * kElems, 8);
+  std::memcpy(&r.slowest, f->payload.data() + 4 * kElems + 8, 8);
+  return r;
+}
+
+// docs/consistency.md: a reply leaving its worker at count c is released
+// only when c <= slowest + S, and includes every worker's first c - S
+// contributions: updates >= W * c - (W - 1) * S (W: every rack's workers).
+void ExpectBound(const Reply& r, Mode mode, uint32_t all_workers) {
+  if (mode.consistency != pb::BOUNDED) return;
+  const uint64_t s = mode.staleness;
+  EXPECT_LE(r.clock, r.slowest + s) << "request " << r.request;
+  if (r.clock >= s) {
+    EXPECT_GE(r.updates + (all_workers - 1) * s, all_workers * r.clock)
+        << "request " << r.request << " at count " << r.clock << ": " << r.updates
+        << " updates";
+  }
+}
+
+// Worker (rack, rank)'s gradient of `chunk` at `iteration`: integers times
+// the worker count, so that each mean (gradient / W) is an exact integer
+// and every sum of them is exact in any order.
+std::vector<float> Gradient(uint32_t all_workers, uint32_t rack, uint32_t rank,
+                            uint64_t iteration, uint32_t chunk) {
+  std::vector<float> g(kElems);
+  for (uint32_t e = 0; e < kElems; ++e) {
+    const int v = static_cast<int>((rack * 7 + rank * 3 + iteration * 5 + chunk * 11 + e) % 9) - 4;
+    g[e] = static_cast<float>(v * static_cast<int>(all_workers));
+  }
+  return g;
+}
+
+// Every worker of every rack pushes `iterations` times each chunk (one
+// round per iteration: all pushes, then all replies); the final parameters
+// (Pulled by every worker, which must agree) are returned.
+std::vector<float> RunJob(Racks& racks, uint32_t rack_count, Mode mode, uint32_t workers,
+                          uint32_t chunks, uint64_t iterations) {
+  for (uint32_t h = 0; h < racks.hubs(); ++h) CreateTenant(racks.hub(h).admin_address(), mode, workers, chunks);
+  const uint32_t all = rack_count * workers;
+  std::vector<Worker> ws;
+  for (uint32_t r = 0; r < rack_count; ++r) {
+    for (uint32_t k = 0; k < workers; ++k) ws.push_back(Connect(racks, r, k));
+  }
+  // Each worker Pulls every chunk first: it counts at every home from its
+  // first request there (its hub announces it; docs/consistency.md).
+  for (auto& w : ws) {
+    for (uint32_t c = 0; c < chunks; ++c) w.Pull(c);
+    for (uint32_t c = 0; c < chunks; ++c) EXPECT_EQ(ParamsOf(w.link->Receive()).clock, 0u);
+  }
+  for (uint64_t i = 0; i < iterations; ++i) {
+    for (auto& w : ws) {
+      for (uint32_t c = 0; c < chunks; ++c) {
+        w.Push(c, i, testing::Floats(Gradient(all, w.rack, w.rank, i, c)));
+      }
+    }
+    for (auto& w : ws) {
+      for (uint32_t c = 0; c < chunks; ++c) {
+        const Reply r = ParamsOf(w.link->Receive());
+        EXPECT_EQ(r.clock, i + 1) << "rack " << w.rack << " rank " << w.rank;
+        ExpectBound(r, mode, all);
+      }
+    }
+  }
+  std::vector<float> final_params;
+  for (auto& w : ws) {
+    std::map<uint64_t, uint32_t> chunk_of;
+    for (uint32_t c = 0; c < chunks; ++c) chunk_of[w.Pull(c)] = c;
+    std::vector<float> mine(size_t{kElems} * chunks);
+    for (uint32_t c = 0; c < chunks; ++c) {
+      const Reply r = ParamsOf(w.link->Receive());
+      EXPECT_EQ(r.updates, all * iterations);
+      if (r.params.size() == kElems && chunk_of.count(r.request)) {
+        std::memcpy(mine.data() + size_t{chunk_of[r.request]} * kElems, r.params.data(),
+                    4 * kElems);
+      }
+    }
+    if (final_params.empty()) final_params = mine;
+    EXPECT_TRUE(testing::SameBits(mine, final_params))
+        << "rack " << w.rack << " rank " << w.rank << " sees other parameters";
+  }
+  return final_params;
+}
+
+TEST(MultiRackBoundedTest, ExactSumsEqualTheReferenceAndOneFlatHub) {
+  constexpr uint32_t kWorkers = 2, kChunks = 4;
+  constexpr uint64_t kIterations = 3;
+  for (const uint32_t rack_count : {2u, 3u}) {
+    for (const Mode mode : {kBounded1, kAsync}) {
+      SCOPED_TRACE(std::to_string(rack_count) + " racks, " + mode.name);
+      // The reference: zeros minus every contribution's mean (lr 1).
+      const uint32_t all = rack_count * kWorkers;
+      std::vector<float> reference(size_t{kElems} * kChunks, 0.0f);
+      for (uint32_t r = 0; r < rack_count; ++r) {
+        for (uint32_t k = 0; k < kWorkers; ++k) {
+          for (uint64_t i = 0; i < kIterations; ++i) {
+            for (uint32_t c = 0; c < kChunks; ++c) {
+              const auto g = Gradient(all, r, k, i, c);
+              for (uint32_t e = 0; e < kElems; ++e) {
+                reference[size_t{c} * kElems + e] -= g[e] / static_cast<float>(all);
+              }
+            }
+          }
+        }
+      }
+      std::vector<float> hierarchical, flat;
+      {
+        Racks racks(rack_count, false);
+        hierarchical = RunJob(racks, rack_count, mode, kWorkers, kChunks, kIterations);
+      }
+      {
+        Racks racks(rack_count, true);
+        flat = RunJob(racks, rack_count, mode, kWorkers, kChunks, kIterations);
+      }
+      EXPECT_TRUE(testing::SameBits(hierarchical, reference)) << "hierarchical vs reference";
+      EXPECT_TRUE(testing::SameBits(flat, reference)) << "flat vs reference";
+    }
+  }
+}
+
+// Two racks of one worker; key "w" has 2 chunks: chunk 0 homed on rack 0,
+// chunk 1 on rack 1. Both workers Pull both chunks first, so each counts
+// as live at both homes (the one on the other rack via its hub's notice).
+struct TwoRacks {
+  explicit TwoRacks(Mode mode, std::vector<std::string> extra = {})
+      : racks(2, false, std::move(extra)) {
+    for (uint32_t h = 0; h < 2; ++h) CreateTenant(racks.hub(h).admin_address(), mode, 1, 2);
+    a = Connect(racks, 0, 0);
+    b = Connect(racks, 1, 0);
+    for (Worker* w : {&a, &b}) {
+      w->Pull(0);
+      w->Pull(1);
+      for (int i = 0; i < 2; ++i) EXPECT_EQ(ParamsOf(w->link->Receive()).clock, 0u);
+    }
+  }
+  // `w` pushes both chunks at `iteration` (ones).
+  static void PushBoth(Worker& w, uint64_t iteration) {
+    for (uint32_t c = 0; c < 2; ++c) w.Push(c, iteration, testing::Floats(kElems, 1.0f));
+  }
+  // `w`'s pushes are held: a Pull of each chunk sent after them is answered
+  // first (a relayed frame reaches its home in order, a local one is
+  // handled in order), while they are not.
+  static void ExpectHeld(Worker& w) {
+    const uint64_t p0 = w.Pull(0), p1 = w.Pull(1);
+    for (int i = 0; i < 2; ++i) {
+      const auto f = w.link->Receive();
+      ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams) << Describe(f);
+      EXPECT_TRUE(f->h.request_id == p0 || f->h.request_id == p1)
+          << "a held push was answered before a later Pull: " << Describe(f);
+    }
+  }
+  Racks racks;
+  Worker a, b;
+};
+
+TEST(MultiRackBoundedTest, TheBoundCountsTheSlowestOfEveryRack) {
+  TwoRacks t(kBounded1, {"--straggler-timeout-ms", "1500"});
+  TwoRacks::PushBoth(t.a, 0);  // a at 1 <= 0 + 1: answered
+  for (int i = 0; i < 2; ++i) ExpectBound(ParamsOf(t.a.link->Receive()), kBounded1, 2);
+  TwoRacks::PushBoth(t.a, 1);  // a at 2 > 0 + 1: held by b (rack 1)
+  TwoRacks::ExpectHeld(t.a);
+  TwoRacks::PushBoth(t.b, 0);  // b catches up: b answered, a's held replies released
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(ParamsOf(t.b.link->Receive()).clock, 1u);
+  for (int i = 0; i < 2; ++i) {
+    const Reply r = ParamsOf(t.a.link->Receive());
+    EXPECT_EQ(r.clock, 2u);
+    EXPECT_EQ(r.slowest, 1u);
+    EXPECT_EQ(r.updates, 3u);
+    ExpectBound(r, kBounded1, 2);
+  }
+  // a runs ahead again; b stays put: the straggler timeout names b.
+  TwoRacks::PushBoth(t.a, 2);
+  for (int i = 0; i < 2; ++i) {
+    ExpectError(t.a.link->Receive(std::chrono::seconds(15)), net::WireError::kWorkerLost,
+                "waiting for rack 1 rank 0 at 1", false);
+  }
+}
+
+TEST(MultiRackBoundedTest, ALostWorkerOfTheOtherRackReleasesHeldReplies) {
+  TwoRacks t(kBounded0);
+  TwoRacks::PushBoth(t.a, 0);  // a at 1 > 0 + 0: held by b on both chunks
+  TwoRacks::ExpectHeld(t.a);
+  t.b.link.reset();  // b's connection dies (as its process's would under kill -9)
+  for (int i = 0; i < 2; ++i) {
+    const Reply r = ParamsOf(t.a.link->Receive(std::chrono::seconds(10)));
+    EXPECT_EQ(r.clock, 1u) << "released by b's loss (at its home and as a relayed member)";
+  }
+}
+
+TEST(MultiRackBoundedTest, AKilledNonHomeHubReleasesTheRepliesItsWorkersHeld) {
+  TwoRacks t(kBounded0);
+  t.a.Push(0, 0, testing::Floats(kElems, 1.0f));  // chunk 0, homed here: held by b
+  const uint64_t pull = t.a.Pull(0);
+  EXPECT_EQ(ParamsOf(t.a.link->Receive()).request, pull) << "the push is held";
+  EXPECT_EQ(t.racks.hub(1).Stop(SIGKILL), 128 + SIGKILL);
+  const Reply r = ParamsOf(t.a.link->Receive(std::chrono::seconds(10)));
+  EXPECT_EQ(r.clock, 1u) << "released when the link of rack 1's hub was lost";
+}
+
+TEST(MultiRackBoundedTest, AKilledHomeFailsRelayedRequestsAndThePullResumes) {
+  TwoRacks t(kBounded1);
+  EXPECT_EQ(t.racks.hub(1).Stop(SIGKILL), 128 + SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  t.a.Push(1, 0, testing::Floats(kElems, 1.0f));  // chunk 1's home was rack 1
+  ExpectError(t.a.link->Receive(std::chrono::seconds(15)), net::WireError::kWorkerLost,
+              "rack 1", false);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10))
+      << "a lost home is an error within a bounded time, not a hang";
+  // Rack 1's hub comes back (without state: the tenant is created again);
+  // a Pulls, then goes on from the count the home tells it.
+  t.racks.Start(1);
+  CreateTenant(t.racks.hub(1).admin_address(), kBounded1, 1, 2);
+  t.a.Pull(1);
+  const Reply pulled = ParamsOf(t.a.link->Receive(std::chrono::seconds(10)));
+  t.a.Push(1, pulled.clock, testing::Floats(kElems, 1.0f));
+  const Reply pushed = ParamsOf(t.a.link->Receive(std::chrono::seconds(10)));
+  EXPECT_EQ(pushed.clock, pulled.clock + 1);
+  EXPECT_EQ(pushed.params[0], pulled.params[0] - 0.5f) << "ones over 2 workers, lr 1";
+}
+
+// Frames on an authenticated link from "rack 1" to rack 0's hub.
+std::string RawFrame(FrameHeader h, const std::string& payload) {
+  h.payload_bytes = static_cast<uint32_t>(payload.size());
+  std::array<std::byte, net::kHeaderBytes> buf;
+  net::EncodeHeader(h, buf);
+  return std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload;
+}
+std::string RelayPrefix(net::RelayKind kind, net::Opcode op, uint32_t rank) {
+  std::string p(net::kRelayPrefixBytes, '\0');
+  p[0] = static_cast<char>(kind);
+  p[1] = static_cast<char>(op);
+  std::memcpy(p.data() + 4, &rank, 4);
+  return p;
+}
+
+TEST(MultiRackBoundedTest, BadRelayFramesAreRefusedByName) {
+  Racks racks(2, false);
+  CreateTenant(racks.hub(0).admin_address(), kBounded1, 1, 2);
+  Worker a = Connect(racks, 0, 0);  // for the key's id
+  RawClient link(racks.interhub(0));
+  ASSERT_TRUE(testing::OpenHubLink(link, std::string(48, 's'), {1, 0, 0, 2, 1}));
+  data::v1::KeyBind bind;
+  bind.set_tenant("t");
+  bind.set_key("w");
+  bind.set_key_id(a.key);
+  bind.set_elements(2 * kElems);
+  bind.set_dtype(pb::FP32);
+  bind.set_first_chunk(0);
+  bind.set_chunk_elements(kElems);
+  bind.set_workers_per_rack(1);
+  bind.set_init(pb::ZEROS);
+  FrameHeader kb;
+  kb.opcode = net::Opcode::kKeyBind;
+  kb.tenant = 77;
+  kb.key = a.key;
+  FrameHeader relay;
+  relay.opcode = net::Opcode::kRackRelay;
+  relay.tenant = 77;
+  relay.key = a.key;
+  relay.dtype = net::DType::kFp32;
+  // Whose answer is a RACK_RELAY_REPLY holding an ERROR (or a PARAMS).
+  const auto answer = [&](uint64_t relay_id) {
+    const auto f = link.Receive();
+    EXPECT_TRUE(f && f->h.opcode == net::Opcode::kRackRelayReply) << Describe(f);
+    std::optional<Frame> inner;
+    if (!f || f->payload.size() < net::kHeaderBytes) return inner;
+    EXPECT_EQ(f->h.request_id, relay_id);
+    inner = Frame{net::DecodeHeader(std::span<const std::byte, net::kHeaderBytes>(
+                      reinterpret_cast<const std::byte*>(f->payload.data()), net::kHeaderBytes)),
+                  f->payload.substr(net::kHeaderBytes)};
+    return inner;
+  };
+  // A rank the tenant does not have (one worker per rack).
+  relay.request_id = 1;
+  link.SendRaw(RawFrame(kb, bind.SerializeAsString()) +
+               RawFrame(relay, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPull, 5)));
+  ExpectError(answer(1), net::WireError::kInvalidArgument,
+              "RACK_RELAY: rank 5 of rack 1 is not a worker of tenant 't'", false);
+  // A chunk homed on rack 1, not here.
+  relay.request_id = 2;
+  relay.chunk = 1;
+  link.Send(relay, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPull, 0));
+  ExpectError(answer(2), net::WireError::kInvalidArgument,
+              "RACK_RELAY: chunk 1 of key 'w' is not homed on rack 0's hub", false);
+  // An opcode that is not relayed.
+  relay.request_id = 3;
+  relay.chunk = 0;
+  link.Send(relay, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kDeclare, 0));
+  ExpectError(answer(3), net::WireError::kInvalidArgument,
+              "RACK_RELAY: opcode 10 is not PUSH, INIT or PULL", false);
+  // A relay id rack 0's hub never issued.
+  FrameHeader reply;
+  reply.opcode = net::Opcode::kRackRelayReply;
+  reply.request_id = 4242;
+  link.Send(reply, std::string(net::kHeaderBytes, '\0'));
+  ExpectError(link.Receive(), net::WireError::kInvalidArgument,
+              "RACK_RELAY_REPLY: relay id 4242 was never issued by rack 0's hub", false);
+  // A well-formed relayed PULL is served like a worker's.
+  relay.request_id = 5;
+  link.Send(relay, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPull, 0));
+  const auto pulled = answer(5);
+  EXPECT_TRUE(pulled && pulled->h.opcode == net::Opcode::kParams) << Describe(pulled);
+  // A payload shorter than the relay prefix closes the link.
+  relay.request_id = 6;
+  link.Send(relay, "abc");
+  ExpectError(link.Receive(), net::WireError::kMalformed,
+              "RACK_RELAY: 3 bytes, shorter than its 16-byte prefix");
+  EXPECT_TRUE(link.ClosedByPeer());
+}
+
+}  // namespace
+}  // namespace rackhub
