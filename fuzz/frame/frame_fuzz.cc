@@ -171,6 +171,19 @@ void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload
         DecodeElements(h, payload.subspan(net::kRowsPrefixBytes));
       }
       break;
+    case net::Opcode::kRackRelay:
+      // The 16-byte relay prefix, then the worker's payload (any bytes).
+      if (payload.size() >= net::kRelayPrefixBytes) (void)net::OpcodeName(
+          static_cast<net::Opcode>(payload[1]));
+      break;
+    case net::Opcode::kRackRelayReply:
+      // A whole frame: its header (checked like any), then its payload.
+      if (payload.size() >= net::kHeaderBytes) {
+        const net::FrameHeader inner = net::DecodeHeader(payload.first<net::kHeaderBytes>());
+        const rackhub::Status ok = net::CheckHeader(inner);
+        Check(ok.ok() || !ok.message().empty(), "a refused relayed header says why");
+      }
+      break;
     case net::Opcode::kPull:
     case net::Opcode::kHeartbeat:
     case net::Opcode::kBye:
