@@ -289,6 +289,11 @@ class ChunkTable {
   uint32_t OwnerLane(const KeyInfo& key, uint32_t chunk) const {
     return static_cast<uint32_t>((key.placement.first_chunk + chunk) % lanes_);
   }
+  // A worker of another rack served here through its hub's relays (a
+  // RelayConnection at a chunk's home): not counted in this hub's workers.
+  bool RelayedWorker(const net::ConnectionIdentity& id) const {
+    return exchange_ && id.rack != self_rack_;
+  }
   // The elements of chunk `chunk` of a dense key.
   static uint32_t ChunkElements(const KeyInfo& key, uint32_t chunk) {
     const uint64_t first = uint64_t{chunk} * key.chunk_elements;

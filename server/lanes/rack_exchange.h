@@ -295,6 +295,8 @@ class RackExchange final : public net::FrameHandler {
   // The link to `home` is lost (or gave up): every relay to it fails with
   // a non-fatal WORKER_LOST naming the rack.
   void FailRelays(uint32_t home, const std::string& why);
+  // A relay answered or failed: its worker has one fewer in flight.
+  void Uncount(const PendingRelay& r);
   // The home: a RACK_RELAY from `conn` (a member notice, or a frame served
   // by the worker protocol through the member's RelayConnection).
   void OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& key,

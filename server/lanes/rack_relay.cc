@@ -25,6 +25,24 @@ std::span<const std::byte> AsBytes(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
 
+// A RACK_RELAY_REPLY answering relay `h.request_id` with the frame (`h`,
+// `payload`) whole, sent on `link`.
+void SendRelayReply(net::Connection& link, FrameHeader h, std::span<const std::byte> payload) {
+  h.payload_bytes = static_cast<uint32_t>(payload.size());
+  std::string body(net::kHeaderBytes + payload.size(), '\0');
+  net::EncodeHeader(h, std::span<std::byte, net::kHeaderBytes>(
+                           reinterpret_cast<std::byte*>(body.data()), net::kHeaderBytes));
+  if (!payload.empty()) std::memcpy(body.data() + net::kHeaderBytes, payload.data(), payload.size());
+  FrameHeader r;
+  r.opcode = Opcode::kRackRelayReply;
+  r.tenant = h.tenant;
+  r.key = h.key;
+  r.chunk = h.chunk;
+  r.iteration = h.iteration;
+  r.request_id = h.request_id;
+  link.SendOwned(r, std::move(body));
+}
+
 // At the home: one worker of another rack, as its hub relays it on one
 // link. What the worker protocol sends it goes back on that link in a
 // RACK_RELAY_REPLY (the frame whole; its request id is the relay id).
@@ -76,20 +94,7 @@ class RelayConnection final : public net::Connection {
     // no request (request id 0) has no relay to answer.
     if (h.opcode == Opcode::kWelcome || h.request_id == 0) return;
     const auto link = link_.lock();
-    if (!open_ || !link || !link->open()) return;
-    h.payload_bytes = static_cast<uint32_t>(payload.size());
-    std::string body(net::kHeaderBytes + payload.size(), '\0');
-    net::EncodeHeader(h, std::span<std::byte, net::kHeaderBytes>(
-                             reinterpret_cast<std::byte*>(body.data()), net::kHeaderBytes));
-    if (!payload.empty()) std::memcpy(body.data() + net::kHeaderBytes, payload.data(), payload.size());
-    FrameHeader r;
-    r.opcode = Opcode::kRackRelayReply;
-    r.tenant = h.tenant;
-    r.key = h.key;
-    r.chunk = h.chunk;
-    r.iteration = h.iteration;
-    r.request_id = h.request_id;
-    link->SendOwned(r, std::move(body));
+    if (open_ && link && link->open()) SendRelayReply(*link, h, payload);
   }
 
   const net::ConnectionIdentity id_;
@@ -174,6 +179,13 @@ void RackExchange::RelayMemberGone(LaneTenant& t, uint32_t member,
   relays_per_worker_.erase(&worker);
 }
 
+void RackExchange::Uncount(const PendingRelay& r) {
+  if (auto n = relays_per_worker_.find(r.worker_ptr);
+      n != relays_per_worker_.end() && --n->second == 0) {
+    relays_per_worker_.erase(n);
+  }
+}
+
 void RackExchange::FailRelays(uint32_t home, const std::string& why) {
   links_[home].announced.clear();
   size_t failed = 0;
@@ -184,10 +196,7 @@ void RackExchange::FailRelays(uint32_t home, const std::string& why) {
     }
     const PendingRelay r = std::move(it->second);
     it = relays_.erase(it);
-    if (auto n = relays_per_worker_.find(r.worker_ptr);
-        n != relays_per_worker_.end() && --n->second == 0) {
-      relays_per_worker_.erase(n);
-    }
+    Uncount(r);
     const auto w = r.worker.lock();
     if (!w || !w->open()) continue;
     if (LaneTenant* t = table_->FindTenant(w->id().tenant_handle)) {
@@ -241,10 +250,7 @@ void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
   }
   const PendingRelay done = std::move(r);
   relays_.erase(it);
-  if (auto n = relays_per_worker_.find(done.worker_ptr);
-      n != relays_per_worker_.end() && --n->second == 0) {
-    relays_per_worker_.erase(n);
-  }
+  Uncount(done);
   const auto w = done.worker.lock();
   if (!w || !w->open()) return;
   const auto body = payload.subspan(net::kHeaderBytes);
@@ -268,15 +274,7 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
   const auto refuse = [&](WireError code, const std::string& text) {
     if (h.request_id == 0) return SendPeerError(conn, h.tenant, text);
     const net::ErrorFrame e = net::MakeErrorFrame(code, text, t.info.handle, h.request_id, false);
-    std::string body(net::kHeaderBytes, '\0');
-    net::EncodeHeader(e.header, std::span<std::byte, net::kHeaderBytes>(
-                                    reinterpret_cast<std::byte*>(body.data()), net::kHeaderBytes));
-    body += e.body;
-    FrameHeader r;
-    r.opcode = Opcode::kRackRelayReply;
-    r.tenant = t.info.handle;
-    r.request_id = h.request_id;
-    conn.SendOwned(r, std::move(body));
+    SendRelayReply(conn, e.header, AsBytes(e.body));
   };
   if (payload.size() < net::kRelayPrefixBytes) {
     Reject(conn, WireError::kMalformed,

@@ -106,7 +106,8 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
                       " was replaced by a new process (generation " + Num(gen->number) + ")",
                   true);
   }
-  if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
+  const bool counted = lane == 0 && !table_->RelayedWorker(id);
+  if (counted) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
   t->metrics->EnsureRank(member);
   if (t->info.elastic) ElasticAdopted(*t, member, *gen);
   if (t->info.consistency != Consistency::kSync) UnsyncedMemberBack(*t, member);
