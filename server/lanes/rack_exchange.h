@@ -301,6 +301,10 @@ class RackExchange final : public net::FrameHandler {
   // by the worker protocol through the member's RelayConnection).
   void OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& key,
                const net::FrameHeader& h, std::span<const std::byte> payload);
+  // The home: answers a relayed frame (`h`, from `conn`) with a non-fatal
+  // ERROR naming the problem (a member notice: an ERROR on the link).
+  void RefuseRelay(net::Connection& conn, const net::FrameHeader& h, net::WireError code,
+                   const std::string& text);
   // The home: every RelayConnection of link `link` closes (link lost).
   void CloseRelays(const net::Connection* link, const std::string& why);
   // Whether `t` is a bounded/async tenant (no cross-rack sync state: link

@@ -326,9 +326,13 @@ void RackExchange::RetryParked() {
     if (!PeerKey(conn->id().rack, p.header, &t)) {
       if (std::chrono::steady_clock::now() - p.since > kPeerWaitLimit) {
         conn->Unreserve(p.reserved);
-        SendPeerError(*conn, p.header.tenant,
-                      "key: id " + Num(p.header.key) + " was never declared on rack " +
-                          Num(topology_.rack) + "'s hub");
+        const std::string text = "key: id " + Num(p.header.key) +
+                                 " was never declared on rack " + Num(topology_.rack) + "'s hub";
+        if (p.header.opcode == Opcode::kRackRelay) {
+          RefuseRelay(*conn, p.header, WireError::kUnknownKey, text);  // its worker is answered
+        } else {
+          SendPeerError(*conn, p.header.tenant, text);
+        }
       } else {
         blocked.insert(id);
         parked_.push_back(std::move(p));

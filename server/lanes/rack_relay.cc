@@ -270,11 +270,8 @@ void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
 void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& key,
                            const FrameHeader& h, std::span<const std::byte> payload) {
   const uint32_t peer = conn.id().rack;
-  // Answers a relayed frame with a non-fatal ERROR naming the problem.
   const auto refuse = [&](WireError code, const std::string& text) {
-    if (h.request_id == 0) return SendPeerError(conn, h.tenant, text);
-    const net::ErrorFrame e = net::MakeErrorFrame(code, text, t.info.handle, h.request_id, false);
-    SendRelayReply(conn, e.header, AsBytes(e.body));
+    RefuseRelay(conn, h, code, text);
   };
   if (payload.size() < net::kRelayPrefixBytes) {
     Reject(conn, WireError::kMalformed,
@@ -351,6 +348,13 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
   if (workers_->AcceptHeader(*relay, inner) == Verdict::kAccept) {
     workers_->HandleFrame(*relay, inner, body);
   }
+}
+
+void RackExchange::RefuseRelay(net::Connection& conn, const FrameHeader& h, WireError code,
+                               const std::string& text) {
+  if (h.request_id == 0) return SendPeerError(conn, h.tenant, text);  // a notice
+  const net::ErrorFrame e = net::MakeErrorFrame(code, text, h.tenant, h.request_id, false);
+  SendRelayReply(conn, e.header, AsBytes(e.body));
 }
 
 void RackExchange::CloseRelays(const net::Connection* link, const std::string& why) {

@@ -15,7 +15,10 @@
 //  - a lost hub link: relayed requests to a killed home fail with
 //    WORKER_LOST naming the rack, and the job goes on after a Pull when the
 //    hub is back; a killed non-home hub releases the replies its workers held;
-//  - bad relay frames on an authenticated link are refused by name.
+//  - bad relay frames on an authenticated link are refused by name (a rank
+//    the tenant lacks, a chunk homed elsewhere, an opcode not relayed, a
+//    relay id never issued, a key never declared, a short payload), and a
+//    good one is served like a worker's PULL.
 #include <signal.h>
 
 #include <grpcpp/grpcpp.h>
@@ -448,8 +451,9 @@ TEST(MultiRackBoundedTest, BadRelayFramesAreRefusedByName) {
   relay.key = a.key;
   relay.dtype = net::DType::kFp32;
   // Whose answer is a RACK_RELAY_REPLY holding an ERROR (or a PARAMS).
-  const auto answer = [&](uint64_t relay_id) {
-    const auto f = link.Receive();
+  const auto answer = [&](uint64_t relay_id,
+                          std::chrono::milliseconds timeout = testing::kReceiveTimeout) {
+    const auto f = link.Receive(timeout);
     EXPECT_TRUE(f && f->h.opcode == net::Opcode::kRackRelayReply) << Describe(f);
     std::optional<Frame> inner;
     if (!f || f->payload.size() < net::kHeaderBytes) return inner;
@@ -489,6 +493,19 @@ TEST(MultiRackBoundedTest, BadRelayFramesAreRefusedByName) {
   link.Send(relay, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPull, 0));
   const auto pulled = answer(5);
   EXPECT_TRUE(pulled && pulled->h.opcode == net::Opcode::kParams) << Describe(pulled);
+  // A key rack 0's hub never declares: parked for 5 s, then answered.
+  data::v1::KeyBind other = bind;
+  other.set_key("nokey");
+  other.set_key_id(a.key + 1);
+  kb.key = a.key + 1;
+  relay.key = a.key + 1;
+  relay.request_id = 7;
+  link.SendRaw(RawFrame(kb, other.SerializeAsString()) +
+               RawFrame(relay, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPull, 0)));
+  ExpectError(answer(7, std::chrono::seconds(15)), net::WireError::kUnknownKey,
+              "key: id " + std::to_string(a.key + 1) + " was never declared on rack 0's hub",
+              false);
+  relay.key = a.key;
   // A payload shorter than the relay prefix closes the link.
   relay.request_id = 6;
   link.Send(relay, "abc");
