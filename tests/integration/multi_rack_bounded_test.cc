@@ -514,5 +514,42 @@ TEST(MultiRackBoundedTest, BadRelayFramesAreRefusedByName) {
   EXPECT_TRUE(link.ClosedByPeer());
 }
 
+// An answer to a relay must come from the hub it went to: rack 0's hub
+// relays a's push of chunk 1 to rack 1's hub (held there by b); a hub link
+// from "rack 2" answering that relay id is refused by name and closed, and
+// the real answer still comes when b pushes.
+TEST(MultiRackBoundedTest, AReplyFromAHubThatIsNotTheHomeIsRefused) {
+  Racks racks(3, false);
+  for (uint32_t h = 0; h < 3; ++h) CreateTenant(racks.hub(h).admin_address(), kBounded0, 1, 3);
+  Worker a = Connect(racks, 0, 0), b = Connect(racks, 1, 0);
+  b.Pull(1);
+  EXPECT_EQ(ParamsOf(b.link->Receive()).clock, 0u);
+  a.Pull(1);  // relay id 1
+  EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u);
+  a.Push(1, 0, testing::Floats(kElems, 3.0f));  // relay id 2: held by b at rack 1's hub
+  const uint64_t pull = a.Pull(1);               // relay id 3
+  EXPECT_EQ(ParamsOf(a.link->Receive()).request, pull) << "the push is held";
+  RawClient forged(racks.interhub(0));
+  ASSERT_TRUE(testing::OpenHubLink(forged, std::string(48, 's'), {2, 0, 0, 3, 1}));
+  FrameHeader params;
+  params.opcode = net::Opcode::kParams;
+  params.dtype = net::DType::kFp32;
+  params.request_id = 2;
+  FrameHeader reply;
+  reply.opcode = net::Opcode::kRackRelayReply;
+  reply.request_id = 2;
+  forged.Send(reply, RawFrame(params, testing::Floats(kElems, 9.0f)));
+  ExpectError(forged.Receive(), net::WireError::kInvalidArgument,
+              "RACK_RELAY_REPLY: relay id 2 went to rack 1's hub (the chunk's home), not to "
+              "rack 2's");
+  EXPECT_TRUE(forged.ClosedByPeer());
+  b.Push(1, 0, testing::Floats(kElems, 1.0f));
+  EXPECT_EQ(ParamsOf(b.link->Receive()).clock, 1u);
+  const Reply released = ParamsOf(a.link->Receive(std::chrono::seconds(10)));
+  EXPECT_EQ(released.clock, 1u);
+  EXPECT_EQ(released.updates, 2u);
+  EXPECT_EQ(released.params[0], -(3.0f + 1.0f) / 3.0f) << "the forged values were not taken";
+}
+
 }  // namespace
 }  // namespace rackhub
