@@ -111,6 +111,9 @@ class RackExchange final : public net::FrameHandler {
   // protocol vetted its header and payload size).
   void Relay(net::Connection& worker, LaneTenant& t, LaneKey& key, const net::FrameHeader& h,
              std::span<const std::byte> payload);
+  // A worker connection of a bounded/async tenant was adopted here: every
+  // other rack's hub hears it is live (a member notice on this lane's link).
+  void RelayMemberBack(LaneTenant& t, const net::Connection& worker);
   // A worker connection of `member` closed here: the homes it was announced
   // to hear it is gone; its relays in flight are forgotten.
   void RelayMemberGone(LaneTenant& t, uint32_t member, const net::Connection& worker);

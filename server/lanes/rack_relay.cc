@@ -161,6 +161,26 @@ void RackExchange::SendMemberNotice(uint32_t home, LaneTenant& t, LaneKey& key, 
   SendToPeer(home, t, key, n, AsBytes(*body), body);
 }
 
+void RackExchange::RelayMemberBack(LaneTenant& t, const net::Connection& worker) {
+  // A notice binds a key first: any key of the tenant (none yet: the
+  // worker's first relayed frame announces it).
+  LaneKey* key = t.keys.empty() ? nullptr : &t.keys.begin()->second;
+  if (!key) {
+    std::vector<KeyInfo> keys;
+    if (registry_->ListKeys(t.info.name, &keys).ok() && !keys.empty()) {
+      key = table_->FindKey(t, keys.front().id);
+    }
+  }
+  if (!key) return;
+  const uint32_t member = ChunkTable::Member(t, worker.id());
+  for (uint32_t rack = 0; rack < links_.size(); ++rack) {
+    if (rack == topology_.rack || links_[rack].announced.count({t.info.handle, member})) continue;
+    SendMemberNotice(rack, t, *key, worker.id().rank, worker.id().session,
+                     net::RelayKind::kMemberBack);
+    links_[rack].announced[{t.info.handle, member}] = key->info.id;
+  }
+}
+
 void RackExchange::RelayMemberGone(LaneTenant& t, uint32_t member,
                                    const net::Connection& worker) {
   for (uint32_t rack = 0; rack < links_.size(); ++rack) {
@@ -169,8 +189,10 @@ void RackExchange::RelayMemberGone(LaneTenant& t, uint32_t member,
     if (it == link.announced.end()) continue;
     LaneKey* key = table_->FindKey(t, it->second);
     link.announced.erase(it);
-    // A link that is down has told the home already (it lost the link).
-    if (key && link.out && link.out->open() && link.ready) {
+    // (On a link that is down it waits behind the notice that announced
+    // the member, if that one waits too; a home that lost the link has
+    // marked the member gone already and ignores it.)
+    if (key) {
       SendMemberNotice(rack, t, *key, worker.id().rank, worker.id().session,
                        net::RelayKind::kMemberGone);
     }

@@ -110,7 +110,11 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
   if (counted) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
   t->metrics->EnsureRank(member);
   if (t->info.elastic) ElasticAdopted(*t, member, *gen);
-  if (t->info.consistency != Consistency::kSync) UnsyncedMemberBack(*t, member);
+  if (t->info.consistency != Consistency::kSync) {
+    UnsyncedMemberBack(*t, member);
+    // Across racks: live at every other rack's home too (rack_relay.cc).
+    if (table_->exchange() && !table_->RelayedWorker(id)) exchange_->RelayMemberBack(*t, *conn);
+  }
   spdlog::info("data: tenant '{}' rack {} rank {} (generation {}) connected on lane {} from {}",
                id.tenant, id.rack, id.rank, gen->number, lane, id.peer);
   FrameHeader h;

@@ -7,6 +7,8 @@
 //    inputs and one flat hub serving every rack, bit for bit; every reply's
 //    (updates, slowest) suffix satisfies the guarantee with W = all racks'
 //    workers;
+//  - a worker of another rack counts at a home once connected (its hub's
+//    notice), before any request of its own;
 //  - the bound holds across racks: a rack-1 worker that stops pushing holds
 //    a rack-0 worker's reply (answered only after the slow one pushes), and
 //    the straggler timeout's WORKER_LOST names "rack 1 rank 0";
@@ -38,6 +40,7 @@
 #include "rackhub/admin/v1/admin.grpc.pb.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "raw_client.h"
+#include "wait.h"
 
 namespace rackhub {
 namespace {
@@ -366,6 +369,25 @@ TEST(MultiRackBoundedTest, TheBoundCountsTheSlowestOfEveryRack) {
     ExpectError(t.a.link->Receive(std::chrono::seconds(15)), net::WireError::kWorkerLost,
                 "waiting for rack 1 rank 0 at 1", false);
   }
+}
+
+// A worker that only connected (no request yet) counts at the other rack's
+// home once its hub's notice is there (the home logs the relayed member).
+TEST(MultiRackBoundedTest, AConnectedWorkerOfTheOtherRackIsWaitedFor) {
+  Racks racks(2, false);
+  for (uint32_t h = 0; h < 2; ++h) CreateTenant(racks.hub(h).admin_address(), kBounded0, 1, 2);
+  Worker a = Connect(racks, 0, 0), b = Connect(racks, 1, 0);
+  for (uint32_t h = 0; h < 2; ++h) {
+    const std::string other = std::to_string(1 - h);
+    ASSERT_TRUE(testing::WaitForLog(racks.hub(h), "tenant 't' rack " + other + " rank 0 " +
+                                                      "(generation 0) connected on lane 0 from " +
+                                                      "rack " + other + "'s hub"));
+  }
+  TwoRacks::PushBoth(a, 0);  // a at 1 > 0 + 0: held by b on both chunks
+  TwoRacks::ExpectHeld(a);
+  TwoRacks::PushBoth(b, 0);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(ParamsOf(b.link->Receive()).clock, 1u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 1u);
 }
 
 TEST(MultiRackBoundedTest, ALostWorkerOfTheOtherRackReleasesHeldReplies) {
