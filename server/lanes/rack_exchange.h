@@ -19,7 +19,10 @@
 // to every other rack. Frames naming a key this hub's
 // workers have not declared yet are parked and retried; the link's later
 // frames of that key wait behind them, so a key's frames are handled in the
-// order they were sent.
+// order they were sent. Bounded and async tenants have no rack sum: their
+// workers' frames of a chunk homed elsewhere are relayed to the home
+// (RACK_RELAY / RACK_RELAY_REPLY, rack_relay.cc), where the lane's worker
+// protocol serves them through a RelayConnection per (link, member).
 //
 // Ownership: the Lane owns it; borrows the lane's ChunkTable and gate.
 // Threading: lane thread only.

@@ -17,6 +17,7 @@
 //  - a lost hub link: relayed requests to a killed home fail with
 //    WORKER_LOST naming the rack, and the job goes on after a Pull when the
 //    hub is back; a killed non-home hub releases the replies its workers held;
+//  - a from_client key is INITed by rank 0 of rack 0 through the relay;
 //  - bad relay frames on an authenticated link are refused by name (a rank
 //    the tenant lacks, a chunk homed elsewhere, an opcode not relayed, a
 //    relay id never issued, a key never declared, a short payload), and a
@@ -103,7 +104,8 @@ class Racks {
 
 // Tenant "t" (`workers` per rack, 4096-byte chunks, SGD with learning rate
 // 1 and a mean) in `mode`, with key "w" of `chunks` chunks, on one hub.
-void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, uint32_t chunks) {
+void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, uint32_t chunks,
+                  pb::InitMode init = pb::ZEROS) {
   auto channel = grpc::CreateChannel(admin, grpc::InsecureChannelCredentials());
   grpc::ClientContext ctx;
   pb::CreateTenantRequest req;
@@ -123,6 +125,7 @@ void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, uint32_
   key.set_tenant("t");
   key.set_name("w");
   key.set_elements(uint64_t{kElems} * chunks);
+  key.set_init(init);
   pb::Key k;
   ASSERT_TRUE(pb::KeyService::NewStub(channel)->CreateKey(&kctx, key, &k).ok());
 }
@@ -388,6 +391,49 @@ TEST(MultiRackBoundedTest, AConnectedWorkerOfTheOtherRackIsWaitedFor) {
   TwoRacks::PushBoth(b, 0);
   for (int i = 0; i < 2; ++i) EXPECT_EQ(ParamsOf(b.link->Receive()).clock, 1u);
   for (int i = 0; i < 2; ++i) EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 1u);
+}
+
+// A from_client key: rank 0 of rack 0 INITs every chunk, the one homed on
+// rack 1 through its hub; a rack-1 worker's PULL waits for the values at
+// the home; its INIT (relayed to rack 0's hub) is refused by name, fatally,
+// as on one hub.
+TEST(MultiRackBoundedTest, FromClientInitCrossesRacks) {
+  Racks racks(2, false);
+  for (uint32_t h = 0; h < 2; ++h) {
+    CreateTenant(racks.hub(h).admin_address(), kBounded1, 1, 2, pb::FROM_CLIENT);
+  }
+  Worker a = Connect(racks, 0, 0), b = Connect(racks, 1, 0);
+  const uint64_t waiting = b.Pull(0);  // homed on rack 0: relayed, held there
+  for (uint32_t c = 0; c < 2; ++c) {
+    FrameHeader init = a.Header(net::Opcode::kInit, c);
+    a.link->Send(init, testing::Floats(kElems, 2.0f + static_cast<float>(c)));
+  }
+  // (INIT replies and PULLs answered by an INIT carry no versions suffix,
+  // as on one hub.)
+  const auto plain = [](const std::optional<Frame>& f) {
+    EXPECT_TRUE(f && f->h.opcode == net::Opcode::kParams) << Describe(f);
+    return f && f->payload.size() >= 4 * kElems
+               ? testing::AsFloats(f->payload.substr(0, 4 * kElems))
+               : std::vector<float>();
+  };
+  std::vector<float> got[2];
+  for (uint32_t c = 0; c < 2; ++c) {
+    const auto f = a.link->Receive();
+    if (f) got[f->h.chunk % 2] = plain(f);
+  }
+  EXPECT_EQ(got[0], std::vector<float>(kElems, 2.0f));
+  EXPECT_EQ(got[1], std::vector<float>(kElems, 3.0f));
+  const auto pulled = b.link->Receive();
+  EXPECT_TRUE(pulled && pulled->h.request_id == waiting) << Describe(pulled);
+  EXPECT_EQ(plain(pulled), std::vector<float>(kElems, 2.0f)) << "rack 0's INIT, from its home";
+  b.Pull(1);
+  EXPECT_EQ(ParamsOf(b.link->Receive()).params, std::vector<float>(kElems, 3.0f))
+      << "chunk 1's values came to rack 1's hub through the relay";
+  b.link->Send(b.Header(net::Opcode::kInit, 0), testing::Floats(kElems, 5.0f));
+  ExpectError(b.link->Receive(), net::WireError::kInvalidArgument,
+              "only rank 0 of rack 0 may INIT a key of a tenant spanning racks (this is rank 0 "
+              "of rack 1");
+  EXPECT_TRUE(b.link->ClosedByPeer());
 }
 
 TEST(MultiRackBoundedTest, ALostWorkerOfTheOtherRackReleasesHeldReplies) {
