@@ -172,22 +172,30 @@ void RackExchange::SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const 
   PeerLink& link = links_[rack];
   FrameHeader tagged = h;
   if (EpochTagged(h.opcode)) tagged.request_id = t.rack_epoch;  // stale after a newer round
-  if (!link.out || !link.out->open() || !link.ready) {
-    // Not connected or not authenticated (yet): hold the frame for a while
-    // (with its payload's owner, so a deleted key's bytes stay valid).
-    if (link.queued.empty()) {
-      const uint64_t generation = ++link.queue_generation;
-      gate_->After(kPeerWaitLimit, [this, rack, generation] { GiveUp(rack, generation); });
-    }
-    link.queued.push_back({t.info.handle, key.info.id, tagged, payload, std::move(owner)});
-    Connect(rack);
-    return;
-  }
+  if (!LinkUp(rack)) return Hold(rack, t.info.handle, key.info.id, tagged, payload, std::move(owner));
   SendKeyBind(link, t, key);
   FrameHeader f = tagged;
   f.payload_bytes = static_cast<uint32_t>(payload.size());
   link.out->SendShared(f, payload, std::move(owner));
   host_->CountRackChunkBytes(rack, net::kHeaderBytes + payload.size());
+}
+
+bool RackExchange::LinkUp(uint32_t rack) const {
+  const PeerLink& link = links_[rack];
+  return link.out && link.out->open() && link.ready;
+}
+
+void RackExchange::Hold(uint32_t rack, uint32_t tenant, uint32_t key, const FrameHeader& h,
+                        std::span<const std::byte> payload, std::shared_ptr<const void> owner) {
+  // Not connected or not authenticated (yet): hold the frame for a while
+  // (with its payload's owner, so a deleted key's bytes stay valid).
+  PeerLink& link = links_[rack];
+  if (link.queued.empty()) {
+    const uint64_t generation = ++link.queue_generation;
+    gate_->After(kPeerWaitLimit, [this, rack, generation] { GiveUp(rack, generation); });
+  }
+  link.queued.push_back({tenant, key, h, payload, std::move(owner)});
+  Connect(rack);
 }
 
 void RackExchange::SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key) {
@@ -349,6 +357,10 @@ void RackExchange::FlushQueue(uint32_t rack) {
   links_[rack].queued.clear();
   ++links_[rack].queue_generation;  // cancels the pending give-up
   for (const auto& q : queued) {
+    if (q.header.opcode == Opcode::kRackRelayReply) {
+      SendRelayReply(rack, q.header, q.payload, q.owner);
+      continue;
+    }
     LaneTenant* t = table_->FindTenant(q.tenant);
     LaneKey* key = t ? table_->FindKey(*t, q.key) : nullptr;
     if (key) SendToPeer(rack, *t, *key, q.header, q.payload, q.owner);
@@ -359,7 +371,10 @@ void RackExchange::GiveUp(uint32_t rack, uint64_t generation) {
   PeerLink& link = links_[rack];
   if (link.queue_generation != generation || link.queued.empty()) return;
   std::set<uint32_t> tenants;
-  for (const auto& q : link.queued) tenants.insert(q.tenant);
+  for (const auto& q : link.queued) {
+    // (A relay reply's worker is on that rack: its hub fails the relay.)
+    if (q.header.opcode != Opcode::kRackRelayReply) tenants.insert(q.tenant);
+  }
   link.queued.clear();
   const std::string unreachable =
       "the hub of rack " + Num(rack) + " (" + topology_.racks[rack].interhub.ToString() +

@@ -163,6 +163,7 @@ class RackExchange final : public net::FrameHandler {
     uint32_t key = 0;
     uint32_t chunk = 0;
     std::string key_name;
+    size_t reserved = 0;  // on the worker's connection (Reserve)
   };
   // Relays in flight per worker connection, at most (refused beyond).
   static constexpr size_t kMaxRelaysPerWorker = 4096;
@@ -233,6 +234,12 @@ class RackExchange final : public net::FrameHandler {
   void AbortAll(const std::string& why);
   void SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const net::FrameHeader& h,
                   std::span<const std::byte> payload, std::shared_ptr<const void> owner);
+  // Whether the outgoing link to `rack` is authenticated and open.
+  bool LinkUp(uint32_t rack) const;
+  // Queues a frame for `rack` until its link is up (GiveUp after
+  // kPeerWaitLimit).
+  void Hold(uint32_t rack, uint32_t tenant, uint32_t key, const net::FrameHeader& h,
+            std::span<const std::byte> payload, std::shared_ptr<const void> owner);
   void SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key);
   void Connect(uint32_t rack);
   void OnConnected(uint32_t rack, std::shared_ptr<net::Connection> conn);
@@ -301,12 +308,18 @@ class RackExchange final : public net::FrameHandler {
   // The link to `home` is lost (or gave up): every relay to it fails with
   // a non-fatal WORKER_LOST naming the rack.
   void FailRelays(uint32_t home, const std::string& why);
-  // A relay answered or failed: its worker has one fewer in flight.
+  // A relay answered or failed: its worker has one fewer in flight, and
+  // its reservation is released.
   void Uncount(const PendingRelay& r);
   // The home: a RACK_RELAY from `conn` (a member notice, or a frame served
   // by the worker protocol through the member's RelayConnection).
   void OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& key,
                const net::FrameHeader& h, std::span<const std::byte> payload);
+  // The home: a RACK_RELAY_REPLY (`h`: its header; `body`: the answer frame
+  // whole) goes to the worker's rack on this hub's OUTGOING link there, so
+  // each link carries bulk one way only (LinkLimits); held while it is down.
+  void SendRelayReply(uint32_t rack, const net::FrameHeader& h, std::span<const std::byte> body,
+                      std::shared_ptr<const void> owner);
   // The home: answers a relayed frame (`h`, from `conn`) with a non-fatal
   // ERROR naming the problem (a member notice: an ERROR on the link).
   void RefuseRelay(net::Connection& conn, const net::FrameHeader& h, net::WireError code,

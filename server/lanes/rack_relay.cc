@@ -8,6 +8,7 @@
 // lane's worker protocol and served like a local worker: the same checks,
 // the same clocks and held replies, the same straggler timeout.
 #include <cstring>
+#include <functional>
 
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
@@ -25,32 +26,30 @@ std::span<const std::byte> AsBytes(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }
 
-// A RACK_RELAY_REPLY answering relay `h.request_id` with the frame (`h`,
-// `payload`) whole, sent on `link`.
-void SendRelayReply(net::Connection& link, FrameHeader h, std::span<const std::byte> payload) {
+// A RACK_RELAY_REPLY's payload: the frame (`h`, `payload`) whole.
+std::shared_ptr<std::string> ReplyBody(FrameHeader h, std::span<const std::byte> payload) {
   h.payload_bytes = static_cast<uint32_t>(payload.size());
-  std::string body(net::kHeaderBytes + payload.size(), '\0');
+  auto body = std::make_shared<std::string>(net::kHeaderBytes + payload.size(), '\0');
   net::EncodeHeader(h, std::span<std::byte, net::kHeaderBytes>(
-                           reinterpret_cast<std::byte*>(body.data()), net::kHeaderBytes));
-  if (!payload.empty()) std::memcpy(body.data() + net::kHeaderBytes, payload.data(), payload.size());
-  FrameHeader r;
-  r.opcode = Opcode::kRackRelayReply;
-  r.tenant = h.tenant;
-  r.key = h.key;
-  r.chunk = h.chunk;
-  r.iteration = h.iteration;
-  r.request_id = h.request_id;
-  link.SendOwned(r, std::move(body));
+                           reinterpret_cast<std::byte*>(body->data()), net::kHeaderBytes));
+  if (!payload.empty()) std::memcpy(body->data() + net::kHeaderBytes, payload.data(), payload.size());
+  return body;
 }
 
 // At the home: one worker of another rack, as its hub relays it on one
-// link. What the worker protocol sends it goes back on that link in a
-// RACK_RELAY_REPLY (the frame whole; its request id is the relay id).
+// link. What the worker protocol sends it goes back to its rack in a
+// RACK_RELAY_REPLY (the frame whole; its request id is the relay id), on
+// this hub's outgoing link there (`reply`).
 class RelayConnection final : public net::Connection {
  public:
-  RelayConnection(net::ConnectionIdentity id, std::weak_ptr<net::Connection> link,
+  using Reply = std::function<void(const FrameHeader&, std::span<const std::byte>)>;
+  RelayConnection(net::ConnectionIdentity id, std::weak_ptr<net::Connection> link, Reply reply,
                   net::FrameHandler* handler, boost::asio::io_context* io)
-      : id_(std::move(id)), link_(std::move(link)), handler_(handler), io_(io) {}
+      : id_(std::move(id)),
+        link_(std::move(link)),
+        reply_(std::move(reply)),
+        handler_(handler),
+        io_(io) {}
 
   const net::ConnectionIdentity& id() const override { return id_; }
   bool open() const override {
@@ -93,12 +92,12 @@ class RelayConnection final : public net::Connection {
     // WELCOME (adoption) is the worker's own hub's business; a frame about
     // no request (request id 0) has no relay to answer.
     if (h.opcode == Opcode::kWelcome || h.request_id == 0) return;
-    const auto link = link_.lock();
-    if (open_ && link && link->open()) SendRelayReply(*link, h, payload);
+    if (open()) reply_(h, payload);
   }
 
   const net::ConnectionIdentity id_;
-  const std::weak_ptr<net::Connection> link_;
+  const std::weak_ptr<net::Connection> link_;  // the incoming link it came on
+  const Reply reply_;
   net::FrameHandler* const handler_;
   boost::asio::io_context* const io_;
   bool open_ = true;
@@ -127,10 +126,18 @@ void RackExchange::Relay(net::Connection& worker, LaneTenant& t, LaneKey& key,
                      net::RelayKind::kMemberBack);
     link.announced[{t.info.handle, member}] = key.info.id;
   }
+  // The relay's payload and its answer count on the worker's connection
+  // until answered (as a held PULL's reply does): a worker that does not
+  // read its answers pauses its own reading, not the hub link (a refused
+  // reservation: the connection is failing, QUOTA_EXCEEDED).
+  const size_t reserved = payload.size() + 2 * net::kHeaderBytes + net::kVersionsSuffixBytes +
+                          size_t{ChunkTable::ChunkElements(key.info, h.chunk)} *
+                              WireDTypeBytes(key.info.dtype);
+  if (!worker.Reserve(reserved)) return;
   const uint64_t id = ++next_relay_;
   ++inflight;
   relays_[id] = PendingRelay{worker.weak_from_this(), &worker, h.request_id, home,
-                             h.key, h.chunk, key.info.name};
+                             h.key, h.chunk, key.info.name, reserved};
   auto body = std::make_shared<std::string>(net::kRelayPrefixBytes + payload.size(), '\0');
   (*body)[0] = static_cast<char>(net::RelayKind::kFrame);
   (*body)[1] = static_cast<char>(h.opcode);
@@ -202,6 +209,7 @@ void RackExchange::RelayMemberGone(LaneTenant& t, uint32_t member,
 }
 
 void RackExchange::Uncount(const PendingRelay& r) {
+  if (const auto w = r.worker.lock()) w->Unreserve(r.reserved);
   if (auto n = relays_per_worker_.find(r.worker_ptr);
       n != relays_per_worker_.end() && --n->second == 0) {
     relays_per_worker_.erase(n);
@@ -250,7 +258,8 @@ void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
     return;  // else: its worker is gone, or it failed already (a lost link)
   }
   PendingRelay& r = it->second;
-  if (peer != r.home || links_[r.home].out.get() != &conn) {
+  // (The home answers on its own link to this hub: an incoming one.)
+  if (peer != r.home || links_[r.home].out.get() == &conn) {
     Reject(conn, WireError::kInvalidArgument,
            "RACK_RELAY_REPLY: relay id " + Num(h.request_id) + " went to rack " + Num(r.home) +
                "'s hub (the chunk's home), not to rack " + Num(peer) + "'s",
@@ -345,7 +354,13 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
   if (!relay) {
     // Announced (or a frame before its notice, which may wait parked behind
     // another key): the member joins here as a worker of this lane.
-    auto fresh = std::make_shared<RelayConnection>(id, conn.weak_from_this(), workers_, io_);
+    auto fresh = std::make_shared<RelayConnection>(
+        id, conn.weak_from_this(),
+        [this, peer](const FrameHeader& f, std::span<const std::byte> payload) {
+          const auto body = ReplyBody(f, payload);
+          SendRelayReply(peer, f, AsBytes(*body), body);
+        },
+        workers_, io_);
     relay = fresh.get();
     relay_conns_[slot] = fresh;
     workers_->Adopt(fresh, ++relay_seq_);
@@ -372,11 +387,28 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
   }
 }
 
+void RackExchange::SendRelayReply(uint32_t rack, const FrameHeader& h,
+                                  std::span<const std::byte> body,
+                                  std::shared_ptr<const void> owner) {
+  FrameHeader r;
+  r.opcode = Opcode::kRackRelayReply;
+  r.tenant = h.tenant;
+  r.key = h.key;
+  r.chunk = h.chunk;
+  r.iteration = h.iteration;
+  r.request_id = h.request_id;
+  if (!LinkUp(rack)) return Hold(rack, h.tenant, h.key, r, body, std::move(owner));
+  r.payload_bytes = static_cast<uint32_t>(body.size());
+  links_[rack].out->SendShared(r, body, std::move(owner));
+  host_->CountRackChunkBytes(rack, net::kHeaderBytes + body.size());
+}
+
 void RackExchange::RefuseRelay(net::Connection& conn, const FrameHeader& h, WireError code,
                                const std::string& text) {
   if (h.request_id == 0) return SendPeerError(conn, h.tenant, text);  // a notice
   const net::ErrorFrame e = net::MakeErrorFrame(code, text, h.tenant, h.request_id, false);
-  SendRelayReply(conn, e.header, AsBytes(e.body));
+  const auto body = ReplyBody(e.header, AsBytes(e.body));
+  SendRelayReply(conn.id().rack, e.header, AsBytes(*body), body);
 }
 
 void RackExchange::CloseRelays(const net::Connection* link, const std::string& why) {

@@ -18,11 +18,19 @@
 //    WORKER_LOST naming the rack, and the job goes on after a Pull when the
 //    hub is back; a killed non-home hub releases the replies its workers held;
 //  - a from_client key is INITed by rank 0 of rack 0 through the relay;
+//  - 2 x 2000 relays of two workers at once with 1 MiB per connection: the
+//    hub links do not stall (a home answers on its own link);
 //  - bad relay frames on an authenticated link are refused by name (a rank
 //    the tenant lacks, a chunk homed elsewhere, an opcode not relayed, a
 //    relay id never issued, a key never declared, a short payload), and a
-//    good one is served like a worker's PULL.
+//    good one is served like a worker's PULL, its answer on the home's own
+//    link to the relaying rack (the test plays rack 1's hub).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -32,6 +40,8 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -71,16 +81,34 @@ const std::string kToken(40, 'k');
 // one flat hub serving all R racks.
 class Racks {
  public:
-  Racks(uint32_t racks, bool flat, std::vector<std::string> extra = {})
-      : flat_(flat), extra_(std::move(extra)) {
+  // `played`: a rack whose hub the test plays (a listening socket, no hub).
+  Racks(uint32_t racks, bool flat, std::vector<std::string> extra = {},
+        std::optional<uint32_t> played = {})
+      : flat_(flat), extra_(std::move(extra)), played_(played) {
     for (uint32_t r = 0; r < racks; ++r) {
-      interhub_.push_back("127.0.0.1:" + std::to_string(testing::FreeLoopbackPort()));
+      const int port = played_ == r ? Listen() : testing::FreeLoopbackPort();
+      interhub_.push_back("127.0.0.1:" + std::to_string(port));
       spec_ += (r ? "," : "") + std::string("127.0.0.1:0=") + interhub_.back();
     }
     secret_ = testing::MakeTempDir() + "/hub.secret";
     testing::WriteFile(secret_, std::string(48, 's') + "\n");
     hubs_.resize(flat ? 1 : racks);
-    for (uint32_t r = 0; r < hubs_.size(); ++r) Start(r);
+    for (uint32_t r = 0; r < hubs_.size(); ++r) {
+      if (played_ != r) Start(r);
+    }
+  }
+  ~Racks() {
+    if (listener_ >= 0) close(listener_);
+  }
+  // The played rack: accepts hub `rack`'s link to it and authenticates it.
+  std::unique_ptr<RawClient> AcceptLinkFrom(uint32_t rack) {
+    pollfd p{listener_, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 10000), 1) << "rack " << rack << "'s hub did not link";
+    auto link = std::make_unique<RawClient>(
+        RawClient::Adopt{accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)});
+    EXPECT_TRUE(testing::AcceptHubLink(*link, std::string(48, 's'),
+                                       {rack, *played_, 0, static_cast<uint32_t>(interhub_.size()), 1}));
+    return link;
   }
   void Start(uint32_t rack) {
     std::vector<std::string> args = {"--lanes", "1", "--racks", spec_, "--rack",
@@ -100,6 +128,20 @@ class Racks {
   std::string spec_, secret_;
   std::vector<std::string> interhub_;
   std::vector<std::unique_ptr<DaemonProcess>> hubs_;
+  std::optional<uint32_t> played_;
+  int listener_ = -1;
+
+  int Listen() {
+    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    EXPECT_EQ(listen(listener_, 8), 0);
+    socklen_t len = sizeof sa;
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&sa), &len);
+    return ntohs(sa.sin_port);
+  }
 };
 
 // Tenant "t" (`workers` per rack, 4096-byte chunks, SGD with learning rate
@@ -478,6 +520,59 @@ TEST(MultiRackBoundedTest, AKilledHomeFailsRelayedRequestsAndThePullResumes) {
   EXPECT_EQ(pushed.params[0], pulled.params[0] - 0.5f) << "ones over 2 workers, lr 1";
 }
 
+// Relays put bulk on the hub links both ways: each direction on its own
+// link (a home answers on its outgoing link to the worker's rack), so no
+// link stalls with both of its ends paused on their send backlogs. With
+// 1 MiB per connection (links pause reading at 512 KiB), two workers push
+// 2000 4-KiB chunks twice, all at once (half of each worker's relayed):
+// every reply comes, and every chunk ends at the reference (-4 * 1 / 2).
+TEST(MultiRackBoundedTest, ManyRelaysAtOnceDoNotStallTheLinks) {
+  constexpr uint32_t kChunks = 2000, kPushes = 2;
+  Racks racks(2, false, {"--max-queued-bytes-per-connection", "1048576"});
+  for (uint32_t h = 0; h < 2; ++h) CreateTenant(racks.hub(h).admin_address(), kAsync, 1, kChunks);
+  std::vector<Worker> ws;
+  ws.push_back(Connect(racks, 0, 0));
+  ws.push_back(Connect(racks, 1, 0));
+  const std::string grad = testing::Floats(kElems, 1.0f);
+  std::vector<std::thread> threads;
+  std::array<size_t, 2> answered{};
+  for (size_t i = 0; i < ws.size(); ++i) {
+    // The worker's requests: made up front (FrameHeader's ids), sent by
+    // one thread while another reads the replies.
+    std::vector<FrameHeader> pushes;
+    for (uint32_t k = 0; k < kPushes; ++k) {
+      for (uint32_t c = 0; c < kChunks; ++c) {
+        pushes.push_back(ws[i].Header(net::Opcode::kPush, c));
+        pushes.back().iteration = k;
+      }
+    }
+    threads.emplace_back([&, i, pushes] {
+      for (const auto& h : pushes) ws[i].link->Send(h, grad);
+    });
+    threads.emplace_back([&, i] {
+      for (size_t n = 0; n < kPushes * kChunks; ++n) {
+        const auto f = ws[i].link->Receive(std::chrono::seconds(30));
+        if (!f || f->h.opcode != net::Opcode::kParams) {
+          ADD_FAILURE() << "worker " << i << ": reply " << n << ": " << Describe(f);
+          return;
+        }
+        ++answered[i];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(answered[0], kPushes * kChunks);
+  EXPECT_EQ(answered[1], kPushes * kChunks);
+  for (uint32_t c = 0; c < kChunks; ++c) ws[1].Pull(c);
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    const Reply r = ParamsOf(ws[1].link->Receive(std::chrono::seconds(30)));
+    EXPECT_EQ(r.updates, 2u * kPushes);
+    ASSERT_EQ(r.params.size(), kElems);
+    EXPECT_EQ(r.params[0], -2.0f);
+    EXPECT_EQ(r.params[kElems - 1], -2.0f);
+  }
+}
+
 // Frames on an authenticated link from "rack 1" to rack 0's hub.
 std::string RawFrame(FrameHeader h, const std::string& payload) {
   h.payload_bytes = static_cast<uint32_t>(payload.size());
@@ -494,7 +589,8 @@ std::string RelayPrefix(net::RelayKind kind, net::Opcode op, uint32_t rank) {
 }
 
 TEST(MultiRackBoundedTest, BadRelayFramesAreRefusedByName) {
-  Racks racks(2, false);
+  Racks racks(2, false, {}, 1);  // the test plays rack 1's hub
+  const auto replies = racks.AcceptLinkFrom(0);  // where rack 0's hub answers relays
   CreateTenant(racks.hub(0).admin_address(), kBounded1, 1, 2);
   Worker a = Connect(racks, 0, 0);  // for the key's id
   RawClient link(racks.interhub(0));
@@ -518,10 +614,16 @@ TEST(MultiRackBoundedTest, BadRelayFramesAreRefusedByName) {
   relay.tenant = 77;
   relay.key = a.key;
   relay.dtype = net::DType::kFp32;
-  // Whose answer is a RACK_RELAY_REPLY holding an ERROR (or a PARAMS).
+  // Whose answer is a RACK_RELAY_REPLY holding an ERROR (or a PARAMS), on
+  // rack 0's hub's own link to rack 1 (its KEY_BINDs and member notices
+  // skipped).
   const auto answer = [&](uint64_t relay_id,
                           std::chrono::milliseconds timeout = testing::kReceiveTimeout) {
-    const auto f = link.Receive(timeout);
+    auto f = replies->Receive(timeout);
+    while (f && f->h.opcode != net::Opcode::kRackRelayReply &&
+           f->h.opcode != net::Opcode::kError) {
+      f = replies->Receive(timeout);
+    }
     EXPECT_TRUE(f && f->h.opcode == net::Opcode::kRackRelayReply) << Describe(f);
     std::optional<Frame> inner;
     if (!f || f->payload.size() < net::kHeaderBytes) return inner;
