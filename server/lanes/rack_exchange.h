@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -120,6 +121,10 @@ class RackExchange final : public net::FrameHandler {
   // A worker connection of `member` closed here: the homes it was announced
   // to hear it is gone; its relays in flight are forgotten.
   void RelayMemberGone(LaneTenant& t, uint32_t member, const net::Connection& worker);
+  // Tenant `handle` was deleted here (after the lane erased it): its relays
+  // in flight, relay counts and member announcements, and at the home its
+  // relayed members' connections, are forgotten.
+  void ForgetTenant(uint32_t handle);
 
   // net::FrameHandler for hub links.
   Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;
@@ -163,6 +168,7 @@ class RackExchange final : public net::FrameHandler {
     uint32_t key = 0;
     uint32_t chunk = 0;
     std::string key_name;
+    uint32_t tenant = 0;  // this hub's handle
     size_t reserved = 0;  // on the worker's connection (Reserve)
   };
   // Relays in flight per worker connection, at most (refused beyond).
@@ -326,6 +332,10 @@ class RackExchange final : public net::FrameHandler {
                    const std::string& text);
   // The home: every RelayConnection of link `link` closes (link lost).
   void CloseRelays(const net::Connection* link, const std::string& why);
+  using RelaySlot = std::tuple<const net::Connection*, uint32_t, uint32_t>;
+  // The home: the RelayConnections whose (link, tenant handle, member)
+  // `which` picks close.
+  void CloseRelaysIf(const std::function<bool(const RelaySlot&)>& which, const std::string& why);
   // Whether `t` is a bounded/async tenant (no cross-rack sync state: link
   // losses and peer errors abort nothing of it).
   static bool Unsynced(const LaneTenant& t) { return t.info.consistency != Consistency::kSync; }
@@ -335,8 +345,7 @@ class RackExchange final : public net::FrameHandler {
   std::unordered_map<const net::Connection*, size_t> relays_per_worker_;
   uint64_t next_relay_ = 0;
   // The home: relay connections by (link, tenant handle here, member).
-  std::map<std::tuple<const net::Connection*, uint32_t, uint32_t>, std::shared_ptr<net::Connection>>
-      relay_conns_;
+  std::map<RelaySlot, std::shared_ptr<net::Connection>> relay_conns_;
   uint64_t relay_seq_ = 0;
 
   ChunkTable* table_;

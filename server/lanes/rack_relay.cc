@@ -137,7 +137,7 @@ void RackExchange::Relay(net::Connection& worker, LaneTenant& t, LaneKey& key,
   const uint64_t id = ++next_relay_;
   ++inflight;
   relays_[id] = PendingRelay{worker.weak_from_this(), &worker, h.request_id, home,
-                             h.key, h.chunk, key.info.name, reserved};
+                             h.key, h.chunk, key.info.name, t.info.handle, reserved};
   auto body = std::make_shared<std::string>(net::kRelayPrefixBytes + payload.size(), '\0');
   (*body)[0] = static_cast<char>(net::RelayKind::kFrame);
   (*body)[1] = static_cast<char>(h.opcode);
@@ -206,6 +206,22 @@ void RackExchange::RelayMemberGone(LaneTenant& t, uint32_t member,
   }
   std::erase_if(relays_, [&](const auto& r) { return r.second.worker_ptr == &worker; });
   relays_per_worker_.erase(&worker);
+}
+
+void RackExchange::ForgetTenant(uint32_t handle) {
+  for (auto it = relays_.begin(); it != relays_.end();) {
+    if (it->second.tenant != handle) {
+      ++it;
+      continue;
+    }
+    Uncount(it->second);
+    it = relays_.erase(it);
+  }
+  for (auto& link : links_) {
+    std::erase_if(link.announced, [&](const auto& a) { return a.first.first == handle; });
+  }
+  CloseRelaysIf([&](const auto& slot) { return std::get<1>(slot) == handle; },
+                "the tenant was deleted");
 }
 
 void RackExchange::Uncount(const PendingRelay& r) {
@@ -412,8 +428,13 @@ void RackExchange::RefuseRelay(net::Connection& conn, const FrameHeader& h, Wire
 }
 
 void RackExchange::CloseRelays(const net::Connection* link, const std::string& why) {
+  CloseRelaysIf([&](const auto& slot) { return std::get<0>(slot) == link; }, why);
+}
+
+void RackExchange::CloseRelaysIf(const std::function<bool(const RelaySlot&)>& which,
+                                 const std::string& why) {
   for (auto it = relay_conns_.begin(); it != relay_conns_.end();) {
-    if (std::get<0>(it->first) != link) {
+    if (!which(it->first)) {
       ++it;
       continue;
     }
