@@ -215,6 +215,8 @@ void RackExchange::SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key) {
   bind.set_dim(key.info.dim);
   bind.set_init_seed(key.info.init_seed);
   bind.set_init_scale(key.info.init_scale);
+  bind.set_consistency(ConsistencyToProto(t.info.consistency));
+  bind.set_staleness(t.info.staleness);
   FrameHeader b;
   b.opcode = Opcode::kKeyBind;
   b.tenant = t.info.handle;

@@ -360,6 +360,9 @@ class RackExchange final : public net::FrameHandler {
   // KEY_BINDs naming a tenant or key this hub does not have yet (its own
   // workers declare keys a little later): (peer rack, peer tenant, key id).
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> pending_binds_;
+  // KEY_BINDs refused (a different layout or consistency), by the same
+  // triple: why, for the relayed frames of that key (answered at once).
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> bind_refusals_;
   std::vector<Parked> parked_;
   bool parked_timer_armed_ = false;
   // Links whose frame in progress AcceptHeader let through without

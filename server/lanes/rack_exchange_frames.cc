@@ -18,6 +18,7 @@
 namespace rackhub::server {
 
 namespace dpb = rackhub::data::v1;
+namespace pb = rackhub::admin::v1;
 
 Verdict RackExchange::Reject(net::Connection& conn, WireError code, const std::string& text,
                              uint64_t request_id) {
@@ -193,6 +194,18 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
       !registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
     return false;  // not here yet
   }
+  if (ConsistencyToProto(tenant.consistency) != bind.consistency() ||
+      tenant.staleness != bind.staleness()) {
+    const auto theirs = bind.consistency() == pb::BOUNDED ? Consistency::kBounded
+                        : bind.consistency() == pb::ASYNC ? Consistency::kAsync
+                                                          : Consistency::kSync;
+    return FailedPrecondition(
+        "tenant " + QuoteForLog(bind.tenant()) + " is " +
+        ConsistencyName(tenant.consistency, tenant.staleness) + " on rack " +
+        Num(topology_.rack) + "'s hub but " + ConsistencyName(theirs, bind.staleness()) +
+        " on rack " + Num(peer) + "'s (create the tenant with the same consistency and " +
+        "staleness on every hub)");
+  }
   if (key.id != bind.key_id() || key.elements != bind.elements() ||
       key.placement.first_chunk != bind.first_chunk() ||
       static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
@@ -210,6 +223,7 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
   }
   peer_tenants_[{peer, peer_tenant}] = tenant.handle;
   pending_binds_.erase({peer, peer_tenant, bind.key_id()});
+  bind_refusals_.erase({peer, peer_tenant, bind.key_id()});
   table_->EnsureTenant(tenant);
   return true;
 }
@@ -236,7 +250,14 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   // Let through unchecked by AcceptHeader (parked or unbound then)?
   const bool unchecked = unchecked_.erase(&conn) > 0;
   LaneTenant* t = nullptr;
-  if (!PeerKey(peer, h, &t)) return Park(conn, h, payload, true);  // a key not here yet
+  if (!PeerKey(peer, h, &t)) {
+    // A relayed frame of a key whose bind was refused: its worker hears why.
+    const auto refused = bind_refusals_.find({peer, h.tenant, h.key});
+    if (h.opcode == Opcode::kRackRelay && refused != bind_refusals_.end()) {
+      return RefuseRelay(conn, h, WireError::kInvalidArgument, "key bind: " + refused->second);
+    }
+    return Park(conn, h, payload, true);  // a key not here yet
+  }
   // Frames of a known key that wait for a recovery to end (or behind one of
   // its frames that does) are not counted against the link's backlog:
   // reading on must go on, as the round's RACK_VERSIONS may come behind
@@ -282,6 +303,7 @@ void RackExchange::OnKeyBind(net::Connection& conn, const FrameHeader& h,
   const Result<bool> bound = TryBind(peer, h.tenant, bytes);
   if (!bound.ok()) {
     SendPeerError(conn, h.tenant, bound.status().message());
+    bind_refusals_[{peer, h.tenant, h.key}] = bound.status().message();
   } else if (!*bound) {
     pending_binds_[{peer, h.tenant, h.key}] = bytes;
   }

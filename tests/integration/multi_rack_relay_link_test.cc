@@ -8,7 +8,9 @@
 //    relay id never issued, a key never declared, a short payload), and a
 //    good one is served like a worker's PULL, its answer on the home's own
 //    link to the relaying rack (the test plays rack 1's hub);
-//  - an answer from a hub that is not the relay's home is refused by name.
+//  - an answer from a hub that is not the relay's home is refused by name;
+//  - hubs disagreeing on a tenant's consistency refuse each other's
+//    KEY_BIND by name, and the relayed frames of that key with it.
 #include "multi_rack_bounded.h"
 
 namespace rackhub {
@@ -95,6 +97,8 @@ TEST(MultiRackRelayLinkTest, BadRelayFramesAreRefusedByName) {
   bind.set_chunk_elements(kElems);
   bind.set_workers_per_rack(1);
   bind.set_init(pb::ZEROS);
+  bind.set_consistency(pb::BOUNDED);
+  bind.set_staleness(1);
   FrameHeader kb;
   kb.opcode = net::Opcode::kKeyBind;
   kb.tenant = 77;
@@ -172,6 +176,28 @@ TEST(MultiRackRelayLinkTest, BadRelayFramesAreRefusedByName) {
   ExpectError(link.Receive(), net::WireError::kMalformed,
               "RACK_RELAY: 3 bytes, shorter than its 16-byte prefix");
   EXPECT_TRUE(link.ClosedByPeer());
+}
+
+// A tenant's hubs must agree on its consistency and staleness: the home
+// refuses the other rack's KEY_BIND by name and answers its relayed
+// frames with that refusal, in both directions (bounded:1 on rack 0's
+// hub, async on rack 1's; key "w": chunk 0 homed on rack 0, chunk 1 on 1).
+TEST(MultiRackRelayLinkTest, AConsistencyMismatchIsRefusedByName) {
+  Racks racks(2, false);
+  CreateTenant(racks.hub(0).admin_address(), kBounded1, 1, 2);
+  CreateTenant(racks.hub(1).admin_address(), kAsync, 1, 2);
+  Worker a = Connect(racks, 0, 0), b = Connect(racks, 1, 0);
+  a.Pull(1);
+  ExpectError(a.link->Receive(std::chrono::seconds(10)), net::WireError::kInvalidArgument,
+              "key bind: tenant 't' is async on rack 1's hub but bounded:1 on rack 0's "
+              "(create the tenant with the same consistency and staleness on every hub)",
+              false);
+  b.Pull(0);
+  ExpectError(b.link->Receive(std::chrono::seconds(10)), net::WireError::kInvalidArgument,
+              "key bind: tenant 't' is bounded:1 on rack 0's hub but async on rack 1's", false);
+  // Their own chunks are served as ever.
+  a.Pull(0);
+  EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u);
 }
 
 // An answer to a relay must come from the hub it went to: rack 0's hub
