@@ -194,11 +194,11 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
       !registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
     return false;  // not here yet
   }
-  if (ConsistencyToProto(tenant.consistency) != bind.consistency() ||
-      tenant.staleness != bind.staleness()) {
-    const auto theirs = bind.consistency() == pb::BOUNDED ? Consistency::kBounded
-                        : bind.consistency() == pb::ASYNC ? Consistency::kAsync
-                                                          : Consistency::kSync;
+  // (Unset: sync, as on create.)
+  const auto theirs = bind.consistency() == pb::BOUNDED ? Consistency::kBounded
+                      : bind.consistency() == pb::ASYNC ? Consistency::kAsync
+                                                        : Consistency::kSync;
+  if (tenant.consistency != theirs || tenant.staleness != bind.staleness()) {
     return FailedPrecondition(
         "tenant " + QuoteForLog(bind.tenant()) + " is " +
         ConsistencyName(tenant.consistency, tenant.staleness) + " on rack " +
