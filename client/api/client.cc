@@ -77,6 +77,14 @@ Ticket Client::SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_
   return impl_->SetOptimizer(key, spec, from_iteration, std::move(done));
 }
 
+Ticket Client::CommitElastic(uint64_t commit, Callback done) {
+  return impl_->Elastic(internal::OpKind::kCommit, commit, std::move(done));
+}
+
+Ticket Client::RollbackElastic(uint64_t commit, Callback done) {
+  return impl_->Elastic(internal::OpKind::kRollback, commit, std::move(done));
+}
+
 Error Client::Wait(Ticket ticket) { return impl_->Wait(ticket, std::nullopt); }
 Error Client::WaitFor(Ticket ticket, std::chrono::milliseconds timeout) {
   return impl_->Wait(ticket, timeout);

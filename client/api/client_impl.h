@@ -41,7 +41,10 @@ inline Error MakeError(ErrorCode code, std::string message, WireError wire = Wir
 
 namespace internal {
 
-enum class OpKind { kPushPull, kInit, kPull, kSetOptimizer, kDeclare, kPushPullRows, kPullRows };
+enum class OpKind {
+  kPushPull, kInit, kPull, kSetOptimizer, kDeclare, kPushPullRows, kPullRows,
+  kCommit, kRollback,  // elastic tenants: tenant-wide, every lane, no key
+};
 const char* OpKindName(OpKind kind);
 
 // One ticket: a request split into one frame per chunk (or per lane).
@@ -181,6 +184,7 @@ class Client::Impl {
   Ticket InitKey(KeyId key, std::span<const float> values, Callback done);
   Ticket Pull(KeyId key, std::span<float> out, Callback done);
   Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration, Callback done);
+  Ticket Elastic(OpKind kind, uint64_t commit, Callback done);
   Ticket PushPullRows(KeyId key, std::span<const uint64_t> ids, std::span<const float> grads,
                       std::span<const uint64_t> want, std::span<float> out, Callback done);
   Ticket PullRows(KeyId key, std::span<const uint64_t> ids, std::span<float> out, Callback done);

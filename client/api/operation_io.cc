@@ -109,13 +109,18 @@ void Client::Impl::Send(const OperationPtr& op) {
     case OpKind::kPushPullRows: StartRows(op, net::Opcode::kPushRows); return;
     case OpKind::kPullRows: StartRows(op, net::Opcode::kPullRows); return;
     case OpKind::kSetOptimizer:
+    case OpKind::kCommit:
+    case OpKind::kRollback:
     case OpKind::kDeclare: {
-      const bool every_lane = op->kind == OpKind::kSetOptimizer;
+      const bool every_lane = op->kind != OpKind::kDeclare;
       const size_t lanes = every_lane ? lanes_.size() : 1;
       op->remaining = lanes;
       for (size_t l = 0; l < lanes; ++l) {
         net::FrameHeader h;
-        h.opcode = every_lane ? net::Opcode::kSetOptimizer : net::Opcode::kDeclare;
+        h.opcode = op->kind == OpKind::kCommit     ? net::Opcode::kCommit
+                   : op->kind == OpKind::kRollback ? net::Opcode::kRollback
+                   : every_lane                    ? net::Opcode::kSetOptimizer
+                                                   : net::Opcode::kDeclare;
         h.tenant = tenant_handle_;
         h.key = op->key;
         h.iteration = op->iteration;
@@ -268,7 +273,8 @@ void Client::Impl::Finish(const OperationPtr& op) {
     std::lock_guard lock(mu_);
     if (op->kind == OpKind::kDeclare) {
       if (result.ok() && op->declared) ImportKey(*op->declared);
-    } else if (op->kind != OpKind::kSetOptimizer) {
+    } else if (op->kind != OpKind::kSetOptimizer && op->kind != OpKind::kCommit &&
+               op->kind != OpKind::kRollback) {
       const auto it = keys_.find(op->key);
       if (it != keys_.end()) {
         KeyInfo& k = it->second.info;

@@ -26,6 +26,8 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kDeclare: return "DeclareKey";
     case OpKind::kPushPullRows: return "PushPullRows";
     case OpKind::kPullRows: return "PullRows";
+    case OpKind::kCommit: return "CommitElastic";
+    case OpKind::kRollback: return "RollbackElastic";
   }
   return "?";
 }
@@ -129,6 +131,7 @@ Error Client::Impl::KeyGone(OpKind kind, const std::string& name) {
 
 Error Client::Impl::AdmitLocked(Operation* op) {
   const auto it = keys_.find(op->key);
+  if (op->kind == OpKind::kCommit || op->kind == OpKind::kRollback) return {};  // no key
   if (op->kind == OpKind::kSetOptimizer) {  // any known key; it takes no slot
     if (it != keys_.end()) return {};
     return MakeError(ErrorCode::kInvalidArgument, "unknown key id " + std::to_string(op->key));
@@ -210,6 +213,12 @@ Ticket Client::Impl::SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t
   data::v1::OptimizerUpdate update;
   *update.mutable_optimizer() = *std::move(proto);
   update.SerializeToString(&op->control);
+  return Issue(std::move(op));
+}
+
+Ticket Client::Impl::Elastic(OpKind kind, uint64_t commit, Callback done) {
+  OperationPtr op = NewOperation(kind, 0, std::move(done));
+  op->iteration = commit;
   return Issue(std::move(op));
 }
 
@@ -309,7 +318,10 @@ void Client::Impl::MarkResync(KeyState& k, Error error) {
 }
 
 Error Client::Impl::KeyAllowsSend(const Operation& op) {
-  if (op.kind == OpKind::kSetOptimizer || op.kind == OpKind::kDeclare) return {};
+  if (op.kind == OpKind::kSetOptimizer || op.kind == OpKind::kDeclare ||
+      op.kind == OpKind::kCommit || op.kind == OpKind::kRollback) {
+    return {};
+  }
   std::lock_guard lock(mu_);
   const auto it = keys_.find(op.key);
   if (it == keys_.end()) return {};

@@ -314,6 +314,16 @@ int rackhub_set_optimizer(rackhub_client* c, uint32_t key, const rackhub_optimiz
   return Record(c, c->client->Wait(c->client->SetOptimizer(key, spec, from_iteration)));
 }
 
+int rackhub_commit_elastic(rackhub_client* c, uint64_t commit) {
+  if (!c) return RACKHUB_INVALID_ARGUMENT;
+  return Record(c, c->client->Wait(c->client->CommitElastic(commit)));
+}
+
+int rackhub_rollback_elastic(rackhub_client* c, uint64_t commit) {
+  if (!c) return RACKHUB_INVALID_ARGUMENT;
+  return Record(c, c->client->Wait(c->client->RollbackElastic(commit)));
+}
+
 void rackhub_close(rackhub_client* c) {
   if (!c) return;
   c->client->Close();

@@ -88,6 +88,8 @@ const char* OpcodeName(Opcode op) {
     case Opcode::kRackVersions: return "RACK_VERSIONS";
     case Opcode::kRackAlign: return "RACK_ALIGN";
     case Opcode::kRackCheckpoint: return "RACK_CHECKPOINT";
+    case Opcode::kCommit: return "COMMIT";
+    case Opcode::kRollback: return "ROLLBACK";
     case Opcode::kRackRelay: return "RACK_RELAY";
     case Opcode::kRackRelayReply: return "RACK_RELAY_REPLY";
   }

@@ -3,7 +3,8 @@
 // chunk of a key at the same version) through the lanes (SnapshotJob), writes
 // it with checkpoint_file.h on the calling thread while training goes on,
 // restores tenants at start-up and on request, and runs the periodic
-// triggers (checkpoint.every_iterations / every_seconds) on its own thread.
+// triggers (checkpoint.every_iterations / every_seconds) on its own thread
+// (checkpoint_triggers.cc).
 //
 // Files live in <state.dir>/checkpoints/<handle>-<tenant>/: the handle is
 // never reused, so a tenant deleted and re-created under the same name never
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -41,6 +43,7 @@ namespace rackhub::server {
 
 class ClusterCheckpoints;
 class DataPlane;
+class Lane;
 class SnapshotJob;
 
 class Checkpointer {
@@ -132,6 +135,10 @@ class Checkpointer {
   // The newest version over the tenant's keys (what the triggers count).
   uint64_t TenantIteration(const TenantInfo& tenant);
   void WaitRecovered(uint32_t handle, std::chrono::steady_clock::time_point deadline);
+  // Runs fn(lane) on every lane's thread (uncounted posts: also during
+  // shutdown) and waits for all of them.
+  void OnEveryLane(const std::function<void(Lane&)>& fn);
+  // The periodic triggers (checkpoint_triggers.cc, the trigger thread).
   void TriggerLoop();
 
   const Config config_;

@@ -150,6 +150,7 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
       // The key's other chunks were aligned or restored to `floor`.
       slot->state.SkipTo(floor);
     }
+    CommitNew(t, *slot);  // an elastic tenant's chunk created after a COMMIT
   }
   return *slot;
 }
@@ -264,40 +265,58 @@ void ChunkTable::Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
   }
 }
 
+void ChunkTable::FailChunk(LaneTenant& t, Chunk& c, WireError code, const std::string& why) {
+  for (const Waiter& w : c.pushes) {
+    auto wc = w.conn.lock();
+    if (!wc || !wc->open()) continue;
+    t.runtime->PushFailed(Member(t, wc->id()), wc->id().session, c.key_id, c.current_version());
+    t.CountError(code);
+    wc->SendError(code, why, w.request_id, false);
+  }
+  c.pushes.clear();
+  if (c.unsynced) {
+    c.unsynced->held.clear();
+    c.unsynced->held_since.clear();
+  }
+  if (c.rows) c.rows->Discard();
+  if (c.row_stages) {
+    for (auto& stage : c.row_stages->by_rack) {
+      if (stage) stage->Discard();
+    }
+    std::fill(c.row_stages->taken_for.begin(), c.row_stages->taken_for.end(), 0);
+  }
+  c.state.DiscardPending();
+  for (auto& stage : c.stages) {
+    if (stage) stage->DiscardPending();
+  }
+}
+
 void ChunkTable::FailPending(LaneTenant& t, WireError code, const std::string& why) {
   for (uint64_t id : t.pending) {
-    auto it = t.chunks.find(id);
-    if (it == t.chunks.end()) continue;
-    Chunk& c = *it->second;
-    for (const Waiter& w : c.pushes) {
-      auto wc = w.conn.lock();
-      if (!wc || !wc->open()) continue;
-      t.runtime->PushFailed(Member(t, wc->id()), wc->id().session, c.key_id, c.current_version());
-      t.CountError(code);
-      wc->SendError(code, why, w.request_id, false);
-    }
-    c.pushes.clear();
-    if (c.unsynced) {
-      c.unsynced->held.clear();
-      c.unsynced->held_since.clear();
-    }
-    if (c.rows) c.rows->Discard();
-    if (c.row_stages) {
-      for (auto& stage : c.row_stages->by_rack) {
-        if (stage) stage->Discard();
-      }
-      std::fill(c.row_stages->taken_for.begin(), c.row_stages->taken_for.end(), 0);
-    }
-    c.state.DiscardPending();
-    for (auto& stage : c.stages) {
-      if (stage) stage->DiscardPending();
-    }
+    if (auto it = t.chunks.find(id); it != t.chunks.end()) FailChunk(t, *it->second, code, why);
   }
   if (!t.pending.empty()) {
     spdlog::warn("data: tenant '{}' lane {}: failed {} pending chunk update(s): {}", t.info.name,
                  lane_, t.pending.size(), why);
   }
   t.pending.clear();
+}
+
+void ChunkTable::FailArmed(LaneTenant& t, const std::string& why) {
+  // A checkpoint being copied would mix the chunks before and after.
+  for (auto& [id, job] : t.armed) job->Fail(why, /*moved_on=*/true);
+  t.armed.clear();
+}
+
+void ChunkTable::Restored(LaneTenant& t, LaneKey& key, Chunk& c) {
+  const uint64_t v = c.current_version();
+  t.pending.erase(ChunkId(c.key_id, c.index_in_key));
+  if (c.index_in_key == 0) key.runtime->version.store(v, std::memory_order_relaxed);
+  if (c.rows) {
+    AnswerRowPulls(t, c);  // held for a home's rows (Chunk::AwaitsAlign)
+  } else {
+    AnswerPulls(c, v);  // a FROM_CLIENT key's early PULLs (or held for a home's values)
+  }
 }
 
 std::map<uint32_t, uint64_t> ChunkTable::KeyVersions(const LaneTenant& t) const {
@@ -474,9 +493,11 @@ uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
                              const std::unordered_set<uint32_t>& keys) {
   std::unordered_map<uint32_t, uint64_t> versions;
   for (const CheckpointKey& k : image.keys) versions[k.id] = k.version;
-  // A checkpoint being copied would mix the chunks before and after this.
-  for (auto& [id, job] : t.armed) job->Fail("the tenant was restored meanwhile", /*moved_on=*/true);
-  t.armed.clear();
+  FailArmed(t, "the tenant was restored meanwhile");
+  // The elastic commit copies (chunk_commit.cc) predate this state: a
+  // ROLLBACK to them would undo the restore; the next COMMIT copies anew.
+  t.commits.clear();
+  t.committed = false;
   uint32_t failed = 0;
   for (const CheckpointChunk& cc : image.chunks) {
     if (!keys.count(cc.key_id)) continue;
@@ -501,13 +522,7 @@ uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
       }
       std::fill(c.row_stages->taken_for.begin(), c.row_stages->taken_for.end(), 0);
     }
-    t.pending.erase(ChunkId(cc.key_id, cc.chunk));
-    if (cc.chunk == 0) key->runtime->version.store(v, std::memory_order_relaxed);
-    if (c.rows) {
-      AnswerRowPulls(t, c);  // held for a home's rows (Chunk::AwaitsAlign)
-    } else {
-      AnswerPulls(c, v);  // a FROM_CLIENT key's early PULLs (or held for a home's values)
-    }
+    Restored(t, *key, c);
   }
   return failed;
 }
@@ -530,6 +545,7 @@ void ChunkTable::DropKey(LaneTenant& t, uint32_t key_id) {
       }
     }
     t.pending.erase(it->first);
+    t.commits.erase(it->first);
     if (auto a = t.armed.find(it->first); a != t.armed.end()) {
       a->second->Fail("key id " + std::to_string(key_id) + " was deleted during the checkpoint");
       t.armed.erase(a);

@@ -91,6 +91,18 @@ struct ElasticForming {
   uint64_t generation = 0;
 };
 
+// Elastic tenants with hub optimizers (docs/elastic.md, "Hub optimizers"):
+// a chunk's parameters (fp32 master), optimizer state and version at the
+// members' last commit (COMMIT), what ROLLBACK puts back. One per chunk,
+// its buffers reused from commit to commit.
+struct CommitCopy {
+  uint64_t version = 0;
+  std::vector<float> params;
+  std::vector<float> state[2];  // the optimizer's state slots in use
+  uint32_t done_generation = 0;
+  uint32_t done_members = 0;
+};
+
 struct Chunk {
   Chunk(aggregation::ChunkState s, uint32_t key, uint32_t index, net::DType wire_dtype)
       : state(std::move(s)), key_id(key), index_in_key(index), dtype(wire_dtype) {}
@@ -238,6 +250,12 @@ struct LaneTenant {
   std::shared_ptr<const Membership> membership;
   uint64_t membership_commit = UINT64_MAX;
   std::unordered_map<uint64_t, ElasticForming> forming;  // by ChunkId
+  // Elastic tenants: the chunks with a hub optimizer at the members' last
+  // commit (by ChunkId), and that commit's number (COMMIT's iteration);
+  // `committed` false until the first COMMIT reached this lane.
+  std::unordered_map<uint64_t, CommitCopy> commits;
+  uint64_t commit_number = 0;
+  bool committed = false;
   std::unordered_set<uint32_t> leaving;  // members whose connection here said BYE
   // Chunks one version short of a checkpoint's target, by ChunkId.
   std::unordered_map<uint64_t, std::shared_ptr<SnapshotJob>> armed;
@@ -333,6 +351,8 @@ class ChunkTable {
   // Fails every waiting push of the tenant with `code` and discards the
   // partial sums of its pending updates.
   void FailPending(LaneTenant& t, net::WireError code, const std::string& why);
+  // The same for one chunk (its entry in t.pending stays).
+  void FailChunk(LaneTenant& t, Chunk& c, net::WireError code, const std::string& why);
   // The newest version of each key among this lane's chunks (recovery).
   std::map<uint32_t, uint64_t> KeyVersions(const LaneTenant& t) const;
   // Brings every chunk of key k below versions[k] to versions[k] (a skipped
@@ -349,6 +369,21 @@ class ChunkTable {
   // pending for those keys.
   uint32_t Restore(LaneTenant& t, const CheckpointImage& image,
                    const std::unordered_set<uint32_t>& keys);
+  // Elastic tenants (chunk_commit.cc): copies every chunk of the tenant
+  // with a hub optimizer whose copy is not at its version (the members'
+  // commit `number`); returns how many were copied.
+  uint32_t Commit(LaneTenant& t, uint64_t number);
+  // A chunk of a committed elastic tenant with a hub optimizer got its
+  // values only now (created for a zeros key, or INIT): its copy is taken
+  // at them, so a rollback returns it to its initial values.
+  void CommitNew(LaneTenant& t, const Chunk& c);
+  // Puts every chunk with a hub optimizer back to its copy (parameters,
+  // optimizer state, version) unless it is at the copy's version with
+  // nothing pending already; the pushes waiting on a chunk it moves fail
+  // with WORKER_LOST `why` (other chunks' pushes stay). Returns "" when
+  // done, else (nothing changed) the refusal naming the key and chunk that
+  // has no copy or whose copy no longer fits it. REQUIRES: t.committed.
+  std::string Rollback(LaneTenant& t, const std::string& why);
   // Drops the key's chunks, failing their waiting pushes.
   void DropKey(LaneTenant& t, uint32_t key_id);
   // New hyperparameters for the key's chunks from update `from_update` on.
@@ -362,6 +397,11 @@ class ChunkTable {
   // A row-sparse table's row range `chunk` (rows, init, optimizer schedule).
   std::unique_ptr<Chunk> NewTableChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
   static void RestoreRackStages(const LaneKey& key, Chunk& c, std::span<const float> params);
+  // Restore and Rollback: fails the armed checkpoint jobs (the tenant moved
+  // on); a chunk put at another version: its bookkeeping (pending, the
+  // key's version, the PULLs it now answers).
+  void FailArmed(LaneTenant& t, const std::string& why);
+  void Restored(LaneTenant& t, LaneKey& key, Chunk& c);
   static bool RestoreTableChunk(aggregation::RowShard& r, uint64_t version,
                                 const CheckpointChunk& cc);
 

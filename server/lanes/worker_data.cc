@@ -205,6 +205,7 @@ void WorkerProtocol::OnInit(net::Connection& conn, LaneTenant& t, const FrameHea
     return;
   }
   t.metrics->bytes_in.Add(payload.size() + net::kHeaderBytes);
+  table_->CommitNew(t, c);  // values that arrive after an elastic tenant's COMMIT
   host_->ChunkInitialized(t.info.handle, key->info.id, key->info.placement.chunk_count);
   SendParams(conn, c, 0, h.request_id);
   // Several racks: the values go to the chunk's home, which passes them on

@@ -3,8 +3,9 @@
 // contribution arrives; memberships are committed by the data plane only at
 // the end of a recovery (nothing pending anywhere, no push accepted), so an
 // update never mixes two. Here: which pushes a membership refuses, applying
-// it to a chunk's next update, joins (a generation connected on every lane)
-// and stragglers removed from the membership.
+// it to a chunk's next update, joins (a generation connected on every lane),
+// stragglers removed from the membership, and COMMIT / ROLLBACK of tenants
+// with hub optimizers (the copies: chunk_commit.cc).
 #include <spdlog/spdlog.h>
 
 #include "rackhub/common/log_safe.h"
@@ -110,6 +111,88 @@ void WorkerProtocol::RemoveStragglers(LaneTenant& t, const Chunk& c, const std::
       EndGeneration(t, r, gen, text, true);
     }
   }
+}
+
+void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
+  const bool commit = h.opcode == net::Opcode::kCommit;
+  const char* what = commit ? "commit" : "rollback";
+  if (h.payload_bytes != 0) {
+    Reject(conn, WireError::kMalformed,
+           std::string("payload_bytes: ") + net::OpcodeName(h.opcode) +
+               " carries no payload, got " + Num(h.payload_bytes) + " bytes",
+           h.request_id);
+    return;
+  }
+  if (!t.info.elastic) {
+    Refuse(conn, WireError::kInvalidArgument,
+           std::string(what) + ": tenant " + QuoteForLog(t.info.name) +
+               " is not elastic; COMMIT and ROLLBACK are for elastic tenants (docs/elastic.md)",
+           h.request_id);
+    return;
+  }
+  // A generation that ended (a removed member, a replaced process) or a
+  // rank that is no member: its frame is not honoured, as its pushes.
+  if (const auto* gen = GenerationOf(t, conn); !gen || !(*gen)->live()) {
+    RefuseEnded(conn, t, h);
+    return;
+  }
+  if (!CurrentMembership(t).has(conn.id().rank)) {
+    Refuse(conn, WireError::kWorkerLost,
+           std::string(what) + ": rank " + Num(conn.id().rank) + " is not a member (" +
+               Describe(t, CurrentMembership(t)) + "); only members commit or roll back",
+           h.request_id);
+    return;
+  }
+  if (!commit) {
+    if (t.runtime->recovering.load(std::memory_order_acquire) > 0) {
+      Refuse(conn, WireError::kWorkerLost,
+             "recovering: the tenant's iteration in progress was aborted (" +
+                 t.runtime->cause() + "); Pull a key (held until the recovery ends) and send "
+                 "ROLLBACK again",
+             h.request_id);
+      return;
+    }
+    if (!t.committed) {
+      Refuse(conn, WireError::kInvalidArgument,
+             "rollback: elastic tenant " + QuoteForLog(t.info.name) +
+                 " has no commit on this hub (no COMMIT reached lane " + Num(table_->lane()) +
+                 " since the hub started or restored a checkpoint): nothing to roll back to",
+             h.request_id);
+      return;
+    }
+    if (h.iteration != t.commit_number) {
+      Refuse(conn, WireError::kInvalidArgument,
+             "rollback: commit " + Num(h.iteration) + " asked for, but the last commit of "
+                 "elastic tenant " + QuoteForLog(t.info.name) + " on this hub is " +
+                 Num(t.commit_number) + " (lane " + Num(table_->lane()) + ")",
+             h.request_id);
+      return;
+    }
+    // The pushes it fails are told to restore the commit (not to push the
+    // same gradient again): clients recognise net::kRollbackRefusal.
+    const std::string refused = table_->Rollback(
+        t, std::string(net::kRollbackRefusal) + Num(conn.id().rank) + " restores commit " +
+               Num(h.iteration) + " of elastic tenant " + QuoteForLog(t.info.name) +
+               "; this update past the commit was discarded: restore the commit too");
+    if (!refused.empty()) {
+      Refuse(conn, WireError::kInvalidArgument, refused, h.request_id);
+      return;
+    }
+  } else {
+    if (t.committed && h.iteration < t.commit_number) {
+      spdlog::warn(
+          "data: elastic tenant '{}' lane {}: rank {} commits {} after commit {} (the "
+          "commit number went back; a rollback now asks for {})",
+          t.info.name, table_->lane(), conn.id().rank, h.iteration, t.commit_number, h.iteration);
+    }
+    table_->Commit(t, h.iteration);
+  }
+  FrameHeader r;
+  r.opcode = net::Opcode::kAck;
+  r.tenant = t.info.handle;
+  r.iteration = t.commit_number;
+  r.request_id = h.request_id;
+  conn.SendOwned(r, {});
 }
 
 }  // namespace rackhub::server

@@ -152,6 +152,8 @@ Verdict WorkerProtocol::AcceptHeader(net::Connection& conn, const FrameHeader& h
     case Opcode::kSetOptimizer:
     case Opcode::kPushRows:
     case Opcode::kPullRows:
+    case Opcode::kCommit:
+    case Opcode::kRollback:
       break;
     default:
       return Reject(conn, WireError::kMalformed,
@@ -167,7 +169,10 @@ Verdict WorkerProtocol::AcceptHeader(net::Connection& conn, const FrameHeader& h
   }
   LaneTenant* t = table_->FindTenant(h.tenant);
   if (!t) return Reject(conn, WireError::kTenantGone, "tenant: was deleted", h.request_id);
-  if (h.opcode == Opcode::kDeclare || h.opcode == Opcode::kSetOptimizer) return Verdict::kAccept;
+  if (h.opcode == Opcode::kDeclare || h.opcode == Opcode::kSetOptimizer ||
+      h.opcode == Opcode::kCommit || h.opcode == Opcode::kRollback) {
+    return Verdict::kAccept;
+  }
   if (h.opcode == Opcode::kPush || h.opcode == Opcode::kInit || h.opcode == Opcode::kPushRows) {
     // A generation that ended contributes nothing more (checked again when
     // the payload is in: it may end meanwhile).
@@ -378,6 +383,8 @@ void WorkerProtocol::HandleFrame(net::Connection& conn, const FrameHeader& h,
     case Opcode::kSetOptimizer: OnSetOptimizer(conn, *t, h, payload); break;
     case Opcode::kPushRows: OnPushRows(conn, *t, h, payload); break;
     case Opcode::kPullRows: OnPullRows(conn, *t, h, payload); break;
+    case Opcode::kCommit:
+    case Opcode::kRollback: OnCommitFrame(conn, *t, h); break;
     default: break;  // AcceptHeader let nothing else through
   }
 }

@@ -216,6 +216,10 @@ class WorkerProtocol final : public net::FrameHandler {
   void OnSetOptimizer(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                       std::span<const std::byte> payload);
   void OnHeartbeat(net::Connection& conn, const net::FrameHeader& h);
+  // COMMIT / ROLLBACK of an elastic tenant (worker_elastic.cc; ChunkTable::
+  // Commit and Rollback): ACK with the lane's commit number, or a
+  // non-fatal INVALID_ARGUMENT naming the problem.
+  void OnCommitFrame(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
   void OnPushRows(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                   std::span<const std::byte> payload);
   void OnPullRows(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,

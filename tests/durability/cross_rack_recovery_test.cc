@@ -10,7 +10,7 @@
 //     and, on hubs of 2 lanes, 10 cuts of one lane's link of one hub;
 //   - a straggler: one worker stopped (SIGSTOP) past data.straggler_timeout_ms
 //     (1.5 s here) until every other worker of every rack got WORKER_LOST,
-//     then continued (SIGCONT);
+//     then continued (SIGCONT), 20 times;
 //   - kill -9 of a worker of rack 1, and a replacement process for its rank.
 //
 // The straggler and the kills also on one flat hub serving both racks
@@ -205,13 +205,15 @@ TEST(CrossRackRecovery, HubLinkCutsAtRandomPointsThreeRacks) {
 }
 
 // One worker stalls past the straggler timeout: every other worker of every
-// rack gets WORKER_LOST, then all continue, the straggler too.
+// rack gets WORKER_LOST, then all continue, the straggler too. 20 rounds
+// across racks (about 1.8 s each: the timeout and the recovery), 3 on the
+// flat hub (the control).
 void StragglerLoop(bool flat) {
   auto rng = Rng();
   CrossRackTraining run(2, 2, {"--straggler-timeout-ms", "1500"}, 1, flat);
   ASSERT_TRUE(run.Start());
   ASSERT_TRUE(run.Progress(0, "at the start"));
-  const uint64_t rounds = Rounds(3);
+  const uint64_t rounds = Rounds(flat ? 3 : 20);
   for (uint64_t round = 0; round < rounds; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     const uint32_t rack = rng() % 2, rank = rng() % 2;

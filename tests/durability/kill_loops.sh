@@ -4,9 +4,10 @@
 # one of three workers of a 4M-element key killed at 100 random points, and
 # the worker replacement loops of issue 26 (rank 1 killed, fresh processes
 # checked value by value, over shared memory and TCP) 100 times each, each
-# followed by the checks of tests/durability/kill_loop_test.cc. CI runs the
-# same test with 20 trials of each (ctest -R durability_loop_test) and 5 of
-# the replacement loops (ctest -R worker_replacement_loop_test).
+# followed by the checks of tests/durability/kill_loop_test.cc and
+# replacement_loop_test.cc. CI runs the same tests with 20 trials of each
+# (ctest -R durability_loop_test) and 5 of the replacement loops (ctest -R
+# worker_replacement_loop_test).
 #
 # --cross-rack: instead, the cross-rack recovery loops of issue 31
 # (tests/durability/cross_rack_recovery_test.cc: hub link cuts on 2 and 3
@@ -53,10 +54,13 @@ if [ "$cross_rack" = 1 ]; then
   exec "$build/tests/cross_rack_recovery_test"
 fi
 trials="${2:-100}"
-if [ ! -x "$build/tests/durability_loop_test" ]; then
-  echo "kill_loops.sh: $build/tests/durability_loop_test is not built (cmake --build $build)" >&2
-  exit 2
-fi
+for t in durability_loop_test worker_replacement_loop_test; do
+  if [ ! -x "$build/tests/$t" ]; then
+    echo "kill_loops.sh: $build/tests/$t is not built (cmake --build $build)" >&2
+    exit 2
+  fi
+done
 export RACKHUB_KILL_TRIALS="$trials"
 export RACKHUB_KILL_ELEMENTS="${RACKHUB_KILL_ELEMENTS:-4194304}"
-exec "$build/tests/durability_loop_test"
+"$build/tests/durability_loop_test"
+exec "$build/tests/worker_replacement_loop_test"

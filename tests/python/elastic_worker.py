@@ -61,6 +61,9 @@ def main():
                     help="an ElasticSampler over this many indices (in the TorchState), "
                          "--batch of them per member and step, printed as SAMPLES")
     ap.add_argument("--batch", type=int, default=15)
+    ap.add_argument("--hub-optimizer", action="store_true",
+                    help="momentum SGD on the hub (hub_optimizer=True); STEP lines carry the "
+                         "parameters' values (elastic_model.values) in place of the digest")
     a = ap.parse_args()
     torch.set_num_threads(1)
     hvd.init()
@@ -68,8 +71,15 @@ def main():
     print(f"PID {slot} {os.getpid()}", flush=True)
     stop_file = os.path.join(os.environ.get("RACKHUB_ELASTIC_DIR", "."), "stop-at")
     model = elastic_model.model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=elastic_model.LR),
-                                   named_parameters=model.named_parameters())
+    if a.hub_optimizer:
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=elastic_model.LR,
+                            momentum=elastic_model.MOMENTUM),
+            named_parameters=model.named_parameters(), hub_optimizer=True)
+    else:
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=elastic_model.LR),
+                                       named_parameters=model.named_parameters())
+    digest = elastic_model.values if a.hub_optimizer else elastic_model.digest
 
     def on_reset():
         print(f"RESET {hvd.elastic.resets()} members {hvd.elastic.members()} "
@@ -133,7 +143,7 @@ def main():
             state.step = t + 1
             line = (f"STEP {t} gen {hvd.elastic.generation()} members "
                     f"{','.join(map(str, hvd.elastic.members()))} loss {loss.item():.6f} "
-                    f"params {elastic_model.digest(model)}")
+                    f"params {digest(model)}")
             try:
                 state.commit()
             except hvd.HostsUpdatedInterrupt:
@@ -143,7 +153,7 @@ def main():
                 print(f"{line} at {time.time():.6f}", flush=True)
 
     train(state)
-    print(f"DONE {slot} step {state.step} params {elastic_model.digest(model)}", flush=True)
+    print(f"DONE {slot} step {state.step} params {digest(model)}", flush=True)
     hvd.shutdown()
     return 0
 

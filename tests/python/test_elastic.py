@@ -37,6 +37,7 @@ import harness
 harness.require_torch()
 
 import elastic_model  # noqa: E402
+import torch  # noqa: E402
 
 EVENT_TIMEOUT = 50.0
 STEP = re.compile(r"^\[(\d+)\] STEP (\d+) gen (\d+) members ([\d,]+) loss (\S+) params (\S+) "
@@ -130,9 +131,20 @@ def step_with(members, after=0):
     return pred
 
 
-def check_against_reference(steps, stop):
+# The hub_optimizer=True variant (--hub-optimizer): the hub's momentum SGD
+# and the reference's torch ops round alike but not always bit for bit (the
+# hub's vector kernels may fuse a multiply-add), so the values are compared
+# within a float tolerance: a few float32 ulps per step, compounded over the
+# run, stay below it; a step applied twice, or half applied, moves the
+# parameters by about lr * |v| (1e-3 and more), far above it.
+HUB_RTOL, HUB_ATOL = 1e-4, 2e-5
+
+
+def check_against_reference(steps, stop, hub=False):
     """Every step committed once with one membership and digest; equal to
-    the single-process reference. Returns [(step, members)] and the losses."""
+    the single-process reference (bit for bit; with `hub`, the values within
+    HUB_RTOL/HUB_ATOL of the momentum reference). Returns [(step, members)]
+    and the losses (with `hub` also the largest difference seen, last)."""
     by_step = {}
     for m in steps:
         slot, t, members, loss, digest = (int(m.group(1)), int(m.group(2)), m.group(4),
@@ -145,22 +157,38 @@ def check_against_reference(steps, stop):
     assert sorted(by_step) == list(range(stop)), (
         f"steps committed: {sorted(by_step)[:5]}...{sorted(by_step)[-5:]}, expected 0..{stop - 1}")
     ref = elastic_model.model()
+    velocity = [torch.zeros_like(p) for p in ref.parameters()]
     sequence = []
     first_loss = last_loss = None
+    worst = 0.0
     for t in range(stop):
         members, digest, losses = by_step[t]
         ranks = [int(x) for x in members.split(",")]
-        ref_losses = elastic_model.reference_step(ref, t, ranks)
-        got = elastic_model.digest(ref)
-        assert got == digest, f"step {t} (members {members}): ranks {digest}, reference {got}"
+        if hub:
+            ref_losses = elastic_model.reference_step_hub(ref, velocity, t, ranks)
+            got, want = elastic_model.from_values(digest), elastic_model.flat(ref)
+            diff = (got - want).abs()
+            worst = max(worst, diff.max().item())
+            assert torch.allclose(got, want, rtol=HUB_RTOL, atol=HUB_ATOL), (
+                f"step {t} (members {members}): the ranks' parameters differ from the "
+                f"reference by up to {diff.max().item():.3g} (tolerance rtol {HUB_RTOL}, "
+                f"atol {HUB_ATOL})")
+        else:
+            ref_losses = elastic_model.reference_step(ref, t, ranks)
+            got = elastic_model.digest(ref)
+            assert got == digest, f"step {t} (members {members}): ranks {digest}, reference {got}"
         for slot, loss in losses.items():
-            want = f"{ref_losses[ranks.index(slot)]:.6f}"
-            assert loss == want, f"step {t}: rank {slot} loss {loss}, reference {want}"
+            want = ref_losses[ranks.index(slot)]
+            close = abs(float(loss) - want) <= HUB_RTOL * abs(want) + 1e-6 if hub else \
+                loss == f"{want:.6f}"
+            assert close, f"step {t}: rank {slot} loss {loss}, reference {want:.6f}"
         if not sequence or sequence[-1][1] != members:
             sequence.append((t, members))
         mean = sum(ref_losses) / len(ref_losses)
         first_loss = mean if first_loss is None else first_loss
         last_loss = mean
+    if hub:
+        return sequence, first_loss, last_loss, worst
     return sequence, first_loss, last_loss
 
 
@@ -248,15 +276,23 @@ class Verdict:
         if self.cleanup:
             self.cleanup()
         if not ok:
-            print("\n".join(x for x in self.job.lines if x is not None)[-20000:])
+            text = "\n".join(x for x in self.job.lines if x is not None)
+            path = os.path.join(self.job.dir, "output.log")  # the whole of it
+            with open(path, "w") as f:
+                f.write(text + "\n")
+            print(text[-20000:])
+            print(f"(the job's whole output: {path})")
         print("PASSED" if ok else "FAILED")
         self.code = 0 if ok else 1
         return kind is AssertionError
 
 
 def main():
-    transport = sys.argv[1] if len(sys.argv) > 1 else "tcp"
-    job = Job(transport, worker_args=("--collectives", "--samples", str(SAMPLES)))
+    hub = "--hub-optimizer" in sys.argv  # momentum SGD on the hub (check_against_reference)
+    argv = [x for x in sys.argv if x != "--hub-optimizer"]
+    transport = argv[1] if len(argv) > 1 else "tcp"
+    job = Job(transport, worker_args=("--collectives", "--samples", str(SAMPLES))
+              + (("--hub-optimizer",) if hub else ()))
     with Verdict(job) as verdict:
         job.wait_for(step_with("0,1,2,3", after=5), "step 5 with members 0,1,2,3")
         pid_line = job.wait_for(lambda x: x.startswith("[2] PID 2 "), "rank 2's pid")
@@ -272,7 +308,7 @@ def main():
         code = job.finish()
         out = "\n".join(x for x in job.lines if x is not None)
         assert code == 0, f"rackhub-run exited with {code}"
-        sequence, first, last = check_against_reference(job.steps(), stop)
+        sequence, first, last = check_against_reference(job.steps(), stop, hub=hub)[:3]
         print(f"object helpers, allgather's gradient, reducescatter, sparse_allreduce, "
               f"alltoall and signed zeros right on {check_objects(job.lines)} committed steps")
         print(f"ElasticSampler epochs (epoch, memberships): "

@@ -13,7 +13,12 @@ rank on every committed step (reducescatter, alltoall, sparse_allreduce,
 signed zeros, the object helpers); the ElasticSampler's indices: every
 epoch that ended holds every index exactly once (432 divides by 4 x 12
 and 3 x 12, and every step takes a multiple of 12, so no padding applies).
-argv: transport, kills (default 5), seed (default: from the clock, printed).
+argv: transport, kills (default 5), seed (default: from the clock, printed);
+`--hub-optimizer` anywhere: the workers' DistributedOptimizer runs momentum
+SGD on the hub (hub_optimizer=True: TorchState commits on the hub and rolls
+back after a failure, docs/elastic.md "Hub optimizers"), and every
+committed step is compared with the momentum reference within
+test_elastic.HUB_RTOL/HUB_ATOL.
 """
 import os
 import random
@@ -40,14 +45,17 @@ def step_of(members):
 
 
 def main():
-    transport = sys.argv[1] if len(sys.argv) > 1 else "tcp"
-    kills = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    seed = int(sys.argv[3]) if len(sys.argv) > 3 else time.time_ns() % 1000003
-    print(f"seed {seed} (rerun: test_elastic_kill_loop.py {transport} {kills} {seed})",
-          flush=True)
+    hub = "--hub-optimizer" in sys.argv
+    argv = [x for x in sys.argv if x != "--hub-optimizer"]
+    transport = argv[1] if len(argv) > 1 else "tcp"
+    kills = int(argv[2]) if len(argv) > 2 else 5
+    seed = int(argv[3]) if len(argv) > 3 else time.time_ns() % 1000003
+    print(f"seed {seed} (rerun: test_elastic_kill_loop.py {transport} {kills} {seed}"
+          f"{' --hub-optimizer' if hub else ''})", flush=True)
     rng = random.Random(seed)
     job = Job(transport, worker_args=("--collectives", "--samples", str(SAMPLES),
-                                      "--batch", str(BATCH)))
+                                      "--batch", str(BATCH))
+              + (("--hub-optimizer",) if hub else ()))
     with Verdict(job) as verdict:
         i = job.wait_index(step_of("0,1,2,3"), "a step of ranks 0-3")
         for k in range(kills):
@@ -69,7 +77,11 @@ def main():
         stop = job.stop_after(5)
         code = job.finish()
         assert code == 0, f"rackhub-run exited with {code}"
-        sequence, _, _ = check_against_reference(job.steps(), stop)
+        checked = check_against_reference(job.steps(), stop, hub=hub)
+        sequence = checked[0]
+        if hub:
+            print(f"parameters within the tolerance of the reference on every committed step "
+                  f"(largest difference {checked[3]:.3g})")
         print(f"collectives right on {check_objects(job.lines)} committed steps")
         print(f"ElasticSampler epochs (epoch, memberships): "
               f"{check_samples(job.lines, job.steps(), SAMPLES, kill_inside=False)}")

@@ -18,6 +18,11 @@ in order, so "line X comes before line Y" is a deterministic check.
              running rank); the job then ends with exit code 0.
   first      run.py's discovery before the start: -n becomes the script's
              count within --min-np/--max-np; a failing script keeps -n.
+  output     the launcher's own lines and its ranks' stdout and stderr lines,
+             written at once from many threads into one pipe (a reader's
+             view of `rackhub-run ... 2>&1`), never run together: every line
+             arrives whole, each exactly once (a launcher line once ran into
+             a rank's line, and the elastic kill loop then missed that line).
 """
 import argparse
 import os
@@ -206,14 +211,67 @@ def case_first(runs):
         assert a.n == want, f"{script!r} with -n {n}: -n became {a.n}, want {want}"
 
 
+OUTPUT_RANKS, OUTPUT_LINES = 4, 2000
+
+
+def output_writer():
+    """The `output` case's launcher: its _Output pumps OUTPUT_RANKS
+    children's stdout and stderr while this thread writes launcher lines."""
+    from rackhub.run import _Output
+    out = _Output(True)
+    code = ("import sys\n"
+            "r = sys.argv[1]\n"
+            f"for i in range({OUTPUT_LINES}):\n"
+            "    print(f'out {r} {i} ' + 'x' * (i % 300), flush=True)\n"
+            "    print(f'err {r} {i}', file=sys.stderr, flush=True)\n")
+    procs, pumps = [], []
+    for r in range(OUTPUT_RANKS):
+        p = subprocess.Popen([sys.executable, "-c", code, str(r)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        procs.append(p)
+        for stream, err in ((p.stdout, False), (p.stderr, True)):
+            t = threading.Thread(target=out.pump, args=(stream, r, err))
+            t.start()
+            pumps.append(t)
+    i = 0  # launcher lines all the while the children write
+    while i < OUTPUT_LINES or any(p.poll() is None for p in procs):
+        out.line(f"rackhub-run: launcher line {i} " + "y" * (i % 200))
+        i += 1
+    for t in pumps:
+        t.join()
+
+
+def case_output(runs):
+    del runs  # no supervisor log here
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--output-writer"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    assert r.returncode == 0, f"the writer exited with {r.returncode}: {r.stdout[-2000:]!r}"
+    got = r.stdout.decode().split("\n")
+    launcher = [int(x.split()[3]) for x in got if x.startswith("rackhub-run: launcher line ")]
+    n = max(launcher) + 1
+    want = {f"rackhub-run: launcher line {i} " + "y" * (i % 200) for i in range(n)}
+    for k in range(OUTPUT_RANKS):
+        want |= {f"[{k}] out {k} {i} " + "x" * (i % 300) for i in range(OUTPUT_LINES)}
+        want |= {f"[{k}!] err {k} {i}" for i in range(OUTPUT_LINES)}
+    assert got[-1] == "", f"the output does not end with a whole line: {got[-1][:200]!r}"
+    got = got[:-1]
+    bad = [x for x in got if x not in want]
+    assert not bad, f"{len(bad)} line(s) run together or cut, e.g. {bad[0][:300]!r}"
+    assert len(got) == len(want) and set(got) == want, \
+        f"{len(got)} lines, want {len(want)} distinct lines once each"
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         return child()
+    if len(sys.argv) > 1 and sys.argv[1] == "--output-writer":
+        return output_writer()
     if len(sys.argv) > 1 and sys.argv[1] == "--driver":
         return driver(sys.argv[2:])
     ok = True
     for name, case in (("first", case_first), ("start", case_start),
-                       ("restarts", case_restarts), ("cancel", case_cancel)):
+                       ("restarts", case_restarts), ("cancel", case_cancel),
+                       ("output", case_output)):
         runs = []
         try:
             case(runs)

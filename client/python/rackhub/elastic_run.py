@@ -71,10 +71,6 @@ def _write(path, text):
     os.replace(tmp, path)
 
 
-def _log(msg):
-    print(f"rackhub-run: {msg}", file=sys.stderr, flush=True)
-
-
 class Supervisor:
     def __init__(self, a, cmd, base_env, out, job_dir):
         self.a, self.cmd, self.base_env, self.out, self.dir = a, cmd, base_env, out, job_dir
@@ -95,6 +91,10 @@ class Supervisor:
         os.makedirs(os.path.join(job_dir, "requests"), exist_ok=True)
         _write(os.path.join(job_dir, "epoch"), "0\n")
 
+    def log(self, msg):
+        """A line of the launcher's, never run together with a rank's."""
+        self.out.line(f"rackhub-run: {msg}")
+
     def spawn(self, rank, epoch):
         env = dict(self.base_env)
         env.update(RACKHUB_RANK=str(rank), RACKHUB_LOCAL_RANK=str(rank),
@@ -114,7 +114,7 @@ class Supervisor:
     def start_batch(self, count, why):
         free = [r for r in range(self.a.max_np) if r not in self.running][:count]
         if len(free) < count:
-            _log(f"{why}: only {len(free)} free rank(s) below --max-np {self.a.max_np}")
+            self.log(f"{why}: only {len(free)} free rank(s) below --max-np {self.a.max_np}")
         if not free:
             return
         self.epoch += 1
@@ -123,7 +123,7 @@ class Supervisor:
         _write(os.path.join(self.dir, "epoch"), f"{e}\n")
         if len(self.running) < self.a.min_np:  # the members are paused: nobody parks
             _write(os.path.join(self.dir, f"ready-{e}"), "")
-        _log(f"{why}: starting rank(s) {free} (epoch {e})")
+        self.log(f"{why}: starting rank(s) {free} (epoch {e})")
         for r in free:
             self.spawn(r, e)
 
@@ -140,7 +140,7 @@ class Supervisor:
             if rank in self.stopping:  # host discovery shrank the job: not a failure
                 del self.stopping[rank]
                 self.last_code.pop(rank, None)
-                _log(f"rank {rank} stopped (host discovery)")
+                self.log(f"rank {rank} stopped (host discovery)")
                 continue
             if c == 0:
                 self.finishing = True
@@ -151,12 +151,12 @@ class Supervisor:
                 self.restarts += 1
                 self.due.append((time.monotonic() + delay, rank,
                                  f"rank {rank} exited with {what}"))
-                _log(f"rank {rank} exited with {what}; restart {self.restarts} of "
-                     f"{self.a.max_restarts} in {delay:g} s")
+                self.log(f"rank {rank} exited with {what}; restart {self.restarts} of "
+                         f"{self.a.max_restarts} in {delay:g} s")
             else:
                 self.exhausted += 1
-                _log(f"rank {rank} exited with {what}; no restart left (--max-restarts "
-                     f"{self.a.max_restarts})")
+                self.log(f"rank {rank} exited with {what}; no restart left (--max-restarts "
+                         f"{self.a.max_restarts})")
 
     def requests(self):
         req = os.path.join(self.dir, "requests")
@@ -166,7 +166,7 @@ class Supervisor:
                 with open(path) as f:
                     k = int(f.read().strip())
             except (OSError, ValueError) as e:
-                _log(f"ignoring request {name}: {e}")
+                self.log(f"ignoring request {name}: {e}")
                 k = 0
             os.unlink(path)
             if k > 0:
@@ -200,7 +200,7 @@ class Supervisor:
         current = len(self.running) - len(self.stopping) + len(self.due)
         if problem is not None:
             if self.discovered != problem:
-                _log(f"host discovery: {problem}; keeping {current} rank(s)")
+                self.log(f"host discovery: {problem}; keeping {current} rank(s)")
             self.discovered = problem
             return
         target = min(max(slots, a.min_np), a.max_np)
@@ -209,7 +209,7 @@ class Supervisor:
                      if target != slots else "")
             failed = (f"; {self.exhausted} slot(s) held by ranks that failed with no restart "
                       f"left" if self.exhausted else "")
-            _log(f"host discovery: {slots} slot(s){bound}; {current} rank(s) running{failed}")
+            self.log(f"host discovery: {slots} slot(s){bound}; {current} rank(s) running{failed}")
             self.discovered = slots
         if target > current + self.exhausted and not self.finishing:
             self.start_batch(target - current - self.exhausted,
@@ -228,8 +228,8 @@ class Supervisor:
             for d in cancelled:  # no longer wanted: its failure does not fail the job
                 self.last_code.pop(d[1], None)
             excess -= len(cancelled)
-            _log(f"host discovery: {slots} slot(s); cancelled the restart of rank(s) "
-                 f"{sorted(d[1] for d in cancelled)}")
+            self.log(f"host discovery: {slots} slot(s); cancelled the restart of rank(s) "
+                     f"{sorted(d[1] for d in cancelled)}")
         if excess <= 0:
             return
         starting = [r for r, (p, e) in self.running.items()
@@ -242,7 +242,7 @@ class Supervisor:
         victims = live[max(1, len(live) - excess):]
         if not victims:
             return
-        _log(f"host discovery: {slots} slot(s); stopping rank(s) {victims} with SIGTERM")
+        self.log(f"host discovery: {slots} slot(s); stopping rank(s) {victims} with SIGTERM")
         for r in victims:
             self.stopping[r] = time.monotonic() + _STOP_GRACE_S
             try:
@@ -256,15 +256,15 @@ class Supervisor:
         for r, deadline in list(self.stopping.items()):
             if r in self.running and deadline is not None and now > deadline:
                 self.stopping[r] = None
-                _log(f"rank {r} did not stop within {_STOP_GRACE_S:g} s of SIGTERM: SIGKILL")
+                self.log(f"rank {r} did not stop within {_STOP_GRACE_S:g} s of SIGTERM: SIGKILL")
                 try:
                     os.killpg(self.running[r][0].pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
 
     def run(self):
-        _log(f"elastic job directory {self.dir} (add ranks: rackhub-run --add K --job "
-             f"{self.dir})")
+        self.log(f"elastic job directory {self.dir} (add ranks: rackhub-run --add K --job "
+                 f"{self.dir})")
         for r in range(self.a.n):
             self.spawn(r, 0)
         while True:

@@ -125,11 +125,19 @@ def _parse(argv):
 
 
 class _Output:
-    """Writes whole lines of every rank, prefixed, under one lock."""
+    """Writes whole lines of every rank, prefixed, and the launcher's own
+    lines, each in one write under one lock: a reader of the merged output
+    (stdout and stderr into one pipe) never sees two lines run together."""
 
     def __init__(self, prefix):
         self.prefix = prefix
         self.lock = threading.Lock()
+
+    def line(self, text):
+        """One line of the launcher's own on stderr ("rackhub-run: ...")."""
+        with self.lock:
+            sys.stderr.buffer.write(f"{text}\n".encode())
+            sys.stderr.buffer.flush()
 
     def pump(self, stream, rank, err):
         tag = f"[{rank}{'!' if err else ''}] " if self.prefix else ""
@@ -325,14 +333,12 @@ def main(argv=None):
             for r, c in enumerate(codes):
                 if c not in (None, 0) and first_fail is None:
                     first_fail, fail_at = r, time.monotonic()
-                    print(f"rackhub-run: rank {r} exited with "
-                          f"{'signal ' + str(-c) if c < 0 else 'code ' + str(c)}",
-                          file=sys.stderr, flush=True)
+                    out.line(f"rackhub-run: rank {r} exited with "
+                             f"{'signal ' + str(-c) if c < 0 else 'code ' + str(c)}")
             if all(c is not None for c in codes):
                 break
             if fail_at is not None and time.monotonic() - fail_at > a.grace:
-                print(f"rackhub-run: terminating the remaining ranks", file=sys.stderr,
-                      flush=True)
+                out.line("rackhub-run: terminating the remaining ranks")
                 for p in ranks:
                     _stop(p)
             time.sleep(0.05)

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "rackhub/client/client.h"
+#include "rackhub/net/frame.h"
 
 namespace py = pybind11;
 namespace rc = rackhub::client;
@@ -350,6 +351,8 @@ class PyClient {
   rc::Ticket SetOptimizer(uint32_t key, const py::dict& spec, uint64_t from_iteration) {
     return c().SetOptimizer(key, SpecFromDict(spec), from_iteration);
   }
+  rc::Ticket CommitElastic(uint64_t commit) { return c().CommitElastic(commit); }
+  rc::Ticket RollbackElastic(uint64_t commit) { return c().RollbackElastic(commit); }
 
   // Waits for the ticket (GIL released, in slices so signals get through).
   // Raises RackhubError on failure; the held buffers are released either way.
@@ -470,6 +473,9 @@ PYBIND11_MODULE(_core, m) {
       "back off and retry until the lost rank (or its replacement) is back.",
       g_error_type, nullptr);
   m.attr("WorkerLost") = py::handle(g_worker_lost_type);
+  // What a WorkerLost's text opens with when a ROLLBACK of the tenant
+  // failed the push (docs/elastic.md, "Hub optimizers").
+  m.attr("ROLLBACK_REFUSAL") = py::str(rackhub::net::kRollbackRefusal);
 
   m.def(
       "table_init",
@@ -545,6 +551,12 @@ PYBIND11_MODULE(_core, m) {
            "The current rows `ids` into `out` (float32, len(ids) * dim). Returns a ticket.")
       .def("set_optimizer", &PyClient::SetOptimizer, py::arg("key"), py::arg("spec"),
            py::arg("from_iteration"))
+      .def("commit_elastic", &PyClient::CommitElastic, py::arg("commit"),
+           "Elastic tenants with hub optimizers: the hub copies every chunk at the members' "
+           "commit `commit` (on every lane). Returns a ticket.")
+      .def("rollback_elastic", &PyClient::RollbackElastic, py::arg("commit"),
+           "Every chunk with a hub optimizer back to commit `commit`; Pull the keys after it. "
+           "Returns a ticket.")
       .def("wait", &PyClient::Wait, py::arg("ticket"), py::arg("timeout") = py::none(),
            "Blocks (GIL released) until the ticket completes; raises RackhubError on failure.")
       .def(

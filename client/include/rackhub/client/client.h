@@ -3,9 +3,10 @@
 //
 // A Client is one worker (rank) of one tenant. It keeps one TCP connection per
 // hub lane; chunk g of the tenant's chunk space travels on lane g % lanes.
-// Operations on keys (PushPull, Init, Pull, SetOptimizer) are asynchronous and
-// return a Ticket, completed either through Wait/WaitFor or through an
-// optional callback. DeclareKey is blocking.
+// Operations on keys (PushPull, Init, Pull, SetOptimizer) and an elastic
+// tenant's CommitElastic / RollbackElastic are asynchronous and return a
+// Ticket, completed either through Wait/WaitFor or through an optional
+// callback. DeclareKey is blocking.
 //
 // Threads and ownership:
 //  - Every Client method may be called from any thread, concurrently.
@@ -339,6 +340,20 @@ class Client {
   // New hyperparameters (same type) taking effect at update `from_iteration`.
   Ticket SetOptimizer(KeyId key, const OptimizerSpec& spec, uint64_t from_iteration,
                       Callback done = nullptr);
+
+  // Elastic tenants whose keys run an optimizer on the hub (docs/elastic.md,
+  // "Hub optimizers"). CommitElastic: the members' commit number `commit`
+  // (every member sends the same, after every one of them has its step's
+  // replies and before any pushes the next): the hub keeps a copy of every
+  // such chunk (parameters, optimizer state, version). RollbackElastic:
+  // every such chunk back to that copy (`commit` must be the hub's last
+  // commit); Pull the keys afterwards. Both go to every lane and complete
+  // once every lane answered; both are idempotent. Errors (kServer): a
+  // tenant that is not elastic, a rollback before any commit or of another
+  // commit (INVALID_ARGUMENT, naming it), a rollback while the tenant
+  // recovers (WORKER_LOST: Pull a key, ask again).
+  Ticket CommitElastic(uint64_t commit, Callback done = nullptr);
+  Ticket RollbackElastic(uint64_t commit, Callback done = nullptr);
 
   // Blocks until the ticket completes and returns its result; consumes the
   // ticket (a second Wait returns kInvalidArgument). Tickets issued with a

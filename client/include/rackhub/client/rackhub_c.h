@@ -103,6 +103,13 @@ int rackhub_init(rackhub_client* client, uint32_t key, const float* values, uint
 int rackhub_pull(rackhub_client* client, uint32_t key, float* out, uint64_t n);
 int rackhub_set_optimizer(rackhub_client* client, uint32_t key, const rackhub_optimizer* optimizer,
                           uint64_t from_iteration);
+/* Elastic tenants with hub optimizers (Client::CommitElastic /
+ * RollbackElastic, docs/elastic.md "Hub optimizers"): the members' commit
+ * number `commit` (the hub copies every chunk), and every chunk back to that
+ * commit. Blocking; RACKHUB_SERVER naming a tenant that is not elastic or a
+ * rollback to a commit the hub does not hold. */
+int rackhub_commit_elastic(rackhub_client* client, uint64_t commit);
+int rackhub_rollback_elastic(rackhub_client* client, uint64_t commit);
 
 /* Asynchronous push_pull: *ticket is completed by rackhub_wait (exactly once).
  * Local errors are also reported through rackhub_wait. */

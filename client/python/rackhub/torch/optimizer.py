@@ -80,7 +80,7 @@ import numpy
 import torch
 
 from . import _context, agree, exact, process_sets
-from .._core import RackhubError, RolledBack, WorkerLost
+from .._core import ROLLBACK_REFUSAL, RackhubError, RolledBack, WorkerLost
 from .collectives import submit
 from .errors import MismatchError
 from .handles import synchronize as wait_op
@@ -89,6 +89,13 @@ from .compression import Compression, compression_of
 from .hub_specs import Average, HubOptimizer, reduction_of, spec_of_group
 
 _log = logging.getLogger("rackhub.torch")
+
+
+def rolled_back(e):
+    """A WorkerLost from a ROLLBACK of the tenant (an elastic member restored
+    the commit, docs/elastic.md "Hub optimizers"): the step is not pushed
+    again, this rank restores the commit too."""
+    return ROLLBACK_REFUSAL in str(e)
 
 
 def _np(t):
@@ -406,6 +413,11 @@ class _Sync:
                 except WorkerLost as e:
                     if self.ctx.elastic is None or s.sent is None:
                         rolled.append((s, e))  # wait for the others first
+                    elif rolled_back(e):
+                        # A member restored the commit: so does this rank (the
+                        # elastic run catches it), the rest of its pushes are
+                        # forgotten (its ROLLBACK fails them on the hub).
+                        raise
                     else:
                         self.push_again(s)
                 except RolledBack as e:
@@ -448,8 +460,8 @@ class _Sync:
             try:
                 c.wait(c.push_pull(s.key, _np(s.sent), _np(s.spare)))
                 return
-            except WorkerLost:
-                if time.monotonic() >= deadline:
+            except WorkerLost as e:
+                if rolled_back(e) or time.monotonic() >= deadline:
                     raise
 
     def step_round(self):

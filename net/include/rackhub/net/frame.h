@@ -98,11 +98,15 @@ enum class Opcode : uint8_t {
   kRackAlign = 25,     // the home's parameters of one chunk at the agreed version (key dtype)
   // Cluster checkpoints (docs/wire-protocol.md section 7c):
   kRackCheckpoint = 26,  // control.proto RackCheckpoint, on lane 0's link
+  // Elastic tenants with hub optimizers (docs/wire-protocol.md section 6e),
+  // from a worker on every lane, no payload, answered with ACK:
+  kCommit = 27,    // `iteration` = the members' commit number: copy every chunk
+  kRollback = 28,  // `iteration` = the commit asked for: every chunk back to it
   // Bounded/async tenants spanning racks (docs/wire-protocol.md section 7d):
-  kRackRelay = 27,       // a worker's PUSH / INIT / PULL (or a member notice) to the chunk's home
-  kRackRelayReply = 28,  // the home's answer to one (an encoded PARAMS or ERROR frame)
+  kRackRelay = 29,       // a worker's PUSH / INIT / PULL (or a member notice) to the chunk's home
+  kRackRelayReply = 30,  // the home's answer to one (an encoded PARAMS or ERROR frame)
 };
-inline constexpr uint8_t kMaxOpcode = 28;
+inline constexpr uint8_t kMaxOpcode = 30;
 
 // RACK_RELAY's payload starts with this prefix (then the worker's payload):
 // u8 kind (RelayKind), u8 opcode (the worker's: PUSH, INIT or PULL), u16
@@ -151,6 +155,10 @@ enum class WireError : uint32_t {
   kShuttingDown = 13,
   kInternal = 14,
 };
+// The text a WORKER_LOST opens with when a ROLLBACK failed the push (its
+// update was past the members' commit: docs/elastic.md, "Hub optimizers"):
+// the pusher restores the commit instead of pushing the same gradient again.
+inline constexpr char kRollbackRefusal[] = "rollback: rank ";
 const char* WireErrorName(WireError e);
 const char* OpcodeName(Opcode op);  // "PUSH", "RACK_SUM", ...
 

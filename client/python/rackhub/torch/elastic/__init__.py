@@ -84,7 +84,7 @@ def resets():
 def _reset(state):
     m = _membership()
     if isinstance(state, TorchState):
-        state.pull_keys()
+        state.pull_keys(again=False)
     _session.settle(_session.RESET, state._commits)
     m.resets += 1
     m.interrupted = False

@@ -22,7 +22,10 @@ or a membership change, 3 the sync that follows. settle(p) repeats its
 round until every member is in phase p with the same handled epoch; a
 member behind (lower phase) makes the others repeat, a member ahead makes
 this one move on. A commit that meets a member in another phase fails
-(that member lost its step: everyone restores).
+(that member lost its step: everyone restores); so does one that meets a
+member in phase 0, a commit round of a member that found its step bad
+(its optimizer skipped a step, it was interrupted, a key's reply named
+another membership generation): every member decides alike.
 
 Joins are gated (the launcher, rackhub/run.py, writes these files in
 RACKHUB_ELASTIC_DIR): the launcher bumps `epoch` and lists the ranks it
@@ -48,6 +51,7 @@ from ..handles import synchronize
 FIELDS = 6
 _HALVES = FIELDS * 4
 COMMIT, RESET, SYNC = 1, 2, 3
+COMMIT_BAD = 0  # a commit round of a member whose step was bad (below every phase)
 _POLL = 0.02  # seconds between looks at the launcher's files
 
 

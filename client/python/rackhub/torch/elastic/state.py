@@ -10,13 +10,21 @@ the last commit did not run with the membership the members agreed on
 commit), and HostsUpdatedInterrupt after saving when the step is good but
 the membership changed or joiners wait (every member keeps its state).
 
+A TorchState whose DistributedOptimizer runs on the hub (hub_optimizer=
+True) also keeps the hub in step (docs/elastic.md, "Hub optimizers"):
+commit() and sync() tell the hub the commit (it copies every chunk of the
+optimizer's keys), restore() rolls the hub's chunks back to that copy and
+pulls the parameters.
+
 Thread use: the main thread.
 """
 import copy
 import io
+import time
 
 import torch
 
+from ... import _core
 from .. import _context, rounds
 from ..collectives import submit
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
@@ -41,6 +49,8 @@ class State:
     def __init__(self):
         self._reset_callbacks = []
         self._commits = 0
+        self._synced = False  # a sync completed (this process holds a commit of the members)
+        self._pulled = False  # restore() pulled the hub's keys (TorchState: pull_keys)
         self._skipped = self._optimizer_skips()
 
     def register_reset_callbacks(self, callbacks):
@@ -65,6 +75,7 @@ class State:
                 "restores its last commit")
         self.save()
         self._commits += 1
+        self._hub_commit()
         _elastic().elastic.interrupted = False
         if changed:
             raise HostsUpdatedInterrupt(False)
@@ -80,15 +91,20 @@ class State:
             raise HostsUpdatedInterrupt(False)
 
     def _check(self):
+        self._pulled = False  # steps ran since any restore()
         ctx = _elastic()
         m = ctx.elastic
         skips = self._optimizer_skips()
         good = skips == self._skipped and not m.interrupted and all(
             g in (0, m.generation) for g in self._key_generations(ctx))
         self._skipped = skips
-        fields, gen = _session.one_round(_session.COMMIT, self._commits)
+        # A member that finds its step bad says so in the round (COMMIT_BAD),
+        # so every member decides alike (none commits while another rolls
+        # the hub back: docs/elastic.md, "Hub optimizers").
+        fields, gen = _session.one_round(_session.COMMIT if good else _session.COMMIT_BAD,
+                                         self._commits)
         if {e[1] for e in fields.values()} != {_session.COMMIT}:
-            good = False  # a member lost its step and is resetting
+            good = False  # a member lost its step or found it bad: every member restores
         waiting = max(max(e[3], e[4]) for e in fields.values()) > m.handled
         return good, gen != m.generation or waiting
 
@@ -112,10 +128,16 @@ class State:
             self._deserialize(bytes(got.numpy().tobytes()))
         self._commits = best
         self.save()
+        self._hub_commit()
+        self._synced = True
         self._skipped = self._optimizer_skips()
 
     def _optimizer_skips(self):
         return 0
+
+    def _hub_commit(self):
+        """Tells the hub about the commit (TorchState of a hub-side
+        optimizer: docs/elastic.md, "Hub optimizers")."""
 
     def _key_generations(self, ctx):
         return []
@@ -190,6 +212,46 @@ class TorchState(ObjectState):
     def _engine(self):
         return getattr(self.optimizer, "_rackhub", None)
 
+    def _hub_engine(self):
+        eng = self._engine()
+        return eng if eng is not None and eng.hub else None
+
+    def _hub_commit(self):
+        """A hub-side optimizer: the hub copies every key's chunks (their
+        parameters, optimizer state and version) as commit number _commits.
+        Every member sends it after the step's replies and before its next
+        push (the hub copies each chunk once, at the version the members
+        have)."""
+        eng = self._hub_engine()
+        if eng is not None:
+            eng.c.wait(eng.c.commit_elastic(self._commits))
+
+    def _hub_rollback(self):
+        """After a failure: every key of a hub-side optimizer back to the
+        hub's copy of commit _commits (chunks already there stay; every
+        member asks alike), then its parameters pulled. A rollback that
+        meets a recovery of the tenant (WORKER_LOST) is asked again once a
+        Pull, held until the recovery ends, returns."""
+        eng = self._hub_engine()
+        if eng is None or not self._synced:
+            # Before its first sync a process has no commit of its own (a
+            # joiner's counter is not the members' yet): the members that
+            # synced ask, and with none nothing has been stepped.
+            return
+        c = eng.c
+        deadline = time.monotonic() + _elastic().op_timeout
+        while True:
+            try:
+                c.wait(c.rollback_elastic(self._commits))
+                break
+            except _core.WorkerLost:
+                if time.monotonic() > deadline:
+                    raise
+                s = eng.slots[0]
+                c.wait(c.pull(s.key, torch.empty(s.param.shape, dtype=torch.float32).numpy()))
+        self.pull_keys()
+        self._pulled = True  # the reset that follows need not pull again
+
     def _optimizer_skips(self):
         eng = self._engine()
         return eng.skipped_steps if eng is not None else 0
@@ -200,12 +262,14 @@ class TorchState(ObjectState):
             return []
         return [ctx.client.key_info(s.key)["membership_generation"] for s in eng.slots]
 
-    def pull_keys(self):
+    def pull_keys(self, again=True):
         """After a reset: Pull every key of the DistributedOptimizer (clears
         the hub's resync marks of an aborted step; hub-side optimizers: the
-        parameters are the hub's)."""
+        parameters are the hub's). again=False: not when the rollback of
+        restore() pulled them and nothing was pushed since."""
         eng = self._engine()
-        if eng is None:
+        pulled, self._pulled = self._pulled, False
+        if eng is None or (pulled and not again):
             return
         for s in eng.slots:
             s.ticket = None
@@ -245,6 +309,7 @@ class TorchState(ObjectState):
             self.optimizer.load_state_dict(self._opt_saved)
         for k, saved in self._samplers_saved.items():
             self._samplers[k].load_state_dict(saved)
+        self._hub_rollback()
 
     def sync(self):
         """State.sync(), then every sampler takes the union of the members'
