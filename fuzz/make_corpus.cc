@@ -190,10 +190,7 @@ void FrameSeeds() {
   Write(t, "pull", Frame(net::Opcode::kPull, ""));
   // Bounded/async tenants across racks: a relayed PUSH (prefix: kind 0,
   // opcode PUSH, rank 1, session 7) and the home's PARAMS reply to it.
-  std::string prefix(net::kRelayPrefixBytes, '\0');
-  prefix[1] = static_cast<char>(net::Opcode::kPush);
-  prefix[4] = 1;
-  prefix[8] = 7;
+  const std::string prefix = net::EncodeRelayPrefix({net::RelayKind::kFrame, net::Opcode::kPush, 1, 7});
   Write(t, "rack-relay", Frame(net::Opcode::kRackRelay, prefix + Floats(8, 4), net::DType::kFp32));
   Write(t, "rack-relay-reply",
         Frame(net::Opcode::kRackRelayReply, Frame(net::Opcode::kParams, Floats(8, 2),

@@ -290,4 +290,60 @@ Result<ErrorBody> DecodeErrorBody(std::span<const std::byte> body) {
   return e;
 }
 
+std::string EncodeRelayPrefix(const RelayPrefix& p) {
+  std::string out(kRelayPrefixBytes, '\0');
+  auto* b = reinterpret_cast<std::byte*>(out.data());
+  Put<uint8_t>(b, 0, static_cast<uint8_t>(p.kind));
+  Put<uint8_t>(b, 1, p.kind == RelayKind::kFrame ? static_cast<uint8_t>(p.opcode) : 0);
+  Put<uint16_t>(b, 2, 0);
+  Put<uint32_t>(b, 4, p.rank);
+  Put<uint64_t>(b, 8, p.session);
+  return out;
+}
+
+Result<RelayPrefix> DecodeRelayPrefix(std::span<const std::byte> payload) {
+  if (payload.size() < kRelayPrefixBytes) {
+    return InvalidArgument(fmt::format("RACK_RELAY: {} bytes, shorter than its {}-byte prefix",
+                                       payload.size(), kRelayPrefixBytes));
+  }
+  const std::byte* b = payload.data();
+  const auto kind = Get<uint8_t>(b, 0);
+  if (kind > static_cast<uint8_t>(RelayKind::kMemberGone)) {
+    return InvalidArgument(fmt::format("RACK_RELAY: kind {} is not a relay kind", kind));
+  }
+  if (const auto reserved = Get<uint16_t>(b, 2); reserved != 0) {
+    return InvalidArgument(
+        fmt::format("RACK_RELAY: the prefix's reserved field is {}, not 0", reserved));
+  }
+  RelayPrefix p;
+  p.kind = static_cast<RelayKind>(kind);
+  p.opcode = static_cast<Opcode>(Get<uint8_t>(b, 1));
+  p.rank = Get<uint32_t>(b, 4);
+  p.session = Get<uint64_t>(b, 8);
+  return p;
+}
+
+Result<FrameHeader> DecodeRelayReply(std::span<const std::byte> payload) {
+  if (payload.size() < kHeaderBytes) {
+    return InvalidArgument(fmt::format(
+        "RACK_RELAY_REPLY: {} bytes, shorter than a {}-byte frame header", payload.size(),
+        kHeaderBytes));
+  }
+  const FrameHeader inner = DecodeHeader(payload.first<kHeaderBytes>());
+  if (inner.opcode != Opcode::kParams && inner.opcode != Opcode::kError) {
+    return InvalidArgument(
+        fmt::format("RACK_RELAY_REPLY: carries {}, not a PARAMS or ERROR frame",
+                    OpcodeName(inner.opcode)));
+  }
+  if (Status ok = CheckHeader(inner); !ok.ok()) {
+    return InvalidArgument("RACK_RELAY_REPLY: the frame it carries: " + ok.message());
+  }
+  if (inner.payload_bytes != payload.size() - kHeaderBytes) {
+    return InvalidArgument(fmt::format(
+        "RACK_RELAY_REPLY: the frame it carries says {} payload bytes, {} follow",
+        inner.payload_bytes, payload.size() - kHeaderBytes));
+  }
+  return inner;
+}
+
 }  // namespace rackhub::net

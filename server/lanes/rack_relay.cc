@@ -138,16 +138,9 @@ void RackExchange::Relay(net::Connection& worker, LaneTenant& t, LaneKey& key,
   ++inflight;
   relays_[id] = PendingRelay{worker.weak_from_this(), &worker, h.request_id, home,
                              h.key, h.chunk, key.info.name, t.info.handle, reserved};
-  auto body = std::make_shared<std::string>(net::kRelayPrefixBytes + payload.size(), '\0');
-  (*body)[0] = static_cast<char>(net::RelayKind::kFrame);
-  (*body)[1] = static_cast<char>(h.opcode);
-  const uint32_t rank = worker.id().rank;
-  const uint64_t session = worker.id().session;
-  std::memcpy(body->data() + 4, &rank, 4);
-  std::memcpy(body->data() + 8, &session, 8);
-  if (!payload.empty()) {
-    std::memcpy(body->data() + net::kRelayPrefixBytes, payload.data(), payload.size());
-  }
+  auto body = std::make_shared<std::string>(net::EncodeRelayPrefix(
+      {net::RelayKind::kFrame, h.opcode, worker.id().rank, worker.id().session}));
+  body->append(reinterpret_cast<const char*>(payload.data()), payload.size());
   FrameHeader r = h;
   r.opcode = Opcode::kRackRelay;
   r.tenant = t.info.handle;
@@ -157,10 +150,8 @@ void RackExchange::Relay(net::Connection& worker, LaneTenant& t, LaneKey& key,
 
 void RackExchange::SendMemberNotice(uint32_t home, LaneTenant& t, LaneKey& key, uint32_t rank,
                                     uint64_t session, net::RelayKind kind) {
-  auto body = std::make_shared<std::string>(net::kRelayPrefixBytes, '\0');
-  (*body)[0] = static_cast<char>(kind);
-  std::memcpy(body->data() + 4, &rank, 4);
-  std::memcpy(body->data() + 8, &session, 8);
+  auto body = std::make_shared<std::string>(
+      net::EncodeRelayPrefix({kind, Opcode::kHeartbeat, rank, session}));
   FrameHeader n;
   n.opcode = Opcode::kRackRelay;
   n.tenant = t.info.handle;
@@ -282,19 +273,12 @@ void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
            h.request_id);
     return;
   }
-  FrameHeader inner;
-  if (payload.size() >= net::kHeaderBytes) {
-    inner = net::DecodeHeader(payload.first<net::kHeaderBytes>());
-  }
-  if (payload.size() < net::kHeaderBytes ||
-      inner.payload_bytes != payload.size() - net::kHeaderBytes ||
-      (inner.opcode != Opcode::kParams && inner.opcode != Opcode::kError)) {
-    Reject(conn, WireError::kMalformed,
-           "RACK_RELAY_REPLY: " + Num(payload.size()) + " bytes that are not a whole PARAMS or " +
-               "ERROR frame",
-           h.request_id);
+  const Result<FrameHeader> decoded = net::DecodeRelayReply(payload);
+  if (!decoded.ok()) {
+    Reject(conn, WireError::kMalformed, decoded.status().message(), h.request_id);
     return;
   }
+  FrameHeader inner = *decoded;
   const PendingRelay done = std::move(r);
   relays_.erase(it);
   Uncount(done);
@@ -320,19 +304,12 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
   const auto refuse = [&](WireError code, const std::string& text) {
     RefuseRelay(conn, h, code, text);
   };
-  if (payload.size() < net::kRelayPrefixBytes) {
-    Reject(conn, WireError::kMalformed,
-           "RACK_RELAY: " + Num(payload.size()) + " bytes, shorter than its " +
-               Num(net::kRelayPrefixBytes) + "-byte prefix",
-           h.request_id);
+  const Result<net::RelayPrefix> prefix = net::DecodeRelayPrefix(payload);
+  if (!prefix.ok()) {
+    Reject(conn, WireError::kMalformed, prefix.status().message(), h.request_id);
     return;
   }
-  const auto kind = static_cast<net::RelayKind>(payload[0]);
-  const auto op = static_cast<Opcode>(payload[1]);
-  uint32_t rank = 0;
-  uint64_t session = 0;
-  std::memcpy(&rank, payload.data() + 4, 4);
-  std::memcpy(&session, payload.data() + 8, 8);
+  const auto [kind, op, rank, session] = *prefix;
   if (!Unsynced(t) || !workers_) {
     return refuse(WireError::kInvalidArgument,
                   "RACK_RELAY: tenant '" + t.info.name + "' is sync; only bounded and async " +
@@ -362,10 +339,6 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
     if (relay) relay->CloseNow("rack " + Num(peer) + "'s hub: its connection there closed");
     if (found != relay_conns_.end()) relay_conns_.erase(found);
     return;
-  }
-  if (kind != net::RelayKind::kMemberBack && kind != net::RelayKind::kFrame) {
-    return refuse(WireError::kInvalidArgument,
-                  "RACK_RELAY: kind " + Num(static_cast<int>(kind)) + " is not a relay kind");
   }
   if (!relay) {
     // Announced (or a frame before its notice, which may wait parked behind

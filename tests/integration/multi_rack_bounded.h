@@ -232,12 +232,9 @@ inline std::string RawFrame(FrameHeader h, const std::string& payload) {
   net::EncodeHeader(h, buf);
   return std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload;
 }
-inline std::string RelayPrefix(net::RelayKind kind, net::Opcode op, uint32_t rank) {
-  std::string p(net::kRelayPrefixBytes, '\0');
-  p[0] = static_cast<char>(kind);
-  p[1] = static_cast<char>(op);
-  std::memcpy(p.data() + 4, &rank, 4);
-  return p;
+inline std::string RelayPrefix(net::RelayKind kind, net::Opcode op, uint32_t rank,
+                               uint64_t session = 0) {
+  return net::EncodeRelayPrefix({kind, op, rank, session});
 }
 
 }  // namespace rackhub::bounded_test

@@ -244,6 +244,28 @@ FrameHeader DecodeHeader(std::span<const std::byte, kHeaderBytes> in);
 // ("payload_bytes: ...").
 Status CheckHeader(const FrameHeader& h);
 
+// RACK_RELAY's prefix and RACK_RELAY_REPLY's frame (section 7d; the sizes
+// and kinds above).
+// The prefix's fields (little-endian on the wire, as the header).
+struct RelayPrefix {
+  RelayKind kind = RelayKind::kFrame;
+  Opcode opcode = Opcode::kHeartbeat;  // kFrame: the worker's; notices: unused (0 on the wire)
+  uint32_t rank = 0;                   // on the sending hub's rack
+  uint64_t session = 0;
+};
+// Exactly kRelayPrefixBytes bytes (the reserved field 0; a notice's opcode
+// byte 0).
+std::string EncodeRelayPrefix(const RelayPrefix& p);
+// Reads the prefix at the start of a RACK_RELAY payload, or INVALID_ARGUMENT
+// naming what is wrong: shorter than the prefix, an unknown kind, a nonzero
+// reserved field. The opcode is not checked here (the home says which it
+// serves).
+Result<RelayPrefix> DecodeRelayPrefix(std::span<const std::byte> payload);
+// Checks a RACK_RELAY_REPLY payload is one whole PARAMS or ERROR frame
+// (header valid by CheckHeader, payload_bytes = the rest) and returns its
+// header, or INVALID_ARGUMENT naming what is wrong.
+Result<FrameHeader> DecodeRelayReply(std::span<const std::byte> payload);
+
 // A whole ERROR frame answering `request_id` on a connection of `tenant`:
 // the header (payload_bytes set, kFlagFatal if `fatal`) and its body.
 struct ErrorFrame {
