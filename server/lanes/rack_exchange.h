@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <span>
@@ -346,6 +347,11 @@ class RackExchange final : public net::FrameHandler {
   uint64_t next_relay_ = 0;
   // The home: relay connections by (link, tenant handle here, member).
   std::map<RelaySlot, std::shared_ptr<net::Connection>> relay_conns_;
+  // The home: per slot, the sessions its member notices said are gone (a
+  // frame of one that comes later, e.g. parked behind its key, is refused;
+  // a MEMBER_BACK of the session takes it out). Forgotten with the slot's
+  // link or tenant.
+  std::map<RelaySlot, std::set<uint64_t>> gone_sessions_;
   uint64_t relay_seq_ = 0;
 
   ChunkTable* table_;

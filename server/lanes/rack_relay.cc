@@ -335,10 +335,45 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
       found != relay_conns_.end() && found->second->open()
           ? static_cast<RelayConnection*>(found->second.get())
           : nullptr;
+  // The worker's own hub owns its generations (sessions): a notice or
+  // frame names the session it is about. A gone notice ends only that
+  // session's connection here, and its later frames (parked behind their
+  // key, say) are refused, never resurrecting it; a member-back notice of
+  // another session replaces the slot's connection (a new process of the
+  // rank on its hub: the one before is over there), and a frame of any
+  // session but the slot's current one is refused.
+  std::set<uint64_t>& gone = gone_sessions_[slot];
   if (kind == net::RelayKind::kMemberGone) {
-    if (relay) relay->CloseNow("rack " + Num(peer) + "'s hub: its connection there closed");
-    if (found != relay_conns_.end()) relay_conns_.erase(found);
+    gone.insert(session);
+    if (found != relay_conns_.end() && found->second->id().session == session) {
+      const auto closing = std::move(found->second);
+      relay_conns_.erase(found);
+      static_cast<RelayConnection*>(closing.get())
+          ->CloseNow("rack " + Num(peer) + "'s hub: its connection there closed");
+    }
     return;
+  }
+  if (kind == net::RelayKind::kMemberBack) {
+    gone.erase(session);
+  } else if (gone.count(session)) {
+    return refuse(WireError::kWorkerLost,
+                  "RACK_RELAY: rank " + Num(rank) + " of rack " + Num(peer) + " (session " +
+                      Num(session) + ") is gone from rack " + Num(peer) + "'s hub");
+  }
+  if (relay && relay->id().session != session && kind == net::RelayKind::kFrame) {
+    return refuse(WireError::kWorkerLost,
+                  "RACK_RELAY: rank " + Num(rank) + " of rack " + Num(peer) + " (session " +
+                      Num(session) + ") is not its current session on rack " +
+                      Num(topology_.rack) + "'s hub (" + Num(relay->id().session) + ")");
+  }
+  if (relay && relay->id().session != session) {
+    const auto replaced = std::move(found->second);
+    relay_conns_.erase(found);
+    static_cast<RelayConnection*>(replaced.get())
+        ->CloseNow("rank " + Num(rank) + " of rack " + Num(peer) + ": session " +
+                   Num(replaced->id().session) + " was replaced by session " + Num(session) +
+                   " on its hub");
+    relay = nullptr;
   }
   if (!relay) {
     // Announced (or a frame before its notice, which may wait parked behind
@@ -406,6 +441,7 @@ void RackExchange::CloseRelays(const net::Connection* link, const std::string& w
 
 void RackExchange::CloseRelaysIf(const std::function<bool(const RelaySlot&)>& which,
                                  const std::string& why) {
+  std::erase_if(gone_sessions_, [&](const auto& g) { return which(g.first); });
   for (auto it = relay_conns_.begin(); it != relay_conns_.end();) {
     if (!which(it->first)) {
       ++it;

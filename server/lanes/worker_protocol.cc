@@ -24,6 +24,13 @@ namespace {
 constexpr auto kReconnectRetryPeriod = std::chrono::milliseconds(20);
 constexpr int kReconnectRetries = 50;
 
+// A relayed member's generation at the home (AdoptOrRetry).
+std::shared_ptr<WorkerGeneration> RelayedGeneration(uint64_t session) {
+  auto own = std::make_shared<WorkerGeneration>();
+  own->session = session;
+  return own;
+}
+
 }  // namespace
 
 net::SendLimits WorkerSendLimits(const DataConfig& config, uint32_t chunk_bytes) {
@@ -95,8 +102,14 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
   // Its process's generation (docs/durability.md, "Worker generations"). A
   // new session of the rank ends the one before, which must not contribute
   // any more (it is normally over already: its connection here closed).
+  // Across racks the worker's own hub owns its generations: at the home a
+  // relayed member's connection is a generation of its own, never
+  // replacing nor replaced by another (its member notices and sessions
+  // decide, rack_relay.cc).
   std::shared_ptr<WorkerGeneration> replaced;
-  const std::shared_ptr<WorkerGeneration> gen = t->runtime->Enter(member, id.session, &replaced);
+  const std::shared_ptr<WorkerGeneration> gen =
+      table_->RelayedWorker(id) ? RelayedGeneration(id.session)
+                                : t->runtime->Enter(member, id.session, &replaced);
   t->conns[member] = conn;
   t->conn_seq[member] = seq;
   t->gens[member] = gen;

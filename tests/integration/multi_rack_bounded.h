@@ -232,6 +232,41 @@ inline std::string RawFrame(FrameHeader h, const std::string& payload) {
   net::EncodeHeader(h, buf);
   return std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload;
 }
+// The KEY_BIND of key "w" (`chunks` chunks, id `key_id`) of tenant "t" (one
+// worker per rack) in `mode`, as a hub the test plays sends it.
+inline data::v1::KeyBind KeyBindOf(Mode mode, uint32_t key_id, uint32_t chunks) {
+  data::v1::KeyBind bind;
+  bind.set_tenant("t");
+  bind.set_key("w");
+  bind.set_key_id(key_id);
+  bind.set_elements(uint64_t{chunks} * kElems);
+  bind.set_dtype(pb::FP32);
+  bind.set_first_chunk(0);
+  bind.set_chunk_elements(kElems);
+  bind.set_workers_per_rack(1);
+  bind.set_init(pb::ZEROS);
+  bind.set_consistency(mode.consistency);
+  bind.set_staleness(mode.staleness);
+  return bind;
+}
+// The frame a RACK_RELAY_REPLY on `replies` (a home's link to the rack the
+// test plays) carries for relay `relay_id` (KEY_BINDs and notices skipped).
+inline std::optional<Frame> RelayAnswer(RawClient& replies, uint64_t relay_id,
+                                        std::chrono::milliseconds timeout =
+                                            testing::kReceiveTimeout) {
+  auto f = replies.Receive(timeout);
+  while (f && f->h.opcode != net::Opcode::kRackRelayReply && f->h.opcode != net::Opcode::kError) {
+    f = replies.Receive(timeout);
+  }
+  EXPECT_TRUE(f && f->h.opcode == net::Opcode::kRackRelayReply) << Describe(f);
+  std::optional<Frame> inner;
+  if (!f || f->payload.size() < net::kHeaderBytes) return inner;
+  EXPECT_EQ(f->h.request_id, relay_id);
+  inner = Frame{net::DecodeHeader(std::span<const std::byte, net::kHeaderBytes>(
+                    reinterpret_cast<const std::byte*>(f->payload.data()), net::kHeaderBytes)),
+                f->payload.substr(net::kHeaderBytes)};
+  return inner;
+}
 inline std::string RelayPrefix(net::RelayKind kind, net::Opcode op, uint32_t rank,
                                uint64_t session = 0) {
   return net::EncodeRelayPrefix({kind, op, rank, session});

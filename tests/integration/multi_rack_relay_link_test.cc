@@ -11,6 +11,9 @@
 //  - an answer from a hub that is not the relay's home is refused by name;
 //  - hubs disagreeing on a tenant's consistency refuse each other's
 //    KEY_BIND by name, and the relayed frames of that key with it.
+//  - a relayed worker replaced by a new process on its hub while frames of
+//    the old one straggle: the home neither applies them nor lets them (or
+//    the old one's late gone notice) end the new one.
 #include "multi_rack_bounded.h"
 
 namespace rackhub {
@@ -87,18 +90,7 @@ TEST(MultiRackRelayLinkTest, BadRelayFramesAreRefusedByName) {
   Worker a = Connect(racks, 0, 0);  // for the key's id
   RawClient link(racks.interhub(0));
   ASSERT_TRUE(testing::OpenHubLink(link, std::string(48, 's'), {1, 0, 0, 2, 1}));
-  data::v1::KeyBind bind;
-  bind.set_tenant("t");
-  bind.set_key("w");
-  bind.set_key_id(a.key);
-  bind.set_elements(2 * kElems);
-  bind.set_dtype(pb::FP32);
-  bind.set_first_chunk(0);
-  bind.set_chunk_elements(kElems);
-  bind.set_workers_per_rack(1);
-  bind.set_init(pb::ZEROS);
-  bind.set_consistency(pb::BOUNDED);
-  bind.set_staleness(1);
+  const data::v1::KeyBind bind = KeyBindOf(kBounded1, a.key, 2);
   FrameHeader kb;
   kb.opcode = net::Opcode::kKeyBind;
   kb.tenant = 77;
@@ -108,24 +100,10 @@ TEST(MultiRackRelayLinkTest, BadRelayFramesAreRefusedByName) {
   relay.tenant = 77;
   relay.key = a.key;
   relay.dtype = net::DType::kFp32;
-  // Whose answer is a RACK_RELAY_REPLY holding an ERROR (or a PARAMS), on
-  // rack 0's hub's own link to rack 1 (its KEY_BINDs and member notices
-  // skipped).
+  // Its answers: RACK_RELAY_REPLYs on rack 0's hub's own link to rack 1.
   const auto answer = [&](uint64_t relay_id,
                           std::chrono::milliseconds timeout = testing::kReceiveTimeout) {
-    auto f = replies->Receive(timeout);
-    while (f && f->h.opcode != net::Opcode::kRackRelayReply &&
-           f->h.opcode != net::Opcode::kError) {
-      f = replies->Receive(timeout);
-    }
-    EXPECT_TRUE(f && f->h.opcode == net::Opcode::kRackRelayReply) << Describe(f);
-    std::optional<Frame> inner;
-    if (!f || f->payload.size() < net::kHeaderBytes) return inner;
-    EXPECT_EQ(f->h.request_id, relay_id);
-    inner = Frame{net::DecodeHeader(std::span<const std::byte, net::kHeaderBytes>(
-                      reinterpret_cast<const std::byte*>(f->payload.data()), net::kHeaderBytes)),
-                  f->payload.substr(net::kHeaderBytes)};
-    return inner;
+    return RelayAnswer(*replies, relay_id, timeout);
   };
   // A rank the tenant does not have (one worker per rack).
   relay.request_id = 1;
@@ -235,6 +213,66 @@ TEST(MultiRackRelayLinkTest, AReplyFromAHubThatIsNotTheHomeIsRefused) {
   EXPECT_EQ(released.clock, 1u);
   EXPECT_EQ(released.updates, 2u);
   EXPECT_EQ(released.params[0], -(3.0f + 1.0f) / 3.0f) << "the forged values were not taken";
+}
+
+// Rack 1's hub (played by the test) owns its worker's generations: rank 0
+// there runs as session 1, then a new process, session 2, is announced
+// while session 1's frames straggle (as one parked behind its key would).
+// The home refuses session 1's late frames with a non-fatal WORKER_LOST
+// (not applied), its late gone notice does not end session 2, and session
+// 2's requests are served: chunk 0 ends at the reference -(1 + 2) / 2.
+TEST(MultiRackRelayLinkTest, AReplacedRelayedWorkersStragglersAreRefused) {
+  Racks racks(2, false, {}, 1);
+  const auto replies = racks.AcceptLinkFrom(0);
+  CreateTenant(racks.hub(0).admin_address(), kAsync, 1, 2);
+  Worker a = Connect(racks, 0, 0);
+  RawClient link(racks.interhub(0));
+  ASSERT_TRUE(testing::OpenHubLink(link, std::string(48, 's'), {1, 0, 0, 2, 1}));
+  FrameHeader kb;
+  kb.opcode = net::Opcode::kKeyBind;
+  kb.tenant = 77;
+  kb.key = a.key;
+  link.Send(kb, KeyBindOf(kAsync, a.key, 2).SerializeAsString());
+  const auto relay = [&](net::RelayKind kind, net::Opcode op, uint64_t session,
+                         uint64_t relay_id, uint64_t iteration = 0, std::string grad = "") {
+    FrameHeader h;
+    h.opcode = net::Opcode::kRackRelay;
+    h.tenant = 77;
+    h.key = a.key;
+    h.dtype = net::DType::kFp32;
+    h.iteration = iteration;
+    h.request_id = relay_id;
+    link.Send(h, RelayPrefix(kind, op, 0, session) + grad);
+  };
+  const auto frame = net::RelayKind::kFrame;
+  relay(net::RelayKind::kMemberBack, net::Opcode::kHeartbeat, 1, 0);
+  relay(frame, net::Opcode::kPull, 1, 1);
+  EXPECT_EQ(ParamsOf(RelayAnswer(*replies, 1)).clock, 0u);
+  relay(frame, net::Opcode::kPush, 1, 2, 0, testing::Floats(kElems, 1.0f));
+  EXPECT_EQ(ParamsOf(RelayAnswer(*replies, 2)).clock, 1u);
+  // Session 2 is announced; session 1's push straggles in after it.
+  relay(net::RelayKind::kMemberBack, net::Opcode::kHeartbeat, 2, 0);
+  relay(frame, net::Opcode::kPush, 1, 3, 1, testing::Floats(kElems, 100.0f));
+  ExpectError(RelayAnswer(*replies, 3), net::WireError::kWorkerLost,
+              "RACK_RELAY: rank 0 of rack 1 (session 1) is not its current session on rack 0's "
+              "hub (2)",
+              false);
+  // Session 1's gone notice, late: session 2 goes on.
+  relay(net::RelayKind::kMemberGone, net::Opcode::kHeartbeat, 1, 0);
+  relay(frame, net::Opcode::kPull, 2, 4);
+  const Reply pulled = ParamsOf(RelayAnswer(*replies, 4));
+  EXPECT_EQ(pulled.updates, 1u);
+  relay(frame, net::Opcode::kPush, 2, 5, pulled.clock, testing::Floats(kElems, 2.0f));
+  EXPECT_EQ(ParamsOf(RelayAnswer(*replies, 5)).clock, pulled.clock + 1);
+  relay(frame, net::Opcode::kPull, 1, 6);
+  ExpectError(RelayAnswer(*replies, 6), net::WireError::kWorkerLost,
+              "RACK_RELAY: rank 0 of rack 1 (session 1) is gone from rack 1's hub", false);
+  a.Pull(0);
+  const Reply r = ParamsOf(a.link->Receive());
+  EXPECT_EQ(r.updates, 2u);
+  ASSERT_EQ(r.params.size(), kElems);
+  EXPECT_EQ(r.params[0], -(1.0f + 2.0f) / 2.0f);
+  EXPECT_EQ(r.params[kElems - 1], -(1.0f + 2.0f) / 2.0f);
 }
 
 }  // namespace
