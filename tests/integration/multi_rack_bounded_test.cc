@@ -305,5 +305,44 @@ TEST(MultiRackBoundedTest, AKilledHomeFailsRelayedRequestsAndThePullResumes) {
   EXPECT_EQ(pushed.params[0], pulled.params[0] - 0.5f) << "ones over 2 workers, lr 1";
 }
 
+// A from_client key whose chunk 1's home (rack 1's hub) restarts without
+// state: no other hub keeps the values, so a's relayed PULL waits there
+// and its relayed PUSH gets a non-fatal NOT_READY naming the home (a's
+// connection to its own hub stays open); rank 0 of rack 0 INITs the chunk
+// again, the PULL is answered with those values and the push goes on.
+TEST(MultiRackBoundedTest, AHomeRestartedWithoutStateWantsTheInitAgain) {
+  Racks racks(2, false);
+  for (uint32_t h = 0; h < 2; ++h) {
+    CreateTenant(racks.hub(h).admin_address(), kAsync, 1, 2, pb::FROM_CLIENT);
+  }
+  Worker a = Connect(racks, 0, 0);
+  a.link->Send(a.Header(net::Opcode::kInit, 1), testing::Floats(kElems, 2.0f));
+  EXPECT_EQ(a.link->Receive()->h.opcode, net::Opcode::kParams);
+  EXPECT_EQ(racks.hub(1).Stop(SIGKILL), 128 + SIGKILL);
+  racks.Start(1);
+  CreateTenant(racks.hub(1).admin_address(), kAsync, 1, 2, pb::FROM_CLIENT);
+  const uint64_t pull = a.Pull(1);  // relayed; waits at the home for an INIT
+  a.Push(1, 0, testing::Floats(kElems, 1.0f));
+  const auto refused = a.link->Receive(std::chrono::seconds(10));
+  ExpectError(refused, net::WireError::kNotReady,
+              "key: 'w' has no initial values at chunk 1's home, rack 1's hub (rank 0 of rack 0 "
+              "must INIT it, again if that hub restarted without state)",
+              false);
+  a.link->Send(a.Header(net::Opcode::kInit, 1), testing::Floats(kElems, 4.0f));
+  std::map<uint64_t, std::optional<Frame>> replies;
+  for (int i = 0; i < 2; ++i) {
+    auto f = a.link->Receive(std::chrono::seconds(10));
+    ASSERT_TRUE(f) << "the INIT's reply and the waiting PULL's";
+    replies[f->h.request_id] = std::move(f);
+  }
+  ASSERT_TRUE(replies.count(pull));
+  EXPECT_EQ(testing::AsFloats(replies[pull]->payload.substr(0, 4 * kElems)),
+            std::vector<float>(kElems, 4.0f));
+  a.Push(1, 0, testing::Floats(kElems, 1.0f));
+  const Reply pushed = ParamsOf(a.link->Receive(std::chrono::seconds(10)));
+  EXPECT_EQ(pushed.clock, 1u);
+  EXPECT_EQ(pushed.params[0], 4.0f - 0.5f) << "a one over 2 workers, lr 1, from the new INIT";
+}
+
 }  // namespace
 }  // namespace rackhub
