@@ -48,6 +48,7 @@ RackExchange::RackExchange(const TopologyConfig& topology, const DataConfig& dat
     : topology_(topology),
       link_limits_(LinkLimits(data)),
       handshake_limit_(data.hello_timeout_ms),
+      relay_deadline_(std::chrono::milliseconds(data.straggler_timeout_ms) + 2 * kPeerWaitLimit),
       table_(table),
       registry_(registry),
       host_(host),

@@ -171,6 +171,7 @@ class RackExchange final : public net::FrameHandler {
     std::string key_name;
     uint32_t tenant = 0;  // this hub's handle
     size_t reserved = 0;  // on the worker's connection (Reserve)
+    std::chrono::steady_clock::time_point sent{};
   };
   // Relays in flight per worker connection, at most (refused beyond).
   static constexpr size_t kMaxRelaysPerWorker = 4096;
@@ -180,6 +181,8 @@ class RackExchange final : public net::FrameHandler {
   // before the updates waiting on them fail with WORKER_LOST; frames for a key
   // not declared here yet are kept as long.
   static constexpr auto kPeerWaitLimit = std::chrono::seconds(5);
+  // How often relays in flight are checked against relay_deadline_.
+  static constexpr auto kRelaySweepPeriod = std::chrono::seconds(1);
   // Parked frames are retried this often.
   static constexpr auto kParkedRetryPeriod = std::chrono::milliseconds(10);
   // Lane 0: recovery rounds still waiting send their reports again this often
@@ -304,6 +307,10 @@ class RackExchange final : public net::FrameHandler {
   const net::SendLimits link_limits_;
   // A handshake this lane opens must finish within this (data.hello_timeout_ms).
   const std::chrono::milliseconds handshake_limit_;
+  // Not the home: a relay unanswered this long fails (ExpireRelays): the
+  // home answers within its straggler timeout, each way held at most
+  // kPeerWaitLimit while a link is down.
+  const std::chrono::milliseconds relay_deadline_;
   // Failed handshakes (a wrong secret retried every 200 ms) are logged at
   // most this often.
   LogLimiter refusals_{5, std::chrono::seconds(10)};
@@ -315,6 +322,13 @@ class RackExchange final : public net::FrameHandler {
   // The link to `home` is lost (or gave up): every relay to it fails with
   // a non-fatal WORKER_LOST naming the rack.
   void FailRelays(uint32_t home, const std::string& why);
+  // Every relay in flight longer than relay_deadline_ fails with a
+  // non-fatal WORKER_LOST naming its home's rack (the link up but the
+  // answer lost, or it never came); runs every second while relays wait.
+  void ExpireRelays();
+  // Relay `r` (taken out of relays_) fails: its worker, if still there,
+  // gets a non-fatal WORKER_LOST saying `why` about the home's rack.
+  bool FailRelay(const PendingRelay& r, const std::string& why);
   // A relay answered or failed: its worker has one fewer in flight, and
   // its reservation is released.
   void Uncount(const PendingRelay& r);
@@ -353,6 +367,7 @@ class RackExchange final : public net::FrameHandler {
   // link or tenant.
   std::map<RelaySlot, std::set<uint64_t>> gone_sessions_;
   uint64_t relay_seq_ = 0;
+  bool relay_sweep_armed_ = false;
 
   ChunkTable* table_;
   Registry* registry_;

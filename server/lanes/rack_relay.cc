@@ -136,8 +136,13 @@ void RackExchange::Relay(net::Connection& worker, LaneTenant& t, LaneKey& key,
   if (!worker.Reserve(reserved)) return;
   const uint64_t id = ++next_relay_;
   ++inflight;
-  relays_[id] = PendingRelay{worker.weak_from_this(), &worker, h.request_id, home,
-                             h.key, h.chunk, key.info.name, t.info.handle, reserved};
+  relays_[id] = PendingRelay{worker.weak_from_this(), &worker, h.request_id, home, h.key,
+                             h.chunk, key.info.name, t.info.handle, reserved,
+                             std::chrono::steady_clock::now()};
+  if (!relay_sweep_armed_) {
+    relay_sweep_armed_ = true;
+    gate_->After(kRelaySweepPeriod, [this] { ExpireRelays(); });
+  }
   auto body = std::make_shared<std::string>(net::EncodeRelayPrefix(
       {net::RelayKind::kFrame, h.opcode, worker.id().rank, worker.id().session}));
   body->append(reinterpret_cast<const char*>(payload.data()), payload.size());
@@ -223,6 +228,45 @@ void RackExchange::Uncount(const PendingRelay& r) {
   }
 }
 
+bool RackExchange::FailRelay(const PendingRelay& r, const std::string& why) {
+  Uncount(r);
+  const auto w = r.worker.lock();
+  if (!w || !w->open()) return false;
+  if (LaneTenant* t = table_->FindTenant(w->id().tenant_handle)) {
+    t->CountError(WireError::kWorkerLost);
+  }
+  w->SendError(WireError::kWorkerLost,
+               "rack link: " + why + "; rack " + Num(r.home) + "'s hub is home to chunk " +
+                   Num(r.chunk) + " of key '" + r.key_name + "' and this request may or may " +
+                   "not have been applied there: Pull the key and push on",
+               r.request_id, false);
+  return true;
+}
+
+void RackExchange::ExpireRelays() {
+  relay_sweep_armed_ = false;
+  const auto now = std::chrono::steady_clock::now();
+  size_t failed = 0;
+  for (auto it = relays_.begin(); it != relays_.end();) {
+    if (now - it->second.sent < relay_deadline_) {
+      ++it;
+      continue;
+    }
+    const PendingRelay r = std::move(it->second);
+    it = relays_.erase(it);
+    failed += FailRelay(r, "no answer from the hub of rack " + Num(r.home) + " within " +
+                               Num(relay_deadline_.count() / 1000) + " s") ? 1 : 0;
+  }
+  if (failed > 0) {
+    spdlog::warn("rack link: lane {}: {} relayed request(s) had no answer in time",
+                 table_->lane(), failed);
+  }
+  if (!relays_.empty()) {
+    relay_sweep_armed_ = true;
+    gate_->After(kRelaySweepPeriod, [this] { ExpireRelays(); });
+  }
+}
+
 void RackExchange::FailRelays(uint32_t home, const std::string& why) {
   links_[home].announced.clear();
   size_t failed = 0;
@@ -233,18 +277,7 @@ void RackExchange::FailRelays(uint32_t home, const std::string& why) {
     }
     const PendingRelay r = std::move(it->second);
     it = relays_.erase(it);
-    Uncount(r);
-    const auto w = r.worker.lock();
-    if (!w || !w->open()) continue;
-    if (LaneTenant* t = table_->FindTenant(w->id().tenant_handle)) {
-      t->CountError(WireError::kWorkerLost);
-    }
-    w->SendError(WireError::kWorkerLost,
-                 "rack link: " + why + "; rack " + Num(home) + "'s hub is home to chunk " +
-                     Num(r.chunk) + " of key '" + r.key_name + "' and this request may or may " +
-                     "not have been applied there: Pull the key and push on",
-                 r.request_id, false);
-    ++failed;
+    failed += FailRelay(r, why) ? 1 : 0;
   }
   if (failed > 0) {
     spdlog::warn("rack link: lane {}: {} relayed request(s) to rack {}'s hub failed: {}",

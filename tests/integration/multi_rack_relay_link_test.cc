@@ -11,6 +11,8 @@
 //  - an answer from a hub that is not the relay's home is refused by name;
 //  - hubs disagreeing on a tenant's consistency refuse each other's
 //    KEY_BIND by name, and the relayed frames of that key with it.
+//  - a relay the home never answers (its link up) fails after the relay
+//    deadline with a non-fatal WORKER_LOST naming the rack;
 //  - a relayed worker replaced by a new process on its hub while frames of
 //    the old one straggle: the home neither applies them nor lets them (or
 //    the old one's late gone notice) end the new one.
@@ -273,6 +275,34 @@ TEST(MultiRackRelayLinkTest, AReplacedRelayedWorkersStragglersAreRefused) {
   ASSERT_EQ(r.params.size(), kElems);
   EXPECT_EQ(r.params[0], -(1.0f + 2.0f) / 2.0f);
   EXPECT_EQ(r.params[kElems - 1], -(1.0f + 2.0f) / 2.0f);
+}
+
+// A relay whose answer never comes (the home, played by the test, takes it
+// and stays silent on links that stay up) fails on the relaying hub after
+// the relay deadline (the straggler timeout, 1 s here, plus 2 x 5 s of
+// link holds) with a non-fatal WORKER_LOST naming the rack; the worker's
+// connection stays and its own rack's chunk is served.
+TEST(MultiRackRelayLinkTest, ARelayNeverAnsweredFailsNamingTheRack) {
+  Racks racks(2, false, {"--straggler-timeout-ms", "1000"}, 1);
+  const auto from0 = racks.AcceptLinkFrom(0);
+  CreateTenant(racks.hub(0).admin_address(), kAsync, 1, 2);
+  Worker a = Connect(racks, 0, 0);
+  const auto start = std::chrono::steady_clock::now();
+  const uint64_t push = a.Push(1, 0, testing::Floats(kElems, 1.0f));  // homed on rack 1
+  auto f = from0->Receive();
+  while (f && !(f->h.opcode == net::Opcode::kRackRelay && f->h.request_id != 0)) {
+    f = from0->Receive();  // its KEY_BIND and member notice
+  }
+  ASSERT_TRUE(f) << "the push was relayed to rack 1";
+  const auto failed = a.link->Receive(std::chrono::seconds(30));
+  ExpectError(failed, net::WireError::kWorkerLost,
+              "rack link: no answer from the hub of rack 1 within 11 s; rack 1's hub is home to "
+              "chunk 1 of key 'w'",
+              false);
+  EXPECT_TRUE(failed && failed->h.request_id == push) << Describe(failed);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  a.Pull(0);
+  EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u) << "a's connection stays";
 }
 
 }  // namespace
