@@ -398,6 +398,25 @@ void RackExchange::AdoptLink(std::shared_ptr<net::Connection> conn, std::string 
     return;
   }
   std::erase_if(peer_in_, [](const auto& c) { return !c->open(); });
+  // A newer authenticated link from the same rack's hub (lane i to lane i)
+  // supersedes an older one: that hub dialed again, so the old one is
+  // half-open (a partition it saw, not yet this end). Its relayed members
+  // go with it now, not at TCP keepalive. Like a link closed refusing a
+  // frame, its close starts no recovery round here: the other hub saw its
+  // link lost and starts it, this hub joins.
+  const uint32_t rack = conn->id().rack;
+  const auto older = peer_in_;
+  for (const auto& old : older) {
+    if (old->id().rack != rack || old->id().lane != conn->id().lane) continue;
+    const std::string why = "superseded by a newer link of rack " + Num(rack) + "'s hub from " +
+                            conn->id().peer;
+    CloseRelays(old.get(), "lost the link of rack " + Num(rack) + "'s hub (" + why + ")");
+    refused_.insert(old.get());
+    old->Close(why);
+  }
+  std::erase_if(peer_in_, [&](const auto& c) {
+    return c->id().rack == rack && c->id().lane == conn->id().lane;
+  });
   conn->SetSendLimits(link_limits_);
   FrameHeader a;
   a.opcode = Opcode::kHubAccept;

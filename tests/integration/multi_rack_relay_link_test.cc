@@ -11,6 +11,8 @@
 //  - an answer from a hub that is not the relay's home is refused by name;
 //  - hubs disagreeing on a tenant's consistency refuse each other's
 //    KEY_BIND by name, and the relayed frames of that key with it.
+//  - a newer link from a rack's hub supersedes the older one: it closes,
+//    and its relayed members are gone (their held replies released);
 //  - a relay the home never answers (its link up) fails after the relay
 //    deadline with a non-fatal WORKER_LOST naming the rack;
 //  - a relayed worker replaced by a new process on its hub while frames of
@@ -183,10 +185,12 @@ TEST(MultiRackRelayLinkTest, AConsistencyMismatchIsRefusedByName) {
 // An answer to a relay must come from the hub it went to: rack 0's hub
 // relays a's push of chunk 1 to rack 1's hub (held there by b); a hub link
 // from "rack 2" answering that relay id is refused by name and closed, and
-// the real answer still comes when b pushes.
+// the real answer still comes when b pushes. (Rack 2's hub is the test's:
+// a newer link from a rack's hub supersedes the one before, so the forged
+// link must not be a real hub's rack.)
 TEST(MultiRackRelayLinkTest, AReplyFromAHubThatIsNotTheHomeIsRefused) {
-  Racks racks(3, false);
-  for (uint32_t h = 0; h < 3; ++h) CreateTenant(racks.hub(h).admin_address(), kBounded0, 1, 3);
+  Racks racks(3, false, {}, 2);
+  for (uint32_t h = 0; h < 2; ++h) CreateTenant(racks.hub(h).admin_address(), kBounded0, 1, 3);
   Worker a = Connect(racks, 0, 0), b = Connect(racks, 1, 0);
   b.Pull(1);
   EXPECT_EQ(ParamsOf(b.link->Receive()).clock, 0u);
@@ -303,6 +307,41 @@ TEST(MultiRackRelayLinkTest, ARelayNeverAnsweredFailsNamingTheRack) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   a.Pull(0);
   EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u) << "a's connection stays";
+}
+
+// After a partition rack 1's hub (played by the test) dials again while
+// rack 0's hub still holds its old, half-open link: the newer
+// authenticated link supersedes it. The old link is closed and its relayed
+// member (rank 0 of rack 1, the slowest) is gone at once, so the reply it
+// held for a (bounded:0) is released, not kept until TCP keepalive.
+TEST(MultiRackRelayLinkTest, ANewerLinkFromTheSameRackSupersedesTheOld) {
+  Racks racks(2, false, {}, 1);
+  const auto replies = racks.AcceptLinkFrom(0);
+  CreateTenant(racks.hub(0).admin_address(), kBounded0, 1, 2);
+  Worker a = Connect(racks, 0, 0);
+  RawClient old_link(racks.interhub(0));
+  ASSERT_TRUE(testing::OpenHubLink(old_link, std::string(48, 's'), {1, 0, 0, 2, 1}));
+  FrameHeader kb;
+  kb.opcode = net::Opcode::kKeyBind;
+  kb.tenant = 77;
+  kb.key = a.key;
+  FrameHeader pull;
+  pull.opcode = net::Opcode::kRackRelay;
+  pull.tenant = 77;
+  pull.key = a.key;
+  pull.dtype = net::DType::kFp32;
+  pull.request_id = 1;
+  old_link.SendRaw(RawFrame(kb, KeyBindOf(kBounded0, a.key, 2).SerializeAsString()) +
+                   RawFrame(pull, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPull, 0, 5)));
+  EXPECT_EQ(ParamsOf(RelayAnswer(*replies, 1)).clock, 0u) << "rank 0 of rack 1 is a member";
+  a.Push(0, 0, testing::Floats(kElems, 1.0f));  // held: rank 0 of rack 1 is at 0
+  const uint64_t probe = a.Pull(0);
+  EXPECT_EQ(ParamsOf(a.link->Receive()).request, probe) << "the push is held";
+  RawClient new_link(racks.interhub(0));
+  ASSERT_TRUE(testing::OpenHubLink(new_link, std::string(48, 's'), {1, 0, 0, 2, 1}));
+  EXPECT_TRUE(old_link.ClosedByPeer()) << "superseded";
+  const Reply released = ParamsOf(a.link->Receive());
+  EXPECT_EQ(released.clock, 1u) << "released: the old link's member is gone";
 }
 
 }  // namespace
