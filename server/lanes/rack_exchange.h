@@ -334,8 +334,15 @@ class RackExchange final : public net::FrameHandler {
   void Uncount(const PendingRelay& r);
   // The home: a RACK_RELAY from `conn` (a member notice, or a frame served
   // by the worker protocol through the member's RelayConnection).
-  void OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& key,
+  // `frame_key`: the frame's key (null for a member notice, which is about a
+  // worker of the tenant, not of a key).
+  void OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* frame_key,
                const net::FrameHeader& h, std::span<const std::byte> payload);
+  // A member notice (a RACK_RELAY of relay id 0) is handled as soon as its
+  // tenant is bound on `conn`'s rack, never parked behind its key's frames:
+  // true if handled (else it waits for the tenant's bind).
+  bool OnMemberNotice(net::Connection& conn, const net::FrameHeader& h,
+                      std::span<const std::byte> payload);
   // The home: a RACK_RELAY_REPLY (`h`: its header; `body`: the answer frame
   // whole) goes to the worker's rack on this hub's OUTGOING link there, so
   // each link carries bulk one way only (LinkLimits); held while it is down.

@@ -59,6 +59,8 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
     case Opcode::kRackRelayReply:  // relay id checked with its payload (OnRelayReply)
       return Verdict::kAccept;
     case Opcode::kRackRelay:
+      if (h.request_id == 0) return Verdict::kAccept;  // a member notice (HandleFrame)
+      [[fallthrough]];
     case Opcode::kInit:
     case Opcode::kRackSum:
     case Opcode::kRackParams:
@@ -249,6 +251,11 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   }
   // Let through unchecked by AcceptHeader (parked or unbound then)?
   const bool unchecked = unchecked_.erase(&conn) > 0;
+  // A member notice waits for its tenant only, never behind a key.
+  if (h.opcode == Opcode::kRackRelay && h.request_id == 0) {
+    if (!OnMemberNotice(conn, h, payload)) Park(conn, h, payload, true);
+    return;
+  }
   LaneTenant* t = nullptr;
   if (!PeerKey(peer, h, &t)) {
     // A relayed frame of a key whose bind was refused: its worker hears why.
@@ -339,6 +346,11 @@ void RackExchange::RetryParked() {
       parked_.push_back(std::move(p));
       continue;
     }
+    if (p.header.opcode == Opcode::kRackRelay && p.header.request_id == 0 &&
+        OnMemberNotice(*conn, p.header, p.payload)) {
+      conn->Unreserve(p.reserved);
+      continue;
+    }
     LaneTenant* t = nullptr;
     if (PeerKey(conn->id().rack, p.header, &t) && HeldByRecovery(*t, p.header)) {
       blocked.insert(id);  // until the recovery ends (rack_recovery.h)
@@ -378,7 +390,7 @@ void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
   LaneTenant* tp = nullptr;
   LaneKey& key = *PeerKey(peer, h, &tp);
   LaneTenant& t = *tp;
-  if (h.opcode == Opcode::kRackRelay) return OnRelay(conn, t, key, h, payload);
+  if (h.opcode == Opcode::kRackRelay) return OnRelay(conn, t, &key, h, payload);
   Chunk& c = table_->GetChunk(t, key, h.chunk);
   if (h.opcode == Opcode::kRackAlign) return OnAlign(conn, t, key, c, h, payload);
   if (c.table()) return OnRowData(conn, t, key, c, h, payload);

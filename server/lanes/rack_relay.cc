@@ -190,7 +190,10 @@ void RackExchange::RelayMemberGone(LaneTenant& t, uint32_t member,
     PeerLink& link = links_[rack];
     const auto it = link.announced.find({t.info.handle, member});
     if (it == link.announced.end()) continue;
+    // (Bound with the key that announced it, or, that one deleted since,
+    // any key of the tenant: the home takes notices by tenant.)
     LaneKey* key = table_->FindKey(t, it->second);
+    if (!key && !t.keys.empty()) key = &t.keys.begin()->second;
     link.announced.erase(it);
     // (On a link that is down it waits behind the notice that announced
     // the member, if that one waits too; a home that lost the link has
@@ -200,8 +203,9 @@ void RackExchange::RelayMemberGone(LaneTenant& t, uint32_t member,
                        net::RelayKind::kMemberGone);
     }
   }
-  std::erase_if(relays_, [&](const auto& r) { return r.second.worker_ptr == &worker; });
-  relays_per_worker_.erase(&worker);
+  if (relays_per_worker_.erase(&worker) > 0) {
+    std::erase_if(relays_, [&](const auto& r) { return r.second.worker_ptr == &worker; });
+  }
 }
 
 void RackExchange::ForgetTenant(uint32_t handle) {
@@ -331,7 +335,16 @@ void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
   w->SendOwned(inner, std::string(reinterpret_cast<const char*>(body.data()), body.size()));
 }
 
-void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& key,
+bool RackExchange::OnMemberNotice(net::Connection& conn, const FrameHeader& h,
+                                  std::span<const std::byte> payload) {
+  LaneTenant* t = nullptr;
+  PeerKey(conn.id().rack, h, &t);  // (binds the tenant by a pending KEY_BIND too)
+  if (!t) return false;
+  OnRelay(conn, *t, nullptr, h, payload);
+  return true;
+}
+
+void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* frame_key,
                            const FrameHeader& h, std::span<const std::byte> payload) {
   const uint32_t peer = conn.id().rack;
   const auto refuse = [&](WireError code, const std::string& text) {
@@ -343,6 +356,10 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
     return;
   }
   const auto [kind, op, rank, session] = *prefix;
+  if (!frame_key && kind == net::RelayKind::kFrame) {
+    return refuse(WireError::kInvalidArgument,
+                  "RACK_RELAY: a frame (kind 0) needs a relay id; relay id 0 is a member notice");
+  }
   if (!Unsynced(t) || !workers_) {
     return refuse(WireError::kInvalidArgument,
                   "RACK_RELAY: tenant '" + t.info.name + "' is sync; only bounded and async " +
@@ -423,6 +440,7 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
     workers_->Adopt(fresh, ++relay_seq_);
   }
   if (kind == net::RelayKind::kMemberBack) return;
+  const LaneKey& key = *frame_key;
   if (op != Opcode::kPush && op != Opcode::kInit && op != Opcode::kPull) {
     return refuse(WireError::kInvalidArgument,
                   "RACK_RELAY: opcode " + Num(static_cast<int>(op)) + " is not PUSH, INIT or " +
@@ -433,6 +451,14 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey& 
     return refuse(WireError::kInvalidArgument,
                   "RACK_RELAY: chunk " + Num(h.chunk) + " of key '" + key.info.name +
                       "' is not homed on rack " + Num(topology_.rack) + "'s hub");
+  }
+  // (The relaying hub sends each chunk on its owner lane's link, as its
+  // worker did: another lane here is a hub's bug, refused without closing
+  // the worker's connection there.)
+  if (const uint32_t owner = table_->OwnerLane(key.info, h.chunk); owner != table_->lane()) {
+    return refuse(WireError::kInvalidArgument,
+                  "RACK_RELAY: chunk " + Num(h.chunk) + " of key '" + key.info.name +
+                      "' lives on lane " + Num(owner) + ", not lane " + Num(table_->lane()));
   }
   FrameHeader inner = h;
   inner.opcode = op;

@@ -125,6 +125,21 @@ class Racks {
   }
 };
 
+// Key `name` of `chunks` 4-KiB chunks of tenant "t", on one hub.
+inline void CreateKey(const std::string& admin, const std::string& name, uint32_t chunks,
+                      pb::InitMode init = pb::ZEROS) {
+  auto channel = grpc::CreateChannel(admin, grpc::InsecureChannelCredentials());
+  grpc::ClientContext kctx;
+  pb::CreateKeyRequest key;
+  key.set_tenant("t");
+  key.set_name(name);
+  key.set_elements(uint64_t{kElems} * chunks);
+  key.set_init(init);
+  pb::Key k;
+  const grpc::Status s = pb::KeyService::NewStub(channel)->CreateKey(&kctx, key, &k);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+}
+
 // Tenant "t" (`workers` per rack, 4096-byte chunks, SGD with learning rate
 // 1 and a mean) in `mode`, with key "w" of `chunks` chunks, on one hub.
 inline void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, uint32_t chunks,
@@ -143,14 +158,7 @@ inline void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, 
   pb::CreateTenantResponse resp;
   const grpc::Status s = pb::TenantService::NewStub(channel)->CreateTenant(&ctx, req, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  grpc::ClientContext kctx;
-  pb::CreateKeyRequest key;
-  key.set_tenant("t");
-  key.set_name("w");
-  key.set_elements(uint64_t{kElems} * chunks);
-  key.set_init(init);
-  pb::Key k;
-  ASSERT_TRUE(pb::KeyService::NewStub(channel)->CreateKey(&kctx, key, &k).ok());
+  CreateKey(admin, "w", chunks, init);
 }
 
 // One worker (a raw connection to its rack's hub, lane 0).
@@ -232,16 +240,18 @@ inline std::string RawFrame(FrameHeader h, const std::string& payload) {
   net::EncodeHeader(h, buf);
   return std::string(reinterpret_cast<const char*>(buf.data()), buf.size()) + payload;
 }
-// The KEY_BIND of key "w" (`chunks` chunks, id `key_id`) of tenant "t" (one
+// The KEY_BIND of key `name` (`chunks` chunks from tenant chunk
+// `first_chunk`, id `key_id`) of tenant "t" (one
 // worker per rack) in `mode`, as a hub the test plays sends it.
-inline data::v1::KeyBind KeyBindOf(Mode mode, uint32_t key_id, uint32_t chunks) {
+inline data::v1::KeyBind KeyBindOf(Mode mode, uint32_t key_id, uint32_t chunks,
+                                   const std::string& name = "w", uint32_t first_chunk = 0) {
   data::v1::KeyBind bind;
   bind.set_tenant("t");
-  bind.set_key("w");
+  bind.set_key(name);
   bind.set_key_id(key_id);
   bind.set_elements(uint64_t{chunks} * kElems);
   bind.set_dtype(pb::FP32);
-  bind.set_first_chunk(0);
+  bind.set_first_chunk(first_chunk);
   bind.set_chunk_elements(kElems);
   bind.set_workers_per_rack(1);
   bind.set_init(pb::ZEROS);

@@ -13,6 +13,8 @@
 //    KEY_BIND by name, and the relayed frames of that key with it.
 //  - a newer link from a rack's hub supersedes the older one: it closes,
 //    and its relayed members are gone (their held replies released);
+//  - a member's gone notice is not parked behind its key's frames, and a
+//    frame of the member that was parked is refused after it, not served;
 //  - a relay the home never answers (its link up) fails after the relay
 //    deadline with a non-fatal WORKER_LOST naming the rack;
 //  - a relayed worker replaced by a new process on its hub while frames of
@@ -24,6 +26,36 @@ namespace rackhub {
 namespace {
 
 using namespace bounded_test;  // NOLINT(build/namespaces): the suite's support
+
+// Rack 0's hub with tenant "t" (one worker per rack, key "w" of 2 chunks:
+// chunk 0 homed on rack 0) and its worker a; the test plays rack 1's hub:
+// `replies` is rack 0's hub's link to it (where relays are answered), and
+// OpenLink() a link of rack 1's hub to rack 0's, authenticated, with "w"
+// bound (rack 1's tenant handle 77).
+struct PlayedRack1 {
+  Racks racks;
+  std::unique_ptr<RawClient> replies;
+  Worker a;
+  explicit PlayedRack1(Mode mode, std::vector<std::string> extra = {})
+      : racks(2, false, std::move(extra), 1), mode_(mode) {
+    replies = racks.AcceptLinkFrom(0);
+    CreateTenant(racks.hub(0).admin_address(), mode, 1, 2);
+    a = Connect(racks, 0, 0);
+  }
+  std::unique_ptr<RawClient> OpenLink() {
+    auto link = std::make_unique<RawClient>(racks.interhub(0));
+    EXPECT_TRUE(testing::OpenHubLink(*link, std::string(48, 's'), {1, 0, 0, 2, 1}));
+    FrameHeader kb;
+    kb.opcode = net::Opcode::kKeyBind;
+    kb.tenant = 77;
+    kb.key = a.key;
+    link->Send(kb, KeyBindOf(mode_, a.key, 2).SerializeAsString());
+    return link;
+  }
+
+ private:
+  Mode mode_;
+};
 
 // Relays put bulk on the hub links both ways: each direction on its own
 // link (a home answers on its outgoing link to the worker's rack), so no
@@ -228,17 +260,10 @@ TEST(MultiRackRelayLinkTest, AReplyFromAHubThatIsNotTheHomeIsRefused) {
 // (not applied), its late gone notice does not end session 2, and session
 // 2's requests are served: chunk 0 ends at the reference -(1 + 2) / 2.
 TEST(MultiRackRelayLinkTest, AReplacedRelayedWorkersStragglersAreRefused) {
-  Racks racks(2, false, {}, 1);
-  const auto replies = racks.AcceptLinkFrom(0);
-  CreateTenant(racks.hub(0).admin_address(), kAsync, 1, 2);
-  Worker a = Connect(racks, 0, 0);
-  RawClient link(racks.interhub(0));
-  ASSERT_TRUE(testing::OpenHubLink(link, std::string(48, 's'), {1, 0, 0, 2, 1}));
-  FrameHeader kb;
-  kb.opcode = net::Opcode::kKeyBind;
-  kb.tenant = 77;
-  kb.key = a.key;
-  link.Send(kb, KeyBindOf(kAsync, a.key, 2).SerializeAsString());
+  PlayedRack1 played(kAsync);
+  Worker& a = played.a;
+  RawClient& replies = *played.replies;
+  const auto link = played.OpenLink();
   const auto relay = [&](net::RelayKind kind, net::Opcode op, uint64_t session,
                          uint64_t relay_id, uint64_t iteration = 0, std::string grad = "") {
     FrameHeader h;
@@ -248,30 +273,30 @@ TEST(MultiRackRelayLinkTest, AReplacedRelayedWorkersStragglersAreRefused) {
     h.dtype = net::DType::kFp32;
     h.iteration = iteration;
     h.request_id = relay_id;
-    link.Send(h, RelayPrefix(kind, op, 0, session) + grad);
+    link->Send(h, RelayPrefix(kind, op, 0, session) + grad);
   };
   const auto frame = net::RelayKind::kFrame;
   relay(net::RelayKind::kMemberBack, net::Opcode::kHeartbeat, 1, 0);
   relay(frame, net::Opcode::kPull, 1, 1);
-  EXPECT_EQ(ParamsOf(RelayAnswer(*replies, 1)).clock, 0u);
+  EXPECT_EQ(ParamsOf(RelayAnswer(replies, 1)).clock, 0u);
   relay(frame, net::Opcode::kPush, 1, 2, 0, testing::Floats(kElems, 1.0f));
-  EXPECT_EQ(ParamsOf(RelayAnswer(*replies, 2)).clock, 1u);
+  EXPECT_EQ(ParamsOf(RelayAnswer(replies, 2)).clock, 1u);
   // Session 2 is announced; session 1's push straggles in after it.
   relay(net::RelayKind::kMemberBack, net::Opcode::kHeartbeat, 2, 0);
   relay(frame, net::Opcode::kPush, 1, 3, 1, testing::Floats(kElems, 100.0f));
-  ExpectError(RelayAnswer(*replies, 3), net::WireError::kWorkerLost,
+  ExpectError(RelayAnswer(replies, 3), net::WireError::kWorkerLost,
               "RACK_RELAY: rank 0 of rack 1 (session 1) is not its current session on rack 0's "
               "hub (2)",
               false);
   // Session 1's gone notice, late: session 2 goes on.
   relay(net::RelayKind::kMemberGone, net::Opcode::kHeartbeat, 1, 0);
   relay(frame, net::Opcode::kPull, 2, 4);
-  const Reply pulled = ParamsOf(RelayAnswer(*replies, 4));
+  const Reply pulled = ParamsOf(RelayAnswer(replies, 4));
   EXPECT_EQ(pulled.updates, 1u);
   relay(frame, net::Opcode::kPush, 2, 5, pulled.clock, testing::Floats(kElems, 2.0f));
-  EXPECT_EQ(ParamsOf(RelayAnswer(*replies, 5)).clock, pulled.clock + 1);
+  EXPECT_EQ(ParamsOf(RelayAnswer(replies, 5)).clock, pulled.clock + 1);
   relay(frame, net::Opcode::kPull, 1, 6);
-  ExpectError(RelayAnswer(*replies, 6), net::WireError::kWorkerLost,
+  ExpectError(RelayAnswer(replies, 6), net::WireError::kWorkerLost,
               "RACK_RELAY: rank 0 of rack 1 (session 1) is gone from rack 1's hub", false);
   a.Pull(0);
   const Reply r = ParamsOf(a.link->Receive());
@@ -287,15 +312,14 @@ TEST(MultiRackRelayLinkTest, AReplacedRelayedWorkersStragglersAreRefused) {
 // link holds) with a non-fatal WORKER_LOST naming the rack; the worker's
 // connection stays and its own rack's chunk is served.
 TEST(MultiRackRelayLinkTest, ARelayNeverAnsweredFailsNamingTheRack) {
-  Racks racks(2, false, {"--straggler-timeout-ms", "1000"}, 1);
-  const auto from0 = racks.AcceptLinkFrom(0);
-  CreateTenant(racks.hub(0).admin_address(), kAsync, 1, 2);
-  Worker a = Connect(racks, 0, 0);
+  PlayedRack1 played(kAsync, {"--straggler-timeout-ms", "1000"});
+  Worker& a = played.a;
+  RawClient& from0 = *played.replies;
   const auto start = std::chrono::steady_clock::now();
   const uint64_t push = a.Push(1, 0, testing::Floats(kElems, 1.0f));  // homed on rack 1
-  auto f = from0->Receive();
+  auto f = from0.Receive();
   while (f && !(f->h.opcode == net::Opcode::kRackRelay && f->h.request_id != 0)) {
-    f = from0->Receive();  // its KEY_BIND and member notice
+    f = from0.Receive();  // its KEY_BIND and member notice
   }
   ASSERT_TRUE(f) << "the push was relayed to rack 1";
   const auto failed = a.link->Receive(std::chrono::seconds(30));
@@ -315,33 +339,65 @@ TEST(MultiRackRelayLinkTest, ARelayNeverAnsweredFailsNamingTheRack) {
 // member (rank 0 of rack 1, the slowest) is gone at once, so the reply it
 // held for a (bounded:0) is released, not kept until TCP keepalive.
 TEST(MultiRackRelayLinkTest, ANewerLinkFromTheSameRackSupersedesTheOld) {
-  Racks racks(2, false, {}, 1);
-  const auto replies = racks.AcceptLinkFrom(0);
-  CreateTenant(racks.hub(0).admin_address(), kBounded0, 1, 2);
-  Worker a = Connect(racks, 0, 0);
-  RawClient old_link(racks.interhub(0));
-  ASSERT_TRUE(testing::OpenHubLink(old_link, std::string(48, 's'), {1, 0, 0, 2, 1}));
-  FrameHeader kb;
-  kb.opcode = net::Opcode::kKeyBind;
-  kb.tenant = 77;
-  kb.key = a.key;
+  PlayedRack1 played(kBounded0);
+  Worker& a = played.a;
+  const auto old_link = played.OpenLink();
   FrameHeader pull;
   pull.opcode = net::Opcode::kRackRelay;
   pull.tenant = 77;
   pull.key = a.key;
   pull.dtype = net::DType::kFp32;
   pull.request_id = 1;
-  old_link.SendRaw(RawFrame(kb, KeyBindOf(kBounded0, a.key, 2).SerializeAsString()) +
-                   RawFrame(pull, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPull, 0, 5)));
-  EXPECT_EQ(ParamsOf(RelayAnswer(*replies, 1)).clock, 0u) << "rank 0 of rack 1 is a member";
+  old_link->Send(pull, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPull, 0, 5));
+  EXPECT_EQ(ParamsOf(RelayAnswer(*played.replies, 1)).clock, 0u) << "rank 0 of rack 1 is a member";
   a.Push(0, 0, testing::Floats(kElems, 1.0f));  // held: rank 0 of rack 1 is at 0
   const uint64_t probe = a.Pull(0);
   EXPECT_EQ(ParamsOf(a.link->Receive()).request, probe) << "the push is held";
-  RawClient new_link(racks.interhub(0));
-  ASSERT_TRUE(testing::OpenHubLink(new_link, std::string(48, 's'), {1, 0, 0, 2, 1}));
-  EXPECT_TRUE(old_link.ClosedByPeer()) << "superseded";
+  const auto new_link = played.OpenLink();
+  EXPECT_TRUE(old_link->ClosedByPeer()) << "superseded";
   const Reply released = ParamsOf(a.link->Receive());
   EXPECT_EQ(released.clock, 1u) << "released: the old link's member is gone";
+}
+
+// Member notices are about a worker of the tenant, not of a key: rank 0 of
+// rack 1 (played by the test, session 1) is live at rack 0's hub and holds
+// a's push (bounded:0); its PULL of key "w2", not declared at the home yet,
+// is parked; its gone notice, bound with "w2" too, is handled at once (a's
+// reply is released). When "w2" is declared the parked PULL is refused
+// (WORKER_LOST, its member is gone), never resurrecting it.
+TEST(MultiRackRelayLinkTest, AGoneNoticeIsNotParkedAndNothingResurrectsItsMember) {
+  PlayedRack1 played(kBounded0);
+  Worker& a = played.a;
+  RawClient& replies = *played.replies;
+  const uint32_t w2 = a.key + 1;  // the tenant's next key: chunks 2 and 3 (home of 2: rack 0)
+  const auto link = played.OpenLink();
+  FrameHeader h;
+  h.tenant = 77;
+  h.dtype = net::DType::kFp32;
+  const auto send = [&](net::Opcode op, uint32_t key, uint64_t relay_id, const std::string& body) {
+    h.opcode = op;
+    h.key = key;
+    h.request_id = relay_id;
+    link->Send(h, body);
+  };
+  send(net::Opcode::kKeyBind, w2, 0, KeyBindOf(kBounded0, w2, 2, "w2", 2).SerializeAsString());
+  const auto prefix = [](net::RelayKind kind) {
+    return RelayPrefix(kind, kind == net::RelayKind::kFrame ? net::Opcode::kPull
+                                                             : net::Opcode::kHeartbeat,
+                       0, 1);
+  };
+  send(net::Opcode::kRackRelay, a.key, 0, prefix(net::RelayKind::kMemberBack));
+  send(net::Opcode::kRackRelay, a.key, 1, prefix(net::RelayKind::kFrame));
+  EXPECT_EQ(ParamsOf(RelayAnswer(replies, 1)).clock, 0u);
+  a.Push(0, 0, testing::Floats(kElems, 1.0f));  // held: rank 0 of rack 1 is at 0
+  const uint64_t probe = a.Pull(0);
+  EXPECT_EQ(ParamsOf(a.link->Receive()).request, probe) << "the push is held";
+  send(net::Opcode::kRackRelay, w2, 2, prefix(net::RelayKind::kFrame));  // parked: no "w2"
+  send(net::Opcode::kRackRelay, w2, 0, prefix(net::RelayKind::kMemberGone));
+  EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 1u) << "released by the gone notice at once";
+  CreateKey(played.racks.hub(0).admin_address(), "w2", 2);
+  ExpectError(RelayAnswer(replies, 2, std::chrono::seconds(10)), net::WireError::kWorkerLost,
+              "RACK_RELAY: rank 0 of rack 1 (session 1) is gone from rack 1's hub", false);
 }
 
 }  // namespace
