@@ -128,15 +128,16 @@ class Racks {
 // Key `name` of `chunks` 4-KiB chunks of tenant "t", on one hub.
 inline void CreateKey(const std::string& admin, const std::string& name, uint32_t chunks,
                       pb::InitMode init = pb::ZEROS) {
-  auto channel = grpc::CreateChannel(admin, grpc::InsecureChannelCredentials());
-  grpc::ClientContext kctx;
   pb::CreateKeyRequest key;
   key.set_tenant("t");
   key.set_name(name);
   key.set_elements(uint64_t{kElems} * chunks);
   key.set_init(init);
+  grpc::ClientContext ctx;
   pb::Key k;
-  const grpc::Status s = pb::KeyService::NewStub(channel)->CreateKey(&kctx, key, &k);
+  const grpc::Status s =
+      pb::KeyService::NewStub(grpc::CreateChannel(admin, grpc::InsecureChannelCredentials()))
+          ->CreateKey(&ctx, key, &k);
   ASSERT_TRUE(s.ok()) << s.error_message();
 }
 
