@@ -188,6 +188,13 @@ void FrameSeeds() {
   Write(t, "rack-sum", Frame(net::Opcode::kRackSum, Floats(8, 4), net::DType::kFp32));
   Write(t, "rack-params", Frame(net::Opcode::kRackParams, Floats(8, 2), net::DType::kBf16));
   Write(t, "pull", Frame(net::Opcode::kPull, ""));
+  // Bounded/async tenants across racks: a relayed PUSH (prefix: kind 0,
+  // opcode PUSH, rank 1, session 7) and the home's PARAMS reply to it.
+  const std::string prefix = net::EncodeRelayPrefix({net::RelayKind::kFrame, net::Opcode::kPush, 1, 7});
+  Write(t, "rack-relay", Frame(net::Opcode::kRackRelay, prefix + Floats(8, 4), net::DType::kFp32));
+  Write(t, "rack-relay-reply",
+        Frame(net::Opcode::kRackRelayReply, Frame(net::Opcode::kParams, Floats(8, 2),
+                                                  net::DType::kFp32, 1, 1, 0, 1, 1)));
   // Table rows (key 1: frame_fuzz reads them as rows of 2 columns).
   const std::vector<uint64_t> ids = {3, 1, 3}, want = {2};
   Write(t, "push-rows", Frame(net::Opcode::kPushRows,

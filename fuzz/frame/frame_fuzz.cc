@@ -171,7 +171,44 @@ void DecodePayload(const net::FrameHeader& h, std::span<const std::byte> payload
         DecodeElements(h, payload.subspan(net::kRowsPrefixBytes));
       }
       break;
+    case net::Opcode::kRackRelay: {
+      // The 16-byte relay prefix (decoded as the home does; re-encoded, a
+      // valid one gives back its bytes), then the worker's payload, read
+      // as the worker's frame would be.
+      const auto prefix = net::DecodeRelayPrefix(payload);
+      if (!prefix.ok()) {
+        Check(!prefix.status().message().empty(), "a refused relay prefix says why");
+        break;
+      }
+      const std::string again = net::EncodeRelayPrefix(*prefix);
+      Check(prefix->kind != net::RelayKind::kFrame ||
+                std::memcmp(again.data(), payload.data(), net::kRelayPrefixBytes) == 0,
+            "a relay prefix re-encodes to its bytes");
+      net::FrameHeader inner = h;
+      inner.opcode = prefix->opcode;
+      inner.payload_bytes = static_cast<uint32_t>(payload.size() - net::kRelayPrefixBytes);
+      if (prefix->kind == net::RelayKind::kFrame && inner.opcode != net::Opcode::kRackRelay &&
+          inner.opcode != net::Opcode::kRackRelayReply && net::CheckHeader(inner).ok()) {
+        DecodePayload(inner, payload.subspan(net::kRelayPrefixBytes));
+      }
+      break;
+    }
+    case net::Opcode::kRackRelayReply: {
+      // A whole PARAMS or ERROR frame, checked as the relaying hub does,
+      // then its payload read as a worker reads it.
+      const auto inner = net::DecodeRelayReply(payload);
+      if (!inner.ok()) {
+        Check(!inner.status().message().empty(), "a refused relay reply says why");
+        break;
+      }
+      Check(inner->payload_bytes == payload.size() - net::kHeaderBytes,
+            "a relay reply's frame is whole");
+      DecodePayload(*inner, payload.subspan(net::kHeaderBytes));
+      break;
+    }
     case net::Opcode::kPull:
+    case net::Opcode::kCommit:
+    case net::Opcode::kRollback:
     case net::Opcode::kHeartbeat:
     case net::Opcode::kBye:
     case net::Opcode::kAck: break;
@@ -199,7 +236,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto op = static_cast<uint8_t>(h.opcode);
   Check(h.magic == net::kMagic && h.version == net::kVersion && op >= 1 &&
             op <= net::kMaxOpcode && static_cast<uint8_t>(h.dtype) <= 3 &&
-            h.payload_bytes <= net::kMaxDataPayload,
+            h.payload_bytes <= std::max(net::kMaxDataPayload, net::kMaxRelayPayload),
         "CheckHeader passes only valid headers");
 
   // The payload the receiver would get: at most payload_bytes of what follows.

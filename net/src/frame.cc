@@ -90,6 +90,8 @@ const char* OpcodeName(Opcode op) {
     case Opcode::kRackCheckpoint: return "RACK_CHECKPOINT";
     case Opcode::kCommit: return "COMMIT";
     case Opcode::kRollback: return "ROLLBACK";
+    case Opcode::kRackRelay: return "RACK_RELAY";
+    case Opcode::kRackRelayReply: return "RACK_RELAY_REPLY";
   }
   return "UNKNOWN";
 }
@@ -149,6 +151,11 @@ Status CheckHeader(const FrameHeader& h) {
     if (h.payload_bytes % DTypeBytes(h.dtype) != 0) {
       return InvalidArgument(fmt::format("payload_bytes: {} is not a whole number of {} elements",
                                          h.payload_bytes, DTypeName(h.dtype)));
+    }
+  } else if (h.opcode == Opcode::kRackRelay || h.opcode == Opcode::kRackRelayReply) {
+    if (h.payload_bytes > kMaxRelayPayload) {
+      return InvalidArgument(fmt::format("payload_bytes: {} exceeds the relay maximum {}",
+                                         h.payload_bytes, kMaxRelayPayload));
     }
   } else if (h.payload_bytes > kMaxControlPayload) {
     return InvalidArgument(fmt::format("payload_bytes: {} exceeds the control-message maximum {}",
@@ -281,6 +288,62 @@ Result<ErrorBody> DecodeErrorBody(std::span<const std::byte> body) {
   e.code = static_cast<WireError>(c);
   e.text.assign(reinterpret_cast<const char*>(body.data()) + 4, body.size() - 4);
   return e;
+}
+
+std::string EncodeRelayPrefix(const RelayPrefix& p) {
+  std::string out(kRelayPrefixBytes, '\0');
+  auto* b = reinterpret_cast<std::byte*>(out.data());
+  Put<uint8_t>(b, 0, static_cast<uint8_t>(p.kind));
+  Put<uint8_t>(b, 1, p.kind == RelayKind::kFrame ? static_cast<uint8_t>(p.opcode) : 0);
+  Put<uint16_t>(b, 2, 0);
+  Put<uint32_t>(b, 4, p.rank);
+  Put<uint64_t>(b, 8, p.session);
+  return out;
+}
+
+Result<RelayPrefix> DecodeRelayPrefix(std::span<const std::byte> payload) {
+  if (payload.size() < kRelayPrefixBytes) {
+    return InvalidArgument(fmt::format("RACK_RELAY: {} bytes, shorter than its {}-byte prefix",
+                                       payload.size(), kRelayPrefixBytes));
+  }
+  const std::byte* b = payload.data();
+  const auto kind = Get<uint8_t>(b, 0);
+  if (kind > static_cast<uint8_t>(RelayKind::kMemberGone)) {
+    return InvalidArgument(fmt::format("RACK_RELAY: kind {} is not a relay kind", kind));
+  }
+  if (const auto reserved = Get<uint16_t>(b, 2); reserved != 0) {
+    return InvalidArgument(
+        fmt::format("RACK_RELAY: the prefix's reserved field is {}, not 0", reserved));
+  }
+  RelayPrefix p;
+  p.kind = static_cast<RelayKind>(kind);
+  p.opcode = static_cast<Opcode>(Get<uint8_t>(b, 1));
+  p.rank = Get<uint32_t>(b, 4);
+  p.session = Get<uint64_t>(b, 8);
+  return p;
+}
+
+Result<FrameHeader> DecodeRelayReply(std::span<const std::byte> payload) {
+  if (payload.size() < kHeaderBytes) {
+    return InvalidArgument(fmt::format(
+        "RACK_RELAY_REPLY: {} bytes, shorter than a {}-byte frame header", payload.size(),
+        kHeaderBytes));
+  }
+  const FrameHeader inner = DecodeHeader(payload.first<kHeaderBytes>());
+  if (inner.opcode != Opcode::kParams && inner.opcode != Opcode::kError) {
+    return InvalidArgument(
+        fmt::format("RACK_RELAY_REPLY: carries {}, not a PARAMS or ERROR frame",
+                    OpcodeName(inner.opcode)));
+  }
+  if (Status ok = CheckHeader(inner); !ok.ok()) {
+    return InvalidArgument("RACK_RELAY_REPLY: the frame it carries: " + ok.message());
+  }
+  if (inner.payload_bytes != payload.size() - kHeaderBytes) {
+    return InvalidArgument(fmt::format(
+        "RACK_RELAY_REPLY: the frame it carries says {} payload bytes, {} follow",
+        inner.payload_bytes, payload.size() - kHeaderBytes));
+  }
+  return inner;
 }
 
 }  // namespace rackhub::net

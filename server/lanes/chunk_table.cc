@@ -103,9 +103,7 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
   if (!slot && key.info.table()) {
     slot = NewTableChunk(t, key, chunk);
   } else if (!slot) {
-    const uint64_t first = uint64_t{chunk} * key.info.chunk_elements;
-    const uint32_t n = static_cast<uint32_t>(
-        std::min<uint64_t>(key.info.chunk_elements, key.info.elements - first));
+    const uint32_t n = ChunkElements(key.info, chunk);
     // Created with the optimizer schedule the key's other chunks follow, so
     // a change announced for a later update applies here at the same update.
     const OptimizerSchedule& sched = key.info.schedule;
@@ -131,15 +129,24 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
     slot->sparse_replies = key.info.topk_ratio > 0;
     slot->elastic = t.info.elastic;
     if (t.info.consistency != Consistency::kSync) {
-      slot->unsynced = std::make_unique<UnsyncedClocks>(t.info.workers_per_rack);
-      for (uint32_t m = 0; m < t.info.workers_per_rack; ++m) {
+      // Across racks one chunk serves every rack's workers (at its home;
+      // rack_relay.cc brings the other racks' frames there): members
+      // rack * rank_slots + rank, the mean over all of them.
+      const uint32_t members = t.info.rank_slots() * racks_;
+      slot->unsynced = std::make_unique<UnsyncedClocks>(members);
+      for (uint32_t m = 0; m < members; ++m) {
         const auto it = t.conns.find(m);
         slot->unsynced->gone[m] = it == t.conns.end() || !it->second->open();
       }
+      if (racks_ > 1) {
+        slot->state.set_mean_divisor(members);
+        slot->home = HomeRack(key.info, chunk);
+      }
     }
-    if (racks_ > 1) {
-      InitMultiRackChunk(t, key, *slot, key.info.placement.first_chunk + chunk);
-    } else if (const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire)) {
+    if (racks_ > 1 && !slot->unsynced) {
+      InitMultiRackChunk(t, key, *slot, chunk);
+    } else if (const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire);
+               floor > 0 && racks_ == 1) {
       // The key's other chunks were aligned or restored to `floor`.
       slot->state.SkipTo(floor);
     }
@@ -165,8 +172,7 @@ std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, ui
       first, n, k.dim, racks_ > 1 ? racks_ : t.info.workers_per_rack, sched.base);
   if (racks_ > 1) {
     c->rows->set_mean_divisor(racks_ * t.info.workers_per_rack);
-    const uint64_t g = uint64_t{k.placement.first_chunk} + chunk;
-    c->home = exchange_ ? static_cast<uint32_t>((g / lanes_) % racks_) : self_rack_;
+    c->home = HomeRack(k, chunk);
     c->row_stages = std::make_unique<Chunk::RackRowStages>();
     c->row_stages->by_rack.resize(racks_);
     c->row_stages->taken_for.assign(racks_, 0);
@@ -196,9 +202,8 @@ std::unique_ptr<Chunk> ChunkTable::NewTableChunk(LaneTenant& t, LaneKey& key, ui
 // optimizer with mean = sum / (R * W). A min/max/product key reduces with
 // its operation in both stages instead of adding. In flat mode one hub serves every
 // rack and is every chunk's home: the same additions in the same order.
-void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c,
-                                    uint64_t global_index) {
-  c.home = exchange_ ? static_cast<uint32_t>((global_index / lanes_) % racks_) : self_rack_;
+void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t chunk) {
+  c.home = HomeRack(key.info, chunk);
   const bool from_client = key.info.init == InitMode::kFromClient;
   const uint32_t n = c.state.elements();
   c.stages.resize(racks_);

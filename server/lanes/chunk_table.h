@@ -330,6 +330,28 @@ class ChunkTable {
   uint32_t OwnerLane(const KeyInfo& key, uint32_t chunk) const {
     return static_cast<uint32_t>((key.placement.first_chunk + chunk) % lanes_);
   }
+  // A worker of another rack served here through its hub's relays (a
+  // RelayConnection at a chunk's home): not counted in this hub's workers.
+  bool RelayedWorker(const net::ConnectionIdentity& id) const {
+    return exchange_ && id.rack != self_rack_;
+  }
+  // The elements of chunk `chunk` of a dense key.
+  static uint32_t ChunkElements(const KeyInfo& key, uint32_t chunk) {
+    const uint64_t first = uint64_t{chunk} * key.chunk_elements;
+    return static_cast<uint32_t>(std::min<uint64_t>(key.chunk_elements, key.elements - first));
+  }
+  // The rack whose hub is home to chunk `chunk` of `key` (tenant-wide index
+  // g = first_chunk + chunk: rack (g / lanes) % racks; this rack in flat mode).
+  uint32_t HomeRack(const KeyInfo& key, uint32_t chunk) const {
+    const uint64_t g = uint64_t{key.placement.first_chunk} + chunk;
+    return exchange_ ? static_cast<uint32_t>((g / lanes_) % racks_) : self_rack_;
+  }
+  // A bounded/async tenant's chunk homed on another rack's hub: this hub
+  // keeps no state of it and relays its workers' frames there (rack_relay.cc).
+  bool Relayed(const LaneTenant& t, const KeyInfo& key, uint32_t chunk) const {
+    return exchange_ && t.info.consistency != Consistency::kSync &&
+           HomeRack(key, chunk) != self_rack_;
+  }
   // The chunk's state, created on first use with the key's optimizer
   // schedule (and, for tenants spanning racks, its stages and home).
   Chunk& GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
@@ -405,7 +427,7 @@ class ChunkTable {
   size_t connection_count() const;
 
  private:
-  void InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t global_index);
+  void InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t chunk);
   // A row-sparse table's row range `chunk` (rows, init, optimizer schedule).
   std::unique_ptr<Chunk> NewTableChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);
   static void RestoreRackStages(const LaneKey& key, Chunk& c, std::span<const float> params);

@@ -97,7 +97,10 @@ void DataPlane::RackLost(uint32_t rack) {
                           " left the cluster (its etcd lease is gone)";
   OnEveryLane([this, why](Lane& lane) {
     for (auto& [handle, t] : lane.table().tenants()) {
-      if (!t.pending.empty()) AbortIteration(handle, why, false);
+      // (Bounded/async tenants: their relays fail with the lost hub links.)
+      if (!t.pending.empty() && t.info.consistency == Consistency::kSync) {
+        AbortIteration(handle, why, false);
+      }
     }
   });
 }

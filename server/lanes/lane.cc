@@ -20,6 +20,7 @@ Lane::Lane(uint32_t lane, uint32_t lanes, const Config& config, Registry* regist
       table_(lane, lanes, config.topology, registry, host),
       exchange_(config.topology, config.data, &table_, registry, host, &gate_, io),
       workers_(config.data, &table_, registry, host, &gate_, &exchange_) {
+  exchange_.SetWorkers(&workers_);
   gate_.Post([this] { ArmStragglerCheck(); });
 }
 
@@ -50,6 +51,7 @@ void Lane::OnTenantDeleted(uint32_t handle) {
   for (auto& [id, job] : t->armed) job->Fail("the tenant was deleted during the checkpoint");
   workers_.CloseTenant(*t, WireError::kTenantGone, "tenant: '" + t->info.name + "' was deleted");
   table_.EraseTenant(handle);
+  exchange_.ForgetTenant(handle);  // its relays (their connections' close callbacks find no tenant)
   if (FairScheduler* s = workers_.scheduler()) s->Forget(handle);
   workers_.TrimMemorySoon();  // its chunks are gone (or go with the replies still queued)
 }

@@ -48,6 +48,7 @@ RackExchange::RackExchange(const TopologyConfig& topology, const DataConfig& dat
     : topology_(topology),
       link_limits_(LinkLimits(data)),
       handshake_limit_(data.hello_timeout_ms),
+      relay_deadline_(std::chrono::milliseconds(data.straggler_timeout_ms) + 2 * kPeerWaitLimit),
       table_(table),
       registry_(registry),
       host_(host),
@@ -181,22 +182,30 @@ void RackExchange::SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const 
   PeerLink& link = links_[rack];
   FrameHeader tagged = h;
   if (EpochTagged(h.opcode)) tagged.request_id = t.rack_epoch;  // stale after a newer round
-  if (!link.out || !link.out->open() || !link.ready) {
-    // Not connected or not authenticated (yet): hold the frame for a while
-    // (with its payload's owner, so a deleted key's bytes stay valid).
-    if (link.queued.empty()) {
-      const uint64_t generation = ++link.queue_generation;
-      gate_->After(kPeerWaitLimit, [this, rack, generation] { GiveUp(rack, generation); });
-    }
-    link.queued.push_back({t.info.handle, key.info.id, tagged, payload, std::move(owner)});
-    Connect(rack);
-    return;
-  }
+  if (!LinkUp(rack)) return Hold(rack, t.info.handle, key.info.id, tagged, payload, std::move(owner));
   SendKeyBind(link, t, key);
   FrameHeader f = tagged;
   f.payload_bytes = static_cast<uint32_t>(payload.size());
   link.out->SendShared(f, payload, std::move(owner));
   host_->CountRackChunkBytes(rack, net::kHeaderBytes + payload.size());
+}
+
+bool RackExchange::LinkUp(uint32_t rack) const {
+  const PeerLink& link = links_[rack];
+  return link.out && link.out->open() && link.ready;
+}
+
+void RackExchange::Hold(uint32_t rack, uint32_t tenant, uint32_t key, const FrameHeader& h,
+                        std::span<const std::byte> payload, std::shared_ptr<const void> owner) {
+  // Not connected or not authenticated (yet): hold the frame for a while
+  // (with its payload's owner, so a deleted key's bytes stay valid).
+  PeerLink& link = links_[rack];
+  if (link.queued.empty()) {
+    const uint64_t generation = ++link.queue_generation;
+    gate_->After(kPeerWaitLimit, [this, rack, generation] { GiveUp(rack, generation); });
+  }
+  link.queued.push_back({tenant, key, h, payload, std::move(owner)});
+  Connect(rack);
 }
 
 void RackExchange::SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key) {
@@ -216,6 +225,8 @@ void RackExchange::SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key) {
   bind.set_dim(key.info.dim);
   bind.set_init_seed(key.info.init_seed);
   bind.set_init_scale(key.info.init_scale);
+  bind.set_consistency(ConsistencyToProto(t.info.consistency));
+  bind.set_staleness(t.info.staleness);
   FrameHeader b;
   b.opcode = Opcode::kKeyBind;
   b.tenant = t.info.handle;
@@ -358,6 +369,10 @@ void RackExchange::FlushQueue(uint32_t rack) {
   links_[rack].queued.clear();
   ++links_[rack].queue_generation;  // cancels the pending give-up
   for (const auto& q : queued) {
+    if (q.header.opcode == Opcode::kRackRelayReply) {
+      SendRelayReply(rack, q.header, q.payload, q.owner);
+      continue;
+    }
     LaneTenant* t = table_->FindTenant(q.tenant);
     LaneKey* key = t ? table_->FindKey(*t, q.key) : nullptr;
     if (key) SendToPeer(rack, *t, *key, q.header, q.payload, q.owner);
@@ -368,17 +383,20 @@ void RackExchange::GiveUp(uint32_t rack, uint64_t generation) {
   PeerLink& link = links_[rack];
   if (link.queue_generation != generation || link.queued.empty()) return;
   std::set<uint32_t> tenants;
-  for (const auto& q : link.queued) tenants.insert(q.tenant);
+  for (const auto& q : link.queued) {
+    // (A relay reply's worker is on that rack: its hub fails the relay.)
+    if (q.header.opcode != Opcode::kRackRelayReply) tenants.insert(q.tenant);
+  }
   link.queued.clear();
+  const std::string unreachable =
+      "the hub of rack " + Num(rack) + " (" + topology_.racks[rack].interhub.ToString() +
+      ") is unreachable" + (link.refusal.empty() ? std::string() : ": " + link.refusal);
+  FailRelays(rack, unreachable);
   for (uint32_t handle : tenants) {
-    if (table_->FindTenant(handle)) {
+    if (LaneTenant* t = table_->FindTenant(handle); t && !Unsynced(*t)) {
       // Its frames are lost: the tenant's hubs realign (a recovery round,
       // which waits for that hub).
-      host_->AbortIteration(handle,
-                            "rack link: the hub of rack " + Num(rack) + " (" +
-                                topology_.racks[rack].interhub.ToString() + ") is unreachable" +
-                                (link.refusal.empty() ? std::string() : ": " + link.refusal),
-                            false);
+      host_->AbortIteration(handle, "rack link: " + unreachable, false);
     }
   }
 }
@@ -389,6 +407,25 @@ void RackExchange::AdoptLink(std::shared_ptr<net::Connection> conn, std::string 
     return;
   }
   std::erase_if(peer_in_, [](const auto& c) { return !c->open(); });
+  // A newer authenticated link from the same rack's hub (lane i to lane i)
+  // supersedes an older one: that hub dialed again, so the old one is
+  // half-open (a partition it saw, not yet this end). Its relayed members
+  // go with it now, not at TCP keepalive. Like a link closed refusing a
+  // frame, its close starts no recovery round here: the other hub saw its
+  // link lost and starts it, this hub joins.
+  const uint32_t rack = conn->id().rack;
+  const auto older = peer_in_;
+  for (const auto& old : older) {
+    if (old->id().rack != rack || old->id().lane != conn->id().lane) continue;
+    const std::string why = "superseded by a newer link of rack " + Num(rack) + "'s hub from " +
+                            conn->id().peer;
+    CloseRelays(old.get(), "lost the link of rack " + Num(rack) + "'s hub (" + why + ")");
+    refused_.insert(old.get());
+    old->Close(why);
+  }
+  std::erase_if(peer_in_, [&](const auto& c) {
+    return c->id().rack == rack && c->id().lane == conn->id().lane;
+  });
   conn->SetSendLimits(link_limits_);
   FrameHeader a;
   a.opcode = Opcode::kHubAccept;
@@ -422,6 +459,8 @@ void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& 
     link.bound.clear();
   }
   if (gate_->closed()) return;
+  // The home: the other rack's workers relayed on this link are gone.
+  CloseRelays(&conn, "lost the link of rack " + Num(peer) + "'s hub (" + why + ")");
   if (outgoing && !was_ready) {
     // The handshake failed: nothing of ours went out on it (the queue waits,
     // GiveUp bounds that); log why (rate-limited) and dial again shortly.
@@ -449,13 +488,16 @@ void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& 
   if (!refused) {
     AbortAll("rack link: lost the hub of rack " + Num(peer) + " (" + why + ")");
   }
+  // Relayed requests on it are lost: they fail (WORKER_LOST naming the rack).
+  if (outgoing) FailRelays(peer, "lost the link to the hub of rack " + Num(peer) + " (" + why + ")");
   if (outgoing) Connect(peer);
 }
 
 void RackExchange::AbortAll(const std::string& why) {
   std::vector<uint32_t> handles;
   for (auto& [handle, t] : table_->tenants()) {
-    if (!t.chunks.empty()) handles.push_back(handle);
+    // (Bounded/async tenants have no cross-rack update to realign.)
+    if (!t.chunks.empty() && !Unsynced(t)) handles.push_back(handle);
   }
   for (uint32_t handle : handles) host_->AbortIteration(handle, why, false);
 }

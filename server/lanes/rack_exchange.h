@@ -19,7 +19,10 @@
 // to every other rack. Frames naming a key this hub's
 // workers have not declared yet are parked and retried; the link's later
 // frames of that key wait behind them, so a key's frames are handled in the
-// order they were sent.
+// order they were sent. Bounded and async tenants have no rack sum: their
+// workers' frames of a chunk homed elsewhere are relayed to the home
+// (RACK_RELAY / RACK_RELAY_REPLY, rack_relay.cc), where the lane's worker
+// protocol serves them through a RelayConnection per (link, member).
 //
 // Ownership: the Lane owns it; borrows the lane's ChunkTable and gate.
 // Threading: lane thread only.
@@ -27,7 +30,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <span>
@@ -47,6 +52,8 @@
 #include "registry.h"
 
 namespace rackhub::server {
+
+class WorkerProtocol;
 
 class RackExchange final : public net::FrameHandler {
  public:
@@ -97,6 +104,29 @@ class RackExchange final : public net::FrameHandler {
   // are held until they arrive. REQUIRES: nothing pending (a recovery).
   void Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& agreed);
 
+  // Bounded/async tenants spanning racks (rack_relay.cc, docs/consistency.md
+  // "Across racks", docs/wire-protocol.md 7d). A chunk lives at its home
+  // only; the other hubs relay their workers' PUSH / INIT / PULL of it there
+  // (RACK_RELAY, after a member notice naming the worker) and forward the
+  // home's answer (RACK_RELAY_REPLY). At the home each (link, member) is a
+  // RelayConnection adopted by the lane's worker protocol, which serves it
+  // like a local worker. `workers` is that protocol (set once, by the Lane).
+  void SetWorkers(WorkerProtocol* workers) { workers_ = workers; }
+  // Not the home: relays a worker's frame (AcceptHeader of the worker
+  // protocol vetted its header and payload size).
+  void Relay(net::Connection& worker, LaneTenant& t, LaneKey& key, const net::FrameHeader& h,
+             std::span<const std::byte> payload);
+  // A worker connection of a bounded/async tenant was adopted here: every
+  // other rack's hub hears it is live (a member notice on this lane's link).
+  void RelayMemberBack(LaneTenant& t, const net::Connection& worker);
+  // A worker connection of `member` closed here: the homes it was announced
+  // to hear it is gone; its relays in flight are forgotten.
+  void RelayMemberGone(LaneTenant& t, uint32_t member, const net::Connection& worker);
+  // Tenant `handle` was deleted here (after the lane erased it): its relays
+  // in flight, relay counts and member announcements, and at the home its
+  // relayed members' connections, are forgotten.
+  void ForgetTenant(uint32_t handle);
+
   // net::FrameHandler for hub links.
   Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;
   void HandleFrame(net::Connection& conn, const net::FrameHeader& h,
@@ -126,13 +156,33 @@ class RackExchange final : public net::FrameHandler {
     };
     std::vector<Queued> queued;
     uint64_t queue_generation = 0;
+    // Relayed members announced on `out` (tenant handle, member) and the
+    // key their notice was bound with (rack_relay.cc).
+    std::map<std::pair<uint32_t, uint32_t>, uint32_t> announced;
   };
+  // A relayed frame waiting for its home's answer (not the home).
+  struct PendingRelay {
+    std::weak_ptr<net::Connection> worker;
+    const net::Connection* worker_ptr = nullptr;
+    uint64_t request_id = 0;  // the worker's
+    uint32_t home = 0;
+    uint32_t key = 0;
+    uint32_t chunk = 0;
+    std::string key_name;
+    uint32_t tenant = 0;  // this hub's handle
+    size_t reserved = 0;  // on the worker's connection (Reserve)
+    std::chrono::steady_clock::time_point sent{};
+  };
+  // Relays in flight per worker connection, at most (refused beyond).
+  static constexpr size_t kMaxRelaysPerWorker = 4096;
   // A link to another hub that is down is retried this often.
   static constexpr auto kPeerRetryPeriod = std::chrono::milliseconds(200);
   // Frames for a hub that is not connected (yet) wait this long for the link
   // before the updates waiting on them fail with WORKER_LOST; frames for a key
   // not declared here yet are kept as long.
   static constexpr auto kPeerWaitLimit = std::chrono::seconds(5);
+  // How often relays in flight are checked against relay_deadline_.
+  static constexpr auto kRelaySweepPeriod = std::chrono::seconds(1);
   // Parked frames are retried this often.
   static constexpr auto kParkedRetryPeriod = std::chrono::milliseconds(10);
   // Lane 0: recovery rounds still waiting send their reports again this often
@@ -200,6 +250,12 @@ class RackExchange final : public net::FrameHandler {
   void AbortAll(const std::string& why);
   void SendToPeer(uint32_t rack, LaneTenant& t, LaneKey& key, const net::FrameHeader& h,
                   std::span<const std::byte> payload, std::shared_ptr<const void> owner);
+  // Whether the outgoing link to `rack` is authenticated and open.
+  bool LinkUp(uint32_t rack) const;
+  // Queues a frame for `rack` until its link is up (GiveUp after
+  // kPeerWaitLimit).
+  void Hold(uint32_t rack, uint32_t tenant, uint32_t key, const net::FrameHeader& h,
+            std::span<const std::byte> payload, std::shared_ptr<const void> owner);
   void SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key);
   void Connect(uint32_t rack);
   void OnConnected(uint32_t rack, std::shared_ptr<net::Connection> conn);
@@ -257,10 +313,76 @@ class RackExchange final : public net::FrameHandler {
   const net::SendLimits link_limits_;
   // A handshake this lane opens must finish within this (data.hello_timeout_ms).
   const std::chrono::milliseconds handshake_limit_;
+  // Not the home: a relay unanswered this long fails (ExpireRelays): the
+  // home answers within its straggler timeout, each way held at most
+  // kPeerWaitLimit while a link is down.
+  const std::chrono::milliseconds relay_deadline_;
   // Failed handshakes (a wrong secret retried every 200 ms) are logged at
   // most this often.
   LogLimiter refusals_{5, std::chrono::seconds(10)};
   LogLimiter sum_refusals_{5, std::chrono::seconds(10)};  // ElasticSumFits
+  // Relays (rack_relay.cc). Not the home: frames in flight by relay id.
+  void OnRelayReply(net::Connection& conn, const net::FrameHeader& h,
+                    std::span<const std::byte> payload);
+  void SendMemberNotice(uint32_t home, LaneTenant& t, LaneKey& key, uint32_t rank,
+                        uint64_t session, net::RelayKind kind);
+  // The link to `home` is lost (or gave up): every relay to it fails with
+  // a non-fatal WORKER_LOST naming the rack.
+  void FailRelays(uint32_t home, const std::string& why);
+  // Every relay in flight longer than relay_deadline_ fails with a
+  // non-fatal WORKER_LOST naming its home's rack (the link up but the
+  // answer lost, or it never came); runs every second while relays wait.
+  void ExpireRelays();
+  // Relay `r` (taken out of relays_) fails: its worker, if still there,
+  // gets a non-fatal WORKER_LOST saying `why` about the home's rack.
+  bool FailRelay(const PendingRelay& r, const std::string& why);
+  // A relay answered or failed: its worker has one fewer in flight, and
+  // its reservation is released.
+  void Uncount(const PendingRelay& r);
+  // The home: a RACK_RELAY from `conn` (a member notice, or a frame served
+  // by the worker protocol through the member's RelayConnection).
+  // `frame_key`: the frame's key (null for a member notice, which is about a
+  // worker of the tenant, not of a key).
+  void OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* frame_key,
+               const net::FrameHeader& h, std::span<const std::byte> payload);
+  // A member notice (a RACK_RELAY of relay id 0) is handled as soon as its
+  // tenant is bound on `conn`'s rack, never parked behind its key's frames:
+  // true if handled (else it waits for the tenant's bind).
+  bool OnMemberNotice(net::Connection& conn, const net::FrameHeader& h,
+                      std::span<const std::byte> payload);
+  // The home: a RACK_RELAY_REPLY (`h`: its header; `body`: the answer frame
+  // whole) goes to the worker's rack on this hub's OUTGOING link there, so
+  // each link carries bulk one way only (LinkLimits); held while it is down.
+  void SendRelayReply(uint32_t rack, const net::FrameHeader& h, std::span<const std::byte> body,
+                      std::shared_ptr<const void> owner);
+  // The home: answers a relayed frame (`h`, from `conn`) with a non-fatal
+  // ERROR naming the problem (a member notice: an ERROR on the link).
+  void RefuseRelay(net::Connection& conn, const net::FrameHeader& h, net::WireError code,
+                   const std::string& text);
+  // The home: every RelayConnection of link `link` closes (link lost).
+  void CloseRelays(const net::Connection* link, const std::string& why);
+  using RelaySlot = std::tuple<const net::Connection*, uint32_t, uint32_t>;
+  // The home: the RelayConnections whose (link, tenant handle, member)
+  // `which` picks close.
+  void CloseRelaysIf(const std::function<bool(const RelaySlot&)>& which, const std::string& why);
+  // Whether `t` is a bounded/async tenant (no cross-rack sync state: link
+  // losses and peer errors abort nothing of it).
+  static bool Unsynced(const LaneTenant& t) { return t.info.consistency != Consistency::kSync; }
+
+  WorkerProtocol* workers_ = nullptr;
+  std::unordered_map<uint64_t, PendingRelay> relays_;
+  std::unordered_map<const net::Connection*, size_t> relays_per_worker_;
+  uint64_t next_relay_ = 0;
+  // The home: relay connections by (link, tenant handle here, member).
+  std::map<RelaySlot, std::shared_ptr<net::Connection>> relay_conns_;
+  // The home: per slot, the sessions its member notices said are gone (a
+  // frame of one that comes later, e.g. parked behind its key, is refused;
+  // a MEMBER_BACK of the session takes it out). Forgotten with the slot's
+  // link or tenant.
+  std::map<RelaySlot, std::set<uint64_t>> gone_sessions_;
+  uint64_t relay_seq_ = 0;
+  bool relay_sweep_armed_ = false;
+
   ChunkTable* table_;
   Registry* registry_;
   LaneHost* host_;
@@ -273,6 +395,9 @@ class RackExchange final : public net::FrameHandler {
   // KEY_BINDs naming a tenant or key this hub does not have yet (its own
   // workers declare keys a little later): (peer rack, peer tenant, key id).
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> pending_binds_;
+  // KEY_BINDs refused (a different layout or consistency), by the same
+  // triple: why, for the relayed frames of that key (answered at once).
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> bind_refusals_;
   std::vector<Parked> parked_;
   bool parked_timer_armed_ = false;
   // Links whose frame in progress AcceptHeader let through without

@@ -18,6 +18,7 @@
 namespace rackhub::server {
 
 namespace dpb = rackhub::data::v1;
+namespace pb = rackhub::admin::v1;
 
 Verdict RackExchange::Reject(net::Connection& conn, WireError code, const std::string& text,
                              uint64_t request_id) {
@@ -55,6 +56,11 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
                       h.request_id);
       }
       return Verdict::kAccept;
+    case Opcode::kRackRelayReply:  // relay id checked with its payload (OnRelayReply)
+      return Verdict::kAccept;
+    case Opcode::kRackRelay:
+      if (h.request_id == 0) return Verdict::kAccept;  // a member notice (HandleFrame)
+      [[fallthrough]];
     case Opcode::kInit:
     case Opcode::kRackSum:
     case Opcode::kRackParams:
@@ -100,6 +106,9 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
     SendPeerError(conn, h.tenant, "key: id " + Num(h.key) + " is not bound");
     return Verdict::kDiscard;
   }
+  // A relayed worker frame or member notice: the worker protocol checks
+  // it at the home (OnRelay).
+  if (h.opcode == Opcode::kRackRelay) return Verdict::kAccept;
   if (Stale(*t, h)) return Verdict::kDiscard;  // of an update a recovery round ended
   if (h.chunk >= key->info.placement.chunk_count ||
       table_->OwnerLane(key->info, h.chunk) != table_->lane()) {
@@ -196,6 +205,18 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
       !registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
     return false;  // not here yet
   }
+  // (Unset: sync, as on create.)
+  const auto theirs = bind.consistency() == pb::BOUNDED ? Consistency::kBounded
+                      : bind.consistency() == pb::ASYNC ? Consistency::kAsync
+                                                        : Consistency::kSync;
+  if (tenant.consistency != theirs || tenant.staleness != bind.staleness()) {
+    return FailedPrecondition(
+        "tenant " + QuoteForLog(bind.tenant()) + " is " +
+        ConsistencyName(tenant.consistency, tenant.staleness) + " on rack " +
+        Num(topology_.rack) + "'s hub but " + ConsistencyName(theirs, bind.staleness()) +
+        " on rack " + Num(peer) + "'s (create the tenant with the same consistency and " +
+        "staleness on every hub)");
+  }
   if (key.id != bind.key_id() || key.elements != bind.elements() ||
       key.placement.first_chunk != bind.first_chunk() ||
       static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
@@ -213,6 +234,7 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
   }
   peer_tenants_[{peer, peer_tenant}] = tenant.handle;
   pending_binds_.erase({peer, peer_tenant, bind.key_id()});
+  bind_refusals_.erase({peer, peer_tenant, bind.key_id()});
   table_->EnsureTenant(tenant);
   return true;
 }
@@ -225,6 +247,7 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   switch (h.opcode) {
     case Opcode::kError: return OnPeerError(conn, h, payload);
     case Opcode::kKeyBind: return OnKeyBind(conn, h, payload);
+    case Opcode::kRackRelayReply: return OnRelayReply(conn, h, payload);
     default: break;
   }
   if (h.opcode == Opcode::kRackCheckpoint) return host_->OnRackCheckpoint(peer, payload);
@@ -237,8 +260,20 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   }
   // Let through unchecked by AcceptHeader (parked or unbound then)?
   const bool unchecked = unchecked_.erase(&conn) > 0;
+  // A member notice waits for its tenant only, never behind a key.
+  if (h.opcode == Opcode::kRackRelay && h.request_id == 0) {
+    if (!OnMemberNotice(conn, h, payload)) Park(conn, h, payload, true);
+    return;
+  }
   LaneTenant* t = nullptr;
-  if (!PeerKey(peer, h, &t)) return Park(conn, h, payload, true);  // a key not here yet
+  if (!PeerKey(peer, h, &t)) {
+    // A relayed frame of a key whose bind was refused: its worker hears why.
+    const auto refused = bind_refusals_.find({peer, h.tenant, h.key});
+    if (h.opcode == Opcode::kRackRelay && refused != bind_refusals_.end()) {
+      return RefuseRelay(conn, h, WireError::kInvalidArgument, "key bind: " + refused->second);
+    }
+    return Park(conn, h, payload, true);  // a key not here yet
+  }
   // Frames of a known key that wait for a recovery to end (or behind one of
   // its frames that does) are not counted against the link's backlog:
   // reading on must go on, as the round's RACK_VERSIONS may come behind
@@ -263,7 +298,7 @@ void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
   const WireError code = body.ok() ? body->code : WireError{};
   const std::string text = SafeForLog(body.ok() ? body->text : body.status().message(), 512);  // another hub's words: escaped before logs and replies
   spdlog::error("rack link: rack {}'s hub refused: {}: {}", peer, net::WireErrorName(code), text);
-  if (LaneTenant* t = table_->FindTenant(h.tenant)) {
+  if (LaneTenant* t = table_->FindTenant(h.tenant); t && !Unsynced(*t)) {
     // What it refused was part of an update in flight: that update is lost,
     // the tenant's hubs realign (a recovery round). (With nothing pending,
     // e.g. a refused KEY_BIND, a round would only be refused again.)
@@ -284,6 +319,7 @@ void RackExchange::OnKeyBind(net::Connection& conn, const FrameHeader& h,
   const Result<bool> bound = TryBind(peer, h.tenant, bytes);
   if (!bound.ok()) {
     SendPeerError(conn, h.tenant, bound.status().message());
+    bind_refusals_[{peer, h.tenant, h.key}] = bound.status().message();
   } else if (!*bound) {
     pending_binds_[{peer, h.tenant, h.key}] = bytes;
   }
@@ -319,6 +355,11 @@ void RackExchange::RetryParked() {
       parked_.push_back(std::move(p));
       continue;
     }
+    if (p.header.opcode == Opcode::kRackRelay && p.header.request_id == 0 &&
+        OnMemberNotice(*conn, p.header, p.payload)) {
+      conn->Unreserve(p.reserved);
+      continue;
+    }
     LaneTenant* t = nullptr;
     if (PeerKey(conn->id().rack, p.header, &t) && HeldByRecovery(*t, p.header)) {
       blocked.insert(id);  // until the recovery ends (rack_recovery.h)
@@ -328,9 +369,13 @@ void RackExchange::RetryParked() {
     if (!PeerKey(conn->id().rack, p.header, &t)) {
       if (std::chrono::steady_clock::now() - p.since > kPeerWaitLimit) {
         conn->Unreserve(p.reserved);
-        SendPeerError(*conn, p.header.tenant,
-                      "key: id " + Num(p.header.key) + " was never declared on rack " +
-                          Num(topology_.rack) + "'s hub");
+        const std::string text = "key: id " + Num(p.header.key) +
+                                 " was never declared on rack " + Num(topology_.rack) + "'s hub";
+        if (p.header.opcode == Opcode::kRackRelay) {
+          RefuseRelay(*conn, p.header, WireError::kUnknownKey, text);  // its worker is answered
+        } else {
+          SendPeerError(*conn, p.header.tenant, text);
+        }
       } else {
         blocked.insert(id);
         parked_.push_back(std::move(p));
@@ -381,6 +426,7 @@ void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
   LaneTenant* tp = nullptr;
   LaneKey& key = *PeerKey(peer, h, &tp);
   LaneTenant& t = *tp;
+  if (h.opcode == Opcode::kRackRelay) return OnRelay(conn, t, &key, h, payload);
   Chunk& c = table_->GetChunk(t, key, h.chunk);
   if (h.opcode == Opcode::kRackAlign) return OnAlign(conn, t, key, c, h, payload);
   if (c.table()) return OnRowData(conn, t, key, c, h, payload);

@@ -30,6 +30,17 @@ uint64_t Allowed(const LaneTenant& t, uint64_t slowest) {
 Verdict WorkerProtocol::CheckUnsyncedPush(net::Connection& conn, LaneTenant& t, const KeyInfo& k,
                                           Chunk& c, const FrameHeader& h) {
   if (!c.state.initialized()) {
+    if (table_->RelayedWorker(conn.id())) {
+      // Another rack's worker: this home may have restarted without state
+      // (no other hub keeps the chunk). Non-fatal: its connection on its
+      // own hub stays; rank 0 of rack 0 INITs the key again
+      // (docs/consistency.md, Across racks).
+      return Refuse(conn, WireError::kNotReady,
+                    "key: '" + k.name + "' has no initial values at chunk " + Num(h.chunk) +
+                        "'s home, rack " + Num(table_->self_rack()) + "'s hub (rank 0 of " +
+                        "rack 0 must INIT it, again if that hub restarted without state)",
+                    h.request_id);
+    }
     return Reject(conn, WireError::kNotReady,
                   "key: '" + k.name + "' has no initial values yet (rank 0 must INIT it first)",
                   h.request_id);
@@ -149,8 +160,10 @@ void WorkerProtocol::CheckHeldReplies(LaneTenant& t, std::chrono::steady_clock::
       std::string behind;
       for (uint32_t m = 0; m < u.clock.size(); ++m) {
         if (u.gone[m] || u.clock[m] + t.info.staleness >= u.held[i]) continue;
-        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + Num(m) + " at " +
-                  Num(u.clock[m]);
+        const uint32_t slots = t.info.rank_slots();
+        behind += (behind.empty() ? "" : ", ") +
+                  (table_->racks() > 1 ? "rack " + Num(m / slots) + " " : std::string()) +
+                  "rank " + Num(m % slots) + " at " + Num(u.clock[m]);
       }
       const auto key = t.keys.find(c.key_id);
       const std::string text =

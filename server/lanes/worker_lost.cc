@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "params_reply.h"
+#include "rack_exchange.h"
 #include "rackhub/common/log_safe.h"
 #include "rackhub/common/number.h"
 #include "wire_names.h"
@@ -40,7 +41,9 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
   // Its queue goes with the connection, soon after this returns.
   if (conn.backlog_bytes() >= kTrimAfterBacklog) TrimMemorySoon();
   const uint32_t lane = table_->lane();
-  if (lane == 0) t->info.counters->workers_connected.fetch_sub(1, std::memory_order_relaxed);
+  // (Counted on lane 0 of its own rack's hub only.)
+  const bool counted = lane == 0 && !table_->RelayedWorker(conn.id());
+  if (counted) t->info.counters->workers_connected.fetch_sub(1, std::memory_order_relaxed);
   const bool left = t->leaving.erase(member) > 0;
   // A connection closed for not reading its replies is the hub defending
   // itself: worth a warning.
@@ -57,8 +60,10 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
   if (t->info.consistency != Consistency::kSync) {
     // Nothing to abort: the member stops counting as the slowest here
     // (docs/consistency.md, Lost workers).
-    if (!left && lane == 0) t->info.counters->workers_lost.fetch_add(1, std::memory_order_relaxed);
+    if (!left && counted) t->info.counters->workers_lost.fetch_add(1, std::memory_order_relaxed);
     UnsyncedMemberGone(*t, member);
+    // Across racks: the homes it was relayed to hear it too.
+    if (table_->exchange()) exchange_->RelayMemberGone(*t, member, conn);
     return;
   }
   // A clean leave aborts nothing: an update still missing this rank waits

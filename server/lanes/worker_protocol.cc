@@ -24,6 +24,13 @@ namespace {
 constexpr auto kReconnectRetryPeriod = std::chrono::milliseconds(20);
 constexpr int kReconnectRetries = 50;
 
+// A relayed member's generation at the home (AdoptOrRetry).
+std::shared_ptr<WorkerGeneration> RelayedGeneration(uint64_t session) {
+  auto own = std::make_shared<WorkerGeneration>();
+  own->session = session;
+  return own;
+}
+
 }  // namespace
 
 net::SendLimits WorkerSendLimits(const DataConfig& config, uint32_t chunk_bytes) {
@@ -95,8 +102,14 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
   // Its process's generation (docs/durability.md, "Worker generations"). A
   // new session of the rank ends the one before, which must not contribute
   // any more (it is normally over already: its connection here closed).
+  // Across racks the worker's own hub owns its generations: at the home a
+  // relayed member's connection is a generation of its own, never
+  // replacing nor replaced by another (its member notices and sessions
+  // decide, rack_relay.cc).
   std::shared_ptr<WorkerGeneration> replaced;
-  const std::shared_ptr<WorkerGeneration> gen = t->runtime->Enter(member, id.session, &replaced);
+  const std::shared_ptr<WorkerGeneration> gen =
+      table_->RelayedWorker(id) ? RelayedGeneration(id.session)
+                                : t->runtime->Enter(member, id.session, &replaced);
   t->conns[member] = conn;
   t->conn_seq[member] = seq;
   t->gens[member] = gen;
@@ -106,10 +119,15 @@ void WorkerProtocol::AdoptOrRetry(std::shared_ptr<net::Connection> conn, uint64_
                       " was replaced by a new process (generation " + Num(gen->number) + ")",
                   true);
   }
-  if (lane == 0) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
+  const bool counted = lane == 0 && !table_->RelayedWorker(id);
+  if (counted) t->info.counters->workers_connected.fetch_add(1, std::memory_order_relaxed);
   t->metrics->EnsureRank(member);
   if (t->info.elastic) ElasticAdopted(*t, member, *gen);
-  if (t->info.consistency != Consistency::kSync) UnsyncedMemberBack(*t, member);
+  if (t->info.consistency != Consistency::kSync) {
+    UnsyncedMemberBack(*t, member);
+    // Across racks: live at every other rack's home too (rack_relay.cc).
+    if (table_->exchange() && !table_->RelayedWorker(id)) exchange_->RelayMemberBack(*t, *conn);
+  }
   spdlog::info("data: tenant '{}' rack {} rank {} (generation {}) connected on lane {} from {}",
                id.tenant, id.rack, id.rank, gen->number, lane, id.peer);
   FrameHeader h;
@@ -232,9 +250,7 @@ Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
                       ", the frame says " + net::DTypeName(h.dtype),
                   rid);
   }
-  Chunk& c = table_->GetChunk(t, *key, h.chunk);
-  aggregation::ChunkState& stage = c.Stage(conn.id().rack);
-  const size_t want = stage.wire_bytes();
+  const size_t want = size_t{ChunkTable::ChunkElements(k, h.chunk)} * WireDTypeBytes(k.dtype);
   if (h.opcode == Opcode::kPush && (h.flags & net::kFlagSparse)) {
     // Its contents are checked once read (OnPush); none of it is fatal.
     if (k.topk_ratio <= 0) {
@@ -256,6 +272,9 @@ Verdict WorkerProtocol::CheckChunkFrame(net::Connection& conn, LaneTenant& t,
                       Num(want) + " bytes, got " + Num(h.payload_bytes),
                   rid);
   }
+  // A bounded/async chunk homed on another rack: its home checks the rest.
+  if (table_->Relayed(t, k, h.chunk)) return Verdict::kAccept;
+  Chunk& c = table_->GetChunk(t, *key, h.chunk);
   if (h.opcode == Opcode::kInit) return CheckInit(conn, k, c, h);
   if (c.unsynced) return CheckUnsyncedPush(conn, t, k, c, h);
   return CheckPush(conn, t, k, c, h);
@@ -362,6 +381,13 @@ void WorkerProtocol::HandleFrame(net::Connection& conn, const FrameHeader& h,
   if (!t) {
     Reject(conn, WireError::kTenantGone, "tenant: was deleted", h.request_id);
     return;
+  }
+  if (h.opcode == Opcode::kPush || h.opcode == Opcode::kInit || h.opcode == Opcode::kPull) {
+    // A bounded/async chunk homed on another rack goes there (rack_relay.cc).
+    if (LaneKey* key = table_->FindKey(*t, h.key); key && table_->Relayed(*t, key->info, h.chunk)) {
+      exchange_->Relay(conn, *t, *key, h, payload);
+      return;
+    }
   }
   switch (h.opcode) {
     case Opcode::kPush: OnPush(conn, *t, h, payload); break;

@@ -180,11 +180,6 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
   } else if (spec.min_workers != 0) {
     return InvalidArgument("min_workers: only an elastic tenant has a minimum (add elastic)");
   }
-  if (spec.consistency != Consistency::kSync && racks_ > 1) {
-    return InvalidArgument("consistency: " + ConsistencyName(spec.consistency, spec.staleness) +
-                           " is for single-rack hubs; tenants spanning racks are sync "
-                           "(docs/consistency.md)");
-  }
 
   if (!spec.token.empty()) {
     bool ok = spec.token.size() >= 32 && spec.token.size() <= 128;

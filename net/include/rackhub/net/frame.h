@@ -102,8 +102,25 @@ enum class Opcode : uint8_t {
   // from a worker on every lane, no payload, answered with ACK:
   kCommit = 27,    // `iteration` = the members' commit number: copy every chunk
   kRollback = 28,  // `iteration` = the commit asked for: every chunk back to it
+  // Bounded/async tenants spanning racks (docs/wire-protocol.md section 7d):
+  kRackRelay = 29,       // a worker's PUSH / INIT / PULL (or a member notice) to the chunk's home
+  kRackRelayReply = 30,  // the home's answer to one (an encoded PARAMS or ERROR frame)
 };
-inline constexpr uint8_t kMaxOpcode = 28;
+inline constexpr uint8_t kMaxOpcode = 30;
+
+// RACK_RELAY's payload starts with this prefix (then the worker's payload):
+// u8 kind (RelayKind), u8 opcode (the worker's: PUSH, INIT or PULL), u16
+// reserved (0), u32 rank (the worker's rank on the sending hub's rack),
+// u64 session (its HELLO's session). RACK_RELAY_REPLY's payload is a whole
+// frame: its kHeaderBytes header, then its payload. Both may carry a chunk
+// of up to kMaxDataPayload bytes besides.
+inline constexpr size_t kRelayPrefixBytes = 16;
+inline constexpr uint32_t kMaxRelayPayload = kMaxDataPayload + kHeaderBytes + kRelayPrefixBytes;
+enum class RelayKind : uint8_t {
+  kFrame = 0,       // the worker's frame (opcode, header fields, payload)
+  kMemberBack = 1,  // the worker is connected to the sender on this lane
+  kMemberGone = 2,  // its connection there closed
+};
 
 enum class DType : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 inline constexpr uint32_t DTypeBytes(DType d) { return d == DType::kFp32 ? 4 : 2; }
@@ -226,6 +243,28 @@ FrameHeader DecodeHeader(std::span<const std::byte, kHeaderBytes> in);
 // dtype. OK, or INVALID_ARGUMENT with a message naming the field
 // ("payload_bytes: ...").
 Status CheckHeader(const FrameHeader& h);
+
+// RACK_RELAY's prefix and RACK_RELAY_REPLY's frame (section 7d; the sizes
+// and kinds above).
+// The prefix's fields (little-endian on the wire, as the header).
+struct RelayPrefix {
+  RelayKind kind = RelayKind::kFrame;
+  Opcode opcode = Opcode::kHeartbeat;  // kFrame: the worker's; notices: unused (0 on the wire)
+  uint32_t rank = 0;                   // on the sending hub's rack
+  uint64_t session = 0;
+};
+// Exactly kRelayPrefixBytes bytes (the reserved field 0; a notice's opcode
+// byte 0).
+std::string EncodeRelayPrefix(const RelayPrefix& p);
+// Reads the prefix at the start of a RACK_RELAY payload, or INVALID_ARGUMENT
+// naming what is wrong: shorter than the prefix, an unknown kind, a nonzero
+// reserved field. The opcode is not checked here (the home says which it
+// serves).
+Result<RelayPrefix> DecodeRelayPrefix(std::span<const std::byte> payload);
+// Checks a RACK_RELAY_REPLY payload is one whole PARAMS or ERROR frame
+// (header valid by CheckHeader, payload_bytes = the rest) and returns its
+// header, or INVALID_ARGUMENT naming what is wrong.
+Result<FrameHeader> DecodeRelayReply(std::span<const std::byte> payload);
 
 // A whole ERROR frame answering `request_id` on a connection of `tenant`:
 // the header (payload_bytes set, kFlagFatal if `fatal`) and its body.
