@@ -210,7 +210,7 @@ void ChunkTable::InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c, uint3
   for (uint32_t r = 0; r < racks_; ++r) {
     if (exchange_ && r != self_rack_) continue;  // that rack's workers use their own hub
     c.stages[r] = std::make_unique<aggregation::ChunkState>(
-        n, t.info.workers_per_rack, RackStage(key.info.schedule.base.reduction),
+        n, t.info.rank_slots(), RackStage(key.info.schedule.base.reduction),
         ElementTypeOf(key.info.dtype));
     // A from_client key's stages wait for its initial values
     // (SetInitialMultiRack): a push before them is NOT_READY, as on one hub.
@@ -253,9 +253,10 @@ void ChunkTable::MarkPending(LaneTenant& t, Chunk& c, std::chrono::steady_clock:
 void ChunkTable::Completed(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {
   t.pending.erase(ChunkId(c.key_id, c.index_in_key));
   if (c.elastic) {
-    c.done_generation =
-        static_cast<uint32_t>(t.forming[ChunkId(c.key_id, c.index_in_key)].generation);
-    c.done_members = c.state.expected();
+    ElasticForming& forming = t.forming[ChunkId(c.key_id, c.index_in_key)];
+    c.done_generation = static_cast<uint32_t>(forming.generation);
+    c.done_members = forming.total;
+    forming.produced = v;
   }
   t.metrics->update_latency.Observe(std::chrono::steady_clock::now() - c.first_contribution);
   if (!t.armed.empty()) Capture(t, c);

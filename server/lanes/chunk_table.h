@@ -91,6 +91,12 @@ struct UnsyncedClocks {
 struct ElasticForming {
   uint64_t commit = UINT64_MAX;
   uint64_t generation = 0;
+  uint32_t total = 0;  // the membership's member count (across racks: the cluster's)
+  // Across racks (docs/elastic.md, "Across racks"): the version the chunk's
+  // last update produced (its parameters since: a round only skips; known
+  // at a non-home hub from RACK_PARAMS or the round's RACK_ALIGN), for
+  // WorkerProtocol::AnswerCountedAcrossRacks.
+  uint64_t produced = 0;
 };
 
 // Elastic tenants with hub optimizers (docs/elastic.md, "Hub optimizers"):
@@ -304,8 +310,8 @@ class ChunkTable {
   static uint64_t ChunkId(uint32_t key, uint32_t chunk) {
     return (static_cast<uint64_t>(key) << 32) | chunk;
   }
-  // Workers of a tenant are indexed rack * workers_per_rack + rank (elastic
-  // tenants are single-rack: the rank).
+  // Workers of a tenant are indexed rack * rank_slots + rank (an elastic
+  // tenant's rank_slots is its max_workers: the global rank users see).
   static uint32_t Member(const LaneTenant& t, const net::ConnectionIdentity& id) {
     return id.rack * t.info.rank_slots() + id.rank;
   }
@@ -386,6 +392,15 @@ class ChunkTable {
   // pending for those keys.
   uint32_t Restore(LaneTenant& t, const CheckpointImage& image,
                    const std::unordered_set<uint32_t>& keys);
+  // Elastic tenants (chunk_membership.cc): the committed membership as this
+  // lane last read it (one atomic load when unchanged).
+  static const Membership& MembershipOf(LaneTenant& t);
+  // The membership applies to the chunk's next update unless it does
+  // already (ElasticForming): the members it sums, across racks the racks
+  // the home adds and the mean's divisor (the cluster's total). REQUIRES:
+  // nothing of the update counted yet; else FAILED_PRECONDITION (the update
+  // would mix memberships), INTERNAL if the chunk refuses it.
+  Status ApplyMembership(LaneTenant& t, Chunk& c);
   // Elastic tenants (chunk_commit.cc): copies every chunk of the tenant
   // with a hub optimizer whose copy is not at its version (the members'
   // commit `number`); returns how many were copied.

@@ -54,6 +54,10 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
       if (!registry_->GetTenant(name, &info).ok() || !SpansRacks(info)) return std::nullopt;
       return info.handle;
     };
+    hooks.elastic = [this](uint32_t handle) {
+      TenantInfo info;
+      return registry_->GetTenantByHandle(handle, &info).ok() && info.elastic;
+    };
     hooks.restarted = [this](uint32_t rack) {
       OnEveryLane([rack](Lane& lane) { lane.OfferCopies(rack); });
       // Its frames carry epoch 0 now and ours a newer one: a round puts every
@@ -102,7 +106,7 @@ void DataPlane::RackLost(uint32_t rack) {
 }
 
 bool DataPlane::SpansRacks(const TenantInfo& info) const {
-  return rack_recovery_ && info.consistency == Consistency::kSync && !info.elastic;
+  return rack_recovery_ && info.consistency == Consistency::kSync;
 }
 
 void DataPlane::OnEveryLane(std::function<void(Lane&)> fn) {
@@ -271,32 +275,47 @@ void DataPlane::MembershipChanged(uint32_t handle, const std::string& why) {
   });
 }
 
-void DataPlane::CommitMembership(uint32_t handle, TenantRuntime& tenant) {
+void DataPlane::CommitMembership(uint32_t handle, TenantRuntime& tenant,
+                                 const RackRecovery::Outcome* cluster) {
   TenantInfo info;
   if (!registry_->GetTenantByHandle(handle, &info).ok() || !info.elastic) return;
+  if (SpansRacks(info)) {
+    // The round's members (RealignAcrossRacks, or a recovery of the round
+    // that does not realign); none when the tenant went meanwhile.
+    if (cluster && !cluster->members.empty()) CommitClusterMembership(info, tenant, *cluster);
+    return;
+  }
   const std::shared_ptr<const Membership> cur = tenant.membership();
   auto next = std::make_shared<Membership>();
-  next->member = tenant.Present(info.rank_slots(), lane_count());
-  std::string ranks;
-  for (uint32_t r = 0; r < next->member.size(); ++r) {
-    if (!next->member[r]) continue;
-    ++next->count;
-    ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
-  }
+  next->member = tenant.Present(0, info.rank_slots(), lane_count());
+  next->count = static_cast<uint32_t>(std::count(next->member.begin(), next->member.end(), 1));
+  next->total = next->count;
   const bool started = cur->generation > 0 || next->count >= info.workers_per_rack;
   next->paused = !started || next->count < std::max<uint32_t>(info.min_workers, 1);
   if (next->member == cur->member && next->paused == cur->paused && cur->generation > 0) return;
   if (!started && next->member == cur->member) return;
   next->generation = started ? cur->generation + 1 : 0;
+  PublishMembership(info, tenant, std::move(next),
+                    !started ? " (paused: waiting for the start quorum of " +
+                                   std::to_string(info.workers_per_rack) + ")"
+                             : std::string());
+}
+
+void DataPlane::PublishMembership(const TenantInfo& info, TenantRuntime& tenant,
+                                  std::shared_ptr<Membership> next, const std::string& note) {
+  std::string ranks;
+  for (uint32_t r = 0; r < next->member.size(); ++r) {
+    if (next->member[r]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+  }
   TenantCounters& c = *info.counters;
-  c.members.store(next->count, std::memory_order_relaxed);
+  c.members.store(next->total, std::memory_order_relaxed);
   c.paused.store(next->paused, std::memory_order_relaxed);
   c.membership_generation.store(next->generation, std::memory_order_relaxed);
   const std::string line = fmt::format(
-      "data: elastic tenant '{}': membership generation {}: {} member(s) [{}]{}", info.name,
-      next->generation, next->count, ranks,
-      !started       ? " (paused: waiting for the start quorum of " +
-                     std::to_string(info.workers_per_rack) + ")"
+      "data: elastic tenant '{}': membership generation {}: {} member(s){} [{}]{}", info.name,
+      next->generation, next->total,
+      next->racks.empty() ? std::string() : fmt::format(", {} on this rack", next->count), ranks,
+      !note.empty()  ? note
       : next->paused ? " (paused: below min_workers " + std::to_string(info.min_workers) + ")"
                      : std::string());
   tenant.CommitMembership(std::move(next));
@@ -345,7 +364,9 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
       // chunk's version: its sum was taken), so both modes give the same bits.
       for (auto& [key, v] : job->versions) ++v;
     }
-    Realign(handle, tenant, RackRecovery::Outcome{std::move(job->versions)}, true);
+    RackRecovery::Outcome outcome;
+    outcome.agreed = std::move(job->versions);
+    Realign(handle, tenant, std::move(outcome), true);
   });
   return started;
 }
@@ -355,7 +376,7 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
 // their parameters). Once every lane has, the recovery finishes.
 void DataPlane::Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
                         RackRecovery::Outcome outcome, bool realign) {
-  if (!realign) return FinishRecovery(handle, *tenant);
+  if (!realign) return FinishRecovery(handle, *tenant, &outcome);
   if (outcome.round == 0) {  // one hub: no round
     return AlignLanes(handle, std::move(tenant), std::move(outcome.agreed), 0);
   }
@@ -382,10 +403,11 @@ void DataPlane::AlignLanes(uint32_t handle, std::shared_ptr<TenantRuntime> tenan
   });
 }
 
-void DataPlane::FinishRecovery(uint32_t handle, TenantRuntime& tenant) {
+void DataPlane::FinishRecovery(uint32_t handle, TenantRuntime& tenant,
+                               const RackRecovery::Outcome* cluster) {
   // Every chunk is aligned and nothing is pending: a new membership of an
   // elastic tenant applies from each chunk's next update.
-  CommitMembership(handle, tenant);
+  CommitMembership(handle, tenant, cluster);
   if (tenant.recovering.fetch_sub(1) != 1) return;  // another recovery runs
   OnEveryLane([handle](Lane& l2) { l2.ReleaseParked(handle); });
 }

@@ -194,11 +194,23 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   auto WithCheckpointHooks(Fn&& fn);
   // The end of one recovery: the membership commit (elastic tenants), and
   // once no other recovery runs, the held PULLs answered.
-  void FinishRecovery(uint32_t handle, TenantRuntime& tenant);
+  // `cluster`: across racks, the round's outcome (its members).
+  void FinishRecovery(uint32_t handle, TenantRuntime& tenant,
+                      const RackRecovery::Outcome* cluster = nullptr);
   // Elastic tenants, at the end of a recovery (nothing pending, no push
   // accepted): commits the membership of the ranks present now
-  // (docs/elastic.md) and publishes it in the tenant's counters.
-  void CommitMembership(uint32_t handle, TenantRuntime& tenant);
+  // (docs/elastic.md) and publishes it in the tenant's counters; across
+  // racks the one the round agreed (CommitClusterMembership).
+  void CommitMembership(uint32_t handle, TenantRuntime& tenant,
+                        const RackRecovery::Outcome* cluster);
+  // Across racks (data_plane_racks.cc): this rack's members as reported in
+  // the round, the cluster's total and generation; if the ranks present
+  // changed since the report, another round follows at once.
+  void CommitClusterMembership(const TenantInfo& info, TenantRuntime& tenant,
+                               const RackRecovery::Outcome& cluster);
+  // Publishes a committed membership (counters, log line) and commits it.
+  void PublishMembership(const TenantInfo& info, TenantRuntime& tenant,
+                         std::shared_ptr<Membership> next, const std::string& note);
   // Shutdown and Abort: true for the first call of either.
   bool BeginStop();
   // Shutdown and Abort: waits (bounded) for every lane's counted work.

@@ -105,20 +105,71 @@ void DataPlane::ReportAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime
     const uint64_t seen = rack_recovery_->FinishedRounds(handle);
     std::map<uint32_t, uint64_t> versions;
     if (!KeyVersionsAndWait(handle, &versions)) return;  // the hub stops
+    std::optional<RackRecovery::Members> members;
+    TenantInfo info;
+    if (registry_->GetTenantByHandle(handle, &info).ok() && info.elastic) {
+      // This rack's ranks present now: what this hub commits if the round
+      // ends with this report (docs/elastic.md, "Across racks").
+      const uint32_t slots = info.rank_slots();
+      members.emplace();
+      members->generation = tenant->membership()->generation;
+      members->member = tenant->Present(config_.topology.rack * slots, slots, lane_count());
+      members->quorum = info.workers_per_rack * config_.topology.rack_count();
+    }
     const bool taken = rack_recovery_->Reported(
         handle, name, why, std::move(versions),
         [this, handle, tenant](const RackRecovery::Outcome& outcome, bool realign) {
           Realign(handle, tenant, outcome, realign);
         },
-        seen);
+        seen, std::move(members));
     // A round ended meanwhile: its realignment is queued on this thread;
     // the versions are read again after it.
     if (!taken) ReportAcrossRacks(handle, tenant, why, name);
   });
 }
 
+void DataPlane::CommitClusterMembership(const TenantInfo& info, TenantRuntime& tenant,
+                                        const RackRecovery::Outcome& cluster) {
+  const uint32_t self = config_.topology.rack;
+  const std::shared_ptr<const Membership> cur = tenant.membership();
+  // A round's recoveries commit alike (the first one does); an older round
+  // finishing late never overwrites a newer one.
+  if (cluster.round < cur->round || (cluster.round == cur->round && cur->round != 0)) return;
+  auto next = std::make_shared<Membership>();
+  next->round = cluster.round;
+  next->member = cluster.members[self];
+  next->member.resize(info.rank_slots(), 0);
+  next->count = static_cast<uint32_t>(std::count(next->member.begin(), next->member.end(), 1));
+  next->total = cluster.total;
+  next->racks.assign(cluster.members.size(), 0);
+  for (size_t r = 0; r < cluster.members.size(); ++r) {
+    const auto& m = cluster.members[r];
+    next->racks[r] = std::count(m.begin(), m.end(), 1) > 0 ? 1 : 0;
+  }
+  next->generation = cluster.generation;
+  next->paused =
+      cluster.generation == 0 || next->total < std::max<uint32_t>(info.min_workers, 1);
+  const std::vector<uint8_t> reported = next->member;
+  PublishMembership(info, tenant, std::move(next),
+                    cluster.generation == 0
+                        ? " (paused: waiting for the start quorum of " +
+                              std::to_string(info.workers_per_rack) + " per rack)"
+                        : std::string());
+  // A rank that joined or left after this hub's report: another round.
+  const uint32_t slots = info.rank_slots();
+  if (tenant.Present(self * slots, slots, lane_count()) != reported) {
+    MembershipChanged(info.handle, "the ranks present on rack " + std::to_string(self) +
+                                       " changed during recovery round " +
+                                       std::to_string(cluster.round));
+  }
+}
+
 void DataPlane::RealignAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
                                    RackRecovery::Outcome outcome) {
+  // An elastic tenant's cluster membership first (no push is accepted until
+  // the realignment is done): the versions read for a later round's report
+  // come after it.
+  CommitMembership(handle, *tenant, &outcome);
   if (outcome.restore != 0) {
     // A rollback to a cluster checkpoint: every hub loads its own file of it.
     // Frames of older rounds are stale first (a late RACK_ALIGN must not

@@ -56,10 +56,20 @@ struct WorkerGeneration {
 // update started from now on sums. Committed by the data plane at the end of
 // a recovery (no update of the tenant pending anywhere, no push accepted),
 // so an update never mixes two memberships.
+//
+// Across racks (docs/elastic.md, "Across racks"): each hub holds its own
+// rack's ranks in `member` and `count`; the cluster's membership (every
+// rack's count, `total`, the generation) is agreed by a recovery round
+// (rack_recovery.h) and is the same on every hub.
 struct Membership {
   uint64_t generation = 0;     // 0: the start quorum was never reached
-  std::vector<uint8_t> member;  // by rank: 1 = member
-  uint32_t count = 0;
+  std::vector<uint8_t> member;  // by rank of this hub's rack: 1 = member
+  uint32_t count = 0;           // this hub's members
+  uint32_t total = 0;           // the cluster's members (= count on one hub)
+  // Across racks: by rack, 1 = the rack has members (its sum is added);
+  // empty on one hub.
+  std::vector<uint8_t> racks;
+  uint64_t round = 0;  // across racks: the recovery round that committed it
   // Fewer members than min_workers (or the start quorum not reached yet):
   // pushes are refused (WORKER_LOST "paused") and PULLs held.
   bool paused = true;
@@ -93,14 +103,15 @@ struct TenantRuntime {
     membership_generation.store(membership_->generation, std::memory_order_release);
     membership_commits.fetch_add(1, std::memory_order_acq_rel);
   }
-  // Elastic tenants: the ranks < `slots` present, i.e. whose current
+  // Elastic tenants: the ranks of members `first`..`first + slots - 1` (a
+  // rack's ranks: first = rack * slots) present, i.e. whose current
   // generation lives and is connected on every one of `lanes` lanes.
-  std::vector<uint8_t> Present(uint32_t slots, uint32_t lanes) const {
+  std::vector<uint8_t> Present(uint32_t first, uint32_t slots, uint32_t lanes) const {
     std::lock_guard lock(mu_);
     std::vector<uint8_t> out(slots, 0);
     for (const auto& [m, g] : generations_) {
-      if (m >= slots || !g) continue;
-      out[m] = g->live() && g->lanes.load(std::memory_order_acquire) >= lanes ? 1 : 0;
+      if (m < first || m - first >= slots || !g) continue;
+      out[m - first] = g->live() && g->lanes.load(std::memory_order_acquire) >= lanes ? 1 : 0;
     }
     return out;
   }

@@ -25,12 +25,7 @@ void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_
   if (c.elastic) {
     // The membership that produced the version follows the parameters (a
     // copy: the suffix is part of the one payload).
-    std::string payload(bytes.size() + net::kMembershipSuffixBytes, '\0');
-    if (!bytes.empty()) std::memcpy(payload.data(), bytes.data(), bytes.size());
-    const uint64_t generation = c.done_generation;
-    const uint32_t members = c.done_members;
-    std::memcpy(payload.data() + bytes.size(), &generation, 8);
-    std::memcpy(payload.data() + bytes.size() + 8, &members, 4);
+    std::string payload = WithMembershipSuffix(bytes, c.done_generation, c.done_members);
     conn.SendOwned(
         ParamsHeader(conn, c, version, request_id, net::kFlagMembership, payload.size()),
         std::move(payload));
@@ -38,6 +33,24 @@ void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_
   }
   conn.SendShared(ParamsHeader(conn, c, version, request_id, 0, bytes.size()), bytes,
                   c.reply_owner(version));
+}
+
+std::string WithMembershipSuffix(std::span<const std::byte> bytes, uint64_t generation,
+                                 uint32_t members) {
+  std::string payload(bytes.size() + net::kMembershipSuffixBytes, '\0');
+  if (!bytes.empty()) std::memcpy(payload.data(), bytes.data(), bytes.size());
+  std::memcpy(payload.data() + bytes.size(), &generation, 8);
+  std::memcpy(payload.data() + bytes.size() + 8, &members, 4);
+  return payload;
+}
+
+std::pair<uint64_t, uint32_t> MembershipSuffixOf(std::span<const std::byte> payload) {
+  const std::byte* at = payload.data() + payload.size() - net::kMembershipSuffixBytes;
+  uint64_t generation = 0;
+  uint32_t members = 0;
+  std::memcpy(&generation, at, 8);
+  std::memcpy(&members, at + 8, 4);
+  return {generation, members};
 }
 
 void SendVersionedParams(net::Connection& conn, const Chunk& c, uint64_t clock,

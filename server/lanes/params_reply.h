@@ -29,6 +29,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
 
 #include "chunk_table.h"
 #include "rackhub/net/transport.h"
@@ -41,6 +44,15 @@ namespace rackhub::server {
 // kFlagMembership).
 //
 void SendParams(net::Connection& conn, const Chunk& c, uint64_t version, uint64_t request_id);
+
+// `bytes` followed by the 16-byte membership suffix (u64 generation, u32
+// members, u32 0; docs/wire-protocol.md 6d): an elastic tenant's PARAMS, and
+// its RACK_SUM across racks (the cluster generation of the update).
+std::string WithMembershipSuffix(std::span<const std::byte> bytes, uint64_t generation,
+                                 uint32_t members);
+// The generation and member count of such a suffix at the end of `payload`
+// (REQUIRES: at least kMembershipSuffixBytes).
+std::pair<uint64_t, uint32_t> MembershipSuffixOf(std::span<const std::byte> payload);
 
 // Bounded/async tenants (docs/consistency.md): PARAMS of the chunk's
 // current version whose header iteration is the worker's own iteration

@@ -72,6 +72,15 @@ void RackExchange::OnRackSum(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t rac
   // which needs our workers' next pushes, which need the home's answer.
   FrameHeader h = c.Header(Opcode::kRackSum, t.info.handle, iteration);
   h.dtype = net::DType::kFp32;  // a rack sum is fp32 whatever the key's dtype
+  if (c.elastic) {
+    // The update's cluster membership follows the sum (ElasticSumFits).
+    const ElasticForming& f = t.forming[ChunkTable::ChunkId(c.key_id, c.index_in_key)];
+    auto tagged = std::make_shared<const std::string>(WithMembershipSuffix(sum, f.generation, f.total));
+    h.flags |= net::kFlagMembership;
+    const auto bytes = std::as_bytes(std::span<const char>(*tagged));
+    SendToPeer(c.home, t, key, h, bytes, std::move(tagged));
+    return;
+  }
   SendToPeer(c.home, t, key, h, sum, std::move(sum_owner));
 }
 

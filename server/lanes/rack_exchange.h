@@ -218,6 +218,12 @@ class RackExchange final : public net::FrameHandler {
   // Its payload: a malformed one closes the link (the updates waiting on it fail).
   void OnRowData(net::Connection& conn, LaneTenant& t, LaneKey& key, Chunk& c,
                  const net::FrameHeader& h, std::span<const std::byte> payload);
+  // At the home, an elastic tenant's RACK_SUM (docs/elastic.md, "Across
+  // racks"): the membership applied to the chunk, the sum's suffix (taken
+  // off *payload) names its generation and a rack with members; else the
+  // frame is dropped with a warning naming both generations.
+  bool ElasticSumFits(LaneTenant& t, Chunk& c, uint32_t peer, const net::FrameHeader& h,
+                      std::span<const std::byte>* payload);
   // The home hub's cross-rack stage is complete: update and answer everyone.
   void FinishCrossRack(LaneTenant& t, LaneKey& key, Chunk& c);
   // At the home: the reply bytes of version c.state.version() from the fp32
@@ -314,6 +320,7 @@ class RackExchange final : public net::FrameHandler {
   // Failed handshakes (a wrong secret retried every 200 ms) are logged at
   // most this often.
   LogLimiter refusals_{5, std::chrono::seconds(10)};
+  LogLimiter sum_refusals_{5, std::chrono::seconds(10)};  // ElasticSumFits
   // Relays (rack_relay.cc). Not the home: frames in flight by relay id.
   void OnRelayReply(net::Connection& conn, const net::FrameHeader& h,
                     std::span<const std::byte> payload);

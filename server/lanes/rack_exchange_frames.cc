@@ -126,7 +126,16 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
     return Verdict::kDiscard;
   }
   const bool sum = h.opcode == Opcode::kRackSum;
-  const size_t want = size_t{c.state.elements()} * (sum ? 4u : WireDTypeBytes(key->info.dtype));
+  size_t want = size_t{c.state.elements()} * (sum ? 4u : WireDTypeBytes(key->info.dtype));
+  // An elastic tenant's RACK_SUM carries its update's membership.
+  if (sum && c.elastic) want += net::kMembershipSuffixBytes;
+  if (sum && c.elastic != ((h.flags & net::kFlagMembership) != 0)) {
+    return Reject(conn, WireError::kInvalidArgument,
+                  std::string("flags: a RACK_SUM of ") + (c.elastic ? "an" : "a non-") +
+                      "elastic tenant " + (c.elastic ? "needs" : "must not carry") +
+                      " the membership flag",
+                  rid);
+  }
   if (h.payload_bytes != want) {
     return Reject(conn, WireError::kBadChunk,
                   "payload_bytes: " + Num(h.payload_bytes) + ", expected " + Num(want), rid);
@@ -384,6 +393,33 @@ void RackExchange::RetryParked() {
   }
 }
 
+bool RackExchange::ElasticSumFits(LaneTenant& t, Chunk& c, uint32_t peer, const FrameHeader& h,
+                                  std::span<const std::byte>* payload) {
+  const auto [generation, total] = MembershipSuffixOf(*payload);
+  *payload = payload->first(payload->size() - net::kMembershipSuffixBytes);
+  const Status applied = table_->ApplyMembership(t, c);
+  const ElasticForming& f = t.forming[ChunkTable::ChunkId(c.key_id, c.index_in_key)];
+  std::string why;
+  if (!applied.ok()) {
+    why = applied.message();
+  } else if (generation != f.generation || total != f.total) {
+    why = "it sums membership generation " + Num(generation) + " (" + Num(total) +
+          " members), this hub's update generation " + Num(f.generation) + " (" + Num(f.total) +
+          " members)";
+  } else if (!c.state.is_member(peer)) {
+    why = "rack " + Num(peer) + " has no member in generation " + Num(f.generation);
+  }
+  if (why.empty()) return true;
+  // Cannot happen between hubs that committed the round's membership (a
+  // frame of an older round is stale, one of a newer round held): never
+  // mixed into an update; the round that follows (the workers' retries)
+  // aligns the chunk.
+  sum_refusals_.Warn("rack link: elastic tenant '" + t.info.name + "': the RACK_SUM of chunk " +
+                     Num(h.chunk) + " of key id " + Num(h.key) + " (iteration " +
+                     Num(h.iteration) + ") from rack " + Num(peer) + " was dropped: " + why);
+  return false;
+}
+
 void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
                           std::span<const std::byte> payload) {
   const uint32_t peer = conn.id().rack;
@@ -404,6 +440,7 @@ void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
     return;
   }
   if (h.opcode == Opcode::kRackSum) {
+    if (c.elastic && !ElasticSumFits(t, c, peer, h, &payload)) return;
     if (c.state.contributions() == 0) table_->MarkPending(t, c);
     if (c.state.Contribute(peer, payload) == aggregation::ChunkState::AddResult::kComplete) {
       FinishCrossRack(t, key, c);
@@ -415,6 +452,9 @@ void RackExchange::OnData(net::Connection& conn, const FrameHeader& h,
   c.version = h.iteration;
   c.replies[c.version & 1].PrepareOverwrite();
   std::memcpy(c.replies[c.version & 1].data(), payload.data(), payload.size());
+  // A rack without members pushed nothing: the update's membership is
+  // applied here for its replies' suffix (a no-op once a push did).
+  if (c.elastic) (void)table_->ApplyMembership(t, c);
   table_->Completed(t, key, c, c.version);
   AnswerPushes(c, c.version);
 }

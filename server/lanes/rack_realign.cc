@@ -124,6 +124,22 @@ void RackExchange::SendAlign(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) 
     }
     return;
   }
+  if (c.elastic) {
+    // The membership suffix of the update that produced these parameters,
+    // its reserved word the versions skipped since (OnAlign).
+    const uint64_t produced = t.forming[ChunkTable::ChunkId(c.key_id, c.index_in_key)].produced;
+    std::string bytes = WithMembershipSuffix(c.reply_bytes(v), c.done_generation, c.done_members);
+    const uint32_t skipped = static_cast<uint32_t>(std::min<uint64_t>(v - std::min(v, produced), UINT32_MAX));
+    std::memcpy(bytes.data() + bytes.size() - 4, &skipped, 4);
+    auto owned = std::make_shared<const std::string>(std::move(bytes));
+    h.flags |= net::kFlagMembership;
+    for (uint32_t r = 0; r < table_->racks(); ++r) {
+      if (r != topology_.rack) {
+        SendToPeer(r, t, key, h, std::as_bytes(std::span<const char>(*owned)), owned);
+      }
+    }
+    return;
+  }
   for (uint32_t r = 0; r < table_->racks(); ++r) {
     if (r != topology_.rack) SendToPeer(r, t, key, h, c.reply_bytes(v), c.reply_owner(v));
   }
@@ -146,7 +162,8 @@ Verdict RackExchange::CheckAlign(net::Connection& conn, const LaneKey& key, cons
                   h.request_id);
   }
   // A table's: row payloads of at most a frame each (OnAlign parses them).
-  const size_t want = size_t{c.state.elements()} * WireDTypeBytes(key.info.dtype);
+  size_t want = size_t{c.state.elements()} * WireDTypeBytes(key.info.dtype);
+  if (c.elastic) want += net::kMembershipSuffixBytes;  // SendAlign
   if (!c.table() && h.payload_bytes != want) {
     return Reject(conn, WireError::kBadChunk,
                   "RACK_ALIGN payload_bytes: " + Num(h.payload_bytes) + ", expected " + Num(want),
@@ -192,6 +209,18 @@ void RackExchange::OnAlign(net::Connection& conn, LaneTenant& t, LaneKey& key, C
       if (stage) stage->MarkInitialized();
     }
     host_->ChunkInitialized(t.info.handle, key.info.id, key.info.placement.chunk_count);
+  }
+  if (c.elastic) {
+    // The update that produced the home's parameters (its membership, and
+    // the versions skipped since: SendAlign).
+    const auto [generation, members] = MembershipSuffixOf(payload);
+    uint32_t skipped = 0;
+    std::memcpy(&skipped, payload.data() + payload.size() - 4, 4);
+    payload = payload.first(payload.size() - net::kMembershipSuffixBytes);
+    c.done_generation = static_cast<uint32_t>(generation);
+    c.done_members = members;
+    t.forming[ChunkTable::ChunkId(c.key_id, c.index_in_key)].produced =
+        h.iteration - std::min<uint64_t>(h.iteration, skipped);
   }
   c.version = h.iteration;
   c.replies[c.version & 1].PrepareOverwrite();  // a queued reply of v - 2 keeps its bytes

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "rackhub/common/log_safe.h"
@@ -44,7 +45,58 @@ std::string RackRecovery::Encode(const Round& r, bool finished) const {
   m.set_restored_round(r.own->restored_round);
   m.set_restored(r.own->restored);
   for (uint64_t seq : r.own->checkpoints) m.add_checkpoints(seq);
+  if (r.own->members) {
+    m.set_membership_format(kMembershipFormat);
+    m.set_membership_generation(r.own->members->generation);
+    m.set_members(std::string(r.own->members->member.begin(), r.own->members->member.end()));
+  }
   return m.SerializeAsString();
+}
+
+void RackRecovery::MembersOf(Round& r, Outcome& out) const {
+  if (!r.own->members) return;
+  out.members.assign(racks_, {});
+  out.members[self_] = r.own->members->member;
+  uint64_t newest = r.own->members->generation;
+  for (const auto& [rack, report] : r.peers) {
+    if (!report.members) continue;  // refused on arrival for an elastic tenant
+    out.members[rack] = report.members->member;
+    newest = std::max(newest, report.members->generation);
+  }
+  for (const auto& m : out.members) {
+    out.total += static_cast<uint32_t>(std::count(m.begin(), m.end(), 1));
+  }
+  const bool started = newest > 0 || out.total >= r.own->members->quorum;
+  out.generation = started ? newest + 1 : 0;
+  r.last_generation = out.generation;
+}
+
+Status RackRecovery::ParseMembers(uint32_t rack, uint32_t handle, const dpb::RackVersions& m,
+                                  Report& report) const {
+  if (!hooks_.elastic || !hooks_.elastic(handle)) return Status::Ok();
+  if (m.membership_format() != kMembershipFormat) {
+    return FailedPrecondition(
+        "RACK_VERSIONS: tenant " + QuoteForLog(m.tenant()) + " is elastic, but rack " +
+        Num(rack) + "'s report carries membership format " + Num(m.membership_format()) +
+        " (this hub reads format " + Num(kMembershipFormat) +
+        "; 0: a rackhubd without elastic tenants across racks): run the same rackhubd "
+        "version on every hub");
+  }
+  if (m.members().size() > kMaxRanks) {
+    return InvalidArgument("RACK_VERSIONS: rack " + Num(rack) + "'s member list has " +
+                           Num(m.members().size()) + " ranks (at most " + Num(kMaxRanks) + ")");
+  }
+  Members members;
+  members.generation = m.membership_generation();
+  for (char b : m.members()) {
+    if (b != 0 && b != 1) {
+      return InvalidArgument("RACK_VERSIONS: rack " + Num(rack) +
+                             "'s member list holds a byte other than 0 or 1");
+    }
+    members.member.push_back(static_cast<uint8_t>(b));
+  }
+  report.members = std::move(members);
+  return Status::Ok();
 }
 
 uint64_t RackRecovery::RestoreOf(const Round& r) {
@@ -138,6 +190,7 @@ void RackRecovery::TryFinish(uint32_t handle, Round& r, Effects& fx) {
     r.restored = fx.outcome.restore;
   }
   fx.outcome.agreed = std::move(agreed);
+  MembersOf(r, fx.outcome);
   if (fx.outcome.restore != 0) {
     spdlog::warn("rack recovery: tenant '{}' round {}: every hub restores checkpoint {}", r.name,
                  r.number, fx.outcome.restore);
@@ -165,7 +218,8 @@ uint64_t RackRecovery::FinishedRounds(uint32_t handle) {
 }
 
 bool RackRecovery::Reported(uint32_t handle, const std::string& name, const std::string& cause,
-                            Versions newest, Agreed agreed, uint64_t seen) {
+                            Versions newest, Agreed agreed, uint64_t seen,
+                            std::optional<Members> members) {
   if (!hooks_.handle_of(name)) {
     // Deleted meanwhile (Forget ran): nothing to agree on, the recovery ends.
     agreed(Outcome{}, false);
@@ -188,14 +242,21 @@ bool RackRecovery::Reported(uint32_t handle, const std::string& name, const std:
       r.cause = cause;
     }
     if (!r.own) {
+      // Read before the last round's commit, perhaps: never below it.
+      if (members) members->generation = std::max(members->generation, r.last_generation);
       // Never below the last round's agreement: phase 1 may have read the
       // lanes before they realigned to it, and frames of updates after it
       // must be stale after this round too.
       for (const auto& [key, v] : r.last_agreed) newest[key] = std::max(newest[key], v);
       r.own = Report{incarnation_, std::move(newest), r.fresh,          r.restore,
-                     std::move(checkpoints), r.restored_round, r.restored};
-      spdlog::info("rack recovery: tenant '{}' round {}: reporting {} key version(s) ({}{}{})",
-                   name, r.number, r.own->newest.size(), SafeForLog(r.cause, 200),
+                     std::move(checkpoints), r.restored_round, r.restored, std::move(members)};
+      spdlog::info("rack recovery: tenant '{}' round {}: reporting {} key version(s){} ({}{}{})",
+                   name, r.number, r.own->newest.size(),
+                   r.own->members ? fmt::format(" and {} member(s)",
+                                                std::count(r.own->members->member.begin(),
+                                                           r.own->members->member.end(), 1))
+                                  : std::string(),
+                   SafeForLog(r.cause, 200),
                    r.fresh ? "; this hub restarted" : "",
                    r.restore ? "; restore checkpoint " + Num(r.restore) : std::string());
       SendToAll(r, fx);
@@ -256,6 +317,7 @@ Status RackRecovery::OnVersions(uint32_t rack, std::span<const std::byte> payloa
   std::sort(report.checkpoints.begin(), report.checkpoints.end());
   report.checkpoints.erase(std::unique(report.checkpoints.begin(), report.checkpoints.end()),
                            report.checkpoints.end());
+  if (Status s = ParseMembers(rack, *handle, m, report); !s.ok()) return s;
   const std::string cause = "rack " + Num(rack) + ": " + SafeForLog(m.cause(), kMaxCause);
   Effects fx;
   {

@@ -56,16 +56,40 @@
 
 #include "rackhub/common/status.h"
 
+namespace rackhub::data::v1 {
+class RackVersions;
+}
+
 namespace rackhub::server {
 
 class RackRecovery {
  public:
   using Versions = std::map<uint32_t, uint64_t>;  // key id -> version
+  // An elastic tenant's part of a report (docs/elastic.md, "Across racks"):
+  // the sender's committed cluster generation and its rack's ranks present.
+  struct Members {
+    uint64_t generation = 0;      // 0: the tenant never started
+    std::vector<uint8_t> member;  // by rank: 1 = present
+    uint32_t quorum = 0;          // the start quorum over every rack (not sent)
+  };
   struct Outcome {
     Versions agreed;       // key id -> the version every chunk skips to
     uint64_t round = 0;    // the round's number (frames of older ones are stale)
     uint64_t restore = 0;  // >0: every hub restores this checkpoint sequence
+    // Elastic tenants: every rack's members as reported in the round (by
+    // rack; this hub's own is what it commits; empty for other tenants), their
+    // total, and the cluster generation the round commits: 1 + the newest in
+    // the reports once the start quorum was reached (now or before), else 0.
+    // The same on every hub.
+    std::vector<std::vector<uint8_t>> members;
+    uint32_t total = 0;
+    uint64_t generation = 0;
   };
+  // The layout of the membership fields of RACK_VERSIONS this hub writes and
+  // reads (RackVersions.membership_format).
+  static constexpr uint32_t kMembershipFormat = 1;
+  // Most ranks one rack's member list may carry (the max_workers limit).
+  static constexpr size_t kMaxRanks = 1024;
   // Runs once per local recovery when its round ends; `realign` for exactly
   // one of the round's recoveries (the others only finish: their phase 1 is
   // covered by the same realignment).
@@ -84,6 +108,8 @@ class RackRecovery {
     // The sequences of this hub's checkpoint files of the tenant (may be
     // empty; called outside the lock).
     std::function<std::vector<uint64_t>(uint32_t handle)> checkpoints;
+    // Whether the tenant is elastic: its reports must carry Members.
+    std::function<bool(uint32_t handle)> elastic;
   };
 
   RackRecovery(uint32_t self_rack, uint32_t racks, Hooks hooks);
@@ -93,9 +119,11 @@ class RackRecovery {
   // `seen`. `agreed` runs when the round ends. False (nothing taken) if a
   // round ended since the read and this report would start or make the
   // next one: its versions may predate that round's realignment (a restore
-  // moves them back); read them again after it.
+  // moves them back); read them again after it. An elastic tenant's report
+  // carries `members` (read with the versions).
   bool Reported(uint32_t handle, const std::string& name, const std::string& cause,
-                Versions newest, Agreed agreed, uint64_t seen);
+                Versions newest, Agreed agreed, uint64_t seen,
+                std::optional<Members> members = std::nullopt);
   // How many rounds of the tenant ended here (see Reported).
   uint64_t FinishedRounds(uint32_t handle);
   // A RACK_VERSIONS from rack `rack`'s hub. An error names what is wrong
@@ -142,6 +170,7 @@ class RackRecovery {
     std::vector<uint64_t> checkpoints;  // ascending
     uint64_t restored_round = 0;  // Round::restored_round when the report was made
     uint64_t restored = 0;
+    std::optional<Members> members;  // elastic tenants
   };
   struct Round {
     std::string name;
@@ -157,6 +186,9 @@ class RackRecovery {
     uint64_t restored_round = 0;  // the last round this hub finished with a restore
     uint64_t restored = 0;        // and the checkpoint it restored
     uint64_t finished = 0;        // rounds finished here
+    // Elastic tenants: the generation the last round finished here
+    // committed (a report read before that commit says no less).
+    uint64_t last_generation = 0;
   };
   struct Effects {  // what to do once the lock is released
     std::vector<std::pair<uint32_t, std::string>> sends;
@@ -172,6 +204,12 @@ class RackRecovery {
   std::string Encode(const Round& r, bool finished) const;
   // The checkpoint every hub restores at the end of round `r` (0: none).
   static uint64_t RestoreOf(const Round& r);
+  // An elastic tenant's members in the round's reports (Outcome::members).
+  void MembersOf(Round& r, Outcome& out) const;
+  // The membership fields of a RACK_VERSIONS of tenant `handle` (an error
+  // names what is wrong with them).
+  Status ParseMembers(uint32_t rack, uint32_t handle, const data::v1::RackVersions& m,
+                      Report& report) const;
   void SendToAll(const Round& r, Effects& fx) const;
   // Ends the round if this hub and every other rack reported.
   void TryFinish(uint32_t handle, Round& r, Effects& fx);

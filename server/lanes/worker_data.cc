@@ -71,15 +71,31 @@ bool WorkerProtocol::AnswerCountedRetry(net::Connection& conn, LaneTenant& t, Ch
   if (c.multi_rack() || c.table() || c.unsynced) return false;
   const aggregation::ChunkState& s = c.state;
   if (h.iteration + 1 != s.version() || s.updated_version() != s.version()) return false;
-  if (s.has_contributed(conn.id().rank)) return false;
-  const uint32_t member = ChunkTable::Member(t, conn.id());
-  if (!t.runtime->PushFailedAt(member, conn.id().session, h.key, h.iteration)) return false;
-  const auto* gen = GenerationOf(t, conn);
-  if (!gen || !(*gen)->live() || member >= c.contributors.size() ||
-      c.contributors[member] != *gen) {
+  if (s.has_contributed(conn.id().rank) || !FailedAfterCounted(conn, t, c, h.key, h.iteration)) {
     return false;
   }
   SendParams(conn, c, s.version(), h.request_id);
+  return true;
+}
+
+bool WorkerProtocol::FailedAfterCounted(net::Connection& conn, LaneTenant& t, const Chunk& c,
+                                        uint32_t key, uint64_t iteration) {
+  const uint32_t member = ChunkTable::Member(t, conn.id());
+  if (!t.runtime->PushFailedAt(member, conn.id().session, key, iteration)) return false;
+  const auto* gen = GenerationOf(t, conn);
+  return gen && (*gen)->live() && member < c.contributors.size() && c.contributors[member] == *gen;
+}
+
+bool WorkerProtocol::AnswerCountedAcrossRacks(net::Connection& conn, LaneTenant& t, Chunk& c,
+                                              const FrameHeader& h) {
+  const uint64_t produced = t.forming[ChunkTable::ChunkId(c.key_id, c.index_in_key)].produced;
+  // Only skipped since the update that produced the parameters.
+  if (produced == 0 || h.iteration != c.current_version() || produced >= h.iteration) return false;
+  if (c.Stage(conn.id().rack).has_contributed(conn.id().rank) ||
+      !FailedAfterCounted(conn, t, c, h.key, produced - 1)) {
+    return false;
+  }
+  SendParams(conn, c, c.current_version(), h.request_id);
   return true;
 }
 
@@ -151,6 +167,7 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     OnUnsyncedPush(conn, t, key, c, h, payload, is_sparse ? &sparse : nullptr);
     return;
   }
+  if (c.elastic && c.multi_rack() && AnswerCountedAcrossRacks(conn, t, c, h)) return;
   const uint32_t member = ChunkTable::Member(t, conn.id());
   const bool again = stage.has_contributed(conn.id().rank);
   if (h.iteration != stage.version() && AnswerCountedRetry(conn, t, c, h)) return;

@@ -16,12 +16,7 @@
 namespace rackhub::server {
 
 const Membership& WorkerProtocol::CurrentMembership(LaneTenant& t) {
-  const uint64_t commit = t.runtime->membership_commits.load(std::memory_order_acquire);
-  if (!t.membership || t.membership_commit != commit) {
-    t.membership = t.runtime->membership();
-    t.membership_commit = commit;
-  }
-  return *t.membership;
+  return ChunkTable::MembershipOf(t);
 }
 
 bool WorkerProtocol::Holding(LaneTenant& t) {
@@ -33,8 +28,9 @@ namespace {
 
 std::string Describe(const LaneTenant& t, const Membership& m) {
   return "membership generation " + Num(m.generation) + " of elastic tenant " +
-         QuoteForLog(t.info.name) + " has " + Num(m.count) + " member" +
-         (m.count == 1 ? "" : "s");
+         QuoteForLog(t.info.name) + " has " + Num(m.total) + " member" +
+         (m.total == 1 ? "" : "s") +
+         (m.racks.empty() ? std::string() : " over its racks, " + Num(m.count) + " on this one");
 }
 
 }  // namespace
@@ -105,26 +101,18 @@ bool WorkerProtocol::ApplyMembership(net::Connection& conn, LaneTenant& t, Chunk
                                      const FrameHeader& h) {
   if (CheckMember(conn, t, h) != Verdict::kAccept) return false;
   if (CheckFence(conn, t, c, h) != Verdict::kAccept) return false;
-  const uint64_t commit = t.membership_commit;
-  ElasticForming& forming = t.forming[ChunkTable::ChunkId(c.key_id, c.index_in_key)];
-  if (forming.commit == commit) return true;
-  const Membership& m = *t.membership;
-  if (c.state.contributions() != 0) {
-    // Cannot happen (a membership is committed only with nothing pending);
-    // if it did, this update would mix two memberships: abort it.
-    const std::string why = "membership: chunk " + Num(c.index_in_key) + " of key id " +
-                            Num(c.key_id) + " has contributions of an older membership";
-    host_->AbortIteration(t.info.handle, why, false);
-    RefuseIteration(conn, t, h, c.state.version(), why + "; Pull the key and push again");
+  const Status applied = table_->ApplyMembership(t, c);
+  if (applied.code() == StatusCode::kFailedPrecondition) {
+    // Contributions of an older membership: abort the update.
+    host_->AbortIteration(t.info.handle, applied.message(), false);
+    RefuseIteration(conn, t, h, c.current_version(),
+                    applied.message() + "; Pull the key and push again");
     return false;
   }
-  if (!c.state.SetMembers(m.member)) {
-    Reject(conn, WireError::kInternal, "membership: could not be applied to the chunk",
-           h.request_id);
+  if (!applied.ok()) {
+    Reject(conn, WireError::kInternal, applied.message(), h.request_id);
     return false;
   }
-  forming.commit = commit;
-  forming.generation = m.generation;
   return true;
 }
 
@@ -132,23 +120,36 @@ void WorkerProtocol::ElasticAdopted(LaneTenant& t, uint32_t member, WorkerGenera
   const uint32_t lanes = g.lanes.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (lanes != table_->lanes()) return;
   const Membership& m = CurrentMembership(t);
-  if (m.has(member) && g.live()) return;
+  if (m.has(member % t.info.rank_slots()) && g.live()) return;
   host_->MembershipChanged(t.info.handle, "rank " + Num(member) + " (generation " +
                                               Num(g.number) + ") joined: connected on every lane");
 }
 
-void WorkerProtocol::RemoveStragglers(LaneTenant& t, const Chunk& c, const std::string& why) {
-  for (uint32_t r = 0; r < c.state.workers(); ++r) {
-    if (!c.state.is_member(r) || c.state.has_contributed(r)) continue;
-    const std::string text = "membership: rank " + Num(r) + " was removed: " + why;
+bool WorkerProtocol::RemoveStragglers(LaneTenant& t, Chunk& c, const std::string& why) {
+  // Across racks: this rack's stage (a straggler of another rack is that
+  // hub's to remove).
+  const uint32_t rack = table_->self_rack();
+  const aggregation::ChunkState* stage =
+      !c.multi_rack() ? &c.state : rack < c.stages.size() ? c.stages[rack].get() : nullptr;
+  // This rack's sum of the update is in (sent, or added at the home).
+  if (!stage || (c.multi_rack() && stage->version() > c.current_version())) return false;
+  const uint32_t first = c.multi_rack() ? rack * t.info.rank_slots() : 0;
+  bool removed = false;
+  for (uint32_t r = 0; r < stage->workers(); ++r) {
+    if (!stage->is_member(r) || stage->has_contributed(r)) continue;
+    const std::string text = "membership: rank " + Num(r) +
+                             (c.multi_rack() ? " of rack " + Num(rack) : std::string()) +
+                             " was removed: " + why;
     // Its generation ends (its frames are no longer counted) and every lane
     // closes its connections with a fatal INVALID_ARGUMENT, as for a
     // replaced process: it joins again as a new Client (a new session).
-    if (auto g = t.gens.find(r); g != t.gens.end()) {
+    removed = true;
+    if (auto g = t.gens.find(first + r); g != t.gens.end()) {
       auto gen = g->second;
-      EndGeneration(t, r, gen, text, true);
+      EndGeneration(t, first + r, gen, text, true);
     }
   }
+  return removed;
 }
 
 void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const FrameHeader& h) {
@@ -165,6 +166,16 @@ void WorkerProtocol::OnCommitFrame(net::Connection& conn, LaneTenant& t, const F
     Refuse(conn, WireError::kInvalidArgument,
            std::string(what) + ": tenant " + QuoteForLog(t.info.name) +
                " is not elastic; COMMIT and ROLLBACK are for elastic tenants (docs/elastic.md)",
+           h.request_id);
+    return;
+  }
+  if (table_->racks() > 1) {
+    // The copies are per hub and the homes' optimizer state is not copied
+    // across racks: refused rather than a rollback that misses chunks.
+    Refuse(conn, WireError::kInvalidArgument,
+           std::string(what) + ": elastic tenant " + QuoteForLog(t.info.name) +
+               " spans racks; COMMIT and ROLLBACK (hub optimizers in elastic jobs) are built "
+               "for single-rack hubs only (docs/elastic.md, Limits)",
            h.request_id);
     return;
   }

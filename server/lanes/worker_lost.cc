@@ -204,19 +204,24 @@ void WorkerProtocol::CheckStragglers() {
       const auto key = t.keys.find(c.key_id);
       where = "key " + QuoteForLog(key != t.keys.end() ? key->second.info.name : "?") +
               " chunk " + Num(c.index_in_key) + " (update " + Num(c.current_version() + 1) + ")";
-      if (c.multi_rack() || c.rows_across_racks()) {
-        missing = "of some rack";
-        break;
-      }
       if (t.info.elastic) {
-        // Removed from the membership at once, the iteration aborted.
+        // Removed from the membership at once, the iteration aborted
+        // (across racks: this rack's stragglers; another rack's hub
+        // removes its own).
         const std::string why = "did not push " + where + " within " +
                                 Num(config_.straggler_timeout_ms) +
                                 " ms (data.straggler_timeout_ms)";
-        RemoveStragglers(t, c, why);
+        const bool removed = RemoveStragglers(t, *t.chunks.at(id), why);
+        // Across racks, with this rack's sum in: another rack's hub removes
+        // its straggler (a round follows); a chunk of this rack may have one.
+        if (!removed && (c.multi_rack() || c.rows_across_racks())) continue;
         host_->AbortIteration(handle, "straggler: " + why + "; partial sums were discarded",
                               true);
         expired = false;
+        break;
+      }
+      if (c.multi_rack() || c.rows_across_racks()) {
+        missing = "of some rack";
         break;
       }
       const uint32_t workers = c.table() ? t.info.workers_per_rack : c.state.workers();

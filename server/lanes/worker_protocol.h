@@ -149,6 +149,21 @@ class WorkerProtocol final : public net::FrameHandler {
   // Pull the `what` ("key", "table").
   bool StillCurrent(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                     uint64_t version, bool again, const char* what);
+  // An elastic chunk spanning racks, after a round cut an update that the
+  // home completed (its answer reached one rack's workers, not another's):
+  // a push at the chunk's version of a process whose PushPull of that
+  // update's iteration failed (TenantRuntime::PushFailed) and that
+  // contributed to the chunk (a member of the update: counted in it) gets
+  // that update's result, the chunk's parameters (the round only skipped
+  // since: ElasticForming::produced), instead of being counted again, as
+  // the ranks of the rack that got the answer moved on. True if it answered.
+  bool AnswerCountedAcrossRacks(net::Connection& conn, LaneTenant& t, Chunk& c,
+                                const net::FrameHeader& h);
+  // Both: this connection's process, still live, made the chunk's newest
+  // counted contribution of its member, and its PushPull of `key` at
+  // `iteration` failed (TenantRuntime::PushFailedAt).
+  bool FailedAfterCounted(net::Connection& conn, LaneTenant& t, const Chunk& c, uint32_t key,
+                          uint64_t iteration);
   // A PUSH one version behind a one-rack dense chunk of a sync tenant that
   // retries a failed PushPull (TenantRuntime::PushFailed) whose earlier push
   // of this chunk was counted in the update that produced the chunk's
@@ -202,8 +217,10 @@ class WorkerProtocol final : public net::FrameHandler {
   void ElasticAdopted(LaneTenant& t, uint32_t member, WorkerGeneration& g);
   // Straggler timeout of an elastic tenant: the members that did not push
   // `c` are removed (their generation ends, their connections get a fatal
-  // WORKER_LOST) and the iteration is aborted without them.
-  void RemoveStragglers(LaneTenant& t, const Chunk& c, const std::string& why);
+  // WORKER_LOST) and the iteration is aborted without them. Across racks,
+  // this rack's members only, none if this rack's sum of `c` is in; true if
+  // it removed one.
+  bool RemoveStragglers(LaneTenant& t, Chunk& c, const std::string& why);
 
   // A PULL or PULL_ROWS while the tenant recovers: held (ParkedPull, its
   // reply's `reply_bytes` reserved on the connection) until ReleaseParked,

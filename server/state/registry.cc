@@ -63,6 +63,7 @@ bool IsValidKeyName(const std::string& name) {
 Registry::Registry(uint32_t lanes, TenantDefaults defaults, const TopologyConfig& topology)
     : lanes_(lanes),
       racks_(topology.rack_count()),
+      exchange_(topology.multi_rack_exchange()),
       defaults_(defaults),
       memory_model_(MemoryModel::Of(topology)) {}
 
@@ -162,14 +163,18 @@ Status Registry::CreateTenant(const TenantSpec& spec, TenantInfo* out, std::stri
                              ConsistencyName(spec.consistency, spec.staleness) +
                              " cannot be elastic (docs/elastic.md)");
     }
-    if (racks_ > 1) {
-      return InvalidArgument("elastic: elastic tenants are for single-rack hubs; this hub has " +
-                             std::to_string(racks_) + " racks (docs/elastic.md, Limits)");
+    if (racks_ > 1 && !exchange_) {
+      return InvalidArgument("elastic: elastic tenants on a flat multi-rack hub (one hub serving " +
+                             std::to_string(racks_) + " racks) are not built; use the "
+                             "hierarchical topology, a hub per rack (docs/elastic.md, Limits)");
     }
-    if (min_workers > spec.workers_per_rack) {
+    // Across racks min_workers counts every rack's members and the start
+    // quorum is workers_per_rack on each rack (docs/elastic.md, Across racks).
+    if (const uint32_t quorum = spec.workers_per_rack * racks_; min_workers > quorum) {
       return InvalidArgument("min_workers: " + std::to_string(min_workers) +
                              " is above workers_per_rack " +
                              std::to_string(spec.workers_per_rack) +
+                             (racks_ > 1 ? " x " + std::to_string(racks_) + " racks" : "") +
                              " (need min_workers <= workers <= max_workers)");
     }
   } else if (spec.min_workers != 0) {

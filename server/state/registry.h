@@ -327,6 +327,7 @@ class Registry {
 
   const uint32_t lanes_;
   const uint32_t racks_;  // the topology's (workers are rack * workers_per_rack + rank)
+  const bool exchange_;   // a hub per rack (hierarchical), not one for every rack
   const TenantDefaults defaults_;
   const MemoryModel memory_model_;
   mutable std::shared_mutex mu_;

@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "elastic_worker.h"
 #include "process.h"
 #include "rackhub/client/client.h"
 #include "rackhub/client/rackhub_c.h"
@@ -43,203 +44,12 @@ namespace rackhub::testing {
 namespace {
 
 namespace rc = rackhub::client;
+using namespace elastic;  // NOLINT: the shared worker (elastic_worker.h)
 
-// 600 floats: three chunks of 256 (1 KiB chunks) over two lanes.
-constexpr uint32_t kElements = 600;
 constexpr uint32_t kMaxWorkers = 8;
 constexpr uint32_t kMinWorkers = 2;
 constexpr uint32_t kStartWorkers = 4;
 constexpr auto kReportTimeout = std::chrono::milliseconds(30000);
-
-// Rank r's gradient of step s: distinct for every (rank, step, element), with
-// low-order bits set so that a missing or extra contribution, or another
-// summation order, changes the bits.
-float Gradient(uint32_t rank, uint32_t step, uint32_t i) {
-  uint64_t z = (uint64_t{rank} << 48) ^ (uint64_t{step} << 20) ^ i;
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 40) / double(1ull << 24) * 2.0 - 1.0);
-}
-
-// What the hub must reply for `members` (ascending) at `step`: the fp32 sum
-// in rank order; the mean is that sum times float(1 / count).
-std::vector<float> ReferenceSum(const std::vector<uint32_t>& members, uint32_t step) {
-  std::vector<float> out(kElements, 0.0f);
-  for (uint32_t i = 0; i < kElements; ++i) {
-    float acc = Gradient(members.at(0), step, i);
-    for (size_t k = 1; k < members.size(); ++k) acc += Gradient(members[k], step, i);
-    out[i] = acc;
-  }
-  return out;
-}
-std::vector<float> ReferenceMean(const std::vector<uint32_t>& members, uint32_t step) {
-  std::vector<float> out = ReferenceSum(members, step);
-  const float scale = static_cast<float>(1.0 / static_cast<double>(members.size()));
-  for (float& v : out) v *= scale;
-  return out;
-}
-
-// ---- The worker (a forked child) ------------------------------------------
-
-enum : uint32_t { kCmdStep = 1, kCmdBye = 2 };
-struct Command {
-  uint32_t op = 0;
-  uint32_t step = 0;
-};
-
-enum : int32_t { kReady = 0, kStepDone = 1, kPausedSeen = 2, kFailed = -1 };
-struct KeyResult {
-  uint64_t version = 0;  // the key's version after the reply (diagnostics)
-  uint64_t generation = 0;
-  uint32_t members = 0;
-  uint32_t mixed = 0;
-  float values[kElements] = {};
-};
-struct Report {
-  int32_t kind = kFailed;
-  uint32_t rank = 0;
-  uint32_t step = 0;
-  uint32_t retries = 0;
-  char message[512] = {};
-  KeyResult sum, mean;
-};
-
-bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-bool ReadAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t r = ::read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-struct WorkerConfig {
-  std::string hub, tenant, token;
-  uint32_t rank = 0;
-  bool shm = false;
-};
-
-[[noreturn]] void WorkerMain(const WorkerConfig& cfg, int fd) {
-  Report report;
-  report.rank = cfg.rank;
-  const auto fail = [&](const std::string& what) {
-    report.kind = kFailed;
-    std::snprintf(report.message, sizeof report.message, "%s", what.c_str());
-    WriteAll(fd, &report, sizeof report);
-    _exit(1);
-  };
-  rc::Options o;
-  o.hub = cfg.hub;
-  o.tenant = cfg.tenant;
-  o.token = cfg.token;
-  o.rank = cfg.rank;
-  o.shm = cfg.shm ? rc::Shm::kOn : rc::Shm::kOff;
-  o.op_timeout = std::chrono::milliseconds(120000);
-  rc::Error err;
-  std::unique_ptr<rc::Client> client = rc::Client::Connect(o, &err);
-  if (!client) fail("connect: " + err.message);
-  rc::KeyId keys[2] = {0, 0};
-  for (int k = 0; k < 2; ++k) {
-    rc::KeyDecl d;
-    d.name = k == 0 ? "sum" : "mean";
-    d.elements = kElements;
-    rc::OptimizerSpec spec;
-    spec.type = "sum-only";
-    spec.reduction = k == 0 ? "sum" : "mean";
-    d.optimizer = spec;
-    if (rc::Error e = client->DeclareKey(d, &keys[k]); !e.ok()) fail("declare: " + e.message);
-  }
-  std::vector<float> out[2] = {std::vector<float>(kElements), std::vector<float>(kElements)};
-  // A wait longer than the test's report timeout fails naming what hung.
-  const auto wait = [&](rc::Ticket t, const std::string& what) {
-    const rc::Error e = client->WaitFor(t, std::chrono::milliseconds(25000));
-    if (e.code == rc::ErrorCode::kTimeout) {
-      const rc::KeyInfo a = *client->GetKeyInfo(keys[0]), b = *client->GetKeyInfo(keys[1]);
-      fail(what + " did not complete in 25 s (sum at " + std::to_string(a.next_iteration) +
-           ", mean at " + std::to_string(b.next_iteration) + ")");
-    }
-    return e;
-  };
-  const auto pull = [&](int k) {
-    const rc::Error e = wait(client->Pull(keys[k], out[k]), k ? "pull of mean" : "pull of sum");
-    if (!e.ok()) fail("pull: " + e.message);
-  };
-  // Joining: the Pull is held by the hub until this rank is a member (or
-  // the tenant runs): then it is ready to push at the next boundary.
-  pull(0);
-  pull(1);
-  report.kind = kReady;
-  if (!WriteAll(fd, &report, sizeof report)) _exit(1);
-  std::vector<float> grad(kElements);
-  for (;;) {
-    Command cmd;
-    if (!ReadAll(fd, &cmd, sizeof cmd)) _exit(0);
-    if (cmd.op == kCmdBye) {
-      client->Close();
-      _exit(0);
-    }
-    for (uint32_t i = 0; i < kElements; ++i) grad[i] = Gradient(cfg.rank, cmd.step, i);
-    report = Report{};
-    report.rank = cfg.rank;
-    report.step = cmd.step;
-    bool done[2] = {false, false};
-    bool told_paused = false;
-    while (!done[0] || !done[1]) {
-      rc::Ticket t[2] = {0, 0};
-      for (int k = 0; k < 2; ++k) {
-        if (!done[k]) t[k] = client->PushPull(keys[k], grad, out[k]);
-      }
-      for (int k = 0; k < 2; ++k) {
-        if (done[k]) continue;
-        const rc::Error e = wait(t[k], std::string(k ? "push-pull of mean" : "push-pull of sum") +
-                                          " (retry " + std::to_string(report.retries) + ")");
-        if (e.ok()) {
-          done[k] = true;
-          const rc::KeyInfo info = *client->GetKeyInfo(keys[k]);
-          KeyResult& r = k == 0 ? report.sum : report.mean;
-          r.generation = info.membership_generation;
-          r.version = info.version;
-          r.members = info.members;
-          r.mixed = info.membership_mixed ? 1 : 0;
-          std::memcpy(r.values, out[k].data(), sizeof r.values);
-          continue;
-        }
-        const bool retry = e.code == rc::ErrorCode::kRolledBack ||
-                           (e.code == rc::ErrorCode::kServer &&
-                            (e.wire == rc::WireError::kWorkerLost ||
-                             e.wire == rc::WireError::kBadIteration));
-        if (!retry) fail("push-pull: " + e.message);
-        if (!told_paused && e.message.find("paused") != std::string::npos) {
-          told_paused = true;
-          Report p = report;
-          p.kind = kPausedSeen;
-          std::snprintf(p.message, sizeof p.message, "%s", e.message.c_str());
-          if (!WriteAll(fd, &p, sizeof p)) _exit(1);
-        }
-        ++report.retries;
-        pull(k);  // held while the tenant recovers or is paused
-      }
-    }
-    report.kind = kStepDone;
-    if (!WriteAll(fd, &report, sizeof report)) _exit(1);
-  }
-}
 
 // ---- The test side --------------------------------------------------------
 
@@ -283,7 +93,7 @@ class ElasticTest : public ::testing::TestWithParam<bool> {  // true: shared mem
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::close(sv[0]);
-      WorkerMain({daemon_->data_address(), "job", token_, rank, GetParam()}, sv[1]);
+      WorkerMain({daemon_->data_address(), "job", token_, rank, GetParam(), 0, rank}, sv[1]);
     }
     ::close(sv[1]);
     workers_[rank] = Worker{rank, pid, sv[0]};

@@ -214,6 +214,10 @@ def lifecycle(rank, size):
                         f"rank(s) [{size}] not in [0, {size})")
     check("init(process_sets=...) with a rank out of range refused, naming it",
           ok and not hvd.is_initialized(), detail)
+    ok, detail = raises(lambda: hvd.init(max_size=4, rack=1, racks=2), ValueError,
+                        "rackhub.torch.elastic runs on one rack's hub; rack 1 of 2 racks")
+    check("an elastic init across racks refused by name (docs/elastic.md, Limits)",
+          ok and not hvd.is_initialized(), detail)
     hvd.shutdown()  # idempotent
     hvd.init()
     got = hvd.allreduce(torch.full((4,), float(rank)), op=hvd.Sum)

@@ -35,7 +35,10 @@ const auto* const kQuiet = ::testing::AddGlobalTestEnvironment(new QuietLogs);
 
 class Sim {
  public:
-  Sim(uint32_t racks, uint32_t seed) : racks_(racks), rng_(seed) {
+  // `elastic`: the tenant is elastic; each hub reports its members (a
+  // random set per report) and the generation it committed last.
+  Sim(uint32_t racks, uint32_t seed, bool elastic = false)
+      : racks_(racks), rng_(seed), elastic_(elastic) {
     for (uint32_t r = 0; r < racks; ++r) {
       hubs_.emplace_back();
       Hub& h = hubs_.back();
@@ -60,6 +63,9 @@ class Sim {
       if (name == "job") return 7;
       return std::nullopt;
     };
+    hooks.elastic = [this](uint32_t) { return elastic_; };
+    h.generation = 0;  // lost with the process's state
+    h.committed_round = 0;
     h.recovery = std::make_unique<RackRecovery>(rack, racks_, std::move(hooks));
     h.recovering = 0;
     h.to_report = 0;
@@ -141,6 +147,13 @@ class Sim {
     --h.to_report;
     ++h.recovering;
     const uint64_t inc = h.incarnation;
+    std::optional<RackRecovery::Members> members;
+    if (elastic_) {
+      members.emplace();
+      members->generation = h.generation;
+      for (int r = 0; r < 3; ++r) members->member.push_back(Pick(2) ? 1 : 0);
+      members->quorum = 2;
+    }
     ASSERT_TRUE(h.recovery->Reported(7, "job", "test failure", h.versions,
                          [this, rack, inc](const RackRecovery::Outcome& outcome,
                                            bool realign) {
@@ -149,6 +162,7 @@ class Sim {
                            Hub& hub = hubs_[rack];
                            if (hub.incarnation != inc) return;  // a killed process
                            --hub.recovering;
+                           if (elastic_) CommitMembers(rack, outcome);
                            if (!realign) return;
                            for (const auto& [k, v] : agreed) {
                              EXPECT_GT(v, hub.versions[k]) << "a round moves every key on";
@@ -156,7 +170,26 @@ class Sim {
                            }
                            hub.last_agreed = agreed;
                          },
-                                     h.recovery->FinishedRounds(7)));
+                                     h.recovery->FinishedRounds(7), std::move(members)));
+  }
+
+  // A hub commits each round's cluster membership once (generation, total,
+  // every rack's members); generations only grow. (Hubs may end one round
+  // number with different reports when a restarted hub reported twice: the
+  // next round, which that starts, agrees; so does the last one.)
+  void CommitMembers(uint32_t rack, const RackRecovery::Outcome& outcome) {
+    ASSERT_EQ(outcome.members.size(), racks_);
+    Hub& hub = hubs_[rack];
+    hub.last = outcome;
+    hub.last.agreed.clear();
+    // A round's recoveries on one hub each finish with it: the first commits.
+    if (outcome.round == hub.committed_round) return;
+    EXPECT_GT(outcome.round, hub.committed_round) << "rack " << rack;
+    hub.committed_round = outcome.round;
+    if (outcome.generation != 0) {
+      EXPECT_GT(outcome.generation, hub.generation) << "rack " << rack;
+      hub.generation = outcome.generation;
+    }
   }
 
   struct Hub {
@@ -166,6 +199,9 @@ class Sim {
     Versions last_agreed;
     int to_report = 0;   // local recoveries started, phase 1 not done
     int recovering = 0;  // phase 1 done, round not ended
+    uint64_t generation = 0;  // elastic: the cluster generation committed last
+    uint64_t committed_round = 0;  // and the round that committed it
+    RackRecovery::Outcome last;    // elastic: the last round's outcome
   };
   std::vector<Hub>& hubs() { return hubs_; }
   uint32_t Pick(size_t n) { return static_cast<uint32_t>(rng_() % n); }
@@ -178,6 +214,7 @@ class Sim {
   };
   const uint32_t racks_;
   std::mt19937_64 rng_;
+  const bool elastic_;
   std::vector<Hub> hubs_;
   std::vector<Message> messages_;
   std::vector<std::pair<uint32_t, uint32_t>> link_ups_;
@@ -229,6 +266,60 @@ TEST(RackRecoveryTest, LostReportsFailuresAndRestartsDuringRoundsStillEndInAgree
     ExpectAgreement(sim, seed);
     if (::testing::Test::HasFailure()) return;
   }
+}
+
+// Elastic tenants (docs/elastic.md, "Across racks"): under the same chaos,
+// every hub that finishes a round commits the same cluster membership.
+TEST(RackRecoveryTest, ElasticRoundsCommitOneClusterMembershipOnEveryHub) {
+  for (uint32_t seed = 0; seed < 1000; ++seed) {
+    const uint32_t racks = 2 + seed % 3;
+    Sim sim(racks, seed, true);
+    sim.Fail(sim.Pick(racks));
+    for (int i = 0; i < 300 && sim.Step(0.3, true); ++i) {
+    }
+    int steps = 0;
+    while (sim.Step(0.0, false)) ASSERT_LT(++steps, 100000) << "seed " << seed << " livelocks";
+    ExpectAgreement(sim, seed);
+    const RackRecovery::Outcome& first = sim.hubs()[0].last;
+    for (size_t r = 1; r < sim.hubs().size(); ++r) {
+      const RackRecovery::Outcome& last = sim.hubs()[r].last;
+      EXPECT_EQ(last.round, first.round) << "seed " << seed << " hub " << r;
+      EXPECT_EQ(last.generation, first.generation) << "seed " << seed << " hub " << r;
+      EXPECT_EQ(last.total, first.total) << "seed " << seed << " hub " << r;
+      EXPECT_EQ(last.members, first.members) << "seed " << seed << " hub " << r;
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// A report of an elastic tenant without the membership fields (a hub that
+// predates them) or with a malformed member list is refused by name.
+TEST(RackRecoveryTest, ElasticReportsWithoutMembersAreRefusedByName) {
+  RackRecovery::Hooks hooks;
+  hooks.send = [](uint32_t, std::string) {};
+  hooks.recover = [](uint32_t, const std::string&) { ADD_FAILURE() << "no recovery"; };
+  hooks.handle_of = [](const std::string&) { return std::optional<uint32_t>(1); };
+  hooks.elastic = [](uint32_t) { return true; };
+  RackRecovery rr(0, 2, hooks);
+  data::v1::RackVersions m;
+  m.set_tenant("job");
+  m.set_round(1);
+  m.set_incarnation(5);
+  const auto refuse = [&](const std::string& needle) {
+    const std::string b = m.SerializeAsString();
+    const Status s =
+        rr.OnVersions(1, {reinterpret_cast<const std::byte*>(b.data()), b.size()});
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  refuse("is elastic, but rack 1's report carries membership format 0");
+  m.set_membership_format(2);
+  refuse("membership format 2 (this hub reads format 1");
+  m.set_membership_format(1);
+  m.set_members(std::string("\x01\x02", 2));
+  refuse("a byte other than 0 or 1");
+  m.set_members(std::string(2000, '\x01'));
+  refuse("2000 ranks (at most 1024)");
 }
 
 TEST(RackRecoveryTest, BadReportsAreRefusedByName) {

@@ -137,6 +137,13 @@ def init(rank=None, size=None, hub=None, tenant=None, token=None, token_file=Non
             raise ValueError("rackhub.torch.init: process_sets: not for elastic jobs (their "
                              "membership changes; the hub refuses participant sets in elastic "
                              "tenants)")
+        if racks > 1 or rack != 0:
+            # The hub side is built (docs/elastic.md, "Across racks"); this
+            # module's membership rounds, ranks and launcher are one hub's.
+            raise ValueError(f"rackhub.torch.init: racks: rackhub.torch.elastic runs on one "
+                             f"rack's hub; rack {rack} of {racks} racks given (elastic jobs "
+                             f"across racks are C++/C clients for now: docs/elastic.md, "
+                             f"Limits)")
         return _init_elastic(int(max_size), rank, hub, tenant, token, transport,
                              float(connect_timeout), float(op_timeout), local_rank, local_size,
                              rdma_hub, rdma_device, busy_poll)

@@ -1,0 +1,452 @@
+// Elastic tenants across racks (docs/elastic.md, "Across racks"): one real
+// rackhubd per rack on 127.0.0.1 (hierarchical topology, 2 lanes each), the
+// tenant created on every hub, workers forked by this test (elastic_worker.h:
+// one C++ Client per rank, driven over a socketpair), each connected to its
+// rack's hub. Rank r of rack k is global rank k * max_workers + r; its
+// gradients are the global rank's. Workers are killed with SIGKILL between
+// steps and in the middle of steps, on any rack, and new ones join; every
+// reply is compared bit for bit with the reference computed from the
+// gradients of the members this test expects (each rack's sum in rank order,
+// the racks' sums in rack order; the mean that sum times float(1 / total)),
+// and every reply of a step names the same cluster generation and total on
+// every rack. Every wait is for an event (a worker's report, a child's
+// exit, a hub's log line); the straggler timeout is 60 s and a report is
+// waited for 30 s, so a survivor that waited for the straggler timeout
+// fails the test.
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "elastic_worker.h"
+#include "etcd_cluster.h"
+#include "process.h"
+#include "wait.h"
+
+namespace rackhub::testing {
+namespace {
+
+using namespace elastic;  // NOLINT: the shared worker (elastic_worker.h)
+
+constexpr uint32_t kMaxWorkers = 4;  // ranks per rack: global rank = rack * 4 + rank
+constexpr uint32_t kChunk = 256;     // 1 KiB chunks of floats: 3 per key, homes on racks 0 and 1
+constexpr auto kReportTimeout = std::chrono::milliseconds(30000);
+
+struct Worker {
+  uint32_t global = 0;
+  pid_t pid = -1;
+  int fd = -1;
+};
+
+class MultiRackElasticTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (auto& [global, w] : workers_) Reap(w, true);
+    workers_.clear();
+  }
+
+  // `racks` hubs; the tenant "job": start quorum 2 per rack, min_workers
+  // `min` (counted over every rack), ranks 0..3 per rack.
+  void StartHubs(uint32_t racks, uint32_t min) {
+    std::string spec;
+    for (uint32_t r = 0; r < racks; ++r) {
+      spec += (r ? "," : "") + std::string("127.0.0.1:0=127.0.0.1:") +
+              std::to_string(FreeLoopbackPort());
+    }
+    const std::string dir = MakeTempDir();
+    WriteFile(dir + "/hub.secret", std::string(48, 's') + "\n");
+    token_ = std::string(40, 'e');
+    WriteFile(dir + "/token", token_);
+    for (uint32_t r = 0; r < racks; ++r) {
+      hubs_.push_back(std::make_unique<DaemonProcess>(std::vector<std::string>{
+          "--in-memory", "--lanes", "2", "--racks", spec, "--rack", std::to_string(r),
+          "--hub-secret-file", dir + "/hub.secret", "--straggler-timeout-ms", "60000"}));
+      ASSERT_TRUE(hubs_.back()->started());
+    }
+    for (uint32_t r = 0; r < racks; ++r) {
+      const CommandResult c =
+          Ctl(r, {"tenant", "create", "job", "--workers", "2", "--elastic", "--min-workers",
+                  std::to_string(min), "--max-workers", std::to_string(kMaxWorkers),
+                  "--chunk-bytes", "1024", "--tenant-token-file", dir + "/token"});
+      ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+      // The keys exist on every hub before any round: a round that agrees
+      // on a key its home hub has not declared yet leaves the other hubs
+      // waiting for that home's RACK_ALIGN (docs/elastic.md, Limits).
+      for (const char* reduction : {"sum", "mean"}) {
+        const CommandResult k =
+            Ctl(r, {"key", "create", "job", reduction, "--elements", std::to_string(kElements),
+                    "--optimizer", "sum-only", "--reduction", reduction});
+        ASSERT_EQ(k.exit_code, 0) << k.out << k.err;
+      }
+    }
+  }
+
+  CommandResult Ctl(uint32_t rack, std::vector<std::string> args) {
+    args.insert(args.begin(), {BinPath("rackhubctl"), "--admin", hubs_[rack]->admin_address()});
+    return RunCommand(args);
+  }
+
+  static uint32_t RackOf(uint32_t global) { return global / kMaxWorkers; }
+
+  void Spawn(uint32_t global) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(sv[0]);
+      const uint32_t rack = RackOf(global);
+      WorkerMain({hubs_[rack]->data_address(), "job", token_, global % kMaxWorkers, false, rack,
+                  global},
+                 sv[1]);
+    }
+    ::close(sv[1]);
+    workers_[global] = Worker{global, pid, sv[0]};
+  }
+
+  std::string Logs() const {
+    std::string out;
+    for (size_t r = 0; r < hubs_.size(); ++r) {
+      out += "\n--- hub of rack " + std::to_string(r) + ":\n" + hubs_[r]->Log();
+    }
+    return out;
+  }
+
+  ::testing::AssertionResult Next(const Worker& w, Report* out) {
+    pollfd p{w.fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(kReportTimeout.count())) <= 0) {
+      return ::testing::AssertionFailure() << "rank " << w.global << " reported nothing within "
+                                           << kReportTimeout.count() << " ms" << Logs();
+    }
+    if (!ReadAll(w.fd, out, sizeof *out)) {
+      return ::testing::AssertionFailure() << "rank " << w.global << " died";
+    }
+    if (out->kind == kFailed) {
+      return ::testing::AssertionFailure()
+             << "rank " << w.global << " failed: " << out->message << Logs();
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  void Join(const std::vector<uint32_t>& globals) {
+    for (uint32_t g : globals) Spawn(g);
+    for (uint32_t g : globals) {
+      Report rep;
+      ASSERT_TRUE(Next(workers_.at(g), &rep));
+      ASSERT_EQ(rep.kind, kReady);
+    }
+  }
+
+  void Reap(Worker& w, bool kill) {
+    if (w.pid <= 0) return;
+    if (kill) ::kill(w.pid, SIGKILL);
+    int status = 0;
+    ::waitpid(w.pid, &status, 0);
+    ::close(w.fd);
+    w.pid = -1;
+  }
+  void Kill(uint32_t global) {
+    Reap(workers_.at(global), true);
+    workers_.erase(global);
+  }
+
+  std::vector<uint32_t> Alive() const {
+    std::vector<uint32_t> out;
+    for (const auto& [g, w] : workers_) out.push_back(g);
+    return out;
+  }
+  // The alive ranks by rack (global ranks, ascending).
+  std::vector<std::vector<uint32_t>> ByRack(const std::vector<uint32_t>& alive) const {
+    std::vector<std::vector<uint32_t>> out(hubs_.size());
+    for (uint32_t g : alive) out[RackOf(g)].push_back(g);
+    return out;
+  }
+  // The lowest free rank of `rack` (global), or UINT32_MAX.
+  uint32_t FreeRank(uint32_t rack) const {
+    for (uint32_t r = 0; r < kMaxWorkers; ++r) {
+      if (!workers_.count(rack * kMaxWorkers + r)) return rack * kMaxWorkers + r;
+    }
+    return UINT32_MAX;
+  }
+
+  // What each hub logs when it commits the cluster membership of `alive`:
+  // the total, its rack's count and its ranks.
+  std::vector<std::string> CommitLines(const std::vector<uint32_t>& alive) const {
+    std::vector<std::string> out;
+    const auto racks = ByRack(alive);
+    for (size_t r = 0; r < racks.size(); ++r) {
+      std::string line = std::to_string(alive.size());
+      line.insert(0, 1, ' ');
+      line += " member(s), " + std::to_string(racks[r].size()) + " on this rack [";
+      for (size_t i = 0; i < racks[r].size(); ++i) {
+        if (i > 0) line += ',';
+        line += std::to_string(racks[r][i] % kMaxWorkers);
+      }
+      out.push_back(line + "]");
+    }
+    return out;
+  }
+  static int Count(const std::string& log, const std::string& needle) {
+    int n = 0;
+    for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) ++n;
+    return n;
+  }
+  // kill -9 between steps, then waits for the event: every hub committed
+  // the cluster membership without it.
+  void KillAndWaitLeft(uint32_t global) {
+    std::vector<uint32_t> rest = Alive();
+    rest.erase(std::find(rest.begin(), rest.end(), global));
+    const std::vector<std::string> lines = CommitLines(rest);
+    std::vector<int> before;
+    for (size_t r = 0; r < hubs_.size(); ++r) before.push_back(Count(hubs_[r]->Log(), lines[r]));
+    Kill(global);
+    for (size_t r = 0; r < hubs_.size(); ++r) {
+      ASSERT_TRUE(WaitForLog(*hubs_[r], lines[r], before[r] + 1));
+    }
+  }
+
+  void SendStep(uint32_t global, uint32_t step) {
+    Command c{kCmdStep, step};
+    ASSERT_TRUE(WriteAll(workers_.at(global).fd, &c, sizeof c));
+  }
+
+  // One key's replies of a step: every rank names the same generation and
+  // total, and the values equal the reference of `members`.
+  void CheckKey(const std::vector<Report>& reports, bool mean_key,
+                const std::vector<uint32_t>& members, uint32_t step) {
+    const auto racks = ByRack(members);
+    const std::vector<float> want = mean_key ? ReferenceMean(racks, step) : ReferenceSum(racks, step);
+    const char* name = mean_key ? "mean" : "sum";
+    for (const Report& r : reports) {
+      const KeyResult& k = mean_key ? r.mean : r.sum;
+      EXPECT_EQ(k.members, members.size()) << "key " << name << " rank " << r.rank << " step "
+                                           << step << " generation " << k.generation;
+      EXPECT_EQ(k.mixed, 0u) << "key " << name << " rank " << r.rank;
+      EXPECT_EQ(k.generation, (mean_key ? reports[0].mean : reports[0].sum).generation)
+          << "key " << name << " step " << step << ": ranks " << r.rank << " and "
+          << reports[0].rank << " name different cluster generations";
+      EXPECT_GT(k.generation, 0u);
+      EXPECT_EQ(std::memcmp(k.values, want.data(), sizeof k.values), 0)
+          << "key " << name << " step " << step << " rank " << r.rank
+          << ": not the reference of " << members.size() << " members";
+    }
+  }
+
+  // Runs `step` on every alive worker; checks it against the alive ranks.
+  // Returns the seconds until the last report.
+  double Step(uint32_t step) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<uint32_t> alive = Alive();
+    for (uint32_t g : alive) SendStep(g, step);
+    std::vector<Report> reports;
+    for (uint32_t g : alive) {
+      Report rep;
+      EXPECT_TRUE(Next(workers_.at(g), &rep));
+      while (rep.kind == kPausedSeen) EXPECT_TRUE(Next(workers_.at(g), &rep));
+      EXPECT_EQ(rep.kind, kStepDone);
+      EXPECT_EQ(rep.step, step);
+      reports.push_back(rep);
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (reports.size() != alive.size() || HasFailure()) return seconds;
+    for (bool mean_key : {false, true}) CheckKey(reports, mean_key, alive, step);
+    return seconds;
+  }
+
+  // kill -9 of `victim` in the middle of `step` at `point` (0: before it got
+  // the step, 1: right after, 2: once a survivor completed it). Every chunk
+  // of every survivor's reply is the reference with the victim (the update
+  // completed before the kill) or without it (aborted, retried without it),
+  // and the step's replies name one generation per chunk's membership.
+  void KillDuringStep(uint32_t victim, uint32_t point, uint32_t step) {
+    const std::vector<uint32_t> before = Alive();
+    std::vector<uint32_t> after = before;
+    after.erase(std::find(after.begin(), after.end(), victim));
+    for (uint32_t g : after) SendStep(g, step);
+    Report first;
+    if (point >= 1) SendStep(victim, step);
+    if (point == 2) {
+      ASSERT_TRUE(Next(workers_.at(after[0]), &first));
+      ASSERT_EQ(first.kind, kStepDone) << first.message;
+    }
+    Kill(victim);
+    std::vector<Report> reports;
+    if (point == 2) reports.push_back(first);
+    for (size_t i = point == 2 ? 1 : 0; i < after.size(); ++i) {
+      Report rep;
+      ASSERT_TRUE(Next(workers_.at(after[i]), &rep)) << "kill point " << point;
+      ASSERT_EQ(rep.kind, kStepDone) << rep.message;
+      reports.push_back(rep);
+    }
+    for (bool mean_key : {false, true}) {
+      const std::vector<float> with =
+          mean_key ? ReferenceMean(ByRack(before), step) : ReferenceSum(ByRack(before), step);
+      const std::vector<float> without =
+          mean_key ? ReferenceMean(ByRack(after), step) : ReferenceSum(ByRack(after), step);
+      for (const Report& r : reports) {
+        const KeyResult& k = mean_key ? r.mean : r.sum;
+        for (uint32_t c = 0; c * kChunk < kElements; ++c) {
+          const size_t from = c * kChunk, n = std::min<size_t>(kChunk, kElements - from);
+          const bool is_with = std::memcmp(&k.values[from], &with[from], n * 4) == 0;
+          const bool is_without = std::memcmp(&k.values[from], &without[from], n * 4) == 0;
+          EXPECT_TRUE(is_with || is_without)
+              << (mean_key ? "mean" : "sum") << " chunk " << c << " of rank " << r.rank
+              << " at step " << step << " (kill point " << point << ", victim " << victim
+              << ", retries " << r.retries << "): neither the sum with nor without the victim";
+        }
+        if (!k.mixed) {
+          // One membership for the whole key: its count says which.
+          EXPECT_TRUE(k.members == before.size() || k.members == after.size())
+              << "rank " << r.rank << " names " << k.members << " members";
+        }
+      }
+    }
+  }
+
+  // `changes` membership changes at random points over the racks (kills
+  // between and during steps on any rack, joins of the lowest free rank of
+  // a random rack), each followed by a step checked against the reference.
+  void RandomLoop(uint32_t changes_wanted, uint32_t min) {
+    const uint32_t seed = std::random_device{}();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    uint32_t step = 0, changes = 0;
+    Step(step++);
+    while (changes < changes_wanted && !HasFailure()) {
+      const std::vector<uint32_t> alive = Alive();
+      const uint32_t choice = rng() % 3;
+      if (choice != 2 && alive.size() > min) {
+        const uint32_t victim = alive[rng() % alive.size()];
+        if (choice == 0) {
+          KillAndWaitLeft(victim);
+        } else {
+          KillDuringStep(victim, rng() % 3, step++);
+        }
+      } else {
+        const uint32_t joiner = FreeRank(rng() % hubs_.size());
+        if (joiner == UINT32_MAX) continue;
+        Join({joiner});
+      }
+      ++changes;
+      EXPECT_LT(Step(step++), 20.0) << "a step waited (for the straggler timeout?)";
+    }
+    EXPECT_EQ(changes, changes_wanted);
+    std::printf("%u membership changes over %zu racks in %u checked steps\n", changes,
+                hubs_.size(), step);
+  }
+
+  std::vector<std::unique_ptr<DaemonProcess>> hubs_;
+  std::string token_;
+  std::map<uint32_t, Worker> workers_;  // by global rank
+};
+
+// 2 racks of 2 ranks: kills on rack 1 between and during steps (rack 1
+// ends with no member: fine while the total is at least min_workers), then
+// joins on rack 0 and rack 1.
+TEST_F(MultiRackElasticTest, KillsAndJoinsAcrossRacks) {
+  StartHubs(2, 1);
+  Join({0, 1, 4, 5});  // ranks 0 and 1 of each rack: the start quorum (2 per rack)
+  uint32_t step = 0;
+  EXPECT_LT(Step(step++), 20.0);
+  EXPECT_LT(Step(step++), 20.0);
+
+  const auto killed_at = std::chrono::steady_clock::now();
+  KillAndWaitLeft(5);  // rack 1 rank 1, between steps
+  EXPECT_LT(Step(step++), 20.0);
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, std::chrono::seconds(20))
+      << "the survivors waited for the dead rank";
+
+  for (uint32_t point : {0u, 1u, 2u}) {
+    // Rack 1 rank 0 dies during a step; a new rank 0 of rack 1 joins after.
+    KillDuringStep(4, point, step++);
+    EXPECT_LT(Step(step++), 20.0);  // rack 1 without members
+    Join({4});
+    EXPECT_LT(Step(step++), 20.0);
+  }
+  Join({2});  // rack 0 rank 2
+  EXPECT_LT(Step(step++), 20.0);
+  Join({5});
+  EXPECT_LT(Step(step++), 20.0);
+  EXPECT_EQ(Alive().size(), 5u);
+  // Both hubs name the same cluster membership.
+  for (uint32_t r = 0; r < 2; ++r) {
+    const CommandResult get = Ctl(r, {"tenant", "get", "job"});
+    EXPECT_NE(get.out.find("5 member"), std::string::npos) << get.out;
+  }
+}
+
+TEST_F(MultiRackElasticTest, RandomMembershipLoopTwoRacks) {
+  StartHubs(2, 2);
+  Join({0, 1, 4, 5});
+  RandomLoop(24, 2);
+}
+
+TEST_F(MultiRackElasticTest, RandomMembershipLoopThreeRacks) {
+  StartHubs(3, 2);
+  Join({0, 1, 4, 5, 8, 9});
+  RandomLoop(20, 2);
+}
+
+// Below min_workers counted over every rack, every hub pauses the tenant
+// (tenant get, top and the refusal say so); a rank joining on another rack
+// resumes it and the held push completes with it.
+TEST_F(MultiRackElasticTest, PauseAndResumeAcrossRacks) {
+  StartHubs(2, 3);
+  Join({0, 1, 4, 5});
+  uint32_t step = 0;
+  EXPECT_LT(Step(step++), 20.0);
+  KillAndWaitLeft(5);
+  EXPECT_LT(Step(step++), 20.0);  // 3 members: at min_workers
+  KillAndWaitLeft(4);             // 2 < 3: paused on both hubs
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitForLog(*hubs_[r], "(paused: below min_workers 3)"));
+    const CommandResult get = Ctl(r, {"tenant", "get", "job"});
+    EXPECT_NE(get.out.find("PAUSED"), std::string::npos) << get.out;
+    EXPECT_NE(get.out.find("2 member"), std::string::npos) << get.out;
+    const CommandResult top = Ctl(r, {"top", "--once"});
+    EXPECT_NE(top.out.find("PAUSED 2"), std::string::npos) << top.out << top.err;
+  }
+  SendStep(0, step);
+  Report rep;
+  ASSERT_TRUE(Next(workers_.at(0), &rep));
+  ASSERT_EQ(rep.kind, kPausedSeen) << rep.message;
+  EXPECT_NE(std::string(rep.message).find("below min_workers 3"), std::string::npos)
+      << rep.message;
+  // Resume: rank 2 of rack 1 joins; rank 0's held push completes with it.
+  Join({6});
+  SendStep(1, step);
+  SendStep(6, step);
+  std::vector<Report> reports;
+  for (uint32_t g : {0u, 1u, 6u}) {
+    ASSERT_TRUE(Next(workers_.at(g), &rep));
+    while (rep.kind == kPausedSeen) ASSERT_TRUE(Next(workers_.at(g), &rep));
+    ASSERT_EQ(rep.kind, kStepDone) << rep.message;
+    reports.push_back(rep);
+  }
+  CheckKey(reports, false, {0, 1, 6}, step);
+  CheckKey(reports, true, {0, 1, 6}, step);
+  ++step;
+  for (uint32_t r = 0; r < 2; ++r) {
+    const CommandResult get = Ctl(r, {"tenant", "get", "job"});
+    EXPECT_NE(get.out.find("running"), std::string::npos) << get.out;
+  }
+  EXPECT_LT(Step(step++), 20.0);
+}
+
+}  // namespace
+}  // namespace rackhub::testing
