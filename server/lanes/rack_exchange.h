@@ -166,7 +166,7 @@ class RackExchange final : public net::FrameHandler {
     const net::Connection* worker_ptr = nullptr;
     uint64_t request_id = 0;  // the worker's
     uint32_t home = 0;
-    uint32_t key = 0;
+    uint32_t key = 0;    // the answer's PARAMS must name these
     uint32_t chunk = 0;
     std::string key_name;
     uint32_t tenant = 0;  // this hub's handle
@@ -365,7 +365,13 @@ class RackExchange final : public net::FrameHandler {
   WorkerProtocol* workers_ = nullptr;
   std::unordered_map<uint64_t, PendingRelay> relays_;
   std::unordered_map<const net::Connection*, size_t> relays_per_worker_;
-  uint64_t next_relay_ = 0;
+  // Relay ids: this process issues relay_base_ + 1, + 2, ...; the base is
+  // random (RandomRelayBase), so a restarted hub does not issue the ids of
+  // its previous process, whose answers may still come (a home that does
+  // not know yet that the old process's link is dead).
+  static uint64_t RandomRelayBase();
+  const uint64_t relay_base_ = RandomRelayBase();
+  uint64_t next_relay_ = relay_base_;
   // The home: relay connections by (link, tenant handle here, member).
   std::map<RelaySlot, std::shared_ptr<net::Connection>> relay_conns_;
   // The home: per slot, the sessions its member notices said are gone (a

@@ -9,6 +9,7 @@
 // the same clocks and held replies, the same straggler timeout.
 #include <cstring>
 #include <functional>
+#include <random>
 
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
@@ -153,6 +154,13 @@ void RackExchange::Relay(net::Connection& worker, LaneTenant& t, LaneKey& key,
   SendToPeer(home, t, key, r, AsBytes(*body), body);
 }
 
+uint64_t RackExchange::RandomRelayBase() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) | rd();
+  // Below 2^63: 2^63 ids issue before a wrap (relay id 0 is a notice).
+  return r >> 1;
+}
+
 void RackExchange::SendMemberNotice(uint32_t home, LaneTenant& t, LaneKey& key, uint32_t rank,
                                     uint64_t session, net::RelayKind kind) {
   auto body = std::make_shared<std::string>(
@@ -294,7 +302,7 @@ void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
   const uint32_t peer = conn.id().rack;
   const auto it = relays_.find(h.request_id);
   if (it == relays_.end()) {
-    if (h.request_id == 0 || h.request_id > next_relay_) {
+    if (h.request_id <= relay_base_ || h.request_id > next_relay_) {
       SendPeerError(conn, h.tenant,
                     "RACK_RELAY_REPLY: relay id " + Num(h.request_id) + " was never issued by " +
                         "rack " + Num(topology_.rack) + "'s hub on lane " + Num(table_->lane()));
@@ -316,6 +324,16 @@ void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
     return;
   }
   FrameHeader inner = *decoded;
+  // A PARAMS names the key and chunk it answers: one that is not this
+  // relay's is an answer to another request (e.g. a previous process of
+  // this hub that issued the same id); dropped, the relay waits on.
+  if (inner.opcode == Opcode::kParams && (inner.key != r.key || inner.chunk != r.chunk)) {
+    refusals_.Warn("rack link: lane " + Num(table_->lane()) + ": rack " + Num(peer) +
+                   "'s hub answered relay id " + Num(h.request_id) + " with PARAMS of key id " +
+                   Num(inner.key) + " chunk " + Num(inner.chunk) + ", but that relay is key '" +
+                   r.key_name + "' chunk " + Num(r.chunk) + ": a stale answer, dropped");
+    return;
+  }
   const PendingRelay done = std::move(r);
   relays_.erase(it);
   Uncount(done);

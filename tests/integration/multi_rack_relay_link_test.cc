@@ -10,7 +10,9 @@
 //    link to the relaying rack (the test plays rack 1's hub);
 //  - an answer from a hub that is not the relay's home is refused by name;
 //  - hubs disagreeing on a tenant's consistency refuse each other's
-//    KEY_BIND by name, and the relayed frames of that key with it.
+//    KEY_BIND by name, and the relayed frames of that key with it;
+//  - relay ids do not repeat across a hub's processes, and an answer
+//    naming another chunk than its relay's is dropped.
 //  - a newer link from a rack's hub supersedes the older one: it closes,
 //    and its relayed members are gone (their held replies released);
 //  - a member's gone notice is not parked behind its key's frames, and a
@@ -56,6 +58,29 @@ struct PlayedRack1 {
  private:
   Mode mode_;
 };
+
+// A PARAMS answer of relay id X (`chunk`, values `v`, versions suffix
+// 0/0), as a home played by the test sends it.
+std::string ParamsAnswer(uint32_t key, uint32_t chunk, uint64_t relay_id, float v) {
+  FrameHeader p;
+  p.opcode = net::Opcode::kParams;
+  p.key = key;
+  p.chunk = chunk;
+  p.dtype = net::DType::kFp32;
+  p.flags = net::kFlagVersions;
+  p.request_id = relay_id;
+  return RawFrame(p, testing::Floats(kElems, v) + std::string(net::kVersionsSuffixBytes, '\0'));
+}
+
+// The relay id of the next RACK_RELAY frame (not a notice) on `from0`.
+uint64_t NextRelayId(RawClient& from0) {
+  auto f = from0.Receive();
+  while (f && !(f->h.opcode == net::Opcode::kRackRelay && f->h.request_id != 0)) {
+    f = from0.Receive();  // KEY_BINDs and member notices
+  }
+  EXPECT_TRUE(f) << "a frame was relayed";
+  return f ? f->h.request_id : 0;
+}
 
 // Relays put bulk on the hub links both ways: each direction on its own
 // link (a home answers on its outgoing link to the worker's rack), so no
@@ -215,35 +240,37 @@ TEST(MultiRackRelayLinkTest, AConsistencyMismatchIsRefusedByName) {
 }
 
 // An answer to a relay must come from the hub it went to: rack 0's hub
-// relays a's push of chunk 1 to rack 1's hub (held there by b); a hub link
-// from "rack 2" answering that relay id is refused by name and closed, and
-// the real answer still comes when b pushes. (Rack 2's hub is the test's:
-// a newer link from a rack's hub supersedes the one before, so the forged
-// link must not be a real hub's rack.)
+// relays a's push of chunk 1 to rack 1's hub (held there by b); rack 2's
+// hub (played by the test; home of chunk 2, which learns rack 0's relay ids
+// from a's relayed PULL of it: they are consecutive) answering that relay
+// id is refused by name and its link closed, and the real answer still
+// comes when b pushes.
 TEST(MultiRackRelayLinkTest, AReplyFromAHubThatIsNotTheHomeIsRefused) {
   Racks racks(3, false, {}, 2);
   for (uint32_t h = 0; h < 2; ++h) CreateTenant(racks.hub(h).admin_address(), kBounded0, 1, 3);
+  const auto from0 = racks.AcceptLinkFrom(0);
   Worker a = Connect(racks, 0, 0), b = Connect(racks, 1, 0);
+  const uint64_t pull2 = a.Pull(2);
+  const uint64_t base = NextRelayId(*from0);
   b.Pull(1);
   EXPECT_EQ(ParamsOf(b.link->Receive()).clock, 0u);
-  a.Pull(1);  // relay id 1
+  a.Pull(1);  // relay id base + 1
   EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u);
-  a.Push(1, 0, testing::Floats(kElems, 3.0f));  // relay id 2: held by b at rack 1's hub
-  const uint64_t pull = a.Pull(1);               // relay id 3
+  a.Push(1, 0, testing::Floats(kElems, 3.0f));  // base + 2: held by b at rack 1's hub
+  const uint64_t pull = a.Pull(1);               // base + 3
   EXPECT_EQ(ParamsOf(a.link->Receive()).request, pull) << "the push is held";
   RawClient forged(racks.interhub(0));
   ASSERT_TRUE(testing::OpenHubLink(forged, std::string(48, 's'), {2, 0, 0, 3, 1}));
-  FrameHeader params;
-  params.opcode = net::Opcode::kParams;
-  params.dtype = net::DType::kFp32;
-  params.request_id = 2;
   FrameHeader reply;
   reply.opcode = net::Opcode::kRackRelayReply;
-  reply.request_id = 2;
-  forged.Send(reply, RawFrame(params, testing::Floats(kElems, 9.0f)));
+  reply.request_id = base;  // its own relay: answered
+  forged.SendRaw(RawFrame(reply, ParamsAnswer(a.key, 2, base, 5.0f)));
+  EXPECT_EQ(ParamsOf(a.link->Receive()).request, pull2);
+  reply.request_id = base + 2;
+  forged.Send(reply, ParamsAnswer(a.key, 1, base + 2, 9.0f));
   ExpectError(forged.Receive(), net::WireError::kInvalidArgument,
-              "RACK_RELAY_REPLY: relay id 2 went to rack 1's hub (the chunk's home), not to "
-              "rack 2's");
+              "RACK_RELAY_REPLY: relay id " + std::to_string(base + 2) +
+                  " went to rack 1's hub (the chunk's home), not to rack 2's");
   EXPECT_TRUE(forged.ClosedByPeer());
   b.Push(1, 0, testing::Floats(kElems, 1.0f));
   EXPECT_EQ(ParamsOf(b.link->Receive()).clock, 1u);
@@ -331,6 +358,38 @@ TEST(MultiRackRelayLinkTest, ARelayNeverAnsweredFailsNamingTheRack) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   a.Pull(0);
   EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u) << "a's connection stays";
+}
+
+// Relay ids do not repeat across a hub's processes, and an answer is
+// matched by its key and chunk too: rack 1's hub (played by the test, home
+// of chunk 1) answers a's relayed PULL first with another chunk's PARAMS
+// (a stale answer: dropped) and then with its own (forwarded to a). Rack
+// 0's hub restarted issues relay ids other than its first process's.
+TEST(MultiRackRelayLinkTest, AStaleAnswerIsDroppedAndRelayIdsDoNotRepeat) {
+  PlayedRack1 played(kAsync);
+  Worker& a = played.a;
+  const uint64_t pull = a.Pull(1);
+  const uint64_t first = NextRelayId(*played.replies);
+  const auto link = played.OpenLink();
+  FrameHeader reply;
+  reply.opcode = net::Opcode::kRackRelayReply;
+  reply.request_id = first;
+  link->SendRaw(RawFrame(reply, ParamsAnswer(a.key, 0, first, 9.0f)) +
+                RawFrame(reply, ParamsAnswer(a.key, 1, first, 7.0f)));
+  const Reply answered = ParamsOf(a.link->Receive());
+  EXPECT_EQ(answered.request, pull);
+  ASSERT_EQ(answered.params.size(), kElems);
+  EXPECT_EQ(answered.params[0], 7.0f) << "chunk 1's answer, not chunk 0's stale one";
+  // A new process of rack 0's hub (without state).
+  EXPECT_EQ(played.racks.hub(0).Stop(SIGKILL), 128 + SIGKILL);
+  played.racks.Start(0);
+  const auto replies = played.racks.AcceptLinkFrom(0);
+  CreateTenant(played.racks.hub(0).admin_address(), kAsync, 1, 2);
+  Worker again = Connect(played.racks, 0, 0);
+  again.Pull(1);
+  const uint64_t second = NextRelayId(*replies);
+  EXPECT_NE(second, first) << "the new process issued its previous process's relay id";
+  EXPECT_NE(second, first + 1);
 }
 
 // After a partition rack 1's hub (played by the test) dials again while
