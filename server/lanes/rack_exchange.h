@@ -277,6 +277,9 @@ class RackExchange final : public net::FrameHandler {
   Result<bool> TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes);
   // The tenant and key a peer's frame names, binding late if needed.
   LaneKey* PeerKey(uint32_t peer, const net::FrameHeader& h, LaneTenant** tenant);
+  // Tries the KEY_BIND received for (peer, peer tenant, key) again: true if
+  // bound now (a refusal is recorded in bind_refusals_).
+  bool Rebind(uint32_t peer, uint32_t peer_tenant, uint32_t key);
   Verdict CheckData(net::Connection& conn, const net::FrameHeader& h);
   Verdict CheckInit(net::Connection& conn, const LaneKey& key, const Chunk& c,
                     const net::FrameHeader& h);
@@ -391,11 +394,14 @@ class RackExchange final : public net::FrameHandler {
   std::vector<std::shared_ptr<net::Connection>> peer_in_;  // accepted hub links
   // What KEY_BIND told us: (peer rack, peer's tenant handle) -> our handle.
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> peer_tenants_;
-  // KEY_BINDs naming a tenant or key this hub does not have yet (its own
-  // workers declare keys a little later): (peer rack, peer tenant, key id).
-  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> pending_binds_;
+  // The KEY_BINDs received: (peer rack, peer tenant, key id) -> its bytes.
+  // Kept after binding: one naming a tenant or key this hub does not have
+  // yet (its own workers declare keys a little later), one refused, and
+  // one whose tenant was deleted here since are tried again (PeerKey).
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> binds_;
   // KEY_BINDs refused (a different layout or consistency), by the same
-  // triple: why, for the relayed frames of that key (answered at once).
+  // triple: why, for the relayed frames of that key (answered at once
+  // unless the bind, tried again, fits now).
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> bind_refusals_;
   std::vector<Parked> parked_;
   bool parked_timer_armed_ = false;

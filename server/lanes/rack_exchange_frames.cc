@@ -83,18 +83,25 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
 }
 
 LaneKey* RackExchange::PeerKey(uint32_t peer, const FrameHeader& h, LaneTenant** tenant) {
-  auto bound = peer_tenants_.find({peer, h.tenant});
-  if (bound == peer_tenants_.end()) {
-    const auto pending = pending_binds_.find({peer, h.tenant, h.key});
-    // A bind that does not fit (an error) stays unbound, like one not here yet.
-    if (pending == pending_binds_.end() ||
-        !TryBind(peer, h.tenant, pending->second).value_or(false)) {
-      return nullptr;
-    }
-    bound = peer_tenants_.find({peer, h.tenant});
+  const auto bound = peer_tenants_.find({peer, h.tenant});
+  LaneTenant* t = bound == peer_tenants_.end() ? nullptr : table_->FindTenant(bound->second);
+  // Not bound yet, its tenant deleted here since (perhaps created again
+  // with other settings), or its bind refused (the settings may have been
+  // fixed since, as the refusal asks): the KEY_BIND is tried again.
+  if (!t || (!bind_refusals_.empty() && bind_refusals_.count({peer, h.tenant, h.key}))) {
+    if (!Rebind(peer, h.tenant, h.key)) return nullptr;
+    t = table_->FindTenant(peer_tenants_.at({peer, h.tenant}));
   }
-  *tenant = table_->FindTenant(bound->second);
-  return *tenant ? table_->FindKey(**tenant, h.key) : nullptr;
+  *tenant = t;
+  return t ? table_->FindKey(*t, h.key) : nullptr;
+}
+
+bool RackExchange::Rebind(uint32_t peer, uint32_t peer_tenant, uint32_t key) {
+  const auto bytes = binds_.find({peer, peer_tenant, key});
+  if (bytes == binds_.end()) return false;
+  const Result<bool> bound = TryBind(peer, peer_tenant, bytes->second);
+  if (!bound.ok()) bind_refusals_[{peer, peer_tenant, key}] = bound.status().message();
+  return bound.ok() && *bound;
 }
 
 Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
@@ -224,7 +231,6 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
                               "order on every hub)");
   }
   peer_tenants_[{peer, peer_tenant}] = tenant.handle;
-  pending_binds_.erase({peer, peer_tenant, bind.key_id()});
   bind_refusals_.erase({peer, peer_tenant, bind.key_id()});
   table_->EnsureTenant(tenant);
   return true;
@@ -307,12 +313,11 @@ void RackExchange::OnKeyBind(net::Connection& conn, const FrameHeader& h,
                              std::span<const std::byte> payload) {
   const uint32_t peer = conn.id().rack;
   const std::string bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
+  binds_[{peer, h.tenant, h.key}] = bytes;  // (kept: PeerKey binds again after changes)
   const Result<bool> bound = TryBind(peer, h.tenant, bytes);
   if (!bound.ok()) {
     SendPeerError(conn, h.tenant, bound.status().message());
     bind_refusals_[{peer, h.tenant, h.key}] = bound.status().message();
-  } else if (!*bound) {
-    pending_binds_[{peer, h.tenant, h.key}] = bytes;
   }
 }
 

@@ -228,6 +228,8 @@ void RackExchange::ForgetTenant(uint32_t handle) {
   for (auto& link : links_) {
     std::erase_if(link.announced, [&](const auto& a) { return a.first.first == handle; });
   }
+  // (Its peers' KEY_BINDs stay: a tenant of that name created again binds them.)
+  std::erase_if(peer_tenants_, [&](const auto& p) { return p.second == handle; });
   CloseRelaysIf([&](const auto& slot) { return std::get<1>(slot) == handle; },
                 "the tenant was deleted");
 }

@@ -10,7 +10,8 @@
 //    link to the relaying rack (the test plays rack 1's hub);
 //  - an answer from a hub that is not the relay's home is refused by name;
 //  - hubs disagreeing on a tenant's consistency refuse each other's
-//    KEY_BIND by name, and the relayed frames of that key with it;
+//    KEY_BIND by name, and the relayed frames of that key with it; the
+//    tenant created again with the same settings relays both ways;
 //  - relay ids do not repeat across a hub's processes, and an answer
 //    naming another chunk than its relay's is dropped.
 //  - a newer link from a rack's hub supersedes the older one: it closes,
@@ -237,6 +238,24 @@ TEST(MultiRackRelayLinkTest, AConsistencyMismatchIsRefusedByName) {
   // Their own chunks are served as ever.
   a.Pull(0);
   EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u);
+  // As the refusal asks: "t" is created again on rack 1's hub, bounded:1.
+  // Relays go both ways now (rack 0's hub sends no new KEY_BIND: rack 1's
+  // hub binds the one it refused again).
+  {
+    auto channel = grpc::CreateChannel(racks.hub(1).admin_address(),
+                                       grpc::InsecureChannelCredentials());
+    grpc::ClientContext ctx;
+    pb::DeleteTenantRequest del;
+    del.set_name("t");
+    pb::DeleteTenantResponse gone;
+    ASSERT_TRUE(pb::TenantService::NewStub(channel)->DeleteTenant(&ctx, del, &gone).ok());
+  }
+  CreateTenant(racks.hub(1).admin_address(), kBounded1, 1, 2);
+  Worker b2 = Connect(racks, 1, 0);
+  a.Pull(1);
+  EXPECT_EQ(ParamsOf(a.link->Receive(std::chrono::seconds(10))).clock, 0u);
+  b2.Pull(0);
+  EXPECT_EQ(ParamsOf(b2.link->Receive(std::chrono::seconds(10))).clock, 0u);
 }
 
 // An answer to a relay must come from the hub it went to: rack 0's hub
