@@ -322,9 +322,11 @@ class RackExchange final : public net::FrameHandler {
                     std::span<const std::byte> payload);
   void SendMemberNotice(uint32_t home, LaneTenant& t, LaneKey& key, uint32_t rank,
                         uint64_t session, net::RelayKind kind);
-  // The link to `home` is lost (or gave up): every relay to it fails with
-  // a non-fatal WORKER_LOST naming the rack.
-  void FailRelays(uint32_t home, const std::string& why);
+  // The link to `home` is lost (or gave up), or the one from it that
+  // carries its answers: every relay to it fails with a non-fatal
+  // WORKER_LOST naming the rack. `members_gone`: the home lost the members
+  // announced to it (they are announced again).
+  void FailRelays(uint32_t home, const std::string& why, bool members_gone = true);
   // Every relay in flight longer than relay_deadline_ fails with a
   // non-fatal WORKER_LOST naming its home's rack (the link up but the
   // answer lost, or it never came); runs every second while relays wait.

@@ -281,8 +281,8 @@ void RackExchange::ExpireRelays() {
   }
 }
 
-void RackExchange::FailRelays(uint32_t home, const std::string& why) {
-  links_[home].announced.clear();
+void RackExchange::FailRelays(uint32_t home, const std::string& why, bool members_gone) {
+  if (members_gone) links_[home].announced.clear();
   size_t failed = 0;
   for (auto it = relays_.begin(); it != relays_.end();) {
     if (it->second.home != home) {

@@ -19,7 +19,8 @@
 //  - a member's gone notice is not parked behind its key's frames, and a
 //    frame of the member that was parked is refused after it, not served;
 //  - a relay the home never answers (its link up) fails after the relay
-//    deadline with a non-fatal WORKER_LOST naming the rack;
+//    deadline with a non-fatal WORKER_LOST naming the rack, and at once
+//    when the home's link that carries its answers closes;
 //  - a relayed worker replaced by a new process on its hub while frames of
 //    the old one straggle: the home neither applies them nor lets them (or
 //    the old one's late gone notice) end the new one.
@@ -409,6 +410,27 @@ TEST(MultiRackRelayLinkTest, AStaleAnswerIsDroppedAndRelayIdsDoNotRepeat) {
   const uint64_t second = NextRelayId(*replies);
   EXPECT_NE(second, first) << "the new process issued its previous process's relay id";
   EXPECT_NE(second, first + 1);
+}
+
+// The home's answers come on its own link to the relaying hub: when that
+// link closes (the other direction up), the relays waiting on it fail at
+// once with a non-fatal WORKER_LOST naming the rack, not at the relay
+// deadline (40 s here); a's connection stays.
+TEST(MultiRackRelayLinkTest, LosingTheHomesLinkFailsTheRelaysWaitingOnIt) {
+  PlayedRack1 played(kAsync);
+  Worker& a = played.a;
+  auto answers = played.OpenLink();  // rack 1's hub's link to rack 0's
+  const uint64_t push = a.Push(1, 0, testing::Floats(kElems, 1.0f));  // homed on rack 1
+  NextRelayId(*played.replies);
+  const auto start = std::chrono::steady_clock::now();
+  answers.reset();
+  const auto failed = a.link->Receive(std::chrono::seconds(30));
+  ExpectError(failed, net::WireError::kWorkerLost,
+              "rack link: lost the link from the hub of rack 1, which carries its answers", false);
+  EXPECT_TRUE(failed && failed->h.request_id == push) << Describe(failed);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  a.Pull(0);
+  EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u) << "a's connection stays";
 }
 
 // After a partition rack 1's hub (played by the test) dials again while
