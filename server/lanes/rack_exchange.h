@@ -122,6 +122,13 @@ class RackExchange final : public net::FrameHandler {
   // A worker connection of `member` closed here: the homes it was announced
   // to hear it is gone; its relays in flight are forgotten.
   void RelayMemberGone(LaneTenant& t, uint32_t member, const net::Connection& worker);
+  // Rack `rack`'s hub left the cluster (its etcd lease is gone; it may have
+  // died silently, its links half-open): at this home its relayed members
+  // are gone (their held replies of others released), and this hub's
+  // relays to it fail with a non-fatal WORKER_LOST saying `why`. (A hub
+  // that is in fact alive goes on: its next relayed frame brings its
+  // member back.)
+  void RackLost(uint32_t rack, const std::string& why);
   // Tenant `handle` was deleted here (after the lane erased it): its relays
   // in flight, relay counts and member announcements, and at the home its
   // relayed members' connections, are forgotten.

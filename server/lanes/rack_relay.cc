@@ -234,6 +234,13 @@ void RackExchange::ForgetTenant(uint32_t handle) {
                 "the tenant was deleted");
 }
 
+void RackExchange::RackLost(uint32_t rack, const std::string& why) {
+  if (rack >= links_.size() || rack == topology_.rack) return;
+  CloseRelaysIf([&](const RelaySlot& slot) { return std::get<0>(slot)->id().rack == rack; },
+                why);
+  FailRelays(rack, why, false);
+}
+
 void RackExchange::Uncount(const PendingRelay& r) {
   if (const auto w = r.worker.lock()) w->Unreserve(r.reserved);
   if (auto n = relays_per_worker_.find(r.worker_ptr);
