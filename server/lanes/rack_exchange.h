@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -389,8 +390,11 @@ class RackExchange final : public net::FrameHandler {
   // The home: per slot, the sessions its member notices said are gone (a
   // frame of one that comes later, e.g. parked behind its key, is refused;
   // a MEMBER_BACK of the session takes it out). Forgotten with the slot's
-  // link or tenant.
-  std::map<RelaySlot, std::set<uint64_t>> gone_sessions_;
+  // link or tenant, and bounded: the newest kMaxGoneSessions per slot (a
+  // session's straggling frames come within seconds of its gone notice;
+  // each restart of a rank's process adds one).
+  static constexpr size_t kMaxGoneSessions = 8;
+  std::map<RelaySlot, std::deque<uint64_t>> gone_sessions_;
   uint64_t relay_seq_ = 0;
   bool relay_sweep_armed_ = false;
 

@@ -7,7 +7,9 @@
 // id. At the home each (link, member) is a RelayConnection, adopted by the
 // lane's worker protocol and served like a local worker: the same checks,
 // the same clocks and held replies, the same straggler timeout.
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <random>
 
@@ -419,9 +421,10 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
   // another session replaces the slot's connection (a new process of the
   // rank on its hub: the one before is over there), and a frame of any
   // session but the slot's current one is refused.
-  std::set<uint64_t>& gone = gone_sessions_[slot];
+  std::deque<uint64_t>& gone = gone_sessions_[slot];
   if (kind == net::RelayKind::kMemberGone) {
-    gone.insert(session);
+    if (std::find(gone.begin(), gone.end(), session) == gone.end()) gone.push_back(session);
+    if (gone.size() > kMaxGoneSessions) gone.pop_front();
     if (found != relay_conns_.end() && found->second->id().session == session) {
       const auto closing = std::move(found->second);
       relay_conns_.erase(found);
@@ -431,8 +434,8 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
     return;
   }
   if (kind == net::RelayKind::kMemberBack) {
-    gone.erase(session);
-  } else if (gone.count(session)) {
+    std::erase(gone, session);
+  } else if (std::find(gone.begin(), gone.end(), session) != gone.end()) {
     return refuse(WireError::kWorkerLost,
                   "RACK_RELAY: rank " + Num(rank) + " of rack " + Num(peer) + " (session " +
                       Num(session) + ") is gone from rack " + Num(peer) + "'s hub");
