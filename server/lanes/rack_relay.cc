@@ -410,6 +410,19 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
   id.peer = "rack " + Num(peer) + "'s hub (" + conn.id().peer + ")";
   const auto slot = std::make_tuple(&conn, t.info.handle, ChunkTable::Member(t, id));
   auto found = relay_conns_.find(slot);
+  std::deque<uint64_t>& gone = gone_sessions_[slot];
+  const auto mark_gone = [&gone](uint64_t s) {
+    if (std::find(gone.begin(), gone.end(), s) == gone.end()) gone.push_back(s);
+    if (gone.size() > kMaxGoneSessions) gone.pop_front();
+  };
+  if (found != relay_conns_.end() && !found->second->open()) {
+    // Ended by the worker protocol here (a fatal answer; the link is up):
+    // its session is over, as if gone. Frames its hub sent behind the
+    // fatal one are refused, never applied by a fresh connection.
+    mark_gone(found->second->id().session);
+    relay_conns_.erase(found);
+    found = relay_conns_.end();
+  }
   RelayConnection* relay =
       found != relay_conns_.end() && found->second->open()
           ? static_cast<RelayConnection*>(found->second.get())
@@ -421,10 +434,8 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
   // another session replaces the slot's connection (a new process of the
   // rank on its hub: the one before is over there), and a frame of any
   // session but the slot's current one is refused.
-  std::deque<uint64_t>& gone = gone_sessions_[slot];
   if (kind == net::RelayKind::kMemberGone) {
-    if (std::find(gone.begin(), gone.end(), session) == gone.end()) gone.push_back(session);
-    if (gone.size() > kMaxGoneSessions) gone.pop_front();
+    mark_gone(session);
     if (found != relay_conns_.end() && found->second->id().session == session) {
       const auto closing = std::move(found->second);
       relay_conns_.erase(found);
@@ -438,7 +449,8 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
   } else if (std::find(gone.begin(), gone.end(), session) != gone.end()) {
     return refuse(WireError::kWorkerLost,
                   "RACK_RELAY: rank " + Num(rank) + " of rack " + Num(peer) + " (session " +
-                      Num(session) + ") is gone from rack " + Num(peer) + "'s hub");
+                      Num(session) + ") is gone from rack " + Num(peer) + "'s hub (or was " +
+                      "ended on rack " + Num(topology_.rack) + "'s by a fatal error)");
   }
   if (relay && relay->id().session != session && kind == net::RelayKind::kFrame) {
     return refuse(WireError::kWorkerLost,

@@ -21,6 +21,8 @@
 //  - a relay the home never answers (its link up) fails after the relay
 //    deadline with a non-fatal WORKER_LOST naming the rack, and at once
 //    when the home's link that carries its answers closes;
+//  - frames behind a fatal answer to a relayed frame are refused, not
+//    applied;
 //  - a relayed worker replaced by a new process on its hub while frames of
 //    the old one straggle: the home neither applies them nor lets them (or
 //    the old one's late gone notice) end the new one.
@@ -351,6 +353,39 @@ TEST(MultiRackRelayLinkTest, AReplacedRelayedWorkersStragglersAreRefused) {
   ASSERT_EQ(r.params.size(), kElems);
   EXPECT_EQ(r.params[0], -(1.0f + 2.0f) / 2.0f);
   EXPECT_EQ(r.params[kElems - 1], -(1.0f + 2.0f) / 2.0f);
+}
+
+// A relayed frame refused fatally at the home (an INIT from rank 0 of rack
+// 1: only rank 0 of rack 0 INITs) ends that session there: a push its hub
+// (played by the test) sent right behind it is refused with a non-fatal
+// WORKER_LOST, not applied by a fresh connection of the member.
+TEST(MultiRackRelayLinkTest, FramesBehindAFatalAnswerAreNotApplied) {
+  PlayedRack1 played(kAsync);
+  Worker& a = played.a;
+  const auto link = played.OpenLink();
+  FrameHeader h;
+  h.opcode = net::Opcode::kRackRelay;
+  h.tenant = 77;
+  h.key = a.key;
+  h.dtype = net::DType::kFp32;
+  h.request_id = 1;
+  const std::string init = RawFrame(
+      h, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kInit, 0, 1) +
+             testing::Floats(kElems, 5.0f));
+  h.request_id = 2;
+  link->SendRaw(init + RawFrame(h, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPush, 0, 1) +
+                                       testing::Floats(kElems, 1.0f)));
+  ExpectError(RelayAnswer(*played.replies, 1), net::WireError::kInvalidArgument,
+              "rank: only rank 0 of rack 0 may INIT a key", true);
+  ExpectError(RelayAnswer(*played.replies, 2), net::WireError::kWorkerLost,
+              "RACK_RELAY: rank 0 of rack 1 (session 1) is gone from rack 1's hub (or was ended "
+              "on rack 0's by a fatal error)",
+              false);
+  a.Pull(0);
+  const Reply r = ParamsOf(a.link->Receive());
+  EXPECT_EQ(r.updates, 0u) << "the push behind the fatal INIT was not applied";
+  ASSERT_EQ(r.params.size(), kElems);
+  EXPECT_EQ(r.params[0], 0.0f);
 }
 
 // A relay whose answer never comes (the home, played by the test, takes it
