@@ -305,6 +305,12 @@ class RackExchange final : public net::FrameHandler {
   // Whether frames of `h`'s tenant and key from `conn` are parked (its
   // later ones then park behind them).
   bool HasParked(const net::Connection& conn, const net::FrameHeader& h) const;
+  // Whether member notices of `peer_tenant` from `conn` are parked (its
+  // later ones then park behind them).
+  bool HasParkedNotice(const net::Connection& conn, uint32_t peer_tenant) const;
+  static bool IsMemberNotice(const net::FrameHeader& h) {
+    return h.opcode == net::Opcode::kRackRelay && h.request_id == 0;
+  }
   void RetryParked();
   // ERROR to a peer about its tenant `peer_tenant` (so it can fail the
   // updates waiting on it).

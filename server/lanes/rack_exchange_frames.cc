@@ -257,9 +257,13 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   }
   // Let through unchecked by AcceptHeader (parked or unbound then)?
   const bool unchecked = unchecked_.erase(&conn) > 0;
-  // A member notice waits for its tenant only, never behind a key.
-  if (h.opcode == Opcode::kRackRelay && h.request_id == 0) {
-    if (!OnMemberNotice(conn, h, payload)) Park(conn, h, payload, true);
+  // A member notice waits for its tenant only, never behind a key, and
+  // behind the link's notices of the tenant that wait (in order: a member's
+  // gone notice never overtakes its back notice).
+  if (IsMemberNotice(h)) {
+    if (HasParkedNotice(conn, h.tenant) || !OnMemberNotice(conn, h, payload)) {
+      Park(conn, h, payload, true);
+    }
     return;
   }
   LaneTenant* t = nullptr;
@@ -285,6 +289,13 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
 bool RackExchange::HasParked(const net::Connection& conn, const FrameHeader& h) const {
   return std::any_of(parked_.begin(), parked_.end(), [&](const Parked& p) {
     return p.header.tenant == h.tenant && p.header.key == h.key && p.conn.lock().get() == &conn;
+  });
+}
+
+bool RackExchange::HasParkedNotice(const net::Connection& conn, uint32_t peer_tenant) const {
+  return std::any_of(parked_.begin(), parked_.end(), [&](const Parked& p) {
+    return IsMemberNotice(p.header) && p.header.tenant == peer_tenant &&
+           p.conn.lock().get() == &conn;
   });
 }
 
@@ -342,19 +353,25 @@ void RackExchange::RetryParked() {
   // A key's frames on a link are handled in the order they came (a chunk's
   // INIT before its RACK_SUM): once one stays parked, the later ones of that
   // key on that link wait behind it. Other keys and tenants do not wait.
+  // Member notices wait only for their tenant, in the order they came: once
+  // one of a (link, tenant) stays parked, that tenant's later ones wait.
   std::set<std::tuple<const net::Connection*, uint32_t, uint32_t>> blocked;
+  std::set<std::pair<const net::Connection*, uint32_t>> notices_blocked;
   for (auto& p : parked) {
     auto conn = p.conn.lock();
     if (!conn || !conn->open()) continue;
     const auto id = std::make_tuple(conn.get(), p.header.tenant, p.header.key);
-    if (blocked.count(id)) {
+    const bool notice = IsMemberNotice(p.header);
+    if (notice ? notices_blocked.count({conn.get(), p.header.tenant}) > 0 : blocked.count(id) > 0) {
       parked_.push_back(std::move(p));
       continue;
     }
-    if (p.header.opcode == Opcode::kRackRelay && p.header.request_id == 0 &&
-        OnMemberNotice(*conn, p.header, p.payload)) {
-      conn->Unreserve(p.reserved);
-      continue;
+    if (notice) {
+      if (OnMemberNotice(*conn, p.header, p.payload)) {
+        conn->Unreserve(p.reserved);
+        continue;
+      }
+      notices_blocked.insert({conn.get(), p.header.tenant});
     }
     LaneTenant* t = nullptr;
     if (PeerKey(conn->id().rack, p.header, &t) && HeldByRecovery(*t, p.header)) {
@@ -373,7 +390,7 @@ void RackExchange::RetryParked() {
           SendPeerError(*conn, p.header.tenant, text);
         }
       } else {
-        blocked.insert(id);
+        if (!notice) blocked.insert(id);  // (frames never wait behind a notice)
         parked_.push_back(std::move(p));
       }
       continue;
