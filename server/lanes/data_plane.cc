@@ -95,13 +95,15 @@ void DataPlane::OnLane(uint32_t i, std::function<void(Lane&)> fn) {
 void DataPlane::RackLost(uint32_t rack) {
   const std::string why = "rack link: the hub of rack " + std::to_string(rack) +
                           " left the cluster (its etcd lease is gone)";
-  OnEveryLane([this, why](Lane& lane) {
+  OnEveryLane([this, rack, why](Lane& lane) {
     for (auto& [handle, t] : lane.table().tenants()) {
-      // (Bounded/async tenants: their relays fail with the lost hub links.)
       if (!t.pending.empty() && t.info.consistency == Consistency::kSync) {
         AbortIteration(handle, why, false);
       }
     }
+    // Bounded/async tenants: the rack's relayed members are gone at this
+    // home and the relays to it fail (its links may be half-open for long).
+    lane.RackLost(rack, why);
   });
 }
 

@@ -65,6 +65,9 @@ class Lane {
   void ReleaseParked(uint32_t handle) { workers_.ReleaseParked(handle); }
   // Rack `rack`'s hub restarted (RackExchange::OfferCopies).
   void OfferCopies(uint32_t rack) { exchange_.OfferCopies(rack); }
+  // Rack `rack`'s hub left the cluster: its bounded/async relays end
+  // (RackExchange::RackLost).
+  void RackLost(uint32_t rack, const std::string& why) { exchange_.RackLost(rack, why); }
   // A cross-rack recovery round's RACK_VERSIONS, or a cluster checkpoint's
   // RACK_CHECKPOINT, to rack `rack` (lane 0).
   void SendRackControl(uint32_t rack, net::Opcode opcode, const std::string& payload) {

@@ -488,9 +488,18 @@ void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& 
   if (!refused) {
     AbortAll("rack link: lost the hub of rack " + Num(peer) + " (" + why + ")");
   }
-  // Relayed requests on it are lost: they fail (WORKER_LOST naming the rack).
-  if (outgoing) FailRelays(peer, "lost the link to the hub of rack " + Num(peer) + " (" + why + ")");
-  if (outgoing) Connect(peer);
+  // Relayed requests on it are lost: they fail (WORKER_LOST naming the
+  // rack); so are the answers on an incoming link (the home sends them on
+  // its own link here), but the members announced there stay live.
+  if (outgoing) {
+    FailRelays(peer, "lost the link to the hub of rack " + Num(peer) + " (" + why + ")");
+    Connect(peer);
+  } else {
+    FailRelays(peer,
+               "lost the link from the hub of rack " + Num(peer) + ", which carries its " +
+                   "answers (" + why + ")",
+               false);
+  }
 }
 
 void RackExchange::AbortAll(const std::string& why) {

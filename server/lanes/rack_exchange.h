@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -122,6 +123,13 @@ class RackExchange final : public net::FrameHandler {
   // A worker connection of `member` closed here: the homes it was announced
   // to hear it is gone; its relays in flight are forgotten.
   void RelayMemberGone(LaneTenant& t, uint32_t member, const net::Connection& worker);
+  // Rack `rack`'s hub left the cluster (its etcd lease is gone; it may have
+  // died silently, its links half-open): at this home its relayed members
+  // are gone (their held replies of others released), and this hub's
+  // relays to it fail with a non-fatal WORKER_LOST saying `why`. (A hub
+  // that is in fact alive goes on: its next relayed frame brings its
+  // member back.)
+  void RackLost(uint32_t rack, const std::string& why);
   // Tenant `handle` was deleted here (after the lane erased it): its relays
   // in flight, relay counts and member announcements, and at the home its
   // relayed members' connections, are forgotten.
@@ -166,7 +174,7 @@ class RackExchange final : public net::FrameHandler {
     const net::Connection* worker_ptr = nullptr;
     uint64_t request_id = 0;  // the worker's
     uint32_t home = 0;
-    uint32_t key = 0;
+    uint32_t key = 0;    // the answer's PARAMS must name these
     uint32_t chunk = 0;
     std::string key_name;
     uint32_t tenant = 0;  // this hub's handle
@@ -283,6 +291,9 @@ class RackExchange final : public net::FrameHandler {
   Result<bool> TryBind(uint32_t peer, uint32_t peer_tenant, const std::string& bind_bytes);
   // The tenant and key a peer's frame names, binding late if needed.
   LaneKey* PeerKey(uint32_t peer, const net::FrameHeader& h, LaneTenant** tenant);
+  // Tries the KEY_BIND received for (peer, peer tenant, key) again: true if
+  // bound now (a refusal is recorded in bind_refusals_).
+  bool Rebind(uint32_t peer, uint32_t peer_tenant, uint32_t key);
   Verdict CheckData(net::Connection& conn, const net::FrameHeader& h);
   Verdict CheckInit(net::Connection& conn, const LaneKey& key, const Chunk& c,
                     const net::FrameHeader& h);
@@ -300,6 +311,12 @@ class RackExchange final : public net::FrameHandler {
   // Whether frames of `h`'s tenant and key from `conn` are parked (its
   // later ones then park behind them).
   bool HasParked(const net::Connection& conn, const net::FrameHeader& h) const;
+  // Whether member notices of `peer_tenant` from `conn` are parked (its
+  // later ones then park behind them).
+  bool HasParkedNotice(const net::Connection& conn, uint32_t peer_tenant) const;
+  static bool IsMemberNotice(const net::FrameHeader& h) {
+    return h.opcode == net::Opcode::kRackRelay && h.request_id == 0;
+  }
   void RetryParked();
   // ERROR to a peer about its tenant `peer_tenant` (so it can fail the
   // updates waiting on it).
@@ -326,9 +343,11 @@ class RackExchange final : public net::FrameHandler {
                     std::span<const std::byte> payload);
   void SendMemberNotice(uint32_t home, LaneTenant& t, LaneKey& key, uint32_t rank,
                         uint64_t session, net::RelayKind kind);
-  // The link to `home` is lost (or gave up): every relay to it fails with
-  // a non-fatal WORKER_LOST naming the rack.
-  void FailRelays(uint32_t home, const std::string& why);
+  // The link to `home` is lost (or gave up), or the one from it that
+  // carries its answers: every relay to it fails with a non-fatal
+  // WORKER_LOST naming the rack. `members_gone`: the home lost the members
+  // announced to it (they are announced again).
+  void FailRelays(uint32_t home, const std::string& why, bool members_gone = true);
   // Every relay in flight longer than relay_deadline_ fails with a
   // non-fatal WORKER_LOST naming its home's rack (the link up but the
   // answer lost, or it never came); runs every second while relays wait.
@@ -372,14 +391,23 @@ class RackExchange final : public net::FrameHandler {
   WorkerProtocol* workers_ = nullptr;
   std::unordered_map<uint64_t, PendingRelay> relays_;
   std::unordered_map<const net::Connection*, size_t> relays_per_worker_;
-  uint64_t next_relay_ = 0;
+  // Relay ids: this process issues relay_base_ + 1, + 2, ...; the base is
+  // random (RandomRelayBase), so a restarted hub does not issue the ids of
+  // its previous process, whose answers may still come (a home that does
+  // not know yet that the old process's link is dead).
+  static uint64_t RandomRelayBase();
+  const uint64_t relay_base_ = RandomRelayBase();
+  uint64_t next_relay_ = relay_base_;
   // The home: relay connections by (link, tenant handle here, member).
   std::map<RelaySlot, std::shared_ptr<net::Connection>> relay_conns_;
   // The home: per slot, the sessions its member notices said are gone (a
   // frame of one that comes later, e.g. parked behind its key, is refused;
   // a MEMBER_BACK of the session takes it out). Forgotten with the slot's
-  // link or tenant.
-  std::map<RelaySlot, std::set<uint64_t>> gone_sessions_;
+  // link or tenant, and bounded: the newest kMaxGoneSessions per slot (a
+  // session's straggling frames come within seconds of its gone notice;
+  // each restart of a rank's process adds one).
+  static constexpr size_t kMaxGoneSessions = 8;
+  std::map<RelaySlot, std::deque<uint64_t>> gone_sessions_;
   uint64_t relay_seq_ = 0;
   bool relay_sweep_armed_ = false;
 
@@ -392,11 +420,14 @@ class RackExchange final : public net::FrameHandler {
   std::vector<std::shared_ptr<net::Connection>> peer_in_;  // accepted hub links
   // What KEY_BIND told us: (peer rack, peer's tenant handle) -> our handle.
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> peer_tenants_;
-  // KEY_BINDs naming a tenant or key this hub does not have yet (its own
-  // workers declare keys a little later): (peer rack, peer tenant, key id).
-  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> pending_binds_;
+  // The KEY_BINDs received: (peer rack, peer tenant, key id) -> its bytes.
+  // Kept after binding: one naming a tenant or key this hub does not have
+  // yet (its own workers declare keys a little later), one refused, and
+  // one whose tenant was deleted here since are tried again (PeerKey).
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> binds_;
   // KEY_BINDs refused (a different layout or consistency), by the same
-  // triple: why, for the relayed frames of that key (answered at once).
+  // triple: why, for the relayed frames of that key (answered at once
+  // unless the bind, tried again, fits now).
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::string> bind_refusals_;
   std::vector<Parked> parked_;
   bool parked_timer_armed_ = false;

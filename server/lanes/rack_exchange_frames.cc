@@ -83,18 +83,25 @@ Verdict RackExchange::AcceptHeader(net::Connection& conn, const FrameHeader& h) 
 }
 
 LaneKey* RackExchange::PeerKey(uint32_t peer, const FrameHeader& h, LaneTenant** tenant) {
-  auto bound = peer_tenants_.find({peer, h.tenant});
-  if (bound == peer_tenants_.end()) {
-    const auto pending = pending_binds_.find({peer, h.tenant, h.key});
-    // A bind that does not fit (an error) stays unbound, like one not here yet.
-    if (pending == pending_binds_.end() ||
-        !TryBind(peer, h.tenant, pending->second).value_or(false)) {
-      return nullptr;
-    }
-    bound = peer_tenants_.find({peer, h.tenant});
+  const auto bound = peer_tenants_.find({peer, h.tenant});
+  LaneTenant* t = bound == peer_tenants_.end() ? nullptr : table_->FindTenant(bound->second);
+  // Not bound yet, its tenant deleted here since (perhaps created again
+  // with other settings), or its bind refused (the settings may have been
+  // fixed since, as the refusal asks): the KEY_BIND is tried again.
+  if (!t || (!bind_refusals_.empty() && bind_refusals_.count({peer, h.tenant, h.key}))) {
+    if (!Rebind(peer, h.tenant, h.key)) return nullptr;
+    t = table_->FindTenant(peer_tenants_.at({peer, h.tenant}));
   }
-  *tenant = table_->FindTenant(bound->second);
-  return *tenant ? table_->FindKey(**tenant, h.key) : nullptr;
+  *tenant = t;
+  return t ? table_->FindKey(*t, h.key) : nullptr;
+}
+
+bool RackExchange::Rebind(uint32_t peer, uint32_t peer_tenant, uint32_t key) {
+  const auto bytes = binds_.find({peer, peer_tenant, key});
+  if (bytes == binds_.end()) return false;
+  const Result<bool> bound = TryBind(peer, peer_tenant, bytes->second);
+  if (!bound.ok()) bind_refusals_[{peer, peer_tenant, key}] = bound.status().message();
+  return bound.ok() && *bound;
 }
 
 Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
@@ -233,7 +240,6 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
                               "order on every hub)");
   }
   peer_tenants_[{peer, peer_tenant}] = tenant.handle;
-  pending_binds_.erase({peer, peer_tenant, bind.key_id()});
   bind_refusals_.erase({peer, peer_tenant, bind.key_id()});
   table_->EnsureTenant(tenant);
   return true;
@@ -260,9 +266,13 @@ void RackExchange::HandleFrame(net::Connection& conn, const FrameHeader& h,
   }
   // Let through unchecked by AcceptHeader (parked or unbound then)?
   const bool unchecked = unchecked_.erase(&conn) > 0;
-  // A member notice waits for its tenant only, never behind a key.
-  if (h.opcode == Opcode::kRackRelay && h.request_id == 0) {
-    if (!OnMemberNotice(conn, h, payload)) Park(conn, h, payload, true);
+  // A member notice waits for its tenant only, never behind a key, and
+  // behind the link's notices of the tenant that wait (in order: a member's
+  // gone notice never overtakes its back notice).
+  if (IsMemberNotice(h)) {
+    if (HasParkedNotice(conn, h.tenant) || !OnMemberNotice(conn, h, payload)) {
+      Park(conn, h, payload, true);
+    }
     return;
   }
   LaneTenant* t = nullptr;
@@ -291,6 +301,13 @@ bool RackExchange::HasParked(const net::Connection& conn, const FrameHeader& h) 
   });
 }
 
+bool RackExchange::HasParkedNotice(const net::Connection& conn, uint32_t peer_tenant) const {
+  return std::any_of(parked_.begin(), parked_.end(), [&](const Parked& p) {
+    return IsMemberNotice(p.header) && p.header.tenant == peer_tenant &&
+           p.conn.lock().get() == &conn;
+  });
+}
+
 void RackExchange::OnPeerError(net::Connection& conn, const FrameHeader& h,
                                std::span<const std::byte> payload) {
   const uint32_t peer = conn.id().rack;
@@ -316,12 +333,11 @@ void RackExchange::OnKeyBind(net::Connection& conn, const FrameHeader& h,
                              std::span<const std::byte> payload) {
   const uint32_t peer = conn.id().rack;
   const std::string bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
+  binds_[{peer, h.tenant, h.key}] = bytes;  // (kept: PeerKey binds again after changes)
   const Result<bool> bound = TryBind(peer, h.tenant, bytes);
   if (!bound.ok()) {
     SendPeerError(conn, h.tenant, bound.status().message());
     bind_refusals_[{peer, h.tenant, h.key}] = bound.status().message();
-  } else if (!*bound) {
-    pending_binds_[{peer, h.tenant, h.key}] = bytes;
   }
 }
 
@@ -346,19 +362,25 @@ void RackExchange::RetryParked() {
   // A key's frames on a link are handled in the order they came (a chunk's
   // INIT before its RACK_SUM): once one stays parked, the later ones of that
   // key on that link wait behind it. Other keys and tenants do not wait.
+  // Member notices wait only for their tenant, in the order they came: once
+  // one of a (link, tenant) stays parked, that tenant's later ones wait.
   std::set<std::tuple<const net::Connection*, uint32_t, uint32_t>> blocked;
+  std::set<std::pair<const net::Connection*, uint32_t>> notices_blocked;
   for (auto& p : parked) {
     auto conn = p.conn.lock();
     if (!conn || !conn->open()) continue;
     const auto id = std::make_tuple(conn.get(), p.header.tenant, p.header.key);
-    if (blocked.count(id)) {
+    const bool notice = IsMemberNotice(p.header);
+    if (notice ? notices_blocked.count({conn.get(), p.header.tenant}) > 0 : blocked.count(id) > 0) {
       parked_.push_back(std::move(p));
       continue;
     }
-    if (p.header.opcode == Opcode::kRackRelay && p.header.request_id == 0 &&
-        OnMemberNotice(*conn, p.header, p.payload)) {
-      conn->Unreserve(p.reserved);
-      continue;
+    if (notice) {
+      if (OnMemberNotice(*conn, p.header, p.payload)) {
+        conn->Unreserve(p.reserved);
+        continue;
+      }
+      notices_blocked.insert({conn.get(), p.header.tenant});
     }
     LaneTenant* t = nullptr;
     if (PeerKey(conn->id().rack, p.header, &t) && HeldByRecovery(*t, p.header)) {
@@ -377,7 +399,7 @@ void RackExchange::RetryParked() {
           SendPeerError(*conn, p.header.tenant, text);
         }
       } else {
-        blocked.insert(id);
+        if (!notice) blocked.insert(id);  // (frames never wait behind a notice)
         parked_.push_back(std::move(p));
       }
       continue;

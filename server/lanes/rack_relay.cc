@@ -7,8 +7,11 @@
 // id. At the home each (link, member) is a RelayConnection, adopted by the
 // lane's worker protocol and served like a local worker: the same checks,
 // the same clocks and held replies, the same straggler timeout.
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <random>
 
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
@@ -153,6 +156,13 @@ void RackExchange::Relay(net::Connection& worker, LaneTenant& t, LaneKey& key,
   SendToPeer(home, t, key, r, AsBytes(*body), body);
 }
 
+uint64_t RackExchange::RandomRelayBase() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) | rd();
+  // Below 2^63: 2^63 ids issue before a wrap (relay id 0 is a notice).
+  return r >> 1;
+}
+
 void RackExchange::SendMemberNotice(uint32_t home, LaneTenant& t, LaneKey& key, uint32_t rank,
                                     uint64_t session, net::RelayKind kind) {
   auto body = std::make_shared<std::string>(
@@ -220,8 +230,17 @@ void RackExchange::ForgetTenant(uint32_t handle) {
   for (auto& link : links_) {
     std::erase_if(link.announced, [&](const auto& a) { return a.first.first == handle; });
   }
+  // (Its peers' KEY_BINDs stay: a tenant of that name created again binds them.)
+  std::erase_if(peer_tenants_, [&](const auto& p) { return p.second == handle; });
   CloseRelaysIf([&](const auto& slot) { return std::get<1>(slot) == handle; },
                 "the tenant was deleted");
+}
+
+void RackExchange::RackLost(uint32_t rack, const std::string& why) {
+  if (rack >= links_.size() || rack == topology_.rack) return;
+  CloseRelaysIf([&](const RelaySlot& slot) { return std::get<0>(slot)->id().rack == rack; },
+                why);
+  FailRelays(rack, why, false);
 }
 
 void RackExchange::Uncount(const PendingRelay& r) {
@@ -271,8 +290,8 @@ void RackExchange::ExpireRelays() {
   }
 }
 
-void RackExchange::FailRelays(uint32_t home, const std::string& why) {
-  links_[home].announced.clear();
+void RackExchange::FailRelays(uint32_t home, const std::string& why, bool members_gone) {
+  if (members_gone) links_[home].announced.clear();
   size_t failed = 0;
   for (auto it = relays_.begin(); it != relays_.end();) {
     if (it->second.home != home) {
@@ -294,7 +313,7 @@ void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
   const uint32_t peer = conn.id().rack;
   const auto it = relays_.find(h.request_id);
   if (it == relays_.end()) {
-    if (h.request_id == 0 || h.request_id > next_relay_) {
+    if (h.request_id <= relay_base_ || h.request_id > next_relay_) {
       SendPeerError(conn, h.tenant,
                     "RACK_RELAY_REPLY: relay id " + Num(h.request_id) + " was never issued by " +
                         "rack " + Num(topology_.rack) + "'s hub on lane " + Num(table_->lane()));
@@ -316,6 +335,16 @@ void RackExchange::OnRelayReply(net::Connection& conn, const FrameHeader& h,
     return;
   }
   FrameHeader inner = *decoded;
+  // A PARAMS names the key and chunk it answers: one that is not this
+  // relay's is an answer to another request (e.g. a previous process of
+  // this hub that issued the same id); dropped, the relay waits on.
+  if (inner.opcode == Opcode::kParams && (inner.key != r.key || inner.chunk != r.chunk)) {
+    refusals_.Warn("rack link: lane " + Num(table_->lane()) + ": rack " + Num(peer) +
+                   "'s hub answered relay id " + Num(h.request_id) + " with PARAMS of key id " +
+                   Num(inner.key) + " chunk " + Num(inner.chunk) + ", but that relay is key '" +
+                   r.key_name + "' chunk " + Num(r.chunk) + ": a stale answer, dropped");
+    return;
+  }
   const PendingRelay done = std::move(r);
   relays_.erase(it);
   Uncount(done);
@@ -381,6 +410,19 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
   id.peer = "rack " + Num(peer) + "'s hub (" + conn.id().peer + ")";
   const auto slot = std::make_tuple(&conn, t.info.handle, ChunkTable::Member(t, id));
   auto found = relay_conns_.find(slot);
+  std::deque<uint64_t>& gone = gone_sessions_[slot];
+  const auto mark_gone = [&gone](uint64_t s) {
+    if (std::find(gone.begin(), gone.end(), s) == gone.end()) gone.push_back(s);
+    if (gone.size() > kMaxGoneSessions) gone.pop_front();
+  };
+  if (found != relay_conns_.end() && !found->second->open()) {
+    // Ended by the worker protocol here (a fatal answer; the link is up):
+    // its session is over, as if gone. Frames its hub sent behind the
+    // fatal one are refused, never applied by a fresh connection.
+    mark_gone(found->second->id().session);
+    relay_conns_.erase(found);
+    found = relay_conns_.end();
+  }
   RelayConnection* relay =
       found != relay_conns_.end() && found->second->open()
           ? static_cast<RelayConnection*>(found->second.get())
@@ -392,9 +434,8 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
   // another session replaces the slot's connection (a new process of the
   // rank on its hub: the one before is over there), and a frame of any
   // session but the slot's current one is refused.
-  std::set<uint64_t>& gone = gone_sessions_[slot];
   if (kind == net::RelayKind::kMemberGone) {
-    gone.insert(session);
+    mark_gone(session);
     if (found != relay_conns_.end() && found->second->id().session == session) {
       const auto closing = std::move(found->second);
       relay_conns_.erase(found);
@@ -404,11 +445,12 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
     return;
   }
   if (kind == net::RelayKind::kMemberBack) {
-    gone.erase(session);
-  } else if (gone.count(session)) {
+    std::erase(gone, session);
+  } else if (std::find(gone.begin(), gone.end(), session) != gone.end()) {
     return refuse(WireError::kWorkerLost,
                   "RACK_RELAY: rank " + Num(rank) + " of rack " + Num(peer) + " (session " +
-                      Num(session) + ") is gone from rack " + Num(peer) + "'s hub");
+                      Num(session) + ") is gone from rack " + Num(peer) + "'s hub (or was " +
+                      "ended on rack " + Num(topology_.rack) + "'s by a fatal error)");
   }
   if (relay && relay->id().session != session && kind == net::RelayKind::kFrame) {
     return refuse(WireError::kWorkerLost,

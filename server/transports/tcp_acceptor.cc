@@ -14,6 +14,7 @@
 #include "rackhub/net/shm/channel.h"
 #include "rackhub/data/v1/control.pb.h"
 #include "rackhub/net/tcp/connection.h"
+#include "rackhub/net/tcp/keepalive.h"
 
 namespace rackhub::server {
 
@@ -104,6 +105,7 @@ Status TcpAcceptor::Listen() {
   if (!topo.multi_rack_exchange()) return {};
   hubs_ = std::make_unique<Listener>(thread_.io(), "rack link", &unauthenticated_hubs_);
   hubs_->start = [this](tcp::socket socket) {
+    net::tcp::EnableHubKeepAlive(socket);
     StartHubLinkSession(&hub_hooks_, std::move(socket));
   };
   if (Status s = ListenOn(hubs_->acceptor, topo.racks[topo.rack].interhub, "topology.racks");

@@ -81,15 +81,27 @@ class Racks {
   ~Racks() {
     if (listener_ >= 0) close(listener_);
   }
-  // The played rack: accepts hub `rack`'s link to it and authenticates it.
+  // The played rack: accepts hub `rack`'s link to it and authenticates it
+  // (links of other hubs that dial meanwhile are kept open, unanswered).
   std::unique_ptr<RawClient> AcceptLinkFrom(uint32_t rack) {
-    pollfd p{listener_, POLLIN, 0};
-    EXPECT_EQ(poll(&p, 1, 10000), 1) << "rack " << rack << "'s hub did not link";
-    auto link = std::make_unique<RawClient>(
-        RawClient::Adopt{accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)});
-    EXPECT_TRUE(testing::AcceptHubLink(*link, std::string(48, 's'),
-                                       {rack, *played_, 0, static_cast<uint32_t>(interhub_.size()), 1}));
-    return link;
+    for (;;) {
+      pollfd p{listener_, POLLIN, 0};
+      EXPECT_EQ(poll(&p, 1, 10000), 1) << "rack " << rack << "'s hub did not link";
+      if (p.revents == 0) return nullptr;
+      auto link = std::make_unique<RawClient>(
+          RawClient::Adopt{accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)});
+      auto hello = link->Receive();
+      data::v1::HubHello h;
+      if (hello && hello->h.opcode == net::Opcode::kHubHello &&
+          h.ParseFromString(hello->payload) && h.rack() != rack) {
+        others_.push_back(std::move(link));
+        continue;
+      }
+      EXPECT_TRUE(testing::AcceptHubLink(
+          *link, std::string(48, 's'),
+          {rack, *played_, 0, static_cast<uint32_t>(interhub_.size()), 1}, std::move(hello)));
+      return link;
+    }
   }
   void Start(uint32_t rack) {
     std::vector<std::string> args = {"--lanes", "1", "--racks", spec_, "--rack",
@@ -111,6 +123,7 @@ class Racks {
   std::vector<std::unique_ptr<DaemonProcess>> hubs_;
   std::optional<uint32_t> played_;
   int listener_ = -1;
+  std::vector<std::unique_ptr<RawClient>> others_;  // links AcceptLinkFrom passed over
 
   int Listen() {
     listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -10,13 +10,19 @@
 //    link to the relaying rack (the test plays rack 1's hub);
 //  - an answer from a hub that is not the relay's home is refused by name;
 //  - hubs disagreeing on a tenant's consistency refuse each other's
-//    KEY_BIND by name, and the relayed frames of that key with it.
+//    KEY_BIND by name, and the relayed frames of that key with it; the
+//    tenant created again with the same settings relays both ways;
+//  - relay ids do not repeat across a hub's processes, and an answer
+//    naming another chunk than its relay's is dropped.
 //  - a newer link from a rack's hub supersedes the older one: it closes,
 //    and its relayed members are gone (their held replies released);
 //  - a member's gone notice is not parked behind its key's frames, and a
 //    frame of the member that was parked is refused after it, not served;
 //  - a relay the home never answers (its link up) fails after the relay
-//    deadline with a non-fatal WORKER_LOST naming the rack;
+//    deadline with a non-fatal WORKER_LOST naming the rack, and at once
+//    when the home's link that carries its answers closes;
+//  - frames behind a fatal answer to a relayed frame are refused, not
+//    applied;
 //  - a relayed worker replaced by a new process on its hub while frames of
 //    the old one straggle: the home neither applies them nor lets them (or
 //    the old one's late gone notice) end the new one.
@@ -56,6 +62,29 @@ struct PlayedRack1 {
  private:
   Mode mode_;
 };
+
+// A PARAMS answer of relay id X (`chunk`, values `v`, versions suffix
+// 0/0), as a home played by the test sends it.
+std::string ParamsAnswer(uint32_t key, uint32_t chunk, uint64_t relay_id, float v) {
+  FrameHeader p;
+  p.opcode = net::Opcode::kParams;
+  p.key = key;
+  p.chunk = chunk;
+  p.dtype = net::DType::kFp32;
+  p.flags = net::kFlagVersions;
+  p.request_id = relay_id;
+  return RawFrame(p, testing::Floats(kElems, v) + std::string(net::kVersionsSuffixBytes, '\0'));
+}
+
+// The relay id of the next RACK_RELAY frame (not a notice) on `from0`.
+uint64_t NextRelayId(RawClient& from0) {
+  auto f = from0.Receive();
+  while (f && !(f->h.opcode == net::Opcode::kRackRelay && f->h.request_id != 0)) {
+    f = from0.Receive();  // KEY_BINDs and member notices
+  }
+  EXPECT_TRUE(f) << "a frame was relayed";
+  return f ? f->h.request_id : 0;
+}
 
 // Relays put bulk on the hub links both ways: each direction on its own
 // link (a home answers on its outgoing link to the worker's rack), so no
@@ -212,38 +241,58 @@ TEST(MultiRackRelayLinkTest, AConsistencyMismatchIsRefusedByName) {
   // Their own chunks are served as ever.
   a.Pull(0);
   EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u);
+  // As the refusal asks: "t" is created again on rack 1's hub, bounded:1.
+  // Relays go both ways now (rack 0's hub sends no new KEY_BIND: rack 1's
+  // hub binds the one it refused again).
+  {
+    auto channel = grpc::CreateChannel(racks.hub(1).admin_address(),
+                                       grpc::InsecureChannelCredentials());
+    grpc::ClientContext ctx;
+    pb::DeleteTenantRequest del;
+    del.set_name("t");
+    pb::DeleteTenantResponse gone;
+    ASSERT_TRUE(pb::TenantService::NewStub(channel)->DeleteTenant(&ctx, del, &gone).ok());
+  }
+  CreateTenant(racks.hub(1).admin_address(), kBounded1, 1, 2);
+  Worker b2 = Connect(racks, 1, 0);
+  a.Pull(1);
+  EXPECT_EQ(ParamsOf(a.link->Receive(std::chrono::seconds(10))).clock, 0u);
+  b2.Pull(0);
+  EXPECT_EQ(ParamsOf(b2.link->Receive(std::chrono::seconds(10))).clock, 0u);
 }
 
 // An answer to a relay must come from the hub it went to: rack 0's hub
-// relays a's push of chunk 1 to rack 1's hub (held there by b); a hub link
-// from "rack 2" answering that relay id is refused by name and closed, and
-// the real answer still comes when b pushes. (Rack 2's hub is the test's:
-// a newer link from a rack's hub supersedes the one before, so the forged
-// link must not be a real hub's rack.)
+// relays a's push of chunk 1 to rack 1's hub (held there by b); rack 2's
+// hub (played by the test; home of chunk 2, which learns rack 0's relay ids
+// from a's relayed PULL of it: they are consecutive) answering that relay
+// id is refused by name and its link closed, and the real answer still
+// comes when b pushes.
 TEST(MultiRackRelayLinkTest, AReplyFromAHubThatIsNotTheHomeIsRefused) {
   Racks racks(3, false, {}, 2);
   for (uint32_t h = 0; h < 2; ++h) CreateTenant(racks.hub(h).admin_address(), kBounded0, 1, 3);
+  const auto from0 = racks.AcceptLinkFrom(0);
   Worker a = Connect(racks, 0, 0), b = Connect(racks, 1, 0);
+  const uint64_t pull2 = a.Pull(2);
+  const uint64_t base = NextRelayId(*from0);
   b.Pull(1);
   EXPECT_EQ(ParamsOf(b.link->Receive()).clock, 0u);
-  a.Pull(1);  // relay id 1
+  a.Pull(1);  // relay id base + 1
   EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u);
-  a.Push(1, 0, testing::Floats(kElems, 3.0f));  // relay id 2: held by b at rack 1's hub
-  const uint64_t pull = a.Pull(1);               // relay id 3
+  a.Push(1, 0, testing::Floats(kElems, 3.0f));  // base + 2: held by b at rack 1's hub
+  const uint64_t pull = a.Pull(1);               // base + 3
   EXPECT_EQ(ParamsOf(a.link->Receive()).request, pull) << "the push is held";
   RawClient forged(racks.interhub(0));
   ASSERT_TRUE(testing::OpenHubLink(forged, std::string(48, 's'), {2, 0, 0, 3, 1}));
-  FrameHeader params;
-  params.opcode = net::Opcode::kParams;
-  params.dtype = net::DType::kFp32;
-  params.request_id = 2;
   FrameHeader reply;
   reply.opcode = net::Opcode::kRackRelayReply;
-  reply.request_id = 2;
-  forged.Send(reply, RawFrame(params, testing::Floats(kElems, 9.0f)));
+  reply.request_id = base;  // its own relay: answered
+  forged.SendRaw(RawFrame(reply, ParamsAnswer(a.key, 2, base, 5.0f)));
+  EXPECT_EQ(ParamsOf(a.link->Receive()).request, pull2);
+  reply.request_id = base + 2;
+  forged.Send(reply, ParamsAnswer(a.key, 1, base + 2, 9.0f));
   ExpectError(forged.Receive(), net::WireError::kInvalidArgument,
-              "RACK_RELAY_REPLY: relay id 2 went to rack 1's hub (the chunk's home), not to "
-              "rack 2's");
+              "RACK_RELAY_REPLY: relay id " + std::to_string(base + 2) +
+                  " went to rack 1's hub (the chunk's home), not to rack 2's");
   EXPECT_TRUE(forged.ClosedByPeer());
   b.Push(1, 0, testing::Floats(kElems, 1.0f));
   EXPECT_EQ(ParamsOf(b.link->Receive()).clock, 1u);
@@ -306,6 +355,39 @@ TEST(MultiRackRelayLinkTest, AReplacedRelayedWorkersStragglersAreRefused) {
   EXPECT_EQ(r.params[kElems - 1], -(1.0f + 2.0f) / 2.0f);
 }
 
+// A relayed frame refused fatally at the home (an INIT from rank 0 of rack
+// 1: only rank 0 of rack 0 INITs) ends that session there: a push its hub
+// (played by the test) sent right behind it is refused with a non-fatal
+// WORKER_LOST, not applied by a fresh connection of the member.
+TEST(MultiRackRelayLinkTest, FramesBehindAFatalAnswerAreNotApplied) {
+  PlayedRack1 played(kAsync);
+  Worker& a = played.a;
+  const auto link = played.OpenLink();
+  FrameHeader h;
+  h.opcode = net::Opcode::kRackRelay;
+  h.tenant = 77;
+  h.key = a.key;
+  h.dtype = net::DType::kFp32;
+  h.request_id = 1;
+  const std::string init = RawFrame(
+      h, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kInit, 0, 1) +
+             testing::Floats(kElems, 5.0f));
+  h.request_id = 2;
+  link->SendRaw(init + RawFrame(h, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPush, 0, 1) +
+                                       testing::Floats(kElems, 1.0f)));
+  ExpectError(RelayAnswer(*played.replies, 1), net::WireError::kInvalidArgument,
+              "rank: only rank 0 of rack 0 may INIT a key", true);
+  ExpectError(RelayAnswer(*played.replies, 2), net::WireError::kWorkerLost,
+              "RACK_RELAY: rank 0 of rack 1 (session 1) is gone from rack 1's hub (or was ended "
+              "on rack 0's by a fatal error)",
+              false);
+  a.Pull(0);
+  const Reply r = ParamsOf(a.link->Receive());
+  EXPECT_EQ(r.updates, 0u) << "the push behind the fatal INIT was not applied";
+  ASSERT_EQ(r.params.size(), kElems);
+  EXPECT_EQ(r.params[0], 0.0f);
+}
+
 // A relay whose answer never comes (the home, played by the test, takes it
 // and stays silent on links that stay up) fails on the relaying hub after
 // the relay deadline (the straggler timeout, 1 s here, plus 2 x 5 s of
@@ -329,6 +411,59 @@ TEST(MultiRackRelayLinkTest, ARelayNeverAnsweredFailsNamingTheRack) {
               false);
   EXPECT_TRUE(failed && failed->h.request_id == push) << Describe(failed);
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  a.Pull(0);
+  EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u) << "a's connection stays";
+}
+
+// Relay ids do not repeat across a hub's processes, and an answer is
+// matched by its key and chunk too: rack 1's hub (played by the test, home
+// of chunk 1) answers a's relayed PULL first with another chunk's PARAMS
+// (a stale answer: dropped) and then with its own (forwarded to a). Rack
+// 0's hub restarted issues relay ids other than its first process's.
+TEST(MultiRackRelayLinkTest, AStaleAnswerIsDroppedAndRelayIdsDoNotRepeat) {
+  PlayedRack1 played(kAsync);
+  Worker& a = played.a;
+  const uint64_t pull = a.Pull(1);
+  const uint64_t first = NextRelayId(*played.replies);
+  const auto link = played.OpenLink();
+  FrameHeader reply;
+  reply.opcode = net::Opcode::kRackRelayReply;
+  reply.request_id = first;
+  link->SendRaw(RawFrame(reply, ParamsAnswer(a.key, 0, first, 9.0f)) +
+                RawFrame(reply, ParamsAnswer(a.key, 1, first, 7.0f)));
+  const Reply answered = ParamsOf(a.link->Receive());
+  EXPECT_EQ(answered.request, pull);
+  ASSERT_EQ(answered.params.size(), kElems);
+  EXPECT_EQ(answered.params[0], 7.0f) << "chunk 1's answer, not chunk 0's stale one";
+  // A new process of rack 0's hub (without state).
+  EXPECT_EQ(played.racks.hub(0).Stop(SIGKILL), 128 + SIGKILL);
+  played.racks.Start(0);
+  const auto replies = played.racks.AcceptLinkFrom(0);
+  CreateTenant(played.racks.hub(0).admin_address(), kAsync, 1, 2);
+  Worker again = Connect(played.racks, 0, 0);
+  again.Pull(1);
+  const uint64_t second = NextRelayId(*replies);
+  EXPECT_NE(second, first) << "the new process issued its previous process's relay id";
+  EXPECT_NE(second, first + 1);
+}
+
+// The home's answers come on its own link to the relaying hub: when that
+// link closes (the other direction up), the relays waiting on it fail at
+// once with a non-fatal WORKER_LOST naming the rack, not at the relay
+// deadline (40 s here); a's connection stays.
+TEST(MultiRackRelayLinkTest, LosingTheHomesLinkFailsTheRelaysWaitingOnIt) {
+  PlayedRack1 played(kAsync);
+  Worker& a = played.a;
+  auto answers = played.OpenLink();  // rack 1's hub's link to rack 0's
+  const uint64_t push = a.Push(1, 0, testing::Floats(kElems, 1.0f));  // homed on rack 1
+  NextRelayId(*played.replies);
+  const auto start = std::chrono::steady_clock::now();
+  answers.reset();
+  const auto failed = a.link->Receive(std::chrono::seconds(30));
+  ExpectError(failed, net::WireError::kWorkerLost,
+              "rack link: lost the link from the hub of rack 1, which carries its answers", false);
+  EXPECT_TRUE(failed && failed->h.request_id == push) << Describe(failed);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   a.Pull(0);
   EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u) << "a's connection stays";
 }

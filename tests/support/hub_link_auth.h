@@ -128,9 +128,11 @@ inline bool OpenHubLink(DataLink& conn, const std::string& secret, const HubLink
 // Plays the acceptor (rack link.acceptor_rack) on an accepted `conn`: reads
 // HUB_HELLO (which must match `link`), sends HUB_CHALLENGE, checks the hub's
 // HUB_PROOF against the reference and answers HUB_ACCEPT. False (test
-// failed) otherwise.
-inline bool AcceptHubLink(DataLink& conn, const std::string& secret, const HubLinkRef& link) {
-  const auto hello = conn.Receive();
+// failed) otherwise. `received`: its HUB_HELLO if the caller read it
+// already (to tell which rack dialed).
+inline bool AcceptHubLink(DataLink& conn, const std::string& secret, const HubLinkRef& link,
+                          std::optional<Frame> received = std::nullopt) {
+  const auto hello = received ? std::move(received) : conn.Receive();
   EXPECT_TRUE(hello && hello->h.opcode == net::Opcode::kHubHello) << Describe(hello);
   if (!hello || hello->h.opcode != net::Opcode::kHubHello) return false;
   data::v1::HubHello h;

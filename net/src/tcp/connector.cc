@@ -4,6 +4,7 @@
 
 #include "rackhub/net/connector.h"
 #include "rackhub/net/tcp/connection.h"
+#include "rackhub/net/tcp/keepalive.h"
 
 namespace rackhub::net {
 
@@ -32,6 +33,7 @@ class TcpConnector final : public Connector {
                 if (cec) return done(Unavailable("connect: " + cec.message()));
                 boost::system::error_code ignored;
                 socket->set_option(tcp::no_delay(true), ignored);
+                net::tcp::EnableHubKeepAlive(*socket);  // (connectors dial hub links only)
                 done(std::shared_ptr<Connection>(std::make_shared<net::tcp::TcpConnection>(
                     handler, std::move(*socket), std::move(id))));
               });

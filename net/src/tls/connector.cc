@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "rackhub/net/connector.h"
+#include "rackhub/net/tcp/keepalive.h"
 #include "rackhub/net/tls/connection.h"
 
 namespace rackhub::net {
@@ -35,6 +36,7 @@ class TlsConnector final : public Connector {
                 if (cec) return done(Unavailable("connect: " + cec.message()));
                 boost::system::error_code ignored;
                 socket->set_option(tcp::no_delay(true), ignored);
+                net::tcp::EnableHubKeepAlive(*socket);  // (connectors dial hub links only)
                 Handshake(io, std::move(*socket), handler, std::move(id), std::move(done));
               });
         });
