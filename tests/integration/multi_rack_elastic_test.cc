@@ -61,7 +61,7 @@ class MultiRackElasticTest : public ::testing::Test {
 
   // `racks` hubs; the tenant "job": start quorum 2 per rack, min_workers
   // `min` (counted over every rack), ranks 0..3 per rack.
-  void StartHubs(uint32_t racks, uint32_t min) {
+  void StartHubs(uint32_t racks, uint32_t min, const char* straggler_ms = "60000") {
     std::string spec;
     for (uint32_t r = 0; r < racks; ++r) {
       spec += (r ? "," : "") + std::string("127.0.0.1:0=127.0.0.1:") +
@@ -74,7 +74,7 @@ class MultiRackElasticTest : public ::testing::Test {
     for (uint32_t r = 0; r < racks; ++r) {
       hubs_.push_back(std::make_unique<DaemonProcess>(std::vector<std::string>{
           "--in-memory", "--lanes", "2", "--racks", spec, "--rack", std::to_string(r),
-          "--hub-secret-file", dir + "/hub.secret", "--straggler-timeout-ms", "60000"}));
+          "--hub-secret-file", dir + "/hub.secret", "--straggler-timeout-ms", straggler_ms}));
       ASSERT_TRUE(hubs_.back()->started());
     }
     for (uint32_t r = 0; r < racks; ++r) {
@@ -400,6 +400,33 @@ TEST_F(MultiRackElasticTest, RandomMembershipLoopThreeRacks) {
   StartHubs(3, 2);
   Join({0, 1, 4, 5, 8, 9});
   RandomLoop(20, 2);
+}
+
+// A rank of rack 1 hangs in a step (connected, never pushes) while rack 0's
+// ranks push first: the hub of rack 0, whose sum is in, does not abort the
+// update (no "rank(s)  did not push" with an empty list, no fallback abort
+// at twice the timeout); the hub of rack 1 removes its straggler and the
+// step completes without it (docs/elastic.md, Across racks).
+TEST_F(MultiRackElasticTest, AStragglerOfAnotherRackIsRemovedByItsHub) {
+  StartHubs(2, 1, "1500");
+  Join({0, 1, 4, 5});
+  EXPECT_LT(Step(0), 20.0);
+  for (uint32_t g : {0u, 1u, 4u}) SendStep(g, 1);  // rank 1 of rack 1 (5) hangs
+  std::vector<Report> reports;
+  for (uint32_t g : {0u, 1u, 4u}) {
+    Report rep;
+    ASSERT_TRUE(Next(workers_.at(g), &rep));
+    ASSERT_EQ(rep.kind, kStepDone) << rep.message;
+    reports.push_back(rep);
+  }
+  CheckKey(reports, false, {0, 1, 4}, 1);
+  CheckKey(reports, true, {0, 1, 4}, 1);
+  ASSERT_TRUE(WaitForLog(*hubs_[1], "rank 1 of rack 1 was removed: did not push"));
+  const std::string logs = Logs();
+  EXPECT_EQ(Count(logs, "rank(s)  did not push"), 0) << logs;
+  EXPECT_EQ(Count(logs, "did not come within twice"), 0) << logs;
+  EXPECT_EQ(Count(hubs_[0]->Log(), "'job': membership: rank"), 0) << logs;  // none of its own
+  Kill(5);
 }
 
 // Below min_workers counted over every rack, every hub pauses the tenant
