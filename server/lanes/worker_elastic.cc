@@ -43,7 +43,10 @@ Verdict WorkerProtocol::CheckMember(net::Connection& conn, LaneTenant& t, const 
     const bool quorum = m.generation == 0;
     return Refuse(conn, WireError::kWorkerLost,
                   "paused: " + Describe(t, m) + ", below " +
-                      (quorum ? "its start quorum of " + Num(t.info.workers_per_rack)
+                      (quorum ? "its start quorum of " +
+                                    Num(t.info.workers_per_rack * table_->racks()) +
+                                    (table_->racks() > 1 ? " members in total over its racks"
+                                                         : std::string())
                               : "min_workers " + Num(t.info.min_workers)) +
                       "; pushes resume once enough ranks are connected: Pull the key (held "
                       "until then) and push again",
