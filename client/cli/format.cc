@@ -223,14 +223,15 @@ void PrintTenant(std::ostream& out, const admin::Tenant& t) {
   if (t.elastic()) {
     block.Add("elastic", "ranks 0.." + std::to_string(t.quotas().max_workers() - 1) +
                              ", start quorum " + std::to_string(t.workers_per_rack()) +
-                             ", min " + std::to_string(t.min_workers()));
+                             " (x racks, in total), min " + std::to_string(t.min_workers()));
     block.Add("membership", "generation " + std::to_string(t.membership_generation()) + ", " +
                                 std::to_string(t.members()) + " member" +
                                 (t.members() == 1 ? "" : "s"));
     block.Add("status", t.paused() ? "PAUSED (fewer members than " +
                                          (t.membership_generation() == 0
                                               ? "the start quorum " +
-                                                    std::to_string(t.workers_per_rack())
+                                                    std::to_string(t.workers_per_rack()) +
+                                                    " x racks"
                                               : "min " + std::to_string(t.min_workers())) +
                                          "; pushes are held until enough ranks are back)"
                                    : std::string("running"));

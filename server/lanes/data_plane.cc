@@ -58,6 +58,10 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
       TenantInfo info;
       return registry_->GetTenantByHandle(handle, &info).ok() && info.elastic;
     };
+    hooks.rank_slots = [this](uint32_t handle) -> uint32_t {
+      TenantInfo info;
+      return registry_->GetTenantByHandle(handle, &info).ok() ? info.rank_slots() : 0;
+    };
     hooks.restarted = [this](uint32_t rack) {
       OnEveryLane([rack](Lane& lane) { lane.OfferCopies(rack); });
       // Its frames carry epoch 0 now and ours a newer one: a round puts every

@@ -153,7 +153,11 @@ void DataPlane::CommitClusterMembership(const TenantInfo& info, TenantRuntime& t
   PublishMembership(info, tenant, std::move(next),
                     cluster.generation == 0
                         ? " (paused: waiting for the start quorum of " +
-                              std::to_string(info.workers_per_rack) + " per rack)"
+                              std::to_string(info.workers_per_rack *
+                                             config_.topology.rack_count()) +
+                              " members in total over the racks, " +
+                              std::to_string(info.workers_per_rack) + " x " +
+                              std::to_string(config_.topology.rack_count()) + ")"
                         : std::string());
   // A rank that joined or left after this hub's report: another round.
   const uint32_t slots = info.rank_slots();

@@ -82,9 +82,16 @@ Status RackRecovery::ParseMembers(uint32_t rack, uint32_t handle, const dpb::Rac
         "; 0: a rackhubd without elastic tenants across racks): run the same rackhubd "
         "version on every hub");
   }
-  if (m.members().size() > kMaxRanks) {
+  const size_t slots = hooks_.rank_slots ? hooks_.rank_slots(handle) : kMaxRanks;
+  if (m.members().size() > std::min(slots, kMaxRanks)) {
     return InvalidArgument("RACK_VERSIONS: rack " + Num(rack) + "'s member list has " +
-                           Num(m.members().size()) + " ranks (at most " + Num(kMaxRanks) + ")");
+                           Num(m.members().size()) + " ranks (at most " +
+                           Num(std::min(slots, kMaxRanks)) + ", the tenant's ranks per rack)");
+  }
+  if (m.membership_generation() > kMaxGeneration) {
+    return InvalidArgument("RACK_VERSIONS: rack " + Num(rack) + "'s membership generation " +
+                           Num(m.membership_generation()) + " is above " +
+                           Num(kMaxGeneration));
   }
   Members members;
   members.generation = m.membership_generation();

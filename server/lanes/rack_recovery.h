@@ -90,6 +90,9 @@ class RackRecovery {
   static constexpr uint32_t kMembershipFormat = 1;
   // Most ranks one rack's member list may carry (the max_workers limit).
   static constexpr size_t kMaxRanks = 1024;
+  // A reported cluster generation above this is refused (1 + it must not
+  // wrap to 0, "never started").
+  static constexpr uint64_t kMaxGeneration = uint64_t{1} << 62;
   // Runs once per local recovery when its round ends; `realign` for exactly
   // one of the round's recoveries (the others only finish: their phase 1 is
   // covered by the same realignment).
@@ -110,6 +113,9 @@ class RackRecovery {
     std::function<std::vector<uint64_t>(uint32_t handle)> checkpoints;
     // Whether the tenant is elastic: its reports must carry Members.
     std::function<bool(uint32_t handle)> elastic;
+    // An elastic tenant's ranks per rack (TenantInfo::rank_slots()): a
+    // peer's member list is at most that long. Unset: kMaxRanks bounds it.
+    std::function<uint32_t(uint32_t handle)> rank_slots;
   };
 
   RackRecovery(uint32_t self_rack, uint32_t racks, Hooks hooks);

@@ -43,7 +43,10 @@ Verdict WorkerProtocol::CheckMember(net::Connection& conn, LaneTenant& t, const 
     const bool quorum = m.generation == 0;
     return Refuse(conn, WireError::kWorkerLost,
                   "paused: " + Describe(t, m) + ", below " +
-                      (quorum ? "its start quorum of " + Num(t.info.workers_per_rack)
+                      (quorum ? "its start quorum of " +
+                                    Num(t.info.workers_per_rack * table_->racks()) +
+                                    (table_->racks() > 1 ? " members in total over its racks"
+                                                         : std::string())
                               : "min_workers " + Num(t.info.min_workers)) +
                       "; pushes resume once enough ranks are connected: Pull the key (held "
                       "until then) and push again",
@@ -126,17 +129,24 @@ void WorkerProtocol::ElasticAdopted(LaneTenant& t, uint32_t member, WorkerGenera
 }
 
 bool WorkerProtocol::RemoveStragglers(LaneTenant& t, Chunk& c, const std::string& why) {
-  // Across racks: this rack's stage (a straggler of another rack is that
-  // hub's to remove).
+  // Across racks: this rack's committed members (a straggler of another
+  // rack is that hub's to remove).
   const uint32_t rack = table_->self_rack();
   const aggregation::ChunkState* stage =
       !c.multi_rack() ? &c.state : rack < c.stages.size() ? c.stages[rack].get() : nullptr;
-  // This rack's sum of the update is in (sent, or added at the home).
-  if (!stage || (c.multi_rack() && stage->version() > c.current_version())) return false;
+  const Membership& m = CurrentMembership(t);
+  // No member on this rack (its stage keeps a default or stale member set),
+  // or this rack's sum of the update is in (sent, or added at the home).
+  if (!stage || m.count == 0 ||
+      (c.multi_rack() && stage->version() > c.current_version())) {
+    return false;
+  }
   const uint32_t first = c.multi_rack() ? rack * t.info.rank_slots() : 0;
   bool removed = false;
-  for (uint32_t r = 0; r < stage->workers(); ++r) {
-    if (!stage->is_member(r) || stage->has_contributed(r)) continue;
+  for (uint32_t r = 0; r < m.member.size(); ++r) {
+    if (!m.has(r) || (r < stage->workers() && stage->has_contributed(r))) continue;
+    const auto g = t.gens.find(first + r);
+    if (g == t.gens.end() || !g->second->live()) continue;  // nothing to end
     const std::string text = "membership: rank " + Num(r) +
                              (c.multi_rack() ? " of rack " + Num(rack) : std::string()) +
                              " was removed: " + why;
@@ -144,10 +154,8 @@ bool WorkerProtocol::RemoveStragglers(LaneTenant& t, Chunk& c, const std::string
     // closes its connections with a fatal INVALID_ARGUMENT, as for a
     // replaced process: it joins again as a new Client (a new session).
     removed = true;
-    if (auto g = t.gens.find(first + r); g != t.gens.end()) {
-      auto gen = g->second;
-      EndGeneration(t, first + r, gen, text, true);
-    }
+    auto gen = g->second;
+    EndGeneration(t, first + r, gen, text, true);
   }
   return removed;
 }

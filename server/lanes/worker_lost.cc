@@ -200,7 +200,7 @@ void WorkerProtocol::CheckStragglers() {
     for (uint64_t id : t.pending) {
       const Chunk& c = *t.chunks.at(id);
       if (now - c.first_contribution <= limit) continue;
-      expired = true;
+      const bool across = c.multi_rack() || c.rows_across_racks();
       const auto key = t.keys.find(c.key_id);
       where = "key " + QuoteForLog(key != t.keys.end() ? key->second.info.name : "?") +
               " chunk " + Num(c.index_in_key) + " (update " + Num(c.current_version() + 1) + ")";
@@ -212,15 +212,23 @@ void WorkerProtocol::CheckStragglers() {
                                 Num(config_.straggler_timeout_ms) +
                                 " ms (data.straggler_timeout_ms)";
         const bool removed = RemoveStragglers(t, *t.chunks.at(id), why);
-        // Across racks, with this rack's sum in: another rack's hub removes
-        // its straggler (a round follows); a chunk of this rack may have one.
-        if (!removed && (c.multi_rack() || c.rows_across_racks())) continue;
-        host_->AbortIteration(handle, "straggler: " + why + "; partial sums were discarded",
+        // Across racks, with this rack's sum in (or no member here): the hub
+        // of the rack with the straggler removes it (a round follows); no
+        // abort here. Bounded: a sum that never comes (dropped, or a peer
+        // that never removes its straggler) ends after twice the timeout.
+        if (!removed && across && now - c.first_contribution <= 2 * limit) continue;
+        host_->AbortIteration(handle,
+                              removed || !across ? "straggler: " + why + "; partial sums were discarded"
+                                      : "straggler: another rack's sum for " + where +
+                                            " did not come within twice the " +
+                                            Num(config_.straggler_timeout_ms) +
+                                            " ms (data.straggler_timeout_ms); partial sums "
+                                            "were discarded",
                               true);
-        expired = false;
         break;
       }
-      if (c.multi_rack() || c.rows_across_racks()) {
+      expired = true;
+      if (across) {
         missing = "of some rack";
         break;
       }

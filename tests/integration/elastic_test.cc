@@ -452,7 +452,9 @@ TEST(ElasticCreateTest, ValidatesAndPersists) {
   CommandResult r = ctl({"tenant", "create", "job", "--workers", "4", "--elastic",
                          "--min-workers", "2", "--max-workers", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("ranks 0..7, start quorum 4, min 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ranks 0..7, start quorum 4 (x racks, in total), min 2"),
+            std::string::npos)
+      << r.out;
   // The rank limit of an elastic tenant is fixed.
   r = ctl({"tenant", "update-quotas", "job", "--max-workers", "6"});
   EXPECT_NE(r.exit_code, 0);
@@ -464,7 +466,9 @@ TEST(ElasticCreateTest, ValidatesAndPersists) {
   ASSERT_TRUE(daemon.Restart());
   r = ctl({"tenant", "get", "job"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("ranks 0..7, start quorum 4, min 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ranks 0..7, start quorum 4 (x racks, in total), min 2"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("PAUSED"), std::string::npos) << r.out;  // no worker yet
   r = ctl({"tenant", "get", "plain"});
   EXPECT_EQ(r.out.find("elastic"), std::string::npos) << r.out;

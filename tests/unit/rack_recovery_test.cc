@@ -300,6 +300,7 @@ TEST(RackRecoveryTest, ElasticReportsWithoutMembersAreRefusedByName) {
   hooks.recover = [](uint32_t, const std::string&) { ADD_FAILURE() << "no recovery"; };
   hooks.handle_of = [](const std::string&) { return std::optional<uint32_t>(1); };
   hooks.elastic = [](uint32_t) { return true; };
+  hooks.rank_slots = [](uint32_t) { return 4u; };
   RackRecovery rr(0, 2, hooks);
   data::v1::RackVersions m;
   m.set_tenant("job");
@@ -319,7 +320,12 @@ TEST(RackRecoveryTest, ElasticReportsWithoutMembersAreRefusedByName) {
   m.set_members(std::string("\x01\x02", 2));
   refuse("a byte other than 0 or 1");
   m.set_members(std::string(2000, '\x01'));
-  refuse("2000 ranks (at most 1024)");
+  refuse("2000 ranks (at most 4, the tenant's ranks per rack)");
+  m.set_members(std::string(5, '\x01'));  // longer than max_workers
+  refuse("5 ranks (at most 4");
+  m.set_members(std::string(4, '\x01'));
+  m.set_membership_generation(UINT64_MAX);  // 1 + it would wrap to 0
+  refuse("membership generation 18446744073709551615 is above 4611686018427387904");
 }
 
 TEST(RackRecoveryTest, BadReportsAreRefusedByName) {
