@@ -62,16 +62,20 @@ class RackVersions;
 
 namespace rackhub::server {
 
+// An elastic tenant's part of a report (docs/elastic.md, "Across racks"):
+// the sender's committed cluster generation and its rack's ranks present.
+// (At namespace scope: a nested struct with member initializers is not
+// default-constructible for std::optional inside its class under clang.)
+struct RackMembers {
+  uint64_t generation = 0;      // 0: the tenant never started
+  std::vector<uint8_t> member;  // by rank: 1 = present
+  uint32_t quorum = 0;          // the start quorum over every rack (not sent)
+};
+
 class RackRecovery {
  public:
   using Versions = std::map<uint32_t, uint64_t>;  // key id -> version
-  // An elastic tenant's part of a report (docs/elastic.md, "Across racks"):
-  // the sender's committed cluster generation and its rack's ranks present.
-  struct Members {
-    uint64_t generation = 0;      // 0: the tenant never started
-    std::vector<uint8_t> member;  // by rank: 1 = present
-    uint32_t quorum = 0;          // the start quorum over every rack (not sent)
-  };
+  using Members = RackMembers;
   struct Outcome {
     Versions agreed;       // key id -> the version every chunk skips to
     uint64_t round = 0;    // the round's number (frames of older ones are stale)
