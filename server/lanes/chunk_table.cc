@@ -151,6 +151,7 @@ Chunk& ChunkTable::GetChunk(LaneTenant& t, LaneKey& key, uint32_t chunk) {
       slot->state.SkipTo(floor);
     }
     CommitNew(t, *slot);  // an elastic tenant's chunk created after a COMMIT
+    if (slot->multi_rack() && new_chunk_hook_) new_chunk_hook_(t, key, *slot);
   }
   return *slot;
 }

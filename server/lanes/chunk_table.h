@@ -14,6 +14,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -325,6 +326,11 @@ class ChunkTable {
   std::unordered_map<uint32_t, LaneTenant>& tenants() { return tenants_; }
 
   // The key (cached, else from the registry); null if unknown.
+  // Called for each chunk of a key spanning racks GetChunk makes (the
+  // lane's RackExchange::OnNewChunk), after it is set up. Set once, by the
+  // Lane, before any chunk is made.
+  using NewChunkHook = std::function<void(LaneTenant&, LaneKey&, Chunk&)>;
+  void SetNewChunkHook(NewChunkHook hook) { new_chunk_hook_ = std::move(hook); }
   LaneKey* FindKey(LaneTenant& t, uint32_t key_id);
   // The lane owning chunk `chunk` of `key`.
   uint32_t OwnerLane(const KeyInfo& key, uint32_t chunk) const {
@@ -427,6 +433,7 @@ class ChunkTable {
   size_t connection_count() const;
 
  private:
+  NewChunkHook new_chunk_hook_;
   void InitMultiRackChunk(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t chunk);
   // A row-sparse table's row range `chunk` (rows, init, optimizer schedule).
   std::unique_ptr<Chunk> NewTableChunk(LaneTenant& t, LaneKey& key, uint32_t chunk);

@@ -400,10 +400,16 @@ void DataPlane::Realign(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
 void DataPlane::AlignLanes(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
                            std::map<uint32_t, uint64_t> versions, uint64_t round) {
   for (const auto& [key, v] : versions) {
-    const auto rt = KeyRuntimeFor(handle, key);
-    uint64_t floor = rt->floor.load();
-    while (floor < v && !rt->floor.compare_exchange_weak(floor, v)) {
+    KeyInfo info;
+    if (!registry_->GetKeyById(handle, key, &info).ok()) {
+      // Not declared here yet (across racks: no worker of this rack declared
+      // it): the floor waits for the key. Declared meanwhile: it is raised
+      // below too.
+      tenant->PendFloor(key, v);
+      if (!registry_->GetKeyById(handle, key, &info).ok()) continue;
+      tenant->TakeFloor(key);
     }
+    RaiseFloor(*KeyRuntimeFor(handle, key), v);
   }
   auto remaining = std::make_shared<std::atomic<uint32_t>>(lane_count());
   auto shared = std::make_shared<const std::map<uint32_t, uint64_t>>(std::move(versions));
@@ -471,11 +477,30 @@ std::shared_ptr<TenantRuntime> DataPlane::TenantRuntimeFor(uint32_t handle) {
 }
 
 std::shared_ptr<KeyRuntime> DataPlane::KeyRuntimeFor(uint32_t handle, uint32_t key_id) {
-  bool made = false;  // the tenant's map or the key's runtime
-  const std::shared_ptr<KeyRuntimes> keys = FindOrMake(runtimes_, handle, &made);
+  bool made_map = false, made = false;  // the tenant's map, the key's runtime
+  const std::shared_ptr<KeyRuntimes> keys = FindOrMake(runtimes_, handle, &made_map);
   std::shared_ptr<KeyRuntime> rt = FindOrMake(*keys, key_id, &made);
-  if (made) ForgetIfDeleted(handle, key_id);
+  if (made_map || made) ForgetIfDeleted(handle, key_id);
+  KeyInfo info;
+  if (made && registry_->GetKeyById(handle, key_id, &info).ok()) {
+    // A round's agreed version from before the key was declared here.
+    if (const uint64_t v = TenantRuntimeFor(handle)->TakeFloor(key_id)) RaiseFloor(*rt, v);
+  }
   return rt;
+}
+
+void DataPlane::RaiseFloor(KeyRuntime& rt, uint64_t v) {
+  uint64_t floor = rt.floor.load();
+  while (floor < v && !rt.floor.compare_exchange_weak(floor, v)) {
+  }
+}
+
+void DataPlane::KeyAdopted(uint32_t handle, uint32_t key_id) {
+  const uint64_t floor = KeyRuntimeFor(handle, key_id)->floor.load(std::memory_order_acquire);
+  if (floor == 0) return;  // no round agreed on it before: its chunks start at 0
+  auto one = std::make_shared<const std::map<uint32_t, uint64_t>>(
+      std::map<uint32_t, uint64_t>{{key_id, floor}});
+  OnEveryLane([handle, one](Lane& lane) { lane.Align(handle, *one); });
 }
 
 // Runtimes are made on first use, on lanes, while deletions erase them from

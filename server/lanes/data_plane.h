@@ -125,6 +125,7 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   bool HasRuntimes(uint32_t handle, std::optional<uint32_t> key_id = std::nullopt) const;
 
   // LaneHost.
+  void KeyAdopted(uint32_t handle, uint32_t key_id) override;
   std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id) override;
   void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) override;
   std::shared_ptr<TenantRuntime> TenantRuntimeFor(uint32_t handle) override;
@@ -155,6 +156,8 @@ class DataPlane final : public RegistryObserver, public LaneHost {
                           uint64_t from_update) override;
 
  private:
+  // Raises `rt`'s floor to `v` (never lowers it).
+  static void RaiseFloor(KeyRuntime& rt, uint64_t v);
   // An elastic tenant's flags its recovery rounds compare between hubs.
   static RackElasticFlags ElasticFlagsOf(const TenantInfo& info) {
     return {info.workers_per_rack, info.min_workers, info.quotas.max_workers};

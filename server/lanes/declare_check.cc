@@ -45,4 +45,18 @@ DeclareCheck CheckDeclare(std::span<const std::byte> payload, const std::string&
   return r;
 }
 
+void KeyDeclarationOf(const KeyInfo& key, data::v1::KeyDeclaration* out) {
+  out->set_name(key.name);
+  out->set_elements(key.table() ? 0 : key.elements);
+  out->set_dtype(static_cast<admin::v1::DType>(key.dtype));
+  OptimizerToProto(key.schedule.base, out->mutable_optimizer());
+  out->set_init(InitModeToProto(key.init));
+  out->set_rows(key.rows);
+  out->set_dim(key.dim);
+  out->set_init_scale(key.init_scale);
+  out->set_init_seed(key.init_seed);
+  out->set_topk_ratio(static_cast<float>(key.topk_ratio));
+  out->set_topk_ratio_exact(key.topk_ratio);
+}
+
 }  // namespace rackhub::server

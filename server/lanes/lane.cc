@@ -21,6 +21,8 @@ Lane::Lane(uint32_t lane, uint32_t lanes, const Config& config, Registry* regist
       exchange_(config.topology, config.data, &table_, registry, host, &gate_, io),
       workers_(config.data, &table_, registry, host, &gate_, &exchange_) {
   exchange_.SetWorkers(&workers_);
+  table_.SetNewChunkHook(
+      [this](LaneTenant& t, LaneKey& key, Chunk& c) { exchange_.OnNewChunk(t, key, c); });
   gate_.Post([this] { ArmStragglerCheck(); });
 }
 

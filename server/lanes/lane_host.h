@@ -116,6 +116,24 @@ struct TenantRuntime {
     return out;
   }
 
+  // Recovery rounds' agreed versions of keys this hub does not have yet
+  // (across racks: a home whose rack never declared them): the key's floor
+  // once it is declared here (DataPlane::KeyRuntimeFor). Per key id, the
+  // newest; bounded by the key ids the rounds' reports carry.
+  void PendFloor(uint32_t key, uint64_t v) {
+    std::lock_guard lock(mu_);
+    uint64_t& f = pending_floors_[key];
+    f = std::max(f, v);
+  }
+  uint64_t TakeFloor(uint32_t key) {
+    std::lock_guard lock(mu_);
+    const auto it = pending_floors_.find(key);
+    if (it == pending_floors_.end()) return 0;
+    const uint64_t v = it->second;
+    pending_floors_.erase(it);
+    return v;
+  }
+
   // Why the newest recovery started (named in the refusals while it runs).
   // Not on the per-chunk path: read only to refuse a push.
   void SetCause(std::string why) {
@@ -184,6 +202,7 @@ struct TenantRuntime {
   // member -> its newest generation.
   std::map<uint32_t, std::shared_ptr<WorkerGeneration>> generations_;  // GUARDED_BY(mu_)
   std::shared_ptr<const Membership> membership_;  // GUARDED_BY(mu_)
+  std::map<uint32_t, uint64_t> pending_floors_;    // GUARDED_BY(mu_)
 };
 
 class LaneHost {
@@ -192,6 +211,11 @@ class LaneHost {
 
   // The runtime of (tenant handle, key id), created on first use.
   virtual std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id) = 0;
+  // Across racks: key `key_id` was just declared on this hub from another
+  // hub's KEY_BIND (RackExchange::AdoptKey). If a recovery round agreed on a
+  // version of it before (TenantRuntime::PendFloor), every lane brings the
+  // chunks it is home to there and sends them to the other racks.
+  virtual void KeyAdopted(uint32_t handle, uint32_t key_id) = 0;
   // Counts an initialized chunk; marks the key ready when all are.
   virtual void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) = 0;
   virtual std::shared_ptr<TenantRuntime> TenantRuntimeFor(uint32_t handle) = 0;

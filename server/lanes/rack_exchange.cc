@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "declare_check.h"
 #include "params_reply.h"
 #include "proto_convert.h"
 #include "rackhub/aggregation/kernels.h"
@@ -119,15 +120,29 @@ void RackExchange::OnInitialized(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t
   // Past a recovery round (values that came after it, e.g. another hub's
   // copy offered to this restarted hub): the chunk joins the agreed version
   // and the others get its values there.
-  const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire);
-  if (floor > c.state.version()) {
-    for (auto& stage : c.stages) {
-      if (stage && stage->version() < floor) stage->SkipTo(floor);
-    }
-    c.state.SkipTo(floor);
-    PublishHomeParams(key, c);
-    SendAlign(t, key, c, floor);
+  JoinFloor(t, key, c);
+}
+
+void RackExchange::OnNewChunk(LaneTenant& t, LaneKey& key, Chunk& c) {
+  // A chunk this hub is home to, made after a recovery round agreed on its
+  // key (the key was declared here only later: TryBind, a worker's DECLARE):
+  // it starts at the agreed version, and the other racks' copies, which
+  // wait for it, get its values there. (A from_client chunk does once its
+  // values came: OnInitialized.)
+  if (table_->exchange() && c.home == topology_.rack && c.state.initialized()) {
+    JoinFloor(t, key, c);
   }
+}
+
+void RackExchange::JoinFloor(LaneTenant& t, LaneKey& key, Chunk& c) {
+  const uint64_t floor = key.runtime->floor.load(std::memory_order_acquire);
+  if (floor <= c.state.version()) return;
+  for (auto& stage : c.stages) {
+    if (stage && stage->version() < floor) stage->SkipTo(floor);
+  }
+  c.state.SkipTo(floor);
+  PublishHomeParams(key, c);
+  SendAlign(t, key, c, floor);
 }
 
 void RackExchange::OfferCopies(uint32_t rack) {
@@ -211,28 +226,43 @@ void RackExchange::Hold(uint32_t rack, uint32_t tenant, uint32_t key, const Fram
 void RackExchange::SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key) {
   const uint64_t bind_id = (uint64_t{t.info.handle} << 32) | key.info.id;
   if (link.bound.count(bind_id)) return;
+  // The tenant's keys of lower ids first: a hub that has none of them (no
+  // worker of its rack declared them) declares each from its KEY_BIND, and
+  // key ids are given in order (TryBind). (From the registry: no LaneKey is
+  // made here, the caller may be iterating the tenant's keys.)
+  uint32_t& below = link.bound_below[t.info.handle];
+  for (below = std::max<uint32_t>(below, 1); below < key.info.id; ++below) {
+    KeyInfo lower;
+    if (registry_->GetKeyById(t.info.handle, below, &lower).ok()) SendOneKeyBind(link, t, lower);
+  }
+  SendOneKeyBind(link, t, key.info);
+}
+
+void RackExchange::SendOneKeyBind(PeerLink& link, const LaneTenant& t, const KeyInfo& key) {
+  const uint64_t bind_id = (uint64_t{t.info.handle} << 32) | key.id;
+  if (!link.bound.insert(bind_id).second) return;
   dpb::KeyBind bind;
   bind.set_tenant(t.info.name);
-  bind.set_key(key.info.name);
-  bind.set_key_id(key.info.id);
-  bind.set_elements(key.info.elements);
-  bind.set_dtype(static_cast<pb::DType>(key.info.dtype));
-  bind.set_first_chunk(key.info.placement.first_chunk);
-  bind.set_chunk_elements(key.info.chunk_elements);
+  bind.set_key(key.name);
+  bind.set_key_id(key.id);
+  bind.set_elements(key.elements);
+  bind.set_dtype(static_cast<pb::DType>(key.dtype));
+  bind.set_first_chunk(key.placement.first_chunk);
+  bind.set_chunk_elements(key.chunk_elements);
   bind.set_workers_per_rack(t.info.workers_per_rack);
-  bind.set_init(InitModeToProto(key.info.init));
-  bind.set_rows(key.info.rows);
-  bind.set_dim(key.info.dim);
-  bind.set_init_seed(key.info.init_seed);
-  bind.set_init_scale(key.info.init_scale);
+  bind.set_init(InitModeToProto(key.init));
+  bind.set_rows(key.rows);
+  bind.set_dim(key.dim);
+  bind.set_init_seed(key.init_seed);
+  bind.set_init_scale(key.init_scale);
   bind.set_consistency(ConsistencyToProto(t.info.consistency));
   bind.set_staleness(t.info.staleness);
+  KeyDeclarationOf(key, bind.mutable_declaration());
   FrameHeader b;
   b.opcode = Opcode::kKeyBind;
   b.tenant = t.info.handle;
-  b.key = key.info.id;
+  b.key = key.id;
   link.out->SendOwned(b, bind.SerializeAsString());
-  link.bound.insert(bind_id);
 }
 
 void RackExchange::Start() {
@@ -284,6 +314,7 @@ void RackExchange::OnConnected(uint32_t rack, std::shared_ptr<net::Connection> c
   link.out = conn;
   link.ready = false;
   link.bound.clear();
+  link.bound_below.clear();
   link.auth = std::make_unique<HubOpener>(
       host_->hub_secret(),
       HubLinkFacts{topology_.rack, rack, table_->lane(), table_->racks(), table_->lanes()});
@@ -457,6 +488,7 @@ void RackExchange::OnConnectionClosed(net::Connection& conn, const std::string& 
     link.auth.reset();
     link.ready = false;
     link.bound.clear();
+    link.bound_below.clear();
   }
   if (gate_->closed()) return;
   // The home: the other rack's workers relayed on this link are gone.

@@ -39,6 +39,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -51,6 +52,10 @@
 #include "rackhub/common/status.h"
 #include "rackhub/net/transport.h"
 #include "registry.h"
+
+namespace rackhub::data::v1 {
+class KeyBind;
+}
 
 namespace rackhub::server {
 
@@ -88,6 +93,9 @@ class RackExchange final : public net::FrameHandler {
   // Each hub link carries a chunk's INIT before any RACK_SUM of it, and a rack
   // gets values only from the home, so the home has them before any sum.
   void OnInitialized(LaneTenant& t, LaneKey& key, Chunk& c, uint32_t from_rack);
+  // ChunkTable::GetChunk made chunk `c` of a key spanning racks (a home
+  // chunk below its key's floor joins it).
+  void OnNewChunk(LaneTenant& t, LaneKey& key, Chunk& c);
 
   // Rack `rack`'s hub restarted: it gets this lane's copies of the
   // `from_client` chunks it is home to as INIT (it takes them if it has no
@@ -152,6 +160,9 @@ class RackExchange final : public net::FrameHandler {
     uint64_t attempt = 0;  // numbers `out`'s connections (handshake deadline)
     std::string refusal;   // why the last handshake failed (until one succeeds)
     std::unordered_set<uint64_t> bound;    // (tenant << 32 | key) announced on `out`
+    // By tenant handle: every key id below it was announced on `out` (or
+    // is not here): binds go out in key id order (SendKeyBind).
+    std::unordered_map<uint32_t, uint32_t> bound_below;
     bool connecting = false;
     bool warned = false;
     // Frames waiting for the link to come up (for at most kPeerWaitLimit).
@@ -265,6 +276,13 @@ class RackExchange final : public net::FrameHandler {
   void Hold(uint32_t rack, uint32_t tenant, uint32_t key, const net::FrameHeader& h,
             std::span<const std::byte> payload, std::shared_ptr<const void> owner);
   void SendKeyBind(PeerLink& link, LaneTenant& t, LaneKey& key);
+  void SendOneKeyBind(PeerLink& link, const LaneTenant& t, const KeyInfo& key);
+  // Realign: `key`'s chunks wait for the RACK_ALIGN of rack `home`'s hub,
+  // which must have the key (its KEY_BIND on this lane's link).
+  void BindAtHome(LaneTenant& t, LaneKey& key, uint32_t home);
+  // A home chunk below its key's floor (a recovery round's agreed version)
+  // skips there and sends its RACK_ALIGN.
+  void JoinFloor(LaneTenant& t, LaneKey& key, Chunk& c);
   void Connect(uint32_t rack);
   void OnConnected(uint32_t rack, std::shared_ptr<net::Connection> conn);
   void RetryConnect(uint32_t rack, const std::string& why);
@@ -299,6 +317,11 @@ class RackExchange final : public net::FrameHandler {
                     const net::FrameHeader& h);
   Verdict CheckAlign(net::Connection& conn, const LaneKey& key, const Chunk& c,
                      const net::FrameHeader& h);
+  // TryBind of a key this hub does not have: declares it from the bind's
+  // declaration at the peer's key id and chunks (Registry::AdoptKey). False:
+  // not here yet (a shared registry, a bind without a declaration).
+  Result<bool> AdoptKey(uint32_t peer, const TenantInfo& tenant, const data::v1::KeyBind& bind,
+                        KeyInfo* key);
   void OnKeyBind(net::Connection& conn, const net::FrameHeader& h,
                  std::span<const std::byte> payload);
   void OnPeerError(net::Connection& conn, const net::FrameHeader& h,

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "declare_check.h"
 #include "params_reply.h"
 #include "proto_convert.h"
 #include "rack_exchange.h"
@@ -208,9 +209,10 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
   TenantInfo tenant;
   KeyInfo key;
   if (!bind.ParseFromString(bind_bytes)) return InvalidArgument("payload: not a KeyBind");
-  if (!registry_->GetTenant(bind.tenant(), &tenant).ok() ||
-      !registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
-    return false;  // not here yet
+  if (!registry_->GetTenant(bind.tenant(), &tenant).ok()) return false;  // not here yet
+  if (!registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
+    const Result<bool> adopted = AdoptKey(peer, tenant, bind, &key);
+    if (!adopted.ok() || !*adopted) return adopted;  // refused, or not yet
   }
   // (Unset: sync, as on create.)
   const auto theirs = bind.consistency() == pb::BOUNDED ? Consistency::kBounded
@@ -242,6 +244,47 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
   peer_tenants_[{peer, peer_tenant}] = tenant.handle;
   bind_refusals_.erase({peer, peer_tenant, bind.key_id()});
   table_->EnsureTenant(tenant);
+  return true;
+}
+
+Result<bool> RackExchange::AdoptKey(uint32_t peer, const TenantInfo& tenant,
+                                    const dpb::KeyBind& bind, KeyInfo* key) {
+  // With a shared registry (etcd) the key comes through it; without a
+  // declaration (a hub of an older version) it waits for a worker or an
+  // admin to create it here.
+  if (registry_->shared() || !bind.has_declaration()) return false;
+  const std::string bytes = bind.declaration().SerializeAsString();
+  const DeclareCheck checked =
+      CheckDeclare({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, tenant.name);
+  if (!checked.ok) {
+    return InvalidArgument("KEY_BIND of key " + QuoteForLog(bind.key()) + " from rack " +
+                           Num(peer) + "'s hub: its declaration: " + checked.text);
+  }
+  if (checked.spec.name != bind.key()) {
+    return InvalidArgument("KEY_BIND of key " + QuoteForLog(bind.key()) + " from rack " +
+                           Num(peer) + "'s hub declares another key, " +
+                           QuoteForLog(checked.spec.name));
+  }
+  // The peer binds the tenant's keys in key id order on each link
+  // (SendKeyBind), so the lower ids came first; an id skipped here is a key
+  // deleted there (or refused here, by name).
+  const Status s = registry_->AdoptKey(checked.spec, bind.key_id(), bind.first_chunk(), key);
+  if (s.code() == StatusCode::kAlreadyExists) {
+    // Another lane declared it from its own link's KEY_BIND meanwhile.
+    return registry_->GetKey(bind.tenant(), bind.key(), key).ok();
+  }
+  if (!s.ok()) {
+    return FailedPrecondition("key " + QuoteForLog(bind.key()) + " of tenant " +
+                              QuoteForLog(bind.tenant()) + " is not declared on rack " +
+                              Num(topology_.rack) + "'s hub and cannot be declared there from "
+                              "rack " + Num(peer) + "'s KEY_BIND: " + s.message() +
+                              " (create the tenant's keys in the same order on every hub)");
+  }
+  spdlog::info("rack link: lane {} declared key '{}' of tenant '{}' ({} elements, id {}) from "
+               "rack {}'s KEY_BIND (no worker of this rack declared it)",
+               table_->lane(), SafeForLog(bind.key(), 128), SafeForLog(bind.tenant(), 128),
+               key->elements, key->id, peer);
+  host_->KeyAdopted(tenant.handle, key->id);
   return true;
 }
 

@@ -79,6 +79,7 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
           ++homed;
         } else if (c.rows->version() < v) {
           ++waiting;  // PULL_ROWS wait for the home's RACK_ALIGN (Chunk::AwaitsAlign)
+          BindAtHome(t, *key, c.home);
         }
       } else if (c.multi_rack() && c.state.initialized()) {  // else: never updated anywhere
         for (auto& stage : c.stages) {  // this rack's (every rack's when flat)
@@ -92,6 +93,7 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
           ++homed;
         } else if (c.version < v) {
           ++waiting;  // PULLs wait for the home's RACK_ALIGN (Chunk::AwaitsAlign)
+          BindAtHome(t, *key, c.home);
         }
       }
       if (i == 0) RaiseTo(key->runtime->version, v);
@@ -100,6 +102,15 @@ void RackExchange::Realign(LaneTenant& t, const std::map<uint32_t, uint64_t>& ag
   spdlog::info("rack recovery: tenant '{}' lane {}: {} chunk(s) homed here skipped to the agreed "
                "versions and sent to the other racks; {} chunk(s) wait for their home's values",
                t.info.name, lane, homed, waiting);
+}
+
+void RackExchange::BindAtHome(LaneTenant& t, LaneKey& key, uint32_t home) {
+  // A home that has no such key yet (no worker of its rack declared it)
+  // declares it from this KEY_BIND and then sends its RACK_ALIGN
+  // (TryBind, DataPlane::KeyAdopted); one that has it ignores it. Sent
+  // now, not with a data frame: these PULLs wait for that RACK_ALIGN, and
+  // a worker Pulls before it pushes again.
+  if (table_->exchange() && LinkUp(home)) SendKeyBind(links_[home], t, key);
 }
 
 void RackExchange::SendAlign(LaneTenant& t, LaneKey& key, Chunk& c, uint64_t v) {

@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -262,6 +263,13 @@ class Registry {
   Status DeleteTenant(const std::string& name);
 
   Status CreateKey(const KeySpec& spec, KeyInfo* out);
+  // Creates the key at key id `id` with its chunks from `first_chunk`, as
+  // another hub of the tenant has it (RackExchange::TryBind: a KEY_BIND of a
+  // key no worker of this rack declared). Both must be at or past this
+  // tenant's next ones (FAILED_PRECONDITION naming them otherwise); the ids
+  // and chunks skipped (keys deleted on that hub) stay unused. Not with a
+  // shared (etcd) registry, whose keys come through it.
+  Status AdoptKey(const KeySpec& spec, uint32_t id, uint64_t first_chunk, KeyInfo* out);
   Status GetKey(const std::string& tenant, const std::string& name, KeyInfo* out) const;
   Status ListKeys(const std::string& tenant, std::vector<KeyInfo>* out) const;
   Status DeleteKey(const std::string& tenant, const std::string& name);
@@ -309,6 +317,12 @@ class Registry {
 
  private:
   struct Tenant;
+  struct KeyAt {
+    uint32_t id;
+    uint64_t first_chunk;
+  };
+  // CreateKey, at `at` when given (AdoptKey).
+  Status CreateKeyAt(const KeySpec& spec, std::optional<KeyAt> at, KeyInfo* out);
   Tenant* FindTenant(const std::string& name) const;  // REQUIRES: mu_ held
   // Tenant `tenant` (*t) and its key `name` (*key), or NOT_FOUND naming the
   // one missing. REQUIRES: mu_ held.

@@ -163,6 +163,17 @@ void Registry::MarkKeyReady(uint32_t handle, uint32_t key_id) {
 }
 
 Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
+  return CreateKeyAt(spec, std::nullopt, out);
+}
+
+Status Registry::AdoptKey(const KeySpec& spec, uint32_t id, uint64_t first_chunk, KeyInfo* out) {
+  if (store_ && store_->shared()) {
+    return FailedPrecondition("key: the registry is shared (etcd): keys come through it");
+  }
+  return CreateKeyAt(spec, KeyAt{id, first_chunk}, out);
+}
+
+Status Registry::CreateKeyAt(const KeySpec& spec, std::optional<KeyAt> at, KeyInfo* out) {
   if (!IsValidKeyName(spec.name)) {
     return InvalidArgument("name: " + Quoted(spec.name) +
                            " is not a valid key name (1-128 of A-Z a-z 0-9 _ . : / -)");
@@ -237,6 +248,13 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
     return AlreadyExists("name: key " + Quoted(spec.name) + " already exists in tenant " +
                          Quoted(spec.tenant));
   }
+  if (at && (at->id < t->next_key_id || at->first_chunk < t->layout.next_chunk())) {
+    return FailedPrecondition(
+        "key " + Quoted(spec.name) + " of tenant " + Quoted(spec.tenant) + ": id " +
+        std::to_string(at->id) + " and chunks from " + std::to_string(at->first_chunk) +
+        " are taken here (the next key id is " + std::to_string(t->next_key_id) +
+        ", the next chunk " + std::to_string(t->layout.next_chunk()) + ")");
+  }
   if (t->info.key_count + 1 > t->info.quotas.max_keys) {
     return ResourceExhausted("quotas.max_keys: tenant " + Quoted(spec.tenant) + " already has " +
                              std::to_string(t->info.key_count) + " of " +
@@ -282,7 +300,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   KeyInfo key;
   key.tenant = spec.tenant;
   key.name = spec.name;
-  key.id = t->next_key_id;
+  key.id = at ? at->id : t->next_key_id;
   key.elements = elements;
   key.rows = spec.rows;
   key.dim = spec.dim;
@@ -295,7 +313,7 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
   key.schedule.base = key.schedule.latest = opt;
   key.init = spec.init;
   key.ready = spec.init != InitMode::kFromClient;
-  key.placement = {t->layout.next_chunk(),
+  key.placement = {at ? at->first_chunk : t->layout.next_chunk(),
                    key.table() ? ChunkLayout::TableChunkCount(key.rows, lanes_)
                                : t->layout.ChunksFor(elements)};
   // A table's chunks are its row ranges (ChunkLayout::TableChunks).
@@ -316,6 +334,9 @@ Status Registry::CreateKey(const KeySpec& spec, KeyInfo* out) {
     }
   }
   t->next_key_id = key.id + 1;
+  if (const uint64_t gap = key.placement.first_chunk - t->layout.next_chunk(); gap > 0) {
+    t->layout.Allocate(gap * t->layout.chunk_elements());  // chunks of keys deleted elsewhere
+  }
   if (key.table()) {
     t->layout.AllocateTable(key.rows);  // == key.placement
   } else {

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,10 @@ class MultiRackElasticTest : public ::testing::Test {
 
   // `racks` hubs; the tenant "job": start quorum 2 per rack, min_workers
   // `min` (counted over every rack), ranks 0..3 per rack.
-  void StartHubs(uint32_t racks, uint32_t min, const char* straggler_ms = "60000") {
+  // `keys`: create the keys on every hub (else the workers declare them on
+  // their hubs, and a hub without workers gets them from KEY_BINDs).
+  void StartHubs(uint32_t racks, uint32_t min, const char* straggler_ms = "60000",
+                 bool keys = true) {
     std::string spec;
     for (uint32_t r = 0; r < racks; ++r) {
       spec += (r ? "," : "") + std::string("127.0.0.1:0=127.0.0.1:") +
@@ -86,6 +90,7 @@ class MultiRackElasticTest : public ::testing::Test {
       // The keys exist on every hub before any round: a round that agrees
       // on a key its home hub has not declared yet leaves the other hubs
       // waiting for that home's RACK_ALIGN (docs/elastic.md, Limits).
+      if (!keys) continue;
       for (const char* reduction : {"sum", "mean"}) {
         const CommandResult k =
             Ctl(r, {"key", "create", "job", reduction, "--elements", std::to_string(kElements),
@@ -460,6 +465,38 @@ TEST_F(MultiRackElasticTest, AnEmptyRackFindsNoStragglerOfItsOwn) {
   KillAndWaitLeft(5);
   EXPECT_LT(Step(step++), 20.0);  // rack 1 without members
   StepWithoutHungRank(step, 9);
+}
+
+// A rack without members from the start, whose hub no worker and no admin
+// ever declared the keys on (a static topology: no etcd registry): it is
+// home to chunk 2 of "sum" and chunk 0 of "mean" (homes (g / 2) % 3 of the
+// global chunks 0..5). It declares both keys from the other hubs' KEY_BINDs,
+// at their ids and chunks, and every step equals the reference. Before, the
+// sums for its chunks were parked, then refused ("never declared"), and
+// every step ended at the straggler timeout.
+TEST_F(MultiRackElasticTest, AnEmptyRackDeclaresTheKeysFromTheOtherHubs) {
+  StartHubs(3, 1, "60000", /*keys=*/false);
+  Join({0, 1, 2, 8, 9, 10});  // the start quorum, 2 x 3 in total, on racks 0 and 2
+  for (uint32_t step = 0; step < 4; ++step) EXPECT_LT(Step(step), 20.0);
+  for (const char* key : {"sum", "mean"}) {
+    ASSERT_TRUE(WaitForLog(*hubs_[1], std::string("declared key '") + key +
+                                          "' of tenant 'job' (600 elements"));
+    // The same id and chunks on every hub: "sum" was declared first.
+    const bool sum = std::string(key) == "sum";
+    const std::regex id("\\bid: +([0-9]+)\n");
+    const std::regex chunks("\\bchunks: +([0-9]+) \\(first index ([0-9]+)\\)");
+    for (uint32_t r = 0; r < 3; ++r) {
+      const CommandResult get = Ctl(r, {"key", "get", "job", key});
+      ASSERT_EQ(get.exit_code, 0) << get.out << get.err;
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(get.out, m, id)) << get.out;
+      EXPECT_EQ(m[1], sum ? "1" : "2") << "hub " << r << ": " << get.out;
+      ASSERT_TRUE(std::regex_search(get.out, m, chunks)) << get.out;
+      EXPECT_EQ(m[1], "3") << "hub " << r << ": " << get.out;
+      EXPECT_EQ(m[2], sum ? "0" : "3") << "hub " << r << ": " << get.out;
+    }
+  }
+  EXPECT_EQ(Count(Logs(), "was never declared"), 0) << Logs();
 }
 
 // Below min_workers counted over every rack, every hub pauses the tenant
