@@ -20,6 +20,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -58,14 +59,14 @@ constexpr Mode kAsync{pb::ASYNC, 0, "async"};
 
 const std::string kToken(40, 'k');
 
-// R racks' hubs (hierarchical, one lane: chunk g's home is rack g % R), or
-// one flat hub serving all R racks.
+// R racks' hubs (hierarchical, L lanes: tenant chunk g's home is rack
+// (g / L) % R, on lane g % L), or one flat hub serving all R racks.
 class Racks {
  public:
   // `played`: a rack whose hub the test plays (a listening socket, no hub).
   Racks(uint32_t racks, bool flat, std::vector<std::string> extra = {},
-        std::optional<uint32_t> played = {})
-      : flat_(flat), extra_(std::move(extra)), played_(played) {
+        std::optional<uint32_t> played = {}, uint32_t lanes = 1)
+      : flat_(flat), lanes_(lanes), extra_(std::move(extra)), played_(played) {
     for (uint32_t r = 0; r < racks; ++r) {
       const int port = played_ == r ? Listen() : testing::FreeLoopbackPort();
       interhub_.push_back("127.0.0.1:" + std::to_string(port));
@@ -104,7 +105,7 @@ class Racks {
     }
   }
   void Start(uint32_t rack) {
-    std::vector<std::string> args = {"--lanes", "1", "--racks", spec_, "--rack",
+    std::vector<std::string> args = {"--lanes", std::to_string(lanes_), "--racks", spec_, "--rack",
                                      std::to_string(rack), "--hub-secret-file", secret_};
     if (flat_) args.insert(args.end(), {"--topology-mode", "flat"});
     args.insert(args.end(), extra_.begin(), extra_.end());
@@ -113,10 +114,12 @@ class Racks {
   }
   DaemonProcess& hub(uint32_t rack) { return *hubs_[flat_ ? 0 : rack]; }
   uint32_t hubs() const { return static_cast<uint32_t>(hubs_.size()); }
+  uint32_t lanes() const { return lanes_; }
   const std::string& interhub(uint32_t rack) const { return interhub_[rack]; }
 
  private:
   bool flat_;
+  uint32_t lanes_;
   std::vector<std::string> extra_;
   std::string spec_, secret_;
   std::vector<std::string> interhub_;
@@ -138,10 +141,12 @@ class Racks {
   }
 };
 
-// Key `name` of `chunks` 4-KiB chunks of tenant "t", on one hub.
+// Key `name` of `chunks` 4-KiB chunks of tenant "t", on one hub (`topk`:
+// its top-k ratio, 0 for dense pushes only).
 inline void CreateKey(const std::string& admin, const std::string& name, uint32_t chunks,
-                      pb::InitMode init = pb::ZEROS) {
+                      pb::InitMode init = pb::ZEROS, float topk = 0) {
   pb::CreateKeyRequest key;
+  key.set_topk_ratio(topk);
   key.set_tenant("t");
   key.set_name(name);
   key.set_elements(uint64_t{kElems} * chunks);
@@ -157,7 +162,7 @@ inline void CreateKey(const std::string& admin, const std::string& name, uint32_
 // Tenant "t" (`workers` per rack, 4096-byte chunks, SGD with learning rate
 // 1 and a mean) in `mode`, with key "w" of `chunks` chunks, on one hub.
 inline void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, uint32_t chunks,
-                  pb::InitMode init = pb::ZEROS) {
+                         pb::InitMode init = pb::ZEROS, float topk = 0) {
   auto channel = grpc::CreateChannel(admin, grpc::InsecureChannelCredentials());
   grpc::ClientContext ctx;
   pb::CreateTenantRequest req;
@@ -172,24 +177,33 @@ inline void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, 
   pb::CreateTenantResponse resp;
   const grpc::Status s = pb::TenantService::NewStub(channel)->CreateTenant(&ctx, req, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  CreateKey(admin, "w", chunks, init);
+  CreateKey(admin, "w", chunks, init, topk);
 }
 
-// One worker (a raw connection to its rack's hub, lane 0).
+// One worker: a raw connection to each lane of its rack's hub (`link`:
+// lane 0; `more`: lanes 1..L-1). Chunk c travels on lane
+// (first_chunk + c) % L.
 struct Worker {
   std::unique_ptr<RawClient> link;
+  std::vector<std::unique_ptr<RawClient>> more;
   uint32_t rack = 0, rank = 0, handle = 0, key = 0;
+  uint64_t first_chunk = 0;
   uint64_t next_request = 1;
 
+  // The connection chunk `chunk` of key "w" travels on.
+  RawClient& On(uint32_t chunk) {
+    const uint64_t lane = (first_chunk + chunk) % (more.size() + 1);
+    return lane == 0 ? *link : *more[lane - 1];
+  }
   uint64_t Push(uint32_t chunk, uint64_t iteration, const std::string& grad) {
     FrameHeader h = Header(net::Opcode::kPush, chunk);
     h.iteration = iteration;
-    link->Send(h, grad);
+    On(chunk).Send(h, grad);
     return h.request_id;
   }
   uint64_t Pull(uint32_t chunk) {
     const FrameHeader h = Header(net::Opcode::kPull, chunk);
-    link->Send(h);
+    On(chunk).Send(h);
     return h.request_id;
   }
   FrameHeader Header(net::Opcode op, uint32_t chunk) {
@@ -208,22 +222,34 @@ inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
   Worker w;
   w.rack = rack;
   w.rank = rank;
-  w.link = std::make_unique<RawClient>(racks.hub(rack).data_address());
-  data::v1::Hello hello;
-  hello.set_tenant("t");
-  hello.set_token(kToken);
-  hello.set_rank(rank);
-  hello.set_rack(rack);
-  FrameHeader h;
-  h.opcode = net::Opcode::kHello;
-  w.link->Send(h, hello.SerializeAsString());
-  const auto f = w.link->Receive();
-  data::v1::Welcome welcome;
-  EXPECT_TRUE(f && f->h.opcode == net::Opcode::kWelcome) << Describe(f);
-  if (f) welcome.ParseFromString(f->payload);
-  EXPECT_GT(welcome.keys_size(), 0);
-  w.handle = welcome.tenant_handle();
-  if (welcome.keys_size() > 0) w.key = welcome.keys(0).id();
+  for (uint32_t lane = 0; lane < racks.lanes(); ++lane) {
+    auto link = std::make_unique<RawClient>(racks.hub(rack).data_address());
+    data::v1::Hello hello;
+    hello.set_tenant("t");
+    hello.set_token(kToken);
+    hello.set_rank(rank);
+    hello.set_rack(rack);
+    hello.set_lane(lane);
+    FrameHeader h;
+    h.opcode = net::Opcode::kHello;
+    link->Send(h, hello.SerializeAsString());
+    const auto f = link->Receive();
+    data::v1::Welcome welcome;
+    EXPECT_TRUE(f && f->h.opcode == net::Opcode::kWelcome) << Describe(f);
+    if (f) welcome.ParseFromString(f->payload);
+    EXPECT_GT(welcome.keys_size(), 0);
+    EXPECT_EQ(welcome.lanes(), racks.lanes());
+    if (lane == 0) {
+      w.handle = welcome.tenant_handle();
+      if (welcome.keys_size() > 0) {
+        w.key = welcome.keys(0).id();
+        w.first_chunk = welcome.keys(0).first_chunk();
+      }
+      w.link = std::move(link);
+    } else {
+      w.more.push_back(std::move(link));
+    }
+  }
   return w;
 }
 
@@ -294,6 +320,83 @@ inline std::optional<Frame> RelayAnswer(RawClient& replies, uint64_t relay_id,
 inline std::string RelayPrefix(net::RelayKind kind, net::Opcode op, uint32_t rank,
                                uint64_t session = 0) {
   return net::EncodeRelayPrefix({kind, op, rank, session});
+}
+
+// docs/consistency.md: a reply leaving its worker at count c is released
+// only when c <= slowest + S, and includes every worker's first c - S
+// contributions: updates >= W * c - (W - 1) * S (W: every rack's workers).
+inline void ExpectBound(const Reply& r, Mode mode, uint32_t all_workers) {
+  if (mode.consistency != pb::BOUNDED) return;
+  const uint64_t s = mode.staleness;
+  EXPECT_LE(r.clock, r.slowest + s) << "request " << r.request;
+  if (r.clock >= s) {
+    EXPECT_GE(r.updates + (all_workers - 1) * s, all_workers * r.clock)
+        << "request " << r.request << " at count " << r.clock << ": " << r.updates
+        << " updates";
+  }
+}
+
+// Worker (rack, rank)'s gradient of `chunk` at `iteration`: integers times
+// the worker count, so that each mean (gradient / W) is an exact integer
+// and every sum of them is exact in any order.
+inline std::vector<float> Gradient(uint32_t all_workers, uint32_t rack, uint32_t rank,
+                                   uint64_t iteration, uint32_t chunk) {
+  std::vector<float> g(kElems);
+  for (uint32_t e = 0; e < kElems; ++e) {
+    const int v = static_cast<int>((rack * 7 + rank * 3 + iteration * 5 + chunk * 11 + e) % 9) - 4;
+    g[e] = static_cast<float>(v * static_cast<int>(all_workers));
+  }
+  return g;
+}
+
+// The gradient worker (rack, rank) pushes on `chunk` at `iteration`, with
+// `all` workers in every rack together.
+using GradientFn = std::function<std::vector<float>(uint32_t all, uint32_t rack, uint32_t rank,
+                                                    uint64_t iteration, uint32_t chunk)>;
+
+// The parameters after every worker of `racks` x `workers` pushed its
+// `gradient` at iterations 0..iterations-1 on every chunk, computed from
+// the inputs alone: zeros minus every contribution's mean (lr 1).
+inline std::vector<float> Reference(uint32_t racks, uint32_t workers, uint32_t chunks,
+                                    uint64_t iterations, const GradientFn& gradient = Gradient) {
+  const uint32_t all = racks * workers;
+  std::vector<float> reference(size_t{kElems} * chunks, 0.0f);
+  for (uint32_t r = 0; r < racks; ++r) {
+    for (uint32_t k = 0; k < workers; ++k) {
+      for (uint64_t i = 0; i < iterations; ++i) {
+        for (uint32_t c = 0; c < chunks; ++c) {
+          const auto g = gradient(all, r, k, i, c);
+          for (uint32_t e = 0; e < kElems; ++e) {
+            reference[size_t{c} * kElems + e] -= g[e] / static_cast<float>(all);
+          }
+        }
+      }
+    }
+  }
+  return reference;
+}
+
+// Every worker Pulls every chunk; each chunk must have `updates` updates
+// and every worker must see the same bits, which are returned.
+inline std::vector<float> PullAll(std::vector<Worker>& ws, uint32_t chunks, uint64_t updates) {
+  std::vector<float> final_params;
+  for (auto& w : ws) {
+    std::map<uint64_t, uint32_t> chunk_of;
+    for (uint32_t c = 0; c < chunks; ++c) chunk_of[w.Pull(c)] = c;
+    std::vector<float> mine(size_t{kElems} * chunks);
+    for (uint32_t c = 0; c < chunks; ++c) {
+      const Reply r = ParamsOf(w.On(c).Receive());
+      EXPECT_EQ(r.updates, updates);
+      if (r.params.size() == kElems && chunk_of.count(r.request)) {
+        std::memcpy(mine.data() + size_t{chunk_of[r.request]} * kElems, r.params.data(),
+                    4 * kElems);
+      }
+    }
+    if (final_params.empty()) final_params = mine;
+    EXPECT_TRUE(testing::SameBits(mine, final_params))
+        << "rack " << w.rack << " rank " << w.rank << " sees other parameters";
+  }
+  return final_params;
 }
 
 }  // namespace rackhub::bounded_test

@@ -29,33 +29,6 @@ namespace {
 using namespace bounded_test;  // NOLINT(build/namespaces): the suite's support
 
 
-// docs/consistency.md: a reply leaving its worker at count c is released
-// only when c <= slowest + S, and includes every worker's first c - S
-// contributions: updates >= W * c - (W - 1) * S (W: every rack's workers).
-void ExpectBound(const Reply& r, Mode mode, uint32_t all_workers) {
-  if (mode.consistency != pb::BOUNDED) return;
-  const uint64_t s = mode.staleness;
-  EXPECT_LE(r.clock, r.slowest + s) << "request " << r.request;
-  if (r.clock >= s) {
-    EXPECT_GE(r.updates + (all_workers - 1) * s, all_workers * r.clock)
-        << "request " << r.request << " at count " << r.clock << ": " << r.updates
-        << " updates";
-  }
-}
-
-// Worker (rack, rank)'s gradient of `chunk` at `iteration`: integers times
-// the worker count, so that each mean (gradient / W) is an exact integer
-// and every sum of them is exact in any order.
-std::vector<float> Gradient(uint32_t all_workers, uint32_t rack, uint32_t rank,
-                            uint64_t iteration, uint32_t chunk) {
-  std::vector<float> g(kElems);
-  for (uint32_t e = 0; e < kElems; ++e) {
-    const int v = static_cast<int>((rack * 7 + rank * 3 + iteration * 5 + chunk * 11 + e) % 9) - 4;
-    g[e] = static_cast<float>(v * static_cast<int>(all_workers));
-  }
-  return g;
-}
-
 // Every worker of every rack pushes `iterations` times each chunk (one
 // round per iteration: all pushes, then all replies); the final parameters
 // (Pulled by every worker, which must agree) are returned.
@@ -71,7 +44,7 @@ std::vector<float> RunJob(Racks& racks, uint32_t rack_count, Mode mode, uint32_t
   // first request there (its hub announces it; docs/consistency.md).
   for (auto& w : ws) {
     for (uint32_t c = 0; c < chunks; ++c) w.Pull(c);
-    for (uint32_t c = 0; c < chunks; ++c) EXPECT_EQ(ParamsOf(w.link->Receive()).clock, 0u);
+    for (uint32_t c = 0; c < chunks; ++c) EXPECT_EQ(ParamsOf(w.On(c).Receive()).clock, 0u);
   }
   for (uint64_t i = 0; i < iterations; ++i) {
     for (auto& w : ws) {
@@ -81,64 +54,40 @@ std::vector<float> RunJob(Racks& racks, uint32_t rack_count, Mode mode, uint32_t
     }
     for (auto& w : ws) {
       for (uint32_t c = 0; c < chunks; ++c) {
-        const Reply r = ParamsOf(w.link->Receive());
+        const Reply r = ParamsOf(w.On(c).Receive());
         EXPECT_EQ(r.clock, i + 1) << "rack " << w.rack << " rank " << w.rank;
         ExpectBound(r, mode, all);
       }
     }
   }
-  std::vector<float> final_params;
-  for (auto& w : ws) {
-    std::map<uint64_t, uint32_t> chunk_of;
-    for (uint32_t c = 0; c < chunks; ++c) chunk_of[w.Pull(c)] = c;
-    std::vector<float> mine(size_t{kElems} * chunks);
-    for (uint32_t c = 0; c < chunks; ++c) {
-      const Reply r = ParamsOf(w.link->Receive());
-      EXPECT_EQ(r.updates, all * iterations);
-      if (r.params.size() == kElems && chunk_of.count(r.request)) {
-        std::memcpy(mine.data() + size_t{chunk_of[r.request]} * kElems, r.params.data(),
-                    4 * kElems);
-      }
-    }
-    if (final_params.empty()) final_params = mine;
-    EXPECT_TRUE(testing::SameBits(mine, final_params))
-        << "rack " << w.rack << " rank " << w.rank << " sees other parameters";
-  }
-  return final_params;
+  return PullAll(ws, chunks, uint64_t{all} * iterations);
 }
 
+// With 2 lanes, 12 chunks: tenant chunk g is homed on rack (g / 2) % R, so
+// every rack is home to chunks of both lanes (relays on the owner lane's
+// link, per-lane member notices).
 TEST(MultiRackBoundedTest, ExactSumsEqualTheReferenceAndOneFlatHub) {
-  constexpr uint32_t kWorkers = 2, kChunks = 4;
+  constexpr uint32_t kWorkers = 2;
   constexpr uint64_t kIterations = 3;
-  for (const uint32_t rack_count : {2u, 3u}) {
-    for (const Mode mode : {kBounded1, kAsync}) {
-      SCOPED_TRACE(std::to_string(rack_count) + " racks, " + mode.name);
-      // The reference: zeros minus every contribution's mean (lr 1).
-      const uint32_t all = rack_count * kWorkers;
-      std::vector<float> reference(size_t{kElems} * kChunks, 0.0f);
-      for (uint32_t r = 0; r < rack_count; ++r) {
-        for (uint32_t k = 0; k < kWorkers; ++k) {
-          for (uint64_t i = 0; i < kIterations; ++i) {
-            for (uint32_t c = 0; c < kChunks; ++c) {
-              const auto g = Gradient(all, r, k, i, c);
-              for (uint32_t e = 0; e < kElems; ++e) {
-                reference[size_t{c} * kElems + e] -= g[e] / static_cast<float>(all);
-              }
-            }
-          }
+  for (const uint32_t lanes : {1u, 2u}) {
+    const uint32_t chunks = lanes == 1 ? 4 : 12;
+    for (const uint32_t rack_count : {2u, 3u}) {
+      for (const Mode mode : {kBounded1, kAsync}) {
+        SCOPED_TRACE(std::to_string(rack_count) + " racks, " + std::to_string(lanes) +
+                     " lane(s), " + mode.name);
+        const auto reference = Reference(rack_count, kWorkers, chunks, kIterations);
+        std::vector<float> hierarchical, flat;
+        {
+          Racks racks(rack_count, false, {}, {}, lanes);
+          hierarchical = RunJob(racks, rack_count, mode, kWorkers, chunks, kIterations);
         }
+        {
+          Racks racks(rack_count, true, {}, {}, lanes);
+          flat = RunJob(racks, rack_count, mode, kWorkers, chunks, kIterations);
+        }
+        EXPECT_TRUE(testing::SameBits(hierarchical, reference)) << "hierarchical vs reference";
+        EXPECT_TRUE(testing::SameBits(flat, reference)) << "flat vs reference";
       }
-      std::vector<float> hierarchical, flat;
-      {
-        Racks racks(rack_count, false);
-        hierarchical = RunJob(racks, rack_count, mode, kWorkers, kChunks, kIterations);
-      }
-      {
-        Racks racks(rack_count, true);
-        flat = RunJob(racks, rack_count, mode, kWorkers, kChunks, kIterations);
-      }
-      EXPECT_TRUE(testing::SameBits(hierarchical, reference)) << "hierarchical vs reference";
-      EXPECT_TRUE(testing::SameBits(flat, reference)) << "flat vs reference";
     }
   }
 }
