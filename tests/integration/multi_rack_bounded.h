@@ -218,12 +218,13 @@ struct Worker {
   }
 };
 
-inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
+// Worker (rack, rank) of tenant "t" on every lane of the hub at `address`.
+inline Worker Connect(const std::string& address, uint32_t lanes, uint32_t rack, uint32_t rank) {
   Worker w;
   w.rack = rack;
   w.rank = rank;
-  for (uint32_t lane = 0; lane < racks.lanes(); ++lane) {
-    auto link = std::make_unique<RawClient>(racks.hub(rack).data_address());
+  for (uint32_t lane = 0; lane < lanes; ++lane) {
+    auto link = std::make_unique<RawClient>(address);
     data::v1::Hello hello;
     hello.set_tenant("t");
     hello.set_token(kToken);
@@ -238,7 +239,7 @@ inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
     EXPECT_TRUE(f && f->h.opcode == net::Opcode::kWelcome) << Describe(f);
     if (f) welcome.ParseFromString(f->payload);
     EXPECT_GT(welcome.keys_size(), 0);
-    EXPECT_EQ(welcome.lanes(), racks.lanes());
+    EXPECT_EQ(welcome.lanes(), lanes);
     if (lane == 0) {
       w.handle = welcome.tenant_handle();
       if (welcome.keys_size() > 0) {
@@ -251,6 +252,9 @@ inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
     }
   }
   return w;
+}
+inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
+  return Connect(racks.hub(rack).data_address(), racks.lanes(), rack, rank);
 }
 
 // A PARAMS reply of a bounded/async tenant: parameters and suffix.
@@ -271,6 +275,22 @@ inline Reply ParamsOf(const std::optional<Frame>& f) {
   std::memcpy(&r.updates, f->payload.data() + 4 * kElems, 8);
   std::memcpy(&r.slowest, f->payload.data() + 4 * kElems + 8, 8);
   return r;
+}
+
+// `w`'s pushes are held at every home: a Pull of each of the `chunks`
+// chunks sent after them is answered before any of them (a chunk's frames
+// reach its home in order, relayed or not, and its answers come back in
+// order).
+inline void ExpectHeld(Worker& w, uint32_t chunks) {
+  std::map<uint64_t, uint32_t> pulls;
+  for (uint32_t c = 0; c < chunks; ++c) pulls[w.Pull(c)] = c;
+  for (const auto& [request, chunk] : pulls) {
+    const auto f = w.On(chunk).Receive();
+    ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams) << Describe(f);
+    EXPECT_TRUE(pulls.count(f->h.request_id))
+        << "rack " << w.rack << " rank " << w.rank
+        << ": a held push was answered before a later Pull: " << Describe(f);
+  }
 }
 
 // A whole frame's bytes, and the 16-byte relay prefix (wire-protocol.md 7d).

@@ -111,18 +111,7 @@ struct TwoRacks {
   static void PushBoth(Worker& w, uint64_t iteration) {
     for (uint32_t c = 0; c < 2; ++c) w.Push(c, iteration, testing::Floats(kElems, 1.0f));
   }
-  // `w`'s pushes are held: a Pull of each chunk sent after them is answered
-  // first (a relayed frame reaches its home in order, a local one is
-  // handled in order), while they are not.
-  static void ExpectHeld(Worker& w) {
-    const uint64_t p0 = w.Pull(0), p1 = w.Pull(1);
-    for (int i = 0; i < 2; ++i) {
-      const auto f = w.link->Receive();
-      ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams) << Describe(f);
-      EXPECT_TRUE(f->h.request_id == p0 || f->h.request_id == p1)
-          << "a held push was answered before a later Pull: " << Describe(f);
-    }
-  }
+  static void ExpectHeld(Worker& w) { bounded_test::ExpectHeld(w, 2); }
   Racks racks;
   Worker a, b;
 };
