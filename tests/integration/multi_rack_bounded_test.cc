@@ -201,6 +201,34 @@ TEST(MultiRackBoundedTest, FromClientInitCrossesRacks) {
   EXPECT_TRUE(b.link->ClosedByPeer());
 }
 
+// A relayed PULL of a from_client key waits at the home for the INIT; past
+// the relay deadline (straggler timeout 100 ms + 10 s) it fails at the
+// worker's hub, and the worker Pulls again: the home drops the expired
+// waiter (its answer would only be dropped by rack 1's hub), and the INIT
+// answers the new PULL.
+TEST(MultiRackBoundedTest, AnExpiredRelayedPullStopsWaitingForTheInit) {
+  Racks racks(2, false, {"--straggler-timeout-ms", "100"});
+  for (uint32_t h = 0; h < 2; ++h) {
+    CreateTenant(racks.hub(h).admin_address(), kAsync, 1, 2, pb::FROM_CLIENT);
+  }
+  Worker a = Connect(racks, 0, 0), b = Connect(racks, 1, 0);
+  const uint64_t first = b.Pull(0);  // homed on rack 0: waits there
+  const auto failed = b.link->Receive(std::chrono::seconds(30));
+  ExpectError(failed, net::WireError::kWorkerLost,
+              "no answer from the hub of rack 0 within 10 s; rack 0's hub is home to chunk 0",
+              false);
+  EXPECT_TRUE(failed && failed->h.request_id == first) << Describe(failed);
+  const uint64_t again = b.Pull(0);
+  ASSERT_TRUE(testing::WaitForLog(racks.hub(0), "dropped 1 relayed PULL(s) of key 'w' chunk 0"));
+  a.link->Send(a.Header(net::Opcode::kInit, 0), testing::Floats(kElems, 2.0f));
+  EXPECT_EQ(a.link->Receive()->h.opcode, net::Opcode::kParams);
+  const auto pulled = b.link->Receive();
+  ASSERT_TRUE(pulled && pulled->h.opcode == net::Opcode::kParams) << Describe(pulled);
+  EXPECT_EQ(pulled->h.request_id, again);
+  EXPECT_EQ(testing::AsFloats(pulled->payload.substr(0, 4 * kElems)),
+            std::vector<float>(kElems, 2.0f));
+}
+
 TEST(MultiRackBoundedTest, ALostWorkerOfTheOtherRackReleasesHeldReplies) {
   TwoRacks t(kBounded0);
   TwoRacks::PushBoth(t.a, 0);  // a at 1 > 0 + 0: held by b on both chunks
