@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -186,9 +187,14 @@ inline void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, 
 struct Worker {
   std::unique_ptr<RawClient> link;
   std::vector<std::unique_ptr<RawClient>> more;
-  uint32_t rack = 0, rank = 0, handle = 0, key = 0;
-  uint64_t first_chunk = 0;
+  uint32_t rack = 0, rank = 0, handle = 0, key = 0;  // key: "w" unless Use chose another
+  uint64_t first_chunk = 0;                            // of `key`
   uint64_t next_request = 1;
+  std::map<std::string, std::pair<uint32_t, uint64_t>> keys;  // name -> (id, first_chunk)
+
+  // Slot `slot` of a test over keys of `chunks` chunks each (KeyName):
+  // its key becomes `key`; returns its chunk.
+  uint32_t Use(uint32_t slot, uint32_t chunks);
 
   // The connection chunk `chunk` of key "w" travels on.
   RawClient& On(uint32_t chunk) {
@@ -218,6 +224,15 @@ struct Worker {
   }
 };
 
+// Key k of a test over several keys: "w", then "v1", "v2", ...
+inline std::string KeyName(uint32_t k) { return k == 0 ? "w" : "v" + std::to_string(k); }
+inline uint32_t Worker::Use(uint32_t slot, uint32_t chunks) {
+  const auto it = keys.find(KeyName(slot / chunks));
+  EXPECT_NE(it, keys.end()) << "key " << KeyName(slot / chunks) << " not in the WELCOME";
+  if (it != keys.end()) std::tie(key, first_chunk) = it->second;
+  return slot % chunks;
+}
+
 // Worker (rack, rank) of tenant "t" on every lane of the hub at `address`.
 inline Worker Connect(const std::string& address, uint32_t lanes, uint32_t rack, uint32_t rank) {
   Worker w;
@@ -242,10 +257,8 @@ inline Worker Connect(const std::string& address, uint32_t lanes, uint32_t rack,
     EXPECT_EQ(welcome.lanes(), lanes);
     if (lane == 0) {
       w.handle = welcome.tenant_handle();
-      if (welcome.keys_size() > 0) {
-        w.key = welcome.keys(0).id();
-        w.first_chunk = welcome.keys(0).first_chunk();
-      }
+      for (const auto& k : welcome.keys()) w.keys[k.name()] = {k.id(), k.first_chunk()};
+      if (w.keys.count("w")) std::tie(w.key, w.first_chunk) = w.keys["w"];
       w.link = std::move(link);
     } else {
       w.more.push_back(std::move(link));
@@ -277,20 +290,22 @@ inline Reply ParamsOf(const std::optional<Frame>& f) {
   return r;
 }
 
-// `w`'s pushes are held at every home: a Pull of each of the `chunks`
-// chunks sent after them is answered before any of them (a chunk's frames
-// reach its home in order, relayed or not, and its answers come back in
-// order).
-inline void ExpectHeld(Worker& w, uint32_t chunks) {
+// `w`'s pushes are held at every home: a Pull of each of the `slots`
+// slots (Worker::Use, keys of `chunks` chunks) sent after them is answered
+// before any of them (a chunk's frames reach its home in order, relayed or
+// not, and its answers come back in order).
+inline void ExpectHeld(Worker& w, uint32_t slots, uint32_t chunks = 0) {
+  if (chunks == 0) chunks = slots;
   std::map<uint64_t, uint32_t> pulls;
-  for (uint32_t c = 0; c < chunks; ++c) pulls[w.Pull(c)] = c;
-  for (const auto& [request, chunk] : pulls) {
-    const auto f = w.On(chunk).Receive();
+  for (uint32_t s = 0; s < slots; ++s) pulls[w.Pull(w.Use(s, chunks))] = s;
+  for (const auto& [request, slot] : pulls) {
+    const auto f = w.On(w.Use(slot, chunks)).Receive();
     ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams) << Describe(f);
     EXPECT_TRUE(pulls.count(f->h.request_id))
         << "rack " << w.rack << " rank " << w.rank
         << ": a held push was answered before a later Pull: " << Describe(f);
   }
+  w.Use(0, chunks);
 }
 
 // A whole frame's bytes, and the 16-byte relay prefix (wire-protocol.md 7d).
@@ -396,22 +411,26 @@ inline std::vector<float> Reference(uint32_t racks, uint32_t workers, uint32_t c
   return reference;
 }
 
-// Every worker Pulls every chunk; each chunk must have `updates` updates
-// and every worker must see the same bits, which are returned.
-inline std::vector<float> PullAll(std::vector<Worker>& ws, uint32_t chunks, uint64_t updates) {
+// Every worker Pulls every one of `slots` slots (Worker::Use, keys of
+// `chunks` chunks); each must have `updates` updates and every worker must
+// see the same bits, which are returned (slot by slot).
+inline std::vector<float> PullAll(std::vector<Worker>& ws, uint32_t slots, uint64_t updates,
+                                  uint32_t chunks = 0) {
+  if (chunks == 0) chunks = slots;
   std::vector<float> final_params;
   for (auto& w : ws) {
-    std::map<uint64_t, uint32_t> chunk_of;
-    for (uint32_t c = 0; c < chunks; ++c) chunk_of[w.Pull(c)] = c;
-    std::vector<float> mine(size_t{kElems} * chunks);
-    for (uint32_t c = 0; c < chunks; ++c) {
-      const Reply r = ParamsOf(w.On(c).Receive());
+    std::map<uint64_t, uint32_t> slot_of;
+    for (uint32_t s = 0; s < slots; ++s) slot_of[w.Pull(w.Use(s, chunks))] = s;
+    std::vector<float> mine(size_t{kElems} * slots);
+    for (const auto& [request, slot] : slot_of) {
+      const Reply r = ParamsOf(w.On(w.Use(slot, chunks)).Receive());
       EXPECT_EQ(r.updates, updates);
-      if (r.params.size() == kElems && chunk_of.count(r.request)) {
-        std::memcpy(mine.data() + size_t{chunk_of[r.request]} * kElems, r.params.data(),
+      if (r.params.size() == kElems && slot_of.count(r.request)) {
+        std::memcpy(mine.data() + size_t{slot_of[r.request]} * kElems, r.params.data(),
                     4 * kElems);
       }
     }
+    w.Use(0, chunks);
     if (final_params.empty()) final_params = mine;
     EXPECT_TRUE(testing::SameBits(mine, final_params))
         << "rack " << w.rack << " rank " << w.rank << " sees other parameters";

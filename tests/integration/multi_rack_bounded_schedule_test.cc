@@ -13,10 +13,11 @@
 //  - the final parameters equal a reference computed from the inputs and
 //    one flat hub's, bit for bit;
 //  - the same with sparse (top-k) pushes: entries not listed are zero.
-// With 2 lanes the key has 12 chunks: tenant chunk g is homed on rack
-// (g / 2) % R, on lane g % 2, so every rack homes chunks of both lanes.
+// Two keys ("w" and "v1") relay together, of 2 chunks each, or with 2
+// lanes of 6: tenant chunk g is homed on rack (g / 2) % R, on lane g % 2,
+// so every rack homes chunks of both lanes. Slot s is key s / chunks, its
+// chunk s % chunks (Worker::Use).
 #include <map>
-#include <set>
 
 #include "multi_rack_bounded.h"
 
@@ -29,6 +30,7 @@ constexpr Mode kMode = kBounded1;
 constexpr uint32_t kWorkers = 2;
 constexpr uint64_t kIterations = 4;
 constexpr float kTopk = 0.125f;  // k = 128 of 1024 entries
+constexpr uint32_t kKeys = 2;    // "w" and "v1", `chunks` chunks each
 
 // Whether entry `e` is in worker (rack, rank)'s sparse push of `chunk` at
 // `iteration`: every tenth entry, from an offset of its own (103 or 102).
@@ -67,18 +69,25 @@ std::vector<float> Sent(bool sparse, uint32_t all, uint32_t rack, uint32_t rank,
 class Schedule {
  public:
   Schedule(Racks& racks, uint32_t rack_count, uint32_t chunks, bool sparse)
-      : rack_count_(rack_count), chunks_(chunks), sparse_(sparse) {
+      : rack_count_(rack_count), chunks_(chunks), slots_(kKeys * chunks), sparse_(sparse) {
     for (uint32_t h = 0; h < racks.hubs(); ++h) {
       CreateTenant(racks.hub(h).admin_address(), kMode, kWorkers, chunks, pb::ZEROS,
                    sparse ? kTopk : 0.0f);
+      for (uint32_t k = 1; k < kKeys; ++k) {
+        CreateKey(racks.hub(h).admin_address(), KeyName(k), chunks, pb::ZEROS,
+                  sparse ? kTopk : 0.0f);
+      }
     }
     for (uint32_t r = 0; r < rack_count; ++r) {
       for (uint32_t k = 0; k < kWorkers; ++k) ws_.push_back(Connect(racks, r, k));
     }
     // Every worker counts at every home from its first request there.
     for (auto& w : ws_) {
-      for (uint32_t c = 0; c < chunks; ++c) w.Pull(c);
-      for (uint32_t c = 0; c < chunks; ++c) EXPECT_EQ(ParamsOf(w.On(c).Receive()).clock, 0u);
+      std::map<uint64_t, uint32_t> pulls;
+      for (uint32_t s = 0; s < slots_; ++s) pulls[w.Pull(w.Use(s, chunks))] = s;
+      for (const auto& [request, slot] : pulls) {
+        EXPECT_EQ(ParamsOf(w.On(w.Use(slot, chunks)).Receive()).clock, 0u);
+      }
     }
   }
 
@@ -97,14 +106,14 @@ class Schedule {
       if (ahead) {
         for (Worker* w : Rack(0)) {
           held[w] = Push(*w, t + 1);  // count t + 2 > slowest t + S
-          ExpectHeld(*w, chunks_);
+          ExpectHeld(*w, slots_, chunks_);
         }
       }
       const auto lagging = Rack(rack_count_ - 1);
       for (size_t k = 0; k < lagging.size(); ++k) {
         Answered(*lagging[k], Push(*lagging[k], t), t + 1);
         if (k + 1 == lagging.size()) break;
-        for (auto& [w, pushes] : held) ExpectHeld(*w, chunks_);  // another one lags still
+        for (auto& [w, pushes] : held) ExpectHeld(*w, slots_, chunks_);  // another one lags still
       }
       for (auto& [w, pushes] : held) {
         for (const Reply& r : Answered(*w, pushes, t + 2)) {
@@ -112,11 +121,11 @@ class Schedule {
         }
       }
     }
-    return PullAll(ws_, chunks_, uint64_t{rack_count_} * kWorkers * kIterations);
+    return PullAll(ws_, slots_, uint64_t{rack_count_} * kWorkers * kIterations, chunks_);
   }
 
  private:
-  uint32_t rack_count_, chunks_;
+  uint32_t rack_count_, chunks_, slots_;  // slot s: key KeyName(s / chunks_), chunk s % chunks_
   bool sparse_;
   std::vector<Worker> ws_;
 
@@ -127,17 +136,18 @@ class Schedule {
     }
     return out;
   }
-  // `w` pushes every chunk at `iteration`: request -> chunk.
+  // `w` pushes every slot at `iteration`: request -> slot.
   std::map<uint64_t, uint32_t> Push(Worker& w, uint64_t iteration) {
     std::map<uint64_t, uint32_t> sent;
-    for (uint32_t c = 0; c < chunks_; ++c) {
+    for (uint32_t s = 0; s < slots_; ++s) {
+      const uint32_t c = w.Use(s, chunks_);
       std::string payload;
-      Sent(sparse_, rack_count_ * kWorkers, w.rack, w.rank, iteration, c, &payload);
+      Sent(sparse_, rack_count_ * kWorkers, w.rack, w.rank, iteration, s, &payload);
       FrameHeader h = w.Header(net::Opcode::kPush, c);
       h.iteration = iteration;
       if (sparse_) h.flags |= net::kFlagSparse;
       w.On(c).Send(h, payload);
-      sent[h.request_id] = c;
+      sent[h.request_id] = s;
     }
     return sent;
   }
@@ -145,8 +155,8 @@ class Schedule {
   std::vector<Reply> Answered(Worker& w, const std::map<uint64_t, uint32_t>& pushes,
                               uint64_t clock) {
     std::vector<Reply> replies;
-    for (const auto& [request, chunk] : pushes) {
-      const Reply r = ParamsOf(w.On(chunk).Receive());
+    for (const auto& [request, slot] : pushes) {
+      const Reply r = ParamsOf(w.On(w.Use(slot, chunks_)).Receive());
       EXPECT_TRUE(pushes.count(r.request)) << "request " << r.request;
       EXPECT_EQ(r.clock, clock) << "rack " << w.rack << " rank " << w.rank;
       ExpectBound(r, kMode, rack_count_ * kWorkers);
@@ -157,7 +167,7 @@ class Schedule {
 };
 
 void RunBoth(uint32_t lanes, bool sparse) {
-  const uint32_t chunks = lanes == 1 ? 4 : 12;
+  const uint32_t chunks = lanes == 1 ? 2 : 6;  // per key
   for (const uint32_t rack_count : {2u, 3u}) {
     SCOPED_TRACE(std::to_string(rack_count) + " racks, " + std::to_string(lanes) + " lane(s)");
     std::vector<float> hierarchical, flat;
@@ -170,7 +180,7 @@ void RunBoth(uint32_t lanes, bool sparse) {
       flat = Schedule(racks, rack_count, chunks, sparse).Run();
     }
     const auto reference =
-        Reference(rack_count, kWorkers, chunks, kIterations,
+        Reference(rack_count, kWorkers, kKeys * chunks, kIterations,
                   [sparse](uint32_t all, uint32_t rack, uint32_t rank, uint64_t i, uint32_t c) {
                     return Sent(sparse, all, rack, rank, i, c);
                   });
