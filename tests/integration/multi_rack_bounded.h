@@ -17,6 +17,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -83,26 +84,40 @@ class Racks {
   ~Racks() {
     if (listener_ >= 0) close(listener_);
   }
-  // The played rack: accepts hub `rack`'s link to it and authenticates it
-  // (links of other hubs that dial meanwhile are kept open, unanswered).
-  std::unique_ptr<RawClient> AcceptLinkFrom(uint32_t rack) {
+  // The played rack: accepts hub `rack`'s link of lane `lane` to it and
+  // authenticates it (links of other hubs or lanes that dial meanwhile are
+  // kept open, unanswered).
+  std::unique_ptr<RawClient> AcceptLinkFrom(uint32_t rack, uint32_t lane = 0) {
     for (;;) {
-      pollfd p{listener_, POLLIN, 0};
-      EXPECT_EQ(poll(&p, 1, 10000), 1) << "rack " << rack << "'s hub did not link";
-      if (p.revents == 0) return nullptr;
-      auto link = std::make_unique<RawClient>(
-          RawClient::Adopt{accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)});
-      auto hello = link->Receive();
-      data::v1::HubHello h;
-      if (hello && hello->h.opcode == net::Opcode::kHubHello &&
-          h.ParseFromString(hello->payload) && h.rack() != rack) {
-        others_.push_back(std::move(link));
-        continue;
+      // One passed over before (another lane's turn), or a new one.
+      auto passed = std::find_if(others_.begin(), others_.end(), [&](const Passed& o) {
+        return o.rack == rack && o.lane == lane;
+      });
+      Passed link;
+      if (passed != others_.end()) {
+        link = std::move(*passed);
+        others_.erase(passed);
+      } else {
+        pollfd p{listener_, POLLIN, 0};
+        EXPECT_EQ(poll(&p, 1, 10000), 1) << "rack " << rack << "'s hub did not link";
+        if (p.revents == 0) return nullptr;
+        link.link = std::make_unique<RawClient>(
+            RawClient::Adopt{accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)});
+        link.hello = link.link->Receive();
+        data::v1::HubHello h;
+        if (link.hello && link.hello->h.opcode == net::Opcode::kHubHello &&
+            h.ParseFromString(link.hello->payload) && (h.rack() != rack || h.lane() != lane)) {
+          link.rack = h.rack();
+          link.lane = h.lane();
+          others_.push_back(std::move(link));
+          continue;
+        }
       }
       EXPECT_TRUE(testing::AcceptHubLink(
-          *link, std::string(48, 's'),
-          {rack, *played_, 0, static_cast<uint32_t>(interhub_.size()), 1}, std::move(hello)));
-      return link;
+          *link.link, std::string(48, 's'),
+          {rack, *played_, lane, static_cast<uint32_t>(interhub_.size()), lanes_},
+          std::move(link.hello)));
+      return std::move(link.link);
     }
   }
   void Start(uint32_t rack) {
@@ -127,7 +142,12 @@ class Racks {
   std::vector<std::unique_ptr<DaemonProcess>> hubs_;
   std::optional<uint32_t> played_;
   int listener_ = -1;
-  std::vector<std::unique_ptr<RawClient>> others_;  // links AcceptLinkFrom passed over
+  struct Passed {  // a link AcceptLinkFrom passed over (unanswered), and its HUB_HELLO
+    std::unique_ptr<RawClient> link;
+    std::optional<Frame> hello;
+    uint32_t rack = 0, lane = 0;
+  };
+  std::vector<Passed> others_;
 
   int Listen() {
     listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
