@@ -46,6 +46,9 @@ struct Waiter {
   size_t reserved = 0;
   // A PUSH_ROWS: the rows its reply carries (docs/wire-protocol.md).
   std::vector<uint64_t> want;
+  // A held PULL: when it began to wait (a relayed one is dropped once its
+  // relay expired at its hub: WorkerProtocol::DropExpiredRelayedPulls).
+  std::chrono::steady_clock::time_point since{};
 };
 
 // Counts a chunk's hub memory (key_memory.h) in its tenant's

@@ -142,6 +142,9 @@ class RackExchange final : public net::FrameHandler {
   // in flight, relay counts and member announcements, and at the home its
   // relayed members' connections, are forgotten.
   void ForgetTenant(uint32_t handle);
+  // A relay with no answer this long fails at its hub (the straggler
+  // timeout + 2 x kPeerWaitLimit; the answer is then dropped there).
+  std::chrono::milliseconds relay_deadline() const { return relay_deadline_; }
 
   // net::FrameHandler for hub links.
   Verdict AcceptHeader(net::Connection& conn, const net::FrameHeader& h) override;

@@ -13,7 +13,6 @@
 #include <functional>
 #include <random>
 
-#include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
 #include "rack_exchange.h"
@@ -47,12 +46,12 @@ class RelayConnection final : public net::Connection {
  public:
   using Reply = std::function<void(const FrameHeader&, std::span<const std::byte>)>;
   RelayConnection(net::ConnectionIdentity id, std::weak_ptr<net::Connection> link, Reply reply,
-                  net::FrameHandler* handler, boost::asio::io_context* io)
+                  net::FrameHandler* handler, LaneGate* gate)
       : id_(std::move(id)),
         link_(std::move(link)),
         reply_(std::move(reply)),
         handler_(handler),
-        io_(io) {}
+        gate_(gate) {}
 
   const net::ConnectionIdentity& id() const override { return id_; }
   bool open() const override {
@@ -79,7 +78,10 @@ class RelayConnection final : public net::Connection {
   void Close(const std::string& why) override {
     if (!open_) return;
     open_ = false;
-    boost::asio::post(*io_, [self = shared_from_this(), handler = handler_, why] {
+    // Through the lane's gate: counted by its WaitIdle, and not run once
+    // the lane shuts down (WorkerProtocol::CloseAll closes every
+    // connection then).
+    gate_->Post([self = shared_from_this(), handler = handler_, why] {
       handler->OnConnectionClosed(*self, why);
     });
   }
@@ -102,7 +104,7 @@ class RelayConnection final : public net::Connection {
   const std::weak_ptr<net::Connection> link_;  // the incoming link it came on
   const Reply reply_;
   net::FrameHandler* const handler_;
-  boost::asio::io_context* const io_;
+  LaneGate* const gate_;
   bool open_ = true;
 };
 
@@ -476,7 +478,7 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
           const auto body = ReplyBody(f, payload);
           SendRelayReply(peer, f, AsBytes(*body), body);
         },
-        workers_, io_);
+        workers_, gate_);
     relay = fresh.get();
     relay_conns_[slot] = fresh;
     workers_->Adopt(fresh, ++relay_seq_);

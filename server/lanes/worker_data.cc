@@ -259,10 +259,31 @@ void WorkerProtocol::OnPull(net::Connection& conn, LaneTenant& t, const FrameHea
   if (!c.state.initialized() ||
       c.AwaitsAlign(table_->self_rack(), key->runtime->floor.load(std::memory_order_acquire))) {
     if (!conn.Reserve(reply_bytes)) return;
-    c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id, reply_bytes, {}});
+    if (table_->RelayedWorker(conn.id())) DropExpiredRelayedPulls(*key, c);
+    c.pulls.push_back(Waiter{conn.weak_from_this(), h.request_id, reply_bytes, {},
+                             std::chrono::steady_clock::now()});
     return;
   }
   SendParams(conn, c, c.current_version(), h.request_id);
+}
+
+void WorkerProtocol::DropExpiredRelayedPulls(const LaneKey& key, Chunk& c) {
+  const auto now = std::chrono::steady_clock::now();
+  const size_t before = c.pulls.size();
+  std::erase_if(c.pulls, [&](const Waiter& w) {
+    const auto wc = w.conn.lock();
+    if (wc && !(table_->RelayedWorker(wc->id()) && now - w.since >= exchange_->relay_deadline())) {
+      return false;
+    }
+    if (wc) wc->Unreserve(w.reserved);
+    return true;
+  });
+  if (c.pulls.size() < before) {
+    spdlog::info("data: lane {}: dropped {} relayed PULL(s) of key {} chunk {} waiting for "
+                 "initial values past the relay deadline (their hubs gave up on them)",
+                 table_->lane(), before - c.pulls.size(), QuoteForLog(key.info.name),
+                 c.index_in_key);
+  }
 }
 
 void WorkerProtocol::ReleaseParked(uint32_t handle) {

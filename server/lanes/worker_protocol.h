@@ -234,6 +234,12 @@ class WorkerProtocol final : public net::FrameHandler {
   void OnInit(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
               std::span<const std::byte> payload);
   void OnPull(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h);
+  // Before another rack's PULL joins `c`'s waiters for initial values: the
+  // relayed waiters older than the relay deadline (their hubs failed those
+  // relays and would drop the answers) and the waiters of closed
+  // connections are dropped, so a worker that Pulls again after each
+  // failure does not pile up answers for the INIT.
+  void DropExpiredRelayedPulls(const LaneKey& key, Chunk& c);
   void OnDeclare(net::Connection& conn, LaneTenant& t, const net::FrameHeader& h,
                  std::span<const std::byte> payload);
   // The KEY_INFO (or ERROR) answering a DECLARE (worker_control.cc).

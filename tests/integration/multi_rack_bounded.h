@@ -17,13 +17,16 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -58,14 +61,14 @@ constexpr Mode kAsync{pb::ASYNC, 0, "async"};
 
 const std::string kToken(40, 'k');
 
-// R racks' hubs (hierarchical, one lane: chunk g's home is rack g % R), or
-// one flat hub serving all R racks.
+// R racks' hubs (hierarchical, L lanes: tenant chunk g's home is rack
+// (g / L) % R, on lane g % L), or one flat hub serving all R racks.
 class Racks {
  public:
   // `played`: a rack whose hub the test plays (a listening socket, no hub).
   Racks(uint32_t racks, bool flat, std::vector<std::string> extra = {},
-        std::optional<uint32_t> played = {})
-      : flat_(flat), extra_(std::move(extra)), played_(played) {
+        std::optional<uint32_t> played = {}, uint32_t lanes = 1)
+      : flat_(flat), lanes_(lanes), extra_(std::move(extra)), played_(played) {
     for (uint32_t r = 0; r < racks; ++r) {
       const int port = played_ == r ? Listen() : testing::FreeLoopbackPort();
       interhub_.push_back("127.0.0.1:" + std::to_string(port));
@@ -81,30 +84,44 @@ class Racks {
   ~Racks() {
     if (listener_ >= 0) close(listener_);
   }
-  // The played rack: accepts hub `rack`'s link to it and authenticates it
-  // (links of other hubs that dial meanwhile are kept open, unanswered).
-  std::unique_ptr<RawClient> AcceptLinkFrom(uint32_t rack) {
+  // The played rack: accepts hub `rack`'s link of lane `lane` to it and
+  // authenticates it (links of other hubs or lanes that dial meanwhile are
+  // kept open, unanswered).
+  std::unique_ptr<RawClient> AcceptLinkFrom(uint32_t rack, uint32_t lane = 0) {
     for (;;) {
-      pollfd p{listener_, POLLIN, 0};
-      EXPECT_EQ(poll(&p, 1, 10000), 1) << "rack " << rack << "'s hub did not link";
-      if (p.revents == 0) return nullptr;
-      auto link = std::make_unique<RawClient>(
-          RawClient::Adopt{accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)});
-      auto hello = link->Receive();
-      data::v1::HubHello h;
-      if (hello && hello->h.opcode == net::Opcode::kHubHello &&
-          h.ParseFromString(hello->payload) && h.rack() != rack) {
-        others_.push_back(std::move(link));
-        continue;
+      // One passed over before (another lane's turn), or a new one.
+      auto passed = std::find_if(others_.begin(), others_.end(), [&](const Passed& o) {
+        return o.rack == rack && o.lane == lane;
+      });
+      Passed link;
+      if (passed != others_.end()) {
+        link = std::move(*passed);
+        others_.erase(passed);
+      } else {
+        pollfd p{listener_, POLLIN, 0};
+        EXPECT_EQ(poll(&p, 1, 10000), 1) << "rack " << rack << "'s hub did not link";
+        if (p.revents == 0) return nullptr;
+        link.link = std::make_unique<RawClient>(
+            RawClient::Adopt{accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)});
+        link.hello = link.link->Receive();
+        data::v1::HubHello h;
+        if (link.hello && link.hello->h.opcode == net::Opcode::kHubHello &&
+            h.ParseFromString(link.hello->payload) && (h.rack() != rack || h.lane() != lane)) {
+          link.rack = h.rack();
+          link.lane = h.lane();
+          others_.push_back(std::move(link));
+          continue;
+        }
       }
       EXPECT_TRUE(testing::AcceptHubLink(
-          *link, std::string(48, 's'),
-          {rack, *played_, 0, static_cast<uint32_t>(interhub_.size()), 1}, std::move(hello)));
-      return link;
+          *link.link, std::string(48, 's'),
+          {rack, *played_, lane, static_cast<uint32_t>(interhub_.size()), lanes_},
+          std::move(link.hello)));
+      return std::move(link.link);
     }
   }
   void Start(uint32_t rack) {
-    std::vector<std::string> args = {"--lanes", "1", "--racks", spec_, "--rack",
+    std::vector<std::string> args = {"--lanes", std::to_string(lanes_), "--racks", spec_, "--rack",
                                      std::to_string(rack), "--hub-secret-file", secret_};
     if (flat_) args.insert(args.end(), {"--topology-mode", "flat"});
     args.insert(args.end(), extra_.begin(), extra_.end());
@@ -113,17 +130,24 @@ class Racks {
   }
   DaemonProcess& hub(uint32_t rack) { return *hubs_[flat_ ? 0 : rack]; }
   uint32_t hubs() const { return static_cast<uint32_t>(hubs_.size()); }
+  uint32_t lanes() const { return lanes_; }
   const std::string& interhub(uint32_t rack) const { return interhub_[rack]; }
 
  private:
   bool flat_;
+  uint32_t lanes_;
   std::vector<std::string> extra_;
   std::string spec_, secret_;
   std::vector<std::string> interhub_;
   std::vector<std::unique_ptr<DaemonProcess>> hubs_;
   std::optional<uint32_t> played_;
   int listener_ = -1;
-  std::vector<std::unique_ptr<RawClient>> others_;  // links AcceptLinkFrom passed over
+  struct Passed {  // a link AcceptLinkFrom passed over (unanswered), and its HUB_HELLO
+    std::unique_ptr<RawClient> link;
+    std::optional<Frame> hello;
+    uint32_t rack = 0, lane = 0;
+  };
+  std::vector<Passed> others_;
 
   int Listen() {
     listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -138,10 +162,12 @@ class Racks {
   }
 };
 
-// Key `name` of `chunks` 4-KiB chunks of tenant "t", on one hub.
+// Key `name` of `chunks` 4-KiB chunks of tenant "t", on one hub (`topk`:
+// its top-k ratio, 0 for dense pushes only).
 inline void CreateKey(const std::string& admin, const std::string& name, uint32_t chunks,
-                      pb::InitMode init = pb::ZEROS) {
+                      pb::InitMode init = pb::ZEROS, float topk = 0) {
   pb::CreateKeyRequest key;
+  key.set_topk_ratio(topk);
   key.set_tenant("t");
   key.set_name(name);
   key.set_elements(uint64_t{kElems} * chunks);
@@ -157,7 +183,7 @@ inline void CreateKey(const std::string& admin, const std::string& name, uint32_
 // Tenant "t" (`workers` per rack, 4096-byte chunks, SGD with learning rate
 // 1 and a mean) in `mode`, with key "w" of `chunks` chunks, on one hub.
 inline void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, uint32_t chunks,
-                  pb::InitMode init = pb::ZEROS) {
+                         pb::InitMode init = pb::ZEROS, float topk = 0) {
   auto channel = grpc::CreateChannel(admin, grpc::InsecureChannelCredentials());
   grpc::ClientContext ctx;
   pb::CreateTenantRequest req;
@@ -172,24 +198,38 @@ inline void CreateTenant(const std::string& admin, Mode mode, uint32_t workers, 
   pb::CreateTenantResponse resp;
   const grpc::Status s = pb::TenantService::NewStub(channel)->CreateTenant(&ctx, req, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  CreateKey(admin, "w", chunks, init);
+  CreateKey(admin, "w", chunks, init, topk);
 }
 
-// One worker (a raw connection to its rack's hub, lane 0).
+// One worker: a raw connection to each lane of its rack's hub (`link`:
+// lane 0; `more`: lanes 1..L-1). Chunk c travels on lane
+// (first_chunk + c) % L.
 struct Worker {
   std::unique_ptr<RawClient> link;
-  uint32_t rack = 0, rank = 0, handle = 0, key = 0;
+  std::vector<std::unique_ptr<RawClient>> more;
+  uint32_t rack = 0, rank = 0, handle = 0, key = 0;  // key: "w" unless Use chose another
+  uint64_t first_chunk = 0;                            // of `key`
   uint64_t next_request = 1;
+  std::map<std::string, std::pair<uint32_t, uint64_t>> keys;  // name -> (id, first_chunk)
 
+  // Slot `slot` of a test over keys of `chunks` chunks each (KeyName):
+  // its key becomes `key`; returns its chunk.
+  uint32_t Use(uint32_t slot, uint32_t chunks);
+
+  // The connection chunk `chunk` of key "w" travels on.
+  RawClient& On(uint32_t chunk) {
+    const uint64_t lane = (first_chunk + chunk) % (more.size() + 1);
+    return lane == 0 ? *link : *more[lane - 1];
+  }
   uint64_t Push(uint32_t chunk, uint64_t iteration, const std::string& grad) {
     FrameHeader h = Header(net::Opcode::kPush, chunk);
     h.iteration = iteration;
-    link->Send(h, grad);
+    On(chunk).Send(h, grad);
     return h.request_id;
   }
   uint64_t Pull(uint32_t chunk) {
     const FrameHeader h = Header(net::Opcode::kPull, chunk);
-    link->Send(h);
+    On(chunk).Send(h);
     return h.request_id;
   }
   FrameHeader Header(net::Opcode op, uint32_t chunk) {
@@ -204,27 +244,50 @@ struct Worker {
   }
 };
 
-inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
+// Key k of a test over several keys: "w", then "v1", "v2", ...
+inline std::string KeyName(uint32_t k) { return k == 0 ? "w" : "v" + std::to_string(k); }
+inline uint32_t Worker::Use(uint32_t slot, uint32_t chunks) {
+  const auto it = keys.find(KeyName(slot / chunks));
+  EXPECT_NE(it, keys.end()) << "key " << KeyName(slot / chunks) << " not in the WELCOME";
+  if (it != keys.end()) std::tie(key, first_chunk) = it->second;
+  return slot % chunks;
+}
+
+// Worker (rack, rank) of tenant "t" on every lane of the hub at `address`.
+inline Worker Connect(const std::string& address, uint32_t lanes, uint32_t rack, uint32_t rank) {
   Worker w;
   w.rack = rack;
   w.rank = rank;
-  w.link = std::make_unique<RawClient>(racks.hub(rack).data_address());
-  data::v1::Hello hello;
-  hello.set_tenant("t");
-  hello.set_token(kToken);
-  hello.set_rank(rank);
-  hello.set_rack(rack);
-  FrameHeader h;
-  h.opcode = net::Opcode::kHello;
-  w.link->Send(h, hello.SerializeAsString());
-  const auto f = w.link->Receive();
-  data::v1::Welcome welcome;
-  EXPECT_TRUE(f && f->h.opcode == net::Opcode::kWelcome) << Describe(f);
-  if (f) welcome.ParseFromString(f->payload);
-  EXPECT_GT(welcome.keys_size(), 0);
-  w.handle = welcome.tenant_handle();
-  if (welcome.keys_size() > 0) w.key = welcome.keys(0).id();
+  for (uint32_t lane = 0; lane < lanes; ++lane) {
+    auto link = std::make_unique<RawClient>(address);
+    data::v1::Hello hello;
+    hello.set_tenant("t");
+    hello.set_token(kToken);
+    hello.set_rank(rank);
+    hello.set_rack(rack);
+    hello.set_lane(lane);
+    FrameHeader h;
+    h.opcode = net::Opcode::kHello;
+    link->Send(h, hello.SerializeAsString());
+    const auto f = link->Receive();
+    data::v1::Welcome welcome;
+    EXPECT_TRUE(f && f->h.opcode == net::Opcode::kWelcome) << Describe(f);
+    if (f) welcome.ParseFromString(f->payload);
+    EXPECT_GT(welcome.keys_size(), 0);
+    EXPECT_EQ(welcome.lanes(), lanes);
+    if (lane == 0) {
+      w.handle = welcome.tenant_handle();
+      for (const auto& k : welcome.keys()) w.keys[k.name()] = {k.id(), k.first_chunk()};
+      if (w.keys.count("w")) std::tie(w.key, w.first_chunk) = w.keys["w"];
+      w.link = std::move(link);
+    } else {
+      w.more.push_back(std::move(link));
+    }
+  }
   return w;
+}
+inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
+  return Connect(racks.hub(rack).data_address(), racks.lanes(), rack, rank);
 }
 
 // A PARAMS reply of a bounded/async tenant: parameters and suffix.
@@ -245,6 +308,24 @@ inline Reply ParamsOf(const std::optional<Frame>& f) {
   std::memcpy(&r.updates, f->payload.data() + 4 * kElems, 8);
   std::memcpy(&r.slowest, f->payload.data() + 4 * kElems + 8, 8);
   return r;
+}
+
+// `w`'s pushes are held at every home: a Pull of each of the `slots`
+// slots (Worker::Use, keys of `chunks` chunks) sent after them is answered
+// before any of them (a chunk's frames reach its home in order, relayed or
+// not, and its answers come back in order).
+inline void ExpectHeld(Worker& w, uint32_t slots, uint32_t chunks = 0) {
+  if (chunks == 0) chunks = slots;
+  std::map<uint64_t, uint32_t> pulls;
+  for (uint32_t s = 0; s < slots; ++s) pulls[w.Pull(w.Use(s, chunks))] = s;
+  for (const auto& [request, slot] : pulls) {
+    const auto f = w.On(w.Use(slot, chunks)).Receive();
+    ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams) << Describe(f);
+    EXPECT_TRUE(pulls.count(f->h.request_id))
+        << "rack " << w.rack << " rank " << w.rank
+        << ": a held push was answered before a later Pull: " << Describe(f);
+  }
+  w.Use(0, chunks);
 }
 
 // A whole frame's bytes, and the 16-byte relay prefix (wire-protocol.md 7d).
@@ -294,6 +375,87 @@ inline std::optional<Frame> RelayAnswer(RawClient& replies, uint64_t relay_id,
 inline std::string RelayPrefix(net::RelayKind kind, net::Opcode op, uint32_t rank,
                                uint64_t session = 0) {
   return net::EncodeRelayPrefix({kind, op, rank, session});
+}
+
+// docs/consistency.md: a reply leaving its worker at count c is released
+// only when c <= slowest + S, and includes every worker's first c - S
+// contributions: updates >= W * c - (W - 1) * S (W: every rack's workers).
+inline void ExpectBound(const Reply& r, Mode mode, uint32_t all_workers) {
+  if (mode.consistency != pb::BOUNDED) return;
+  const uint64_t s = mode.staleness;
+  EXPECT_LE(r.clock, r.slowest + s) << "request " << r.request;
+  if (r.clock >= s) {
+    EXPECT_GE(r.updates + (all_workers - 1) * s, all_workers * r.clock)
+        << "request " << r.request << " at count " << r.clock << ": " << r.updates
+        << " updates";
+  }
+}
+
+// Worker (rack, rank)'s gradient of `chunk` at `iteration`: integers times
+// the worker count, so that each mean (gradient / W) is an exact integer
+// and every sum of them is exact in any order.
+inline std::vector<float> Gradient(uint32_t all_workers, uint32_t rack, uint32_t rank,
+                                   uint64_t iteration, uint32_t chunk) {
+  std::vector<float> g(kElems);
+  for (uint32_t e = 0; e < kElems; ++e) {
+    const int v = static_cast<int>((rack * 7 + rank * 3 + iteration * 5 + chunk * 11 + e) % 9) - 4;
+    g[e] = static_cast<float>(v * static_cast<int>(all_workers));
+  }
+  return g;
+}
+
+// The gradient worker (rack, rank) pushes on `chunk` at `iteration`, with
+// `all` workers in every rack together.
+using GradientFn = std::function<std::vector<float>(uint32_t all, uint32_t rack, uint32_t rank,
+                                                    uint64_t iteration, uint32_t chunk)>;
+
+// The parameters after every worker of `racks` x `workers` pushed its
+// `gradient` at iterations 0..iterations-1 on every chunk, computed from
+// the inputs alone: zeros minus every contribution's mean (lr 1).
+inline std::vector<float> Reference(uint32_t racks, uint32_t workers, uint32_t chunks,
+                                    uint64_t iterations, const GradientFn& gradient = Gradient) {
+  const uint32_t all = racks * workers;
+  std::vector<float> reference(size_t{kElems} * chunks, 0.0f);
+  for (uint32_t r = 0; r < racks; ++r) {
+    for (uint32_t k = 0; k < workers; ++k) {
+      for (uint64_t i = 0; i < iterations; ++i) {
+        for (uint32_t c = 0; c < chunks; ++c) {
+          const auto g = gradient(all, r, k, i, c);
+          for (uint32_t e = 0; e < kElems; ++e) {
+            reference[size_t{c} * kElems + e] -= g[e] / static_cast<float>(all);
+          }
+        }
+      }
+    }
+  }
+  return reference;
+}
+
+// Every worker Pulls every one of `slots` slots (Worker::Use, keys of
+// `chunks` chunks); each must have `updates` updates and every worker must
+// see the same bits, which are returned (slot by slot).
+inline std::vector<float> PullAll(std::vector<Worker>& ws, uint32_t slots, uint64_t updates,
+                                  uint32_t chunks = 0) {
+  if (chunks == 0) chunks = slots;
+  std::vector<float> final_params;
+  for (auto& w : ws) {
+    std::map<uint64_t, uint32_t> slot_of;
+    for (uint32_t s = 0; s < slots; ++s) slot_of[w.Pull(w.Use(s, chunks))] = s;
+    std::vector<float> mine(size_t{kElems} * slots);
+    for (const auto& [request, slot] : slot_of) {
+      const Reply r = ParamsOf(w.On(w.Use(slot, chunks)).Receive());
+      EXPECT_EQ(r.updates, updates);
+      if (r.params.size() == kElems && slot_of.count(r.request)) {
+        std::memcpy(mine.data() + size_t{slot_of[r.request]} * kElems, r.params.data(),
+                    4 * kElems);
+      }
+    }
+    w.Use(0, chunks);
+    if (final_params.empty()) final_params = mine;
+    EXPECT_TRUE(testing::SameBits(mine, final_params))
+        << "rack " << w.rack << " rank " << w.rank << " sees other parameters";
+  }
+  return final_params;
 }
 
 }  // namespace rackhub::bounded_test

@@ -29,33 +29,6 @@ namespace {
 using namespace bounded_test;  // NOLINT(build/namespaces): the suite's support
 
 
-// docs/consistency.md: a reply leaving its worker at count c is released
-// only when c <= slowest + S, and includes every worker's first c - S
-// contributions: updates >= W * c - (W - 1) * S (W: every rack's workers).
-void ExpectBound(const Reply& r, Mode mode, uint32_t all_workers) {
-  if (mode.consistency != pb::BOUNDED) return;
-  const uint64_t s = mode.staleness;
-  EXPECT_LE(r.clock, r.slowest + s) << "request " << r.request;
-  if (r.clock >= s) {
-    EXPECT_GE(r.updates + (all_workers - 1) * s, all_workers * r.clock)
-        << "request " << r.request << " at count " << r.clock << ": " << r.updates
-        << " updates";
-  }
-}
-
-// Worker (rack, rank)'s gradient of `chunk` at `iteration`: integers times
-// the worker count, so that each mean (gradient / W) is an exact integer
-// and every sum of them is exact in any order.
-std::vector<float> Gradient(uint32_t all_workers, uint32_t rack, uint32_t rank,
-                            uint64_t iteration, uint32_t chunk) {
-  std::vector<float> g(kElems);
-  for (uint32_t e = 0; e < kElems; ++e) {
-    const int v = static_cast<int>((rack * 7 + rank * 3 + iteration * 5 + chunk * 11 + e) % 9) - 4;
-    g[e] = static_cast<float>(v * static_cast<int>(all_workers));
-  }
-  return g;
-}
-
 // Every worker of every rack pushes `iterations` times each chunk (one
 // round per iteration: all pushes, then all replies); the final parameters
 // (Pulled by every worker, which must agree) are returned.
@@ -71,7 +44,7 @@ std::vector<float> RunJob(Racks& racks, uint32_t rack_count, Mode mode, uint32_t
   // first request there (its hub announces it; docs/consistency.md).
   for (auto& w : ws) {
     for (uint32_t c = 0; c < chunks; ++c) w.Pull(c);
-    for (uint32_t c = 0; c < chunks; ++c) EXPECT_EQ(ParamsOf(w.link->Receive()).clock, 0u);
+    for (uint32_t c = 0; c < chunks; ++c) EXPECT_EQ(ParamsOf(w.On(c).Receive()).clock, 0u);
   }
   for (uint64_t i = 0; i < iterations; ++i) {
     for (auto& w : ws) {
@@ -81,64 +54,40 @@ std::vector<float> RunJob(Racks& racks, uint32_t rack_count, Mode mode, uint32_t
     }
     for (auto& w : ws) {
       for (uint32_t c = 0; c < chunks; ++c) {
-        const Reply r = ParamsOf(w.link->Receive());
+        const Reply r = ParamsOf(w.On(c).Receive());
         EXPECT_EQ(r.clock, i + 1) << "rack " << w.rack << " rank " << w.rank;
         ExpectBound(r, mode, all);
       }
     }
   }
-  std::vector<float> final_params;
-  for (auto& w : ws) {
-    std::map<uint64_t, uint32_t> chunk_of;
-    for (uint32_t c = 0; c < chunks; ++c) chunk_of[w.Pull(c)] = c;
-    std::vector<float> mine(size_t{kElems} * chunks);
-    for (uint32_t c = 0; c < chunks; ++c) {
-      const Reply r = ParamsOf(w.link->Receive());
-      EXPECT_EQ(r.updates, all * iterations);
-      if (r.params.size() == kElems && chunk_of.count(r.request)) {
-        std::memcpy(mine.data() + size_t{chunk_of[r.request]} * kElems, r.params.data(),
-                    4 * kElems);
-      }
-    }
-    if (final_params.empty()) final_params = mine;
-    EXPECT_TRUE(testing::SameBits(mine, final_params))
-        << "rack " << w.rack << " rank " << w.rank << " sees other parameters";
-  }
-  return final_params;
+  return PullAll(ws, chunks, uint64_t{all} * iterations);
 }
 
+// With 2 lanes, 12 chunks: tenant chunk g is homed on rack (g / 2) % R, so
+// every rack is home to chunks of both lanes (relays on the owner lane's
+// link, per-lane member notices).
 TEST(MultiRackBoundedTest, ExactSumsEqualTheReferenceAndOneFlatHub) {
-  constexpr uint32_t kWorkers = 2, kChunks = 4;
+  constexpr uint32_t kWorkers = 2;
   constexpr uint64_t kIterations = 3;
-  for (const uint32_t rack_count : {2u, 3u}) {
-    for (const Mode mode : {kBounded1, kAsync}) {
-      SCOPED_TRACE(std::to_string(rack_count) + " racks, " + mode.name);
-      // The reference: zeros minus every contribution's mean (lr 1).
-      const uint32_t all = rack_count * kWorkers;
-      std::vector<float> reference(size_t{kElems} * kChunks, 0.0f);
-      for (uint32_t r = 0; r < rack_count; ++r) {
-        for (uint32_t k = 0; k < kWorkers; ++k) {
-          for (uint64_t i = 0; i < kIterations; ++i) {
-            for (uint32_t c = 0; c < kChunks; ++c) {
-              const auto g = Gradient(all, r, k, i, c);
-              for (uint32_t e = 0; e < kElems; ++e) {
-                reference[size_t{c} * kElems + e] -= g[e] / static_cast<float>(all);
-              }
-            }
-          }
+  for (const uint32_t lanes : {1u, 2u}) {
+    const uint32_t chunks = lanes == 1 ? 4 : 12;
+    for (const uint32_t rack_count : {2u, 3u}) {
+      for (const Mode mode : {kBounded1, kAsync}) {
+        SCOPED_TRACE(std::to_string(rack_count) + " racks, " + std::to_string(lanes) +
+                     " lane(s), " + mode.name);
+        const auto reference = Reference(rack_count, kWorkers, chunks, kIterations);
+        std::vector<float> hierarchical, flat;
+        {
+          Racks racks(rack_count, false, {}, {}, lanes);
+          hierarchical = RunJob(racks, rack_count, mode, kWorkers, chunks, kIterations);
         }
+        {
+          Racks racks(rack_count, true, {}, {}, lanes);
+          flat = RunJob(racks, rack_count, mode, kWorkers, chunks, kIterations);
+        }
+        EXPECT_TRUE(testing::SameBits(hierarchical, reference)) << "hierarchical vs reference";
+        EXPECT_TRUE(testing::SameBits(flat, reference)) << "flat vs reference";
       }
-      std::vector<float> hierarchical, flat;
-      {
-        Racks racks(rack_count, false);
-        hierarchical = RunJob(racks, rack_count, mode, kWorkers, kChunks, kIterations);
-      }
-      {
-        Racks racks(rack_count, true);
-        flat = RunJob(racks, rack_count, mode, kWorkers, kChunks, kIterations);
-      }
-      EXPECT_TRUE(testing::SameBits(hierarchical, reference)) << "hierarchical vs reference";
-      EXPECT_TRUE(testing::SameBits(flat, reference)) << "flat vs reference";
     }
   }
 }
@@ -162,18 +111,7 @@ struct TwoRacks {
   static void PushBoth(Worker& w, uint64_t iteration) {
     for (uint32_t c = 0; c < 2; ++c) w.Push(c, iteration, testing::Floats(kElems, 1.0f));
   }
-  // `w`'s pushes are held: a Pull of each chunk sent after them is answered
-  // first (a relayed frame reaches its home in order, a local one is
-  // handled in order), while they are not.
-  static void ExpectHeld(Worker& w) {
-    const uint64_t p0 = w.Pull(0), p1 = w.Pull(1);
-    for (int i = 0; i < 2; ++i) {
-      const auto f = w.link->Receive();
-      ASSERT_TRUE(f && f->h.opcode == net::Opcode::kParams) << Describe(f);
-      EXPECT_TRUE(f->h.request_id == p0 || f->h.request_id == p1)
-          << "a held push was answered before a later Pull: " << Describe(f);
-    }
-  }
+  static void ExpectHeld(Worker& w) { bounded_test::ExpectHeld(w, 2); }
   Racks racks;
   Worker a, b;
 };
@@ -261,6 +199,34 @@ TEST(MultiRackBoundedTest, FromClientInitCrossesRacks) {
               "only rank 0 of rack 0 may INIT a key of a tenant spanning racks (this is rank 0 "
               "of rack 1");
   EXPECT_TRUE(b.link->ClosedByPeer());
+}
+
+// A relayed PULL of a from_client key waits at the home for the INIT; past
+// the relay deadline (straggler timeout 100 ms + 10 s) it fails at the
+// worker's hub, and the worker Pulls again: the home drops the expired
+// waiter (its answer would only be dropped by rack 1's hub), and the INIT
+// answers the new PULL.
+TEST(MultiRackBoundedTest, AnExpiredRelayedPullStopsWaitingForTheInit) {
+  Racks racks(2, false, {"--straggler-timeout-ms", "100"});
+  for (uint32_t h = 0; h < 2; ++h) {
+    CreateTenant(racks.hub(h).admin_address(), kAsync, 1, 2, pb::FROM_CLIENT);
+  }
+  Worker a = Connect(racks, 0, 0), b = Connect(racks, 1, 0);
+  const uint64_t first = b.Pull(0);  // homed on rack 0: waits there
+  const auto failed = b.link->Receive(std::chrono::seconds(30));
+  ExpectError(failed, net::WireError::kWorkerLost,
+              "no answer from the hub of rack 0 within 10 s; rack 0's hub is home to chunk 0",
+              false);
+  EXPECT_TRUE(failed && failed->h.request_id == first) << Describe(failed);
+  const uint64_t again = b.Pull(0);
+  ASSERT_TRUE(testing::WaitForLog(racks.hub(0), "dropped 1 relayed PULL(s) of key 'w' chunk 0"));
+  a.link->Send(a.Header(net::Opcode::kInit, 0), testing::Floats(kElems, 2.0f));
+  EXPECT_EQ(a.link->Receive()->h.opcode, net::Opcode::kParams);
+  const auto pulled = b.link->Receive();
+  ASSERT_TRUE(pulled && pulled->h.opcode == net::Opcode::kParams) << Describe(pulled);
+  EXPECT_EQ(pulled->h.request_id, again);
+  EXPECT_EQ(testing::AsFloats(pulled->payload.substr(0, 4 * kElems)),
+            std::vector<float>(kElems, 2.0f));
 }
 
 TEST(MultiRackBoundedTest, ALostWorkerOfTheOtherRackReleasesHeldReplies) {

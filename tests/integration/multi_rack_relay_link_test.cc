@@ -410,9 +410,46 @@ TEST(MultiRackRelayLinkTest, ARelayNeverAnsweredFailsNamingTheRack) {
               "chunk 1 of key 'w'",
               false);
   EXPECT_TRUE(failed && failed->h.request_id == push) << Describe(failed);
-  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, std::chrono::seconds(10));
+  // At most the deadline (1 s + 10 s) + the sweep period (1 s), with 5 s of
+  // slack for a timer late on a loaded machine: a sweep re-armed late (or
+  // at the deadline's period) fails it 11 s later or more.
+  EXPECT_LT(took, std::chrono::seconds(11 + 1 + 5));
   a.Pull(0);
   EXPECT_EQ(ParamsOf(a.link->Receive()).clock, 0u) << "a's connection stays";
+}
+
+// With 2 lanes, the home refuses a relay that comes on another lane's link
+// than its chunk's owner lane, by name and non-fatally (on that lane's
+// link back), and serves it on the owner lane.
+TEST(MultiRackRelayLinkTest, ARelayOnAnotherLanesLinkIsRefused) {
+  Racks racks(2, false, {}, 1, 2);  // the test plays rack 1's hub; 2 lanes
+  CreateTenant(racks.hub(0).admin_address(), kBounded1, 1, 4);
+  Worker a = Connect(racks, 0, 0);  // for the key's id
+  FrameHeader kb;
+  kb.opcode = net::Opcode::kKeyBind;
+  kb.tenant = 77;
+  kb.key = a.key;
+  FrameHeader relay = kb;
+  relay.opcode = net::Opcode::kRackRelay;
+  relay.dtype = net::DType::kFp32;
+  relay.chunk = 0;  // tenant chunk 0: rack 0's, on lane 0
+  for (const uint32_t lane : {1u, 0u}) {
+    const auto replies = racks.AcceptLinkFrom(0, lane);
+    RawClient link(racks.interhub(0));
+    ASSERT_TRUE(testing::OpenHubLink(link, std::string(48, 's'), {1, 0, lane, 2, 2}));
+    relay.request_id = 10 + lane;
+    link.SendRaw(RawFrame(kb, KeyBindOf(kBounded1, a.key, 4).SerializeAsString()) +
+                 RawFrame(relay, RelayPrefix(net::RelayKind::kFrame, net::Opcode::kPull, 0)));
+    const auto answered = RelayAnswer(*replies, relay.request_id);
+    if (lane == 1) {
+      ExpectError(answered, net::WireError::kInvalidArgument,
+                  "RACK_RELAY: chunk 0 of key 'w' lives on lane 0, not lane 1", false);
+    } else {
+      EXPECT_TRUE(answered && answered->h.opcode == net::Opcode::kParams) << Describe(answered);
+    }
+  }
 }
 
 // Relay ids do not repeat across a hub's processes, and an answer is
