@@ -204,7 +204,8 @@ struct Worker {
   }
 };
 
-inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
+// `session`: the HELLO's (an elastic tenant needs one; 0: none).
+inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank, uint64_t session = 0) {
   Worker w;
   w.rack = rack;
   w.rank = rank;
@@ -214,6 +215,7 @@ inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
   hello.set_token(kToken);
   hello.set_rank(rank);
   hello.set_rack(rack);
+  if (session != 0) hello.set_session(session);
   FrameHeader h;
   h.opcode = net::Opcode::kHello;
   w.link->Send(h, hello.SerializeAsString());
