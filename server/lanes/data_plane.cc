@@ -62,6 +62,11 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
       TenantInfo info;
       return registry_->GetTenantByHandle(handle, &info).ok() ? info.rank_slots() : 0;
     };
+    hooks.elastic_flags = [this](uint32_t handle) -> std::optional<RackElasticFlags> {
+      TenantInfo info;
+      if (!registry_->GetTenantByHandle(handle, &info).ok() || !info.elastic) return std::nullopt;
+      return ElasticFlagsOf(info);
+    };
     hooks.restarted = [this](uint32_t rack) {
       OnEveryLane([rack](Lane& lane) { lane.OfferCopies(rack); });
       // Its frames carry epoch 0 now and ours a newer one: a round puts every

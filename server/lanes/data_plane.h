@@ -155,6 +155,10 @@ class DataPlane final : public RegistryObserver, public LaneHost {
                           uint64_t from_update) override;
 
  private:
+  // An elastic tenant's flags its recovery rounds compare between hubs.
+  static RackElasticFlags ElasticFlagsOf(const TenantInfo& info) {
+    return {info.workers_per_rack, info.min_workers, info.quotas.max_workers};
+  }
   // Erases the runtimes just made for `handle` (and `key_id`) if the tenant
   // (or key) is no longer in the registry (see data_plane.cc).
   void ForgetIfDeleted(uint32_t handle, std::optional<uint32_t> key_id);

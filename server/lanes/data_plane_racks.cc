@@ -115,6 +115,7 @@ void DataPlane::ReportAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime
       members->generation = tenant->membership()->generation;
       members->member = tenant->Present(config_.topology.rack * slots, slots, lane_count());
       members->quorum = info.workers_per_rack * config_.topology.rack_count();
+      members->flags = ElasticFlagsOf(info);
     }
     const bool taken = rack_recovery_->Reported(
         handle, name, why, std::move(versions),

@@ -49,6 +49,9 @@ std::string RackRecovery::Encode(const Round& r, bool finished) const {
     m.set_membership_format(kMembershipFormat);
     m.set_membership_generation(r.own->members->generation);
     m.set_members(std::string(r.own->members->member.begin(), r.own->members->member.end()));
+    m.set_membership_workers(r.own->members->flags.workers);
+    m.set_membership_min_workers(r.own->members->flags.min_workers);
+    m.set_membership_max_workers(r.own->members->flags.max_workers);
   }
   return m.SerializeAsString();
 }
@@ -94,6 +97,20 @@ Status RackRecovery::ParseMembers(uint32_t rack, uint32_t handle, const dpb::Rac
                            Num(kMaxGeneration));
   }
   Members members;
+  members.flags = {m.membership_workers(), m.membership_min_workers(),
+                   m.membership_max_workers()};
+  if (const auto own = hooks_.elastic_flags ? hooks_.elastic_flags(handle) : std::nullopt;
+      own && *own != members.flags) {
+    auto text = [](const RackElasticFlags& f) {
+      return "--workers " + Num(f.workers) + " --min-workers " + Num(f.min_workers) +
+             " --max-workers " + Num(f.max_workers);
+    };
+    return FailedPrecondition("RACK_VERSIONS: elastic tenant " + QuoteForLog(m.tenant()) +
+                              " has " + text(*own) + " on rack " + Num(self_) + "'s hub but " +
+                              text(members.flags) + " on rack " + Num(rack) +
+                              "'s (every hub decides the start quorum and the pause from its "
+                              "own: create the tenant with the same flags on every hub)");
+  }
   members.generation = m.membership_generation();
   for (char b : m.members()) {
     if (b != 0 && b != 1) {

@@ -66,10 +66,20 @@ namespace rackhub::server {
 // the sender's committed cluster generation and its rack's ranks present.
 // (At namespace scope: a nested struct with member initializers is not
 // default-constructible for std::optional inside its class under clang.)
+// The tenant's flags the decisions rest on (--workers, --min-workers,
+// --max-workers): every hub must have the same (ParseMembers compares them).
+struct RackElasticFlags {
+  uint32_t workers = 0;
+  uint32_t min_workers = 0;
+  uint32_t max_workers = 0;
+  bool operator==(const RackElasticFlags&) const = default;
+};
+
 struct RackMembers {
   uint64_t generation = 0;      // 0: the tenant never started
   std::vector<uint8_t> member;  // by rank: 1 = present
   uint32_t quorum = 0;          // the start quorum over every rack (not sent)
+  RackElasticFlags flags;       // the sender's
 };
 
 class RackRecovery {
@@ -91,7 +101,8 @@ class RackRecovery {
   };
   // The layout of the membership fields of RACK_VERSIONS this hub writes and
   // reads (RackVersions.membership_format).
-  static constexpr uint32_t kMembershipFormat = 1;
+  // 2: with the tenant's flags.
+  static constexpr uint32_t kMembershipFormat = 2;
   // Most ranks one rack's member list may carry (the max_workers limit).
   static constexpr size_t kMaxRanks = 1024;
   // A reported cluster generation above this is refused (1 + it must not
@@ -120,6 +131,9 @@ class RackRecovery {
     // An elastic tenant's ranks per rack (TenantInfo::rank_slots()): a
     // peer's member list is at most that long. Unset: kMaxRanks bounds it.
     std::function<uint32_t(uint32_t handle)> rank_slots;
+    // An elastic tenant's flags here; a peer's report with others is
+    // refused by name. Unset: not compared.
+    std::function<std::optional<RackElasticFlags>(uint32_t handle)> elastic_flags;
   };
 
   RackRecovery(uint32_t self_rack, uint32_t racks, Hooks hooks);

@@ -64,9 +64,12 @@ class PlayedRounds {
       r.set_round(m.round());
       r.set_incarnation(kPlayedIncarnation);
       r.set_cause("played rack 1");
-      r.set_membership_format(1);
+      r.set_membership_format(2);  // with the tenant's flags, which must be rack 0's
       r.set_membership_generation(generation_.load());
       r.set_members(std::string("\x01\x00", 2));
+      r.set_membership_workers(1);
+      r.set_membership_min_workers(1);
+      r.set_membership_max_workers(2);
       // What the round commits once rack 0's hub has this report.
       generation_ = std::max(generation_.load(), m.membership_generation()) + 1;
       round_ = m.round();

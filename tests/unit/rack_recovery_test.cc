@@ -427,9 +427,11 @@ TEST(RackRecoveryTest, ElasticReportsWithoutMembersAreRefusedByName) {
     EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
   };
   refuse("is elastic, but rack 1's report carries membership format 0");
+  m.set_membership_format(3);
+  refuse("membership format 3 (this hub reads format 2");
+  m.set_membership_format(1);  // a hub without the tenant's flags in its reports
+  refuse("membership format 1 (this hub reads format 2");
   m.set_membership_format(2);
-  refuse("membership format 2 (this hub reads format 1");
-  m.set_membership_format(1);
   m.set_members(std::string("\x01\x02", 2));
   refuse("a byte other than 0 or 1");
   m.set_members(std::string(2000, '\x01'));
@@ -439,6 +441,49 @@ TEST(RackRecoveryTest, ElasticReportsWithoutMembersAreRefusedByName) {
   m.set_members(std::string(4, '\x01'));
   m.set_membership_generation(UINT64_MAX);  // 1 + it would wrap to 0
   refuse("membership generation 18446744073709551615 is above 4611686018427387904");
+}
+
+// Every hub decides the start quorum and the pause from its own flags: a
+// report from a hub whose tenant has other flags is refused by name, before
+// it can join a round; one with the same flags joins it.
+TEST(RackRecoveryTest, ElasticReportsWithOtherFlagsAreRefusedByName) {
+  int recoveries = 0;
+  RackRecovery::Hooks hooks;
+  hooks.send = [](uint32_t, std::string) {};
+  hooks.recover = [&](uint32_t, const std::string&) { ++recoveries; };
+  hooks.handle_of = [](const std::string&) { return std::optional<uint32_t>(1); };
+  hooks.elastic = [](uint32_t) { return true; };
+  hooks.rank_slots = [](uint32_t) { return 4u; };
+  hooks.elastic_flags = [](uint32_t) { return std::optional<RackElasticFlags>({2, 1, 4}); };
+  RackRecovery rr(0, 2, hooks);
+  data::v1::RackVersions m;
+  m.set_tenant("job");
+  m.set_round(1);
+  m.set_incarnation(5);
+  m.set_membership_format(RackRecovery::kMembershipFormat);
+  m.set_members(std::string(4, '\x01'));
+  const auto send = [&](uint32_t workers, uint32_t min_workers, uint32_t max_workers) {
+    m.set_membership_workers(workers);
+    m.set_membership_min_workers(min_workers);
+    m.set_membership_max_workers(max_workers);
+    const std::string b = m.SerializeAsString();
+    return rr.OnVersions(1, {reinterpret_cast<const std::byte*>(b.data()), b.size()});
+  };
+  using Flags = std::tuple<uint32_t, uint32_t, uint32_t>;
+  for (const auto& [w, lo, hi] : std::vector<Flags>{{3, 1, 4}, {2, 2, 4}, {2, 1, 8}}) {
+    const Status s = send(w, lo, hi);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.message();
+    const std::string theirs = "--workers " + std::to_string(w) + " --min-workers " +
+                               std::to_string(lo) + " --max-workers " + std::to_string(hi);
+    EXPECT_NE(s.message().find("'job' has --workers 2 --min-workers 1 --max-workers 4 on rack "
+                               "0's hub but " + theirs + " on rack 1's"),
+              std::string::npos)
+        << s.message();
+  }
+  EXPECT_EQ(recoveries, 0);  // no round began
+  const Status same = send(2, 1, 4);
+  EXPECT_TRUE(same.ok()) << same.message();
+  EXPECT_EQ(recoveries, 1);  // it joined the peer's round
 }
 
 TEST(RackRecoveryTest, BadReportsAreRefusedByName) {
