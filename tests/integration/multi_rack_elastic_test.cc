@@ -13,12 +13,6 @@
 // exit, a hub's log line); the straggler timeout is 60 s and a report is
 // waited for 30 s, so a survivor that waited for the straggler timeout
 // fails the test.
-#include <poll.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,7 +20,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
