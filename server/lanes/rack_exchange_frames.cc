@@ -139,7 +139,7 @@ Verdict RackExchange::CheckData(net::Connection& conn, const FrameHeader& h) {
   if (sum && c.elastic) want += net::kMembershipSuffixBytes;
   if (sum && c.elastic != ((h.flags & net::kFlagMembership) != 0)) {
     return Reject(conn, WireError::kInvalidArgument,
-                  std::string("flags: a RACK_SUM of ") + (c.elastic ? "an" : "a non-") +
+                  std::string("flags: a RACK_SUM of ") + (c.elastic ? "an " : "a non-") +
                       "elastic tenant " + (c.elastic ? "needs" : "must not carry") +
                       " the membership flag",
                   rid);

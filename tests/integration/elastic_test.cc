@@ -12,11 +12,7 @@
 // float(1/count)). Every wait is for an event (a worker's report, a child's
 // exit, a log line); the straggler timeout is 60 s, so a survivor that
 // waited for it would show in the measured times.
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -34,7 +30,7 @@
 #include <thread>
 #include <vector>
 
-#include "elastic_worker.h"
+#include "elastic_fixture.h"
 #include "process.h"
 #include "rackhub/client/client.h"
 #include "rackhub/client/rackhub_c.h"
@@ -44,20 +40,13 @@ namespace rackhub::testing {
 namespace {
 
 namespace rc = rackhub::client;
-using namespace elastic;  // NOLINT: the shared worker (elastic_worker.h)
+using namespace elastic;  // NOLINT: the shared worker and fixture (elastic_fixture.h)
 
 constexpr uint32_t kMaxWorkers = 8;
 constexpr uint32_t kMinWorkers = 2;
 constexpr uint32_t kStartWorkers = 4;
-constexpr auto kReportTimeout = std::chrono::milliseconds(30000);
 
 // ---- The test side --------------------------------------------------------
-
-struct Worker {
-  uint32_t rank = 0;
-  pid_t pid = -1;
-  int fd = -1;
-};
 
 class ElasticTest : public ::testing::TestWithParam<bool> {  // true: shared memory
  protected:
@@ -75,81 +64,16 @@ class ElasticTest : public ::testing::TestWithParam<bool> {  // true: shared mem
                                  "--tenant-token-file", token_file});
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   }
-  void TearDown() override {
-    for (auto& [rank, w] : workers_) Reap(w, true);
-    workers_.clear();
-  }
+  void TearDown() override { workers_.KillAll(); }
 
   CommandResult Ctl(std::vector<std::string> args) {
     args.insert(args.begin(), {BinPath("rackhubctl"), "--admin", daemon_->admin_address()});
     return RunCommand(args);
   }
 
-  // Forks a worker of `rank` (not waiting for it to be ready).
-  void Spawn(uint32_t rank) {
-    int sv[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(sv[0]);
-      WorkerMain({daemon_->data_address(), "job", token_, rank, GetParam(), 0, rank}, sv[1]);
-    }
-    ::close(sv[1]);
-    workers_[rank] = Worker{rank, pid, sv[0]};
-  }
-
-  // The next report of `w`, or a failure after kReportTimeout.
-  ::testing::AssertionResult Next(const Worker& w, Report* out) {
-    pollfd p{w.fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(kReportTimeout.count()));
-    if (n <= 0) {
-      return ::testing::AssertionFailure()
-             << "rank " << w.rank << " reported nothing within " << kReportTimeout.count()
-             << " ms\n--- hub log:\n" << daemon_->Log();
-    }
-    if (!ReadAll(w.fd, out, sizeof *out)) {
-      return ::testing::AssertionFailure() << "rank " << w.rank << " died";
-    }
-    if (out->kind == kFailed) {
-      return ::testing::AssertionFailure() << "rank " << w.rank << " failed: " << out->message
-                                           << "\n--- hub log:\n" << daemon_->Log();
-    }
-    return ::testing::AssertionSuccess();
-  }
-
-  // Spawns `ranks` and waits until each is ready (a member, or held by a
-  // paused tenant until the last of them makes the quorum).
-  void Join(const std::vector<uint32_t>& ranks) {
-    for (uint32_t r : ranks) Spawn(r);
-    for (uint32_t r : ranks) {
-      Report rep;
-      ASSERT_TRUE(Next(workers_.at(r), &rep));
-      ASSERT_EQ(rep.kind, kReady);
-    }
-  }
-
-  // SIGKILL and reap (the exit is the event).
-  void Reap(Worker& w, bool kill) {
-    if (w.pid <= 0) return;
-    if (kill) ::kill(w.pid, SIGKILL);
-    int status = 0;
-    ::waitpid(w.pid, &status, 0);
-    ::close(w.fd);
-    w.pid = -1;
-  }
-  void Kill(uint32_t rank) {
-    Reap(workers_.at(rank), true);
-    workers_.erase(rank);
-  }
-  int CountLog(const std::string& needle) const {
-    const std::string log = daemon_->Log();
-    int n = 0;
-    for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) {
-      ++n;
-    }
-    return n;
-  }
+  void Join(const std::vector<uint32_t>& ranks) { workers_.Join(ranks); }
+  std::vector<uint32_t> Alive() const { return workers_.Alive(); }
+  int CountLog(const std::string& needle) const { return CountOf(daemon_->Log(), needle); }
   // kill -9 between iterations, then waits for the event: the hub committed
   // the membership without it (so the next step runs with no barrier in
   // flight).
@@ -160,50 +84,17 @@ class ElasticTest : public ::testing::TestWithParam<bool> {  // true: shared mem
     for (uint32_t r : rest) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
     const std::string needle = " member(s) [" + ranks + "]";
     const int before = CountLog(needle);
-    Kill(rank);
+    workers_.Kill(rank);
     ASSERT_TRUE(WaitForLog(*daemon_, needle, before + 1));
   }
 
-  std::vector<uint32_t> Alive() const {
-    std::vector<uint32_t> out;
-    for (const auto& [rank, w] : workers_) out.push_back(rank);
-    return out;
-  }
-
-  void SendStep(uint32_t rank, uint32_t step) {
-    Command c{kCmdStep, step};
-    ASSERT_TRUE(WriteAll(workers_.at(rank).fd, &c, sizeof c));
-  }
-
-  // Checks one key's replies of a step: every worker names the same
-  // generation and count, and the values equal the reference of `members`.
-  void CheckKey(const std::vector<Report>& reports, bool mean_key,
-                const std::vector<uint32_t>& members, uint32_t step) {
-    const std::vector<float> want =
-        mean_key ? ReferenceMean(members, step) : ReferenceSum(members, step);
-    const char* name = mean_key ? "mean" : "sum";
-    for (const Report& r : reports) {
-      const KeyResult& k = mean_key ? r.mean : r.sum;
-      EXPECT_EQ(k.members, members.size())
-          << "key " << name << " rank " << r.rank << " step " << step << " version " << k.version
-          << " generation " << k.generation << " retries " << r.retries;
-      EXPECT_EQ(k.mixed, 0u) << "key " << name << " rank " << r.rank;
-      EXPECT_EQ(k.generation, (mean_key ? reports[0].mean : reports[0].sum).generation)
-          << "key " << name << ": ranks name different membership generations";
-      EXPECT_GT(k.generation, 0u);
-      size_t bad = 0;
-      for (uint32_t i = 0; i < kElements; ++i) {
-        uint32_t a, b;
-        std::memcpy(&a, &k.values[i], 4);
-        std::memcpy(&b, &want[i], 4);
-        if (a != b && bad++ < 3) {
-          ADD_FAILURE() << "key " << name << " step " << step << " rank " << r.rank
-                        << " element " << i << ": " << k.values[i] << ", reference "
-                        << want[i] << " over " << members.size() << " members";
-        }
-      }
-      EXPECT_EQ(bad, 0u) << "key " << name << " rank " << r.rank << " step " << step;
-    }
+  // Checks one key's replies of a step against the reference of `members`
+  // (the sum in rank order; the mean that sum times float(1/count)).
+  static void CheckKey(const std::vector<Report>& reports, bool mean_key,
+                       const std::vector<uint32_t>& members, uint32_t step) {
+    CheckReplies(reports, mean_key,
+                 mean_key ? ReferenceMean(members, step) : ReferenceSum(members, step),
+                 members.size(), step);
   }
 
   // Runs `step` on every alive worker. The membership each key's replies
@@ -211,26 +102,20 @@ class ElasticTest : public ::testing::TestWithParam<bool> {  // true: shared mem
   // reference. Returns the seconds until the last report.
   double Step(uint32_t step) {
     const auto start = std::chrono::steady_clock::now();
-    for (uint32_t r : Alive()) SendStep(r, step);
-    std::vector<Report> reports;
-    for (uint32_t r : Alive()) {
-      Report rep;
-      EXPECT_TRUE(Next(workers_.at(r), &rep));
-      while (rep.kind == kPausedSeen) EXPECT_TRUE(Next(workers_.at(r), &rep));
-      EXPECT_EQ(rep.kind, kStepDone);
-      EXPECT_EQ(rep.step, step);
-      reports.push_back(rep);
-    }
+    const std::vector<Report> reports = workers_.RunStep(step);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (reports.size() != Alive().size()) return seconds;
     for (bool mean_key : {false, true}) CheckKey(reports, mean_key, Alive(), step);
     return seconds;
   }
 
   std::unique_ptr<DaemonProcess> daemon_;
   std::string token_;
-  std::map<uint32_t, Worker> workers_;
+  WorkerPool workers_{
+      [this](uint32_t rank) {
+        return WorkerConfig{daemon_->data_address(), "job", token_, rank, GetParam(), 0, rank};
+      },
+      [this] { return "\n--- hub log:\n" + daemon_->Log(); }};
 };
 
 TEST_P(ElasticTest, KillJoinPauseResume) {
@@ -271,9 +156,9 @@ TEST_P(ElasticTest, KillJoinPauseResume) {
   for (uint32_t r : {0u, 1u, 2u, 4u}) KillAndWaitLeft(r);
   ASSERT_EQ(Alive(), std::vector<uint32_t>{3});
   ASSERT_TRUE(WaitForLog(*daemon_, "1 member(s) [3] (paused: below min_workers 2)"));
-  SendStep(3, step);
+  workers_.SendStep(3, step);
   Report rep;
-  ASSERT_TRUE(Next(workers_.at(3), &rep));
+  ASSERT_TRUE(workers_.Next(3, &rep));
   ASSERT_EQ(rep.kind, kPausedSeen) << rep.message;
   EXPECT_NE(std::string(rep.message).find("below min_workers 2"), std::string::npos)
       << rep.message;
@@ -284,10 +169,10 @@ TEST_P(ElasticTest, KillJoinPauseResume) {
   EXPECT_NE(top.out.find("PAUSED 1"), std::string::npos) << top.out << top.err;
   // Resume: rank 0 joins; rank 3's held push completes with it.
   Join({0});
-  SendStep(0, step);
+  workers_.SendStep(0, step);
   std::vector<Report> reports;
   for (uint32_t r : {0u, 3u}) {
-    ASSERT_TRUE(Next(workers_.at(r), &rep));
+    ASSERT_TRUE(workers_.Next(r, &rep));
     ASSERT_EQ(rep.kind, kStepDone);
     reports.push_back(rep);
   }
@@ -319,7 +204,7 @@ TEST_P(ElasticTest, RandomMembershipLoop) {
       Step(step++);
     } else if (alive.size() < kMaxWorkers) {
       uint32_t free_rank = 0;
-      while (workers_.count(free_rank)) ++free_rank;  // the lowest free rank
+      while (workers_.Has(free_rank)) ++free_rank;  // the lowest free rank
       Join({free_rank});
       ++changes;
       Step(step++);
@@ -349,12 +234,11 @@ TEST_P(ElasticTest, KillsInTheMiddleOfSteps) {
   std::mt19937 rng(seed);
   Join({0, 1, 2, 3});
   uint32_t step = 0, kills = 0;
-  constexpr uint32_t kChunk = 256;  // 1 KiB chunks of floats
   while (kills < 20 && !HasFailure()) {
     std::vector<uint32_t> before = Alive();
     if (before.size() <= kMinWorkers) {
       uint32_t free_rank = 0;
-      while (workers_.count(free_rank)) ++free_rank;
+      while (workers_.Has(free_rank)) ++free_rank;
       Join({free_rank});
       Step(step++);
       continue;
@@ -363,49 +247,22 @@ TEST_P(ElasticTest, KillsInTheMiddleOfSteps) {
     std::vector<uint32_t> after = before;
     after.erase(std::find(after.begin(), after.end(), victim));
     const uint32_t point = rng() % 3;
-    for (uint32_t r : after) SendStep(r, step);
-    Report first;
-    if (point == 1) SendStep(victim, step);
-    if (point == 2) {
-      SendStep(victim, step);
-      ASSERT_TRUE(Next(workers_.at(after[0]), &first));
-      ASSERT_EQ(first.kind, kStepDone) << first.message;
-    }
-    Kill(victim);
+    const std::vector<Report> reports = workers_.KillDuringStep(victim, point, step);
     ++kills;
-    std::vector<Report> reports;
-    if (point == 2) reports.push_back(first);
-    for (size_t i = point == 2 ? 1 : 0; i < after.size(); ++i) {
-      Report rep;
-      ASSERT_TRUE(Next(workers_.at(after[i]), &rep)) << "kill point " << point;
-      ASSERT_EQ(rep.kind, kStepDone) << rep.message;
-      reports.push_back(rep);
-    }
-    for (bool mean_key : {false, true}) {
-      const std::vector<float> with =
-          mean_key ? ReferenceMean(before, step) : ReferenceSum(before, step);
-      const std::vector<float> without =
-          mean_key ? ReferenceMean(after, step) : ReferenceSum(after, step);
-      for (const Report& r : reports) {
-        const KeyResult& k = mean_key ? r.mean : r.sum;
-        for (uint32_t c = 0; c * kChunk < kElements; ++c) {
-          const size_t from = c * kChunk, n = std::min<size_t>(kChunk, kElements - from);
-          const bool is_with = std::memcmp(&k.values[from], &with[from], n * 4) == 0;
-          const bool is_without = std::memcmp(&k.values[from], &without[from], n * 4) == 0;
-          EXPECT_TRUE(is_with || is_without)
-              << (mean_key ? "mean" : "sum") << " chunk " << c << " of rank " << r.rank
-              << " at step " << step << " (kill point " << point << ", victim " << victim
-              << ", retries " << r.retries << "): neither the sum with nor without the victim";
-        }
-      }
-    }
+    ASSERT_EQ(reports.size(), after.size());
+    const std::string what = "step " + std::to_string(step) + ", kill point " +
+                             std::to_string(point) + ", victim " + std::to_string(victim);
+    CheckWithOrWithout(reports, false, ReferenceSum(before, step), ReferenceSum(after, step),
+                       what);
+    CheckWithOrWithout(reports, true, ReferenceMean(before, step), ReferenceMean(after, step),
+                       what);
     ++step;
     // The membership without the victim is committed by now or soon; the
     // next step (its pushes held or retried until then) has exactly it.
     Step(step++);
     if (rng() % 2 == 0) {
       uint32_t free_rank = 0;
-      while (workers_.count(free_rank)) ++free_rank;
+      while (workers_.Has(free_rank)) ++free_rank;
       if (free_rank < kMaxWorkers) {
         Join({free_rank});
         Step(step++);

@@ -254,7 +254,9 @@ inline uint32_t Worker::Use(uint32_t slot, uint32_t chunks) {
 }
 
 // Worker (rack, rank) of tenant "t" on every lane of the hub at `address`.
-inline Worker Connect(const std::string& address, uint32_t lanes, uint32_t rack, uint32_t rank) {
+// `session`: the HELLO's (an elastic tenant needs one; 0: none).
+inline Worker Connect(const std::string& address, uint32_t lanes, uint32_t rack, uint32_t rank,
+                      uint64_t session = 0) {
   Worker w;
   w.rack = rack;
   w.rank = rank;
@@ -266,6 +268,7 @@ inline Worker Connect(const std::string& address, uint32_t lanes, uint32_t rack,
     hello.set_rank(rank);
     hello.set_rack(rack);
     hello.set_lane(lane);
+    if (session != 0) hello.set_session(session);
     FrameHeader h;
     h.opcode = net::Opcode::kHello;
     link->Send(h, hello.SerializeAsString());
@@ -286,8 +289,8 @@ inline Worker Connect(const std::string& address, uint32_t lanes, uint32_t rack,
   }
   return w;
 }
-inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank) {
-  return Connect(racks.hub(rack).data_address(), racks.lanes(), rack, rank);
+inline Worker Connect(Racks& racks, uint32_t rack, uint32_t rank, uint64_t session = 0) {
+  return Connect(racks.hub(rack).data_address(), racks.lanes(), rack, rank, session);
 }
 
 // A PARAMS reply of a bounded/async tenant: parameters and suffix.
