@@ -55,7 +55,7 @@ class MultiRackElasticTest : public ::testing::Test {
       spec += (r ? "," : "") + std::string("127.0.0.1:0=127.0.0.1:") +
               std::to_string(FreeLoopbackPort());
     }
-    const std::string dir = MakeTempDir();
+    const std::string dir = dir_ = MakeTempDir();
     WriteFile(dir + "/hub.secret", std::string(48, 's') + "\n");
     token_ = std::string(40, 'e');
     WriteFile(dir + "/token", token_);
@@ -261,6 +261,7 @@ class MultiRackElasticTest : public ::testing::Test {
   }
 
   std::vector<std::unique_ptr<DaemonProcess>> hubs_;
+  std::string dir_;  // the hub secret and the tenant token
   std::string token_;
   WorkerPool workers_{  // by global rank
       [this](uint32_t global) {
@@ -394,6 +395,43 @@ TEST_F(MultiRackElasticTest, AnEmptyRackDeclaresTheKeysFromTheOtherHubs) {
     }
   }
   EXPECT_EQ(Count(Logs(), "was never declared"), 0) << Logs();
+}
+
+// Every hub decides the start quorum and the pause from its own flags, so
+// a report from a hub whose tenant has other flags is refused by name and
+// the round waits; once the tenant is created again alike (as
+// the refusal asks), the round ends and a step equals the reference.
+TEST_F(MultiRackElasticTest, HubsWithOtherTenantFlagsRefuseEachOthersReports) {
+  StartHubs(2, 1);
+  ASSERT_EQ(Ctl(1, {"tenant", "delete", "job"}).exit_code, 0);
+  const auto create = [&](const char* min) {
+    const CommandResult c =
+        Ctl(1, {"tenant", "create", "job", "--workers", "2", "--elastic", "--min-workers", min,
+                "--max-workers", std::to_string(kMaxWorkers), "--chunk-bytes", "1024",
+                "--tenant-token-file", dir_ + "/token"});
+    ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+    for (const char* reduction : {"sum", "mean"}) {
+      ASSERT_EQ(Ctl(1, {"key", "create", "job", reduction, "--elements",
+                        std::to_string(kElements), "--optimizer", "sum-only", "--reduction",
+                        reduction})
+                    .exit_code,
+                0);
+    }
+  };
+  create("3");
+  workers_.Spawn(0);  // its connections start a round: rack 0's report reaches rack 1's hub
+  ASSERT_TRUE(WaitForLog(*hubs_[1], "elastic tenant 'job' has --workers 2 --min-workers 3 "
+                                    "--max-workers 4 on rack 1's hub but --workers 2 "
+                                    "--min-workers 1 --max-workers 4 on rack 0's"))
+      << Logs();
+  EXPECT_EQ(Count(Logs(), "'job' round 1 agreed"), 0) << "a round ended with other flags" << Logs();
+  ASSERT_EQ(Ctl(1, {"tenant", "delete", "job"}).exit_code, 0);
+  create("1");
+  Join({1, 4, 5});  // the start quorum with rank 0, whose Pull was held meanwhile
+  Report rep;
+  ASSERT_TRUE(workers_.Next(0, &rep));
+  ASSERT_EQ(rep.kind, kReady) << rep.message;
+  EXPECT_LT(Step(0), 20.0);
 }
 
 // Below min_workers counted over every rack, every hub pauses the tenant
