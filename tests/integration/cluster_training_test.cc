@@ -178,6 +178,8 @@ TEST(ClusterTrainingTest, AHubThatStopsAnsweringLosesItsLeaseAndItsRackIsFailedB
   ASSERT_NE(w1.Hello("job", token, 1, 0).tenant_handle(), 0u);
   // Rack 1's hub freezes: its TCP links stay open, only its lease tells.
   ASSERT_EQ(kill(cluster.hub(1).pid(), SIGSTOP), 0);
+  ASSERT_TRUE(testing::WaitUntil("rack 1's hub stopped",
+                                 [&] { return testing::StoppedBySignal(cluster.hub(1).pid()); }));
   net::FrameHeader push;
   push.opcode = net::Opcode::kPush;
   push.tenant = welcome.tenant_handle();

@@ -13,7 +13,6 @@
 #include <signal.h>
 
 #include <chrono>
-#include <filesystem>
 
 #include "cluster_fixture.h"
 #include "multi_rack_bounded.h"
@@ -25,21 +24,6 @@ using namespace bounded_test;  // NOLINT(build/namespaces): the suite's support
 using namespace std::chrono_literals;
 
 constexpr uint32_t kChunks = 3;  // one lane: chunk c is homed on rack c
-
-// Whether every thread of process `pid` is stopped by a signal (state T in
-// /proc/PID/task/TID/stat): kill(SIGSTOP) returns before they all are.
-bool Stopped(pid_t pid) {
-  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
-  std::error_code ec;
-  bool any = false;
-  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
-    const std::string stat = testing::ReadFile((task.path() / "stat").string());
-    const auto at = stat.rfind(')');
-    if (at == std::string::npos || at + 2 >= stat.size() || stat[at + 2] != 'T') return false;
-    any = true;
-  }
-  return any && !ec;
-}
 
 TEST(MultiRackBoundedLeaseTest, ASilentHubsLeaseExpiryReleasesAndFailsItsRack) {
   testing::EtcdCluster etcd(1);
@@ -74,7 +58,7 @@ TEST(MultiRackBoundedLeaseTest, ASilentHubsLeaseExpiryReleasesAndFailsItsRack) {
   }
   // Rack 2's hub freezes; a relays a push to it (chunk 2's home).
   ASSERT_EQ(kill(cluster.hub(2).pid(), SIGSTOP), 0);
-  ASSERT_TRUE(testing::WaitUntil("rack 2's hub stopped", [&] { return Stopped(cluster.hub(2).pid()); }));
+  ASSERT_TRUE(testing::WaitUntil("rack 2's hub stopped", [&] { return testing::StoppedBySignal(cluster.hub(2).pid()); }));
   const uint64_t relayed = a.Push(2, 0, testing::Floats(kElems, 1.0f));
   for (Worker* w : {&a, &b}) {
     for (int k = 0; k < (w == &a ? 3 : 2); ++k) {

@@ -70,6 +70,19 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+bool StoppedBySignal(pid_t pid) {
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  bool any = false;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    const std::string stat = ReadFile((task.path() / "stat").string());
+    const auto at = stat.rfind(')');
+    if (at == std::string::npos || at + 2 >= stat.size() || stat[at + 2] != 'T') return false;
+    any = true;
+  }
+  return any && !ec;
+}
+
 CommandResult RunCommand(const std::vector<std::string>& argv, const std::string& stdin_text,
                          std::chrono::milliseconds timeout) {
   CommandResult result;

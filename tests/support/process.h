@@ -38,6 +38,10 @@ std::string ReadFile(const std::string& path);
 // (leading and trailing blanks removed), e.g. OutputField(out,
 // "data-plane token") on `rackhubctl tenant create`'s; "" when there is none.
 std::string OutputField(const std::string& out, const std::string& name);
+// Whether every thread of process `pid` is stopped by a signal (state T in
+// /proc/PID/task/TID/stat). kill(SIGSTOP) returns before they all are: a
+// test that freezes a process waits for this before it counts on silence.
+bool StoppedBySignal(pid_t pid);
 
 class DaemonProcess {
  public:
