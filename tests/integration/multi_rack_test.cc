@@ -7,6 +7,7 @@
 // values are offered again after a reconnect or an error. Hub-link
 // authentication: multi_rack_auth_test.cc.
 #include <regex>
+#include <sstream>
 
 #include "multi_rack_support.h"
 
@@ -66,6 +67,52 @@ TEST(MultiRackTest, HierarchicalEqualsFlatBitForBitWithAnalyticLinkBytes) {
               std::stod(h.at("interhub_bytes_analytic")));
     EXPECT_EQ(std::stod(f.at("interhub_bytes_per_iteration")), 0.0) << "flat mode has no links";
   }
+}
+
+// Hub links use TCP keepalive at both ends (net/tcp/keepalive.h): a peer
+// host that vanishes without FIN or RST must not leave a link open for ever.
+// Read from the kernel (`ss -o`): every established socket of the interhub
+// ports, the dialer's and the acceptor's, has its keepalive timer armed, and
+// no later than the configured idle time.
+TEST(MultiRackTest, HubLinksUseTcpKeepaliveAtBothEnds) {
+  const uint16_t port0 = FreePort(), port1 = FreePort();
+  const std::string racks = "127.0.0.1:0=127.0.0.1:" + std::to_string(port0) +
+                            ",127.0.0.1:0=127.0.0.1:" + std::to_string(port1);
+  const std::string secret = SecretFile();
+  DaemonProcess hub0(
+      {"--lanes", "2", "--racks", racks, "--rack", "0", "--hub-secret-file", secret});
+  DaemonProcess hub1(
+      {"--lanes", "2", "--racks", racks, "--rack", "1", "--hub-secret-file", secret});
+  ASSERT_TRUE(hub0.started() && hub1.started());
+  for (DaemonProcess* hub : {&hub0, &hub1}) {
+    ASSERT_TRUE(WaitForLog(*hub, "mutually authenticated", 2));  // its two lanes' links out
+  }
+  // Each hub dials 2 links (one per lane) and accepts 2: 4 sockets per port
+  // pair end, 8 in all, each with a timer "keepalive,<=5s" while idle.
+  std::string last;
+  const auto armed = [&] {
+    const testing::CommandResult r = RunCommand(
+        {"/usr/bin/ss", "-tnoH", "state", "established", "( sport = :" + std::to_string(port0) +
+                                                    " or dport = :" + std::to_string(port0) +
+                                                    " or sport = :" + std::to_string(port1) +
+                                                    " or dport = :" + std::to_string(port1) + " )"});
+    last = r.out + r.err;
+    if (r.exit_code != 0) return false;
+    const std::regex timer("timer:\\(keepalive,([0-9.]+)(ms|sec|min)");
+    size_t sockets = 0, keepalive = 0;
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty()) continue;
+      ++sockets;
+      std::smatch m;
+      if (std::regex_search(line, m, timer) && m[2] != "min" &&
+          (m[2] == "ms" || std::stod(m[1]) <= 5.0)) {
+        ++keepalive;
+      }
+    }
+    return sockets == 8 && keepalive == sockets;
+  };
+  EXPECT_TRUE(testing::WaitUntil("every hub-link socket's keepalive timer armed", armed)) << last;
 }
 
 TEST(MultiRackTest, LostHubFailsTheOtherRacksWorkers) {
