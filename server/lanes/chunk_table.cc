@@ -1,6 +1,7 @@
 #include "chunk_table.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -507,7 +508,11 @@ uint32_t ChunkTable::Restore(LaneTenant& t, const CheckpointImage& image,
     LaneKey* key = FindKey(t, cc.key_id);
     if (!key || cc.chunk >= key->info.placement.chunk_count) continue;
     if (OwnerLane(key->info, cc.chunk) != lane_) continue;
+    // Made here for the checkpoint's values: not sent at its key's floor
+    // before they are written (the restore's own round sends them).
+    const NewChunkHook hook = std::exchange(new_chunk_hook_, nullptr);
     Chunk& c = GetChunk(t, *key, cc.chunk);
+    new_chunk_hook_ = hook;
     std::vector<std::span<const float>> state(cc.state.begin(), cc.state.end());
     const uint64_t v = versions[cc.key_id];
     c.state.DiscardPending();

@@ -48,7 +48,8 @@ struct Waiter {
   std::vector<uint64_t> want;
   // A held PULL: when it began to wait (a relayed one is dropped once its
   // relay expired at its hub: WorkerProtocol::DropExpiredRelayedPulls).
-  std::chrono::steady_clock::time_point since{};
+  // Now unless given: never "expired" at birth.
+  std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
 };
 
 // Counts a chunk's hub memory (key_memory.h) in its tenant's

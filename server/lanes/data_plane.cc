@@ -405,7 +405,7 @@ void DataPlane::AlignLanes(uint32_t handle, std::shared_ptr<TenantRuntime> tenan
       // Not declared here yet (across racks: no worker of this rack declared
       // it): the floor waits for the key. Declared meanwhile: it is raised
       // below too.
-      tenant->PendFloor(key, v);
+      tenant->PendFloor(key, v, round);
       if (!registry_->GetKeyById(handle, key, &info).ok()) continue;
       tenant->TakeFloor(key);
     }
@@ -483,8 +483,16 @@ std::shared_ptr<KeyRuntime> DataPlane::KeyRuntimeFor(uint32_t handle, uint32_t k
   if (made_map || made) ForgetIfDeleted(handle, key_id);
   KeyInfo info;
   if (made && registry_->GetKeyById(handle, key_id, &info).ok()) {
-    // A round's agreed version from before the key was declared here.
-    if (const uint64_t v = TenantRuntimeFor(handle)->TakeFloor(key_id)) RaiseFloor(*rt, v);
+    // A round's agreed version from before the key was declared here (by a
+    // peer's KEY_BIND, a worker, the admin or etcd): the key's chunks this
+    // hub is home to go there and are sent to the other racks, whose copies
+    // wait for them (posted: every lane, as a round's realignment does).
+    if (const uint64_t v = TenantRuntimeFor(handle)->TakeFloor(key_id)) {
+      RaiseFloor(*rt, v);
+      auto one = std::make_shared<const std::map<uint32_t, uint64_t>>(
+          std::map<uint32_t, uint64_t>{{key_id, v}});
+      OnEveryLane([handle, one](Lane& lane) { lane.Align(handle, *one); });
+    }
   }
   return rt;
 }
@@ -496,11 +504,9 @@ void DataPlane::RaiseFloor(KeyRuntime& rt, uint64_t v) {
 }
 
 void DataPlane::KeyAdopted(uint32_t handle, uint32_t key_id) {
-  const uint64_t floor = KeyRuntimeFor(handle, key_id)->floor.load(std::memory_order_acquire);
-  if (floor == 0) return;  // no round agreed on it before: its chunks start at 0
-  auto one = std::make_shared<const std::map<uint32_t, uint64_t>>(
-      std::map<uint32_t, uint64_t>{{key_id, floor}});
-  OnEveryLane([handle, one](Lane& lane) { lane.Align(handle, *one); });
+  // Makes the key's runtime if no lane did yet: that takes a round's agreed
+  // version of it (KeyRuntimeFor); whoever makes it does.
+  KeyRuntimeFor(handle, key_id);
 }
 
 // Runtimes are made on first use, on lanes, while deletions erase them from

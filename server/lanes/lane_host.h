@@ -119,17 +119,22 @@ struct TenantRuntime {
   // Recovery rounds' agreed versions of keys this hub does not have yet
   // (across racks: a home whose rack never declared them): the key's floor
   // once it is declared here (DataPlane::KeyRuntimeFor). Per key id, the
-  // newest; bounded by the key ids the rounds' reports carry.
-  void PendFloor(uint32_t key, uint64_t v) {
+  // newest round's (a rollback round's is lower than an earlier round's;
+  // `round` 0: one hub, kept only if no round's is); at most the key ids the
+  // rounds' reports carry, until the tenant is deleted.
+  void PendFloor(uint32_t key, uint64_t v, uint64_t round) {
     std::lock_guard lock(mu_);
-    uint64_t& f = pending_floors_[key];
-    f = std::max(f, v);
+    auto& [at, f] = pending_floors_[key];
+    if (round >= at) {
+      at = round;
+      f = v;
+    }
   }
   uint64_t TakeFloor(uint32_t key) {
     std::lock_guard lock(mu_);
     const auto it = pending_floors_.find(key);
     if (it == pending_floors_.end()) return 0;
-    const uint64_t v = it->second;
+    const uint64_t v = it->second.second;
     pending_floors_.erase(it);
     return v;
   }
@@ -202,7 +207,8 @@ struct TenantRuntime {
   // member -> its newest generation.
   std::map<uint32_t, std::shared_ptr<WorkerGeneration>> generations_;  // GUARDED_BY(mu_)
   std::shared_ptr<const Membership> membership_;  // GUARDED_BY(mu_)
-  std::map<uint32_t, uint64_t> pending_floors_;    // GUARDED_BY(mu_)
+  // key id -> (round, agreed version).
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> pending_floors_;  // GUARDED_BY(mu_)
 };
 
 class LaneHost {

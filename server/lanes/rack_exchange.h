@@ -323,8 +323,15 @@ class RackExchange final : public net::FrameHandler {
   // TryBind of a key this hub does not have: declares it from the bind's
   // declaration at the peer's key id and chunks (Registry::AdoptKey). False:
   // not here yet (a shared registry, a bind without a declaration).
-  Result<bool> AdoptKey(uint32_t peer, const TenantInfo& tenant, const data::v1::KeyBind& bind,
-                        KeyInfo* key);
+  Result<bool> AdoptKey(uint32_t peer, uint32_t peer_tenant, const TenantInfo& tenant,
+                        const data::v1::KeyBind& bind, KeyInfo* key);
+  // AdoptKey of one key (the lower ids' done first).
+  Result<bool> DeclareFromBind(uint32_t peer, uint32_t handle, const data::v1::KeyBind& bind,
+                               KeyInfo* key);
+  // Bounds on what a peer's KEY_BIND may declare here (no wrap of the
+  // tenant's key ids or chunk indices).
+  static constexpr uint32_t kMaxAdoptedKeyId = uint32_t{1} << 30;
+  static constexpr uint64_t kMaxAdoptedChunk = uint64_t{1} << 48;
   void OnKeyBind(net::Connection& conn, const net::FrameHeader& h,
                  std::span<const std::byte> payload);
   void OnPeerError(net::Connection& conn, const net::FrameHeader& h,

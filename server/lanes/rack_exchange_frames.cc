@@ -210,10 +210,6 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
   KeyInfo key;
   if (!bind.ParseFromString(bind_bytes)) return InvalidArgument("payload: not a KeyBind");
   if (!registry_->GetTenant(bind.tenant(), &tenant).ok()) return false;  // not here yet
-  if (!registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
-    const Result<bool> adopted = AdoptKey(peer, tenant, bind, &key);
-    if (!adopted.ok() || !*adopted) return adopted;  // refused, or not yet
-  }
   // (Unset: sync, as on create.)
   const auto theirs = bind.consistency() == pb::BOUNDED ? Consistency::kBounded
                       : bind.consistency() == pb::ASYNC ? Consistency::kAsync
@@ -226,20 +222,27 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
         " on rack " + Num(peer) + "'s (create the tenant with the same consistency and " +
         "staleness on every hub)");
   }
-  if (key.id != bind.key_id() || key.elements != bind.elements() ||
-      key.placement.first_chunk != bind.first_chunk() ||
-      static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
-      key.chunk_elements != bind.chunk_elements() ||
-      tenant.workers_per_rack != bind.workers_per_rack() ||
-      InitModeToProto(key.init) != bind.init() || key.rows != bind.rows() ||
-      key.dim != bind.dim() || key.init_seed != bind.init_seed() ||
-      key.init_scale != bind.init_scale()) {
+  const auto differs = [&] {
     return FailedPrecondition("key " + QuoteForLog(bind.key()) + " of tenant " +
                               QuoteForLog(bind.tenant()) +
                               " is laid out or initialized differently on the two racks "
                               "(create the tenant with the same settings and its keys with the "
                               "same init (a table: rows, dim, seed and scale) and in the same "
                               "order on every hub)");
+  };
+  if (tenant.workers_per_rack != bind.workers_per_rack()) return differs();
+  if (!registry_->GetKey(bind.tenant(), bind.key(), &key).ok()) {
+    const Result<bool> adopted = AdoptKey(peer, peer_tenant, tenant, bind, &key);
+    if (!adopted.ok() || !*adopted) return adopted;  // refused, or not yet
+  }
+  if (key.id != bind.key_id() || key.elements != bind.elements() ||
+      key.placement.first_chunk != bind.first_chunk() ||
+      static_cast<int>(key.dtype) != static_cast<int>(bind.dtype()) ||
+      key.chunk_elements != bind.chunk_elements() ||
+      InitModeToProto(key.init) != bind.init() || key.rows != bind.rows() ||
+      key.dim != bind.dim() || key.init_seed != bind.init_seed() ||
+      key.init_scale != bind.init_scale()) {
+    return differs();
   }
   peer_tenants_[{peer, peer_tenant}] = tenant.handle;
   bind_refusals_.erase({peer, peer_tenant, bind.key_id()});
@@ -247,27 +250,55 @@ Result<bool> RackExchange::TryBind(uint32_t peer, uint32_t peer_tenant,
   return true;
 }
 
-Result<bool> RackExchange::AdoptKey(uint32_t peer, const TenantInfo& tenant,
+Result<bool> RackExchange::AdoptKey(uint32_t peer, uint32_t peer_tenant, const TenantInfo& tenant,
                                     const dpb::KeyBind& bind, KeyInfo* key) {
   // With a shared registry (etcd) the key comes through it; without a
   // declaration (a hub of an older version) it waits for a worker or an
   // admin to create it here.
   if (registry_->shared() || !bind.has_declaration()) return false;
+  // The peer's keys of lower ids first (the binds kept from it came before,
+  // in id order: SendKeyBind), so keys are declared here in id order also
+  // when their binds waited (the tenant was created here after they came).
+  for (auto it = binds_.lower_bound({peer, peer_tenant, 0});
+       it != binds_.end() && std::get<0>(it->first) == peer &&
+       std::get<1>(it->first) == peer_tenant && std::get<2>(it->first) < bind.key_id();
+       ++it) {
+    dpb::KeyBind lower;
+    KeyInfo known;
+    if (lower.ParseFromString(it->second) && lower.tenant() == bind.tenant() &&
+        !registry_->GetKey(lower.tenant(), lower.key(), &known).ok()) {
+      (void)DeclareFromBind(peer, tenant.handle, lower, &known);  // a refusal shows at that key's frames
+    }
+  }
+  return DeclareFromBind(peer, tenant.handle, bind, key);
+}
+
+Result<bool> RackExchange::DeclareFromBind(uint32_t peer, uint32_t handle,
+                                           const dpb::KeyBind& bind, KeyInfo* key) {
+  if (!bind.has_declaration()) return false;
+  if (bind.key_id() == 0 || bind.key_id() > kMaxAdoptedKeyId ||
+      bind.first_chunk() > kMaxAdoptedChunk) {
+    return InvalidArgument("KEY_BIND of key " + QuoteForLog(bind.key()) + " from rack " +
+                           Num(peer) + "'s hub: key id " + Num(bind.key_id()) +
+                           " or first chunk " + Num(bind.first_chunk()) + " out of range");
+  }
   const std::string bytes = bind.declaration().SerializeAsString();
   const DeclareCheck checked =
-      CheckDeclare({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, tenant.name);
+      CheckDeclare({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}, bind.tenant());
   if (!checked.ok) {
     return InvalidArgument("KEY_BIND of key " + QuoteForLog(bind.key()) + " from rack " +
                            Num(peer) + "'s hub: its declaration: " + checked.text);
   }
-  if (checked.spec.name != bind.key()) {
+  const KeySpec& spec = checked.spec;
+  if (spec.name != bind.key() || static_cast<int>(spec.dtype) != static_cast<int>(bind.dtype()) ||
+      InitModeToProto(spec.init) != bind.init() || spec.rows != bind.rows() ||
+      spec.dim != bind.dim() || spec.init_seed != bind.init_seed() ||
+      spec.init_scale != bind.init_scale() ||
+      (spec.rows == 0 && spec.elements != bind.elements())) {
     return InvalidArgument("KEY_BIND of key " + QuoteForLog(bind.key()) + " from rack " +
-                           Num(peer) + "'s hub declares another key, " +
-                           QuoteForLog(checked.spec.name));
+                           Num(peer) + "'s hub: its declaration does not match the bind");
   }
-  // The peer binds the tenant's keys in key id order on each link
-  // (SendKeyBind), so the lower ids came first; an id skipped here is a key
-  // deleted there (or refused here, by name).
+  // Refused only where this hub gave the id or chunks to another key.
   const Status s = registry_->AdoptKey(checked.spec, bind.key_id(), bind.first_chunk(), key);
   if (s.code() == StatusCode::kAlreadyExists) {
     // Another lane declared it from its own link's KEY_BIND meanwhile.
@@ -284,7 +315,7 @@ Result<bool> RackExchange::AdoptKey(uint32_t peer, const TenantInfo& tenant,
                "rack {}'s KEY_BIND (no worker of this rack declared it)",
                table_->lane(), SafeForLog(bind.key(), 128), SafeForLog(bind.tenant(), 128),
                key->elements, key->id, peer);
-  host_->KeyAdopted(tenant.handle, key->id);
+  host_->KeyAdopted(handle, key->id);
   return true;
 }
 

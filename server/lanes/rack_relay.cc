@@ -13,6 +13,7 @@
 #include <functional>
 #include <random>
 
+#include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
 #include "rack_exchange.h"
@@ -46,12 +47,13 @@ class RelayConnection final : public net::Connection {
  public:
   using Reply = std::function<void(const FrameHeader&, std::span<const std::byte>)>;
   RelayConnection(net::ConnectionIdentity id, std::weak_ptr<net::Connection> link, Reply reply,
-                  net::FrameHandler* handler, LaneGate* gate)
+                  net::FrameHandler* handler, LaneGate* gate, boost::asio::io_context* io)
       : id_(std::move(id)),
         link_(std::move(link)),
         reply_(std::move(reply)),
         handler_(handler),
-        gate_(gate) {}
+        gate_(gate),
+        io_(io) {}
 
   const net::ConnectionIdentity& id() const override { return id_; }
   bool open() const override {
@@ -78,12 +80,18 @@ class RelayConnection final : public net::Connection {
   void Close(const std::string& why) override {
     if (!open_) return;
     open_ = false;
-    // Through the lane's gate: counted by its WaitIdle, and not run once
-    // the lane shuts down (WorkerProtocol::CloseAll closes every
-    // connection then).
-    gate_->Post([self = shared_from_this(), handler = handler_, why] {
+    auto closed = [self = shared_from_this(), handler = handler_, why] {
       handler->OnConnectionClosed(*self, why);
-    });
+    };
+    // Through the lane's gate (counted by its WaitIdle) while it is open.
+    // Once it closed (the lane shuts down: WorkerProtocol::CloseAll closes
+    // every connection) its handlers no longer run, but this one must: the
+    // lane is drained only when its last connection's close was handled.
+    if (!gate_->closed()) {
+      gate_->Post(std::move(closed));
+    } else {
+      boost::asio::post(*io_, std::move(closed));
+    }
   }
   // From the exchange (a member notice, a lost link): at once.
   void CloseNow(const std::string& why) {
@@ -105,6 +113,7 @@ class RelayConnection final : public net::Connection {
   const Reply reply_;
   net::FrameHandler* const handler_;
   LaneGate* const gate_;
+  boost::asio::io_context* const io_;
   bool open_ = true;
 };
 
@@ -478,7 +487,7 @@ void RackExchange::OnRelay(net::Connection& conn, LaneTenant& t, const LaneKey* 
           const auto body = ReplyBody(f, payload);
           SendRelayReply(peer, f, AsBytes(*body), body);
         },
-        workers_, gate_);
+        workers_, gate_, io_);
     relay = fresh.get();
     relay_conns_[slot] = fresh;
     workers_->Adopt(fresh, ++relay_seq_);

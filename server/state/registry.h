@@ -265,10 +265,10 @@ class Registry {
   Status CreateKey(const KeySpec& spec, KeyInfo* out);
   // Creates the key at key id `id` with its chunks from `first_chunk`, as
   // another hub of the tenant has it (RackExchange::TryBind: a KEY_BIND of a
-  // key no worker of this rack declared). Both must be at or past this
-  // tenant's next ones (FAILED_PRECONDITION naming them otherwise); the ids
-  // and chunks skipped (keys deleted on that hub) stay unused. Not with a
-  // shared (etcd) registry, whose keys come through it.
+  // key no worker of this rack declared). FAILED_PRECONDITION naming the key
+  // here that has that id or any of those chunks; ids and chunks skipped stay
+  // free for the keys that have them there. Not with a shared (etcd)
+  // registry, whose keys come through it.
   Status AdoptKey(const KeySpec& spec, uint32_t id, uint64_t first_chunk, KeyInfo* out);
   Status GetKey(const std::string& tenant, const std::string& name, KeyInfo* out) const;
   Status ListKeys(const std::string& tenant, std::vector<KeyInfo>* out) const;
@@ -323,6 +323,10 @@ class Registry {
   };
   // CreateKey, at `at` when given (AdoptKey).
   Status CreateKeyAt(const KeySpec& spec, std::optional<KeyAt> at, KeyInfo* out);
+  // FAILED_PRECONDITION naming the key whose id or chunks `at` would take
+  // (a key of `elements`, or spec's table). REQUIRES: mu_ held.
+  Status CheckKeyAt(const Tenant& t, const KeySpec& spec, const KeyAt& at,
+                    uint64_t elements) const;
   Tenant* FindTenant(const std::string& name) const;  // REQUIRES: mu_ held
   // Tenant `tenant` (*t) and its key `name` (*key), or NOT_FOUND naming the
   // one missing. REQUIRES: mu_ held.

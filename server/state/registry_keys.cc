@@ -173,6 +173,25 @@ Status Registry::AdoptKey(const KeySpec& spec, uint32_t id, uint64_t first_chunk
   return CreateKeyAt(spec, KeyAt{id, first_chunk}, out);
 }
 
+Status Registry::CheckKeyAt(const Tenant& t, const KeySpec& spec, const KeyAt& at,
+                            uint64_t elements) const {
+  const uint64_t count = spec.rows > 0 ? ChunkLayout::TableChunkCount(spec.rows, lanes_)
+                                       : t.layout.ChunksFor(elements);
+  const auto taken = [&](const std::string& by) {
+    return FailedPrecondition("key " + Quoted(spec.name) + " of tenant " + Quoted(spec.tenant) +
+                              ": id " + std::to_string(at.id) + " or chunks " +
+                              std::to_string(at.first_chunk) + ".." +
+                              std::to_string(at.first_chunk + count - 1) +
+                              " are key " + Quoted(by) + "'s here");
+  };
+  if (const auto it = t.key_names.find(at.id); it != t.key_names.end()) return taken(it->second);
+  for (const auto& [name, k] : t.keys) {
+    const uint64_t first = k.placement.first_chunk, end = first + k.placement.chunk_count;
+    if (at.first_chunk < end && first < at.first_chunk + count) return taken(name);
+  }
+  return Status::Ok();
+}
+
 Status Registry::CreateKeyAt(const KeySpec& spec, std::optional<KeyAt> at, KeyInfo* out) {
   if (!IsValidKeyName(spec.name)) {
     return InvalidArgument("name: " + Quoted(spec.name) +
@@ -248,12 +267,8 @@ Status Registry::CreateKeyAt(const KeySpec& spec, std::optional<KeyAt> at, KeyIn
     return AlreadyExists("name: key " + Quoted(spec.name) + " already exists in tenant " +
                          Quoted(spec.tenant));
   }
-  if (at && (at->id < t->next_key_id || at->first_chunk < t->layout.next_chunk())) {
-    return FailedPrecondition(
-        "key " + Quoted(spec.name) + " of tenant " + Quoted(spec.tenant) + ": id " +
-        std::to_string(at->id) + " and chunks from " + std::to_string(at->first_chunk) +
-        " are taken here (the next key id is " + std::to_string(t->next_key_id) +
-        ", the next chunk " + std::to_string(t->layout.next_chunk()) + ")");
+  if (at) {
+    if (Status s = CheckKeyAt(*t, spec, *at, elements); !s.ok()) return s;
   }
   if (t->info.key_count + 1 > t->info.quotas.max_keys) {
     return ResourceExhausted("quotas.max_keys: tenant " + Quoted(spec.tenant) + " already has " +
@@ -324,8 +339,9 @@ Status Registry::CreateKeyAt(const KeySpec& spec, std::optional<KeyAt> at, KeyIn
   key.memory_bytes = memory;
   if (store_) {
     StoredTenant row = t->Row();
-    row.next_key_id = key.id + 1;
-    row.next_chunk = key.placement.first_chunk + key.placement.chunk_count;
+    row.next_key_id = std::max(t->next_key_id, key.id + 1);
+    row.next_chunk = std::max(t->layout.next_chunk(),
+                              key.placement.first_chunk + key.placement.chunk_count);
     if (Status s = store_->InsertKey(row, key, revision); !s.ok()) return s;
     if (store_->shared()) {
       lock.unlock();
@@ -333,14 +349,18 @@ Status Registry::CreateKeyAt(const KeySpec& spec, std::optional<KeyAt> at, KeyIn
       return GetKey(spec.tenant, spec.name, out);
     }
   }
-  t->next_key_id = key.id + 1;
-  if (const uint64_t gap = key.placement.first_chunk - t->layout.next_chunk(); gap > 0) {
-    t->layout.Allocate(gap * t->layout.chunk_elements());  // chunks of keys deleted elsewhere
-  }
-  if (key.table()) {
-    t->layout.AllocateTable(key.rows);  // == key.placement
-  } else {
-    t->layout.Allocate(elements);  // == key.placement
+  t->next_key_id = std::max(t->next_key_id, key.id + 1);
+  if (!at) {
+    if (key.table()) {
+      t->layout.AllocateTable(key.rows);  // == key.placement
+    } else {
+      t->layout.Allocate(elements);  // == key.placement
+    }
+  } else if (const uint64_t end = key.placement.first_chunk + key.placement.chunk_count;
+             end > t->layout.next_chunk()) {
+    // Past the chunks given so far (the ones skipped: keys of lower ids
+    // declared later, or deleted on that hub).
+    t->layout.Allocate((end - t->layout.next_chunk()) * t->layout.chunk_elements());
   }
   t->info.key_count++;
   t->info.parameter_bytes += bytes;

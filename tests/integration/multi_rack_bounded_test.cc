@@ -250,6 +250,24 @@ TEST(MultiRackBoundedTest, AKilledNonHomeHubReleasesTheRepliesItsWorkersHeld) {
   EXPECT_EQ(r.clock, 1u) << "released when the link of rack 1's hub was lost";
 }
 
+// A home stopped (SIGTERM) while a worker of another rack is relayed to it:
+// the lane closes the relayed connection too and reports itself drained, so
+// the stop does not wait out its grace period for it (both rank 0s, its own
+// rack's and the relayed one of rack 0, say they disconnected). Before, the
+// relayed connection's close was posted through the lane's gate, closed by
+// then: it never ran.
+TEST(MultiRackBoundedTest, AHomeStoppedWithARelayedWorkerClosesItsConnection) {
+  TwoRacks t(kBounded0);  // a's PULL of chunk 1 was relayed to rack 1's hub
+  EXPECT_EQ(t.racks.hub(1).Stop(SIGTERM), 0);
+  const std::string log = t.racks.hub(1).Log();
+  size_t closed = 0;
+  for (size_t at = log.find("tenant 't' rank 0 lane 0 disconnected"); at != std::string::npos;
+       at = log.find("tenant 't' rank 0 lane 0 disconnected", at + 1)) {
+    ++closed;
+  }
+  EXPECT_EQ(closed, 2u) << log;
+}
+
 TEST(MultiRackBoundedTest, AKilledHomeFailsRelayedRequestsAndThePullResumes) {
   TwoRacks t(kBounded1);
   EXPECT_EQ(t.racks.hub(1).Stop(SIGKILL), 128 + SIGKILL);

@@ -34,6 +34,37 @@ TEST_F(RegistryTest, KeysGetConsecutiveChunkRangesInOrder) {
   EXPECT_EQ(key_.placement.first_chunk, 3u);
 }
 
+// Keys declared from another hub's KEY_BIND (RackExchange::AdoptKey) take
+// that hub's id and chunks, in any order: a key of a higher id first leaves
+// the lower id and chunks free for the key that has them there, and a
+// worker's key made afterwards comes after all of them. Only an id or chunk
+// another key has here is refused, naming that key.
+TEST_F(RegistryTest, AdoptedKeysTakeThePeersIdsAndChunksInAnyOrder) {
+  MakeTenant("t");
+  // There: "a" id 1 chunks 0..2, "b" id 2 chunk 3, "c" id 4 chunks 6..7 (id 3
+  // and chunks 4..5 were a key deleted there).
+  ASSERT_TRUE(r_.AdoptKey(Key("t", "b", 1), 2, 3, &key_).ok());
+  EXPECT_EQ(key_.id, 2u);
+  EXPECT_EQ(key_.placement.first_chunk, 3u);
+  ASSERT_TRUE(r_.AdoptKey(Key("t", "c", 512), 4, 6, &key_).ok());
+  ASSERT_TRUE(r_.AdoptKey(Key("t", "a", 600), 1, 0, &key_).ok());
+  EXPECT_EQ(key_.id, 1u);
+  EXPECT_EQ(key_.placement.first_chunk, 0u);
+  EXPECT_EQ(key_.placement.chunk_count, 3u);
+  const KeyInfo own = MustCreateKey(Key("t", "d", 10));  // after every adopted one
+  EXPECT_EQ(own.id, 5u);
+  EXPECT_EQ(own.placement.first_chunk, 8u);
+  EXPECT_STATUS(r_.AdoptKey(Key("t", "e", 10), 2, 20, &key_), StatusCode::kFailedPrecondition,
+                "key 'e' of tenant 't': id 2 or chunks 20..20 are key 'b''s here");
+  EXPECT_STATUS(r_.AdoptKey(Key("t", "e", 600), 3, 2, &key_), StatusCode::kFailedPrecondition,
+                "key 'e' of tenant 't': id 3 or chunks 2..4 are key ");
+  EXPECT_STATUS(r_.AdoptKey(Key("t", "a", 600), 1, 0, &key_), StatusCode::kAlreadyExists,
+                "name: key 'a' already exists");
+  // Id 3 and chunks 4..5 stay free for the key that had them.
+  ASSERT_TRUE(r_.AdoptKey(Key("t", "x", 300), 3, 4, &key_).ok());
+  EXPECT_EQ(Usage("t"), "5/" + std::to_string((1 + 512 + 600 + 10 + 300) * 4) + "/9/a,b,x,c,d,");  // by id
+}
+
 TEST_F(RegistryTest, InvalidKeys) {
   MakeTenant("t");
   KeyInfo& k = key_;
