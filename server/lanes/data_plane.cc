@@ -503,6 +503,12 @@ void DataPlane::RaiseFloor(KeyRuntime& rt, uint64_t v) {
   }
 }
 
+void DataPlane::OnKeyCreated(uint32_t handle, uint32_t key_id) {
+  // (Under the registry's lock: only posted. KeyRuntimeFor reads it.)
+  if (!rack_recovery_ || lanes_.empty()) return;
+  OnLane(0, [this, handle, key_id](Lane&) { KeyRuntimeFor(handle, key_id); });
+}
+
 void DataPlane::KeyAdopted(uint32_t handle, uint32_t key_id) {
   // Makes the key's runtime if no lane did yet: that takes a round's agreed
   // version of it (KeyRuntimeFor); whoever makes it does.

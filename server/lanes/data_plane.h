@@ -126,6 +126,9 @@ class DataPlane final : public RegistryObserver, public LaneHost {
 
   // LaneHost.
   void KeyAdopted(uint32_t handle, uint32_t key_id) override;
+  // RegistryObserver: across racks, a round's agreed version of the key
+  // from before it existed here is taken (KeyRuntimeFor, on lane 0).
+  void OnKeyCreated(uint32_t handle, uint32_t key_id) override;
   std::shared_ptr<KeyRuntime> KeyRuntimeFor(uint32_t handle, uint32_t key_id) override;
   void ChunkInitialized(uint32_t handle, uint32_t key_id, uint64_t chunk_count) override;
   std::shared_ptr<TenantRuntime> TenantRuntimeFor(uint32_t handle) override;

@@ -330,7 +330,7 @@ class RackExchange final : public net::FrameHandler {
                                KeyInfo* key);
   // Bounds on what a peer's KEY_BIND may declare here (no wrap of the
   // tenant's key ids or chunk indices).
-  static constexpr uint32_t kMaxAdoptedKeyId = uint32_t{1} << 30;
+  static constexpr uint32_t kMaxAdoptedKeyId = uint32_t{1} << 20;
   static constexpr uint64_t kMaxAdoptedChunk = uint64_t{1} << 48;
   void OnKeyBind(net::Connection& conn, const net::FrameHeader& h,
                  std::span<const std::byte> payload);

@@ -221,6 +221,11 @@ class RegistryObserver {
   virtual ~RegistryObserver() = default;
   virtual void OnTenantDeleted(uint32_t handle) = 0;
   virtual void OnKeyDeleted(uint32_t handle, uint32_t key_id) = 0;
+  // A key is new here (created, declared, adopted, or read from the store).
+  virtual void OnKeyCreated(uint32_t handle, uint32_t key_id) {
+    (void)handle;
+    (void)key_id;
+  }
   // `from_update`: first update (1-based) the new values apply to; 0 = next.
   virtual void OnOptimizerChanged(uint32_t handle, uint32_t key_id,
                                   const aggregation::OptimizerConfig& optimizer,

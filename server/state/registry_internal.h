@@ -25,6 +25,18 @@ struct Registry::Tenant {
   std::map<std::string, KeyInfo> keys;  // by name
   std::map<uint32_t, std::string> key_names;  // by id
   uint32_t next_key_id = 1;
+  // Keys deleted since this process loaded the tenant, by id: name and
+  // chunk range. Their ids and chunks are never given again (AdoptKey
+  // refuses them: a peer's KEY_BIND kept from before must not bring one
+  // back).
+  struct Deleted {
+    std::string name;
+    uint64_t first_chunk = 0, chunk_count = 0;
+  };
+  std::map<uint32_t, Deleted> deleted;
+  void NoteDeleted(const KeyInfo& k) {
+    deleted[k.id] = {k.name, k.placement.first_chunk, k.placement.chunk_count};
+  }
   // Shared stores: the revisions of the tenant's row and of its keys' rows.
   int64_t revision = 0;
   std::map<uint32_t, int64_t> key_revisions;  // by id

@@ -177,17 +177,23 @@ Status Registry::CheckKeyAt(const Tenant& t, const KeySpec& spec, const KeyAt& a
                             uint64_t elements) const {
   const uint64_t count = spec.rows > 0 ? ChunkLayout::TableChunkCount(spec.rows, lanes_)
                                        : t.layout.ChunksFor(elements);
-  const auto taken = [&](const std::string& by) {
+  const auto taken = [&](const std::string& by, const std::string& how = "'s here") {
     return FailedPrecondition("key " + Quoted(spec.name) + " of tenant " + Quoted(spec.tenant) +
                               ": id " + std::to_string(at.id) + " or chunks " +
                               std::to_string(at.first_chunk) + ".." +
                               std::to_string(at.first_chunk + count - 1) +
-                              " are key " + Quoted(by) + "'s here");
+                              " are key " + Quoted(by) + how);
   };
   if (const auto it = t.key_names.find(at.id); it != t.key_names.end()) return taken(it->second);
   for (const auto& [name, k] : t.keys) {
     const uint64_t first = k.placement.first_chunk, end = first + k.placement.chunk_count;
     if (at.first_chunk < end && first < at.first_chunk + count) return taken(name);
+  }
+  for (const auto& [id, d] : t.deleted) {
+    const uint64_t end = d.first_chunk + d.chunk_count;
+    if (id == at.id || (at.first_chunk < end && d.first_chunk < at.first_chunk + count)) {
+      return taken(d.name, " (deleted here: a deleted key's id and chunks are not given again)");
+    }
   }
   return Status::Ok();
 }
@@ -368,6 +374,7 @@ Status Registry::CreateKeyAt(const KeySpec& spec, std::optional<KeyAt> at, KeyIn
   t->info.chunk_count = t->layout.next_chunk();
   t->keys.emplace(key.name, key);
   t->key_names.emplace(key.id, key.name);
+  if (observer_) observer_->OnKeyCreated(t->info.handle, key.id);
   *out = key;
   return Status::Ok();
   });
@@ -425,6 +432,7 @@ Status Registry::DeleteKey(const std::string& tenant, const std::string& name) {
   t->info.key_count--;
   t->info.parameter_bytes -= key->parameter_bytes();
   t->info.memory_bytes -= key->memory_bytes;
+  t->NoteDeleted(*key);
   t->key_names.erase(key_id);
   t->keys.erase(name);
   if (observer_) observer_->OnKeyDeleted(t->info.handle, key_id);

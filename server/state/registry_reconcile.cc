@@ -148,6 +148,7 @@ Status Registry::Apply(const RegistryContents& c, bool strict, const std::string
       t.info.key_count--;
       t.info.parameter_bytes -= it->second.parameter_bytes();
       t.info.memory_bytes -= it->second.memory_bytes;
+      t.NoteDeleted(it->second);
       t.key_names.erase(key_id);
       t.key_revisions.erase(key_id);
       it = t.keys.erase(it);
@@ -176,6 +177,7 @@ Status Registry::Apply(const RegistryContents& c, bool strict, const std::string
         t.next_key_id = std::max(t.next_key_id, key.id + 1);
         t.key_names.emplace(key.id, key.name);
         t.key_revisions[key.id] = row->revision;
+        if (observer_) observer_->OnKeyCreated(t.info.handle, key.id);
         t.keys.emplace(key.name, std::move(key));
         continue;
       }

@@ -397,12 +397,15 @@ TEST_F(MultiRackElasticTest, AnEmptyRackFindsNoStragglerOfItsOwn) {
   KillAndWaitLeft(4);
   KillAndWaitLeft(5);
   EXPECT_LT(Step(step++), 20.0);  // rack 1 without members
+  // (Aborts before, e.g. a slow step under load, are counted out with the
+  // same needles.)
   const int aborts = Count(hubs_[1]->Log(), "(straggler: ");
+  const int fallbacks = Count(hubs_[1]->Log(), "(straggler: another rack's sum for key ");
   const std::vector<uint32_t> pushers = {0, 1, 8};  // not 9
   for (uint32_t g : pushers) workers_.SendStep(g, step);
   ASSERT_TRUE(WaitForLog(*hubs_[1], "(straggler: ", aborts + 1)) << Logs();
   const std::string log = hubs_[1]->Log();
-  EXPECT_EQ(Count(log, "(straggler: another rack's sum for key "), aborts + 1)
+  EXPECT_EQ(Count(log, "(straggler: another rack's sum for key "), fallbacks + 1)
       << "rack 1's hub aborted the update for a straggler of its own" << Logs();
   EXPECT_EQ(Count(log, "'job': membership: rank"), 0) << Logs();
   Kill(9);

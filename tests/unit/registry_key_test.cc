@@ -63,6 +63,13 @@ TEST_F(RegistryTest, AdoptedKeysTakeThePeersIdsAndChunksInAnyOrder) {
   // Id 3 and chunks 4..5 stay free for the key that had them.
   ASSERT_TRUE(r_.AdoptKey(Key("t", "x", 300), 3, 4, &key_).ok());
   EXPECT_EQ(Usage("t"), "5/" + std::to_string((1 + 512 + 600 + 10 + 300) * 4) + "/9/a,b,x,c,d,");  // by id
+  // A key deleted here never comes back at its id or chunks (a KEY_BIND kept
+  // from before its deletion).
+  EXPECT_OK(r_.DeleteKey("t", "b"));
+  EXPECT_STATUS(r_.AdoptKey(Key("t", "b", 1), 2, 3, &key_), StatusCode::kFailedPrecondition,
+                "key 'b' of tenant 't': id 2 or chunks 3..3 are key 'b' (deleted here");
+  EXPECT_STATUS(r_.AdoptKey(Key("t", "y", 1), 9, 3, &key_), StatusCode::kFailedPrecondition,
+                "key 'y' of tenant 't': id 9 or chunks 3..3 are key 'b' (deleted here");
 }
 
 TEST_F(RegistryTest, InvalidKeys) {
