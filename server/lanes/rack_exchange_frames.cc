@@ -254,8 +254,11 @@ Result<bool> RackExchange::AdoptKey(uint32_t peer, uint32_t peer_tenant, const T
                                     const dpb::KeyBind& bind, KeyInfo* key) {
   // With a shared registry (etcd) the key comes through it; without a
   // declaration (a hub of an older version) it waits for a worker or an
-  // admin to create it here.
-  if (registry_->shared() || !bind.has_declaration()) return false;
+  // admin to create it here. Only elastic tenants, whose racks may have no
+  // worker to declare a key: the others' hubs get their keys from their
+  // own workers or the admin, as before (an admin's `key create` after the
+  // tenant's is not preempted).
+  if (registry_->shared() || !bind.has_declaration() || !tenant.elastic) return false;
   // The peer's keys of lower ids first (the binds kept from it came before,
   // in id order: SendKeyBind), so keys are declared here in id order also
   // when their binds waited (the tenant was created here after they came).
