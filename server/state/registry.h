@@ -294,7 +294,11 @@ class Registry {
   // Marks a FROM_CLIENT key ready once its values arrived (no-op if gone).
   void MarkKeyReady(uint32_t handle, uint32_t key_id);
   // At most one observer; set before serving, never changed afterwards.
-  void SetObserver(RegistryObserver* observer) { observer_ = observer; }
+  // Under the lock: an etcd watch may already apply changes (and call it).
+  void SetObserver(RegistryObserver* observer) {
+    std::unique_lock lock(mu_);
+    observer_ = observer;
+  }
 
   // Data-plane authentication: checks `token` against the tenant's stored
   // hash in constant time. UNAUTHENTICATED for an unknown tenant or wrong
