@@ -326,6 +326,10 @@ class Client::Impl {
   std::atomic<uint32_t> workers_{0};  // may change on a reconnect
   uint32_t chunk_elements_ = 0;
   std::atomic<uint32_t> straggler_timeout_ms_{0};  // may change on a reconnect
+  // WELCOME.incarnation of the hub process connected to (0: the tenant does
+  // not span racks); a reconnect to another one resyncs every key. Written on
+  // the connect path and the io thread's AdoptReconnect, never at once.
+  uint64_t hub_incarnation_ = 0;
 
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;

@@ -74,6 +74,7 @@ Error Client::Impl::AcceptWelcome(uint32_t lane, const std::string& payload) {
     workers_ = welcome.workers();
     chunk_elements_ = welcome.chunk_elements();
     straggler_timeout_ms_ = welcome.straggler_timeout_ms();
+    hub_incarnation_ = welcome.incarnation();
     std::lock_guard lock(mu_);
     for (const auto& entry : welcome.keys()) {
       const Result<KeyInfo> info = internal::ToKeyInfo(entry, chunk_elements_);

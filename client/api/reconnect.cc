@@ -114,6 +114,11 @@ void Client::Impl::AdoptReconnect(uint64_t generation,
   tenant_handle_ = w0.tenant_handle();
   workers_ = w0.workers();
   straggler_timeout_ms_ = w0.straggler_timeout_ms();
+  // A tenant spanning racks whose hub restarted: its keys' values at a
+  // version may differ from what this client had at that version (a cluster
+  // checkpoint restored, then a skipped step): every key is Pulled again.
+  const bool restarted = hub_incarnation_ != 0 && w0.incarnation() != hub_incarnation_;
+  hub_incarnation_ = w0.incarnation();
 
   {
     std::lock_guard lock(mu_);
@@ -133,14 +138,18 @@ void Client::Impl::AdoptReconnect(uint64_t generation,
       const uint64_t hub_version = it->second.version;
       const uint64_t was = k.info.next_iteration;
       k.info.version = hub_version;
-      if (hub_version != was) {
-        Error e =
-            MakeError(ErrorCode::kRolledBack,
-                      hub_version < was
-                          ? "hub restarted: key '" + k.info.name + "' rolled back to iteration " +
-                                std::to_string(hub_version) + " (was " + std::to_string(was) + ")"
-                          : "hub reconnected: key '" + k.info.name + "' is at iteration " +
-                                std::to_string(hub_version) + " (was " + std::to_string(was) + ")");
+      if (hub_version != was || restarted) {
+        Error e = MakeError(
+            ErrorCode::kRolledBack,
+            hub_version < was
+                ? "hub restarted: key '" + k.info.name + "' rolled back to iteration " +
+                      std::to_string(hub_version) + " (was " + std::to_string(was) + ")"
+            : hub_version > was
+                ? "hub reconnected: key '" + k.info.name + "' is at iteration " +
+                      std::to_string(hub_version) + " (was " + std::to_string(was) + ")"
+                : "hub restarted: key '" + k.info.name + "' is at iteration " +
+                      std::to_string(hub_version) +
+                      " again, restored from the cluster's checkpoint (Pull its values)");
         e.iteration = hub_version;
         k.info.next_iteration = hub_version;
         MarkResync(k, std::move(e));

@@ -1,6 +1,7 @@
 #include "chunk_table.h"
 
 #include <algorithm>
+#include <cassert>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -483,7 +484,13 @@ bool ChunkTable::RestoreTableChunk(aggregation::RowShard& r, uint64_t version,
 void ChunkTable::RestoreRackStages(const LaneKey& key, Chunk& c, std::span<const float> params) {
   const uint64_t v = c.state.version();
   for (auto& stage : c.stages) {
-    if (stage) stage->Restore(v, params, {});  // a sum-only stage: no optimizer state
+    if (!stage) continue;
+    // Contributions to the stage are dropped with the rest (ChunkState::Restore
+    // takes none: a stage left behind would refuse every push as stale).
+    stage->DiscardPending();
+    const bool restored = stage->Restore(v, params, {});  // sum-only: no optimizer state
+    assert(restored);
+    (void)restored;
   }
   auto& out = c.replies[v & 1];
   out.PrepareOverwrite();  // a queued reply keeps its bytes

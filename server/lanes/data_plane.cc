@@ -75,7 +75,11 @@ DataPlane::DataPlane(const Config& config, Registry* registry, LaneSet* lanes,
       const std::string why = "rack " + std::to_string(rack) + "'s hub restarted";
       for (const TenantInfo& t : registry_->ListTenants()) {
         if (SpansRacks(t)) {
-          Recover(t.handle, why, [h = t.handle, why](Lane& lane) { lane.FailPending(h, why); });
+          // A round of its own: one that ends now may have used the old
+          // process's report.
+          Recover(
+              t.handle, why, [h = t.handle, why](Lane& lane) { lane.FailPending(h, why); },
+              /*own_round=*/true);
         }
       }
     };
@@ -339,7 +343,7 @@ void DataPlane::PublishMembership(const TenantInfo& info, TenantRuntime& tenant,
 // versions, or for a tenant spanning racks with the versions its hubs agree
 // on in a recovery round (rack_recovery.h).
 bool DataPlane::Recover(uint32_t handle, const std::string& why,
-                        std::function<void(Lane&)> first) {
+                        std::function<void(Lane&)> first, bool own_round) {
   struct Job {
     std::mutex mu;
     std::map<uint32_t, uint64_t> versions;  // GUARDED_BY(mu) during phase 1
@@ -355,7 +359,10 @@ bool DataPlane::Recover(uint32_t handle, const std::string& why,
     // after the realignment of any earlier round (a restore moves them
     // back: a report of the versions before it would undo the rollback).
     if (first) OnEveryLane(first);
-    ReportAcrossRacks(handle, tenant, why, info.name);
+    // Every round that ends from now on realigns the lanes after `first`.
+    std::optional<uint64_t> failed_at;
+    if (!own_round) failed_at = rack_recovery_->FinishedRounds(handle);
+    ReportAcrossRacks(handle, tenant, why, info.name, failed_at);
     return started;
   }
   auto job = std::make_shared<Job>();

@@ -139,6 +139,9 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   void GenerationEnded(uint32_t handle, uint32_t member, std::shared_ptr<const WorkerGeneration> g,
                        const std::string& why, bool close) override;
   uint64_t NextSeq() override { return seq_.fetch_add(1) + 1; }
+  uint64_t WelcomeIncarnation(const TenantInfo& info) const override {
+    return SpansRacks(info) ? rack_recovery_->incarnation() : 0;
+  }
   const std::string& hub_secret() const override { return hub_secret_; }
   net::Connector& hub_connector() override { return *hub_connector_; }
   void CountRackBytes(uint32_t rack, uint64_t out, uint64_t in) override;
@@ -173,8 +176,11 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   // Recovery after an aborted iteration: `first` on every lane (fail the
   // pending updates), then every chunk aligned to its key's newest version,
   // then the held PULLs answered. Asynchronous; see docs/durability.md.
-  // True when no other recovery of the tenant was running.
-  bool Recover(uint32_t handle, const std::string& why, std::function<void(Lane&)> first);
+  // True when no other recovery of the tenant was running. Across racks, a
+  // round that ends after `first` was queued covers the recovery (no round
+  // of its own: RackRecovery::Reported) unless `own_round`.
+  bool Recover(uint32_t handle, const std::string& why, std::function<void(Lane&)> first,
+               bool own_round = false);
   // Recovery, phase 2: with `realign`, every lane aligns its chunks to
   // the outcome's versions (then Finish), after restoring its checkpoint if
   // the round decided so; without, only Finish (a recovery whose
@@ -185,9 +191,11 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   void AlignLanes(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
                   std::map<uint32_t, uint64_t> versions, uint64_t round);
   // A cross-rack recovery's phase 1, on realign_strand_: reads the versions
-  // and reports them into a round (again if a round ended meanwhile).
+  // and reports them into a round (again if a round ended meanwhile),
+  // unless a round that ended since `failed_at` covers it
+  // (RackRecovery::Reported).
   void ReportAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant, std::string why,
-                         std::string name);
+                         std::string name, std::optional<uint64_t> failed_at);
   // A cross-rack round's realignment, on realign_strand_ (blocking: a
   // restore loads its file here).
   void RealignAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,

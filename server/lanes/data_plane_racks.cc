@@ -100,9 +100,10 @@ void DataPlane::ResendRackReports() {
 }
 
 void DataPlane::ReportAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime> tenant,
-                                  std::string why, std::string name) {
-  boost::asio::post(*realign_strand_, [this, handle, tenant, why, name] {
-    const uint64_t seen = rack_recovery_->FinishedRounds(handle);
+                                  std::string why, std::string name,
+                                  std::optional<uint64_t> failed_at) {
+  boost::asio::post(*realign_strand_, [this, handle, tenant, why, name, failed_at] {
+    const uint64_t read_at = rack_recovery_->FinishedRounds(handle);
     std::map<uint32_t, uint64_t> versions;
     if (!KeyVersionsAndWait(handle, &versions)) return;  // the hub stops
     std::optional<RackRecovery::Members> members;
@@ -122,10 +123,10 @@ void DataPlane::ReportAcrossRacks(uint32_t handle, std::shared_ptr<TenantRuntime
         [this, handle, tenant](const RackRecovery::Outcome& outcome, bool realign) {
           Realign(handle, tenant, outcome, realign);
         },
-        seen, std::move(members));
+        failed_at, read_at, std::move(members));
     // A round ended meanwhile: its realignment is queued on this thread;
     // the versions are read again after it.
-    if (!taken) ReportAcrossRacks(handle, tenant, why, name);
+    if (!taken) ReportAcrossRacks(handle, tenant, why, name, failed_at);
   });
 }
 

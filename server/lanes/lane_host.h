@@ -21,6 +21,8 @@
 
 namespace rackhub::server {
 
+struct TenantInfo;  // state/registry.h
+
 // Key-wide facts shared by the lanes that hold the key's chunks.
 struct KeyRuntime {
   // Updates applied to the key's chunk 0 (written by its lane, read by the
@@ -256,6 +258,10 @@ class LaneHost {
   virtual void MembershipChanged(uint32_t handle, const std::string& why) = 0;
   // Sequence number for a newly adopted worker connection.
   virtual uint64_t NextSeq() = 0;
+  // A tenant spanning racks: this hub process's random incarnation, which
+  // its WELCOMEs carry (a client that reconnects to another one Pulls every
+  // key before it pushes again); 0 for other tenants.
+  virtual uint64_t WelcomeIncarnation(const TenantInfo& info) const = 0;
 
   // Rack exchange: the hub secret (topology.secret_file), the transport for
   // outgoing hub links, and per-peer-rack byte counters.

@@ -242,8 +242,8 @@ uint64_t RackRecovery::FinishedRounds(uint32_t handle) {
 }
 
 bool RackRecovery::Reported(uint32_t handle, const std::string& name, const std::string& cause,
-                            Versions newest, Agreed agreed, uint64_t seen,
-                            std::optional<Members> members) {
+                            Versions newest, Agreed agreed, std::optional<uint64_t> failed_at,
+                            uint64_t read_at, std::optional<Members> members) {
   if (!hooks_.handle_of(name)) {
     // Deleted meanwhile (Forget ran): nothing to agree on, the recovery ends.
     agreed(Outcome{}, false);
@@ -253,40 +253,54 @@ bool RackRecovery::Reported(uint32_t handle, const std::string& name, const std:
       hooks_.checkpoints ? hooks_.checkpoints(handle) : std::vector<uint64_t>{};
   std::sort(checkpoints.begin(), checkpoints.end());
   Effects fx;
+  Agreed covered;
   {
     std::lock_guard lock(mu_);
     Round& r = rounds_[handle];
     r.name = name;
-    if (!r.own && r.finished != seen) return false;  // read again, after that realignment
-    if (!r.active) {
-      r.number += 1;
-      r.active = true;
-      r.peers.clear();
-      r.own.reset();
-      r.cause = cause;
+    if (failed_at && r.finished != *failed_at) {
+      // A round ended after this recovery failed its pending updates: that
+      // round's realignment was queued on every lane after the failure, so
+      // it covers this recovery too. A report now would start a round
+      // nobody needs (one more skipped step).
+      covered = std::move(agreed);
+    } else if (!r.own && r.finished != read_at) {
+      return false;  // read again, after that realignment
+    } else {
+      if (!r.active) {
+        r.number += 1;
+        r.active = true;
+        r.peers.clear();
+        r.own.reset();
+        r.cause = cause;
+      }
+      if (!r.own) {
+        // Read before the last round's commit, perhaps: never below it.
+        if (members) members->generation = std::max(members->generation, r.last_generation);
+        // Never below the last round's agreement: phase 1 may have read the
+        // lanes before they realigned to it, and frames of updates after it
+        // must be stale after this round too.
+        for (const auto& [key, v] : r.last_agreed) newest[key] = std::max(newest[key], v);
+        r.own = Report{incarnation_, std::move(newest), r.fresh,          r.restore,
+                       std::move(checkpoints), r.restored_round, r.restored, std::move(members)};
+        spdlog::info("rack recovery: tenant '{}' round {}: reporting {} key version(s){} ({}{}{})",
+                     name, r.number, r.own->newest.size(),
+                     r.own->members ? fmt::format(" and {} member(s)",
+                                                  std::count(r.own->members->member.begin(),
+                                                             r.own->members->member.end(), 1))
+                                    : std::string(),
+                     SafeForLog(r.cause, 200),
+                     r.fresh ? "; this hub restarted" : "",
+                     r.restore ? "; restore checkpoint " + Num(r.restore) : std::string());
+        SendToAll(r, fx);
+      }
+      r.waiting.push_back(std::move(agreed));
+      TryFinish(handle, r, fx);
     }
-    if (!r.own) {
-      // Read before the last round's commit, perhaps: never below it.
-      if (members) members->generation = std::max(members->generation, r.last_generation);
-      // Never below the last round's agreement: phase 1 may have read the
-      // lanes before they realigned to it, and frames of updates after it
-      // must be stale after this round too.
-      for (const auto& [key, v] : r.last_agreed) newest[key] = std::max(newest[key], v);
-      r.own = Report{incarnation_, std::move(newest), r.fresh,          r.restore,
-                     std::move(checkpoints), r.restored_round, r.restored, std::move(members)};
-      spdlog::info("rack recovery: tenant '{}' round {}: reporting {} key version(s){} ({}{}{})",
-                   name, r.number, r.own->newest.size(),
-                   r.own->members ? fmt::format(" and {} member(s)",
-                                                std::count(r.own->members->member.begin(),
-                                                           r.own->members->member.end(), 1))
-                                  : std::string(),
-                   SafeForLog(r.cause, 200),
-                   r.fresh ? "; this hub restarted" : "",
-                   r.restore ? "; restore checkpoint " + Num(r.restore) : std::string());
-      SendToAll(r, fx);
-    }
-    r.waiting.push_back(std::move(agreed));
-    TryFinish(handle, r, fx);
+  }
+  if (covered) {
+    covered(Outcome{}, false);  // finishes without a realignment of its own
+    return true;
   }
   Apply(std::move(fx));
   return true;

@@ -39,7 +39,9 @@
 // that left a restoring round for a newer one before it ended there makes
 // the next round restore that checkpoint again, on every hub. A report must
 // not carry versions read before the realignment of a round that ended
-// meanwhile (Reported refuses it: the caller reads again).
+// meanwhile (Reported refuses it: the caller reads again). A local recovery
+// that a round ending after its failure covers reports nothing (Reported),
+// so hubs restarted together start no second round after the restoring one.
 //
 // Ownership: the DataPlane owns it. Threading: any thread (lanes call it);
 // one mutex; the hooks and callbacks run outside it.
@@ -140,14 +142,23 @@ class RackRecovery {
 
   // A local recovery of tenant `handle` (`name`) finished its phase 1 with
   // `newest` (key -> newest version here), read when FinishedRounds was
-  // `seen`. `agreed` runs when the round ends. False (nothing taken) if a
-  // round ended since the read and this report would start or make the
-  // next one: its versions may predate that round's realignment (a restore
-  // moves them back); read them again after it. An elastic tenant's report
-  // carries `members` (read with the versions).
+  // `read_at`. `agreed` runs when the round ends. `failed_at`: FinishedRounds
+  // read right after the recovery queued the failure of its pending updates
+  // on every lane; if a round ended since, `agreed` runs at once without a
+  // realignment: that round's realignment ran after the failure on every
+  // lane and covers it (a report now would start another round for
+  // nothing: one more skipped step). None for a recovery that must be in a
+  // round of its own (a peer restarted: a round that ended may have used
+  // its old process's report). False (nothing taken) if a round ended since
+  // `read_at` and this report would start or make the next one: its
+  // versions may predate that round's realignment (a restore moves them
+  // back); read them again after it. An elastic tenant's report carries
+  // `members` (read with the versions).
   bool Reported(uint32_t handle, const std::string& name, const std::string& cause,
-                Versions newest, Agreed agreed, uint64_t seen,
-                std::optional<Members> members = std::nullopt);
+                Versions newest, Agreed agreed, std::optional<uint64_t> failed_at,
+                uint64_t read_at, std::optional<Members> members = std::nullopt);
+  // This hub process's random id (never 0), in every report.
+  uint64_t incarnation() const { return incarnation_; }
   // How many rounds of the tenant ended here (see Reported).
   uint64_t FinishedRounds(uint32_t handle);
   // A RACK_VERSIONS from rack `rack`'s hub. An error names what is wrong

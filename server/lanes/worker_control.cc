@@ -56,6 +56,7 @@ std::string WorkerProtocol::WelcomePayload(const LaneTenant& t, uint64_t generat
   w.set_straggler_timeout_ms(config_.straggler_timeout_ms);
   w.set_consistency(ConsistencyToProto(t.info.consistency));
   w.set_staleness(t.info.staleness);
+  w.set_incarnation(host_->WelcomeIncarnation(t.info));
   std::vector<KeyInfo> keys;
   if (registry_->ListKeys(t.info.name, &keys).ok()) {
     for (const auto& k : keys) {

@@ -99,6 +99,17 @@ bool WorkerProtocol::AnswerCountedAcrossRacks(net::Connection& conn, LaneTenant&
   return true;
 }
 
+bool WorkerProtocol::WaitCountedAcrossRacks(net::Connection& conn, LaneTenant& t, Chunk& c,
+                                            const FrameHeader& h) {
+  if (!c.multi_rack() || c.elastic || c.unsynced) return false;
+  if (h.iteration + 1 != c.Stage(conn.id().rack).version() || c.current_version() != h.iteration) {
+    return false;
+  }
+  if (!FailedAfterCounted(conn, t, c, h.key, h.iteration)) return false;
+  c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
+  return true;
+}
+
 Verdict WorkerProtocol::RefuseRecovering(net::Connection& conn, LaneTenant& t,
                                          const FrameHeader& h, const char* what) {
   t.runtime->PushFailed(ChunkTable::Member(t, conn.id()), conn.id().session, h.key, h.iteration);
@@ -170,7 +181,10 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
   if (c.elastic && c.multi_rack() && AnswerCountedAcrossRacks(conn, t, c, h)) return;
   const uint32_t member = ChunkTable::Member(t, conn.id());
   const bool again = stage.has_contributed(conn.id().rank);
-  if (h.iteration != stage.version() && AnswerCountedRetry(conn, t, c, h)) return;
+  if (h.iteration != stage.version() &&
+      (AnswerCountedRetry(conn, t, c, h) || WaitCountedAcrossRacks(conn, t, c, h))) {
+    return;
+  }
   if (!StillCurrent(conn, t, h, stage.version(), again, "key")) return;
   if (c.elastic && !again && !ApplyMembership(conn, t, c, h)) return;
   if (!key.info.participants.empty() && !stage.is_member(conn.id().rank)) {

@@ -332,7 +332,9 @@ Verdict WorkerProtocol::CheckPush(net::Connection& conn, LaneTenant& t, const Ke
                   rid);
   }
   if (h.iteration != stage.version()) {
-    if (AnswerCountedRetry(conn, t, c, h)) return Verdict::kDiscard;
+    if (AnswerCountedRetry(conn, t, c, h) || WaitCountedAcrossRacks(conn, t, c, h)) {
+      return Verdict::kDiscard;
+    }
     // Not fatal: after a recovery, a restore or a hub restart the worker is
     // behind or ahead; the ERROR's iteration field tells it where the hub is.
     RefuseIteration(conn, t, h, stage.version(),

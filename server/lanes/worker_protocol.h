@@ -178,6 +178,18 @@ class WorkerProtocol final : public net::FrameHandler {
   // contributed to that update.
   bool AnswerCountedRetry(net::Connection& conn, LaneTenant& t, Chunk& c,
                           const net::FrameHeader& h);
+  // A PUSH one version behind its rack's stage of a dense chunk spanning
+  // racks (sync, not elastic) whose update of that version is still under
+  // way: the stage completed (every rank of the rack counted: a sync stage
+  // completes with all of them) and its sum went to the home. Such a push
+  // retries a PushPull that failed after this chunk's push was counted
+  // (another chunk's push was refused: TenantRuntime::PushFailed), by this
+  // process (FailedAfterCounted). It waits for the update's result like the
+  // pushes counted in it and true; false (nothing done) otherwise. Without
+  // it the retry was refused as stale, and the worker's Pull gave the same
+  // version again, until the update ended.
+  bool WaitCountedAcrossRacks(net::Connection& conn, LaneTenant& t, Chunk& c,
+                              const net::FrameHeader& h);
   // Before the payload: a PUSH or PUSH_ROWS while the tenant recovers is a
   // failed push, refused with WORKER_LOST (Pull the `what` and push the
   // next iteration).

@@ -82,6 +82,17 @@ class CrossRackTraining {
     if (flat_ ? !flat_->started() : !cluster_ || !cluster_->started()) return false;
     const std::string token = CreateJob(hub(0).admin_address(), workers_);
     if (token.empty()) return false;
+    // The other hubs learn of the tenant through etcd's watch: a worker
+    // that says HELLO before its hub did is refused (unknown tenant).
+    for (int r = 1; r < hubs(); ++r) {
+      const auto known = WaitUntil("tenant 'job' on rack " + std::to_string(r) + "'s hub", [&] {
+        return Ctl(hub(r).admin_address(), {"tenant", "get", "job"}).exit_code == 0;
+      });
+      if (!known) {
+        ADD_FAILURE() << known.message();
+        return false;
+      }
+    }
     dir_ = MakeTempDir();
     stop_file_ = dir_ + "/stop";
     WorkerSet::Setup s;

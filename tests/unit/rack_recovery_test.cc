@@ -60,7 +60,7 @@ class Sim {
       messages_.push_back({rack, to, std::move(payload)});
     };
     hooks.recover = [this, rack, inc](uint32_t, const std::string&) {
-      if (hubs_[rack].incarnation == inc) ++hubs_[rack].to_report;
+      if (hubs_[rack].incarnation == inc) Fail(rack);
     };
     hooks.handle_of = [](const std::string& name) -> std::optional<uint32_t> {
       if (name == "job") return 7;
@@ -71,21 +71,28 @@ class Sim {
     h.committed_round = 0;
     h.recovery = std::make_unique<RackRecovery>(rack, racks_, std::move(hooks));
     h.recovering = 0;
-    h.to_report = 0;
+    h.to_report.clear();
   }
 
-  // A local failure: the hub recovers the tenant (phase 1 soon).
-  void Fail(uint32_t rack) { ++hubs_[rack].to_report; }
+  // A local failure: the hub recovers the tenant (phase 1 soon), covered
+  // by a round that ends before (DataPlane::Recover) unless `own_round`.
+  void Fail(uint32_t rack, bool own_round = false) {
+    Hub& h = hubs_[rack];
+    h.to_report.push_back(own_round ? std::nullopt
+                                    : std::optional(h.recovery->FinishedRounds(7)));
+  }
 
   // The hub is killed and started again with its chunks at `lost` versions.
   void Restart(uint32_t rack) {
     Hub& h = hubs_[rack];
     for (auto& [k, v] : h.versions) v = 0;
     Start(rack);
-    // Its links broke: every other hub recovers, links come up both ways.
+    // Its links broke: every other hub recovers in a round of its own (as
+    // when it sees the new process: DataPlane's Hooks::restarted), links
+    // come up both ways.
     for (uint32_t r = 0; r < racks_; ++r) {
       if (r == rack) continue;
-      Fail(r);
+      Fail(r, /*own_round=*/true);
       link_ups_.push_back({r, rack});
       link_ups_.push_back({rack, r});
     }
@@ -104,7 +111,7 @@ class Sim {
     if (!messages_.empty()) kinds.push_back(0);
     if (!link_ups_.empty()) kinds.push_back(1);
     for (const Hub& h : hubs_) {
-      if (h.to_report > 0) {
+      if (!h.to_report.empty()) {
         kinds.push_back(2);
         break;
       }
@@ -144,7 +151,7 @@ class Sim {
       default: {
         std::vector<uint32_t> ready;
         for (uint32_t r = 0; r < racks_; ++r) {
-          if (hubs_[r].to_report > 0) ready.push_back(r);
+          if (!hubs_[r].to_report.empty()) ready.push_back(r);
         }
         Report(ready[Pick(ready.size())]);
         return true;
@@ -155,7 +162,8 @@ class Sim {
   // Phase 1 of one local recovery of `rack` is done.
   void Report(uint32_t rack) {
     Hub& h = hubs_[rack];
-    --h.to_report;
+    const std::optional<uint64_t> failed_at = h.to_report.front();
+    h.to_report.pop_front();
     ++h.recovering;
     const uint64_t inc = h.incarnation;
     std::optional<RackRecovery::Members> members;
@@ -173,6 +181,12 @@ class Sim {
                            Hub& hub = hubs_[rack];
                            if (hub.incarnation != inc) return;  // a killed process
                            --hub.recovering;
+                           // A recovery a round covered: nothing to commit.
+                           if (outcome.round == 0) {
+                             EXPECT_FALSE(realign);
+                             ++covered_;
+                             return;
+                           }
                            if (elastic_) CommitMembers(rack, outcome);
                            if (!realign) return;
                            for (const auto& [k, v] : agreed) {
@@ -181,7 +195,8 @@ class Sim {
                            }
                            hub.last_agreed = agreed;
                          },
-                                     h.recovery->FinishedRounds(7), std::move(members)));
+                                     failed_at, h.recovery->FinishedRounds(7),
+                                     std::move(members)));
   }
 
   // A hub commits each round's cluster membership once (generation, total,
@@ -277,6 +292,7 @@ class Sim {
     to_verify_.clear();
   }
   uint64_t verified() const { return verified_; }
+  uint64_t covered() const { return covered_; }
   uint64_t started() const { return started_; }
 
   static constexpr uint32_t kQuorum = 2;  // the start quorum each hub's report is read with
@@ -286,7 +302,9 @@ class Sim {
     uint64_t incarnation = 0;
     Versions versions;
     Versions last_agreed;
-    int to_report = 0;   // local recoveries started, phase 1 not done
+    // Local recoveries started, phase 1 not done: FinishedRounds when each
+    // failed (none: a round of its own).
+    std::deque<std::optional<uint64_t>> to_report;
     int recovering = 0;  // phase 1 done, round not ended
     uint64_t generation = 0;  // elastic: the cluster generation committed last
     uint64_t committed_round = 0;  // and the round that committed it
@@ -311,7 +329,7 @@ class Sim {
   // By (receiver, its incarnation, sender, round): the report it took.
   std::map<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t>, SentMembers> delivered_;
   std::vector<Commit> to_verify_;  // committed since the last Step
-  uint64_t verified_ = 0, started_ = 0;
+  uint64_t verified_ = 0, started_ = 0, covered_ = 0;
   const uint32_t racks_;
   std::mt19937_64 rng_;
   const bool elastic_;
@@ -484,6 +502,79 @@ TEST(RackRecoveryTest, ElasticReportsWithOtherFlagsAreRefusedByName) {
   const Status same = send(2, 1, 4);
   EXPECT_TRUE(same.ok()) << same.message();
   EXPECT_EQ(recoveries, 1);  // it joined the peer's round
+}
+
+// Hubs restarted together (docs/cluster.md, "Cluster checkpoints"): a hub
+// recovers the tenant at start-up and, as a peer's report arrives, again to
+// join the peer's round. The first recovery's report makes the round; the
+// second, covered by that round (it ended after the second one's failure),
+// must not start another round: one more skipped step would move the job
+// past the restored checkpoint's version. A recovery that needs a round of
+// its own (a peer's new process seen) still gets one.
+TEST(RackRecoveryTest, ARecoveryARoundEndedAfterIsCoveredByIt) {
+  struct Hub {
+    std::unique_ptr<RackRecovery> rr;
+    std::vector<std::optional<uint64_t>> to_report;  // failed_at of pending recoveries
+    std::vector<std::string> out;                    // RACK_VERSIONS to the other hub
+    std::vector<std::pair<uint64_t, bool>> ended;    // (round, realign) per recovery
+  };
+  Hub hubs[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    RackRecovery::Hooks hooks;
+    hooks.send = [&hubs, r](uint32_t, std::string payload) {
+      hubs[r].out.push_back(std::move(payload));
+    };
+    hooks.recover = [&hubs, r](uint32_t, const std::string&) {
+      hubs[r].to_report.push_back(hubs[r].rr->FinishedRounds(1));
+    };
+    hooks.handle_of = [](const std::string&) { return std::optional<uint32_t>(1); };
+    hubs[r].rr = std::make_unique<RackRecovery>(r, 2, hooks);
+  }
+  const auto report = [&](uint32_t r, size_t i) {
+    Hub& h = hubs[r];
+    const std::optional<uint64_t> failed_at = h.to_report.at(i);
+    h.to_report.erase(h.to_report.begin() + static_cast<long>(i));
+    ASSERT_TRUE(h.rr->Reported(
+        1, "job", "test", {{1, 72}},
+        [&h](const RackRecovery::Outcome& o, bool realign) {
+          h.ended.emplace_back(o.round, realign);
+        },
+        failed_at, h.rr->FinishedRounds(1)));
+  };
+  const auto deliver = [&](uint32_t from) {
+    std::vector<std::string> out;
+    out.swap(hubs[from].out);
+    for (const std::string& b : out) {
+      const Status s = hubs[1 - from].rr->OnVersions(
+          from, {reinterpret_cast<const std::byte*>(b.data()), b.size()});
+      ASSERT_TRUE(s.ok()) << s.message();
+    }
+  };
+  // Both recover at start-up; hub 0 reports first.
+  hubs[0].to_report.push_back(hubs[0].rr->FinishedRounds(1));
+  hubs[1].to_report.push_back(hubs[1].rr->FinishedRounds(1));
+  report(0, 0);
+  deliver(0);  // hub 1 joins round 1: a second recovery there
+  ASSERT_EQ(hubs[1].to_report.size(), 2u);
+  report(1, 0);  // the start-up recovery's report: round 1 ends on hub 1
+  EXPECT_EQ(hubs[1].rr->FinishedRounds(1), 1u);
+  deliver(1);  // and on hub 0
+  EXPECT_EQ(hubs[0].rr->FinishedRounds(1), 1u);
+  report(1, 0);  // the joining recovery: covered by round 1
+  EXPECT_TRUE(hubs[1].out.empty()) << "a covered recovery started another round";
+  EXPECT_EQ(hubs[1].ended,
+            (std::vector<std::pair<uint64_t, bool>>{{1, true}, {0, false}}));
+  EXPECT_EQ(hubs[0].ended, (std::vector<std::pair<uint64_t, bool>>{{1, true}}));
+  // A recovery of its own (no failed_at): round 2 on both hubs.
+  hubs[1].to_report.push_back(std::nullopt);
+  report(1, 0);
+  deliver(1);
+  ASSERT_EQ(hubs[0].to_report.size(), 1u);
+  report(0, 0);
+  deliver(0);
+  EXPECT_EQ(hubs[0].rr->FinishedRounds(1), 2u);
+  EXPECT_EQ(hubs[1].rr->FinishedRounds(1), 2u);
+  EXPECT_EQ(hubs[1].ended.back(), (std::pair<uint64_t, bool>{2, true}));
 }
 
 TEST(RackRecoveryTest, BadReportsAreRefusedByName) {
