@@ -149,7 +149,7 @@ void Client::Impl::AdoptReconnect(uint64_t generation,
                       std::to_string(hub_version) + " (was " + std::to_string(was) + ")"
                 : "hub restarted: key '" + k.info.name + "' is at iteration " +
                       std::to_string(hub_version) +
-                      " again, restored from the cluster's checkpoint (Pull its values)");
+                      " again, perhaps with other values (a cluster checkpoint restored): Pull it");
         e.iteration = hub_version;
         k.info.next_iteration = hub_version;
         MarkResync(k, std::move(e));

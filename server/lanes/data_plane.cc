@@ -271,10 +271,14 @@ uint64_t DataPlane::WorkerLost(uint32_t handle, uint32_t member, const std::stri
   return before;
 }
 
-void DataPlane::AbortIteration(uint32_t handle, const std::string& why, bool straggler) {
+void DataPlane::AbortIteration(uint32_t handle, const std::string& why, bool straggler,
+                               bool own_round) {
   // Lanes that find the same straggler at once abort once each; the one that
   // started the recovery counts it.
-  if (!Recover(handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); })) return;
+  if (!Recover(
+          handle, why, [handle, why](Lane& lane) { lane.FailPending(handle, why); }, own_round)) {
+    return;
+  }
   if (!straggler) return;
   TenantInfo info;
   if (registry_->GetTenantByHandle(handle, &info).ok()) {

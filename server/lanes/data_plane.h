@@ -134,7 +134,8 @@ class DataPlane final : public RegistryObserver, public LaneHost {
   std::shared_ptr<TenantRuntime> TenantRuntimeFor(uint32_t handle) override;
   uint64_t WorkerLost(uint32_t handle, uint32_t member, const std::string& why,
                       uint32_t from_lane) override;
-  void AbortIteration(uint32_t handle, const std::string& why, bool straggler) override;
+  void AbortIteration(uint32_t handle, const std::string& why, bool straggler,
+                      bool own_round = false) override;
   void MembershipChanged(uint32_t handle, const std::string& why) override;
   void GenerationEnded(uint32_t handle, uint32_t member, std::shared_ptr<const WorkerGeneration> g,
                        const std::string& why, bool close) override;

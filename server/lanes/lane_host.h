@@ -241,8 +241,11 @@ class LaneHost {
   // updates with WORKER_LOST `why`; then every chunk of every key is brought
   // to its key's newest version as a skipped step (docs/durability.md,
   // Recovery), and held PULLs are answered. `straggler`: counted in the
-  // tenant's stragglers.
-  virtual void AbortIteration(uint32_t handle, const std::string& why, bool straggler) = 0;
+  // tenant's stragglers. `own_round` (a hub link lost: its frames are lost,
+  // and the peer may not know yet): across racks, a recovery round of its
+  // own even if a round ends meanwhile (DataPlane::Recover).
+  virtual void AbortIteration(uint32_t handle, const std::string& why, bool straggler,
+                              bool own_round = false) = 0;
   // Generation `g` of member `member` ended without a lost connection (a BYE,
   // or a new session of the rank): every lane aborts the tenant's iteration
   // if one of its pending updates holds a contribution of `g`, and, with

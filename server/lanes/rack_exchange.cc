@@ -427,7 +427,7 @@ void RackExchange::GiveUp(uint32_t rack, uint64_t generation) {
     if (LaneTenant* t = table_->FindTenant(handle); t && !Unsynced(*t)) {
       // Its frames are lost: the tenant's hubs realign (a recovery round,
       // which waits for that hub).
-      host_->AbortIteration(handle, "rack link: " + unreachable, false);
+      host_->AbortIteration(handle, "rack link: " + unreachable, false, /*own_round=*/true);
     }
   }
 }
@@ -540,7 +540,9 @@ void RackExchange::AbortAll(const std::string& why) {
     // (Bounded/async tenants have no cross-rack update to realign.)
     if (!t.chunks.empty() && !Unsynced(t)) handles.push_back(handle);
   }
-  for (uint32_t handle : handles) host_->AbortIteration(handle, why, false);
+  // A round of its own: the peer may not have seen the link break (its frames
+  // to this hub are lost too), and a round that ends now may predate that.
+  for (uint32_t handle : handles) host_->AbortIteration(handle, why, false, /*own_round=*/true);
 }
 
 void RackExchange::OnBytesSent(net::Connection& conn, size_t bytes) {

@@ -105,7 +105,18 @@ bool WorkerProtocol::WaitCountedAcrossRacks(net::Connection& conn, LaneTenant& t
   if (h.iteration + 1 != c.Stage(conn.id().rack).version() || c.current_version() != h.iteration) {
     return false;
   }
+  // The update is under way: pending here and no recovery (after a round
+  // the stage may be ahead while a copy waits for its home's RACK_ALIGN,
+  // and nothing would answer the push).
+  if (t.runtime->recovering.load(std::memory_order_acquire) != 0 ||
+      !t.pending.count(ChunkTable::ChunkId(c.key_id, c.index_in_key))) {
+    return false;
+  }
   if (!FailedAfterCounted(conn, t, c, h.key, h.iteration)) return false;
+  // One waiter per connection (a client retrying in a loop adds none).
+  for (const Waiter& w : c.pushes) {
+    if (w.conn.lock().get() == &conn) return false;
+  }
   c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
   return true;
 }

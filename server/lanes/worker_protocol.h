@@ -184,8 +184,10 @@ class WorkerProtocol final : public net::FrameHandler {
   // completes with all of them) and its sum went to the home. Such a push
   // retries a PushPull that failed after this chunk's push was counted
   // (another chunk's push was refused: TenantRuntime::PushFailed), by this
-  // process (FailedAfterCounted). It waits for the update's result like the
-  // pushes counted in it and true; false (nothing done) otherwise. Without
+  // process (FailedAfterCounted). While that update is pending here and no
+  // recovery runs, it waits for the update's result like the pushes counted
+  // in it (one such waiter per connection) and true; false (nothing done)
+  // otherwise. Without
   // it the retry was refused as stale, and the worker's Pull gave the same
   // version again, until the update ended.
   bool WaitCountedAcrossRacks(net::Connection& conn, LaneTenant& t, Chunk& c,
