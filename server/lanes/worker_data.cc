@@ -113,10 +113,12 @@ bool WorkerProtocol::WaitCountedAcrossRacks(net::Connection& conn, LaneTenant& t
     return false;
   }
   if (!FailedAfterCounted(conn, t, c, h.key, h.iteration)) return false;
-  // One waiter per connection (a client retrying in a loop adds none).
-  for (const Waiter& w : c.pushes) {
-    if (w.conn.lock().get() == &conn) return false;
-  }
+  // Bounded: the connection's counted push (its waiter stays, the client
+  // dropped that ticket) and this retry; a client pushing again and again
+  // parks no more.
+  size_t mine = 0;
+  for (const Waiter& w : c.pushes) mine += w.conn.lock().get() == &conn ? 1 : 0;
+  if (mine >= 2) return false;
   c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, {}});
   return true;
 }

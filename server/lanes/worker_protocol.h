@@ -186,7 +186,8 @@ class WorkerProtocol final : public net::FrameHandler {
   // (another chunk's push was refused: TenantRuntime::PushFailed), by this
   // process (FailedAfterCounted). While that update is pending here and no
   // recovery runs, it waits for the update's result like the pushes counted
-  // in it (one such waiter per connection) and true; false (nothing done)
+  // in it (with the counted push's own waiter, at most two per connection)
+  // and true; false (nothing done)
   // otherwise. Without
   // it the retry was refused as stale, and the worker's Pull gave the same
   // version again, until the update ended.
