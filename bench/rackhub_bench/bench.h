@@ -89,6 +89,7 @@ struct BenchArgs {
   WorkerParams w;  // rank/tenant/token/result unused here
   std::string admin, admin_token_file;
   uint32_t lanes = 0;  // of a hub started locally; 0 = one per core
+  std::vector<std::string> hub_args;  // more rackhubd options for hubs started here
   bool json = false;
   std::string optimizer = "sgd";
   double lr = 0.01;

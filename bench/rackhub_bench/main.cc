@@ -167,6 +167,10 @@ CommandLine Parse(int argc, char** argv) {
       ->type_name("X")
       ->check(Decimal())
       ->capture_default_str();
+  app.add_option("--hub-arg", a.hub_args,
+                 "one more rackhubd option for the hubs started here (repeat; e.g. "
+                 "--hub-arg=--intake-lead-bytes=0)")
+      ->allow_extra_args(false);
   app.add_flag("--busy-poll", a.w.busy_poll,
                "shared memory: workers and a hub started here poll 50 us before sleeping");
   app.add_flag("--lease", a.w.lease,

@@ -157,6 +157,7 @@ bool Hub::Open(const BenchArgs& a, const std::string& dir,
       a.w.rdma_hub.empty() ? "127.0.0.1:0" : a.w.rdma_hub, "--shm-poll",
       a.w.busy_poll ? "busy" : "events"};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  argv.insert(argv.end(), a.hub_args.begin(), a.hub_args.end());
   if (listen_host != "127.0.0.1") {  // beyond loopback the hub needs an admin token
     admin_token = RandomHex();
     std::ofstream(dir + "/admin.token") << admin_token << "\n";

@@ -34,7 +34,7 @@ bool FrameReader::deliverable() const {
 
 bool FrameReader::DeliverOrRequestTurn(Connection& conn, FrameHandler& handler) {
   if (turn_requested_) return false;
-  if (scheduler_ != nullptr && !stopped_ && !paused_ && deliverable()) {
+  if (scheduler_ != nullptr && !stopped_ && !paused() && deliverable()) {
     turn_requested_ = true;
     scheduler_->RequestTurn(conn.shared_from_this(), buffered());
     return false;
@@ -52,7 +52,7 @@ bool FrameReader::RequestTurnToClose(Connection& conn) {
 }
 
 void FrameReader::Parse(Connection& conn, FrameHandler& handler) {
-  while (!stopped_ && !paused_) {
+  while (!stopped_ && !paused()) {
     if (direct_) {
       if (dest_filled_ < dest_.size()) return;
       direct_ = false;

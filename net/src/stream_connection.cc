@@ -32,6 +32,15 @@ void StreamConnection::EndOfStream(std::string why) {
 
 void StreamConnection::ResumeIntake() {
   reader_.Pause(false);
+  PostResume();
+}
+
+void StreamConnection::HoldIntake(bool hold) {
+  reader_.Hold(hold);
+  if (!hold) PostResume();
+}
+
+void StreamConnection::PostResume() {
   if (resume_posted_) return;
   resume_posted_ = true;
   // On a fresh stack: this may run inside the lane's handling of another

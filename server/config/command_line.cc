@@ -51,6 +51,8 @@ const std::map<std::string, std::string>& FlagFields() {
       {"--straggler-timeout-ms", "data.straggler_timeout_ms"},
       {"--hello-timeout-ms", "data.hello_timeout_ms"},
       {"--max-queued-bytes-per-connection", "data.max_queued_bytes_per_connection"},
+      {"--intake-lead-bytes", "data.intake_lead_bytes"},
+      {"--tcp-receive-buffer", "data.tcp_receive_buffer"},
       {"--scheduler", "data.scheduler"},
       {"--max-unauthenticated-connections", "data.max_unauthenticated_connections"},
       {"--metrics-listen", "metrics.listen"},

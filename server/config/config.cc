@@ -278,6 +278,12 @@ const std::map<std::string, Field>& Schema() {
         UnsignedField<uint64_t>(
             "data.max_queued_bytes_per_connection",
             [](Config& c) -> uint64_t& { return c.data.max_queued_bytes_per_connection; }, true),
+        UnsignedField<uint64_t>(
+            "data.intake_lead_bytes",
+            [](Config& c) -> uint64_t& { return c.data.intake_lead_bytes; }, true),
+        UnsignedField<uint32_t>(
+            "data.tcp_receive_buffer",
+            [](Config& c) -> uint32_t& { return c.data.tcp_receive_buffer; }, true),
         StringField("data.scheduler", [](Config& c) -> std::string& { return c.data.scheduler; },
                     OneOf({"fair", "fifo"})),
         UnsignedField<uint32_t>(

@@ -54,6 +54,15 @@ struct DataConfig {
   // held for it) before it is closed with QUOTA_EXCEEDED; reading it pauses
   // above half of this (docs/architecture.md, Bounded send queues).
   uint64_t max_queued_bytes_per_connection = 64ull << 20;
+  // Workers in step (docs/architecture.md): a worker connection whose
+  // pushes waiting for updates on a lane exceed this is not read (TCP) until
+  // they are down to half; 0 = off.
+  uint64_t intake_lead_bytes = 1ull << 20;
+  // SO_RCVBUF of worker TCP connections (the kernel doubles it for its own
+  // bookkeeping); 0 = the kernel's autotuning. Small and fixed, every
+  // worker's flow is window-limited: the flows share a link evenly and a
+  // connection that is not read stops its worker within this many bytes.
+  uint32_t tcp_receive_buffer = 64u << 10;
   // How a lane orders the work of its worker connections (docs/architecture.md,
   // Fair share of a lane): "fair" (weighted fair queueing over tenants,
   // Quotas::weight) or "fifo" (as frames arrive, for comparison).

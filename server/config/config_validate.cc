@@ -152,6 +152,12 @@ void ValidateConfig(const Config& c, std::vector<std::string>* errors) {
   if (c.data.max_queued_bytes_per_connection < (1ull << 20) ||
       c.data.max_queued_bytes_per_connection > (1ull << 40))
     errors->push_back("data.max_queued_bytes_per_connection: must be in [1MiB, 1TiB]");
+  if (c.data.intake_lead_bytes != 0 &&
+      (c.data.intake_lead_bytes < (64ull << 10) || c.data.intake_lead_bytes > (1ull << 30)))
+    errors->push_back("data.intake_lead_bytes: must be 0 (off) or in [64KiB, 1GiB]");
+  if (c.data.tcp_receive_buffer != 0 &&
+      (c.data.tcp_receive_buffer < (4u << 10) || c.data.tcp_receive_buffer > (256u << 20)))
+    errors->push_back("data.tcp_receive_buffer: must be 0 (the kernel's autotuning) or in [4KiB, 256MiB]");
   if (c.data.max_unauthenticated_connections < 1 ||
       c.data.max_unauthenticated_connections > 1000000)
     errors->push_back("data.max_unauthenticated_connections: must be in [1, 1000000]");

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "config.h"
+#include "intake_pacer.h"
 #include "key_memory.h"
 #include "lane_host.h"
 #include "rackhub/aggregation/chunk_state.h"
@@ -50,6 +51,9 @@ struct Waiter {
   // relay expired at its hub: WorkerProtocol::DropExpiredRelayedPulls).
   // Now unless given: never "expired" at birth.
   std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  // A counted PUSH: its bytes in its connection's IntakePacer account while
+  // it waits (empty when not paced).
+  IntakeCharge intake{};
 };
 
 // Counts a chunk's hub memory (key_memory.h) in its tenant's

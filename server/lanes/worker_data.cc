@@ -145,6 +145,11 @@ void WorkerProtocol::CountContribution(net::Connection& conn, LaneTenant& t, Chu
   table_->MarkPending(t, c, now);
   if (LatencyHistogram* late = t.metrics->rank(member)) late->Observe(now - c.first_contribution);
   c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, std::move(want)});
+  if (c.table()) return;
+  // Workers in step: a dense push waits for the others here; a connection
+  // too far ahead of them is not read for a while (IntakePacer).
+  c.pushes.back().intake = pacer_.Charge(conn, payload_bytes);
+  pacer_.ReleaseIfAllHeld(conn, t.conns);
 }
 
 void WorkerProtocol::Park(net::Connection& conn, LaneTenant& t, const FrameHeader& h,

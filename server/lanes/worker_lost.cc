@@ -25,6 +25,7 @@ constexpr auto kTrimDelay = std::chrono::milliseconds(500);
 }  // namespace
 
 void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string& why) {
+  pacer_.Forget(conn);
   LaneTenant* t = table_->FindTenant(conn.id().tenant_handle);
   if (!t) return;
   const uint32_t member = ChunkTable::Member(*t, conn.id());
@@ -186,6 +187,7 @@ bool WorkerProtocol::ContributorsLive(LaneTenant& t, Chunk& c, uint32_t rack, ui
 
 void WorkerProtocol::CheckStragglers() {
   const auto now = std::chrono::steady_clock::now();
+  pacer_.ReleaseStale(now);
   const auto limit = std::chrono::milliseconds(config_.straggler_timeout_ms);
   for (auto& [handle, t] : table_->tenants()) {
     if (t.info.consistency != Consistency::kSync) {

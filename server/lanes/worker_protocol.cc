@@ -51,7 +51,8 @@ WorkerProtocol::WorkerProtocol(const DataConfig& config, ChunkTable* table, Regi
       registry_(registry),
       host_(host),
       gate_(gate),
-      exchange_(exchange) {
+      exchange_(exchange),
+      pacer_(static_cast<size_t>(config.intake_lead_bytes)) {
   if (config.scheduler == "fair") {
     scheduler_ = std::make_unique<FairScheduler>(gate, [table](uint32_t handle) -> uint32_t {
           const LaneTenant* t = table->FindTenant(handle);

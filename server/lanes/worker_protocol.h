@@ -20,6 +20,7 @@
 #include "chunk_table.h"
 #include "config.h"
 #include "fair_scheduler.h"
+#include "intake_pacer.h"
 #include "lane_gate.h"
 #include "lane_host.h"
 #include "rackhub/common/status.h"
@@ -309,6 +310,7 @@ class WorkerProtocol final : public net::FrameHandler {
   RackExchange* exchange_;
   bool trim_armed_ = false;
   std::unique_ptr<FairScheduler> scheduler_;
+  IntakePacer pacer_;  // workers in step (data.intake_lead_bytes)
 };
 
 }  // namespace rackhub::server

@@ -33,13 +33,19 @@ constexpr int kKeepAliveIntervalS = 2;
 constexpr int kKeepAliveProbes = 5;
 
 
-// Binds and listens on `ep`; the error names `field`.
-Status ListenOn(tcp::acceptor& acceptor, const net::Endpoint& ep, const std::string& field) {
+// Binds and listens on `ep`; the error names `field`. `receive_buffer` > 0:
+// SO_RCVBUF of the accepted sockets (set on the listener, so that the
+// window scale they negotiate fits it).
+Status ListenOn(tcp::acceptor& acceptor, const net::Endpoint& ep, const std::string& field,
+                uint32_t receive_buffer = 0) {
   try {
     tcp::resolver resolver(acceptor.get_executor());
     const auto endpoint = resolver.resolve(ep.host, std::to_string(ep.port)).begin()->endpoint();
     acceptor.open(endpoint.protocol());
     acceptor.set_option(asio::socket_base::reuse_address(true));
+    if (receive_buffer > 0) {
+      acceptor.set_option(asio::socket_base::receive_buffer_size(static_cast<int>(receive_buffer)));
+    }
     acceptor.bind(endpoint);
     acceptor.listen();
   } catch (const std::exception& e) {
@@ -96,7 +102,9 @@ TcpAcceptor::~TcpAcceptor() { Stop(); }
 
 Status TcpAcceptor::Listen() {
   const Config& config = plane_->config();
-  if (Status s = ListenOn(workers_.acceptor, config.data.listen, "data.listen"); !s.ok()) {
+  if (Status s = ListenOn(workers_.acceptor, config.data.listen, "data.listen",
+                         config.data.tcp_receive_buffer);
+      !s.ok()) {
     return s;
   }
   const auto bound = workers_.acceptor.local_endpoint();

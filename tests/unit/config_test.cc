@@ -671,15 +671,32 @@ TEST(ValidateConfigTest, CheckpointKeepAndStateDir) {
   std::vector<std::string> errors;
   ValidateConfig(c, &errors);
   ExpectOneError(errors, "checkpoint.keep", ">= 1");
-  c = Config{};
-  c.state.dir = "";
+  Config d;
+  d.state.dir = "";
   errors.clear();
-  ValidateConfig(c, &errors);
+  ValidateConfig(d, &errors);
   ExpectOneError(errors, "state.dir", "state.in_memory");
-  c.state.in_memory = true;
+  d.state.in_memory = true;
   errors.clear();
+  ValidateConfig(d, &errors);
+  EXPECT_TRUE(errors.empty()) << ::testing::PrintToString(errors);
+}
+
+TEST(ValidateConfigTest, IntakeLeadAndReceiveBuffer) {
+  Config c;
+  c.data.intake_lead_bytes = 0;  // off
+  c.data.tcp_receive_buffer = 0;  // the kernel's autotuning
+  std::vector<std::string> errors;
   ValidateConfig(c, &errors);
   EXPECT_TRUE(errors.empty()) << ::testing::PrintToString(errors);
+  c.data.intake_lead_bytes = 1000;
+  ValidateConfig(c, &errors);
+  ExpectOneError(errors, "data.intake_lead_bytes", "[64KiB, 1GiB]");
+  Config d;
+  d.data.tcp_receive_buffer = 1u << 30;
+  errors.clear();
+  ValidateConfig(d, &errors);
+  ExpectOneError(errors, "data.tcp_receive_buffer", "[4KiB, 256MiB]");
 }
 
 TEST(EffectiveLaneCountTest, ZeroMeansCoresAndExplicitIsKept) {

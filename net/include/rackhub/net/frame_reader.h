@@ -87,8 +87,12 @@ class FrameReader {
   // While paused, Parse delivers nothing (it stops at the next frame
   // boundary: a handler may pause it from inside HandleFrame); buffered
   // bytes wait for Parse after Pause(false). Backpressure (SendLimits).
+  // Held is the same stop for the handler's own reason
+  // (Connection::HoldIntake); the two are independent, and the reader
+  // delivers only while neither is on.
   void Pause(bool on) { paused_ = on; }
-  bool paused() const { return paused_; }
+  void Hold(bool on) { held_ = on; }
+  bool paused() const { return paused_ || held_; }
   // True if the stream stopped now would cut a frame: a header or payload is
   // partly received, or a discarded payload is partly skipped. An EOF here is
   // "inside a frame".
@@ -118,6 +122,7 @@ class FrameReader {
   uint64_t skip_ = 0;  // payload bytes of a discarded frame still to drop
   bool stopped_ = false;
   bool paused_ = false;
+  bool held_ = false;
   DeliveryScheduler* scheduler_ = nullptr;  // not owned
   bool turn_requested_ = false;
 };

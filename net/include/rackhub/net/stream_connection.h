@@ -34,6 +34,7 @@ class StreamConnection : public BoundedConnection {
     reader_.set_scheduler(scheduler);
   }
   void DeliverTurn() final;
+  void HoldIntake(bool hold) final;
 
  protected:
   StreamConnection(FrameHandler* handler, ConnectionIdentity id,
@@ -66,6 +67,9 @@ class StreamConnection : public BoundedConnection {
   void StopIntake() final { reader_.Stop(); }
   void PauseIntake() final { reader_.Pause(true); }
   void ResumeIntake() final;
+  // Delivers what was buffered while paused or held, on a fresh stack, once
+  // neither is on.
+  void PostResume();
 
   const boost::asio::any_io_executor executor_;
   bool resume_posted_ = false;  // owning thread

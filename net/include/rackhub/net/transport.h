@@ -152,6 +152,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The scheduler's answer to RequestTurn: deliver what is held, read on.
   // Does nothing on a closed or closing connection.
   virtual void DeliverTurn() {}
+
+  // The owner's own stop of intake, independent of the send backlog's
+  // pause: while held, no frame is delivered (from the next frame boundary
+  // on: it may be called inside HandleFrame) and a byte-stream transport
+  // stops reading, so the peer's flow control holds it back; released, the
+  // frames buffered meanwhile are delivered on a fresh stack. The hub's
+  // lanes hold a worker that runs ahead of the others (IntakePacer).
+  // Transports whose peer cannot run more than a ring ahead (shared memory,
+  // RDMA) ignore it.
+  virtual void HoldIntake(bool hold) { (void)hold; }
 };
 
 }  // namespace rackhub::net

@@ -1,0 +1,72 @@
+#include "intake_pacer.h"
+
+#include <utility>
+
+namespace rackhub::server {
+
+void IntakeAccount::Add(size_t bytes) {
+  bytes_ += bytes;
+  if (holding_ || exempt_ || bytes_ <= lead_bytes_) return;
+  auto conn = conn_.lock();
+  if (!conn || !conn->open()) return;
+  holding_ = true;
+  held_since_ = std::chrono::steady_clock::now();
+  conn->HoldIntake(true);
+}
+
+void IntakeAccount::Sub(size_t bytes) {
+  bytes_ -= std::min(bytes, bytes_);
+  if (bytes_ > lead_bytes_ / 2) return;
+  exempt_ = false;
+  if (holding_) Release(false);
+}
+
+void IntakeAccount::Release(bool exempt) {
+  exempt_ = exempt_ || exempt;
+  if (!holding_) return;
+  holding_ = false;
+  if (auto conn = conn_.lock()) conn->HoldIntake(false);
+}
+
+IntakeCharge::IntakeCharge(std::shared_ptr<IntakeAccount> account, size_t bytes)
+    : account_(std::move(account)), bytes_(bytes) {
+  if (account_) account_->Add(bytes_);
+}
+
+IntakeCharge& IntakeCharge::operator=(IntakeCharge&& other) noexcept {
+  if (this != &other) {
+    Drop();
+    account_ = std::move(other.account_);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void IntakeCharge::Drop() {
+  if (account_) account_->Sub(bytes_);
+  account_.reset();
+  bytes_ = 0;
+}
+
+IntakeCharge IntakePacer::Charge(net::Connection& conn, size_t bytes) {
+  if (lead_bytes_ == 0) return {};
+  auto& account = accounts_[&conn];
+  if (!account) account = std::make_shared<IntakeAccount>(conn.weak_from_this(), lead_bytes_);
+  return IntakeCharge(account, bytes);
+}
+
+void IntakePacer::ReleaseStale(std::chrono::steady_clock::time_point now) {
+  for (auto& [conn, account] : accounts_) {
+    if (account->holding() && now - account->held_since_ >= kMaxHold) account->Release(true);
+  }
+}
+
+void IntakePacer::Forget(const net::Connection& conn) {
+  const auto it = accounts_.find(&conn);
+  if (it == accounts_.end()) return;
+  it->second->holding_ = false;  // the connection is gone: nothing to release
+  it->second->conn_.reset();
+  accounts_.erase(it);
+}
+
+}  // namespace rackhub::server
