@@ -103,6 +103,10 @@ class MetricsExporter::Collector final : public prometheus::Collectable {
                              "iterations aborted by data.straggler_timeout_ms", MetricType::Counter);
     auto lost = Family("rackhub_workers_lost_total", "worker connections closed without BYE",
                        MetricType::Counter);
+    auto holds = Family("rackhub_intake_holds_total",
+                        "times a worker connection was not read for running ahead of the "
+                        "others (data.intake_lead_bytes)",
+                        MetricType::Counter);
     auto checkpoints = Family("rackhub_checkpoints_total", "checkpoints written",
                               MetricType::Counter);
     auto ck_seconds = Family("rackhub_checkpoint_duration_seconds",
@@ -154,6 +158,7 @@ class MetricsExporter::Collector final : public prometheus::Collectable {
       }
       AddValue(stragglers, tenant, static_cast<double>(c.stragglers.load()));
       AddValue(lost, tenant, static_cast<double>(c.workers_lost.load()));
+      AddValue(holds, tenant, static_cast<double>(c.intake_holds.load()));
       AddValue(checkpoints, tenant, static_cast<double>(c.checkpoints.load()));
       AddValue(ck_seconds, tenant, static_cast<double>(c.last_checkpoint_us.load()) * 1e-6);
       AddValue(ck_bytes, tenant, static_cast<double>(c.last_checkpoint_bytes.load()));
@@ -192,7 +197,7 @@ class MetricsExporter::Collector final : public prometheus::Collectable {
 
     std::vector<MetricFamily> all;
     for (MetricFamily* f : {&pushes, &in, &out, &iterations, &errors, &workers, &latency, &lateness,
-                            &stragglers, &lost, &checkpoints, &ck_seconds, &ck_bytes, &memory,
+                            &stragglers, &lost, &holds, &checkpoints, &ck_seconds, &ck_bytes, &memory,
                             &reserved, &keys, &members, &generation, &paused, &busy, &link_out, &link_in, &info, &start}) {
       all.push_back(std::move(*f));
     }

@@ -62,7 +62,7 @@ struct DataConfig {
   // bookkeeping); 0 = the kernel's autotuning. Small and fixed, every
   // worker's flow is window-limited: the flows share a link evenly and a
   // connection that is not read stops its worker within this many bytes.
-  uint32_t tcp_receive_buffer = 64u << 10;
+  uint32_t tcp_receive_buffer = 256u << 10;
   // How a lane orders the work of its worker connections (docs/architecture.md,
   // Fair share of a lane): "fair" (weighted fair queueing over tenants,
   // Quotas::weight) or "fifo" (as frames arrive, for comparison).

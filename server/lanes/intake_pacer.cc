@@ -1,5 +1,6 @@
 #include "intake_pacer.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace rackhub::server {
@@ -28,6 +29,11 @@ void IntakeAccount::Release(bool exempt) {
   if (auto conn = conn_.lock()) conn->HoldIntake(false);
 }
 
+void IntakeAccount::Detach() {
+  holding_ = false;
+  conn_.reset();
+}
+
 IntakeCharge::IntakeCharge(std::shared_ptr<IntakeAccount> account, size_t bytes)
     : account_(std::move(account)), bytes_(bytes) {
   if (account_) account_->Add(bytes_);
@@ -48,24 +54,40 @@ void IntakeCharge::Drop() {
   bytes_ = 0;
 }
 
-IntakeCharge IntakePacer::Charge(net::Connection& conn, size_t bytes) {
-  if (lead_bytes_ == 0) return {};
+IntakePacer::~IntakePacer() {
+  for (auto& [conn, account] : accounts_) account->Detach();
+}
+
+IntakeCharge IntakePacer::Charge(net::Connection& conn, size_t bytes, size_t min_lead) {
+  if (lead_bytes_ == 0 || !conn.can_hold_intake()) return {};
   auto& account = accounts_[&conn];
-  if (!account) account = std::make_shared<IntakeAccount>(conn.weak_from_this(), lead_bytes_);
+  if (!account) {
+    account = std::make_shared<IntakeAccount>(conn.weak_from_this(),
+                                              std::max(lead_bytes_, min_lead));
+  }
   return IntakeCharge(account, bytes);
+}
+
+bool IntakePacer::holding(const net::Connection& conn) const {
+  const auto it = accounts_.find(&conn);
+  return it != accounts_.end() && it->second->holding();
+}
+
+bool IntakePacer::any_holding() const {
+  return std::any_of(accounts_.begin(), accounts_.end(),
+                     [](const auto& a) { return a.second->holding(); });
 }
 
 void IntakePacer::ReleaseStale(std::chrono::steady_clock::time_point now) {
   for (auto& [conn, account] : accounts_) {
-    if (account->holding() && now - account->held_since_ >= kMaxHold) account->Release(true);
+    if (account->holding() && now - account->held_since_ >= max_hold_) account->Release(true);
   }
 }
 
 void IntakePacer::Forget(const net::Connection& conn) {
   const auto it = accounts_.find(&conn);
   if (it == accounts_.end()) return;
-  it->second->holding_ = false;  // the connection is gone: nothing to release
-  it->second->conn_.reset();
+  it->second->Detach();  // the connection is gone: nothing to release
   accounts_.erase(it);
 }
 

@@ -8,21 +8,24 @@
 // push's Waiter: released when the update is answered or fails, whatever
 // the path), and holds the connection's intake (net::Connection::
 // HoldIntake: TCP stops reading, the worker's flow control slows it, and
-// the link's share goes to the others) while that is above `lead_bytes`,
-// until it is down to half of it.
+// the link's share goes to the others) while that is above its lead, until
+// it is down to half of it. Connections that cannot hold (shared memory,
+// RDMA: a ring bounds them already) are not counted.
 //
 // A hold never lasts without progress: a connection whose hold is older
-// than kMaxHold (pushes in different orders, a worker that stopped), or
+// than max_hold (pushes in different orders, a worker that stopped), or
 // whose tenant has every connection of this lane held at once (each waits
 // for another rack, or for a chunk the others push later), is released and
-// exempt until its bytes are down to half of `lead_bytes` (then an update
-// it waited for was answered: the workers are in step again).
+// exempt until its bytes are down to half of its lead (then an update it
+// waited for was answered: the workers are in step again).
 //
 // Ownership: the lane's WorkerProtocol owns it; Charges share their
-// account (a Waiter may outlive its connection).
+// account (a Waiter may outlive its connection and the pacer: a charge
+// dropped after the pacer is gone touches nothing but its account).
 // Threading: the lane thread only.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <map>
@@ -48,6 +51,7 @@ class IntakeAccount {
   void Add(size_t bytes);
   void Sub(size_t bytes);
   void Release(bool exempt);
+  void Detach();
 
   std::weak_ptr<net::Connection> conn_;
   const size_t lead_bytes_;
@@ -75,35 +79,47 @@ class IntakeCharge {
 
 class IntakePacer {
  public:
-  // A hold older than this is released (and the connection exempt).
+  // A hold older than this is released (and the connection exempt), at
+  // most; less with a short straggler timeout (a quarter of it), so that a
+  // hold is never taken for a straggler.
   static constexpr auto kMaxHold = std::chrono::milliseconds(100);
 
   // lead_bytes 0: never holds (Charge returns empty charges).
-  explicit IntakePacer(size_t lead_bytes) : lead_bytes_(lead_bytes) {}
+  IntakePacer(size_t lead_bytes, std::chrono::milliseconds straggler_timeout)
+      : lead_bytes_(lead_bytes), max_hold_(std::min<std::chrono::milliseconds>(
+                                     kMaxHold, straggler_timeout / 4)) {}
+  ~IntakePacer();
+  IntakePacer(const IntakePacer&) = delete;
+  IntakePacer& operator=(const IntakePacer&) = delete;
 
-  // `bytes` of `conn`'s push wait for an update; may hold its intake.
-  IntakeCharge Charge(net::Connection& conn, size_t bytes);
-  // After a Charge of `conn`: if it holds and so does every connection of
-  // `peers` (its tenant's connections on this lane, by member), releases
-  // them all (exempt).
+  // `bytes` of `conn`'s push wait for an update; may hold its intake. The
+  // connection's lead is the setting, at least `min_lead` (a few of its
+  // tenant's chunks: one push must not hold it on its own).
+  IntakeCharge Charge(net::Connection& conn, size_t bytes, size_t min_lead);
+  bool holding(const net::Connection& conn) const;
+  bool any_holding() const;
+  // If every connection of `peers` (one tenant's connections on this lane,
+  // by member; at least one) is held, releases them all (exempt): none of
+  // them can be what the others wait for.
   template <typename Conns>
-  void ReleaseIfAllHeld(const net::Connection& conn, const Conns& peers) {
-    const auto self = accounts_.find(&conn);
-    if (self == accounts_.end() || !self->second->holding()) return;
+  void ReleaseIfAllHeld(const Conns& peers) {
+    if (peers.empty()) return;
     for (const auto& [member, conn] : peers) {
-      const auto it = accounts_.find(conn.get());
-      if (it == accounts_.end() || !it->second->holding()) return;
+      if (!holding(*conn)) return;
     }
     for (const auto& [member, conn] : peers) accounts_.at(conn.get())->Release(true);
   }
-  // From the lane's periodic check: releases holds older than kMaxHold.
+  // Releases holds older than max_hold (call at least every max_hold / 4
+  // while any_holding()).
   void ReleaseStale(std::chrono::steady_clock::time_point now);
+  std::chrono::milliseconds max_hold() const { return max_hold_; }
   // The connection closed: its account leaves (charges still held by
   // waiters keep it until they go; it holds nothing any more).
   void Forget(const net::Connection& conn);
 
  private:
   const size_t lead_bytes_;
+  const std::chrono::milliseconds max_hold_;
   std::map<const net::Connection*, std::shared_ptr<IntakeAccount>> accounts_;
 };
 

@@ -145,11 +145,25 @@ void WorkerProtocol::CountContribution(net::Connection& conn, LaneTenant& t, Chu
   table_->MarkPending(t, c, now);
   if (LatencyHistogram* late = t.metrics->rank(member)) late->Observe(now - c.first_contribution);
   c.pushes.push_back(Waiter{conn.weak_from_this(), h.request_id, 0, std::move(want)});
-  if (c.table()) return;
-  // Workers in step: a dense push waits for the others here; a connection
-  // too far ahead of them is not read for a while (IntakePacer).
-  c.pushes.back().intake = pacer_.Charge(conn, payload_bytes);
-  pacer_.ReleaseIfAllHeld(conn, t.conns);
+}
+
+void WorkerProtocol::Pace(net::Connection& conn, LaneTenant& t, Waiter& w, size_t payload_bytes) {
+  const bool was_holding = pacer_.holding(conn);
+  w.intake = pacer_.Charge(conn, payload_bytes, 4 * (size_t{t.info.chunk_bytes} + net::kHeaderBytes));
+  if (was_holding || !pacer_.holding(conn)) return;
+  t.info.counters->intake_holds.fetch_add(1, std::memory_order_relaxed);
+  pacer_.ReleaseIfAllHeld(t.conns);
+  ArmPacerCheck();
+}
+
+void WorkerProtocol::ArmPacerCheck() {
+  if (pacer_armed_) return;
+  pacer_armed_ = true;
+  gate_->After(pacer_.max_hold() / 4, [this] {
+    pacer_armed_ = false;
+    pacer_.ReleaseStale(std::chrono::steady_clock::now());
+    if (pacer_.any_holding()) ArmPacerCheck();
+  });
 }
 
 void WorkerProtocol::Park(net::Connection& conn, LaneTenant& t, const FrameHeader& h,
@@ -229,6 +243,11 @@ void WorkerProtocol::OnPush(net::Connection& conn, LaneTenant& t, const FrameHea
     return;
   }
   CountContribution(conn, t, c, member, *to.gen, h, payload.size(), {});
+  // Workers in step: a push that waits for the others (or, across racks,
+  // for the other racks) counts against its connection's lead.
+  if (result != aggregation::ChunkState::AddResult::kComplete || c.multi_rack()) {
+    Pace(conn, t, c.pushes.back(), payload.size());
+  }
   if (result != aggregation::ChunkState::AddResult::kComplete) return;
   if (!ContributorsLive(t, c, conn.id().rack, stage.workers())) return;
   if (c.multi_rack()) {

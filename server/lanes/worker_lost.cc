@@ -33,6 +33,7 @@ void WorkerProtocol::OnConnectionClosed(net::Connection& conn, const std::string
   if (it == t->conns.end() || it->second.get() != &conn) return;  // a refused duplicate
   auto keep = it->second;
   t->conns.erase(it);
+  pacer_.ReleaseIfAllHeld(t->conns);  // the one they waited for may be this one
   std::shared_ptr<WorkerGeneration> gen;
   if (auto g = t->gens.find(member); g != t->gens.end()) {
     gen = std::move(g->second);
@@ -187,7 +188,6 @@ bool WorkerProtocol::ContributorsLive(LaneTenant& t, Chunk& c, uint32_t rack, ui
 
 void WorkerProtocol::CheckStragglers() {
   const auto now = std::chrono::steady_clock::now();
-  pacer_.ReleaseStale(now);
   const auto limit = std::chrono::milliseconds(config_.straggler_timeout_ms);
   for (auto& [handle, t] : table_->tenants()) {
     if (t.info.consistency != Consistency::kSync) {

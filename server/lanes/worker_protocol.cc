@@ -52,7 +52,8 @@ WorkerProtocol::WorkerProtocol(const DataConfig& config, ChunkTable* table, Regi
       host_(host),
       gate_(gate),
       exchange_(exchange),
-      pacer_(static_cast<size_t>(config.intake_lead_bytes)) {
+      pacer_(static_cast<size_t>(config.intake_lead_bytes),
+             std::chrono::milliseconds(config.straggler_timeout_ms)) {
   if (config.scheduler == "fair") {
     scheduler_ = std::make_unique<FairScheduler>(gate, [table](uint32_t handle) -> uint32_t {
           const LaneTenant* t = table->FindTenant(handle);

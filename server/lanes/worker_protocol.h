@@ -202,6 +202,13 @@ class WorkerProtocol final : public net::FrameHandler {
   // An applied contribution of `member` (generation `gen`) to `c`: counts
   // it (metrics, pending, the rank's latency) and queues the push for the
   // update's reply (`want`: the rows a PUSH_ROWS asks back).
+  // Workers in step (IntakePacer): the push of waiter `w` (its last in
+  // c.pushes) waits for its update: charged to its connection's lead; a
+  // hold it starts is checked for progress (ArmPacerCheck).
+  void Pace(net::Connection& conn, LaneTenant& t, Waiter& w, size_t payload_bytes);
+  // Releases the holds older than the pacer's max_hold, every quarter of
+  // it while any connection is held.
+  void ArmPacerCheck();
   void CountContribution(net::Connection& conn, LaneTenant& t, Chunk& c, uint32_t member,
                          const std::shared_ptr<WorkerGeneration>& gen, const net::FrameHeader& h,
                          size_t payload_bytes, std::vector<uint64_t> want);
@@ -311,6 +318,7 @@ class WorkerProtocol final : public net::FrameHandler {
   bool trim_armed_ = false;
   std::unique_ptr<FairScheduler> scheduler_;
   IntakePacer pacer_;  // workers in step (data.intake_lead_bytes)
+  bool pacer_armed_ = false;
 };
 
 }  // namespace rackhub::server

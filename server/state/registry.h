@@ -107,6 +107,9 @@ struct TenantCounters {
   std::atomic<uint64_t> iterations_completed{0};
   std::atomic<uint64_t> workers_lost{0};
   std::atomic<uint64_t> stragglers{0};
+  // Times a worker connection was held for running ahead of the others
+  // (server/lanes/intake_pacer.h; data.intake_lead_bytes).
+  std::atomic<uint64_t> intake_holds{0};
   // Hub memory of the chunks the lanes have created so far (each chunk's
   // ChunkMemoryBytes; at most TenantInfo::memory_bytes).
   std::atomic<uint64_t> memory_bytes_allocated{0};

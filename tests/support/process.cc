@@ -1,5 +1,7 @@
 #include "process.h"
 
+#include "etcd_cluster.h"  // FreeLoopbackPort
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -164,8 +166,11 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args, bool wait_read
     args_.insert(args_.end(), {"--state-dir", state_dir_});
   }
   args_.insert(args_.end(), extra_args.begin(), extra_args.end());
-  Launch({"--admin-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--metrics-listen",
-          "127.0.0.1:0"},
+  // Ports outside the kernel's ephemeral range (FreeLoopbackPort): Restart
+  // listens on the same ones, and an ephemeral port could meanwhile become
+  // another process's source port ("address in use").
+  const auto port = [] { return "127.0.0.1:" + std::to_string(FreeLoopbackPort()); };
+  Launch({"--admin-listen", port(), "--data-listen", port(), "--metrics-listen", port()},
          wait_ready);
 }
 

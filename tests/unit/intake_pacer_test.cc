@@ -22,6 +22,7 @@ using namespace net::testing::memtest;  // NOLINT(build/namespaces)
 using net::Opcode;
 
 constexpr size_t kLead = 64 << 10;
+constexpr std::chrono::milliseconds kStraggler{30000};
 
 std::vector<Frame> Pushes(size_t count, uint64_t seed) {
   std::vector<Frame> v;
@@ -67,16 +68,16 @@ TEST(IntakePacerTest, AHoldTakenInsideAFrameStopsAtThatFrame) {
 
 TEST(IntakePacerTest, AConnectionAheadIsHeldUntilItsPushesAreAnsweredDownToHalf) {
   Harness h;
-  IntakePacer pacer(kLead);
+  IntakePacer pacer(kLead, kStraggler);
   std::vector<IntakeCharge> waiting;
-  waiting.push_back(pacer.Charge(*h.p.b, kLead / 2));
-  waiting.push_back(pacer.Charge(*h.p.b, kLead / 2));  // exactly the lead: still read
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 2, 0));
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 2, 0));  // exactly the lead: still read
   const std::vector<Frame> frames = Pushes(4, 4);
   SendAll(*h.p.a, frames);
   h.Run();
   ExpectFrames(h.rb.frames, frames);
 
-  waiting.push_back(pacer.Charge(*h.p.b, 1));  // past the lead: held
+  waiting.push_back(pacer.Charge(*h.p.b, 1, 0));  // past the lead: held
   const std::vector<Frame> more = Pushes(4, 5);
   SendAll(*h.p.a, more);
   h.Run();
@@ -94,17 +95,17 @@ TEST(IntakePacerTest, AConnectionAheadIsHeldUntilItsPushesAreAnsweredDownToHalf)
 
 TEST(IntakePacerTest, WhenEveryConnectionOfTheTenantIsHeldAllAreReleasedUntilHalf) {
   Harness x, y;
-  IntakePacer pacer(kLead);
+  IntakePacer pacer(kLead, kStraggler);
   std::map<uint32_t, std::shared_ptr<net::Connection>> peers{{0, x.p.b}, {1, y.p.b}};
   std::vector<IntakeCharge> cx, cy;
-  cx.push_back(pacer.Charge(*x.p.b, kLead + 1));
-  pacer.ReleaseIfAllHeld(*x.p.b, peers);  // y is read: x stays held
+  cx.push_back(pacer.Charge(*x.p.b, kLead + 1, 0));
+  pacer.ReleaseIfAllHeld(peers);  // y is read: x stays held
   SendAll(*x.p.a, Pushes(2, 6));
   x.Run();
   EXPECT_TRUE(x.rb.frames.empty());
 
-  cy.push_back(pacer.Charge(*y.p.b, kLead + 1));
-  pacer.ReleaseIfAllHeld(*y.p.b, peers);  // both held: nobody could catch up
+  cy.push_back(pacer.Charge(*y.p.b, kLead + 1, 0));
+  pacer.ReleaseIfAllHeld(peers);  // both held: nobody could catch up
   SendAll(*y.p.a, Pushes(2, 7));
   x.Run();
   y.Run();
@@ -112,12 +113,12 @@ TEST(IntakePacerTest, WhenEveryConnectionOfTheTenantIsHeldAllAreReleasedUntilHal
   EXPECT_EQ(y.rb.frames.size(), 2u);
 
   // Exempt until its charges are down to half: more does not hold it again.
-  cx.push_back(pacer.Charge(*x.p.b, kLead));
+  cx.push_back(pacer.Charge(*x.p.b, kLead, 0));
   SendAll(*x.p.a, Pushes(2, 8));
   x.Run();
   EXPECT_EQ(x.rb.frames.size(), 4u);
   cx.clear();  // answered: in step again, so the next lead holds
-  cx.push_back(pacer.Charge(*x.p.b, kLead + 1));
+  cx.push_back(pacer.Charge(*x.p.b, kLead + 1, 0));
   SendAll(*x.p.a, Pushes(2, 9));
   x.Run();
   EXPECT_EQ(x.rb.frames.size(), 4u);
@@ -131,8 +132,8 @@ TEST(IntakePacerTest, WhenEveryConnectionOfTheTenantIsHeldAllAreReleasedUntilHal
 
 TEST(IntakePacerTest, AHoldOlderThanTheLimitIsReleased) {
   Harness h;
-  IntakePacer pacer(kLead);
-  IntakeCharge c = pacer.Charge(*h.p.b, kLead + 1);
+  IntakePacer pacer(kLead, kStraggler);
+  IntakeCharge c = pacer.Charge(*h.p.b, kLead + 1, 0);
   SendAll(*h.p.a, Pushes(3, 10));
   h.Run();
   EXPECT_TRUE(h.rb.frames.empty());
@@ -142,21 +143,77 @@ TEST(IntakePacerTest, AHoldOlderThanTheLimitIsReleased) {
   pacer.ReleaseStale(std::chrono::steady_clock::now() + IntakePacer::kMaxHold);
   h.Run();
   EXPECT_EQ(h.rb.frames.size(), 3u);
+  // Exempt until it is down to half: more charges do not hold it again.
+  IntakeCharge more = pacer.Charge(*h.p.b, kLead, 0);
+  SendAll(*h.p.a, Pushes(2, 13));
+  h.Run();
+  EXPECT_EQ(h.rb.frames.size(), 5u);
+  EXPECT_FALSE(pacer.holding(*h.p.b));
+  h.CloseCleanly();
+}
+
+TEST(IntakePacerTest, AShortStragglerTimeoutShortensTheHold) {
+  EXPECT_EQ(IntakePacer(kLead, kStraggler).max_hold(), IntakePacer::kMaxHold);
+  EXPECT_EQ(IntakePacer(kLead, std::chrono::milliseconds(200)).max_hold(),
+            std::chrono::milliseconds(50));
+}
+
+TEST(IntakePacerTest, TheLeadIsAtLeastTheGivenFloor) {
+  Harness h;
+  IntakePacer pacer(kLead, kStraggler);
+  std::vector<IntakeCharge> waiting;
+  waiting.push_back(pacer.Charge(*h.p.b, 3 * kLead, 4 * kLead));  // big chunks: below the floor
+  EXPECT_FALSE(pacer.holding(*h.p.b));
+  waiting.push_back(pacer.Charge(*h.p.b, kLead + 1, 4 * kLead));
+  EXPECT_TRUE(pacer.holding(*h.p.b));
+  waiting.erase(waiting.begin());  // kLead + 1 left: at most half of 4 kLead
+  EXPECT_FALSE(pacer.holding(*h.p.b));
+  waiting.clear();
+  h.CloseCleanly();
+}
+
+TEST(IntakePacerTest, HoldAndTheSendBacklogsPauseAreIndependent) {
+  // b's replies are not read by a: b's backlog passes pause_bytes, so b
+  // takes no frames; a hold on top must still stop it once the backlog
+  // drained, and the end of the hold must not resume a paused b.
+  Harness h;
+  net::SendLimits limits;
+  limits.pause_bytes = 4096;
+  h.p.b->SetSendLimits(limits);
+  h.p.a->incoming_faults().StopReading(true);
+  const std::vector<Frame> big = {MakeFrame(Opcode::kPush, 1, Pattern(8192, 1), net::DType::kFp32)};
+  SendAll(*h.p.b, big);
+  h.Run();
+  SendAll(*h.p.a, Pushes(2, 14));
+  h.Run();
+  EXPECT_TRUE(h.rb.frames.empty()) << "paused by its backlog";
+  h.p.b->HoldIntake(true);
+  h.p.b->HoldIntake(false);  // the backlog's pause still stands
+  h.Run();
+  EXPECT_TRUE(h.rb.frames.empty());
+  h.p.b->HoldIntake(true);
+  h.p.a->incoming_faults().StopReading(false);  // the backlog drains: held still
+  h.Run();
+  EXPECT_EQ(h.ra.frames.size(), 1u);
+  EXPECT_TRUE(h.rb.frames.empty());
+  h.p.b->HoldIntake(false);
+  h.Run();
+  EXPECT_EQ(h.rb.frames.size(), 2u);
   h.CloseCleanly();
 }
 
 TEST(IntakePacerTest, OffNeverHoldsAndAClosedConnectionsChargesAreHarmless) {
   Harness h;
-  IntakePacer off(0);
-  IntakeCharge none = off.Charge(*h.p.b, 1u << 30);
+  IntakePacer off(0, kStraggler);
+  IntakeCharge none = off.Charge(*h.p.b, 1u << 30, 0);
   SendAll(*h.p.a, Pushes(2, 11));
   h.Run();
   EXPECT_EQ(h.rb.frames.size(), 2u);
 
   // A held connection sees its peer's close when released, after the
   // frames before it (like a frame: the stream is not read meanwhile).
-  IntakePacer pacer(kLead);
-  IntakeCharge held = pacer.Charge(*h.p.b, kLead + 1);
+  IntakePacer pacer(kLead, kStraggler);
+  IntakeCharge held = pacer.Charge(*h.p.b, kLead + 1, 0);
   SendAll(*h.p.a, Pushes(1, 12));
   h.Run();  // written into the stream, not read
   EXPECT_EQ(h.rb.frames.size(), 2u);

@@ -35,6 +35,7 @@ class StreamConnection : public BoundedConnection {
   }
   void DeliverTurn() final;
   void HoldIntake(bool hold) final;
+  bool can_hold_intake() const final { return true; }
 
  protected:
   StreamConnection(FrameHandler* handler, ConnectionIdentity id,

@@ -162,6 +162,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Transports whose peer cannot run more than a ring ahead (shared memory,
   // RDMA) ignore it.
   virtual void HoldIntake(bool hold) { (void)hold; }
+  // Whether HoldIntake does anything (byte-stream transports: TCP, in-memory).
+  virtual bool can_hold_intake() const { return false; }
 };
 
 }  // namespace rackhub::net
