@@ -273,6 +273,11 @@ options (flags override the config file):
       --hello-timeout-ms MS         close a connection without HELLO after MS [10000]
       --max-queued-bytes-per-connection SIZE  unwritten bytes per connection
                                     before it is closed (QUOTA_EXCEEDED) [64MiB]
+      --intake-lead-bytes SIZE      workers in step: do not read a worker's TCP
+                                    connection while its pushes waiting for
+                                    updates exceed SIZE; 0 = off     [1MiB]
+      --tcp-receive-buffer SIZE     SO_RCVBUF of worker TCP connections;
+                                    0 = the kernel's autotuning     [256KiB]
       --scheduler fair|fifo         order of tenants' work on a lane  [fair]
       --max-unauthenticated-connections N  connections waiting for HELLO [1024]
       --metrics-listen HOST:PORT    Prometheus /metrics address   [127.0.0.1:7704]

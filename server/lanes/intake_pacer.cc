@@ -61,7 +61,9 @@ IntakePacer::~IntakePacer() {
 IntakeCharge IntakePacer::Charge(net::Connection& conn, size_t bytes, size_t min_lead) {
   if (lead_bytes_ == 0 || !conn.can_hold_intake()) return {};
   auto& account = accounts_[&conn];
-  if (!account) {
+  // (A connection at the address of a closed one that was never forgotten
+  // gets an account of its own.)
+  if (!account || account->conn_.lock().get() != &conn) {
     account = std::make_shared<IntakeAccount>(conn.weak_from_this(),
                                               std::max(lead_bytes_, min_lead));
   }

@@ -151,8 +151,9 @@ void WorkerProtocol::Pace(net::Connection& conn, LaneTenant& t, Waiter& w, size_
   const bool was_holding = pacer_.holding(conn);
   w.intake = pacer_.Charge(conn, payload_bytes, 4 * (size_t{t.info.chunk_bytes} + net::kHeaderBytes));
   if (was_holding || !pacer_.holding(conn)) return;
-  t.info.counters->intake_holds.fetch_add(1, std::memory_order_relaxed);
   pacer_.ReleaseIfAllHeld(t.conns);
+  if (!pacer_.holding(conn)) return;  // undone at once: nothing was held
+  t.info.counters->intake_holds.fetch_add(1, std::memory_order_relaxed);
   ArmPacerCheck();
 }
 

@@ -107,6 +107,19 @@ Status TcpAcceptor::Listen() {
       !s.ok()) {
     return s;
   }
+  if (config.data.tcp_receive_buffer > 0) {
+    // The kernel doubles SO_RCVBUF for its bookkeeping and caps the request
+    // at net.core.rmem_max (208 KiB on a stock kernel): say what it kept.
+    asio::socket_base::receive_buffer_size kept;
+    boost::system::error_code ec;
+    workers_.acceptor.get_option(kept, ec);
+    const int64_t asked = int64_t{config.data.tcp_receive_buffer};
+    if (!ec && kept.value() < 2 * asked) {
+      spdlog::info("data.tcp_receive_buffer: {} bytes asked, the kernel keeps {} per worker "
+                   "connection (capped by net.core.rmem_max; raise it to allow more)",
+                   asked, kept.value());
+    }
+  }
   const auto bound = workers_.acceptor.local_endpoint();
   address_ = net::Endpoint{bound.address().to_string(), bound.port()}.ToString();
   const auto& topo = config.topology;

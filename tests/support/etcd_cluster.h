@@ -19,7 +19,9 @@ namespace rackhub::testing {
 // ephemeral range and reserved for this process among concurrently running
 // tests (so `ctest -j` cannot hand it to another test): for programs that
 // cannot listen on port 0 and report the port (etcd, hub-link addresses).
-uint16_t FreeLoopbackPort();
+// `required` false: 0 (no failure) when none is found, e.g. on a host
+// whose ephemeral range starts low; the caller then listens on port 0.
+uint16_t FreeLoopbackPort(bool required = true);
 
 class EtcdCluster {
  public:

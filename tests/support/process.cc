@@ -168,8 +168,9 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args, bool wait_read
   args_.insert(args_.end(), extra_args.begin(), extra_args.end());
   // Ports outside the kernel's ephemeral range (FreeLoopbackPort): Restart
   // listens on the same ones, and an ephemeral port could meanwhile become
-  // another process's source port ("address in use").
-  const auto port = [] { return "127.0.0.1:" + std::to_string(FreeLoopbackPort()); };
+  // another process's source port ("address in use"). Port 0 where there
+  // is no room below that range.
+  const auto port = [] { return "127.0.0.1:" + std::to_string(FreeLoopbackPort(false)); };
   Launch({"--admin-listen", port(), "--data-listen", port(), "--metrics-listen", port()},
          wait_ready);
 }
