@@ -17,6 +17,8 @@
 #                            10.79.0.254), PREFIXhub0 (10.79.0.1, link H) and
 #                            PREFIXw0..W-1 (10.79.0.11+r, links L), every link
 #                            shaped both ways; sets $sw and $hubns
+#   netns_congestion CC      TCP congestion control CC in every namespace made so
+#                            far ("host": leave what they inherited from the host)
 #   cpu_sample               "idle total" jiffies of the whole machine (/proc/stat)
 
 netns_created=()
@@ -125,6 +127,38 @@ netns_rack() {
     netns_add "${1}w$w"
     plug_rack_port "${1}w$w" "w$w" "10.79.0.$((11 + w))" "$3"
   done
+}
+
+# A namespace other than the host's may only choose an algorithm the host
+# lists in net.ipv4.tcp_allowed_congestion_control: CC is added to that list
+# while the namespaces take it, then the list is put back (under a lock, so
+# that two benchmarks starting at once do not undo each other's addition).
+netns_congestion() {
+  local cc=$1 ns allowed rc=0
+  [ "$cc" = host ] && return 0
+  case " $(sysctl -n net.ipv4.tcp_available_congestion_control) " in
+    *" $cc "*) ;;
+    *) modprobe "tcp_$cc" 2>/dev/null || true
+       case " $(sysctl -n net.ipv4.tcp_available_congestion_control) " in
+         *" $cc "*) ;;
+         *) echo "$me: congestion control '$cc' is not available here (net.ipv4.tcp_available_congestion_control: $(sysctl -n net.ipv4.tcp_available_congestion_control))" >&2
+            exit 2 ;;
+       esac ;;
+  esac
+  exec 9>/run/lock/rackhub-netns-congestion
+  flock 9
+  allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
+  case " $allowed " in
+    *" $cc "*) ;;
+    *) sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $cc" ;;
+  esac
+  for ns in "${netns_created[@]}"; do
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$cc" || { rc=1; break; }
+  done
+  sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed"
+  flock -u 9
+  exec 9>&-
+  [ $rc = 0 ] || { echo "$me: cannot set congestion control '$cc' in namespace $ns" >&2; exit 1; }
 }
 
 cpu_sample() { awk '/^cpu /{ idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print idle, total }' /proc/stat; }

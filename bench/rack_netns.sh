@@ -42,6 +42,8 @@ usage: bench/rack_netns.sh [options] [-- more rackhub-bench options]
   --rounds N          interleaved [rackhub, gloo] rounds                           [3]
   --lanes N           hub lanes (0 = one per core)                                 [0]
   --json FILE         append rackhub-bench's JSON result (one line) to FILE
+  --congestion-control CC  TCP congestion control in every namespace: cubic (Linux's
+                      default), bbr, reno, ...; "host" = the host's own      [cubic]
   --prefix P          namespace name prefix                                      [rk-]
   -h, --help
 EOF
@@ -51,6 +53,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build="$here/../build"
 workers=4 worker_rate=1gbit hub_rate=auto bytes=64MiB keys=4 profile=even dtype=fp32
 optimizer=sum-only iterations=5 warmup=1 rounds=3 lanes=0 json="" prefix=rk- bucket_mib=0
+congestion=cubic
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -70,6 +73,7 @@ while [ $# -gt 0 ]; do
     --lanes) lanes=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --prefix) prefix=$2; shift 2 ;;
+    --congestion-control) congestion=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) usage; exit 0 ;;
     *) echo "$me: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -99,9 +103,11 @@ trap netns_cleanup EXIT
 trap 'exit 130' INT TERM
 
 netns_rack "$prefix" "$workers" "$worker_rate" "$hub_rate"
+netns_congestion "$congestion"
 
 echo "$me: $workers workers at $worker_rate each ($lbytes B/s), hub at $hub_rate ($hbytes B/s),"
-echo "  namespaces ${prefix}w0..$((workers - 1)), $hubns, bridge br0 in $sw; $(nproc) cores"
+echo "  namespaces ${prefix}w0..$((workers - 1)), $hubns, bridge br0 in $sw; $(nproc) cores;"
+echo "  TCP congestion control $(ip netns exec "$hubns" sysctl -n net.ipv4.tcp_congestion_control)"
 args=(--workers "$workers" --bytes "$bytes" --keys "$keys" --profile "$profile" --dtype "$dtype"
       --optimizer "$optimizer" --iterations "$iterations" --warmup "$warmup" --rounds "$rounds"
       --lanes "$lanes" --transport tcp --hub-netns-prefix "${prefix}hub" --rack-addrs 10.79.0.1

@@ -38,6 +38,8 @@ usage: bench/torch_netns.sh [options] [-- more bench_mlp.py options]
   --rounds N          interleaved rounds of all modes                              [3]
   --batch N           samples per rank and step                                   [32]
   --lanes N           hub lanes                                                    [2]
+  --congestion-control CC  TCP congestion control in every namespace: cubic (Linux's
+                      default), bbr, reno, ...; "host" = the host's own      [cubic]
   --prefix P          namespace name prefix                                      [rkt-]
   -h, --help
 EOF
@@ -47,6 +49,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build="$here/../build"
 workers=2 worker_rate=1gbit hub_rate=auto modes=rackhub,rackhub-sumonly,ddp-gloo steps=10
 warmup=2 rounds=3 batch=32 lanes=2 prefix=rkt-
+congestion=cubic
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -61,6 +64,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --lanes) lanes=$2; shift 2 ;;
     --prefix) prefix=$2; shift 2 ;;
+    --congestion-control) congestion=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) usage; exit 0 ;;
     *) echo "$me: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -92,9 +96,11 @@ netns_bench rackhubctl
 trap netns_cleanup EXIT
 trap 'exit 130' INT TERM
 netns_rack "$prefix" "$workers" "$worker_rate" "$hub_rate"
+netns_congestion "$congestion"
 
 echo "$me: $workers workers at $worker_rate each ($lbytes B/s), hub at $hub_rate ($hbytes B/s),"
-echo "  namespaces ${prefix}w0..$((workers - 1)), $hubns, bridge br0 in $sw; $(nproc) cores"
+echo "  namespaces ${prefix}w0..$((workers - 1)), $hubns, bridge br0 in $sw; $(nproc) cores;"
+echo "  TCP congestion control $(ip netns exec "$hubns" sysctl -n net.ipv4.tcp_congestion_control)"
 echo "  load at the start: $(uptime)"
 args=("$here/torch/bench_mlp.py" --build "$build" --world "$workers" --modes "$modes"
       --steps "$steps" --warmup "$warmup" --rounds "$rounds" --batch "$batch" --lanes "$lanes"

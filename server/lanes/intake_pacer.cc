@@ -7,23 +7,28 @@ namespace rackhub::server {
 
 void IntakeAccount::Add(size_t bytes) {
   bytes_ += bytes;
-  if (holding_ || exempt_ || bytes_ <= lead_bytes_) return;
+  if (holding_ || exempt_ != Exempt::kNone || bytes_ <= lead_bytes_) return;
   auto conn = conn_.lock();
   if (!conn || !conn->open()) return;
   holding_ = true;
-  held_since_ = std::chrono::steady_clock::now();
+  held_since_ = progress_at_ = std::chrono::steady_clock::now();
+  progressed_ = false;
   conn->HoldIntake(true);
 }
 
 void IntakeAccount::Sub(size_t bytes) {
   bytes_ -= std::min(bytes, bytes_);
-  if (bytes_ > lead_bytes_ / 2) return;
-  exempt_ = false;
-  if (holding_) Release(false);
+  if (bytes_ > lead_bytes_ / 2) {
+    progressed_ = true;  // catching up
+    if (exempt_ == Exempt::kUntilProgress) exempt_ = Exempt::kNone;
+    return;
+  }
+  exempt_ = Exempt::kNone;
+  if (holding_) Release(Exempt::kNone);
 }
 
-void IntakeAccount::Release(bool exempt) {
-  exempt_ = exempt_ || exempt;
+void IntakeAccount::Release(Exempt exempt) {
+  exempt_ = std::max(exempt_, exempt);
   if (!holding_) return;
   holding_ = false;
   if (auto conn = conn_.lock()) conn->HoldIntake(false);
@@ -82,7 +87,13 @@ bool IntakePacer::any_holding() const {
 
 void IntakePacer::ReleaseStale(std::chrono::steady_clock::time_point now) {
   for (auto& [conn, account] : accounts_) {
-    if (account->holding() && now - account->held_since_ >= max_hold_) account->Release(true);
+    if (!account->holding()) continue;
+    if (std::exchange(account->progressed_, false)) account->progress_at_ = now;
+    if (now - account->held_since_ >= max_age_) {
+      account->Release(IntakeAccount::Exempt::kUntilHalf);
+    } else if (now - account->progress_at_ >= max_hold_) {
+      account->Release(IntakeAccount::Exempt::kUntilProgress);
+    }
   }
 }
 

@@ -12,12 +12,17 @@
 // it is down to half of it. Connections that cannot hold (shared memory,
 // RDMA: a ring bounds them already) are not counted.
 //
-// A hold never lasts without progress: a connection whose hold is older
-// than max_hold (pushes in different orders, a worker that stopped), or
-// whose tenant has every connection of this lane held at once (each waits
-// for another rack, or for a chunk the others push later), is released and
-// exempt until its bytes are down to half of its lead (then an update it
-// waited for was answered: the workers are in step again).
+// A hold never lasts without progress. A connection held for max_hold
+// without any of the updates it waits for being answered (the worker they
+// wait for stalled: its TCP flow paused, its process descheduled, or it
+// died) is released and exempt until one of them is answered. A hold whose
+// updates keep being answered stays (the others are catching up, which is
+// what it is for) up to max_age (<= half the straggler timeout, so a hold
+// is never taken for a straggler). A connection held for max_age, or whose
+// tenant has every connection of this lane held at once (each waits for
+// another rack, or for a chunk the others push later), is released and
+// exempt until its bytes are down to half of its lead (then the workers are
+// in step again).
 //
 // Ownership: the lane's WorkerProtocol owns it; Charges share their
 // account (a Waiter may outlive its connection and the pacer: a charge
@@ -50,15 +55,21 @@ class IntakeAccount {
   friend class IntakeCharge;
   void Add(size_t bytes);
   void Sub(size_t bytes);
-  void Release(bool exempt);
+  // Why a hold may not be taken again yet (strongest wins).
+  enum class Exempt { kNone, kUntilProgress, kUntilHalf };
+  void Release(Exempt exempt);
   void Detach();
 
   std::weak_ptr<net::Connection> conn_;
   const size_t lead_bytes_;
   size_t bytes_ = 0;
   bool holding_ = false;
-  bool exempt_ = false;  // released without progress: no hold until half
+  Exempt exempt_ = Exempt::kNone;
   std::chrono::steady_clock::time_point held_since_;
+  // When the hold last made progress (an update it waited for answered), as
+  // seen by ReleaseStale's checks: held_since_, or the check that saw it.
+  std::chrono::steady_clock::time_point progress_at_;
+  bool progressed_ = false;  // an answer since the last check
 };
 
 // A push's bytes in its connection's account, for as long as it waits
@@ -79,15 +90,18 @@ class IntakeCharge {
 
 class IntakePacer {
  public:
-  // A hold older than this is released (and the connection exempt), at
-  // most; less with a short straggler timeout (a quarter of it), so that a
-  // hold is never taken for a straggler.
+  // A hold without progress (no update it waits for answered) for this
+  // long is released, at most; a hold is released after kMaxAge whatever
+  // happens. Less with a short straggler timeout (a quarter and a half of
+  // it), so that a hold is never taken for a straggler.
   static constexpr auto kMaxHold = std::chrono::milliseconds(100);
+  static constexpr auto kMaxAge = std::chrono::milliseconds(1000);
 
   // lead_bytes 0: never holds (Charge returns empty charges).
   IntakePacer(size_t lead_bytes, std::chrono::milliseconds straggler_timeout)
-      : lead_bytes_(lead_bytes), max_hold_(std::min<std::chrono::milliseconds>(
-                                     kMaxHold, straggler_timeout / 4)) {}
+      : lead_bytes_(lead_bytes),
+        max_hold_(std::min<std::chrono::milliseconds>(kMaxHold, straggler_timeout / 4)),
+        max_age_(std::min<std::chrono::milliseconds>(kMaxAge, straggler_timeout / 2)) {}
   ~IntakePacer();
   IntakePacer(const IntakePacer&) = delete;
   IntakePacer& operator=(const IntakePacer&) = delete;
@@ -99,20 +113,23 @@ class IntakePacer {
   bool holding(const net::Connection& conn) const;
   bool any_holding() const;
   // If every connection of `peers` (one tenant's connections on this lane,
-  // by member; at least one) is held, releases them all (exempt): none of
-  // them can be what the others wait for.
+  // by member; at least one) is held, releases them all (exempt until
+  // half): none of them can be what the others wait for.
   template <typename Conns>
   void ReleaseIfAllHeld(const Conns& peers) {
     if (peers.empty()) return;
     for (const auto& [member, conn] : peers) {
       if (!holding(*conn)) return;
     }
-    for (const auto& [member, conn] : peers) accounts_.at(conn.get())->Release(true);
+    for (const auto& [member, conn] : peers) {
+      accounts_.at(conn.get())->Release(IntakeAccount::Exempt::kUntilHalf);
+    }
   }
-  // Releases holds older than max_hold (call at least every max_hold / 4
-  // while any_holding()).
+  // Releases the holds without progress for max_hold and those older than
+  // max_age (call at least every max_hold / 4 while any_holding()).
   void ReleaseStale(std::chrono::steady_clock::time_point now);
   std::chrono::milliseconds max_hold() const { return max_hold_; }
+  std::chrono::milliseconds max_age() const { return max_age_; }
   // The connection closed: its account leaves (charges still held by
   // waiters keep it until they go; it holds nothing any more).
   void Forget(const net::Connection& conn);
@@ -120,6 +137,7 @@ class IntakePacer {
  private:
   const size_t lead_bytes_;
   const std::chrono::milliseconds max_hold_;
+  const std::chrono::milliseconds max_age_;
   std::map<const net::Connection*, std::shared_ptr<IntakeAccount>> accounts_;
 };
 

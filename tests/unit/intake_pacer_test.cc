@@ -135,10 +135,13 @@ TEST(IntakePacerTest, WhenEveryConnectionOfTheTenantIsHeldAllAreReleasedUntilHal
   y.CloseCleanly();
 }
 
-TEST(IntakePacerTest, AHoldOlderThanTheLimitIsReleased) {
+TEST(IntakePacerTest, AHoldWithoutProgressIsReleasedUntilTheNextAnswer) {
   Harness h;
   IntakePacer pacer(kLead, kStraggler);
-  IntakeCharge c = pacer.Charge(*h.p.b, kLead + 1, 0);
+  std::vector<IntakeCharge> waiting;
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 2, 0));
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 2 + 1, 0));
+  ASSERT_TRUE(pacer.holding(*h.p.b));
   SendCopies(*h.p.a, Pushes(3, 10));
   h.Run();
   EXPECT_TRUE(h.rb.frames.empty());
@@ -148,19 +151,90 @@ TEST(IntakePacerTest, AHoldOlderThanTheLimitIsReleased) {
   pacer.ReleaseStale(std::chrono::steady_clock::now() + IntakePacer::kMaxHold);
   h.Run();
   EXPECT_EQ(h.rb.frames.size(), 3u);
-  // Exempt until it is down to half: more charges do not hold it again.
-  IntakeCharge more = pacer.Charge(*h.p.b, kLead, 0);
+  // Exempt while nothing it waits for is answered: more does not hold it.
+  waiting.push_back(pacer.Charge(*h.p.b, kLead, 0));
   SendCopies(*h.p.a, Pushes(2, 13));
   h.Run();
   EXPECT_EQ(h.rb.frames.size(), 5u);
   EXPECT_FALSE(pacer.holding(*h.p.b));
+  // One answer (still above half): the stalled worker moves again, so the
+  // connection is paced again from its next push on.
+  waiting.erase(waiting.begin());
+  EXPECT_FALSE(pacer.holding(*h.p.b));
+  waiting.push_back(pacer.Charge(*h.p.b, 1, 0));
+  EXPECT_TRUE(pacer.holding(*h.p.b)) << "still exempt after an answer";
+  SendCopies(*h.p.a, Pushes(1, 15));
+  h.Run();
+  EXPECT_EQ(h.rb.frames.size(), 5u);
+  waiting.clear();
+  h.Run();
+  EXPECT_EQ(h.rb.frames.size(), 6u);
+  h.CloseCleanly();
+}
+
+TEST(IntakePacerTest, AHoldThatMakesProgressStaysUntilItsAgeLimit) {
+  // The others catch up (updates it waits for are answered, but not yet
+  // down to half): kept past kMaxHold; then without progress for kMaxHold
+  // it goes. A hold that keeps making progress goes at kMaxAge.
+  using std::chrono::steady_clock;
+  constexpr auto kStep = IntakePacer::kMaxHold / 2;
+  Harness h;
+  IntakePacer pacer(kLead, kStraggler);
+  const steady_clock::time_point t0 = steady_clock::now();
+  std::vector<IntakeCharge> waiting;
+  for (int i = 0; i < 8; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  const steady_clock::time_point held = steady_clock::now();
+  ASSERT_TRUE(pacer.holding(*h.p.b));
+  SendCopies(*h.p.a, Pushes(3, 20));
+  h.Run();
+  EXPECT_TRUE(h.rb.frames.empty());
+  waiting.erase(waiting.begin());  // one answered: 7/7 of the lead left, above half
+  pacer.ReleaseStale(t0 + 3 * kStep);  // older than kMaxHold, but it progressed
+  EXPECT_TRUE(pacer.holding(*h.p.b)) << "a hold that made progress was released";
+  pacer.ReleaseStale(t0 + 4 * kStep);  // no progress since the last check
+  EXPECT_TRUE(pacer.holding(*h.p.b));
+  pacer.ReleaseStale(held + 5 * kStep);  // kMaxHold without progress
+  EXPECT_FALSE(pacer.holding(*h.p.b));
+  h.Run();
+  EXPECT_EQ(h.rb.frames.size(), 3u);
+  waiting.clear();  // in step again: no longer exempt
+
+  const steady_clock::time_point before = steady_clock::now();
+  for (int i = 0; i < 8; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  const steady_clock::time_point again = steady_clock::now();
+  ASSERT_TRUE(pacer.holding(*h.p.b));
+  // Every check sees an answer (and the worker pushes one more: no new
+  // hold while held), up to kMaxAge.
+  for (auto t = before + kStep; t < before + IntakePacer::kMaxAge; t += kStep) {
+    waiting.pop_back();  // 7/7 of the lead left: above half
+    pacer.ReleaseStale(t);
+    ASSERT_TRUE(pacer.holding(*h.p.b)) << "released while making progress, after "
+                                       << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              t - before).count() << " ms";
+    waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  }
+  waiting.pop_back();  // progress up to the end
+  pacer.ReleaseStale(again + IntakePacer::kMaxAge);
+  EXPECT_FALSE(pacer.holding(*h.p.b)) << "a hold outlived kMaxAge";
+  // Exempt until half this time: an answer above half does not end it.
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  waiting.pop_back();
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  EXPECT_FALSE(pacer.holding(*h.p.b));
+  waiting.clear();  // down to half: paced again
+  for (int i = 0; i < 8; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  EXPECT_TRUE(pacer.holding(*h.p.b));
+  waiting.clear();
   h.CloseCleanly();
 }
 
 TEST(IntakePacerTest, AShortStragglerTimeoutShortensTheHold) {
   EXPECT_EQ(IntakePacer(kLead, kStraggler).max_hold(), IntakePacer::kMaxHold);
+  EXPECT_EQ(IntakePacer(kLead, kStraggler).max_age(), IntakePacer::kMaxAge);
   EXPECT_EQ(IntakePacer(kLead, std::chrono::milliseconds(200)).max_hold(),
             std::chrono::milliseconds(50));
+  EXPECT_EQ(IntakePacer(kLead, std::chrono::milliseconds(200)).max_age(),
+            std::chrono::milliseconds(100));
 }
 
 TEST(IntakePacerTest, TheLeadIsAtLeastTheGivenFloor) {
