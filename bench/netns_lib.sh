@@ -133,8 +133,10 @@ netns_rack() {
 # lists in net.ipv4.tcp_allowed_congestion_control: CC is added to that list
 # while the namespaces take it, then the list is put back (under a lock, so
 # that two benchmarks starting at once do not undo each other's addition).
+# Where the host's list cannot be changed, the namespaces keep what they
+# inherited, with a warning (the scripts print what is in use).
 netns_congestion() {
-  local cc=$1 ns allowed rc=0
+  local cc=$1 ns allowed ok=1 lock=/run/lock
   [ "$cc" = host ] && return 0
   case " $(sysctl -n net.ipv4.tcp_available_congestion_control) " in
     *" $cc "*) ;;
@@ -145,20 +147,25 @@ netns_congestion() {
             exit 2 ;;
        esac ;;
   esac
-  exec 9>/run/lock/rackhub-netns-congestion
+  [ -d "$lock" ] && [ -w "$lock" ] || lock=${TMPDIR:-/tmp}
+  exec 9>"$lock/rackhub-netns-congestion"
   flock 9
   allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
   case " $allowed " in
     *" $cc "*) ;;
-    *) sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $cc" ;;
+    *) sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $cc" 2>/dev/null || ok=0 ;;
   esac
-  for ns in "${netns_created[@]}"; do
-    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$cc" || { rc=1; break; }
-  done
-  sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed"
+  if [ $ok = 1 ]; then
+    for ns in "${netns_created[@]}"; do
+      ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$cc" 2>/dev/null || { ok=0; break; }
+    done
+  fi
+  [ "$(sysctl -n net.ipv4.tcp_allowed_congestion_control)" = "$allowed" ] ||
+    sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed"
   flock -u 9
   exec 9>&-
-  [ $rc = 0 ] || { echo "$me: cannot set congestion control '$cc' in namespace $ns" >&2; exit 1; }
+  [ $ok = 1 ] ||
+    echo "$me: WARNING: cannot set congestion control '$cc' in the namespaces; they keep the host's" >&2
 }
 
 cpu_sample() { awk '/^cpu /{ idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print idle, total }' /proc/stat; }
