@@ -23,6 +23,10 @@ CASES = [
     # name, rackhub-bench arguments, the figure compared
     ("64 MiB W=2 shm", ["--workers", "2", "--bytes", "64MiB", "--iterations", "10",
                         "--transport", "shm"], "median_ms"),
+    ("64 MiB W=2 shm lease", ["--workers", "2", "--bytes", "64MiB", "--iterations", "10",
+                              "--transport", "shm", "--lease"], "median_ms"),
+    ("64 MiB W=4 shm", ["--workers", "4", "--bytes", "64MiB", "--iterations", "10",
+                        "--transport", "shm"], "median_ms"),
     ("64 MiB W=2 tcp", ["--workers", "2", "--bytes", "64MiB", "--iterations", "10",
                         "--transport", "tcp"], "median_ms"),
     ("4 KiB W=2 tcp p50", ["--workers", "2", "--bytes", "4KiB", "--keys", "1",

@@ -43,6 +43,7 @@ netns_bench() {
 
 netns_cleanup() {
   local ns pids
+  netns_cc_put_back
   # Processes still inside our namespaces (an interrupted bench and its
   # hub) are ours: end them by pid, then remove the namespaces.
   for ns in "${netns_created[@]}"; do
@@ -132,40 +133,60 @@ netns_rack() {
 # A namespace other than the host's may only choose an algorithm the host
 # lists in net.ipv4.tcp_allowed_congestion_control: CC is added to that list
 # while the namespaces take it, then the list is put back (under a lock, so
-# that two benchmarks starting at once do not undo each other's addition).
-# Where the host's list cannot be changed, the namespaces keep what they
+# that two benchmarks starting at once do not undo each other's addition;
+# netns_cleanup puts it back too if the script is interrupted meanwhile).
+# Where the host's list cannot be changed, every namespace keeps what it
 # inherited, with a warning (the scripts print what is in use).
+netns_cc_sys=/proc/sys/net/ipv4
+netns_cc_restore=""
+
 netns_congestion() {
-  local cc=$1 ns allowed ok=1 lock=/run/lock
+  local cc=$1 ns allowed ok=1 lock=/run done_ns=() host_cc
   [ "$cc" = host ] && return 0
-  case " $(sysctl -n net.ipv4.tcp_available_congestion_control) " in
-    *" $cc "*) ;;
-    *) modprobe "tcp_$cc" 2>/dev/null || true
-       case " $(sysctl -n net.ipv4.tcp_available_congestion_control) " in
-         *" $cc "*) ;;
-         *) echo "$me: congestion control '$cc' is not available here (net.ipv4.tcp_available_congestion_control: $(sysctl -n net.ipv4.tcp_available_congestion_control))" >&2
-            exit 2 ;;
-       esac ;;
-  esac
-  [ -d "$lock" ] && [ -w "$lock" ] || lock=${TMPDIR:-/tmp}
-  exec 9>"$lock/rackhub-netns-congestion"
+  if ! grep -qw -- "$cc" "$netns_cc_sys/tcp_available_congestion_control"; then
+    modprobe "tcp_$cc" 2>/dev/null || true
+    grep -qw -- "$cc" "$netns_cc_sys/tcp_available_congestion_control" || {
+      echo "$me: congestion control '$cc' is not available here ($netns_cc_sys/tcp_available_congestion_control: $(cat "$netns_cc_sys/tcp_available_congestion_control"))" >&2
+      exit 2
+    }
+  fi
+  [ -w "$lock" ] || lock=${TMPDIR:-/tmp}
+  exec 9>>"$lock/rackhub-netns-congestion.lock"
   flock 9
-  allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
-  case " $allowed " in
-    *" $cc "*) ;;
-    *) sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $cc" 2>/dev/null || ok=0 ;;
-  esac
+  allowed=$(cat "$netns_cc_sys/tcp_allowed_congestion_control")
+  host_cc=$(cat "$netns_cc_sys/tcp_congestion_control")
+  if ! grep -qw -- "$cc" <<<"$allowed"; then
+    netns_cc_restore=$allowed
+    echo "$allowed $cc" 2>/dev/null >"$netns_cc_sys/tcp_allowed_congestion_control" || ok=0
+  fi
   if [ $ok = 1 ]; then
     for ns in "${netns_created[@]}"; do
-      ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$cc" 2>/dev/null || { ok=0; break; }
+      if ip netns exec "$ns" sh -c "echo $cc > $netns_cc_sys/tcp_congestion_control" 2>/dev/null; then
+        done_ns+=("$ns")
+      else
+        ok=0
+        break
+      fi
     done
   fi
-  [ "$(sysctl -n net.ipv4.tcp_allowed_congestion_control)" = "$allowed" ] ||
-    sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed"
+  if [ $ok = 0 ]; then  # all or none: back to what they inherited
+    for ns in "${done_ns[@]}"; do
+      ip netns exec "$ns" sh -c "echo $host_cc > $netns_cc_sys/tcp_congestion_control" 2>/dev/null || true
+    done
+  fi
+  netns_cc_put_back
   flock -u 9
   exec 9>&-
   [ $ok = 1 ] ||
     echo "$me: WARNING: cannot set congestion control '$cc' in the namespaces; they keep the host's" >&2
+}
+
+# Puts the host's allowed list back if netns_congestion changed it.
+netns_cc_put_back() {
+  [ -n "$netns_cc_restore" ] || return 0
+  echo "$netns_cc_restore" 2>/dev/null >"$netns_cc_sys/tcp_allowed_congestion_control" ||
+    echo "$me: WARNING: could not restore the host's net.ipv4.tcp_allowed_congestion_control to '$netns_cc_restore'" >&2
+  netns_cc_restore=""
 }
 
 cpu_sample() { awk '/^cpu /{ idle = $5 + $6; total = 0; for (i = 2; i <= NF; i++) total += $i; print idle, total }' /proc/stat; }

@@ -11,8 +11,12 @@ void IntakeAccount::Add(size_t bytes) {
   auto conn = conn_.lock();
   if (!conn || !conn->open()) return;
   holding_ = true;
-  held_since_ = progress_at_ = std::chrono::steady_clock::now();
-  progressed_ = false;
+  progress_at_ = std::chrono::steady_clock::now();
+  progressed_ = false;  // answers before the hold are not its progress
+  if (!ahead_) {
+    ahead_ = true;
+    ahead_since_ = progress_at_;
+  }
   conn->HoldIntake(true);
 }
 
@@ -24,6 +28,7 @@ void IntakeAccount::Sub(size_t bytes) {
     return;
   }
   exempt_ = Exempt::kNone;
+  ahead_ = false;
   if (holding_) Release(Exempt::kNone);
 }
 
@@ -89,7 +94,7 @@ void IntakePacer::ReleaseStale(std::chrono::steady_clock::time_point now) {
   for (auto& [conn, account] : accounts_) {
     if (!account->holding()) continue;
     if (std::exchange(account->progressed_, false)) account->progress_at_ = now;
-    if (now - account->held_since_ >= max_age_) {
+    if (now - account->ahead_since_ >= max_age_) {
       account->Release(IntakeAccount::Exempt::kUntilHalf);
     } else if (now - account->progress_at_ >= max_hold_) {
       account->Release(IntakeAccount::Exempt::kUntilProgress);

@@ -17,12 +17,13 @@
 // wait for stalled: its TCP flow paused, its process descheduled, or it
 // died) is released and exempt until one of them is answered. A hold whose
 // updates keep being answered stays (the others are catching up, which is
-// what it is for) up to max_age (<= half the straggler timeout, so a hold
-// is never taken for a straggler). A connection held for max_age, or whose
-// tenant has every connection of this lane held at once (each waits for
-// another rack, or for a chunk the others push later), is released and
-// exempt until its bytes are down to half of its lead (then the workers are
-// in step again).
+// what it is for). A connection that has been ahead for max_age (<= half
+// the straggler timeout, so a worker is never held into a straggler:
+// counted from its first hold since it was last down to half, so holds
+// one after another count together), or whose tenant has every connection
+// of this lane held at once (each waits for another rack, or for a chunk
+// the others push later), is released and exempt until its bytes are down
+// to half of its lead (then the workers are in step again).
 //
 // Ownership: the lane's WorkerProtocol owns it; Charges share their
 // account (a Waiter may outlive its connection and the pacer: a charge
@@ -65,9 +66,13 @@ class IntakeAccount {
   size_t bytes_ = 0;
   bool holding_ = false;
   Exempt exempt_ = Exempt::kNone;
-  std::chrono::steady_clock::time_point held_since_;
+  // Ahead: held at least once since the bytes were last down to half;
+  // since when.
+  bool ahead_ = false;
+  std::chrono::steady_clock::time_point ahead_since_;
   // When the hold last made progress (an update it waited for answered), as
-  // seen by ReleaseStale's checks: held_since_, or the check that saw it.
+  // seen by ReleaseStale's checks: the hold's start, or the check that saw
+  // it (so a hold without progress goes after max_hold to max_hold * 5/4).
   std::chrono::steady_clock::time_point progress_at_;
   bool progressed_ = false;  // an answer since the last check
 };
@@ -91,9 +96,9 @@ class IntakeCharge {
 class IntakePacer {
  public:
   // A hold without progress (no update it waits for answered) for this
-  // long is released, at most; a hold is released after kMaxAge whatever
+  // long is released; a connection ahead for kMaxAge is released whatever
   // happens. Less with a short straggler timeout (a quarter and a half of
-  // it), so that a hold is never taken for a straggler.
+  // it), so that a worker is never held into a straggler.
   static constexpr auto kMaxHold = std::chrono::milliseconds(100);
   static constexpr auto kMaxAge = std::chrono::milliseconds(1000);
 
@@ -125,8 +130,9 @@ class IntakePacer {
       accounts_.at(conn.get())->Release(IntakeAccount::Exempt::kUntilHalf);
     }
   }
-  // Releases the holds without progress for max_hold and those older than
-  // max_age (call at least every max_hold / 4 while any_holding()).
+  // Releases the holds without progress for max_hold and those of
+  // connections ahead for max_age (call every max_hold / 4 while
+  // any_holding()).
   void ReleaseStale(std::chrono::steady_clock::time_point now);
   std::chrono::milliseconds max_hold() const { return max_hold_; }
   std::chrono::milliseconds max_age() const { return max_age_; }

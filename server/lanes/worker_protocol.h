@@ -206,8 +206,9 @@ class WorkerProtocol final : public net::FrameHandler {
   // c.pushes) waits for its update: charged to its connection's lead; a
   // hold it starts is checked for progress (ArmPacerCheck).
   void Pace(net::Connection& conn, LaneTenant& t, Waiter& w, size_t payload_bytes);
-  // Releases the holds older than the pacer's max_hold, every quarter of
-  // it while any connection is held.
+  // Releases the holds without progress for the pacer's max_hold (and
+  // those ahead for its max_age), checked every quarter of max_hold while
+  // any connection is held.
   void ArmPacerCheck();
   void CountContribution(net::Connection& conn, LaneTenant& t, Chunk& c, uint32_t member,
                          const std::shared_ptr<WorkerGeneration>& gen, const net::FrameHeader& h,

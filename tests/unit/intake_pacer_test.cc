@@ -141,14 +141,15 @@ TEST(IntakePacerTest, AHoldWithoutProgressIsReleasedUntilTheNextAnswer) {
   std::vector<IntakeCharge> waiting;
   waiting.push_back(pacer.Charge(*h.p.b, kLead / 2, 0));
   waiting.push_back(pacer.Charge(*h.p.b, kLead / 2 + 1, 0));
+  const auto held = std::chrono::steady_clock::now();
   ASSERT_TRUE(pacer.holding(*h.p.b));
   SendCopies(*h.p.a, Pushes(3, 10));
   h.Run();
   EXPECT_TRUE(h.rb.frames.empty());
-  pacer.ReleaseStale(std::chrono::steady_clock::now());  // young: kept
+  pacer.ReleaseStale(held + IntakePacer::kMaxHold / 2);  // young: kept
   h.Run();
   EXPECT_TRUE(h.rb.frames.empty());
-  pacer.ReleaseStale(std::chrono::steady_clock::now() + IntakePacer::kMaxHold);
+  pacer.ReleaseStale(held + IntakePacer::kMaxHold);
   h.Run();
   EXPECT_EQ(h.rb.frames.size(), 3u);
   // Exempt while nothing it waits for is answered: more does not hold it.
@@ -180,7 +181,6 @@ TEST(IntakePacerTest, AHoldThatMakesProgressStaysUntilItsAgeLimit) {
   constexpr auto kStep = IntakePacer::kMaxHold / 2;
   Harness h;
   IntakePacer pacer(kLead, kStraggler);
-  const steady_clock::time_point t0 = steady_clock::now();
   std::vector<IntakeCharge> waiting;
   for (int i = 0; i < 8; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
   const steady_clock::time_point held = steady_clock::now();
@@ -189,9 +189,9 @@ TEST(IntakePacerTest, AHoldThatMakesProgressStaysUntilItsAgeLimit) {
   h.Run();
   EXPECT_TRUE(h.rb.frames.empty());
   waiting.erase(waiting.begin());  // one answered: 7/7 of the lead left, above half
-  pacer.ReleaseStale(t0 + 3 * kStep);  // older than kMaxHold, but it progressed
+  pacer.ReleaseStale(held + 3 * kStep);  // older than kMaxHold, but it progressed
   EXPECT_TRUE(pacer.holding(*h.p.b)) << "a hold that made progress was released";
-  pacer.ReleaseStale(t0 + 4 * kStep);  // no progress since the last check
+  pacer.ReleaseStale(held + 4 * kStep);  // no progress since the last check
   EXPECT_TRUE(pacer.holding(*h.p.b));
   pacer.ReleaseStale(held + 5 * kStep);  // kMaxHold without progress
   EXPECT_FALSE(pacer.holding(*h.p.b));
@@ -224,6 +224,55 @@ TEST(IntakePacerTest, AHoldThatMakesProgressStaysUntilItsAgeLimit) {
   waiting.clear();  // down to half: paced again
   for (int i = 0; i < 8; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
   EXPECT_TRUE(pacer.holding(*h.p.b));
+  waiting.clear();
+  h.CloseCleanly();
+}
+
+TEST(IntakePacerTest, AnswersBeforeAHoldAreNotItsProgress) {
+  Harness h;
+  IntakePacer pacer(kLead, kStraggler);
+  std::vector<IntakeCharge> waiting;
+  for (int i = 0; i < 7; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  waiting.pop_back();  // answered while not held (above half)
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  const auto held = std::chrono::steady_clock::now();
+  ASSERT_TRUE(pacer.holding(*h.p.b));
+  pacer.ReleaseStale(held + IntakePacer::kMaxHold / 4);
+  EXPECT_TRUE(pacer.holding(*h.p.b));
+  pacer.ReleaseStale(held + IntakePacer::kMaxHold);  // no answer since the hold
+  EXPECT_FALSE(pacer.holding(*h.p.b));
+  waiting.clear();
+  h.CloseCleanly();
+}
+
+TEST(IntakePacerTest, HoldsOneAfterAnotherCountTowardsTheAgeLimit) {
+  // Released without progress, then answered (not down to half) and held
+  // again: the connection is still ahead, so the second hold goes when the
+  // first began kMaxAge ago, and then until half.
+  Harness h;
+  IntakePacer pacer(kLead, kStraggler);
+  std::vector<IntakeCharge> waiting;
+  const auto before = std::chrono::steady_clock::now();
+  for (int i = 0; i < 8; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  const auto held = std::chrono::steady_clock::now();
+  ASSERT_TRUE(pacer.holding(*h.p.b));
+  pacer.ReleaseStale(held + IntakePacer::kMaxHold);
+  ASSERT_FALSE(pacer.holding(*h.p.b));
+  waiting.pop_back();  // an answer: paced again
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  ASSERT_TRUE(pacer.holding(*h.p.b)) << "not held again after an answer";
+  waiting.pop_back();  // progress, so only the age can release it
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  pacer.ReleaseStale(before + IntakePacer::kMaxAge - IntakePacer::kMaxHold / 4);
+  EXPECT_TRUE(pacer.holding(*h.p.b));
+  waiting.pop_back();
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  pacer.ReleaseStale(held + IntakePacer::kMaxAge);
+  EXPECT_FALSE(pacer.holding(*h.p.b)) << "the holds together outlived kMaxAge";
+  waiting.pop_back();  // above half: still exempt
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  EXPECT_FALSE(pacer.holding(*h.p.b));
   waiting.clear();
   h.CloseCleanly();
 }
