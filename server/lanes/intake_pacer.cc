@@ -7,7 +7,7 @@ namespace rackhub::server {
 
 void IntakeAccount::Add(size_t bytes) {
   bytes_ += bytes;
-  if (holding_ || exempt_ != Exempt::kNone || bytes_ <= lead_bytes_) return;
+  if (holding_ || exempt_ || bytes_ <= lead_bytes_) return;
   auto conn = conn_.lock();
   if (!conn || !conn->open()) return;
   holding_ = true;
@@ -24,16 +24,15 @@ void IntakeAccount::Sub(size_t bytes) {
   bytes_ -= std::min(bytes, bytes_);
   if (bytes_ > lead_bytes_ / 2) {
     progressed_ = true;  // catching up
-    if (exempt_ == Exempt::kUntilProgress) exempt_ = Exempt::kNone;
     return;
   }
-  exempt_ = Exempt::kNone;
+  exempt_ = false;
   ahead_ = false;
-  if (holding_) Release(Exempt::kNone);
+  if (holding_) Release(false);
 }
 
-void IntakeAccount::Release(Exempt exempt) {
-  exempt_ = std::max(exempt_, exempt);
+void IntakeAccount::Release(bool exempt) {
+  exempt_ = exempt_ || exempt;
   if (!holding_) return;
   holding_ = false;
   if (auto conn = conn_.lock()) conn->HoldIntake(false);
@@ -94,10 +93,8 @@ void IntakePacer::ReleaseStale(std::chrono::steady_clock::time_point now) {
   for (auto& [conn, account] : accounts_) {
     if (!account->holding()) continue;
     if (std::exchange(account->progressed_, false)) account->progress_at_ = now;
-    if (now - account->ahead_since_ >= max_age_) {
-      account->Release(IntakeAccount::Exempt::kUntilHalf);
-    } else if (now - account->progress_at_ >= max_hold_) {
-      account->Release(IntakeAccount::Exempt::kUntilProgress);
+    if (now - account->ahead_since_ >= max_age_ || now - account->progress_at_ >= max_hold_) {
+      account->Release(true);
     }
   }
 }

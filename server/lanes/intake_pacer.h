@@ -12,18 +12,21 @@
 // it is down to half of it. Connections that cannot hold (shared memory,
 // RDMA: a ring bounds them already) are not counted.
 //
-// A hold never lasts without progress. A connection held for max_hold
-// without any of the updates it waits for being answered (the worker they
-// wait for stalled: its TCP flow paused, its process descheduled, or it
-// died) is released and exempt until one of them is answered. A hold whose
-// updates keep being answered stays (the others are catching up, which is
-// what it is for). A connection that has been ahead for max_age (<= half
-// the straggler timeout, so a worker is never held into a straggler:
-// counted from its first hold since it was last down to half, so holds
-// one after another count together), or whose tenant has every connection
-// of this lane held at once (each waits for another rack, or for a chunk
-// the others push later), is released and exempt until its bytes are down
-// to half of its lead (then the workers are in step again).
+// A hold never lasts without progress. A hold whose updates keep being
+// answered stays: the others are catching up, which is what it is for. A
+// connection held for max_hold without any of the updates it waits for
+// being answered (the worker they wait for stalled: its TCP flow paused,
+// its process descheduled, or it died, or the workers push in different
+// orders), or ahead for max_age in all (<= half the straggler timeout, so a
+// worker is never held into a straggler), or whose tenant has every
+// connection of this lane held at once (each waits for another rack, or
+// for a chunk the others push later), is released and exempt until its
+// bytes are down to half of its lead (then the workers are in step again).
+// (Exempt until half, not only until the next answer: a worker that did not
+// read its replies was then held again at the first answer, paused by its
+// send backlog (net::SendLimits) on top, and the pushes it still had in the
+// socket, which the others' updates waited for, were never read:
+// reply_queue_test.)
 //
 // Ownership: the lane's WorkerProtocol owns it; Charges share their
 // account (a Waiter may outlive its connection and the pacer: a charge
@@ -56,18 +59,15 @@ class IntakeAccount {
   friend class IntakeCharge;
   void Add(size_t bytes);
   void Sub(size_t bytes);
-  // Why a hold may not be taken again yet (strongest wins).
-  enum class Exempt { kNone, kUntilProgress, kUntilHalf };
-  void Release(Exempt exempt);
+  void Release(bool exempt);
   void Detach();
 
   std::weak_ptr<net::Connection> conn_;
   const size_t lead_bytes_;
   size_t bytes_ = 0;
   bool holding_ = false;
-  Exempt exempt_ = Exempt::kNone;
-  // Ahead: held at least once since the bytes were last down to half;
-  // since when.
+  bool exempt_ = false;  // released without progress: no hold until half
+  // Ahead: held since the bytes were last down to half; since when.
   bool ahead_ = false;
   std::chrono::steady_clock::time_point ahead_since_;
   // When the hold last made progress (an update it waited for answered), as
@@ -96,8 +96,8 @@ class IntakeCharge {
 class IntakePacer {
  public:
   // A hold without progress (no update it waits for answered) for this
-  // long is released; a connection ahead for kMaxAge is released whatever
-  // happens. Less with a short straggler timeout (a quarter and a half of
+  // long is released (and exempt until half); a connection ahead for
+  // kMaxAge is released whatever happens. Less with a short straggler timeout (a quarter and a half of
   // it), so that a worker is never held into a straggler.
   static constexpr auto kMaxHold = std::chrono::milliseconds(100);
   static constexpr auto kMaxAge = std::chrono::milliseconds(1000);
@@ -126,9 +126,7 @@ class IntakePacer {
     for (const auto& [member, conn] : peers) {
       if (!holding(*conn)) return;
     }
-    for (const auto& [member, conn] : peers) {
-      accounts_.at(conn.get())->Release(IntakeAccount::Exempt::kUntilHalf);
-    }
+    for (const auto& [member, conn] : peers) accounts_.at(conn.get())->Release(true);
   }
   // Releases the holds without progress for max_hold and those of
   // connections ahead for max_age (call every max_hold / 4 while
