@@ -12,11 +12,8 @@ void IntakeAccount::Add(size_t bytes) {
   if (!conn || !conn->open()) return;
   holding_ = true;
   progress_at_ = std::chrono::steady_clock::now();
+  held_since_ = progress_at_;
   progressed_ = false;  // answers before the hold are not its progress
-  if (!ahead_) {
-    ahead_ = true;
-    ahead_since_ = progress_at_;
-  }
   conn->HoldIntake(true);
 }
 
@@ -27,7 +24,6 @@ void IntakeAccount::Sub(size_t bytes) {
     return;
   }
   exempt_ = false;
-  ahead_ = false;
   if (holding_) Release(false);
 }
 
@@ -93,7 +89,7 @@ void IntakePacer::ReleaseStale(std::chrono::steady_clock::time_point now) {
   for (auto& [conn, account] : accounts_) {
     if (!account->holding()) continue;
     if (std::exchange(account->progressed_, false)) account->progress_at_ = now;
-    if (now - account->ahead_since_ >= max_age_ || now - account->progress_at_ >= max_hold_) {
+    if (now - account->held_since_ >= max_age_ || now - account->progress_at_ >= max_hold_) {
       account->Release(true);
     }
   }

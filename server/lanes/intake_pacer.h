@@ -17,7 +17,7 @@
 // connection held for max_hold without any of the updates it waits for
 // being answered (the worker they wait for stalled: its TCP flow paused,
 // its process descheduled, or it died, or the workers push in different
-// orders), or ahead for max_age in all (<= half the straggler timeout, so a
+// orders), or held for max_age (<= half the straggler timeout, so a
 // worker is never held into a straggler), or whose tenant has every
 // connection of this lane held at once (each waits for another rack, or
 // for a chunk the others push later), is released and exempt until its
@@ -67,9 +67,7 @@ class IntakeAccount {
   size_t bytes_ = 0;
   bool holding_ = false;
   bool exempt_ = false;  // released without progress: no hold until half
-  // Ahead: held since the bytes were last down to half; since when.
-  bool ahead_ = false;
-  std::chrono::steady_clock::time_point ahead_since_;
+  std::chrono::steady_clock::time_point held_since_;
   // When the hold last made progress (an update it waited for answered), as
   // seen by ReleaseStale's checks: the hold's start, or the check that saw
   // it (so a hold without progress goes after max_hold to max_hold * 5/4).
@@ -96,9 +94,10 @@ class IntakeCharge {
 class IntakePacer {
  public:
   // A hold without progress (no update it waits for answered) for this
-  // long is released (and exempt until half); a connection ahead for
-  // kMaxAge is released whatever happens. Less with a short straggler timeout (a quarter and a half of
-  // it), so that a worker is never held into a straggler.
+  // long is released (and exempt until half); a hold is released after
+  // kMaxAge whatever happens. Less with a short straggler timeout (a
+  // quarter and a half of it), so that a worker is never held into a
+  // straggler.
   static constexpr auto kMaxHold = std::chrono::milliseconds(100);
   static constexpr auto kMaxAge = std::chrono::milliseconds(1000);
 
@@ -128,9 +127,8 @@ class IntakePacer {
     }
     for (const auto& [member, conn] : peers) accounts_.at(conn.get())->Release(true);
   }
-  // Releases the holds without progress for max_hold and those of
-  // connections ahead for max_age (call every max_hold / 4 while
-  // any_holding()).
+  // Releases the holds without progress for max_hold and those older than
+  // max_age (call every max_hold / 4 while any_holding()).
   void ReleaseStale(std::chrono::steady_clock::time_point now);
   std::chrono::milliseconds max_hold() const { return max_hold_; }
   std::chrono::milliseconds max_age() const { return max_age_; }

@@ -1,9 +1,12 @@
 // Workers in step on the hub's side (server/lanes/intake_pacer.h) over the
 // in-memory transport: a connection charged above the lead is not read (its
 // frames wait, delivered in order once it is released), a hold ends when
-// its charges drop to half, when every connection of the tenant is held, or
-// when it is older than kMaxHold; and Connection::HoldIntake itself, apart
-// from the send backlog's pause.
+// its charges drop to half, or (then exempt until half) when every
+// connection of the tenant is held, when none of its updates was answered
+// for kMaxHold, or when it is older than kMaxAge; and Connection::HoldIntake
+// itself, apart from the send backlog's pause. A check that must keep a hold
+// takes its time from before the hold, one that must release it from after,
+// so that a test thread descheduled in between cannot change the outcome.
 
 #include <gtest/gtest.h>
 
@@ -32,7 +35,8 @@ void SendCopies(net::Connection& c, const std::vector<Frame>& v) {
 std::vector<Frame> Pushes(size_t count, uint64_t seed) {
   std::vector<Frame> v;
   for (size_t i = 0; i < count; ++i) {
-    v.push_back(MakeFrame(Opcode::kPush, seed * 100 + i, Pattern(256, seed + i), net::DType::kFp32));
+    v.push_back(
+        MakeFrame(Opcode::kPush, seed * 100 + i, Pattern(256, seed + i), net::DType::kFp32));
   }
   return v;
 }
@@ -140,13 +144,14 @@ TEST(IntakePacerTest, AHoldWithoutProgressIsReleasedUntilHalf) {
   IntakePacer pacer(kLead, kStraggler);
   std::vector<IntakeCharge> waiting;
   waiting.push_back(pacer.Charge(*h.p.b, kLead / 2, 0));
+  const auto before = std::chrono::steady_clock::now();
   waiting.push_back(pacer.Charge(*h.p.b, kLead / 2 + 1, 0));
   const auto held = std::chrono::steady_clock::now();
   ASSERT_TRUE(pacer.holding(*h.p.b));
   SendCopies(*h.p.a, Pushes(3, 10));
   h.Run();
   EXPECT_TRUE(h.rb.frames.empty());
-  pacer.ReleaseStale(held + IntakePacer::kMaxHold / 2);  // young: kept
+  pacer.ReleaseStale(before + IntakePacer::kMaxHold / 2);  // young: kept
   h.Run();
   EXPECT_TRUE(h.rb.frames.empty());
   pacer.ReleaseStale(held + IntakePacer::kMaxHold);
@@ -183,18 +188,19 @@ TEST(IntakePacerTest, AHoldThatMakesProgressStaysUntilItsAgeLimit) {
   Harness h;
   IntakePacer pacer(kLead, kStraggler);
   std::vector<IntakeCharge> waiting;
-  for (int i = 0; i < 8; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
-  const steady_clock::time_point held = steady_clock::now();
+  for (int i = 0; i < 7; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  const steady_clock::time_point start = steady_clock::now();
+  waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
   ASSERT_TRUE(pacer.holding(*h.p.b));
   SendCopies(*h.p.a, Pushes(3, 20));
   h.Run();
   EXPECT_TRUE(h.rb.frames.empty());
   waiting.erase(waiting.begin());  // one answered: 7/7 of the lead left, above half
-  pacer.ReleaseStale(held + 3 * kStep);  // older than kMaxHold, but it progressed
+  pacer.ReleaseStale(start + 3 * kStep);  // older than kMaxHold, but it progressed
   EXPECT_TRUE(pacer.holding(*h.p.b)) << "a hold that made progress was released";
-  pacer.ReleaseStale(held + 4 * kStep);  // no progress since the last check
+  pacer.ReleaseStale(start + 4 * kStep);  // no progress since the last check
   EXPECT_TRUE(pacer.holding(*h.p.b));
-  pacer.ReleaseStale(held + 5 * kStep);  // kMaxHold without progress
+  pacer.ReleaseStale(start + 5 * kStep);  // kMaxHold without progress (since the check at 3)
   EXPECT_FALSE(pacer.holding(*h.p.b));
   h.Run();
   EXPECT_EQ(h.rb.frames.size(), 3u);
@@ -236,10 +242,11 @@ TEST(IntakePacerTest, AnswersBeforeAHoldAreNotItsProgress) {
   for (int i = 0; i < 7; ++i) waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
   waiting.pop_back();  // answered while not held (above half)
   waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
+  const auto before = std::chrono::steady_clock::now();
   waiting.push_back(pacer.Charge(*h.p.b, kLead / 7, 0));
   const auto held = std::chrono::steady_clock::now();
   ASSERT_TRUE(pacer.holding(*h.p.b));
-  pacer.ReleaseStale(held + IntakePacer::kMaxHold / 4);
+  pacer.ReleaseStale(before + IntakePacer::kMaxHold / 4);
   EXPECT_TRUE(pacer.holding(*h.p.b));
   pacer.ReleaseStale(held + IntakePacer::kMaxHold);  // no answer since the hold
   EXPECT_FALSE(pacer.holding(*h.p.b));
