@@ -391,6 +391,22 @@ TEST(DurabilityLoop, HubKill9Loop) {
           },
           std::chrono::milliseconds(400));
       during_write += seen;
+    } else if (newest_seen == 0) {
+      // Until a checkpoint was seen, wait for one to be complete: a hub
+      // killed at random times could otherwise die before each of its
+      // checkpoints is renamed into place (it did, 20 times in a row, with
+      // a CPU hog beside it), and nothing would be verified.
+      ASSERT_TRUE(WaitUntil(
+          [&] {
+            std::error_code ec;
+            for (const auto& e : fs::directory_iterator(ckpt_dir, ec)) {
+              if (e.path().extension() == ".rhc") return true;
+            }
+            return false;
+          },
+          std::chrono::seconds(30)))
+          << "no checkpoint within 30 s of training\n"
+          << hub.Log();
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 250));
     }
