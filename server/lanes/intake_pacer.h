@@ -22,11 +22,11 @@
 // connection of this lane held at once (each waits for another rack, or
 // for a chunk the others push later), is released and exempt until its
 // bytes are down to half of its lead (then the workers are in step again).
-// (Exempt until half, not only until the next answer: a worker that did not
-// read its replies was then held again at the first answer, paused by its
-// send backlog (net::SendLimits) on top, and the pushes it still had in the
-// socket, which the others' updates waited for, were never read:
-// reply_queue_test.)
+// (Exempt until half, not only until the next answer. That was tried: a
+// worker that did not read its replies was held again at the first answer,
+// its send backlog's pause (net::SendLimits) came on top, and the pushes it
+// still had in its socket, which the others' updates waited for, were
+// never read: reply_queue_test.)
 //
 // Ownership: the lane's WorkerProtocol owns it; Charges share their
 // account (a Waiter may outlive its connection and the pacer: a charge
