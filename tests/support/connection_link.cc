@@ -8,10 +8,14 @@ ConnectionLink::ConnectionLink(boost::asio::io_context& io, Dialer dial, int tim
     : io_(io), dial_(std::move(dial)), time_scale_(time_scale) {}
 
 ConnectionLink::~ConnectionLink() {
-  if (conn_) {
-    auto conn = conn_;
-    RunOnIo([conn] { conn->Close("test link closed"); });
-  }
+  if (!conn_) return;
+  // Closed and let go on io's thread: the connection's destructor detaches
+  // its channel, whose handlers io's thread may be running (destroyed here,
+  // on the test thread, it raced them: a segfault in an RDMA test in CI).
+  RunOnIo([conn = std::move(conn_)]() mutable {
+    conn->Close("test link closed");
+    conn.reset();
+  });
 }
 
 void ConnectionLink::RunOnIo(std::function<void()> fn) {
